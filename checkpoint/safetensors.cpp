@@ -1,0 +1,142 @@
+#include "checkpoint/safetensors.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace loom {
+
+namespace {
+float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: renormalize
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) man <<= 1, --exp;
+      u = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace
+
+std::map<std::string, StTensor> safetensors_read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK(in, "cannot open safetensors file '{}'; check init.from", path);
+  const uint64_t file_size = std::filesystem::file_size(path);
+  uint64_t header_size = 0;
+  in.read(reinterpret_cast<char*>(&header_size), 8);
+  LOOM_CHECK(in.gcount() == 8 && header_size <= file_size - 8,
+             "'{}' is not a safetensors file: its header size {} does not fit its {} bytes", path,
+             header_size, file_size);
+  std::string header(header_size, '\0');
+  in.read(header.data(), std::streamsize(header_size));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header);
+  } catch (const std::exception& e) {
+    fail("'{}' has a corrupt safetensors header: {}", path, e.what());
+  }
+  const uint64_t data_start = 8 + header_size, data_size = file_size - data_start;
+  std::map<std::string, StTensor> out;
+  for (auto& [name, info] : j.items()) {
+    if (name == "__metadata__") continue;
+    try {
+      std::string dtype = info.at("dtype");
+      Shape shape = info.at("shape").get<Shape>();
+      uint64_t b = info.at("data_offsets")[0], e = info.at("data_offsets")[1];
+      const int64_t n = shape_numel(shape);
+      size_t esize = dtype == "F32" ? 4 : (dtype == "BF16" || dtype == "F16") ? 2 : 0;
+      LOOM_CHECK(esize, "'{}': tensor '{}' has dtype {}; loom reads F32, BF16 and F16", path, name, dtype);
+      LOOM_CHECK(e >= b && e <= data_size && e - b == uint64_t(n) * esize,
+                 "'{}': tensor '{}' has data offsets [{}, {}] that do not match shape {} x {} bytes "
+                 "within {} data bytes; the file is corrupt or truncated",
+                 path, name, b, e, shape_str(shape), esize, data_size);
+      std::vector<char> raw(e - b);
+      in.seekg(std::streamoff(data_start + b));
+      in.read(raw.data(), std::streamsize(raw.size()));
+      LOOM_CHECK(in.gcount() == std::streamsize(raw.size()), "'{}' is truncated inside tensor '{}'", path, name);
+      StTensor t{shape, std::vector<float>(size_t(n))};
+      if (dtype == "F32") {
+        std::memcpy(t.data.data(), raw.data(), raw.size());
+      } else {
+        auto* h = reinterpret_cast<const uint16_t*>(raw.data());
+        for (int64_t i = 0; i < n; ++i) t.data[size_t(i)] = dtype == "BF16" ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+      }
+      out.emplace(name, std::move(t));
+    } catch (const nlohmann::json::exception& e) {
+      fail("'{}': tensor '{}' has a malformed header entry: {}", path, name, e.what());
+    }
+  }
+  return out;
+}
+
+void safetensors_write(const std::string& path, const std::vector<StView>& tensors) {
+  nlohmann::ordered_json j;
+  uint64_t at = 0;
+  for (auto& t : tensors) {
+    uint64_t bytes = uint64_t(shape_numel(t.shape)) * 4;
+    j[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
+    at += bytes;
+  }
+  j["__metadata__"] = {{"format", "pt"}};
+  std::string header = j.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
+  std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    LOOM_CHECK(out, "cannot write '{}'; check export.final", path);
+    uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out.write(header.data(), std::streamsize(n));
+    for (auto& t : tensors) out.write(reinterpret_cast<const char*>(t.data), std::streamsize(shape_numel(t.shape) * 4));
+    LOOM_CHECK(out.good(), "writing '{}' failed (disk full?)", path);
+  }
+  std::filesystem::rename(tmp, path);  // never leaves a half-written file under the real name
+}
+
+std::vector<std::string> model_load(const ParamRegistry& reg, float* params, const std::string& path) {
+  auto file = safetensors_read(path);
+  for (auto& s : reg.all()) {
+    auto it = file.find(s.name);
+    LOOM_CHECK(it != file.end(), "'{}' has no tensor '{}' (shape {}) that this model needs", path, s.name,
+               shape_str(s.shape));
+    const Shape& fs = it->second.shape;
+    const bool positions = s.name == "transformer.wpe.weight";
+    if (positions && fs.size() == 2 && fs[1] == s.shape[1] && fs[0] != s.shape[0]) {
+      LOOM_CHECK(fs[0] > s.shape[0],
+                 "model.seq_len = {} is above the position table of '{}' ({} rows in {}); lower "
+                 "model.seq_len to at most {}",
+                 s.shape[0], path, fs[0], s.name, fs[0]);
+    } else {
+      LOOM_CHECK(fs == s.shape, "'{}': tensor '{}' has shape {} but the model expects {}; check the model.* keys",
+                 path, s.name, shape_str(fs), shape_str(s.shape));
+    }
+    std::memcpy(params + s.offset, it->second.data.data(), size_t(s.numel()) * 4);
+    file.erase(it);
+  }
+  std::vector<std::string> unused;
+  for (auto& [name, t] : file) unused.push_back(name);
+  return unused;
+}
+
+void model_save(const ParamRegistry& reg, const float* params, const std::string& path) {
+  std::vector<StView> views;
+  for (auto& s : reg.all()) views.push_back({s.name, s.shape, params + s.offset});
+  safetensors_write(path, views);
+}
+
+}  // namespace loom

@@ -1,0 +1,34 @@
+// safetensors files (the Hugging Face weight format): an 8-byte little-endian header size,
+// a JSON header {name: {dtype, shape, data_offsets}}, then raw tensor bytes. loom reads F32,
+// BF16 and F16 (converted to f32) and writes F32. model_load/model_save map the registry's
+// Hugging Face names onto the flat parameter buffer.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/registry.h"
+
+namespace loom {
+
+struct StTensor {
+  Shape shape;
+  std::vector<float> data;
+};
+std::map<std::string, StTensor> safetensors_read(const std::string& path);
+
+struct StView {
+  std::string name;
+  Shape shape;
+  const float* data;
+};
+void safetensors_write(const std::string& path, const std::vector<StView>& tensors);
+
+// Loads every registered parameter from `path`. A missing tensor or a shape mismatch is an
+// error naming the tensor and both shapes. A position table with more rows than
+// model.seq_len loads its first rows; fewer rows is an error. Returns the names in the file
+// that the model does not use (e.g. attention mask buffers), for a warning.
+std::vector<std::string> model_load(const ParamRegistry& reg, float* params, const std::string& path);
+void model_save(const ParamRegistry& reg, const float* params, const std::string& path);
+
+}  // namespace loom

@@ -1,0 +1,16 @@
+// `loom bench`: the fp32 GEMM peak of this machine (the MFU denominator on the CPU) and a
+// timed training run of any config.
+#pragma once
+#include "runtime/config.h"
+
+namespace loom {
+
+struct GemmRate {
+  int size;
+  double flops;
+};
+std::vector<GemmRate> bench_gemm(int threads);
+// Trains `cfg` for its steps and prints tokens/s, MFU and the step time, excluding step 1.
+void bench_train(const Config& cfg);
+
+}  // namespace loom

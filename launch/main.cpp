@@ -1,0 +1,122 @@
+// The `loom` command: parse, build, run. Every subcommand's errors end as one line on
+// stderr and a non-zero exit status; nothing here holds state beyond one invocation.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cblas.h>
+#include <fstream>
+#include <omp.h>
+
+#include "launch/bench.h"
+#include "launch/trainer.h"
+#include "runtime/config.h"
+#include "runtime/data.h"
+#include "runtime/error.h"
+#include "runtime/tokenizer.h"
+
+extern "C" char* openblas_get_config(void);
+
+namespace {
+
+loom::Config config_build(const std::string& path, const std::vector<std::string>& sets) {
+  loom::Config cfg = loom::config_defaults();
+  if (!path.empty()) loom::config_load_file(cfg, path);
+  for (auto& s : sets) loom::config_set(cfg, s);
+  loom::config_validate(cfg);
+  return cfg;
+}
+
+void info_print() {
+  fmt::print("loom {} ({} build)\n", LOOM_VERSION, LOOM_BUILD_TYPE);
+  fmt::print("CUDA toolkit at build: {}; CUDA kernels: not in this build yet\n", LOOM_HAVE_CUDA ? "found" : "not found");
+  fmt::print("OpenBLAS: {}\n", openblas_get_config());
+  fmt::print("OpenMP: {} (max threads {})\n", _OPENMP, omp_get_max_threads());
+  fmt::print("spdlog: {}.{}.{}  fmt: {}\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH, FMT_VERSION);
+  fmt::print("devices: cpu ({} cores)\n", omp_get_num_procs());
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"loom: train decoder-only transformers"};
+  app.require_subcommand(1);
+
+  std::string config_path;
+  std::vector<std::string> sets;
+  bool list_keys = false, print_config = false;
+  auto* train = app.add_subcommand("train", "train a model (no config: the default job)");
+  train->add_option("--config", config_path, "TOML config file");
+  train->add_option("--set", sets, "override one key: section.key=value (repeatable)");
+  train->add_flag("--list-keys", list_keys, "list every config key and exit");
+  train->add_flag("--print-config", print_config, "print the resolved config and exit");
+
+  app.add_subcommand("info", "build options, library versions and devices");
+
+  std::string data_in, data_out, tokenizer = "byte", vocab, merges;
+  auto* data = app.add_subcommand("data", "turn a text file into an llm.c token shard");
+  data->add_option("input", data_in, "text file")->required();
+  data->add_option("output", data_out, "output shard (.bin)")->required();
+  data->add_option("--tokenizer", tokenizer, "byte | gpt2")->check(CLI::IsMember({"byte", "gpt2"}));
+  data->add_option("--vocab", vocab, "GPT-2 vocab.json (tokenizer gpt2)");
+  data->add_option("--merges", merges, "GPT-2 merges.txt (tokenizer gpt2)");
+
+  auto* bench = app.add_subcommand("bench", "measure kernels and training speed");
+  bench->require_subcommand(1);
+  int bench_threads = 0;
+  auto* bgemm = bench->add_subcommand("gemm", "fp32 GEMM rate; caches the CPU peak used for MFU");
+  bgemm->add_option("--threads", bench_threads, "threads (0: every core)");
+  auto* btrain = bench->add_subcommand("train", "time a training run of a config");
+  btrain->add_option("--config", config_path, "TOML config file");
+  btrain->add_option("--set", sets, "override one key: section.key=value (repeatable)");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*train) {
+    if (list_keys) {
+      for (auto& k : loom::config_keys()) fmt::print("{}\n", k);
+      return 0;
+    }
+    loom::Config cfg = config_build(config_path, sets);
+    if (print_config) {
+      fmt::print("{}\n", loom::config_to_toml(cfg));
+      return 0;
+    }
+    loom::train_run(cfg);
+  } else if (app.got_subcommand("info")) {
+    info_print();
+  } else if (*data) {
+    std::ifstream in(data_in, std::ios::binary);
+    LOOM_CHECK(in, "cannot open '{}'", data_in);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<int32_t> tokens;
+    if (tokenizer == "byte") {
+      tokens = loom::tokenize_bytes(text);
+    } else {
+      LOOM_CHECK(!vocab.empty() && !merges.empty(), "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
+      tokens = loom::Gpt2Bpe(vocab, merges).encode(text);
+    }
+    loom::shard_write(data_out, tokens);
+    fmt::print("wrote {} tokens to {}\n", tokens.size(), data_out);
+  } else if (*bgemm) {
+    int threads = loom::threads_set(bench_threads);
+    fmt::print("{:>6} {:>12}\n", "n", "GFLOP/s");
+    for (auto& r : loom::bench_gemm(threads)) fmt::print("{:>6} {:>12.1f}\n", r.size, r.flops / 1e9);
+    fmt::print("cached peak for {} threads: {:.1f} GFLOP/s\n", threads, loom::cpu_peak_flops(threads, true) / 1e9);
+  } else if (*btrain) {
+    loom::bench_train(config_build(config_path, sets));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_pattern("[%H:%M:%S] %v");
+  try {
+    return run(argc, argv);
+  } catch (const loom::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,160 @@
+#include "launch/trainer.h"
+
+#include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "checkpoint/safetensors.h"
+#include "model/flops.h"
+#include "model/model.h"
+#include "optim/adamw.h"
+#include "runtime/data.h"
+#include "runtime/metrics.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace loom {
+
+int threads_set(int threads) {
+  if (threads <= 0) threads = omp_get_num_procs();
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  return threads;
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+double validate(Model& model, const TokenStream& val, const Config& cfg, std::vector<int32_t>& in,
+                std::vector<int32_t>& tg) {
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int vb = 0; vb < cfg.data.val_batches; ++vb)
+    for (int micro = 0; micro < cfg.accum_steps(); ++micro) {
+      batch_read(val, cfg, vb, 0, micro, in.data(), tg.data());
+      sum += model.forward(in.data(), tg.data(), 0.0f);
+      count += int64_t(in.size());
+    }
+  return sum / double(count);
+}
+}  // namespace
+
+TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
+#define info(...) \
+  if (!opt.quiet) spdlog::info(__VA_ARGS__)
+  const int threads = threads_set(cfg.train.threads);
+  const int B = cfg.train.micro_batch, T = cfg.model.seq_len, accum = cfg.accum_steps();
+  DataStreams data = data_open(cfg);  // before allocating: a bad file fails fast
+
+  Allocator alloc;
+  Trace trace(cfg.log.trace);
+  Model model(cfg, alloc, B, &trace);
+  if (!cfg.init_from.empty()) {
+    auto unused = model_load(model.registry(), model.params(), cfg.init_from);
+    info("loaded {} ({} tensors in the file unused)", cfg.init_from, unused.size());
+  } else {
+    model.init_weights(uint64_t(cfg.train.seed));
+  }
+  AdamW adamw(model.registry(), alloc);
+  const FlopsPerToken fpt = flops_per_token(cfg);
+  const double peak = cpu_peak_flops(threads);
+
+  info("model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {}, seq_len {}: {:.2f}M parameters",
+       cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(),
+       cfg.model.d_ff, cfg.model.vocab_size, T, model.num_params() / 1e6);
+  info("data: {}", data.describe);
+  info("batch: {} sequences x {} tokens = {} micro-batches of {} per step; {} threads; recompute {}",
+       cfg.train.global_batch, T, accum, B, threads, cfg.train.recompute);
+  info("activation plan (B={}, T={}):\n{}", B, T, model.plan().table());
+  info("memory ledger:\n{}", alloc.ledger_table());
+  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); CPU peak {:.1f} GFLOP/s", fpt.model, fpt.hardware,
+       peak / 1e9);
+
+  MetricsWriter metrics(cfg.log.dir);
+  std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
+  const int64_t tokens_per_step = int64_t(cfg.train.global_batch) * T;
+  const float dloss = 1.0f / float(tokens_per_step);  // loss is the mean over the global batch
+  TrainResult result;
+  double timed_ms = 0.0;
+  const auto run_start = Clock::now();
+
+  auto run_validation = [&](int64_t step) {
+    if (!data.val || cfg.data.val_batches == 0) return;
+    auto s = trace.scope("validation", Trace::host);
+    double v = validate(model, *data.val, cfg, inputs, targets);
+    result.val.push_back({step, v});
+    metrics.validation(step, v);
+    info("step {} | val_loss {:.4f}", step, v);
+  };
+
+  for (int64_t step = 0; step < cfg.train.steps; ++step) {
+    const auto t0 = Clock::now();
+    StepMetrics m;
+    model.zero_grad();
+    double loss_sum = 0.0;
+    for (int micro = 0; micro < accum; ++micro) {
+      auto td = Clock::now();
+      {
+        auto s = trace.scope("data", Trace::host);
+        batch_read(*data.train, cfg, step, 0, micro, inputs.data(), targets.data());
+      }
+      m.data_ms += ms_since(td);
+      loss_sum += model.forward(inputs.data(), targets.data(), dloss);
+      model.backward(inputs.data());
+    }
+    const auto to = Clock::now();
+    {
+      auto s = trace.scope("optimizer", Trace::host);
+      m.grad_norm = clip_grad_norm(model.grads(), int64_t(model.num_params()), cfg.train.grad_clip);
+      m.lr = lr_at(cfg.train, step);
+      adamw.update(model.params(), model.grads(),
+                   {m.lr, cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay}, step + 1);
+    }
+    m.optimizer_ms = ms_since(to);
+    m.step_ms = ms_since(t0);
+    m.compute_ms = m.step_ms - m.optimizer_ms - m.data_ms;
+    m.step = step + 1;
+    m.steps = cfg.train.steps;
+    m.loss = loss_sum / double(tokens_per_step);
+    m.tokens = (step + 1) * tokens_per_step;
+    m.tokens_per_s = double(tokens_per_step) / (m.step_ms / 1e3);
+    m.mfu = m.tokens_per_s * fpt.model / peak;
+    m.hfu = m.tokens_per_s * fpt.hardware / peak;
+    m.mem = alloc.ledger();
+    metrics.step(m);
+    result.losses.push_back(m.loss);
+    if (step > 0) timed_ms += m.step_ms;
+    const double elapsed = ms_since(run_start) / 1e3;
+    if (m.step % cfg.log.every == 0 || m.step == 1 || m.step == m.steps)
+      info("{}", progress_line(m, elapsed / double(m.step) * double(m.steps - m.step)));
+    if (cfg.data.val_every > 0 && m.step % cfg.data.val_every == 0 && m.step != m.steps) run_validation(m.step);
+  }
+  run_validation(cfg.train.steps);
+
+  if (cfg.train.steps > 1) {
+    result.tokens_per_s = double(tokens_per_step) * double(cfg.train.steps - 1) / (timed_ms / 1e3);
+    result.mfu = result.tokens_per_s * fpt.model / peak;
+  }
+  if (!cfg.export_final.empty()) {
+    model_save(model.registry(), model.params(), cfg.export_final);
+    info("exported weights to {}", cfg.export_final);
+  }
+  if (cfg.log.trace) {
+    std::filesystem::create_directories(cfg.log.dir);
+    std::string path = cfg.log.dir + "/trace.json";
+    trace.write(path);
+    info("wrote {} ({} events; open it in Perfetto)", path, trace.size());
+  }
+  result.activation_bytes = alloc.ledger().of(Mem::activations);
+  if (opt.keep_params) {
+    result.params.assign(model.params(), model.params() + model.num_params());
+    for (auto& s : model.registry().all()) result.names.push_back({s.name, {int64_t(s.offset), s.numel()}});
+  }
+  return result;
+#undef info
+}
+
+}  // namespace loom

@@ -1,0 +1,35 @@
+// The training loop of one rank: build the model, load or initialize weights, then for each
+// optimizer step read the micro-batches, run forward and backward, clip, update, and report.
+// The composition order for distributed layouts (DESIGN 3) will live in one function here.
+#pragma once
+#include <vector>
+
+#include "runtime/config.h"
+
+namespace loom {
+
+struct TrainResult {
+  std::vector<double> losses;                      // per step
+  std::vector<std::pair<int64_t, double>> val;     // (step, val_loss)
+  std::vector<float> params;                       // final flat parameters
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> names;  // name -> (offset, numel)
+  int64_t activation_bytes = 0;                    // the ledger's live activations
+  double tokens_per_s = 0;                         // mean over steps after the first
+  double mfu = 0;
+};
+
+struct TrainOptions {
+  bool quiet = false;     // no console output (tests)
+  bool keep_params = false;
+};
+
+// cfg must have passed config_validate.
+TrainResult train_run(const Config& cfg, const TrainOptions& opt = {});
+
+// Sets OpenMP and OpenBLAS threads (0: every core); returns the count in effect.
+int threads_set(int threads);
+
+// Measured fp32 GEMM rate of this machine for `threads`, cached under ~/.cache/loom.
+double cpu_peak_flops(int threads, bool remeasure = false);
+
+}  // namespace loom

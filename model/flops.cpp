@@ -1,0 +1,38 @@
+#include "model/flops.h"
+
+namespace loom {
+
+int64_t param_count(const Config& cfg) {
+  const auto& m = cfg.model;
+  const int64_t C = m.d_model, F = m.d_ff, V = m.vocab_size, D = C / m.n_head;
+  const int64_t qkv = (m.n_head + 2 * int64_t(cfg.kv_heads())) * D;
+  int64_t per_layer, rest;
+  if (m.arch == "gpt2") {
+    per_layer = 4 * C + C * qkv + qkv + C * C + C + C * F + F + F * C + C;
+    rest = V * C + int64_t(m.seq_len) * C + 2 * C;
+  } else {
+    per_layer = 2 * C + C * qkv + C * C + 3 * C * F;
+    rest = V * C + C;
+  }
+  if (!m.tie_embeddings) rest += V * C;
+  return per_layer * m.n_layer + rest;
+}
+
+FlopsPerToken flops_per_token(const Config& cfg) {
+  const auto& m = cfg.model;
+  const int64_t C = m.d_model, V = m.vocab_size, T = m.seq_len, L = m.n_layer;
+  int64_t n = param_count(cfg);
+  if (m.arch == "gpt2") n -= T * C;  // position table: a lookup
+  if (!m.tie_embeddings) n -= V * C;  // the input embedding is a lookup; lm_head is a matmul
+  FlopsPerToken f;
+  f.matmul_params = n;
+  const double attn = 12.0 * L * C * T;  // forward 4 L C T, backward twice that
+  f.model = 6.0 * double(n) + attn;
+  f.hardware = f.model;
+  // Full recompute reruns every block forward (not the lm_head): 2 FLOPs per block weight.
+  if (cfg.train.recompute == "full") f.hardware += 2.0 * double(n - V * C) + attn / 3.0;
+  if (cfg.train.recompute == "selective") f.hardware += attn / 3.0;
+  return f;
+}
+
+}  // namespace loom

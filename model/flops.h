@@ -1,0 +1,17 @@
+// FLOPs per token for MFU (DESIGN 9): 6N + 12*L*C*T, N the parameters a token's matmuls
+// touch (lookup tables such as position embeddings, and an untied input embedding, are
+// lookups, not matmuls, and do not count). HFU adds the recomputed forward work.
+#pragma once
+#include "runtime/config.h"
+
+namespace loom {
+
+struct FlopsPerToken {
+  double model;     // 6N + 12 L C T
+  double hardware;  // model + recompute
+  int64_t matmul_params;
+};
+FlopsPerToken flops_per_token(const Config& cfg);
+int64_t param_count(const Config& cfg);  // every parameter the registry holds
+
+}  // namespace loom

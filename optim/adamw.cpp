@@ -1,0 +1,63 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "kernels/ops.h"
+
+namespace loom {
+
+AdamW::AdamW(const ParamRegistry& reg, Allocator& alloc)
+    : reg_(reg),
+      m_(alloc.empty({int64_t(reg.numel())}, DType::f32, Mem::optim)),
+      v_(alloc.empty({int64_t(reg.numel())}, DType::f32, Mem::optim)) {}
+
+void AdamW::update(float* params, const float* grads, const AdamWHyper& h, int64_t step) {
+  // Scalars in double, as PyTorch computes them in Python floats.
+  const double bc1 = 1.0 - std::pow(h.beta1, double(step));
+  const double bc2 = 1.0 - std::pow(h.beta2, double(step));
+  const float step_size = float(h.lr / bc1);
+  const float bc2_sqrt = float(std::sqrt(bc2));
+  const float b1 = float(h.beta1), b2 = float(h.beta2), eps = float(h.eps);
+  float* M = m_.f32();
+  float* V = v_.f32();
+  for (auto& s : reg_.all()) {
+    const float decay = s.decay ? float(1.0 - h.lr * h.weight_decay) : 1.0f;
+    const int64_t lo = int64_t(s.offset), hi = lo + s.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = lo; i < hi; ++i) {
+      float g = grads[i];
+      float p = params[i] * decay;
+      float m = M[i] + (g - M[i]) * (1.0f - b1);  // lerp, as exp_avg.lerp_
+      float v = V[i] * b2 + (1.0f - b2) * g * g;
+      float denom = std::sqrt(v) / bc2_sqrt + eps;
+      params[i] = p - step_size * (m / denom);
+      M[i] = m;
+      V[i] = v;
+    }
+  }
+}
+
+double clip_grad_norm(float* grads, int64_t n, double max_norm) {
+  double norm = std::sqrt(cpu::sum_squares(grads, n));
+  if (max_norm > 0) {
+    double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) cpu::scale_inplace(grads, float(coef), n);
+  }
+  return norm;
+}
+
+double lr_at(const TrainConfig& t, int64_t step) {
+  if (step < t.warmup_steps) return t.lr * double(step + 1) / t.warmup_steps;
+  const double span = std::max<int64_t>(1, t.steps - t.warmup_steps);
+  const double progress = std::min(1.0, double(step - t.warmup_steps) / span);
+  if (t.schedule == "constant") return t.lr;
+  if (t.schedule == "cosine") return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
+  if (t.schedule == "linear") return t.lr - (t.lr - t.min_lr) * progress;
+  // wsd: warmup, stable, then decay over the last 20% of all steps.
+  const int64_t decay_start = t.steps - std::max<int64_t>(1, t.steps / 5);
+  if (step < decay_start) return t.lr;
+  const double frac = std::min(1.0, double(step - decay_start) / std::max<int64_t>(1, t.steps - decay_start));
+  return t.lr - (t.lr - t.min_lr) * frac;
+}
+
+}  // namespace loom

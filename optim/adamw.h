@@ -1,0 +1,39 @@
+// AdamW with torch.optim.AdamW's arithmetic (decoupled decay, bias correction folded into
+// the step size and denominator as PyTorch does), over the flat parameter buffer. Weight
+// decay applies to tensors of two or more dims only. Also: global-norm clipping like
+// torch.nn.utils.clip_grad_norm_, and the learning-rate schedules.
+// Not here: sharded state (ZeRO) and master weights for bf16 (CUDA backend).
+#pragma once
+#include "model/registry.h"
+#include "runtime/allocator.h"
+#include "runtime/config.h"
+
+namespace loom {
+
+struct AdamWHyper {
+  double lr, beta1, beta2, eps, weight_decay;
+};
+
+class AdamW {
+ public:
+  AdamW(const ParamRegistry& reg, Allocator& alloc);
+  // One update of every registered parameter; `step` counts from 1.
+  void update(float* params, const float* grads, const AdamWHyper& h, int64_t step);
+  float* m() { return m_.f32(); }
+  float* v() { return v_.f32(); }
+
+ private:
+  const ParamRegistry& reg_;
+  Tensor m_, v_;
+};
+
+// Global L2 norm of `n` gradients; scales them by max_norm / (norm + 1e-6) when that is
+// below 1 (max_norm 0: no clipping). Returns the norm before clipping.
+double clip_grad_norm(float* grads, int64_t n, double max_norm);
+
+// Learning rate at optimizer step `step` (0-based): linear warmup over warmup_steps, then
+// constant, cosine or linear decay to min_lr, or wsd: stable, then linear decay to min_lr
+// over the last 20% of the steps.
+double lr_at(const TrainConfig& t, int64_t step);
+
+}  // namespace loom

@@ -1,0 +1,320 @@
+#include "runtime/config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "runtime/error.h"
+
+namespace loom {
+namespace {
+
+using FieldPtr = std::variant<int*, int64_t*, double*, bool*, std::string*>;
+struct Field {
+  std::string key;
+  FieldPtr ptr;
+};
+
+std::vector<Field> fields_of(Config& c) {
+  auto& m = c.model;
+  auto& t = c.train;
+  auto& d = c.data;
+  auto& p = c.parallel;
+  auto& k = c.checkpoint;
+  return {
+      {"model.arch", &m.arch}, {"model.n_layer", &m.n_layer}, {"model.d_model", &m.d_model},
+      {"model.n_head", &m.n_head}, {"model.n_kv_head", &m.n_kv_head}, {"model.d_ff", &m.d_ff},
+      {"model.vocab_size", &m.vocab_size}, {"model.seq_len", &m.seq_len},
+      {"model.tie_embeddings", &m.tie_embeddings}, {"model.norm_eps", &m.norm_eps},
+      {"model.rope_theta", &m.rope_theta}, {"model.moe.num_experts", &m.moe.num_experts},
+      {"model.moe.top_k", &m.moe.top_k}, {"model.moe.capacity_factor", &m.moe.capacity_factor},
+      {"model.moe.aux_loss_coef", &m.moe.aux_loss_coef}, {"model.moe.every", &m.moe.every},
+      {"train.micro_batch", &t.micro_batch}, {"train.global_batch", &t.global_batch},
+      {"train.steps", &t.steps}, {"train.lr", &t.lr}, {"train.min_lr", &t.min_lr},
+      {"train.warmup_steps", &t.warmup_steps}, {"train.schedule", &t.schedule},
+      {"train.weight_decay", &t.weight_decay}, {"train.beta1", &t.beta1},
+      {"train.beta2", &t.beta2}, {"train.eps", &t.eps}, {"train.grad_clip", &t.grad_clip},
+      {"train.seed", &t.seed}, {"train.device", &t.device}, {"train.dtype", &t.dtype},
+      {"train.recompute", &t.recompute}, {"train.threads", &t.threads},
+      {"data.source", &d.source}, {"data.path", &d.path}, {"data.val_path", &d.val_path},
+      {"data.val_every", &d.val_every}, {"data.val_batches", &d.val_batches},
+      {"data.shuffle", &d.shuffle}, {"parallel.dp", &p.dp}, {"parallel.tp", &p.tp},
+      {"parallel.pp", &p.pp}, {"parallel.ep", &p.ep}, {"parallel.sp", &p.sp},
+      {"parallel.zero", &p.zero}, {"parallel.bucket_mb", &p.bucket_mb},
+      {"parallel.pp_schedule", &p.pp_schedule}, {"parallel.pp_virtual", &p.pp_virtual},
+      {"checkpoint.dir", &k.dir}, {"checkpoint.every", &k.every}, {"checkpoint.keep", &k.keep},
+      {"checkpoint.async", &k.async}, {"checkpoint.resume", &k.resume},
+      {"init.from", &c.init_from}, {"export.final", &c.export_final}, {"log.dir", &c.log.dir},
+      {"log.every", &c.log.every}, {"log.trace", &c.log.trace},
+  };
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min<size_t>({row[j] + 1, row[j - 1] + 1, diag + size_t(a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+Field& find_field(std::vector<Field>& fields, const std::string& key, const std::string& origin) {
+  for (auto& f : fields)
+    if (f.key == key) return f;
+  const Field* best = &fields[0];
+  size_t best_d = SIZE_MAX;
+  for (auto& f : fields) {
+    size_t d = edit_distance(key, f.key);
+    // A key whose last part matches exactly is the likeliest intent (a wrong section).
+    auto last = [](const std::string& s) { return s.substr(s.rfind('.') + 1); };
+    if (last(key) == last(f.key)) d = std::min<size_t>(d, 1);
+    if (d < best_d) best_d = d, best = &f;
+  }
+  fail("{}: unknown config key '{}'; did you mean '{}'? (`loom train --help-keys` lists all)", origin,
+       key, best->key);
+}
+
+const char* type_name(const FieldPtr& p) {
+  return std::visit(
+      [](auto* v) -> const char* {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) return "an integer";
+        if constexpr (std::is_same_v<T, double>) return "a number";
+        if constexpr (std::is_same_v<T, bool>) return "true or false";
+        return "a string";
+      },
+      p);
+}
+
+void set_from_node(Field& f, const toml::node& node, const std::string& origin) {
+  auto wrong = [&] {
+    std::ostringstream got;
+    got << node.type();
+    fail("{}: {} must be {}, got a {}", origin, f.key, type_name(f.ptr), got.str());
+  };
+  std::visit(
+      [&](auto* v) {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) {
+          auto x = node.value_exact<int64_t>();
+          if (!x) wrong();
+          if constexpr (std::is_same_v<T, int>)
+            if (*x < INT32_MIN || *x > INT32_MAX) fail("{}: {} = {} is out of range", origin, f.key, *x);
+          *v = T(*x);
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (!node.is_number()) wrong();
+          *v = *node.value<double>();
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!node.is_boolean()) wrong();
+          *v = *node.value<bool>();
+        } else {
+          if (!node.is_string()) wrong();
+          *v = *node.value<std::string>();
+        }
+      },
+      f.ptr);
+}
+
+void load_table(Config& cfg, std::vector<Field>& fields, const toml::table& t,
+                const std::string& prefix, const std::string& origin) {
+  for (auto&& [k, node] : t) {
+    std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (auto* sub = node.as_table()) {
+      load_table(cfg, fields, *sub, key, origin);
+      continue;
+    }
+    Field& f = find_field(fields, key, origin);
+    set_from_node(f, node, origin);
+    cfg.set_keys.insert(key);
+  }
+}
+
+}  // namespace
+
+Config config_defaults() { return Config{}; }
+
+std::vector<std::string> config_keys() {
+  Config c;
+  std::vector<std::string> keys;
+  for (auto& f : fields_of(c)) keys.push_back(f.key);
+  return keys;
+}
+
+void config_load_string(Config& cfg, const std::string& text, const std::string& origin) {
+  toml::table t;
+  try {
+    t = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    fail("{}:{}:{}: {}", origin, e.source().begin.line, e.source().begin.column, e.description());
+  }
+  auto fields = fields_of(cfg);
+  load_table(cfg, fields, t, "", origin);
+}
+
+void config_load_file(Config& cfg, const std::string& path) {
+  std::ifstream in(path);
+  LOOM_CHECK(in, "cannot open config file '{}'; check the path given to --config", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  config_load_string(cfg, ss.str(), path);
+}
+
+void config_set(Config& cfg, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  LOOM_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected section.key=value", assignment);
+  std::string key = assignment.substr(0, eq), value = assignment.substr(eq + 1);
+  auto fields = fields_of(cfg);
+  Field& f = find_field(fields, key, "--set");
+  auto wrong = [&] { fail("--set {}: {} must be {}, got '{}'", key, key, type_name(f.ptr), value); };
+  std::visit(
+      [&](auto* v) {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) {
+          int64_t x;
+          auto r = std::from_chars(value.data(), value.data() + value.size(), x);
+          if (r.ec != std::errc() || r.ptr != value.data() + value.size()) wrong();
+          *v = T(x);
+        } else if constexpr (std::is_same_v<T, double>) {
+          char* end = nullptr;
+          double x = std::strtod(value.c_str(), &end);
+          if (value.empty() || *end) wrong();
+          *v = x;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (value != "true" && value != "false") wrong();
+          *v = value == "true";
+        } else {
+          std::string s = value;
+          if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front())
+            s = s.substr(1, s.size() - 2);
+          *v = s;
+        }
+      },
+      f.ptr);
+  cfg.set_keys.insert(key);
+}
+
+namespace {
+void check_one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+  std::string list;
+  for (auto* o : ok) {
+    if (v == o) return;
+    list += (list.empty() ? "" : "|") + std::string(o);
+  }
+  fail("{} = '{}' is not one of {}", key, v, list);
+}
+void check_positive(const std::string& key, int64_t v) {
+  LOOM_CHECK(v > 0, "{} = {} must be positive", key, v);
+}
+}  // namespace
+
+void config_validate(Config& cfg) {
+  auto& m = cfg.model;
+  auto& t = cfg.train;
+  check_one_of("model.arch", m.arch, {"gpt2", "llama"});
+  if (!cfg.set_keys.count("model.tie_embeddings")) m.tie_embeddings = m.arch == "gpt2";
+  check_positive("model.n_layer", m.n_layer);
+  check_positive("model.d_model", m.d_model);
+  check_positive("model.n_head", m.n_head);
+  check_positive("model.vocab_size", m.vocab_size);
+  check_positive("model.seq_len", m.seq_len);
+  LOOM_CHECK(m.n_kv_head >= 0, "model.n_kv_head = {} must be >= 0 (0 means n_head)", m.n_kv_head);
+  LOOM_CHECK(m.d_model % m.n_head == 0,
+             "model.n_head = {} does not divide model.d_model = {}; pick n_head so that "
+             "d_model / n_head is whole (e.g. {})",
+             m.n_head, m.d_model, m.d_model / 64 > 0 ? m.d_model / 64 : 1);
+  int kv = cfg.kv_heads();
+  LOOM_CHECK(m.n_head % kv == 0,
+             "model.n_head = {} is not a multiple of model.n_kv_head = {}; grouped-query "
+             "attention needs n_head = k * n_kv_head",
+             m.n_head, kv);
+  if (m.arch == "gpt2") {
+    LOOM_CHECK(kv == m.n_head, "model.n_kv_head = {}: gpt2 has no grouped-query attention; "
+               "use model.arch = \"llama\" or n_kv_head = n_head", m.n_kv_head);
+    if (!m.d_ff) m.d_ff = 4 * m.d_model;
+    LOOM_CHECK(m.d_ff == 4 * m.d_model, "model.d_ff = {}: gpt2 uses 4 * d_model = {}", m.d_ff,
+               4 * m.d_model);
+  } else {
+    LOOM_CHECK(cfg.head_dim() % 2 == 0, "llama needs an even head dim for RoPE; d_model / n_head = {}",
+               cfg.head_dim());
+    if (!m.d_ff) m.d_ff = (8 * m.d_model / 3 + 63) / 64 * 64;
+  }
+  check_positive("model.d_ff", m.d_ff);
+  LOOM_CHECK(m.norm_eps > 0, "model.norm_eps = {} must be positive", m.norm_eps);
+  LOOM_CHECK(m.moe.num_experts == 0,
+             "model.moe.num_experts = {}: mixture-of-experts layers are not in this build yet; "
+             "set it to 0", m.moe.num_experts);
+
+  check_positive("train.micro_batch", t.micro_batch);
+  check_positive("train.global_batch", t.global_batch);
+  LOOM_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
+  int per_step = t.micro_batch * cfg.parallel.dp;
+  LOOM_CHECK(t.global_batch % per_step == 0,
+             "train.global_batch = {} is not a multiple of micro_batch x dp = {} x {} = {}; "
+             "make global_batch a multiple of {}",
+             t.global_batch, t.micro_batch, cfg.parallel.dp, per_step, per_step);
+  check_one_of("train.schedule", t.schedule, {"constant", "cosine", "linear", "wsd"});
+  check_one_of("train.device", t.device, {"auto", "cpu", "cuda"});
+  check_one_of("train.dtype", t.dtype, {"auto", "f32", "bf16"});
+  check_one_of("train.recompute", t.recompute, {"none", "selective", "full"});
+  LOOM_CHECK(t.lr >= 0 && t.min_lr >= 0, "train.lr and train.min_lr must be >= 0");
+  LOOM_CHECK(t.warmup_steps >= 0, "train.warmup_steps = {} must be >= 0", t.warmup_steps);
+  LOOM_CHECK(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1,
+             "train.beta1 and train.beta2 must be in [0, 1)");
+  LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
+  LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
+  if (t.device == "cuda")
+    fail("train.device = \"cuda\": this build has no CUDA kernels yet; use \"cpu\" or \"auto\"");
+  if (t.dtype == "bf16")
+    fail("train.dtype = \"bf16\": the CPU computes in f32; use \"f32\" or \"auto\"");
+
+  auto& d = cfg.data;
+  check_one_of("data.source", d.source, {"synthetic", "text", "tokens"});
+  if (d.source != "synthetic")
+    LOOM_CHECK(!d.path.empty(), "data.source = \"{}\" needs data.path", d.source);
+  LOOM_CHECK(d.val_every >= 0 && d.val_batches >= 0, "data.val_every and data.val_batches must be >= 0");
+  LOOM_CHECK(!d.shuffle, "data.shuffle = true is not in this build yet; set it to false");
+
+  auto& p = cfg.parallel;
+  for (auto [key, v] : {std::pair{"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp},
+                        {"parallel.ep", p.ep}}) {
+    check_positive(key, v);
+    LOOM_CHECK(v == 1, "{} = {}: this build trains on one rank; multi-rank layouts need the "
+               "distributed runtime (set {} = 1)", key, v, key);
+  }
+  LOOM_CHECK(!p.sp, "parallel.sp needs tensor parallelism, which is not in this build yet");
+  LOOM_CHECK(p.zero == 0, "parallel.zero = {}: ZeRO is not in this build yet; set it to 0", p.zero);
+  LOOM_CHECK(cfg.checkpoint.every == 0 && cfg.checkpoint.resume.empty(),
+             "checkpoint.every / checkpoint.resume: checkpoints are not in this build yet");
+  LOOM_CHECK(cfg.log.every > 0, "log.every = {} must be positive", cfg.log.every);
+}
+
+std::string config_to_toml(const Config& cfg) {
+  Config copy = cfg;
+  toml::table root;
+  for (auto& f : fields_of(copy)) {
+    toml::table* t = &root;
+    std::string key = f.key;
+    size_t dot;
+    while ((dot = key.find('.')) != std::string::npos) {
+      std::string part = key.substr(0, dot);
+      if (!t->contains(part)) t->insert(part, toml::table{});
+      t = (*t)[part].as_table();
+      key = key.substr(dot + 1);
+    }
+    std::visit([&](auto* v) { t->insert(key, *v); }, f.ptr);
+  }
+  std::ostringstream ss;
+  ss << root;
+  return ss.str();
+}
+
+}  // namespace loom

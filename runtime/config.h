@@ -1,0 +1,114 @@
+// Typed configuration: one struct per TOML section, loaded from a file and overridden by
+// `--set section.key=value`. Unknown keys and wrong types are errors that name the nearest
+// valid key; validate() checks the relations between keys before anything is allocated.
+#pragma once
+#include <set>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+struct MoeConfig {
+  int num_experts = 0;  // 0: dense
+  int top_k = 2;
+  double capacity_factor = 0.0;
+  double aux_loss_coef = 0.01;
+  int every = 1;
+};
+
+struct ModelConfig {
+  std::string arch = "gpt2";  // gpt2 | llama
+  int n_layer = 4;
+  int d_model = 128;
+  int n_head = 4;
+  int n_kv_head = 0;  // 0: same as n_head
+  int d_ff = 0;       // 0: 4*d_model for gpt2, 8/3*d_model rounded up to 64 for llama
+  int vocab_size = 512;
+  int seq_len = 128;
+  bool tie_embeddings = true;  // default true for gpt2, false for llama
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  MoeConfig moe;
+};
+
+struct TrainConfig {
+  int micro_batch = 8;
+  int global_batch = 16;  // sequences per optimizer step, over all dp ranks and micro-batches
+  int steps = 400;
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int warmup_steps = 20;
+  std::string schedule = "cosine";  // constant | cosine | linear | wsd
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0: off
+  int64_t seed = 1234;
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string dtype = "auto";   // auto | f32 | bf16 (auto: f32 on cpu, bf16 on cuda)
+  std::string recompute = "none";  // none | selective | full
+  int threads = 0;                 // 0: every core
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // synthetic | text | tokens
+  std::string path;
+  std::string val_path;
+  int val_every = 100;  // 0: only at the end
+  int val_batches = 4;
+  bool shuffle = false;
+};
+
+struct ParallelConfig {
+  int dp = 1, tp = 1, pp = 1, ep = 1;
+  bool sp = false;
+  int zero = 0;
+  double bucket_mb = 25.0;
+  std::string pp_schedule = "1f1b";
+  int pp_virtual = 1;
+};
+
+struct CheckpointConfig {
+  std::string dir;
+  int every = 0;
+  int keep = 2;
+  bool async = true;
+  std::string resume;
+};
+
+struct LogConfig {
+  std::string dir = "runs/default";
+  int every = 10;  // console progress line every N steps (metrics.jsonl gets every step)
+  bool trace = false;
+};
+
+struct Config {
+  ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  std::string init_from;     // init.from
+  std::string export_final;  // export.final
+  LogConfig log;
+  std::set<std::string> set_keys;  // keys given explicitly, by file or --set
+
+  // Derived after validate().
+  int head_dim() const { return model.d_model / model.n_head; }
+  int kv_heads() const { return model.n_kv_head ? model.n_kv_head : model.n_head; }
+  int accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
+};
+
+Config config_defaults();
+// Reads a TOML file into `cfg` (keys absent from the file keep their values).
+void config_load_file(Config& cfg, const std::string& path);
+void config_load_string(Config& cfg, const std::string& toml_text, const std::string& origin);
+// `key=value`, value parsed by the key's type.
+void config_set(Config& cfg, const std::string& assignment);
+// Fills arch-dependent defaults and checks every relation; throws loom::Error.
+void config_validate(Config& cfg);
+std::string config_to_toml(const Config& cfg);
+std::vector<std::string> config_keys();
+
+}  // namespace loom

@@ -1,0 +1,36 @@
+// metrics.jsonl (one JSON object per optimizer step, appended by rank 0) and the console
+// progress line. Floats print with %.9g so that float32 values round-trip exactly.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include "runtime/allocator.h"
+
+namespace loom {
+
+struct StepMetrics {
+  int64_t step = 0, steps = 0;
+  double loss = 0, grad_norm = 0, lr = 0;
+  int64_t tokens = 0;  // tokens seen so far, all ranks
+  double step_ms = 0, tokens_per_s = 0, mfu = 0, hfu = 0;
+  double compute_ms = 0, comm_exposed_ms = 0, bubble_ms = 0, optimizer_ms = 0, data_ms = 0, ckpt_block_ms = 0;
+  MemLedger mem;
+};
+
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& dir);  // empty: no file
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void step(const StepMetrics& m);
+  void validation(int64_t step, double val_loss);
+
+ private:
+  FILE* f_ = nullptr;
+};
+
+std::string progress_line(const StepMetrics& m, double eta_s);
+std::string format_duration(double seconds);
+
+}  // namespace loom

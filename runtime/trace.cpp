@@ -1,0 +1,45 @@
+#include "runtime/trace.h"
+
+#include <fstream>
+
+#include "runtime/error.h"
+
+namespace loom {
+
+Trace::Trace(bool enabled, int rank) : enabled_(enabled), rank_(rank), origin_(std::chrono::steady_clock::now()) {
+  if (enabled_) events_.reserve(1 << 16);
+}
+
+double Trace::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin_).count();
+}
+
+Trace::Scope::Scope(Trace* t, const char* name, Track track)
+    : t_(t), name_(name), track_(track), start_us_(t ? t->now_us() : 0.0) {}
+
+Trace::Scope::~Scope() {
+  if (t_) t_->add(name_, track_, start_us_, t_->now_us() - start_us_);
+}
+
+void Trace::add(const char* name, Track track, double start_us, double dur_us) {
+  events_.push_back({name, track, start_us, dur_us});
+}
+
+void Trace::write(const std::string& path) const {
+  std::ofstream out(path);
+  LOOM_CHECK(out, "cannot write trace file '{}'; check log.dir", path);
+  static const char* tracks[] = {"compute", "comm", "host"};
+  out << "{\"traceEvents\":[\n";
+  for (int t = 0; t < 3; ++t)
+    out << fmt::format(
+        "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"{}\"}}}},\n",
+        rank_, t, tracks[t]);
+  out << fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"rank {}\"}}}}",
+                     rank_, rank_);
+  for (auto& e : events_)
+    out << fmt::format(",\n{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}",
+                       e.name, rank_, int(e.track), e.start_us, e.dur_us);
+  out << "\n]}\n";
+}
+
+}  // namespace loom

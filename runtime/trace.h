@@ -1,0 +1,49 @@
+// Chrome trace (Perfetto-viewable): one complete event per op, on a compute track per rank
+// (communication gets its own track when it exists). Events are buffered in memory and
+// written as JSON at the end of the run. A disabled Trace records nothing and costs one branch.
+#pragma once
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+class Trace {
+ public:
+  enum Track { compute = 0, comm = 1, host = 2 };
+  explicit Trace(bool enabled = false, int rank = 0);
+
+  class Scope {
+   public:
+    Scope(Trace* t, const char* name, Track track);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Trace* t_;
+    const char* name_;
+    Track track_;
+    double start_us_;
+  };
+
+  Scope scope(const char* name, Track track = compute) { return Scope(enabled_ ? this : nullptr, name, track); }
+  bool enabled() const { return enabled_; }
+  double now_us() const;
+  void add(const char* name, Track track, double start_us, double dur_us);
+  size_t size() const { return events_.size(); }
+  void write(const std::string& path) const;
+
+ private:
+  struct Event {
+    const char* name;
+    Track track;
+    double start_us, dur_us;
+  };
+  bool enabled_;
+  int rank_;
+  std::chrono::steady_clock::time_point origin_;
+  std::vector<Event> events_;
+};
+
+}  // namespace loom
