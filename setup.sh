@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages loom builds and tests with (idempotent), then configures and
+# builds into ./build. Re-running it only rebuilds what changed.
+#   ./setup.sh            install + build
+#   LOOM_CUDA=OFF ./setup.sh   build without looking for nvcc
+set -euo pipefail
+cd "$(dirname "$0")"
+
+packages=(cmake ninja-build g++ libopenblas-openmp-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
+          libgtest-dev libcli11-dev nlohmann-json3-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DLOOM_CUDA="${LOOM_CUDA:-AUTO}" >/dev/null
+cmake --build build -j"$(nproc)"
