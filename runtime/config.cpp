@@ -79,7 +79,7 @@ Field& find_field(std::vector<Field>& fields, const std::string& key, const std:
     if (last(key) == last(f.key)) d = std::min<size_t>(d, 1);
     if (d < best_d) best_d = d, best = &f;
   }
-  fail("{}: unknown config key '{}'; did you mean '{}'? (`loom train --help-keys` lists all)", origin,
+  fail("{}: unknown config key '{}'; did you mean '{}'? (`loom train --list-keys` lists all)", origin,
        key, best->key);
 }
 
@@ -227,10 +227,13 @@ void config_validate(Config& cfg) {
   check_positive("model.vocab_size", m.vocab_size);
   check_positive("model.seq_len", m.seq_len);
   LOOM_CHECK(m.n_kv_head >= 0, "model.n_kv_head = {} must be >= 0 (0 means n_head)", m.n_kv_head);
-  LOOM_CHECK(m.d_model % m.n_head == 0,
-             "model.n_head = {} does not divide model.d_model = {}; pick n_head so that "
-             "d_model / n_head is whole (e.g. {})",
-             m.n_head, m.d_model, m.d_model / 64 > 0 ? m.d_model / 64 : 1);
+  if (m.d_model % m.n_head != 0) {
+    int near = 1;  // the divisor of d_model closest to what was asked
+    for (int h = 1; h <= m.d_model; ++h)
+      if (m.d_model % h == 0 && std::abs(h - m.n_head) <= std::abs(near - m.n_head)) near = h;
+    fail("model.n_head = {} does not divide model.d_model = {}; use a divisor of d_model such as {}",
+         m.n_head, m.d_model, near);
+  }
   int kv = cfg.kv_heads();
   LOOM_CHECK(m.n_head % kv == 0,
              "model.n_head = {} is not a multiple of model.n_kv_head = {}; grouped-query "

@@ -1,2 +1,93 @@
-#include <gtest/gtest.h>
-TEST(Placeholder, Builds) {}
+// Config loading: TOML and --set, unknown keys with a suggestion, wrong types, and every
+// relation validate() enforces, each with the message a user would read.
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "testing.h"
+
+using namespace loom;
+
+namespace {
+// The message of the loom::Error that `f` throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+Config loaded(const std::string& toml) {
+  Config c = config_defaults();
+  config_load_string(c, toml, "test.toml");
+  config_validate(c);
+  return c;
+}
+}  // namespace
+
+TEST(Config, LoadsTomlAndOverrides) {
+  Config c = config_defaults();
+  config_load_string(c, "[model]\narch = \"llama\"\nn_layer = 3\n[train]\nlr = 1\n", "t.toml");
+  config_set(c, "model.d_model=64");
+  config_set(c, "train.recompute=full");
+  config_set(c, "log.dir=\"x y\"");
+  config_validate(c);
+  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.model.d_model, 64);
+  EXPECT_DOUBLE_EQ(c.train.lr, 1.0);  // an integer is a fine number
+  EXPECT_EQ(c.train.recompute, "full");
+  EXPECT_EQ(c.log.dir, "x y");
+  EXPECT_FALSE(c.model.tie_embeddings);  // llama's default
+  EXPECT_EQ(c.model.d_ff, 192);          // 8/3 * 64 rounded up to 64
+  EXPECT_EQ(loaded("").model.d_ff, 4 * 128);
+  EXPECT_TRUE(loaded("").model.tie_embeddings);
+}
+
+TEST(Config, UnknownKeySuggestsTheNearest) {
+  EXPECT_EQ(error_of([] { loaded("[model]\nn_layers = 2\n"); }),
+            "test.toml: unknown config key 'model.n_layers'; did you mean 'model.n_layer'? "
+            "(`loom train --list-keys` lists all)");
+  EXPECT_NE(error_of([] { loaded("[train]\nseq_len = 2\n"); }).find("did you mean 'model.seq_len'"), std::string::npos);
+  Config c = config_defaults();
+  EXPECT_NE(error_of([&] { config_set(c, "train.lrr=1"); }).find("did you mean 'train.lr'"), std::string::npos);
+}
+
+TEST(Config, WrongTypeNamesKeyAndType) {
+  EXPECT_EQ(error_of([] { loaded("[model]\nn_layer = \"two\"\n"); }),
+            "test.toml: model.n_layer must be an integer, got a string");
+  EXPECT_EQ(error_of([] { loaded("[model]\nn_layer = 2.5\n"); }),
+            "test.toml: model.n_layer must be an integer, got a floating-point");
+  Config c = config_defaults();
+  EXPECT_EQ(error_of([&] { config_set(c, "train.steps=ten"); }),
+            "--set train.steps: train.steps must be an integer, got 'ten'");
+  EXPECT_EQ(error_of([&] { config_set(c, "data.shuffle=yes"); }),
+            "--set data.shuffle: data.shuffle must be true or false, got 'yes'");
+  EXPECT_NE(error_of([&] { config_set(c, "novalue"); }).find("expected section.key=value"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[model\n"); }).find("test.toml:1:"), std::string::npos);
+}
+
+TEST(Config, RelationsAreCheckedWithTheFix) {
+  EXPECT_EQ(error_of([] { loaded("[model]\nd_model = 100\nn_head = 3\n"); }),
+            "model.n_head = 3 does not divide model.d_model = 100; use a divisor of d_model such as 4");
+  EXPECT_EQ(error_of([] { loaded("[model]\narch = \"llama\"\nn_head = 4\nn_kv_head = 3\n"); }),
+            "model.n_head = 4 is not a multiple of model.n_kv_head = 3; grouped-query attention needs "
+            "n_head = k * n_kv_head");
+  EXPECT_NE(error_of([] { loaded("[train]\nmicro_batch = 3\nglobal_batch = 16\n"); }).find("not a multiple of micro_batch"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[model]\narch = \"gpt3\"\n"); }).find("not one of gpt2|llama"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[train]\nrecompute = \"some\"\n"); }).find("none|selective|full"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\ndp = 2\n"); }).find("parallel.dp = 2"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[data]\nsource = \"text\"\n"); }).find("needs data.path"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[model]\nn_layer = 0\n"); }).find("must be positive"), std::string::npos);
+  EXPECT_EQ(error_of([] { loaded("[model]\nn_layer = 1\n"); }), "");
+}
+
+TEST(Config, EveryKeyRoundTripsThroughToml) {
+  Config a = loaded("[model]\narch = \"llama\"\nn_kv_head = 2\n[train]\nlr = 0.25\n");
+  Config b = config_defaults();
+  config_load_string(b, config_to_toml(a), "roundtrip");
+  config_validate(b);
+  EXPECT_EQ(config_to_toml(a), config_to_toml(b));
+  EXPECT_EQ(config_keys().size(), 58u);
+}
