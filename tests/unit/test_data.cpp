@@ -1,0 +1,190 @@
+// Data order and sources, token shards, safetensors, tokenizers and the optimizer's
+// arithmetic, each against values computed independently here.
+#include <cmath>
+#include <fstream>
+
+#include "checkpoint/safetensors.h"
+#include "optim/adamw.h"
+#include "runtime/data.h"
+#include "runtime/error.h"
+#include "runtime/tokenizer.h"
+#include "testing.h"
+
+using namespace loom;
+
+TEST(Data, BatchOrderFollowsTheDesign) {
+  auto toks = std::make_shared<std::vector<int32_t>>(1000);
+  for (int i = 0; i < 1000; ++i) (*toks)[size_t(i)] = i;
+  MemoryStream s(toks, 0, 1000);
+  Config c = config_defaults();
+  c.model.seq_len = 10;
+  c.train.micro_batch = 2;
+  c.train.global_batch = 6;
+  std::vector<int32_t> in(20), tg(20);
+  // Step 3, micro-batch 2 of 3: sequences 3*6 + 4 and + 5.
+  batch_read(s, c, 3, 0, 2, in.data(), tg.data());
+  EXPECT_EQ(in[0], 220);
+  EXPECT_EQ(tg[0], 221);
+  EXPECT_EQ(in[10], 230);
+  EXPECT_EQ(tg[19], 240);  // targets reach token k*T + T
+  // Wrap-around: 99 sequences of 10 (+1) tokens, so sequence 99 is sequence 0.
+  c.train.global_batch = 2;
+  batch_read(s, c, 49, 0, 0, in.data(), tg.data());  // sequences 98, 99
+  EXPECT_EQ(in[0], 980);
+  EXPECT_EQ(in[10], 0);
+}
+
+TEST(Data, SyntheticIsRandomAccessAndStructured) {
+  SyntheticStream s(512, 7);
+  std::vector<int32_t> all(10000), part(777);
+  s.read(0, 10000, all.data());
+  s.read(4000, 777, part.data());  // crosses a 4096-token block boundary
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + 4000));
+  EXPECT_GT(s.unigram_entropy(), 5.5);
+  EXPECT_LT(s.entropy_rate(), 1.8);
+  EXPECT_GT(s.entropy_rate(), 1.2);
+  // The empirical bigram entropy of a sample agrees with the exact rate.
+  std::vector<int32_t> big(400000);
+  s.read(0, int64_t(big.size()), big.data());
+  std::map<std::pair<int, int>, int> pairs;
+  std::map<int, int> firsts;
+  for (size_t i = 0; i + 1 < big.size(); ++i) ++pairs[{big[i], big[i + 1]}], ++firsts[big[i]];
+  double h = 0, n = double(big.size() - 1);
+  for (auto& [p, c] : pairs) h -= c / n * std::log(double(c) / firsts[p.first]);
+  EXPECT_NEAR(h, s.entropy_rate(), 0.15);  // the sample under-counts rare successors
+}
+
+namespace {
+std::string tmp(const std::string& name) { return ::testing::TempDir() + name; }
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Data, ShardsRoundTripAndRefuseBadInput) {
+  std::vector<int32_t> t = {1, 2, 65535, 0, 7};
+  shard_write(tmp("ok.bin"), t);
+  EXPECT_EQ(shard_read(tmp("ok.bin"), 65536), t);
+  EXPECT_NE(error_of([&] { shard_read(tmp("ok.bin"), 100); }).find("token id 65535 at position 2"), std::string::npos);
+  {  // truncated body: drop the last token's bytes
+    std::ifstream in(tmp("ok.bin"), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(tmp("trunc.bin"), std::ios::binary) << bytes.substr(0, bytes.size() - 2);
+    bytes[0] = 'X';
+    std::ofstream(tmp("magic.bin"), std::ios::binary) << bytes;
+  }
+  EXPECT_NE(error_of([&] { shard_read(tmp("trunc.bin"), 65536); }).find("is truncated"), std::string::npos);
+  EXPECT_NE(error_of([&] { shard_read(tmp("magic.bin"), 65536); }).find("is not an llm.c token shard"), std::string::npos);
+  EXPECT_NE(error_of([&] { shard_read(tmp("missing.bin"), 65536); }).find("cannot open token shard"), std::string::npos);
+}
+
+TEST(Safetensors, RoundTripAndShapeErrors) {
+  ParamRegistry reg;
+  reg.add("a.weight", {3, 2}, ParamSpec::Init::normal);
+  reg.add("transformer.wpe.weight", {4, 2}, ParamSpec::Init::normal);
+  std::vector<float> p(reg.numel());
+  registry_init(reg, p.data(), 1);
+  model_save(reg, p.data(), tmp("m.safetensors"));
+  std::vector<float> q(reg.numel());
+  EXPECT_TRUE(model_load(reg, q.data(), tmp("m.safetensors")).empty());
+  EXPECT_EQ(p, q);
+
+  ParamRegistry wide;  // a model whose a.weight is [3, 5]
+  wide.add("a.weight", {3, 5}, ParamSpec::Init::normal);
+  std::vector<float> w(wide.numel());
+  EXPECT_NE(error_of([&] { model_load(wide, w.data(), tmp("m.safetensors")); })
+                .find("tensor 'a.weight' has shape [3, 2] but the model expects [3, 5]"),
+            std::string::npos);
+  ParamRegistry more;
+  more.add("b.weight", {2}, ParamSpec::Init::zeros);
+  EXPECT_NE(error_of([&] { model_load(more, w.data(), tmp("m.safetensors")); }).find("has no tensor 'b.weight'"),
+            std::string::npos);
+  // A longer position table loads its first rows; a shorter one is refused.
+  ParamRegistry shorter, longer;
+  shorter.add("transformer.wpe.weight", {2, 2}, ParamSpec::Init::zeros);
+  longer.add("transformer.wpe.weight", {8, 2}, ParamSpec::Init::zeros);
+  std::vector<float> s(4), l(16);
+  auto unused = model_load(shorter, s.data(), tmp("m.safetensors"));
+  EXPECT_EQ(unused, std::vector<std::string>{"a.weight"});
+  EXPECT_EQ(s[3], p[reg.at("transformer.wpe.weight").offset + 3]);
+  EXPECT_NE(error_of([&] { model_load(longer, l.data(), tmp("m.safetensors")); }).find("above the position table"),
+            std::string::npos);
+  std::ofstream(tmp("junk.safetensors")) << "not a safetensors file at all";
+  EXPECT_NE(error_of([&] { safetensors_read(tmp("junk.safetensors")); }).find("is not a safetensors file"),
+            std::string::npos);
+}
+
+TEST(Tokenizer, Gpt2PretokenizerSplitsLikeTheRegex) {
+  auto w = gpt2_pretokenize("Hello world's  test\n\nfoo 123!!");
+  // The regex branch \s+(?!\S) gives back one character before a word, so two newlines split.
+  std::vector<std::string> want = {"Hello", " world", "'s", " ", " test", "\n", "\n", "foo", " 123", "!!"};
+  EXPECT_EQ(w, want);
+}
+
+TEST(Tokenizer, Gpt2BpeMergesByRank) {
+  std::ofstream(tmp("vocab.json")) << R"({"h":0,"e":1,"l":2,"o":3,"\u0120":4,"he":5,"hel":6,"hell":7,"hello":8,"\u0120hello":9})";
+  std::ofstream(tmp("merges.txt")) << "#version: 0.2\nh e\nhe l\nhel l\nhell o\n\u0120 hello\n";
+  Gpt2Bpe bpe(tmp("vocab.json"), tmp("merges.txt"));
+  auto ids = bpe.encode("hello hello hel");
+  EXPECT_EQ(ids, (std::vector<int32_t>{8, 9, 4, 6}));
+  EXPECT_EQ(bpe.decode(ids), "hello hello hel");
+  EXPECT_EQ(tokenize_bytes("A\xff"), (std::vector<int32_t>{65, 255}));
+}
+
+TEST(Optim, AdamWMatchesTheFormulaInDouble) {
+  ParamRegistry reg;
+  reg.add("w", {2, 2}, ParamSpec::Init::normal);  // decays
+  reg.add("b", {3}, ParamSpec::Init::zeros);      // does not
+  Allocator alloc;
+  AdamW opt(reg, alloc);
+  auto p = test::randn(7, 1), g0 = test::randn(7, 2);
+  std::vector<double> P(p.begin(), p.end()), M(7, 0), Vv(7, 0);
+  const AdamWHyper h{0.1, 0.9, 0.95, 1e-8, 0.1};
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<float> g(7);
+    for (int i = 0; i < 7; ++i) g[i] = g0[i] * float(step);
+    opt.update(p.data(), g.data(), h, step);
+    for (int i = 0; i < 7; ++i) {
+      double wd = i < 4 ? h.weight_decay : 0.0;
+      P[i] *= 1 - h.lr * wd;
+      M[i] = h.beta1 * M[i] + (1 - h.beta1) * g[i];
+      Vv[i] = h.beta2 * Vv[i] + (1 - h.beta2) * double(g[i]) * g[i];
+      double mh = M[i] / (1 - std::pow(h.beta1, step)), vh = Vv[i] / (1 - std::pow(h.beta2, step));
+      P[i] -= h.lr * mh / (std::sqrt(vh) + h.eps);
+    }
+  }
+  for (int i = 0; i < 7; ++i) EXPECT_NEAR(p[i], P[i], 1e-6) << i;
+}
+
+TEST(Optim, ClipScalesToTheMaxNorm) {
+  std::vector<float> g = {3, 4};
+  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 1.0), 5.0);
+  EXPECT_NEAR(std::hypot(g[0], g[1]), 1.0, 1e-6);
+  std::vector<float> small = {0.3f, 0.4f};
+  clip_grad_norm(small.data(), 2, 1.0);
+  EXPECT_EQ(small, (std::vector<float>{0.3f, 0.4f}));  // below the max: untouched
+}
+
+TEST(Optim, Schedules) {
+  TrainConfig t;
+  t.lr = 1.0, t.min_lr = 0.1, t.warmup_steps = 10, t.steps = 110;
+  t.schedule = "cosine";
+  EXPECT_DOUBLE_EQ(lr_at(t, 0), 0.1);
+  EXPECT_DOUBLE_EQ(lr_at(t, 9), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(t, 10), 1.0);
+  EXPECT_NEAR(lr_at(t, 60), 0.55, 1e-12);
+  EXPECT_NEAR(lr_at(t, 110), 0.1, 1e-12);
+  t.schedule = "linear";
+  EXPECT_NEAR(lr_at(t, 60), 0.55, 1e-12);
+  t.schedule = "constant";
+  EXPECT_DOUBLE_EQ(lr_at(t, 100), 1.0);
+  t.schedule = "wsd";  // stable until step 88 (the last 20% decays)
+  EXPECT_DOUBLE_EQ(lr_at(t, 87), 1.0);
+  EXPECT_NEAR(lr_at(t, 99), 1.0 - 0.9 * 11.0 / 22.0, 1e-12);
+}
