@@ -6,9 +6,12 @@
 // limit, which is the GPU, and lives with the CUDA kernels.
 // Backward runs one thread per (batch, kv head) so the k/v gradients that several query
 // heads share are summed by one thread in a fixed order.
+// Scores and weighted sums are GEMMs through OpenBLAS; inside the parallel region OpenBLAS's
+// OpenMP build runs each call on the calling thread alone.
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/vecmath.h"
 #include "kernels/ops.h"
 
 namespace loom::cpu {
@@ -54,90 +57,74 @@ void rope_backward(float* dqkv, const float* cos, const float* sin, int B, int T
   rope_apply<true>(dqkv, cos, sin, B, T, H, KV, D);
 }
 
+// Per (batch, head): S = Q K^T as one GEMM over the full T x T square (the masked half is
+// wasted work, but a GEMM runs an order of magnitude faster than the scalar loop that would
+// skip it), a causal softmax row by row, then O = P V as a second GEMM. Threads own whole
+// (batch, head) pairs and call single-threaded GEMMs inside the parallel region.
 void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int H, int KV, int D) {
   const int row = (H + 2 * KV) * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
-#pragma omp parallel for collapse(3) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
+    for (int h = 0; h < H; ++h) {
+      const float* base = qkv + int64_t(b) * T * row;
+      const float* q = base + h * D;
+      const float* k = base + (H + h / group) * D;
+      const float* v = base + (H + KV + h / group) * D;
+      float* P = probs + (int64_t(b) * H + h) * T * T;
+      gemm(false, true, T, T, D, scale, q, row, k, row, 0.0f, P, T);
       for (int t = 0; t < T; ++t) {
-        const float* base = qkv + int64_t(b) * T * row;
-        const float* q = base + int64_t(t) * row + h * D;
-        const int koff = (H + h / group) * D, voff = (H + KV + h / group) * D;
-        float* p = probs + ((int64_t(b) * H + h) * T + t) * T;
-        float maxv = -INFINITY;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const float* k = base + int64_t(t2) * row + koff;
-          float s = 0.0f;
-          for (int d = 0; d < D; ++d) s += q[d] * k[d];
-          s *= scale;
-          p[t2] = s;
-          maxv = std::max(maxv, s);
-        }
+        float* p = P + int64_t(t) * T;
+        float maxv = p[0];
+        for (int u = 1; u <= t; ++u) maxv = std::max(maxv, p[u]);
         float sum = 0.0f;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          p[t2] = std::exp(p[t2] - maxv);
-          sum += p[t2];
-        }
-        float inv = 1.0f / sum;
-        for (int t2 = 0; t2 <= t; ++t2) p[t2] *= inv;
-        for (int t2 = t + 1; t2 < T; ++t2) p[t2] = 0.0f;
-        float* o = out + (int64_t(b) * T + t) * H * D + h * D;
-        for (int d = 0; d < D; ++d) o[d] = 0.0f;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const float* v = base + int64_t(t2) * row + voff;
-          float pv = p[t2];
-          for (int d = 0; d < D; ++d) o[d] += pv * v[d];
-        }
+#pragma omp simd reduction(+ : sum)
+        for (int u = 0; u <= t; ++u) sum += (p[u] = exp_approx(p[u] - maxv));
+        const float inv = 1.0f / sum;
+        for (int u = 0; u <= t; ++u) p[u] *= inv;
+        for (int u = t + 1; u < T; ++u) p[u] = 0.0f;
       }
+      gemm(false, false, T, D, T, 1.0f, P, T, v, row, 0.0f, out + int64_t(b) * T * H * D + h * D, H * D);
+    }
 }
 
+// Per (batch, kv head), over its group of query heads in order:
+//   dP = dO V^T, dV += P^T dO, dS = P * (dP - rowsum(P * dP)) * scale, dQ = dS K, dK += dS^T Q.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B,
                         int T, int H, int KV, int D) {
   const int row = (H + 2 * KV) * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
 #pragma omp parallel
   {
-    std::vector<float> dp(T);
+    std::vector<float> dP(size_t(T) * T);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int kvh = 0; kvh < KV; ++kvh) {
         const float* base = qkv + int64_t(b) * T * row;
         float* dbase = dqkv + int64_t(b) * T * row;
-        const int koff = (H + kvh) * D, voff = (H + KV + kvh) * D;
-        for (int t = 0; t < T; ++t) {
-          float* drow = dbase + int64_t(t) * row;
-          for (int d = 0; d < D; ++d) drow[koff + d] = drow[voff + d] = 0.0f;
-          for (int h = kvh * group; h < (kvh + 1) * group; ++h)
-            for (int d = 0; d < D; ++d) drow[h * D + d] = 0.0f;
-        }
-        for (int h = kvh * group; h < (kvh + 1) * group; ++h)
+        const float* k = base + (H + kvh) * D;
+        const float* v = base + (H + KV + kvh) * D;
+        float* dk = dbase + (H + kvh) * D;
+        float* dv = dbase + (H + KV + kvh) * D;
+        for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const float* P = probs + (int64_t(b) * H + h) * T * T;
+          const float* dy = dout + int64_t(b) * T * H * D + h * D;
+          const float* q = base + h * D;
+          const float beta = h == kvh * group ? 0.0f : 1.0f;  // first head overwrites dk, dv
+          gemm(false, true, T, T, D, 1.0f, dy, H * D, v, row, 0.0f, dP.data(), T);
+          gemm(true, false, T, D, T, 1.0f, P, T, dy, H * D, beta, dv, row);
           for (int t = 0; t < T; ++t) {
-            const float* p = probs + ((int64_t(b) * H + h) * T + t) * T;
-            const float* q = base + int64_t(t) * row + h * D;
-            const float* dy = dout + (int64_t(b) * T + t) * H * D + h * D;
-            float* dq = dbase + int64_t(t) * row + h * D;
+            const float* p = P + int64_t(t) * T;
+            float* ds = dP.data() + int64_t(t) * T;
             float dot = 0.0f;
-            for (int t2 = 0; t2 <= t; ++t2) {
-              const float* v = base + int64_t(t2) * row + voff;
-              float s = 0.0f;
-              for (int d = 0; d < D; ++d) s += dy[d] * v[d];
-              dp[t2] = s;
-              dot += p[t2] * s;
-            }
-            for (int t2 = 0; t2 <= t; ++t2) {
-              const float* k = base + int64_t(t2) * row + koff;
-              float* dk = dbase + int64_t(t2) * row + koff;
-              float* dv = dbase + int64_t(t2) * row + voff;
-              float ds = p[t2] * (dp[t2] - dot) * scale;
-              float pv = p[t2];
-              for (int d = 0; d < D; ++d) {
-                dq[d] += ds * k[d];
-                dk[d] += ds * q[d];
-                dv[d] += pv * dy[d];
-              }
-            }
+#pragma omp simd reduction(+ : dot)
+            for (int u = 0; u <= t; ++u) dot += p[u] * ds[u];
+            for (int u = 0; u <= t; ++u) ds[u] = p[u] * (ds[u] - dot) * scale;
+            for (int u = t + 1; u < T; ++u) ds[u] = 0.0f;
           }
+          gemm(false, false, T, D, T, 1.0f, dP.data(), T, k, row, 0.0f, dbase + h * D, row);
+          gemm(true, false, T, D, T, 1.0f, dP.data(), T, q, row, beta, dk, row);
+        }
       }
   }
 }

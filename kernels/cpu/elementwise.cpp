@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/vecmath.h"
 #include "kernels/ops.h"
 
 namespace loom::cpu {
@@ -50,25 +51,40 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 }
 
-void gelu_forward(float* out, const float* inp, int64_t n) {
+namespace {
+// Splits [0, n) into 16Ki-element chunks over the threads; the body's inner loop vectorizes.
+template <class F>
+void for_chunks(int64_t n, F&& body) {
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    float cube = 0.044715f * x * x * x;
-    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + cube)));
-  }
+  for (int64_t c = 0; c < chunks; ++c) body(c * kChunk, std::min(n, (c + 1) * kChunk));
+}
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+  for_chunks(n, [=](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) {
+      float x = inp[i];
+      float cube = 0.044715f * x * x * x;
+      out[i] = 0.5f * x * (1.0f + tanh_approx(kGeluScale * (x + cube)));
+    }
+  });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    float cube = 0.044715f * x * x * x;
-    float th = std::tanh(kGeluScale * (x + cube));
-    float sech2 = 1.0f - th * th;
-    float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = grad * dout[i];
-  }
+  for_chunks(n, [=](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) {
+      float x = inp[i];
+      float cube = 0.044715f * x * x * x;
+      float th = tanh_approx(kGeluScale * (x + cube));
+      float sech2 = 1.0f - th * th;
+      float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+      dinp[i] = grad * dout[i];
+    }
+  });
 }
 
 void swiglu_forward(float* out, const float* inp, int N, int F) {
@@ -77,7 +93,8 @@ void swiglu_forward(float* out, const float* inp, int N, int F) {
     const float* g = inp + int64_t(n) * 2 * F;
     const float* u = g + F;
     float* o = out + int64_t(n) * F;
-    for (int f = 0; f < F; ++f) o[f] = g[f] / (1.0f + std::exp(-g[f])) * u[f];
+#pragma omp simd
+    for (int f = 0; f < F; ++f) o[f] = g[f] / (1.0f + exp_approx(-g[f])) * u[f];
   }
 }
 
@@ -89,8 +106,9 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
     const float* dy = dout + int64_t(n) * F;
     float* dg = dinp + int64_t(n) * 2 * F;
     float* du = dg + F;
+#pragma omp simd
     for (int f = 0; f < F; ++f) {
-      float sig = 1.0f / (1.0f + std::exp(-g[f]));
+      float sig = 1.0f / (1.0f + exp_approx(-g[f]));
       float silu = g[f] * sig;
       dg[f] = dy[f] * u[f] * sig * (1.0f + g[f] * (1.0f - sig));
       du[f] = dy[f] * silu;
@@ -113,15 +131,18 @@ void crossentropy_forward_backward(float* logits, float* losses, const int32_t* 
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* l = logits + int64_t(n) * V;
-    float maxv = -INFINITY;
+    float maxv = l[0];
+#pragma omp simd reduction(max : maxv)
     for (int v = 0; v < V; ++v) maxv = std::max(maxv, l[v]);
     float sum = 0.0f;
-    for (int v = 0; v < V; ++v) sum += std::exp(l[v] - maxv);
+#pragma omp simd reduction(+ : sum)
+    for (int v = 0; v < V; ++v) sum += exp_approx(l[v] - maxv);
     int y = targets[n];
     losses[n] = std::log(sum) + maxv - l[y];
     if (dloss != 0.0f) {
-      float inv = 1.0f / sum;
-      for (int v = 0; v < V; ++v) l[v] = std::exp(l[v] - maxv) * inv * dloss;
+      const float scale = dloss / sum;
+#pragma omp simd
+      for (int v = 0; v < V; ++v) l[v] = exp_approx(l[v] - maxv) * scale;
       l[y] -= dloss;
     }
   }

@@ -1,0 +1,137 @@
+// Bad input through the `loom` binary: each case must end with a non-zero exit status and
+// exactly one line that names the problem and the fix, never a crash or a backtrace.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "runtime/data.h"
+#include "testing.h"
+
+namespace {
+
+struct CliRun {
+  int status;
+  std::string output;
+};
+
+CliRun loom_run(const std::string& args) {
+  std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+std::string tmp(const std::string& name) { return ::testing::TempDir() + "loom_cli_" + name; }
+
+const std::string kTiny =
+    "train --set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64 "
+    "--set model.seq_len=8 --set train.micro_batch=2 --set train.global_batch=2 --set train.threads=1 "
+    "--set data.val_batches=0 --set log.dir=" + ::testing::TempDir() + "loom_cli_log ";
+
+void expect_one_line_error(const std::string& args, const std::string& phrase) {
+  CliRun r = loom_run(args);
+  EXPECT_EQ(r.status, 2) << r.output;
+  ASSERT_FALSE(r.output.empty());
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find(phrase), std::string::npos) << "missing '" << phrase << "' in: " << r.output;
+}
+
+}  // namespace
+
+TEST(Cli, UnknownKey) { expect_one_line_error("train --set model.n_layers=2", "did you mean 'model.n_layer'"); }
+
+TEST(Cli, WrongType) {
+  std::ofstream(tmp("wrong.toml")) << "[train]\nsteps = \"many\"\n";
+  expect_one_line_error("train --config " + tmp("wrong.toml"), "train.steps must be an integer, got a string");
+}
+
+TEST(Cli, HeadsDoNotDivideWidth) {
+  expect_one_line_error("train --set model.d_model=96 --set model.n_head=5", "does not divide model.d_model = 96");
+}
+
+TEST(Cli, HeadsNotAMultipleOfKvHeads) {
+  expect_one_line_error("train --set model.arch=llama --set model.n_head=4 --set model.n_kv_head=3",
+                        "not a multiple of model.n_kv_head = 3");
+}
+
+TEST(Cli, MissingDataFile) {
+  expect_one_line_error("train --set data.source=tokens --set data.path=/no/such/file.bin",
+                        "'/no/such/file.bin' does not exist");
+}
+
+TEST(Cli, ShardWithBadMagicTruncatedBodyOrLargeIds) {
+  std::vector<int32_t> t(100, 5);
+  t[50] = 70;  // >= vocab_size 64
+  loom::shard_write(tmp("big.bin"), t);
+  expect_one_line_error(kTiny + "--set data.source=tokens --set data.path=" + tmp("big.bin"),
+                        "token id 70 at position 50, but model.vocab_size is 64");
+  std::ifstream in(tmp("big.bin"), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(tmp("trunc.bin"), std::ios::binary) << bytes.substr(0, bytes.size() - 10);
+  expect_one_line_error(kTiny + "--set data.source=tokens --set data.path=" + tmp("trunc.bin"), "is truncated");
+  bytes[1] = 0x11;
+  std::ofstream(tmp("magic.bin"), std::ios::binary) << bytes;
+  expect_one_line_error(kTiny + "--set data.source=tokens --set data.path=" + tmp("magic.bin"),
+                        "is not an llm.c token shard");
+}
+
+TEST(Cli, SafetensorsShapeAndPositionTable) {
+  CliRun made = loom_run(kTiny + "--set train.steps=0 --set export.final=" + tmp("w.safetensors"));
+  ASSERT_EQ(made.status, 0) << made.output;
+  expect_one_line_error(kTiny + "--set model.d_model=32 --set init.from=" + tmp("w.safetensors"),
+                        "has shape [64, 16] but the model expects [64, 32]");
+  expect_one_line_error(kTiny + "--set model.seq_len=16 --set init.from=" + tmp("w.safetensors"),
+                        "model.seq_len = 16 is above the position table");
+  CliRun ok = loom_run(kTiny + "--set model.seq_len=4 --set train.steps=1 --set init.from=" + tmp("w.safetensors"));
+  EXPECT_EQ(ok.status, 0) << ok.output;  // a longer table loads its first rows
+}
+
+TEST(Cli, DataCommandAndTextSourceTrain) {
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(tmp("corpus.txt")) << text;
+  CliRun d = loom_run("data " + tmp("corpus.txt") + " " + tmp("corpus.bin"));
+  ASSERT_EQ(d.status, 0) << d.output;
+  EXPECT_EQ(loom::shard_read(tmp("corpus.bin"), 256).size(), text.size());
+  const std::string bytes = kTiny + "--set model.vocab_size=256 --set train.steps=3 --set data.val_batches=1 ";
+  CliRun a = loom_run(bytes + "--set data.source=text --set data.path=" + tmp("corpus.txt"));
+  CliRun b = loom_run(bytes + "--set data.source=tokens --set data.path=" + tmp("corpus.bin"));
+  ASSERT_EQ(a.status, 0) << a.output;
+  ASSERT_EQ(b.status, 0) << b.output;
+  // The same bytes through either source give the same losses.
+  auto losses = [](const std::string& out) {
+    std::string s;
+    for (size_t at = out.find("loss "); at != std::string::npos; at = out.find("loss ", at + 1))
+      s += out.substr(at, 12) + ";";
+    return s;
+  };
+  EXPECT_FALSE(losses(a.output).empty());
+  EXPECT_EQ(losses(a.output), losses(b.output));
+  expect_one_line_error(kTiny + "--set data.source=text --set data.path=" + tmp("corpus.txt"),
+                        "set model.vocab_size >= 256");
+}
+
+TEST(Cli, TraceAndMetricsAreWritten) {
+  const std::string dir = tmp("trace_run");
+  CliRun r = loom_run(kTiny + "--set train.steps=2 --set log.trace=true --set log.dir=" + dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream t(dir + "/trace.json");
+  std::string trace((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
+  EXPECT_NE(trace.find("\"name\":\"attention_backward\",\"ph\":\"X\""), std::string::npos);
+  std::ifstream m(dir + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(m, line)) {
+    ++lines;
+    for (auto* key : {"\"step\":", "\"loss\":", "\"grad_norm\":", "\"mfu\":", "\"hfu\":", "\"comm_exposed_ms\":",
+                      "\"peak_b\":", "\"act_b\":"})
+      EXPECT_NE(line.find(key), std::string::npos) << key;
+  }
+  EXPECT_EQ(lines, 2);
+}
