@@ -12,6 +12,8 @@
 #include "kernels/ops.h"
 #include "launch/trainer.h"
 #include "runtime/error.h"
+#include "runtime/mesh.h"
+#include "runtime/trace.h"
 
 namespace loom {
 
@@ -78,13 +80,69 @@ double cpu_peak_flops(int threads, bool remeasure) {
   return peak;
 }
 
-void bench_train(const Config& cfg) {
-  TrainResult r = train_run(cfg, {.quiet = true});
+void bench_train(const Config& cfg, const TrainOptions& where) {
   LOOM_CHECK(cfg.train.steps >= 2, "loom bench train needs train.steps >= 2 (step 1 is a warm-up)");
+  TrainOptions opt = where;
+  opt.quiet = true;
+  TrainResult r = train_run(cfg, opt);
+  if (where.world_rank != 0) return;
   fmt::print("bench train: {} d_model {} layers {} B {} T {} threads {}: {:.1f} tokens/s, MFU {:.1f}%\n",
              cfg.model.arch, cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len,
              cfg.train.threads, r.tokens_per_s, 100.0 * r.mfu);
   fmt::print("{{\"tokens_per_s\": {:.6g}, \"mfu\": {:.6g}}}\n", r.tokens_per_s, r.mfu);
+}
+
+}  // namespace loom
+
+namespace loom {
+
+void bench_comm(const TrainOptions& where, double max_mb) {
+  Trace trace(false);
+  MeshDims dims;
+  dims.dp = where.world_size;
+  DeviceMesh mesh(dims, where.world_rank, where.world_size, where.use_mpi, &trace);
+  ProcessGroup& g = mesh.world_group();
+  const int n = g.size();
+  LOOM_CHECK(n > 1, "loom bench comm needs at least 2 ranks: run it under mpirun -np N or srun -n N");
+  threads_set(1);
+  if (g.rank() == 0)
+    fmt::print("{} ranks, MPI backend, f32\n{:<15} {:>10} {:>12} {:>12} {:>12}\n", n, "collective", "bytes", "time us",
+               "algbw GB/s", "busbw GB/s");
+  const int64_t max_bytes = int64_t(max_mb * 1024 * 1024);
+  std::vector<float> a(size_t(max_bytes / 4) + size_t(n)), b(a.size());
+  for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::all_to_all,
+                    CommOp::broadcast}) {
+    for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+      const int64_t count = bytes / 4 / n * n;  // total elements, divisible by n
+      auto once = [&] {
+        switch (op) {
+          case CommOp::all_reduce: g.all_reduce(Buf(a.data(), count)).wait(); break;
+          case CommOp::reduce_scatter: g.reduce_scatter(Buf(a.data(), count), Buf(b.data(), count / n)).wait(); break;
+          case CommOp::all_gather: g.all_gather(Buf(a.data(), count / n), Buf(b.data(), count)).wait(); break;
+          case CommOp::all_to_all: {
+            std::vector<int64_t> c(size_t(n), count / n);
+            g.all_to_all_v(Buf(a.data(), count), c, Buf(b.data(), count), c).wait();
+            break;
+          }
+          default: g.broadcast(Buf(a.data(), count), 0).wait(); break;
+        }
+      };
+      once();  // warm-up
+      const int iters = int(std::clamp<int64_t>(int64_t(64) * 1024 * 1024 / std::max<int64_t>(bytes, 1), 3, 200));
+      g.barrier().wait();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) once();
+      float us = float(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters);
+      g.all_reduce(Buf(&us, 1), ReduceOp::max).wait();  // the slowest rank sets the time
+      // nccl-tests: bus bandwidth = algorithm bandwidth x 2(n-1)/n for all-reduce, (n-1)/n for
+      // reduce-scatter, all-gather and all-to-all, 1 for broadcast.
+      const double size = double(count) * 4, algbw = size / (us * 1e3);
+      const double factor = op == CommOp::all_reduce ? 2.0 * (n - 1) / n : op == CommOp::broadcast ? 1.0 : double(n - 1) / n;
+      if (g.rank() == 0)
+        fmt::print("{:<15} {:>10} {:>12.1f} {:>12.3f} {:>12.3f}\n", comm_op_name(op), int64_t(size), us, algbw,
+                   algbw * factor);
+    }
+  }
 }
 
 }  // namespace loom

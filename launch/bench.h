@@ -1,6 +1,7 @@
 // `loom bench`: the fp32 GEMM peak of this machine (the MFU denominator on the CPU) and a
 // timed training run of any config.
 #pragma once
+#include "launch/trainer.h"
 #include "runtime/config.h"
 
 namespace loom {
@@ -11,6 +12,9 @@ struct GemmRate {
 };
 std::vector<GemmRate> bench_gemm(int threads);
 // Trains `cfg` for its steps and prints tokens/s, MFU and the step time, excluding step 1.
-void bench_train(const Config& cfg);
+void bench_train(const Config& cfg, const TrainOptions& opt = {});
+// Every collective over the world group, message sizes from 4 KiB up to max_mb: time, algorithm
+// bandwidth and bus bandwidth with the nccl-tests conventions. Rank 0 prints the table.
+void bench_comm(const TrainOptions& where, double max_mb);
 
 }  // namespace loom

@@ -8,7 +8,9 @@
 #include <omp.h>
 
 #include "launch/bench.h"
+#include "launch/launch_env.h"
 #include "launch/trainer.h"
+#include "runtime/comm/mpi_group.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
@@ -35,6 +37,17 @@ void info_print() {
   fmt::print("devices: cpu ({} cores)\n", omp_get_num_procs());
 }
 
+// Parses "RANK:STEP".
+std::pair<int, int> fault_parse(const std::string& s) {
+  auto colon = s.find(':');
+  LOOM_CHECK(colon != std::string::npos, "--fault-exit '{}': expected RANK:STEP, e.g. 1:5", s);
+  try {
+    return {std::stoi(s.substr(0, colon)), std::stoi(s.substr(colon + 1))};
+  } catch (const std::exception&) {
+    loom::fail("--fault-exit '{}': expected RANK:STEP, e.g. 1:5", s);
+  }
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"loom: train decoder-only transformers"};
   app.require_subcommand(1);
@@ -47,6 +60,8 @@ int run(int argc, char** argv) {
   train->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   train->add_flag("--list-keys", list_keys, "list every config key and exit");
   train->add_flag("--print-config", print_config, "print the resolved config and exit");
+  std::string fault;
+  train->add_option("--fault-exit", fault, "fault drill: rank RANK exits with status 3 at step STEP (RANK:STEP)");
 
   app.add_subcommand("info", "build options, library versions and devices");
 
@@ -66,8 +81,18 @@ int run(int argc, char** argv) {
   auto* btrain = bench->add_subcommand("train", "time a training run of a config");
   btrain->add_option("--config", config_path, "TOML config file");
   btrain->add_option("--set", sets, "override one key: section.key=value (repeatable)");
+  double comm_max_mb = 64;
+  auto* bcomm = bench->add_subcommand("comm", "time, algorithm and bus bandwidth of each collective (under mpirun/srun)");
+  bcomm->add_option("--max-mb", comm_max_mb, "largest message in MB");
 
   CLI11_PARSE(app, argc, argv);
+
+  // Under mpirun or srun, MPI comes up before anything else and goes down last.
+  const loom::LaunchEnv env = loom::launch_env_read();
+  std::unique_ptr<loom::MpiWorld> mpi;
+  if (env.distributed() && (*train || *btrain || *bcomm)) mpi = std::make_unique<loom::MpiWorld>(&argc, &argv);
+  loom::TrainOptions topt;
+  if (mpi) topt.world_rank = mpi->rank(), topt.world_size = mpi->size(), topt.use_mpi = true;
 
   if (*train) {
     if (list_keys) {
@@ -79,7 +104,8 @@ int run(int argc, char** argv) {
       fmt::print("{}\n", loom::config_to_toml(cfg));
       return 0;
     }
-    loom::train_run(cfg);
+    if (!fault.empty()) std::tie(topt.fault_exit_rank, topt.fault_exit_step) = fault_parse(fault);
+    loom::train_run(cfg, topt);
   } else if (app.got_subcommand("info")) {
     info_print();
   } else if (*data) {
@@ -101,7 +127,9 @@ int run(int argc, char** argv) {
     for (auto& r : loom::bench_gemm(threads)) fmt::print("{:>6} {:>12.1f}\n", r.size, r.flops / 1e9);
     fmt::print("cached peak for {} threads: {:.1f} GFLOP/s\n", threads, loom::cpu_peak_flops(threads, true) / 1e9);
   } else if (*btrain) {
-    loom::bench_train(config_build(config_path, sets));
+    loom::bench_train(config_build(config_path, sets), topt);
+  } else if (*bcomm) {
+    loom::bench_comm(topt, comm_max_mb);
   }
   return 0;
 }

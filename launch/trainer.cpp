@@ -10,7 +10,9 @@
 #include "model/flops.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "parallel/ddp.h"
 #include "runtime/data.h"
+#include "runtime/mesh.h"
 #include "runtime/metrics.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -28,52 +30,70 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-double validate(Model& model, const TokenStream& val, const Config& cfg, std::vector<int32_t>& in,
-                std::vector<int32_t>& tg) {
+// Sums a value over the dp group (identity on one rank, so single-rank results keep every bit).
+double dp_sum(ProcessGroup& dp, double v) {
+  if (dp.size() == 1) return v;
+  float f = float(v);
+  dp.all_reduce(Buf(&f, 1)).wait();
+  return f;
+}
+
+double validate(Model& model, const TokenStream& val, const Config& cfg, ProcessGroup& dp,
+                std::vector<int32_t>& in, std::vector<int32_t>& tg) {
   double sum = 0.0;
-  int64_t count = 0;
   for (int vb = 0; vb < cfg.data.val_batches; ++vb)
     for (int micro = 0; micro < cfg.accum_steps(); ++micro) {
-      batch_read(val, cfg, vb, 0, micro, in.data(), tg.data());
+      batch_read(val, cfg, vb, dp.rank(), micro, in.data(), tg.data());
       sum += model.forward(in.data(), tg.data(), 0.0f);
-      count += int64_t(in.size());
     }
-  return sum / double(count);
+  const double tokens = double(cfg.data.val_batches) * cfg.train.global_batch * cfg.model.seq_len;
+  return dp_sum(dp, sum) / tokens;
 }
 }  // namespace
 
+// The composition order (DESIGN 3) lives here: mesh -> model -> weights -> data parallel
+// over the gradient buffer -> optimizer over what this rank owns. Pipeline stages, tensor
+// and expert sharding and ZeRO slot in between model and optimizer as they arrive.
 TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
+  const bool lead = opt.world_rank == 0;
 #define info(...) \
-  if (!opt.quiet) spdlog::info(__VA_ARGS__)
+  if (!opt.quiet && lead) spdlog::info(__VA_ARGS__)
   const int threads = threads_set(cfg.train.threads);
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len, accum = cfg.accum_steps();
   DataStreams data = data_open(cfg);  // before allocating: a bad file fails fast
 
+  Trace trace(cfg.log.trace, opt.world_rank);
+  const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
+  DeviceMesh mesh(dims, opt.world_rank, opt.world_size, opt.use_mpi, &trace);
+  ProcessGroup& dp = mesh.group(Axis::dp);
+
   Allocator alloc;
-  Trace trace(cfg.log.trace);
   Model model(cfg, alloc, B, &trace);
   if (!cfg.init_from.empty()) {
     auto unused = model_load(model.registry(), model.params(), cfg.init_from);
     info("loaded {} ({} tensors in the file unused)", cfg.init_from, unused.size());
   } else {
-    model.init_weights(uint64_t(cfg.train.seed));
+    model.init_weights(uint64_t(cfg.train.seed));  // the same seed gives every rank the same weights
   }
+  Ddp ddp(dp, model.grads(), int64_t(model.num_params()), cfg.parallel.bucket_mb);
   AdamW adamw(model.registry(), alloc);
   const FlopsPerToken fpt = flops_per_token(cfg);
-  const double peak = cpu_peak_flops(threads);
+  const double peak = cpu_peak_flops(threads) * mesh.world();
 
   info("model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {}, seq_len {}: {:.2f}M parameters",
        cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(),
        cfg.model.d_ff, cfg.model.vocab_size, T, model.num_params() / 1e6);
   info("data: {}", data.describe);
-  info("batch: {} sequences x {} tokens = {} micro-batches of {} per step; {} threads; recompute {}",
-       cfg.train.global_batch, T, accum, B, threads, cfg.train.recompute);
+  info("layout: {} ranks (dp {}), {} gradient buckets of {} MB; {} threads per rank", mesh.world(), dp.size(),
+       ddp.num_buckets(), cfg.parallel.bucket_mb, threads);
+  info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
+       cfg.train.global_batch, T, accum, B, dp.size(), cfg.train.recompute);
   info("activation plan (B={}, T={}):\n{}", B, T, model.plan().table());
-  info("memory ledger:\n{}", alloc.ledger_table());
-  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); CPU peak {:.1f} GFLOP/s", fpt.model, fpt.hardware,
-       peak / 1e9);
+  info("memory ledger (rank 0):\n{}", alloc.ledger_table());
+  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); CPU peak {:.1f} GFLOP/s over all ranks", fpt.model,
+       fpt.hardware, peak / 1e9);
 
-  MetricsWriter metrics(cfg.log.dir);
+  MetricsWriter metrics(lead ? cfg.log.dir : "");
   std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
   const int64_t tokens_per_step = int64_t(cfg.train.global_batch) * T;
   const float dloss = 1.0f / float(tokens_per_step);  // loss is the mean over the global batch
@@ -84,13 +104,17 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   auto run_validation = [&](int64_t step) {
     if (!data.val || cfg.data.val_batches == 0) return;
     auto s = trace.scope("validation", Trace::host);
-    double v = validate(model, *data.val, cfg, inputs, targets);
+    double v = validate(model, *data.val, cfg, dp, inputs, targets);
     result.val.push_back({step, v});
     metrics.validation(step, v);
     info("step {} | val_loss {:.4f}", step, v);
   };
 
   for (int64_t step = 0; step < cfg.train.steps; ++step) {
+    if (opt.fault_exit_rank == opt.world_rank && opt.fault_exit_step == step + 1) {
+      spdlog::error("rank {}: fault drill: exit(3) at step {}", opt.world_rank, step + 1);
+      std::_Exit(3);  // a crash: no destructors, no MPI_Finalize
+    }
     const auto t0 = Clock::now();
     StepMetrics m;
     model.zero_grad();
@@ -99,11 +123,19 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
       auto td = Clock::now();
       {
         auto s = trace.scope("data", Trace::host);
-        batch_read(*data.train, cfg, step, 0, micro, inputs.data(), targets.data());
+        batch_read(*data.train, cfg, step, dp.rank(), micro, inputs.data(), targets.data());
       }
       m.data_ms += ms_since(td);
       loss_sum += model.forward(inputs.data(), targets.data(), dloss);
-      model.backward(inputs.data());
+      if (micro + 1 < accum) {
+        model.backward(inputs.data());
+      } else {
+        model.backward(inputs.data(), [&](int64_t offset) { ddp.grads_ready_from(offset); });
+      }
+    }
+    {
+      auto s = trace.scope("grad_sync_wait", Trace::host);
+      m.comm_exposed_ms = ddp.step_end();
     }
     const auto to = Clock::now();
     {
@@ -114,11 +146,11 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
                    {m.lr, cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay}, step + 1);
     }
     m.optimizer_ms = ms_since(to);
+    m.loss = dp_sum(dp, loss_sum) / double(tokens_per_step);
     m.step_ms = ms_since(t0);
-    m.compute_ms = m.step_ms - m.optimizer_ms - m.data_ms;
+    m.compute_ms = m.step_ms - m.optimizer_ms - m.data_ms - m.comm_exposed_ms;
     m.step = step + 1;
     m.steps = cfg.train.steps;
-    m.loss = loss_sum / double(tokens_per_step);
     m.tokens = (step + 1) * tokens_per_step;
     m.tokens_per_s = double(tokens_per_step) / (m.step_ms / 1e3);
     m.mfu = m.tokens_per_s * fpt.model / peak;
@@ -126,6 +158,8 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     m.mem = alloc.ledger();
     metrics.step(m);
     result.losses.push_back(m.loss);
+    result.comm_exposed_ms += m.comm_exposed_ms;
+    result.comm_total_ms += ddp.comm_us() / 1e3;
     if (step > 0) timed_ms += m.step_ms;
     const double elapsed = ms_since(run_start) / 1e3;
     if (m.step % cfg.log.every == 0 || m.step == 1 || m.step == m.steps)
@@ -138,13 +172,13 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     result.tokens_per_s = double(tokens_per_step) * double(cfg.train.steps - 1) / (timed_ms / 1e3);
     result.mfu = result.tokens_per_s * fpt.model / peak;
   }
-  if (!cfg.export_final.empty()) {
+  if (!cfg.export_final.empty() && lead) {
     model_save(model.registry(), model.params(), cfg.export_final);
     info("exported weights to {}", cfg.export_final);
   }
   if (cfg.log.trace) {
     std::filesystem::create_directories(cfg.log.dir);
-    std::string path = cfg.log.dir + "/trace.json";
+    std::string path = cfg.log.dir + (mesh.world() == 1 ? "/trace.json" : fmt::format("/trace.rank{}.json", opt.world_rank));
     trace.write(path);
     info("wrote {} ({} events; open it in Perfetto)", path, trace.size());
   }
@@ -153,6 +187,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     result.params.assign(model.params(), model.params() + model.num_params());
     for (auto& s : model.registry().all()) result.names.push_back({s.name, {int64_t(s.offset), s.numel()}});
   }
+  mesh.world_group().barrier().wait();  // no rank tears down its groups while a peer still talks
   return result;
 #undef info
 }

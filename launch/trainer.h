@@ -16,11 +16,17 @@ struct TrainResult {
   int64_t activation_bytes = 0;                    // the ledger's live activations
   double tokens_per_s = 0;                         // mean over steps after the first
   double mfu = 0;
+  double comm_exposed_ms = 0, comm_total_ms = 0;   // summed over steps
 };
 
 struct TrainOptions {
-  bool quiet = false;     // no console output (tests)
+  bool quiet = false;  // no console output (tests)
   bool keep_params = false;
+  // Where this process sits; use_mpi needs MPI initialized (MpiWorld) by the caller.
+  int world_rank = 0, world_size = 1;
+  bool use_mpi = false;
+  // Fault drill: this rank calls exit(3) at the start of this step (1-based); -1: never.
+  int fault_exit_rank = -1, fault_exit_step = -1;
 };
 
 // cfg must have passed config_validate.

@@ -286,7 +286,10 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, float dloss
   return sum;
 }
 
-void Model::backward(const int32_t* tokens) {
+void Model::backward(const int32_t* tokens, const std::function<void(int64_t)>& grads_ready) {
+  auto ready = [&](int64_t offset) {
+    if (grads_ready) grads_ready(offset);
+  };
   const int N = B_ * T_;
   const auto names = head_names(llama_);
   float* P = params();
@@ -307,6 +310,7 @@ void Model::backward(const int32_t* tokens) {
     if (llama_) rmsnorm_backward(dres, g(names.norm_w), dln, x, p(names.norm_w), a.b[LNF_RSTD], N, C_);
     else layernorm_backward(dres, g(names.norm_w), g(names.norm_b), dln, x, p(names.norm_w), a.b[LNF_MEAN],
                             a.b[LNF_RSTD], N, C_); }
+  ready(off(names.norm_w));  // the final norm and an untied lm_head sit after every block
   for (int l = L_ - 1; l >= 0; --l) {
     LayerA la = layer_a(l);
     LayerW w = layer_w(P, l);
@@ -323,9 +327,11 @@ void Model::backward(const int32_t* tokens) {
       else gelu_forward(la.b[ACT], la.b[FC], int64_t(N) * F_);
     }
     block_backward(w, layer_w(G, l), la, x, dres);
+    ready(int64_t(layer_offsets_[l][NORM1_W]));  // a block's first parameter is its first norm
   }
   { auto s = trace_->scope("embedding_backward");
     embedding_backward(g(names.wte), g(names.wpe), dres, tokens, B_, T_, C_, V_); }
+  ready(0);
 }
 
 }  // namespace loom

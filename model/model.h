@@ -5,6 +5,7 @@
 // and recomputed, never the control flow of the layer loop.
 // Not here: distribution (parallel/), the optimizer (optim/), data (runtime/data).
 #pragma once
+#include <functional>
 #include <memory>
 
 #include "model/registry.h"
@@ -49,8 +50,10 @@ class Model {
   // tokens, targets: [B, T]. Returns the sum of per-token losses. With dloss != 0 the
   // logits are turned into their gradient (scaled by dloss) for backward().
   double forward(const int32_t* tokens, const int32_t* targets, float dloss);
-  // Accumulates (+=) this micro-batch's gradients into grads().
-  void backward(const int32_t* tokens);
+  // Accumulates (+=) this micro-batch's gradients into grads(). Gradients are produced in
+  // reverse registration order; after each block, grads_ready(offset) (if given) says that
+  // grads [offset, num_params) are final, which is what data parallelism overlaps with.
+  void backward(const int32_t* tokens, const std::function<void(int64_t)>& grads_ready = {});
 
  private:
   struct LayerW;  // pointers of one block's parameters (or gradients) into a flat buffer

@@ -287,12 +287,12 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(!d.shuffle, "data.shuffle = true is not in this build yet; set it to false");
 
   auto& p = cfg.parallel;
-  for (auto [key, v] : {std::pair{"parallel.dp", p.dp}, {"parallel.tp", p.tp}, {"parallel.pp", p.pp},
-                        {"parallel.ep", p.ep}}) {
+  check_positive("parallel.dp", p.dp);
+  for (auto [key, v] : {std::pair{"parallel.tp", p.tp}, {"parallel.pp", p.pp}, {"parallel.ep", p.ep}}) {
     check_positive(key, v);
-    LOOM_CHECK(v == 1, "{} = {}: this build trains on one rank; multi-rank layouts need the "
-               "distributed runtime (set {} = 1)", key, v, key);
+    LOOM_CHECK(v == 1, "{} = {}: only data parallelism (parallel.dp) is in this build; set {} = 1", key, v, key);
   }
+  LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
   LOOM_CHECK(!p.sp, "parallel.sp needs tensor parallelism, which is not in this build yet");
   LOOM_CHECK(p.zero == 0, "parallel.zero = {}: ZeRO is not in this build yet; set it to 0", p.zero);
   LOOM_CHECK(cfg.checkpoint.every == 0 && cfg.checkpoint.resume.empty(),

@@ -22,6 +22,8 @@ Trace::Scope::~Scope() {
 }
 
 void Trace::add(const char* name, Track track, double start_us, double dur_us) {
+  if (!enabled_) return;
+  std::lock_guard lk(mu_);
   events_.push_back({name, track, start_us, dur_us});
 }
 
@@ -29,6 +31,7 @@ void Trace::write(const std::string& path) const {
   std::ofstream out(path);
   LOOM_CHECK(out, "cannot write trace file '{}'; check log.dir", path);
   static const char* tracks[] = {"compute", "comm", "host"};
+  std::lock_guard lk(mu_);
   out << "{\"traceEvents\":[\n";
   for (int t = 0; t < 3; ++t)
     out << fmt::format(

@@ -1,8 +1,10 @@
 // Chrome trace (Perfetto-viewable): one complete event per op, on a compute track per rank
 // (communication gets its own track when it exists). Events are buffered in memory and
 // written as JSON at the end of the run. A disabled Trace records nothing and costs one branch.
+// Thread-safe: communication threads record on their own track.
 #pragma once
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,7 @@ class Trace {
   bool enabled_;
   int rank_;
   std::chrono::steady_clock::time_point origin_;
+  mutable std::mutex mu_;  // compute and communication threads both record
   std::vector<Event> events_;
 };
 

@@ -77,7 +77,9 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
             std::string::npos);
   EXPECT_NE(error_of([] { loaded("[model]\narch = \"gpt3\"\n"); }).find("not one of gpt2|llama"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[train]\nrecompute = \"some\"\n"); }).find("none|selective|full"), std::string::npos);
-  EXPECT_NE(error_of([] { loaded("[parallel]\ndp = 2\n"); }).find("parallel.dp = 2"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\ntp = 2\n"); }).find("parallel.tp = 2"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\ndp = 3\n"); }).find("not a multiple of micro_batch x dp = 8 x 3"),
+            std::string::npos);
   EXPECT_NE(error_of([] { loaded("[data]\nsource = \"text\"\n"); }).find("needs data.path"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[model]\nn_layer = 0\n"); }).find("must be positive"), std::string::npos);
   EXPECT_EQ(error_of([] { loaded("[model]\nn_layer = 1\n"); }), "");

@@ -1,0 +1,237 @@
+#include "runtime/comm/mpi_group.h"
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "runtime/trace.h"
+
+#define LOOM_MPI_CHECK(call)                                                                          \
+  do {                                                                                                \
+    int rc_ = (call);                                                                                 \
+    if (rc_ != MPI_SUCCESS) {                                                                         \
+      char msg_[MPI_MAX_ERROR_STRING];                                                                \
+      int len_ = 0;                                                                                   \
+      MPI_Error_string(rc_, msg_, &len_);                                                             \
+      int r_ = -1;                                                                                    \
+      MPI_Comm_rank(MPI_COMM_WORLD, &r_);                                                             \
+      ::loom::fail("rank {}: {} failed at {}:{}: {}", r_, #call, __FILE__, __LINE__, std::string(msg_, size_t(len_))); \
+    }                                                                                                 \
+  } while (0)
+
+namespace loom {
+
+MpiWorld::MpiWorld(int* argc, char*** argv) {
+  int provided = 0;
+  LOOM_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  LOOM_CHECK(provided == MPI_THREAD_MULTIPLE,
+             "this MPI library does not provide MPI_THREAD_MULTIPLE (got level {}); loom's communication "
+             "threads need it", provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+MpiWorld::~MpiWorld() { MPI_Finalize(); }
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::i32: return MPI_INT;
+    case DType::bf16: return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+int as_int(int64_t n) {
+  LOOM_CHECK(n <= INT32_MAX, "an MPI message of {} elements exceeds MPI's int count; use smaller buckets", n);
+  return int(n);
+}
+
+class MpiGroup final : public ProcessGroup {
+ public:
+  MpiGroup(const std::string& name, MPI_Comm comm, std::vector<int> ranks, Trace* trace)
+      : ProcessGroup(name, 0, 1, std::move(ranks)), comm_(comm), trace_(trace) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    worker_ = std::thread([this] { run(); });
+  }
+  ~MpiGroup() override {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+    MPI_Comm_free(&comm_);
+  }
+
+  Work all_reduce(Buf b, ReduceOp op) override {
+    count(CommOp::all_reduce, b.bytes());
+    LOOM_CHECK(b.dtype != DType::bf16, "MPI all_reduce of bf16 is not supported; reduce in f32");
+    return issue(CommOp::all_reduce, [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, b.data, as_int(b.count), mpi_type(b.dtype),
+                                    op == ReduceOp::sum ? MPI_SUM : MPI_MAX, comm_, r));
+    });
+  }
+  Work reduce_scatter(Buf in, Buf out) override {
+    LOOM_CHECK(in.count == out.count * size_, "reduce_scatter on '{}': input has {} elements, not {} x {}",
+               name_, in.count, size_, out.count);
+    count(CommOp::reduce_scatter, in.bytes());
+    return issue(CommOp::reduce_scatter, [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Ireduce_scatter_block(in.data, out.data, as_int(out.count), mpi_type(in.dtype), MPI_SUM,
+                                               comm_, r));
+    });
+  }
+  Work all_gather(Buf in, Buf out) override {
+    LOOM_CHECK(out.count == in.count * size_, "all_gather on '{}': output has {} elements, not {} x {}", name_,
+               out.count, size_, in.count);
+    count(CommOp::all_gather, out.bytes());
+    const bool in_place = in.data == static_cast<char*>(out.data) + size_t(rank_) * in.bytes();
+    return issue(CommOp::all_gather, [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, as_int(in.count), mpi_type(in.dtype),
+                                    out.data, as_int(in.count), mpi_type(in.dtype), comm_, r));
+    });
+  }
+  Work broadcast(Buf b, int root) override {
+    count(CommOp::broadcast, b.bytes());
+    return issue(CommOp::broadcast, [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Ibcast(b.data, as_int(b.count), mpi_type(b.dtype), root, comm_, r));
+    });
+  }
+  Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc) override {
+    LOOM_CHECK(int(sc.size()) == size_ && int(rc.size()) == size_, "all_to_all_v on '{}' needs {} counts", name_,
+               size_);
+    auto v = std::make_shared<std::array<std::vector<int>, 4>>();  // counts and displacements, kept alive
+    int64_t sent = 0;
+    for (int r = 0, so = 0, ro = 0; r < size_; ++r) {
+      (*v)[0].push_back(as_int(sc[size_t(r)]));
+      (*v)[1].push_back(so);
+      (*v)[2].push_back(as_int(rc[size_t(r)]));
+      (*v)[3].push_back(ro);
+      so += as_int(sc[size_t(r)]);
+      ro += as_int(rc[size_t(r)]);
+      sent += sc[size_t(r)];
+    }
+    count(CommOp::all_to_all, size_t(sent) * dtype_size(in.dtype));
+    return issue(CommOp::all_to_all, [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Ialltoallv(in.data, (*v)[0].data(), (*v)[1].data(), mpi_type(in.dtype), out.data,
+                                    (*v)[2].data(), (*v)[3].data(), mpi_type(out.dtype), comm_, r));
+    });
+  }
+  Work send(Buf b, int peer, int tag) override {
+    count(CommOp::send, b.bytes());
+    return issue(CommOp::send, [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Isend(b.data, as_int(b.count), mpi_type(b.dtype), peer, tag, comm_, r));
+    });
+  }
+  Work recv(Buf b, int peer, int tag) override {
+    count(CommOp::recv, b.bytes());
+    return issue(CommOp::recv, [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Irecv(b.data, as_int(b.count), mpi_type(b.dtype), peer, tag, comm_, r));
+    });
+  }
+  Work barrier() override {
+    count(CommOp::barrier, 0);
+    return issue(CommOp::barrier, [=, this](MPI_Request* r) { LOOM_MPI_CHECK(MPI_Ibarrier(comm_, r)); });
+  }
+
+ private:
+  struct Op {
+    CommOp kind;
+    std::function<void(MPI_Request*)> start;
+    std::shared_ptr<Work::State> state;
+  };
+
+  Work issue(CommOp kind, std::function<void(MPI_Request*)> start) {
+    auto st = std::make_shared<Work::State>();
+    {
+      std::lock_guard lk(mu_);
+      queue_.push_back({kind, std::move(start), st});
+    }
+    cv_.notify_all();
+    return Work(st);
+  }
+
+  static void finish(Work::State& s, std::exception_ptr err) {
+    {
+      std::lock_guard lk(s.mu);
+      s.done = true;
+      s.error = err;
+    }
+    s.cv.notify_all();
+  }
+
+  double now_us() const { return trace_ ? trace_->now_us() : 0.0; }
+
+  void run() {
+    std::vector<MPI_Request> reqs;
+    std::vector<Op> pending;
+    for (;;) {
+      std::deque<Op> fresh;
+      {
+        std::unique_lock lk(mu_);
+        if (pending.empty()) cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (stop_ && queue_.empty() && pending.empty()) return;
+        fresh.swap(queue_);
+      }
+      for (auto& op : fresh) {  // started in issue order
+        MPI_Request r = MPI_REQUEST_NULL;
+        op.state->start_us = now_us();
+        try {
+          op.start(&r);
+        } catch (...) {
+          finish(*op.state, std::current_exception());
+          continue;
+        }
+        reqs.push_back(r);
+        pending.push_back(std::move(op));
+      }
+      if (pending.empty()) continue;
+      int n_done = 0;
+      std::vector<int> idx(reqs.size());
+      MPI_Testsome(int(reqs.size()), reqs.data(), &n_done, idx.data(), MPI_STATUSES_IGNORE);
+      if (n_done == MPI_UNDEFINED || n_done == 0) {
+        std::unique_lock lk(mu_);  // nothing finished: back off briefly unless new work arrives
+        cv_.wait_for(lk, std::chrono::microseconds(50), [&] { return !queue_.empty(); });
+        continue;
+      }
+      std::vector<bool> gone(reqs.size());
+      for (int i = 0; i < n_done; ++i) {
+        Op& op = pending[size_t(idx[size_t(i)])];
+        op.state->end_us = now_us();
+        if (trace_) trace_->add(comm_op_name(op.kind), Trace::comm, op.state->start_us, op.state->end_us - op.state->start_us);
+        finish(*op.state, nullptr);
+        gone[size_t(idx[size_t(i)])] = true;
+      }
+      size_t k = 0;
+      for (size_t i = 0; i < reqs.size(); ++i)
+        if (!gone[i]) reqs[k] = reqs[i], pending[k] = std::move(pending[i]), ++k;
+      reqs.resize(k);
+      pending.resize(k);
+    }
+  }
+
+  MPI_Comm comm_;
+  Trace* trace_;
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, const std::vector<int>& ranks,
+                                        Trace* trace) {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm comm;
+  LOOM_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, world_rank, &comm));
+  return std::make_unique<MpiGroup>(name, comm, ranks, trace);
+}
+
+}  // namespace loom

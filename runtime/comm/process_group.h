@@ -1,0 +1,105 @@
+// ProcessGroup: the collectives and point-to-point ops one mesh axis needs. Every op is
+// asynchronous and returns a Work; ops run in issue order, carry a per-group sequence number
+// (what the watchdog and flight recorder name), and add to per-group byte counters.
+// Backends: LocalGroup (one rank, no communication), MpiGroup (CPU buffers, a dedicated
+// communication thread per group), NcclGroup (CUDA buffers, its own stream; CUDA builds).
+#pragma once
+#include <array>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace loom {
+
+class Trace;
+
+enum class ReduceOp { sum, max };
+enum class CommOp { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, send, recv, barrier };
+constexpr int kCommOps = 8;
+const char* comm_op_name(CommOp op);
+
+// A typed span of memory that a collective reads or writes.
+struct Buf {
+  void* data = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::f32;
+  Buf() = default;
+  Buf(float* p, int64_t n) : data(p), count(n), dtype(DType::f32) {}
+  Buf(int32_t* p, int64_t n) : data(p), count(n), dtype(DType::i32) {}
+  Buf(const Tensor& t) : data(t.data<char>()), count(t.numel()), dtype(t.dtype) {}
+  size_t bytes() const { return size_t(count) * dtype_size(dtype); }
+};
+
+class Work {
+ public:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+    double start_us = 0, end_us = 0;  // on the group's trace clock
+  };
+  Work() = default;  // an already-complete Work
+  explicit Work(std::shared_ptr<State> s) : s_(std::move(s)) {}
+  void wait() const;  // rethrows the op's error
+  bool done() const;
+  double duration_us() const { return s_ ? s_->end_us - s_->start_us : 0.0; }
+
+ private:
+  std::shared_ptr<State> s_;
+};
+
+struct CommCounters {
+  int64_t seq = 0;                           // ops issued
+  std::array<int64_t, kCommOps> bytes{};     // payload bytes per op kind (see each op)
+  std::array<int64_t, kCommOps> count{};     // ops per kind
+  int64_t total_bytes() const;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  const CommCounters& counters() const { return counters_; }
+
+  // In place over `buf` (payload: buf bytes).
+  virtual Work all_reduce(Buf buf, ReduceOp op = ReduceOp::sum) = 0;
+  // in: size * n elements, out: n elements; rank r receives the sum of block r (payload: in).
+  virtual Work reduce_scatter(Buf in, Buf out) = 0;
+  // in: n elements, out: size * n elements, block r from rank r (payload: out).
+  virtual Work all_gather(Buf in, Buf out) = 0;
+  virtual Work broadcast(Buf buf, int root) = 0;  // payload: buf
+  // send_counts[r] elements go to rank r, recv_counts[r] come from it; displacements are
+  // the prefix sums (payload: elements sent).
+  virtual Work all_to_all_v(Buf in, const std::vector<int64_t>& send_counts, Buf out,
+                            const std::vector<int64_t>& recv_counts) = 0;
+  virtual Work send(Buf buf, int peer, int tag = 0) = 0;
+  virtual Work recv(Buf buf, int peer, int tag = 0) = 0;
+  virtual Work barrier() = 0;
+
+ protected:
+  ProcessGroup(std::string name, int rank, int size, std::vector<int> world_ranks)
+      : name_(std::move(name)), rank_(rank), size_(size), world_ranks_(std::move(world_ranks)) {}
+  void count(CommOp op, size_t bytes) {
+    ++counters_.seq;
+    counters_.bytes[int(op)] += int64_t(bytes);
+    ++counters_.count[int(op)];
+  }
+  std::string name_;
+  int rank_, size_;
+  std::vector<int> world_ranks_;
+  CommCounters counters_;
+};
+
+// One rank: every collective is the identity (copies where input and output differ).
+std::unique_ptr<ProcessGroup> local_group(const std::string& name, int world_rank);
+
+}  // namespace loom

@@ -1,0 +1,95 @@
+#include "runtime/mesh.h"
+
+#include "runtime/comm/mpi_group.h"
+
+namespace loom {
+
+const char* axis_name(Axis a) {
+  static const char* names[] = {"pp", "dp", "cp", "tp", "ep", "edp", "embed"};
+  return names[int(a)];
+}
+
+void mesh_validate(const MeshDims& d, int world) {
+  for (auto [name, v] : {std::pair{"pp", d.pp}, {"dp", d.dp}, {"cp", d.cp}, {"tp", d.tp}, {"ep", d.ep}})
+    LOOM_CHECK(v >= 1, "parallel.{} = {} must be at least 1", name, v);
+  LOOM_CHECK(d.world() == world,
+             "the layout pp x dp x cp x tp = {} x {} x {} x {} = {} ranks does not match the {} ranks launched; "
+             "launch {} ranks or change parallel.*",
+             d.pp, d.dp, d.cp, d.tp, d.world(), world, d.world());
+  LOOM_CHECK((d.dp * d.cp) % d.ep == 0, "parallel.ep = {} does not divide dp x cp = {} x {} = {}", d.ep, d.dp, d.cp,
+             d.dp * d.cp);
+}
+
+MeshCoord mesh_coord(const MeshDims& d, int rank) {
+  MeshCoord c;
+  c.tp = rank % d.tp;
+  rank /= d.tp;
+  c.cp = rank % d.cp;
+  rank /= d.cp;
+  c.dp = rank % d.dp;
+  c.pp = rank / d.dp;
+  return c;
+}
+
+int mesh_rank(const MeshDims& d, const MeshCoord& c) { return ((c.pp * d.dp + c.dp) * d.cp + c.cp) * d.tp + c.tp; }
+
+MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank) {
+  const MeshCoord me = mesh_coord(d, rank);
+  MeshGroup g{0, {}};
+  auto with = [&](auto&& edit) {
+    MeshCoord c = me;
+    edit(c);
+    return mesh_rank(d, c);
+  };
+  switch (axis) {
+    case Axis::pp:
+      for (int i = 0; i < d.pp; ++i) g.ranks.push_back(with([&](MeshCoord& c) { c.pp = i; }));
+      break;
+    case Axis::dp:
+      for (int i = 0; i < d.dp; ++i) g.ranks.push_back(with([&](MeshCoord& c) { c.dp = i; }));
+      break;
+    case Axis::cp:
+      for (int i = 0; i < d.cp; ++i) g.ranks.push_back(with([&](MeshCoord& c) { c.cp = i; }));
+      break;
+    case Axis::tp:
+      for (int i = 0; i < d.tp; ++i) g.ranks.push_back(with([&](MeshCoord& c) { c.tp = i; }));
+      break;
+    case Axis::ep:
+    case Axis::edp: {
+      // Flatten (dp, cp) into one index; ep groups are blocks of ep consecutive indices, and
+      // expert-data-parallel groups take the same position from every block.
+      const int flat = me.dp * d.cp + me.cp, block = flat / d.ep, pos = flat % d.ep;
+      const int n = axis == Axis::ep ? d.ep : d.dp * d.cp / d.ep;
+      for (int i = 0; i < n; ++i) {
+        int f = axis == Axis::ep ? block * d.ep + i : i * d.ep + pos;
+        g.ranks.push_back(with([&](MeshCoord& c) { c.dp = f / d.cp, c.cp = f % d.cp; }));
+      }
+      break;
+    }
+    case Axis::embed:  // first and last pipeline stage, for tied embeddings
+      g.ranks.push_back(with([&](MeshCoord& c) { c.pp = 0; }));
+      if (d.pp > 1) g.ranks.push_back(with([&](MeshCoord& c) { c.pp = d.pp - 1; }));
+      if (me.pp != 0 && me.pp != d.pp - 1) g.ranks = {rank};  // middle stages: a group of one
+      break;
+  }
+  // The smallest member identifies the group; offset by axis so colors never collide.
+  g.id = g.ranks.front();
+  for (int r : g.ranks) g.id = std::min(g.id, r);
+  return g;
+}
+
+DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool use_mpi, Trace* trace)
+    : dims_(d), coord_(mesh_coord(d, world_rank)), rank_(world_rank) {
+  mesh_validate(d, world_size);
+  std::vector<int> all(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) all[size_t(r)] = r;
+  world_ = use_mpi ? mpi_group("world", 0, all, trace) : local_group("world", world_rank);
+  for (int a = 0; a < kAxes; ++a) {
+    MeshGroup g = mesh_group(d, Axis(a), world_rank);
+    // Every rank takes part in every split, even where its group has one member.
+    groups_.push_back(use_mpi ? mpi_group(axis_name(Axis(a)), g.id, g.ranks, trace)
+                              : local_group(axis_name(Axis(a)), world_rank));
+  }
+}
+
+}  // namespace loom
