@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 packages=(cmake ninja-build g++ libopenblas-openmp-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
-          libgtest-dev libcli11-dev nlohmann-json3-dev)
+          libgtest-dev libcli11-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin
+          slurmd slurmctld slurm-client munge procps)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -169,6 +169,7 @@ class MpiGroup final : public ProcessGroup {
   void run() {
     std::vector<MPI_Request> reqs;
     std::vector<Op> pending;
+    auto last_progress = std::chrono::steady_clock::now();
     for (;;) {
       std::deque<Op> fresh;
       {
@@ -177,6 +178,7 @@ class MpiGroup final : public ProcessGroup {
         if (stop_ && queue_.empty() && pending.empty()) return;
         fresh.swap(queue_);
       }
+      if (!fresh.empty()) last_progress = std::chrono::steady_clock::now();
       for (auto& op : fresh) {  // started in issue order
         MPI_Request r = MPI_REQUEST_NULL;
         op.state->start_us = now_us();
@@ -194,10 +196,18 @@ class MpiGroup final : public ProcessGroup {
       std::vector<int> idx(reqs.size());
       MPI_Testsome(int(reqs.size()), reqs.data(), &n_done, idx.data(), MPI_STATUSES_IGNORE);
       if (n_done == MPI_UNDEFINED || n_done == 0) {
-        std::unique_lock lk(mu_);  // nothing finished: back off briefly unless new work arrives
-        cv_.wait_for(lk, std::chrono::microseconds(50), [&] { return !queue_.empty(); });
+        // Nothing finished. MPI's nonblocking collectives advance only inside MPI calls, so
+        // poll hot (yielding the core) for a short while after the last progress, then back
+        // off so that a long transfer does not steal a core from compute.
+        if (std::chrono::steady_clock::now() - last_progress < std::chrono::microseconds(1000)) {
+          std::this_thread::yield();
+        } else {
+          std::unique_lock lk(mu_);
+          cv_.wait_for(lk, std::chrono::microseconds(50), [&] { return !queue_.empty(); });
+        }
         continue;
       }
+      last_progress = std::chrono::steady_clock::now();
       std::vector<bool> gone(reqs.size());
       for (int i = 0; i < n_done; ++i) {
         Op& op = pending[size_t(idx[size_t(i)])];

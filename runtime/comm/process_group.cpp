@@ -18,6 +18,10 @@ int64_t CommCounters::total_bytes() const {
 
 void Work::wait() const {
   if (!s_) return;
+  if (s_->device) {
+    s_->device(true);
+    return;
+  }
   std::unique_lock lk(s_->mu);
   s_->cv.wait(lk, [&] { return s_->done; });
   if (s_->error) std::rethrow_exception(s_->error);
@@ -25,6 +29,7 @@ void Work::wait() const {
 
 bool Work::done() const {
   if (!s_) return true;
+  if (s_->device) return s_->device(false);
   std::lock_guard lk(s_->mu);
   return s_->done;
 }

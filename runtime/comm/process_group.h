@@ -7,6 +7,7 @@
 #include <array>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,6 +44,9 @@ class Work {
     bool done = false;
     std::exception_ptr error;
     double start_us = 0, end_us = 0;  // on the group's trace clock
+    // Device backends complete on a stream: device(true) blocks until the op is done,
+    // device(false) asks without blocking.
+    std::function<bool(bool)> device;
   };
   Work() = default;  // an already-complete Work
   explicit Work(std::shared_ptr<State> s) : s_(std::move(s)) {}
