@@ -75,7 +75,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   } else {
     model.init_weights(uint64_t(cfg.train.seed));  // the same seed gives every rank the same weights
   }
-  Ddp ddp(dp, model.grads(), int64_t(model.num_params()), cfg.parallel.bucket_mb);
+  Ddp ddp(dp, model, cfg.parallel.bucket_mb);
   AdamW adamw(model.registry(), alloc);
   const FlopsPerToken fpt = flops_per_token(cfg);
   const double peak = cpu_peak_flops(threads) * mesh.world();
@@ -126,12 +126,9 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
         batch_read(*data.train, cfg, step, dp.rank(), micro, inputs.data(), targets.data());
       }
       m.data_ms += ms_since(td);
-      loss_sum += model.forward(inputs.data(), targets.data(), dloss);
-      if (micro + 1 < accum) {
-        model.backward(inputs.data());
-      } else {
-        model.backward(inputs.data(), [&](int64_t offset) { ddp.grads_ready_from(offset); });
-      }
+      loss_sum += model.forward(inputs.data(), targets.data(), dloss, &ddp);
+      ddp.set_last(micro + 1 == accum);  // accumulation micro-batches do not communicate
+      model.backward(inputs.data(), &ddp);
     }
     {
       auto s = trace.scope("grad_sync_wait", Trace::host);

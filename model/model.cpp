@@ -84,7 +84,79 @@ struct Model::LayerA {
   float* b[NUM_BUF];
 };
 
-Model::Model(const Config& cfg, Allocator& alloc, int B, Trace* trace)
+ModelLayout model_layout(const Config& cfg) {
+  using I = ParamSpec::Init;
+  const bool llama = cfg.model.arch == "llama";
+  const int L = cfg.model.n_layer, H = cfg.model.n_head, KV = cfg.kv_heads(), D = cfg.head_dim();
+  const int64_t C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size, T = cfg.model.seq_len;
+  const float resid_std = 0.02f / std::sqrt(2.0f * L);  // GPT-2: scale residual projections
+  ModelLayout m;
+  auto& reg = m.reg;
+  m.layer_offsets.assign(size_t(L), std::vector<size_t>(NUM_W, SIZE_MAX));
+  auto at = [&](int l, WField f, const ParamSpec& s) { m.layer_offsets[size_t(l)][f] = s.offset; };
+  auto unit_end = [&] {
+    int64_t lo = m.units.empty() ? 0 : m.units.back().second;
+    m.units.push_back({lo, int64_t(reg.numel())});
+  };
+  if (!llama) {
+    reg.add("transformer.wte.weight", {V, C}, I::normal);
+    reg.add("transformer.wpe.weight", {T, C}, I::normal, 0.01f);
+    unit_end();
+    for (int l = 0; l < L; ++l) {
+      std::string p = fmt::format("transformer.h.{}.", l);
+      at(l, NORM1_W, reg.add(p + "ln_1.weight", {C}, I::ones));
+      at(l, NORM1_B, reg.add(p + "ln_1.bias", {C}, I::zeros));
+      at(l, QKV_W, reg.add(p + "attn.c_attn.weight", {C, 3 * C}, I::normal));
+      at(l, QKV_B, reg.add(p + "attn.c_attn.bias", {3 * C}, I::zeros));
+      at(l, PROJ_W, reg.add(p + "attn.c_proj.weight", {C, C}, I::normal, resid_std));
+      at(l, PROJ_B, reg.add(p + "attn.c_proj.bias", {C}, I::zeros));
+      at(l, NORM2_W, reg.add(p + "ln_2.weight", {C}, I::ones));
+      at(l, NORM2_B, reg.add(p + "ln_2.bias", {C}, I::zeros));
+      at(l, FC_W, reg.add(p + "mlp.c_fc.weight", {C, F}, I::normal));
+      at(l, FC_B, reg.add(p + "mlp.c_fc.bias", {F}, I::zeros));
+      at(l, DOWN_W, reg.add(p + "mlp.c_proj.weight", {F, C}, I::normal, resid_std));
+      at(l, DOWN_B, reg.add(p + "mlp.c_proj.bias", {C}, I::zeros));
+      unit_end();
+    }
+    reg.add("transformer.ln_f.weight", {C}, I::ones);
+    reg.add("transformer.ln_f.bias", {C}, I::zeros);
+  } else {
+    reg.add("model.embed_tokens.weight", {V, C}, I::normal);
+    unit_end();
+    for (int l = 0; l < L; ++l) {
+      std::string p = fmt::format("model.layers.{}.", l);
+      // q, k, v (and gate, up) are registered back to back so that each pair forms one
+      // contiguous [out, in] matrix and one GEMM computes them together.
+      at(l, NORM1_W, reg.add(p + "input_layernorm.weight", {C}, I::ones));
+      at(l, QKV_W, reg.add(p + "self_attn.q_proj.weight", {int64_t(H) * D, C}, I::normal));
+      reg.add(p + "self_attn.k_proj.weight", {int64_t(KV) * D, C}, I::normal);
+      reg.add(p + "self_attn.v_proj.weight", {int64_t(KV) * D, C}, I::normal);
+      at(l, PROJ_W, reg.add(p + "self_attn.o_proj.weight", {C, int64_t(H) * D}, I::normal, resid_std));
+      at(l, NORM2_W, reg.add(p + "post_attention_layernorm.weight", {C}, I::ones));
+      at(l, FC_W, reg.add(p + "mlp.gate_proj.weight", {F, C}, I::normal));
+      reg.add(p + "mlp.up_proj.weight", {F, C}, I::normal);
+      at(l, DOWN_W, reg.add(p + "mlp.down_proj.weight", {C, F}, I::normal, resid_std));
+      unit_end();
+    }
+    reg.add("model.norm.weight", {C}, I::ones);
+  }
+  if (!cfg.model.tie_embeddings) reg.add("lm_head.weight", {V, C}, I::normal);
+  unit_end();
+  return m;
+}
+
+// Reads and writes the model's own flat buffers.
+class Model::FlatAccess final : public UnitAccess {
+ public:
+  FlatAccess(Model& m) : m_(m) {}
+  const float* params(int u, Pass) override { return m_.params() + m_.layout_.units[size_t(u)].first; }
+  float* grads(int u) override { return m_.grads() + m_.layout_.units[size_t(u)].first; }
+
+ private:
+  Model& m_;
+};
+
+Model::Model(const Config& cfg, Allocator& alloc, int B, Trace* trace, bool full_params, bool full_grads)
     : cfg_(cfg),
       llama_(cfg.model.arch == "llama"),
       B_(B),
@@ -97,10 +169,12 @@ Model::Model(const Config& cfg, Allocator& alloc, int B, Trace* trace)
       V_(cfg.model.vocab_size),
       L_(cfg.model.n_layer),
       policy_(recompute_from(cfg.train.recompute)),
-      trace_(trace ? trace : &null_trace_) {
-  build_registry();
-  params_ = alloc.empty({int64_t(reg_.numel())}, DType::f32, Mem::params);
-  grads_ = alloc.empty({int64_t(reg_.numel())}, DType::f32, Mem::grads);
+      trace_(trace ? trace : &null_trace_),
+      layout_(model_layout(cfg)),
+      flat_(std::make_unique<FlatAccess>(*this)) {
+  const int64_t n = int64_t(layout_.reg.numel());
+  if (full_params) params_ = alloc.empty({n}, DType::f32, Mem::params);
+  if (full_grads) grads_ = alloc.empty({n}, DType::f32, Mem::grads);
   plan_ = act_plan(cfg, B, policy_);
   for (auto& b : plan_.buffers) acts_.push_back(alloc.empty({b.numel * b.copies}, DType::f32, Mem::activations));
   for (auto& b : plan_.scratch) scratch_.push_back(alloc.empty({b.numel}, DType::f32, Mem::workspace));
@@ -111,59 +185,18 @@ Model::Model(const Config& cfg, Allocator& alloc, int B, Trace* trace)
   }
 }
 
-void Model::build_registry() {
-  using I = ParamSpec::Init;
-  const int64_t C = C_, F = F_, V = V_, T = T_, qkv_out = int64_t(H_ + 2 * KV_) * D_;
-  const float resid_std = 0.02f / std::sqrt(2.0f * L_);  // GPT-2: scale residual projections
-  layer_offsets_.assign(L_, std::vector<size_t>(NUM_W, SIZE_MAX));
-  auto at = [&](int l, WField f, const ParamSpec& s) { layer_offsets_[l][f] = s.offset; };
-  if (!llama_) {
-    reg_.add("transformer.wte.weight", {V, C}, I::normal);
-    reg_.add("transformer.wpe.weight", {T, C}, I::normal, 0.01f);
-    for (int l = 0; l < L_; ++l) {
-      std::string p = fmt::format("transformer.h.{}.", l);
-      at(l, NORM1_W, reg_.add(p + "ln_1.weight", {C}, I::ones));
-      at(l, NORM1_B, reg_.add(p + "ln_1.bias", {C}, I::zeros));
-      at(l, QKV_W, reg_.add(p + "attn.c_attn.weight", {C, 3 * C}, I::normal));
-      at(l, QKV_B, reg_.add(p + "attn.c_attn.bias", {3 * C}, I::zeros));
-      at(l, PROJ_W, reg_.add(p + "attn.c_proj.weight", {C, C}, I::normal, resid_std));
-      at(l, PROJ_B, reg_.add(p + "attn.c_proj.bias", {C}, I::zeros));
-      at(l, NORM2_W, reg_.add(p + "ln_2.weight", {C}, I::ones));
-      at(l, NORM2_B, reg_.add(p + "ln_2.bias", {C}, I::zeros));
-      at(l, FC_W, reg_.add(p + "mlp.c_fc.weight", {C, F}, I::normal));
-      at(l, FC_B, reg_.add(p + "mlp.c_fc.bias", {F}, I::zeros));
-      at(l, DOWN_W, reg_.add(p + "mlp.c_proj.weight", {F, C}, I::normal, resid_std));
-      at(l, DOWN_B, reg_.add(p + "mlp.c_proj.bias", {C}, I::zeros));
-    }
-    reg_.add("transformer.ln_f.weight", {C}, I::ones);
-    reg_.add("transformer.ln_f.bias", {C}, I::zeros);
-  } else {
-    reg_.add("model.embed_tokens.weight", {V, C}, I::normal);
-    for (int l = 0; l < L_; ++l) {
-      std::string p = fmt::format("model.layers.{}.", l);
-      // q, k, v (and gate, up) are registered back to back so that each pair forms one
-      // contiguous [out, in] matrix and one GEMM computes them together.
-      at(l, NORM1_W, reg_.add(p + "input_layernorm.weight", {C}, I::ones));
-      at(l, QKV_W, reg_.add(p + "self_attn.q_proj.weight", {int64_t(H_) * D_, C}, I::normal));
-      reg_.add(p + "self_attn.k_proj.weight", {int64_t(KV_) * D_, C}, I::normal);
-      reg_.add(p + "self_attn.v_proj.weight", {int64_t(KV_) * D_, C}, I::normal);
-      at(l, PROJ_W, reg_.add(p + "self_attn.o_proj.weight", {C, int64_t(H_) * D_}, I::normal, resid_std));
-      at(l, NORM2_W, reg_.add(p + "post_attention_layernorm.weight", {C}, I::ones));
-      at(l, FC_W, reg_.add(p + "mlp.gate_proj.weight", {F, C}, I::normal));
-      reg_.add(p + "mlp.up_proj.weight", {F, C}, I::normal);
-      at(l, DOWN_W, reg_.add(p + "mlp.down_proj.weight", {C, F}, I::normal, resid_std));
-    }
-    reg_.add("model.norm.weight", {C}, I::ones);
-  }
-  if (!cfg_.model.tie_embeddings) reg_.add("lm_head.weight", {V, C}, I::normal);
-  (void)qkv_out;
+Model::LayerW Model::layer_w(const float* unit_base, int l) const {
+  LayerW w{};
+  const auto& offs = layout_.layer_offsets[size_t(l)];
+  const int64_t lo = layout_.units[size_t(l) + 1].first;
+  for (int f = 0; f < NUM_W; ++f)
+    w.f[f] = offs[size_t(f)] == SIZE_MAX ? nullptr : const_cast<float*>(unit_base) + (int64_t(offs[size_t(f)]) - lo);
+  return w;
 }
 
-Model::LayerW Model::layer_w(float* base, int l) const {
-  LayerW w{};
-  for (int f = 0; f < NUM_W; ++f)
-    w.f[f] = layer_offsets_[l][f] == SIZE_MAX ? nullptr : base + layer_offsets_[l][f];
-  return w;
+const float* Model::at(const float* unit_base, int unit, const char* name) const {
+  if (!name) return nullptr;
+  return unit_base + (int64_t(layout_.reg.at(name).offset) - layout_.units[size_t(unit)].first);
 }
 
 Model::LayerA Model::layer_a(int l) {
@@ -175,7 +208,9 @@ Model::LayerA Model::layer_a(int l) {
   return a;
 }
 
-void Model::zero_grad() { std::memset(grads(), 0, reg_.numel() * sizeof(float)); }
+void Model::zero_grad() {
+  if (grads()) std::memset(grads(), 0, num_params() * sizeof(float));
+}
 
 void Model::block_forward(const LayerW& w, const LayerA& a, const float* x, float* out) {
   const int N = B_ * T_, qkv = (H_ + 2 * KV_) * D_;
@@ -260,25 +295,31 @@ HeadNames head_names(bool llama) {
 }
 }  // namespace
 
-double Model::forward(const int32_t* tokens, const int32_t* targets, float dloss) {
-  const int N = B_ * T_;
+double Model::forward(const int32_t* tokens, const int32_t* targets, float dloss, UnitAccess* access) {
+  UnitAccess& acc = access ? *access : *flat_;
+  const int N = B_ * T_, head = L_ + 1;
   const auto names = head_names(llama_);
-  float* P = params();
-  auto p = [&](const char* name) { return name ? P + reg_.at(name).offset : nullptr; };
   float* residual = acts_[RESIDUAL].f32();
+  const float* emb = acc.params(0, Pass::forward);
   { auto s = trace_->scope("embedding_forward");
-    embedding_forward(residual, tokens, p(names.wte), p(names.wpe), B_, T_, C_); }
-  for (int l = 0; l < L_; ++l)
-    block_forward(layer_w(P, l), layer_a(l), residual + int64_t(l) * N * C_, residual + int64_t(l + 1) * N * C_);
+    embedding_forward(residual, tokens, at(emb, 0, names.wte), at(emb, 0, names.wpe), B_, T_, C_); }
+  for (int l = 0; l < L_; ++l) {
+    const float* w = acc.params(l + 1, Pass::forward);
+    block_forward(layer_w(w, l), layer_a(l), residual + int64_t(l) * N * C_, residual + int64_t(l + 1) * N * C_);
+    acc.forward_done(l + 1);
+  }
+  const float* hw = acc.params(head, Pass::forward);
   LayerA a = layer_a(0);
   const float* x = residual + int64_t(L_) * N * C_;
   { auto s = trace_->scope("normf_forward");
-    if (llama_) rmsnorm_forward(a.b[LNF], a.b[LNF_RSTD], x, p(names.norm_w), N, C_, float(cfg_.model.norm_eps));
-    else layernorm_forward(a.b[LNF], a.b[LNF_MEAN], a.b[LNF_RSTD], x, p(names.norm_w), p(names.norm_b), N, C_,
-                           float(cfg_.model.norm_eps)); }
-  const float* lm = cfg_.model.tie_embeddings ? p(names.wte) : p("lm_head.weight");
+    if (llama_) rmsnorm_forward(a.b[LNF], a.b[LNF_RSTD], x, at(hw, head, names.norm_w), N, C_, float(cfg_.model.norm_eps));
+    else layernorm_forward(a.b[LNF], a.b[LNF_MEAN], a.b[LNF_RSTD], x, at(hw, head, names.norm_w),
+                           at(hw, head, names.norm_b), N, C_, float(cfg_.model.norm_eps)); }
+  const float* lm = cfg_.model.tie_embeddings ? at(emb, 0, names.wte) : at(hw, head, "lm_head.weight");
   { auto s = trace_->scope("lm_head_forward");
     matmul_forward(a.b[LOGITS], a.b[LNF], lm, nullptr, N, C_, V_, WLayout::out_in); }
+  acc.forward_done(head);
+  acc.forward_done(0);
   { auto s = trace_->scope("crossentropy_forward_backward");
     crossentropy_forward_backward(a.b[LOGITS], a.b[LOSSES], targets, N, V_, dloss); }
   double sum = 0.0;
@@ -286,34 +327,34 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, float dloss
   return sum;
 }
 
-void Model::backward(const int32_t* tokens, const std::function<void(int64_t)>& grads_ready) {
-  auto ready = [&](int64_t offset) {
-    if (grads_ready) grads_ready(offset);
-  };
-  const int N = B_ * T_;
+void Model::backward(const int32_t* tokens, UnitAccess* access) {
+  UnitAccess& acc = access ? *access : *flat_;
+  const int N = B_ * T_, head = L_ + 1;
   const auto names = head_names(llama_);
-  float* P = params();
-  float* G = grads();
-  auto off = [&](const char* name) -> int64_t { return name ? int64_t(reg_.at(name).offset) : -1; };
-  auto p = [&](const char* n) { return n ? P + off(n) : nullptr; };
-  auto g = [&](const char* n) { return n ? G + off(n) : nullptr; };
   float* residual = acts_[RESIDUAL].f32();
   float* dres = scratch_[D_RES].f32();
   float* dln = scratch_[D_LN].f32();
   LayerA a = layer_a(0);
-  const char* lm = cfg_.model.tie_embeddings ? names.wte : "lm_head.weight";
+  const bool tied = cfg_.model.tie_embeddings;
+  const float* hw = acc.params(head, Pass::backward);
+  float* hg = acc.grads(head);
+  const float* emb = tied ? acc.params(0, Pass::backward) : nullptr;
+  float* embg = tied ? acc.grads(0) : nullptr;
+  const float* lm_w = tied ? at(emb, 0, names.wte) : at(hw, head, "lm_head.weight");
+  float* lm_g = const_cast<float*>(tied ? at(embg, 0, names.wte) : at(hg, head, "lm_head.weight"));
+  auto g = [&](float* base, int unit, const char* name) { return const_cast<float*>(at(base, unit, name)); };
   { auto s = trace_->scope("lm_head_backward");
-    matmul_backward(dln, g(lm), nullptr, a.b[LOGITS], a.b[LNF], p(lm), N, C_, V_, WLayout::out_in); }
+    matmul_backward(dln, lm_g, nullptr, a.b[LOGITS], a.b[LNF], lm_w, N, C_, V_, WLayout::out_in); }
   std::memset(dres, 0, sizeof(float) * size_t(N) * C_);
   { auto s = trace_->scope("normf_backward");
     const float* x = residual + int64_t(L_) * N * C_;
-    if (llama_) rmsnorm_backward(dres, g(names.norm_w), dln, x, p(names.norm_w), a.b[LNF_RSTD], N, C_);
-    else layernorm_backward(dres, g(names.norm_w), g(names.norm_b), dln, x, p(names.norm_w), a.b[LNF_MEAN],
-                            a.b[LNF_RSTD], N, C_); }
-  ready(off(names.norm_w));  // the final norm and an untied lm_head sit after every block
+    if (llama_) rmsnorm_backward(dres, g(hg, head, names.norm_w), dln, x, at(hw, head, names.norm_w), a.b[LNF_RSTD], N, C_);
+    else layernorm_backward(dres, g(hg, head, names.norm_w), g(hg, head, names.norm_b), dln, x,
+                            at(hw, head, names.norm_w), a.b[LNF_MEAN], a.b[LNF_RSTD], N, C_); }
+  acc.backward_done(head);  // the final norm and an untied lm_head sit after every block
   for (int l = L_ - 1; l >= 0; --l) {
     LayerA la = layer_a(l);
-    LayerW w = layer_w(P, l);
+    LayerW w = layer_w(acc.params(l + 1, Pass::backward), l);
     const float* x = residual + int64_t(l) * N * C_;
     // Recompute what the policy did not keep; the kernels are deterministic, so the
     // recomputed values are the same bits the forward produced.
@@ -326,12 +367,13 @@ void Model::backward(const int32_t* tokens, const std::function<void(int64_t)>& 
       if (llama_) swiglu_forward(la.b[ACT], la.b[FC], N, F_);
       else gelu_forward(la.b[ACT], la.b[FC], int64_t(N) * F_);
     }
-    block_backward(w, layer_w(G, l), la, x, dres);
-    ready(int64_t(layer_offsets_[l][NORM1_W]));  // a block's first parameter is its first norm
+    block_backward(w, layer_w(acc.grads(l + 1), l), la, x, dres);
+    acc.backward_done(l + 1);
   }
+  if (!tied) embg = acc.grads(0);
   { auto s = trace_->scope("embedding_backward");
-    embedding_backward(g(names.wte), g(names.wpe), dres, tokens, B_, T_, C_, V_); }
-  ready(0);
+    embedding_backward(g(embg, 0, names.wte), g(embg, 0, names.wpe), dres, tokens, B_, T_, C_, V_); }
+  acc.backward_done(0);
 }
 
 }  // namespace loom

@@ -5,7 +5,6 @@
 // and recomputed, never the control flow of the layer loop.
 // Not here: distribution (parallel/), the optimizer (optim/), data (runtime/data).
 #pragma once
-#include <functional>
 #include <memory>
 
 #include "model/registry.h"
@@ -35,34 +34,65 @@ struct ActPlan {
 };
 ActPlan act_plan(const Config& cfg, int B, Recompute policy);
 
+// A model's parameters (names, shapes, offsets) and its units: contiguous ranges of the
+// registry that are gathered, reduced and sharded together. Unit 0 holds the embeddings,
+// unit l+1 block l, unit L+1 the final norm and an untied lm_head. Built without allocating.
+struct ModelLayout {
+  ParamRegistry reg;
+  std::vector<std::pair<int64_t, int64_t>> units;  // [lo, hi) in registry elements
+  std::vector<std::vector<size_t>> layer_offsets;  // per block, per weight field
+  int num_units() const { return int(units.size()); }
+  int64_t unit_len(int u) const { return units[size_t(u)].second - units[size_t(u)].first; }
+};
+ModelLayout model_layout(const Config& cfg);
+
+enum class Pass { forward, backward };
+
+// How forward and backward reach each unit's weights and where its gradients go. The model
+// calls it at fixed points; plain training reads the flat buffers, data parallelism starts
+// reductions from backward_done, ZeRO-3 gathers weights in params() and frees them after.
+// Pointers address the unit's first element and stay valid until the matching *_done call.
+class UnitAccess {
+ public:
+  virtual ~UnitAccess() = default;
+  virtual const float* params(int unit, Pass pass) = 0;
+  virtual float* grads(int unit) = 0;  // accumulate (+=) here
+  virtual void forward_done(int unit) { (void)unit; }
+  virtual void backward_done(int unit) { (void)unit; }  // this micro-batch's grads are final
+};
+
 class Model {
  public:
-  Model(const Config& cfg, Allocator& alloc, int B, Trace* trace = nullptr);
+  // full_params / full_grads: whether this rank holds the whole flat buffers (ZeRO-3 and -2
+  // do not; they bring their own UnitAccess).
+  Model(const Config& cfg, Allocator& alloc, int B, Trace* trace = nullptr, bool full_params = true,
+        bool full_grads = true);
 
-  const ParamRegistry& registry() const { return reg_; }
-  float* params() { return params_.f32(); }
-  float* grads() { return grads_.f32(); }
-  size_t num_params() const { return reg_.numel(); }
+  const ParamRegistry& registry() const { return layout_.reg; }
+  const ModelLayout& layout() const { return layout_; }
+  float* params() { return params_.storage ? params_.f32() : nullptr; }
+  float* grads() { return grads_.storage ? grads_.f32() : nullptr; }
+  size_t num_params() const { return layout_.reg.numel(); }
   const ActPlan& plan() const { return plan_; }
-  void init_weights(uint64_t seed) { registry_init(reg_, params(), seed); }
+  void init_weights(uint64_t seed) { registry_init(layout_.reg, params(), seed); }
   void zero_grad();
 
   // tokens, targets: [B, T]. Returns the sum of per-token losses. With dloss != 0 the
   // logits are turned into their gradient (scaled by dloss) for backward().
-  double forward(const int32_t* tokens, const int32_t* targets, float dloss);
-  // Accumulates (+=) this micro-batch's gradients into grads(). Gradients are produced in
-  // reverse registration order; after each block, grads_ready(offset) (if given) says that
-  // grads [offset, num_params) are final, which is what data parallelism overlaps with.
-  void backward(const int32_t* tokens, const std::function<void(int64_t)>& grads_ready = {});
+  double forward(const int32_t* tokens, const int32_t* targets, float dloss, UnitAccess* access = nullptr);
+  // Accumulates (+=) this micro-batch's gradients. Units finish in reverse order: the head,
+  // blocks L-1 .. 0, then the embeddings.
+  void backward(const int32_t* tokens, UnitAccess* access = nullptr);
 
  private:
-  struct LayerW;  // pointers of one block's parameters (or gradients) into a flat buffer
+  struct LayerW;  // pointers of one block's parameters (or gradients)
   struct LayerA;  // pointers of one block's activations
-  LayerW layer_w(float* base, int l) const;
+  class FlatAccess;
+  LayerW layer_w(const float* unit_base, int l) const;
   LayerA layer_a(int l);
+  const float* at(const float* unit_base, int unit, const char* name) const;
   void block_forward(const LayerW& w, const LayerA& a, const float* x, float* out);
   void block_backward(const LayerW& w, const LayerW& dw, const LayerA& a, const float* x, float* dres);
-  void build_registry();
 
   Config cfg_;
   bool llama_;
@@ -70,12 +100,12 @@ class Model {
   Recompute policy_;
   Trace* trace_;
   Trace null_trace_;
-  ParamRegistry reg_;
+  ModelLayout layout_;
   Tensor params_, grads_;
   ActPlan plan_;
-  std::vector<std::vector<size_t>> layer_offsets_;  // per layer, per LayerW field
   std::vector<Tensor> acts_, scratch_;
   Tensor rope_cos_, rope_sin_;
+  std::unique_ptr<UnitAccess> flat_;
 };
 
 }  // namespace loom

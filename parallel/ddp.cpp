@@ -4,7 +4,8 @@
 
 namespace loom {
 
-Ddp::Ddp(ProcessGroup& dp, float* grads, int64_t numel, double bucket_mb) : dp_(dp), grads_(grads) {
+Ddp::Ddp(ProcessGroup& dp, Model& model, double bucket_mb) : dp_(dp), model_(model), grads_(model.grads()) {
+  const int64_t numel = int64_t(model.num_params());
   const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
   for (int64_t hi = numel; hi > 0; hi -= per) buckets_.push_back({std::max<int64_t>(0, hi - per), hi, {}});
 }

@@ -9,13 +9,22 @@
 #pragma once
 #include <vector>
 
+#include "model/model.h"
 #include "runtime/comm/process_group.h"
 
 namespace loom {
 
-class Ddp {
+class Ddp final : public UnitAccess {
  public:
-  Ddp(ProcessGroup& dp, float* grads, int64_t numel, double bucket_mb);
+  Ddp(ProcessGroup& dp, Model& model, double bucket_mb);
+  // UnitAccess over the model's flat buffers; on the last micro-batch (set_last), a unit's
+  // backward_done starts every bucket its gradients complete.
+  const float* params(int u, Pass) override { return model_.params() + model_.layout().units[size_t(u)].first; }
+  float* grads(int u) override { return model_.grads() + model_.layout().units[size_t(u)].first; }
+  void backward_done(int u) override {
+    if (last_) grads_ready_from(model_.layout().units[size_t(u)].first);
+  }
+  void set_last(bool last) { last_ = last; }
   // Gradients [offset, numel) are final for this step.
   void grads_ready_from(int64_t offset);
   // Starts what has not started, waits for everything; returns the milliseconds spent waiting.
@@ -29,7 +38,9 @@ class Ddp {
     Work work;
   };
   ProcessGroup& dp_;
+  Model& model_;
   float* grads_;
+  bool last_ = false;
   std::vector<Bucket> buckets_;  // in launch order: from the end of the buffer
   size_t next_ = 0;
   double comm_us_ = 0;
