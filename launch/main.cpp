@@ -9,6 +9,7 @@
 
 #include "launch/bench.h"
 #include "launch/launch_env.h"
+#include "launch/plan.h"
 #include "launch/trainer.h"
 #include "runtime/comm/mpi_group.h"
 #include "runtime/config.h"
@@ -85,6 +86,21 @@ int run(int argc, char** argv) {
   auto* bcomm = bench->add_subcommand("comm", "time, algorithm and bus bandwidth of each collective (under mpirun/srun)");
   bcomm->add_option("--max-mb", comm_max_mb, "largest message in MB");
 
+  auto* plan = app.add_subcommand("plan", "predict before launch");
+  plan->require_subcommand(1);
+  auto* pmem = plan->add_subcommand("memory", "per-rank bytes for ZeRO stages 0-3, side by side");
+  double plan_params = 0;
+  int plan_dp = 0;
+  std::string plan_precision = "mixed";
+  bool plan_json = false;
+  pmem->add_option("--params", plan_params, "parameter count (the ZeRO paper's setting; no config needed)");
+  pmem->add_option("--dp", plan_dp, "data-parallel ranks (overrides parallel.dp)");
+  pmem->add_option("--precision", plan_precision, "mixed (2+2+12 bytes/param) | fp32 (4+4+8)")
+      ->check(CLI::IsMember({"mixed", "fp32"}));
+  pmem->add_option("--config", config_path, "TOML config of a loom run");
+  pmem->add_option("--set", sets, "override one key: section.key=value (repeatable)");
+  pmem->add_flag("--json", plan_json, "machine-readable output (loom runs)");
+
   CLI11_PARSE(app, argc, argv);
 
   // Under mpirun or srun, MPI comes up before anything else and goes down last.
@@ -130,6 +146,19 @@ int run(int argc, char** argv) {
     loom::bench_train(config_build(config_path, sets), topt);
   } else if (*bcomm) {
     loom::bench_comm(topt, comm_max_mb);
+  } else if (*pmem) {
+    if (plan_params > 0) {
+      LOOM_CHECK(plan_dp > 0, "loom plan memory --params needs --dp");
+      const bool mixed = plan_precision == "mixed";
+      auto gb = loom::plan_zero_paper(plan_params, plan_dp, mixed ? 2 : 4, mixed ? 2 : 4, mixed ? 12 : 8);
+      fmt::print("{:.3g} parameters, dp {}, {} precision (K = {}): GB per rank\n", plan_params, plan_dp, plan_precision,
+                 mixed ? 12 : 8);
+      for (int s = 0; s < 4; ++s) fmt::print("zero {}: {:>10.1f}\n", s, gb[size_t(s)] / 1e9);
+    } else {
+      if (plan_dp > 0) sets.push_back(fmt::format("parallel.dp={}", plan_dp));
+      loom::Config cfg = config_build(config_path, sets);
+      fmt::print("{}\n", plan_json ? loom::plan_memory_json(cfg) : loom::plan_memory_table(cfg));
+    }
   }
   return 0;
 }

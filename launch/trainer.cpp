@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "parallel/ddp.h"
+#include "parallel/zero.h"
 #include "runtime/data.h"
 #include "runtime/mesh.h"
 #include "runtime/metrics.h"
@@ -38,13 +39,13 @@ double dp_sum(ProcessGroup& dp, double v) {
   return f;
 }
 
-double validate(Model& model, const TokenStream& val, const Config& cfg, ProcessGroup& dp,
+double validate(Model& model, UnitAccess* access, const TokenStream& val, const Config& cfg, ProcessGroup& dp,
                 std::vector<int32_t>& in, std::vector<int32_t>& tg) {
   double sum = 0.0;
   for (int vb = 0; vb < cfg.data.val_batches; ++vb)
     for (int micro = 0; micro < cfg.accum_steps(); ++micro) {
       batch_read(val, cfg, vb, dp.rank(), micro, in.data(), tg.data());
-      sum += model.forward(in.data(), tg.data(), 0.0f);
+      sum += model.forward(in.data(), tg.data(), 0.0f, access);
     }
   const double tokens = double(cfg.data.val_batches) * cfg.train.global_batch * cfg.model.seq_len;
   return dp_sum(dp, sum) / tokens;
@@ -68,15 +69,41 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   ProcessGroup& dp = mesh.group(Axis::dp);
 
   Allocator alloc;
-  Model model(cfg, alloc, B, &trace);
-  if (!cfg.init_from.empty()) {
-    auto unused = model_load(model.registry(), model.params(), cfg.init_from);
-    info("loaded {} ({} tensors in the file unused)", cfg.init_from, unused.size());
+  const int stage = cfg.parallel.zero;
+  Model model(cfg, alloc, B, &trace, /*full_params=*/stage < 3, /*full_grads=*/stage < 2);
+  std::unique_ptr<Ddp> ddp;
+  std::unique_ptr<Zero> zero;
+  std::unique_ptr<AdamW> adamw;
+  if (stage == 0) {
+    ddp = std::make_unique<Ddp>(dp, model, cfg.parallel.bucket_mb);
+    adamw = std::make_unique<AdamW>(adam_segments(model.registry()), int64_t(model.num_params()), alloc);
   } else {
-    model.init_weights(uint64_t(cfg.train.seed));  // the same seed gives every rank the same weights
+    zero = std::make_unique<Zero>(stage, model, dp, alloc);
   }
-  Ddp ddp(dp, model, cfg.parallel.bucket_mb);
-  AdamW adamw(model.registry(), alloc);
+  UnitAccess* access = zero ? static_cast<UnitAccess*>(zero.get()) : ddp.get();
+  {
+    // Weights: every rank initializes (same seed) or loads the whole model, then keeps its part.
+    // ZeRO-3 holds no full buffer, so it uses a temporary one here.
+    Tensor tmp;
+    float* full = model.params();
+    if (!full) {
+      tmp = alloc.empty({int64_t(model.num_params())}, DType::f32, Mem::workspace);
+      full = tmp.f32();
+    }
+    if (!cfg.init_from.empty()) {
+      auto unused = model_load(model.registry(), full, cfg.init_from);
+      info("loaded {} ({} tensors in the file unused)", cfg.init_from, unused.size());
+    } else {
+      registry_init(model.registry(), full, uint64_t(cfg.train.seed));
+    }
+    if (zero) zero->shard_from(full);
+  }
+  auto full_weights = [&](std::vector<float>& out) -> const float* {  // collective under ZeRO-3
+    if (model.params()) return model.params();
+    out.resize(model.num_params());
+    zero->gather_to(out.data());
+    return out.data();
+  };
   const FlopsPerToken fpt = flops_per_token(cfg);
   const double peak = cpu_peak_flops(threads) * mesh.world();
 
@@ -84,8 +111,11 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
        cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(),
        cfg.model.d_ff, cfg.model.vocab_size, T, model.num_params() / 1e6);
   info("data: {}", data.describe);
-  info("layout: {} ranks (dp {}), {} gradient buckets of {} MB; {} threads per rank", mesh.world(), dp.size(),
-       ddp.num_buckets(), cfg.parallel.bucket_mb, threads);
+  if (ddp)
+    info("layout: {} ranks (dp {}), {} gradient buckets of {} MB; {} threads per rank", mesh.world(), dp.size(),
+         ddp->num_buckets(), cfg.parallel.bucket_mb, threads);
+  else
+    info("layout: {} ranks (dp {}), ZeRO stage {}; {} threads per rank", mesh.world(), dp.size(), stage, threads);
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, accum, B, dp.size(), cfg.train.recompute);
   info("activation plan (B={}, T={}):\n{}", B, T, model.plan().table());
@@ -104,7 +134,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   auto run_validation = [&](int64_t step) {
     if (!data.val || cfg.data.val_batches == 0) return;
     auto s = trace.scope("validation", Trace::host);
-    double v = validate(model, *data.val, cfg, dp, inputs, targets);
+    double v = validate(model, access, *data.val, cfg, dp, inputs, targets);
     result.val.push_back({step, v});
     metrics.validation(step, v);
     info("step {} | val_loss {:.4f}", step, v);
@@ -116,6 +146,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
       std::_Exit(3);  // a crash: no destructors, no MPI_Finalize
     }
     const auto t0 = Clock::now();
+    const CommCounters comm0 = dp.counters();
     StepMetrics m;
     model.zero_grad();
     double loss_sum = 0.0;
@@ -126,23 +157,32 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
         batch_read(*data.train, cfg, step, dp.rank(), micro, inputs.data(), targets.data());
       }
       m.data_ms += ms_since(td);
-      loss_sum += model.forward(inputs.data(), targets.data(), dloss, &ddp);
-      ddp.set_last(micro + 1 == accum);  // accumulation micro-batches do not communicate
-      model.backward(inputs.data(), &ddp);
+      loss_sum += model.forward(inputs.data(), targets.data(), dloss, access);
+      if (ddp) ddp->set_last(micro + 1 == accum);  // accumulation micro-batches do not communicate
+      model.backward(inputs.data(), access);
     }
-    {
-      auto s = trace.scope("grad_sync_wait", Trace::host);
-      m.comm_exposed_ms = ddp.step_end();
-    }
-    const auto to = Clock::now();
-    {
+    const AdamWHyper hyper{lr_at(cfg.train, step), cfg.train.beta1, cfg.train.beta2, cfg.train.eps,
+                           cfg.train.weight_decay};
+    m.lr = hyper.lr;
+    if (ddp) {
+      {
+        auto s = trace.scope("grad_sync_wait", Trace::host);
+        m.comm_exposed_ms = ddp->step_end();
+      }
+      const auto to = Clock::now();
       auto s = trace.scope("optimizer", Trace::host);
       m.grad_norm = clip_grad_norm(model.grads(), int64_t(model.num_params()), cfg.train.grad_clip);
-      m.lr = lr_at(cfg.train, step);
-      adamw.update(model.params(), model.grads(),
-                   {m.lr, cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay}, step + 1);
+      adamw->update(model.params(), model.grads(), hyper, step + 1);
+      m.optimizer_ms = ms_since(to);
+    } else {
+      m.comm_exposed_ms = zero->take_wait_ms();  // gathers and reductions that compute did not hide
+      const auto to = Clock::now();
+      auto s = trace.scope("optimizer", Trace::host);
+      m.grad_norm = zero->step(hyper, step + 1, cfg.train.grad_clip);
+      const double waited = zero->take_wait_ms();
+      m.comm_exposed_ms += waited;
+      m.optimizer_ms = ms_since(to) - waited;
     }
-    m.optimizer_ms = ms_since(to);
     m.loss = dp_sum(dp, loss_sum) / double(tokens_per_step);
     m.step_ms = ms_since(t0);
     m.compute_ms = m.step_ms - m.optimizer_ms - m.data_ms - m.comm_exposed_ms;
@@ -153,10 +193,15 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     m.mfu = m.tokens_per_s * fpt.model / peak;
     m.hfu = m.tokens_per_s * fpt.hardware / peak;
     m.mem = alloc.ledger();
+    const CommCounters& comm1 = dp.counters();
+    auto moved = [&](CommOp op) { return comm1.bytes[int(op)] - comm0.bytes[int(op)]; };
+    m.dp_all_reduce_b = moved(CommOp::all_reduce);
+    m.dp_reduce_scatter_b = moved(CommOp::reduce_scatter);
+    m.dp_all_gather_b = moved(CommOp::all_gather);
     metrics.step(m);
     result.losses.push_back(m.loss);
     result.comm_exposed_ms += m.comm_exposed_ms;
-    result.comm_total_ms += ddp.comm_us() / 1e3;
+    if (ddp) result.comm_total_ms += ddp->comm_us() / 1e3;
     if (step > 0) timed_ms += m.step_ms;
     const double elapsed = ms_since(run_start) / 1e3;
     if (m.step % cfg.log.every == 0 || m.step == 1 || m.step == m.steps)
@@ -169,8 +214,10 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     result.tokens_per_s = double(tokens_per_step) * double(cfg.train.steps - 1) / (timed_ms / 1e3);
     result.mfu = result.tokens_per_s * fpt.model / peak;
   }
-  if (!cfg.export_final.empty() && lead) {
-    model_save(model.registry(), model.params(), cfg.export_final);
+  std::vector<float> gathered;
+  if (!cfg.export_final.empty()) {
+    const float* w = full_weights(gathered);
+    if (lead) model_save(model.registry(), w, cfg.export_final);
     info("exported weights to {}", cfg.export_final);
   }
   if (cfg.log.trace) {
@@ -181,7 +228,8 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   }
   result.activation_bytes = alloc.ledger().of(Mem::activations);
   if (opt.keep_params) {
-    result.params.assign(model.params(), model.params() + model.num_params());
+    const float* w = full_weights(gathered);
+    result.params.assign(w, w + model.num_params());
     for (auto& s : model.registry().all()) result.names.push_back({s.name, {int64_t(s.offset), s.numel()}});
   }
   mesh.world_group().barrier().wait();  // no rank tears down its groups while a peer still talks

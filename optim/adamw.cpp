@@ -6,10 +6,19 @@
 
 namespace loom {
 
-AdamW::AdamW(const ParamRegistry& reg, Allocator& alloc)
-    : reg_(reg),
-      m_(alloc.empty({int64_t(reg.numel())}, DType::f32, Mem::optim)),
-      v_(alloc.empty({int64_t(reg.numel())}, DType::f32, Mem::optim)) {}
+std::vector<AdamSegment> adam_segments(const ParamRegistry& reg) {
+  std::vector<AdamSegment> out;
+  for (auto& s : reg.all()) {
+    const int64_t lo = int64_t(s.offset);
+    out.push_back({lo, lo + s.numel(), s.decay, lo, lo});
+  }
+  return out;
+}
+
+AdamW::AdamW(std::vector<AdamSegment> segments, int64_t n, Allocator& alloc)
+    : segments_(std::move(segments)),
+      m_(alloc.empty({n}, DType::f32, Mem::optim)),
+      v_(alloc.empty({n}, DType::f32, Mem::optim)) {}
 
 void AdamW::update(float* params, const float* grads, const AdamWHyper& h, int64_t step) {
   // Scalars in double, as PyTorch computes them in Python floats.
@@ -20,21 +29,33 @@ void AdamW::update(float* params, const float* grads, const AdamWHyper& h, int64
   const float b1 = float(h.beta1), b2 = float(h.beta2), eps = float(h.eps);
   float* M = m_.f32();
   float* V = v_.f32();
-  for (auto& s : reg_.all()) {
+  for (auto& s : segments_) {
     const float decay = s.decay ? float(1.0 - h.lr * h.weight_decay) : 1.0f;
-    const int64_t lo = int64_t(s.offset), hi = lo + s.numel();
+    const int64_t lo = s.lo, hi = s.hi;
+    float* P = params + (s.p_lo - lo);
+    const float* G = grads + (s.g_lo - lo);
 #pragma omp parallel for schedule(static)
     for (int64_t i = lo; i < hi; ++i) {
-      float g = grads[i];
-      float p = params[i] * decay;
+      float g = G[i];
+      float p = P[i] * decay;
       float m = M[i] + (g - M[i]) * (1.0f - b1);  // lerp, as exp_avg.lerp_
       float v = V[i] * b2 + (1.0f - b2) * g * g;
       float denom = std::sqrt(v) / bc2_sqrt + eps;
-      params[i] = p - step_size * (m / denom);
+      P[i] = p - step_size * (m / denom);
       M[i] = m;
       V[i] = v;
     }
   }
+}
+
+double segments_sum_squares(const std::vector<AdamSegment>& segs, const float* grads) {
+  double s = 0.0;
+  for (auto& g : segs) s += cpu::sum_squares(grads + g.g_lo, g.hi - g.lo);
+  return s;
+}
+
+void segments_scale(const std::vector<AdamSegment>& segs, float* grads, float s) {
+  for (auto& g : segs) cpu::scale_inplace(grads + g.g_lo, s, g.hi - g.lo);
 }
 
 double clip_grad_norm(float* grads, int64_t n, double max_norm) {

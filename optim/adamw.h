@@ -14,18 +14,36 @@ struct AdamWHyper {
   double lr, beta1, beta2, eps, weight_decay;
 };
 
+// A range of the optimizer's index space and whether weight decay applies to it.
+// Weights and gradients may live in other index spaces than the state: segment element i
+// (lo <= i < hi) reads params[p_lo + i - lo] and grads[g_lo + i - lo] (ZeRO keeps moments
+// for its shard while weights or gradients stay in the full buffer).
+struct AdamSegment {
+  int64_t lo, hi;
+  bool decay;
+  int64_t p_lo, g_lo;
+};
+// One segment per registered tensor, over the flat buffer.
+std::vector<AdamSegment> adam_segments(const ParamRegistry& reg);
+
 class AdamW {
  public:
-  AdamW(const ParamRegistry& reg, Allocator& alloc);
-  // One update of every registered parameter; `step` counts from 1.
+  // State for `n` elements (the whole model, or the shard this rank owns); `segments` cover
+  // the elements to update (padding between them is left alone).
+  AdamW(std::vector<AdamSegment> segments, int64_t n, Allocator& alloc);
+  // One update of every segment; `step` counts from 1.
   void update(float* params, const float* grads, const AdamWHyper& h, int64_t step);
   float* m() { return m_.f32(); }
   float* v() { return v_.f32(); }
 
  private:
-  const ParamRegistry& reg_;
+  std::vector<AdamSegment> segments_;
   Tensor m_, v_;
 };
+
+// Sum of squares of the gradients the segments cover (their g_lo space), in double.
+double segments_sum_squares(const std::vector<AdamSegment>& segs, const float* grads);
+void segments_scale(const std::vector<AdamSegment>& segs, float* grads, float s);
 
 // Global L2 norm of `n` gradients; scales them by max_norm / (norm + 1e-6) when that is
 // below 1 (max_norm 0: no clipping). Returns the norm before clipping.

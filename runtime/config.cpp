@@ -294,7 +294,7 @@ void config_validate(Config& cfg) {
   }
   LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
   LOOM_CHECK(!p.sp, "parallel.sp needs tensor parallelism, which is not in this build yet");
-  LOOM_CHECK(p.zero == 0, "parallel.zero = {}: ZeRO is not in this build yet; set it to 0", p.zero);
+  LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
   LOOM_CHECK(cfg.checkpoint.every == 0 && cfg.checkpoint.resume.empty(),
              "checkpoint.every / checkpoint.resume: checkpoints are not in this build yet");
   LOOM_CHECK(cfg.log.every > 0, "log.every = {} must be positive", cfg.log.every);

@@ -15,6 +15,8 @@ struct StepMetrics {
   double step_ms = 0, tokens_per_s = 0, mfu = 0, hfu = 0;
   double compute_ms = 0, comm_exposed_ms = 0, bubble_ms = 0, optimizer_ms = 0, data_ms = 0, ckpt_block_ms = 0;
   MemLedger mem;
+  // Payload bytes the dp group moved during the step, per collective (see ProcessGroup).
+  int64_t dp_all_reduce_b = 0, dp_reduce_scatter_b = 0, dp_all_gather_b = 0;
 };
 
 class MetricsWriter {

@@ -98,12 +98,84 @@ int trace_check(const std::string& trace_path, const std::string& metrics_path) 
   return overlapped > 0 && exposed < comm_total_ms ? 0 : 1;
 }
 
+// Checks the ledger of runs at ZeRO stages 0..3 (one log dir each, same model and dp)
+// against `loom plan memory --json`, the sharding ratios, and the per-step communication.
+int memory_check(const std::string& plan_path, const std::vector<std::string>& runs) {
+  std::ifstream in(plan_path);
+  auto plan = nlohmann::json::parse(in);
+  int bad = 0;
+  std::vector<nlohmann::json> mem, comm;
+  for (auto& dir : runs) {
+    auto lines = jsonl(dir + "/metrics.jsonl");
+    nlohmann::json last;
+    for (auto& j : lines)
+      if (j.contains("mem")) last = j;
+    mem.push_back(last["mem"]);
+    comm.push_back(last["dp_comm"]);
+  }
+  const double N = plan[0]["n_params"].get<double>(), dp = plan[0]["dp"].get<double>();
+  for (size_t s = 0; s < runs.size(); ++s) {
+    for (auto* key : {"params_b", "grads_b", "optim_b", "comm_b", "act_b", "workspace_b"}) {
+      double want = plan[s][key].get<double>(), got = mem[s][key].get<double>();
+      bool ok = std::abs(got - want) <= 0.10 * want + 1024;
+      bad += !ok;
+      fmt::print("zero {} {:<12} measured {:>12.0f} planned {:>12.0f} {}\n", s, key, got, want, ok ? "" : "MISMATCH");
+    }
+    // Sharded state is the stage-0 figure / dp, plus padding (one element per unit per rank).
+    auto sharded = [&](const char* key, int from) {
+      if (int(s) < from) return;
+      double full = mem[0][key].get<double>(), got = mem[s][key].get<double>();
+      bool ok = std::abs(got - full / dp) <= 0.01 * full / dp + 4096;
+      bad += !ok;
+      fmt::print("zero {} {:<12} {:.0f} vs stage-0 / {} = {:.0f} {}\n", s, key, got, dp, full / dp, ok ? "" : "NOT SHARDED");
+    };
+    sharded("optim_b", 1);
+    sharded("grads_b", 2);
+    sharded("params_b", 3);
+    // Communication volume per rank, in elements: an all-reduce moves its payload twice
+    // (reduce-scatter + all-gather), so theory is 2N for stages 0-2 and 3N for stage 3.
+    double moved = (2 * comm[s]["all_reduce_b"].get<double>() + comm[s]["reduce_scatter_b"].get<double>() +
+                    comm[s]["all_gather_b"].get<double>()) / 4;
+    double theory = (s == 3 ? 3 : 2) * N;
+    bool ok = std::abs(moved - theory) <= 0.02 * theory;
+    bad += !ok;
+    fmt::print("zero {} communication {:.0f} elements per step vs {}N = {:.0f} {}\n", s, moved, s == 3 ? 3 : 2, theory,
+               ok ? "" : "MISMATCH");
+  }
+  return bad ? 1 : 0;
+}
+
+// Stage-3 trace: parameter all-gathers in flight while compute ops run.
+int gather_overlap_check(const std::string& trace_path) {
+  std::ifstream in(trace_path);
+  auto events = nlohmann::json::parse(in)["traceEvents"];
+  std::vector<std::pair<double, double>> gathers, compute;
+  for (auto& e : events) {
+    if (e["ph"] != "X") continue;
+    double a = e["ts"].get<double>(), b = a + e["dur"].get<double>();
+    if (e["name"] == "all_gather") gathers.push_back({a, b});
+    else if (e["tid"] == 0) compute.push_back({a, b});
+  }
+  int overlapped = 0;
+  for (auto& g : gathers)
+    for (auto& c : compute)
+      if (c.first < g.second && g.first < c.second) {
+        ++overlapped;
+        break;
+      }
+  fmt::print("{} parameter all-gathers, {} of them overlap compute\n", gathers.size(), overlapped);
+  return overlapped > 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     if (args.size() == 3 && args[0] == "--trace") return trace_check(args[1], args[2]);
+    if (args.size() == 2 && args[0] == "--gather-trace") return gather_overlap_check(args[1]);
+    if (args.size() >= 3 && args[0] == "--memory")
+      return memory_check(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
     if (args.size() < 2) throw std::runtime_error("usage: loom_compare_runs RUN_A RUN_B [options]");
     double rtol = 1e-4, atol = 1e-4;
     size_t min_steps = 20;

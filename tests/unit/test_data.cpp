@@ -142,7 +142,7 @@ TEST(Optim, AdamWMatchesTheFormulaInDouble) {
   reg.add("w", {2, 2}, ParamSpec::Init::normal);  // decays
   reg.add("b", {3}, ParamSpec::Init::zeros);      // does not
   Allocator alloc;
-  AdamW opt(reg, alloc);
+  AdamW opt(adam_segments(reg), int64_t(reg.numel()), alloc);
   auto p = test::randn(7, 1), g0 = test::randn(7, 2);
   std::vector<double> P(p.begin(), p.end()), M(7, 0), Vv(7, 0);
   const AdamWHyper h{0.1, 0.9, 0.95, 1e-8, 0.1};
