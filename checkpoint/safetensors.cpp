@@ -113,7 +113,7 @@ std::vector<std::string> model_load(const ParamRegistry& reg, float* params, con
   for (auto& s : reg.all()) {
     auto it = file.find(s.name);
     LOOM_CHECK(it != file.end(), "'{}' has no tensor '{}' (shape {}) that this model needs", path, s.name,
-               shape_str(s.shape));
+               shape_str(s.global_shape));
     const Shape& fs = it->second.shape;
     const bool positions = s.name == "transformer.wpe.weight";
     if (positions && fs.size() == 2 && fs[1] == s.shape[1] && fs[0] != s.shape[0]) {
@@ -121,11 +121,13 @@ std::vector<std::string> model_load(const ParamRegistry& reg, float* params, con
                  "model.seq_len = {} is above the position table of '{}' ({} rows in {}); lower "
                  "model.seq_len to at most {}",
                  s.shape[0], path, fs[0], s.name, fs[0]);
+      std::memcpy(params + s.offset, it->second.data.data(), size_t(s.numel()) * 4);
     } else {
-      LOOM_CHECK(fs == s.shape, "'{}': tensor '{}' has shape {} but the model expects {}; check the model.* keys",
-                 path, s.name, shape_str(fs), shape_str(s.shape));
+      LOOM_CHECK(fs == s.global_shape,
+                 "'{}': tensor '{}' has shape {} but the model expects {}; check the model.* keys", path, s.name,
+                 shape_str(fs), shape_str(s.global_shape));
+      shard_take(s, it->second.data.data(), params + s.offset);  // tensor parallel: this rank's slice
     }
-    std::memcpy(params + s.offset, it->second.data.data(), size_t(s.numel()) * 4);
     file.erase(it);
   }
   std::vector<std::string> unused;

@@ -77,6 +77,25 @@ void add_inplace(float* acc, const float* x, int64_t n);  // acc += x
 void crossentropy_forward_backward(float* logits, float* losses, const int32_t* targets, int N,
                                    int V, float dloss);
 
+// defines: embedding_forward_shard, embedding_backward_shard (vocab-parallel)
+// Rows of wte_local cover token ids [v0, v0 + Vl); other tokens contribute zeros. wpe (may
+// be null) is added in full: the caller passes it on one tensor-parallel rank only.
+void embedding_forward_shard(float* out, const int32_t* tokens, const float* wte_local, int v0, int Vl,
+                             const float* wpe, int B, int T, int C);
+// dwte_local, dwpe +=; dwpe may be null.
+void embedding_backward_shard(float* dwte_local, int v0, int Vl, float* dwpe, const float* dout,
+                              const int32_t* tokens, int B, int T, int C);
+
+// defines: crossentropy_shard_stats, crossentropy_shard_sumexp, crossentropy_shard_finish
+// Vocab-parallel cross-entropy over logits [N, Vl] holding ids [v0, v0 + Vl). The caller
+// reduces between the phases: max of rowmax, then sum of sumexp and of target_logit.
+void crossentropy_shard_stats(const float* logits, const int32_t* targets, int N, int Vl, int v0, float* rowmax,
+                              float* target_logit);
+void crossentropy_shard_sumexp(const float* logits, const float* rowmax, int N, int Vl, float* sumexp);
+// losses = log(sumexp) + rowmax - target_logit; with dloss != 0, logits become their gradient.
+void crossentropy_shard_finish(float* logits, float* losses, const int32_t* targets, int N, int Vl, int v0,
+                               const float* rowmax, const float* sumexp, const float* target_logit, float dloss);
+
 // defines: sum_squares
 // Sum of squares in double, fixed-order.
 double sum_squares(const float* x, int64_t n);

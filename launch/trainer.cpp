@@ -57,8 +57,10 @@ double validate(Model& model, UnitAccess* access, const TokenStream& val, const 
 // and expert sharding and ZeRO slot in between model and optimizer as they arrive.
 TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   const bool lead = opt.world_rank == 0;
-#define info(...) \
-  if (!opt.quiet && lead) spdlog::info(__VA_ARGS__)
+#define info(...)                                  \
+  do {                                             \
+    if (!opt.quiet && lead) spdlog::info(__VA_ARGS__); \
+  } while (0)
   const int threads = threads_set(cfg.train.threads);
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len, accum = cfg.accum_steps();
   DataStreams data = data_open(cfg);  // before allocating: a bad file fails fast
@@ -67,10 +69,11 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
   DeviceMesh mesh(dims, opt.world_rank, opt.world_size, opt.use_mpi, &trace);
   ProcessGroup& dp = mesh.group(Axis::dp);
+  ProcessGroup& tp = mesh.group(Axis::tp);
 
   Allocator alloc;
   const int stage = cfg.parallel.zero;
-  Model model(cfg, alloc, B, &trace, /*full_params=*/stage < 3, /*full_grads=*/stage < 2);
+  Model model(cfg, alloc, B, &trace, /*full_params=*/stage < 3, /*full_grads=*/stage < 2, &tp);
   std::unique_ptr<Ddp> ddp;
   std::unique_ptr<Zero> zero;
   std::unique_ptr<AdamW> adamw;
@@ -78,7 +81,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     ddp = std::make_unique<Ddp>(dp, model, cfg.parallel.bucket_mb);
     adamw = std::make_unique<AdamW>(adam_segments(model.registry()), int64_t(model.num_params()), alloc);
   } else {
-    zero = std::make_unique<Zero>(stage, model, dp, alloc);
+    zero = std::make_unique<Zero>(stage, model, dp, tp, alloc);
   }
   UnitAccess* access = zero ? static_cast<UnitAccess*>(zero.get()) : ddp.get();
   {
@@ -98,11 +101,33 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     }
     if (zero) zero->shard_from(full);
   }
-  auto full_weights = [&](std::vector<float>& out) -> const float* {  // collective under ZeRO-3
-    if (model.params()) return model.params();
-    out.resize(model.num_params());
-    zero->gather_to(out.data());
-    return out.data();
+  // The whole model in the Hugging Face layout: ZeRO-3 slices gathered over dp, tensor-
+  // parallel shards over tp. Collective; every rank gets it.
+  const ModelLayout global = model_layout([&] {
+    Config one = cfg;
+    one.parallel.tp = 1;
+    return one;
+  }());
+  auto full_weights = [&](std::vector<float>& out) {
+    std::vector<float> local;
+    const float* mine = model.params();
+    if (!mine) {
+      local.resize(model.num_params());
+      zero->gather_to(local.data());
+      mine = local.data();
+    }
+    out.assign(global.reg.numel(), 0.0f);
+    std::vector<float> all;
+    for (auto& s : model.registry().all()) {
+      float* dst = out.data() + global.reg.at(s.name).offset;
+      if (s.replicated() || tp.size() == 1) {
+        std::copy_n(mine + s.offset, s.numel(), dst);
+        continue;
+      }
+      all.resize(size_t(s.numel()) * size_t(tp.size()));
+      tp.all_gather(Buf(const_cast<float*>(mine) + s.offset, s.numel()), Buf(all.data(), int64_t(all.size()))).wait();
+      for (int r = 0; r < tp.size(); ++r) shard_put(s, r, all.data() + size_t(r) * size_t(s.numel()), dst);
+    }
   };
   const FlopsPerToken fpt = flops_per_token(cfg);
   const double peak = cpu_peak_flops(threads) * mesh.world();
@@ -116,6 +141,13 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
          ddp->num_buckets(), cfg.parallel.bucket_mb, threads);
   else
     info("layout: {} ranks (dp {}), ZeRO stage {}; {} threads per rank", mesh.world(), dp.size(), stage, threads);
+  if (tp.size() > 1) {
+    const double nc = double(B) * T * cfg.model.d_model * 4 / 1048576.0;
+    info("tensor parallel: tp {}{}; per block and micro-batch {}", tp.size(), cfg.parallel.sp ? " with sequence parallel" : "",
+         cfg.parallel.sp ? fmt::format("all-gather 2 x {:.2f} MiB and reduce-scatter 2 x {:.2f} MiB forward, all-gather 4 x, "
+                                       "reduce-scatter 2 x backward", nc, nc)
+                         : fmt::format("all-reduce 2 x {:.2f} MiB forward and 2 x backward", nc));
+  }
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, accum, B, dp.size(), cfg.train.recompute);
   info("activation plan (B={}, T={}):\n{}", B, T, model.plan().table());
@@ -146,7 +178,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
       std::_Exit(3);  // a crash: no destructors, no MPI_Finalize
     }
     const auto t0 = Clock::now();
-    const CommCounters comm0 = dp.counters();
+    const CommCounters comm0 = dp.counters(), tp0 = tp.counters();
     StepMetrics m;
     model.zero_grad();
     double loss_sum = 0.0;
@@ -171,7 +203,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
       }
       const auto to = Clock::now();
       auto s = trace.scope("optimizer", Trace::host);
-      m.grad_norm = clip_grad_norm(model.grads(), int64_t(model.num_params()), cfg.train.grad_clip);
+      m.grad_norm = clip_grad_norm_tp(model.registry(), model.grads(), cfg.train.grad_clip, tp);
       adamw->update(model.params(), model.grads(), hyper, step + 1);
       m.optimizer_ms = ms_since(to);
     } else {
@@ -198,6 +230,10 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     m.dp_all_reduce_b = moved(CommOp::all_reduce);
     m.dp_reduce_scatter_b = moved(CommOp::reduce_scatter);
     m.dp_all_gather_b = moved(CommOp::all_gather);
+    const CommCounters& tp1 = tp.counters();
+    m.tp_all_reduce_b = tp1.bytes[int(CommOp::all_reduce)] - tp0.bytes[int(CommOp::all_reduce)];
+    m.tp_reduce_scatter_b = tp1.bytes[int(CommOp::reduce_scatter)] - tp0.bytes[int(CommOp::reduce_scatter)];
+    m.tp_all_gather_b = tp1.bytes[int(CommOp::all_gather)] - tp0.bytes[int(CommOp::all_gather)];
     metrics.step(m);
     result.losses.push_back(m.loss);
     result.comm_exposed_ms += m.comm_exposed_ms;
@@ -215,9 +251,9 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     result.mfu = result.tokens_per_s * fpt.model / peak;
   }
   std::vector<float> gathered;
+  if (!cfg.export_final.empty() || opt.keep_params) full_weights(gathered);
   if (!cfg.export_final.empty()) {
-    const float* w = full_weights(gathered);
-    if (lead) model_save(model.registry(), w, cfg.export_final);
+    if (lead) model_save(global.reg, gathered.data(), cfg.export_final);
     info("exported weights to {}", cfg.export_final);
   }
   if (cfg.log.trace) {
@@ -228,9 +264,8 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   }
   result.activation_bytes = alloc.ledger().of(Mem::activations);
   if (opt.keep_params) {
-    const float* w = full_weights(gathered);
-    result.params.assign(w, w + model.num_params());
-    for (auto& s : model.registry().all()) result.names.push_back({s.name, {int64_t(s.offset), s.numel()}});
+    result.params = gathered;
+    for (auto& s : global.reg.all()) result.names.push_back({s.name, {int64_t(s.offset), s.numel()}});
   }
   mesh.world_group().barrier().wait();  // no rank tears down its groups while a peer still talks
   return result;

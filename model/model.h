@@ -9,6 +9,7 @@
 
 #include "model/registry.h"
 #include "runtime/allocator.h"
+#include "runtime/comm/process_group.h"
 #include "runtime/config.h"
 #include "runtime/trace.h"
 
@@ -44,7 +45,8 @@ struct ModelLayout {
   int num_units() const { return int(units.size()); }
   int64_t unit_len(int u) const { return units[size_t(u)].second - units[size_t(u)].first; }
 };
-ModelLayout model_layout(const Config& cfg);
+// This rank's view under tensor parallelism (cfg.parallel.tp): local shapes, global names.
+ModelLayout model_layout(const Config& cfg, int tp_rank = 0);
 
 enum class Pass { forward, backward };
 
@@ -65,8 +67,9 @@ class Model {
  public:
   // full_params / full_grads: whether this rank holds the whole flat buffers (ZeRO-3 and -2
   // do not; they bring their own UnitAccess).
+  // tp: the tensor-parallel group (null: one rank); its size must equal cfg.parallel.tp.
   Model(const Config& cfg, Allocator& alloc, int B, Trace* trace = nullptr, bool full_params = true,
-        bool full_grads = true);
+        bool full_grads = true, ProcessGroup* tp = nullptr);
 
   const ParamRegistry& registry() const { return layout_.reg; }
   const ModelLayout& layout() const { return layout_; }
@@ -92,11 +95,27 @@ class Model {
   LayerA layer_a(int l);
   const float* at(const float* unit_base, int unit, const char* name) const;
   void block_forward(const LayerW& w, const LayerA& a, const float* x, float* out);
+  // Row-parallel linear output [N, C] -> this rank's rows, summed over tp (reduce_from_tp or
+  // scatter_to_sp); then out += residual.
+  void row_parallel_exit(float* partial, float* out, const float* residual);
+  // A normed input [Ns, C] -> what a column-parallel linear reads, [N, C] (gather_from_sp).
+  const float* column_parallel_input(const float* normed, float* full);
+  // A column-parallel input gradient [N, C] -> this rank's rows, summed over tp.
+  const float* column_parallel_grad(float* dfull);
+  // The gradient of a row-parallel output, this rank's rows -> [N, C].
+  const float* row_parallel_grad(const float* drows, float* full);
+  // Sequence-parallel norm gradients are partial sums: reduce them over tp into `grads`.
+  void sp_param_grads_reduce(float* scratch, std::initializer_list<float*> grads, int64_t each);
   void block_backward(const LayerW& w, const LayerW& dw, const LayerA& a, const float* x, float* dres);
 
   Config cfg_;
   bool llama_;
-  int B_, T_, C_, H_, KV_, D_, F_, V_, L_;
+  int B_, T_, C_, H_, KV_, D_, F_, V_, L_;  // H_, KV_, F_, V_: this rank's share under tp
+  ProcessGroup* tp_;
+  std::unique_ptr<ProcessGroup> tp_local_;
+  int tp_size_, tp_rank_, v0_;  // v0_: the first vocabulary id this rank holds
+  bool sp_;
+  int Ns_;  // rows of the norm and residual regions on this rank (N / tp with sp)
   Recompute policy_;
   Trace* trace_;
   Trace null_trace_;

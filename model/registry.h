@@ -1,7 +1,10 @@
 // Parameter registry: every parameter of a model chunk lives in one flat f32 buffer, its
 // gradient at the same offset in a second one. The registry maps Hugging Face names to
-// (offset, shape, decay). DDP buckets, ZeRO shards and checkpoints are ranges and names of
-// these buffers. Sharded layouts (local vs global shape) arrive with tensor parallelism.
+// (offset, local shape, global shape, shard dim, shard index). DDP buckets, ZeRO shards and
+// checkpoints are ranges and names of these buffers.
+// Tensor-parallel sharding: dim `shard_dim` of the global tensor is viewed as `shard_parts`
+// equal blocks (GPT-2's fused q|k|v is three), and each block is split into tp slices; rank
+// t holds slice t of every block, back to back. shard_dim < 0: the tensor is replicated.
 #pragma once
 #include <string>
 #include <unordered_map>
@@ -13,17 +16,22 @@ namespace loom {
 
 struct ParamSpec {
   std::string name;
-  Shape shape;
-  size_t offset = 0;  // elements into the flat buffer
-  bool decay = true;  // AdamW weight decay: tensors of two or more dims
-  float init_std = 0.02f;  // 0: ones (norm gains) or zeros (biases), see init_kind
+  Shape shape;         // local: what this rank holds
+  Shape global_shape;  // what the file holds
+  size_t offset = 0;   // elements into the flat buffer
+  bool decay = true;   // AdamW weight decay: tensors of two or more dims
+  float init_std = 0.02f;
   enum class Init { normal, zeros, ones } init = Init::normal;
+  int shard_dim = -1, shard_parts = 1, tp = 1, tp_rank = 0;
   int64_t numel() const { return shape_numel(shape); }
+  bool replicated() const { return shard_dim < 0; }
 };
 
 class ParamRegistry {
  public:
-  ParamSpec& add(const std::string& name, Shape shape, ParamSpec::Init init, float std = 0.02f);
+  // A replicated tensor, or one sharded over tp along shard_dim (see the file comment).
+  ParamSpec& add(const std::string& name, Shape global_shape, ParamSpec::Init init, float std = 0.02f,
+                 int shard_dim = -1, int shard_parts = 1, int tp = 1, int tp_rank = 0);
   const ParamSpec& at(const std::string& name) const;
   const ParamSpec* find(const std::string& name) const;
   const std::vector<ParamSpec>& all() const { return specs_; }
@@ -35,8 +43,14 @@ class ParamRegistry {
   size_t total_ = 0;
 };
 
-// Fills params by name: each tensor draws from its own generator seeded by (seed, name),
-// so a tensor's values do not depend on what else the model holds or how it is sharded.
+// Copies this rank's shard out of the global tensor (full: global_shape elements).
+void shard_take(const ParamSpec& s, const float* full, float* local);
+// Puts shard `rank`'s elements (local: the spec's local size) into the global tensor.
+void shard_put(const ParamSpec& s, int rank, const float* local, float* full);
+
+// Fills params by name: each tensor draws its global values from its own generator seeded by
+// (seed, name), then keeps its shard, so values depend neither on the rest of the model nor
+// on the layout.
 void registry_init(const ParamRegistry& reg, float* params, uint64_t seed);
 
 }  // namespace loom

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/ops.h"
+#include "runtime/comm/process_group.h"
 
 namespace loom {
 
@@ -50,12 +51,25 @@ void AdamW::update(float* params, const float* grads, const AdamWHyper& h, int64
 
 double segments_sum_squares(const std::vector<AdamSegment>& segs, const float* grads) {
   double s = 0.0;
-  for (auto& g : segs) s += cpu::sum_squares(grads + g.g_lo, g.hi - g.lo);
+  for (auto& g : segs)
+    if (g.in_norm) s += cpu::sum_squares(grads + g.g_lo, g.hi - g.lo);
   return s;
 }
 
 void segments_scale(const std::vector<AdamSegment>& segs, float* grads, float s) {
   for (auto& g : segs) cpu::scale_inplace(grads + g.g_lo, s, g.hi - g.lo);
+}
+
+double clip_grad_norm_tp(const ParamRegistry& reg, float* grads, double max_norm, ProcessGroup& tp) {
+  if (tp.size() == 1) return clip_grad_norm(grads, int64_t(reg.numel()), max_norm);
+  double ss = 0.0;
+  for (auto& s : reg.all())
+    if (!s.replicated() || tp.rank() == 0) ss += cpu::sum_squares(grads + s.offset, s.numel());
+  float f = float(ss);
+  tp.all_reduce(Buf(&f, 1)).wait();
+  const double norm = std::sqrt(double(f));
+  if (max_norm > 0 && max_norm / (norm + 1e-6) < 1.0) cpu::scale_inplace(grads, float(max_norm / (norm + 1e-6)), int64_t(reg.numel()));
+  return norm;
 }
 
 double clip_grad_norm(float* grads, int64_t n, double max_norm) {

@@ -22,6 +22,7 @@ struct AdamSegment {
   int64_t lo, hi;
   bool decay;
   int64_t p_lo, g_lo;
+  bool in_norm = true;  // counted in the global norm on this rank (replicated tensors: one tp rank)
 };
 // One segment per registered tensor, over the flat buffer.
 std::vector<AdamSegment> adam_segments(const ParamRegistry& reg);
@@ -41,9 +42,15 @@ class AdamW {
   Tensor m_, v_;
 };
 
-// Sum of squares of the gradients the segments cover (their g_lo space), in double.
+// Sum of squares of the gradients the segments cover (their g_lo space, in_norm only), in double.
 double segments_sum_squares(const std::vector<AdamSegment>& segs, const float* grads);
 void segments_scale(const std::vector<AdamSegment>& segs, float* grads, float s);
+
+// The global gradient norm when tensor parallelism splits the model over `tp`: sharded
+// tensors count on every tp rank, replicated ones on tp rank 0 only; then clips like
+// clip_grad_norm. With one tp rank it is clip_grad_norm over the whole buffer.
+class ProcessGroup;
+double clip_grad_norm_tp(const ParamRegistry& reg, float* grads, double max_norm, ProcessGroup& tp);
 
 // Global L2 norm of `n` gradients; scales them by max_norm / (norm + 1e-6) when that is
 // below 1 (max_norm 0: no clipping). Returns the norm before clipping.

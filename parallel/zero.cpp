@@ -63,8 +63,8 @@ struct Zero::Slot {
   Work work;
 };
 
-Zero::Zero(int stage, Model& model, ProcessGroup& dp, Allocator& alloc)
-    : stage_(stage), model_(model), dp_(dp), n_(dp.size()), r_(dp.rank()) {
+Zero::Zero(int stage, Model& model, ProcessGroup& dp, ProcessGroup& tp, Allocator& alloc)
+    : stage_(stage), model_(model), dp_(dp), tp_(tp), n_(dp.size()), r_(dp.rank()) {
   LOOM_CHECK(stage >= 1 && stage <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage);
   const ModelLayout& layout = model.layout();
   const Geometry g = geometry(layout, n_);
@@ -80,7 +80,8 @@ Zero::Zero(int stage, Model& model, ProcessGroup& dp, Allocator& alloc)
       const int64_t lo = std::max(a, int64_t(spec.offset)), hi = std::min(b, int64_t(spec.offset) + spec.numel());
       if (lo >= hi) continue;
       const int64_t state = unit.shard_off + (lo - a);
-      segments_.push_back({state, state + (hi - lo), spec.decay, stage_ >= 3 ? state : lo, stage_ >= 2 ? state : lo});
+      segments_.push_back({state, state + (hi - lo), spec.decay, stage_ >= 3 ? state : lo, stage_ >= 2 ? state : lo,
+                           !spec.replicated() || tp_.rank() == 0});
     }
   }
   adam_ = std::make_unique<AdamW>(segments_, g.shard, alloc);
@@ -253,6 +254,7 @@ double Zero::step(const AdamWHyper& h, int64_t step, double grad_clip) {
   }
   float ss = float(segments_sum_squares(segments_, grads));
   wait(dp_.all_reduce(Buf(&ss, 1)));
+  if (tp_.size() > 1) wait(tp_.all_reduce(Buf(&ss, 1)));
   const double norm = std::sqrt(double(ss));
   if (grad_clip > 0 && grad_clip / (norm + 1e-6) < 1.0) segments_scale(segments_, grads, float(grad_clip / (norm + 1e-6)));
   adam_->update(stage_ >= 3 ? shard_params_.f32() : model_.params(), grads, h, step);

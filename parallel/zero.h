@@ -31,7 +31,8 @@ ZeroBytes zero_bytes(const ModelLayout& layout, int dp, int stage);
 
 class Zero final : public UnitAccess {
  public:
-  Zero(int stage, Model& model, ProcessGroup& dp, Allocator& alloc);
+  // tp: the tensor-parallel group, for the global gradient norm.
+  Zero(int stage, Model& model, ProcessGroup& dp, ProcessGroup& tp, Allocator& alloc);
   ~Zero() override;
 
   const float* params(int u, Pass pass) override;
@@ -63,6 +64,7 @@ class Zero final : public UnitAccess {
   int stage_;
   Model& model_;
   ProcessGroup& dp_;
+  ProcessGroup& tp_;
   int n_, r_;
   std::vector<Unit> units_;
   std::vector<AdamSegment> segments_;

@@ -288,12 +288,27 @@ void config_validate(Config& cfg) {
 
   auto& p = cfg.parallel;
   check_positive("parallel.dp", p.dp);
-  for (auto [key, v] : {std::pair{"parallel.tp", p.tp}, {"parallel.pp", p.pp}, {"parallel.ep", p.ep}}) {
+  check_positive("parallel.tp", p.tp);
+  for (auto [key, v] : {std::pair{"parallel.pp", p.pp}, {"parallel.ep", p.ep}}) {
     check_positive(key, v);
-    LOOM_CHECK(v == 1, "{} = {}: only data parallelism (parallel.dp) is in this build; set {} = 1", key, v, key);
+    LOOM_CHECK(v == 1, "{} = {}: pipeline and expert parallelism are not in this build yet; set {} = 1", key, v, key);
+  }
+  if (p.tp > 1) {  // tensor parallel splits heads, KV heads, MLP width and vocabulary
+    LOOM_CHECK(m.n_head % p.tp == 0, "parallel.tp = {} does not divide model.n_head = {}; pick tp among the divisors of n_head",
+               p.tp, m.n_head);
+    LOOM_CHECK(kv % p.tp == 0, "parallel.tp = {} does not divide the {} key/value heads (model.n_kv_head); each tp rank "
+               "needs whole kv heads", p.tp, kv);
+    LOOM_CHECK(m.d_ff % p.tp == 0, "parallel.tp = {} does not divide model.d_ff = {}", p.tp, m.d_ff);
+    const int pad = 64 * p.tp;
+    LOOM_CHECK(m.vocab_size % p.tp == 0, "parallel.tp = {} does not divide model.vocab_size = {}; pad the vocabulary to "
+               "a multiple of {} (e.g. {})", p.tp, m.vocab_size, p.tp, (m.vocab_size + pad - 1) / pad * pad);
+  }
+  if (p.sp) {
+    LOOM_CHECK(p.tp > 1, "parallel.sp = true needs tensor parallelism (parallel.tp > 1)");
+    LOOM_CHECK(int64_t(t.micro_batch) * m.seq_len % p.tp == 0,
+               "parallel.sp: micro_batch x seq_len = {} tokens do not split over tp = {}", t.micro_batch * m.seq_len, p.tp);
   }
   LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
-  LOOM_CHECK(!p.sp, "parallel.sp needs tensor parallelism, which is not in this build yet");
   LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
   LOOM_CHECK(cfg.checkpoint.every == 0 && cfg.checkpoint.resume.empty(),
              "checkpoint.every / checkpoint.resume: checkpoints are not in this build yet");

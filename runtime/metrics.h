@@ -17,6 +17,7 @@ struct StepMetrics {
   MemLedger mem;
   // Payload bytes the dp group moved during the step, per collective (see ProcessGroup).
   int64_t dp_all_reduce_b = 0, dp_reduce_scatter_b = 0, dp_all_gather_b = 0;
+  int64_t tp_all_reduce_b = 0, tp_reduce_scatter_b = 0, tp_all_gather_b = 0;
 };
 
 class MetricsWriter {

@@ -148,6 +148,84 @@ void crossentropy_forward_backward(float* logits, float* losses, const int32_t* 
   }
 }
 
+void embedding_forward_shard(float* out, const int32_t* tokens, const float* wte_local, int v0, int Vl,
+                             const float* wpe, int B, int T, int C) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      float* o = out + (int64_t(b) * T + t) * C;
+      const int id = tokens[b * T + t] - v0;
+      const float* p = wpe ? wpe + int64_t(t) * C : nullptr;
+      for (int c = 0; c < C; ++c) {
+        float e = id >= 0 && id < Vl ? wte_local[int64_t(id) * C + c] : 0.0f;
+        o[c] = p ? e + p[c] : e;
+      }
+    }
+}
+
+void embedding_backward_shard(float* dwte_local, int v0, int Vl, float* dwpe, const float* dout,
+                              const int32_t* tokens, int B, int T, int C) {
+#pragma omp parallel
+  {
+    int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    int lo = int(int64_t(C) * tid / nt), hi = int(int64_t(C) * (tid + 1) / nt);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        const float* d = dout + (int64_t(b) * T + t) * C;
+        const int id = tokens[b * T + t] - v0;
+        if (id >= 0 && id < Vl) {
+          float* e = dwte_local + int64_t(id) * C;
+          for (int c = lo; c < hi; ++c) e[c] += d[c];
+        }
+        if (dwpe) {
+          float* p = dwpe + int64_t(t) * C;
+          for (int c = lo; c < hi; ++c) p[c] += d[c];
+        }
+      }
+  }
+}
+
+void crossentropy_shard_stats(const float* logits, const int32_t* targets, int N, int Vl, int v0, float* rowmax,
+                              float* target_logit) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* l = logits + int64_t(n) * Vl;
+    float maxv = l[0];
+#pragma omp simd reduction(max : maxv)
+    for (int v = 0; v < Vl; ++v) maxv = std::max(maxv, l[v]);
+    rowmax[n] = maxv;
+    const int id = targets[n] - v0;
+    target_logit[n] = id >= 0 && id < Vl ? l[id] : 0.0f;
+  }
+}
+
+void crossentropy_shard_sumexp(const float* logits, const float* rowmax, int N, int Vl, float* sumexp) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* l = logits + int64_t(n) * Vl;
+    const float maxv = rowmax[n];
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int v = 0; v < Vl; ++v) sum += exp_approx(l[v] - maxv);
+    sumexp[n] = sum;
+  }
+}
+
+void crossentropy_shard_finish(float* logits, float* losses, const int32_t* targets, int N, int Vl, int v0,
+                               const float* rowmax, const float* sumexp, const float* target_logit, float dloss) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    losses[n] = std::log(sumexp[n]) + rowmax[n] - target_logit[n];
+    if (dloss == 0.0f) continue;
+    float* l = logits + int64_t(n) * Vl;
+    const float maxv = rowmax[n], scale = dloss / sumexp[n];
+#pragma omp simd
+    for (int v = 0; v < Vl; ++v) l[v] = exp_approx(l[v] - maxv) * scale;
+    const int id = targets[n] - v0;
+    if (id >= 0 && id < Vl) l[id] -= dloss;
+  }
+}
+
 double sum_squares(const float* x, int64_t n) {
   // Fixed 64Ki-element chunks summed in order: the result does not depend on thread count.
   constexpr int64_t kChunk = 1 << 16;

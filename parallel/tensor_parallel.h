@@ -1,0 +1,26 @@
+// Tensor-parallel communication as named conjugate pairs (Megatron): each op's backward is
+// the conjugate of its forward.
+//   copy_to_tp      forward identity                 backward all-reduce       (before a column-parallel linear)
+//   reduce_from_tp  forward all-reduce               backward identity         (after a row-parallel linear)
+//   gather_from_sp  forward all-gather of row shards backward reduce-scatter   (sequence parallel, before column)
+//   scatter_to_sp   forward reduce-scatter to rows   backward all-gather       (sequence parallel, after row)
+// Identity halves are not functions. With sequence parallelism the rows (the B*T tokens of
+// a micro-batch) are split into tp contiguous blocks; rank t holds block t.
+// Communication per block and micro-batch, in elements of the [N, C] activations (N = B*T):
+//   without sp: 2 all-reduces forward, 2 backward (4 x N*C payload)
+//   with sp:    2 all-gathers + 2 reduce-scatters forward; backward 2 all-gathers of the
+//               output gradient, 2 all-gathers that rebuild the normed inputs, 2 reduce-scatters.
+#pragma once
+#include "runtime/comm/process_group.h"
+
+namespace loom {
+
+void copy_to_tp_backward(ProcessGroup& tp, float* grad, int64_t n);
+void reduce_from_tp_forward(ProcessGroup& tp, float* x, int64_t n);
+// shard: rows/tp x C elements (shard_n); full: rows x C.
+void gather_from_sp_forward(ProcessGroup& tp, const float* shard, float* full, int64_t shard_n);
+void gather_from_sp_backward(ProcessGroup& tp, const float* dfull, float* dshard, int64_t shard_n);
+void scatter_to_sp_forward(ProcessGroup& tp, const float* full, float* shard, int64_t shard_n);
+void scatter_to_sp_backward(ProcessGroup& tp, const float* dshard, float* dfull, int64_t shard_n);
+
+}  // namespace loom
