@@ -167,6 +167,76 @@ int gather_overlap_check(const std::string& trace_path) {
   return overlapped > 0 ? 0 : 1;
 }
 
+nlohmann::json last_step(const std::string& dir) {
+  nlohmann::json last;
+  for (auto& j : jsonl(dir + "/metrics.jsonl"))
+    if (j.contains("mem")) last = j;
+  return last;
+}
+
+// Tensor-parallel accounting of two runs (sp off, sp on) of the same model at tp > 1.
+//  1. Communication per step from the tp group's counters against the analytic count, in
+//     bytes, with N = B*T tokens per micro-batch, NC = N*C, A micro-batches, L blocks:
+//       without sp: all-reduce  A*(NC*(2 + 4L) + 3N) + 1 (embedding, 2 row exits and 2 column
+//                   gradients per block, lm_head gradient; cross-entropy max, sum, target;
+//                   the norm of the gradients once per step)
+//       with sp:    reduce-scatter A*NC*(2 + 4L); all-gather A*NC*(2 + 6L);
+//                   all-reduce A*(3N + L*4C + 2C) + 1 (the sequence-parallel norm gradients)
+//     (elements; x 4 for bytes).
+//  2. Activation bytes: sequence parallelism shards the norm and residual regions. Korthikanti
+//     et al. (2022) count them as 10sbh of the 34sbh per layer in fp16 with dropout (two norm
+//     inputs, the residual, dropout masks) and show they drop to 10sbh/t. In loom (fp32,
+//     no dropout, pre-norm) the region per block is the block input, ln1, the mid residual
+//     and ln2 (4NC) plus per-row norm statistics (sN, s = 4 for gpt2, 2 for llama); the final
+//     norm region is 2NC + sN/2. All of it shrinks by (1 - 1/t), less the gathered final norm
+//     (NC) that the lm_head reads:  saved = 4 * [(L(4NC + sN) + 2NC + sN/2)(1 - 1/t) - NC].
+int tp_check(const std::string& off, const std::string& on, const std::vector<double>& v, const std::string& arch) {
+  const double B = v[0], T = v[1], C = v[2], L = v[3], t = v[4], A = v[5], N = B * T, NC = N * C;
+  const double s = arch == "llama" ? 2 : 4;
+  auto j_off = last_step(off), j_on = last_step(on);
+  int bad = 0;
+  auto check = [&](const char* what, double got, double want, double tol) {
+    bool ok = std::abs(got - want) <= tol;
+    bad += !ok;
+    fmt::print("{:<40} measured {:>14.0f} analytic {:>14.0f} {}\n", what, got, want, ok ? "" : "MISMATCH");
+  };
+  check("no sp: tp all-reduce bytes/step", j_off["tp_comm"]["all_reduce_b"].get<double>(), 4 * (A * (NC * (2 + 4 * L) + 3 * N) + 1), 0);
+  check("no sp: tp reduce-scatter + all-gather bytes", j_off["tp_comm"]["reduce_scatter_b"].get<double>() +
+        j_off["tp_comm"]["all_gather_b"].get<double>(), 0, 0);
+  check("sp: tp reduce-scatter bytes/step", j_on["tp_comm"]["reduce_scatter_b"].get<double>(), 4 * A * NC * (2 + 4 * L), 0);
+  check("sp: tp all-gather bytes/step", j_on["tp_comm"]["all_gather_b"].get<double>(), 4 * A * NC * (2 + 6 * L), 0);
+  check("sp: tp all-reduce bytes/step", j_on["tp_comm"]["all_reduce_b"].get<double>(), 4 * (A * (3 * N + L * 4 * C + 2 * C) + 1), 0);
+  const double saved = 4 * ((L * (4 * NC + s * N) + 2 * NC + s * N / 2) * (1 - 1 / t) - NC);
+  const double measured = j_off["mem"]["act_b"].get<double>() - j_on["mem"]["act_b"].get<double>();
+  check("activation bytes saved by sp", measured, saved, 0.01 * saved + 64 * 20);
+  return bad ? 1 : 0;
+}
+
+
+// A run against the PyTorch fixture (tests/fixtures/parity_*): losses.json and final.safetensors.
+int fixture_check(const std::string& run, const std::string& fixture) {
+  std::ifstream in(fixture + "/losses.json");
+  auto ref = nlohmann::json::parse(in)["losses"].get<std::vector<double>>();
+  auto got = losses(run);
+  int bad = got.size() != ref.size();
+  double worst = 0;
+  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i) worst = std::max(worst, std::abs(got[i] - ref[i]) / ref[i]);
+  bad += worst > 1e-4;
+  auto want = loom::safetensors_read(fixture + "/final.safetensors"), have = loom::safetensors_read(run + "/final.safetensors");
+  double worst_w = 0;
+  for (auto& [name, t] : want) {
+    if (!have.count(name) || have[name].shape != t.shape) {
+      ++bad;
+      continue;
+    }
+    for (size_t i = 0; i < t.data.size(); ++i) worst_w = std::max(worst_w, double(std::abs(have[name].data[i] - t.data[i])));
+  }
+  bad += worst_w > 1e-4;
+  fmt::print("against PyTorch: {} steps, worst loss rel diff {:.3g}, worst weight abs diff {:.3g}: {}\n", got.size(), worst,
+             worst_w, bad ? "FAIL" : "ok");
+  return bad ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,6 +244,12 @@ int main(int argc, char** argv) {
   try {
     if (args.size() == 3 && args[0] == "--trace") return trace_check(args[1], args[2]);
     if (args.size() == 2 && args[0] == "--gather-trace") return gather_overlap_check(args[1]);
+    if (args.size() == 3 && args[0] == "--fixture") return fixture_check(args[1], args[2]);
+    if (args.size() == 10 && args[0] == "--tp") {
+      std::vector<double> v;
+      for (size_t i = 3; i < 9; ++i) v.push_back(std::stod(args[i]));
+      return tp_check(args[1], args[2], v, args[9]);
+    }
     if (args.size() >= 3 && args[0] == "--memory")
       return memory_check(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
     if (args.size() < 2) throw std::runtime_error("usage: loom_compare_runs RUN_A RUN_B [options]");

@@ -5,6 +5,7 @@
 
 #include <numeric>
 
+#include "parallel/tensor_parallel.h"
 #include "runtime/comm/mpi_group.h"
 #include "runtime/mesh.h"
 #include "runtime/trace.h"
@@ -101,6 +102,37 @@ TEST_P(Collectives, SendRecvRingAndBarrier) {
   rx.wait(), tx.wait();
   EXPECT_EQ(in, float(W((r + n - 1) % n)));
   g.barrier().wait();
+}
+
+// Tensor-parallel conjugate pairs, each on its own, over this rank's tp group.
+TEST(ConjugatePairs, EachHalfMatchesItsClosedForm) {
+  ProcessGroup& tp = g_mesh->group(Axis::tp);
+  const int n = tp.size(), r = tp.rank(), k = 6;
+  auto W = [&](int j) { return tp.world_ranks()[size_t(j)]; };
+  int wsum = 0;
+  for (int j = 0; j < n; ++j) wsum += W(j);
+  std::vector<float> g(k);
+  for (int i = 0; i < k; ++i) g[size_t(i)] = float(g_rank + i);
+  copy_to_tp_backward(tp, g.data(), k);  // identity forward, all-reduce backward
+  for (int i = 0; i < k; ++i) EXPECT_EQ(g[size_t(i)], float(wsum + n * i));
+  std::vector<float> x(k, float(g_rank));
+  reduce_from_tp_forward(tp, x.data(), k);  // all-reduce forward, identity backward
+  EXPECT_EQ(x, std::vector<float>(size_t(k), float(wsum)));
+
+  // Sequence parallel: rows split in tp blocks of k elements.
+  std::vector<float> shard(k), full(static_cast<size_t>(n * k)), back(k);
+  for (int i = 0; i < k; ++i) shard[size_t(i)] = float(g_rank * 100 + i);
+  gather_from_sp_forward(tp, shard.data(), full.data(), k);
+  for (int b = 0; b < n; ++b)
+    for (int i = 0; i < k; ++i) EXPECT_EQ(full[size_t(b * k + i)], float(W(b) * 100 + i));
+  scatter_to_sp_backward(tp, shard.data(), full.data(), k);  // the same all-gather
+  for (int b = 0; b < n; ++b) EXPECT_EQ(full[size_t(b * k)], float(W(b) * 100));
+  for (int j = 0; j < n * k; ++j) full[size_t(j)] = float(g_rank + j);
+  gather_from_sp_backward(tp, full.data(), back.data(), k);  // reduce-scatter
+  for (int i = 0; i < k; ++i) EXPECT_EQ(back[size_t(i)], float(wsum + n * (r * k + i)));
+  std::fill(back.begin(), back.end(), -1.0f);
+  scatter_to_sp_forward(tp, full.data(), back.data(), k);  // the same reduce-scatter
+  for (int i = 0; i < k; ++i) EXPECT_EQ(back[size_t(i)], float(wsum + n * (r * k + i)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Axes, Collectives, ::testing::Values(Axis::pp, Axis::dp, Axis::tp, Axis::embed),

@@ -77,12 +77,24 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
             std::string::npos);
   EXPECT_NE(error_of([] { loaded("[model]\narch = \"gpt3\"\n"); }).find("not one of gpt2|llama"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[train]\nrecompute = \"some\"\n"); }).find("none|selective|full"), std::string::npos);
-  EXPECT_NE(error_of([] { loaded("[parallel]\ntp = 2\n"); }).find("parallel.tp = 2"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\n"); }).find("parallel.pp = 2"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[parallel]\ndp = 3\n"); }).find("not a multiple of micro_batch x dp = 8 x 3"),
             std::string::npos);
   EXPECT_NE(error_of([] { loaded("[data]\nsource = \"text\"\n"); }).find("needs data.path"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[model]\nn_layer = 0\n"); }).find("must be positive"), std::string::npos);
   EXPECT_EQ(error_of([] { loaded("[model]\nn_layer = 1\n"); }), "");
+}
+
+TEST(Config, TensorParallelRefusesWhatDoesNotSplit) {
+  EXPECT_EQ(error_of([] { loaded("[model]\nn_head = 4\n[parallel]\ntp = 3\n"); }),
+            "parallel.tp = 3 does not divide model.n_head = 4; pick tp among the divisors of n_head");
+  EXPECT_EQ(error_of([] { loaded("[model]\narch = \"llama\"\nn_head = 8\nn_kv_head = 2\n[parallel]\ntp = 4\n"); }),
+            "parallel.tp = 4 does not divide the 2 key/value heads (model.n_kv_head); each tp rank needs whole kv heads");
+  EXPECT_EQ(error_of([] { loaded("[model]\nvocab_size = 50257\n[parallel]\ntp = 2\n"); }),
+            "parallel.tp = 2 does not divide model.vocab_size = 50257; pad the vocabulary to a multiple of 2 (e.g. 50304)");
+  EXPECT_EQ(error_of([] { loaded("[parallel]\nsp = true\n"); }),
+            "parallel.sp = true needs tensor parallelism (parallel.tp > 1)");
+  EXPECT_EQ(error_of([] { loaded("[parallel]\ntp = 2\nsp = true\n"); }), "");
 }
 
 TEST(Config, EveryKeyRoundTripsThroughToml) {

@@ -119,3 +119,31 @@ TEST(ActPlan, FullRecomputeKeepsOnlyBlockInputs) {
   for (size_t i = 1; i < full.buffers.size(); ++i) EXPECT_EQ(full.buffers[i].copies, 1) << full.buffers[i].name;
   EXPECT_GT(none.activation_bytes(), 5 * full.activation_bytes());
 }
+
+TEST(ActPlan, TensorParallelQuartersTheLogitsAndSequenceParallelTheNormRegions) {
+  Config cfg = tiny("gpt2");
+  auto logits = [](const ActPlan& p) {
+    for (auto& b : p.buffers)
+      if (std::string(b.name) == "logits") return b.bytes();
+    return int64_t(-1);
+  };
+  const int64_t one = logits(act_plan(cfg, 2, Recompute::none));
+  cfg.parallel.tp = 4;
+  cfg.model.vocab_size = 24;
+  cfg.model.n_head = 4;
+  Config full = cfg;
+  full.parallel.tp = 1;
+  EXPECT_EQ(logits(act_plan(cfg, 2, Recompute::none)) * 4, logits(act_plan(full, 2, Recompute::none)));
+  EXPECT_GT(one, 0);
+  cfg.parallel.sp = true;
+  auto on = act_plan(cfg, 2, Recompute::none);
+  cfg.parallel.sp = false;
+  auto off = act_plan(cfg, 2, Recompute::none);
+  for (size_t i = 0; i < on.buffers.size(); ++i) {
+    std::string n = on.buffers[i].name;
+    bool norm_region = n == "residual" || n.rfind("ln", 0) == 0 || n == "res2";
+    if (n == "lnf_full") EXPECT_GT(on.buffers[i].numel, 0);
+    else if (norm_region) EXPECT_EQ(on.buffers[i].numel * 4, off.buffers[i].numel) << n;
+    else EXPECT_EQ(on.buffers[i].numel, off.buffers[i].numel) << n;
+  }
+}
