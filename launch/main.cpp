@@ -12,6 +12,9 @@
 #include "launch/plan.h"
 #include "launch/trainer.h"
 #include "runtime/comm/mpi_group.h"
+#if LOOM_HAVE_CUDA
+#include "runtime/comm/nccl_group.h"
+#endif
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
@@ -35,17 +38,21 @@ void info_print() {
   fmt::print("OpenBLAS: {}\n", openblas_get_config());
   fmt::print("OpenMP: {} (max threads {})\n", _OPENMP, omp_get_max_threads());
   fmt::print("spdlog: {}.{}.{}  fmt: {}\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH, FMT_VERSION);
-  fmt::print("devices: cpu ({} cores)\n", omp_get_num_procs());
+  fmt::print("devices: cpu ({} cores)", omp_get_num_procs());
+#if LOOM_HAVE_CUDA
+  fmt::print(", {} CUDA device(s) visible", loom::cuda_device_count());
+#endif
+  fmt::print("\n");
 }
 
 // Parses "RANK:STEP".
 std::pair<int, int> fault_parse(const std::string& s) {
   auto colon = s.find(':');
-  LOOM_CHECK(colon != std::string::npos, "--fault-exit '{}': expected RANK:STEP, e.g. 1:5", s);
+  LOOM_CHECK(colon != std::string::npos, "--fault-exit/--fault-hang '{}': expected RANK:STEP, e.g. 1:5", s);
   try {
     return {std::stoi(s.substr(0, colon)), std::stoi(s.substr(colon + 1))};
   } catch (const std::exception&) {
-    loom::fail("--fault-exit '{}': expected RANK:STEP, e.g. 1:5", s);
+    loom::fail("--fault-exit/--fault-hang '{}': expected RANK:STEP, e.g. 1:5", s);
   }
 }
 
@@ -61,8 +68,9 @@ int run(int argc, char** argv) {
   train->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   train->add_flag("--list-keys", list_keys, "list every config key and exit");
   train->add_flag("--print-config", print_config, "print the resolved config and exit");
-  std::string fault;
+  std::string fault, hang;
   train->add_option("--fault-exit", fault, "fault drill: rank RANK exits with status 3 at step STEP (RANK:STEP)");
+  train->add_option("--fault-hang", hang, "fault drill: rank RANK stops communicating at step STEP (RANK:STEP)");
 
   app.add_subcommand("info", "build options, library versions and devices");
 
@@ -109,6 +117,9 @@ int run(int argc, char** argv) {
   if (env.distributed() && (*train || *btrain || *bcomm)) mpi = std::make_unique<loom::MpiWorld>(&argc, &argv);
   loom::TrainOptions topt;
   if (mpi) topt.world_rank = mpi->rank(), topt.world_size = mpi->size(), topt.use_mpi = true;
+#if LOOM_HAVE_CUDA
+  if (env.distributed()) loom::cuda_device_select(env.local_rank);  // local rank picks the GPU
+#endif
 
   if (*train) {
     if (list_keys) {
@@ -121,6 +132,7 @@ int run(int argc, char** argv) {
       return 0;
     }
     if (!fault.empty()) std::tie(topt.fault_exit_rank, topt.fault_exit_step) = fault_parse(fault);
+    if (!hang.empty()) std::tie(topt.fault_hang_rank, topt.fault_hang_step) = fault_parse(hang);
     loom::train_run(cfg, topt);
   } else if (app.got_subcommand("info")) {
     info_print();

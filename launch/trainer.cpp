@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "checkpoint/safetensors.h"
 #include "model/flops.h"
@@ -67,7 +68,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
 
   Trace trace(cfg.log.trace, opt.world_rank);
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
-  DeviceMesh mesh(dims, opt.world_rank, opt.world_size, opt.use_mpi, &trace);
+  DeviceMesh mesh(dims, opt.world_rank, opt.world_size, opt.use_mpi, &trace, cfg.parallel.timeout_s);
   ProcessGroup& dp = mesh.group(Axis::dp);
   ProcessGroup& tp = mesh.group(Axis::tp);
 
@@ -176,6 +177,10 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     if (opt.fault_exit_rank == opt.world_rank && opt.fault_exit_step == step + 1) {
       spdlog::error("rank {}: fault drill: exit(3) at step {}", opt.world_rank, step + 1);
       std::_Exit(3);  // a crash: no destructors, no MPI_Finalize
+    }
+    if (opt.fault_hang_rank == opt.world_rank && opt.fault_hang_step == step + 1) {
+      spdlog::error("rank {}: fault drill: hanging at step {}", opt.world_rank, step + 1);
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     }
     const auto t0 = Clock::now();
     const CommCounters comm0 = dp.counters(), tp0 = tp.counters();

@@ -25,8 +25,10 @@ struct TrainOptions {
   // Where this process sits; use_mpi needs MPI initialized (MpiWorld) by the caller.
   int world_rank = 0, world_size = 1;
   bool use_mpi = false;
-  // Fault drill: this rank calls exit(3) at the start of this step (1-based); -1: never.
+  // Fault drills, at the start of a step (1-based); -1: never. exit: the rank calls exit(3);
+  // hang: the rank stops and never communicates again (the watchdog's case).
   int fault_exit_rank = -1, fault_exit_step = -1;
+  int fault_hang_rank = -1, fault_hang_step = -1;
 };
 
 // cfg must have passed config_validate.

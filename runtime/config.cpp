@@ -44,7 +44,7 @@ std::vector<Field> fields_of(Config& c) {
       {"data.shuffle", &d.shuffle}, {"parallel.dp", &p.dp}, {"parallel.tp", &p.tp},
       {"parallel.pp", &p.pp}, {"parallel.ep", &p.ep}, {"parallel.sp", &p.sp},
       {"parallel.zero", &p.zero}, {"parallel.bucket_mb", &p.bucket_mb},
-      {"parallel.pp_schedule", &p.pp_schedule}, {"parallel.pp_virtual", &p.pp_virtual},
+      {"parallel.pp_schedule", &p.pp_schedule}, {"parallel.pp_virtual", &p.pp_virtual}, {"parallel.timeout_s", &p.timeout_s},
       {"checkpoint.dir", &k.dir}, {"checkpoint.every", &k.every}, {"checkpoint.keep", &k.keep},
       {"checkpoint.async", &k.async}, {"checkpoint.resume", &k.resume},
       {"init.from", &c.init_from}, {"export.final", &c.export_final}, {"log.dir", &c.log.dir},
@@ -309,6 +309,7 @@ void config_validate(Config& cfg) {
                "parallel.sp: micro_batch x seq_len = {} tokens do not split over tp = {}", t.micro_batch * m.seq_len, p.tp);
   }
   LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
+  LOOM_CHECK(p.timeout_s >= 0, "parallel.timeout_s = {} must be >= 0 (0 turns the watchdog off)", p.timeout_s);
   LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
   LOOM_CHECK(cfg.checkpoint.every == 0 && cfg.checkpoint.resume.empty(),
              "checkpoint.every / checkpoint.resume: checkpoints are not in this build yet");

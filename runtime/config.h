@@ -67,6 +67,7 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   std::string pp_schedule = "1f1b";
   int pp_virtual = 1;
+  double timeout_s = 600;  // watchdog: a collective pending this long aborts the job (0: never)
 };
 
 struct CheckpointConfig {

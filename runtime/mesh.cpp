@@ -78,16 +78,16 @@ MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank) {
   return g;
 }
 
-DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool use_mpi, Trace* trace)
+DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool use_mpi, Trace* trace, double timeout_s)
     : dims_(d), coord_(mesh_coord(d, world_rank)), rank_(world_rank) {
   mesh_validate(d, world_size);
   std::vector<int> all(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) all[size_t(r)] = r;
-  world_ = use_mpi ? mpi_group("world", 0, all, trace) : local_group("world", world_rank);
+  world_ = use_mpi ? mpi_group("world", 0, all, trace, timeout_s) : local_group("world", world_rank);
   for (int a = 0; a < kAxes; ++a) {
     MeshGroup g = mesh_group(d, Axis(a), world_rank);
     // Every rank takes part in every split, even where its group has one member.
-    groups_.push_back(use_mpi ? mpi_group(axis_name(Axis(a)), g.id, g.ranks, trace)
+    groups_.push_back(use_mpi ? mpi_group(axis_name(Axis(a)), g.id, g.ranks, trace, timeout_s)
                               : local_group(axis_name(Axis(a)), world_rank));
   }
 }

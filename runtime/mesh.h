@@ -46,7 +46,8 @@ MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank);
 class DeviceMesh {
  public:
   // world_size 1 without MPI: every group is local. Otherwise MPI must be initialized.
-  DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool use_mpi, Trace* trace);
+  // timeout_s: the groups' watchdog (0: none).
+  DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool use_mpi, Trace* trace, double timeout_s = 0);
   const MeshDims& dims() const { return dims_; }
   const MeshCoord& coord() const { return coord_; }
   int rank() const { return rank_; }

@@ -1,6 +1,7 @@
 #include "runtime/comm/mpi_group.h"
 
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -52,8 +53,8 @@ int as_int(int64_t n) {
 
 class MpiGroup final : public ProcessGroup {
  public:
-  MpiGroup(const std::string& name, MPI_Comm comm, std::vector<int> ranks, Trace* trace)
-      : ProcessGroup(name, 0, 1, std::move(ranks)), comm_(comm), trace_(trace) {
+  MpiGroup(const std::string& name, MPI_Comm comm, std::vector<int> ranks, Trace* trace, double timeout_s)
+      : ProcessGroup(name, 0, 1, std::move(ranks)), comm_(comm), trace_(trace), timeout_s_(timeout_s) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     worker_ = std::thread([this] { run(); });
@@ -143,13 +144,15 @@ class MpiGroup final : public ProcessGroup {
     CommOp kind;
     std::function<void(MPI_Request*)> start;
     std::shared_ptr<Work::State> state;
+    int64_t seq;
+    std::chrono::steady_clock::time_point started{};
   };
 
   Work issue(CommOp kind, std::function<void(MPI_Request*)> start) {
     auto st = std::make_shared<Work::State>();
     {
       std::lock_guard lk(mu_);
-      queue_.push_back({kind, std::move(start), st});
+      queue_.push_back({kind, std::move(start), st, counters_.seq, {}});
     }
     cv_.notify_all();
     return Work(st);
@@ -165,6 +168,20 @@ class MpiGroup final : public ProcessGroup {
   }
 
   double now_us() const { return trace_ ? trace_->now_us() : 0.0; }
+
+  void watchdog(const Op& oldest) const {
+    if (timeout_s_ <= 0) return;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - oldest.started).count();
+    if (waited < timeout_s_) return;
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    std::fprintf(stderr,
+                 "error: rank %d: %s #%lld on group '%s' has not completed after %.0f s; a peer rank has likely died "
+                 "or hangs (parallel.timeout_s = %.0f)\n",
+                 world_rank, comm_op_name(oldest.kind), (long long)oldest.seq, name_.c_str(), waited, timeout_s_);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 4);
+  }
 
   void run() {
     std::vector<MPI_Request> reqs;
@@ -182,6 +199,7 @@ class MpiGroup final : public ProcessGroup {
       for (auto& op : fresh) {  // started in issue order
         MPI_Request r = MPI_REQUEST_NULL;
         op.state->start_us = now_us();
+        op.started = std::chrono::steady_clock::now();
         try {
           op.start(&r);
         } catch (...) {
@@ -196,6 +214,7 @@ class MpiGroup final : public ProcessGroup {
       std::vector<int> idx(reqs.size());
       MPI_Testsome(int(reqs.size()), reqs.data(), &n_done, idx.data(), MPI_STATUSES_IGNORE);
       if (n_done == MPI_UNDEFINED || n_done == 0) {
+        watchdog(pending.front());
         // Nothing finished. MPI's nonblocking collectives advance only inside MPI calls, so
         // poll hot (yielding the core) for a short while after the last progress, then back
         // off so that a long transfer does not steal a core from compute.
@@ -226,6 +245,7 @@ class MpiGroup final : public ProcessGroup {
 
   MPI_Comm comm_;
   Trace* trace_;
+  double timeout_s_;
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -236,12 +256,12 @@ class MpiGroup final : public ProcessGroup {
 }  // namespace
 
 std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, const std::vector<int>& ranks,
-                                        Trace* trace) {
+                                        Trace* trace, double timeout_s) {
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm comm;
   LOOM_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, world_rank, &comm));
-  return std::make_unique<MpiGroup>(name, comm, ranks, trace);
+  return std::make_unique<MpiGroup>(name, comm, ranks, trace, timeout_s);
 }
 
 }  // namespace loom

@@ -23,6 +23,13 @@ int cuda_device_count() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
+int cuda_device_select(int local_rank) {
+  const int n = cuda_device_count();
+  if (n == 0) return -1;
+  LOOM_CUDA_CHECK(cudaSetDevice(local_rank % n));
+  return local_rank % n;
+}
+
 class NcclWorld {
  public:
   ncclComm_t comm = nullptr;

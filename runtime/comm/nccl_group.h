@@ -19,5 +19,7 @@ std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world
                                          int color, const std::vector<int>& ranks);
 // Devices the CUDA runtime sees (0 without a driver or GPU).
 int cuda_device_count();
+// Makes device local_rank % count current; returns it, or -1 without a GPU.
+int cuda_device_select(int local_rank);
 
 }  // namespace loom

@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# Fault drill: rank 1 of 2 exits with status 3 at step 3. The job must end within 60 s with a
-# non-zero status and a line naming the rank that died, and leave no process behind.
-#   fault.sh LOOM "MPIRUN..."
+# Fault drills on 2 ranks. exit: rank 1 exits with status 3 at step 3. hang: rank 1 stops
+# communicating at step 3 and the watchdog (parallel.timeout_s = 5) must end the job. Either
+# way the job must end within 60 s with a non-zero status and a line naming the rank (exit)
+# or the stuck collective (hang), and leave no process behind.
+#   fault.sh LOOM "MPIRUN..." exit|hang
 set -uo pipefail
-loom=$1 mpirun=$2
+loom=$1 mpirun=$2 mode=$3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 marker="fault-drill-$$"
 start=$(date +%s)
 timeout 90 $mpirun -np 2 "$loom" train --set parallel.dp=2 --set train.threads=1 --set train.steps=1000 \
-  --set data.val_batches=0 --set log.dir="$dir/$marker" --fault-exit 1:3 > "$dir/log" 2>&1
+  --set data.val_batches=0 --set parallel.timeout_s=5 --set log.dir="$dir/$marker" --fault-$mode 1:3 > "$dir/log" 2>&1
 status=$?
 elapsed=$(( $(date +%s) - start ))
-cat "$dir/log" | grep -E "fault drill|Process name|Exit code|exited" || true
+grep -E "fault drill|Process name|Exit code|has not completed" "$dir/log" || true
 echo "status $status after ${elapsed}s"
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: the job did not fail by itself"; exit 1; }
 [ "$elapsed" -lt 60 ] || { echo "FAIL: took ${elapsed}s"; exit 1; }
-grep -q "rank 1: fault drill" "$dir/log" && grep -qE "Process name: \[\[[0-9]+,[0-9]+\],1\]" "$dir/log" ||
-  { echo "FAIL: no line names rank 1"; exit 1; }
+if [ "$mode" = exit ]; then
+  grep -q "rank 1: fault drill" "$dir/log" && grep -qE "Process name: \[\[[0-9]+,[0-9]+\],1\]" "$dir/log" ||
+    { echo "FAIL: no line names rank 1"; exit 1; }
+else
+  grep -qE "error: rank 0: all_reduce #[0-9]+ on group 'dp' has not completed" "$dir/log" ||
+    { echo "FAIL: the watchdog did not name the stuck collective"; exit 1; }
+fi
 sleep 1
 if pgrep -f "$marker" > /dev/null; then
   echo "FAIL: processes left behind:"; pgrep -fa "$marker"; pkill -9 -f "$marker"; exit 1

@@ -103,5 +103,5 @@ TEST(Config, EveryKeyRoundTripsThroughToml) {
   config_load_string(b, config_to_toml(a), "roundtrip");
   config_validate(b);
   EXPECT_EQ(config_to_toml(a), config_to_toml(b));
-  EXPECT_EQ(config_keys().size(), 58u);
+  EXPECT_EQ(config_keys().size(), 59u);
 }
