@@ -38,8 +38,8 @@ std::map<std::string, StTensor> safetensors_read(const std::string& path) {
   uint64_t header_size = 0;
   in.read(reinterpret_cast<char*>(&header_size), 8);
   LOOM_CHECK(in.gcount() == 8 && header_size <= file_size - 8,
-             "'{}' is not a safetensors file: its header size {} does not fit its {} bytes", path,
-             header_size, file_size);
+             "'{}' is not a safetensors file: its header size {} does not fit its {} bytes", path, header_size,
+             file_size);
   std::string header(header_size, '\0');
   in.read(header.data(), std::streamsize(header_size));
   nlohmann::json j;

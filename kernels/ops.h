@@ -15,35 +15,25 @@ enum class WLayout { out_in, in_out };
 
 // defines: gemm, matmul_forward, matmul_backward
 // C[M,N] = alpha * op(A) @ op(B) + beta * C, row-major, through OpenBLAS.
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-          const float* B, int ldb, float beta, float* C, int ldc);
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+          int ldb, float beta, float* C, int ldc);
 // out[M,N] = inp[M,K] @ W + bias (bias may be null).
-void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K,
-                    int N, WLayout layout);
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K, int N,
+                    WLayout layout);
 // dinp[M,K] overwritten (skipped if null); dw and dbias accumulate.
-void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int M, int K, int N, WLayout layout);
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int M,
+                     int K, int N, WLayout layout);
 
 // defines: layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C, float eps);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, float eps);
 // dinp += ; dweight, dbias +=
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C);
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
-                     float eps);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps);
 // dinp += ; dweight +=
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                      const float* weight, const float* rstd, int N, int C);
-
-// defines: embedding_forward, embedding_backward
-// out[b,t] = wte[tok[b,t]] + wpe[t] (wpe may be null: llama has no learned positions).
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
-                       int T, int C);
-// dwte, dwpe +=
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                        int T, int C, int V);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C);
 
 // defines: rope_table, rope_forward, rope_backward
 // cos/sin table [T, D/2], computed as Hugging Face does in fp32.
@@ -59,8 +49,8 @@ void rope_backward(float* dqkv, const float* cos, const float* sin, int B, int T
 // out [B,T,H*D]; probs [B,H,T,T] keeps the softmax (the O(T^2) design: see attention.cpp).
 void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int H, int KV, int D);
 // dqkv overwritten.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B,
-                        int T, int H, int KV, int D);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int H,
+                        int KV, int D);
 
 // defines: gelu_forward, gelu_backward, swiglu_forward, swiglu_backward, add_forward
 void gelu_forward(float* out, const float* inp, int64_t n);  // tanh approximation
@@ -74,17 +64,17 @@ void add_inplace(float* acc, const float* x, int64_t n);  // acc += x
 // defines: crossentropy_forward_backward
 // Fused softmax cross-entropy over logits [N,V]. Writes each row's loss into losses[N]. If
 // dloss != 0, logits are overwritten with their gradient: (softmax - onehot) * dloss.
-void crossentropy_forward_backward(float* logits, float* losses, const int32_t* targets, int N,
-                                   int V, float dloss);
+void crossentropy_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V, float dloss);
 
-// defines: embedding_forward_shard, embedding_backward_shard (vocab-parallel)
-// Rows of wte_local cover token ids [v0, v0 + Vl); other tokens contribute zeros. wpe (may
-// be null) is added in full: the caller passes it on one tensor-parallel rank only.
-void embedding_forward_shard(float* out, const int32_t* tokens, const float* wte_local, int v0, int Vl,
-                             const float* wpe, int B, int T, int C);
-// dwte_local, dwpe +=; dwpe may be null.
-void embedding_backward_shard(float* dwte_local, int v0, int Vl, float* dwpe, const float* dout,
-                              const int32_t* tokens, int B, int T, int C);
+// defines: embedding_forward, embedding_backward
+// out[b,t] = wte[tok[b,t]] + wpe[t]. Rows of wte cover token ids [v0, v0 + Vl) (the whole
+// vocabulary on one rank; a vocab-parallel shard otherwise); other tokens contribute zeros.
+// wpe may be null (llama; or every tensor-parallel rank but one).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int v0, int Vl, const float* wpe, int B,
+                       int T, int C);
+// dwte, dwpe +=; dwpe may be null.
+void embedding_backward(float* dwte, int v0, int Vl, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C);
 
 // defines: crossentropy_shard_stats, crossentropy_shard_sumexp, crossentropy_shard_finish
 // Vocab-parallel cross-entropy over logits [N, Vl] holding ids [v0, v0 + Vl). The caller

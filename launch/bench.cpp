@@ -110,21 +110,29 @@ void bench_comm(const TrainOptions& where, double max_mb) {
                "algbw GB/s", "busbw GB/s");
   const int64_t max_bytes = int64_t(max_mb * 1024 * 1024);
   std::vector<float> a(size_t(max_bytes / 4) + size_t(n)), b(a.size());
-  for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::all_to_all,
-                    CommOp::broadcast}) {
+  for (CommOp op :
+       {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::all_to_all, CommOp::broadcast}) {
     for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
       const int64_t count = bytes / 4 / n * n;  // total elements, divisible by n
       auto once = [&] {
         switch (op) {
-          case CommOp::all_reduce: g.all_reduce(Buf(a.data(), count)).wait(); break;
-          case CommOp::reduce_scatter: g.reduce_scatter(Buf(a.data(), count), Buf(b.data(), count / n)).wait(); break;
-          case CommOp::all_gather: g.all_gather(Buf(a.data(), count / n), Buf(b.data(), count)).wait(); break;
+          case CommOp::all_reduce:
+            g.all_reduce(Buf(a.data(), count)).wait();
+            break;
+          case CommOp::reduce_scatter:
+            g.reduce_scatter(Buf(a.data(), count), Buf(b.data(), count / n)).wait();
+            break;
+          case CommOp::all_gather:
+            g.all_gather(Buf(a.data(), count / n), Buf(b.data(), count)).wait();
+            break;
           case CommOp::all_to_all: {
             std::vector<int64_t> c(size_t(n), count / n);
             g.all_to_all_v(Buf(a.data(), count), c, Buf(b.data(), count), c).wait();
             break;
           }
-          default: g.broadcast(Buf(a.data(), count), 0).wait(); break;
+          default:
+            g.broadcast(Buf(a.data(), count), 0).wait();
+            break;
         }
       };
       once();  // warm-up
@@ -132,12 +140,15 @@ void bench_comm(const TrainOptions& where, double max_mb) {
       g.barrier().wait();
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters; ++i) once();
-      float us = float(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters);
+      float us =
+          float(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters);
       g.all_reduce(Buf(&us, 1), ReduceOp::max).wait();  // the slowest rank sets the time
       // nccl-tests: bus bandwidth = algorithm bandwidth x 2(n-1)/n for all-reduce, (n-1)/n for
       // reduce-scatter, all-gather and all-to-all, 1 for broadcast.
       const double size = double(count) * 4, algbw = size / (us * 1e3);
-      const double factor = op == CommOp::all_reduce ? 2.0 * (n - 1) / n : op == CommOp::broadcast ? 1.0 : double(n - 1) / n;
+      const double factor = op == CommOp::all_reduce  ? 2.0 * (n - 1) / n
+                            : op == CommOp::broadcast ? 1.0
+                                                      : double(n - 1) / n;
       if (g.rank() == 0)
         fmt::print("{:<15} {:>10} {:>12.1f} {:>12.3f} {:>12.3f}\n", comm_op_name(op), int64_t(size), us, algbw,
                    algbw * factor);

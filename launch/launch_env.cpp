@@ -9,7 +9,9 @@ int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
 }
-bool has(const char* name) { return std::getenv(name) != nullptr; }
+bool has(const char* name) {
+  return std::getenv(name) != nullptr;
+}
 }  // namespace
 
 LaunchEnv launch_env_read() {

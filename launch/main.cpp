@@ -1,11 +1,11 @@
 // The `loom` command: parse, build, run. Every subcommand's errors end as one line on
 // stderr and a non-zero exit status; nothing here holds state beyond one invocation.
-#include <CLI/CLI.hpp>
+#include <cblas.h>
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
-#include <cblas.h>
+#include <CLI/CLI.hpp>
 #include <fstream>
-#include <omp.h>
 
 #include "launch/bench.h"
 #include "launch/launch_env.h"
@@ -34,7 +34,8 @@ loom::Config config_build(const std::string& path, const std::vector<std::string
 
 void info_print() {
   fmt::print("loom {} ({} build)\n", LOOM_VERSION, LOOM_BUILD_TYPE);
-  fmt::print("CUDA toolkit at build: {}; CUDA kernels: not in this build yet\n", LOOM_HAVE_CUDA ? "found" : "not found");
+  fmt::print("CUDA toolkit at build: {}; CUDA kernels: not in this build yet\n",
+             LOOM_HAVE_CUDA ? "found" : "not found");
   fmt::print("OpenBLAS: {}\n", openblas_get_config());
   fmt::print("OpenMP: {} (max threads {})\n", _OPENMP, omp_get_max_threads());
   fmt::print("spdlog: {}.{}.{}  fmt: {}\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH, FMT_VERSION);
@@ -91,7 +92,8 @@ int run(int argc, char** argv) {
   btrain->add_option("--config", config_path, "TOML config file");
   btrain->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   double comm_max_mb = 64;
-  auto* bcomm = bench->add_subcommand("comm", "time, algorithm and bus bandwidth of each collective (under mpirun/srun)");
+  auto* bcomm =
+      bench->add_subcommand("comm", "time, algorithm and bus bandwidth of each collective (under mpirun/srun)");
   bcomm->add_option("--max-mb", comm_max_mb, "largest message in MB");
 
   auto* plan = app.add_subcommand("plan", "predict before launch");
@@ -144,7 +146,8 @@ int run(int argc, char** argv) {
     if (tokenizer == "byte") {
       tokens = loom::tokenize_bytes(text);
     } else {
-      LOOM_CHECK(!vocab.empty() && !merges.empty(), "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
+      LOOM_CHECK(!vocab.empty() && !merges.empty(),
+                 "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
       tokens = loom::Gpt2Bpe(vocab, merges).encode(text);
     }
     loom::shard_write(data_out, tokens);

@@ -55,8 +55,10 @@ std::string plan_memory_json(const Config& cfg) {
   for (int s = 0; s < 4; ++s) {
     auto p = plan_memory(cfg, s);
     out += fmt::format(
-        "{}{{\"zero\":{},\"n_params\":{},\"dp\":{},\"params_b\":{},\"grads_b\":{},\"optim_b\":{},\"comm_b\":{},\"act_b\":{},\"workspace_b\":{}}}",
-        s ? "," : "", s, model_layout(cfg).reg.numel(), cfg.parallel.dp, p.params, p.grads, p.optim, p.comm, p.activations, p.workspace);
+        "{}{{\"zero\":{},\"n_params\":{},\"dp\":{},\"params_b\":{},\"grads_b\":{},\"optim_b\":{},\"comm_b\":{},\"act_"
+        "b\":{},\"workspace_b\":{}}}",
+        s ? "," : "", s, model_layout(cfg).reg.numel(), cfg.parallel.dp, p.params, p.grads, p.optim, p.comm,
+        p.activations, p.workspace);
   }
   return out + "]";
 }

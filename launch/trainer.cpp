@@ -30,7 +30,9 @@ int threads_set(int threads) {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
 
 // Sums a value over the dp group (identity on one rank, so single-rank results keep every bit).
 double dp_sum(ProcessGroup& dp, double v) {
@@ -58,8 +60,8 @@ double validate(Model& model, UnitAccess* access, const TokenStream& val, const 
 // and expert sharding and ZeRO slot in between model and optimizer as they arrive.
 TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   const bool lead = opt.world_rank == 0;
-#define info(...)                                  \
-  do {                                             \
+#define info(...)                                      \
+  do {                                                 \
     if (!opt.quiet && lead) spdlog::info(__VA_ARGS__); \
   } while (0)
   const int threads = threads_set(cfg.train.threads);
@@ -134,8 +136,8 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   const double peak = cpu_peak_flops(threads) * mesh.world();
 
   info("model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {}, seq_len {}: {:.2f}M parameters",
-       cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(),
-       cfg.model.d_ff, cfg.model.vocab_size, T, model.num_params() / 1e6);
+       cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
+       cfg.model.vocab_size, T, model.num_params() / 1e6);
   info("data: {}", data.describe);
   if (ddp)
     info("layout: {} ranks (dp {}), {} gradient buckets of {} MB; {} threads per rank", mesh.world(), dp.size(),
@@ -144,17 +146,20 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     info("layout: {} ranks (dp {}), ZeRO stage {}; {} threads per rank", mesh.world(), dp.size(), stage, threads);
   if (tp.size() > 1) {
     const double nc = double(B) * T * cfg.model.d_model * 4 / 1048576.0;
-    info("tensor parallel: tp {}{}; per block and micro-batch {}", tp.size(), cfg.parallel.sp ? " with sequence parallel" : "",
-         cfg.parallel.sp ? fmt::format("all-gather 2 x {:.2f} MiB and reduce-scatter 2 x {:.2f} MiB forward, all-gather 4 x, "
-                                       "reduce-scatter 2 x backward", nc, nc)
-                         : fmt::format("all-reduce 2 x {:.2f} MiB forward and 2 x backward", nc));
+    info("tensor parallel: tp {}{}; per block and micro-batch {}", tp.size(),
+         cfg.parallel.sp ? " with sequence parallel" : "",
+         cfg.parallel.sp
+             ? fmt::format("all-gather 2 x {:.2f} MiB and reduce-scatter 2 x {:.2f} MiB forward, all-gather 4 x, "
+                           "reduce-scatter 2 x backward",
+                           nc, nc)
+             : fmt::format("all-reduce 2 x {:.2f} MiB forward and 2 x backward", nc));
   }
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, accum, B, dp.size(), cfg.train.recompute);
   info("activation plan (B={}, T={}):\n{}", B, T, model.plan().table());
   info("memory ledger (rank 0):\n{}", alloc.ledger_table());
-  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); CPU peak {:.1f} GFLOP/s over all ranks", fpt.model,
-       fpt.hardware, peak / 1e9);
+  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); CPU peak {:.1f} GFLOP/s over all ranks", fpt.model, fpt.hardware,
+       peak / 1e9);
 
   MetricsWriter metrics(lead ? cfg.log.dir : "");
   std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
@@ -263,7 +268,8 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   }
   if (cfg.log.trace) {
     std::filesystem::create_directories(cfg.log.dir);
-    std::string path = cfg.log.dir + (mesh.world() == 1 ? "/trace.json" : fmt::format("/trace.rank{}.json", opt.world_rank));
+    std::string path =
+        cfg.log.dir + (mesh.world() == 1 ? "/trace.json" : fmt::format("/trace.rank{}.json", opt.world_rank));
     trace.write(path);
     info("wrote {} ({} events; open it in Perfetto)", path, trace.size());
   }

@@ -9,14 +9,14 @@
 namespace loom {
 
 struct TrainResult {
-  std::vector<double> losses;                      // per step
-  std::vector<std::pair<int64_t, double>> val;     // (step, val_loss)
-  std::vector<float> params;                       // final flat parameters
+  std::vector<double> losses;                                              // per step
+  std::vector<std::pair<int64_t, double>> val;                             // (step, val_loss)
+  std::vector<float> params;                                               // final flat parameters
   std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> names;  // name -> (offset, numel)
-  int64_t activation_bytes = 0;                    // the ledger's live activations
-  double tokens_per_s = 0;                         // mean over steps after the first
+  int64_t activation_bytes = 0;                                            // the ledger's live activations
+  double tokens_per_s = 0;                                                 // mean over steps after the first
   double mfu = 0;
-  double comm_exposed_ms = 0, comm_total_ms = 0;   // summed over steps
+  double comm_exposed_ms = 0, comm_total_ms = 0;  // summed over steps
 };
 
 struct TrainOptions {

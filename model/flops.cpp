@@ -22,7 +22,7 @@ FlopsPerToken flops_per_token(const Config& cfg) {
   const auto& m = cfg.model;
   const int64_t C = m.d_model, V = m.vocab_size, T = m.seq_len, L = m.n_layer;
   int64_t n = param_count(cfg);
-  if (m.arch == "gpt2") n -= T * C;  // position table: a lookup
+  if (m.arch == "gpt2") n -= T * C;   // position table: a lookup
   if (!m.tie_embeddings) n -= V * C;  // the input embedding is a lookup; lm_head is a matmul
   FlopsPerToken f;
   f.matmul_params = n;

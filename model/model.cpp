@@ -17,8 +17,28 @@ Recompute recompute_from(const std::string& s) {
 }
 
 // Order of the stored buffers; LayerA and act_plan agree on it.
-enum ActBuf { RESIDUAL, LN1, LN1_MEAN, LN1_RSTD, QKV, PROBS, ATTY, RES2, LN2, LN2_MEAN, LN2_RSTD, FC, ACT,
-           LNF, LNF_MEAN, LNF_RSTD, LNF_FULL, LOGITS, LOSSES, NUM_BUF };
+enum ActBuf {
+  RESIDUAL,
+  LN1,
+  LN1_MEAN,
+  LN1_RSTD,
+  QKV,
+  PROBS,
+  ATTY,
+  RES2,
+  LN2,
+  LN2_MEAN,
+  LN2_RSTD,
+  FC,
+  ACT,
+  LNF,
+  LNF_MEAN,
+  LNF_RSTD,
+  LNF_FULL,
+  LOGITS,
+  LOSSES,
+  NUM_BUF
+};
 enum Scr { D_RES, D_LN, D_ATTY, D_QKV, D_FC, D_ACT, FULL_A, FULL_B, D_SHARD, D_NORMW, CE_STATS, NUM_SCR };
 
 // Per rank, under tensor parallelism tp: heads, KV heads, MLP width and vocabulary are split
@@ -57,9 +77,15 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy) {
       {"logits", N * V, 1},
       {"losses", N, 1},
   };
-  p.scratch = {{"d_residual", Ns * C, 1}, {"d_norm", N * C, 1},      {"d_atty", N * H * D, 1},
-               {"d_qkv", N * qkv, 1},     {"d_fc", N * fc, 1},       {"d_act", N * F, 1},
-               {"full_a", sp ? N * C : 0, 1}, {"full_b", sp ? N * C : 0, 1}, {"d_shard", sp ? Ns * C : 0, 1},
+  p.scratch = {{"d_residual", Ns * C, 1},
+               {"d_norm", N * C, 1},
+               {"d_atty", N * H * D, 1},
+               {"d_qkv", N * qkv, 1},
+               {"d_fc", N * fc, 1},
+               {"d_act", N * F, 1},
+               {"full_a", sp ? N * C : 0, 1},
+               {"full_b", sp ? N * C : 0, 1},
+               {"d_shard", sp ? Ns * C : 0, 1},
                {"d_normw", sp ? std::max<int64_t>(4 * C, llama ? 0 : T * C) : 0, 1},
                {"ce_stats", tp > 1 ? 3 * N : 0, 1}};
   return p;
@@ -85,8 +111,7 @@ std::string ActPlan::table() const {
 }
 
 // Fields of one block. gpt2 uses all; llama has no biases and no norm biases.
-enum WField { NORM1_W, NORM1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, NORM2_W, NORM2_B, FC_W, FC_B, DOWN_W,
-              DOWN_B, NUM_W };
+enum WField { NORM1_W, NORM1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, NORM2_W, NORM2_B, FC_W, FC_B, DOWN_W, DOWN_B, NUM_W };
 struct Model::LayerW {
   float* f[NUM_W];
 };
@@ -305,32 +330,54 @@ void Model::block_forward(const LayerW& w, const LayerA& a, const float* x, floa
   auto row_bias = [&](float* b) { return tp_rank_ == 0 ? b : nullptr; };
   float* partial = sp_ ? scratch_[FULL_B].f32() : nullptr;  // [N, C] before scatter_to_sp
   float* gathered = scratch_[FULL_A].f32();
-  { auto s = trace_->scope("norm1_forward");
-    if (llama_) rmsnorm_forward(A[LN1], A[LN1_RSTD], x, W[NORM1_W], Ns_, C_, eps);
-    else layernorm_forward(A[LN1], A[LN1_MEAN], A[LN1_RSTD], x, W[NORM1_W], W[NORM1_B], Ns_, C_, eps); }
+  {
+    auto s = trace_->scope("norm1_forward");
+    if (llama_)
+      rmsnorm_forward(A[LN1], A[LN1_RSTD], x, W[NORM1_W], Ns_, C_, eps);
+    else
+      layernorm_forward(A[LN1], A[LN1_MEAN], A[LN1_RSTD], x, W[NORM1_W], W[NORM1_B], Ns_, C_, eps);
+  }
   const float* in1 = column_parallel_input(A[LN1], gathered);
-  { auto s = trace_->scope("qkv_forward");
-    matmul_forward(A[QKV], in1, W[QKV_W], W[QKV_B], N, C_, qkv, lay); }
+  {
+    auto s = trace_->scope("qkv_forward");
+    matmul_forward(A[QKV], in1, W[QKV_W], W[QKV_B], N, C_, qkv, lay);
+  }
   if (llama_) {
     auto s = trace_->scope("rope_forward");
     rope_forward(A[QKV], rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_);
   }
-  { auto s = trace_->scope("attention_forward");
-    attention_forward(A[ATTY], A[PROBS], A[QKV], B_, T_, H_, KV_, D_); }
-  { auto s = trace_->scope("attn_proj_forward");
-    matmul_forward(sp_ ? partial : A[RES2], A[ATTY], W[PROJ_W], row_bias(W[PROJ_B]), N, H_ * D_, C_, lay); }
+  {
+    auto s = trace_->scope("attention_forward");
+    attention_forward(A[ATTY], A[PROBS], A[QKV], B_, T_, H_, KV_, D_);
+  }
+  {
+    auto s = trace_->scope("attn_proj_forward");
+    matmul_forward(sp_ ? partial : A[RES2], A[ATTY], W[PROJ_W], row_bias(W[PROJ_B]), N, H_ * D_, C_, lay);
+  }
   row_parallel_exit(partial, A[RES2], x);
-  { auto s = trace_->scope("norm2_forward");
-    if (llama_) rmsnorm_forward(A[LN2], A[LN2_RSTD], A[RES2], W[NORM2_W], Ns_, C_, eps);
-    else layernorm_forward(A[LN2], A[LN2_MEAN], A[LN2_RSTD], A[RES2], W[NORM2_W], W[NORM2_B], Ns_, C_, eps); }
+  {
+    auto s = trace_->scope("norm2_forward");
+    if (llama_)
+      rmsnorm_forward(A[LN2], A[LN2_RSTD], A[RES2], W[NORM2_W], Ns_, C_, eps);
+    else
+      layernorm_forward(A[LN2], A[LN2_MEAN], A[LN2_RSTD], A[RES2], W[NORM2_W], W[NORM2_B], Ns_, C_, eps);
+  }
   const float* in2 = column_parallel_input(A[LN2], gathered);
-  { auto s = trace_->scope("fc_forward");
-    matmul_forward(A[FC], in2, W[FC_W], W[FC_B], N, C_, llama_ ? 2 * F_ : F_, lay); }
-  { auto s = trace_->scope("act_forward");
-    if (llama_) swiglu_forward(A[ACT], A[FC], N, F_);
-    else gelu_forward(A[ACT], A[FC], int64_t(N) * F_); }
-  { auto s = trace_->scope("down_forward");
-    matmul_forward(sp_ ? partial : out, A[ACT], W[DOWN_W], row_bias(W[DOWN_B]), N, F_, C_, lay); }
+  {
+    auto s = trace_->scope("fc_forward");
+    matmul_forward(A[FC], in2, W[FC_W], W[FC_B], N, C_, llama_ ? 2 * F_ : F_, lay);
+  }
+  {
+    auto s = trace_->scope("act_forward");
+    if (llama_)
+      swiglu_forward(A[ACT], A[FC], N, F_);
+    else
+      gelu_forward(A[ACT], A[FC], int64_t(N) * F_);
+  }
+  {
+    auto s = trace_->scope("down_forward");
+    matmul_forward(sp_ ? partial : out, A[ACT], W[DOWN_W], row_bias(W[DOWN_B]), N, F_, C_, lay);
+  }
   row_parallel_exit(partial, out, A[RES2]);
 }
 
@@ -357,34 +404,56 @@ void Model::block_backward(const LayerW& w, const LayerW& dw, const LayerA& a, c
   float* g_n2b = sp_ ? normw + 3 * C_ : G[NORM2_B];
   const WLayout lay = llama_ ? WLayout::out_in : WLayout::in_out;
   const float* dout = row_parallel_grad(dres, full_a);
-  { auto s = trace_->scope("down_backward");
-    matmul_backward(dact, G[DOWN_W], G[DOWN_B], dout, A[ACT], W[DOWN_W], N, F_, C_, lay); }
-  { auto s = trace_->scope("act_backward");
-    if (llama_) swiglu_backward(dfc, A[FC], dact, N, F_);
-    else gelu_backward(dfc, A[FC], dact, int64_t(N) * F_); }
-  { auto s = trace_->scope("fc_backward");
+  {
+    auto s = trace_->scope("down_backward");
+    matmul_backward(dact, G[DOWN_W], G[DOWN_B], dout, A[ACT], W[DOWN_W], N, F_, C_, lay);
+  }
+  {
+    auto s = trace_->scope("act_backward");
+    if (llama_)
+      swiglu_backward(dfc, A[FC], dact, N, F_);
+    else
+      gelu_backward(dfc, A[FC], dact, int64_t(N) * F_);
+  }
+  {
+    auto s = trace_->scope("fc_backward");
     const float* in2 = column_parallel_input(A[LN2], full_b);  // sequence parallel keeps only rows
-    matmul_backward(dln, G[FC_W], G[FC_B], dfc, in2, W[FC_W], N, C_, llama_ ? 2 * F_ : F_, lay); }
+    matmul_backward(dln, G[FC_W], G[FC_B], dfc, in2, W[FC_W], N, C_, llama_ ? 2 * F_ : F_, lay);
+  }
   const float* dln2 = column_parallel_grad(dln);
-  { auto s = trace_->scope("norm2_backward");  // dres += : the residual adds its own path
-    if (llama_) rmsnorm_backward(dres, g_n2w, dln2, A[RES2], W[NORM2_W], A[LN2_RSTD], Ns_, C_);
-    else layernorm_backward(dres, g_n2w, g_n2b, dln2, A[RES2], W[NORM2_W], A[LN2_MEAN], A[LN2_RSTD], Ns_, C_); }
+  {
+    auto s = trace_->scope("norm2_backward");  // dres += : the residual adds its own path
+    if (llama_)
+      rmsnorm_backward(dres, g_n2w, dln2, A[RES2], W[NORM2_W], A[LN2_RSTD], Ns_, C_);
+    else
+      layernorm_backward(dres, g_n2w, g_n2b, dln2, A[RES2], W[NORM2_W], A[LN2_MEAN], A[LN2_RSTD], Ns_, C_);
+  }
   dout = row_parallel_grad(dres, full_a);
-  { auto s = trace_->scope("attn_proj_backward");
-    matmul_backward(datty, G[PROJ_W], G[PROJ_B], dout, A[ATTY], W[PROJ_W], N, H_ * D_, C_, lay); }
-  { auto s = trace_->scope("attention_backward");
-    attention_backward(dqkv, datty, A[QKV], A[PROBS], B_, T_, H_, KV_, D_); }
+  {
+    auto s = trace_->scope("attn_proj_backward");
+    matmul_backward(datty, G[PROJ_W], G[PROJ_B], dout, A[ATTY], W[PROJ_W], N, H_ * D_, C_, lay);
+  }
+  {
+    auto s = trace_->scope("attention_backward");
+    attention_backward(dqkv, datty, A[QKV], A[PROBS], B_, T_, H_, KV_, D_);
+  }
   if (llama_) {
     auto s = trace_->scope("rope_backward");
     rope_backward(dqkv, rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_);
   }
-  { auto s = trace_->scope("qkv_backward");
+  {
+    auto s = trace_->scope("qkv_backward");
     const float* in1 = column_parallel_input(A[LN1], full_b);
-    matmul_backward(dln, G[QKV_W], G[QKV_B], dqkv, in1, W[QKV_W], N, C_, qkv, lay); }
+    matmul_backward(dln, G[QKV_W], G[QKV_B], dqkv, in1, W[QKV_W], N, C_, qkv, lay);
+  }
   const float* dln1 = column_parallel_grad(dln);
-  { auto s = trace_->scope("norm1_backward");
-    if (llama_) rmsnorm_backward(dres, g_n1w, dln1, x, W[NORM1_W], A[LN1_RSTD], Ns_, C_);
-    else layernorm_backward(dres, g_n1w, g_n1b, dln1, x, W[NORM1_W], A[LN1_MEAN], A[LN1_RSTD], Ns_, C_); }
+  {
+    auto s = trace_->scope("norm1_backward");
+    if (llama_)
+      rmsnorm_backward(dres, g_n1w, dln1, x, W[NORM1_W], A[LN1_RSTD], Ns_, C_);
+    else
+      layernorm_backward(dres, g_n1w, g_n1b, dln1, x, W[NORM1_W], A[LN1_MEAN], A[LN1_RSTD], Ns_, C_);
+  }
   if (sp_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM1_B], G[NORM2_W], G[NORM2_B]}, C_);
 }
 
@@ -407,21 +476,22 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, float dloss
   const auto names = head_names(llama_);
   float* residual = acts_[RESIDUAL].f32();
   const float* emb = acc.params(0, Pass::forward);
-  if (tp_size_ == 1) {
-    auto s = trace_->scope("embedding_forward");
-    embedding_forward(residual, tokens, at(emb, 0, names.wte), at(emb, 0, names.wpe), B_, T_, C_);
-  } else {
-    // Vocab-parallel lookup: each rank fills the rows of its tokens, zeros elsewhere, rank 0
-    // adds the positions; the sum over tp (reduce_from_tp or scatter_to_sp) is exact.
+  {
+    // Vocab-parallel under tp: each rank fills the rows of its tokens, zeros elsewhere, and
+    // rank 0 adds the positions; the sum over tp (reduce_from_tp or scatter_to_sp) is exact.
     float* full = sp_ ? scratch_[FULL_B].f32() : residual;
     {
       auto s = trace_->scope("embedding_forward");
-      embedding_forward_shard(full, tokens, at(emb, 0, names.wte), v0_, V_, tp_rank_ == 0 ? at(emb, 0, names.wpe) : nullptr,
-                              B_, T_, C_);
+      embedding_forward(full, tokens, at(emb, 0, names.wte), v0_, V_, tp_rank_ == 0 ? at(emb, 0, names.wpe) : nullptr,
+                        B_, T_, C_);
     }
-    auto s = trace_->scope(sp_ ? "scatter_to_sp" : "reduce_from_tp");
-    if (sp_) scatter_to_sp_forward(*tp_, full, residual, int64_t(Ns_) * C_);
-    else reduce_from_tp_forward(*tp_, residual, int64_t(N) * C_);
+    if (sp_) {
+      auto s = trace_->scope("scatter_to_sp");
+      scatter_to_sp_forward(*tp_, full, residual, int64_t(Ns_) * C_);
+    } else if (tp_size_ > 1) {
+      auto s = trace_->scope("reduce_from_tp");
+      reduce_from_tp_forward(*tp_, residual, int64_t(N) * C_);
+    }
   }
   for (int l = 0; l < L_; ++l) {
     const float* w = acc.params(l + 1, Pass::forward);
@@ -431,14 +501,20 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, float dloss
   const float* hw = acc.params(head, Pass::forward);
   LayerA a = layer_a(0);
   const float* x = residual + int64_t(L_) * Ns_ * C_;
-  { auto s = trace_->scope("normf_forward");
-    if (llama_) rmsnorm_forward(a.b[LNF], a.b[LNF_RSTD], x, at(hw, head, names.norm_w), Ns_, C_, float(cfg_.model.norm_eps));
-    else layernorm_forward(a.b[LNF], a.b[LNF_MEAN], a.b[LNF_RSTD], x, at(hw, head, names.norm_w),
-                           at(hw, head, names.norm_b), Ns_, C_, float(cfg_.model.norm_eps)); }
+  {
+    auto s = trace_->scope("normf_forward");
+    if (llama_)
+      rmsnorm_forward(a.b[LNF], a.b[LNF_RSTD], x, at(hw, head, names.norm_w), Ns_, C_, float(cfg_.model.norm_eps));
+    else
+      layernorm_forward(a.b[LNF], a.b[LNF_MEAN], a.b[LNF_RSTD], x, at(hw, head, names.norm_w),
+                        at(hw, head, names.norm_b), Ns_, C_, float(cfg_.model.norm_eps));
+  }
   const float* lnf = column_parallel_input(a.b[LNF], a.b[LNF_FULL]);
   const float* lm = cfg_.model.tie_embeddings ? at(emb, 0, names.wte) : at(hw, head, "lm_head.weight");
-  { auto s = trace_->scope("lm_head_forward");
-    matmul_forward(a.b[LOGITS], lnf, lm, nullptr, N, C_, V_, WLayout::out_in); }
+  {
+    auto s = trace_->scope("lm_head_forward");
+    matmul_forward(a.b[LOGITS], lnf, lm, nullptr, N, C_, V_, WLayout::out_in);
+  }
   acc.forward_done(head);
   acc.forward_done(0);
   if (tp_size_ == 1) {
@@ -477,8 +553,10 @@ void Model::backward(const int32_t* tokens, UnitAccess* access) {
   float* lm_g = const_cast<float*>(tied ? at(embg, 0, names.wte) : at(hg, head, "lm_head.weight"));
   auto g = [&](float* base, int unit, const char* name) { return const_cast<float*>(at(base, unit, name)); };
   const float* lnf = sp_ ? a.b[LNF_FULL] : a.b[LNF];
-  { auto s = trace_->scope("lm_head_backward");
-    matmul_backward(dln, lm_g, nullptr, a.b[LOGITS], lnf, lm_w, N, C_, V_, WLayout::out_in); }
+  {
+    auto s = trace_->scope("lm_head_backward");
+    matmul_backward(dln, lm_g, nullptr, a.b[LOGITS], lnf, lm_w, N, C_, V_, WLayout::out_in);
+  }
   const float* dlnf = column_parallel_grad(dln);
   std::memset(dres, 0, sizeof(float) * size_t(Ns_) * C_);
   {
@@ -489,8 +567,10 @@ void Model::backward(const int32_t* tokens, UnitAccess* access) {
     {
       auto s = trace_->scope("normf_backward");
       const float* x = residual + int64_t(L_) * Ns_ * C_;
-      if (llama_) rmsnorm_backward(dres, gw, dlnf, x, at(hw, head, names.norm_w), a.b[LNF_RSTD], Ns_, C_);
-      else layernorm_backward(dres, gw, gb, dlnf, x, at(hw, head, names.norm_w), a.b[LNF_MEAN], a.b[LNF_RSTD], Ns_, C_);
+      if (llama_)
+        rmsnorm_backward(dres, gw, dlnf, x, at(hw, head, names.norm_w), a.b[LNF_RSTD], Ns_, C_);
+      else
+        layernorm_backward(dres, gw, gb, dlnf, x, at(hw, head, names.norm_w), a.b[LNF_MEAN], a.b[LNF_RSTD], Ns_, C_);
     }
     if (sp_) sp_param_grads_reduce(normw, {g(hg, head, names.norm_w), g(hg, head, names.norm_b)}, C_);
   }
@@ -507,17 +587,20 @@ void Model::backward(const int32_t* tokens, UnitAccess* access) {
     } else if (policy_ == Recompute::selective) {
       auto s = trace_->scope("recompute_selective");
       attention_forward(la.b[ATTY], la.b[PROBS], la.b[QKV], B_, T_, H_, KV_, D_);
-      if (llama_) swiglu_forward(la.b[ACT], la.b[FC], N, F_);
-      else gelu_forward(la.b[ACT], la.b[FC], int64_t(N) * F_);
+      if (llama_)
+        swiglu_forward(la.b[ACT], la.b[FC], N, F_);
+      else
+        gelu_forward(la.b[ACT], la.b[FC], int64_t(N) * F_);
     }
     block_backward(w, layer_w(acc.grads(l + 1), l), la, x, dres);
     acc.backward_done(l + 1);
   }
   if (!tied) embg = acc.grads(0);
   const float* demb = row_parallel_grad(dres, scratch_[FULL_A].f32());  // every row, for the lookup
-  { auto s = trace_->scope("embedding_backward");
-    if (tp_size_ == 1) embedding_backward(g(embg, 0, names.wte), g(embg, 0, names.wpe), demb, tokens, B_, T_, C_, V_);
-    else embedding_backward_shard(g(embg, 0, names.wte), v0_, V_, g(embg, 0, names.wpe), demb, tokens, B_, T_, C_); }
+  {
+    auto s = trace_->scope("embedding_backward");
+    embedding_backward(g(embg, 0, names.wte), v0_, V_, g(embg, 0, names.wpe), demb, tokens, B_, T_, C_);
+  }
   acc.backward_done(0);
 }
 

@@ -27,8 +27,8 @@ struct ActBuffer {
   int64_t bytes() const { return numel * copies * 4; }
 };
 struct ActPlan {
-  std::vector<ActBuffer> buffers;   // saved between forward and backward (Mem::activations)
-  std::vector<ActBuffer> scratch;   // backward working space (Mem::workspace)
+  std::vector<ActBuffer> buffers;  // saved between forward and backward (Mem::activations)
+  std::vector<ActBuffer> scratch;  // backward working space (Mem::workspace)
   int64_t activation_bytes() const;
   int64_t scratch_bytes() const;
   std::string table() const;

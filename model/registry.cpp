@@ -13,8 +13,10 @@ ParamSpec& ParamRegistry::add(const std::string& name, Shape global_shape, Param
   s.shape = global_shape;
   if (tp > 1 && shard_dim >= 0) {
     const int64_t d = global_shape[size_t(shard_dim)];
-    LOOM_CHECK(d % (int64_t(shard_parts) * tp) == 0, "tensor {} dim {} = {} does not split into {} x {} parts; "
-               "change the model shape or parallel.tp", name, shard_dim, d, shard_parts, tp);
+    LOOM_CHECK(d % (int64_t(shard_parts) * tp) == 0,
+               "tensor {} dim {} = {} does not split into {} x {} parts; "
+               "change the model shape or parallel.tp",
+               name, shard_dim, d, shard_parts, tp);
     s.shape[size_t(shard_dim)] = d / tp;
     s.shard_dim = shard_dim;
     s.shard_parts = shard_parts;

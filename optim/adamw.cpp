@@ -68,7 +68,8 @@ double clip_grad_norm_tp(const ParamRegistry& reg, float* grads, double max_norm
   float f = float(ss);
   tp.all_reduce(Buf(&f, 1)).wait();
   const double norm = std::sqrt(double(f));
-  if (max_norm > 0 && max_norm / (norm + 1e-6) < 1.0) cpu::scale_inplace(grads, float(max_norm / (norm + 1e-6)), int64_t(reg.numel()));
+  if (max_norm > 0 && max_norm / (norm + 1e-6) < 1.0)
+    cpu::scale_inplace(grads, float(max_norm / (norm + 1e-6)), int64_t(reg.numel()));
   return norm;
 }
 

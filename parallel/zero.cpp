@@ -24,14 +24,18 @@ Geometry geometry(const ModelLayout& layout, int n) {
     g.shard += s;
     g.max_unit = std::max(g.max_unit, s * n);
     g.max_s = std::max(g.max_s, s);
-    if (u == 0 || u == last) g.edges += s * n;
-    else g.max_layer = std::max(g.max_layer, s * n);
+    if (u == 0 || u == last)
+      g.edges += s * n;
+    else
+      g.max_layer = std::max(g.max_layer, s * n);
   }
   return g;
 }
 
 // Allocator rounds every tensor to 64 bytes; the plan does too, so it matches the ledger.
-int64_t rounded(int64_t elems) { return std::max<int64_t>(64, (elems * 4 + 63) / 64 * 64); }
+int64_t rounded(int64_t elems) {
+  return std::max<int64_t>(64, (elems * 4 + 63) / 64 * 64);
+}
 
 }  // namespace
 
@@ -46,8 +50,8 @@ ZeroBytes zero_bytes(const ModelLayout& layout, int n, int stage) {
   b.optim = stage >= 1 ? 2 * rounded(g.shard) : 2 * rounded(N);
   if (stage == 1) b.comm = rounded(g.bounce());  // the bounce buffer for reduce-scatter and all-gather
   if (stage >= 2) {  // gradient slots: both edges, two blocks; each with its shard-sized result
-    b.comm = rounded(g.s[0] * n) + rounded(g.s[size_t(last)] * n) + 2 * rounded(g.max_layer) +
-             rounded(g.s[0]) + rounded(g.s[size_t(last)]) + 2 * rounded(g.max_layer / n);
+    b.comm = rounded(g.s[0] * n) + rounded(g.s[size_t(last)] * n) + 2 * rounded(g.max_layer) + rounded(g.s[0]) +
+             rounded(g.s[size_t(last)]) + 2 * rounded(g.max_layer / n);
     if (stage == 2) b.comm += rounded(g.bounce());  // bounce buffer for the weight all-gather
   }
   if (stage >= 3)  // gathered weights: both edges, two blocks (one computing, one prefetched)
@@ -102,7 +106,8 @@ Zero::Zero(int stage, Model& model, ProcessGroup& dp, ProcessGroup& tp, Allocato
     }
   }
   if (stage_ >= 3)
-    for (int64_t elems : {g.s[0] * n_, g.s[size_t(last)] * n_, g.max_layer, g.max_layer}) param_slots_.push_back(slot(elems));
+    for (int64_t elems : {g.s[0] * n_, g.s[size_t(last)] * n_, g.max_layer, g.max_layer})
+      param_slots_.push_back(slot(elems));
 }
 
 Zero::~Zero() {
@@ -256,7 +261,8 @@ double Zero::step(const AdamWHyper& h, int64_t step, double grad_clip) {
   wait(dp_.all_reduce(Buf(&ss, 1)));
   if (tp_.size() > 1) wait(tp_.all_reduce(Buf(&ss, 1)));
   const double norm = std::sqrt(double(ss));
-  if (grad_clip > 0 && grad_clip / (norm + 1e-6) < 1.0) segments_scale(segments_, grads, float(grad_clip / (norm + 1e-6)));
+  if (grad_clip > 0 && grad_clip / (norm + 1e-6) < 1.0)
+    segments_scale(segments_, grads, float(grad_clip / (norm + 1e-6)));
   adam_->update(stage_ >= 3 ? shard_params_.f32() : model_.params(), grads, h, step);
   if (stage_ <= 2) {  // all-gather the updated weights into the full buffer
     float* full = model_.params();

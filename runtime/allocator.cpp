@@ -29,8 +29,7 @@ void* Allocator::take(size_t bytes) {
   }
   // 64-byte alignment: a cache line, and what AVX-512 loads like.
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  LOOM_CHECK(p, "out of host memory allocating {} bytes; lower train.micro_batch or model size",
-             bytes);
+  LOOM_CHECK(p, "out of host memory allocating {} bytes; lower train.micro_batch or model size", bytes);
   return p;
 }
 

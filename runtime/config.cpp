@@ -1,10 +1,11 @@
 #include "runtime/config.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <sstream>
-#include <toml++/toml.h>
 #include <variant>
 
 #include "runtime/error.h"
@@ -25,30 +26,65 @@ std::vector<Field> fields_of(Config& c) {
   auto& p = c.parallel;
   auto& k = c.checkpoint;
   return {
-      {"model.arch", &m.arch}, {"model.n_layer", &m.n_layer}, {"model.d_model", &m.d_model},
-      {"model.n_head", &m.n_head}, {"model.n_kv_head", &m.n_kv_head}, {"model.d_ff", &m.d_ff},
-      {"model.vocab_size", &m.vocab_size}, {"model.seq_len", &m.seq_len},
-      {"model.tie_embeddings", &m.tie_embeddings}, {"model.norm_eps", &m.norm_eps},
-      {"model.rope_theta", &m.rope_theta}, {"model.moe.num_experts", &m.moe.num_experts},
-      {"model.moe.top_k", &m.moe.top_k}, {"model.moe.capacity_factor", &m.moe.capacity_factor},
-      {"model.moe.aux_loss_coef", &m.moe.aux_loss_coef}, {"model.moe.every", &m.moe.every},
-      {"train.micro_batch", &t.micro_batch}, {"train.global_batch", &t.global_batch},
-      {"train.steps", &t.steps}, {"train.lr", &t.lr}, {"train.min_lr", &t.min_lr},
-      {"train.warmup_steps", &t.warmup_steps}, {"train.schedule", &t.schedule},
-      {"train.weight_decay", &t.weight_decay}, {"train.beta1", &t.beta1},
-      {"train.beta2", &t.beta2}, {"train.eps", &t.eps}, {"train.grad_clip", &t.grad_clip},
-      {"train.seed", &t.seed}, {"train.device", &t.device}, {"train.dtype", &t.dtype},
-      {"train.recompute", &t.recompute}, {"train.threads", &t.threads},
-      {"data.source", &d.source}, {"data.path", &d.path}, {"data.val_path", &d.val_path},
-      {"data.val_every", &d.val_every}, {"data.val_batches", &d.val_batches},
-      {"data.shuffle", &d.shuffle}, {"parallel.dp", &p.dp}, {"parallel.tp", &p.tp},
-      {"parallel.pp", &p.pp}, {"parallel.ep", &p.ep}, {"parallel.sp", &p.sp},
-      {"parallel.zero", &p.zero}, {"parallel.bucket_mb", &p.bucket_mb},
-      {"parallel.pp_schedule", &p.pp_schedule}, {"parallel.pp_virtual", &p.pp_virtual}, {"parallel.timeout_s", &p.timeout_s},
-      {"checkpoint.dir", &k.dir}, {"checkpoint.every", &k.every}, {"checkpoint.keep", &k.keep},
-      {"checkpoint.async", &k.async}, {"checkpoint.resume", &k.resume},
-      {"init.from", &c.init_from}, {"export.final", &c.export_final}, {"log.dir", &c.log.dir},
-      {"log.every", &c.log.every}, {"log.trace", &c.log.trace},
+      {"model.arch", &m.arch},
+      {"model.n_layer", &m.n_layer},
+      {"model.d_model", &m.d_model},
+      {"model.n_head", &m.n_head},
+      {"model.n_kv_head", &m.n_kv_head},
+      {"model.d_ff", &m.d_ff},
+      {"model.vocab_size", &m.vocab_size},
+      {"model.seq_len", &m.seq_len},
+      {"model.tie_embeddings", &m.tie_embeddings},
+      {"model.norm_eps", &m.norm_eps},
+      {"model.rope_theta", &m.rope_theta},
+      {"model.moe.num_experts", &m.moe.num_experts},
+      {"model.moe.top_k", &m.moe.top_k},
+      {"model.moe.capacity_factor", &m.moe.capacity_factor},
+      {"model.moe.aux_loss_coef", &m.moe.aux_loss_coef},
+      {"model.moe.every", &m.moe.every},
+      {"train.micro_batch", &t.micro_batch},
+      {"train.global_batch", &t.global_batch},
+      {"train.steps", &t.steps},
+      {"train.lr", &t.lr},
+      {"train.min_lr", &t.min_lr},
+      {"train.warmup_steps", &t.warmup_steps},
+      {"train.schedule", &t.schedule},
+      {"train.weight_decay", &t.weight_decay},
+      {"train.beta1", &t.beta1},
+      {"train.beta2", &t.beta2},
+      {"train.eps", &t.eps},
+      {"train.grad_clip", &t.grad_clip},
+      {"train.seed", &t.seed},
+      {"train.device", &t.device},
+      {"train.dtype", &t.dtype},
+      {"train.recompute", &t.recompute},
+      {"train.threads", &t.threads},
+      {"data.source", &d.source},
+      {"data.path", &d.path},
+      {"data.val_path", &d.val_path},
+      {"data.val_every", &d.val_every},
+      {"data.val_batches", &d.val_batches},
+      {"data.shuffle", &d.shuffle},
+      {"parallel.dp", &p.dp},
+      {"parallel.tp", &p.tp},
+      {"parallel.pp", &p.pp},
+      {"parallel.ep", &p.ep},
+      {"parallel.sp", &p.sp},
+      {"parallel.zero", &p.zero},
+      {"parallel.bucket_mb", &p.bucket_mb},
+      {"parallel.pp_schedule", &p.pp_schedule},
+      {"parallel.pp_virtual", &p.pp_virtual},
+      {"parallel.timeout_s", &p.timeout_s},
+      {"checkpoint.dir", &k.dir},
+      {"checkpoint.every", &k.every},
+      {"checkpoint.keep", &k.keep},
+      {"checkpoint.async", &k.async},
+      {"checkpoint.resume", &k.resume},
+      {"init.from", &c.init_from},
+      {"export.final", &c.export_final},
+      {"log.dir", &c.log.dir},
+      {"log.every", &c.log.every},
+      {"log.trace", &c.log.trace},
   };
 }
 
@@ -79,8 +115,7 @@ Field& find_field(std::vector<Field>& fields, const std::string& key, const std:
     if (last(key) == last(f.key)) d = std::min<size_t>(d, 1);
     if (d < best_d) best_d = d, best = &f;
   }
-  fail("{}: unknown config key '{}'; did you mean '{}'? (`loom train --list-keys` lists all)", origin,
-       key, best->key);
+  fail("{}: unknown config key '{}'; did you mean '{}'? (`loom train --list-keys` lists all)", origin, key, best->key);
 }
 
 const char* type_name(const FieldPtr& p) {
@@ -124,8 +159,8 @@ void set_from_node(Field& f, const toml::node& node, const std::string& origin) 
       f.ptr);
 }
 
-void load_table(Config& cfg, std::vector<Field>& fields, const toml::table& t,
-                const std::string& prefix, const std::string& origin) {
+void load_table(Config& cfg, std::vector<Field>& fields, const toml::table& t, const std::string& prefix,
+                const std::string& origin) {
   for (auto&& [k, node] : t) {
     std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (auto* sub = node.as_table()) {
@@ -140,7 +175,9 @@ void load_table(Config& cfg, std::vector<Field>& fields, const toml::table& t,
 
 }  // namespace
 
-Config config_defaults() { return Config{}; }
+Config config_defaults() {
+  return Config{};
+}
 
 std::vector<std::string> config_keys() {
   Config c;
@@ -231,8 +268,8 @@ void config_validate(Config& cfg) {
     int near = 1;  // the divisor of d_model closest to what was asked
     for (int h = 1; h <= m.d_model; ++h)
       if (m.d_model % h == 0 && std::abs(h - m.n_head) <= std::abs(near - m.n_head)) near = h;
-    fail("model.n_head = {} does not divide model.d_model = {}; use a divisor of d_model such as {}",
-         m.n_head, m.d_model, near);
+    fail("model.n_head = {} does not divide model.d_model = {}; use a divisor of d_model such as {}", m.n_head,
+         m.d_model, near);
   }
   int kv = cfg.kv_heads();
   LOOM_CHECK(m.n_head % kv == 0,
@@ -240,21 +277,22 @@ void config_validate(Config& cfg) {
              "attention needs n_head = k * n_kv_head",
              m.n_head, kv);
   if (m.arch == "gpt2") {
-    LOOM_CHECK(kv == m.n_head, "model.n_kv_head = {}: gpt2 has no grouped-query attention; "
-               "use model.arch = \"llama\" or n_kv_head = n_head", m.n_kv_head);
+    LOOM_CHECK(kv == m.n_head,
+               "model.n_kv_head = {}: gpt2 has no grouped-query attention; "
+               "use model.arch = \"llama\" or n_kv_head = n_head",
+               m.n_kv_head);
     if (!m.d_ff) m.d_ff = 4 * m.d_model;
-    LOOM_CHECK(m.d_ff == 4 * m.d_model, "model.d_ff = {}: gpt2 uses 4 * d_model = {}", m.d_ff,
-               4 * m.d_model);
+    LOOM_CHECK(m.d_ff == 4 * m.d_model, "model.d_ff = {}: gpt2 uses 4 * d_model = {}", m.d_ff, 4 * m.d_model);
   } else {
-    LOOM_CHECK(cfg.head_dim() % 2 == 0, "llama needs an even head dim for RoPE; d_model / n_head = {}",
-               cfg.head_dim());
+    LOOM_CHECK(cfg.head_dim() % 2 == 0, "llama needs an even head dim for RoPE; d_model / n_head = {}", cfg.head_dim());
     if (!m.d_ff) m.d_ff = (8 * m.d_model / 3 + 63) / 64 * 64;
   }
   check_positive("model.d_ff", m.d_ff);
   LOOM_CHECK(m.norm_eps > 0, "model.norm_eps = {} must be positive", m.norm_eps);
   LOOM_CHECK(m.moe.num_experts == 0,
              "model.moe.num_experts = {}: mixture-of-experts layers are not in this build yet; "
-             "set it to 0", m.moe.num_experts);
+             "set it to 0",
+             m.moe.num_experts);
 
   check_positive("train.micro_batch", t.micro_batch);
   check_positive("train.global_batch", t.global_batch);
@@ -274,15 +312,12 @@ void config_validate(Config& cfg) {
              "train.beta1 and train.beta2 must be in [0, 1)");
   LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
   LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
-  if (t.device == "cuda")
-    fail("train.device = \"cuda\": this build has no CUDA kernels yet; use \"cpu\" or \"auto\"");
-  if (t.dtype == "bf16")
-    fail("train.dtype = \"bf16\": the CPU computes in f32; use \"f32\" or \"auto\"");
+  if (t.device == "cuda") fail("train.device = \"cuda\": this build has no CUDA kernels yet; use \"cpu\" or \"auto\"");
+  if (t.dtype == "bf16") fail("train.dtype = \"bf16\": the CPU computes in f32; use \"f32\" or \"auto\"");
 
   auto& d = cfg.data;
   check_one_of("data.source", d.source, {"synthetic", "text", "tokens"});
-  if (d.source != "synthetic")
-    LOOM_CHECK(!d.path.empty(), "data.source = \"{}\" needs data.path", d.source);
+  if (d.source != "synthetic") LOOM_CHECK(!d.path.empty(), "data.source = \"{}\" needs data.path", d.source);
   LOOM_CHECK(d.val_every >= 0 && d.val_batches >= 0, "data.val_every and data.val_batches must be >= 0");
   LOOM_CHECK(!d.shuffle, "data.shuffle = true is not in this build yet; set it to false");
 
@@ -294,19 +329,25 @@ void config_validate(Config& cfg) {
     LOOM_CHECK(v == 1, "{} = {}: pipeline and expert parallelism are not in this build yet; set {} = 1", key, v, key);
   }
   if (p.tp > 1) {  // tensor parallel splits heads, KV heads, MLP width and vocabulary
-    LOOM_CHECK(m.n_head % p.tp == 0, "parallel.tp = {} does not divide model.n_head = {}; pick tp among the divisors of n_head",
-               p.tp, m.n_head);
-    LOOM_CHECK(kv % p.tp == 0, "parallel.tp = {} does not divide the {} key/value heads (model.n_kv_head); each tp rank "
-               "needs whole kv heads", p.tp, kv);
+    LOOM_CHECK(m.n_head % p.tp == 0,
+               "parallel.tp = {} does not divide model.n_head = {}; pick tp among the divisors of n_head", p.tp,
+               m.n_head);
+    LOOM_CHECK(kv % p.tp == 0,
+               "parallel.tp = {} does not divide the {} key/value heads (model.n_kv_head); each tp rank "
+               "needs whole kv heads",
+               p.tp, kv);
     LOOM_CHECK(m.d_ff % p.tp == 0, "parallel.tp = {} does not divide model.d_ff = {}", p.tp, m.d_ff);
     const int pad = 64 * p.tp;
-    LOOM_CHECK(m.vocab_size % p.tp == 0, "parallel.tp = {} does not divide model.vocab_size = {}; pad the vocabulary to "
-               "a multiple of {} (e.g. {})", p.tp, m.vocab_size, p.tp, (m.vocab_size + pad - 1) / pad * pad);
+    LOOM_CHECK(m.vocab_size % p.tp == 0,
+               "parallel.tp = {} does not divide model.vocab_size = {}; pad the vocabulary to "
+               "a multiple of {} (e.g. {})",
+               p.tp, m.vocab_size, p.tp, (m.vocab_size + pad - 1) / pad * pad);
   }
   if (p.sp) {
     LOOM_CHECK(p.tp > 1, "parallel.sp = true needs tensor parallelism (parallel.tp > 1)");
     LOOM_CHECK(int64_t(t.micro_batch) * m.seq_len % p.tp == 0,
-               "parallel.sp: micro_batch x seq_len = {} tokens do not split over tp = {}", t.micro_batch * m.seq_len, p.tp);
+               "parallel.sp: micro_batch x seq_len = {} tokens do not split over tp = {}", t.micro_batch * m.seq_len,
+               p.tp);
   }
   LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
   LOOM_CHECK(p.timeout_s >= 0, "parallel.timeout_s = {} must be >= 0 (0 turns the watchdog off)", p.timeout_s);

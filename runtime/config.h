@@ -45,8 +45,8 @@ struct TrainConfig {
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0: off
   int64_t seed = 1234;
-  std::string device = "auto";  // auto | cpu | cuda
-  std::string dtype = "auto";   // auto | f32 | bf16 (auto: f32 on cpu, bf16 on cuda)
+  std::string device = "auto";     // auto | cpu | cuda
+  std::string dtype = "auto";      // auto | f32 | bf16 (auto: f32 on cpu, bf16 on cuda)
   std::string recompute = "none";  // none | selective | full
   int threads = 0;                 // 0: every core
 };

@@ -16,7 +16,9 @@ uint64_t mix(uint64_t x) {  // splitmix64 finalizer: a good counter-based hash
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix(mix(mix(a) ^ b) ^ c); }
+uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) {
+  return mix(mix(mix(a) ^ b) ^ c);
+}
 
 constexpr int64_t kBlock = 4096;
 constexpr double kSuccP[4] = {0.55, 0.25, 0.10, 0.05};
@@ -60,7 +62,8 @@ std::vector<double> SyntheticStream::stationary() const {
   for (int it = 0; it < 200; ++it) {
     std::fill(next.begin(), next.end(), kNoise / V_);
     for (int a = 0; a < V_; ++a)
-      for (int j = 0; j < 4; ++j) next[hash3(seed_, uint64_t(a), uint64_t(j) + 1) % uint64_t(V_)] += pi[size_t(a)] * kSuccP[j];
+      for (int j = 0; j < 4; ++j)
+        next[hash3(seed_, uint64_t(a), uint64_t(j) + 1) % uint64_t(V_)] += pi[size_t(a)] * kSuccP[j];
     pi.swap(next);
   }
   return pi;
@@ -82,8 +85,10 @@ double SyntheticStream::entropy_rate() const {
     for (int j = 0; j < 4; ++j) {
       uint64_t b = hash3(seed_, uint64_t(a), uint64_t(j) + 1) % uint64_t(V_);
       auto it = std::find_if(succ.begin(), succ.end(), [&](auto& s) { return s.first == b; });
-      if (it == succ.end()) succ.push_back({b, kSuccP[j]});
-      else it->second += kSuccP[j];
+      if (it == succ.end())
+        succ.push_back({b, kSuccP[j]});
+      else
+        it->second += kSuccP[j];
     }
     double ha = 0.0, u = kNoise / V_;
     for (auto& [b, p] : succ) ha -= (p + u) * std::log(p + u);
@@ -105,17 +110,16 @@ std::vector<int32_t> shard_read(const std::string& path, int vocab_size) {
   in.read(reinterpret_cast<char*>(header), sizeof(header));
   LOOM_CHECK(in.gcount() == sizeof(header), "token shard '{}' is shorter than its 1024-byte header", path);
   LOOM_CHECK(header[0] == kShardMagic,
-             "'{}' is not an llm.c token shard: magic {} where {} was expected; make shards with `loom data`",
-             path, header[0], kShardMagic);
-  LOOM_CHECK(header[1] == 1, "token shard '{}' has version {}; loom reads version 1 (uint16 tokens)", path,
-             header[1]);
+             "'{}' is not an llm.c token shard: magic {} where {} was expected; make shards with `loom data`", path,
+             header[0], kShardMagic);
+  LOOM_CHECK(header[1] == 1, "token shard '{}' has version {}; loom reads version 1 (uint16 tokens)", path, header[1]);
   const int64_t count = header[2];
   LOOM_CHECK(count >= 0, "token shard '{}' has a negative token count {}", path, count);
   std::vector<uint16_t> raw(static_cast<size_t>(count));
   in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(count * 2));
   LOOM_CHECK(in.gcount() == count * 2,
-             "token shard '{}' is truncated: its header says {} tokens ({} bytes) but the body has {} bytes",
-             path, count, count * 2, int64_t(in.gcount()));
+             "token shard '{}' is truncated: its header says {} tokens ({} bytes) but the body has {} bytes", path,
+             count, count * 2, int64_t(in.gcount()));
   std::vector<int32_t> tokens(raw.begin(), raw.end());
   for (size_t i = 0; i < tokens.size(); ++i)
     LOOM_CHECK(tokens[i] < vocab_size,
@@ -207,23 +211,27 @@ DataStreams data_open(const Config& cfg) {
     d.train = std::make_unique<MemoryStream>(train, 0, n);
   } else {
     int64_t split = n - n / 10;
-    if (n - split > T) d.val = std::make_unique<MemoryStream>(train, split, n);
-    else split = n;  // too small to hold out a sequence: no validation
+    if (n - split > T)
+      d.val = std::make_unique<MemoryStream>(train, split, n);
+    else
+      split = n;  // too small to hold out a sequence: no validation
     d.train = std::make_unique<MemoryStream>(train, 0, split);
   }
   LOOM_CHECK(d.train->num_tokens() > T,
              "training data '{}' has {} tokens, fewer than model.seq_len + 1 = {}; use more data or a "
              "shorter seq_len",
              cfg.data.path, d.train->num_tokens(), T + 1);
-  d.describe = fmt::format("{} '{}': {} training tokens, {} validation tokens", cfg.data.source,
-                           cfg.data.path, d.train->num_tokens(), d.val ? d.val->num_tokens() : 0);
+  d.describe = fmt::format("{} '{}': {} training tokens, {} validation tokens", cfg.data.source, cfg.data.path,
+                           d.train->num_tokens(), d.val ? d.val->num_tokens() : 0);
   return d;
 }
 
-int64_t num_sequences(const TokenStream& s, int T) { return (s.num_tokens() - 1) / T; }
+int64_t num_sequences(const TokenStream& s, int T) {
+  return (s.num_tokens() - 1) / T;
+}
 
-void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro,
-                int32_t* inputs, int32_t* targets) {
+void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
+                int32_t* targets) {
   const int T = cfg.model.seq_len, B = cfg.train.micro_batch, G = cfg.train.global_batch;
   const int per_rank = G / cfg.parallel.dp;
   const int64_t nseq = num_sequences(s, T);

@@ -70,8 +70,8 @@ DataStreams data_open(const Config& cfg);
 
 // Reads micro-batch `micro` of dp rank `rank` for optimizer step `step`: inputs and targets
 // [B, T]. Sequence indices wrap around the stream (epochs).
-void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro,
-                int32_t* inputs, int32_t* targets);
+void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
+                int32_t* targets);
 int64_t num_sequences(const TokenStream& s, int T);
 
 }  // namespace loom

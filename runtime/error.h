@@ -20,13 +20,12 @@ template <class... Args>
 
 }  // namespace loom
 
-#define LOOM_CHECK(cond, ...)                 \
-  do {                                        \
-    if (!(cond)) ::loom::fail(__VA_ARGS__);   \
+#define LOOM_CHECK(cond, ...)               \
+  do {                                      \
+    if (!(cond)) ::loom::fail(__VA_ARGS__); \
   } while (0)
 
-#define LOOM_ASSERT(cond)                                                                  \
-  do {                                                                                     \
-    if (!(cond))                                                                           \
-      ::loom::fail("internal error: {} failed at {}:{}", #cond, __FILE__, __LINE__);       \
+#define LOOM_ASSERT(cond)                                                                       \
+  do {                                                                                          \
+    if (!(cond)) ::loom::fail("internal error: {} failed at {}:{}", #cond, __FILE__, __LINE__); \
   } while (0)

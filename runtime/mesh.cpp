@@ -31,7 +31,9 @@ MeshCoord mesh_coord(const MeshDims& d, int rank) {
   return c;
 }
 
-int mesh_rank(const MeshDims& d, const MeshCoord& c) { return ((c.pp * d.dp + c.dp) * d.cp + c.cp) * d.tp + c.tp; }
+int mesh_rank(const MeshDims& d, const MeshCoord& c) {
+  return ((c.pp * d.dp + c.dp) * d.cp + c.cp) * d.tp + c.tp;
+}
 
 MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank) {
   const MeshCoord me = mesh_coord(d, rank);

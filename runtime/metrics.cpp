@@ -27,13 +27,13 @@ void MetricsWriter::step(const StepMetrics& m) {
                "\"act_b\":%lld,\"workspace_b\":%lld,\"comm_b\":%lld,\"peak_b\":%lld},"
                "\"dp_comm\":{\"all_reduce_b\":%lld,\"reduce_scatter_b\":%lld,\"all_gather_b\":%lld},"
                "\"tp_comm\":{\"all_reduce_b\":%lld,\"reduce_scatter_b\":%lld,\"all_gather_b\":%lld}}\n",
-               (long long)m.step, m.loss, m.grad_norm, m.lr, (long long)m.tokens, m.step_ms, m.tokens_per_s,
-               m.mfu, m.hfu, m.compute_ms, m.comm_exposed_ms, m.bubble_ms, m.optimizer_ms, m.data_ms,
-               m.ckpt_block_ms, (long long)L.of(Mem::params), (long long)L.of(Mem::grads),
-               (long long)L.of(Mem::optim), (long long)L.of(Mem::activations),
-               (long long)L.of(Mem::workspace), (long long)L.of(Mem::comm), (long long)L.peak_total,
-               (long long)m.dp_all_reduce_b, (long long)m.dp_reduce_scatter_b, (long long)m.dp_all_gather_b,
-               (long long)m.tp_all_reduce_b, (long long)m.tp_reduce_scatter_b, (long long)m.tp_all_gather_b);
+               (long long)m.step, m.loss, m.grad_norm, m.lr, (long long)m.tokens, m.step_ms, m.tokens_per_s, m.mfu,
+               m.hfu, m.compute_ms, m.comm_exposed_ms, m.bubble_ms, m.optimizer_ms, m.data_ms, m.ckpt_block_ms,
+               (long long)L.of(Mem::params), (long long)L.of(Mem::grads), (long long)L.of(Mem::optim),
+               (long long)L.of(Mem::activations), (long long)L.of(Mem::workspace), (long long)L.of(Mem::comm),
+               (long long)L.peak_total, (long long)m.dp_all_reduce_b, (long long)m.dp_reduce_scatter_b,
+               (long long)m.dp_all_gather_b, (long long)m.tp_all_reduce_b, (long long)m.tp_reduce_scatter_b,
+               (long long)m.tp_all_gather_b);
   std::fflush(f_);
 }
 
@@ -51,8 +51,8 @@ std::string format_duration(double s) {
 
 std::string progress_line(const StepMetrics& m, double eta_s) {
   return fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} ms | ETA {}",
-                     m.step, int(std::to_string(m.steps).size()), m.steps, m.loss, m.lr, m.tokens_per_s,
-                     100.0 * m.mfu, m.step_ms, format_duration(eta_s));
+                     m.step, int(std::to_string(m.steps).size()), m.steps, m.loss, m.lr, m.tokens_per_s, 100.0 * m.mfu,
+                     m.step_ms, format_duration(eta_s));
 }
 
 }  // namespace loom

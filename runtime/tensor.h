@@ -16,12 +16,17 @@ namespace loom {
 enum class DType { f32, bf16, i32 };
 enum class DeviceKind { cpu, cuda };
 
-inline size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
+inline size_t dtype_size(DType t) {
+  return t == DType::bf16 ? 2 : 4;
+}
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
   }
   return "?";
 }

@@ -78,8 +78,16 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text) {
     uint32_t c = cps[i].cp;
     if (c == '\'' && i + 1 < n) {  // contractions: 's 't 'm 'd 're 've 'll
       uint32_t a = cps[i + 1].cp, b = i + 2 < n ? cps[i + 2].cp : 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') { emit(i, i + 2); i += 2; continue; }
-      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) { emit(i, i + 3); i += 3; continue; }
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
+        emit(i, i + 2);
+        i += 2;
+        continue;
+      }
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
+        emit(i, i + 3);
+        i += 3;
+        continue;
+      }
     }
     Cls cls = classify(c);
     if (c == ' ' && i + 1 < n && classify(cps[i + 1].cp) != SPACE) {  // " ?X+"

@@ -35,13 +35,13 @@ void Trace::write(const std::string& path) const {
   out << "{\"traceEvents\":[\n";
   for (int t = 0; t < 3; ++t)
     out << fmt::format(
-        "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"{}\"}}}},\n",
-        rank_, t, tracks[t]);
-  out << fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"rank {}\"}}}}",
-                     rank_, rank_);
+        "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"{}\"}}}},\n", rank_, t,
+        tracks[t]);
+  out << fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"rank {}\"}}}}", rank_,
+                     rank_);
   for (auto& e : events_)
-    out << fmt::format(",\n{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}",
-                       e.name, rank_, int(e.track), e.start_us, e.dur_us);
+    out << fmt::format(",\n{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}", e.name,
+                       rank_, int(e.track), e.start_us, e.dur_us);
   out << "\n]}\n";
 }
 

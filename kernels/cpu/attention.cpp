@@ -90,8 +90,8 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
 
 // Per (batch, kv head), over its group of query heads in order:
 //   dP = dO V^T, dV += P^T dO, dS = P * (dP - rowsum(P * dP)) * scale, dQ = dS K, dK += dS^T Q.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B,
-                        int T, int H, int KV, int D) {
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int H,
+                        int KV, int D) {
   const int row = (H + 2 * KV) * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
 #pragma omp parallel

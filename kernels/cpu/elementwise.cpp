@@ -10,43 +10,6 @@
 
 namespace loom::cpu {
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
-                       int T, int C) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      float* o = out + (int64_t(b) * T + t) * C;
-      const float* e = wte + int64_t(tokens[b * T + t]) * C;
-      if (wpe) {
-        const float* p = wpe + int64_t(t) * C;
-        for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
-      } else {
-        for (int c = 0; c < C; ++c) o[c] = e[c];
-      }
-    }
-}
-
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                        int T, int C, int V) {
-  (void)V;
-  // Threads own channel ranges and walk tokens in order: repeated tokens sum deterministically.
-#pragma omp parallel
-  {
-    int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    int lo = int(int64_t(C) * id / nt), hi = int(int64_t(C) * (id + 1) / nt);
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < T; ++t) {
-        const float* d = dout + (int64_t(b) * T + t) * C;
-        float* e = dwte + int64_t(tokens[b * T + t]) * C;
-        for (int c = lo; c < hi; ++c) e[c] += d[c];
-        if (dwpe) {
-          float* p = dwpe + int64_t(t) * C;
-          for (int c = lo; c < hi; ++c) p[c] += d[c];
-        }
-      }
-  }
-}
-
 namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 }
@@ -126,8 +89,7 @@ void add_inplace(float* acc, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
-void crossentropy_forward_backward(float* logits, float* losses, const int32_t* targets, int N,
-                                   int V, float dloss) {
+void crossentropy_forward_backward(float* logits, float* losses, const int32_t* targets, int N, int V, float dloss) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* l = logits + int64_t(n) * V;
@@ -148,8 +110,8 @@ void crossentropy_forward_backward(float* logits, float* losses, const int32_t* 
   }
 }
 
-void embedding_forward_shard(float* out, const int32_t* tokens, const float* wte_local, int v0, int Vl,
-                             const float* wpe, int B, int T, int C) {
+void embedding_forward(float* out, const int32_t* tokens, const float* wte_local, int v0, int Vl, const float* wpe,
+                       int B, int T, int C) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
@@ -163,8 +125,8 @@ void embedding_forward_shard(float* out, const int32_t* tokens, const float* wte
     }
 }
 
-void embedding_backward_shard(float* dwte_local, int v0, int Vl, float* dwpe, const float* dout,
-                              const int32_t* tokens, int B, int T, int C) {
+void embedding_backward(float* dwte_local, int v0, int Vl, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C) {
 #pragma omp parallel
   {
     int nt = omp_get_num_threads(), tid = omp_get_thread_num();

@@ -7,14 +7,14 @@
 
 namespace loom::cpu {
 
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-          const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+          int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+              A, lda, B, ldb, beta, C, ldc);
 }
 
-void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K,
-                    int N, WLayout layout) {
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K, int N,
+                    WLayout layout) {
   float beta = 0.0f;
   if (bias) {
 #pragma omp parallel for schedule(static)
@@ -28,8 +28,8 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
     gemm(false, false, M, N, K, 1.0f, inp, K, w, N, beta, out, N);
 }
 
-void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int M, int K, int N, WLayout layout) {
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int M,
+                     int K, int N, WLayout layout) {
   if (layout == WLayout::out_in) {
     if (dinp) gemm(false, false, M, K, N, 1.0f, dout, N, w, K, 0.0f, dinp, K);
     gemm(true, false, N, K, M, 1.0f, dout, N, inp, K, 1.0f, dw, K);

@@ -8,17 +8,17 @@
 
 #include "runtime/trace.h"
 
-#define LOOM_MPI_CHECK(call)                                                                          \
-  do {                                                                                                \
-    int rc_ = (call);                                                                                 \
-    if (rc_ != MPI_SUCCESS) {                                                                         \
-      char msg_[MPI_MAX_ERROR_STRING];                                                                \
-      int len_ = 0;                                                                                   \
-      MPI_Error_string(rc_, msg_, &len_);                                                             \
-      int r_ = -1;                                                                                    \
-      MPI_Comm_rank(MPI_COMM_WORLD, &r_);                                                             \
+#define LOOM_MPI_CHECK(call)                                                                                           \
+  do {                                                                                                                 \
+    int rc_ = (call);                                                                                                  \
+    if (rc_ != MPI_SUCCESS) {                                                                                          \
+      char msg_[MPI_MAX_ERROR_STRING];                                                                                 \
+      int len_ = 0;                                                                                                    \
+      MPI_Error_string(rc_, msg_, &len_);                                                                              \
+      int r_ = -1;                                                                                                     \
+      MPI_Comm_rank(MPI_COMM_WORLD, &r_);                                                                              \
       ::loom::fail("rank {}: {} failed at {}:{}: {}", r_, #call, __FILE__, __LINE__, std::string(msg_, size_t(len_))); \
-    }                                                                                                 \
+    }                                                                                                                  \
   } while (0)
 
 namespace loom {
@@ -28,20 +28,26 @@ MpiWorld::MpiWorld(int* argc, char*** argv) {
   LOOM_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   LOOM_CHECK(provided == MPI_THREAD_MULTIPLE,
              "this MPI library does not provide MPI_THREAD_MULTIPLE (got level {}); loom's communication "
-             "threads need it", provided);
+             "threads need it",
+             provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
 }
 
-MpiWorld::~MpiWorld() { MPI_Finalize(); }
+MpiWorld::~MpiWorld() {
+  MPI_Finalize();
+}
 
 namespace {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::i32: return MPI_INT;
-    case DType::bf16: return MPI_UINT16_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::i32:
+      return MPI_INT;
+    case DType::bf16:
+      return MPI_UINT16_T;
   }
   return MPI_BYTE;
 }
@@ -78,12 +84,12 @@ class MpiGroup final : public ProcessGroup {
     });
   }
   Work reduce_scatter(Buf in, Buf out) override {
-    LOOM_CHECK(in.count == out.count * size_, "reduce_scatter on '{}': input has {} elements, not {} x {}",
-               name_, in.count, size_, out.count);
+    LOOM_CHECK(in.count == out.count * size_, "reduce_scatter on '{}': input has {} elements, not {} x {}", name_,
+               in.count, size_, out.count);
     count(CommOp::reduce_scatter, in.bytes());
     return issue(CommOp::reduce_scatter, [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Ireduce_scatter_block(in.data, out.data, as_int(out.count), mpi_type(in.dtype), MPI_SUM,
-                                               comm_, r));
+      LOOM_MPI_CHECK(
+          MPI_Ireduce_scatter_block(in.data, out.data, as_int(out.count), mpi_type(in.dtype), MPI_SUM, comm_, r));
     });
   }
   Work all_gather(Buf in, Buf out) override {
@@ -92,8 +98,8 @@ class MpiGroup final : public ProcessGroup {
     count(CommOp::all_gather, out.bytes());
     const bool in_place = in.data == static_cast<char*>(out.data) + size_t(rank_) * in.bytes();
     return issue(CommOp::all_gather, [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, as_int(in.count), mpi_type(in.dtype),
-                                    out.data, as_int(in.count), mpi_type(in.dtype), comm_, r));
+      LOOM_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, as_int(in.count), mpi_type(in.dtype), out.data,
+                                    as_int(in.count), mpi_type(in.dtype), comm_, r));
     });
   }
   Work broadcast(Buf b, int root) override {
@@ -231,7 +237,8 @@ class MpiGroup final : public ProcessGroup {
       for (int i = 0; i < n_done; ++i) {
         Op& op = pending[size_t(idx[size_t(i)])];
         op.state->end_us = now_us();
-        if (trace_) trace_->add(comm_op_name(op.kind), Trace::comm, op.state->start_us, op.state->end_us - op.state->start_us);
+        if (trace_)
+          trace_->add(comm_op_name(op.kind), Trace::comm, op.state->start_us, op.state->end_us - op.state->start_us);
         finish(*op.state, nullptr);
         gone[size_t(idx[size_t(i)])] = true;
       }
@@ -255,8 +262,8 @@ class MpiGroup final : public ProcessGroup {
 
 }  // namespace
 
-std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, const std::vector<int>& ranks,
-                                        Trace* trace, double timeout_s) {
+std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, const std::vector<int>& ranks, Trace* trace,
+                                        double timeout_s) {
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm comm;

@@ -26,7 +26,7 @@ class MpiWorld {
 // `color`. Every world rank must call this collectively with its own color.
 // Watchdog: an op still pending after timeout_s seconds (0: never) means a peer has died or
 // hangs; the group prints which op and aborts the job, so no rank waits forever.
-std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, const std::vector<int>& ranks,
-                                        Trace* trace, double timeout_s = 0);
+std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, const std::vector<int>& ranks, Trace* trace,
+                                        double timeout_s = 0);
 
 }  // namespace loom

@@ -5,14 +5,14 @@
 
 #include <cstring>
 
-#define LOOM_CUDA_CHECK(call)                                                                       \
-  do {                                                                                              \
-    cudaError_t e_ = (call);                                                                        \
+#define LOOM_CUDA_CHECK(call)                                                                                   \
+  do {                                                                                                          \
+    cudaError_t e_ = (call);                                                                                    \
     LOOM_CHECK(e_ == cudaSuccess, "{} failed at {}:{}: {}", #call, __FILE__, __LINE__, cudaGetErrorString(e_)); \
   } while (0)
-#define LOOM_NCCL_CHECK(call)                                                                       \
-  do {                                                                                              \
-    ncclResult_t r_ = (call);                                                                       \
+#define LOOM_NCCL_CHECK(call)                                                                                   \
+  do {                                                                                                          \
+    ncclResult_t r_ = (call);                                                                                   \
     LOOM_CHECK(r_ == ncclSuccess, "{} failed at {}:{}: {}", #call, __FILE__, __LINE__, ncclGetErrorString(r_)); \
   } while (0)
 
@@ -55,9 +55,12 @@ namespace {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::bf16: return ncclBfloat16;
-    case DType::i32: return ncclInt32;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i32:
+      return ncclInt32;
   }
   return ncclFloat32;
 }
@@ -86,7 +89,8 @@ class NcclGroup final : public ProcessGroup {
   }
   Work reduce_scatter(Buf in, Buf out) override {
     count(CommOp::reduce_scatter, in.bytes());
-    LOOM_NCCL_CHECK(ncclReduceScatter(in.data, out.data, size_t(out.count), nccl_type(in.dtype), ncclSum, comm_, stream_));
+    LOOM_NCCL_CHECK(
+        ncclReduceScatter(in.data, out.data, size_t(out.count), nccl_type(in.dtype), ncclSum, comm_, stream_));
     return done_on_stream();
   }
   Work all_gather(Buf in, Buf out) override {
@@ -105,9 +109,11 @@ class NcclGroup final : public ProcessGroup {
     LOOM_NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < size_; ++r) {
       if (sc[size_t(r)])
-        LOOM_NCCL_CHECK(ncclSend(static_cast<char*>(in.data) + so * es, size_t(sc[size_t(r)]), nccl_type(in.dtype), r, comm_, stream_));
+        LOOM_NCCL_CHECK(ncclSend(static_cast<char*>(in.data) + so * es, size_t(sc[size_t(r)]), nccl_type(in.dtype), r,
+                                 comm_, stream_));
       if (rc[size_t(r)])
-        LOOM_NCCL_CHECK(ncclRecv(static_cast<char*>(out.data) + ro * es, size_t(rc[size_t(r)]), nccl_type(out.dtype), r, comm_, stream_));
+        LOOM_NCCL_CHECK(ncclRecv(static_cast<char*>(out.data) + ro * es, size_t(rc[size_t(r)]), nccl_type(out.dtype), r,
+                                 comm_, stream_));
       so += sc[size_t(r)], ro += rc[size_t(r)], sent += sc[size_t(r)];
     }
     LOOM_NCCL_CHECK(ncclGroupEnd());

@@ -15,8 +15,8 @@ class NcclWorld;
 // must already be set (local rank picks it).
 std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world);
 // The world as a group, or the group of `ranks` split with `color` (collective over the world).
-std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world, const std::string& name,
-                                         int color, const std::vector<int>& ranks);
+std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world, const std::string& name, int color,
+                                         const std::vector<int>& ranks);
 // Devices the CUDA runtime sees (0 without a driver or GPU).
 int cuda_device_count();
 // Makes device local_rank % count current; returns it, or -1 without a GPU.

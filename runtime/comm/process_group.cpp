@@ -6,7 +6,7 @@ namespace loom {
 
 const char* comm_op_name(CommOp op) {
   static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                "all_to_all", "send", "recv", "barrier"};
+                                "all_to_all", "send",           "recv",       "barrier"};
   return names[int(op)];
 }
 

@@ -59,9 +59,9 @@ class Work {
 };
 
 struct CommCounters {
-  int64_t seq = 0;                           // ops issued
-  std::array<int64_t, kCommOps> bytes{};     // payload bytes per op kind (see each op)
-  std::array<int64_t, kCommOps> count{};     // ops per kind
+  int64_t seq = 0;                        // ops issued
+  std::array<int64_t, kCommOps> bytes{};  // payload bytes per op kind (see each op)
+  std::array<int64_t, kCommOps> count{};  // ops per kind
   int64_t total_bytes() const;
 };
 

@@ -53,7 +53,8 @@ int compare(const std::string& a, const std::string& b, double rtol, double atol
       ++bad;
       continue;
     }
-    for (size_t i = 0; i < t.data.size(); ++i) worst_w = std::max(worst_w, double(std::abs(it->second.data[i] - t.data[i])));
+    for (size_t i = 0; i < t.data.size(); ++i)
+      worst_w = std::max(worst_w, double(std::abs(it->second.data[i] - t.data[i])));
   }
   if (worst_w > atol) ++bad;
   fmt::print("{} steps: worst loss rel diff {:.3g} (tol {}), worst weight abs diff {:.3g} (tol {}): {}\n", la.size(),
@@ -127,7 +128,8 @@ int memory_check(const std::string& plan_path, const std::vector<std::string>& r
       double full = mem[0][key].get<double>(), got = mem[s][key].get<double>();
       bool ok = std::abs(got - full / dp) <= 0.01 * full / dp + 4096;
       bad += !ok;
-      fmt::print("zero {} {:<12} {:.0f} vs stage-0 / {} = {:.0f} {}\n", s, key, got, dp, full / dp, ok ? "" : "NOT SHARDED");
+      fmt::print("zero {} {:<12} {:.0f} vs stage-0 / {} = {:.0f} {}\n", s, key, got, dp, full / dp,
+                 ok ? "" : "NOT SHARDED");
     };
     sharded("optim_b", 1);
     sharded("grads_b", 2);
@@ -135,7 +137,8 @@ int memory_check(const std::string& plan_path, const std::vector<std::string>& r
     // Communication volume per rank, in elements: an all-reduce moves its payload twice
     // (reduce-scatter + all-gather), so theory is 2N for stages 0-2 and 3N for stage 3.
     double moved = (2 * comm[s]["all_reduce_b"].get<double>() + comm[s]["reduce_scatter_b"].get<double>() +
-                    comm[s]["all_gather_b"].get<double>()) / 4;
+                    comm[s]["all_gather_b"].get<double>()) /
+                   4;
     double theory = (s == 3 ? 3 : 2) * N;
     bool ok = std::abs(moved - theory) <= 0.02 * theory;
     bad += !ok;
@@ -153,8 +156,10 @@ int gather_overlap_check(const std::string& trace_path) {
   for (auto& e : events) {
     if (e["ph"] != "X") continue;
     double a = e["ts"].get<double>(), b = a + e["dur"].get<double>();
-    if (e["name"] == "all_gather") gathers.push_back({a, b});
-    else if (e["tid"] == 0) compute.push_back({a, b});
+    if (e["name"] == "all_gather")
+      gathers.push_back({a, b});
+    else if (e["tid"] == 0)
+      compute.push_back({a, b});
   }
   int overlapped = 0;
   for (auto& g : gathers)
@@ -200,18 +205,20 @@ int tp_check(const std::string& off, const std::string& on, const std::vector<do
     bad += !ok;
     fmt::print("{:<40} measured {:>14.0f} analytic {:>14.0f} {}\n", what, got, want, ok ? "" : "MISMATCH");
   };
-  check("no sp: tp all-reduce bytes/step", j_off["tp_comm"]["all_reduce_b"].get<double>(), 4 * (A * (NC * (2 + 4 * L) + 3 * N) + 1), 0);
-  check("no sp: tp reduce-scatter + all-gather bytes", j_off["tp_comm"]["reduce_scatter_b"].get<double>() +
-        j_off["tp_comm"]["all_gather_b"].get<double>(), 0, 0);
-  check("sp: tp reduce-scatter bytes/step", j_on["tp_comm"]["reduce_scatter_b"].get<double>(), 4 * A * NC * (2 + 4 * L), 0);
+  check("no sp: tp all-reduce bytes/step", j_off["tp_comm"]["all_reduce_b"].get<double>(),
+        4 * (A * (NC * (2 + 4 * L) + 3 * N) + 1), 0);
+  check("no sp: tp reduce-scatter + all-gather bytes",
+        j_off["tp_comm"]["reduce_scatter_b"].get<double>() + j_off["tp_comm"]["all_gather_b"].get<double>(), 0, 0);
+  check("sp: tp reduce-scatter bytes/step", j_on["tp_comm"]["reduce_scatter_b"].get<double>(), 4 * A * NC * (2 + 4 * L),
+        0);
   check("sp: tp all-gather bytes/step", j_on["tp_comm"]["all_gather_b"].get<double>(), 4 * A * NC * (2 + 6 * L), 0);
-  check("sp: tp all-reduce bytes/step", j_on["tp_comm"]["all_reduce_b"].get<double>(), 4 * (A * (3 * N + L * 4 * C + 2 * C) + 1), 0);
+  check("sp: tp all-reduce bytes/step", j_on["tp_comm"]["all_reduce_b"].get<double>(),
+        4 * (A * (3 * N + L * 4 * C + 2 * C) + 1), 0);
   const double saved = 4 * ((L * (4 * NC + s * N) + 2 * NC + s * N / 2) * (1 - 1 / t) - NC);
   const double measured = j_off["mem"]["act_b"].get<double>() - j_on["mem"]["act_b"].get<double>();
   check("activation bytes saved by sp", measured, saved, 0.01 * saved + 64 * 20);
   return bad ? 1 : 0;
 }
-
 
 // A run against the PyTorch fixture (tests/fixtures/parity_*): losses.json and final.safetensors.
 int fixture_check(const std::string& run, const std::string& fixture) {
@@ -220,20 +227,23 @@ int fixture_check(const std::string& run, const std::string& fixture) {
   auto got = losses(run);
   int bad = got.size() != ref.size();
   double worst = 0;
-  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i) worst = std::max(worst, std::abs(got[i] - ref[i]) / ref[i]);
+  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i)
+    worst = std::max(worst, std::abs(got[i] - ref[i]) / ref[i]);
   bad += worst > 1e-4;
-  auto want = loom::safetensors_read(fixture + "/final.safetensors"), have = loom::safetensors_read(run + "/final.safetensors");
+  auto want = loom::safetensors_read(fixture + "/final.safetensors"),
+       have = loom::safetensors_read(run + "/final.safetensors");
   double worst_w = 0;
   for (auto& [name, t] : want) {
     if (!have.count(name) || have[name].shape != t.shape) {
       ++bad;
       continue;
     }
-    for (size_t i = 0; i < t.data.size(); ++i) worst_w = std::max(worst_w, double(std::abs(have[name].data[i] - t.data[i])));
+    for (size_t i = 0; i < t.data.size(); ++i)
+      worst_w = std::max(worst_w, double(std::abs(have[name].data[i] - t.data[i])));
   }
   bad += worst_w > 1e-4;
-  fmt::print("against PyTorch: {} steps, worst loss rel diff {:.3g}, worst weight abs diff {:.3g}: {}\n", got.size(), worst,
-             worst_w, bad ? "FAIL" : "ok");
+  fmt::print("against PyTorch: {} steps, worst loss rel diff {:.3g}, worst weight abs diff {:.3g}: {}\n", got.size(),
+             worst, worst_w, bad ? "FAIL" : "ok");
   return bad ? 1 : 0;
 }
 
@@ -256,10 +266,14 @@ int main(int argc, char** argv) {
     double rtol = 1e-4, atol = 1e-4;
     size_t min_steps = 20;
     for (size_t i = 2; i + 1 < args.size(); i += 2) {
-      if (args[i] == "--loss-rtol") rtol = std::stod(args[i + 1]);
-      else if (args[i] == "--weight-atol") atol = std::stod(args[i + 1]);
-      else if (args[i] == "--min-steps") min_steps = std::stoul(args[i + 1]);
-      else throw std::runtime_error("unknown option " + args[i]);
+      if (args[i] == "--loss-rtol")
+        rtol = std::stod(args[i + 1]);
+      else if (args[i] == "--weight-atol")
+        atol = std::stod(args[i + 1]);
+      else if (args[i] == "--min-steps")
+        min_steps = std::stoul(args[i + 1]);
+      else
+        throw std::runtime_error("unknown option " + args[i]);
     }
     return compare(args[0], args[1], rtol, atol, min_steps);
   } catch (const std::exception& e) {

@@ -26,12 +26,15 @@ CliRun loom_run(const std::string& args) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
 }
 
-std::string tmp(const std::string& name) { return ::testing::TempDir() + "loom_cli_" + name; }
+std::string tmp(const std::string& name) {
+  return ::testing::TempDir() + "loom_cli_" + name;
+}
 
 const std::string kTiny =
     "train --set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64 "
     "--set model.seq_len=8 --set train.micro_batch=2 --set train.global_batch=2 --set train.threads=1 "
-    "--set data.val_batches=0 --set log.dir=" + ::testing::TempDir() + "loom_cli_log ";
+    "--set data.val_batches=0 --set log.dir=" +
+    ::testing::TempDir() + "loom_cli_log ";
 
 void expect_one_line_error(const std::string& args, const std::string& phrase) {
   CliRun r = loom_run(args);
@@ -44,7 +47,9 @@ void expect_one_line_error(const std::string& args, const std::string& phrase) {
 
 }  // namespace
 
-TEST(Cli, UnknownKey) { expect_one_line_error("train --set model.n_layers=2", "did you mean 'model.n_layer'"); }
+TEST(Cli, UnknownKey) {
+  expect_one_line_error("train --set model.n_layers=2", "did you mean 'model.n_layer'");
+}
 
 TEST(Cli, WrongType) {
   std::ofstream(tmp("wrong.toml")) << "[train]\nsteps = \"many\"\n";

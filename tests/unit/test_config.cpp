@@ -5,18 +5,9 @@
 #include "testing.h"
 
 using namespace loom;
+using loom::test::error_of;
 
 namespace {
-// The message of the loom::Error that `f` throws ("" if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 Config loaded(const std::string& toml) {
   Config c = config_defaults();
   config_load_string(c, toml, "test.toml");
@@ -73,8 +64,9 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
   EXPECT_EQ(error_of([] { loaded("[model]\narch = \"llama\"\nn_head = 4\nn_kv_head = 3\n"); }),
             "model.n_head = 4 is not a multiple of model.n_kv_head = 3; grouped-query attention needs "
             "n_head = k * n_kv_head");
-  EXPECT_NE(error_of([] { loaded("[train]\nmicro_batch = 3\nglobal_batch = 16\n"); }).find("not a multiple of micro_batch"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] { loaded("[train]\nmicro_batch = 3\nglobal_batch = 16\n"); }).find("not a multiple of micro_batch"),
+      std::string::npos);
   EXPECT_NE(error_of([] { loaded("[model]\narch = \"gpt3\"\n"); }).find("not one of gpt2|llama"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[train]\nrecompute = \"some\"\n"); }).find("none|selective|full"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\n"); }).find("parallel.pp = 2"), std::string::npos);
@@ -88,10 +80,12 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
 TEST(Config, TensorParallelRefusesWhatDoesNotSplit) {
   EXPECT_EQ(error_of([] { loaded("[model]\nn_head = 4\n[parallel]\ntp = 3\n"); }),
             "parallel.tp = 3 does not divide model.n_head = 4; pick tp among the divisors of n_head");
-  EXPECT_EQ(error_of([] { loaded("[model]\narch = \"llama\"\nn_head = 8\nn_kv_head = 2\n[parallel]\ntp = 4\n"); }),
-            "parallel.tp = 4 does not divide the 2 key/value heads (model.n_kv_head); each tp rank needs whole kv heads");
-  EXPECT_EQ(error_of([] { loaded("[model]\nvocab_size = 50257\n[parallel]\ntp = 2\n"); }),
-            "parallel.tp = 2 does not divide model.vocab_size = 50257; pad the vocabulary to a multiple of 2 (e.g. 50304)");
+  EXPECT_EQ(
+      error_of([] { loaded("[model]\narch = \"llama\"\nn_head = 8\nn_kv_head = 2\n[parallel]\ntp = 4\n"); }),
+      "parallel.tp = 4 does not divide the 2 key/value heads (model.n_kv_head); each tp rank needs whole kv heads");
+  EXPECT_EQ(
+      error_of([] { loaded("[model]\nvocab_size = 50257\n[parallel]\ntp = 2\n"); }),
+      "parallel.tp = 2 does not divide model.vocab_size = 50257; pad the vocabulary to a multiple of 2 (e.g. 50304)");
   EXPECT_EQ(error_of([] { loaded("[parallel]\nsp = true\n"); }),
             "parallel.sp = true needs tensor parallelism (parallel.tp > 1)");
   EXPECT_EQ(error_of([] { loaded("[parallel]\ntp = 2\nsp = true\n"); }), "");

@@ -11,6 +11,7 @@
 #include "testing.h"
 
 using namespace loom;
+using loom::test::error_of;
 
 TEST(Data, BatchOrderFollowsTheDesign) {
   auto toks = std::make_shared<std::vector<int32_t>>(1000);
@@ -55,15 +56,8 @@ TEST(Data, SyntheticIsRandomAccessAndStructured) {
 }
 
 namespace {
-std::string tmp(const std::string& name) { return ::testing::TempDir() + name; }
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+std::string tmp(const std::string& name) {
+  return ::testing::TempDir() + name;
 }
 }  // namespace
 
@@ -80,8 +74,10 @@ TEST(Data, ShardsRoundTripAndRefuseBadInput) {
     std::ofstream(tmp("magic.bin"), std::ios::binary) << bytes;
   }
   EXPECT_NE(error_of([&] { shard_read(tmp("trunc.bin"), 65536); }).find("is truncated"), std::string::npos);
-  EXPECT_NE(error_of([&] { shard_read(tmp("magic.bin"), 65536); }).find("is not an llm.c token shard"), std::string::npos);
-  EXPECT_NE(error_of([&] { shard_read(tmp("missing.bin"), 65536); }).find("cannot open token shard"), std::string::npos);
+  EXPECT_NE(error_of([&] { shard_read(tmp("magic.bin"), 65536); }).find("is not an llm.c token shard"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { shard_read(tmp("missing.bin"), 65536); }).find("cannot open token shard"),
+            std::string::npos);
 }
 
 TEST(Safetensors, RoundTripAndShapeErrors) {
@@ -98,8 +94,9 @@ TEST(Safetensors, RoundTripAndShapeErrors) {
   ParamRegistry wide;  // a model whose a.weight is [3, 5]
   wide.add("a.weight", {3, 5}, ParamSpec::Init::normal);
   std::vector<float> w(wide.numel());
-  EXPECT_NE(error_of([&] { model_load(wide, w.data(), tmp("m.safetensors")); })
-                .find("tensor 'a.weight' has shape [3, 2] but the model expects [3, 5]"),
+  EXPECT_NE(error_of([&] {
+              model_load(wide, w.data(), tmp("m.safetensors"));
+            }).find("tensor 'a.weight' has shape [3, 2] but the model expects [3, 5]"),
             std::string::npos);
   ParamRegistry more;
   more.add("b.weight", {2}, ParamSpec::Init::zeros);
@@ -128,7 +125,8 @@ TEST(Tokenizer, Gpt2PretokenizerSplitsLikeTheRegex) {
 }
 
 TEST(Tokenizer, Gpt2BpeMergesByRank) {
-  std::ofstream(tmp("vocab.json")) << R"({"h":0,"e":1,"l":2,"o":3,"\u0120":4,"he":5,"hel":6,"hell":7,"hello":8,"\u0120hello":9})";
+  std::ofstream(tmp("vocab.json"))
+      << R"({"h":0,"e":1,"l":2,"o":3,"\u0120":4,"he":5,"hel":6,"hell":7,"hello":8,"\u0120hello":9})";
   std::ofstream(tmp("merges.txt")) << "#version: 0.2\nh e\nhe l\nhel l\nhell o\n\u0120 hello\n";
   Gpt2Bpe bpe(tmp("vocab.json"), tmp("merges.txt"));
   auto ids = bpe.encode("hello hello hel");

@@ -11,7 +11,9 @@ using V = std::vector<double>;
 namespace {
 constexpr double kFwdTol = 2e-6, kBwdTol = 2e-5;
 
-V sub(const V& x, size_t at, size_t n) { return V(x.begin() + long(at), x.begin() + long(at + n)); }
+V sub(const V& x, size_t at, size_t n) {
+  return V(x.begin() + long(at), x.begin() + long(at + n));
+}
 std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& b) {
   std::vector<float> o(a.size());
   for (size_t i = 0; i < a.size(); ++i) o[i] = a[i] - b[i];
@@ -88,8 +90,8 @@ TEST(Kernels, LayerNorm) {
   auto g = fd_grad([&](const V& xx) { return dot(norm_ref(xx, N, C, false, 1e-5), r); }, x);
   auto dinp0 = randn(N * C, 14), dw0 = randn(C, 15), db0 = randn(C, 16);
   auto dinp = dinp0, dw = dw0, db = db0;
-  cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), r.data(), inp.data(), w.data(), mean.data(),
-                          rstd.data(), N, C);
+  cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), r.data(), inp.data(), w.data(), mean.data(), rstd.data(),
+                          N, C);
   EXPECT_LT(rel_err(minus(dinp, dinp0), sub(g, 0, N * C)), kBwdTol);
   EXPECT_LT(rel_err(minus(dw, dw0), sub(g, N * C, C)), kBwdTol);
   EXPECT_LT(rel_err(minus(db, db0), sub(g, N * C + C, C)), kBwdTol);
@@ -123,12 +125,13 @@ TEST(Kernels, Embedding) {
   std::vector<int32_t> tok = {1, 3, 1, 0, 4, 1, 1, 2};  // repeats exercise the accumulation
   auto wte = randn(Vv * C, 30), wpe = randn(T * C, 31), r = randn(B * T * C, 32);
   std::vector<float> out(B * T * C);
-  cpu::embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  cpu::embedding_forward(out.data(), tok.data(), wte.data(), 0, Vv, wpe.data(), B, T, C);
   auto ref = [&](const V& x) {
     V o(size_t(B) * T * C);
     for (int b = 0; b < B; ++b)
       for (int t = 0; t < T; ++t)
-        for (int c = 0; c < C; ++c) o[size_t((b * T + t) * C + c)] = x[size_t(tok[b * T + t] * C + c)] + x[size_t(Vv * C + t * C + c)];
+        for (int c = 0; c < C; ++c)
+          o[size_t((b * T + t) * C + c)] = x[size_t(tok[b * T + t] * C + c)] + x[size_t(Vv * C + t * C + c)];
     return o;
   };
   V x = to_double(wte);
@@ -137,9 +140,19 @@ TEST(Kernels, Embedding) {
   auto g = fd_grad([&](const V& xx) { return dot(ref(xx), r); }, x);
   auto dwte0 = randn(Vv * C, 33), dwpe0 = randn(T * C, 34);
   auto dwte = dwte0, dwpe = dwpe0;
-  cpu::embedding_backward(dwte.data(), dwpe.data(), r.data(), tok.data(), B, T, C, Vv);
+  cpu::embedding_backward(dwte.data(), 0, Vv, dwpe.data(), r.data(), tok.data(), B, T, C);
   EXPECT_LT(rel_err(minus(dwte, dwte0), sub(g, 0, Vv * C)), kBwdTol);
   EXPECT_LT(rel_err(minus(dwpe, dwpe0), sub(g, Vv * C, T * C)), kBwdTol);
+
+  // A vocab-parallel shard holding ids [1, 3): other tokens read zeros and get no gradient.
+  std::vector<float> part(B * T * C), dpart(2 * C, 0.0f);
+  cpu::embedding_forward(part.data(), tok.data(), wte.data() + C, 1, 2, nullptr, B, T, C);
+  for (int n = 0; n < B * T; ++n)
+    for (int c = 0; c < C; ++c)
+      EXPECT_EQ(part[size_t(n * C + c)],
+                tok[size_t(n)] == 1 || tok[size_t(n)] == 2 ? wte[size_t(tok[size_t(n)] * C + c)] : 0.0f);
+  cpu::embedding_backward(dpart.data(), 1, 2, nullptr, r.data(), tok.data(), B, T, C);
+  EXPECT_LT(rel_err(dpart, sub(g, C, 2 * C)), kBwdTol);
 }
 
 namespace {
@@ -218,8 +231,7 @@ TEST_P(AttentionTest, ForwardAndBackward) {
   cpu::attention_backward(dqkv.data(), r.data(), qkv.data(), probs.data(), B, T, H, KV, D);
   EXPECT_LT(rel_err(dqkv, g), kBwdTol);
 }
-INSTANTIATE_TEST_SUITE_P(Heads, AttentionTest,
-                         ::testing::Values(std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}));
+INSTANTIATE_TEST_SUITE_P(Heads, AttentionTest, ::testing::Values(std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}));
 
 TEST(Kernels, Gelu) {
   const int n = 40;

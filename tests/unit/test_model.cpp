@@ -142,8 +142,11 @@ TEST(ActPlan, TensorParallelQuartersTheLogitsAndSequenceParallelTheNormRegions) 
   for (size_t i = 0; i < on.buffers.size(); ++i) {
     std::string n = on.buffers[i].name;
     bool norm_region = n == "residual" || n.rfind("ln", 0) == 0 || n == "res2";
-    if (n == "lnf_full") EXPECT_GT(on.buffers[i].numel, 0);
-    else if (norm_region) EXPECT_EQ(on.buffers[i].numel * 4, off.buffers[i].numel) << n;
-    else EXPECT_EQ(on.buffers[i].numel, off.buffers[i].numel) << n;
+    if (n == "lnf_full")
+      EXPECT_GT(on.buffers[i].numel, 0);
+    else if (norm_region)
+      EXPECT_EQ(on.buffers[i].numel * 4, off.buffers[i].numel) << n;
+    else
+      EXPECT_EQ(on.buffers[i].numel, off.buffers[i].numel) << n;
   }
 }

@@ -30,8 +30,7 @@ TEST_P(Parity, MatchesPyTorch) {
   auto ref = nlohmann::json::parse(in)["losses"].get<std::vector<double>>();
   ASSERT_EQ(r.losses.size(), ref.size());
   ASSERT_GE(ref.size(), 10u);
-  for (size_t s = 0; s < ref.size(); ++s)
-    EXPECT_NEAR(r.losses[s], ref[s], 1e-4 * std::abs(ref[s])) << "step " << s + 1;
+  for (size_t s = 0; s < ref.size(); ++s) EXPECT_NEAR(r.losses[s], ref[s], 1e-4 * std::abs(ref[s])) << "step " << s + 1;
 
   auto want = safetensors_read(dir + "final.safetensors");
   auto got = safetensors_read(out);

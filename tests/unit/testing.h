@@ -5,7 +5,10 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "runtime/error.h"
 
 namespace loom::test {
 
@@ -17,11 +20,13 @@ inline std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   return v;
 }
 
-inline std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+inline std::vector<double> to_double(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
 
 // Central differences of J at x, in double, for every element.
-inline std::vector<double> fd_grad(const std::function<double(const std::vector<double>&)>& J,
-                                   std::vector<double> x, double h = 1e-6) {
+inline std::vector<double> fd_grad(const std::function<double(const std::vector<double>&)>& J, std::vector<double> x,
+                                   double h = 1e-6) {
   std::vector<double> g(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     double keep = x[i];
@@ -50,6 +55,17 @@ double rel_err(const A& got, const B& want) {
     den = std::max(den, std::abs(double(want[i])));
   }
   return num / std::max(den, 1e-3);
+}
+
+// The message of the loom::Error that `f` throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace loom::test
