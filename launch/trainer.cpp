@@ -196,7 +196,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
       auto td = Clock::now();
       {
         auto s = trace.scope("data", Trace::host);
-        batch_read(*data.train, cfg, step, dp.rank(), micro, inputs.data(), targets.data());
+        batch_read(*data.train, cfg, step, dp.rank(), micro, inputs.data(), targets.data(), cfg.data.shuffle);
       }
       m.data_ms += ms_since(td);
       loss_sum += model.forward(inputs.data(), targets.data(), dloss, access);

@@ -319,7 +319,6 @@ void config_validate(Config& cfg) {
   check_one_of("data.source", d.source, {"synthetic", "text", "tokens"});
   if (d.source != "synthetic") LOOM_CHECK(!d.path.empty(), "data.source = \"{}\" needs data.path", d.source);
   LOOM_CHECK(d.val_every >= 0 && d.val_batches >= 0, "data.val_every and data.val_batches must be >= 0");
-  LOOM_CHECK(!d.shuffle, "data.shuffle = true is not in this build yet; set it to false");
 
   auto& p = cfg.parallel;
   check_positive("parallel.dp", p.dp);

@@ -230,14 +230,31 @@ int64_t num_sequences(const TokenStream& s, int T) {
   return (s.num_tokens() - 1) / T;
 }
 
+int64_t sequence_permute(int64_t k, int64_t n, uint64_t key) {
+  int bits = 2;
+  while ((int64_t(1) << bits) < n) bits += 2;
+  const int half = bits / 2;
+  const uint64_t mask = (uint64_t(1) << half) - 1;
+  uint64_t x = uint64_t(k);
+  do {
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t l = x >> half, r = x & mask;
+      x = (r << half) | ((l ^ hash3(key, round, r)) & mask);
+    }
+  } while (x >= uint64_t(n));  // a bijection on [0, 2^bits): walking the cycle ends inside [0, n)
+  return int64_t(x);
+}
+
 void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
-                int32_t* targets) {
+                int32_t* targets, bool shuffle) {
   const int T = cfg.model.seq_len, B = cfg.train.micro_batch, G = cfg.train.global_batch;
   const int per_rank = G / cfg.parallel.dp;
   const int64_t nseq = num_sequences(s, T);
   std::vector<int32_t> buf(size_t(T) + 1);
   for (int b = 0; b < B; ++b) {
-    int64_t k = (step * G + int64_t(rank) * per_rank + int64_t(micro) * B + b) % nseq;
+    const int64_t g = step * G + int64_t(rank) * per_rank + int64_t(micro) * B + b;
+    int64_t k = g % nseq;
+    if (shuffle) k = sequence_permute(k, nseq, hash3(uint64_t(cfg.train.seed), uint64_t(g / nseq), 0x5f1e));
     s.read(k * T, T + 1, buf.data());
     std::copy_n(buf.data(), T, inputs + int64_t(b) * T);
     std::copy_n(buf.data() + 1, T, targets + int64_t(b) * T);

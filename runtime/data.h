@@ -2,7 +2,9 @@
 // tokens [k*T, k*T + T] (inputs the first T, targets the last T) and the global batch of
 // step s holds sequences s*G .. s*G+G-1, split over dp ranks, then micro-batches, in order.
 // Sources: a built-in synthetic corpus, a text file (byte tokens), or llm.c token shards.
-// Not here: shuffling (refused by config validation until it exists) and tokenizers.
+// With data.shuffle, each epoch visits the sequences in a seeded order that is a pure
+// function of (seed, epoch): any step's batch is known without replaying the ones before.
+// Not here: tokenizers.
 #pragma once
 #include <memory>
 #include <string>
@@ -69,9 +71,12 @@ struct DataStreams {
 DataStreams data_open(const Config& cfg);
 
 // Reads micro-batch `micro` of dp rank `rank` for optimizer step `step`: inputs and targets
-// [B, T]. Sequence indices wrap around the stream (epochs).
+// [B, T]. Sequence indices wrap around the stream (epochs); `shuffle` permutes each epoch.
 void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
-                int32_t* targets);
+                int32_t* targets, bool shuffle = false);
+// A keyed permutation of [0, n): a 4-round Feistel network on the smallest even number of
+// bits that holds n, walking cycles until the value falls below n. O(1), no tables.
+int64_t sequence_permute(int64_t k, int64_t n, uint64_t key);
 int64_t num_sequences(const TokenStream& s, int T);
 
 }  // namespace loom
