@@ -55,9 +55,12 @@ double validate(Model& model, UnitAccess* access, const TokenStream& val, const 
 }
 }  // namespace
 
-// The composition order (DESIGN 3) lives here: mesh -> model -> weights -> data parallel
-// over the gradient buffer -> optimizer over what this rank owns. Pipeline stages, tensor
-// and expert sharding and ZeRO slot in between model and optimizer as they arrive.
+// The composition order (DESIGN 3) lives here, and each step needs the one before it:
+//   mesh (the groups) -> model, split over tp (it fixes this rank's flat buffers) ->
+//   weights, initialized or loaded whole and sliced to this rank's shards ->
+//   DDP buckets or ZeRO shards over dp (ranges of those flat buffers) ->
+//   the optimizer over what this rank owns (everything under DDP, its shard under ZeRO).
+// Pipeline stages and expert sharding will split the model before tp does.
 TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   const bool lead = opt.world_rank == 0;
 #define info(...)                                      \
@@ -137,7 +140,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
 
   info("model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {}, seq_len {}: {:.2f}M parameters",
        cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
-       cfg.model.vocab_size, T, model.num_params() / 1e6);
+       cfg.model.vocab_size, T, global.reg.numel() / 1e6);
   info("data: {}", data.describe);
   if (ddp)
     info("layout: {} ranks (dp {}), {} gradient buckets of {} MB; {} threads per rank", mesh.world(), dp.size(),

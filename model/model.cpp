@@ -86,7 +86,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy) {
                {"full_a", sp ? N * C : 0, 1},
                {"full_b", sp ? N * C : 0, 1},
                {"d_shard", sp ? Ns * C : 0, 1},
-               {"d_normw", sp ? std::max<int64_t>(4 * C, llama ? 0 : T * C) : 0, 1},
+               {"d_normw", sp ? 4 * C : 0, 1},
                {"ce_stats", tp > 1 ? 3 * N : 0, 1}};
   return p;
 }
