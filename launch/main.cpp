@@ -123,59 +123,72 @@ int run(int argc, char** argv) {
   if (env.distributed()) loom::cuda_device_select(env.local_rank);  // local rank picks the GPU
 #endif
 
-  if (*train) {
-    if (list_keys) {
-      for (auto& k : loom::config_keys()) fmt::print("{}\n", k);
-      return 0;
-    }
-    loom::Config cfg = config_build(config_path, sets);
-    if (print_config) {
-      fmt::print("{}\n", loom::config_to_toml(cfg));
-      return 0;
-    }
-    if (!fault.empty()) std::tie(topt.fault_exit_rank, topt.fault_exit_step) = fault_parse(fault);
-    if (!hang.empty()) std::tie(topt.fault_hang_rank, topt.fault_hang_step) = fault_parse(hang);
-    loom::train_run(cfg, topt);
-  } else if (app.got_subcommand("info")) {
-    info_print();
-  } else if (*data) {
-    std::ifstream in(data_in, std::ios::binary);
-    LOOM_CHECK(in, "cannot open '{}'", data_in);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<int32_t> tokens;
-    if (tokenizer == "byte") {
-      tokens = loom::tokenize_bytes(text);
-    } else {
-      LOOM_CHECK(!vocab.empty() && !merges.empty(),
-                 "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
-      tokens = loom::Gpt2Bpe(vocab, merges).encode(text);
-    }
-    loom::shard_write(data_out, tokens);
-    fmt::print("wrote {} tokens to {}\n", tokens.size(), data_out);
-  } else if (*bgemm) {
-    int threads = loom::threads_set(bench_threads);
-    fmt::print("{:>6} {:>12}\n", "n", "GFLOP/s");
-    for (auto& r : loom::bench_gemm(threads)) fmt::print("{:>6} {:>12.1f}\n", r.size, r.flops / 1e9);
-    fmt::print("cached peak for {} threads: {:.1f} GFLOP/s\n", threads, loom::cpu_peak_flops(threads, true) / 1e9);
-  } else if (*btrain) {
-    loom::bench_train(config_build(config_path, sets), topt);
-  } else if (*bcomm) {
-    loom::bench_comm(topt, comm_max_mb);
-  } else if (*pmem) {
-    if (plan_params > 0) {
-      LOOM_CHECK(plan_dp > 0, "loom plan memory --params needs --dp");
-      const bool mixed = plan_precision == "mixed";
-      auto gb = loom::plan_zero_paper(plan_params, plan_dp, mixed ? 2 : 4, mixed ? 2 : 4, mixed ? 12 : 8);
-      fmt::print("{:.3g} parameters, dp {}, {} precision (K = {}): GB per rank\n", plan_params, plan_dp, plan_precision,
-                 mixed ? 12 : 8);
-      for (int s = 0; s < 4; ++s) fmt::print("zero {}: {:>10.1f}\n", s, gb[size_t(s)] / 1e9);
-    } else {
-      if (plan_dp > 0) sets.push_back(fmt::format("parallel.dp={}", plan_dp));
+  auto dispatch = [&]() -> int {
+    if (*train) {
+      if (list_keys) {
+        for (auto& k : loom::config_keys()) fmt::print("{}\n", k);
+        return 0;
+      }
       loom::Config cfg = config_build(config_path, sets);
-      fmt::print("{}\n", plan_json ? loom::plan_memory_json(cfg) : loom::plan_memory_table(cfg));
+      if (print_config) {
+        fmt::print("{}\n", loom::config_to_toml(cfg));
+        return 0;
+      }
+      if (!fault.empty()) std::tie(topt.fault_exit_rank, topt.fault_exit_step) = fault_parse(fault);
+      if (!hang.empty()) std::tie(topt.fault_hang_rank, topt.fault_hang_step) = fault_parse(hang);
+      loom::train_run(cfg, topt);
+    } else if (app.got_subcommand("info")) {
+      info_print();
+    } else if (*data) {
+      std::ifstream in(data_in, std::ios::binary);
+      LOOM_CHECK(in, "cannot open '{}'", data_in);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::vector<int32_t> tokens;
+      if (tokenizer == "byte") {
+        tokens = loom::tokenize_bytes(text);
+      } else {
+        LOOM_CHECK(!vocab.empty() && !merges.empty(),
+                   "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
+        tokens = loom::Gpt2Bpe(vocab, merges).encode(text);
+      }
+      loom::shard_write(data_out, tokens);
+      fmt::print("wrote {} tokens to {}\n", tokens.size(), data_out);
+    } else if (*bgemm) {
+      int threads = loom::threads_set(bench_threads);
+      fmt::print("{:>6} {:>12}\n", "n", "GFLOP/s");
+      for (auto& r : loom::bench_gemm(threads)) fmt::print("{:>6} {:>12.1f}\n", r.size, r.flops / 1e9);
+      fmt::print("cached peak for {} threads: {:.1f} GFLOP/s\n", threads, loom::cpu_peak_flops(threads, true) / 1e9);
+    } else if (*btrain) {
+      loom::bench_train(config_build(config_path, sets), topt);
+    } else if (*bcomm) {
+      loom::bench_comm(topt, comm_max_mb);
+    } else if (*pmem) {
+      if (plan_params > 0) {
+        LOOM_CHECK(plan_dp > 0, "loom plan memory --params needs --dp");
+        const bool mixed = plan_precision == "mixed";
+        auto gb = loom::plan_zero_paper(plan_params, plan_dp, mixed ? 2 : 4, mixed ? 2 : 4, mixed ? 12 : 8);
+        fmt::print("{:.3g} parameters, dp {}, {} precision (K = {}): GB per rank\n", plan_params, plan_dp,
+                   plan_precision, mixed ? 12 : 8);
+        for (int s = 0; s < 4; ++s) fmt::print("zero {}: {:>10.1f}\n", s, gb[size_t(s)] / 1e9);
+      } else {
+        if (plan_dp > 0) sets.push_back(fmt::format("parallel.dp={}", plan_dp));
+        loom::Config cfg = config_build(config_path, sets);
+        fmt::print("{}\n", plan_json ? loom::plan_memory_json(cfg) : loom::plan_memory_table(cfg));
+      }
     }
+    return 0;
+  };
+  try {
+    return dispatch();
+  } catch (const std::exception& e) {
+    if (mpi && mpi->size() > 1) {
+      // A rank that fails alone would leave its peers waiting in a collective: end the job.
+      fmt::print(stderr, "error: rank {}: {}\n", mpi->rank(), e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, dynamic_cast<const loom::Error*>(&e) ? 2 : 1);
+    }
+    throw;
   }
-  return 0;
 }
 
 }  // namespace
