@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -22,7 +24,16 @@ extern "C" void openblas_set_num_threads(int);
 namespace loom {
 
 int threads_set(int threads) {
-  if (threads <= 0) threads = omp_get_num_procs();
+  if (threads <= 0) {
+    // OMP_NUM_THREADS when the launcher set it; else this node's cores shared by its ranks.
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
+    if (omp && std::atoi(omp) > 0)
+      threads = std::atoi(omp);
+    else
+      threads = std::max(1, omp_get_num_procs() / std::max(1, local ? std::atoi(local) : 1));
+  }
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
   return threads;
@@ -160,7 +171,28 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, accum, B, dp.size(), cfg.train.recompute);
   info("activation plan (B={}, T={}):\n{}", B, T, model.plan().table());
-  info("memory ledger (rank 0):\n{}", alloc.ledger_table());
+  {
+    // Every rank's ledger, tabled by rank 0: ZeRO padding and tensor-parallel shards differ.
+    const MemLedger& L = alloc.ledger();
+    const int64_t mine[7] = {L.of(Mem::params), L.of(Mem::grads),     L.of(Mem::optim), L.of(Mem::activations),
+                             L.of(Mem::comm),   L.of(Mem::workspace), L.peak_total};
+    const int world = mesh.world();
+    std::vector<int32_t> all(size_t(14) * size_t(world));
+    std::memcpy(all.data() + 14 * opt.world_rank, mine, sizeof(mine));
+    mesh.world_group()
+        .all_gather(Buf(all.data() + 14 * opt.world_rank, 14), Buf(all.data(), int64_t(all.size())))
+        .wait();
+    std::string table = fmt::format("{:<6} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10}", "rank", "params", "grads",
+                                    "optim", "activations", "comm", "workspace", "peak");
+    for (int r = 0; r < world; ++r) {
+      int64_t v[7];
+      std::memcpy(v, all.data() + 14 * r, sizeof(v));
+      table += fmt::format("\n{:<6} {:>10.2f} {:>10.2f} {:>10.2f} {:>12.2f} {:>10.2f} {:>10.2f} {:>10.2f}", r,
+                           v[0] / 1048576.0, v[1] / 1048576.0, v[2] / 1048576.0, v[3] / 1048576.0, v[4] / 1048576.0,
+                           v[5] / 1048576.0, v[6] / 1048576.0);
+    }
+    info("memory ledger per rank (MiB):\n{}", table);
+  }
   info("FLOPs/token {:.3g} (model), {:.3g} (hardware); CPU peak {:.1f} GFLOP/s over all ranks", fpt.model, fpt.hardware,
        peak / 1e9);
 

@@ -34,7 +34,8 @@ struct TrainOptions {
 // cfg must have passed config_validate.
 TrainResult train_run(const Config& cfg, const TrainOptions& opt = {});
 
-// Sets OpenMP and OpenBLAS threads (0: every core); returns the count in effect.
+// Sets OpenMP and OpenBLAS threads; 0: OMP_NUM_THREADS if set, else this node's cores divided
+// among its ranks. Returns the count in effect.
 int threads_set(int threads);
 
 // Measured fp32 GEMM rate of this machine for `threads`, cached under ~/.cache/loom.

@@ -48,7 +48,7 @@ struct TrainConfig {
   std::string device = "auto";     // auto | cpu | cuda
   std::string dtype = "auto";      // auto | f32 | bf16 (auto: f32 on cpu, bf16 on cuda)
   std::string recompute = "none";  // none | selective | full
-  int threads = 0;                 // 0: every core
+  int threads = 0;                 // 0: OMP_NUM_THREADS if set, else the node's cores shared among its ranks
 };
 
 struct DataConfig {
