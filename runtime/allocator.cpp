@@ -2,6 +2,10 @@
 
 #include <cstdlib>
 
+#if LOOM_HAVE_CUDA
+#include "kernels/cuda/check.h"
+#endif
+
 namespace loom {
 
 std::string shape_str(const Shape& s) {
@@ -15,9 +19,22 @@ const char* mem_name(Mem m) {
   return names[int(m)];
 }
 
+namespace {
+void block_free(DeviceKind d, void* p) {
+#if LOOM_HAVE_CUDA
+  if (d == DeviceKind::cuda) {
+    cudaFree(p);
+    return;
+  }
+#endif
+  (void)d;
+  std::free(p);
+}
+}  // namespace
+
 Allocator::~Allocator() {
   *alive_ = false;
-  for (auto& [bytes, p] : cache_) std::free(p);
+  for (auto& [bytes, p] : cache_) block_free(device_, p);
 }
 
 void* Allocator::take(size_t bytes) {
@@ -27,6 +44,19 @@ void* Allocator::take(size_t bytes) {
     cache_.erase(it);
     return p;
   }
+#if LOOM_HAVE_CUDA
+  if (device_ == DeviceKind::cuda) {
+    // Blocks are reused in stream order: work on the one compute stream that frees a block
+    // runs before work that takes it again, so no synchronization is needed.
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    LOOM_CHECK(e == cudaSuccess,
+               "out of GPU memory allocating {} bytes ({}); lower train.micro_batch, use "
+               "train.recompute or parallel.zero",
+               bytes, cudaGetErrorString(e));
+    return p;
+  }
+#endif
   // 64-byte alignment: a cache line, and what AVX-512 loads like.
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   LOOM_CHECK(p, "out of host memory allocating {} bytes; lower train.micro_batch or model size", bytes);
@@ -40,12 +70,19 @@ void Allocator::give_back(void* p, size_t bytes, Mem category) {
 }
 
 Tensor Allocator::empty(Shape shape, DType dtype, Mem category) {
-  LOOM_CHECK(device_ == DeviceKind::cpu, "the CUDA allocator is not part of this build");
+#if !LOOM_HAVE_CUDA
+  LOOM_CHECK(device_ == DeviceKind::cpu, "this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON)");
+#endif
   size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
   size_t padded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
   auto st = std::make_shared<Storage>();
   st->data = take(padded);
-  std::memset(st->data, 0, padded);
+#if LOOM_HAVE_CUDA
+  if (device_ == DeviceKind::cuda)
+    LOOM_CUDA_CHECK(cudaMemset(st->data, 0, padded));
+  else
+#endif
+    std::memset(st->data, 0, padded);
   st->bytes = padded;
   st->device = device_;
   auto& L = ledger_;
@@ -57,7 +94,7 @@ Tensor Allocator::empty(Shape shape, DType dtype, Mem category) {
     if (*alive)
       give_back(s.data, s.bytes, category);
     else
-      std::free(s.data);
+      block_free(s.device, s.data);
   };
   return Tensor{st, 0, std::move(shape), dtype};
 }

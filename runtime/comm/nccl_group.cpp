@@ -5,11 +5,8 @@
 
 #include <cstring>
 
-#define LOOM_CUDA_CHECK(call)                                                                                   \
-  do {                                                                                                          \
-    cudaError_t e_ = (call);                                                                                    \
-    LOOM_CHECK(e_ == cudaSuccess, "{} failed at {}:{}: {}", #call, __FILE__, __LINE__, cudaGetErrorString(e_)); \
-  } while (0)
+#include "kernels/cuda/check.h"
+
 #define LOOM_NCCL_CHECK(call)                                                                                   \
   do {                                                                                                          \
     ncclResult_t r_ = (call);                                                                                   \

@@ -1,0 +1,156 @@
+// Flash-style causal attention with grouped-query heads: one warp per query row, each lane
+// holding D/32 of the head dim, an online softmax over the keys, and never a T x T matrix.
+// Backward recomputes the probabilities from the saved log-sum-exp in two kernels, one for
+// dQ (a warp per query row) and one for dK and dV (a warp per key row, summing the query
+// heads of its group in order), so nothing is accumulated with atomics.
+// This is the straightforward form; tensor-core tiles (mma/wgmma) are the next step.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+
+template <int D>
+__global__ void attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, float scale) {
+  constexpr int E = D / 32;
+  const int t = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
+  if (t >= T) return;
+  const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
+  const bf16* base = qkv + int64_t(bi) * T * row;
+  float q[E], acc[E];
+  for (int e = 0; e < E; ++e) q[e] = f(base[int64_t(t) * row + h * D + lane + 32 * e]) * scale, acc[e] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int j = 0; j <= t; ++j) {
+    const bf16* k = base + int64_t(j) * row + (H + kvh) * D;
+    const bf16* v = base + int64_t(j) * row + (H + KV + kvh) * D;
+    float s = 0.0f;
+    for (int e = 0; e < E; ++e) s += q[e] * f(k[lane + 32 * e]);
+    s = warp_sum(s);
+    const float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
+    l = l * corr + p;
+    for (int e = 0; e < E; ++e) acc[e] = acc[e] * corr + p * f(v[lane + 32 * e]);
+    m = mn;
+  }
+  bf16* o = out + (int64_t(bi) * T + t) * H * D + h * D;
+  for (int e = 0; e < E; ++e) o[lane + 32 * e] = b(acc[e] / l);
+  if (lane == 0) lse[(int64_t(bi) * H + h) * T + t] = m + logf(l);
+}
+
+// delta[b,h,t] = sum_d dO * O, the softmax backward's row term.
+template <int D>
+__global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf16* out, int T, int H) {
+  constexpr int E = D / 32;
+  const int t = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
+  if (t >= T) return;
+  const int64_t at = (int64_t(bi) * T + t) * H * D + h * D;
+  float s = 0.0f;
+  for (int e = 0; e < E; ++e) s += f(dout[at + lane + 32 * e]) * f(out[at + lane + 32 * e]);
+  s = warp_sum(s);
+  if (lane == 0) delta[(int64_t(bi) * H + h) * T + t] = s;
+}
+
+template <int D>
+__global__ void attention_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
+                                    int T, int H, int KV, float scale) {
+  constexpr int E = D / 32;
+  const int t = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
+  if (t >= T) return;
+  const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
+  const bf16* base = qkv + int64_t(bi) * T * row;
+  const int64_t stat = (int64_t(bi) * H + h) * T + t;
+  const float L = lse[stat], dl = delta[stat];
+  float q[E], dy[E], dq[E];
+  const bf16* go = dout + (int64_t(bi) * T + t) * H * D + h * D;
+  for (int e = 0; e < E; ++e)
+    q[e] = f(base[int64_t(t) * row + h * D + lane + 32 * e]) * scale, dy[e] = f(go[lane + 32 * e]), dq[e] = 0.0f;
+  for (int j = 0; j <= t; ++j) {
+    const bf16* k = base + int64_t(j) * row + (H + kvh) * D;
+    const bf16* v = base + int64_t(j) * row + (H + KV + kvh) * D;
+    float s = 0.0f, dp = 0.0f;
+    for (int e = 0; e < E; ++e) s += q[e] * f(k[lane + 32 * e]), dp += dy[e] * f(v[lane + 32 * e]);
+    s = warp_sum(s);
+    dp = warp_sum(dp);
+    const float ds = __expf(s - L) * (dp - dl);
+    for (int e = 0; e < E; ++e) dq[e] += ds * f(k[lane + 32 * e]);
+  }
+  bf16* out = dqkv + (int64_t(bi) * T + t) * row + h * D;
+  for (int e = 0; e < E; ++e) out[lane + 32 * e] = b(dq[e] * scale);
+}
+
+template <int D>
+__global__ void attention_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                                     const float* delta, int T, int H, int KV, float scale) {
+  constexpr int E = D / 32;
+  const int j = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, kvh = blockIdx.y, bi = blockIdx.z;
+  if (j >= T) return;
+  const int row = (H + 2 * KV) * D, group = H / KV;
+  const bf16* base = qkv + int64_t(bi) * T * row;
+  float k[E], v[E], dk[E], dv[E];
+  for (int e = 0; e < E; ++e) {
+    k[e] = f(base[int64_t(j) * row + (H + kvh) * D + lane + 32 * e]);
+    v[e] = f(base[int64_t(j) * row + (H + KV + kvh) * D + lane + 32 * e]);
+    dk[e] = dv[e] = 0.0f;
+  }
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h)
+    for (int t = j; t < T; ++t) {
+      const bf16* q = base + int64_t(t) * row + h * D;
+      const bf16* dy = dout + (int64_t(bi) * T + t) * H * D + h * D;
+      const int64_t stat = (int64_t(bi) * H + h) * T + t;
+      float s = 0.0f, dp = 0.0f;
+      for (int e = 0; e < E; ++e) s += f(q[lane + 32 * e]) * k[e], dp += f(dy[lane + 32 * e]) * v[e];
+      s = warp_sum(s) * scale;
+      dp = warp_sum(dp);
+      const float p = __expf(s - lse[stat]), ds = p * (dp - delta[stat]);
+      for (int e = 0; e < E; ++e) {
+        dv[e] += p * f(dy[lane + 32 * e]);
+        dk[e] += ds * f(q[lane + 32 * e]);
+      }
+    }
+  bf16* out = dqkv + (int64_t(bi) * T + j) * row;
+  for (int e = 0; e < E; ++e) {
+    out[(H + kvh) * D + lane + 32 * e] = b(dk[e] * scale);
+    out[(H + KV + kvh) * D + lane + 32 * e] = b(dv[e]);
+  }
+}
+
+template <int D>
+void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, cudaStream_t s) {
+  dim3 grid(blocks_for(T, kWarps), H, B);
+  attention_forward_kernel<D><<<grid, 32 * kWarps, 0, s>>>(out, lse, qkv, T, H, KV, 1.0f / sqrtf(float(D)));
+  LOOM_CUDA_LAUNCHED();
+}
+
+template <int D>
+void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, float* delta, int B,
+                int T, int H, int KV, cudaStream_t s) {
+  const float scale = 1.0f / sqrtf(float(D));
+  dim3 grid(blocks_for(T, kWarps), H, B), kv_grid(blocks_for(T, kWarps), KV, B);
+  attention_delta_kernel<D><<<grid, 32 * kWarps, 0, s>>>(delta, dout, out, T, H);
+  LOOM_CUDA_LAUNCHED();
+  attention_dq_kernel<D><<<grid, 32 * kWarps, 0, s>>>(dqkv, dout, qkv, lse, delta, T, H, KV, scale);
+  LOOM_CUDA_LAUNCHED();
+  attention_dkv_kernel<D><<<kv_grid, 32 * kWarps, 0, s>>>(dqkv, dout, qkv, lse, delta, T, H, KV, scale);
+  LOOM_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, cudaStream_t s) {
+  if (D == 64) return forward_d<64>(out, lse, qkv, B, T, H, KV, s);
+  if (D == 128) return forward_d<128>(out, lse, qkv, B, T, H, KV, s);
+  if (D == 32) return forward_d<32>(out, lse, qkv, B, T, H, KV, s);
+  fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
+}
+
+void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
+                        float* scratch, int B, int T, int H, int KV, int D, cudaStream_t s) {
+  if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
+  if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
+  if (D == 32) return backward_d<32>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
+  fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,70 @@
+// GEMMs through cuBLASLt in bf16 with fp32 accumulation. cuBLASLt is column-major; a row-major
+// matrix is the column-major view of its transpose, so C = op(A) op(B) is computed as
+// C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B, its second A, and m, n swap. A bias
+// rides the epilogue (added per column of the row-major C).
+#include <cublasLt.h>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops_cuda.h"
+
+#define LOOM_CUBLAS_CHECK(call)                                                                                     \
+  do {                                                                                                              \
+    cublasStatus_t st_ = (call);                                                                                    \
+    LOOM_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "{} failed at {}:{}: status {}", #call, __FILE__, __LINE__, int(st_)); \
+  } while (0)
+
+namespace loom::cuda {
+
+GemmContext::GemmContext(size_t workspace_bytes) : bytes_(workspace_bytes) {
+  cublasLtHandle_t h;
+  LOOM_CUBLAS_CHECK(cublasLtCreate(&h));
+  handle_ = h;
+  LOOM_CUDA_CHECK(cudaMalloc(&workspace_, bytes_));
+}
+
+GemmContext::~GemmContext() {
+  cudaFree(workspace_);
+  cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+          const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, cudaStream_t s) {
+  auto lt = static_cast<cublasLtHandle_t>(ctx.handle());
+  cublasLtMatmulDesc_t op;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &first, sizeof(first)));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &second, sizeof(second)));
+  if (bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  // Column-major shapes: first = B viewed (N x K, or K x N stored when transposed), second = A.
+  cublasLtMatrixLayout_t lb, la, lc;
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, ldb));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, lda));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, ldc));
+  cublasLtMatmulPreference_t pref;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = ctx.workspace_bytes();
+  LOOM_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, lb, la, lc, lc, pref, 1, &heur, &found));
+  LOOM_CHECK(found > 0, "cuBLASLt has no algorithm for a bf16 GEMM of {} x {} x {}", M, N, K);
+  const float alpha = 1.0f;
+  LOOM_CUBLAS_CHECK(
+      cublasLtMatmul(lt, op, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &heur.algo, ctx.workspace(), ws, s));
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatmulDescDestroy(op);
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,123 @@
+// LayerNorm and RMSNorm: one warp per row for the row statistics and the input gradient; one
+// thread per column, rows in order, for the weight and bias gradients (deterministic).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;  // rows per block
+
+__global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
+                                         const bf16* bias, int N, int C, float eps) {
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const bf16* x = inp + int64_t(n) * C;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32) s += f(x[c]);
+  const float m = warp_sum(s) / C;
+  float v = 0.0f;
+  for (int c = lane; c < C; c += 32) v += (f(x[c]) - m) * (f(x[c]) - m);
+  const float r = rsqrtf(warp_sum(v) / C + eps);
+  bf16* o = out + int64_t(n) * C;
+  for (int c = lane; c < C; c += 32) o[c] = b((f(x[c]) - m) * r * f(weight[c]) + f(bias[c]));
+  if (lane == 0) mean[n] = m, rstd[n] = r;
+}
+
+__global__ void layernorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* weight,
+                                      const float* mean, const float* rstd, int N, int C) {
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const bf16* x = inp + int64_t(n) * C;
+  const bf16* dy = dout + int64_t(n) * C;
+  const float m = mean[n], r = rstd[n];
+  float a = 0.0f, bb = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    float dn = f(weight[c]) * f(dy[c]);
+    a += dn;
+    bb += dn * (f(x[c]) - m) * r;
+  }
+  a = warp_sum(a) / C;
+  bb = warp_sum(bb) / C;
+  bf16* dx = dinp + int64_t(n) * C;
+  for (int c = lane; c < C; c += 32) {
+    float xhat = (f(x[c]) - m) * r;
+    dx[c] = b(f(dx[c]) + (f(weight[c]) * f(dy[c]) - a - xhat * bb) * r);
+  }
+}
+
+// bias may be null (RMSNorm); mean may be null (RMSNorm: xhat = x * rstd).
+__global__ void norm_dweight_kernel(bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp, const float* mean,
+                                    const float* rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float dw = 0.0f, db = 0.0f;
+  for (int n = 0; n < N; ++n) {
+    float dy = f(dout[int64_t(n) * C + c]);
+    float xhat = (f(inp[int64_t(n) * C + c]) - (mean ? mean[n] : 0.0f)) * rstd[n];
+    dw += xhat * dy;
+    db += dy;
+  }
+  dweight[c] = b(f(dweight[c]) + dw);
+  if (dbias) dbias[c] = b(f(dbias[c]) + db);
+}
+
+__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int N, int C,
+                                       float eps) {
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const bf16* x = inp + int64_t(n) * C;
+  float ss = 0.0f;
+  for (int c = lane; c < C; c += 32) ss += f(x[c]) * f(x[c]);
+  const float r = rsqrtf(warp_sum(ss) / C + eps);
+  bf16* o = out + int64_t(n) * C;
+  for (int c = lane; c < C; c += 32) o[c] = b(f(x[c]) * r * f(weight[c]));
+  if (lane == 0) rstd[n] = r;
+}
+
+__global__ void rmsnorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* weight,
+                                    const float* rstd, int N, int C) {
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const bf16* x = inp + int64_t(n) * C;
+  const bf16* dy = dout + int64_t(n) * C;
+  const float r = rstd[n];
+  float dot = 0.0f;
+  for (int c = lane; c < C; c += 32) dot += f(weight[c]) * f(dy[c]) * f(x[c]) * r;
+  dot = warp_sum(dot) / C;
+  bf16* dx = dinp + int64_t(n) * C;
+  for (int c = lane; c < C; c += 32) dx[c] = b(f(dx[c]) + (f(weight[c]) * f(dy[c]) - f(x[c]) * r * dot) * r);
+}
+
+}  // namespace
+
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight, const bf16* bias,
+                       int N, int C, float eps, cudaStream_t s) {
+  layernorm_forward_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
+  LOOM_CUDA_LAUNCHED();
+}
+
+void layernorm_backward(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
+                        const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
+  layernorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+  LOOM_CUDA_LAUNCHED();
+  norm_dweight_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  LOOM_CUDA_LAUNCHED();
+}
+
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int N, int C, float eps,
+                     cudaStream_t s) {
+  rmsnorm_forward_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(out, rstd, inp, weight, N, C, eps);
+  LOOM_CUDA_LAUNCHED();
+}
+
+void rmsnorm_backward(bf16* dinp, bf16* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
+                      const float* rstd, int N, int C, cudaStream_t s) {
+  rmsnorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
+  LOOM_CUDA_LAUNCHED();
+  norm_dweight_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dweight, nullptr, dout, inp, nullptr, rstd, N, C);
+  LOOM_CUDA_LAUNCHED();
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,95 @@
+// CUDA kernels, the twins of kernels/ops.h: same shapes, same semantics (overwrite vs +=),
+// device pointers, an explicit stream. Activations, weights and gradients are bf16 with fp32
+// arithmetic inside every kernel; norm statistics, the loss, master weights and Adam moments
+// are fp32. Every reduction runs in a fixed order (no atomics), so results are bitwise
+// reproducible on one GPU model. Built only when CUDA is on; callers check cuda_device_count().
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace loom::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// defines: to_bf16, to_f32
+void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s);
+void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s);
+
+// defines: GemmContext, gemm (cuBLASLt, bf16 in and out, fp32 accumulation)
+// The cuBLASLt handle and workspace, owned by whoever runs the GEMMs (one per device).
+class GemmContext {
+ public:
+  explicit GemmContext(size_t workspace_bytes = size_t(32) << 20);
+  ~GemmContext();
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+  void* handle() const { return handle_; }
+  void* workspace() const { return workspace_; }
+  size_t workspace_bytes() const { return bytes_; }
+
+ private:
+  void* handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t bytes_;
+};
+// Row-major C[M,N] = op(A) @ op(B) (+ bias[N]) + beta * C, as cpu::gemm.
+void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+          const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, cudaStream_t s);
+// dbias[N] += column sums of dout[M, N] (fp32 sums, one thread per column, rows in order).
+void bias_backward(bf16* dbias, const bf16* dout, int M, int N, cudaStream_t s);
+
+// defines: layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight, const bf16* bias,
+                       int N, int C, float eps, cudaStream_t s);
+// dinp +=; dweight, dbias +=.
+void layernorm_backward(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
+                        const float* mean, const float* rstd, int N, int C, cudaStream_t s);
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int N, int C, float eps,
+                     cudaStream_t s);
+void rmsnorm_backward(bf16* dinp, bf16* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
+                      const float* rstd, int N, int C, cudaStream_t s);
+
+// defines: embedding_forward, embedding_backward
+void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
+                       int C, cudaStream_t s);
+void embedding_backward(bf16* dwte, int v0, int Vl, bf16* dwpe, const bf16* dout, const int32_t* tokens, int B, int T,
+                        int C, cudaStream_t s);
+
+// defines: rope_forward, rope_backward (cos/sin tables [T, D/2] in fp32, as cpu::rope_table)
+void rope_forward(bf16* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s);
+void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s);
+
+// defines: gelu_forward, gelu_backward, swiglu_forward, swiglu_backward, add_inplace
+void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s);
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t s);
+void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s);
+void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s);
+void add_inplace(bf16* acc, const bf16* x, int64_t n, cudaStream_t s);
+
+// defines: attention_forward, attention_backward
+// Flash-style causal attention over packed qkv [B,T,(H+2KV)*D] with grouped-query heads: an
+// online softmax per query row, never a T x T matrix. lse [B,H,T] (fp32) is kept for
+// backward, which recomputes the probabilities. D must be 32, 64 or 128.
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, cudaStream_t s);
+// dqkv overwritten; scratch: B*H*T floats.
+void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
+                        float* scratch, int B, int T, int H, int KV, int D, cudaStream_t s);
+
+// defines: crossentropy_forward_backward
+// losses[N] in fp32; with dloss != 0, logits become their gradient (bf16).
+void crossentropy_forward_backward(bf16* logits, float* losses, const int32_t* targets, int N, int V, float dloss,
+                                   cudaStream_t s);
+
+// defines: adamw_update, sum_squares
+// One AdamW step (torch.optim.AdamW arithmetic) over n elements: fp32 master weights and
+// moments, bf16 gradients in, bf16 weights out. decay: 1 - lr * weight_decay or 1.
+void adamw_update(float* master, bf16* params, const bf16* grads, float* m, float* v, int64_t n, float lr_step,
+                  float bc2_sqrt, float beta1, float beta2, float eps, float decay, float grad_scale, cudaStream_t s);
+// Sum of squares of n bf16 values into *out (fp32; fixed-order two-pass reduction);
+// scratch: 1024 floats.
+void sum_squares(float* out, const bf16* x, int64_t n, float* scratch, cudaStream_t s);
+
+}  // namespace loom::cuda

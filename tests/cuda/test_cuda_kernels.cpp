@@ -1,0 +1,236 @@
+// Each CUDA kernel against its CPU twin (kernels/ops.h) on the same bf16-rounded inputs.
+// Tolerances are stated per kernel: bf16 keeps 8 bits of mantissa, so a value carries a
+// relative error up to 2^-8 = 0.4% after each rounding; kernels that round once get 1e-2,
+// kernels that chain roundings (attention backward, GEMM over long K) get 3e-2.
+// Skips, saying so, where no GPU is visible.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/cuda/ops_cuda.h"
+#include "kernels/ops.h"
+#include "runtime/comm/nccl_group.h"
+
+using namespace loom;
+using cuda::bf16;
+
+namespace {
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(d(g)));  // exactly representable in bf16
+  return v;
+}
+
+// A device buffer of bf16, filled from and read back as fp32.
+struct Dev {
+  bf16* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<float>& h) : n(h.size()) {
+    cudaMalloc(&p, std::max<size_t>(n, 1) * 2);
+    std::vector<uint16_t> b(n);
+    for (size_t i = 0; i < n; ++i) b[i] = f32_to_bf16(h[i]);
+    cudaMemcpy(p, b.data(), n * 2, cudaMemcpyHostToDevice);
+  }
+  explicit Dev(size_t count) : Dev{std::vector<float>(count, 0.0f)} {}
+  ~Dev() { cudaFree(p); }
+  std::vector<float> get() const {
+    std::vector<uint16_t> b(n);
+    cudaDeviceSynchronize();
+    cudaMemcpy(b.data(), p, n * 2, cudaMemcpyDeviceToHost);
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = bf16_to_f32(b[i]);
+    return h;
+  }
+};
+template <class T>
+struct DevRaw {
+  T* p = nullptr;
+  size_t n;
+  explicit DevRaw(const std::vector<T>& h) : n(h.size()) {
+    cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T));
+    cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~DevRaw() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    cudaDeviceSynchronize();
+    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+double rel(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, double(std::abs(got[i] - want[i])));
+    den = std::max(den, double(std::abs(want[i])));
+  }
+  return num / std::max(den, 1e-3);
+}
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  }
+};
+
+}  // namespace
+
+TEST_F(Cuda, GemmEveryTransposeAndBias) {
+  cuda::GemmContext ctx;
+  const int M = 33, N = 65, K = 47;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      auto a = randn(size_t(M) * K, 1), bm = randn(size_t(K) * N, 2), bias = randn(N, 3);
+      std::vector<float> want(size_t(M) * N);
+      for (int n = 0; n < N; ++n)
+        for (int m = 0; m < M; ++m) want[size_t(m) * N + n] = bias[size_t(n)];
+      cpu::gemm(ta, tb, M, N, K, 1.0f, a.data(), ta ? M : K, bm.data(), tb ? K : N, 1.0f, want.data(), N);
+      Dev A(a), Bm(bm), Bias(bias), C(size_t(M) * N);
+      cuda::gemm(ctx, ta, tb, M, N, K, A.p, ta ? M : K, Bm.p, tb ? K : N, 0.0f, C.p, N, Bias.p, nullptr);
+      EXPECT_LT(rel(C.get(), want), 3e-2) << "ta " << ta << " tb " << tb;
+    }
+}
+
+TEST_F(Cuda, NormsForwardAndBackward) {
+  const int N = 37, C = 96;
+  auto x = randn(size_t(N) * C, 10), w = randn(C, 11), bb = randn(C, 12), dy = randn(size_t(N) * C, 13);
+  std::vector<float> out(size_t(N) * C), mean(N), rstd(N), dx(size_t(N) * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bb.data(), N, C, 1e-5f);
+  cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+                          C);
+  Dev X(x), W(w), Bb(bb), Dy(dy), O(size_t(N) * C), Dx(size_t(N) * C), Dw(C), Db(C);
+  DevRaw<float> M{std::vector<float>(N)}, R{std::vector<float>(N)};
+  cuda::layernorm_forward(O.p, M.p, R.p, X.p, W.p, Bb.p, N, C, 1e-5f, nullptr);
+  cuda::layernorm_backward(Dx.p, Dw.p, Db.p, Dy.p, X.p, W.p, M.p, R.p, N, C, nullptr);
+  EXPECT_LT(rel(O.get(), out), 1e-2);
+  EXPECT_LT(rel(Dx.get(), dx), 1e-2);
+  EXPECT_LT(rel(Dw.get(), dw), 1e-2);
+  EXPECT_LT(rel(Db.get(), db), 1e-2);
+
+  std::vector<float> rout(size_t(N) * C), rr(N), rdx(size_t(N) * C, 0.0f), rdw(C, 0.0f);
+  cpu::rmsnorm_forward(rout.data(), rr.data(), x.data(), w.data(), N, C, 1e-6f);
+  cpu::rmsnorm_backward(rdx.data(), rdw.data(), dy.data(), x.data(), w.data(), rr.data(), N, C);
+  Dev RO(size_t(N) * C), RDx(size_t(N) * C), RDw(C);
+  cuda::rmsnorm_forward(RO.p, R.p, X.p, W.p, N, C, 1e-6f, nullptr);
+  cuda::rmsnorm_backward(RDx.p, RDw.p, Dy.p, X.p, W.p, R.p, N, C, nullptr);
+  EXPECT_LT(rel(RO.get(), rout), 1e-2);
+  EXPECT_LT(rel(RDx.get(), rdx), 1e-2);
+  EXPECT_LT(rel(RDw.get(), rdw), 1e-2);
+}
+
+TEST_F(Cuda, EmbeddingRopeAndPointwise) {
+  const int B = 2, T = 8, C = 64, V = 50, H = 4, KV = 2, D = 16;
+  std::vector<int32_t> tok(B * T);
+  for (int i = 0; i < B * T; ++i) tok[size_t(i)] = (i * 7) % V;
+  auto wte = randn(size_t(V) * C, 20), wpe = randn(size_t(T) * C, 21), dy = randn(size_t(B) * T * C, 22);
+  std::vector<float> out(size_t(B) * T * C), dwte(size_t(V) * C, 0.0f), dwpe(size_t(T) * C, 0.0f);
+  cpu::embedding_forward(out.data(), tok.data(), wte.data(), 0, V, wpe.data(), B, T, C);
+  cpu::embedding_backward(dwte.data(), 0, V, dwpe.data(), dy.data(), tok.data(), B, T, C);
+  DevRaw<int32_t> Tok(tok);
+  Dev Wte(wte), Wpe(wpe), Dy(dy), O(size_t(B) * T * C), Dwte(size_t(V) * C), Dwpe(size_t(T) * C);
+  cuda::embedding_forward(O.p, Tok.p, Wte.p, 0, V, Wpe.p, B, T, C, nullptr);
+  cuda::embedding_backward(Dwte.p, 0, V, Dwpe.p, Dy.p, Tok.p, B, T, C, nullptr);
+  EXPECT_LT(rel(O.get(), out), 1e-2);
+  EXPECT_LT(rel(Dwte.get(), dwte), 1e-2);
+  EXPECT_LT(rel(Dwpe.get(), dwpe), 1e-2);
+
+  const size_t nq = size_t(B) * T * (H + 2 * KV) * D;
+  auto qkv = randn(nq, 23);
+  std::vector<float> cs(T * D / 2), sn(T * D / 2);
+  cpu::rope_table(cs.data(), sn.data(), T, D, 10000.0f);
+  auto want = qkv;
+  cpu::rope_forward(want.data(), cs.data(), sn.data(), B, T, H, KV, D);
+  Dev Q(qkv);
+  DevRaw<float> Cs(cs), Sn(sn);
+  cuda::rope_forward(Q.p, Cs.p, Sn.p, B, T, H, KV, D, nullptr);
+  EXPECT_LT(rel(Q.get(), want), 1e-2);
+
+  const int n = 4096;
+  auto x = randn(n, 24, 2.0f), g = randn(n, 25);
+  std::vector<float> go(n), gd(n);
+  cpu::gelu_forward(go.data(), x.data(), n);
+  cpu::gelu_backward(gd.data(), x.data(), g.data(), n);
+  Dev X(x), G(g), GO(n), GD(n);
+  cuda::gelu_forward(GO.p, X.p, n, nullptr);
+  cuda::gelu_backward(GD.p, X.p, G.p, n, nullptr);
+  EXPECT_LT(rel(GO.get(), go), 1e-2);
+  EXPECT_LT(rel(GD.get(), gd), 1e-2);
+  std::vector<float> so(n / 2), sd(n);
+  cpu::swiglu_forward(so.data(), x.data(), n / 64, 32);
+  cpu::swiglu_backward(sd.data(), x.data(), g.data(), n / 64, 32);
+  Dev SO(n / 2), SD(n);
+  cuda::swiglu_forward(SO.p, X.p, n / 64, 32, nullptr);
+  cuda::swiglu_backward(SD.p, X.p, G.p, n / 64, 32, nullptr);
+  EXPECT_LT(rel(SO.get(), so), 1e-2);
+  EXPECT_LT(rel(SD.get(), sd), 1e-2);
+}
+
+class CudaAttention : public Cuda, public ::testing::WithParamInterface<std::tuple<int, int, int>> {};
+
+TEST_P(CudaAttention, MatchesTheCpuTwin) {
+  const auto [H, KV, D] = GetParam();
+  const int B = 2, T = 37;
+  const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D;
+  auto qkv = randn(nq, 30), dy = randn(no, 31);
+  std::vector<float> out(no), probs(size_t(B) * H * T * T), dqkv(nq);
+  cpu::attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, KV, D);
+  cpu::attention_backward(dqkv.data(), dy.data(), qkv.data(), probs.data(), B, T, H, KV, D);
+  Dev Q(qkv), Dy(dy), O(no), DQ(nq);
+  DevRaw<float> L{std::vector<float>(size_t(B) * H * T)}, S{std::vector<float>(size_t(B) * H * T)};
+  cuda::attention_forward(O.p, L.p, Q.p, B, T, H, KV, D, nullptr);
+  auto o = O.get();
+  EXPECT_LT(rel(o, out), 1e-2);
+  // Backward reads the bf16 output the forward wrote; the CPU twin used fp32.
+  cuda::attention_backward(DQ.p, Dy.p, O.p, Q.p, L.p, S.p, B, T, H, KV, D, nullptr);
+  EXPECT_LT(rel(DQ.get(), dqkv), 3e-2);
+}
+INSTANTIATE_TEST_SUITE_P(Heads, CudaAttention,
+                         ::testing::Values(std::tuple{4, 4, 64}, std::tuple{4, 2, 64}, std::tuple{8, 2, 128}));
+
+TEST_F(Cuda, CrossEntropyAdamWAndNorm) {
+  const int N = 9, V = 1000;
+  auto logits = randn(size_t(N) * V, 40, 3.0f);
+  std::vector<int32_t> y(N);
+  for (int i = 0; i < N; ++i) y[size_t(i)] = (i * 113) % V;
+  auto l = logits;
+  std::vector<float> losses(N);
+  cpu::crossentropy_forward_backward(l.data(), losses.data(), y.data(), N, V, 0.5f);
+  Dev Lg(logits);
+  DevRaw<int32_t> Y(y);
+  DevRaw<float> Ls{std::vector<float>(N)};
+  cuda::crossentropy_forward_backward(Lg.p, Ls.p, Y.p, N, V, 0.5f, nullptr);
+  auto got = Ls.get();
+  for (int i = 0; i < N; ++i) EXPECT_NEAR(got[size_t(i)], losses[size_t(i)], 1e-3 * std::abs(losses[size_t(i)]));
+  EXPECT_LT(rel(Lg.get(), l), 1e-2);
+
+  const int n = 5000;
+  auto p = randn(n, 41), g = randn(n, 42);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f), master = p;
+  DevRaw<float> Master(master), Mm(m), Vv(v);
+  Dev P(p), G(g);
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  for (int step = 1; step <= 3; ++step) {
+    const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+    cuda::adamw_update(Master.p, P.p, G.p, Mm.p, Vv.p, n, float(lr / bc1), float(std::sqrt(bc2)), float(b1), float(b2),
+                       float(eps), float(1 - lr * wd), 1.0f, nullptr);
+    for (int i = 0; i < n; ++i) {
+      master[size_t(i)] *= float(1 - lr * wd);
+      m[size_t(i)] += (g[size_t(i)] - m[size_t(i)]) * float(1 - b1);
+      v[size_t(i)] = v[size_t(i)] * float(b2) + float(1 - b2) * g[size_t(i)] * g[size_t(i)];
+      master[size_t(i)] -=
+          float(lr / bc1) * (m[size_t(i)] / (std::sqrt(v[size_t(i)]) / float(std::sqrt(bc2)) + float(eps)));
+    }
+  }
+  EXPECT_LT(rel(Master.get(), master), 1e-5);
+
+  DevRaw<float> Out{std::vector<float>(1)}, Scratch{std::vector<float>(1024)};
+  cuda::sum_squares(Out.p, G.p, n, Scratch.p, nullptr);
+  EXPECT_NEAR(Out.get()[0], cpu::sum_squares(g.data(), n), 1e-4 * cpu::sum_squares(g.data(), n));
+}
