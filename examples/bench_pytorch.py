@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""GPT-2 124M training steps in PyTorch (fp32, CPU), the twin of loom's benchmark config
-examples/configs/gpt2_124m.toml: same shapes, AdamW, clipping, same threads.
-Prints one JSON line: {"tokens_per_s": ...}. Usage: bench_pytorch.py THREADS STEPS"""
+"""GPT-2 124M training steps in PyTorch, the twin of loom's benchmark configs: fp32 on the CPU
+(examples/configs/gpt2_124m.toml, B=4, T=256) or bf16 autocast on a GPU
+(examples/configs/gpt2_124m_gpu.toml, B=16, T=1024); AdamW, clipping, same threads.
+Prints one JSON line: {"tokens_per_s": ...}. Usage: bench_pytorch.py THREADS STEPS [cpu|cuda]"""
 import json
 import math
 import sys
@@ -12,9 +13,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 threads, steps = int(sys.argv[1]), int(sys.argv[2])
+device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-V, T, C, L, H, B = 50257, 256, 768, 12, 12, 4
+V, T, C, L, H, B = (50257, 1024, 768, 12, 12, 16) if device == "cuda" else (50257, 256, 768, 12, 12, 4)
 
 
 class Block(nn.Module):
@@ -42,24 +44,28 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(C)
 
     def forward(self, idx, tgt):
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.h:
             x = b(x)
         logits = self.ln_f(x) @ self.wte.weight.t()
         return F.cross_entropy(logits.view(-1, V), tgt.view(-1))
 
 
-model = GPT()
+model = GPT().to(device)
 opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)
-idx = torch.randint(0, V, (B, T))
-tgt = torch.randint(0, V, (B, T))
+idx = torch.randint(0, V, (B, T), device=device)
+tgt = torch.randint(0, V, (B, T), device=device)
 times = []
 for step in range(steps):
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    model(idx, tgt).backward()
+    with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
+        loss = model(idx, tgt)
+    loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
+    if device == "cuda":
+        torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
 timed = times[1:] if len(times) > 1 else times  # step 1 is a warm-up, as in loom bench
 print(json.dumps({"tokens_per_s": B * T * len(timed) / sum(timed), "torch": torch.__version__}))

@@ -73,6 +73,7 @@ double validate(Model& model, UnitAccess* access, const TokenStream& val, const 
 //   the optimizer over what this rank owns (everything under DDP, its shard under ZeRO).
 // Pipeline stages and expert sharding will split the model before tp does.
 TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
+  if (cfg.train.device == "cuda") return train_run_cuda(cfg, opt);
   const bool lead = opt.world_rank == 0;
 #define info(...)                                      \
   do {                                                 \

@@ -31,8 +31,9 @@ struct TrainOptions {
   int fault_hang_rank = -1, fault_hang_step = -1;
 };
 
-// cfg must have passed config_validate.
+// cfg must have passed config_validate. train.device = cuda runs train_run_cuda.
 TrainResult train_run(const Config& cfg, const TrainOptions& opt = {});
+TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt);
 
 // Sets OpenMP and OpenBLAS threads; 0: OMP_NUM_THREADS if set, else this node's cores divided
 // among its ranks. Returns the count in effect.

@@ -111,7 +111,6 @@ std::string ActPlan::table() const {
 }
 
 // Fields of one block. gpt2 uses all; llama has no biases and no norm biases.
-enum WField { NORM1_W, NORM1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, NORM2_W, NORM2_B, FC_W, FC_B, DOWN_W, DOWN_B, NUM_W };
 struct Model::LayerW {
   float* f[NUM_W];
 };
@@ -457,18 +456,10 @@ void Model::block_backward(const LayerW& w, const LayerW& dw, const LayerA& a, c
   if (sp_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM1_B], G[NORM2_W], G[NORM2_B]}, C_);
 }
 
-namespace {
-struct HeadNames {
-  const char* wte;
-  const char* wpe;
-  const char* norm_w;
-  const char* norm_b;
-};
 HeadNames head_names(bool llama) {
   if (llama) return {"model.embed_tokens.weight", nullptr, "model.norm.weight", nullptr};
   return {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias"};
 }
-}  // namespace
 
 double Model::forward(const int32_t* tokens, const int32_t* targets, float dloss, UnitAccess* access) {
   UnitAccess& acc = access ? *access : *flat_;

@@ -35,6 +35,18 @@ struct ActPlan {
 };
 ActPlan act_plan(const Config& cfg, int B, Recompute policy);
 
+// Fields of one block in ModelLayout::layer_offsets. gpt2 uses all; llama has no biases.
+enum WField { NORM1_W, NORM1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, NORM2_W, NORM2_B, FC_W, FC_B, DOWN_W, DOWN_B, NUM_W };
+
+// Names of the tensors outside the blocks (null where the architecture has none).
+struct HeadNames {
+  const char* wte;
+  const char* wpe;
+  const char* norm_w;
+  const char* norm_b;
+};
+HeadNames head_names(bool llama);
+
 // A model's parameters (names, shapes, offsets) and its units: contiguous ranges of the
 // registry that are gathered, reduced and sharded together. Unit 0 holds the embeddings,
 // unit l+1 block l, unit L+1 the final norm and an untied lm_head. Built without allocating.

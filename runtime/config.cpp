@@ -312,8 +312,18 @@ void config_validate(Config& cfg) {
              "train.beta1 and train.beta2 must be in [0, 1)");
   LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
   LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
-  if (t.device == "cuda") fail("train.device = \"cuda\": this build has no CUDA kernels yet; use \"cpu\" or \"auto\"");
-  if (t.dtype == "bf16") fail("train.dtype = \"bf16\": the CPU computes in f32; use \"f32\" or \"auto\"");
+  // auto is the CPU until the GPU path covers every layout; cuda is asked for by name.
+  if (t.device == "cuda") {
+    LOOM_CHECK(LOOM_HAVE_CUDA, "train.device = \"cuda\": this build has no CUDA; rebuild with the CUDA toolkit");
+    LOOM_CHECK(t.dtype != "f32",
+               "train.dtype = \"f32\" on CUDA: the GPU path computes in bf16; use \"bf16\" or \"auto\"");
+    LOOM_CHECK(cfg.parallel.dp == 1 && cfg.parallel.tp == 1 && cfg.parallel.zero == 0,
+               "train.device = \"cuda\" trains on one GPU in this build; set parallel.dp = 1, parallel.tp = 1 and "
+               "parallel.zero = 0 (multi-GPU layouts run on the CPU path today)");
+    LOOM_CHECK(t.recompute == "none", "train.recompute = \"{}\" is not on the GPU path yet; use \"none\"", t.recompute);
+  } else {
+    LOOM_CHECK(t.dtype != "bf16", "train.dtype = \"bf16\": the CPU computes in f32; use \"f32\" or \"auto\"");
+  }
 
   auto& d = cfg.data;
   check_one_of("data.source", d.source, {"synthetic", "text", "tokens"});

@@ -91,6 +91,22 @@ TEST(Config, TensorParallelRefusesWhatDoesNotSplit) {
   EXPECT_EQ(error_of([] { loaded("[parallel]\ntp = 2\nsp = true\n"); }), "");
 }
 
+TEST(Config, TheGpuPathRefusesWhatItDoesNotHave) {
+  if (!LOOM_HAVE_CUDA) {
+    EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\n"); }).find("this build has no CUDA"), std::string::npos);
+    return;
+  }
+  EXPECT_EQ(error_of([] { loaded("[train]\ndevice = \"cuda\"\nmicro_batch = 8\n[parallel]\ndp = 2\n"); }),
+            "train.device = \"cuda\" trains on one GPU in this build; set parallel.dp = 1, parallel.tp = 1 and "
+            "parallel.zero = 0 (multi-GPU layouts run on the CPU path today)");
+  EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\ndtype = \"f32\"\n"); }).find("computes in bf16"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\nrecompute = \"full\"\n"); }).find("not on the GPU path"),
+            std::string::npos);
+  EXPECT_EQ(error_of([] { loaded("[train]\ndevice = \"cuda\"\n"); }), "");
+  EXPECT_NE(error_of([] { loaded("[train]\ndtype = \"bf16\"\n"); }).find("the CPU computes in f32"), std::string::npos);
+}
+
 TEST(Config, EveryKeyRoundTripsThroughToml) {
   Config a = loaded("[model]\narch = \"llama\"\nn_kv_head = 2\n[train]\nlr = 0.25\n");
   Config b = config_defaults();

@@ -1,0 +1,131 @@
+// The training loop on one GPU: the CPU loop's data order, loss, schedule and metrics, with
+// the model and optimizer on the device (model/model_cuda.h). Refused by config validation
+// for layouts the GPU path does not have yet (dp, tp, ZeRO, recompute).
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "checkpoint/safetensors.h"
+#include "launch/trainer.h"
+#include "model/flops.h"
+#include "runtime/data.h"
+#include "runtime/metrics.h"
+
+#if LOOM_HAVE_CUDA
+#include "kernels/cuda/check.h"
+#include "model/model_cuda.h"
+#include "runtime/comm/nccl_group.h"
+#endif
+
+namespace loom {
+
+#if LOOM_HAVE_CUDA
+TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt) {
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  LOOM_CHECK(cuda_device_count() > 0,
+             "train.device = \"cuda\" but no CUDA device is visible; use train.device = \"cpu\"");
+  threads_set(cfg.train.threads);
+  const int B = cfg.train.micro_batch, T = cfg.model.seq_len, accum = cfg.accum_steps();
+  DataStreams data = data_open(cfg);
+  cudaStream_t stream;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  TrainResult result;
+  {
+    Allocator alloc(DeviceKind::cuda);
+    CudaModel model(cfg, alloc, B, stream);
+    {
+      std::vector<float> host(model.num_params());
+      if (!cfg.init_from.empty())
+        model_load(model.layout().reg, host.data(), cfg.init_from);
+      else
+        registry_init(model.layout().reg, host.data(), uint64_t(cfg.train.seed));
+      model.weights_from(host.data());
+    }
+    const FlopsPerToken fpt = flops_per_token(cfg);
+    const double peak = cuda_peak_flops();
+    if (!opt.quiet) {
+      spdlog::info("model {} on CUDA (bf16, fp32 master weights): {:.2f}M parameters; data: {}", cfg.model.arch,
+                   model.num_params() / 1e6, data.describe);
+      spdlog::info("GPU memory ledger:\n{}", alloc.ledger_table());
+      if (peak == 0) spdlog::info("this GPU is not in the peak table: MFU is reported as 0");
+    }
+    MetricsWriter metrics(cfg.log.dir);
+    std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
+    const int64_t tokens_per_step = int64_t(cfg.train.global_batch) * T;
+    const float dloss = 1.0f / float(tokens_per_step);
+    double timed_ms = 0;
+    const auto run_start = Clock::now();
+    auto validation = [&](int64_t step) {
+      if (!data.val || cfg.data.val_batches == 0) return;
+      double sum = 0;
+      for (int vb = 0; vb < cfg.data.val_batches; ++vb)
+        for (int micro = 0; micro < accum; ++micro) {
+          batch_read(*data.val, cfg, vb, 0, micro, in.data(), tg.data());
+          sum += model.forward(in.data(), tg.data(), 0.0f);
+        }
+      const double v = sum / (double(cfg.data.val_batches) * double(tokens_per_step));
+      result.val.push_back({step, v});
+      metrics.validation(step, v);
+      if (!opt.quiet) spdlog::info("step {} | val_loss {:.4f}", step, v);
+    };
+    for (int64_t step = 0; step < cfg.train.steps; ++step) {
+      const auto t0 = Clock::now();
+      StepMetrics m;
+      model.zero_grad();
+      double loss_sum = 0;
+      for (int micro = 0; micro < accum; ++micro) {
+        const auto td = Clock::now();
+        batch_read(*data.train, cfg, step, 0, micro, in.data(), tg.data(), cfg.data.shuffle);
+        m.data_ms += ms_since(td);
+        loss_sum += model.forward(in.data(), tg.data(), dloss);  // waits for the loss: the step's one sync
+        model.backward();
+      }
+      const auto to = Clock::now();
+      m.lr = lr_at(cfg.train, step);
+      m.grad_norm = model.step({m.lr, cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay},
+                               step + 1, cfg.train.grad_clip);
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      m.optimizer_ms = ms_since(to);
+      m.step_ms = ms_since(t0);
+      m.compute_ms = m.step_ms - m.optimizer_ms - m.data_ms;
+      m.step = step + 1;
+      m.steps = cfg.train.steps;
+      m.loss = loss_sum / double(tokens_per_step);
+      m.tokens = (step + 1) * tokens_per_step;
+      m.tokens_per_s = double(tokens_per_step) / (m.step_ms / 1e3);
+      m.mfu = peak > 0 ? m.tokens_per_s * fpt.model / peak : 0.0;
+      m.hfu = m.mfu;
+      m.mem = alloc.ledger();
+      metrics.step(m);
+      result.losses.push_back(m.loss);
+      if (step > 0) timed_ms += m.step_ms;
+      if (!opt.quiet && (m.step % cfg.log.every == 0 || m.step == 1 || m.step == m.steps))
+        spdlog::info("{}", progress_line(m, ms_since(run_start) / 1e3 / double(m.step) * double(m.steps - m.step)));
+      if (cfg.data.val_every > 0 && m.step % cfg.data.val_every == 0 && m.step != m.steps) validation(m.step);
+    }
+    validation(cfg.train.steps);
+    if (cfg.train.steps > 1) {
+      result.tokens_per_s = double(tokens_per_step) * double(cfg.train.steps - 1) / (timed_ms / 1e3);
+      result.mfu = peak > 0 ? result.tokens_per_s * fpt.model / peak : 0.0;
+    }
+    if (!cfg.export_final.empty() || opt.keep_params) {
+      std::vector<float> host(model.num_params());
+      model.weights_to(host.data());
+      if (!cfg.export_final.empty()) model_save(model.layout().reg, host.data(), cfg.export_final);
+      if (opt.keep_params) result.params = host;
+    }
+    result.activation_bytes = alloc.ledger().of(Mem::activations);
+  }
+  cudaStreamDestroy(stream);
+  return result;
+}
+#else
+TrainResult train_run_cuda(const Config&, const TrainOptions&) {
+  fail("train.device = \"cuda\": this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON)");
+}
+#endif
+
+}  // namespace loom

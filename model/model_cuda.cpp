@@ -1,0 +1,291 @@
+#if LOOM_HAVE_CUDA
+#include "model/model_cuda.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cuda/check.h"
+#include "kernels/ops.h"
+
+namespace loom {
+
+using cuda::bf16;
+
+struct CudaModel::Impl {
+  Config cfg;
+  bool llama;
+  int B, T, C, H, KV, D, F, V, L, N, qkv, fc;
+  cudaStream_t s;
+  cuda::GemmContext gemm;
+  Tensor params, grads, master, m, v;  // bf16, bf16, f32, f32, f32
+  // Activations, per layer unless named otherwise (bf16 unless f32 in the comment).
+  Tensor residual, ln1, ln1_mean, ln1_rstd, qkv_a, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fc_a, act;
+  Tensor lnf, lnf_mean, lnf_rstd, logits, losses, tokens, targets;
+  Tensor dres, dln, datty, dqkv, dfc, dact, delta, norm_scratch, norm_out, rope_cos, rope_sin;
+  std::vector<float> losses_host;
+
+  bf16* P(size_t off) { return params.data<bf16>() + off; }
+  bf16* G(size_t off) { return grads.data<bf16>() + off; }
+  template <class X>
+  X* at(const Tensor& t, int l, int64_t per) {
+    return t.data<X>() + int64_t(l) * per;
+  }
+  void linear_forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int M, int K, int Nn) {
+    if (llama)
+      cuda::gemm(gemm, false, true, M, Nn, K, inp, K, w, K, 0.0f, out, Nn, bias, s);
+    else
+      cuda::gemm(gemm, false, false, M, Nn, K, inp, K, w, Nn, 0.0f, out, Nn, bias, s);
+  }
+  // dinp overwritten (if not null); dw += ; dbias += (if not null).
+  void linear_backward(bf16* dinp, bf16* dw, bf16* dbias, const bf16* dout, const bf16* inp, const bf16* w, int M,
+                       int K, int Nn) {
+    if (llama) {
+      if (dinp) cuda::gemm(gemm, false, false, M, K, Nn, dout, Nn, w, K, 0.0f, dinp, K, nullptr, s);
+      cuda::gemm(gemm, true, false, Nn, K, M, dout, Nn, inp, K, 1.0f, dw, K, nullptr, s);
+    } else {
+      if (dinp) cuda::gemm(gemm, false, true, M, K, Nn, dout, Nn, w, Nn, 0.0f, dinp, K, nullptr, s);
+      cuda::gemm(gemm, true, false, K, Nn, M, inp, K, dout, Nn, 1.0f, dw, Nn, nullptr, s);
+    }
+    if (dbias) cuda::bias_backward(dbias, dout, M, Nn, s);
+  }
+};
+
+namespace {
+Tensor dev(Allocator& a, int64_t n, DType t, Mem m) {
+  return a.empty({std::max<int64_t>(n, 1)}, t, m);
+}
+}  // namespace
+
+CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream)
+    : p_(std::make_unique<Impl>()), layout_(model_layout(cfg)) {
+  Impl& x = *p_;
+  x.cfg = cfg;
+  x.llama = cfg.model.arch == "llama";
+  x.B = B, x.T = cfg.model.seq_len, x.C = cfg.model.d_model, x.H = cfg.model.n_head, x.KV = cfg.kv_heads();
+  x.D = cfg.head_dim(), x.F = cfg.model.d_ff, x.V = cfg.model.vocab_size, x.L = cfg.model.n_layer, x.N = B * x.T;
+  x.qkv = (x.H + 2 * x.KV) * x.D;
+  x.fc = x.llama ? 2 * x.F : x.F;
+  x.s = stream;
+  const int64_t n = int64_t(layout_.reg.numel()), N = x.N, C = x.C, L = x.L;
+  x.params = dev(a, n, DType::bf16, Mem::params);
+  x.grads = dev(a, n, DType::bf16, Mem::grads);
+  x.master = dev(a, n, DType::f32, Mem::optim);
+  x.m = dev(a, n, DType::f32, Mem::optim);
+  x.v = dev(a, n, DType::f32, Mem::optim);
+  auto act = [&](int64_t per, int64_t copies, DType t) { return dev(a, per * copies, t, Mem::activations); };
+  x.residual = act(N * C, L + 1, DType::bf16);
+  x.ln1 = act(N * C, L, DType::bf16);
+  x.ln1_mean = act(N, L, DType::f32);
+  x.ln1_rstd = act(N, L, DType::f32);
+  x.qkv_a = act(N * x.qkv, L, DType::bf16);
+  x.atty = act(N * C, L, DType::bf16);
+  x.lse = act(int64_t(B) * x.H * x.T, L, DType::f32);
+  x.res2 = act(N * C, L, DType::bf16);
+  x.ln2 = act(N * C, L, DType::bf16);
+  x.ln2_mean = act(N, L, DType::f32);
+  x.ln2_rstd = act(N, L, DType::f32);
+  x.fc_a = act(N * x.fc, L, DType::bf16);
+  x.act = act(N * x.F, L, DType::bf16);
+  x.lnf = act(N * C, 1, DType::bf16);
+  x.lnf_mean = act(N, 1, DType::f32);
+  x.lnf_rstd = act(N, 1, DType::f32);
+  x.logits = act(N * x.V, 1, DType::bf16);
+  x.losses = act(N, 1, DType::f32);
+  auto ws = [&](int64_t count, DType t) { return dev(a, count, t, Mem::workspace); };
+  x.tokens = ws(N, DType::i32);
+  x.targets = ws(N, DType::i32);
+  x.dres = ws(N * C, DType::bf16);
+  x.dln = ws(N * C, DType::bf16);
+  x.datty = ws(N * C, DType::bf16);
+  x.dqkv = ws(N * x.qkv, DType::bf16);
+  x.dfc = ws(N * x.fc, DType::bf16);
+  x.dact = ws(N * x.F, DType::bf16);
+  x.delta = ws(int64_t(B) * x.H * x.T, DType::f32);
+  x.norm_scratch = ws(1024, DType::f32);
+  x.norm_out = ws(1, DType::f32);
+  x.losses_host.resize(size_t(N));
+  if (x.llama) {
+    std::vector<float> cs(size_t(x.T) * x.D / 2), sn(cs.size());
+    cpu::rope_table(cs.data(), sn.data(), x.T, x.D, float(cfg.model.rope_theta));
+    x.rope_cos = ws(int64_t(cs.size()), DType::f32);
+    x.rope_sin = ws(int64_t(sn.size()), DType::f32);
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(x.rope_cos.f32(), cs.data(), cs.size() * 4, cudaMemcpyHostToDevice, stream));
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(x.rope_sin.f32(), sn.data(), sn.size() * 4, cudaMemcpyHostToDevice, stream));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+}
+
+CudaModel::~CudaModel() = default;
+
+void CudaModel::weights_from(const float* host) {
+  Impl& x = *p_;
+  const int64_t n = int64_t(num_params());
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(x.master.f32(), host, size_t(n) * 4, cudaMemcpyHostToDevice, x.s));
+  cuda::to_bf16(x.params.data<bf16>(), x.master.f32(), n, x.s);
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(x.s));
+}
+
+void CudaModel::weights_to(float* host) const {
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(host, p_->master.f32(), num_params() * 4, cudaMemcpyDeviceToHost, p_->s));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(p_->s));
+}
+
+void CudaModel::zero_grad() {
+  LOOM_CUDA_CHECK(cudaMemsetAsync(p_->grads.data<bf16>(), 0, num_params() * 2, p_->s));
+}
+
+double CudaModel::forward(const int32_t* tokens, const int32_t* targets, float dloss) {
+  Impl& x = *p_;
+  const int N = x.N, C = x.C, T = x.T, B = x.B;
+  const float eps = float(x.cfg.model.norm_eps);
+  const auto names = head_names(x.llama);
+  auto off = [&](const char* name) { return layout_.reg.at(name).offset; };
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(x.tokens.data<int32_t>(), tokens, size_t(N) * 4, cudaMemcpyHostToDevice, x.s));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(x.targets.data<int32_t>(), targets, size_t(N) * 4, cudaMemcpyHostToDevice, x.s));
+  bf16* res = x.residual.data<bf16>();
+  cuda::embedding_forward(res, x.tokens.data<int32_t>(), x.P(off(names.wte)), 0, x.V,
+                          names.wpe ? x.P(off(names.wpe)) : nullptr, B, T, C, x.s);
+  for (int l = 0; l < x.L; ++l) {
+    const auto& o = layout_.layer_offsets[size_t(l)];
+    auto w = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.P(o[size_t(f)]); };
+    const bf16* in = res + int64_t(l) * N * C;
+    bf16* out = res + int64_t(l + 1) * N * C;
+    bf16* ln1 = x.at<bf16>(x.ln1, l, int64_t(N) * C);
+    bf16* qkv = x.at<bf16>(x.qkv_a, l, int64_t(N) * x.qkv);
+    bf16* atty = x.at<bf16>(x.atty, l, int64_t(N) * C);
+    bf16* res2 = x.at<bf16>(x.res2, l, int64_t(N) * C);
+    bf16* ln2 = x.at<bf16>(x.ln2, l, int64_t(N) * C);
+    bf16* fc = x.at<bf16>(x.fc_a, l, int64_t(N) * x.fc);
+    bf16* act = x.at<bf16>(x.act, l, int64_t(N) * x.F);
+    float* lse = x.at<float>(x.lse, l, int64_t(B) * x.H * T);
+    if (x.llama)
+      cuda::rmsnorm_forward(ln1, x.at<float>(x.ln1_rstd, l, N), in, w(NORM1_W), N, C, eps, x.s);
+    else
+      cuda::layernorm_forward(ln1, x.at<float>(x.ln1_mean, l, N), x.at<float>(x.ln1_rstd, l, N), in, w(NORM1_W),
+                              w(NORM1_B), N, C, eps, x.s);
+    x.linear_forward(qkv, ln1, w(QKV_W), w(QKV_B), N, C, x.qkv);
+    if (x.llama) cuda::rope_forward(qkv, x.rope_cos.f32(), x.rope_sin.f32(), B, T, x.H, x.KV, x.D, x.s);
+    cuda::attention_forward(atty, lse, qkv, B, T, x.H, x.KV, x.D, x.s);
+    x.linear_forward(res2, atty, w(PROJ_W), w(PROJ_B), N, C, C);
+    cuda::add_inplace(res2, in, int64_t(N) * C, x.s);
+    if (x.llama)
+      cuda::rmsnorm_forward(ln2, x.at<float>(x.ln2_rstd, l, N), res2, w(NORM2_W), N, C, eps, x.s);
+    else
+      cuda::layernorm_forward(ln2, x.at<float>(x.ln2_mean, l, N), x.at<float>(x.ln2_rstd, l, N), res2, w(NORM2_W),
+                              w(NORM2_B), N, C, eps, x.s);
+    x.linear_forward(fc, ln2, w(FC_W), w(FC_B), N, C, x.fc);
+    if (x.llama)
+      cuda::swiglu_forward(act, fc, N, x.F, x.s);
+    else
+      cuda::gelu_forward(act, fc, int64_t(N) * x.F, x.s);
+    x.linear_forward(out, act, w(DOWN_W), w(DOWN_B), N, x.F, C);
+    cuda::add_inplace(out, res2, int64_t(N) * C, x.s);
+  }
+  const bf16* last = res + int64_t(x.L) * N * C;
+  if (x.llama)
+    cuda::rmsnorm_forward(x.lnf.data<bf16>(), x.lnf_rstd.f32(), last, x.P(off(names.norm_w)), N, C, eps, x.s);
+  else
+    cuda::layernorm_forward(x.lnf.data<bf16>(), x.lnf_mean.f32(), x.lnf_rstd.f32(), last, x.P(off(names.norm_w)),
+                            x.P(off(names.norm_b)), N, C, eps, x.s);
+  const bf16* lm = x.P(off(x.cfg.model.tie_embeddings ? names.wte : "lm_head.weight"));
+  cuda::gemm(x.gemm, false, true, N, x.V, C, x.lnf.data<bf16>(), C, lm, C, 0.0f, x.logits.data<bf16>(), x.V, nullptr,
+             x.s);
+  cuda::crossentropy_forward_backward(x.logits.data<bf16>(), x.losses.f32(), x.targets.data<int32_t>(), N, x.V, dloss,
+                                      x.s);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(x.losses_host.data(), x.losses.f32(), size_t(N) * 4, cudaMemcpyDeviceToHost, x.s));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(x.s));
+  double sum = 0.0;
+  for (float l : x.losses_host) sum += l;
+  return sum;
+}
+
+void CudaModel::backward() {
+  Impl& x = *p_;
+  const int N = x.N, C = x.C, T = x.T, B = x.B;
+  const auto names = head_names(x.llama);
+  auto off = [&](const char* name) { return layout_.reg.at(name).offset; };
+  bf16* res = x.residual.data<bf16>();
+  bf16 *dres = x.dres.data<bf16>(), *dln = x.dln.data<bf16>();
+  const char* lm = x.cfg.model.tie_embeddings ? names.wte : "lm_head.weight";
+  // logits now hold their gradient: dlnf = dlogits @ W, dW += dlogits^T @ lnf.
+  cuda::gemm(x.gemm, false, false, N, C, x.V, x.logits.data<bf16>(), x.V, x.P(off(lm)), C, 0.0f, dln, C, nullptr, x.s);
+  cuda::gemm(x.gemm, true, false, x.V, C, N, x.logits.data<bf16>(), x.V, x.lnf.data<bf16>(), C, 1.0f, x.G(off(lm)), C,
+             nullptr, x.s);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(dres, 0, size_t(N) * C * 2, x.s));
+  const bf16* last = res + int64_t(x.L) * N * C;
+  if (x.llama)
+    cuda::rmsnorm_backward(dres, x.G(off(names.norm_w)), dln, last, x.P(off(names.norm_w)), x.lnf_rstd.f32(), N, C,
+                           x.s);
+  else
+    cuda::layernorm_backward(dres, x.G(off(names.norm_w)), x.G(off(names.norm_b)), dln, last, x.P(off(names.norm_w)),
+                             x.lnf_mean.f32(), x.lnf_rstd.f32(), N, C, x.s);
+  for (int l = x.L - 1; l >= 0; --l) {
+    const auto& o = layout_.layer_offsets[size_t(l)];
+    auto w = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.P(o[size_t(f)]); };
+    auto g = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.G(o[size_t(f)]); };
+    const bf16* in = res + int64_t(l) * N * C;
+    bf16* ln1 = x.at<bf16>(x.ln1, l, int64_t(N) * C);
+    bf16* qkv = x.at<bf16>(x.qkv_a, l, int64_t(N) * x.qkv);
+    bf16* atty = x.at<bf16>(x.atty, l, int64_t(N) * C);
+    bf16* res2 = x.at<bf16>(x.res2, l, int64_t(N) * C);
+    bf16* ln2 = x.at<bf16>(x.ln2, l, int64_t(N) * C);
+    bf16* fc = x.at<bf16>(x.fc_a, l, int64_t(N) * x.fc);
+    bf16* act = x.at<bf16>(x.act, l, int64_t(N) * x.F);
+    float* lse = x.at<float>(x.lse, l, int64_t(B) * x.H * T);
+    bf16 *dact = x.dact.data<bf16>(), *dfc = x.dfc.data<bf16>(), *datty = x.datty.data<bf16>();
+    bf16* dqkv = x.dqkv.data<bf16>();
+    x.linear_backward(dact, g(DOWN_W), g(DOWN_B), dres, act, w(DOWN_W), N, x.F, C);
+    if (x.llama)
+      cuda::swiglu_backward(dfc, fc, dact, N, x.F, x.s);
+    else
+      cuda::gelu_backward(dfc, fc, dact, int64_t(N) * x.F, x.s);
+    x.linear_backward(dln, g(FC_W), g(FC_B), dfc, ln2, w(FC_W), N, C, x.fc);
+    if (x.llama)
+      cuda::rmsnorm_backward(dres, g(NORM2_W), dln, res2, w(NORM2_W), x.at<float>(x.ln2_rstd, l, N), N, C, x.s);
+    else
+      cuda::layernorm_backward(dres, g(NORM2_W), g(NORM2_B), dln, res2, w(NORM2_W), x.at<float>(x.ln2_mean, l, N),
+                               x.at<float>(x.ln2_rstd, l, N), N, C, x.s);
+    x.linear_backward(datty, g(PROJ_W), g(PROJ_B), dres, atty, w(PROJ_W), N, C, C);
+    cuda::attention_backward(dqkv, datty, atty, qkv, lse, x.delta.f32(), B, T, x.H, x.KV, x.D, x.s);
+    if (x.llama) cuda::rope_backward(dqkv, x.rope_cos.f32(), x.rope_sin.f32(), B, T, x.H, x.KV, x.D, x.s);
+    x.linear_backward(dln, g(QKV_W), g(QKV_B), dqkv, ln1, w(QKV_W), N, C, x.qkv);
+    if (x.llama)
+      cuda::rmsnorm_backward(dres, g(NORM1_W), dln, in, w(NORM1_W), x.at<float>(x.ln1_rstd, l, N), N, C, x.s);
+    else
+      cuda::layernorm_backward(dres, g(NORM1_W), g(NORM1_B), dln, in, w(NORM1_W), x.at<float>(x.ln1_mean, l, N),
+                               x.at<float>(x.ln1_rstd, l, N), N, C, x.s);
+  }
+  cuda::embedding_backward(x.G(off(names.wte)), 0, x.V, names.wpe ? x.G(off(names.wpe)) : nullptr, dres,
+                           x.tokens.data<int32_t>(), B, T, C, x.s);
+}
+
+double CudaModel::step(const AdamWHyper& h, int64_t step, double grad_clip) {
+  Impl& x = *p_;
+  cuda::sum_squares(x.norm_out.f32(), x.grads.data<bf16>(), int64_t(num_params()), x.norm_scratch.f32(), x.s);
+  float ss = 0.0f;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&ss, x.norm_out.f32(), 4, cudaMemcpyDeviceToHost, x.s));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(x.s));
+  const double norm = std::sqrt(double(ss));
+  const float scale = grad_clip > 0 && grad_clip / (norm + 1e-6) < 1.0 ? float(grad_clip / (norm + 1e-6)) : 1.0f;
+  const double bc1 = 1.0 - std::pow(h.beta1, double(step)), bc2 = 1.0 - std::pow(h.beta2, double(step));
+  for (auto& sp : layout_.reg.all()) {
+    const float decay = sp.decay ? float(1.0 - h.lr * h.weight_decay) : 1.0f;
+    cuda::adamw_update(x.master.f32() + sp.offset, x.P(sp.offset), x.G(sp.offset), x.m.f32() + sp.offset,
+                       x.v.f32() + sp.offset, sp.numel(), float(h.lr / bc1), float(std::sqrt(bc2)), float(h.beta1),
+                       float(h.beta2), float(h.eps), decay, scale, x.s);
+  }
+  return norm;
+}
+
+double cuda_peak_flops() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return 0.0;
+  const std::string name = prop.name;
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989e12;
+  if (name.find("A100") != std::string::npos) return 312e12;
+  return 0.0;
+}
+
+}  // namespace loom
+#endif
