@@ -4,20 +4,25 @@
 # and compare the per-step losses (bf16 tolerance: 2e-2 relative), then benchmark GPT-2 124M
 # (B=16, T=1024) next to PyTorch and a LLaMA-shaped 1.1B model, and print a one-screen
 # summary. Results go to $OUT (or ./device_out).
-# The GPU machine reaches no package registry: carry the Debian packages the build needs as
-# .deb files in .debs/ (here: `mkdir -p .debs && cd .debs && apt-get download <names>`, the
-# names from setup.sh plus their -dev dependencies) and they are unpacked first.
+# The GPU machine reaches no package registry: before the lease, run launch/device_deps.sh
+# where Debian's registry is reachable, and carry `.deps` with the run; its .debs are unpacked
+# into .deps/root (never into /) and CMake looks there first. Without MPI on that machine the
+# build is single-process (LOOM_MPI=AUTO finds none), which is all one GPU needs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
 mkdir -p "$out"
 start=$(date +%s)
-if compgen -G ".debs/*.deb" > /dev/null; then
-  for f in .debs/*.deb; do dpkg -x "$f" /; done
-  ldconfig
+prefix=()
+if compgen -G ".deps/debs/*.deb" > /dev/null; then
+  mkdir -p .deps/root
+  for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
+  root=$PWD/.deps/root/usr
+  prefix=(-DCMAKE_PREFIX_PATH="$root")
+  export LD_LIBRARY_PATH="$root/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu/openblas-openmp:${LD_LIBRARY_PATH:-}"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON > "$out/configure.log" 2>&1 &&
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON "${prefix[@]}" > "$out/configure.log" 2>&1 &&
   cmake --build build-gpu -j"$(nproc)" > "$out/build.log" 2>&1
 build=$?
 tests="not run"

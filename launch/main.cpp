@@ -11,7 +11,9 @@
 #include "launch/launch_env.h"
 #include "launch/plan.h"
 #include "launch/trainer.h"
+#if LOOM_HAVE_MPI
 #include "runtime/comm/mpi_group.h"
+#endif
 #if LOOM_HAVE_CUDA
 #include "runtime/comm/nccl_group.h"
 #endif
@@ -115,10 +117,15 @@ int run(int argc, char** argv) {
 
   // Under mpirun or srun, MPI comes up before anything else and goes down last.
   const loom::LaunchEnv env = loom::launch_env_read();
+  loom::TrainOptions topt;
+#if LOOM_HAVE_MPI
   std::unique_ptr<loom::MpiWorld> mpi;
   if (env.distributed() && (*train || *btrain || *bcomm)) mpi = std::make_unique<loom::MpiWorld>(&argc, &argv);
-  loom::TrainOptions topt;
   if (mpi) topt.world_rank = mpi->rank(), topt.world_size = mpi->size(), topt.use_mpi = true;
+#else
+  LOOM_CHECK(!env.distributed() || env.world == 1,
+             "launched as one of {} ranks, but this build has no MPI (LOOM_MPI=OFF); rebuild with MPI", env.world);
+#endif
 #if LOOM_HAVE_CUDA
   if (env.distributed()) loom::cuda_device_select(env.local_rank);  // local rank picks the GPU
 #endif
@@ -181,12 +188,14 @@ int run(int argc, char** argv) {
   try {
     return dispatch();
   } catch (const std::exception& e) {
+#if LOOM_HAVE_MPI
     if (mpi && mpi->size() > 1) {
       // A rank that fails alone would leave its peers waiting in a collective: end the job.
       fmt::print(stderr, "error: rank {}: {}\n", mpi->rank(), e.what());
       std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, dynamic_cast<const loom::Error*>(&e) ? 2 : 1);
     }
+#endif
     throw;
   }
 }

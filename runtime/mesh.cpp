@@ -1,6 +1,8 @@
 #include "runtime/mesh.h"
 
+#if LOOM_HAVE_MPI
 #include "runtime/comm/mpi_group.h"
+#endif
 
 namespace loom {
 
@@ -83,6 +85,13 @@ MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank) {
 DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool use_mpi, Trace* trace, double timeout_s)
     : dims_(d), coord_(mesh_coord(d, world_rank)), rank_(world_rank) {
   mesh_validate(d, world_size);
+#if !LOOM_HAVE_MPI
+  LOOM_CHECK(!use_mpi, "this build has no MPI (LOOM_MPI=OFF): it trains on one process; rebuild with MPI to launch {} "
+             "ranks", world_size);
+  auto mpi_group = [](const std::string&, int, const std::vector<int>&, Trace*, double) -> std::unique_ptr<ProcessGroup> {
+    return nullptr;
+  };
+#endif
   std::vector<int> all(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) all[size_t(r)] = r;
   world_ = use_mpi ? mpi_group("world", 0, all, trace, timeout_s) : local_group("world", world_rank);
