@@ -30,6 +30,22 @@ struct CudaModel::Impl {
   X* at(const Tensor& t, int l, int64_t per) {
     return t.data<X>() + int64_t(l) * per;
   }
+  // Block l's saved activations.
+  struct Layer {
+    bf16 *ln1, *qkv, *atty, *res2, *ln2, *fc, *act;
+    float* lse;
+  };
+  Layer layer(int l) {
+    const int64_t NC = int64_t(N) * C;
+    return {at<bf16>(ln1, l, NC),
+            at<bf16>(qkv_a, l, int64_t(N) * qkv),
+            at<bf16>(atty, l, NC),
+            at<bf16>(res2, l, NC),
+            at<bf16>(ln2, l, NC),
+            at<bf16>(fc_a, l, int64_t(N) * fc),
+            at<bf16>(act, l, int64_t(N) * F),
+            at<float>(lse, l, int64_t(B) * H * T)};
+  }
   void linear_forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int M, int K, int Nn) {
     if (llama)
       cuda::gemm(gemm, false, true, M, Nn, K, inp, K, w, K, 0.0f, out, Nn, bias, s);
@@ -150,14 +166,7 @@ double CudaModel::forward(const int32_t* tokens, const int32_t* targets, float d
     auto w = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.P(o[size_t(f)]); };
     const bf16* in = res + int64_t(l) * N * C;
     bf16* out = res + int64_t(l + 1) * N * C;
-    bf16* ln1 = x.at<bf16>(x.ln1, l, int64_t(N) * C);
-    bf16* qkv = x.at<bf16>(x.qkv_a, l, int64_t(N) * x.qkv);
-    bf16* atty = x.at<bf16>(x.atty, l, int64_t(N) * C);
-    bf16* res2 = x.at<bf16>(x.res2, l, int64_t(N) * C);
-    bf16* ln2 = x.at<bf16>(x.ln2, l, int64_t(N) * C);
-    bf16* fc = x.at<bf16>(x.fc_a, l, int64_t(N) * x.fc);
-    bf16* act = x.at<bf16>(x.act, l, int64_t(N) * x.F);
-    float* lse = x.at<float>(x.lse, l, int64_t(B) * x.H * T);
+    const auto [ln1, qkv, atty, res2, ln2, fc, act, lse] = x.layer(l);
     if (x.llama)
       cuda::rmsnorm_forward(ln1, x.at<float>(x.ln1_rstd, l, N), in, w(NORM1_W), N, C, eps, x.s);
     else
@@ -224,14 +233,7 @@ void CudaModel::backward() {
     auto w = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.P(o[size_t(f)]); };
     auto g = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.G(o[size_t(f)]); };
     const bf16* in = res + int64_t(l) * N * C;
-    bf16* ln1 = x.at<bf16>(x.ln1, l, int64_t(N) * C);
-    bf16* qkv = x.at<bf16>(x.qkv_a, l, int64_t(N) * x.qkv);
-    bf16* atty = x.at<bf16>(x.atty, l, int64_t(N) * C);
-    bf16* res2 = x.at<bf16>(x.res2, l, int64_t(N) * C);
-    bf16* ln2 = x.at<bf16>(x.ln2, l, int64_t(N) * C);
-    bf16* fc = x.at<bf16>(x.fc_a, l, int64_t(N) * x.fc);
-    bf16* act = x.at<bf16>(x.act, l, int64_t(N) * x.F);
-    float* lse = x.at<float>(x.lse, l, int64_t(B) * x.H * T);
+    const auto [ln1, qkv, atty, res2, ln2, fc, act, lse] = x.layer(l);
     bf16 *dact = x.dact.data<bf16>(), *dfc = x.dfc.data<bf16>(), *datty = x.datty.data<bf16>();
     bf16* dqkv = x.dqkv.data<bf16>();
     x.linear_backward(dact, g(DOWN_W), g(DOWN_B), dres, act, w(DOWN_W), N, x.F, C);
