@@ -30,6 +30,22 @@ struct CudaModel::Impl {
   X* at(const Tensor& t, int l, int64_t per) {
     return t.data<X>() + int64_t(l) * per;
   }
+  // The architecture's norm (RMSNorm for llama, LayerNorm for gpt2); mean and bias unused by RMSNorm.
+  void norm_forward(bf16* out, float* mean, float* rstd, const bf16* in, const bf16* w, const bf16* bias) {
+    const float eps = float(cfg.model.norm_eps);
+    if (llama)
+      cuda::rmsnorm_forward(out, rstd, in, w, N, C, eps, s);
+    else
+      cuda::layernorm_forward(out, mean, rstd, in, w, bias, N, C, eps, s);
+  }
+  // dinp +=, dw +=, dbias +=.
+  void norm_backward(bf16* dinp, bf16* dw, bf16* dbias, const bf16* dout, const bf16* in, const bf16* w,
+                     const float* mean, const float* rstd) {
+    if (llama)
+      cuda::rmsnorm_backward(dinp, dw, dout, in, w, rstd, N, C, s);
+    else
+      cuda::layernorm_backward(dinp, dw, dbias, dout, in, w, mean, rstd, N, C, s);
+  }
   // Block l's saved activations.
   struct Layer {
     bf16 *ln1, *qkv, *atty, *res2, *ln2, *fc, *act;
@@ -153,7 +169,6 @@ void CudaModel::zero_grad() {
 double CudaModel::forward(const int32_t* tokens, const int32_t* targets, float dloss) {
   Impl& x = *p_;
   const int N = x.N, C = x.C, T = x.T, B = x.B;
-  const float eps = float(x.cfg.model.norm_eps);
   const auto names = head_names(x.llama);
   auto off = [&](const char* name) { return layout_.reg.at(name).offset; };
   LOOM_CUDA_CHECK(cudaMemcpyAsync(x.tokens.data<int32_t>(), tokens, size_t(N) * 4, cudaMemcpyHostToDevice, x.s));
@@ -167,21 +182,13 @@ double CudaModel::forward(const int32_t* tokens, const int32_t* targets, float d
     const bf16* in = res + int64_t(l) * N * C;
     bf16* out = res + int64_t(l + 1) * N * C;
     const auto [ln1, qkv, atty, res2, ln2, fc, act, lse] = x.layer(l);
-    if (x.llama)
-      cuda::rmsnorm_forward(ln1, x.at<float>(x.ln1_rstd, l, N), in, w(NORM1_W), N, C, eps, x.s);
-    else
-      cuda::layernorm_forward(ln1, x.at<float>(x.ln1_mean, l, N), x.at<float>(x.ln1_rstd, l, N), in, w(NORM1_W),
-                              w(NORM1_B), N, C, eps, x.s);
+    x.norm_forward(ln1, x.at<float>(x.ln1_mean, l, N), x.at<float>(x.ln1_rstd, l, N), in, w(NORM1_W), w(NORM1_B));
     x.linear_forward(qkv, ln1, w(QKV_W), w(QKV_B), N, C, x.qkv);
     if (x.llama) cuda::rope_forward(qkv, x.rope_cos.f32(), x.rope_sin.f32(), B, T, x.H, x.KV, x.D, x.s);
     cuda::attention_forward(atty, lse, qkv, B, T, x.H, x.KV, x.D, x.s);
     x.linear_forward(res2, atty, w(PROJ_W), w(PROJ_B), N, C, C);
     cuda::add_inplace(res2, in, int64_t(N) * C, x.s);
-    if (x.llama)
-      cuda::rmsnorm_forward(ln2, x.at<float>(x.ln2_rstd, l, N), res2, w(NORM2_W), N, C, eps, x.s);
-    else
-      cuda::layernorm_forward(ln2, x.at<float>(x.ln2_mean, l, N), x.at<float>(x.ln2_rstd, l, N), res2, w(NORM2_W),
-                              w(NORM2_B), N, C, eps, x.s);
+    x.norm_forward(ln2, x.at<float>(x.ln2_mean, l, N), x.at<float>(x.ln2_rstd, l, N), res2, w(NORM2_W), w(NORM2_B));
     x.linear_forward(fc, ln2, w(FC_W), w(FC_B), N, C, x.fc);
     if (x.llama)
       cuda::swiglu_forward(act, fc, N, x.F, x.s);
@@ -191,11 +198,8 @@ double CudaModel::forward(const int32_t* tokens, const int32_t* targets, float d
     cuda::add_inplace(out, res2, int64_t(N) * C, x.s);
   }
   const bf16* last = res + int64_t(x.L) * N * C;
-  if (x.llama)
-    cuda::rmsnorm_forward(x.lnf.data<bf16>(), x.lnf_rstd.f32(), last, x.P(off(names.norm_w)), N, C, eps, x.s);
-  else
-    cuda::layernorm_forward(x.lnf.data<bf16>(), x.lnf_mean.f32(), x.lnf_rstd.f32(), last, x.P(off(names.norm_w)),
-                            x.P(off(names.norm_b)), N, C, eps, x.s);
+  x.norm_forward(x.lnf.data<bf16>(), x.lnf_mean.f32(), x.lnf_rstd.f32(), last, x.P(off(names.norm_w)),
+                 names.norm_b ? x.P(off(names.norm_b)) : nullptr);
   const bf16* lm = x.P(off(x.cfg.model.tie_embeddings ? names.wte : "lm_head.weight"));
   cuda::gemm(x.gemm, false, true, N, x.V, C, x.lnf.data<bf16>(), C, lm, C, 0.0f, x.logits.data<bf16>(), x.V, nullptr,
              x.s);
@@ -222,12 +226,8 @@ void CudaModel::backward() {
              nullptr, x.s);
   LOOM_CUDA_CHECK(cudaMemsetAsync(dres, 0, size_t(N) * C * 2, x.s));
   const bf16* last = res + int64_t(x.L) * N * C;
-  if (x.llama)
-    cuda::rmsnorm_backward(dres, x.G(off(names.norm_w)), dln, last, x.P(off(names.norm_w)), x.lnf_rstd.f32(), N, C,
-                           x.s);
-  else
-    cuda::layernorm_backward(dres, x.G(off(names.norm_w)), x.G(off(names.norm_b)), dln, last, x.P(off(names.norm_w)),
-                             x.lnf_mean.f32(), x.lnf_rstd.f32(), N, C, x.s);
+  x.norm_backward(dres, x.G(off(names.norm_w)), names.norm_b ? x.G(off(names.norm_b)) : nullptr, dln, last,
+                  x.P(off(names.norm_w)), x.lnf_mean.f32(), x.lnf_rstd.f32());
   for (int l = x.L - 1; l >= 0; --l) {
     const auto& o = layout_.layer_offsets[size_t(l)];
     auto w = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.P(o[size_t(f)]); };
@@ -242,20 +242,14 @@ void CudaModel::backward() {
     else
       cuda::gelu_backward(dfc, fc, dact, int64_t(N) * x.F, x.s);
     x.linear_backward(dln, g(FC_W), g(FC_B), dfc, ln2, w(FC_W), N, C, x.fc);
-    if (x.llama)
-      cuda::rmsnorm_backward(dres, g(NORM2_W), dln, res2, w(NORM2_W), x.at<float>(x.ln2_rstd, l, N), N, C, x.s);
-    else
-      cuda::layernorm_backward(dres, g(NORM2_W), g(NORM2_B), dln, res2, w(NORM2_W), x.at<float>(x.ln2_mean, l, N),
-                               x.at<float>(x.ln2_rstd, l, N), N, C, x.s);
+    x.norm_backward(dres, g(NORM2_W), g(NORM2_B), dln, res2, w(NORM2_W), x.at<float>(x.ln2_mean, l, N),
+                    x.at<float>(x.ln2_rstd, l, N));
     x.linear_backward(datty, g(PROJ_W), g(PROJ_B), dres, atty, w(PROJ_W), N, C, C);
     cuda::attention_backward(dqkv, datty, atty, qkv, lse, x.delta.f32(), B, T, x.H, x.KV, x.D, x.s);
     if (x.llama) cuda::rope_backward(dqkv, x.rope_cos.f32(), x.rope_sin.f32(), B, T, x.H, x.KV, x.D, x.s);
     x.linear_backward(dln, g(QKV_W), g(QKV_B), dqkv, ln1, w(QKV_W), N, C, x.qkv);
-    if (x.llama)
-      cuda::rmsnorm_backward(dres, g(NORM1_W), dln, in, w(NORM1_W), x.at<float>(x.ln1_rstd, l, N), N, C, x.s);
-    else
-      cuda::layernorm_backward(dres, g(NORM1_W), g(NORM1_B), dln, in, w(NORM1_W), x.at<float>(x.ln1_mean, l, N),
-                               x.at<float>(x.ln1_rstd, l, N), N, C, x.s);
+    x.norm_backward(dres, g(NORM1_W), g(NORM1_B), dln, in, w(NORM1_W), x.at<float>(x.ln1_mean, l, N),
+                    x.at<float>(x.ln1_rstd, l, N));
   }
   cuda::embedding_backward(x.G(off(names.wte)), 0, x.V, names.wpe ? x.G(off(names.wpe)) : nullptr, dres,
                            x.tokens.data<int32_t>(), B, T, C, x.s);
