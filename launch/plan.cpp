@@ -23,7 +23,7 @@ MemoryPlan plan_memory(const Config& cfg, int stage) {
   p.optim = z.optim;
   p.comm = z.comm;
   for (auto& b : a.buffers) p.activations += rounded(b.bytes());
-  for (auto& b : a.scratch) p.workspace += rounded(b.bytes());
+  for (auto& b : a.scratch) (b.comm ? p.comm : p.workspace) += rounded(b.bytes());
   if (cfg.model.arch == "llama")  // the RoPE cos/sin tables
     p.workspace += 2 * rounded(int64_t(cfg.model.seq_len) * cfg.head_dim() / 2 * 4);
   return p;

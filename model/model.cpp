@@ -83,11 +83,13 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy) {
                {"d_qkv", N * qkv, 1},
                {"d_fc", N * fc, 1},
                {"d_act", N * F, 1},
-               {"full_a", sp ? N * C : 0, 1},
-               {"full_b", sp ? N * C : 0, 1},
-               {"d_shard", sp ? Ns * C : 0, 1},
-               {"d_normw", sp ? 4 * C : 0, 1},
-               {"ce_stats", tp > 1 ? 3 * N : 0, 1}};
+               // Tensor-parallel communication buffers: gathered rows, reduced shards, the
+               // sequence-parallel norm gradients and the vocab-parallel loss statistics.
+               {"full_a", sp ? N * C : 0, 1, true},
+               {"full_b", sp ? N * C : 0, 1, true},
+               {"d_shard", sp ? Ns * C : 0, 1, true},
+               {"d_normw", sp ? 4 * C : 0, 1, true},
+               {"ce_stats", tp > 1 ? 3 * N : 0, 1, true}};
   return p;
 }
 
@@ -106,7 +108,10 @@ std::string ActPlan::table() const {
   for (auto& b : buffers)
     if (b.numel) out += fmt::format("{:<12} {:>8} {:>12.2f}\n", b.name, b.copies, b.bytes() / 1048576.0);
   out += fmt::format("{:<12} {:>8} {:>12.2f}\n", "(saved)", "", activation_bytes() / 1048576.0);
-  out += fmt::format("{:<12} {:>8} {:>12.2f}", "(backward)", "", scratch_bytes() / 1048576.0);
+  int64_t comm = 0;
+  for (auto& b : scratch) comm += b.comm ? b.bytes() : 0;
+  out += fmt::format("{:<12} {:>8} {:>12.2f}\n", "(backward)", "", (scratch_bytes() - comm) / 1048576.0);
+  out += fmt::format("{:<12} {:>8} {:>12.2f}", "(tp comm)", "", comm / 1048576.0);
   return out;
 }
 
@@ -231,7 +236,8 @@ Model::Model(const Config& cfg, Allocator& alloc, int B, Trace* trace, bool full
   if (full_grads) grads_ = alloc.empty({n}, DType::f32, Mem::grads);
   plan_ = act_plan(cfg, B, policy_);
   for (auto& b : plan_.buffers) acts_.push_back(alloc.empty({b.numel * b.copies}, DType::f32, Mem::activations));
-  for (auto& b : plan_.scratch) scratch_.push_back(alloc.empty({b.numel}, DType::f32, Mem::workspace));
+  for (auto& b : plan_.scratch)
+    scratch_.push_back(alloc.empty({b.numel}, DType::f32, b.comm ? Mem::comm : Mem::workspace));
   if (llama_) {
     rope_cos_ = alloc.empty({int64_t(T_) * D_ / 2}, DType::f32, Mem::workspace);
     rope_sin_ = alloc.empty({int64_t(T_) * D_ / 2}, DType::f32, Mem::workspace);

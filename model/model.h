@@ -24,11 +24,12 @@ struct ActBuffer {
   const char* name;
   int64_t numel;
   int copies;
+  bool comm = false;  // a tensor-parallel communication buffer (Mem::comm in the ledger)
   int64_t bytes() const { return numel * copies * 4; }
 };
 struct ActPlan {
   std::vector<ActBuffer> buffers;  // saved between forward and backward (Mem::activations)
-  std::vector<ActBuffer> scratch;  // backward working space (Mem::workspace)
+  std::vector<ActBuffer> scratch;  // working space (Mem::workspace, or Mem::comm where marked)
   int64_t activation_bytes() const;
   int64_t scratch_bytes() const;
   std::string table() const;
