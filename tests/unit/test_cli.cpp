@@ -140,3 +140,26 @@ TEST(Cli, TraceAndMetricsAreWritten) {
   }
   EXPECT_EQ(lines, 2);
 }
+
+TEST(Cli, PlanMemoryReproducesTheZeroPaper) {
+  CliRun r = loom_run("plan memory --params 7.5e9 --dp 64");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (auto* want : {"zero 0:      120.0", "zero 1:       31.4", "zero 2:       16.6", "zero 3:        1.9"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << " in " << r.output;
+  CliRun own = loom_run("plan memory --dp 2 --json");
+  ASSERT_EQ(own.status, 0) << own.output;
+  EXPECT_NE(own.output.find("\"zero\":3"), std::string::npos);
+}
+
+TEST(Cli, ListKeysPrintConfigAndInfo) {
+  CliRun keys = loom_run("train --list-keys");
+  ASSERT_EQ(keys.status, 0);
+  EXPECT_NE(keys.output.find("parallel.timeout_s\n"), std::string::npos);
+  CliRun cfg = loom_run("train --print-config --set model.n_layer=7");
+  ASSERT_EQ(cfg.status, 0);
+  EXPECT_NE(cfg.output.find("n_layer = 7"), std::string::npos);
+  CliRun info = loom_run("info");
+  ASSERT_EQ(info.status, 0);
+  EXPECT_NE(info.output.find("OpenBLAS"), std::string::npos);
+  expect_one_line_error("train --fault-exit 3", "expected RANK:STEP");
+}
