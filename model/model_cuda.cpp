@@ -262,7 +262,7 @@ double CudaModel::step(const AdamWHyper& h, int64_t step, double grad_clip) {
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&ss, x.norm_out.f32(), 4, cudaMemcpyDeviceToHost, x.s));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(x.s));
   const double norm = std::sqrt(double(ss));
-  const float scale = grad_clip > 0 && grad_clip / (norm + 1e-6) < 1.0 ? float(grad_clip / (norm + 1e-6)) : 1.0f;
+  const float scale = float(clip_coef(norm, grad_clip));
   const double bc1 = 1.0 - std::pow(h.beta1, double(step)), bc2 = 1.0 - std::pow(h.beta2, double(step));
   for (auto& sp : layout_.reg.all()) {
     const float decay = sp.decay ? float(1.0 - h.lr * h.weight_decay) : 1.0f;

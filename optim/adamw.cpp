@@ -68,17 +68,20 @@ double clip_grad_norm_tp(const ParamRegistry& reg, float* grads, double max_norm
   float f = float(ss);
   tp.all_reduce(Buf(&f, 1)).wait();
   const double norm = std::sqrt(double(f));
-  if (max_norm > 0 && max_norm / (norm + 1e-6) < 1.0)
-    cpu::scale_inplace(grads, float(max_norm / (norm + 1e-6)), int64_t(reg.numel()));
+  const double coef = clip_coef(norm, max_norm);
+  if (coef < 1.0) cpu::scale_inplace(grads, float(coef), int64_t(reg.numel()));
   return norm;
+}
+
+double clip_coef(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  return std::min(1.0, max_norm / (norm + 1e-6));
 }
 
 double clip_grad_norm(float* grads, int64_t n, double max_norm) {
   double norm = std::sqrt(cpu::sum_squares(grads, n));
-  if (max_norm > 0) {
-    double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) cpu::scale_inplace(grads, float(coef), n);
-  }
+  const double coef = clip_coef(norm, max_norm);
+  if (coef < 1.0) cpu::scale_inplace(grads, float(coef), n);
   return norm;
 }
 

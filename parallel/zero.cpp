@@ -151,14 +151,13 @@ void Zero::gather_to(float* full) {
   }
 }
 
-// Gradient slots: the edges have their own (the embeddings collect gradients at both ends of
-// backward); blocks alternate between two, so one reduces while the next computes.
-Zero::Slot& Zero::grad_slot(int u) {
+// Unit u's slot among four: the edges have their own (the embeddings are used at both ends
+// of a pass); blocks alternate between two, so one transfers while the next computes.
+Zero::Slot& Zero::slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const {
   const int last = int(units_.size()) - 1;
-  if (u == 0) return *grad_slots_[0];
-  if (u == last) return *grad_slots_[1];
-  Slot& s = *grad_slots_[size_t(2 + u % 2)];
-  return s;
+  if (u == 0) return *slots[0];
+  if (u == last) return *slots[1];
+  return *slots[size_t(2 + u % 2)];
 }
 
 void Zero::drain(Slot& slot) {
@@ -171,7 +170,7 @@ void Zero::drain(Slot& slot) {
 
 float* Zero::grads(int u) {
   if (stage_ < 2) return model_.grads() + units_[size_t(u)].lo;
-  Slot& s = grad_slot(u);
+  Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) {
     drain(s);
     std::memset(s.buf.f32(), 0, size_t(units_[size_t(u)].s * n_) * 4);  // padding stays zero
@@ -183,24 +182,16 @@ float* Zero::grads(int u) {
 
 void Zero::backward_done(int u) {
   if (stage_ >= 3) {
-    Slot& p = param_slot(u, Pass::backward);
+    Slot& p = slot_of(param_slots_, u);
     p.in_use = false;
   }
   if (stage_ < 2) return;
-  Slot& s = grad_slot(u);
+  Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) return;  // no gradients were asked for
   const Unit& unit = units_[size_t(u)];
   s.work = dp_.reduce_scatter(Buf(s.buf.f32(), unit.s * n_), Buf(s.result.f32(), unit.s));
   s.pending = true;
   s.in_use = false;
-}
-
-// Weight slots (stage 3): edges have their own; blocks alternate between two.
-Zero::Slot& Zero::param_slot(int u, Pass) {
-  const int last = int(units_.size()) - 1;
-  if (u == 0) return *param_slots_[0];
-  if (u == last) return *param_slots_[1];
-  return *param_slots_[size_t(2 + u % 2)];
 }
 
 void Zero::gather_into(Slot& slot, int u, Pass pass) {
@@ -212,7 +203,7 @@ void Zero::gather_into(Slot& slot, int u, Pass pass) {
 
 const float* Zero::params(int u, Pass pass) {
   if (stage_ < 3) return model_.params() + units_[size_t(u)].lo;
-  Slot& s = param_slot(u, pass);
+  Slot& s = slot_of(param_slots_, u);
   if (!(s.unit == u && s.pass == pass)) {  // not prefetched: gather now
     LOOM_ASSERT(!s.in_use);
     wait(s.work);
@@ -224,7 +215,7 @@ const float* Zero::params(int u, Pass pass) {
   const int last = int(units_.size()) - 1;
   const int next = pass == Pass::forward ? u + 1 : u - 1;
   if (u != 0 && u != last && next >= 1 && next < last) {
-    Slot& n = param_slot(next, pass);
+    Slot& n = slot_of(param_slots_, next);
     if (!n.in_use && !(n.unit == next && n.pass == pass)) {
       wait(n.work);
       gather_into(n, next, pass);
@@ -234,7 +225,7 @@ const float* Zero::params(int u, Pass pass) {
 }
 
 void Zero::forward_done(int u) {
-  if (stage_ >= 3) param_slot(u, Pass::forward).in_use = false;
+  if (stage_ >= 3) slot_of(param_slots_, u).in_use = false;
 }
 
 double Zero::step(const AdamWHyper& h, int64_t step, double grad_clip) {
@@ -261,8 +252,8 @@ double Zero::step(const AdamWHyper& h, int64_t step, double grad_clip) {
   wait(dp_.all_reduce(Buf(&ss, 1)));
   if (tp_.size() > 1) wait(tp_.all_reduce(Buf(&ss, 1)));
   const double norm = std::sqrt(double(ss));
-  if (grad_clip > 0 && grad_clip / (norm + 1e-6) < 1.0)
-    segments_scale(segments_, grads, float(grad_clip / (norm + 1e-6)));
+  const double coef = clip_coef(norm, grad_clip);
+  if (coef < 1.0) segments_scale(segments_, grads, float(coef));
   adam_->update(stage_ >= 3 ? shard_params_.f32() : model_.params(), grads, h, step);
   if (stage_ <= 2) {  // all-gather the updated weights into the full buffer
     float* full = model_.params();

@@ -55,8 +55,7 @@ class Zero final : public UnitAccess {
     int64_t lo, len, s, shard_off;
   };
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight
-  Slot& grad_slot(int u);
-  Slot& param_slot(int u, Pass pass);
+  Slot& slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const;
   void gather_into(Slot& slot, int u, Pass pass);
   void drain(Slot& slot);  // waits for a slot's reduce-scatter and adds it into the shard
   void wait(const Work& w);
