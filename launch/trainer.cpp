@@ -264,12 +264,7 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
     m.loss = dp_sum(dp, loss_sum) / double(tokens_per_step);
     m.step_ms = ms_since(t0);
     m.compute_ms = m.step_ms - m.optimizer_ms - m.data_ms - m.comm_exposed_ms;
-    m.step = step + 1;
-    m.steps = cfg.train.steps;
-    m.tokens = (step + 1) * tokens_per_step;
-    m.tokens_per_s = double(tokens_per_step) / (m.step_ms / 1e3);
-    m.mfu = m.tokens_per_s * fpt.model / peak;
-    m.hfu = m.tokens_per_s * fpt.hardware / peak;
+    step_rates(m, step, cfg.train.steps, tokens_per_step, fpt.model, fpt.hardware, peak);
     m.mem = alloc.ledger();
     const CommCounters& comm1 = dp.counters();
     auto moved = [&](CommOp op) { return comm1.bytes[int(op)] - comm0.bytes[int(op)]; };

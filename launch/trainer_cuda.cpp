@@ -91,13 +91,8 @@ TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt) {
       m.optimizer_ms = ms_since(to);
       m.step_ms = ms_since(t0);
       m.compute_ms = m.step_ms - m.optimizer_ms - m.data_ms;
-      m.step = step + 1;
-      m.steps = cfg.train.steps;
       m.loss = loss_sum / double(tokens_per_step);
-      m.tokens = (step + 1) * tokens_per_step;
-      m.tokens_per_s = double(tokens_per_step) / (m.step_ms / 1e3);
-      m.mfu = peak > 0 ? m.tokens_per_s * fpt.model / peak : 0.0;
-      m.hfu = m.mfu;
+      step_rates(m, step, cfg.train.steps, tokens_per_step, fpt.model, fpt.hardware, peak);
       m.mem = alloc.ledger();
       metrics.step(m);
       result.losses.push_back(m.loss);

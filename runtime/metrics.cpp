@@ -43,6 +43,16 @@ void MetricsWriter::validation(int64_t step, double val_loss) {
   std::fflush(f_);
 }
 
+void step_rates(StepMetrics& m, int64_t step, int64_t steps, int64_t tokens_per_step, double flops_model,
+                double flops_hardware, double peak) {
+  m.step = step + 1;
+  m.steps = steps;
+  m.tokens = (step + 1) * tokens_per_step;
+  m.tokens_per_s = double(tokens_per_step) / (m.step_ms / 1e3);
+  m.mfu = peak > 0 ? m.tokens_per_s * flops_model / peak : 0.0;
+  m.hfu = peak > 0 ? m.tokens_per_s * flops_hardware / peak : 0.0;
+}
+
 std::string format_duration(double s) {
   if (s < 60) return fmt::format("{:.0f}s", s);
   if (s < 3600) return fmt::format("{}m{:02d}s", int(s) / 60, int(s) % 60);

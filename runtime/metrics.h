@@ -33,6 +33,10 @@ class MetricsWriter {
   FILE* f_ = nullptr;
 };
 
+// Fills step (1-based), steps, tokens, tokens_per_s, mfu and hfu from m.step_ms; flops are per
+// token (model and hardware), peak in FLOP/s; a peak of 0 reports no MFU rather than a guess.
+void step_rates(StepMetrics& m, int64_t step, int64_t steps, int64_t tokens_per_step, double flops_model,
+                double flops_hardware, double peak);
 std::string progress_line(const StepMetrics& m, double eta_s);
 std::string format_duration(double seconds);
 
