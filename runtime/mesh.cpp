@@ -45,18 +45,22 @@ MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank) {
     edit(c);
     return mesh_rank(d, c);
   };
+  // Every rank that differs from this one only in `field`, which runs over [0, n).
+  auto along = [&](int MeshCoord::*field, int n) {
+    for (int i = 0; i < n; ++i) g.ranks.push_back(with([&](MeshCoord& c) { c.*field = i; }));
+  };
   switch (axis) {
     case Axis::pp:
-      for (int i = 0; i < d.pp; ++i) g.ranks.push_back(with([&](MeshCoord& c) { c.pp = i; }));
+      along(&MeshCoord::pp, d.pp);
       break;
     case Axis::dp:
-      for (int i = 0; i < d.dp; ++i) g.ranks.push_back(with([&](MeshCoord& c) { c.dp = i; }));
+      along(&MeshCoord::dp, d.dp);
       break;
     case Axis::cp:
-      for (int i = 0; i < d.cp; ++i) g.ranks.push_back(with([&](MeshCoord& c) { c.cp = i; }));
+      along(&MeshCoord::cp, d.cp);
       break;
     case Axis::tp:
-      for (int i = 0; i < d.tp; ++i) g.ranks.push_back(with([&](MeshCoord& c) { c.tp = i; }));
+      along(&MeshCoord::tp, d.tp);
       break;
     case Axis::ep:
     case Axis::edp: {
@@ -86,11 +90,12 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool u
     : dims_(d), coord_(mesh_coord(d, world_rank)), rank_(world_rank) {
   mesh_validate(d, world_size);
 #if !LOOM_HAVE_MPI
-  LOOM_CHECK(!use_mpi, "this build has no MPI (LOOM_MPI=OFF): it trains on one process; rebuild with MPI to launch {} "
-             "ranks", world_size);
-  auto mpi_group = [](const std::string&, int, const std::vector<int>&, Trace*, double) -> std::unique_ptr<ProcessGroup> {
-    return nullptr;
-  };
+  LOOM_CHECK(!use_mpi,
+             "this build has no MPI (LOOM_MPI=OFF): it trains on one process; rebuild with MPI to launch {} "
+             "ranks",
+             world_size);
+  auto mpi_group = [](const std::string&, int, const std::vector<int>&, Trace*,
+                      double) -> std::unique_ptr<ProcessGroup> { return nullptr; };
 #endif
   std::vector<int> all(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) all[size_t(r)] = r;
