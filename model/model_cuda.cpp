@@ -20,9 +20,25 @@ struct CudaModel::Impl {
   Tensor params, grads, master, m, v;  // bf16, bf16, f32, f32, f32
   // Activations, per layer unless named otherwise (bf16 unless f32 in the comment).
   Tensor residual, ln1, ln1_mean, ln1_rstd, qkv_a, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fc_a, act;
-  Tensor lnf, lnf_mean, lnf_rstd, logits, losses, tokens, targets;
+  Tensor lnf, lnf_mean, lnf_rstd, logits, losses;
   Tensor dres, dln, datty, dqkv, dfc, dact, delta, norm_scratch, norm_out, rope_cos, rope_sin;
-  std::vector<float> losses_host;
+  Tensor inputs;      // i32: tokens [N], targets [N], the token index [up to 3N + 1]
+  Tensor loss_sum;    // f32 [1]: summed per-token losses since the last loss_take
+  Tensor clip_scale;  // f32 [1]: this step's clipping factor
+  Tensor chunks;      // AdamChunk table of the multi-tensor AdamW
+  int n_chunks = 0, unique_tokens = 0;
+  // Pinned staging for the inputs, so their upload does not wait for the stream; `staged`
+  // marks the previous upload's end, after which the staging buffer may be refilled.
+  int32_t* staging = nullptr;
+  cudaEvent_t staged = nullptr;
+
+  ~Impl() {
+    if (staging) cudaFreeHost(staging);
+    if (staged) cudaEventDestroy(staged);
+  }
+  int32_t* tokens_d() { return inputs.data<int32_t>(); }
+  int32_t* targets_d() { return inputs.data<int32_t>() + N; }
+  int32_t* index_d() { return inputs.data<int32_t>() + 2 * int64_t(N); }
 
   bf16* P(size_t off) { return params.data<bf16>() + off; }
   bf16* G(size_t off) { return grads.data<bf16>() + off; }
@@ -30,13 +46,14 @@ struct CudaModel::Impl {
   X* at(const Tensor& t, int l, int64_t per) {
     return t.data<X>() + int64_t(l) * per;
   }
-  // The architecture's norm (RMSNorm for llama, LayerNorm for gpt2); mean and bias unused by RMSNorm.
-  void norm_forward(bf16* out, float* mean, float* rstd, const bf16* in, const bf16* w, const bf16* bias) {
+  // The architecture's norm (RMSNorm for llama, LayerNorm for gpt2); mean and bias unused by
+  // RMSNorm. With add not null, in += add first (the residual add, fused).
+  void norm_forward(bf16* out, float* mean, float* rstd, bf16* in, const bf16* add, const bf16* w, const bf16* bias) {
     const float eps = float(cfg.model.norm_eps);
     if (llama)
-      cuda::rmsnorm_forward(out, rstd, in, w, N, C, eps, s);
+      cuda::rmsnorm_forward(out, rstd, in, add, w, N, C, eps, s);
     else
-      cuda::layernorm_forward(out, mean, rstd, in, w, bias, N, C, eps, s);
+      cuda::layernorm_forward(out, mean, rstd, in, add, w, bias, N, C, eps, s);
   }
   // dinp +=, dw +=, dbias +=.
   void norm_backward(bf16* dinp, bf16* dw, bf16* dbias, const bf16* dout, const bf16* in, const bf16* w,
@@ -124,8 +141,24 @@ CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream
   x.logits = act(N * x.V, 1, DType::bf16);
   x.losses = act(N, 1, DType::f32);
   auto ws = [&](int64_t count, DType t) { return dev(a, count, t, Mem::workspace); };
-  x.tokens = ws(N, DType::i32);
-  x.targets = ws(N, DType::i32);
+  const int64_t n_inputs = 5 * N + 1;
+  x.inputs = ws(n_inputs, DType::i32);
+  LOOM_CUDA_CHECK(cudaMallocHost(&x.staging, size_t(n_inputs) * 4));
+  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&x.staged, cudaEventDisableTiming));
+  LOOM_CUDA_CHECK(cudaEventRecord(x.staged, stream));
+  x.loss_sum = ws(1, DType::f32);
+  x.clip_scale = ws(1, DType::f32);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(x.loss_sum.f32(), 0, 4, stream));
+  {
+    std::vector<cuda::AdamSpan> spans;
+    for (auto& sp : layout_.reg.all()) spans.push_back({int64_t(sp.offset), int64_t(sp.numel()), sp.decay});
+    const auto table = cuda::adamw_chunks(spans);
+    x.n_chunks = int(table.size());
+    x.chunks = dev(a, int64_t(table.size() * sizeof(cuda::AdamChunk) / 4), DType::i32, Mem::optim);
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(x.chunks.data<int32_t>(), table.data(), table.size() * sizeof(cuda::AdamChunk),
+                                    cudaMemcpyHostToDevice, stream));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
   x.dres = ws(N * C, DType::bf16);
   x.dln = ws(N * C, DType::bf16);
   x.datty = ws(N * C, DType::bf16);
@@ -135,7 +168,6 @@ CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream
   x.delta = ws(int64_t(B) * x.H * x.T, DType::f32);
   x.norm_scratch = ws(1024, DType::f32);
   x.norm_out = ws(1, DType::f32);
-  x.losses_host.resize(size_t(N));
   if (x.llama) {
     std::vector<float> cs(size_t(x.T) * x.D / 2), sn(cs.size());
     cpu::rope_table(cs.data(), sn.data(), x.T, x.D, float(cfg.model.rope_theta));
@@ -166,50 +198,66 @@ void CudaModel::zero_grad() {
   LOOM_CUDA_CHECK(cudaMemsetAsync(p_->grads.data<bf16>(), 0, num_params() * 2, p_->s));
 }
 
-double CudaModel::forward(const int32_t* tokens, const int32_t* targets, float dloss) {
+void CudaModel::forward(const int32_t* tokens, const int32_t* targets, float dloss) {
   Impl& x = *p_;
   const int N = x.N, C = x.C, T = x.T, B = x.B;
   const auto names = head_names(x.llama);
   auto off = [&](const char* name) { return layout_.reg.at(name).offset; };
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(x.tokens.data<int32_t>(), tokens, size_t(N) * 4, cudaMemcpyHostToDevice, x.s));
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(x.targets.data<int32_t>(), targets, size_t(N) * 4, cudaMemcpyHostToDevice, x.s));
+  {
+    // Refill the staging buffer once the previous upload has left it.
+    LOOM_CUDA_CHECK(cudaEventSynchronize(x.staged));
+    const auto index = cuda::token_index(tokens, N, 0, x.V, &x.unique_tokens);
+    std::memcpy(x.staging, tokens, size_t(N) * 4);
+    std::memcpy(x.staging + N, targets, size_t(N) * 4);
+    std::memcpy(x.staging + 2 * int64_t(N), index.data(), index.size() * 4);
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(x.inputs.data<int32_t>(), x.staging, (2 * size_t(N) + index.size()) * 4,
+                                    cudaMemcpyHostToDevice, x.s));
+    LOOM_CUDA_CHECK(cudaEventRecord(x.staged, x.s));
+  }
   bf16* res = x.residual.data<bf16>();
-  cuda::embedding_forward(res, x.tokens.data<int32_t>(), x.P(off(names.wte)), 0, x.V,
-                          names.wpe ? x.P(off(names.wpe)) : nullptr, B, T, C, x.s);
+  cuda::embedding_forward(res, x.tokens_d(), x.P(off(names.wte)), 0, x.V, names.wpe ? x.P(off(names.wpe)) : nullptr, B,
+                          T, C, x.s);
+  // Each block's second residual add is fused into the next norm (the next block's first, or
+  // the final one): `pending` is the branch still to be added into the stream.
+  const bf16* pending = nullptr;
   for (int l = 0; l < x.L; ++l) {
     const auto& o = layout_.layer_offsets[size_t(l)];
     auto w = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.P(o[size_t(f)]); };
-    const bf16* in = res + int64_t(l) * N * C;
+    bf16* in = res + int64_t(l) * N * C;
     bf16* out = res + int64_t(l + 1) * N * C;
     const auto [ln1, qkv, atty, res2, ln2, fc, act, lse] = x.layer(l);
-    x.norm_forward(ln1, x.at<float>(x.ln1_mean, l, N), x.at<float>(x.ln1_rstd, l, N), in, w(NORM1_W), w(NORM1_B));
+    x.norm_forward(ln1, x.at<float>(x.ln1_mean, l, N), x.at<float>(x.ln1_rstd, l, N), in, pending, w(NORM1_W),
+                   w(NORM1_B));
     x.linear_forward(qkv, ln1, w(QKV_W), w(QKV_B), N, C, x.qkv);
     if (x.llama) cuda::rope_forward(qkv, x.rope_cos.f32(), x.rope_sin.f32(), B, T, x.H, x.KV, x.D, x.s);
     cuda::attention_forward(atty, lse, qkv, B, T, x.H, x.KV, x.D, x.s);
     x.linear_forward(res2, atty, w(PROJ_W), w(PROJ_B), N, C, C);
-    cuda::add_inplace(res2, in, int64_t(N) * C, x.s);
-    x.norm_forward(ln2, x.at<float>(x.ln2_mean, l, N), x.at<float>(x.ln2_rstd, l, N), res2, w(NORM2_W), w(NORM2_B));
+    x.norm_forward(ln2, x.at<float>(x.ln2_mean, l, N), x.at<float>(x.ln2_rstd, l, N), res2, in, w(NORM2_W), w(NORM2_B));
     x.linear_forward(fc, ln2, w(FC_W), w(FC_B), N, C, x.fc);
     if (x.llama)
       cuda::swiglu_forward(act, fc, N, x.F, x.s);
     else
       cuda::gelu_forward(act, fc, int64_t(N) * x.F, x.s);
     x.linear_forward(out, act, w(DOWN_W), w(DOWN_B), N, x.F, C);
-    cuda::add_inplace(out, res2, int64_t(N) * C, x.s);
+    pending = res2;
   }
-  const bf16* last = res + int64_t(x.L) * N * C;
-  x.norm_forward(x.lnf.data<bf16>(), x.lnf_mean.f32(), x.lnf_rstd.f32(), last, x.P(off(names.norm_w)),
+  bf16* last = res + int64_t(x.L) * N * C;
+  x.norm_forward(x.lnf.data<bf16>(), x.lnf_mean.f32(), x.lnf_rstd.f32(), last, pending, x.P(off(names.norm_w)),
                  names.norm_b ? x.P(off(names.norm_b)) : nullptr);
   const bf16* lm = x.P(off(x.cfg.model.tie_embeddings ? names.wte : "lm_head.weight"));
   cuda::gemm(x.gemm, false, true, N, x.V, C, x.lnf.data<bf16>(), C, lm, C, 0.0f, x.logits.data<bf16>(), x.V, nullptr,
              x.s);
-  cuda::crossentropy_forward_backward(x.logits.data<bf16>(), x.losses.f32(), x.targets.data<int32_t>(), N, x.V, dloss,
-                                      x.s);
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(x.losses_host.data(), x.losses.f32(), size_t(N) * 4, cudaMemcpyDeviceToHost, x.s));
+  cuda::crossentropy_forward_backward(x.logits.data<bf16>(), x.losses.f32(), x.targets_d(), N, x.V, dloss, x.s);
+  cuda::loss_accumulate(x.loss_sum.f32(), x.losses.f32(), N, x.s);
+}
+
+double CudaModel::loss_take() {
+  Impl& x = *p_;
+  float sum = 0.0f;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&sum, x.loss_sum.f32(), 4, cudaMemcpyDeviceToHost, x.s));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(x.loss_sum.f32(), 0, 4, x.s));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(x.s));
-  double sum = 0.0;
-  for (float l : x.losses_host) sum += l;
-  return sum;
+  return double(sum);
 }
 
 void CudaModel::backward() {
@@ -251,26 +299,26 @@ void CudaModel::backward() {
     x.norm_backward(dres, g(NORM1_W), g(NORM1_B), dln, in, w(NORM1_W), x.at<float>(x.ln1_mean, l, N),
                     x.at<float>(x.ln1_rstd, l, N));
   }
-  cuda::embedding_backward(x.G(off(names.wte)), 0, x.V, names.wpe ? x.G(off(names.wpe)) : nullptr, dres,
-                           x.tokens.data<int32_t>(), B, T, C, x.s);
+  cuda::embedding_backward(x.G(off(names.wte)), names.wpe ? x.G(off(names.wpe)) : nullptr, dres, x.index_d(),
+                           x.unique_tokens, B, T, C, x.s);
 }
 
-double CudaModel::step(const AdamWHyper& h, int64_t step, double grad_clip) {
+void CudaModel::step(const AdamWHyper& h, int64_t step, double grad_clip) {
   Impl& x = *p_;
   cuda::sum_squares(x.norm_out.f32(), x.grads.data<bf16>(), int64_t(num_params()), x.norm_scratch.f32(), x.s);
-  float ss = 0.0f;
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(&ss, x.norm_out.f32(), 4, cudaMemcpyDeviceToHost, x.s));
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(x.s));
-  const double norm = std::sqrt(double(ss));
-  const float scale = float(clip_coef(norm, grad_clip));
+  cuda::grad_clip_scale(x.clip_scale.f32(), x.norm_out.f32(), grad_clip, x.s);
   const double bc1 = 1.0 - std::pow(h.beta1, double(step)), bc2 = 1.0 - std::pow(h.beta2, double(step));
-  for (auto& sp : layout_.reg.all()) {
-    const float decay = sp.decay ? float(1.0 - h.lr * h.weight_decay) : 1.0f;
-    cuda::adamw_update(x.master.f32() + sp.offset, x.P(sp.offset), x.G(sp.offset), x.m.f32() + sp.offset,
-                       x.v.f32() + sp.offset, sp.numel(), float(h.lr / bc1), float(std::sqrt(bc2)), float(h.beta1),
-                       float(h.beta2), float(h.eps), decay, scale, x.s);
-  }
-  return norm;
+  cuda::adamw_multi(x.master.f32(), x.params.data<bf16>(), x.grads.data<bf16>(), x.m.f32(), x.v.f32(),
+                    reinterpret_cast<const cuda::AdamChunk*>(x.chunks.data<int32_t>()), x.n_chunks, float(h.lr / bc1),
+                    float(std::sqrt(bc2)), float(h.beta1), float(h.beta2), float(h.eps),
+                    float(1.0 - h.lr * h.weight_decay), x.clip_scale.f32(), x.s);
+}
+
+double CudaModel::grad_norm() const {
+  float ss = 0.0f;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&ss, p_->norm_out.f32(), 4, cudaMemcpyDeviceToHost, p_->s));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(p_->s));
+  return std::sqrt(double(ss));
 }
 
 double cuda_peak_flops() {

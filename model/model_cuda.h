@@ -1,7 +1,10 @@
 // The decoder on one GPU in mixed precision: bf16 weights, activations and gradients, fp32
 // master weights, Adam moments, norm statistics and loss (DESIGN 5). The same layer loop as
-// model/model.cpp, with the kernels of kernels/cuda/ on one compute stream. Built with CUDA.
-// Not here yet: recompute, tensor parallel and ZeRO on the GPU (the trainer refuses them).
+// model/model.cpp, with the kernels of kernels/cuda/ on one compute stream. Nothing in a step
+// waits for the host: inputs go up through pinned staging, the loss and the gradient norm stay
+// on the device until loss_take / grad_norm read them, and clipping is computed on the device.
+// Built with CUDA. Not here yet: recompute, tensor parallel and ZeRO on the GPU (the trainer
+// refuses them).
 #pragma once
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -24,11 +27,16 @@ class CudaModel {
   void weights_from(const float* host);
   void weights_to(float* host) const;
   void zero_grad();
-  // tokens, targets: host [B, T]. Returns the sum of per-token losses (fp32 on the device).
-  double forward(const int32_t* tokens, const int32_t* targets, float dloss);
+  // tokens, targets: host [B, T]. Adds the sum of per-token losses to a device accumulator;
+  // with dloss != 0, the logits' gradient is kept for backward.
+  void forward(const int32_t* tokens, const int32_t* targets, float dloss);
   void backward();
-  // Global-norm clipping and AdamW on the device; returns the norm before clipping.
-  double step(const AdamWHyper& h, int64_t step, double grad_clip);
+  // Waits for the stream; returns the accumulated loss sum and resets it.
+  double loss_take();
+  // Global-norm clipping and AdamW, all on the device.
+  void step(const AdamWHyper& h, int64_t step, double grad_clip);
+  // Waits for the stream; the norm of the last step's gradients before clipping.
+  double grad_norm() const;
 
  private:
   struct Impl;

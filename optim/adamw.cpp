@@ -73,11 +73,6 @@ double clip_grad_norm_tp(const ParamRegistry& reg, float* grads, double max_norm
   return norm;
 }
 
-double clip_coef(double norm, double max_norm) {
-  if (max_norm <= 0) return 1.0;
-  return std::min(1.0, max_norm / (norm + 1e-6));
-}
-
 double clip_grad_norm(float* grads, int64_t n, double max_norm) {
   double norm = std::sqrt(cpu::sum_squares(grads, n));
   const double coef = clip_coef(norm, max_norm);

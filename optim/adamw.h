@@ -5,6 +5,7 @@
 // Not here: sharded state (ZeRO) and master weights for bf16 (CUDA backend).
 #pragma once
 #include "model/registry.h"
+#include "optim/clip.h"
 #include "runtime/allocator.h"
 #include "runtime/config.h"
 
@@ -51,10 +52,6 @@ void segments_scale(const std::vector<AdamSegment>& segs, float* grads, float s)
 // clip_grad_norm. With one tp rank it is clip_grad_norm over the whole buffer.
 class ProcessGroup;
 double clip_grad_norm_tp(const ParamRegistry& reg, float* grads, double max_norm, ProcessGroup& tp);
-
-// The factor clip_grad_norm_ scales gradients by: max_norm / (norm + 1e-6) when that is below
-// 1, else 1 (and 1 when max_norm is 0: no clipping). Every clipping path uses it.
-double clip_coef(double norm, double max_norm);
 
 // Global L2 norm of `n` gradients; scales them by max_norm / (norm + 1e-6) when that is
 // below 1 (max_norm 0: no clipping). Returns the norm before clipping.

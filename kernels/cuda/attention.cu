@@ -1,9 +1,10 @@
-// Flash-style causal attention with grouped-query heads: one warp per query row, each lane
-// holding D/32 of the head dim, an online softmax over the keys, and never a T x T matrix.
+// Row-wise causal attention with grouped-query heads, on CUDA cores: one warp per query row,
+// each lane holding D/32 of the head dim, an online softmax over the keys, and never a T x T
+// matrix. The path for head dim 32 and the plain reference the tensor-core kernels
+// (attention_tc.cu) are tested and benchmarked against.
 // Backward recomputes the probabilities from the saved log-sum-exp in two kernels, one for
 // dQ (a warp per query row) and one for dK and dV (a warp per key row, summing the query
 // heads of its group in order), so nothing is accumulated with atomics.
-// This is the straightforward form; tensor-core tiles (mma/wgmma) are the next step.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -138,15 +139,16 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
 
 }  // namespace
 
-void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, cudaStream_t s) {
+void attention_forward_rowwise(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D,
+                               cudaStream_t s) {
   if (D == 64) return forward_d<64>(out, lse, qkv, B, T, H, KV, s);
   if (D == 128) return forward_d<128>(out, lse, qkv, B, T, H, KV, s);
   if (D == 32) return forward_d<32>(out, lse, qkv, B, T, H, KV, s);
   fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
 }
 
-void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                        float* scratch, int B, int T, int H, int KV, int D, cudaStream_t s) {
+void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
+                                float* scratch, int B, int T, int H, int KV, int D, cudaStream_t s) {
   if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
   if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
   if (D == 32) return backward_d<32>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);

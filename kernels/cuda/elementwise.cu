@@ -1,11 +1,16 @@
-// Pointwise and column-reduction kernels. Column reductions (bias, embedding gradients) give
-// each thread one column and walk the rows in order: no atomics, a fixed summation order.
+// Pointwise and column-reduction kernels. Column reductions (bias, embedding gradients) sum in
+// a fixed order without atomics: a bias block owns 32 columns and kColPhases row phases whose
+// partial sums it adds in phase order; the token embedding gradient gives each distinct token
+// of the batch one block that walks that token's positions in order.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
 namespace loom::cuda {
 
 namespace {
+
+constexpr int kThreads = 256;
+constexpr int kColPhases = 32;
 
 __global__ void to_bf16_kernel(bf16* out, const float* in, int64_t n) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -16,12 +21,19 @@ __global__ void to_f32_kernel(float* out, const bf16* in, int64_t n) {
   if (i < n) out[i] = f(in[i]);
 }
 
+// blockDim (32, kColPhases): threadIdx.x picks the column, threadIdx.y the row phase.
 __global__ void bias_backward_kernel(bf16* dbias, const bf16* dout, int M, int N) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= N) return;
+  __shared__ float part[kColPhases][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
-  for (int m = 0; m < M; ++m) s += f(dout[int64_t(m) * N + c]);
-  dbias[c] = b(f(dbias[c]) + s);
+  if (c < N)
+    for (int m = threadIdx.y; m < M; m += kColPhases) s += f(dout[int64_t(m) * N + c]);
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= N) return;
+  float t = 0.0f;
+  for (int p = 0; p < kColPhases; ++p) t += part[p][threadIdx.x];
+  dbias[c] = b(f(dbias[c]) + t);
 }
 
 __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl,
@@ -35,18 +47,26 @@ __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const
   out[i] = b(e);
 }
 
-// One thread per channel walks every token in order; a token's row is summed in fp32 and
-// added to the bf16 gradient once per occurrence, as the CPU twin does.
-__global__ void embedding_backward_kernel(bf16* dwte, int v0, int Vl, bf16* dwpe, const bf16* dout,
-                                          const int32_t* tokens, int BT, int T, int C) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int n = 0; n < BT; ++n) {
-    float d = f(dout[int64_t(n) * C + c]);
-    int id = tokens[n] - v0;
-    if (id >= 0 && id < Vl) dwte[int64_t(id) * C + c] = b(f(dwte[int64_t(id) * C + c]) + d);
-    if (dwpe) dwpe[int64_t(n % T) * C + c] = b(f(dwpe[int64_t(n % T) * C + c]) + d);
+// One block per distinct token: its positions' rows summed in fp32 in order, added once.
+// index: ids[U], starts[U + 1], positions (token_index's packing).
+__global__ void embedding_wte_backward_kernel(bf16* dwte, const bf16* dout, const int32_t* index, int U, int C) {
+  const int u = blockIdx.x, id = index[u];
+  const int32_t* starts = index + U;
+  const int32_t* pos = index + 2 * U + 1;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float d = 0.0f;
+    for (int k = starts[u]; k < starts[u + 1]; ++k) d += f(dout[int64_t(pos[k]) * C + c]);
+    dwte[int64_t(id) * C + c] = b(f(dwte[int64_t(id) * C + c]) + d);
   }
+}
+
+// One thread per (t, c): the B rows at position t summed in order.
+__global__ void embedding_wpe_backward_kernel(bf16* dwpe, const bf16* dout, int B, int T, int C) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(T) * C) return;
+  float d = 0.0f;
+  for (int bi = 0; bi < B; ++bi) d += f(dout[int64_t(bi) * T * C + i]);
+  dwpe[i] = b(f(dwpe[i]) + d);
 }
 
 template <bool Inverse>
@@ -109,8 +129,6 @@ __global__ void add_kernel(bf16* acc, const bf16* x, int64_t n) {
   if (i < n) acc[i] = b(f(acc[i]) + f(x[i]));
 }
 
-constexpr int kThreads = 256;
-
 }  // namespace
 
 void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s) {
@@ -124,7 +142,7 @@ void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s) {
   LOOM_CUDA_LAUNCHED();
 }
 void bias_backward(bf16* dbias, const bf16* dout, int M, int N, cudaStream_t s) {
-  bias_backward_kernel<<<blocks_for(N, kThreads), kThreads, 0, s>>>(dbias, dout, M, N);
+  bias_backward_kernel<<<blocks_for(N, 32), dim3(32, kColPhases), 0, s>>>(dbias, dout, M, N);
   LOOM_CUDA_LAUNCHED();
 }
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
@@ -133,10 +151,34 @@ void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0
   embedding_forward_kernel<<<blocks_for(total, kThreads), kThreads, 0, s>>>(out, tokens, wte, v0, Vl, wpe, T, C, total);
   LOOM_CUDA_LAUNCHED();
 }
-void embedding_backward(bf16* dwte, int v0, int Vl, bf16* dwpe, const bf16* dout, const int32_t* tokens, int B, int T,
-                        int C, cudaStream_t s) {
-  embedding_backward_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dwte, v0, Vl, dwpe, dout, tokens, B * T, T, C);
-  LOOM_CUDA_LAUNCHED();
+std::vector<int32_t> token_index(const int32_t* tokens, int N, int v0, int Vl, int* unique) {
+  std::vector<int32_t> count(size_t(Vl) + 1, 0);
+  for (int n = 0; n < N; ++n)
+    if (tokens[n] >= v0 && tokens[n] < v0 + Vl) ++count[size_t(tokens[n] - v0) + 1];
+  int U = 0;
+  for (int v = 0; v < Vl; ++v) U += count[size_t(v) + 1] > 0;
+  for (int v = 0; v < Vl; ++v) count[size_t(v) + 1] += count[size_t(v)];  // count[v]: first slot of id v
+  const int placed = count[size_t(Vl)];
+  std::vector<int32_t> index(size_t(2 * U + 1 + placed));
+  int32_t *ids = index.data(), *starts = ids + U, *pos = starts + U + 1;
+  for (int v = 0, u = 0; v < Vl; ++v)
+    if (count[size_t(v) + 1] > count[size_t(v)]) ids[u] = v, starts[u] = count[size_t(v)], ++u;
+  starts[U] = placed;
+  for (int n = 0; n < N; ++n)
+    if (tokens[n] >= v0 && tokens[n] < v0 + Vl) pos[count[size_t(tokens[n] - v0)]++] = n;
+  *unique = U;
+  return index;
+}
+void embedding_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const int32_t* index, int U, int B, int T, int C,
+                        cudaStream_t s) {
+  if (U > 0) {
+    embedding_wte_backward_kernel<<<U, kThreads, 0, s>>>(dwte, dout, index, U, C);
+    LOOM_CUDA_LAUNCHED();
+  }
+  if (dwpe) {
+    embedding_wpe_backward_kernel<<<blocks_for(int64_t(T) * C, kThreads), kThreads, 0, s>>>(dwpe, dout, B, T, C);
+    LOOM_CUDA_LAUNCHED();
+  }
 }
 void rope_forward(bf16* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s) {
   const int64_t total = int64_t(B) * T * (H + KV) * (D / 2);

@@ -1,7 +1,12 @@
-// Fused softmax cross-entropy (one block per row), AdamW over fp32 master weights, and the
-// sum of squares for the global gradient norm (fixed grid, two passes: deterministic).
+// Fused softmax cross-entropy (one block per row) and the loss sum, the sum of squares for the
+// global gradient norm (fixed grid, two passes: deterministic), the clipping factor computed on
+// the device, and a multi-tensor AdamW: one launch over every parameter tensor, reading the
+// clipping factor from device memory, so an optimizer step never waits on the host.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "optim/clip.h"
 
 namespace loom::cuda {
 
@@ -40,20 +45,36 @@ __global__ void crossentropy_kernel(bf16* logits, float* losses, const int32_t* 
   for (int v = threadIdx.x; v < V; v += kThreads) l[v] = b(__expf(f(l[v]) - m) * scale - (v == y ? dloss : 0.0f));
 }
 
-__global__ void adamw_kernel(float* master, bf16* params, const bf16* grads, float* m, float* v, int64_t n,
-                             float lr_step, float bc2_sqrt, float beta1, float beta2, float eps, float decay,
-                             float grad_scale) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float g = f(grads[i]) * grad_scale;
-  const float p = master[i] * decay;
-  const float mi = m[i] + (g - m[i]) * (1.0f - beta1);
-  const float vi = v[i] * beta2 + (1.0f - beta2) * g * g;
-  const float out = p - lr_step * (mi / (sqrtf(vi) / bc2_sqrt + eps));
-  master[i] = out;
-  params[i] = b(out);
-  m[i] = mi;
-  v[i] = vi;
+// One block per chunk; decay_factor (1 - lr * weight_decay) applies where the chunk says so.
+__global__ void adamw_multi_kernel(float* master, bf16* params, const bf16* grads, float* m, float* v,
+                                   const AdamChunk* chunks, float lr_step, float bc2_sqrt, float beta1, float beta2,
+                                   float eps, float decay_factor, const float* grad_scale) {
+  const AdamChunk ch = chunks[blockIdx.x];
+  const float decay = ch.decay ? decay_factor : 1.0f, scale = *grad_scale;
+  for (int k = threadIdx.x; k < ch.n; k += kThreads) {
+    const int64_t i = ch.offset + k;
+    const float g = f(grads[i]) * scale;
+    const float p = master[i] * decay;
+    const float mi = m[i] + (g - m[i]) * (1.0f - beta1);
+    const float vi = v[i] * beta2 + (1.0f - beta2) * g * g;
+    const float out = p - lr_step * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    master[i] = out;
+    params[i] = b(out);
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+__global__ void clip_scale_kernel(float* scale, const float* sum_squares, double max_norm) {
+  *scale = float(clip_coef(sqrt(double(*sum_squares)), max_norm));
+}
+
+// acc += the sum of losses[N], in a fixed order.
+__global__ void loss_accumulate_kernel(float* acc, const float* losses, int N) {
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < N; i += kThreads) s += losses[i];
+  s = block_reduce<false>(s);
+  if (threadIdx.x == 0) *acc += s;
 }
 
 constexpr int kPartials = 1024;  // fixed grid: the summation order never depends on n
@@ -81,11 +102,30 @@ void crossentropy_forward_backward(bf16* logits, float* losses, const int32_t* t
   LOOM_CUDA_LAUNCHED();
 }
 
-void adamw_update(float* master, bf16* params, const bf16* grads, float* m, float* v, int64_t n, float lr_step,
-                  float bc2_sqrt, float beta1, float beta2, float eps, float decay, float grad_scale, cudaStream_t s) {
-  if (n == 0) return;
-  adamw_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(master, params, grads, m, v, n, lr_step, bc2_sqrt, beta1,
-                                                            beta2, eps, decay, grad_scale);
+void loss_accumulate(float* acc, const float* losses, int N, cudaStream_t s) {
+  loss_accumulate_kernel<<<1, kThreads, 0, s>>>(acc, losses, N);
+  LOOM_CUDA_LAUNCHED();
+}
+
+std::vector<AdamChunk> adamw_chunks(const std::vector<AdamSpan>& spans) {
+  std::vector<AdamChunk> chunks;
+  for (const AdamSpan& sp : spans)
+    for (int64_t k = 0; k < sp.n; k += kAdamChunk)
+      chunks.push_back({sp.offset + k, int32_t(std::min<int64_t>(kAdamChunk, sp.n - k)), sp.decay ? 1 : 0});
+  return chunks;
+}
+
+void adamw_multi(float* master, bf16* params, const bf16* grads, float* m, float* v, const AdamChunk* chunks,
+                 int n_chunks, float lr_step, float bc2_sqrt, float beta1, float beta2, float eps, float decay_factor,
+                 const float* grad_scale, cudaStream_t s) {
+  if (n_chunks == 0) return;
+  adamw_multi_kernel<<<n_chunks, kThreads, 0, s>>>(master, params, grads, m, v, chunks, lr_step, bc2_sqrt, beta1, beta2,
+                                                   eps, decay_factor, grad_scale);
+  LOOM_CUDA_LAUNCHED();
+}
+
+void grad_clip_scale(float* scale, const float* sum_squares, double max_norm, cudaStream_t s) {
+  clip_scale_kernel<<<1, 1, 0, s>>>(scale, sum_squares, max_norm);
   LOOM_CUDA_LAUNCHED();
 }
 

@@ -1,5 +1,7 @@
-// LayerNorm and RMSNorm: one warp per row for the row statistics and the input gradient; one
-// thread per column, rows in order, for the weight and bias gradients (deterministic).
+// LayerNorm and RMSNorm: one warp per row for the row statistics and the input gradient; for
+// the weight and bias gradients a block owns 32 columns and kColPhases row phases, adding the
+// phases' sums in order (deterministic). The forward kernels can first add the residual
+// branch into their input in place (the fused residual + norm of each block).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -8,14 +10,24 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kWarps = 4;  // rows per block
+constexpr int kColPhases = 32;
 
-__global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
-                                         const bf16* bias, int N, int C, float eps) {
+// Row n of inp, after inp += add when add is not null: the lane's columns are summed and
+// stored in place, and the passes after the first read the stored (bf16-rounded) sums.
+__device__ __forceinline__ float row_value(bf16* x, const bf16* add, int c) {
+  if (!add) return f(x[c]);
+  const bf16 v = b(f(x[c]) + f(add[c]));
+  x[c] = v;
+  return f(v);
+}
+
+__global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add,
+                                         const bf16* weight, const bf16* bias, int N, int C, float eps) {
   const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return;
-  const bf16* x = inp + int64_t(n) * C;
+  bf16* x = inp + int64_t(n) * C;
   float s = 0.0f;
-  for (int c = lane; c < C; c += 32) s += f(x[c]);
+  for (int c = lane; c < C; c += 32) s += row_value(x, add ? add + int64_t(n) * C : nullptr, c);
   const float m = warp_sum(s) / C;
   float v = 0.0f;
   for (int c = lane; c < C; c += 32) v += (f(x[c]) - m) * (f(x[c]) - m);
@@ -48,28 +60,38 @@ __global__ void layernorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* 
 }
 
 // bias may be null (RMSNorm); mean may be null (RMSNorm: xhat = x * rstd).
+// blockDim (32, kColPhases): threadIdx.x picks the column, threadIdx.y the row phase.
 __global__ void norm_dweight_kernel(bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp, const float* mean,
                                     const float* rstd, int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ float part_w[kColPhases][33], part_b[kColPhases][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
   float dw = 0.0f, db = 0.0f;
-  for (int n = 0; n < N; ++n) {
-    float dy = f(dout[int64_t(n) * C + c]);
-    float xhat = (f(inp[int64_t(n) * C + c]) - (mean ? mean[n] : 0.0f)) * rstd[n];
-    dw += xhat * dy;
-    db += dy;
-  }
+  if (c < C)
+    for (int n = threadIdx.y; n < N; n += kColPhases) {
+      const float dy = f(dout[int64_t(n) * C + c]);
+      dw += (f(inp[int64_t(n) * C + c]) - (mean ? mean[n] : 0.0f)) * rstd[n] * dy;
+      db += dy;
+    }
+  part_w[threadIdx.y][threadIdx.x] = dw;
+  part_b[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  dw = db = 0.0f;
+  for (int p = 0; p < kColPhases; ++p) dw += part_w[p][threadIdx.x], db += part_b[p][threadIdx.x];
   dweight[c] = b(f(dweight[c]) + dw);
   if (dbias) dbias[c] = b(f(dbias[c]) + db);
 }
 
-__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int N, int C,
-                                       float eps) {
+__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N,
+                                       int C, float eps) {
   const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return;
-  const bf16* x = inp + int64_t(n) * C;
+  bf16* x = inp + int64_t(n) * C;
   float ss = 0.0f;
-  for (int c = lane; c < C; c += 32) ss += f(x[c]) * f(x[c]);
+  for (int c = lane; c < C; c += 32) {
+    const float v = row_value(x, add ? add + int64_t(n) * C : nullptr, c);
+    ss += v * v;
+  }
   const float r = rsqrtf(warp_sum(ss) / C + eps);
   bf16* o = out + int64_t(n) * C;
   for (int c = lane; c < C; c += 32) o[c] = b(f(x[c]) * r * f(weight[c]));
@@ -92,9 +114,10 @@ __global__ void rmsnorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* in
 
 }  // namespace
 
-void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight, const bf16* bias,
-                       int N, int C, float eps, cudaStream_t s) {
-  layernorm_forward_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
+void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
+                       const bf16* bias, int N, int C, float eps, cudaStream_t s) {
+  layernorm_forward_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(out, mean, rstd, inp, add, weight, bias, N, C,
+                                                                         eps);
   LOOM_CUDA_LAUNCHED();
 }
 
@@ -102,13 +125,13 @@ void layernorm_backward(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout
                         const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
   layernorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   LOOM_CUDA_LAUNCHED();
-  norm_dweight_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  norm_dweight_kernel<<<blocks_for(C, 32), dim3(32, kColPhases), 0, s>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
   LOOM_CUDA_LAUNCHED();
 }
 
-void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int N, int C, float eps,
+void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
                      cudaStream_t s) {
-  rmsnorm_forward_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(out, rstd, inp, weight, N, C, eps);
+  rmsnorm_forward_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(out, rstd, inp, add, weight, N, C, eps);
   LOOM_CUDA_LAUNCHED();
 }
 
@@ -116,7 +139,8 @@ void rmsnorm_backward(bf16* dinp, bf16* dweight, const bf16* dout, const bf16* i
                       const float* rstd, int N, int C, cudaStream_t s) {
   rmsnorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
   LOOM_CUDA_LAUNCHED();
-  norm_dweight_kernel<<<blocks_for(C, 128), 128, 0, s>>>(dweight, nullptr, dout, inp, nullptr, rstd, N, C);
+  norm_dweight_kernel<<<blocks_for(C, 32), dim3(32, kColPhases), 0, s>>>(dweight, nullptr, dout, inp, nullptr, rstd, N,
+                                                                         C);
   LOOM_CUDA_LAUNCHED();
 }
 

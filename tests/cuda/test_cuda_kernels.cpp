@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
+#include "optim/clip.h"
 #include "runtime/comm/nccl_group.h"
 
 using namespace loom;
@@ -99,7 +101,7 @@ TEST_F(Cuda, GemmEveryTransposeAndBias) {
 }
 
 TEST_F(Cuda, NormsForwardAndBackward) {
-  const int N = 37, C = 96;
+  const int N = 301, C = 96;  // more rows than the weight gradient's 32 row phases, not a multiple
   auto x = randn(size_t(N) * C, 10), w = randn(C, 11), bb = randn(C, 12), dy = randn(size_t(N) * C, 13);
   std::vector<float> out(size_t(N) * C), mean(N), rstd(N), dx(size_t(N) * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
   cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bb.data(), N, C, 1e-5f);
@@ -107,7 +109,7 @@ TEST_F(Cuda, NormsForwardAndBackward) {
                           C);
   Dev X(x), W(w), Bb(bb), Dy(dy), O(size_t(N) * C), Dx(size_t(N) * C), Dw(C), Db(C);
   DevRaw<float> M{std::vector<float>(N)}, R{std::vector<float>(N)};
-  cuda::layernorm_forward(O.p, M.p, R.p, X.p, W.p, Bb.p, N, C, 1e-5f, nullptr);
+  cuda::layernorm_forward(O.p, M.p, R.p, X.p, nullptr, W.p, Bb.p, N, C, 1e-5f, nullptr);
   cuda::layernorm_backward(Dx.p, Dw.p, Db.p, Dy.p, X.p, W.p, M.p, R.p, N, C, nullptr);
   EXPECT_LT(rel(O.get(), out), 1e-2);
   EXPECT_LT(rel(Dx.get(), dx), 1e-2);
@@ -118,25 +120,54 @@ TEST_F(Cuda, NormsForwardAndBackward) {
   cpu::rmsnorm_forward(rout.data(), rr.data(), x.data(), w.data(), N, C, 1e-6f);
   cpu::rmsnorm_backward(rdx.data(), rdw.data(), dy.data(), x.data(), w.data(), rr.data(), N, C);
   Dev RO(size_t(N) * C), RDx(size_t(N) * C), RDw(C);
-  cuda::rmsnorm_forward(RO.p, R.p, X.p, W.p, N, C, 1e-6f, nullptr);
+  cuda::rmsnorm_forward(RO.p, R.p, X.p, nullptr, W.p, N, C, 1e-6f, nullptr);
   cuda::rmsnorm_backward(RDx.p, RDw.p, Dy.p, X.p, W.p, R.p, N, C, nullptr);
   EXPECT_LT(rel(RO.get(), rout), 1e-2);
   EXPECT_LT(rel(RDx.get(), rdx), 1e-2);
   EXPECT_LT(rel(RDw.get(), rdw), 1e-2);
+
+  // The fused residual add: the input becomes x + a (rounded to bf16) and is normalized.
+  auto a = randn(size_t(N) * C, 14);
+  std::vector<float> sum(size_t(N) * C), fout(size_t(N) * C), fm(N), fr(N);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = bf16_to_f32(f32_to_bf16(x[i] + a[i]));
+  cpu::layernorm_forward(fout.data(), fm.data(), fr.data(), sum.data(), w.data(), bb.data(), N, C, 1e-5f);
+  Dev FX(x), FA(a), FO(size_t(N) * C);
+  cuda::layernorm_forward(FO.p, M.p, R.p, FX.p, FA.p, W.p, Bb.p, N, C, 1e-5f, nullptr);
+  EXPECT_EQ(FX.get(), sum);
+  EXPECT_LT(rel(FO.get(), fout), 1e-2);
+  cpu::rmsnorm_forward(fout.data(), fr.data(), sum.data(), w.data(), N, C, 1e-6f);
+  Dev RX(x);
+  cuda::rmsnorm_forward(FO.p, R.p, RX.p, FA.p, W.p, N, C, 1e-6f, nullptr);
+  EXPECT_EQ(RX.get(), sum);
+  EXPECT_LT(rel(FO.get(), fout), 1e-2);
+}
+
+// token_index is host code: it runs (and is checked) without a GPU.
+TEST(CudaHost, TokenIndexGroupsPositionsByTokenInOrder) {
+  const std::vector<int32_t> tok = {5, 3, 5, 9, 3, 5, 7};
+  int U = 0;
+  auto idx = cuda::token_index(tok.data(), int(tok.size()), 0, 10, &U);
+  EXPECT_EQ(U, 4);
+  EXPECT_EQ(idx, (std::vector<int32_t>{3, 5, 7, 9, /*starts*/ 0, 2, 5, 6, 7, /*positions*/ 1, 4, 0, 2, 5, 6, 3}));
+  // A vocab shard [4, 8) keeps ids 5 and 7 only, as local ids 1 and 3.
+  idx = cuda::token_index(tok.data(), int(tok.size()), 4, 4, &U);
+  EXPECT_EQ(U, 2);
+  EXPECT_EQ(idx, (std::vector<int32_t>{1, 3, 0, 3, 4, 0, 2, 5, 6}));
 }
 
 TEST_F(Cuda, EmbeddingRopeAndPointwise) {
   const int B = 2, T = 8, C = 64, V = 50, H = 4, KV = 2, D = 16;
   std::vector<int32_t> tok(B * T);
-  for (int i = 0; i < B * T; ++i) tok[size_t(i)] = (i * 7) % V;
+  for (int i = 0; i < B * T; ++i) tok[size_t(i)] = (i * 7) % 11;  // repeated ids
   auto wte = randn(size_t(V) * C, 20), wpe = randn(size_t(T) * C, 21), dy = randn(size_t(B) * T * C, 22);
   std::vector<float> out(size_t(B) * T * C), dwte(size_t(V) * C, 0.0f), dwpe(size_t(T) * C, 0.0f);
   cpu::embedding_forward(out.data(), tok.data(), wte.data(), 0, V, wpe.data(), B, T, C);
   cpu::embedding_backward(dwte.data(), 0, V, dwpe.data(), dy.data(), tok.data(), B, T, C);
-  DevRaw<int32_t> Tok(tok);
+  int U = 0;
+  DevRaw<int32_t> Tok(tok), Index(cuda::token_index(tok.data(), B * T, 0, V, &U));
   Dev Wte(wte), Wpe(wpe), Dy(dy), O(size_t(B) * T * C), Dwte(size_t(V) * C), Dwpe(size_t(T) * C);
   cuda::embedding_forward(O.p, Tok.p, Wte.p, 0, V, Wpe.p, B, T, C, nullptr);
-  cuda::embedding_backward(Dwte.p, 0, V, Dwpe.p, Dy.p, Tok.p, B, T, C, nullptr);
+  cuda::embedding_backward(Dwte.p, Dwpe.p, Dy.p, Index.p, U, B, T, C, nullptr);
   EXPECT_LT(rel(O.get(), out), 1e-2);
   EXPECT_LT(rel(Dwte.get(), dwte), 1e-2);
   EXPECT_LT(rel(Dwpe.get(), dwpe), 1e-2);
@@ -172,11 +203,12 @@ TEST_F(Cuda, EmbeddingRopeAndPointwise) {
   EXPECT_LT(rel(SD.get(), sd), 1e-2);
 }
 
-class CudaAttention : public Cuda, public ::testing::WithParamInterface<std::tuple<int, int, int>> {};
+class CudaAttention : public Cuda, public ::testing::WithParamInterface<std::tuple<int, int, int, int>> {};
 
+// Against the CPU twin, and the tensor-core kernels (D 64, 128) against the row-wise ones.
 TEST_P(CudaAttention, MatchesTheCpuTwin) {
-  const auto [H, KV, D] = GetParam();
-  const int B = 2, T = 37;
+  const auto [H, KV, D, T] = GetParam();
+  const int B = 2;
   const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D;
   auto qkv = randn(nq, 30), dy = randn(no, 31);
   std::vector<float> out(no), probs(size_t(B) * H * T * T), dqkv(nq);
@@ -189,10 +221,22 @@ TEST_P(CudaAttention, MatchesTheCpuTwin) {
   EXPECT_LT(rel(o, out), 1e-2);
   // Backward reads the bf16 output the forward wrote; the CPU twin used fp32.
   cuda::attention_backward(DQ.p, Dy.p, O.p, Q.p, L.p, S.p, B, T, H, KV, D, nullptr);
-  EXPECT_LT(rel(DQ.get(), dqkv), 3e-2);
+  auto dq = DQ.get();
+  EXPECT_LT(rel(dq, dqkv), 3e-2);
+  Dev RO(no), RDQ(nq);
+  DevRaw<float> RL{std::vector<float>(size_t(B) * H * T)};
+  cuda::attention_forward_rowwise(RO.p, RL.p, Q.p, B, T, H, KV, D, nullptr);
+  cuda::attention_backward_rowwise(RDQ.p, Dy.p, O.p, Q.p, RL.p, S.p, B, T, H, KV, D, nullptr);
+  EXPECT_LT(rel(o, RO.get()), 1e-2);
+  EXPECT_LT(rel(dq, RDQ.get()), 3e-2);
+  auto lse = L.get(), rlse = RL.get();
+  for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], rlse[i], 1e-3f * (1.0f + std::abs(rlse[i]))) << i;
 }
+// T: inside one 64-row tile, and across several with a ragged last tile.
 INSTANTIATE_TEST_SUITE_P(Heads, CudaAttention,
-                         ::testing::Values(std::tuple{4, 4, 64}, std::tuple{4, 2, 64}, std::tuple{8, 2, 128}));
+                         ::testing::Values(std::tuple{4, 4, 64, 37}, std::tuple{4, 2, 64, 200},
+                                           std::tuple{8, 2, 128, 37}, std::tuple{4, 1, 128, 130},
+                                           std::tuple{2, 2, 32, 70}));
 
 TEST_F(Cuda, CrossEntropyAdamWAndNorm) {
   const int N = 9, V = 1000;
@@ -210,18 +254,25 @@ TEST_F(Cuda, CrossEntropyAdamWAndNorm) {
   for (int i = 0; i < N; ++i) EXPECT_NEAR(got[size_t(i)], losses[size_t(i)], 1e-3 * std::abs(losses[size_t(i)]));
   EXPECT_LT(rel(Lg.get(), l), 1e-2);
 
-  const int n = 5000;
+  const int n = 20000;
   auto p = randn(n, 41), g = randn(n, 42);
   std::vector<float> m(n, 0.0f), v(n, 0.0f), master = p;
-  DevRaw<float> Master(master), Mm(m), Vv(v);
+  DevRaw<float> Master(master), Mm(m), Vv(v), One{std::vector<float>{1.0f}};
   Dev P(p), G(g);
   const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  // Two tensors, the first (longer than one chunk) decaying, the second not.
+  const int split = 12000;
+  const auto table = cuda::adamw_chunks({{0, split, true}, {split, n - split, false}});
+  std::vector<int32_t> raw(table.size() * sizeof(cuda::AdamChunk) / 4);
+  std::memcpy(raw.data(), table.data(), table.size() * sizeof(cuda::AdamChunk));
+  DevRaw<int32_t> Chunks(raw);
   for (int step = 1; step <= 3; ++step) {
     const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
-    cuda::adamw_update(Master.p, P.p, G.p, Mm.p, Vv.p, n, float(lr / bc1), float(std::sqrt(bc2)), float(b1), float(b2),
-                       float(eps), float(1 - lr * wd), 1.0f, nullptr);
+    cuda::adamw_multi(Master.p, P.p, G.p, Mm.p, Vv.p, reinterpret_cast<const cuda::AdamChunk*>(Chunks.p),
+                      int(table.size()), float(lr / bc1), float(std::sqrt(bc2)), float(b1), float(b2), float(eps),
+                      float(1 - lr * wd), One.p, nullptr);
     for (int i = 0; i < n; ++i) {
-      master[size_t(i)] *= float(1 - lr * wd);
+      master[size_t(i)] *= i < split ? float(1 - lr * wd) : 1.0f;
       m[size_t(i)] += (g[size_t(i)] - m[size_t(i)]) * float(1 - b1);
       v[size_t(i)] = v[size_t(i)] * float(b2) + float(1 - b2) * g[size_t(i)] * g[size_t(i)];
       master[size_t(i)] -=
@@ -230,7 +281,20 @@ TEST_F(Cuda, CrossEntropyAdamWAndNorm) {
   }
   EXPECT_LT(rel(Master.get(), master), 1e-5);
 
-  DevRaw<float> Out{std::vector<float>(1)}, Scratch{std::vector<float>(1024)};
+  DevRaw<float> Out{std::vector<float>(1)}, Scratch{std::vector<float>(1024)}, Scale{std::vector<float>(1)};
   cuda::sum_squares(Out.p, G.p, n, Scratch.p, nullptr);
-  EXPECT_NEAR(Out.get()[0], cpu::sum_squares(g.data(), n), 1e-4 * cpu::sum_squares(g.data(), n));
+  const double ss = cpu::sum_squares(g.data(), n);
+  EXPECT_NEAR(Out.get()[0], ss, 1e-4 * ss);
+  cuda::grad_clip_scale(Scale.p, Out.p, 1.0, nullptr);
+  EXPECT_NEAR(Scale.get()[0], clip_coef(std::sqrt(ss), 1.0), 1e-5);
+  cuda::grad_clip_scale(Scale.p, Out.p, 0.0, nullptr);
+  EXPECT_EQ(Scale.get()[0], 1.0f);
+
+  // The loss sum accumulates on the device.
+  DevRaw<float> Acc{std::vector<float>{2.0f}};
+  cuda::loss_accumulate(Acc.p, Ls.p, N, nullptr);
+  cuda::loss_accumulate(Acc.p, Ls.p, N, nullptr);
+  double want = 2.0;
+  for (float l : losses) want += 2.0 * l;
+  EXPECT_NEAR(Acc.get()[0], want, 1e-5 * want);
 }
