@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One script for a short GPU lease (a few minutes on one H200): build, run the CUDA kernel
 # tests against their CPU twins and the NCCL test, train a small model on CUDA and on the CPU
-# and compare the per-step losses (bf16 tolerance: 2e-2 relative), then benchmark GPT-2 124M
-# (B=16, T=1024) next to PyTorch and a LLaMA-shaped 1.1B model, and print a one-screen
-# summary. Results go to $OUT (or ./device_out).
+# and compare the per-step losses (bf16 tolerance: 2e-2 relative), time the GEMM and the
+# attention kernels (tensor-core next to row-wise), then benchmark GPT-2 124M (B=16, T=1024)
+# next to PyTorch and a LLaMA-shaped 1.1B model, and print a one-screen summary. Results go
+# to $OUT (or ./device_out).
 # The GPU machine reaches no package registry: before the lease, run launch/device_deps.sh
 # where Debian's registry is reachable, and carry `.deps` with the run; its .debs are unpacked
 # into .deps/root (never into /) and CMake looks there first. Without MPI on that machine the
@@ -32,11 +33,13 @@ if [ $build -eq 0 ]; then
   build-gpu/loom info > "$out/info.txt" 2>&1
   small=(--set model.n_layer=2 --set model.d_model=128 --set model.n_head=2 --set train.steps=20
          --set data.val_batches=0 --set train.micro_batch=8)
-  build-gpu/loom train "${small[@]}" --set log.dir="$out/small_cpu" --set export.final="$out/small_cpu/final.safetensors" \
-    > "$out/small_cpu.log" 2>&1
+  build-gpu/loom train "${small[@]}" --set train.device=cpu --set log.dir="$out/small_cpu" \
+    --set export.final="$out/small_cpu/final.safetensors" > "$out/small_cpu.log" 2>&1
   build-gpu/loom train "${small[@]}" --set train.device=cuda --set log.dir="$out/small_cuda" \
     --set export.final="$out/small_cuda/final.safetensors" > "$out/small_cuda.log" 2>&1
   parity=$(build-gpu/tests/loom_compare_runs "$out/small_cuda" "$out/small_cpu" --loss-rtol 2e-2 --weight-atol 1e9 2>&1 | tail -1)
+  build-gpu/loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$out/kernels_gpt2.log" 2>&1
+  build-gpu/loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$out/kernels_llama1b.log" 2>&1
   build-gpu/loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$out/bench_gpt2.log" 2>&1
   python3 examples/bench_pytorch.py 8 10 cuda > "$out/bench_gpt2_torch.log" 2>&1
   build-gpu/loom bench train --config examples/configs/llama_1b_gpu.toml > "$out/bench_llama1b.log" 2>&1
@@ -48,6 +51,7 @@ fi
   echo "cuda kernel and nccl tests: $tests"
   grep -E "FAILED|Failure" "$out/cuda_tests.log" 2>/dev/null | head -10
   echo "small model, CUDA vs CPU losses: ${parity:-not run}"
+  grep -hE "gemm bf16 8192|attention|speedup" "$out/kernels_gpt2.log" "$out/kernels_llama1b.log" 2>/dev/null
   echo "GPT-2 124M loom:    $(grep -h "bench train" "$out/bench_gpt2.log" 2>/dev/null || tail -1 "$out/bench_gpt2.log" 2>/dev/null)"
   echo "GPT-2 124M PyTorch: $(tail -1 "$out/bench_gpt2_torch.log" 2>/dev/null)"
   echo "LLaMA 1.1B loom:    $(grep -h "bench train" "$out/bench_llama1b.log" 2>/dev/null || tail -1 "$out/bench_llama1b.log" 2>/dev/null)"

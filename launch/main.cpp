@@ -93,6 +93,9 @@ int run(int argc, char** argv) {
   auto* btrain = bench->add_subcommand("train", "time a training run of a config");
   btrain->add_option("--config", config_path, "TOML config file");
   btrain->add_option("--set", sets, "override one key: section.key=value (repeatable)");
+  auto* bkernels = bench->add_subcommand("kernels", "GPU bf16 GEMM and attention rates (tensor-core vs row-wise)");
+  bkernels->add_option("--config", config_path, "TOML config file (its model and micro_batch set the shapes)");
+  bkernels->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   double comm_max_mb = 64;
   auto* bcomm =
       bench->add_subcommand("comm", "time, algorithm and bus bandwidth of each collective (under mpirun/srun)");
@@ -169,6 +172,8 @@ int run(int argc, char** argv) {
       loom::bench_train(config_build(config_path, sets), topt);
     } else if (*bcomm) {
       loom::bench_comm(topt, comm_max_mb);
+    } else if (*bkernels) {
+      loom::bench_kernels(config_build(config_path, sets));
     } else if (*pmem) {
       if (plan_params > 0) {
         LOOM_CHECK(plan_dp > 0, "loom plan memory --params needs --dp");

@@ -17,6 +17,9 @@
 #include "parallel/zero.h"
 #include "runtime/data.h"
 #include "runtime/mesh.h"
+#if LOOM_HAVE_CUDA
+#include "runtime/comm/nccl_group.h"
+#endif
 #include "runtime/metrics.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -72,9 +75,42 @@ double validate(Model& model, UnitAccess* access, const TokenStream& val, const 
 //   DDP buckets or ZeRO shards over dp (ranges of those flat buffers) ->
 //   the optimizer over what this rank owns (everything under DDP, its shard under ZeRO).
 // Pipeline stages and expert sharding will split the model before tp does.
-TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
-  if (cfg.train.device == "cuda") return train_run_cuda(cfg, opt);
+std::string device_resolve(const Config& cfg, int gpus, std::string* why) {
+  const TrainConfig& t = cfg.train;
+  if (t.device != "auto") return t.device;
+  const ParallelConfig& p = cfg.parallel;
+  std::string no;
+  if (gpus == 0)
+    no = LOOM_HAVE_CUDA ? "no CUDA device is visible" : "this build has no CUDA";
+  else if (p.dp != 1 || p.tp != 1 || p.zero != 0)
+    no = "the GPU path has no dp, tp or ZeRO yet (parallel.dp, parallel.tp, parallel.zero)";
+  else if (t.recompute != "none")
+    no = fmt::format("the GPU path has no recompute yet (train.recompute = \"{}\")", t.recompute);
+  else if (t.dtype == "f32")
+    no = "train.dtype = \"f32\" and the GPU path computes in bf16";
+  if (no.empty()) return "cuda";
+  LOOM_CHECK(t.dtype != "bf16", "train.dtype = \"bf16\" needs the GPU path, but {}; use train.dtype = \"auto\"", no);
+  if (why && gpus > 0) *why = no;
+  return "cpu";
+}
+
+TrainResult train_run(const Config& cfg_in, const TrainOptions& opt) {
+  std::string why;
+#if LOOM_HAVE_CUDA
+  const int gpus = cuda_device_count();
+#else
+  const int gpus = 0;
+#endif
+  const std::string device = device_resolve(cfg_in, gpus, &why);
+  if (device == "cuda") {
+    Config c = cfg_in;
+    c.train.device = "cuda";
+    return train_run_cuda(c, opt);
+  }
+  const Config& cfg = cfg_in;
   const bool lead = opt.world_rank == 0;
+  if (!why.empty() && lead && !opt.quiet)
+    spdlog::warn("train.device = \"auto\" trains on the CPU: {}; set train.device = \"cpu\" to say so", why);
 #define info(...)                                      \
   do {                                                 \
     if (!opt.quiet && lead) spdlog::info(__VA_ARGS__); \

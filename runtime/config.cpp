@@ -312,7 +312,7 @@ void config_validate(Config& cfg) {
              "train.beta1 and train.beta2 must be in [0, 1)");
   LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
   LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
-  // auto is the CPU until the GPU path covers every layout; cuda is asked for by name.
+  // auto is resolved when training starts (device_resolve): the GPU where it can run the layout.
   if (t.device == "cuda") {
     LOOM_CHECK(LOOM_HAVE_CUDA, "train.device = \"cuda\": this build has no CUDA; rebuild with the CUDA toolkit");
     LOOM_CHECK(t.dtype != "f32",
@@ -321,7 +321,7 @@ void config_validate(Config& cfg) {
                "train.device = \"cuda\" trains on one GPU in this build; set parallel.dp = 1, parallel.tp = 1 and "
                "parallel.zero = 0 (multi-GPU layouts run on the CPU path today)");
     LOOM_CHECK(t.recompute == "none", "train.recompute = \"{}\" is not on the GPU path yet; use \"none\"", t.recompute);
-  } else {
+  } else if (t.device == "cpu") {
     LOOM_CHECK(t.dtype != "bf16", "train.dtype = \"bf16\": the CPU computes in f32; use \"f32\" or \"auto\"");
   }
 

@@ -1,5 +1,6 @@
 // Config loading: TOML and --set, unknown keys with a suggestion, wrong types, and every
 // relation validate() enforces, each with the message a user would read.
+#include "launch/trainer.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "testing.h"
@@ -93,7 +94,8 @@ TEST(Config, TensorParallelRefusesWhatDoesNotSplit) {
 
 TEST(Config, TheGpuPathRefusesWhatItDoesNotHave) {
   if (!LOOM_HAVE_CUDA) {
-    EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\n"); }).find("this build has no CUDA"), std::string::npos);
+    EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\n"); }).find("this build has no CUDA"),
+              std::string::npos);
     return;
   }
   EXPECT_EQ(error_of([] { loaded("[train]\ndevice = \"cuda\"\nmicro_batch = 8\n[parallel]\ndp = 2\n"); }),
@@ -104,7 +106,32 @@ TEST(Config, TheGpuPathRefusesWhatItDoesNotHave) {
   EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\nrecompute = \"full\"\n"); }).find("not on the GPU path"),
             std::string::npos);
   EXPECT_EQ(error_of([] { loaded("[train]\ndevice = \"cuda\"\n"); }), "");
-  EXPECT_NE(error_of([] { loaded("[train]\ndtype = \"bf16\"\n"); }).find("the CPU computes in f32"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cpu\"\ndtype = \"bf16\"\n"); }).find("the CPU computes in f32"),
+            std::string::npos);
+}
+
+// device_resolve is pure: the visible GPU count is its argument, so every case runs here.
+TEST(Config, AutoDeviceTakesTheGpuWhereItsPathRunsTheLayout) {
+  std::string why;
+  const Config plain = loaded("");
+  EXPECT_EQ(device_resolve(plain, 1, &why), "cuda");
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(device_resolve(plain, 0, &why), "cpu");
+  EXPECT_EQ(why, "");  // no GPU: nothing to explain
+  EXPECT_EQ(device_resolve(loaded("[train]\nmicro_batch = 8\n[parallel]\ndp = 2\n"), 1, &why), "cpu");
+  EXPECT_NE(why.find("no dp, tp or ZeRO"), std::string::npos);
+  why.clear();
+  EXPECT_EQ(device_resolve(loaded("[train]\nrecompute = \"full\"\n"), 2, &why), "cpu");
+  EXPECT_NE(why.find("no recompute"), std::string::npos);
+  why.clear();
+  EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"f32\"\n"), 1, &why), "cpu");
+  EXPECT_NE(why.find("f32"), std::string::npos);
+  EXPECT_EQ(device_resolve(loaded("[train]\ndevice = \"cpu\"\n"), 1, &why), "cpu");
+  // bf16 asks for the GPU path: without one it is an error, not a quiet fp32 run.
+  EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"bf16\"\n"), 1, &why), "cuda");
+  EXPECT_NE(
+      error_of([&] { device_resolve(loaded("[train]\ndtype = \"bf16\"\n"), 0, &why); }).find("needs the GPU path"),
+      std::string::npos);
 }
 
 TEST(Config, EveryKeyRoundTripsThroughToml) {

@@ -1,0 +1,106 @@
+// `loom bench kernels`: the GPU's bf16 GEMM rate (cuBLASLt) and causal attention forward and
+// backward at a config's shape, the tensor-core kernels next to the row-wise ones in the same
+// run (their ratio is the number to trust on a shared machine). CUDA events time each one.
+#include <fmt/core.h>
+
+#include "launch/bench.h"
+#include "runtime/error.h"
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "runtime/comm/nccl_group.h"
+#endif
+
+namespace loom {
+
+#if LOOM_HAVE_CUDA
+namespace {
+
+// Milliseconds per call of fn on stream s: one warm-up, then `reps` calls between two events.
+template <class Fn>
+double time_ms(cudaStream_t s, int reps, Fn fn) {
+  cudaEvent_t a, b;
+  LOOM_CUDA_CHECK(cudaEventCreate(&a));
+  LOOM_CUDA_CHECK(cudaEventCreate(&b));
+  fn();
+  LOOM_CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < reps; ++i) fn();
+  LOOM_CUDA_CHECK(cudaEventRecord(b, s));
+  LOOM_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0.0f;
+  LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms) / reps;
+}
+
+template <class X>
+X* device_zeros(size_t n) {
+  X* p = nullptr;
+  LOOM_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(X)));
+  LOOM_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(X)));
+  return p;
+}
+
+}  // namespace
+
+void bench_kernels(const Config& cfg) {
+  LOOM_CHECK(cuda_device_count() > 0, "loom bench kernels needs a CUDA device; none is visible");
+  using cuda::bf16;
+  cudaStream_t s;
+  LOOM_CUDA_CHECK(cudaStreamCreate(&s));
+  cuda::GemmContext ctx;
+  fmt::print("{:<34} {:>10} {:>10}\n", "kernel", "ms", "TFLOP/s");
+  for (int n : {1024, 2048, 4096, 8192}) {
+    bf16 *a = device_zeros<bf16>(size_t(n) * n), *b = device_zeros<bf16>(size_t(n) * n),
+         *c = device_zeros<bf16>(size_t(n) * n);
+    const double ms =
+        time_ms(s, 10, [&] { cuda::gemm(ctx, false, false, n, n, n, a, n, b, n, 0.0f, c, n, nullptr, s); });
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("gemm bf16 {}^3", n), ms, 2.0 * n * n * n / ms / 1e9);
+    cudaFree(a), cudaFree(b), cudaFree(c);
+  }
+  const int B = cfg.train.micro_batch, T = cfg.model.seq_len, H = cfg.model.n_head, KV = cfg.kv_heads(),
+            D = cfg.head_dim();
+  const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D, ns = size_t(B) * H * T;
+  bf16 *qkv = device_zeros<bf16>(nq), *out = device_zeros<bf16>(no), *dout = device_zeros<bf16>(no),
+       *dqkv = device_zeros<bf16>(nq);
+  float *lse = device_zeros<float>(ns), *scratch = device_zeros<float>(ns);
+  // Causal: half of the T x T scores; forward two products, backward five (S recomputed).
+  const double fwd = 2.0 * B * H * double(T) * T * D, bwd = 2.5 * fwd;
+  const std::string shape = fmt::format("B{} T{} H{} KV{} D{}", B, T, H, KV, D);
+  double tc_f = 0, tc_b = 0;
+  for (bool tc : {true, false}) {
+    const double f = time_ms(s, 5, [&] {
+      if (tc)
+        cuda::attention_forward(out, lse, qkv, B, T, H, KV, D, s);
+      else
+        cuda::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, s);
+    });
+    const double bw = time_ms(s, 5, [&] {
+      if (tc)
+        cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, s);
+      else
+        cuda::attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, s);
+    });
+    const char* name = tc ? "tensor-core" : "row-wise";
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("attention fwd {} {}", name, shape), f, fwd / f / 1e9);
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("attention bwd {} {}", name, shape), bw, bwd / bw / 1e9);
+    if (tc) {
+      tc_f = f, tc_b = bw;
+    } else {
+      fmt::print("tensor-core speedup: forward {:.1f}x, backward {:.1f}x\n", f / tc_f, bw / tc_b);
+    }
+  }
+  for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
+  cudaStreamDestroy(s);
+}
+#else
+void bench_kernels(const Config&) {
+  fail("loom bench kernels times CUDA kernels; this build has no CUDA (rebuild with LOOM_CUDA=ON)");
+}
+#endif
+
+}  // namespace loom
