@@ -163,3 +163,10 @@ TEST(Cli, ListKeysPrintConfigAndInfo) {
   EXPECT_NE(info.output.find("OpenBLAS"), std::string::npos);
   expect_one_line_error("train --fault-exit 3", "expected RANK:STEP");
 }
+
+// The CPU tests see no GPU (tests/CMakeLists.txt), so both GPU commands say what is missing.
+TEST(Cli, GpuCommandsWithoutAGpuSaySo) {
+  expect_one_line_error("bench kernels", LOOM_HAVE_CUDA ? "needs a CUDA device" : "this build has no CUDA");
+  expect_one_line_error(kTiny + "--set train.device=cuda",
+                        LOOM_HAVE_CUDA ? "no CUDA device is visible" : "this build has no CUDA");
+}
