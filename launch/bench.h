@@ -16,8 +16,9 @@ void bench_train(const Config& cfg, const TrainOptions& opt = {});
 // Every collective over the world group, message sizes from 4 KiB up to max_mb: time, algorithm
 // bandwidth and bus bandwidth with the nccl-tests conventions. Rank 0 prints the table.
 void bench_comm(const TrainOptions& where, double max_mb);
-// The GPU's bf16 GEMM rate and causal attention at cfg's shape (micro_batch, seq_len, heads):
-// tensor-core and row-wise kernels side by side. Needs a CUDA build and device.
+// The GPU's bf16 GEMM rate, the MLP GEMM with GELU separate and fused, and causal attention
+// at cfg's shape (micro_batch, seq_len, heads), tensor-core and row-wise side by side. Needs
+// a CUDA build and device.
 void bench_kernels(const Config& cfg);
 
 }  // namespace loom

@@ -1,6 +1,7 @@
-// `loom bench kernels`: the GPU's bf16 GEMM rate (cuBLASLt) and causal attention forward and
-// backward at a config's shape, the tensor-core kernels next to the row-wise ones in the same
-// run (their ratio is the number to trust on a shared machine). CUDA events time each one.
+// `loom bench kernels`: the GPU's bf16 GEMM rate (cuBLASLt), the MLP GEMM with GELU separate
+// and fused into its epilogue, and causal attention forward and backward at a config's shape,
+// the tensor-core kernels next to the row-wise ones (ratios in one run are the numbers to trust
+// on a shared machine). CUDA events time each one.
 #include <fmt/core.h>
 
 #include "launch/bench.h"
@@ -64,6 +65,34 @@ void bench_kernels(const Config& cfg) {
   }
   const int B = cfg.train.micro_batch, T = cfg.model.seq_len, H = cfg.model.n_head, KV = cfg.kv_heads(),
             D = cfg.head_dim();
+  {
+    // The MLP's first GEMM and GELU at the config's shape: separate kernels against the fused
+    // epilogue, forward (GELU after the GEMM) and backward (GELU' after the input-gradient GEMM).
+    const int N = B * T, C = cfg.model.d_model, F = cfg.model.d_ff;
+    bf16 *x = device_zeros<bf16>(size_t(N) * C), *w = device_zeros<bf16>(size_t(C) * F),
+         *bias = device_zeros<bf16>(size_t(F)), *pre = device_zeros<bf16>(size_t(N) * F),
+         *act = device_zeros<bf16>(size_t(N) * F), *dx = device_zeros<bf16>(size_t(N) * F);
+    const double flops = 2.0 * N * C * F;
+    const double sep = time_ms(s, 10, [&] {
+      cuda::gemm(ctx, false, false, N, F, C, x, C, w, F, 0.0f, pre, F, bias, s);
+      cuda::gelu_forward(act, pre, int64_t(N) * F, s);
+    });
+    const double fused =
+        time_ms(s, 10, [&] { cuda::gemm_gelu(ctx, false, false, N, F, C, x, C, w, F, act, F, bias, pre, s); });
+    const double sep_b = time_ms(s, 10, [&] {
+      cuda::gemm(ctx, false, true, N, F, C, x, C, w, C, 0.0f, dx, F, nullptr, s);
+      cuda::gelu_backward(act, pre, dx, int64_t(N) * F, s);
+    });
+    const double fused_b =
+        time_ms(s, 10, [&] { cuda::gemm_dgelu(ctx, false, true, N, F, C, x, C, w, C, act, F, pre, s); });
+    const std::string shape = fmt::format("{}x{}x{}", N, F, C);
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", "gemm+gelu separate " + shape, sep, flops / sep / 1e9);
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", "gemm+gelu fused " + shape, fused, flops / fused / 1e9);
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", "gemm+dgelu separate " + shape, sep_b, flops / sep_b / 1e9);
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", "gemm+dgelu fused " + shape, fused_b, flops / fused_b / 1e9);
+    fmt::print("GELU epilogue speedup: forward {:.2f}x, backward {:.2f}x\n", sep / fused, sep_b / fused_b);
+    for (void* p : {(void*)x, (void*)w, (void*)bias, (void*)pre, (void*)act, (void*)dx}) cudaFree(p);
+  }
   const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D, ns = size_t(B) * H * T;
   bf16 *qkv = device_zeros<bf16>(nq), *out = device_zeros<bf16>(no), *dout = device_zeros<bf16>(no),
        *dqkv = device_zeros<bf16>(nq);

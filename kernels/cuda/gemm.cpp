@@ -1,7 +1,9 @@
 // GEMMs through cuBLASLt in bf16 with fp32 accumulation. cuBLASLt is column-major; a row-major
 // matrix is the column-major view of its transpose, so C = op(A) op(B) is computed as
 // C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B, its second A, and m, n swap. A bias
-// rides the epilogue (added per column of the row-major C).
+// rides the epilogue (added per column of the row-major C), and so can GELU (tanh form, as
+// GPT-2's): forward keeps its argument in an aux matrix laid out like C, and the backward
+// epilogue multiplies the product by GELU' of that aux.
 #include <cublasLt.h>
 
 #include "kernels/cuda/check.h"
@@ -27,21 +29,42 @@ GemmContext::~GemmContext() {
   cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
-          const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, cudaStream_t s) {
+namespace {
+
+enum class Gelu { none, forward, backward };
+
+void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+                   const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, Gelu gelu, const bf16* aux,
+                   cudaStream_t s) {
   auto lt = static_cast<cublasLtHandle_t>(ctx.handle());
   cublasLtMatmulDesc_t op;
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &first, sizeof(first)));
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &second, sizeof(second)));
-  if (bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  if (gelu == Gelu::forward)
+    epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  else if (gelu == Gelu::backward)
+    epi = CUBLASLT_EPILOGUE_DGELU;
+  else if (bias)
+    epi = CUBLASLT_EPILOGUE_BIAS;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  if (bias && gelu != Gelu::backward) {
     const cudaDataType_t bias_type = CUDA_R_16BF;
-    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     LOOM_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (gelu != Gelu::none) {
+    const int64_t aux_ld = ldc;
+    const cudaDataType_t aux_type = CUDA_R_16BF;
+    LOOM_CHECK(ldc % 8 == 0, "a GELU epilogue needs ldc a multiple of 8, not {}", ldc);
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
   }
   // Column-major shapes: first = B viewed (N x K, or K x N stored when transposed), second = A.
   cublasLtMatrixLayout_t lb, la, lc;
@@ -65,6 +88,23 @@ void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int 
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
   cublasLtMatmulDescDestroy(op);
+}
+
+}  // namespace
+
+void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+          const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, cudaStream_t s) {
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, Gelu::none, nullptr, s);
+}
+
+void gemm_gelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+               const bf16* B, int ldb, bf16* C, int ldc, const bf16* bias, bf16* pre, cudaStream_t s) {
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, ldc, bias, Gelu::forward, pre, s);
+}
+
+void gemm_dgelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+                const bf16* B, int ldb, bf16* C, int ldc, const bf16* pre, cudaStream_t s) {
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, ldc, nullptr, Gelu::backward, pre, s);
 }
 
 }  // namespace loom::cuda

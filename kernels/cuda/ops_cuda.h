@@ -19,7 +19,7 @@ using bf16 = __nv_bfloat16;
 void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s);
 void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s);
 
-// defines: GemmContext, gemm (cuBLASLt, bf16 in and out, fp32 accumulation)
+// defines: GemmContext, gemm, gemm_gelu, gemm_dgelu (cuBLASLt, bf16 in and out, fp32 accumulation)
 // The cuBLASLt handle and workspace, owned by whoever runs the GEMMs (one per device).
 class GemmContext {
  public:
@@ -39,7 +39,15 @@ class GemmContext {
 // Row-major C[M,N] = op(A) @ op(B) (+ bias[N]) + beta * C, as cpu::gemm.
 void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
           const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, cudaStream_t s);
-// dbias[N] += column sums of dout[M, N] (fp32 sums, one thread per column, rows in order).
+// C = gelu(op(A) @ op(B) + bias) with GELU's argument kept in pre[M, N] (stride ldc, a
+// multiple of 8): the fused bias + GELU epilogue. bias may be null.
+void gemm_gelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+               const bf16* B, int ldb, bf16* C, int ldc, const bf16* bias, bf16* pre, cudaStream_t s);
+// C = (op(A) @ op(B)) * gelu'(pre): GELU's backward fused into the GEMM that makes its input
+// gradient. C is overwritten.
+void gemm_dgelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+                const bf16* B, int ldb, bf16* C, int ldc, const bf16* pre, cudaStream_t s);
+// dbias[N] += column sums of dout[M, N] (fp32, fixed order).
 void bias_backward(bf16* dbias, const bf16* dout, int M, int N, cudaStream_t s);
 
 // defines: layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward

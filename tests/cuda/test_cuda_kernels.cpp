@@ -100,6 +100,33 @@ TEST_F(Cuda, GemmEveryTransposeAndBias) {
     }
 }
 
+// The GELU epilogues against the CPU's GEMM and GELU, forward (with its kept argument) and
+// backward (GELU' applied to the input-gradient GEMM).
+TEST_F(Cuda, GemmGeluEpilogues) {
+  cuda::GemmContext ctx;
+  const int M = 37, N = 64, K = 48;  // the aux matrix's stride must be a multiple of 8
+  auto a = randn(size_t(M) * K, 4), w = randn(size_t(K) * N, 5), bias = randn(N, 6), dy = randn(size_t(M) * K, 7);
+  std::vector<float> pre(size_t(M) * N), out(size_t(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) pre[size_t(m) * N + n] = bias[size_t(n)];
+  cpu::gemm(false, false, M, N, K, 1.0f, a.data(), K, w.data(), N, 1.0f, pre.data(), N);
+  cpu::gelu_forward(out.data(), pre.data(), M * N);
+  Dev A(a), W(w), Bias(bias), C(size_t(M) * N), Pre(size_t(M) * N);
+  cuda::gemm_gelu(ctx, false, false, M, N, K, A.p, K, W.p, N, C.p, N, Bias.p, Pre.p, nullptr);
+  EXPECT_LT(rel(Pre.get(), pre), 3e-2);
+  EXPECT_LT(rel(C.get(), out), 3e-2);
+
+  // Backward: d[M, N] = dz[M, K] @ W2[N, K]^T, times gelu'(pre), with pre exact in bf16.
+  auto w2 = randn(size_t(N) * K, 8);
+  for (auto& p : pre) p = bf16_to_f32(f32_to_bf16(p));
+  std::vector<float> d(size_t(M) * N, 0.0f), want(size_t(M) * N);
+  cpu::gemm(false, true, M, N, K, 1.0f, dy.data(), K, w2.data(), K, 0.0f, d.data(), N);
+  cpu::gelu_backward(want.data(), pre.data(), d.data(), M * N);
+  Dev Dy(dy), W2(w2), P2(pre), G(size_t(M) * N);
+  cuda::gemm_dgelu(ctx, false, true, M, N, K, Dy.p, K, W2.p, K, G.p, N, P2.p, nullptr);
+  EXPECT_LT(rel(G.get(), want), 3e-2);
+}
+
 TEST_F(Cuda, NormsForwardAndBackward) {
   const int N = 301, C = 96;  // more rows than the weight gradient's 32 row phases, not a multiple
   auto x = randn(size_t(N) * C, 10), w = randn(C, 11), bb = randn(C, 12), dy = randn(size_t(N) * C, 13);
