@@ -42,6 +42,53 @@ int threads_set(int threads) {
   return threads;
 }
 
+StepLog::StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result)
+    : cfg_(cfg),
+      opt_(opt),
+      lead_(opt.world_rank == 0),
+      print_(lead_ && !opt.quiet),
+      has_val_(has_val && cfg.data.val_batches > 0),
+      result_(result),
+      metrics_(lead_ ? cfg.log.dir : "") {}
+
+void StepLog::fault_drills(int64_t step) const {
+  if (opt_.fault_exit_rank == opt_.world_rank && opt_.fault_exit_step == step + 1) {
+    spdlog::error("rank {}: fault drill: exit(3) at step {}", opt_.world_rank, step + 1);
+    std::_Exit(3);  // a crash: no destructors, no MPI_Finalize
+  }
+  if (opt_.fault_hang_rank == opt_.world_rank && opt_.fault_hang_step == step + 1) {
+    spdlog::error("rank {}: fault drill: hanging at step {}", opt_.world_rank, step + 1);
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
+void StepLog::validation(int64_t step, const std::function<double()>& validate) {
+  if (!has_val_) return;
+  const double v = validate();
+  result_.val.push_back({step, v});
+  metrics_.validation(step, v);
+  if (print_) spdlog::info("step {} | val_loss {:.4f}", step, v);
+}
+
+void StepLog::after_step(const StepMetrics& m, const std::function<double()>& validate) {
+  metrics_.step(m);
+  result_.losses.push_back(m.loss);
+  if (m.step > 1) timed_ms_ += m.step_ms;
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+  if (print_ && (m.step % cfg_.log.every == 0 || m.step == 1 || m.step == m.steps))
+    spdlog::info("{}", progress_line(m, elapsed / double(m.step) * double(m.steps - m.step)));
+  if (cfg_.data.val_every > 0 && m.step % cfg_.data.val_every == 0 && m.step != m.steps) validation(m.step, validate);
+}
+
+void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model,
+                     double peak) {
+  validation(cfg_.train.steps, validate);
+  if (cfg_.train.steps > 1) {
+    result_.tokens_per_s = double(tokens_per_step) * double(cfg_.train.steps - 1) / (timed_ms_ / 1e3);
+    result_.mfu = peak > 0 ? result_.tokens_per_s * flops_model / peak : 0.0;
+  }
+}
+
 namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
@@ -233,32 +280,18 @@ TrainResult train_run(const Config& cfg_in, const TrainOptions& opt) {
   info("FLOPs/token {:.3g} (model), {:.3g} (hardware); CPU peak {:.1f} GFLOP/s over all ranks", fpt.model, fpt.hardware,
        peak / 1e9);
 
-  MetricsWriter metrics(lead ? cfg.log.dir : "");
   std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
   const int64_t tokens_per_step = int64_t(cfg.train.global_batch) * T;
   const float dloss = 1.0f / float(tokens_per_step);  // loss is the mean over the global batch
   TrainResult result;
-  double timed_ms = 0.0;
-  const auto run_start = Clock::now();
-
-  auto run_validation = [&](int64_t step) {
-    if (!data.val || cfg.data.val_batches == 0) return;
+  StepLog log(cfg, opt, data.val != nullptr, result);
+  auto validation = [&] {
     auto s = trace.scope("validation", Trace::host);
-    double v = validate(model, access, *data.val, cfg, dp, inputs, targets);
-    result.val.push_back({step, v});
-    metrics.validation(step, v);
-    info("step {} | val_loss {:.4f}", step, v);
+    return validate(model, access, *data.val, cfg, dp, inputs, targets);
   };
 
   for (int64_t step = 0; step < cfg.train.steps; ++step) {
-    if (opt.fault_exit_rank == opt.world_rank && opt.fault_exit_step == step + 1) {
-      spdlog::error("rank {}: fault drill: exit(3) at step {}", opt.world_rank, step + 1);
-      std::_Exit(3);  // a crash: no destructors, no MPI_Finalize
-    }
-    if (opt.fault_hang_rank == opt.world_rank && opt.fault_hang_step == step + 1) {
-      spdlog::error("rank {}: fault drill: hanging at step {}", opt.world_rank, step + 1);
-      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-    }
+    log.fault_drills(step);
     const auto t0 = Clock::now();
     const CommCounters comm0 = dp.counters(), tp0 = tp.counters();
     StepMetrics m;
@@ -311,22 +344,12 @@ TrainResult train_run(const Config& cfg_in, const TrainOptions& opt) {
     m.tp_all_reduce_b = tp1.bytes[int(CommOp::all_reduce)] - tp0.bytes[int(CommOp::all_reduce)];
     m.tp_reduce_scatter_b = tp1.bytes[int(CommOp::reduce_scatter)] - tp0.bytes[int(CommOp::reduce_scatter)];
     m.tp_all_gather_b = tp1.bytes[int(CommOp::all_gather)] - tp0.bytes[int(CommOp::all_gather)];
-    metrics.step(m);
-    result.losses.push_back(m.loss);
     result.comm_exposed_ms += m.comm_exposed_ms;
     if (ddp) result.comm_total_ms += ddp->comm_us() / 1e3;
-    if (step > 0) timed_ms += m.step_ms;
-    const double elapsed = ms_since(run_start) / 1e3;
-    if (m.step % cfg.log.every == 0 || m.step == 1 || m.step == m.steps)
-      info("{}", progress_line(m, elapsed / double(m.step) * double(m.steps - m.step)));
-    if (cfg.data.val_every > 0 && m.step % cfg.data.val_every == 0 && m.step != m.steps) run_validation(m.step);
+    log.after_step(m, validation);
   }
-  run_validation(cfg.train.steps);
+  log.finish(validation, tokens_per_step, fpt.model, peak);
 
-  if (cfg.train.steps > 1) {
-    result.tokens_per_s = double(tokens_per_step) * double(cfg.train.steps - 1) / (timed_ms / 1e3);
-    result.mfu = result.tokens_per_s * fpt.model / peak;
-  }
   std::vector<float> gathered;
   if (!cfg.export_final.empty() || opt.keep_params) full_weights(gathered);
   if (!cfg.export_final.empty()) {

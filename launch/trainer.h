@@ -2,9 +2,12 @@
 // optimizer step read the micro-batches, run forward and backward, clip, update, and report.
 // The composition order for distributed layouts (DESIGN 3) will live in one function here.
 #pragma once
+#include <chrono>
+#include <functional>
 #include <vector>
 
 #include "runtime/config.h"
+#include "runtime/metrics.h"
 
 namespace loom {
 
@@ -40,6 +43,31 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt = {});
 // Fails when dtype = bf16 asks for the GPU path and it cannot run.
 std::string device_resolve(const Config& cfg, int gpus, std::string* why);
 TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt);
+
+// What both training loops (CPU and CUDA) do around their steps: the fault drills before a
+// step; after it, metrics.jsonl, the console line every log.every steps and validation on its
+// cadence; at the end, the last validation and the run's tokens/s and MFU (step 1 is a
+// warm-up and not timed). Only the lead rank writes and prints; validate() runs on every rank.
+class StepLog {
+ public:
+  using Clock = std::chrono::steady_clock;
+  StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result);
+  // The drills of TrainOptions due at the start of `step` (0-based): exit(3), or hang forever.
+  void fault_drills(int64_t step) const;
+  // m as filled by step_rates; validate returns the validation loss.
+  void after_step(const StepMetrics& m, const std::function<double()>& validate);
+  void finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model, double peak);
+
+ private:
+  void validation(int64_t step, const std::function<double()>& validate);
+  const Config& cfg_;
+  const TrainOptions& opt_;
+  const bool lead_, print_, has_val_;
+  TrainResult& result_;
+  MetricsWriter metrics_;
+  double timed_ms_ = 0.0;
+  Clock::time_point start_ = Clock::now();
+};
 
 // Sets OpenMP and OpenBLAS threads; 0: OMP_NUM_THREADS if set, else this node's cores divided
 // among its ranks. Returns the count in effect.

@@ -55,25 +55,20 @@ TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt) {
       spdlog::info("GPU memory ledger:\n{}", alloc.ledger_table());
       if (peak == 0) spdlog::info("this GPU is not in the peak table: MFU is reported as 0");
     }
-    MetricsWriter metrics(cfg.log.dir);
     std::vector<int32_t> in(size_t(B) * T), tg(size_t(B) * T);
     const int64_t tokens_per_step = int64_t(cfg.train.global_batch) * T;
     const float dloss = 1.0f / float(tokens_per_step);
-    double timed_ms = 0;
-    const auto run_start = Clock::now();
-    auto validation = [&](int64_t step) {
-      if (!data.val || cfg.data.val_batches == 0) return;
+    StepLog log(cfg, opt, data.val != nullptr, result);
+    auto validation = [&] {
       for (int vb = 0; vb < cfg.data.val_batches; ++vb)
         for (int micro = 0; micro < accum; ++micro) {
           batch_read(*data.val, cfg, vb, 0, micro, in.data(), tg.data());
           model.forward(in.data(), tg.data(), 0.0f);
         }
-      const double v = model.loss_take() / (double(cfg.data.val_batches) * double(tokens_per_step));
-      result.val.push_back({step, v});
-      metrics.validation(step, v);
-      if (!opt.quiet) spdlog::info("step {} | val_loss {:.4f}", step, v);
+      return model.loss_take() / (double(cfg.data.val_batches) * double(tokens_per_step));
     };
     for (int64_t step = 0; step < cfg.train.steps; ++step) {
+      log.fault_drills(step);
       const auto t0 = Clock::now();
       StepMetrics m;
       model.zero_grad();
@@ -100,18 +95,9 @@ TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt) {
       m.compute_ms = m.step_ms - m.optimizer_ms - m.data_ms;
       step_rates(m, step, cfg.train.steps, tokens_per_step, fpt.model, fpt.hardware, peak);
       m.mem = alloc.ledger();
-      metrics.step(m);
-      result.losses.push_back(m.loss);
-      if (step > 0) timed_ms += m.step_ms;
-      if (!opt.quiet && (m.step % cfg.log.every == 0 || m.step == 1 || m.step == m.steps))
-        spdlog::info("{}", progress_line(m, ms_since(run_start) / 1e3 / double(m.step) * double(m.steps - m.step)));
-      if (cfg.data.val_every > 0 && m.step % cfg.data.val_every == 0 && m.step != m.steps) validation(m.step);
+      log.after_step(m, validation);
     }
-    validation(cfg.train.steps);
-    if (cfg.train.steps > 1) {
-      result.tokens_per_s = double(tokens_per_step) * double(cfg.train.steps - 1) / (timed_ms / 1e3);
-      result.mfu = peak > 0 ? result.tokens_per_s * fpt.model / peak : 0.0;
-    }
+    log.finish(validation, tokens_per_step, fpt.model, peak);
     if (!cfg.export_final.empty() || opt.keep_params) {
       std::vector<float> host(model.num_params());
       model.weights_to(host.data());
