@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One script for a short GPU lease (a few minutes on one H200): build, run the CUDA kernel
-# tests against their CPU twins and the NCCL test, train a small model on CUDA and on the CPU
-# and compare the per-step losses (bf16 tolerance: 2e-2 relative), time the GEMM and the
-# attention kernels (tensor-core next to row-wise), then benchmark GPT-2 124M (B=16, T=1024)
-# next to PyTorch and a LLaMA-shaped 1.1B model, and print a one-screen summary. Results go
-# to $OUT (or ./device_out). Every step has a timeout, so one hang cannot take the lease.
+# One script for a short GPU lease (a few minutes on one H200): build; run the CUDA kernel
+# tests against their CPU twins and the NCCL test, then again under compute-sanitizer; train a
+# small model on CUDA and on the CPU and compare the per-step losses (bf16 tolerance: 2e-2
+# relative); repeat the CUDA run and compare it bitwise; time the GEMM, GELU epilogue and
+# attention kernels (tensor-core next to row-wise); benchmark GPT-2 124M (B=16, T=1024) next
+# to PyTorch and a LLaMA-shaped 1.1B model; print a one-screen summary. Results go to $OUT
+# (or ./device_out). Every step has a timeout, so one hang cannot take the lease.
 # The GPU machine reaches no package registry: before the lease, run launch/device_deps.sh
 # where Debian's registry is reachable, and carry `.deps` with the run; its .debs are unpacked
 # into .deps/root (never into /) and CMake looks there first. Without MPI on that machine the
@@ -49,6 +50,10 @@ if [ $build -eq 0 ]; then
   timeout 120 build-gpu/loom train "${small[@]}" --set train.device=cuda --set log.dir="$out/small_cuda" \
     --set export.final="$out/small_cuda/final.safetensors" > "$out/small_cuda.log" 2>&1
   parity=$(build-gpu/tests/loom_compare_runs "$out/small_cuda" "$out/small_cpu" --loss-rtol 2e-2 --weight-atol 1e9 2>&1 | tail -1)
+  # The same CUDA run again: every reduction has a fixed order, so losses and weights repeat to the bit.
+  timeout 120 build-gpu/loom train "${small[@]}" --set train.device=cuda --set log.dir="$out/small_cuda2" \
+    --set export.final="$out/small_cuda2/final.safetensors" > "$out/small_cuda2.log" 2>&1
+  repeat=$(build-gpu/tests/loom_compare_runs "$out/small_cuda2" "$out/small_cuda" --loss-rtol 0 --weight-atol 0 2>&1 | tail -1)
   timeout 120 build-gpu/loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$out/kernels_gpt2.log" 2>&1
   timeout 120 build-gpu/loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$out/kernels_llama1b.log" 2>&1
   timeout 180 build-gpu/loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$out/bench_gpt2.log" 2>&1
@@ -64,6 +69,7 @@ fi
   echo "compute-sanitizer memcheck: ${memcheck:-not run} racecheck: ${racecheck:-not run} (0 = clean; 9 = errors, see the logs)"
   grep -hE "^=+ +(Invalid|Error|Race|ERROR)" "$out/memcheck.log" "$out/racecheck.log" 2>/dev/null | sort | uniq -c | head -6
   echo "small model, CUDA vs CPU losses: ${parity:-not run}"
+  echo "small model, CUDA twice (bitwise): ${repeat:-not run}"
   grep -hE "gemm bf16 8192|attention|speedup|error" "$out/kernels_gpt2.log" "$out/kernels_llama1b.log" 2>/dev/null
   echo "GPT-2 124M loom:    $(grep -h "bench train" "$out/bench_gpt2.log" 2>/dev/null || tail -1 "$out/bench_gpt2.log" 2>/dev/null)"
   echo "GPT-2 124M PyTorch: $(tail -1 "$out/bench_gpt2_torch.log" 2>/dev/null)"
