@@ -28,21 +28,30 @@ __device__ float block_reduce(float v) {
   return v;
 }
 
+// One pass of an online softmax (each thread keeps its running max and the sum scaled to it,
+// merged across the block), then one pass writing the gradient: two reads and one write of
+// the row, the least a V-wide softmax with its gradient can do.
 __global__ void crossentropy_kernel(bf16* logits, float* losses, const int32_t* targets, int V, float dloss) {
   bf16* l = logits + int64_t(blockIdx.x) * V;
-  float m = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += kThreads) m = fmaxf(m, f(l[v]));
-  m = block_reduce<true>(m);
-  float s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += kThreads) s += __expf(f(l[v]) - m);
-  s = block_reduce<false>(s);
+  float m = -INFINITY, s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += kThreads) {
+    const float x = f(l[v]);
+    if (x > m) {
+      s = s * __expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      s += __expf(x - m);
+    }
+  }
+  const float M = block_reduce<true>(m);
+  const float S = block_reduce<false>(m == -INFINITY ? 0.0f : s * __expf(m - M));
   const int y = targets[blockIdx.x];
   const float target = f(l[y]);
   __syncthreads();  // every thread has read l[y] before anyone overwrites it
-  if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) + m - target;
+  if (threadIdx.x == 0) losses[blockIdx.x] = logf(S) + M - target;
   if (dloss == 0.0f) return;
-  const float scale = dloss / s;
-  for (int v = threadIdx.x; v < V; v += kThreads) l[v] = b(__expf(f(l[v]) - m) * scale - (v == y ? dloss : 0.0f));
+  const float scale = dloss / S;
+  for (int v = threadIdx.x; v < V; v += kThreads) l[v] = b(__expf(f(l[v]) - M) * scale - (v == y ? dloss : 0.0f));
 }
 
 // One block per chunk; decay_factor (1 - lr * weight_decay) applies where the chunk says so.
