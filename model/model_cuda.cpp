@@ -14,6 +14,7 @@ using cuda::bf16;
 struct CudaModel::Impl {
   Config cfg;
   bool llama;
+  bool fused_gelu;  // gpt2 with d_ff a multiple of 8 (cuBLASLt's aux stride): GELU in the GEMMs
   int B, T, C, H, KV, D, F, V, L, N, qkv, fc;
   cudaStream_t s;
   cuda::GemmContext gemm;
@@ -110,6 +111,7 @@ CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream
   Impl& x = *p_;
   x.cfg = cfg;
   x.llama = cfg.model.arch == "llama";
+  x.fused_gelu = !x.llama && cfg.model.d_ff % 8 == 0;
   x.B = B, x.T = cfg.model.seq_len, x.C = cfg.model.d_model, x.H = cfg.model.n_head, x.KV = cfg.kv_heads();
   x.D = cfg.head_dim(), x.F = cfg.model.d_ff, x.V = cfg.model.vocab_size, x.L = cfg.model.n_layer, x.N = B * x.T;
   x.qkv = (x.H + 2 * x.KV) * x.D;
@@ -164,7 +166,7 @@ CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream
   x.datty = ws(N * C, DType::bf16);
   x.dqkv = ws(N * x.qkv, DType::bf16);
   x.dfc = ws(N * x.fc, DType::bf16);
-  x.dact = ws(x.llama ? N * x.F : 0, DType::bf16);  // gpt2 fuses GELU's backward into a GEMM
+  x.dact = ws(x.fused_gelu ? 0 : N * x.F, DType::bf16);
   x.delta = ws(int64_t(B) * x.H * x.T, DType::f32);
   x.norm_scratch = ws(1024, DType::f32);
   x.norm_out = ws(1, DType::f32);
@@ -233,11 +235,14 @@ void CudaModel::forward(const int32_t* tokens, const int32_t* targets, float dlo
     cuda::attention_forward(atty, lse, qkv, B, T, x.H, x.KV, x.D, x.s);
     x.linear_forward(res2, atty, w(PROJ_W), w(PROJ_B), N, C, C);
     x.norm_forward(ln2, x.at<float>(x.ln2_mean, l, N), x.at<float>(x.ln2_rstd, l, N), res2, in, w(NORM2_W), w(NORM2_B));
-    if (x.llama) {
-      x.linear_forward(fc, ln2, w(FC_W), w(FC_B), N, C, x.fc);
-      cuda::swiglu_forward(act, fc, N, x.F, x.s);
-    } else {  // bias and GELU in the GEMM's epilogue; fc keeps GELU's argument for backward
+    if (x.fused_gelu) {  // bias and GELU in the GEMM's epilogue; fc keeps GELU's argument
       cuda::gemm_gelu(x.gemm, false, false, N, x.F, C, ln2, C, w(FC_W), x.F, act, x.F, w(FC_B), fc, x.s);
+    } else {
+      x.linear_forward(fc, ln2, w(FC_W), w(FC_B), N, C, x.fc);
+      if (x.llama)
+        cuda::swiglu_forward(act, fc, N, x.F, x.s);
+      else
+        cuda::gelu_forward(act, fc, int64_t(N) * x.F, x.s);
     }
     x.linear_forward(out, act, w(DOWN_W), w(DOWN_B), N, x.F, C);
     pending = res2;
@@ -285,12 +290,15 @@ void CudaModel::backward() {
     const auto [ln1, qkv, atty, res2, ln2, fc, act, lse] = x.layer(l);
     bf16 *dact = x.dact.data<bf16>(), *dfc = x.dfc.data<bf16>(), *datty = x.datty.data<bf16>();
     bf16* dqkv = x.dqkv.data<bf16>();
-    if (x.llama) {
-      x.linear_backward(dact, g(DOWN_W), g(DOWN_B), dres, act, w(DOWN_W), N, x.F, C);
-      cuda::swiglu_backward(dfc, fc, dact, N, x.F, x.s);
-    } else {  // GELU's backward in the epilogue of the GEMM that makes its input gradient
+    if (x.fused_gelu) {  // GELU's backward in the epilogue of the GEMM that makes its input gradient
       x.linear_backward(nullptr, g(DOWN_W), g(DOWN_B), dres, act, w(DOWN_W), N, x.F, C);
       cuda::gemm_dgelu(x.gemm, false, true, N, x.F, C, dres, C, w(DOWN_W), C, dfc, x.F, fc, x.s);
+    } else {
+      x.linear_backward(dact, g(DOWN_W), g(DOWN_B), dres, act, w(DOWN_W), N, x.F, C);
+      if (x.llama)
+        cuda::swiglu_backward(dfc, fc, dact, N, x.F, x.s);
+      else
+        cuda::gelu_backward(dfc, fc, dact, int64_t(N) * x.F, x.s);
     }
     x.linear_backward(dln, g(FC_W), g(FC_B), dfc, ln2, w(FC_W), N, C, x.fc);
     x.norm_backward(dres, g(NORM2_W), g(NORM2_B), dln, res2, w(NORM2_W), x.at<float>(x.ln2_mean, l, N),
