@@ -10,6 +10,8 @@
 // to bf16 for the products, as in FlashAttention; row sums and statistics stay fp32.
 #include <mma.h>
 
+#include <cstdint>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -329,6 +331,11 @@ __global__ void __launch_bounds__(kThreads)
   warp_store_rows<D>(drows + (H + KV + kvh) * D, row, k0, T, dv, stage, 1.0f);
 }
 
+// The tiles load 16-byte vectors: every row must start on a 16-byte boundary.
+void check_aligned(const void* p, const char* what) {
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "tensor-core attention needs {} 16-byte aligned", what);
+}
+
 template <class Kernel>
 void smem_allow(Kernel kernel, size_t bytes) {
   LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
@@ -337,6 +344,7 @@ void smem_allow(Kernel kernel, size_t bytes) {
 template <int D>
 void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, cudaStream_t s) {
   const size_t bytes = Tiles<D>::forward;
+  check_aligned(qkv, "qkv");
   smem_allow(attention_forward_tc<D>, bytes);
   const dim3 grid(blocks_for(T, kTile), H, B);
   attention_forward_tc<D><<<grid, kThreads, bytes, s>>>(out, lse, qkv, T, H, KV, 1.0f / sqrtf(float(D)));
@@ -347,6 +355,8 @@ template <int D>
 void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, float* delta, int B,
                 int T, int H, int KV, cudaStream_t s) {
   const float scale = 1.0f / sqrtf(float(D));
+  check_aligned(qkv, "qkv");
+  check_aligned(dout, "dout");
   smem_allow(attention_dq_tc<D>, Tiles<D>::dq);
   smem_allow(attention_dkv_tc<D>, Tiles<D>::dkv);
   attention_dq_tc<D><<<dim3(blocks_for(T, kTile), H, B), kThreads, Tiles<D>::dq, s>>>(dqkv, delta, dout, out, qkv, lse,
