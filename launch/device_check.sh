@@ -2,7 +2,8 @@
 # One script for a short GPU lease (a few minutes on one H200): build; run the CUDA kernel
 # tests against their CPU twins and the NCCL test, then again under compute-sanitizer; train a
 # small model on CUDA and on the CPU and compare the per-step losses (bf16 tolerance: 2e-2
-# relative); repeat the CUDA run and compare it bitwise; time the GEMM, GELU epilogue and
+# relative); repeat the CUDA run, and run it with each recompute policy, and compare those
+# bitwise; time the GEMM, GELU epilogue and
 # attention kernels (tensor-core next to row-wise); benchmark GPT-2 124M (B=16, T=1024) next
 # to PyTorch and a LLaMA-shaped 1.1B model; print a one-screen summary. Results go to $OUT
 # (or ./device_out). Every step has a timeout, so one hang cannot take the lease.
@@ -54,6 +55,14 @@ if [ $build -eq 0 ]; then
   timeout 120 build-gpu/loom train "${small[@]}" --set train.device=cuda --set log.dir="$out/small_cuda2" \
     --set export.final="$out/small_cuda2/final.safetensors" > "$out/small_cuda2.log" 2>&1
   repeat=$(build-gpu/tests/loom_compare_runs "$out/small_cuda2" "$out/small_cuda" --loss-rtol 0 --weight-atol 0 2>&1 | tail -1)
+  # Recompute changes what is stored, never a value: both policies match the plain run to the bit.
+  for policy in selective full; do
+    timeout 120 build-gpu/loom train "${small[@]}" --set train.device=cuda --set train.recompute=$policy \
+      --set log.dir="$out/small_cuda_$policy" --set export.final="$out/small_cuda_$policy/final.safetensors" \
+      > "$out/small_cuda_$policy.log" 2>&1
+    recompute="${recompute:-}$policy: $(build-gpu/tests/loom_compare_runs "$out/small_cuda_$policy" "$out/small_cuda" \
+      --loss-rtol 0 --weight-atol 0 2>&1 | tail -1 | sed 's/.*: //')  "
+  done
   timeout 120 build-gpu/loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$out/kernels_gpt2.log" 2>&1
   timeout 120 build-gpu/loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$out/kernels_llama1b.log" 2>&1
   timeout 180 build-gpu/loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$out/bench_gpt2.log" 2>&1
@@ -70,6 +79,7 @@ fi
   grep -hE "^=+ +(Invalid|Error|Race|ERROR)" "$out/memcheck.log" "$out/racecheck.log" 2>/dev/null | sort | uniq -c | head -6
   echo "small model, CUDA vs CPU losses: ${parity:-not run}"
   echo "small model, CUDA twice (bitwise): ${repeat:-not run}"
+  echo "small model, CUDA recompute vs none (bitwise): ${recompute:-not run}"
   grep -hE "gemm bf16 8192|attention|speedup|error" "$out/kernels_gpt2.log" "$out/kernels_llama1b.log" 2>/dev/null
   echo "GPT-2 124M loom:    $(grep -h "bench train" "$out/bench_gpt2.log" 2>/dev/null || tail -1 "$out/bench_gpt2.log" 2>/dev/null)"
   echo "GPT-2 124M PyTorch: $(tail -1 "$out/bench_gpt2_torch.log" 2>/dev/null)"

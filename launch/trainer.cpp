@@ -131,8 +131,6 @@ std::string device_resolve(const Config& cfg, int gpus, std::string* why) {
     no = LOOM_HAVE_CUDA ? "no CUDA device is visible" : "this build has no CUDA";
   else if (p.dp != 1 || p.tp != 1 || p.zero != 0)
     no = "the GPU path has no dp, tp or ZeRO yet (parallel.dp, parallel.tp, parallel.zero)";
-  else if (t.recompute != "none")
-    no = fmt::format("the GPU path has no recompute yet (train.recompute = \"{}\")", t.recompute);
   else if (t.dtype == "f32")
     no = "train.dtype = \"f32\" and the GPU path computes in bf16";
   if (no.empty()) return "cuda";

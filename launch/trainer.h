@@ -38,7 +38,7 @@ struct TrainOptions {
 // train_run_cuda.
 TrainResult train_run(const Config& cfg, const TrainOptions& opt = {});
 // train.device = auto: "cuda" when `gpus` (visible devices; 0 in a build without CUDA) > 0 and
-// the GPU path runs this layout (dp = tp = 1, ZeRO 0, no recompute, dtype not f32); otherwise
+// the GPU path runs this layout (dp = tp = 1, ZeRO 0, dtype not f32); otherwise
 // "cpu", with *why saying what kept a visible GPU idle. "cpu" and "cuda" come back as they are.
 // Fails when dtype = bf16 asks for the GPU path and it cannot run.
 std::string device_resolve(const Config& cfg, int gpus, std::string* why);

@@ -14,7 +14,12 @@ using cuda::bf16;
 struct CudaModel::Impl {
   Config cfg;
   bool llama;
-  bool fused_gelu;  // gpt2 with d_ff a multiple of 8 (cuBLASLt's aux stride): GELU in the GEMMs
+  Recompute policy;
+  // gpt2 with d_ff a multiple of 8 (cuBLASLt's aux stride): GELU's backward rides the epilogue
+  // of the GEMM that makes its input gradient. Forward keeps GELU a kernel of its own: selective
+  // recompute recomputes it, and that must match the first pass to the bit, which a GEMM
+  // epilogue's GELU (on the fp32 accumulator) would not.
+  bool fused_dgelu;
   int B, T, C, H, KV, D, F, V, L, N, qkv, fc;
   cudaStream_t s;
   cuda::GemmContext gemm;
@@ -64,21 +69,52 @@ struct CudaModel::Impl {
     else
       cuda::layernorm_backward(dinp, dw, dbias, dout, in, w, mean, rstd, N, C, s);
   }
-  // Block l's saved activations.
+  // Block l's activations: its own copy, or the shared one backward refills (full recompute
+  // shares all of them, selective the activation function's output).
   struct Layer {
     bf16 *ln1, *qkv, *atty, *res2, *ln2, *fc, *act;
-    float* lse;
+    float *lse, *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
   };
   Layer layer(int l) {
+    const int k = policy == Recompute::full ? 0 : l, a = policy == Recompute::none ? l : 0;
     const int64_t NC = int64_t(N) * C;
-    return {at<bf16>(ln1, l, NC),
-            at<bf16>(qkv_a, l, int64_t(N) * qkv),
-            at<bf16>(atty, l, NC),
-            at<bf16>(res2, l, NC),
-            at<bf16>(ln2, l, NC),
-            at<bf16>(fc_a, l, int64_t(N) * fc),
-            at<bf16>(act, l, int64_t(N) * F),
-            at<float>(lse, l, int64_t(B) * H * T)};
+    return {at<bf16>(ln1, k, NC),
+            at<bf16>(qkv_a, k, int64_t(N) * qkv),
+            at<bf16>(atty, k, NC),
+            at<bf16>(res2, k, NC),
+            at<bf16>(ln2, k, NC),
+            at<bf16>(fc_a, k, int64_t(N) * fc),
+            at<bf16>(act, a, int64_t(N) * F),
+            at<float>(lse, k, int64_t(B) * H * T),
+            at<float>(ln1_mean, k, N),
+            at<float>(ln1_rstd, k, N),
+            at<float>(ln2_mean, k, N),
+            at<float>(ln2_rstd, k, N)};
+  }
+  // The activation function: act from fc.
+  void activation_forward(bf16* act_out, const bf16* fc_in) {
+    if (llama)
+      cuda::swiglu_forward(act_out, fc_in, N, F, s);
+    else
+      cuda::gelu_forward(act_out, fc_in, int64_t(N) * F, s);
+  }
+  // Block l's forward from residual[l] (o: its weight offsets). pending, the previous block's
+  // attention branch, is added into residual[l] first; a recomputation in backward passes
+  // null (residual[l] already holds the sum) and stops before the down projection, whose
+  // output backward does not need.
+  void block_forward(const std::vector<size_t>& o, int l, const bf16* pending, bool recomputing) {
+    auto w = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : P(o[size_t(f)]); };
+    bf16* in = residual.data<bf16>() + int64_t(l) * N * C;
+    const Layer y = layer(l);
+    norm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, in, pending, w(NORM1_W), w(NORM1_B));
+    linear_forward(y.qkv, y.ln1, w(QKV_W), w(QKV_B), N, C, qkv);
+    if (llama) cuda::rope_forward(y.qkv, rope_cos.f32(), rope_sin.f32(), B, T, H, KV, D, s);
+    cuda::attention_forward(y.atty, y.lse, y.qkv, B, T, H, KV, D, s);
+    linear_forward(y.res2, y.atty, w(PROJ_W), w(PROJ_B), N, C, C);
+    norm_forward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, in, w(NORM2_W), w(NORM2_B));
+    linear_forward(y.fc, y.ln2, w(FC_W), w(FC_B), N, C, fc);
+    activation_forward(y.act, y.fc);
+    if (!recomputing) linear_forward(in + int64_t(N) * C, y.act, w(DOWN_W), w(DOWN_B), N, F, C);
   }
   void linear_forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int M, int K, int Nn) {
     if (llama)
@@ -111,7 +147,8 @@ CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream
   Impl& x = *p_;
   x.cfg = cfg;
   x.llama = cfg.model.arch == "llama";
-  x.fused_gelu = !x.llama && cfg.model.d_ff % 8 == 0;
+  x.policy = recompute_from(cfg.train.recompute);
+  x.fused_dgelu = !x.llama && cfg.model.d_ff % 8 == 0;
   x.B = B, x.T = cfg.model.seq_len, x.C = cfg.model.d_model, x.H = cfg.model.n_head, x.KV = cfg.kv_heads();
   x.D = cfg.head_dim(), x.F = cfg.model.d_ff, x.V = cfg.model.vocab_size, x.L = cfg.model.n_layer, x.N = B * x.T;
   x.qkv = (x.H + 2 * x.KV) * x.D;
@@ -125,18 +162,19 @@ CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream
   x.v = dev(a, n, DType::f32, Mem::optim);
   auto act = [&](int64_t per, int64_t copies, DType t) { return dev(a, per * copies, t, Mem::activations); };
   x.residual = act(N * C, L + 1, DType::bf16);
-  x.ln1 = act(N * C, L, DType::bf16);
-  x.ln1_mean = act(N, L, DType::f32);
-  x.ln1_rstd = act(N, L, DType::f32);
-  x.qkv_a = act(N * x.qkv, L, DType::bf16);
-  x.atty = act(N * C, L, DType::bf16);
-  x.lse = act(int64_t(B) * x.H * x.T, L, DType::f32);
-  x.res2 = act(N * C, L, DType::bf16);
-  x.ln2 = act(N * C, L, DType::bf16);
-  x.ln2_mean = act(N, L, DType::f32);
-  x.ln2_rstd = act(N, L, DType::f32);
-  x.fc_a = act(N * x.fc, L, DType::bf16);
-  x.act = act(N * x.F, L, DType::bf16);
+  const int64_t keep = x.policy == Recompute::full ? 1 : L, keep_act = x.policy == Recompute::none ? L : 1;
+  x.ln1 = act(N * C, keep, DType::bf16);
+  x.ln1_mean = act(N, keep, DType::f32);
+  x.ln1_rstd = act(N, keep, DType::f32);
+  x.qkv_a = act(N * x.qkv, keep, DType::bf16);
+  x.atty = act(N * C, keep, DType::bf16);
+  x.lse = act(int64_t(B) * x.H * x.T, keep, DType::f32);
+  x.res2 = act(N * C, keep, DType::bf16);
+  x.ln2 = act(N * C, keep, DType::bf16);
+  x.ln2_mean = act(N, keep, DType::f32);
+  x.ln2_rstd = act(N, keep, DType::f32);
+  x.fc_a = act(N * x.fc, keep, DType::bf16);
+  x.act = act(N * x.F, keep_act, DType::bf16);
   x.lnf = act(N * C, 1, DType::bf16);
   x.lnf_mean = act(N, 1, DType::f32);
   x.lnf_rstd = act(N, 1, DType::f32);
@@ -166,7 +204,7 @@ CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream
   x.datty = ws(N * C, DType::bf16);
   x.dqkv = ws(N * x.qkv, DType::bf16);
   x.dfc = ws(N * x.fc, DType::bf16);
-  x.dact = ws(x.fused_gelu ? 0 : N * x.F, DType::bf16);
+  x.dact = ws(x.fused_dgelu ? 0 : N * x.F, DType::bf16);
   x.delta = ws(int64_t(B) * x.H * x.T, DType::f32);
   x.norm_scratch = ws(1024, DType::f32);
   x.norm_out = ws(1, DType::f32);
@@ -223,29 +261,8 @@ void CudaModel::forward(const int32_t* tokens, const int32_t* targets, float dlo
   // the final one): `pending` is the branch still to be added into the stream.
   const bf16* pending = nullptr;
   for (int l = 0; l < x.L; ++l) {
-    const auto& o = layout_.layer_offsets[size_t(l)];
-    auto w = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.P(o[size_t(f)]); };
-    bf16* in = res + int64_t(l) * N * C;
-    bf16* out = res + int64_t(l + 1) * N * C;
-    const auto [ln1, qkv, atty, res2, ln2, fc, act, lse] = x.layer(l);
-    x.norm_forward(ln1, x.at<float>(x.ln1_mean, l, N), x.at<float>(x.ln1_rstd, l, N), in, pending, w(NORM1_W),
-                   w(NORM1_B));
-    x.linear_forward(qkv, ln1, w(QKV_W), w(QKV_B), N, C, x.qkv);
-    if (x.llama) cuda::rope_forward(qkv, x.rope_cos.f32(), x.rope_sin.f32(), B, T, x.H, x.KV, x.D, x.s);
-    cuda::attention_forward(atty, lse, qkv, B, T, x.H, x.KV, x.D, x.s);
-    x.linear_forward(res2, atty, w(PROJ_W), w(PROJ_B), N, C, C);
-    x.norm_forward(ln2, x.at<float>(x.ln2_mean, l, N), x.at<float>(x.ln2_rstd, l, N), res2, in, w(NORM2_W), w(NORM2_B));
-    if (x.fused_gelu) {  // bias and GELU in the GEMM's epilogue; fc keeps GELU's argument
-      cuda::gemm_gelu(x.gemm, false, false, N, x.F, C, ln2, C, w(FC_W), x.F, act, x.F, w(FC_B), fc, x.s);
-    } else {
-      x.linear_forward(fc, ln2, w(FC_W), w(FC_B), N, C, x.fc);
-      if (x.llama)
-        cuda::swiglu_forward(act, fc, N, x.F, x.s);
-      else
-        cuda::gelu_forward(act, fc, int64_t(N) * x.F, x.s);
-    }
-    x.linear_forward(out, act, w(DOWN_W), w(DOWN_B), N, x.F, C);
-    pending = res2;
+    x.block_forward(layout_.layer_offsets[size_t(l)], l, pending, false);
+    pending = x.layer(l).res2;
   }
   bf16* last = res + int64_t(x.L) * N * C;
   x.norm_forward(x.lnf.data<bf16>(), x.lnf_mean.f32(), x.lnf_rstd.f32(), last, pending, x.P(off(names.norm_w)),
@@ -287,10 +304,13 @@ void CudaModel::backward() {
     auto w = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.P(o[size_t(f)]); };
     auto g = [&](WField f) { return o[size_t(f)] == SIZE_MAX ? nullptr : x.G(o[size_t(f)]); };
     const bf16* in = res + int64_t(l) * N * C;
-    const auto [ln1, qkv, atty, res2, ln2, fc, act, lse] = x.layer(l);
+    if (x.policy == Recompute::full) x.block_forward(o, l, nullptr, true);
+    const Impl::Layer y = x.layer(l);
+    if (x.policy == Recompute::selective) x.activation_forward(y.act, y.fc);
+    bf16 *ln1 = y.ln1, *qkv = y.qkv, *atty = y.atty, *res2 = y.res2, *ln2 = y.ln2, *fc = y.fc, *act = y.act;
     bf16 *dact = x.dact.data<bf16>(), *dfc = x.dfc.data<bf16>(), *datty = x.datty.data<bf16>();
     bf16* dqkv = x.dqkv.data<bf16>();
-    if (x.fused_gelu) {  // GELU's backward in the epilogue of the GEMM that makes its input gradient
+    if (x.fused_dgelu) {  // GELU's backward in the epilogue of the GEMM that makes its input gradient
       x.linear_backward(nullptr, g(DOWN_W), g(DOWN_B), dres, act, w(DOWN_W), N, x.F, C);
       cuda::gemm_dgelu(x.gemm, false, true, N, x.F, C, dres, C, w(DOWN_W), C, dfc, x.F, fc, x.s);
     } else {
@@ -301,14 +321,12 @@ void CudaModel::backward() {
         cuda::gelu_backward(dfc, fc, dact, int64_t(N) * x.F, x.s);
     }
     x.linear_backward(dln, g(FC_W), g(FC_B), dfc, ln2, w(FC_W), N, C, x.fc);
-    x.norm_backward(dres, g(NORM2_W), g(NORM2_B), dln, res2, w(NORM2_W), x.at<float>(x.ln2_mean, l, N),
-                    x.at<float>(x.ln2_rstd, l, N));
+    x.norm_backward(dres, g(NORM2_W), g(NORM2_B), dln, res2, w(NORM2_W), y.ln2_mean, y.ln2_rstd);
     x.linear_backward(datty, g(PROJ_W), g(PROJ_B), dres, atty, w(PROJ_W), N, C, C);
-    cuda::attention_backward(dqkv, datty, atty, qkv, lse, x.delta.f32(), B, T, x.H, x.KV, x.D, x.s);
+    cuda::attention_backward(dqkv, datty, atty, qkv, y.lse, x.delta.f32(), B, T, x.H, x.KV, x.D, x.s);
     if (x.llama) cuda::rope_backward(dqkv, x.rope_cos.f32(), x.rope_sin.f32(), B, T, x.H, x.KV, x.D, x.s);
     x.linear_backward(dln, g(QKV_W), g(QKV_B), dqkv, ln1, w(QKV_W), N, C, x.qkv);
-    x.norm_backward(dres, g(NORM1_W), g(NORM1_B), dln, in, w(NORM1_W), x.at<float>(x.ln1_mean, l, N),
-                    x.at<float>(x.ln1_rstd, l, N));
+    x.norm_backward(dres, g(NORM1_W), g(NORM1_B), dln, in, w(NORM1_W), y.ln1_mean, y.ln1_rstd);
   }
   cuda::embedding_backward(x.G(off(names.wte)), names.wpe ? x.G(off(names.wpe)) : nullptr, dres, x.index_d(),
                            x.unique_tokens, B, T, C, x.s);

@@ -320,7 +320,6 @@ void config_validate(Config& cfg) {
     LOOM_CHECK(cfg.parallel.dp == 1 && cfg.parallel.tp == 1 && cfg.parallel.zero == 0,
                "train.device = \"cuda\" trains on one GPU in this build; set parallel.dp = 1, parallel.tp = 1 and "
                "parallel.zero = 0 (multi-GPU layouts run on the CPU path today)");
-    LOOM_CHECK(t.recompute == "none", "train.recompute = \"{}\" is not on the GPU path yet; use \"none\"", t.recompute);
   } else if (t.device == "cpu") {
     LOOM_CHECK(t.dtype != "bf16", "train.dtype = \"bf16\": the CPU computes in f32; use \"f32\" or \"auto\"");
   }
