@@ -47,7 +47,7 @@ TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt) {
         registry_init(model.layout().reg, host.data(), uint64_t(cfg.train.seed));
       model.weights_from(host.data());
     }
-    const FlopsPerToken fpt = flops_per_token(cfg);
+    const FlopsPerToken fpt = flops_per_token(cfg, true);
     const double peak = cuda_peak_flops();
     if (!opt.quiet) {
       spdlog::info("model {} on CUDA (bf16, fp32 master weights): {:.2f}M parameters; data: {}", cfg.model.arch,

@@ -11,7 +11,10 @@ struct FlopsPerToken {
   double hardware;  // model + recompute
   int64_t matmul_params;
 };
-FlopsPerToken flops_per_token(const Config& cfg);
+// cuda: the GPU path's recompute, which differs from the CPU's: its selective policy reruns no
+// matmul (flash attention keeps no probabilities to recompute) and its full policy stops
+// before each block's down projection.
+FlopsPerToken flops_per_token(const Config& cfg, bool cuda = false);
 int64_t param_count(const Config& cfg);  // every parameter the registry holds
 
 }  // namespace loom

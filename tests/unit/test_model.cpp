@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "launch/trainer.h"
+#include "model/flops.h"
 #include "model/model.h"
 #include "testing.h"
 
@@ -149,4 +150,24 @@ TEST(ActPlan, TensorParallelQuartersTheLogitsAndSequenceParallelTheNormRegions) 
     else
       EXPECT_EQ(on.buffers[i].numel, off.buffers[i].numel) << n;
   }
+}
+
+// MFU's numerator (DESIGN 9) for GPT-2 124M, and what each recompute policy adds to HFU's on
+// each path. The 124M count is the published one less the position table and the tied lm_head.
+TEST(Flops, ModelFlopsAndRecomputeOnEachPath) {
+  Config cfg = config_defaults();
+  cfg.model.n_layer = 12, cfg.model.d_model = 768, cfg.model.n_head = 12, cfg.model.vocab_size = 50257;
+  cfg.model.seq_len = 1024, cfg.model.d_ff = 3072;
+  EXPECT_EQ(param_count(cfg), 124439808);
+  const double n = 124439808.0 - 1024.0 * 768, attn = 12.0 * 12 * 768 * 1024, wte = 50257.0 * 768;
+  const double down = 12.0 * 3072 * 768;
+  FlopsPerToken f = flops_per_token(cfg);
+  EXPECT_EQ(f.model, 6 * n + attn);
+  EXPECT_EQ(f.hardware, f.model);
+  cfg.train.recompute = "selective";
+  EXPECT_EQ(flops_per_token(cfg).hardware, f.model + attn / 3);
+  EXPECT_EQ(flops_per_token(cfg, true).hardware, f.model);  // flash attention has no scores to redo
+  cfg.train.recompute = "full";
+  EXPECT_EQ(flops_per_token(cfg).hardware, f.model + 2 * (n - wte) + attn / 3);
+  EXPECT_EQ(flops_per_token(cfg, true).hardware, f.model + 2 * (n - wte - down) + attn / 3);
 }
