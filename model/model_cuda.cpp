@@ -21,6 +21,7 @@ struct CudaModel::Impl {
   // epilogue's GELU (on the fp32 accumulator) would not.
   bool fused_dgelu;
   int B, T, C, H, KV, D, F, V, L, N, qkv, fc;
+  int64_t Vp;  // the logits' row stride: V rounded up to 64, so every GEMM row starts aligned
   cudaStream_t s;
   cuda::GemmContext gemm;
   Tensor params, grads, master, m, v;  // bf16, bf16, f32, f32, f32
@@ -152,6 +153,7 @@ CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream
   x.B = B, x.T = cfg.model.seq_len, x.C = cfg.model.d_model, x.H = cfg.model.n_head, x.KV = cfg.kv_heads();
   x.D = cfg.head_dim(), x.F = cfg.model.d_ff, x.V = cfg.model.vocab_size, x.L = cfg.model.n_layer, x.N = B * x.T;
   x.qkv = (x.H + 2 * x.KV) * x.D;
+  x.Vp = (int64_t(x.V) + 63) / 64 * 64;
   x.fc = x.llama ? 2 * x.F : x.F;
   x.s = stream;
   const int64_t n = int64_t(layout_.reg.numel()), N = x.N, C = x.C, L = x.L;
@@ -178,7 +180,7 @@ CudaModel::CudaModel(const Config& cfg, Allocator& a, int B, cudaStream_t stream
   x.lnf = act(N * C, 1, DType::bf16);
   x.lnf_mean = act(N, 1, DType::f32);
   x.lnf_rstd = act(N, 1, DType::f32);
-  x.logits = act(N * x.V, 1, DType::bf16);
+  x.logits = act(N * x.Vp, 1, DType::bf16);
   x.losses = act(N, 1, DType::f32);
   auto ws = [&](int64_t count, DType t) { return dev(a, count, t, Mem::workspace); };
   const int64_t n_inputs = 5 * N + 1;
@@ -268,9 +270,9 @@ void CudaModel::forward(const int32_t* tokens, const int32_t* targets, float dlo
   x.norm_forward(x.lnf.data<bf16>(), x.lnf_mean.f32(), x.lnf_rstd.f32(), last, pending, x.P(off(names.norm_w)),
                  names.norm_b ? x.P(off(names.norm_b)) : nullptr);
   const bf16* lm = x.P(off(x.cfg.model.tie_embeddings ? names.wte : "lm_head.weight"));
-  cuda::gemm(x.gemm, false, true, N, x.V, C, x.lnf.data<bf16>(), C, lm, C, 0.0f, x.logits.data<bf16>(), x.V, nullptr,
-             x.s);
-  cuda::crossentropy_forward_backward(x.logits.data<bf16>(), x.losses.f32(), x.targets_d(), N, x.V, dloss, x.s);
+  cuda::gemm(x.gemm, false, true, N, x.V, C, x.lnf.data<bf16>(), C, lm, C, 0.0f, x.logits.data<bf16>(), int(x.Vp),
+             nullptr, x.s);
+  cuda::crossentropy_forward_backward(x.logits.data<bf16>(), x.Vp, x.losses.f32(), x.targets_d(), N, x.V, dloss, x.s);
   cuda::loss_accumulate(x.loss_sum.f32(), x.losses.f32(), N, x.s);
 }
 
@@ -292,9 +294,10 @@ void CudaModel::backward() {
   bf16 *dres = x.dres.data<bf16>(), *dln = x.dln.data<bf16>();
   const char* lm = x.cfg.model.tie_embeddings ? names.wte : "lm_head.weight";
   // logits now hold their gradient: dlnf = dlogits @ W, dW += dlogits^T @ lnf.
-  cuda::gemm(x.gemm, false, false, N, C, x.V, x.logits.data<bf16>(), x.V, x.P(off(lm)), C, 0.0f, dln, C, nullptr, x.s);
-  cuda::gemm(x.gemm, true, false, x.V, C, N, x.logits.data<bf16>(), x.V, x.lnf.data<bf16>(), C, 1.0f, x.G(off(lm)), C,
-             nullptr, x.s);
+  cuda::gemm(x.gemm, false, false, N, C, x.V, x.logits.data<bf16>(), int(x.Vp), x.P(off(lm)), C, 0.0f, dln, C, nullptr,
+             x.s);
+  cuda::gemm(x.gemm, true, false, x.V, C, N, x.logits.data<bf16>(), int(x.Vp), x.lnf.data<bf16>(), C, 1.0f,
+             x.G(off(lm)), C, nullptr, x.s);
   LOOM_CUDA_CHECK(cudaMemsetAsync(dres, 0, size_t(N) * C * 2, x.s));
   const bf16* last = res + int64_t(x.L) * N * C;
   x.norm_backward(dres, x.G(off(names.norm_w)), names.norm_b ? x.G(off(names.norm_b)) : nullptr, dln, last,

@@ -6,6 +6,8 @@
 // epilogue multiplies the product by GELU' of that aux.
 #include <cublasLt.h>
 
+#include <cstdint>
+
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -32,6 +34,13 @@ GemmContext::~GemmContext() {
 namespace {
 
 enum class Gelu { none, forward, backward };
+
+// The largest power of two up to 256 that divides the address.
+uint32_t alignment(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
 
 void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                    const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, Gelu gelu, const bf16* aux,
@@ -76,6 +85,17 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
   const size_t ws = ctx.workspace_bytes();
   LOOM_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // The heuristics assume 256-byte aligned operands unless told otherwise: give them each
+  // pointer's real alignment, so they never choose a kernel these buffers cannot feed.
+  const uint32_t align_first = alignment(B), align_second = alignment(A), align_c = alignment(C);
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first,
+                                                         sizeof(align_first)));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                         &align_second, sizeof(align_second)));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                         sizeof(align_c)));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                         sizeof(align_c)));
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
   LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, lb, la, lc, lc, pref, 1, &heur, &found));

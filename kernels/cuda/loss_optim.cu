@@ -31,8 +31,9 @@ __device__ float block_reduce(float v) {
 // One pass of an online softmax (each thread keeps its running max and the sum scaled to it,
 // merged across the block), then one pass writing the gradient: two reads and one write of
 // the row, the least a V-wide softmax with its gradient can do.
-__global__ void crossentropy_kernel(bf16* logits, float* losses, const int32_t* targets, int V, float dloss) {
-  bf16* l = logits + int64_t(blockIdx.x) * V;
+__global__ void crossentropy_kernel(bf16* logits, int64_t ld, float* losses, const int32_t* targets, int V,
+                                    float dloss) {
+  bf16* l = logits + int64_t(blockIdx.x) * ld;
   float m = -INFINITY, s = 0.0f;
   for (int v = threadIdx.x; v < V; v += kThreads) {
     const float x = f(l[v]);
@@ -105,9 +106,9 @@ __global__ void sum_squares_final(float* out, const float* partial) {
 
 }  // namespace
 
-void crossentropy_forward_backward(bf16* logits, float* losses, const int32_t* targets, int N, int V, float dloss,
-                                   cudaStream_t s) {
-  crossentropy_kernel<<<N, kThreads, 0, s>>>(logits, losses, targets, V, dloss);
+void crossentropy_forward_backward(bf16* logits, int64_t ld, float* losses, const int32_t* targets, int N, int V,
+                                   float dloss, cudaStream_t s) {
+  crossentropy_kernel<<<N, kThreads, 0, s>>>(logits, ld, losses, targets, V, dloss);
   LOOM_CUDA_LAUNCHED();
 }
 

@@ -106,8 +106,9 @@ void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, c
 
 // defines: crossentropy_forward_backward, loss_accumulate
 // losses[N] in fp32; with dloss != 0, logits become their gradient (bf16).
-void crossentropy_forward_backward(bf16* logits, float* losses, const int32_t* targets, int N, int V, float dloss,
-                                   cudaStream_t s);
+// logits: N rows of V, ld apart (a stride padded past V keeps GEMM rows aligned).
+void crossentropy_forward_backward(bf16* logits, int64_t ld, float* losses, const int32_t* targets, int N, int V,
+                                   float dloss, cudaStream_t s);
 // *acc += sum of losses[N] (fp32, fixed order): the loss stays on the device until it is read.
 void loss_accumulate(float* acc, const float* losses, int N, cudaStream_t s);
 
