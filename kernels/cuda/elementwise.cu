@@ -124,11 +124,6 @@ __global__ void swiglu_backward_kernel(bf16* dinp, const bf16* inp, const bf16* 
   dinp[n * 2 * F + F + j] = b(dy * g * sig);
 }
 
-__global__ void add_kernel(bf16* acc, const bf16* x, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) acc[i] = b(f(acc[i]) + f(x[i]));
-}
-
 }  // namespace
 
 void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s) {
@@ -206,10 +201,6 @@ void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s) {
 void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s) {
   const int64_t total = int64_t(N) * F;
   swiglu_backward_kernel<<<blocks_for(total, kThreads), kThreads, 0, s>>>(dinp, inp, dout, F, total);
-  LOOM_CUDA_LAUNCHED();
-}
-void add_inplace(bf16* acc, const bf16* x, int64_t n, cudaStream_t s) {
-  add_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(acc, x, n);
   LOOM_CUDA_LAUNCHED();
 }
 

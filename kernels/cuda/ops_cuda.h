@@ -81,12 +81,11 @@ void embedding_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const int32_t*
 void rope_forward(bf16* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s);
 void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s);
 
-// defines: gelu_forward, gelu_backward, swiglu_forward, swiglu_backward, add_inplace
+// defines: gelu_forward, gelu_backward, swiglu_forward, swiglu_backward
 void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s);
 void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t s);
 void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s);
 void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s);
-void add_inplace(bf16* acc, const bf16* x, int64_t n, cudaStream_t s);
 
 // defines: attention_forward, attention_backward, attention_forward_rowwise, attention_backward_rowwise
 // Flash-style causal attention over packed qkv [B,T,(H+2KV)*D] with grouped-query heads: an
