@@ -99,15 +99,16 @@ TEST_F(Cuda, GemmEveryTransposeAndBias) {
       cuda::gemm(ctx, ta, tb, M, N, K, A.p, ta ? M : K, Bm.p, tb ? K : N, 0.0f, C.p, N, Bias.p, nullptr);
       EXPECT_LT(rel(C.get(), want), 3e-2) << "ta " << ta << " tb " << tb;
     }
-  // Operands one element past an allocation's start (2-byte aligned), as views into flat
-  // buffers can be: the heuristics are told, and pick a kernel that handles them.
-  auto a = randn(size_t(M) * K + 1, 1), bm = randn(size_t(K) * N + 1, 2);
+  // Operands 4 elements (8 bytes) past an allocation's start, as views into flat buffers of
+  // odd-sized tensors are: the heuristics are told, and pick a kernel that handles them.
+  const int o = 4;
+  auto a = randn(size_t(M) * K + o, 1), bm = randn(size_t(K) * N + o, 2);
   std::vector<float> want(size_t(M) * N, 0.0f);
-  cpu::gemm(false, false, M, N, K, 1.0f, a.data() + 1, K, bm.data() + 1, N, 0.0f, want.data(), N);
-  Dev A(a), Bm(bm), C(size_t(M) * N + 1);
-  cuda::gemm(ctx, false, false, M, N, K, A.p + 1, K, Bm.p + 1, N, 0.0f, C.p + 1, N, nullptr, nullptr);
+  cpu::gemm(false, false, M, N, K, 1.0f, a.data() + o, K, bm.data() + o, N, 0.0f, want.data(), N);
+  Dev A(a), Bm(bm), C(size_t(M) * N + o);
+  cuda::gemm(ctx, false, false, M, N, K, A.p + o, K, Bm.p + o, N, 0.0f, C.p + o, N, nullptr, nullptr);
   auto got = C.get();
-  EXPECT_LT(rel(std::vector<float>(got.begin() + 1, got.end()), want), 3e-2);
+  EXPECT_LT(rel(std::vector<float>(got.begin() + o, got.end()), want), 3e-2);
 }
 
 // The GELU epilogues against the CPU's GEMM and GELU, forward (with its kept argument) and
