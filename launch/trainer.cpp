@@ -74,7 +74,7 @@ void StepLog::after_step(const StepMetrics& m, const std::function<double()>& va
   metrics_.step(m);
   result_.losses.push_back(m.loss);
   if (m.step > 1) timed_ms_ += m.step_ms;
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+  const double elapsed = ms_since(start_) / 1e3;
   if (print_ && (m.step % cfg_.log.every == 0 || m.step == 1 || m.step == m.steps))
     spdlog::info("{}", progress_line(m, elapsed / double(m.step) * double(m.steps - m.step)));
   if (cfg_.data.val_every > 0 && m.step % cfg_.data.val_every == 0 && m.step != m.steps) validation(m.step, validate);
@@ -90,10 +90,6 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
 }
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 // Sums a value over the dp group (identity on one rank, so single-rank results keep every bit).
 double dp_sum(ProcessGroup& dp, double v) {

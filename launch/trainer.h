@@ -44,13 +44,18 @@ TrainResult train_run(const Config& cfg, const TrainOptions& opt = {});
 std::string device_resolve(const Config& cfg, int gpus, std::string* why);
 TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt);
 
+using Clock = std::chrono::steady_clock;
+// Milliseconds from t until now, for the step-time split.
+inline double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
 // What both training loops (CPU and CUDA) do around their steps: the fault drills before a
 // step; after it, metrics.jsonl, the console line every log.every steps and validation on its
 // cadence; at the end, the last validation and the run's tokens/s and MFU (step 1 is a
 // warm-up and not timed). Only the lead rank writes and prints; validate() runs on every rank.
 class StepLog {
  public:
-  using Clock = std::chrono::steady_clock;
   StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result);
   // The drills of TrainOptions due at the start of `step` (0-based): exit(3), or hang forever.
   void fault_drills(int64_t step) const;

@@ -21,10 +21,6 @@ namespace loom {
 
 #if LOOM_HAVE_CUDA
 TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt) {
-  using Clock = std::chrono::steady_clock;
-  auto ms_since = [](Clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-  };
   LOOM_CHECK(cuda_device_count() > 0,
              "train.device = \"cuda\" but no CUDA device is visible; use train.device = \"cpu\"");
   threads_set(cfg.train.threads);
