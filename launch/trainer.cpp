@@ -112,20 +112,13 @@ double validate(Model& model, UnitAccess* access, const TokenStream& val, const 
 }
 }  // namespace
 
-// The composition order (DESIGN 3) lives here, and each step needs the one before it:
-//   mesh (the groups) -> model, split over tp (it fixes this rank's flat buffers) ->
-//   weights, initialized or loaded whole and sliced to this rank's shards ->
-//   DDP buckets or ZeRO shards over dp (ranges of those flat buffers) ->
-//   the optimizer over what this rank owns (everything under DDP, its shard under ZeRO).
-// Pipeline stages and expert sharding will split the model before tp does.
 std::string device_resolve(const Config& cfg, int gpus, std::string* why) {
   const TrainConfig& t = cfg.train;
   if (t.device != "auto") return t.device;
-  const ParallelConfig& p = cfg.parallel;
   std::string no;
   if (gpus == 0)
     no = LOOM_HAVE_CUDA ? "no CUDA device is visible" : "this build has no CUDA";
-  else if (p.dp != 1 || p.tp != 1 || p.zero != 0)
+  else if (!cfg.gpu_layout())
     no = "the GPU path has no dp, tp or ZeRO yet (parallel.dp, parallel.tp, parallel.zero)";
   else if (t.dtype == "f32")
     no = "train.dtype = \"f32\" and the GPU path computes in bf16";
@@ -135,6 +128,12 @@ std::string device_resolve(const Config& cfg, int gpus, std::string* why) {
   return "cpu";
 }
 
+// The composition order (DESIGN 3) lives here, and each step needs the one before it:
+//   mesh (the groups) -> model, split over tp (it fixes this rank's flat buffers) ->
+//   weights, initialized or loaded whole and sliced to this rank's shards ->
+//   DDP buckets or ZeRO shards over dp (ranges of those flat buffers) ->
+//   the optimizer over what this rank owns (everything under DDP, its shard under ZeRO).
+// Pipeline stages and expert sharding will split the model before tp does.
 TrainResult train_run(const Config& cfg_in, const TrainOptions& opt) {
   std::string why;
 #if LOOM_HAVE_CUDA

@@ -317,7 +317,7 @@ void config_validate(Config& cfg) {
     LOOM_CHECK(LOOM_HAVE_CUDA, "train.device = \"cuda\": this build has no CUDA; rebuild with the CUDA toolkit");
     LOOM_CHECK(t.dtype != "f32",
                "train.dtype = \"f32\" on CUDA: the GPU path computes in bf16; use \"bf16\" or \"auto\"");
-    LOOM_CHECK(cfg.parallel.dp == 1 && cfg.parallel.tp == 1 && cfg.parallel.zero == 0,
+    LOOM_CHECK(cfg.gpu_layout(),
                "train.device = \"cuda\" trains on one GPU in this build; set parallel.dp = 1, parallel.tp = 1 and "
                "parallel.zero = 0 (multi-GPU layouts run on the CPU path today)");
   } else if (t.device == "cpu") {

@@ -99,6 +99,9 @@ struct Config {
   int head_dim() const { return model.d_model / model.n_head; }
   int kv_heads() const { return model.n_kv_head ? model.n_kv_head : model.n_head; }
   int accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
+  // The GPU path trains one process without dp, tp or ZeRO (train.device = cuda refuses the
+  // rest; auto keeps the rest on the CPU).
+  bool gpu_layout() const { return parallel.dp == 1 && parallel.tp == 1 && parallel.zero == 0; }
 };
 
 Config config_defaults();
