@@ -120,7 +120,7 @@ std::vector<std::string> model_load(const ParamRegistry& reg, float* params, con
       LOOM_CHECK(fs[0] > s.shape[0],
                  "model.seq_len = {} is above the position table of '{}' ({} rows in {}); lower "
                  "model.seq_len to at most {}",
-                 s.shape[0], path, fs[0], s.name, fs[0]);
+                 s.shape[0], path, fs[0], s.name, fs[0]);  // replicated: the first rows are this rank's
       std::memcpy(params + s.offset, it->second.data.data(), size_t(s.numel()) * 4);
     } else {
       LOOM_CHECK(fs == s.global_shape,
@@ -135,9 +135,9 @@ std::vector<std::string> model_load(const ParamRegistry& reg, float* params, con
   return unused;
 }
 
-void model_save(const ParamRegistry& reg, const float* params, const std::string& path) {
+void model_save(const ParamRegistry& reg, const float* hf, const std::string& path) {
   std::vector<StView> views;
-  for (auto& s : reg.all()) views.push_back({s.name, s.shape, params + s.offset});
+  for (auto& s : reg.all()) views.push_back({s.name, s.global_shape, hf + s.global_offset});
   safetensors_write(path, views);
 }
 

@@ -24,11 +24,14 @@ struct StView {
 };
 void safetensors_write(const std::string& path, const std::vector<StView>& tensors);
 
-// Loads every registered parameter from `path`. A missing tensor or a shape mismatch is an
-// error naming the tensor and both shapes. A position table with more rows than
-// model.seq_len loads its first rows; fewer rows is an error. Returns the names in the file
-// that the model does not use (e.g. attention mask buffers), for a warning.
+// Loads every registered parameter from `path` into this rank's flat fp32 buffer (its
+// tensor-parallel slices, padded rows zero). A missing tensor or a shape mismatch is an error
+// naming the tensor and both shapes. A position table with more rows than model.seq_len loads
+// its first rows; fewer rows is an error. Returns the names in the file that the model does
+// not use (e.g. attention mask buffers), for a warning.
 std::vector<std::string> model_load(const ParamRegistry& reg, float* params, const std::string& path);
-void model_save(const ParamRegistry& reg, const float* params, const std::string& path);
+// Writes the Hugging Face tensors of `reg` from hf (the HF concatenation: each tensor's
+// global_shape at its global_offset).
+void model_save(const ParamRegistry& reg, const float* hf, const std::string& path);
 
 }  // namespace loom

@@ -103,7 +103,10 @@ void bench_comm(const TrainOptions& where, double max_mb) {
   Trace trace(false);
   MeshDims dims;
   dims.dp = where.world_size;
-  DeviceMesh mesh(dims, where.world_rank, where.world_size, where.use_mpi, &trace);
+  MeshOptions mo;
+  mo.use_mpi = where.use_mpi;
+  mo.trace = &trace;
+  DeviceMesh mesh(dims, where.world_rank, where.world_size, mo);
   ProcessGroup& g = mesh.world_group();
   const int n = g.size();
   LOOM_CHECK(n > 1, "loom bench comm needs at least 2 ranks: run it under mpirun -np N or srun -n N");

@@ -103,7 +103,7 @@ int run(int argc, char** argv) {
 
   auto* plan = app.add_subcommand("plan", "predict before launch");
   plan->require_subcommand(1);
-  auto* pmem = plan->add_subcommand("memory", "per-rank bytes for ZeRO stages 0-3, side by side");
+  auto* pmem = plan->add_subcommand("memory", "per-rank bytes of a run (any layout, dtype, device), or of the ZeRO paper");
   double plan_params = 0;
   int plan_dp = 0;
   std::string plan_precision = "mixed";
@@ -114,7 +114,7 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"mixed", "fp32"}));
   pmem->add_option("--config", config_path, "TOML config of a loom run");
   pmem->add_option("--set", sets, "override one key: section.key=value (repeatable)");
-  pmem->add_flag("--json", plan_json, "machine-readable output (loom runs)");
+  pmem->add_flag("--json", plan_json, "every rank's bytes at the config's stage, as JSON (loom runs)");
 
   CLI11_PARSE(app, argc, argv);
 
@@ -185,7 +185,15 @@ int run(int argc, char** argv) {
       } else {
         if (plan_dp > 0) sets.push_back(fmt::format("parallel.dp={}", plan_dp));
         loom::Config cfg = config_build(config_path, sets);
-        fmt::print("{}\n", plan_json ? loom::plan_memory_json(cfg) : loom::plan_memory_table(cfg));
+#if LOOM_HAVE_CUDA
+        const int gpus = loom::cuda_device_count();
+#else
+        const int gpus = 0;
+#endif
+        const std::string device = loom::device_resolve(cfg, gpus, nullptr);
+        const loom::DType dtype = loom::dtype_resolve(cfg, device);
+        fmt::print("{}\n", plan_json ? loom::plan_memory_json(cfg, device, dtype)
+                                     : loom::plan_memory_table(cfg, device, dtype));
       }
     }
     return 0;

@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
-#include "model/model.h"
+#include "model/backend.h"
+#include "model/layout.h"
+#include "parallel/ddp.h"
 #include "parallel/zero.h"
+#include "runtime/mesh.h"
 
 namespace loom {
 
@@ -12,55 +15,73 @@ std::array<double, 4> plan_zero_paper(double psi, int dp, double bp, double bg, 
           (bp + bg + k) * psi / dp};
 }
 
-MemoryPlan plan_memory(const Config& cfg, int stage) {
-  const ModelLayout layout = model_layout(cfg);
-  const ZeroBytes z = zero_bytes(layout, cfg.parallel.dp, stage);
-  const ActPlan a = act_plan(cfg, cfg.train.micro_batch, recompute_from(cfg.train.recompute));
-  auto rounded = [](int64_t bytes) { return std::max<int64_t>(64, (bytes + 63) / 64 * 64); };
+int64_t MemoryPlan::total() const {
+  int64_t s = 0;
+  for (int64_t b : bytes) s += b;
+  return s;
+}
+
+MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank) {
+  const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
+  const MeshCoord at = mesh_coord(dims, rank);
+  const bool cuda = device == "cuda";
+  const BackendTraits traits = backend_traits(cuda ? DeviceKind::cuda : DeviceKind::cpu, dtype, cfg);
+  const ModelLayout layout = model_layout(cfg, at.tp);
+  const int64_t n = int64_t(layout.reg.numel());
+  const int stage = cfg.parallel.zero;
+  std::vector<PlanItem> items = cuda ? cuda_backend_plan(cfg) : cpu_backend_plan(cfg, dtype);
+  // The chunk (model/chunk.cpp): flat buffers, activations, scratch, RoPE tables, loss sum.
+  if (stage < 3) items.push_back({"params", n, dtype, Mem::params});
+  if (stage < 2) items.push_back({"grads", n, DType::f32, Mem::grads});
+  const ActPlan a = act_plan(cfg, cfg.train.micro_batch, recompute_from(cfg.train.recompute), traits);
+  for (auto& b : a.buffers) items.push_back({b.name, b.numel * b.copies, b.dtype, Mem::activations});
+  for (auto& b : a.scratch) items.push_back({b.name, b.numel, b.dtype, b.comm ? Mem::comm : Mem::workspace});
+  if (cfg.model.arch == "llama")
+    for (int i = 0; i < 2; ++i)
+      items.push_back({"rope", int64_t(cfg.model.seq_len) * cfg.head_dim() / 2, DType::f32, Mem::workspace});
+  items.push_back({"loss_sum", 1, DType::f64, Mem::workspace});
+  // The data-parallel side and its optimizer.
+  const auto dp_items = stage == 0 ? Ddp::plan(cfg, n, dtype)
+                                   : zero_plan(layout, cfg.parallel.dp, stage, dtype, grad_reduce_dtype(cfg));
+  items.insert(items.end(), dp_items.begin(), dp_items.end());
   MemoryPlan p;
-  p.params = z.params;
-  p.grads = z.grads;
-  p.optim = z.optim;
-  p.comm = z.comm;
-  for (auto& b : a.buffers) p.activations += rounded(b.bytes());
-  for (auto& b : a.scratch) (b.comm ? p.comm : p.workspace) += rounded(b.bytes());
-  if (cfg.model.arch == "llama")  // the RoPE cos/sin tables
-    p.workspace += 2 * rounded(int64_t(cfg.model.seq_len) * cfg.head_dim() / 2 * 4);
+  for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);
   return p;
 }
 
-std::string plan_memory_table(const Config& cfg) {
-  std::string out = fmt::format("per-rank memory, dp = {} (MiB)\n{:<12}", cfg.parallel.dp, "");
+std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype) {
+  std::string out = fmt::format("per-rank memory on {} ({}), dp {}, tp {} (MiB)\n{:<12}", device, dtype_name(dtype),
+                                cfg.parallel.dp, cfg.parallel.tp, "");
   MemoryPlan p[4];
   for (int s = 0; s < 4; ++s) {
-    p[s] = plan_memory(cfg, s);
+    Config c = cfg;
+    c.parallel.zero = s;
+    p[s] = plan_memory(c, device, dtype);
     out += fmt::format(" {:>10}", fmt::format("zero {}", s));
   }
-  auto row = [&](const char* name, auto get) {
-    out += fmt::format("\n{:<12}", name);
-    for (auto& x : p) out += fmt::format(" {:>10.2f}", double(get(x)) / 1048576.0);
-  };
-  row("params", [](auto& x) { return x.params; });
-  row("grads", [](auto& x) { return x.grads; });
-  row("optim", [](auto& x) { return x.optim; });
-  row("comm", [](auto& x) { return x.comm; });
-  row("activations", [](auto& x) { return x.activations; });
-  row("workspace", [](auto& x) { return x.workspace; });
-  row("total", [](auto& x) { return x.total(); });
+  for (int m = 0; m < kMemCategories; ++m) {
+    out += fmt::format("\n{:<12}", mem_name(Mem(m)));
+    for (auto& x : p) out += fmt::format(" {:>10.2f}", double(x.bytes[size_t(m)]) / 1048576.0);
+  }
+  out += fmt::format("\n{:<12}", "total");
+  for (auto& x : p) out += fmt::format(" {:>10.2f}", double(x.total()) / 1048576.0);
   return out;
 }
 
-std::string plan_memory_json(const Config& cfg) {
-  std::string out = "[";
-  for (int s = 0; s < 4; ++s) {
-    auto p = plan_memory(cfg, s);
-    out += fmt::format(
-        "{}{{\"zero\":{},\"n_params\":{},\"dp\":{},\"params_b\":{},\"grads_b\":{},\"optim_b\":{},\"comm_b\":{},\"act_"
-        "b\":{},\"workspace_b\":{}}}",
-        s ? "," : "", s, model_layout(cfg).reg.numel(), cfg.parallel.dp, p.params, p.grads, p.optim, p.comm,
-        p.activations, p.workspace);
+std::string plan_memory_json(const Config& cfg, const std::string& device, DType dtype) {
+  const int world = cfg.parallel.pp * cfg.parallel.dp * cfg.parallel.tp;
+  std::string out = fmt::format("{{\"device\":\"{}\",\"dtype\":\"{}\",\"zero\":{},\"dp\":{},\"tp\":{},\"n_params\":{},"
+                                "\"ranks\":[",
+                                device, dtype_name(dtype), cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.tp,
+                                model_layout(cfg).reg.global_numel());
+  for (int r = 0; r < world; ++r) {
+    const MemoryPlan p = plan_memory(cfg, device, dtype, r);
+    out += fmt::format("{}{{\"rank\":{}", r ? "," : "", r);
+    static const char* keys[] = {"params_b", "grads_b", "master_b", "optim_b", "act_b", "comm_b", "workspace_b"};
+    for (int m = 0; m < kMemCategories; ++m) out += fmt::format(",\"{}\":{}", keys[m], p.bytes[size_t(m)]);
+    out += "}";
   }
-  return out + "]";
+  return out + "]}";
 }
 
 }  // namespace loom

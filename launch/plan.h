@@ -1,11 +1,12 @@
-// `loom plan memory`: per-rank bytes before launch. For the ZeRO paper's setting (any
-// parameter count, mixed precision, K = 12 bytes of optimizer state per parameter) and for
-// loom's own runs, computed with the same geometry the allocator will see, so a prediction
-// can be checked against the ledger of a real run.
+// `loom plan memory`: each rank's bytes before launch, for any layout, dtype and device. For
+// loom's own runs it adds up the very lists the components allocate from (model/layout.h's
+// activation plan, the backends', the optimizer's and ZeRO's PlanItems), so it equals the
+// ledger of a real run to the byte; and, for the ZeRO paper's setting, its closed form.
 #pragma once
 #include <array>
 #include <string>
 
+#include "runtime/allocator.h"
 #include "runtime/config.h"
 
 namespace loom {
@@ -15,12 +16,15 @@ namespace loom {
 std::array<double, 4> plan_zero_paper(double psi, int dp, double bytes_param, double bytes_grad, double k);
 
 struct MemoryPlan {
-  int64_t params = 0, grads = 0, optim = 0, comm = 0, activations = 0, workspace = 0;
-  int64_t total() const { return params + grads + optim + comm + activations + workspace; }
+  std::array<int64_t, kMemCategories> bytes{};
+  int64_t of(Mem m) const { return bytes[size_t(m)]; }
+  int64_t total() const;
 };
-// What one rank of `cfg` will hold while training, at `cfg.parallel.dp` and `zero`.
-MemoryPlan plan_memory(const Config& cfg, int stage);
-std::string plan_memory_table(const Config& cfg);  // stages 0..3 side by side, MiB
-std::string plan_memory_json(const Config& cfg);
+// What world rank `rank` of cfg holds while training on `device` ("cpu" or "cuda") in `dtype`.
+MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank = 0);
+// The four ZeRO stages side by side for rank 0, MiB.
+std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype);
+// Every rank's plan at cfg's stage, bytes, as JSON.
+std::string plan_memory_json(const Config& cfg, const std::string& device, DType dtype);
 
 }  // namespace loom

@@ -3,24 +3,28 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
 
 #include "checkpoint/safetensors.h"
+#include "model/backend.h"
+#include "model/chunk.h"
 #include "model/flops.h"
-#include "model/model.h"
-#include "optim/adamw.h"
-#include "parallel/ddp.h"
-#include "parallel/zero.h"
+#include "parallel/data_parallel.h"
+#include "parallel/schedule.h"
 #include "runtime/data.h"
 #include "runtime/mesh.h"
+#include "runtime/step_clock.h"
 #if LOOM_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "runtime/comm/nccl_group.h"
 #endif
-#include "runtime/metrics.h"
+#if LOOM_HAVE_MPI
+#include "runtime/comm/mpi_group.h"
+#endif
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -40,6 +44,18 @@ int threads_set(int threads) {
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
   return threads;
+}
+
+double cuda_peak_flops() {
+#if LOOM_HAVE_CUDA
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return 0.0;
+  const std::string name = prop.name;
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989e12;
+  if (name.find("A100") != std::string::npos) return 312e12;
+#endif
+  return 0.0;
 }
 
 StepLog::StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result)
@@ -73,6 +89,8 @@ void StepLog::validation(int64_t step, const std::function<double()>& validate) 
 void StepLog::after_step(const StepMetrics& m, const std::function<double()>& validate) {
   metrics_.step(m);
   result_.losses.push_back(m.loss);
+  result_.grad_norms.push_back(m.grad_norm);
+  result_.comm_exposed_ms += m.comm_exposed_ms;
   if (m.step > 1) timed_ms_ += m.step_ms;
   const double elapsed = ms_since(start_) / 1e3;
   if (print_ && (m.step % cfg_.log.every == 0 || m.step == 1 || m.step == m.steps))
@@ -89,155 +107,176 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
   }
 }
 
-namespace {
-
-// Sums a value over the dp group (identity on one rank, so single-rank results keep every bit).
-double dp_sum(ProcessGroup& dp, double v) {
-  if (dp.size() == 1) return v;
-  float f = float(v);
-  dp.all_reduce(Buf(&f, 1)).wait();
-  return f;
-}
-
-double validate(Model& model, UnitAccess* access, const TokenStream& val, const Config& cfg, ProcessGroup& dp,
-                std::vector<int32_t>& in, std::vector<int32_t>& tg) {
-  double sum = 0.0;
-  for (int vb = 0; vb < cfg.data.val_batches; ++vb)
-    for (int micro = 0; micro < cfg.accum_steps(); ++micro) {
-      batch_read(val, cfg, vb, dp.rank(), micro, in.data(), tg.data());
-      sum += model.forward(in.data(), tg.data(), 0.0f, access);
-    }
-  const double tokens = double(cfg.data.val_batches) * cfg.train.global_batch * cfg.model.seq_len;
-  return dp_sum(dp, sum) / tokens;
-}
-}  // namespace
-
 std::string device_resolve(const Config& cfg, int gpus, std::string* why) {
   const TrainConfig& t = cfg.train;
   if (t.device != "auto") return t.device;
+  const int hd = cfg.head_dim();
   std::string no;
   if (gpus == 0)
     no = LOOM_HAVE_CUDA ? "no CUDA device is visible" : "this build has no CUDA";
-  else if (!cfg.gpu_layout())
-    no = "the GPU path has no dp, tp or ZeRO yet (parallel.dp, parallel.tp, parallel.zero)";
   else if (t.dtype == "f32")
     no = "train.dtype = \"f32\" and the GPU path computes in bf16";
+  else if (hd != 32 && hd != 64 && hd != 128)
+    no = fmt::format("the CUDA attention kernels take head dims 32, 64 and 128, not d_model / n_head = {}", hd);
   if (no.empty()) return "cuda";
-  LOOM_CHECK(t.dtype != "bf16", "train.dtype = \"bf16\" needs the GPU path, but {}; use train.dtype = \"auto\"", no);
   if (why && gpus > 0) *why = no;
   return "cpu";
 }
 
+DType dtype_resolve(const Config& cfg, const std::string& device) {
+  if (cfg.train.dtype == "bf16") return DType::bf16;
+  if (cfg.train.dtype == "f32") return DType::f32;
+  return device == "cuda" ? DType::bf16 : DType::f32;
+}
+
+struct Trainer::Parts {
+  Config cfg;
+  TrainOptions opt;
+  std::string device, why;
+  DType dtype = DType::f32;
+  bool lead = true;
+  int threads = 1;
+  DataStreams data;
+  Trace trace;
+  std::unique_ptr<DeviceMesh> mesh;
+  Stream stream;
+  std::unique_ptr<Allocator> alloc;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<StepClock> clock;
+  std::unique_ptr<Chunk> chunk;
+  std::unique_ptr<DataParallel> dpar;
+  std::vector<Action> schedule;
+  FlopsPerToken fpt{};
+  double peak = 0;
+  int64_t tokens_per_step = 0;
+  std::vector<int32_t> inputs, targets;
+  TrainResult result;
+  std::unique_ptr<StepLog> log;
+
+  Parts(const Config& c, const TrainOptions& o) : cfg(c), opt(o), trace(c.log.trace, o.world_rank) {}
+  ~Parts() {
+    dpar.reset();
+    chunk.reset();
+    clock.reset();
+    backend.reset();
+    alloc.reset();
+    if (stream.kind == DeviceKind::cuda) cuda_stream_destroy(stream);
+  }
+  ProcessGroup& dp() const { return mesh->group(Axis::dp); }
+  ProcessGroup& tp() const { return mesh->group(Axis::tp); }
+  template <class... A>
+  void info(fmt::format_string<A...> f, A&&... a) const {
+    if (!opt.quiet && lead) spdlog::info(f, std::forward<A>(a)...);
+  }
+  // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
+  Inputs stage(const TokenStream& s, int64_t step, int micro, bool shuffle) {
+    batch_read(s, cfg, step, dp().rank(), micro, inputs.data(), targets.data(), shuffle);
+    const int V = int(cfg.vocab_padded() / cfg.parallel.tp);
+    return backend->stage_inputs(0, inputs.data(), targets.data(), int(inputs.size()), tp().rank() * V, V);
+  }
+  // The chunk's loss sum over the dp group, read on the host and reset.
+  double loss_take() {
+    Tensor& sum = chunk->loss_sum();
+    if (dp().size() > 1) {
+      StepClock::Scope c(clock.get(), Phase::comm);
+      dp().all_reduce(Buf(sum), ReduceOp::sum, backend->stream()).wait_on(backend->stream());
+    }
+    double v = 0.0;
+    backend->download(&v, Buf(sum));
+    backend->zero(Buf(sum));
+    return v;
+  }
+  void startup_log();
+};
+
 // The composition order (DESIGN 3) lives here, and each step needs the one before it:
-//   mesh (the groups) -> model, split over tp (it fixes this rank's flat buffers) ->
-//   weights, initialized or loaded whole and sliced to this rank's shards ->
-//   DDP buckets or ZeRO shards over dp (ranges of those flat buffers) ->
-//   the optimizer over what this rank owns (everything under DDP, its shard under ZeRO).
+//   device and dtype (the backend every later part computes with) ->
+//   mesh (the groups; NCCL ones when the buffers live on GPUs that each rank has alone) ->
+//   the chunk, split over tp (it fixes this rank's flat buffers and activation plan) ->
+//   DDP buckets or ZeRO shards over dp (ranges of those flat buffers), with the optimizer
+//   over what this rank owns (everything under DDP, its shard under ZeRO).
 // Pipeline stages and expert sharding will split the model before tp does.
-TrainResult train_run(const Config& cfg_in, const TrainOptions& opt) {
-  std::string why;
+Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_unique<Parts>(cfg, opt)) {
+  Parts& p = *p_;
+  p.lead = opt.world_rank == 0;
 #if LOOM_HAVE_CUDA
   const int gpus = cuda_device_count();
 #else
   const int gpus = 0;
 #endif
-  const std::string device = device_resolve(cfg_in, gpus, &why);
-  if (device == "cuda") {
-    Config c = cfg_in;
-    c.train.device = "cuda";
-    return train_run_cuda(c, opt);
-  }
-  const Config& cfg = cfg_in;
-  const bool lead = opt.world_rank == 0;
-  if (!why.empty() && lead && !opt.quiet)
-    spdlog::warn("train.device = \"auto\" trains on the CPU: {}; set train.device = \"cpu\" to say so", why);
-#define info(...)                                      \
-  do {                                                 \
-    if (!opt.quiet && lead) spdlog::info(__VA_ARGS__); \
-  } while (0)
-  const int threads = threads_set(cfg.train.threads);
-  const int B = cfg.train.micro_batch, T = cfg.model.seq_len, accum = cfg.accum_steps();
-  DataStreams data = data_open(cfg);  // before allocating: a bad file fails fast
+  p.device = device_resolve(cfg, gpus, &p.why);
+  p.dtype = dtype_resolve(cfg, p.device);
+  LOOM_CHECK(p.device != "cuda" || gpus > 0,
+             "train.device = \"cuda\" but no CUDA device is visible; use train.device = \"cpu\" or \"auto\"");
+  if (!p.why.empty() && !opt.quiet && p.lead)
+    spdlog::warn("train.device = \"auto\" trains on the CPU: {}; set train.device = \"cpu\" to say so", p.why);
+  p.threads = threads_set(cfg.train.threads);
+  p.data = data_open(cfg);  // before allocating: a bad file fails fast
 
-  Trace trace(cfg.log.trace, opt.world_rank);
+  MeshOptions mo;
+  mo.use_mpi = opt.use_mpi;
+  mo.timeout_s = cfg.parallel.timeout_s;
+  mo.trace = &p.trace;
+  if (p.device == "cuda" && opt.use_mpi) {
+    // NCCL refuses two ranks on one GPU: where ranks share GPUs, MPI carries the CUDA buffers
+    // through pinned host memory (a check of the layout, not a fast path).
+#if LOOM_HAVE_MPI
+    const int local = mpi_local_size();
+#else
+    const int local = 1;
+#endif
+    const bool shared = local > gpus;
+    LOOM_CHECK(!(shared && cfg.parallel.comm == "nccl"),
+               "parallel.comm = \"nccl\" but {} ranks share {} GPUs on this node, and NCCL takes one rank per GPU; "
+               "use parallel.comm = \"mpi\" (staged through the host) or launch one rank per GPU",
+               local, gpus);
+    mo.nccl = cfg.parallel.comm == "nccl" || (cfg.parallel.comm == "auto" && !shared);
+    if (!mo.nccl && cfg.parallel.comm == "auto" && p.lead && !opt.quiet)
+      spdlog::warn("{} ranks share {} GPU(s) on this node: collectives go through MPI, staged in host memory "
+                   "(for checking layouts, not for speed); launch one rank per GPU for NCCL",
+                   local, gpus);
+  }
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
-  DeviceMesh mesh(dims, opt.world_rank, opt.world_size, opt.use_mpi, &trace, cfg.parallel.timeout_s);
-  ProcessGroup& dp = mesh.group(Axis::dp);
-  ProcessGroup& tp = mesh.group(Axis::tp);
+  p.mesh = std::make_unique<DeviceMesh>(dims, opt.world_rank, opt.world_size, mo);
 
-  Allocator alloc;
+  const DeviceKind kind = p.device == "cuda" ? DeviceKind::cuda : DeviceKind::cpu;
+  p.stream = kind == DeviceKind::cuda ? cuda_stream_create() : host_stream();
+  p.alloc = std::make_unique<Allocator>(kind, p.stream);
+#if LOOM_HAVE_CUDA
+  p.backend = kind == DeviceKind::cuda ? cuda_backend(cfg, *p.alloc) : cpu_backend(cfg, p.dtype, *p.alloc);
+#else
+  p.backend = cpu_backend(cfg, p.dtype, *p.alloc);
+#endif
+  for (Axis a : {Axis::dp, Axis::tp})
+    LOOM_CHECK(p.mesh->group(a).carries(kind), "the {} group cannot carry {} buffers", axis_name(a),
+               kind == DeviceKind::cuda ? "CUDA" : "host");
+  p.clock = std::make_unique<StepClock>(p.backend->stream());
   const int stage = cfg.parallel.zero;
-  Model model(cfg, alloc, B, &trace, /*full_params=*/stage < 3, /*full_grads=*/stage < 2, &tp);
-  std::unique_ptr<Ddp> ddp;
-  std::unique_ptr<Zero> zero;
-  std::unique_ptr<AdamW> adamw;
-  if (stage == 0) {
-    ddp = std::make_unique<Ddp>(dp, model, cfg.parallel.bucket_mb);
-    adamw = std::make_unique<AdamW>(adam_segments(model.registry()), int64_t(model.num_params()), alloc);
-  } else {
-    zero = std::make_unique<Zero>(stage, model, dp, tp, alloc);
-  }
-  UnitAccess* access = zero ? static_cast<UnitAccess*>(zero.get()) : ddp.get();
-  {
-    // Weights: every rank initializes (same seed) or loads the whole model, then keeps its part.
-    // ZeRO-3 holds no full buffer, so it uses a temporary one here.
-    Tensor tmp;
-    float* full = model.params();
-    if (!full) {
-      tmp = alloc.empty({int64_t(model.num_params())}, DType::f32, Mem::workspace);
-      full = tmp.f32();
-    }
-    if (!cfg.init_from.empty()) {
-      auto unused = model_load(model.registry(), full, cfg.init_from);
-      info("loaded {} ({} tensors in the file unused)", cfg.init_from, unused.size());
-    } else {
-      registry_init(model.registry(), full, uint64_t(cfg.train.seed));
-    }
-    if (zero) zero->shard_from(full);
-  }
-  // The whole model in the Hugging Face layout: ZeRO-3 slices gathered over dp, tensor-
-  // parallel shards over tp. Collective; every rank gets it.
-  const ModelLayout global = model_layout([&] {
-    Config one = cfg;
-    one.parallel.tp = 1;
-    return one;
-  }());
-  auto full_weights = [&](std::vector<float>& out) {
-    std::vector<float> local;
-    const float* mine = model.params();
-    if (!mine) {
-      local.resize(model.num_params());
-      zero->gather_to(local.data());
-      mine = local.data();
-    }
-    out.assign(global.reg.numel(), 0.0f);
-    std::vector<float> all;
-    for (auto& s : model.registry().all()) {
-      float* dst = out.data() + global.reg.at(s.name).offset;
-      if (s.replicated() || tp.size() == 1) {
-        std::copy_n(mine + s.offset, s.numel(), dst);
-        continue;
-      }
-      all.resize(size_t(s.numel()) * size_t(tp.size()));
-      tp.all_gather(Buf(const_cast<float*>(mine) + s.offset, s.numel()), Buf(all.data(), int64_t(all.size()))).wait();
-      for (int r = 0; r < tp.size(); ++r) shard_put(s, r, all.data() + size_t(r) * size_t(s.numel()), dst);
-    }
-  };
-  const FlopsPerToken fpt = flops_per_token(cfg);
-  const double peak = cpu_peak_flops(threads) * mesh.world();
+  p.chunk = std::make_unique<Chunk>(cfg, ChunkSpec{}, *p.backend, p.tp(), p.trace, p.clock.get(),
+                                    /*full_params=*/stage < 3, /*full_grads=*/stage < 2);
+  p.dpar = data_parallel_make(cfg, *p.chunk, {p.dp(), p.tp(), p.mesh->host_group(Axis::dp)}, p.clock.get());
+  p.schedule = schedule_one_stage(cfg.accum_steps());
+  p.fpt = flops_per_token(cfg, p.backend->traits().attention_probs);
+  p.peak = (kind == DeviceKind::cuda ? cuda_peak_flops() : cpu_peak_flops(p.threads)) * p.mesh->world();
+  p.tokens_per_step = int64_t(cfg.train.global_batch) * cfg.model.seq_len;
+  p.inputs.resize(size_t(cfg.train.micro_batch) * cfg.model.seq_len);
+  p.targets.resize(p.inputs.size());
+  p.log = std::make_unique<StepLog>(p.cfg, p.opt, p.data.val != nullptr, p.result);
+}
 
-  info("model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {}, seq_len {}: {:.2f}M parameters",
+Trainer::~Trainer() = default;
+
+void Trainer::Parts::startup_log() {
+  const int T = cfg.model.seq_len, B = cfg.train.micro_batch;
+  info("model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {} (padded to {}), seq_len {}: {:.2f}M "
+       "parameters",
        cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
-       cfg.model.vocab_size, T, global.reg.numel() / 1e6);
-  info("data: {}", data.describe);
-  if (ddp)
-    info("layout: {} ranks (dp {}), {} gradient buckets of {} MB; {} threads per rank", mesh.world(), dp.size(),
-         ddp->num_buckets(), cfg.parallel.bucket_mb, threads);
-  else
-    info("layout: {} ranks (dp {}), ZeRO stage {}; {} threads per rank", mesh.world(), dp.size(), stage, threads);
-  if (tp.size() > 1) {
-    const double nc = double(B) * T * cfg.model.d_model * 4 / 1048576.0;
-    info("tensor parallel: tp {}{}; per block and micro-batch {}", tp.size(),
+       cfg.model.vocab_size, cfg.vocab_padded(), T, chunk->registry().global_numel() / 1e6);
+  info("device: {} ({}), {} threads per rank; data: {}", device, dtype_name(dtype), threads, data.describe);
+  info("layout: {} ranks over {}; {}", mesh->world(), mesh->comm_name(), dpar->describe());
+  if (tp().size() > 1) {
+    const double nc = double(B) * T * cfg.model.d_model * dtype_size(dtype) / 1048576.0;
+    info("tensor parallel: tp {}{}; per block and micro-batch {}", tp().size(),
          cfg.parallel.sp ? " with sequence parallel" : "",
          cfg.parallel.sp
              ? fmt::format("all-gather 2 x {:.2f} MiB and reduce-scatter 2 x {:.2f} MiB forward, all-gather 4 x, "
@@ -246,124 +285,176 @@ TrainResult train_run(const Config& cfg_in, const TrainOptions& opt) {
              : fmt::format("all-reduce 2 x {:.2f} MiB forward and 2 x backward", nc));
   }
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
-       cfg.train.global_batch, T, accum, B, dp.size(), cfg.train.recompute);
-  info("activation plan (B={}, T={}):\n{}", B, T, model.plan().table());
+       cfg.train.global_batch, T, cfg.accum_steps(), B, dp().size(), cfg.train.recompute);
+  info("activation plan (B={}, T={}):\n{}", B, T, chunk->plan().table());
   {
     // Every rank's ledger, tabled by rank 0: ZeRO padding and tensor-parallel shards differ.
-    const MemLedger& L = alloc.ledger();
-    const int64_t mine[7] = {L.of(Mem::params), L.of(Mem::grads),     L.of(Mem::optim), L.of(Mem::activations),
-                             L.of(Mem::comm),   L.of(Mem::workspace), L.peak_total};
-    const int world = mesh.world();
-    std::vector<int32_t> all(size_t(14) * size_t(world));
-    std::memcpy(all.data() + 14 * opt.world_rank, mine, sizeof(mine));
-    mesh.world_group()
-        .all_gather(Buf(all.data() + 14 * opt.world_rank, 14), Buf(all.data(), int64_t(all.size())))
+    const MemLedger& L = alloc->ledger();
+    constexpr int K = kMemCategories + 1;
+    const int world = mesh->world();
+    std::vector<double> all(size_t(K) * size_t(world));
+    for (int i = 0; i < kMemCategories; ++i) all[size_t(K * opt.world_rank + i)] = double(L.live[size_t(i)]);
+    all[size_t(K * opt.world_rank + kMemCategories)] = double(L.peak_total);
+    mesh->world_group()
+        .all_gather(Buf(all.data() + K * opt.world_rank, K), Buf(all.data(), int64_t(all.size())))
         .wait();
-    std::string table = fmt::format("{:<6} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10}", "rank", "params", "grads",
-                                    "optim", "activations", "comm", "workspace", "peak");
+    std::string table = fmt::format("{:<6}", "rank");
+    for (int i = 0; i < kMemCategories; ++i) table += fmt::format(" {:>11}", mem_name(Mem(i)));
+    table += fmt::format(" {:>11}", "peak");
     for (int r = 0; r < world; ++r) {
-      int64_t v[7];
-      std::memcpy(v, all.data() + 14 * r, sizeof(v));
-      table += fmt::format("\n{:<6} {:>10.2f} {:>10.2f} {:>10.2f} {:>12.2f} {:>10.2f} {:>10.2f} {:>10.2f}", r,
-                           v[0] / 1048576.0, v[1] / 1048576.0, v[2] / 1048576.0, v[3] / 1048576.0, v[4] / 1048576.0,
-                           v[5] / 1048576.0, v[6] / 1048576.0);
+      table += fmt::format("\n{:<6}", r);
+      for (int i = 0; i < K; ++i) table += fmt::format(" {:>11.2f}", all[size_t(K * r + i)] / 1048576.0);
     }
-    info("memory ledger per rank (MiB):\n{}", table);
+    info("memory ledger per rank (MiB, {}):\n{}", device, table);
   }
-  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); CPU peak {:.1f} GFLOP/s over all ranks", fpt.model, fpt.hardware,
+  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); peak {:.1f} GFLOP/s over all ranks", fpt.model, fpt.hardware,
        peak / 1e9);
+  if (peak == 0) info("this GPU is not in the peak table: MFU is reported as 0");
+}
 
-  std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
-  const int64_t tokens_per_step = int64_t(cfg.train.global_batch) * T;
-  const float dloss = 1.0f / float(tokens_per_step);  // loss is the mean over the global batch
-  TrainResult result;
-  StepLog log(cfg, opt, data.val != nullptr, result);
-  auto validation = [&] {
-    auto s = trace.scope("validation", Trace::host);
-    return validate(model, access, *data.val, cfg, dp, inputs, targets);
-  };
+void Trainer::init() {
+  Parts& p = *p_;
+  // Every rank initializes (same seed) or loads its whole chunk (its tp slices), then the data
+  // parallel side keeps what it owns.
+  std::vector<float> host(p.chunk->num_params());
+  if (!p.cfg.init_from.empty()) {
+    auto unused = model_load(p.chunk->registry(), host.data(), p.cfg.init_from);
+    p.info("loaded {} ({} tensors in the file unused)", p.cfg.init_from, unused.size());
+  } else {
+    registry_init(p.chunk->registry(), host.data(), uint64_t(p.cfg.train.seed));
+  }
+  p.dpar->weights_from(host.data());
+  p.startup_log();  // after the weights: a bad init.from fails before the log
+}
 
-  for (int64_t step = 0; step < cfg.train.steps; ++step) {
-    log.fault_drills(step);
-    const auto t0 = Clock::now();
-    const CommCounters comm0 = dp.counters(), tp0 = tp.counters();
-    StepMetrics m;
-    model.zero_grad();
-    double loss_sum = 0.0;
-    for (int micro = 0; micro < accum; ++micro) {
-      auto td = Clock::now();
+int64_t Trainer::steps() const {
+  return p_->cfg.train.steps;
+}
+
+StepMetrics Trainer::step(int64_t step) {
+  Parts& p = *p_;
+  p.log->fault_drills(step);
+  const CommCounters dp0 = p.dp().counters(), tp0 = p.tp().counters();
+  const float dloss = 1.0f / float(p.tokens_per_step);  // loss is the mean over the global batch
+  const int accum = p.cfg.accum_steps();
+  StepMetrics m;
+  StepClock& clock = *p.clock;
+  clock.begin(Phase::compute);
+  p.chunk->zero_grad();
+  Inputs in;
+  for (const Action& a : p.schedule) {
+    if (a.kind == Action::forward) {
       {
-        auto s = trace.scope("data", Trace::host);
-        batch_read(*data.train, cfg, step, dp.rank(), micro, inputs.data(), targets.data(), cfg.data.shuffle);
+        auto s = p.trace.scope("data", Trace::host);
+        StepClock::Scope c(&clock, Phase::data);
+        in = p.stage(*p.data.train, step, a.micro, p.cfg.data.shuffle);
       }
-      m.data_ms += ms_since(td);
-      loss_sum += model.forward(inputs.data(), targets.data(), dloss, access);
-      if (ddp) ddp->set_last(micro + 1 == accum);  // accumulation micro-batches do not communicate
-      model.backward(inputs.data(), access);
-    }
-    const AdamWHyper hyper{lr_at(cfg.train, step), cfg.train.beta1, cfg.train.beta2, cfg.train.eps,
-                           cfg.train.weight_decay};
-    m.lr = hyper.lr;
-    if (ddp) {
-      {
-        auto s = trace.scope("grad_sync_wait", Trace::host);
-        m.comm_exposed_ms = ddp->step_end();
-      }
-      const auto to = Clock::now();
-      auto s = trace.scope("optimizer", Trace::host);
-      m.grad_norm = clip_grad_norm_tp(model.registry(), model.grads(), cfg.train.grad_clip, tp);
-      adamw->update(model.params(), model.grads(), hyper, step + 1);
-      m.optimizer_ms = ms_since(to);
+      p.chunk->forward(in, dloss, *p.dpar);
     } else {
-      m.comm_exposed_ms = zero->take_wait_ms();  // gathers and reductions that compute did not hide
-      const auto to = Clock::now();
-      auto s = trace.scope("optimizer", Trace::host);
-      m.grad_norm = zero->step(hyper, step + 1, cfg.train.grad_clip);
-      const double waited = zero->take_wait_ms();
-      m.comm_exposed_ms += waited;
-      m.optimizer_ms = ms_since(to) - waited;
+      p.dpar->set_last(a.micro + 1 == accum);  // accumulation micro-batches do not communicate
+      p.chunk->backward(in, *p.dpar);
     }
-    m.loss = dp_sum(dp, loss_sum) / double(tokens_per_step);
-    m.step_ms = ms_since(t0);
-    m.compute_ms = m.step_ms - m.optimizer_ms - m.data_ms - m.comm_exposed_ms;
-    step_rates(m, step, cfg.train.steps, tokens_per_step, fpt.model, fpt.hardware, peak);
-    m.mem = alloc.ledger();
-    const CommCounters& comm1 = dp.counters();
-    auto moved = [&](CommOp op) { return comm1.bytes[int(op)] - comm0.bytes[int(op)]; };
-    m.dp_all_reduce_b = moved(CommOp::all_reduce);
-    m.dp_reduce_scatter_b = moved(CommOp::reduce_scatter);
-    m.dp_all_gather_b = moved(CommOp::all_gather);
-    const CommCounters& tp1 = tp.counters();
-    m.tp_all_reduce_b = tp1.bytes[int(CommOp::all_reduce)] - tp0.bytes[int(CommOp::all_reduce)];
-    m.tp_reduce_scatter_b = tp1.bytes[int(CommOp::reduce_scatter)] - tp0.bytes[int(CommOp::reduce_scatter)];
-    m.tp_all_gather_b = tp1.bytes[int(CommOp::all_gather)] - tp0.bytes[int(CommOp::all_gather)];
-    result.comm_exposed_ms += m.comm_exposed_ms;
-    if (ddp) result.comm_total_ms += ddp->comm_us() / 1e3;
-    log.after_step(m, validation);
   }
-  log.finish(validation, tokens_per_step, fpt.model, peak);
+  const AdamWHyper hyper{lr_at(p.cfg.train, step), p.cfg.train.beta1, p.cfg.train.beta2, p.cfg.train.eps,
+                         p.cfg.train.weight_decay};
+  m.lr = hyper.lr;
+  {
+    auto s = p.trace.scope("optimizer", Trace::host);
+    clock.enter(Phase::optimizer);
+    p.dpar->step(hyper, step + 1, p.cfg.train.grad_clip);
+  }
+  const double loss_sum = p.loss_take();
+  const StepTimes t = clock.end();
+  m.loss = loss_sum / double(p.tokens_per_step);
+  m.grad_norm = p.dpar->grad_norm();
+  m.step_ms = t.total_ms();
+  m.compute_ms = t.of(Phase::compute);
+  m.comm_exposed_ms = t.of(Phase::comm);
+  m.bubble_ms = t.of(Phase::bubble);
+  m.optimizer_ms = t.of(Phase::optimizer);
+  m.data_ms = t.of(Phase::data);
+  m.ckpt_block_ms = t.of(Phase::ckpt);
+  step_rates(m, step, p.cfg.train.steps, p.tokens_per_step, p.fpt.model, p.fpt.hardware, p.peak);
+  m.mem = p.alloc->ledger();
+  auto moved = [](const CommCounters& a, const CommCounters& b, CommOp op) {
+    return b.bytes[int(op)] - a.bytes[int(op)];
+  };
+  const CommCounters &dp1 = p.dp().counters(), &tp1 = p.tp().counters();
+  m.dp_all_reduce_b = moved(dp0, dp1, CommOp::all_reduce);
+  m.dp_reduce_scatter_b = moved(dp0, dp1, CommOp::reduce_scatter);
+  m.dp_all_gather_b = moved(dp0, dp1, CommOp::all_gather);
+  m.tp_all_reduce_b = moved(tp0, tp1, CommOp::all_reduce);
+  m.tp_reduce_scatter_b = moved(tp0, tp1, CommOp::reduce_scatter);
+  m.tp_all_gather_b = moved(tp0, tp1, CommOp::all_gather);
+  p.result.comm_total_ms += p.dpar->comm_us() / 1e3;
+  return m;
+}
 
-  std::vector<float> gathered;
-  if (!cfg.export_final.empty() || opt.keep_params) full_weights(gathered);
-  if (!cfg.export_final.empty()) {
-    if (lead) model_save(global.reg, gathered.data(), cfg.export_final);
-    info("exported weights to {}", cfg.export_final);
+double Trainer::validate() {
+  Parts& p = *p_;
+  auto s = p.trace.scope("validation", Trace::host);
+  for (int vb = 0; vb < p.cfg.data.val_batches; ++vb)
+    for (int micro = 0; micro < p.cfg.accum_steps(); ++micro)
+      p.chunk->forward(p.stage(*p.data.val, vb, micro, false), 0.0f, *p.dpar);
+  const double tokens = double(p.cfg.data.val_batches) * double(p.tokens_per_step);
+  return p.loss_take() / tokens;
+}
+
+std::vector<float> Trainer::weights_hf() {
+  Parts& p = *p_;
+  std::vector<float> local(p.chunk->num_params());
+  p.dpar->weights_to(local.data());
+  const ParamRegistry& reg = p.chunk->registry();
+  ProcessGroup& tp = p.mesh->host_group(Axis::tp);
+  std::vector<float> out(reg.global_numel(), 0.0f), all;
+  for (auto& s : reg.all()) {
+    float* dst = out.data() + s.global_offset;
+    if (s.replicated() || tp.size() == 1) {
+      shard_put(s, 0, local.data() + s.offset, dst);
+      continue;
+    }
+    all.resize(size_t(s.numel()) * size_t(tp.size()));
+    tp.all_gather(Buf(local.data() + s.offset, s.numel()), Buf(all.data(), int64_t(all.size()))).wait();
+    for (int r = 0; r < tp.size(); ++r) shard_put(s, r, all.data() + size_t(r) * size_t(s.numel()), dst);
   }
-  if (cfg.log.trace) {
-    std::filesystem::create_directories(cfg.log.dir);
+  return out;
+}
+
+TrainResult Trainer::finish() {
+  Parts& p = *p_;
+  p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak);
+  std::vector<float> hf;
+  if (!p.cfg.export_final.empty() || p.opt.keep_params) hf = weights_hf();
+  if (!p.cfg.export_final.empty()) {
+    if (p.lead) model_save(p.chunk->registry(), hf.data(), p.cfg.export_final);
+    p.info("exported weights to {}", p.cfg.export_final);
+  }
+  if (p.cfg.log.trace) {
+    std::filesystem::create_directories(p.cfg.log.dir);
     std::string path =
-        cfg.log.dir + (mesh.world() == 1 ? "/trace.json" : fmt::format("/trace.rank{}.json", opt.world_rank));
-    trace.write(path);
-    info("wrote {} ({} events; open it in Perfetto)", path, trace.size());
+        p.cfg.log.dir + (p.mesh->world() == 1 ? "/trace.json" : fmt::format("/trace.rank{}.json", p.opt.world_rank));
+    p.trace.write(path);
+    p.info("wrote {} ({} events; open it in Perfetto)", path, p.trace.size());
   }
-  result.activation_bytes = alloc.ledger().of(Mem::activations);
-  if (opt.keep_params) {
-    result.params = gathered;
-    for (auto& s : global.reg.all()) result.names.push_back({s.name, {int64_t(s.offset), s.numel()}});
+  p.result.mem = p.alloc->ledger();
+  if (p.opt.keep_params) {
+    p.result.params = std::move(hf);
+    for (auto& s : p.chunk->registry().all())
+      p.result.names.push_back({s.name, {int64_t(s.global_offset), s.global_numel()}});
   }
-  mesh.world_group().barrier().wait();  // no rank tears down its groups while a peer still talks
-  return result;
-#undef info
+  p.mesh->world_group().barrier().wait();  // no rank tears down its groups while a peer still talks
+  return p.result;
+}
+
+void Trainer::report(const StepMetrics& m) {
+  p_->log->after_step(m, [this] { return validate(); });
+}
+
+TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
+  Trainer trainer(cfg, opt);
+  trainer.init();
+  for (int64_t s = 0; s < trainer.steps(); ++s) trainer.report(trainer.step(s));
+  return trainer.finish();
 }
 
 }  // namespace loom

@@ -1,9 +1,10 @@
-// The training loop of one rank: build the model, load or initialize weights, then for each
-// optimizer step read the micro-batches, run forward and backward, clip, update, and report.
-// The composition order for distributed layouts (DESIGN 3) will live in one function here.
+// The training loop of one rank, on any device and layout: a Trainer with explicit phases
+// (build, init, step, validate, finish), and train_run, which is parse-free: build -> init ->
+// steps -> finish. The composition order (DESIGN 3) lives in Trainer's constructor.
 #pragma once
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "runtime/config.h"
@@ -13,13 +14,15 @@ namespace loom {
 
 struct TrainResult {
   std::vector<double> losses;                                              // per step
+  std::vector<double> grad_norms;                                          // per step, before clipping
   std::vector<std::pair<int64_t, double>> val;                             // (step, val_loss)
-  std::vector<float> params;                                               // final flat parameters
-  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> names;  // name -> (offset, numel)
-  int64_t activation_bytes = 0;                                            // the ledger's live activations
+  std::vector<float> params;                                               // final weights, Hugging Face layout
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> names;  // name -> (offset, numel) in params
+  MemLedger mem;                                                           // this rank's ledger at the end
   double tokens_per_s = 0;                                                 // mean over steps after the first
   double mfu = 0;
   double comm_exposed_ms = 0, comm_total_ms = 0;  // summed over steps
+  int64_t activation_bytes() const { return mem.of(Mem::activations); }
 };
 
 struct TrainOptions {
@@ -34,26 +37,26 @@ struct TrainOptions {
   int fault_hang_rank = -1, fault_hang_step = -1;
 };
 
-// cfg must have passed config_validate. train.device = cuda (or auto, resolved to cuda) runs
-// train_run_cuda.
+// cfg must have passed config_validate.
 TrainResult train_run(const Config& cfg, const TrainOptions& opt = {});
+
 // train.device = auto: "cuda" when `gpus` (visible devices; 0 in a build without CUDA) > 0 and
-// the GPU path runs this layout (dp = tp = 1, ZeRO 0, dtype not f32); otherwise
-// "cpu", with *why saying what kept a visible GPU idle. "cpu" and "cuda" come back as they are.
-// Fails when dtype = bf16 asks for the GPU path and it cannot run.
+// the CUDA kernels run this model (bf16 compute, head dims 32, 64 or 128); otherwise "cpu",
+// with *why saying what kept a visible GPU idle. "cpu" and "cuda" come back as they are.
 std::string device_resolve(const Config& cfg, int gpus, std::string* why);
-TrainResult train_run_cuda(const Config& cfg, const TrainOptions& opt);
+// train.dtype = auto: f32 on the CPU, bf16 on CUDA.
+DType dtype_resolve(const Config& cfg, const std::string& device);
 
 using Clock = std::chrono::steady_clock;
-// Milliseconds from t until now, for the step-time split.
+// Milliseconds from t until now.
 inline double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// What both training loops (CPU and CUDA) do around their steps: the fault drills before a
-// step; after it, metrics.jsonl, the console line every log.every steps and validation on its
-// cadence; at the end, the last validation and the run's tokens/s and MFU (step 1 is a
-// warm-up and not timed). Only the lead rank writes and prints; validate() runs on every rank.
+// What the training loop does around its steps: the fault drills before a step; after it,
+// metrics.jsonl, the console line every log.every steps and validation on its cadence; at the
+// end, the last validation and the run's tokens/s and MFU (step 1 is a warm-up and not timed).
+// Only the lead rank writes and prints; validate() runs on every rank.
 class StepLog {
  public:
   StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result);
@@ -74,11 +77,40 @@ class StepLog {
   Clock::time_point start_ = Clock::now();
 };
 
+// One rank's training: build (mesh -> backend -> chunk -> data parallel + optimizer), init,
+// steps, validation, finish. Collective: every rank of the job makes one and calls the same
+// methods in the same order.
+class Trainer {
+ public:
+  Trainer(const Config& cfg, const TrainOptions& opt);
+  ~Trainer();
+  // Weights from init.from, or drawn from train.seed.
+  void init();
+  // One optimizer step (0-based): the micro-batch schedule, gradient reduction, update.
+  StepMetrics step(int64_t step);
+  // metrics.jsonl, the console line, and validation on its cadence (StepLog).
+  void report(const StepMetrics& m);
+  // The mean loss over data.val_batches validation batches.
+  double validate();
+  // The final validation, export.final, the trace; the run's result.
+  TrainResult finish();
+  // The whole model's fp32 weights in the Hugging Face layout; collective.
+  std::vector<float> weights_hf();
+  int64_t steps() const;
+
+ private:
+  struct Parts;
+  std::unique_ptr<Parts> p_;
+};
+
 // Sets OpenMP and OpenBLAS threads; 0: OMP_NUM_THREADS if set, else this node's cores divided
 // among its ranks. Returns the count in effect.
 int threads_set(int threads);
 
 // Measured fp32 GEMM rate of this machine for `threads`, cached under ~/.cache/loom.
 double cpu_peak_flops(int threads, bool remeasure = false);
+// bf16 dense peak of the current GPU from a table (H100/H200 SXM 989 TFLOP/s, A100 312); 0 when
+// the GPU is not in the table, or there is none (MFU is then not reported).
+double cuda_peak_flops();
 
 }  // namespace loom

@@ -18,7 +18,7 @@ int64_t param_count(const Config& cfg) {
   return per_layer * m.n_layer + rest;
 }
 
-FlopsPerToken flops_per_token(const Config& cfg, bool cuda) {
+FlopsPerToken flops_per_token(const Config& cfg, bool attention_probs) {
   const auto& m = cfg.model;
   const int64_t C = m.d_model, V = m.vocab_size, T = m.seq_len, L = m.n_layer;
   int64_t n = param_count(cfg);
@@ -29,11 +29,11 @@ FlopsPerToken flops_per_token(const Config& cfg, bool cuda) {
   const double attn = 12.0 * L * C * T;  // forward 4 L C T, backward twice that
   f.model = 6.0 * double(n) + attn;
   f.hardware = f.model;
-  // Full recompute reruns every block forward (not the lm_head): 2 FLOPs per block weight, less
-  // the down projections on the GPU. The CPU's selective policy reruns attention's scores.
-  const double down = cuda ? double(L) * double(m.d_ff) * double(C) : 0.0;
+  // Full recompute reruns every block forward (not the lm_head) but its down projection: 2
+  // FLOPs per block weight. The CPU's selective policy reruns attention's scores.
+  const double down = double(L) * double(m.d_ff) * double(C);
   if (cfg.train.recompute == "full") f.hardware += 2.0 * (double(n - V * C) - down) + attn / 3.0;
-  if (cfg.train.recompute == "selective" && !cuda) f.hardware += attn / 3.0;
+  if (cfg.train.recompute == "selective" && attention_probs) f.hardware += attn / 3.0;
   return f;
 }
 

@@ -11,10 +11,10 @@ struct FlopsPerToken {
   double hardware;  // model + recompute
   int64_t matmul_params;
 };
-// cuda: the GPU path's recompute, which differs from the CPU's: its selective policy reruns no
-// matmul (flash attention keeps no probabilities to recompute) and its full policy stops
-// before each block's down projection.
-FlopsPerToken flops_per_token(const Config& cfg, bool cuda = false);
+// Recompute: full reruns each block's forward up to (not including) its down projection;
+// selective reruns the attention core where the backend keeps attention probabilities
+// (attention_probs; flash attention keeps none, so its selective policy reruns no matmul).
+FlopsPerToken flops_per_token(const Config& cfg, bool attention_probs = true);
 int64_t param_count(const Config& cfg);  // every parameter the registry holds
 
 }  // namespace loom

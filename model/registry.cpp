@@ -5,14 +5,17 @@
 namespace loom {
 
 ParamSpec& ParamRegistry::add(const std::string& name, Shape global_shape, ParamSpec::Init init, float std,
-                              int shard_dim, int shard_parts, int tp, int tp_rank) {
+                              int shard_dim, int shard_parts, int tp, int tp_rank, int64_t padded_rows) {
   LOOM_ASSERT(!index_.count(name));
   ParamSpec s;
   s.name = name;
   s.global_shape = global_shape;
+  s.padded_rows = padded_rows ? padded_rows : global_shape[0];
+  LOOM_ASSERT(s.padded_rows >= global_shape[0]);
   s.shape = global_shape;
+  s.shape[0] = s.padded_rows;
   if (tp > 1 && shard_dim >= 0) {
-    const int64_t d = global_shape[size_t(shard_dim)];
+    const int64_t d = s.shape[size_t(shard_dim)];
     LOOM_CHECK(d % (int64_t(shard_parts) * tp) == 0,
                "tensor {} dim {} = {} does not split into {} x {} parts; "
                "change the model shape or parallel.tp",
@@ -24,10 +27,12 @@ ParamSpec& ParamRegistry::add(const std::string& name, Shape global_shape, Param
     s.tp_rank = tp_rank;
   }
   s.offset = total_;
+  s.global_offset = global_total_;
   s.decay = global_shape.size() >= 2;
   s.init = init;
   s.init_std = std;
   total_ += size_t(s.numel());
+  global_total_ += size_t(s.global_numel());
   index_[name] = specs_.size();
   specs_.push_back(std::move(s));
   return specs_.back();
@@ -46,10 +51,12 @@ const ParamSpec& ParamRegistry::at(const std::string& name) const {
 
 namespace {
 // Walks the shard's elements: for each (outer, local index along the dim, inner) calls
-// f(global element, local element).
+// f(global element, local element) with the element's index in the padded global tensor;
+// padding is on dim 0 only, so below global_numel() that is its index in the HF tensor too.
 template <class F>
 void shard_walk(const ParamSpec& s, int rank, F&& f) {
-  const Shape& g = s.global_shape;
+  Shape g = s.global_shape;
+  g[0] = s.padded_rows;
   const size_t d = size_t(s.shard_dim);
   int64_t outer = 1, inner = 1;
   for (size_t i = 0; i < d; ++i) outer *= g[i];
@@ -65,19 +72,24 @@ void shard_walk(const ParamSpec& s, int rank, F&& f) {
 }  // namespace
 
 void shard_take(const ParamSpec& s, const float* full, float* local) {
+  const int64_t real = s.global_numel();
   if (s.replicated() || s.tp == 1) {
-    std::copy_n(full, s.numel(), local);
+    std::copy_n(full, real, local);
+    std::fill(local + real, local + s.numel(), 0.0f);  // padded rows
     return;
   }
-  shard_walk(s, s.tp_rank, [&](int64_t g, int64_t l) { local[l] = full[g]; });
+  shard_walk(s, s.tp_rank, [&](int64_t g, int64_t l) { local[l] = g < real ? full[g] : 0.0f; });
 }
 
 void shard_put(const ParamSpec& s, int rank, const float* local, float* full) {
+  const int64_t real = s.global_numel();
   if (s.replicated() || s.tp == 1) {
-    std::copy_n(local, s.numel(), full);
+    std::copy_n(local, real, full);
     return;
   }
-  shard_walk(s, rank, [&](int64_t g, int64_t l) { full[g] = local[l]; });
+  shard_walk(s, rank, [&](int64_t g, int64_t l) {
+    if (g < real) full[g] = local[l];
+  });
 }
 
 void registry_init(const ParamRegistry& reg, float* params, uint64_t seed) {

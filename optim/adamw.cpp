@@ -2,82 +2,65 @@
 
 #include <cmath>
 
-#include "kernels/ops.h"
-#include "runtime/comm/process_group.h"
-
 namespace loom {
 
-std::vector<AdamSegment> adam_segments(const ParamRegistry& reg) {
-  std::vector<AdamSegment> out;
+void opt_chunks_add(std::vector<OptChunk>& out, int64_t state, int64_t param, int64_t grad, int64_t n, bool decay,
+                    bool norm) {
+  for (int64_t k = 0; k < n; k += kOptChunk)
+    out.push_back({state + k, param + k, grad + k, int32_t(std::min<int64_t>(kOptChunk, n - k)), int16_t(decay),
+                   int16_t(norm)});
+}
+
+std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank) {
+  std::vector<OptChunk> out;
   for (auto& s : reg.all()) {
     const int64_t lo = int64_t(s.offset);
-    out.push_back({lo, lo + s.numel(), s.decay, lo, lo});
+    opt_chunks_add(out, lo, lo, lo, s.numel(), s.decay, !s.replicated() || tp_rank == 0);
   }
   return out;
 }
 
-AdamW::AdamW(std::vector<AdamSegment> segments, int64_t n, Allocator& alloc)
-    : segments_(std::move(segments)),
-      m_(alloc.empty({n}, DType::f32, Mem::optim)),
-      v_(alloc.empty({n}, DType::f32, Mem::optim)) {}
+std::vector<PlanItem> AdamW::plan(int64_t n, bool master) {
+  std::vector<PlanItem> p;
+  if (master) p.push_back({"master", n, DType::f32, Mem::master});
+  p.push_back({"exp_avg", n, DType::f32, Mem::optim});
+  p.push_back({"exp_avg_sq", n, DType::f32, Mem::optim});
+  p.push_back({"grad_sum_squares", 1, DType::f64, Mem::workspace});
+  p.push_back({"clip_scale", 1, DType::f32, Mem::workspace});
+  return p;
+}
 
-void AdamW::update(float* params, const float* grads, const AdamWHyper& h, int64_t step) {
+AdamW::AdamW(Backend& be, std::vector<OptChunk> chunks, int64_t n, bool master) : be_(be) {
+  table_.host = std::move(chunks);
+  be_.table_upload(table_);
+  std::vector<Tensor> t;
+  for (auto& item : plan(n, master)) t.push_back(be_.alloc().empty(item));
+  size_t i = 0;
+  if (master) master_ = t[i++];
+  m_ = t[i++];
+  v_ = t[i++];
+  ss_ = t[i++];
+  scale_ = t[i++];
+}
+
+void AdamW::norm_squares(const float* grads) {
+  be_.grad_sum_squares(ss_.data<double>(), grads, table_);
+}
+
+void AdamW::update(Ptr params, const float* grads, const AdamWHyper& h, int64_t step, double max_norm) {
+  be_.clip_scale(scale_.f32(), ss_.data<double>(), max_norm);
   // Scalars in double, as PyTorch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(h.beta1, double(step));
   const double bc2 = 1.0 - std::pow(h.beta2, double(step));
-  const float step_size = float(h.lr / bc1);
-  const float bc2_sqrt = float(std::sqrt(bc2));
-  const float b1 = float(h.beta1), b2 = float(h.beta2), eps = float(h.eps);
-  float* M = m_.f32();
-  float* V = v_.f32();
-  for (auto& s : segments_) {
-    const float decay = s.decay ? float(1.0 - h.lr * h.weight_decay) : 1.0f;
-    const int64_t lo = s.lo, hi = s.hi;
-    float* P = params + (s.p_lo - lo);
-    const float* G = grads + (s.g_lo - lo);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = lo; i < hi; ++i) {
-      float g = G[i];
-      float p = P[i] * decay;
-      float m = M[i] + (g - M[i]) * (1.0f - b1);  // lerp, as exp_avg.lerp_
-      float v = V[i] * b2 + (1.0f - b2) * g * g;
-      float denom = std::sqrt(v) / bc2_sqrt + eps;
-      P[i] = p - step_size * (m / denom);
-      M[i] = m;
-      V[i] = v;
-    }
-  }
+  const AdamScalars a{float(h.lr / bc1),  float(std::sqrt(bc2)), float(h.beta1),
+                      float(h.beta2),     float(h.eps),          float(1.0 - h.lr * h.weight_decay)};
+  be_.adamw(master(), params, grads, m(), v(), table_, a, scale_.f32());
 }
 
-double segments_sum_squares(const std::vector<AdamSegment>& segs, const float* grads) {
-  double s = 0.0;
-  for (auto& g : segs)
-    if (g.in_norm) s += cpu::sum_squares(grads + g.g_lo, g.hi - g.lo);
-  return s;
-}
-
-void segments_scale(const std::vector<AdamSegment>& segs, float* grads, float s) {
-  for (auto& g : segs) cpu::scale_inplace(grads + g.g_lo, s, g.hi - g.lo);
-}
-
-double clip_grad_norm_tp(const ParamRegistry& reg, float* grads, double max_norm, ProcessGroup& tp) {
-  if (tp.size() == 1) return clip_grad_norm(grads, int64_t(reg.numel()), max_norm);
+double AdamW::norm() {
   double ss = 0.0;
-  for (auto& s : reg.all())
-    if (!s.replicated() || tp.rank() == 0) ss += cpu::sum_squares(grads + s.offset, s.numel());
-  float f = float(ss);
-  tp.all_reduce(Buf(&f, 1)).wait();
-  const double norm = std::sqrt(double(f));
-  const double coef = clip_coef(norm, max_norm);
-  if (coef < 1.0) cpu::scale_inplace(grads, float(coef), int64_t(reg.numel()));
-  return norm;
-}
-
-double clip_grad_norm(float* grads, int64_t n, double max_norm) {
-  double norm = std::sqrt(cpu::sum_squares(grads, n));
-  const double coef = clip_coef(norm, max_norm);
-  if (coef < 1.0) cpu::scale_inplace(grads, float(coef), n);
-  return norm;
+  be_.download(&ss, Buf(ss_));
+  return std::sqrt(ss);
 }
 
 double lr_at(const TrainConfig& t, int64_t step) {

@@ -1,12 +1,16 @@
 // AdamW with torch.optim.AdamW's arithmetic (decoupled decay, bias correction folded into
-// the step size and denominator as PyTorch does), over the flat parameter buffer. Weight
-// decay applies to tensors of two or more dims only. Also: global-norm clipping like
-// torch.nn.utils.clip_grad_norm_, and the learning-rate schedules.
-// Not here: sharded state (ZeRO) and master weights for bf16 (CUDA backend).
+// the step size and denominator as PyTorch does) over flat fp32 state, and global-norm
+// clipping like torch.nn.utils.clip_grad_norm_. One chunk table (OptChunk) drives both the
+// squared norm and the update, on every device; the norm and the clipping factor stay on the
+// device, so a step never waits for the host. With bf16 compute the fp32 master weights live
+// here too (the ZeRO paper's 2 + 4 + 12 bytes per parameter with fp32 main gradients); an
+// fp32 run's parameters are their own master. Weight decay applies to tensors of two or more
+// dims only. Also: the learning-rate schedules.
+// Not here: which slice of the model a rank owns (DDP: all of it; ZeRO: its shard).
 #pragma once
+#include "model/backend.h"
 #include "model/registry.h"
 #include "optim/clip.h"
-#include "runtime/allocator.h"
 #include "runtime/config.h"
 
 namespace loom {
@@ -15,47 +19,35 @@ struct AdamWHyper {
   double lr, beta1, beta2, eps, weight_decay;
 };
 
-// A range of the optimizer's index space and whether weight decay applies to it.
-// Weights and gradients may live in other index spaces than the state: segment element i
-// (lo <= i < hi) reads params[p_lo + i - lo] and grads[g_lo + i - lo] (ZeRO keeps moments
-// for its shard while weights or gradients stay in the full buffer).
-struct AdamSegment {
-  int64_t lo, hi;
-  bool decay;
-  int64_t p_lo, g_lo;
-  bool in_norm = true;  // counted in the global norm on this rank (replicated tensors: one tp rank)
-};
-// One segment per registered tensor, over the flat buffer.
-std::vector<AdamSegment> adam_segments(const ParamRegistry& reg);
+// The table over a whole flat buffer: state, parameter and gradient indices coincide. A
+// replicated tensor counts in the norm on tp rank 0 only (tp ranks hold copies of it).
+std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank);
+// Splits [lo, hi) of the three index spaces into table chunks.
+void opt_chunks_add(std::vector<OptChunk>& out, int64_t state, int64_t param, int64_t grad, int64_t n, bool decay,
+                    bool norm);
 
 class AdamW {
  public:
-  // State for `n` elements (the whole model, or the shard this rank owns); `segments` cover
-  // the elements to update (padding between them is left alone).
-  AdamW(std::vector<AdamSegment> segments, int64_t n, Allocator& alloc);
-  // One update of every segment; `step` counts from 1.
-  void update(float* params, const float* grads, const AdamWHyper& h, int64_t step);
+  // State for `n` elements (the whole model, or the shard this rank owns); `chunks` cover the
+  // elements to update. master: keep fp32 master weights (the parameters are bf16).
+  AdamW(Backend& be, std::vector<OptChunk> chunks, int64_t n, bool master);
+  static std::vector<PlanItem> plan(int64_t n, bool master);
+  // The squared norm of the gradients the table counts, into sum_squares() (on the device).
+  void norm_squares(const float* grads);
+  // f64 [1] on the device: reduce it over the ranks that hold other parts before update().
+  Tensor& sum_squares() { return ss_; }
+  // Clips by the norm in sum_squares() and updates; `step` counts from 1.
+  void update(Ptr params, const float* grads, const AdamWHyper& h, int64_t step, double max_norm);
+  float* master() { return master_.defined() ? master_.f32() : nullptr; }
   float* m() { return m_.f32(); }
   float* v() { return v_.f32(); }
+  double norm();  // sqrt of sum_squares(), read on the host (waits for the device)
 
  private:
-  std::vector<AdamSegment> segments_;
-  Tensor m_, v_;
+  Backend& be_;
+  OptTable table_;
+  Tensor master_, m_, v_, ss_, scale_;
 };
-
-// Sum of squares of the gradients the segments cover (their g_lo space, in_norm only), in double.
-double segments_sum_squares(const std::vector<AdamSegment>& segs, const float* grads);
-void segments_scale(const std::vector<AdamSegment>& segs, float* grads, float s);
-
-// The global gradient norm when tensor parallelism splits the model over `tp`: sharded
-// tensors count on every tp rank, replicated ones on tp rank 0 only; then clips like
-// clip_grad_norm. With one tp rank it is clip_grad_norm over the whole buffer.
-class ProcessGroup;
-double clip_grad_norm_tp(const ParamRegistry& reg, float* grads, double max_norm, ProcessGroup& tp);
-
-// Global L2 norm of `n` gradients; scales them by max_norm / (norm + 1e-6) when that is
-// below 1 (max_norm 0: no clipping). Returns the norm before clipping.
-double clip_grad_norm(float* grads, int64_t n, double max_norm);
 
 // Learning rate at optimizer step `step` (0-based): linear warmup over warmup_steps, then
 // constant, cosine or linear decay to min_lr, or wsd: stable, then linear decay to min_lr

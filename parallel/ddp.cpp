@@ -1,32 +1,102 @@
 #include "parallel/ddp.h"
 
-#include <chrono>
+#include "parallel/zero.h"
 
 namespace loom {
 
-Ddp::Ddp(ProcessGroup& dp, Model& model, double bucket_mb) : dp_(dp), model_(model), grads_(model.grads()) {
-  const int64_t numel = int64_t(model.num_params());
-  const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
+DType grad_reduce_dtype(const Config& cfg) {
+  return cfg.parallel.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
+}
+
+std::vector<PlanItem> Ddp::plan(const Config& cfg, int64_t n, DType dtype) {
+  std::vector<PlanItem> p;
+  if (cfg.parallel.dp > 1 && grad_reduce_dtype(cfg) == DType::bf16)
+    p.push_back({"grad_reduce_bf16", n, DType::bf16, Mem::comm});
+  for (auto& item : AdamW::plan(n, dtype != DType::f32)) p.push_back(item);
+  return p;
+}
+
+Ddp::Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, StepClock* clock)
+    : chunk_(chunk),
+      be_(chunk.backend()),
+      dp_(groups.dp),
+      tp_(groups.tp),
+      clock_(clock),
+      bucket_mb_(cfg.parallel.bucket_mb) {
+  const int64_t numel = int64_t(chunk.num_params());
+  const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
   for (int64_t hi = numel; hi > 0; hi -= per) buckets_.push_back({std::max<int64_t>(0, hi - per), hi, {}});
+  auto items = plan(cfg, numel, be_.dtype());
+  if (items.front().name == "grad_reduce_bf16") low_ = be_.alloc().empty(items.front());
+  adam_ = std::make_unique<AdamW>(be_, opt_chunks(chunk.registry(), tp_.rank()), numel, be_.dtype() != DType::f32);
+}
+
+std::string Ddp::describe() const {
+  return fmt::format("dp {}, {} gradient buckets of {} MB, reduced in {}", dp_.size(), buckets_.size(), bucket_mb_,
+                     low_.defined() ? "bf16" : "f32");
 }
 
 void Ddp::grads_ready_from(int64_t offset) {
+  const Stream& s = be_.stream();
+  const Buf grads(chunk_.grads_tensor());
   while (next_ < buckets_.size() && buckets_[next_].lo >= offset) {
     Bucket& b = buckets_[next_++];
-    b.work = dp_.all_reduce(Buf(grads_ + b.lo, b.hi - b.lo));
+    if (dp_.size() == 1) continue;
+    Buf g = grads.slice(b.lo, b.hi - b.lo);
+    if (low_.defined()) {
+      Buf l = Buf(low_).slice(b.lo, b.hi - b.lo);
+      be_.copy(l, g);
+      g = l;
+    }
+    b.work = dp_.all_reduce(g, ReduceOp::sum, s);
   }
 }
 
-double Ddp::step_end() {
-  grads_ready_from(0);
-  const auto t0 = std::chrono::steady_clock::now();
-  comm_us_ = 0;
-  for (auto& b : buckets_) {
-    b.work.wait();
-    comm_us_ += b.work.duration_us();
+void Ddp::weights_from(const float* host) {
+  const int64_t n = int64_t(chunk_.num_params());
+  if (float* master = adam_->master()) {
+    be_.upload(Buf(master, n, DType::f32, be_.device()), host);
+    be_.copy(Buf(chunk_.params_tensor()), Buf(master, n, DType::f32, be_.device()));
+  } else {
+    be_.upload(Buf(chunk_.params_tensor()), host);
   }
+}
+
+void Ddp::weights_to(float* host) {
+  const int64_t n = int64_t(chunk_.num_params());
+  if (float* master = adam_->master())
+    be_.download(host, Buf(master, n, DType::f32, be_.device()));
+  else
+    be_.download(host, Buf(chunk_.params_tensor()));
+}
+
+void Ddp::step(const AdamWHyper& h, int64_t step, double max_norm) {
+  const Stream& s = be_.stream();
+  grads_ready_from(0);
+  {
+    StepClock::Scope c(clock_, Phase::comm);
+    comm_us_ = 0;
+    for (auto& b : buckets_) {
+      b.work.wait_on(s);
+      comm_us_ += b.work.duration_us();
+    }
+  }
+  if (low_.defined() && dp_.size() > 1)
+    for (auto& b : buckets_)
+      be_.copy(Buf(chunk_.grads_tensor()).slice(b.lo, b.hi - b.lo), Buf(low_).slice(b.lo, b.hi - b.lo));
   next_ = 0;
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  adam_->norm_squares(chunk_.grads());
+  if (tp_.size() > 1) {
+    StepClock::Scope c(clock_, Phase::comm);
+    tp_.all_reduce(Buf(adam_->sum_squares()), ReduceOp::sum, s).wait_on(s);
+  }
+  adam_->update(chunk_.params(), chunk_.grads(), h, step, max_norm);
+}
+
+std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups,
+                                                 StepClock* clock) {
+  if (cfg.parallel.zero == 0) return std::make_unique<Ddp>(cfg, chunk, groups, clock);
+  return std::make_unique<Zero>(cfg, chunk, groups, clock);
 }
 
 }  // namespace loom

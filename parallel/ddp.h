@@ -1,49 +1,60 @@
 // Data parallel with bucketed, overlapped gradient reduction. Buckets are ranges of the flat
-// gradient buffer, bucket_mb each, taken from the end of the buffer: backward produces
+// fp32 gradient buffer, bucket_mb each, taken from the end of the buffer: backward produces
 // gradients in reverse registration order, so the finished gradients always form a suffix
-// [offset, end) of the buffer. The model's backward reports that offset after each block;
-// every bucket inside the suffix starts its all-reduce at once, on the dp group's thread,
-// while backward goes on. Only the last micro-batch of a step reports: accumulation
-// micro-batches do not communicate. step_end() waits only for what is still in flight.
+// [offset, end) of the buffer. The chunk reports that offset after each unit; every bucket
+// inside the suffix starts its all-reduce at once (on the dp group's stream or thread, after
+// the compute stream's work so far) while backward goes on. Only the last micro-batch of a
+// step reports: accumulation micro-batches do not communicate. step() waits only for what is
+// still in flight, then clips and updates. With parallel.grad_reduce_dtype = bf16 a bucket is
+// rounded into a bf16 copy that is reduced and widened back; fp32 accumulation is unchanged.
 // Gradients are sums: each rank's loss is already divided by the global token count.
 #pragma once
 #include <vector>
 
-#include "model/model.h"
-#include "runtime/comm/process_group.h"
+#include "parallel/data_parallel.h"
 
 namespace loom {
 
-class Ddp final : public UnitAccess {
+class Ddp final : public DataParallel {
  public:
-  Ddp(ProcessGroup& dp, Model& model, double bucket_mb);
-  // UnitAccess over the model's flat buffers; on the last micro-batch (set_last), a unit's
-  // backward_done starts every bucket its gradients complete.
-  const float* params(int u, Pass) override { return model_.params() + model_.layout().units[size_t(u)].first; }
-  float* grads(int u) override { return model_.grads() + model_.layout().units[size_t(u)].first; }
+  Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, StepClock* clock);
+  static std::vector<PlanItem> plan(const Config& cfg, int64_t n, DType dtype);
+
+  Ptr params(int u, Pass) override { return chunk_.params() + lo(u); }
+  float* grads(int u) override { return chunk_.grads() + lo(u); }
   void backward_done(int u) override {
-    if (last_) grads_ready_from(model_.layout().units[size_t(u)].first);
+    if (last_) grads_ready_from(lo(u));
   }
-  void set_last(bool last) { last_ = last; }
-  // Gradients [offset, numel) are final for this step.
-  void grads_ready_from(int64_t offset);
-  // Starts what has not started, waits for everything; returns the milliseconds spent waiting.
-  double step_end();
+  void set_last(bool last) override { last_ = last; }
+  void weights_from(const float* host) override;
+  void weights_to(float* host) override;
+  void step(const AdamWHyper& h, int64_t step, double max_norm) override;
+  double grad_norm() override { return adam_->norm(); }
+  std::string describe() const override;
+  double comm_us() const override { return comm_us_; }
   size_t num_buckets() const { return buckets_.size(); }
-  double comm_us() const { return comm_us_; }  // all-reduce time of the last step, summed
 
  private:
   struct Bucket {
     int64_t lo, hi;
     Work work;
   };
+  int64_t lo(int u) const { return chunk_.layout().unit_lo(u - chunk_.first_unit()); }
+  // Gradients [offset, numel) are final for this step.
+  void grads_ready_from(int64_t offset);
+
+  Chunk& chunk_;
+  Backend& be_;
   ProcessGroup& dp_;
-  Model& model_;
-  float* grads_;
+  ProcessGroup& tp_;
+  StepClock* clock_;
+  double bucket_mb_;
   bool last_ = false;
   std::vector<Bucket> buckets_;  // in launch order: from the end of the buffer
   size_t next_ = 0;
   double comm_us_ = 0;
+  Tensor low_;  // bf16 copy of the gradients for grad_reduce_dtype = bf16
+  std::unique_ptr<AdamW> adam_;
 };
 
 }  // namespace loom

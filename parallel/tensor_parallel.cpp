@@ -2,28 +2,28 @@
 
 namespace loom {
 
-void copy_to_tp_backward(ProcessGroup& tp, float* grad, int64_t n) {
-  if (tp.size() > 1) tp.all_reduce(Buf(grad, n)).wait();
+void copy_to_tp_backward(ProcessGroup& tp, Buf grad, const Stream& s) {
+  if (tp.size() > 1) tp.all_reduce(grad, ReduceOp::sum, s).wait_on(s);
 }
 
-void reduce_from_tp_forward(ProcessGroup& tp, float* x, int64_t n) {
-  if (tp.size() > 1) tp.all_reduce(Buf(x, n)).wait();
+void reduce_from_tp_forward(ProcessGroup& tp, Buf x, const Stream& s) {
+  if (tp.size() > 1) tp.all_reduce(x, ReduceOp::sum, s).wait_on(s);
 }
 
-void gather_from_sp_forward(ProcessGroup& tp, const float* shard, float* full, int64_t shard_n) {
-  tp.all_gather(Buf(const_cast<float*>(shard), shard_n), Buf(full, shard_n * tp.size())).wait();
+void gather_from_sp_forward(ProcessGroup& tp, Buf shard, Buf full, const Stream& s) {
+  tp.all_gather(shard, full, s).wait_on(s);
 }
 
-void gather_from_sp_backward(ProcessGroup& tp, const float* dfull, float* dshard, int64_t shard_n) {
-  tp.reduce_scatter(Buf(const_cast<float*>(dfull), shard_n * tp.size()), Buf(dshard, shard_n)).wait();
+void gather_from_sp_backward(ProcessGroup& tp, Buf dfull, Buf dshard, const Stream& s) {
+  tp.reduce_scatter(dfull, dshard, s).wait_on(s);
 }
 
-void scatter_to_sp_forward(ProcessGroup& tp, const float* full, float* shard, int64_t shard_n) {
-  tp.reduce_scatter(Buf(const_cast<float*>(full), shard_n * tp.size()), Buf(shard, shard_n)).wait();
+void scatter_to_sp_forward(ProcessGroup& tp, Buf full, Buf shard, const Stream& s) {
+  tp.reduce_scatter(full, shard, s).wait_on(s);
 }
 
-void scatter_to_sp_backward(ProcessGroup& tp, const float* dshard, float* dfull, int64_t shard_n) {
-  tp.all_gather(Buf(const_cast<float*>(dshard), shard_n), Buf(dfull, shard_n * tp.size())).wait();
+void scatter_to_sp_backward(ProcessGroup& tp, Buf dshard, Buf dfull, const Stream& s) {
+  tp.all_gather(dshard, dfull, s).wait_on(s);
 }
 
 }  // namespace loom

@@ -6,6 +6,8 @@
 //   scatter_to_sp   forward reduce-scatter to rows   backward all-gather       (sequence parallel, after row)
 // Identity halves are not functions. With sequence parallelism the rows (the B*T tokens of
 // a micro-batch) are split into tp contiguous blocks; rank t holds block t.
+// Each op reads what `s` has produced and returns once work issued to `s` will see its result
+// (on CUDA the tp group runs on the compute stream itself; on the CPU the host waits).
 // Communication per block and micro-batch, in elements of the [N, C] activations (N = B*T):
 //   without sp: 2 all-reduces forward, 2 backward (4 x N*C payload)
 //   with sp:    2 all-gathers + 2 reduce-scatters forward; backward 2 all-gathers of the
@@ -15,12 +17,12 @@
 
 namespace loom {
 
-void copy_to_tp_backward(ProcessGroup& tp, float* grad, int64_t n);
-void reduce_from_tp_forward(ProcessGroup& tp, float* x, int64_t n);
-// shard: rows/tp x C elements (shard_n); full: rows x C.
-void gather_from_sp_forward(ProcessGroup& tp, const float* shard, float* full, int64_t shard_n);
-void gather_from_sp_backward(ProcessGroup& tp, const float* dfull, float* dshard, int64_t shard_n);
-void scatter_to_sp_forward(ProcessGroup& tp, const float* full, float* shard, int64_t shard_n);
-void scatter_to_sp_backward(ProcessGroup& tp, const float* dshard, float* dfull, int64_t shard_n);
+void copy_to_tp_backward(ProcessGroup& tp, Buf grad, const Stream& s);
+void reduce_from_tp_forward(ProcessGroup& tp, Buf x, const Stream& s);
+// shard: rows/tp x C elements; full: rows x C.
+void gather_from_sp_forward(ProcessGroup& tp, Buf shard, Buf full, const Stream& s);
+void gather_from_sp_backward(ProcessGroup& tp, Buf dfull, Buf dshard, const Stream& s);
+void scatter_to_sp_forward(ProcessGroup& tp, Buf full, Buf shard, const Stream& s);
+void scatter_to_sp_backward(ProcessGroup& tp, Buf dshard, Buf dfull, const Stream& s);
 
 }  // namespace loom

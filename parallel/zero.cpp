@@ -1,9 +1,6 @@
 #include "parallel/zero.h"
 
-#include <chrono>
-#include <cstring>
-
-#include "kernels/ops.h"
+#include <map>
 
 namespace loom {
 
@@ -11,10 +8,11 @@ namespace {
 
 struct Geometry {
   std::vector<int64_t> s;  // per unit shard size
-  int64_t shard = 0, max_unit = 0, max_s = 0, edges = 0, max_layer = 0;
-  int64_t bounce() const { return max_unit + max_s; }  // a padded unit and one shard
+  int64_t shard = 0, max_unit = 0, max_s = 0, max_layer = 0;
 };
 
+// Units are local to the chunk; its first and last are the edges (the embedding and the head
+// of a whole model), which keep slots of their own.
 Geometry geometry(const ModelLayout& layout, int n) {
   Geometry g;
   const int last = layout.num_units() - 1;
@@ -24,90 +22,126 @@ Geometry geometry(const ModelLayout& layout, int n) {
     g.shard += s;
     g.max_unit = std::max(g.max_unit, s * n);
     g.max_s = std::max(g.max_s, s);
-    if (u == 0 || u == last)
-      g.edges += s * n;
-    else
-      g.max_layer = std::max(g.max_layer, s * n);
+    if (u != 0 && u != last) g.max_layer = std::max(g.max_layer, s * n);
   }
   return g;
 }
 
-// Allocator rounds every tensor to 64 bytes; the plan does too, so it matches the ledger.
-int64_t rounded(int64_t elems) {
-  return std::max<int64_t>(64, (elems * 4 + 63) / 64 * 64);
+// Elements of the four slots: both edges, then two blocks in turn.
+std::vector<int64_t> slot_elems(const Geometry& g, int n) {
+  return {g.s.front() * n, g.s.back() * n, g.max_layer, g.max_layer};
 }
 
 }  // namespace
 
-ZeroBytes zero_bytes(const ModelLayout& layout, int n, int stage) {
+std::vector<PlanItem> zero_plan(const ModelLayout& layout, int n, int stage, DType dtype, DType reduce,
+                                int64_t* shard_elems) {
   const Geometry g = geometry(layout, n);
-  const int64_t N = int64_t(layout.reg.numel());
-  const int last = layout.num_units() - 1;
-  ZeroBytes b;
-  b.shard_elems = g.shard;
-  b.params = stage >= 3 ? rounded(g.shard) : rounded(N);
-  b.grads = stage >= 2 ? rounded(g.shard) : rounded(N);
-  b.optim = stage >= 1 ? 2 * rounded(g.shard) : 2 * rounded(N);
-  if (stage == 1) b.comm = rounded(g.bounce());  // the bounce buffer for reduce-scatter and all-gather
-  if (stage >= 2) {  // gradient slots: both edges, two blocks; each with its shard-sized result
-    b.comm = rounded(g.s[0] * n) + rounded(g.s[size_t(last)] * n) + 2 * rounded(g.max_layer) + rounded(g.s[0]) +
-             rounded(g.s[size_t(last)]) + 2 * rounded(g.max_layer / n);
-    if (stage == 2) b.comm += rounded(g.bounce());  // bounce buffer for the weight all-gather
+  if (shard_elems) *shard_elems = g.shard;
+  const bool low = reduce == DType::bf16;
+  std::vector<PlanItem> p;
+  if (stage >= 3) p.push_back({"zero_shard_params", g.shard, dtype, Mem::params});
+  if (stage >= 2) p.push_back({"zero_shard_grads", g.shard, DType::f32, Mem::grads});
+  if (stage == 1) {  // a padded unit, and the rank's reduced shard after it
+    p.push_back({"zero_grad_bounce", g.max_unit + g.max_s, DType::f32, Mem::comm});
+    if (low) p.push_back({"zero_grad_bounce_bf16", g.max_unit + g.max_s, DType::bf16, Mem::comm});
   }
-  if (stage >= 3)  // gathered weights: both edges, two blocks (one computing, one prefetched)
-    b.comm += rounded(g.s[0] * n) + rounded(g.s[size_t(last)] * n) + 2 * rounded(g.max_layer);
-  return b;
+  if (stage <= 2) p.push_back({"zero_param_bounce", g.max_unit, dtype, Mem::comm});
+  if (stage >= 2)  // gradient slots, each with its shard-sized result
+    for (int64_t e : slot_elems(g, n)) {
+      p.push_back({"zero_grad_slot", e, DType::f32, Mem::comm});
+      p.push_back({"zero_grad_result", std::max<int64_t>(1, e / n), DType::f32, Mem::comm});
+      if (low) {
+        p.push_back({"zero_grad_slot_bf16", e, DType::bf16, Mem::comm});
+        p.push_back({"zero_grad_result_bf16", std::max<int64_t>(1, e / n), DType::bf16, Mem::comm});
+      }
+    }
+  if (stage >= 3)  // gathered weights: one block computing, one prefetched
+    for (int64_t e : slot_elems(g, n)) p.push_back({"zero_param_slot", e, dtype, Mem::comm});
+  for (auto& item : AdamW::plan(g.shard, dtype != DType::f32)) p.push_back(item);
+  return p;
 }
 
 struct Zero::Slot {
-  Tensor buf, result;  // buf: a whole padded unit; result: this rank's reduced shard
+  Tensor buf, result, buf_low, result_low;  // buf: a whole padded unit; result: this rank's reduced shard
   int unit = -1;
   Pass pass = Pass::forward;
   bool in_use = false, pending = false;
   Work work;
 };
 
-Zero::Zero(int stage, Model& model, ProcessGroup& dp, ProcessGroup& tp, Allocator& alloc)
-    : stage_(stage), model_(model), dp_(dp), tp_(tp), n_(dp.size()), r_(dp.rank()) {
-  LOOM_CHECK(stage >= 1 && stage <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage);
-  const ModelLayout& layout = model.layout();
+int64_t Zero::Unit::a() const {
+  return std::min(len, int64_t(r) * s);
+}
+int64_t Zero::Unit::b() const {
+  return std::min(len, int64_t(r + 1) * s);
+}
+
+Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, StepClock* clock)
+    : stage_(cfg.parallel.zero),
+      chunk_(chunk),
+      be_(chunk.backend()),
+      dp_(groups.dp),
+      tp_(groups.tp),
+      host_dp_(groups.host_dp),
+      clock_(clock),
+      n_(groups.dp.size()),
+      r_(groups.dp.rank()),
+      first_(chunk.first_unit()),
+      dtype_(be_.dtype()),
+      reduce_(grad_reduce_dtype(cfg)) {
+  LOOM_CHECK(stage_ >= 1 && stage_ <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage_);
+  const ModelLayout& layout = chunk.layout();
   const Geometry g = geometry(layout, n_);
   int64_t off = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
-    units_.push_back({layout.units[size_t(u)].first, layout.unit_len(u), g.s[size_t(u)], off});
+    units_.push_back({layout.unit_lo(u), layout.unit_len(u), g.s[size_t(u)], off, r_, n_});
     off += g.s[size_t(u)];
   }
-  // Segments: this rank's slice of every unit, cut at tensor boundaries for weight decay.
+  shard_ = g.shard;
+  max_unit_ = g.max_unit;
+  // The table: this rank's slice of every unit, cut at tensor boundaries (weight decay, and
+  // replicated tensors count in the norm on one tp rank). Moments (and master weights) index
+  // the shard space; weights the full buffer below stage 3; gradients it below stage 2.
+  std::vector<OptChunk> chunks;
   for (const auto& unit : units_) {
-    const int64_t a = unit.lo + std::min(unit.len, r_ * unit.s), b = unit.lo + std::min(unit.len, (r_ + 1) * unit.s);
+    const int64_t a = unit.lo + unit.a(), b = unit.lo + unit.b();
     for (auto& spec : layout.reg.all()) {
       const int64_t lo = std::max(a, int64_t(spec.offset)), hi = std::min(b, int64_t(spec.offset) + spec.numel());
       if (lo >= hi) continue;
       const int64_t state = unit.shard_off + (lo - a);
-      segments_.push_back({state, state + (hi - lo), spec.decay, stage_ >= 3 ? state : lo, stage_ >= 2 ? state : lo,
-                           !spec.replicated() || tp_.rank() == 0});
+      opt_chunks_add(chunks, state, stage_ >= 3 ? state : lo, stage_ >= 2 ? state : lo, hi - lo, spec.decay,
+                     !spec.replicated() || tp_.rank() == 0);
     }
   }
-  adam_ = std::make_unique<AdamW>(segments_, g.shard, alloc);
-  if (stage_ >= 3) shard_params_ = alloc.empty({g.shard}, DType::f32, Mem::params);
-  if (stage_ >= 2) shard_grads_ = alloc.empty({g.shard}, DType::f32, Mem::grads);
-  if (stage_ <= 2) bounce_ = alloc.empty({g.bounce()}, DType::f32, Mem::comm);
-  max_unit_ = g.max_unit;
-  const int last = layout.num_units() - 1;
-  auto slot = [&](int64_t elems) {
+  adam_ = std::make_unique<AdamW>(be_, std::move(chunks), g.shard, dtype_ != DType::f32);
+  // Everything else zero_plan lists, in its order (AdamW allocated its own part).
+  std::map<std::string, std::vector<Tensor>> got;
+  for (auto& item : zero_plan(layout, n_, stage_, dtype_, reduce_)) {
+    if (item.mem == Mem::optim || item.mem == Mem::master || item.name == "grad_sum_squares" ||
+        item.name == "clip_scale")
+      continue;
+    got[item.name].push_back(be_.alloc().empty(item));
+  }
+  auto take = [&](const char* name, size_t i = 0) { return got.count(name) ? got[name][i] : Tensor(); };
+  shard_params_ = take("zero_shard_params");
+  shard_grads_ = take("zero_shard_grads");
+  grad_bounce_ = take("zero_grad_bounce");
+  grad_bounce_low_ = take("zero_grad_bounce_bf16");
+  param_bounce_ = take("zero_param_bounce");
+  for (size_t i = 0; i < got["zero_grad_slot"].size(); ++i) {
     auto s = std::make_unique<Slot>();
-    s->buf = alloc.empty({elems}, DType::f32, Mem::comm);
-    return s;
-  };
-  if (stage_ >= 2) {  // slots 0 and 1: the edges; 2 and 3: blocks in turn
-    for (int64_t elems : {g.s[0] * n_, g.s[size_t(last)] * n_, g.max_layer, g.max_layer}) {
-      grad_slots_.push_back(slot(elems));
-      grad_slots_.back()->result = alloc.empty({std::max<int64_t>(1, elems / n_)}, DType::f32, Mem::comm);
-    }
+    s->buf = take("zero_grad_slot", i);
+    s->result = take("zero_grad_result", i);
+    s->buf_low = take("zero_grad_slot_bf16", i);
+    s->result_low = take("zero_grad_result_bf16", i);
+    grad_slots_.push_back(std::move(s));
   }
-  if (stage_ >= 3)
-    for (int64_t elems : {g.s[0] * n_, g.s[size_t(last)] * n_, g.max_layer, g.max_layer})
-      param_slots_.push_back(slot(elems));
+  for (size_t i = 0; i < got["zero_param_slot"].size(); ++i) {
+    auto s = std::make_unique<Slot>();
+    s->buf = take("zero_param_slot", i);
+    param_slots_.push_back(std::move(s));
+  }
 }
 
 Zero::~Zero() {
@@ -115,65 +149,80 @@ Zero::~Zero() {
   for (auto& s : param_slots_) s->work.wait();
 }
 
+std::string Zero::describe() const {
+  return fmt::format("dp {}, ZeRO stage {}, gradients reduced in {}", n_, stage_, dtype_name(reduce_));
+}
+
 void Zero::wait(const Work& w) {
-  const auto t0 = std::chrono::steady_clock::now();
-  w.wait();
-  wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  StepClock::Scope c(clock_, Phase::comm);
+  w.wait_on(be_.stream());
 }
 
-double Zero::take_wait_ms() {
-  double w = wait_ms_;
-  wait_ms_ = 0;
-  return w;
-}
-
-void Zero::shard_from(const float* full) {
-  for (const auto& u : units_) {
-    const int64_t a = std::min(u.len, r_ * u.s), b = std::min(u.len, (r_ + 1) * u.s);
-    if (stage_ >= 3) {
-      float* dst = shard_params_.f32() + u.shard_off;
-      std::memset(dst, 0, size_t(u.s) * 4);
-      std::memcpy(dst, full + u.lo + a, size_t(b - a) * 4);
+void Zero::weights_from(const float* host) {
+  // Master weights (bf16 compute) and stage-3 weights are this rank's slices; below stage 3
+  // every rank holds the whole weights in the compute dtype.
+  std::vector<float> shard(static_cast<size_t>(shard_), 0.0f);
+  for (const auto& u : units_) std::copy(host + u.lo + u.a(), host + u.lo + u.b(), shard.begin() + u.shard_off);
+  if (float* master = adam_->master()) be_.upload(dev(master, shard_, DType::f32), shard.data());
+  const Buf host_buf(const_cast<float*>(host), int64_t(chunk_.num_params()));
+  if (stage_ >= 3) {
+    if (dtype_ == DType::f32) {
+      be_.upload(Buf(shard_params_), shard.data());
+    } else {
+      std::vector<bf16> low(shard.size());
+      cpu::narrow(low.data(), shard.data(), int64_t(shard.size()));
+      be_.upload(Buf(shard_params_), low.data());
     }
+  } else if (dtype_ == DType::f32) {
+    be_.upload(Buf(chunk_.params_tensor()), host);
+  } else {
+    std::vector<bf16> low(chunk_.num_params());
+    cpu::narrow(low.data(), host, int64_t(low.size()));
+    be_.upload(Buf(chunk_.params_tensor()), low.data());
   }
-  // Stages 1-2 update the full buffer in place: nothing to copy.
 }
 
-void Zero::gather_to(float* full) {
+void Zero::weights_to(float* host) {
+  if (stage_ <= 2 && dtype_ == DType::f32) {  // every rank holds the whole fp32 weights
+    be_.download(host, Buf(chunk_.params_tensor()));
+    return;
+  }
+  // The fp32 shard (master weights, or stage 3's own), gathered unit by unit over dp.
+  std::vector<float> shard(static_cast<size_t>(shard_));
+  be_.download(shard.data(), adam_->master() ? dev(adam_->master(), shard_, DType::f32) : Buf(shard_params_));
+  std::vector<float> all;
   for (const auto& u : units_) {
-    if (stage_ <= 2) {
-      std::memcpy(full + u.lo, model_.params() + u.lo, size_t(u.len) * 4);
-      continue;
-    }
-    std::vector<float> tmp(size_t(u.s * n_));
-    dp_.all_gather(Buf(shard_params_.f32() + u.shard_off, u.s), Buf(tmp.data(), u.s * n_)).wait();
-    std::memcpy(full + u.lo, tmp.data(), size_t(u.len) * 4);
+    all.resize(size_t(u.s * n_));
+    host_dp_.all_gather(Buf(shard.data() + u.shard_off, u.s), Buf(all.data(), u.s * n_)).wait();
+    std::copy_n(all.data(), u.len, host + u.lo);
   }
 }
 
 // Unit u's slot among four: the edges have their own (the embeddings are used at both ends
 // of a pass); blocks alternate between two, so one transfers while the next computes.
 Zero::Slot& Zero::slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const {
-  const int last = int(units_.size()) - 1;
-  if (u == 0) return *slots[0];
-  if (u == last) return *slots[1];
-  return *slots[size_t(2 + u % 2)];
+  const int i = u - first_, last = int(units_.size()) - 1;
+  if (i == 0) return *slots[0];
+  if (i == last) return *slots[1];
+  return *slots[size_t(2 + i % 2)];
 }
 
 void Zero::drain(Slot& slot) {
   if (!slot.pending) return;
   wait(slot.work);
-  const Unit& u = units_[size_t(slot.unit)];
-  cpu::add_inplace(shard_grads_.f32() + u.shard_off, slot.result.f32(), u.s);
+  const Unit& u = unit(slot.unit);
+  if (slot.result_low.defined())
+    be_.copy(Buf(slot.result).slice(0, u.s), Buf(slot.result_low).slice(0, u.s));
+  be_.add(dev(shard_grads_.f32() + u.shard_off, u.s, DType::f32), Buf(slot.result).slice(0, u.s));
   slot.pending = false;
 }
 
 float* Zero::grads(int u) {
-  if (stage_ < 2) return model_.grads() + units_[size_t(u)].lo;
+  if (stage_ < 2) return chunk_.grads() + unit(u).lo;
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) {
     drain(s);
-    std::memset(s.buf.f32(), 0, size_t(units_[size_t(u)].s * n_) * 4);  // padding stays zero
+    be_.zero(Buf(s.buf).slice(0, unit(u).s * n_));  // padding stays zero
     s.unit = u;
     s.in_use = true;
   }
@@ -181,28 +230,33 @@ float* Zero::grads(int u) {
 }
 
 void Zero::backward_done(int u) {
-  if (stage_ >= 3) {
-    Slot& p = slot_of(param_slots_, u);
-    p.in_use = false;
-  }
+  if (stage_ >= 3) slot_of(param_slots_, u).in_use = false;
   if (stage_ < 2) return;
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) return;  // no gradients were asked for
-  const Unit& unit = units_[size_t(u)];
-  s.work = dp_.reduce_scatter(Buf(s.buf.f32(), unit.s * n_), Buf(s.result.f32(), unit.s));
+  const Unit& unit_ = unit(u);
+  Buf in = Buf(s.buf).slice(0, unit_.s * n_), out = Buf(s.result).slice(0, unit_.s);
+  if (s.buf_low.defined()) {
+    Buf low = Buf(s.buf_low).slice(0, unit_.s * n_);
+    be_.copy(low, in);
+    in = low;
+    out = Buf(s.result_low).slice(0, unit_.s);
+  }
+  s.work = dp_.reduce_scatter(in, out, be_.stream());
   s.pending = true;
   s.in_use = false;
 }
 
 void Zero::gather_into(Slot& slot, int u, Pass pass) {
-  const Unit& unit = units_[size_t(u)];
+  const Unit& un = unit(u);
   slot.unit = u;
   slot.pass = pass;
-  slot.work = dp_.all_gather(Buf(shard_params_.f32() + unit.shard_off, unit.s), Buf(slot.buf.f32(), unit.s * n_));
+  slot.work = dp_.all_gather(Buf(shard_params_).slice(un.shard_off, un.s), Buf(slot.buf).slice(0, un.s * n_),
+                             be_.stream());
 }
 
-const float* Zero::params(int u, Pass pass) {
-  if (stage_ < 3) return model_.params() + units_[size_t(u)].lo;
+Ptr Zero::params(int u, Pass pass) {
+  if (stage_ < 3) return chunk_.params() + unit(u).lo;
   Slot& s = slot_of(param_slots_, u);
   if (!(s.unit == u && s.pass == pass)) {  // not prefetched: gather now
     LOOM_ASSERT(!s.in_use);
@@ -212,66 +266,71 @@ const float* Zero::params(int u, Pass pass) {
   wait(s.work);
   s.in_use = true;
   // Prefetch the block that comes next while this one computes.
-  const int last = int(units_.size()) - 1;
-  const int next = pass == Pass::forward ? u + 1 : u - 1;
-  if (u != 0 && u != last && next >= 1 && next < last) {
-    Slot& n = slot_of(param_slots_, next);
-    if (!n.in_use && !(n.unit == next && n.pass == pass)) {
-      wait(n.work);
-      gather_into(n, next, pass);
+  const int i = u - first_, last = int(units_.size()) - 1;
+  const int next = pass == Pass::forward ? i + 1 : i - 1;
+  if (i != 0 && i != last && next >= 1 && next < last) {
+    Slot& nx = slot_of(param_slots_, first_ + next);
+    if (!nx.in_use && !(nx.unit == first_ + next && nx.pass == pass)) {
+      wait(nx.work);
+      gather_into(nx, first_ + next, pass);
     }
   }
-  return s.buf.f32();
+  return ptr_of(s.buf);
 }
 
 void Zero::forward_done(int u) {
   if (stage_ >= 3) slot_of(param_slots_, u).in_use = false;
 }
 
-double Zero::step(const AdamWHyper& h, int64_t step, double grad_clip) {
+void Zero::step(const AdamWHyper& h, int64_t step, double max_norm) {
+  const Stream& st = be_.stream();
+  const DeviceKind d = be_.device();
   float* grads = nullptr;
   if (stage_ == 1) {
     // Reduce-scatter each unit; this rank's reduced slice goes back into the full buffer,
-    // where the segments read it.
-    float* full = model_.grads();
-    float* tmp = bounce_.f32();
+    // where the table reads it.
+    float* full = chunk_.grads();
+    float* tmp = grad_bounce_.f32();
     float* mine = tmp + max_unit_;
     for (const auto& u : units_) {
-      std::memset(tmp, 0, size_t(u.s * n_) * 4);
-      std::memcpy(tmp, full + u.lo, size_t(u.len) * 4);
-      wait(dp_.reduce_scatter(Buf(tmp, u.s * n_), Buf(mine, u.s)));
-      const int64_t a = std::min(u.len, r_ * u.s), b = std::min(u.len, (r_ + 1) * u.s);
-      std::memcpy(full + u.lo + a, mine, size_t(b - a) * 4);
+      be_.zero(dev(tmp, u.s * n_, DType::f32));
+      be_.copy(dev(tmp, u.len, DType::f32), dev(full + u.lo, u.len, DType::f32));
+      if (grad_bounce_low_.defined()) {
+        Buf low(grad_bounce_low_);
+        be_.copy(low.slice(0, u.s * n_), dev(tmp, u.s * n_, DType::f32));
+        wait(dp_.reduce_scatter(low.slice(0, u.s * n_), low.slice(max_unit_, u.s), st));
+        be_.copy(dev(mine, u.s, DType::f32), low.slice(max_unit_, u.s));
+      } else {
+        wait(dp_.reduce_scatter(dev(tmp, u.s * n_, DType::f32), dev(mine, u.s, DType::f32), st));
+      }
+      be_.copy(dev(full + u.lo + u.a(), u.b() - u.a(), DType::f32), dev(mine, u.b() - u.a(), DType::f32));
     }
     grads = full;
   } else {
     for (auto& s : grad_slots_) drain(*s);
     grads = shard_grads_.f32();
   }
-  float ss = float(segments_sum_squares(segments_, grads));
-  wait(dp_.all_reduce(Buf(&ss, 1)));
-  if (tp_.size() > 1) wait(tp_.all_reduce(Buf(&ss, 1)));
-  const double norm = std::sqrt(double(ss));
-  const double coef = clip_coef(norm, grad_clip);
-  if (coef < 1.0) segments_scale(segments_, grads, float(coef));
-  adam_->update(stage_ >= 3 ? shard_params_.f32() : model_.params(), grads, h, step);
+  adam_->norm_squares(grads);
+  wait(dp_.all_reduce(Buf(adam_->sum_squares()), ReduceOp::sum, st));
+  if (tp_.size() > 1) wait(tp_.all_reduce(Buf(adam_->sum_squares()), ReduceOp::sum, st));
+  adam_->update(stage_ >= 3 ? ptr_of(shard_params_) : chunk_.params(), grads, h, step, max_norm);
   if (stage_ <= 2) {  // all-gather the updated weights into the full buffer
-    float* full = model_.params();
-    float* tmp = bounce_.f32();
+    Buf full(chunk_.params_tensor());
+    Buf tmp(param_bounce_);
     for (const auto& u : units_) {
-      const int64_t a = std::min(u.len, r_ * u.s), b = std::min(u.len, (r_ + 1) * u.s);
-      std::memset(tmp + r_ * u.s, 0, size_t(u.s) * 4);
-      std::memcpy(tmp + r_ * u.s, full + u.lo + a, size_t(b - a) * 4);
-      wait(dp_.all_gather(Buf(tmp + r_ * u.s, u.s), Buf(tmp, u.s * n_)));
-      std::memcpy(full + u.lo, tmp, size_t(u.len) * 4);
+      Buf mine = tmp.slice(int64_t(r_) * u.s, u.s);
+      be_.zero(mine);
+      be_.copy(mine.slice(0, u.b() - u.a()), full.slice(u.lo + u.a(), u.b() - u.a()));
+      wait(dp_.all_gather(mine, tmp.slice(0, u.s * n_), st));
+      be_.copy(full.slice(u.lo, u.len), tmp.slice(0, u.len));
     }
   }
-  if (stage_ >= 2) std::memset(shard_grads_.f32(), 0, shard_grads_.nbytes());
+  if (stage_ >= 2) be_.zero(Buf(shard_grads_));
   for (auto& slot : param_slots_) {  // gathered weights are stale now
     wait(slot->work);
     slot->unit = -1;
   }
-  return norm;
+  (void)d;
 }
 
 }  // namespace loom

@@ -1,77 +1,75 @@
-// ZeRO over the data-parallel group. Every unit of the model (the embeddings, each block,
+// ZeRO over the data-parallel group. Every unit of the chunk (the embeddings, each block,
 // the head) is sharded over the dp ranks: rank r owns elements [r*s, (r+1)*s) of a unit of
 // len elements, s = ceil(len / dp), the last shards padded with zeros. This rank's shards of
-// all units, back to back, form its shard space, where the Adam moments live.
+// all units, back to back, form its shard space, where the Adam moments (and, with bf16
+// compute, the fp32 master weights) live.
 //   stage 1: full weights and gradients; at step end each unit's gradients are
 //            reduce-scattered, this rank updates its slice, and the weights are all-gathered.
 //   stage 2: no full gradient buffer: a unit's gradients go to a unit-sized buffer and are
 //            reduce-scattered as soon as its backward ends (every micro-batch), accumulating
-//            into the gradient shard.
+//            into the fp32 gradient shard.
 //   stage 3: no full weights either: a unit is all-gathered right before its forward and
 //            again before its backward, the next block prefetched while this one computes,
 //            and the buffer reused once the unit is done.
 // Communication per micro-batch, in elements per rank: stages 1-2 reduce-scatter N and
-// all-gather N (2N, like DDP's all-reduce); stage 3 adds the second all-gather (3N).
+// all-gather N (2N, like DDP's all-reduce); stage 3 adds the second all-gather (3N). Weights
+// travel in the compute dtype, gradients in parallel.grad_reduce_dtype.
 #pragma once
 #include <memory>
 
-#include "model/model.h"
-#include "optim/adamw.h"
-#include "runtime/comm/process_group.h"
+#include "parallel/data_parallel.h"
 
 namespace loom {
 
-// Per-rank bytes of weights, gradients, optimizer state and communication buffers for a
-// layout, dp size and stage (fp32 throughout, as on the CPU); what Zero allocates.
-struct ZeroBytes {
-  int64_t params = 0, grads = 0, optim = 0, comm = 0;
-  int64_t shard_elems = 0;  // this rank's shard space (padding included)
-};
-ZeroBytes zero_bytes(const ModelLayout& layout, int dp, int stage);
+// What Zero allocates for a chunk of `layout`, at dp ranks and `stage`, weights in `dtype`,
+// gradients reduced in `reduce`; shard_elems: this rank's shard space (padding included).
+std::vector<PlanItem> zero_plan(const ModelLayout& layout, int dp, int stage, DType dtype, DType reduce,
+                                int64_t* shard_elems = nullptr);
 
-class Zero final : public UnitAccess {
+class Zero final : public DataParallel {
  public:
-  // tp: the tensor-parallel group, for the global gradient norm.
-  Zero(int stage, Model& model, ProcessGroup& dp, ProcessGroup& tp, Allocator& alloc);
+  Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, StepClock* clock);
   ~Zero() override;
 
-  const float* params(int u, Pass pass) override;
+  Ptr params(int u, Pass pass) override;
   float* grads(int u) override;
   void forward_done(int u) override;
   void backward_done(int u) override;
-
-  // Takes this rank's slices from full weights (after init or load).
-  void shard_from(const float* full);
-  // Gathers the full weights into `full`; collective over dp.
-  void gather_to(float* full);
-  // Finishes the reductions, clips by the global norm, updates this rank's slice with AdamW
-  // and (stages 1-2) all-gathers the weights. Returns the norm before clipping.
-  double step(const AdamWHyper& h, int64_t step, double grad_clip);
-  // Milliseconds spent waiting on communication since the last call.
-  double take_wait_ms();
+  void weights_from(const float* host) override;
+  void weights_to(float* host) override;
+  void step(const AdamWHyper& h, int64_t step, double max_norm) override;
+  double grad_norm() override { return adam_->norm(); }
+  std::string describe() const override;
 
  private:
   struct Unit {
     int64_t lo, len, s, shard_off;
+    int64_t a() const;  // this rank's slice of the unit: [a, b)
+    int64_t b() const;
+    int r, n;
   };
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight
   Slot& slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const;
   void gather_into(Slot& slot, int u, Pass pass);
   void drain(Slot& slot);  // waits for a slot's reduce-scatter and adds it into the shard
   void wait(const Work& w);
+  Buf dev(void* p, int64_t n, DType t) const { return Buf(p, n, t, be_.device()); }
+  const Unit& unit(int u) const { return units_[size_t(u - first_)]; }
 
   int stage_;
-  Model& model_;
+  Chunk& chunk_;
+  Backend& be_;
   ProcessGroup& dp_;
   ProcessGroup& tp_;
-  int n_, r_;
+  ProcessGroup& host_dp_;
+  StepClock* clock_;
+  int n_, r_, first_;
+  DType dtype_, reduce_;
   std::vector<Unit> units_;
-  std::vector<AdamSegment> segments_;
   std::unique_ptr<AdamW> adam_;
-  Tensor shard_params_, shard_grads_, bounce_;
+  Tensor shard_params_, shard_grads_, grad_bounce_, grad_bounce_low_, param_bounce_;
   std::vector<std::unique_ptr<Slot>> grad_slots_, param_slots_;
-  int64_t max_unit_ = 0;
-  double wait_ms_ = 0;
+  int64_t max_unit_ = 0, shard_ = 0;
 };
 
 }  // namespace loom

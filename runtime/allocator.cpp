@@ -15,7 +15,7 @@ std::string shape_str(const Shape& s) {
 }
 
 const char* mem_name(Mem m) {
-  static const char* names[] = {"params", "grads", "optim", "activations", "comm", "workspace"};
+  static const char* names[] = {"params", "grads", "master", "optim", "activations", "comm", "workspace"};
   return names[int(m)];
 }
 
@@ -46,7 +46,7 @@ void* Allocator::take(size_t bytes) {
   }
 #if LOOM_HAVE_CUDA
   if (device_ == DeviceKind::cuda) {
-    // Blocks are reused in stream order: work on the one compute stream that frees a block
+    // Blocks are reused in stream order: work on the allocator's stream that frees a block
     // runs before work that takes it again, so no synchronization is needed.
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, bytes);
@@ -69,17 +69,21 @@ void Allocator::give_back(void* p, size_t bytes, Mem category) {
   ledger_.live_total -= int64_t(bytes);
 }
 
+int64_t Allocator::alloc_bytes(int64_t numel, DType dtype) {
+  const int64_t bytes = numel * int64_t(dtype_size(dtype));
+  return std::max<int64_t>(64, (bytes + 63) / 64 * 64);
+}
+
 Tensor Allocator::empty(Shape shape, DType dtype, Mem category) {
 #if !LOOM_HAVE_CUDA
   LOOM_CHECK(device_ == DeviceKind::cpu, "this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON)");
 #endif
-  size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
-  size_t padded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  const size_t padded = size_t(alloc_bytes(shape_numel(shape), dtype));
   auto st = std::make_shared<Storage>();
   st->data = take(padded);
 #if LOOM_HAVE_CUDA
   if (device_ == DeviceKind::cuda)
-    LOOM_CUDA_CHECK(cudaMemset(st->data, 0, padded));
+    LOOM_CUDA_CHECK(cudaMemsetAsync(st->data, 0, padded, static_cast<cudaStream_t>(stream_.handle)));
   else
 #endif
     std::memset(st->data, 0, padded);

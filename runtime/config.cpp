@@ -75,6 +75,8 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel.pp_schedule", &p.pp_schedule},
       {"parallel.pp_virtual", &p.pp_virtual},
       {"parallel.timeout_s", &p.timeout_s},
+      {"parallel.grad_reduce_dtype", &p.grad_reduce_dtype},
+      {"parallel.comm", &p.comm},
       {"checkpoint.dir", &k.dir},
       {"checkpoint.every", &k.every},
       {"checkpoint.keep", &k.keep},
@@ -312,16 +314,16 @@ void config_validate(Config& cfg) {
              "train.beta1 and train.beta2 must be in [0, 1)");
   LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
   LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
-  // auto is resolved when training starts (device_resolve): the GPU where it can run the layout.
+  // auto is resolved when training starts (device_resolve): the GPU where its kernels run the model.
   if (t.device == "cuda") {
     LOOM_CHECK(LOOM_HAVE_CUDA, "train.device = \"cuda\": this build has no CUDA; rebuild with the CUDA toolkit");
     LOOM_CHECK(t.dtype != "f32",
                "train.dtype = \"f32\" on CUDA: the GPU path computes in bf16; use \"bf16\" or \"auto\"");
-    LOOM_CHECK(cfg.gpu_layout(),
-               "train.device = \"cuda\" trains on one GPU in this build; set parallel.dp = 1, parallel.tp = 1 and "
-               "parallel.zero = 0 (multi-GPU layouts run on the CPU path today)");
-  } else if (t.device == "cpu") {
-    LOOM_CHECK(t.dtype != "bf16", "train.dtype = \"bf16\": the CPU computes in f32; use \"f32\" or \"auto\"");
+    const int hd = cfg.head_dim();
+    LOOM_CHECK(hd == 32 || hd == 64 || hd == 128,
+               "train.device = \"cuda\": the CUDA attention kernels take head dims 32, 64 and 128, and "
+               "d_model / n_head = {}; change model.n_head or use train.device = \"cpu\"",
+               hd);
   }
 
   auto& d = cfg.data;
@@ -345,11 +347,7 @@ void config_validate(Config& cfg) {
                "needs whole kv heads",
                p.tp, kv);
     LOOM_CHECK(m.d_ff % p.tp == 0, "parallel.tp = {} does not divide model.d_ff = {}", p.tp, m.d_ff);
-    const int pad = 64 * p.tp;
-    LOOM_CHECK(m.vocab_size % p.tp == 0,
-               "parallel.tp = {} does not divide model.vocab_size = {}; pad the vocabulary to "
-               "a multiple of {} (e.g. {})",
-               p.tp, m.vocab_size, p.tp, (m.vocab_size + pad - 1) / pad * pad);
+    // Any vocabulary splits: loom pads it to a multiple of 64 x tp (Config::vocab_padded).
   }
   if (p.sp) {
     LOOM_CHECK(p.tp > 1, "parallel.sp = true needs tensor parallelism (parallel.tp > 1)");
@@ -360,6 +358,8 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
   LOOM_CHECK(p.timeout_s >= 0, "parallel.timeout_s = {} must be >= 0 (0 turns the watchdog off)", p.timeout_s);
   LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
+  check_one_of("parallel.grad_reduce_dtype", p.grad_reduce_dtype, {"f32", "bf16"});
+  check_one_of("parallel.comm", p.comm, {"auto", "nccl", "mpi"});
   LOOM_CHECK(cfg.checkpoint.every == 0 && cfg.checkpoint.resume.empty(),
              "checkpoint.every / checkpoint.resume: checkpoints are not in this build yet");
   LOOM_CHECK(cfg.log.every > 0, "log.every = {} must be positive", cfg.log.every);

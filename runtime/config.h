@@ -46,7 +46,7 @@ struct TrainConfig {
   double grad_clip = 1.0;  // 0: off
   int64_t seed = 1234;
   std::string device = "auto";     // auto | cpu | cuda
-  std::string dtype = "auto";      // auto | f32 | bf16 (auto: f32 on cpu, bf16 on cuda)
+  std::string dtype = "auto";      // auto | f32 | bf16 (auto: f32 on cpu, bf16 on cuda; bf16 on cpu: bf16 storage)
   std::string recompute = "none";  // none | selective | full
   int threads = 0;                 // 0: OMP_NUM_THREADS if set, else the node's cores shared among its ranks
 };
@@ -68,6 +68,8 @@ struct ParallelConfig {
   std::string pp_schedule = "1f1b";
   int pp_virtual = 1;
   double timeout_s = 600;  // watchdog: a collective pending this long aborts the job (0: never)
+  std::string grad_reduce_dtype = "f32";  // f32 | bf16: the dtype gradients are reduced in
+  std::string comm = "auto";  // auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)
 };
 
 struct CheckpointConfig {
@@ -99,9 +101,12 @@ struct Config {
   int head_dim() const { return model.d_model / model.n_head; }
   int kv_heads() const { return model.n_kv_head ? model.n_kv_head : model.n_head; }
   int accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
-  // The GPU path trains one process without dp, tp or ZeRO (train.device = cuda refuses the
-  // rest; auto keeps the rest on the CPU).
-  bool gpu_layout() const { return parallel.dp == 1 && parallel.tp == 1 && parallel.zero == 0; }
+  // The vocabulary as loom holds it: padded to a multiple of tp x 64 (Megatron's
+  // make-vocab-size-divisible-by), so it splits over tp and every shard's rows align.
+  int64_t vocab_padded() const {
+    const int64_t m = 64 * int64_t(parallel.tp);
+    return (int64_t(model.vocab_size) + m - 1) / m * m;
+  }
 };
 
 Config config_defaults();

@@ -1,29 +1,53 @@
-// Device, Stream and Event. On the CPU a stream runs work inline, so an event is complete
-// the moment it is recorded; the types exist so that layers hand work between compute and
-// communication the same way on every device. CUDA streams come with the CUDA backend.
+// Streams and events: the order of work on a device. A CPU stream runs work inline, so its
+// events are complete the moment they are recorded and carry the host time; a CUDA stream is a
+// cudaStream_t and its events are timed cudaEvents. Layers, parallel code and the step clock
+// hand work between compute and communication through these on every device, so none of them
+// asks which device it runs on. A Stream is a handle; its owner (a backend, a group) makes and
+// destroys the real stream.
 #pragma once
+#include <chrono>
+
 #include "runtime/tensor.h"
 
 namespace loom {
 
-struct Device {
-  DeviceKind kind = DeviceKind::cpu;
-  int index = 0;
-  std::string name() const { return kind == DeviceKind::cpu ? "cpu" : fmt::format("cuda:{}", index); }
-};
-
-struct Event {
-  bool recorded = false;
-  bool done() const { return recorded; }
-  void wait() const {}
-};
-
 struct Stream {
-  Device device;
-  // CPU work has already run when the call that issued it returned.
-  Event record() const { return Event{true}; }
-  void wait(const Event&) const {}
-  void synchronize() const {}
+  DeviceKind kind = DeviceKind::cpu;
+  void* handle = nullptr;  // cudaStream_t
+  void synchronize() const;
 };
+// The CPU's stream: work issued to it has run when the call returns.
+const Stream& host_stream();
+
+class Event {
+ public:
+  explicit Event(DeviceKind kind = DeviceKind::cpu);
+  ~Event();
+  Event(Event&& o) noexcept;
+  Event& operator=(Event&& o) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record(const Stream& s);
+  void synchronize() const;            // the host waits until the stream passed the record
+  void wait_on(const Stream& s) const;  // work issued to s from now on runs after the record
+  bool done() const;
+  // Milliseconds between two recorded events of one device; synchronizes on b.
+  static double elapsed_ms(const Event& a, const Event& b);
+
+ private:
+  DeviceKind kind_;
+  void* ev_ = nullptr;  // cudaEvent_t
+  std::chrono::steady_clock::time_point at_{};
+};
+
+// Copies `bytes` in the order of stream s: inline on the CPU, cudaMemcpyAsync (any direction)
+// on CUDA.
+void stream_copy(const Stream& s, void* dst, const void* src, size_t bytes);
+
+// CUDA streams for the owners of real ones (non-blocking with respect to the legacy stream).
+// In a build without CUDA these fail with a message.
+Stream cuda_stream_create();
+void cuda_stream_destroy(Stream& s);
 
 }  // namespace loom

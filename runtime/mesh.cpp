@@ -3,6 +3,9 @@
 #if LOOM_HAVE_MPI
 #include "runtime/comm/mpi_group.h"
 #endif
+#if LOOM_HAVE_CUDA
+#include "runtime/comm/nccl_group.h"
+#endif
 
 namespace loom {
 
@@ -86,11 +89,11 @@ MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank) {
   return g;
 }
 
-DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool use_mpi, Trace* trace, double timeout_s)
-    : dims_(d), coord_(mesh_coord(d, world_rank)), rank_(world_rank) {
+DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const MeshOptions& o)
+    : dims_(d), coord_(mesh_coord(d, world_rank)), rank_(world_rank), use_mpi_(o.use_mpi), nccl_(o.nccl && o.use_mpi) {
   mesh_validate(d, world_size);
 #if !LOOM_HAVE_MPI
-  LOOM_CHECK(!use_mpi,
+  LOOM_CHECK(!o.use_mpi,
              "this build has no MPI (LOOM_MPI=OFF): it trains on one process; rebuild with MPI to launch {} "
              "ranks",
              world_size);
@@ -99,13 +102,41 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool u
 #endif
   std::vector<int> all(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) all[size_t(r)] = r;
-  world_ = use_mpi ? mpi_group("world", 0, all, trace, timeout_s) : local_group("world", world_rank);
+  world_ = o.use_mpi ? mpi_group("world", 0, all, o.trace, o.timeout_s) : local_group("world", world_rank);
   for (int a = 0; a < kAxes; ++a) {
     MeshGroup g = mesh_group(d, Axis(a), world_rank);
     // Every rank takes part in every split, even where its group has one member.
-    groups_.push_back(use_mpi ? mpi_group(axis_name(Axis(a)), g.id, g.ranks, trace, timeout_s)
-                              : local_group(axis_name(Axis(a)), world_rank));
+    host_owned_.push_back(o.use_mpi ? mpi_group(axis_name(Axis(a)), g.id, g.ranks, o.trace, o.timeout_s)
+                                    : local_group(axis_name(Axis(a)), world_rank));
+    host_.push_back(host_owned_.back().get());
   }
+  groups_ = host_;
+#if LOOM_HAVE_CUDA
+  if (nccl_) {
+    auto w = nccl_world_create(*world_);
+    nccl_world_ = std::shared_ptr<void>(w, w.get());
+    groups_.clear();
+    for (int a = 0; a < kAxes; ++a) {
+      MeshGroup g = mesh_group(d, Axis(a), world_rank);
+      NcclOptions no;
+      // Tensor parallel's consumers wait on every op at once: run them on the compute stream.
+      no.on_caller_stream = Axis(a) == Axis::tp;
+      no.timeout_s = o.timeout_s;
+      no.world_rank = world_rank;
+      no.end_job = [] { mpi_abort(4); };
+      no.trace = o.trace;
+      device_owned_.push_back(nccl_group(w, axis_name(Axis(a)), g.id, g.ranks, no));
+      groups_.push_back(device_owned_.back().get());
+    }
+  }
+#else
+  LOOM_CHECK(!nccl_, "NCCL groups need a CUDA build");
+#endif
+}
+
+DeviceMesh::~DeviceMesh() {
+  device_owned_.clear();  // NCCL groups before the communicator they were split from
+  nccl_world_.reset();
 }
 
 }  // namespace loom

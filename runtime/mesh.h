@@ -7,7 +7,9 @@
 //   pp_i:  0 0 0 0 1 1 1 1     pp groups {0,4} {1,5} {2,6} {3,7}
 //   dp_i:  0 0 1 1 0 0 1 1     dp groups {0,2} {1,3} {4,6} {5,7}
 //   tp_i:  0 1 0 1 0 1 0 1     tp groups {0,1} {2,3} {4,5} {6,7}
-// The rank arithmetic is pure (mesh_*) and tested on its own; DeviceMesh builds the groups.
+// The rank arithmetic is pure (mesh_*) and tested on its own; DeviceMesh builds the groups:
+// for every axis one that carries the training buffers (MPI for host buffers or, staged,
+// CUDA ones; NCCL for CUDA buffers) and one for host buffers (the same object unless NCCL).
 #pragma once
 #include <memory>
 #include <string>
@@ -43,24 +45,35 @@ struct MeshGroup {
 };
 MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank);
 
+struct MeshOptions {
+  bool use_mpi = false;  // world_size 1 without MPI: every group is local; else MPI is initialized
+  bool nccl = false;     // CUDA buffers over NCCL (one GPU per rank); else over MPI, staged
+  double timeout_s = 0;  // the groups' watchdog (0: none)
+  Trace* trace = nullptr;
+};
+
 class DeviceMesh {
  public:
-  // world_size 1 without MPI: every group is local. Otherwise MPI must be initialized.
-  // timeout_s: the groups' watchdog (0: none).
-  DeviceMesh(const MeshDims& d, int world_rank, int world_size, bool use_mpi, Trace* trace, double timeout_s = 0);
+  DeviceMesh(const MeshDims& d, int world_rank, int world_size, const MeshOptions& options);
+  ~DeviceMesh();
   const MeshDims& dims() const { return dims_; }
   const MeshCoord& coord() const { return coord_; }
   int rank() const { return rank_; }
   int world() const { return dims_.world(); }
-  ProcessGroup& group(Axis a) const { return *groups_[size_t(a)]; }
-  ProcessGroup& world_group() const { return *world_; }
+  ProcessGroup& group(Axis a) const { return *groups_[size_t(a)]; }   // the training buffers
+  ProcessGroup& host_group(Axis a) const { return *host_[size_t(a)]; }  // host buffers
+  ProcessGroup& world_group() const { return *world_; }                // host buffers
+  const char* comm_name() const { return nccl_ ? "NCCL" : use_mpi_ ? "MPI" : "local"; }
 
  private:
   MeshDims dims_;
   MeshCoord coord_;
   int rank_;
+  bool use_mpi_, nccl_;
   std::unique_ptr<ProcessGroup> world_;
-  std::vector<std::unique_ptr<ProcessGroup>> groups_;
+  std::vector<std::unique_ptr<ProcessGroup>> host_owned_, device_owned_;
+  std::vector<ProcessGroup*> host_, groups_;
+  std::shared_ptr<void> nccl_world_;
 };
 
 }  // namespace loom

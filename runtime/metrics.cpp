@@ -23,13 +23,14 @@ void MetricsWriter::step(const StepMetrics& m) {
                "{\"step\":%lld,\"loss\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,\"tokens\":%lld,\"step_ms\":%.9g,"
                "\"tokens_per_s\":%.9g,\"mfu\":%.9g,\"hfu\":%.9g,\"time\":{\"compute_ms\":%.9g,"
                "\"comm_exposed_ms\":%.9g,\"bubble_ms\":%.9g,\"optimizer_ms\":%.9g,\"data_ms\":%.9g,"
-               "\"ckpt_block_ms\":%.9g},\"mem\":{\"params_b\":%lld,\"grads_b\":%lld,\"optim_b\":%lld,"
+               "\"ckpt_block_ms\":%.9g},\"mem\":{\"params_b\":%lld,\"grads_b\":%lld,\"master_b\":%lld,\"optim_b\":%lld,"
                "\"act_b\":%lld,\"workspace_b\":%lld,\"comm_b\":%lld,\"peak_b\":%lld},"
                "\"dp_comm\":{\"all_reduce_b\":%lld,\"reduce_scatter_b\":%lld,\"all_gather_b\":%lld},"
                "\"tp_comm\":{\"all_reduce_b\":%lld,\"reduce_scatter_b\":%lld,\"all_gather_b\":%lld}}\n",
                (long long)m.step, m.loss, m.grad_norm, m.lr, (long long)m.tokens, m.step_ms, m.tokens_per_s, m.mfu,
                m.hfu, m.compute_ms, m.comm_exposed_ms, m.bubble_ms, m.optimizer_ms, m.data_ms, m.ckpt_block_ms,
-               (long long)L.of(Mem::params), (long long)L.of(Mem::grads), (long long)L.of(Mem::optim),
+               (long long)L.of(Mem::params), (long long)L.of(Mem::grads), (long long)L.of(Mem::master),
+               (long long)L.of(Mem::optim),
                (long long)L.of(Mem::activations), (long long)L.of(Mem::workspace), (long long)L.of(Mem::comm),
                (long long)L.peak_total, (long long)m.dp_all_reduce_b, (long long)m.dp_reduce_scatter_b,
                (long long)m.dp_all_gather_b, (long long)m.tp_all_reduce_b, (long long)m.tp_reduce_scatter_b,

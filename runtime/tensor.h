@@ -13,11 +13,12 @@
 
 namespace loom {
 
-enum class DType { f32, bf16, i32 };
+// f64 holds the scalars that travel between ranks (loss sums, squared norms) at full width.
+enum class DType { f32, bf16, i32, f64 };
 enum class DeviceKind { cpu, cuda };
 
 inline size_t dtype_size(DType t) {
-  return t == DType::bf16 ? 2 : 4;
+  return t == DType::bf16 ? 2 : t == DType::f64 ? 8 : 4;
 }
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -27,6 +28,8 @@ inline const char* dtype_name(DType t) {
       return "bf16";
     case DType::i32:
       return "i32";
+    case DType::f64:
+      return "f64";
   }
   return "?";
 }
@@ -45,6 +48,10 @@ inline float bf16_to_f32(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// A bf16 value in host memory (the bits of __nv_bfloat16, so buffers pass between devices).
+struct bf16 {
+  uint16_t bits;
+};
 
 using Shape = std::vector<int64_t>;
 inline int64_t shape_numel(const Shape& s) {
@@ -79,6 +86,7 @@ struct Tensor {
     LOOM_ASSERT(dtype == DType::f32);
     return data<float>();
   }
+  bool defined() const { return storage != nullptr; }
   // A view of `n` elements from element `at`, with a new shape.
   Tensor view(size_t at, Shape s) const {
     LOOM_ASSERT(at + size_t(shape_numel(s)) <= size_t(numel()));

@@ -9,6 +9,7 @@
 // Scores and weighted sums are GEMMs through OpenBLAS; inside the parallel region OpenBLAS's
 // OpenMP build runs each call on the calling thread alone.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/vecmath.h"
@@ -28,93 +29,140 @@ void rope_table(float* cos, float* sin, int T, int D, float theta) {
 }
 
 namespace {
-template <bool Inverse>
-void rope_apply(float* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) {
+template <bool Inverse, class S>
+void rope_apply(S* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) {
   int row = (H + 2 * KV) * D, half = D / 2;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
-      float* x = qkv + (int64_t(b) * T + t) * row;
+      S* x = qkv + (int64_t(b) * T + t) * row;
       const float* c = cos + t * half;
       const float* s = sin + t * half;
       for (int h = 0; h < H + KV; ++h) {  // q heads then k heads: contiguous
-        float* xh = x + h * D;
+        S* xh = x + h * D;
         for (int i = 0; i < half; ++i) {
-          float x1 = xh[i], x2 = xh[i + half];
+          float x1 = ld(xh[i]), x2 = ld(xh[i + half]);
           float sn = Inverse ? -s[i] : s[i];
-          xh[i] = x1 * c[i] - x2 * sn;
-          xh[i + half] = x2 * c[i] + x1 * sn;
+          st(xh[i], x1 * c[i] - x2 * sn);
+          st(xh[i + half], x2 * c[i] + x1 * sn);
         }
       }
     }
 }
+
+// A [rows, D] slice with row stride ld, as fp32 for the GEMMs: the slice itself for float
+// storage, else widened into buf (stride D).
+struct F32View {
+  const float* p;
+  int ld;
+};
+F32View f32_view(const float* p, int rows, int D, int ld, std::vector<float>&) {
+  (void)rows, (void)D;
+  return {p, ld};
+}
+F32View f32_view(const bf16* p, int rows, int D, int ld, std::vector<float>& buf) {
+  buf.resize(size_t(rows) * D);
+  for (int r = 0; r < rows; ++r)
+    for (int d = 0; d < D; ++d) buf[size_t(r) * D + d] = cpu::ld(p[int64_t(r) * ld + d]);
+  return {buf.data(), D};
+}
+// Writes an fp32 [rows, D] result into a strided slice of S (a no-op when they are the same).
+void store_slice(float* dst, const float* src, int rows, int D, int ld) {
+  (void)dst, (void)src, (void)rows, (void)D, (void)ld;
+}
+void store_slice(bf16* dst, const float* src, int rows, int D, int ld) {
+  for (int r = 0; r < rows; ++r)
+    for (int d = 0; d < D; ++d) st(dst[int64_t(r) * ld + d], src[size_t(r) * D + d]);
+}
 }  // namespace
 
-void rope_forward(float* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) {
+template <class S>
+void rope_forward(S* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) {
   rope_apply<false>(qkv, cos, sin, B, T, H, KV, D);
 }
-void rope_backward(float* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) {
+template <class S>
+void rope_backward(S* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) {
   rope_apply<true>(dqkv, cos, sin, B, T, H, KV, D);
 }
 
 // Per (batch, head): S = Q K^T as one GEMM over the full T x T square (the masked half is
 // wasted work, but a GEMM runs an order of magnitude faster than the scalar loop that would
 // skip it), a causal softmax row by row, then O = P V as a second GEMM. Threads own whole
-// (batch, head) pairs and call single-threaded GEMMs inside the parallel region.
-void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int H, int KV, int D) {
-  const int row = (H + 2 * KV) * D, group = H / KV;
-  const float scale = 1.0f / std::sqrt(float(D));
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const float* base = qkv + int64_t(b) * T * row;
-      const float* q = base + h * D;
-      const float* k = base + (H + h / group) * D;
-      const float* v = base + (H + KV + h / group) * D;
-      float* P = probs + (int64_t(b) * H + h) * T * T;
-      gemm(false, true, T, T, D, scale, q, row, k, row, 0.0f, P, T);
-      for (int t = 0; t < T; ++t) {
-        float* p = P + int64_t(t) * T;
-        float maxv = p[0];
-        for (int u = 1; u <= t; ++u) maxv = std::max(maxv, p[u]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int u = 0; u <= t; ++u) sum += (p[u] = exp_approx(p[u] - maxv));
-        const float inv = 1.0f / sum;
-        for (int u = 0; u <= t; ++u) p[u] *= inv;
-        for (int u = t + 1; u < T; ++u) p[u] = 0.0f;
-      }
-      gemm(false, false, T, D, T, 1.0f, P, T, v, row, 0.0f, out + int64_t(b) * T * H * D + h * D, H * D);
-    }
-}
-
-// Per (batch, kv head), over its group of query heads in order:
-//   dP = dO V^T, dV += P^T dO, dS = P * (dP - rowsum(P * dP)) * scale, dQ = dS K, dK += dS^T Q.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int H,
-                        int KV, int D) {
+// (batch, head) pairs and call single-threaded GEMMs inside the parallel region. bf16 storage
+// widens a pair's q, k, v (and P) into per-thread fp32 buffers and rounds P and O on store.
+template <class S>
+void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int KV, int D) {
+  constexpr bool wide = std::is_same_v<S, float>;
   const int row = (H + 2 * KV) * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
 #pragma omp parallel
   {
-    std::vector<float> dP(size_t(T) * T);
+    std::vector<float> qb, kb, vb, Pb(wide ? 0 : size_t(T) * T), ob(wide ? 0 : size_t(T) * D);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const S* base = qkv + int64_t(b) * T * row;
+        const F32View q = f32_view(base + h * D, T, D, row, qb);
+        const F32View k = f32_view(base + (H + h / group) * D, T, D, row, kb);
+        const F32View v = f32_view(base + (H + KV + h / group) * D, T, D, row, vb);
+        S* Ps = probs + (int64_t(b) * H + h) * T * T;
+        float* P = wide ? reinterpret_cast<float*>(Ps) : Pb.data();
+        gemm(false, true, T, T, D, scale, q.p, q.ld, k.p, k.ld, 0.0f, P, T);
+        for (int t = 0; t < T; ++t) {
+          float* p = P + int64_t(t) * T;
+          float maxv = p[0];
+          for (int u = 1; u <= t; ++u) maxv = std::max(maxv, p[u]);
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int u = 0; u <= t; ++u) sum += (p[u] = exp_approx(p[u] - maxv));
+          const float inv = 1.0f / sum;
+          for (int u = 0; u <= t; ++u) p[u] *= inv;
+          for (int u = t + 1; u < T; ++u) p[u] = 0.0f;
+        }
+        S* o = out + int64_t(b) * T * H * D + h * D;
+        if constexpr (wide) {
+          gemm(false, false, T, D, T, 1.0f, P, T, v.p, v.ld, 0.0f, o, H * D);
+        } else {
+          // The stored (rounded) probabilities are what backward will read: use them here too.
+          for (int64_t i = 0; i < int64_t(T) * T; ++i) st(Ps[i], P[i]), P[i] = ld(Ps[i]);
+          gemm(false, false, T, D, T, 1.0f, P, T, v.p, v.ld, 0.0f, ob.data(), D);
+          store_slice(o, ob.data(), T, D, H * D);
+        }
+      }
+  }
+}
+
+// Per (batch, kv head), over its group of query heads in order:
+//   dP = dO V^T, dV += P^T dO, dS = P * (dP - rowsum(P * dP)) * scale, dQ = dS K, dK += dS^T Q.
+template <class S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, int B, int T, int H, int KV, int D) {
+  constexpr bool wide = std::is_same_v<S, float>;
+  const int row = (H + 2 * KV) * D, group = H / KV;
+  const float scale = 1.0f / std::sqrt(float(D));
+#pragma omp parallel
+  {
+    std::vector<float> dP(size_t(T) * T), kb, vb, qb, dyb, Pb;
+    // fp32 gradients of k and v (summed over the group) and of q, for bf16 storage.
+    std::vector<float> dkb(wide ? 0 : size_t(T) * D), dvb(wide ? 0 : size_t(T) * D), dqb(wide ? 0 : size_t(T) * D);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int kvh = 0; kvh < KV; ++kvh) {
-        const float* base = qkv + int64_t(b) * T * row;
-        float* dbase = dqkv + int64_t(b) * T * row;
-        const float* k = base + (H + kvh) * D;
-        const float* v = base + (H + KV + kvh) * D;
-        float* dk = dbase + (H + kvh) * D;
-        float* dv = dbase + (H + KV + kvh) * D;
+        const S* base = qkv + int64_t(b) * T * row;
+        S* dbase = dqkv + int64_t(b) * T * row;
+        const F32View k = f32_view(base + (H + kvh) * D, T, D, row, kb);
+        const F32View v = f32_view(base + (H + KV + kvh) * D, T, D, row, vb);
+        float* dk = wide ? reinterpret_cast<float*>(dbase + (H + kvh) * D) : dkb.data();
+        float* dv = wide ? reinterpret_cast<float*>(dbase + (H + KV + kvh) * D) : dvb.data();
+        const int ldkv = wide ? row : D;
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const float* P = probs + (int64_t(b) * H + h) * T * T;
-          const float* dy = dout + int64_t(b) * T * H * D + h * D;
-          const float* q = base + h * D;
+          const F32View P = f32_view(probs + (int64_t(b) * H + h) * T * T, T, T, T, Pb);
+          const F32View dy = f32_view(dout + int64_t(b) * T * H * D + h * D, T, D, H * D, dyb);
+          const F32View q = f32_view(base + h * D, T, D, row, qb);
           const float beta = h == kvh * group ? 0.0f : 1.0f;  // first head overwrites dk, dv
-          gemm(false, true, T, T, D, 1.0f, dy, H * D, v, row, 0.0f, dP.data(), T);
-          gemm(true, false, T, D, T, 1.0f, P, T, dy, H * D, beta, dv, row);
+          gemm(false, true, T, T, D, 1.0f, dy.p, dy.ld, v.p, v.ld, 0.0f, dP.data(), T);
+          gemm(true, false, T, D, T, 1.0f, P.p, P.ld, dy.p, dy.ld, beta, dv, ldkv);
           for (int t = 0; t < T; ++t) {
-            const float* p = P + int64_t(t) * T;
+            const float* p = P.p + int64_t(t) * T;
             float* ds = dP.data() + int64_t(t) * T;
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -122,11 +170,23 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             for (int u = 0; u <= t; ++u) ds[u] = p[u] * (ds[u] - dot) * scale;
             for (int u = t + 1; u < T; ++u) ds[u] = 0.0f;
           }
-          gemm(false, false, T, D, T, 1.0f, dP.data(), T, k, row, 0.0f, dbase + h * D, row);
-          gemm(true, false, T, D, T, 1.0f, dP.data(), T, q, row, beta, dk, row);
+          float* dq = wide ? reinterpret_cast<float*>(dbase + h * D) : dqb.data();
+          gemm(false, false, T, D, T, 1.0f, dP.data(), T, k.p, k.ld, 0.0f, dq, wide ? row : D);
+          gemm(true, false, T, D, T, 1.0f, dP.data(), T, q.p, q.ld, beta, dk, ldkv);
+          store_slice(dbase + h * D, dq, T, D, row);
         }
+        store_slice(dbase + (H + kvh) * D, dk, T, D, row);
+        store_slice(dbase + (H + KV + kvh) * D, dv, T, D, row);
       }
   }
 }
+
+#define LOOM_ATTENTION(S)                                                                     \
+  template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int);     \
+  template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int);    \
+  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int);              \
+  template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);
+LOOM_ATTENTION(float)
+LOOM_ATTENTION(bf16)
 
 }  // namespace loom::cpu

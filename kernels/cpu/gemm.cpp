@@ -37,16 +37,18 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
     if (dinp) gemm(false, true, M, K, N, 1.0f, dout, N, w, N, 0.0f, dinp, K);
     gemm(true, false, K, N, M, 1.0f, inp, K, dout, N, 1.0f, dw, N);
   }
-  if (dbias) {
-    // Each thread owns a range of columns and walks the rows in order: no shared sums.
+  if (dbias) bias_backward(dbias, dout, M, N);
+}
+
+void bias_backward(float* dbias, const float* dout, int M, int N) {
+  // Each thread owns a range of columns and walks the rows in order: no shared sums.
 #pragma omp parallel
-    {
-      int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      int lo = int(int64_t(N) * id / nt), hi = int(int64_t(N) * (id + 1) / nt);
-      for (int m = 0; m < M; ++m) {
-        const float* row = dout + int64_t(m) * N;
-        for (int n = lo; n < hi; ++n) dbias[n] += row[n];
-      }
+  {
+    int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    int lo = int(int64_t(N) * id / nt), hi = int(int64_t(N) * (id + 1) / nt);
+    for (int m = 0; m < M; ++m) {
+      const float* row = dout + int64_t(m) * N;
+      for (int n = lo; n < hi; ++n) dbias[n] += row[n];
     }
   }
 }

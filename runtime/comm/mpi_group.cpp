@@ -7,6 +7,11 @@
 #include <thread>
 
 #include "runtime/trace.h"
+#if LOOM_HAVE_CUDA
+#include <map>
+
+#include "kernels/cuda/check.h"
+#endif
 
 #define LOOM_MPI_CHECK(call)                                                                                           \
   do {                                                                                                                 \
@@ -47,9 +52,24 @@ MPI_Datatype mpi_type(DType t) {
     case DType::i32:
       return MPI_INT;
     case DType::bf16:
-      return MPI_UINT16_T;
+      return MPI_UINT16_T;  // reduced by the bf16 ops below
+    case DType::f64:
+      return MPI_DOUBLE;
   }
   return MPI_BYTE;
+}
+
+// MPI has no bf16: these sum (or take the max of) bf16 values in fp32 and round once per
+// pair, as a GPU's reduction does.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(std::max(bf16_to_f32(a[i]), bf16_to_f32(b[i])));
 }
 
 int as_int(int64_t n) {
@@ -63,6 +83,8 @@ class MpiGroup final : public ProcessGroup {
       : ProcessGroup(name, 0, 1, std::move(ranks)), comm_(comm), trace_(trace), timeout_s_(timeout_s) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    MPI_Op_create(&bf16_sum, 1, &bf16_sum_);
+    MPI_Op_create(&bf16_max, 1, &bf16_max_);
     worker_ = std::thread([this] { run(); });
   }
   ~MpiGroup() override {
@@ -72,43 +94,59 @@ class MpiGroup final : public ProcessGroup {
     }
     cv_.notify_all();
     worker_.join();
+    MPI_Op_free(&bf16_sum_);
+    MPI_Op_free(&bf16_max_);
     MPI_Comm_free(&comm_);
+#if LOOM_HAVE_CUDA
+    for (auto& [bytes, p] : pinned_) cudaFreeHost(p);
+#endif
   }
+  bool carries(DeviceKind d) const override { return d == DeviceKind::cpu || LOOM_HAVE_CUDA; }
 
-  Work all_reduce(Buf b, ReduceOp op) override {
+  Work all_reduce(Buf b, ReduceOp op, const Stream& after) override {
     count(CommOp::all_reduce, b.bytes());
-    LOOM_CHECK(b.dtype != DType::bf16, "MPI all_reduce of bf16 is not supported; reduce in f32");
-    return issue(CommOp::all_reduce, [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, b.data, as_int(b.count), mpi_type(b.dtype),
-                                    op == ReduceOp::sum ? MPI_SUM : MPI_MAX, comm_, r));
+    Staging st(*this, after);
+    Buf h = st.inout(b);
+    MPI_Op mop = h.dtype == DType::bf16 ? (op == ReduceOp::sum ? bf16_sum_ : bf16_max_)
+                                        : (op == ReduceOp::sum ? MPI_SUM : MPI_MAX);
+    return issue(CommOp::all_reduce, std::move(st), [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, h.data, as_int(h.count), mpi_type(h.dtype), mop, comm_, r));
     });
   }
-  Work reduce_scatter(Buf in, Buf out) override {
+  Work reduce_scatter(Buf in, Buf out, const Stream& after) override {
     LOOM_CHECK(in.count == out.count * size_, "reduce_scatter on '{}': input has {} elements, not {} x {}", name_,
                in.count, size_, out.count);
     count(CommOp::reduce_scatter, in.bytes());
-    return issue(CommOp::reduce_scatter, [=, this](MPI_Request* r) {
+    Staging st(*this, after);
+    Buf hi = st.input(in), ho = st.output(out);
+    MPI_Op mop = hi.dtype == DType::bf16 ? bf16_sum_ : MPI_SUM;
+    return issue(CommOp::reduce_scatter, std::move(st), [=, this](MPI_Request* r) {
       LOOM_MPI_CHECK(
-          MPI_Ireduce_scatter_block(in.data, out.data, as_int(out.count), mpi_type(in.dtype), MPI_SUM, comm_, r));
+          MPI_Ireduce_scatter_block(hi.data, ho.data, as_int(ho.count), mpi_type(hi.dtype), mop, comm_, r));
     });
   }
-  Work all_gather(Buf in, Buf out) override {
+  Work all_gather(Buf in, Buf out, const Stream& after) override {
     LOOM_CHECK(out.count == in.count * size_, "all_gather on '{}': output has {} elements, not {} x {}", name_,
                out.count, size_, in.count);
     count(CommOp::all_gather, out.bytes());
     const bool in_place = in.data == static_cast<char*>(out.data) + size_t(rank_) * in.bytes();
-    return issue(CommOp::all_gather, [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, as_int(in.count), mpi_type(in.dtype), out.data,
+    Staging st(*this, after);
+    Buf hi = in_place ? Buf() : st.input(in), ho = in_place ? st.inout(out) : st.output(out);
+    return issue(CommOp::all_gather, std::move(st), [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : hi.data, as_int(in.count), mpi_type(in.dtype), ho.data,
                                     as_int(in.count), mpi_type(in.dtype), comm_, r));
     });
   }
-  Work broadcast(Buf b, int root) override {
+  Work broadcast(Buf b, int root, const Stream& after) override {
     count(CommOp::broadcast, b.bytes());
-    return issue(CommOp::broadcast, [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Ibcast(b.data, as_int(b.count), mpi_type(b.dtype), root, comm_, r));
+    Staging st(*this, after);
+    Buf h = st.inout(b);
+    return issue(CommOp::broadcast, std::move(st), [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Ibcast(h.data, as_int(h.count), mpi_type(h.dtype), root, comm_, r));
     });
   }
-  Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc) override {
+  Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc,
+                    const Stream& after) override {
     LOOM_CHECK(int(sc.size()) == size_ && int(rc.size()) == size_, "all_to_all_v on '{}' needs {} counts", name_,
                size_);
     auto v = std::make_shared<std::array<std::vector<int>, 4>>();  // counts and displacements, kept alive
@@ -123,26 +161,33 @@ class MpiGroup final : public ProcessGroup {
       sent += sc[size_t(r)];
     }
     count(CommOp::all_to_all, size_t(sent) * dtype_size(in.dtype));
-    return issue(CommOp::all_to_all, [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Ialltoallv(in.data, (*v)[0].data(), (*v)[1].data(), mpi_type(in.dtype), out.data,
-                                    (*v)[2].data(), (*v)[3].data(), mpi_type(out.dtype), comm_, r));
+    Staging st(*this, after);
+    Buf hi = st.input(in), ho = st.output(out);
+    return issue(CommOp::all_to_all, std::move(st), [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Ialltoallv(hi.data, (*v)[0].data(), (*v)[1].data(), mpi_type(hi.dtype), ho.data,
+                                    (*v)[2].data(), (*v)[3].data(), mpi_type(ho.dtype), comm_, r));
     });
   }
-  Work send(Buf b, int peer, int tag) override {
+  Work send(Buf b, int peer, int tag, const Stream& after) override {
     count(CommOp::send, b.bytes());
-    return issue(CommOp::send, [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Isend(b.data, as_int(b.count), mpi_type(b.dtype), peer, tag, comm_, r));
+    Staging st(*this, after);
+    Buf h = st.input(b);
+    return issue(CommOp::send, std::move(st), [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Isend(h.data, as_int(h.count), mpi_type(h.dtype), peer, tag, comm_, r));
     });
   }
-  Work recv(Buf b, int peer, int tag) override {
+  Work recv(Buf b, int peer, int tag, const Stream& after) override {
     count(CommOp::recv, b.bytes());
-    return issue(CommOp::recv, [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Irecv(b.data, as_int(b.count), mpi_type(b.dtype), peer, tag, comm_, r));
+    Staging st(*this, after);
+    Buf h = st.output(b);
+    return issue(CommOp::recv, std::move(st), [=, this](MPI_Request* r) {
+      LOOM_MPI_CHECK(MPI_Irecv(h.data, as_int(h.count), mpi_type(h.dtype), peer, tag, comm_, r));
     });
   }
   Work barrier() override {
     count(CommOp::barrier, 0);
-    return issue(CommOp::barrier, [=, this](MPI_Request* r) { LOOM_MPI_CHECK(MPI_Ibarrier(comm_, r)); });
+    return issue(CommOp::barrier, Staging(*this, host_stream()),
+                 [=, this](MPI_Request* r) { LOOM_MPI_CHECK(MPI_Ibarrier(comm_, r)); });
   }
 
  private:
@@ -154,8 +199,89 @@ class MpiGroup final : public ProcessGroup {
     std::chrono::steady_clock::time_point started{};
   };
 
-  Work issue(CommOp kind, std::function<void(MPI_Request*)> start) {
+  // Host views of one op's buffers. Host buffers pass through. CUDA buffers (the staged path,
+  // for checking multi-rank layouts on one GPU, where NCCL refuses two ranks per device) are
+  // copied into pinned host memory once `after` has produced them (the host waits for that),
+  // and results are copied back when the Work lands (the host waits again): correct, and slow
+  // by design; NCCL is the path for real runs.
+  struct Staging {
+    MpiGroup& g;
+    const Stream& after;
+    struct Back {
+      void* device;
+      void* host;
+      size_t bytes;
+    };
+    std::vector<Back> back;         // results to copy to the device on landing
+    std::vector<std::pair<size_t, void*>> held;  // pinned blocks, returned on landing
+    bool synced = false;
+    Staging(MpiGroup& group, const Stream& s) : g(group), after(s) {}
+    Staging(Staging&&) = default;
+    Buf host_of(Buf b, bool read, bool write) {
+      if (b.device == DeviceKind::cpu || b.count == 0) return b;
+#if LOOM_HAVE_CUDA
+      void* h = g.pinned_take(b.bytes());
+      held.push_back({b.bytes(), h});
+      if (read) {
+        if (!synced) after.synchronize(), synced = true;
+        LOOM_CUDA_CHECK(cudaMemcpy(h, b.data, b.bytes(), cudaMemcpyDeviceToHost));
+      }
+      if (write) back.push_back({b.data, h, b.bytes()});
+      return Buf(h, b.count, b.dtype, DeviceKind::cpu);
+#else
+      (void)read, (void)write;
+      fail("group '{}': a CUDA buffer in a build without CUDA", g.name_);
+#endif
+    }
+    Buf input(Buf b) { return host_of(b, true, false); }
+    Buf output(Buf b) { return host_of(b, false, true); }
+    Buf inout(Buf b) { return host_of(b, true, true); }
+  };
+
+#if LOOM_HAVE_CUDA
+  void* pinned_take(size_t bytes) {
+    std::lock_guard lk(pinned_mu_);
+    auto it = pinned_.find(bytes);
+    if (it != pinned_.end()) {
+      void* p = it->second;
+      pinned_.erase(it);
+      return p;
+    }
+    void* p = nullptr;
+    LOOM_CUDA_CHECK(cudaMallocHost(&p, bytes));
+    return p;
+  }
+  void pinned_give(size_t bytes, void* p) {
+    std::lock_guard lk(pinned_mu_);
+    pinned_.emplace(bytes, p);
+  }
+#endif
+
+  Work issue(CommOp kind, Staging staging, std::function<void(MPI_Request*)> start) {
     auto st = std::make_shared<Work::State>();
+    if (!staging.held.empty()) {
+#if LOOM_HAVE_CUDA
+      // Landing: wait for the op on the host, then copy the results up (once).
+      auto staged = std::make_shared<Staging>(std::move(staging));
+      auto landed = std::make_shared<bool>(false);
+      Work::State* raw = st.get();
+      st->land = [this, raw, staged, landed](const Stream*) {
+        {
+          std::unique_lock lk(raw->mu);
+          raw->cv.wait(lk, [&] { return raw->done; });
+          if (raw->error) std::rethrow_exception(raw->error);
+        }
+        if (*landed) return;
+        for (auto& b : staged->back) LOOM_CUDA_CHECK(cudaMemcpy(b.device, b.host, b.bytes, cudaMemcpyHostToDevice));
+        for (auto& [bytes, p] : staged->held) pinned_give(bytes, p);
+        *landed = true;
+      };
+      st->poll = [raw] {
+        std::lock_guard lk(raw->mu);
+        return raw->done;
+      };
+#endif
+    }
     {
       std::lock_guard lk(mu_);
       queue_.push_back({kind, std::move(start), st, counters_.seq, {}});
@@ -258,9 +384,28 @@ class MpiGroup final : public ProcessGroup {
   std::condition_variable cv_;
   std::deque<Op> queue_;
   bool stop_ = false;
+  MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
+#if LOOM_HAVE_CUDA
+  std::mutex pinned_mu_;
+  std::multimap<size_t, void*> pinned_;  // pinned staging blocks, reused by size
+#endif
 };
 
 }  // namespace
+
+int mpi_local_size() {
+  MPI_Comm node;
+  LOOM_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
+void mpi_abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
 
 std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, const std::vector<int>& ranks, Trace* trace,
                                         double timeout_s) {

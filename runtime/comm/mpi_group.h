@@ -1,7 +1,10 @@
-// The MPI backend: CPU buffers, one communication thread per group. The thread starts each
+// The MPI backend: host buffers, one communication thread per group. The thread starts each
 // op with MPI's nonblocking call in issue order (so every rank starts a group's collectives
 // in the same order) and polls for completion, so compute on the calling thread overlaps
-// the transfer. MpiWorld initializes MPI with MPI_THREAD_MULTIPLE for the process.
+// the transfer. CUDA buffers are staged through pinned host memory: the path that checks
+// multi-rank layouts on one GPU (NCCL refuses two ranks on one device), not a fast one. bf16
+// reduces through loom's own MPI ops (fp32 sums, rounded per pair). MpiWorld initializes MPI
+// with MPI_THREAD_MULTIPLE for the process.
 #pragma once
 #include <mpi.h>
 
@@ -28,5 +31,9 @@ class MpiWorld {
 // hangs; the group prints which op and aborts the job, so no rank waits forever.
 std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, const std::vector<int>& ranks, Trace* trace,
                                         double timeout_s = 0);
+// Ranks of this job on this node (MPI's shared-memory split); collective over the world.
+int mpi_local_size();
+// Ends the whole job from any rank (MPI_Abort with `code`).
+[[noreturn]] void mpi_abort(int code);
 
 }  // namespace loom

@@ -3,9 +3,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <cstring>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 #include "kernels/cuda/check.h"
+#include "runtime/trace.h"
 
 #define LOOM_NCCL_CHECK(call)                                                                                   \
   do {                                                                                                          \
@@ -58,117 +63,204 @@ ncclDataType_t nccl_type(DType t) {
       return ncclBfloat16;
     case DType::i32:
       return ncclInt32;
+    case DType::f64:
+      return ncclFloat64;
   }
   return ncclFloat32;
+}
+
+using EventPtr = std::shared_ptr<CUevent_st>;
+
+EventPtr event_new() {
+  cudaEvent_t ev;
+  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  return EventPtr(ev, [](cudaEvent_t e) { cudaEventDestroy(e); });
 }
 
 class NcclGroup final : public ProcessGroup {
  public:
   NcclGroup(std::shared_ptr<NcclWorld> world, const std::string& name, ncclComm_t comm, bool owns,
-            std::vector<int> ranks)
-      : ProcessGroup(name, 0, 1, std::move(ranks)), world_(std::move(world)), comm_(comm), owns_(owns) {
+            std::vector<int> ranks, const NcclOptions& opt)
+      : ProcessGroup(name, 0, 1, std::move(ranks)), world_(std::move(world)), comm_(comm), owns_(owns), opt_(opt) {
     LOOM_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     LOOM_NCCL_CHECK(ncclCommCount(comm_, &size_));
+    LOOM_CUDA_CHECK(cudaGetDevice(&device_));
     LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (opt_.timeout_s > 0) watchdog_ = std::thread([this] { watch(); });
   }
   ~NcclGroup() override {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    if (watchdog_.joinable()) watchdog_.join();
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
     if (scratch_) cudaFree(scratch_);
     if (owns_) ncclCommDestroy(comm_);
   }
+  bool carries(DeviceKind d) const override { return d == DeviceKind::cuda; }
 
-  Work all_reduce(Buf b, ReduceOp op) override {
+  Work all_reduce(Buf b, ReduceOp op, const Stream& after) override {
     count(CommOp::all_reduce, b.bytes());
+    cudaStream_t s = begin(after, {b});
     LOOM_NCCL_CHECK(ncclAllReduce(b.data, b.data, size_t(b.count), nccl_type(b.dtype),
-                                  op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_));
-    return done_on_stream();
+                                  op == ReduceOp::sum ? ncclSum : ncclMax, comm_, s));
+    return end(CommOp::all_reduce, s);
   }
-  Work reduce_scatter(Buf in, Buf out) override {
+  Work reduce_scatter(Buf in, Buf out, const Stream& after) override {
     count(CommOp::reduce_scatter, in.bytes());
-    LOOM_NCCL_CHECK(
-        ncclReduceScatter(in.data, out.data, size_t(out.count), nccl_type(in.dtype), ncclSum, comm_, stream_));
-    return done_on_stream();
+    cudaStream_t s = begin(after, {in, out});
+    LOOM_NCCL_CHECK(ncclReduceScatter(in.data, out.data, size_t(out.count), nccl_type(in.dtype), ncclSum, comm_, s));
+    return end(CommOp::reduce_scatter, s);
   }
-  Work all_gather(Buf in, Buf out) override {
+  Work all_gather(Buf in, Buf out, const Stream& after) override {
     count(CommOp::all_gather, out.bytes());
-    LOOM_NCCL_CHECK(ncclAllGather(in.data, out.data, size_t(in.count), nccl_type(in.dtype), comm_, stream_));
-    return done_on_stream();
+    cudaStream_t s = begin(after, {in, out});
+    LOOM_NCCL_CHECK(ncclAllGather(in.data, out.data, size_t(in.count), nccl_type(in.dtype), comm_, s));
+    return end(CommOp::all_gather, s);
   }
-  Work broadcast(Buf b, int root) override {
+  Work broadcast(Buf b, int root, const Stream& after) override {
     count(CommOp::broadcast, b.bytes());
-    LOOM_NCCL_CHECK(ncclBroadcast(b.data, b.data, size_t(b.count), nccl_type(b.dtype), root, comm_, stream_));
-    return done_on_stream();
+    cudaStream_t s = begin(after, {b});
+    LOOM_NCCL_CHECK(ncclBroadcast(b.data, b.data, size_t(b.count), nccl_type(b.dtype), root, comm_, s));
+    return end(CommOp::broadcast, s);
   }
-  Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc) override {
+  Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc,
+                    const Stream& after) override {
     const size_t es = dtype_size(in.dtype);
     int64_t so = 0, ro = 0, sent = 0;
+    cudaStream_t s = begin(after, {in, out});
     LOOM_NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < size_; ++r) {
       if (sc[size_t(r)])
-        LOOM_NCCL_CHECK(ncclSend(static_cast<char*>(in.data) + so * es, size_t(sc[size_t(r)]), nccl_type(in.dtype), r,
-                                 comm_, stream_));
+        LOOM_NCCL_CHECK(
+            ncclSend(static_cast<char*>(in.data) + so * es, size_t(sc[size_t(r)]), nccl_type(in.dtype), r, comm_, s));
       if (rc[size_t(r)])
-        LOOM_NCCL_CHECK(ncclRecv(static_cast<char*>(out.data) + ro * es, size_t(rc[size_t(r)]), nccl_type(out.dtype), r,
-                                 comm_, stream_));
+        LOOM_NCCL_CHECK(
+            ncclRecv(static_cast<char*>(out.data) + ro * es, size_t(rc[size_t(r)]), nccl_type(out.dtype), r, comm_, s));
       so += sc[size_t(r)], ro += rc[size_t(r)], sent += sc[size_t(r)];
     }
     LOOM_NCCL_CHECK(ncclGroupEnd());
     count(CommOp::all_to_all, size_t(sent) * es);
-    return done_on_stream();
+    return end(CommOp::all_to_all, s);
   }
-  Work send(Buf b, int peer, int) override {
+  Work send(Buf b, int peer, int, const Stream& after) override {
     count(CommOp::send, b.bytes());
-    LOOM_NCCL_CHECK(ncclSend(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, stream_));
-    return done_on_stream();
+    cudaStream_t s = begin(after, {b});
+    LOOM_NCCL_CHECK(ncclSend(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s));
+    return end(CommOp::send, s);
   }
-  Work recv(Buf b, int peer, int) override {
+  Work recv(Buf b, int peer, int, const Stream& after) override {
     count(CommOp::recv, b.bytes());
-    LOOM_NCCL_CHECK(ncclRecv(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, stream_));
-    return done_on_stream();
+    cudaStream_t s = begin(after, {b});
+    LOOM_NCCL_CHECK(ncclRecv(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s));
+    return end(CommOp::recv, s);
   }
   Work barrier() override {
     count(CommOp::barrier, 0);
     if (!scratch_) LOOM_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
     LOOM_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
-    Work w = done_on_stream();
+    Work w = end(CommOp::barrier, stream_);
     w.wait();
     return w;
   }
 
  private:
-  // A Work that completes when everything issued so far on this group's stream has.
-  Work done_on_stream() {
-    cudaEvent_t ev;
-    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    LOOM_CUDA_CHECK(cudaEventRecord(ev, stream_));
-    std::shared_ptr<CUevent_st> owned(ev, [](cudaEvent_t e) { cudaEventDestroy(e); });
+  struct Pending {
+    CommOp kind;
+    int64_t seq;
+    EventPtr done;
+    std::chrono::steady_clock::time_point issued;
+  };
+
+  // The stream the op runs on, ordered after `after`'s work so far.
+  cudaStream_t begin(const Stream& after, std::initializer_list<Buf> bufs) {
+    for (const Buf& b : bufs)
+      LOOM_CHECK(b.count == 0 || b.device == DeviceKind::cuda,
+                 "group '{}' (NCCL) was handed a host buffer; NCCL groups carry CUDA buffers", name_);
+    const bool device_after = after.kind == DeviceKind::cuda;
+    if (opt_.on_caller_stream && device_after) return static_cast<cudaStream_t>(after.handle);
+    if (device_after) {
+      EventPtr ev = event_new();
+      LOOM_CUDA_CHECK(cudaEventRecord(ev.get(), static_cast<cudaStream_t>(after.handle)));
+      LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, ev.get(), 0));
+    }
+    return stream_;
+  }
+
+  Work end(CommOp kind, cudaStream_t s) {
+    EventPtr done = event_new();
+    LOOM_CUDA_CHECK(cudaEventRecord(done.get(), s));
+    if (watchdog_.joinable()) {
+      std::lock_guard lk(mu_);
+      pending_.push_back({kind, counters_.seq, done, std::chrono::steady_clock::now()});
+    }
     auto st = std::make_shared<Work::State>();
-    st->device = [owned](bool block) {
-      if (block) {
-        LOOM_CUDA_CHECK(cudaEventSynchronize(owned.get()));
-        return true;
-      }
-      return cudaEventQuery(owned.get()) == cudaSuccess;
+    st->land = [done](const Stream* consumer) {
+      if (consumer && consumer->kind == DeviceKind::cuda)
+        LOOM_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer->handle), done.get(), 0));
+      else
+        LOOM_CUDA_CHECK(cudaEventSynchronize(done.get()));
     };
+    st->poll = [done] { return cudaEventQuery(done.get()) == cudaSuccess; };
     return Work(st);
+  }
+
+  // Polls the oldest pending op: done ones are dropped; an asynchronous NCCL error or an op
+  // past the timeout ends the job with one line that names the op and the group.
+  void watch() {
+    cudaSetDevice(device_);
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::unique_lock lk(mu_);
+      if (stop_) return;
+      while (!pending_.empty() && cudaEventQuery(pending_.front().done.get()) == cudaSuccess) pending_.pop_front();
+      if (pending_.empty()) continue;
+      const Pending p = pending_.front();
+      lk.unlock();
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.issued).count();
+      if (async != ncclSuccess && async != ncclInProgress) {
+        std::fprintf(stderr, "error: rank %d: %s #%lld on group '%s' failed: %s\n", opt_.world_rank,
+                     comm_op_name(p.kind), (long long)p.seq, name_.c_str(), ncclGetErrorString(async));
+      } else if (waited >= opt_.timeout_s) {
+        std::fprintf(stderr,
+                     "error: rank %d: %s #%lld on group '%s' has not completed after %.0f s; a peer rank has likely "
+                     "died or hangs (parallel.timeout_s = %.0f)\n",
+                     opt_.world_rank, comm_op_name(p.kind), (long long)p.seq, name_.c_str(), waited, opt_.timeout_s);
+      } else {
+        continue;
+      }
+      std::fflush(stderr);
+      ncclCommAbort(comm_);
+      if (opt_.end_job) opt_.end_job();
+      std::_Exit(4);
+    }
   }
 
   std::shared_ptr<NcclWorld> world_;
   ncclComm_t comm_;
   bool owns_;
+  NcclOptions opt_;
+  int device_ = 0;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;
+  std::mutex mu_;
+  std::deque<Pending> pending_;
+  bool stop_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace
 
 std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world, const std::string& name, int color,
-                                         const std::vector<int>& ranks) {
-  if (name == "world") return std::make_unique<NcclGroup>(world, name, world->comm, false, ranks);
+                                         const std::vector<int>& ranks, const NcclOptions& options) {
+  if (name == "world") return std::make_unique<NcclGroup>(world, name, world->comm, false, ranks, options);
   ncclComm_t sub = nullptr;
   LOOM_NCCL_CHECK(ncclCommSplit(world->comm, color, world->rank, &sub, nullptr));
-  return std::make_unique<NcclGroup>(world, name, sub, true, ranks);
+  return std::make_unique<NcclGroup>(world, name, sub, true, ranks, options);
 }
 
 }  // namespace loom

@@ -1,7 +1,13 @@
-// The NCCL backend: CUDA buffers, one stream per group, completion tracked by CUDA events.
+// The NCCL backend: CUDA buffers, completion tracked by CUDA events. An op waits (on the device)
+// for the stream that produced its input, runs on the group's own stream (or on that stream
+// itself, for groups whose consumers block on every op anyway, like tensor parallel's), and
+// its Work lands on a consumer stream as an event wait: no host wait inside a step.
 // The world communicator is created from an ncclUniqueId that travels over the MPI world
-// group; every other group is split from it with ncclCommSplit. Built when CUDA is on.
+// group; every other group is split from it with ncclCommSplit. Like the MPI groups, each
+// group has a watchdog: an op pending past timeout_s, or an asynchronous NCCL error, prints
+// which op of which group, aborts the communicator and ends the job. Built when CUDA is on.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -10,13 +16,23 @@
 namespace loom {
 
 class NcclWorld;
+class Trace;
 
 // Creates the NCCL world communicator; collective over `mpi_world`. The current CUDA device
 // must already be set (local rank picks it).
 std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world);
-// The world as a group, or the group of `ranks` split with `color` (collective over the world).
+
+struct NcclOptions {
+  bool on_caller_stream = false;  // run ops on the `after` stream instead of the group's own
+  double timeout_s = 0;           // watchdog (0: none)
+  int world_rank = 0;             // for the watchdog's message
+  std::function<void()> end_job;  // how the watchdog ends the job (MPI_Abort under mpirun)
+  Trace* trace = nullptr;
+};
+// The world as a group (name "world"), or the group of `ranks` split with `color` (collective
+// over the world).
 std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world, const std::string& name, int color,
-                                         const std::vector<int>& ranks);
+                                         const std::vector<int>& ranks, const NcclOptions& options = {});
 // Devices the CUDA runtime sees (0 without a driver or GPU).
 int cuda_device_count();
 // Makes device local_rank % count current; returns it, or -1 without a GPU.

@@ -18,8 +18,8 @@ int64_t CommCounters::total_bytes() const {
 
 void Work::wait() const {
   if (!s_) return;
-  if (s_->device) {
-    s_->device(true);
+  if (s_->land) {
+    s_->land(nullptr);
     return;
   }
   std::unique_lock lk(s_->mu);
@@ -27,9 +27,18 @@ void Work::wait() const {
   if (s_->error) std::rethrow_exception(s_->error);
 }
 
+void Work::wait_on(const Stream& s) const {
+  if (!s_) return;
+  if (s_->land) {
+    s_->land(&s);
+    return;
+  }
+  wait();  // a host backend's result is in place once the host has waited
+}
+
 bool Work::done() const {
   if (!s_) return true;
-  if (s_->device) return s_->device(false);
+  if (s_->poll) return s_->poll();
   std::lock_guard lk(s_->mu);
   return s_->done;
 }
@@ -39,39 +48,46 @@ namespace {
 class LocalGroup final : public ProcessGroup {
  public:
   LocalGroup(const std::string& name, int world_rank) : ProcessGroup(name, 0, 1, {world_rank}) {}
-  Work all_reduce(Buf b, ReduceOp) override {
+  Work all_reduce(Buf b, ReduceOp, const Stream&) override {
     count(CommOp::all_reduce, b.bytes());
     return {};
   }
-  Work reduce_scatter(Buf in, Buf out) override {
+  Work reduce_scatter(Buf in, Buf out, const Stream& after) override {
     count(CommOp::reduce_scatter, in.bytes());
-    copy(in, out);
+    copy(in, out, after);
     return {};
   }
-  Work all_gather(Buf in, Buf out) override {
+  Work all_gather(Buf in, Buf out, const Stream& after) override {
     count(CommOp::all_gather, out.bytes());
-    copy(in, out);
+    copy(in, out, after);
     return {};
   }
-  Work broadcast(Buf b, int) override {
+  Work broadcast(Buf b, int, const Stream&) override {
     count(CommOp::broadcast, b.bytes());
     return {};
   }
-  Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>&) override {
+  Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>&,
+                    const Stream& after) override {
     count(CommOp::all_to_all, size_t(sc.at(0)) * dtype_size(in.dtype));
-    std::memcpy(out.data, in.data, size_t(sc.at(0)) * dtype_size(in.dtype));
+    copy(in.slice(0, sc.at(0)), out, after);
     return {};
   }
-  Work send(Buf, int, int) override { fail("group '{}' has one rank: there is no peer to send to", name_); }
-  Work recv(Buf, int, int) override { fail("group '{}' has one rank: there is no peer to receive from", name_); }
+  Work send(Buf, int, int, const Stream&) override {
+    fail("group '{}' has one rank: there is no peer to send to", name_);
+  }
+  Work recv(Buf, int, int, const Stream&) override {
+    fail("group '{}' has one rank: there is no peer to receive from", name_);
+  }
   Work barrier() override {
     count(CommOp::barrier, 0);
     return {};
   }
+  bool carries(DeviceKind) const override { return true; }
 
  private:
-  static void copy(Buf in, Buf out) {
-    if (in.data != out.data) std::memcpy(out.data, in.data, std::min(in.bytes(), out.bytes()));
+  static void copy(Buf in, Buf out, const Stream& after) {
+    stream_copy(in.device == DeviceKind::cpu && out.device == DeviceKind::cpu ? host_stream() : after, out.data,
+                in.data, std::min(in.bytes(), out.bytes()));
   }
 };
 

@@ -1,8 +1,12 @@
 // ProcessGroup: the collectives and point-to-point ops one mesh axis needs. Every op is
 // asynchronous and returns a Work; ops run in issue order, carry a per-group sequence number
 // (what the watchdog and flight recorder name), and add to per-group byte counters.
-// Backends: LocalGroup (one rank, no communication), MpiGroup (CPU buffers, a dedicated
-// communication thread per group), NcclGroup (CUDA buffers, its own stream; CUDA builds).
+// Stream order: an op reads its input after the work already issued to `after` (the stream
+// that produced it), and a consumer calls Work::wait_on(its stream) before it reads the result;
+// neither side waits on the host where the backend can do better.
+// Backends: LocalGroup (one rank, no communication), MpiGroup (host buffers, a dedicated
+// communication thread per group; CUDA buffers staged through pinned host memory),
+// NcclGroup (CUDA buffers, its own stream or the caller's; CUDA builds).
 #pragma once
 #include <array>
 #include <condition_variable>
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/device.h"
 #include "runtime/tensor.h"
 
 namespace loom {
@@ -24,16 +29,23 @@ enum class CommOp { all_reduce, reduce_scatter, all_gather, broadcast, all_to_al
 constexpr int kCommOps = 8;
 const char* comm_op_name(CommOp op);
 
-// A typed span of memory that a collective reads or writes.
+// A typed span of memory on a device that a collective (or a device op) reads or writes.
 struct Buf {
   void* data = nullptr;
   int64_t count = 0;
   DType dtype = DType::f32;
+  DeviceKind device = DeviceKind::cpu;
   Buf() = default;
+  Buf(void* p, int64_t n, DType t, DeviceKind d) : data(p), count(n), dtype(t), device(d) {}
   Buf(float* p, int64_t n) : data(p), count(n), dtype(DType::f32) {}
+  Buf(double* p, int64_t n) : data(p), count(n), dtype(DType::f64) {}
   Buf(int32_t* p, int64_t n) : data(p), count(n), dtype(DType::i32) {}
-  Buf(const Tensor& t) : data(t.data<char>()), count(t.numel()), dtype(t.dtype) {}
+  Buf(const Tensor& t) : data(t.data<char>()), count(t.numel()), dtype(t.dtype), device(t.device()) {}
   size_t bytes() const { return size_t(count) * dtype_size(dtype); }
+  // Elements [at, at + n) of this span.
+  Buf slice(int64_t at, int64_t n) const {
+    return Buf(static_cast<char*>(data) + size_t(at) * dtype_size(dtype), n, dtype, device);
+  }
 };
 
 class Work {
@@ -44,13 +56,15 @@ class Work {
     bool done = false;
     std::exception_ptr error;
     double start_us = 0, end_us = 0;  // on the group's trace clock
-    // Device backends complete on a stream: device(true) blocks until the op is done,
-    // device(false) asks without blocking.
-    std::function<bool(bool)> device;
+    // Device backends: land(stream) makes the result visible to work issued to `stream` from
+    // now on (null: to the host), poll() asks without blocking. Host backends leave them empty.
+    std::function<void(const Stream*)> land;
+    std::function<bool()> poll;
   };
   Work() = default;  // an already-complete Work
   explicit Work(std::shared_ptr<State> s) : s_(std::move(s)) {}
-  void wait() const;  // rethrows the op's error
+  void wait() const;                    // the host waits; rethrows the op's error
+  void wait_on(const Stream& s) const;  // work issued to s from now on sees the result
   bool done() const;
   double duration_us() const { return s_ ? s_->end_us - s_->start_us : 0.0; }
 
@@ -74,20 +88,23 @@ class ProcessGroup {
   const std::vector<int>& world_ranks() const { return world_ranks_; }
   const CommCounters& counters() const { return counters_; }
 
+  // `after`: the stream whose work so far produced the inputs (see the file comment).
   // In place over `buf` (payload: buf bytes).
-  virtual Work all_reduce(Buf buf, ReduceOp op = ReduceOp::sum) = 0;
+  virtual Work all_reduce(Buf buf, ReduceOp op = ReduceOp::sum, const Stream& after = host_stream()) = 0;
   // in: size * n elements, out: n elements; rank r receives the sum of block r (payload: in).
-  virtual Work reduce_scatter(Buf in, Buf out) = 0;
+  virtual Work reduce_scatter(Buf in, Buf out, const Stream& after = host_stream()) = 0;
   // in: n elements, out: size * n elements, block r from rank r (payload: out).
-  virtual Work all_gather(Buf in, Buf out) = 0;
-  virtual Work broadcast(Buf buf, int root) = 0;  // payload: buf
+  virtual Work all_gather(Buf in, Buf out, const Stream& after = host_stream()) = 0;
+  virtual Work broadcast(Buf buf, int root, const Stream& after = host_stream()) = 0;  // payload: buf
   // send_counts[r] elements go to rank r, recv_counts[r] come from it; displacements are
   // the prefix sums (payload: elements sent).
   virtual Work all_to_all_v(Buf in, const std::vector<int64_t>& send_counts, Buf out,
-                            const std::vector<int64_t>& recv_counts) = 0;
-  virtual Work send(Buf buf, int peer, int tag = 0) = 0;
-  virtual Work recv(Buf buf, int peer, int tag = 0) = 0;
+                            const std::vector<int64_t>& recv_counts, const Stream& after = host_stream()) = 0;
+  virtual Work send(Buf buf, int peer, int tag = 0, const Stream& after = host_stream()) = 0;
+  virtual Work recv(Buf buf, int peer, int tag = 0, const Stream& after = host_stream()) = 0;
   virtual Work barrier() = 0;
+  // Whether this group's ops can read and write buffers on `device`.
+  virtual bool carries(DeviceKind device) const { return device == DeviceKind::cpu; }
 
  protected:
   ProcessGroup(std::string name, int rank, int size, std::vector<int> world_ranks)
@@ -103,7 +120,8 @@ class ProcessGroup {
   CommCounters counters_;
 };
 
-// One rank: every collective is the identity (copies where input and output differ).
+// One rank: every collective is the identity (copies where input and output differ, on the
+// `after` stream for device buffers).
 std::unique_ptr<ProcessGroup> local_group(const std::string& name, int world_rank);
 
 }  // namespace loom

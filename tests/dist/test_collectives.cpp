@@ -44,6 +44,29 @@ TEST_P(Collectives, AllReduceSumMaxAndInt) {
   EXPECT_EQ(g.counters().seq - seq0, 3);
 }
 
+// The scalars that travel (loss sums, squared norms) reduce in double, and bf16 reduces through
+// loom's own MPI ops: sums in fp32, rounded once per pair.
+TEST_P(Collectives, AllReduceDoubleAndBf16) {
+  auto& g = group();
+  const int n = g.size();
+  int wsum = 0;
+  for (int j = 0; j < n; ++j) wsum += W(j);
+  // 1 + 1e-10 (r + 1): a float would round every term to 1.
+  std::vector<double> d = {1.0 + 1e-10 * double(g_rank + 1), 1.0 / 3.0};
+  g.all_reduce(Buf(d.data(), 2)).wait();
+  EXPECT_NEAR(d[0], double(n) + 1e-10 * double(wsum + n), 1e-14);
+  EXPECT_NEAR(d[1], double(n) / 3.0, 1e-15);
+  std::vector<bf16> h(4);
+  for (int i = 0; i < 4; ++i) h[size_t(i)].bits = f32_to_bf16(float(g_rank) + 0.5f * float(i));
+  g.all_reduce(Buf(h.data(), 4, DType::bf16, DeviceKind::cpu)).wait();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(bf16_to_f32(h[size_t(i)].bits), float(wsum) + float(n) * 0.5f * float(i)) << i;
+  bf16 mx{f32_to_bf16(float(g_rank))};
+  g.all_reduce(Buf(&mx, 1, DType::bf16, DeviceKind::cpu), ReduceOp::max).wait();
+  int wmax = 0;
+  for (int j = 0; j < n; ++j) wmax = std::max(wmax, W(j));
+  EXPECT_EQ(bf16_to_f32(mx.bits), float(wmax));
+}
+
 TEST_P(Collectives, ReduceScatterAndAllGather) {
   auto& g = group();
   const int n = g.size(), r = g.rank(), k = 37;
@@ -113,25 +136,25 @@ TEST(ConjugatePairs, EachHalfMatchesItsClosedForm) {
   for (int j = 0; j < n; ++j) wsum += W(j);
   std::vector<float> g(k);
   for (int i = 0; i < k; ++i) g[size_t(i)] = float(g_rank + i);
-  copy_to_tp_backward(tp, g.data(), k);  // identity forward, all-reduce backward
+  copy_to_tp_backward(tp, Buf(g.data(), k), host_stream());  // identity forward, all-reduce backward
   for (int i = 0; i < k; ++i) EXPECT_EQ(g[size_t(i)], float(wsum + n * i));
   std::vector<float> x(k, float(g_rank));
-  reduce_from_tp_forward(tp, x.data(), k);  // all-reduce forward, identity backward
+  reduce_from_tp_forward(tp, Buf(x.data(), k), host_stream());  // all-reduce forward, identity backward
   EXPECT_EQ(x, std::vector<float>(size_t(k), float(wsum)));
 
   // Sequence parallel: rows split in tp blocks of k elements.
   std::vector<float> shard(k), full(static_cast<size_t>(n * k)), back(k);
   for (int i = 0; i < k; ++i) shard[size_t(i)] = float(g_rank * 100 + i);
-  gather_from_sp_forward(tp, shard.data(), full.data(), k);
+  gather_from_sp_forward(tp, Buf(shard.data(), k), Buf(full.data(), n * k), host_stream());
   for (int b = 0; b < n; ++b)
     for (int i = 0; i < k; ++i) EXPECT_EQ(full[size_t(b * k + i)], float(W(b) * 100 + i));
-  scatter_to_sp_backward(tp, shard.data(), full.data(), k);  // the same all-gather
+  scatter_to_sp_backward(tp, Buf(shard.data(), k), Buf(full.data(), n * k), host_stream());  // the same all-gather
   for (int b = 0; b < n; ++b) EXPECT_EQ(full[size_t(b * k)], float(W(b) * 100));
   for (int j = 0; j < n * k; ++j) full[size_t(j)] = float(g_rank + j);
-  gather_from_sp_backward(tp, full.data(), back.data(), k);  // reduce-scatter
+  gather_from_sp_backward(tp, Buf(full.data(), n * k), Buf(back.data(), k), host_stream());  // reduce-scatter
   for (int i = 0; i < k; ++i) EXPECT_EQ(back[size_t(i)], float(wsum + n * (r * k + i)));
   std::fill(back.begin(), back.end(), -1.0f);
-  scatter_to_sp_forward(tp, full.data(), back.data(), k);  // the same reduce-scatter
+  scatter_to_sp_forward(tp, Buf(full.data(), n * k), Buf(back.data(), k), host_stream());  // the same reduce-scatter
   for (int i = 0; i < k; ++i) EXPECT_EQ(back[size_t(i)], float(wsum + n * (r * k + i)));
 }
 
@@ -149,7 +172,8 @@ int main(int argc, char** argv) {
   int rc;
   {
     Trace trace(false);
-    DeviceMesh mesh(MeshDims{.pp = 2, .dp = 2, .cp = 1, .tp = 2}, world.rank(), world.size(), true, &trace);
+    DeviceMesh mesh(MeshDims{.pp = 2, .dp = 2, .cp = 1, .tp = 2}, world.rank(), world.size(),
+                    MeshOptions{.use_mpi = true, .trace = &trace});
     g_mesh = &mesh;
     rc = RUN_ALL_TESTS();
     mesh.world_group().barrier().wait();

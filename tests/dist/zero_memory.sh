@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
-# ZeRO at dp=4, stages 0-3: the ledger of each run against `loom plan memory` (within 10%),
-# optimizer state / gradients / weights sharded to a quarter, communication per step against
-# theory, and (stage 3) parameter all-gathers overlapping compute in the trace.
+# The memory ledger against `loom plan memory`, to the byte, for f32 and bf16 at ZeRO 0-3, at
+# dp 4 and at dp 2 x tp 2; at dp 4, optimizer state / master weights / gradients / weights
+# sharded to a quarter and the communication per step against theory; and (stage 3) parameter
+# all-gathers overlapping compute in the trace.
 #   zero_memory.sh LOOM COMPARE "MPIRUN..."
 set -euo pipefail
 loom=$1 compare=$2 mpirun=$3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-common=(--set model.n_layer=4 --set model.d_model=64 --set model.n_head=4 --set model.vocab_size=512
+common=(--set model.n_layer=4 --set model.d_model=64 --set model.n_head=4 --set model.vocab_size=500
         --set model.seq_len=32 --set train.micro_batch=2 --set train.global_batch=8 --set train.steps=2
-        --set train.threads=1 --set data.val_batches=0 --set parallel.dp=4)
-"$loom" plan memory "${common[@]}" --json > "$dir/plan.json"
-"$loom" plan memory "${common[@]}"
-for z in 0 1 2 3; do
-  $mpirun -np 4 "$loom" train "${common[@]}" --set parallel.zero=$z --set log.dir="$dir/z$z" \
-    > "$dir/z$z.log" 2>&1 || { cat "$dir/z$z.log"; exit 1; }
+        --set train.threads=1 --set train.device=cpu --set data.val_batches=0)
+for layout in "dp4:--set parallel.dp=4" "dp2tp2:--set parallel.dp=2 --set parallel.tp=2 --set parallel.sp=true"; do
+  name=${layout%%:*}
+  read -r -a lay <<< "${layout#*:}"
+  for dtype in f32 bf16; do
+    for z in 0 1 2 3; do
+      run=$dir/${name}_${dtype}_z$z
+      "$loom" plan memory "${common[@]}" "${lay[@]}" --set train.dtype=$dtype --set parallel.zero=$z --json > "$run.plan.json"
+      $mpirun -np 4 "$loom" train "${common[@]}" "${lay[@]}" --set train.dtype=$dtype --set parallel.zero=$z \
+        --set log.dir="$run" > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
+      "$compare" --ledger "$run.plan.json" "$run"
+    done
+    [ "$name" = dp4 ] && "$compare" --memory "$dir/${name}_${dtype}_z0.plan.json" "$dir/${name}_${dtype}_z"{0,1,2,3}
+  done
 done
-"$compare" --memory "$dir/plan.json" "$dir/z0" "$dir/z1" "$dir/z2" "$dir/z3"
+"$loom" plan memory "${common[@]}" --set parallel.dp=4
 # Overlap needs blocks whose gathers take a while: a wider model, two ranks, a few steps.
 $mpirun -np 2 "$loom" train --set model.n_layer=6 --set model.d_model=256 --set model.n_head=4 \
   --set model.seq_len=64 --set train.micro_batch=4 --set train.global_batch=8 --set train.steps=3 \
-  --set train.threads=1 --set data.val_batches=0 --set parallel.dp=2 --set parallel.zero=3 \
+  --set train.threads=1 --set train.device=cpu --set data.val_batches=0 --set parallel.dp=2 --set parallel.zero=3 \
   --set log.trace=true --set log.dir="$dir/trace" > "$dir/trace.log" 2>&1 || { cat "$dir/trace.log"; exit 1; }
 "$compare" --gather-trace "$dir/trace/trace.rank0.json"

@@ -146,9 +146,10 @@ TEST(Cli, PlanMemoryReproducesTheZeroPaper) {
   ASSERT_EQ(r.status, 0) << r.output;
   for (auto* want : {"zero 0:      120.0", "zero 1:       31.4", "zero 2:       16.6", "zero 3:        1.9"})
     EXPECT_NE(r.output.find(want), std::string::npos) << want << " in " << r.output;
-  CliRun own = loom_run("plan memory --dp 2 --json");
+  CliRun own = loom_run("plan memory --dp 2 --set parallel.zero=3 --json");
   ASSERT_EQ(own.status, 0) << own.output;
-  EXPECT_NE(own.output.find("\"zero\":3"), std::string::npos);
+  EXPECT_NE(own.output.find("\"zero\":3"), std::string::npos) << own.output;
+  EXPECT_NE(own.output.find("{\"rank\":1,"), std::string::npos) << own.output;
 }
 
 TEST(Cli, ListKeysPrintConfigAndInfo) {

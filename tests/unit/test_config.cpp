@@ -84,9 +84,11 @@ TEST(Config, TensorParallelRefusesWhatDoesNotSplit) {
   EXPECT_EQ(
       error_of([] { loaded("[model]\narch = \"llama\"\nn_head = 8\nn_kv_head = 2\n[parallel]\ntp = 4\n"); }),
       "parallel.tp = 4 does not divide the 2 key/value heads (model.n_kv_head); each tp rank needs whole kv heads");
-  EXPECT_EQ(
-      error_of([] { loaded("[model]\nvocab_size = 50257\n[parallel]\ntp = 2\n"); }),
-      "parallel.tp = 2 does not divide model.vocab_size = 50257; pad the vocabulary to a multiple of 2 (e.g. 50304)");
+  // Any vocabulary splits: loom pads it to a multiple of 64 x tp.
+  EXPECT_EQ(error_of([] { loaded("[model]\nvocab_size = 50257\n[parallel]\ntp = 2\n"); }), "");
+  EXPECT_EQ(loaded("[model]\nvocab_size = 50257\n[parallel]\ntp = 2\n").vocab_padded(), 50304);
+  EXPECT_EQ(loaded("[model]\nvocab_size = 50257\nn_head = 8\n[parallel]\ntp = 8\n").vocab_padded(), 50688);
+  EXPECT_EQ(loaded("[model]\nvocab_size = 512\n").vocab_padded(), 512);
   EXPECT_EQ(error_of([] { loaded("[parallel]\nsp = true\n"); }),
             "parallel.sp = true needs tensor parallelism (parallel.tp > 1)");
   EXPECT_EQ(error_of([] { loaded("[parallel]\ntp = 2\nsp = true\n"); }), "");
@@ -98,37 +100,43 @@ TEST(Config, TheGpuPathRefusesWhatItDoesNotHave) {
               std::string::npos);
     return;
   }
-  EXPECT_EQ(error_of([] { loaded("[train]\ndevice = \"cuda\"\nmicro_batch = 8\n[parallel]\ndp = 2\n"); }),
-            "train.device = \"cuda\" trains on one GPU in this build; set parallel.dp = 1, parallel.tp = 1 and "
-            "parallel.zero = 0 (multi-GPU layouts run on the CPU path today)");
+  // Every layout runs on the GPU; head dims the CUDA attention kernels do not take do not.
+  EXPECT_EQ(error_of([] { loaded("[train]\ndevice = \"cuda\"\nmicro_batch = 8\n[parallel]\ndp = 2\nzero = 3\n"); }),
+            "");
+  EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\n[model]\nd_model = 96\nn_head = 2\n"); })
+                .find("head dims 32, 64 and 128"),
+            std::string::npos);
   EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\ndtype = \"f32\"\n"); }).find("computes in bf16"),
             std::string::npos);
   EXPECT_EQ(error_of([] { loaded("[train]\ndevice = \"cuda\"\nrecompute = \"full\"\n"); }), "");
   EXPECT_EQ(error_of([] { loaded("[train]\ndevice = \"cuda\"\n"); }), "");
-  EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cpu\"\ndtype = \"bf16\"\n"); }).find("the CPU computes in f32"),
-            std::string::npos);
 }
 
 // device_resolve is pure: the visible GPU count is its argument, so every case runs here.
-TEST(Config, AutoDeviceTakesTheGpuWhereItsPathRunsTheLayout) {
+TEST(Config, AutoDeviceTakesTheGpuWhereItsKernelsRunTheModel) {
   std::string why;
   const Config plain = loaded("");
   EXPECT_EQ(device_resolve(plain, 1, &why), "cuda");
   EXPECT_EQ(why, "");
   EXPECT_EQ(device_resolve(plain, 0, &why), "cpu");
   EXPECT_EQ(why, "");  // no GPU: nothing to explain
-  EXPECT_EQ(device_resolve(loaded("[train]\nmicro_batch = 8\n[parallel]\ndp = 2\n"), 1, &why), "cpu");
-  EXPECT_NE(why.find("no dp, tp or ZeRO"), std::string::npos);
-  why.clear();
+  // Every layout runs on the GPU.
+  EXPECT_EQ(device_resolve(loaded("[train]\nmicro_batch = 8\n[parallel]\ndp = 2\nzero = 3\n"), 1, &why), "cuda");
+  EXPECT_EQ(device_resolve(loaded("[parallel]\ntp = 2\nsp = true\n"), 1, &why), "cuda");
   EXPECT_EQ(device_resolve(loaded("[train]\nrecompute = \"full\"\n"), 2, &why), "cuda");
   EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"f32\"\n"), 1, &why), "cpu");
   EXPECT_NE(why.find("f32"), std::string::npos);
+  why.clear();
+  // A head dim the CUDA attention kernels do not take stays on the CPU rather than crash there.
+  EXPECT_EQ(device_resolve(loaded("[model]\nd_model = 96\nn_head = 2\n"), 1, &why), "cpu");
+  EXPECT_NE(why.find("head dims 32, 64 and 128"), std::string::npos);
   EXPECT_EQ(device_resolve(loaded("[train]\ndevice = \"cpu\"\n"), 1, &why), "cpu");
-  // bf16 asks for the GPU path: without one it is an error, not a quiet fp32 run.
+  // bf16 runs on either device: the CPU stores bf16 and computes in fp32.
   EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"bf16\"\n"), 1, &why), "cuda");
-  EXPECT_NE(
-      error_of([&] { device_resolve(loaded("[train]\ndtype = \"bf16\"\n"), 0, &why); }).find("needs the GPU path"),
-      std::string::npos);
+  EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"bf16\"\n"), 0, &why), "cpu");
+  EXPECT_EQ(dtype_resolve(loaded("[train]\ndtype = \"bf16\"\n"), "cpu"), DType::bf16);
+  EXPECT_EQ(dtype_resolve(plain, "cpu"), DType::f32);
+  EXPECT_EQ(dtype_resolve(plain, "cuda"), DType::bf16);
 }
 
 TEST(Config, EveryKeyRoundTripsThroughToml) {
@@ -137,5 +145,5 @@ TEST(Config, EveryKeyRoundTripsThroughToml) {
   config_load_string(b, config_to_toml(a), "roundtrip");
   config_validate(b);
   EXPECT_EQ(config_to_toml(a), config_to_toml(b));
-  EXPECT_EQ(config_keys().size(), 59u);
+  EXPECT_EQ(config_keys().size(), 61u);
 }

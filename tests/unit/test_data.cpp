@@ -5,6 +5,7 @@
 #include <set>
 
 #include "checkpoint/safetensors.h"
+#include "model/backend.h"
 #include "optim/adamw.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
@@ -173,38 +174,68 @@ TEST(Tokenizer, Gpt2BpeMergesByRank) {
   EXPECT_EQ(tokenize_bytes("A\xff"), (std::vector<int32_t>{65, 255}));
 }
 
+// AdamW over the chunk table against the formula in double: fp32 weights updated in place,
+// and (bf16 compute) fp32 master weights with the bf16 parameters their rounding.
 TEST(Optim, AdamWMatchesTheFormulaInDouble) {
   ParamRegistry reg;
   reg.add("w", {2, 2}, ParamSpec::Init::normal);  // decays
   reg.add("b", {3}, ParamSpec::Init::zeros);      // does not
-  Allocator alloc;
-  AdamW opt(adam_segments(reg), int64_t(reg.numel()), alloc);
-  auto p = test::randn(7, 1), g0 = test::randn(7, 2);
-  std::vector<double> P(p.begin(), p.end()), M(7, 0), Vv(7, 0);
-  const AdamWHyper h{0.1, 0.9, 0.95, 1e-8, 0.1};
-  for (int step = 1; step <= 3; ++step) {
-    std::vector<float> g(7);
-    for (int i = 0; i < 7; ++i) g[i] = g0[i] * float(step);
-    opt.update(p.data(), g.data(), h, step);
+  Config cfg = config_defaults();
+  config_validate(cfg);
+  for (bool master : {false, true}) {
+    Allocator alloc;
+    auto be = cpu_backend(cfg, master ? DType::bf16 : DType::f32, alloc);
+    AdamW opt(*be, opt_chunks(reg, 0), int64_t(reg.numel()), master);
+    auto p = test::randn(7, 1), g0 = test::randn(7, 2);
+    std::vector<bf16> low(7);
+    if (master) std::copy(p.begin(), p.end(), opt.master());
+    std::vector<double> P(p.begin(), p.end()), M(7, 0), Vv(7, 0);
+    const AdamWHyper h{0.1, 0.9, 0.95, 1e-8, 0.1};
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<float> g(7);
+      for (int i = 0; i < 7; ++i) g[i] = g0[i] * float(step);
+      opt.norm_squares(g.data());
+      opt.update(master ? Ptr(low.data(), 2) : Ptr(p.data(), 4), g.data(), h, step, 0.0);
+      for (int i = 0; i < 7; ++i) {
+        double wd = i < 4 ? h.weight_decay : 0.0;
+        P[i] *= 1 - h.lr * wd;
+        M[i] = h.beta1 * M[i] + (1 - h.beta1) * g[i];
+        Vv[i] = h.beta2 * Vv[i] + (1 - h.beta2) * double(g[i]) * g[i];
+        double mh = M[i] / (1 - std::pow(h.beta1, step)), vh = Vv[i] / (1 - std::pow(h.beta2, step));
+        P[i] -= h.lr * mh / (std::sqrt(vh) + h.eps);
+      }
+    }
     for (int i = 0; i < 7; ++i) {
-      double wd = i < 4 ? h.weight_decay : 0.0;
-      P[i] *= 1 - h.lr * wd;
-      M[i] = h.beta1 * M[i] + (1 - h.beta1) * g[i];
-      Vv[i] = h.beta2 * Vv[i] + (1 - h.beta2) * double(g[i]) * g[i];
-      double mh = M[i] / (1 - std::pow(h.beta1, step)), vh = Vv[i] / (1 - std::pow(h.beta2, step));
-      P[i] -= h.lr * mh / (std::sqrt(vh) + h.eps);
+      const float got = master ? opt.master()[i] : p[i];
+      EXPECT_NEAR(got, P[i], 1e-6) << i;
+      if (master) EXPECT_EQ(low[size_t(i)].bits, f32_to_bf16(got)) << i;
     }
   }
-  for (int i = 0; i < 7; ++i) EXPECT_NEAR(p[i], P[i], 1e-6) << i;
 }
 
+// The norm over the table (replicated tensors on one tp rank only) and clip_grad_norm_'s factor.
 TEST(Optim, ClipScalesToTheMaxNorm) {
+  ParamRegistry reg;
+  reg.add("g", {2}, ParamSpec::Init::zeros);
+  Config cfg = config_defaults();
+  config_validate(cfg);
+  Allocator alloc;
+  auto be = cpu_backend(cfg, DType::f32, alloc);
+  OptTable t{opt_chunks(reg, 0), {}};
   std::vector<float> g = {3, 4};
-  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 1.0), 5.0);
-  EXPECT_NEAR(std::hypot(g[0], g[1]), 1.0, 1e-6);
-  std::vector<float> small = {0.3f, 0.4f};
-  clip_grad_norm(small.data(), 2, 1.0);
-  EXPECT_EQ(small, (std::vector<float>{0.3f, 0.4f}));  // below the max: untouched
+  double ss = 0;
+  float scale = 0;
+  be->grad_sum_squares(&ss, g.data(), t);
+  EXPECT_EQ(ss, 25.0);
+  be->clip_scale(&scale, &ss, 1.0);
+  EXPECT_FLOAT_EQ(scale, float(1.0 / (5.0 + 1e-6)));
+  be->clip_scale(&scale, &ss, 10.0);
+  EXPECT_EQ(scale, 1.0f);  // below the max: untouched
+  be->clip_scale(&scale, &ss, 0.0);
+  EXPECT_EQ(scale, 1.0f);  // 0: no clipping
+  OptTable other{opt_chunks(reg, 1), {}};  // tp rank 1 holds a copy of the replicated tensor
+  be->grad_sum_squares(&ss, g.data(), other);
+  EXPECT_EQ(ss, 0.0);
 }
 
 TEST(Optim, Schedules) {

@@ -82,7 +82,10 @@ TEST(Kernels, LayerNorm) {
   const int N = 5, C = 9;
   auto inp = randn(N * C, 10), w = randn(C, 11), b = randn(C, 12), r = randn(N * C, 13);
   std::vector<float> out(N * C), mean(N), rstd(N);
-  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C, 1e-5f);
+  auto io = inp;
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), io.data(), (const float*)nullptr, w.data(), b.data(), N,
+                         C, 1e-5f);
+  EXPECT_EQ(io, inp);  // no residual branch: the input is left as it was
   V x = to_double(inp);
   x.insert(x.end(), w.begin(), w.end());
   x.insert(x.end(), b.begin(), b.end());
@@ -101,7 +104,8 @@ TEST(Kernels, RmsNorm) {
   const int N = 5, C = 9;
   auto inp = randn(N * C, 20), w = randn(C, 21), r = randn(N * C, 23);
   std::vector<float> out(N * C), rstd(N);
-  cpu::rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), N, C, 1e-6f);
+  auto io = inp;
+  cpu::rmsnorm_forward(out.data(), rstd.data(), io.data(), (const float*)nullptr, w.data(), N, C, 1e-6f);
   V x = to_double(inp);
   x.insert(x.end(), w.begin(), w.end());
   V xb = x;
@@ -146,12 +150,12 @@ TEST(Kernels, Embedding) {
 
   // A vocab-parallel shard holding ids [1, 3): other tokens read zeros and get no gradient.
   std::vector<float> part(B * T * C), dpart(2 * C, 0.0f);
-  cpu::embedding_forward(part.data(), tok.data(), wte.data() + C, 1, 2, nullptr, B, T, C);
+  cpu::embedding_forward(part.data(), tok.data(), wte.data() + C, 1, 2, (const float*)nullptr, B, T, C);
   for (int n = 0; n < B * T; ++n)
     for (int c = 0; c < C; ++c)
       EXPECT_EQ(part[size_t(n * C + c)],
                 tok[size_t(n)] == 1 || tok[size_t(n)] == 2 ? wte[size_t(tok[size_t(n)] * C + c)] : 0.0f);
-  cpu::embedding_backward(dpart.data(), 1, 2, nullptr, r.data(), tok.data(), B, T, C);
+  cpu::embedding_backward(dpart.data(), 1, 2, (float*)nullptr, r.data(), tok.data(), B, T, C);
   EXPECT_LT(rel_err(dpart, sub(g, C, 2 * C)), kBwdTol);
 }
 
@@ -285,7 +289,7 @@ TEST(Kernels, CrossEntropy) {
   std::vector<float> losses(N);
   auto l = logits;
   const float dloss = 0.25f;
-  cpu::crossentropy_forward_backward(l.data(), losses.data(), y.data(), N, Vv, dloss);
+  cpu::crossentropy_forward_backward(l.data(), losses.data(), y.data(), N, Vv, Vv, dloss);
   EXPECT_LT(rel_err(losses, ref(to_double(logits))), kFwdTol);
   auto J = [&](const V& v) {
     double s = 0;
@@ -295,8 +299,132 @@ TEST(Kernels, CrossEntropy) {
   EXPECT_LT(rel_err(l, fd_grad(J, to_double(logits))), kBwdTol);
   // dloss = 0: forward only, logits untouched.
   auto l2 = logits;
-  cpu::crossentropy_forward_backward(l2.data(), losses.data(), y.data(), N, Vv, 0.0f);
+  cpu::crossentropy_forward_backward(l2.data(), losses.data(), y.data(), N, Vv, Vv, 0.0f);
   EXPECT_EQ(l2, logits);
+}
+
+// A padded vocabulary: columns past `valid` (here large logits, which would dominate the
+// softmax) stay out of it and get a zero gradient; the real columns match the unpadded run.
+TEST(Kernels, CrossEntropyLeavesPaddedColumnsOut) {
+  const int N = 3, Vv = 7, Vp = 12;
+  auto logits = randn(N * Vv, 81, 2.0f);
+  std::vector<int32_t> y = {0, 6, 2};
+  std::vector<float> padded(N * Vp, 50.0f), plain = logits, lp(N), lu(N);
+  for (int n = 0; n < N; ++n)
+    for (int v = 0; v < Vv; ++v) padded[size_t(n * Vp + v)] = logits[size_t(n * Vv + v)];
+  cpu::crossentropy_forward_backward(plain.data(), lu.data(), y.data(), N, Vv, Vv, 0.5f);
+  cpu::crossentropy_forward_backward(padded.data(), lp.data(), y.data(), N, Vp, Vv, 0.5f);
+  EXPECT_EQ(lp, lu);
+  for (int n = 0; n < N; ++n)
+    for (int v = 0; v < Vp; ++v)
+      EXPECT_EQ(padded[size_t(n * Vp + v)], v < Vv ? plain[size_t(n * Vv + v)] : 0.0f) << n << " " << v;
+}
+
+// The residual add fused into the norm: inp += add in place, then the norm of the sum.
+TEST(Kernels, NormAddsTheResidualBranchFirst) {
+  const int N = 4, C = 8;
+  auto x = randn(N * C, 85), a = randn(N * C, 86), w = randn(C, 87), b = randn(C, 88);
+  auto sum = x;
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] += a[i];
+  std::vector<float> want(N * C), got(N * C), m1(N), r1(N), m2(N), r2(N);
+  auto io = sum;
+  cpu::layernorm_forward(want.data(), m1.data(), r1.data(), io.data(), (const float*)nullptr, w.data(), b.data(), N, C,
+                         1e-5f);
+  io = x;
+  cpu::layernorm_forward(got.data(), m2.data(), r2.data(), io.data(), a.data(), w.data(), b.data(), N, C, 1e-5f);
+  EXPECT_EQ(io, sum);
+  EXPECT_EQ(got, want);
+  io = x;
+  cpu::rmsnorm_forward(got.data(), r2.data(), io.data(), a.data(), w.data(), N, C, 1e-5f);
+  EXPECT_EQ(io, sum);
+  auto io2 = sum;
+  cpu::rmsnorm_forward(want.data(), r1.data(), io2.data(), (const float*)nullptr, w.data(), N, C, 1e-5f);
+  EXPECT_EQ(got, want);
+}
+
+// bf16 storage, fp32 arithmetic: each kernel on bf16-exact inputs against its fp32 twin. A
+// bf16 result rounds once (relative error 2^-9); attention rounds its probabilities before the
+// second product, so it gets twice the budget.
+TEST(KernelsBf16, MatchTheirFp32Twins) {
+  constexpr double tol = 8e-3;
+  const int N = 6, C = 16, B = 2, T = 6, H = 4, KV = 2, D = 4, F = 8;
+  auto x = bf16_exact(randn(N * C, 100)), a = bf16_exact(randn(N * C, 101)), w = bf16_exact(randn(C, 102));
+  auto bias = bf16_exact(randn(C, 103)), dy = bf16_exact(randn(N * C, 104));
+  {  // LayerNorm with the fused add, forward and backward
+    std::vector<float> o(N * C), m(N), r(N), dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
+    auto io = x;
+    cpu::layernorm_forward(o.data(), m.data(), r.data(), io.data(), a.data(), w.data(), bias.data(), N, C, 1e-5f);
+    cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), io.data(), w.data(), m.data(), r.data(), N, C);
+    auto xb = to_bf16(x), ab = to_bf16(a), wb = to_bf16(w), bb = to_bf16(bias), dyb = to_bf16(dy);
+    std::vector<bf16> ob(N * C), dxb(N * C, bf16{0});
+    std::vector<float> mb(N), rb(N), dwb(C, 0.0f), dbb(C, 0.0f);
+    cpu::layernorm_forward(ob.data(), mb.data(), rb.data(), xb.data(), ab.data(), wb.data(), bb.data(), N, C, 1e-5f);
+    cpu::layernorm_backward(dxb.data(), dwb.data(), dbb.data(), dyb.data(), xb.data(), wb.data(), mb.data(), rb.data(),
+                            N, C);
+    EXPECT_LT(rel_err(from_bf16(xb), io), tol);
+    EXPECT_LT(rel_err(from_bf16(ob), o), tol);
+    EXPECT_LT(rel_err(from_bf16(dxb), dx), tol);
+    EXPECT_LT(rel_err(dwb, dw), tol);
+    EXPECT_LT(rel_err(dbb, db), tol);
+  }
+  {  // attention, forward and backward
+    const int n = B * T * (H + 2 * KV) * D;
+    auto qkv = bf16_exact(randn(n, 110)), r = bf16_exact(randn(B * T * H * D, 111));
+    std::vector<float> o(B * T * H * D), p(B * H * T * T), dq(n);
+    cpu::attention_forward(o.data(), p.data(), qkv.data(), B, T, H, KV, D);
+    cpu::attention_backward(dq.data(), r.data(), qkv.data(), p.data(), B, T, H, KV, D);
+    auto qb = to_bf16(qkv), rb = to_bf16(r);
+    std::vector<bf16> ob(o.size()), pb(p.size()), dqb(dq.size());
+    cpu::attention_forward(ob.data(), pb.data(), qb.data(), B, T, H, KV, D);
+    cpu::attention_backward(dqb.data(), rb.data(), qb.data(), pb.data(), B, T, H, KV, D);
+    EXPECT_LT(rel_err(from_bf16(ob), o), 2 * tol);
+    EXPECT_LT(rel_err(from_bf16(dqb), dq), 2 * tol);
+  }
+  {  // GELU, SwiGLU, cross-entropy (padded), embedding backward, RoPE
+    auto g = bf16_exact(randn(N * 2 * F, 120)), gy = bf16_exact(randn(N * F, 121));
+    std::vector<float> go(N * F), gd(N * F), so(N * F), sd(N * 2 * F);
+    cpu::gelu_forward(go.data(), g.data(), N * F);
+    cpu::gelu_backward(gd.data(), g.data(), gy.data(), N * F);
+    cpu::swiglu_forward(so.data(), g.data(), N, F);
+    cpu::swiglu_backward(sd.data(), g.data(), gy.data(), N, F);
+    auto gb = to_bf16(g), gyb = to_bf16(gy);
+    std::vector<bf16> gob(go.size()), gdb(gd.size()), sob(so.size()), sdb(sd.size());
+    cpu::gelu_forward(gob.data(), gb.data(), N * F);
+    cpu::gelu_backward(gdb.data(), gb.data(), gyb.data(), N * F);
+    cpu::swiglu_forward(sob.data(), gb.data(), N, F);
+    cpu::swiglu_backward(sdb.data(), gb.data(), gyb.data(), N, F);
+    EXPECT_LT(rel_err(from_bf16(gob), go), tol);
+    EXPECT_LT(rel_err(from_bf16(gdb), gd), tol);
+    EXPECT_LT(rel_err(from_bf16(sob), so), tol);
+    EXPECT_LT(rel_err(from_bf16(sdb), sd), tol);
+
+    const int Vv = 12, valid = 9;
+    auto l = bf16_exact(randn(N * Vv, 130, 2.0f));
+    std::vector<int32_t> y = {1, 8, 0, 3, 5, 7};
+    std::vector<float> loss(N), lossb(N);
+    auto lf = l;
+    auto lb = to_bf16(l);
+    cpu::crossentropy_forward_backward(lf.data(), loss.data(), y.data(), N, Vv, valid, 0.5f);
+    cpu::crossentropy_forward_backward(lb.data(), lossb.data(), y.data(), N, Vv, valid, 0.5f);
+    EXPECT_LT(rel_err(lossb, loss), tol);
+    EXPECT_LT(rel_err(from_bf16(lb), lf), tol);
+
+    std::vector<int32_t> tok = {1, 3, 1, 0, 2, 1};
+    std::vector<float> de(4 * C, 0.0f), deb(4 * C, 0.0f);
+    cpu::embedding_backward(de.data(), 0, 4, (float*)nullptr, dy.data(), tok.data(), 1, N, C);
+    cpu::embedding_backward(deb.data(), 0, 4, (float*)nullptr, to_bf16(dy).data(), tok.data(), 1, N, C);
+    EXPECT_EQ(deb, de);  // fp32 sums of bf16-exact values: the same bits
+
+    const int rn = B * T * (H + 2 * KV) * D;
+    auto q = bf16_exact(randn(rn, 140));
+    std::vector<float> cs(T * D / 2), sn(T * D / 2);
+    cpu::rope_table(cs.data(), sn.data(), T, D, 10000.0f);
+    auto qf = q;
+    auto qb = to_bf16(q);
+    cpu::rope_forward(qf.data(), cs.data(), sn.data(), B, T, H, KV, D);
+    cpu::rope_forward(qb.data(), cs.data(), sn.data(), B, T, H, KV, D);
+    EXPECT_LT(rel_err(from_bf16(qb), qf), tol);
+  }
 }
 
 TEST(Kernels, SumSquaresIsExactAndThreadIndependent) {

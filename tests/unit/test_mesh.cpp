@@ -43,7 +43,7 @@ TEST(Mesh, RefusesALayoutThatDoesNotFit) {
 
 TEST(Mesh, OneRankWithoutMpiIsLocal) {
   Trace trace(false);
-  DeviceMesh m(MeshDims{}, 0, 1, false, &trace);
+  DeviceMesh m(MeshDims{}, 0, 1, MeshOptions{.trace = &trace});
   float x = 3;
   m.group(Axis::dp).all_reduce(Buf(&x, 1)).wait();
   EXPECT_EQ(x, 3);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/tensor.h"
 
 namespace loom::test {
 
@@ -46,15 +47,34 @@ inline double dot(const std::vector<double>& a, const std::vector<float>& r) {
   return s;
 }
 
-// max |got - want| relative to max |want| (or 1 when want is tiny).
+// max |got - want| relative to max |want| (or 1 when want is tiny); a NaN or infinity in
+// either is an infinite error, never a pass.
 template <class A, class B>
 double rel_err(const A& got, const B& want) {
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::abs(double(got[i]) - double(want[i])));
-    den = std::max(den, std::abs(double(want[i])));
+    const double g = double(got[i]), w = double(want[i]);
+    if (!std::isfinite(g) || !std::isfinite(w)) return INFINITY;
+    num = std::max(num, std::abs(g - w));
+    den = std::max(den, std::abs(w));
   }
   return num / std::max(den, 1e-3);
+}
+
+// Values rounded to bf16 and back: inputs both storage types hold exactly.
+inline std::vector<float> bf16_exact(std::vector<float> v) {
+  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+inline std::vector<bf16> to_bf16(const std::vector<float>& v) {
+  std::vector<bf16> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i].bits = f32_to_bf16(v[i]);
+  return o;
+}
+inline std::vector<float> from_bf16(const std::vector<bf16>& v) {
+  std::vector<float> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i].bits);
+  return o;
 }
 
 // The message of the loom::Error that `f` throws ("" if none).

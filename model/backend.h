@@ -1,0 +1,150 @@
+// A device backend: the ops the decoder is written in, and the device memory ops that parallel
+// code, the optimizer and the trainer use. The decoder is written once (model/chunk.cpp) over
+// this interface; backends are CPU (fp32, or bf16 storage with fp32 arithmetic) and CUDA (bf16
+// with fp32 accumulation). Ops have the same shapes and the same overwrite / += semantics on
+// every backend (kernels/ops.h documents them); a backend may fuse (the residual add into the
+// norm, GELU's backward into a GEMM epilogue) where its results stay bitwise reproducible.
+// Every op is issued in order on the backend's stream; nothing here waits for the host except
+// download() and upload().
+// Tensors in the compute dtype (activations, weights) travel as Ptr; gradients, norm
+// statistics and losses are fp32 (float*), scalars that reduce across ranks fp64 (double*).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "kernels/ops.h"
+#include "model/layout.h"
+#include "runtime/allocator.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/device.h"
+
+namespace loom {
+
+using cpu::WLayout;
+
+// An element pointer into a buffer of the compute dtype.
+struct Ptr {
+  char* p = nullptr;
+  int es = 4;  // element size: 4 (fp32) or 2 (bf16)
+  Ptr() = default;
+  Ptr(void* q, int element_size) : p(static_cast<char*>(q)), es(element_size) {}
+  Ptr operator+(int64_t i) const { return p ? Ptr(p + i * es, es) : *this; }
+  explicit operator bool() const { return p != nullptr; }
+  template <class T>
+  T* as() const {
+    return reinterpret_cast<T*>(p);
+  }
+};
+inline Ptr ptr_of(const Tensor& t) {
+  return t.defined() ? Ptr(t.data<char>(), int(dtype_size(t.dtype))) : Ptr();
+}
+
+// A micro-batch's token ids where the backend reads them (its device).
+struct Inputs {
+  const int32_t* tokens = nullptr;   // [N]
+  const int32_t* targets = nullptr;  // [N]
+  const int32_t* index = nullptr;    // CUDA: the token index the embedding gradient walks
+  int unique = 0;                    // distinct token ids in the index
+};
+
+// One piece of the optimizer's work, at most kOptChunk elements of one tensor: its place in
+// the optimizer state (master weights and moments), in the parameter buffer and in the
+// gradient buffer; whether it decays and whether it counts in the gradient norm on this rank.
+struct OptChunk {
+  int64_t state, param, grad;
+  int32_t n;
+  int16_t decay, norm;
+};
+constexpr int kOptChunk = 8192;
+// The chunk table, on the host and (CUDA) on the device; one table drives AdamW and the norm.
+struct OptTable {
+  std::vector<OptChunk> host;
+  Tensor device;  // i32 elements holding the table (empty on the CPU)
+};
+struct AdamScalars {
+  float lr_step, bc2_sqrt, beta1, beta2, eps, decay_factor;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const BackendTraits& traits() const = 0;
+  DeviceKind device() const { return traits().device; }
+  DType dtype() const { return traits().dtype; }
+  int es() const { return int(dtype_size(dtype())); }
+  virtual const Stream& stream() const = 0;
+  virtual Allocator& alloc() = 0;
+
+  // Memory. copy converts between f32 and bf16 where the dtypes differ (same count).
+  virtual void copy(Buf dst, Buf src) = 0;
+  virtual void zero(Buf b) = 0;
+  virtual void add(Buf acc, Buf x) = 0;                 // acc += x, both fp32
+  virtual void upload(Buf dst, const void* host) = 0;   // host values of dst's dtype
+  virtual void download(void* host, Buf src) = 0;       // waits for the stream
+  // Makes an OptTable from its host part (uploads it where the device needs it).
+  virtual void table_upload(OptTable& t) = 0;
+  // Inputs of micro-batch slot `slot` staged where the ops read them; v0, Vl: the vocabulary
+  // rows this rank holds (the embedding gradient's index covers those).
+  virtual Inputs stage_inputs(int slot, const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) = 0;
+
+  // Optimizer. *out = sum of squares of the chunks with norm set (fixed order).
+  virtual void grad_sum_squares(double* out, const float* grads, const OptTable& t) = 0;
+  // *scale = clip_coef(sqrt(*sum_squares), max_norm).
+  virtual void clip_scale(float* scale, const double* sum_squares, double max_norm) = 0;
+  // One AdamW step over the table, gradients times *grad_scale. master null: the fp32 params
+  // are the master weights; else master is updated and params get its bf16 rounding.
+  virtual void adamw(float* master, Ptr params, const float* grads, float* m, float* v, const OptTable& t,
+                     const AdamScalars& a, const float* grad_scale) = 0;
+  virtual void loss_accumulate(double* acc, const float* losses, int N) = 0;  // *acc += sum
+
+  // The decoder's ops (kernels/ops.h gives each one's semantics).
+  virtual void embedding_forward(Ptr out, const Inputs& in, Ptr wte, int v0, int Vl, Ptr wpe, int B, int T, int C) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, Ptr dout, const Inputs& in, int v0, int Vl, int B, int T,
+                                  int C) = 0;
+  // rms: RMSNorm (no mean, no bias); else LayerNorm. inout += add first when add is set.
+  virtual void norm_forward(bool rms, Ptr out, float* mean, float* rstd, Ptr inout, Ptr add, Ptr w, Ptr b, int N, int C,
+                            float eps) = 0;
+  virtual void norm_backward(bool rms, Ptr dinp, float* dw, float* db, Ptr dout, Ptr inp, Ptr w, const float* mean,
+                             const float* rstd, int N, int C) = 0;
+  virtual void add_act(Ptr inout, Ptr x, int64_t n) = 0;  // inout += x in the compute dtype
+  // out[M,N] = inp[M,K] @ W (+ bias).
+  virtual void linear_forward(Ptr out, Ptr inp, Ptr w, Ptr bias, int M, int K, int N, WLayout layout) = 0;
+  // dinp overwritten (if set); dw, dbias (if set) +=.
+  virtual void linear_backward(Ptr dinp, float* dw, float* dbias, Ptr dout, Ptr inp, Ptr w, int M, int K, int N,
+                               WLayout layout) = 0;
+  // swiglu: act[N,F] = silu(fc[:, :F]) * fc[:, F:]; else act = gelu(fc), fc [N, F].
+  virtual void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) = 0;
+  virtual void act_backward(bool swiglu, Ptr dfc, Ptr fc, Ptr dact, int N, int F) = 0;
+  // The down projection's backward and the activation's: dfc (overwritten), dw/db +=, through
+  // dact (scratch [N, F], unused where the backend fuses the two).
+  virtual void down_act_backward(bool swiglu, Ptr dfc, float* dw, float* db, Ptr dout, Ptr act, Ptr fc, Ptr w,
+                                 Ptr dact, int N, int F, int C, WLayout layout) {
+    linear_backward(dact, dw, db, dout, act, w, N, F, C, layout);
+    act_backward(swiglu, dfc, fc, dact, N, F);
+  }
+  virtual void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) = 0;
+  // stats: traits().attention_stats elements of attention_stats_dtype().
+  virtual void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D) = 0;
+  // dqkv overwritten; scratch: B*H*T floats where the plan has them.
+  virtual void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H,
+                                  int KV, int D) = 0;
+  virtual void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) = 0;
+  virtual void ce_stats(Ptr logits, const Inputs& in, int N, int Vl, int valid, int v0, float* rowmax,
+                        float* target) = 0;
+  virtual void ce_sumexp(Ptr logits, const float* rowmax, int N, int Vl, int valid, float* sumexp) = 0;
+  virtual void ce_finish(Ptr logits, float* losses, const Inputs& in, int N, int Vl, int valid, int v0,
+                         const float* rowmax, const float* sumexp, const float* target, float dloss) = 0;
+};
+
+// The CPU backend for cfg's shapes (dtype f32 or bf16), over `alloc`.
+std::unique_ptr<Backend> cpu_backend(const Config& cfg, DType dtype, Allocator& alloc);
+// Its working memory (the fp32 widening of bf16 GEMM operands), for the planner.
+std::vector<PlanItem> cpu_backend_plan(const Config& cfg, DType dtype);
+#if LOOM_HAVE_CUDA
+// The CUDA backend (bf16) on the current device, over `alloc` (whose stream it computes on).
+std::unique_ptr<Backend> cuda_backend(const Config& cfg, Allocator& alloc);
+#endif
+// The CUDA backend's working memory (GEMM workspace, staged inputs, norm scratch).
+std::vector<PlanItem> cuda_backend_plan(const Config& cfg);
+
+}  // namespace loom

@@ -1,0 +1,307 @@
+// The CPU backend: the kernels of kernels/cpu on the host, inline (its stream is the host).
+// fp32 calls them as they are. bf16 stores activations and weights in bf16 and computes in
+// fp32: the pointwise, norm and attention kernels widen on load and round once on store;
+// GEMMs (OpenBLAS, fp32 only) read operands widened into planned fp32 buffers, a block of rows
+// at a time, and round their outputs once. Weight gradients are fp32 throughout.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model/backend.h"
+#include "optim/clip.h"
+
+namespace loom {
+
+namespace {
+
+constexpr int kRowBlock = 128;  // rows of a bf16 GEMM widened at a time
+
+// The widest GEMM operand dimension and the largest weight of this rank's linears.
+struct GemmDims {
+  int64_t dmax = 0, wmax = 0;
+};
+GemmDims gemm_dims(const Config& cfg) {
+  const int tp = cfg.parallel.tp;
+  const int64_t C = cfg.model.d_model, D = cfg.head_dim(), H = cfg.model.n_head / tp, KV = cfg.kv_heads() / tp;
+  const int64_t F = cfg.model.d_ff / tp, V = cfg.vocab_padded() / tp;
+  const int64_t qkv = (H + 2 * KV) * D, fc = cfg.model.arch == "llama" ? 2 * F : F;
+  GemmDims g;
+  for (int64_t d : {C, qkv, H * D, fc, F, V}) g.dmax = std::max(g.dmax, d);
+  for (int64_t w : {C * qkv, H * D * C, C * fc, F * C, V * C}) g.wmax = std::max(g.wmax, w);
+  return g;
+}
+
+}  // namespace
+
+std::vector<PlanItem> cpu_backend_plan(const Config& cfg, DType dtype) {
+  if (dtype == DType::f32) return {};
+  const GemmDims g = gemm_dims(cfg);
+  const int64_t rows = std::min<int64_t>(kRowBlock, int64_t(cfg.train.micro_batch) * cfg.model.seq_len);
+  return {{"gemm_wide_w", g.wmax, DType::f32, Mem::workspace},
+          {"gemm_wide_a", rows * g.dmax, DType::f32, Mem::workspace},
+          {"gemm_wide_b", rows * g.dmax, DType::f32, Mem::workspace},
+          {"gemm_wide_c", rows * g.dmax, DType::f32, Mem::workspace},
+          {"gemm_wide_bias", g.dmax, DType::f32, Mem::workspace}};
+}
+
+namespace {
+
+using cpu::ld;
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Config& cfg, DType dtype, Allocator& alloc)
+      : traits_(backend_traits(DeviceKind::cpu, dtype, cfg)), alloc_(alloc) {
+    for (auto& item : cpu_backend_plan(cfg, dtype)) wide_.push_back(alloc.empty(item));
+    if (!wide_.empty()) rows_ = int(wide_[1].numel() / std::max<int64_t>(1, gemm_dims(cfg).dmax));
+  }
+  const BackendTraits& traits() const override { return traits_; }
+  const Stream& stream() const override { return host_stream(); }
+  Allocator& alloc() override { return alloc_; }
+  bool is_bf16() const { return traits_.dtype == DType::bf16; }
+
+  void copy(Buf dst, Buf src) override {
+    LOOM_ASSERT(dst.count == src.count);
+    if (dst.dtype == src.dtype) {
+      std::memcpy(dst.data, src.data, dst.bytes());
+    } else if (dst.dtype == DType::f32 && src.dtype == DType::bf16) {
+      cpu::widen(static_cast<float*>(dst.data), static_cast<const bf16*>(src.data), dst.count);
+    } else {
+      LOOM_ASSERT(dst.dtype == DType::bf16 && src.dtype == DType::f32);
+      cpu::narrow(static_cast<bf16*>(dst.data), static_cast<const float*>(src.data), dst.count);
+    }
+  }
+  void zero(Buf b) override { std::memset(b.data, 0, b.bytes()); }
+  void add(Buf acc, Buf x) override {
+    LOOM_ASSERT(acc.dtype == DType::f32 && x.dtype == DType::f32 && acc.count == x.count);
+    cpu::add_inplace(static_cast<float*>(acc.data), static_cast<const float*>(x.data), acc.count);
+  }
+  void upload(Buf dst, const void* host) override { std::memcpy(dst.data, host, dst.bytes()); }
+  void download(void* host, Buf src) override { std::memcpy(host, src.data, src.bytes()); }
+  void table_upload(OptTable&) override {}
+  Inputs stage_inputs(int, const int32_t* tokens, const int32_t* targets, int, int, int) override {
+    return {tokens, targets, nullptr, 0};
+  }
+
+  // Each chunk's sum by one thread in double, then the chunks in table order: the result does
+  // not depend on the thread count.
+  void grad_sum_squares(double* out, const float* grads, const OptTable& t) override {
+    const auto& c = t.host;
+    part_.assign(c.size(), 0.0);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (!c[i].norm) continue;
+      const float* g = grads + c[i].grad;
+      double s = 0.0;
+      for (int32_t k = 0; k < c[i].n; ++k) s += double(g[k]) * g[k];
+      part_[i] = s;
+    }
+    double s = 0.0;
+    for (double p : part_) s += p;
+    *out = s;
+  }
+  void clip_scale(float* scale, const double* sum_squares, double max_norm) override {
+    *scale = float(clip_coef(std::sqrt(*sum_squares), max_norm));
+  }
+  void adamw(float* master, Ptr params, const float* grads, float* M, float* V, const OptTable& t, const AdamScalars& a,
+             const float* grad_scale) override {
+    const auto& c = t.host;
+    const float scale = *grad_scale;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < c.size(); ++i) {
+      const OptChunk& ch = c[i];
+      const float decay = ch.decay ? a.decay_factor : 1.0f;
+      float* m = M + ch.state;
+      float* v = V + ch.state;
+      const float* gr = grads + ch.grad;
+      float* p = master ? master + ch.state : params.as<float>() + ch.param;
+      // torch.optim.AdamW's arithmetic: decoupled decay, m as a lerp, bias corrections folded
+      // into the step size and the denominator.
+#pragma omp simd
+      for (int32_t k = 0; k < ch.n; ++k) {
+        const float g = scale == 1.0f ? gr[k] : gr[k] * scale;
+        const float pk = p[k] * decay;
+        const float mk = m[k] + (g - m[k]) * (1.0f - a.beta1);
+        const float vk = v[k] * a.beta2 + (1.0f - a.beta2) * g * g;
+        const float denom = std::sqrt(vk) / a.bc2_sqrt + a.eps;
+        p[k] = pk - a.lr_step * (mk / denom);
+        m[k] = mk;
+        v[k] = vk;
+      }
+      if (master) cpu::narrow(params.as<bf16>() + ch.param, p, ch.n);
+    }
+  }
+  void loss_accumulate(double* acc, const float* losses, int N) override {
+    double s = 0.0;
+    for (int n = 0; n < N; ++n) s += losses[n];
+    *acc += s;
+  }
+
+  void embedding_forward(Ptr out, const Inputs& in, Ptr wte, int v0, int Vl, Ptr wpe, int B, int T, int C) override {
+    if (is_bf16())
+      cpu::embedding_forward(out.as<bf16>(), in.tokens, wte.as<bf16>(), v0, Vl, wpe.as<bf16>(), B, T, C);
+    else
+      cpu::embedding_forward(out.as<float>(), in.tokens, wte.as<float>(), v0, Vl, wpe.as<float>(), B, T, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, Ptr dout, const Inputs& in, int v0, int Vl, int B, int T,
+                          int C) override {
+    if (is_bf16())
+      cpu::embedding_backward(dwte, v0, Vl, dwpe, dout.as<bf16>(), in.tokens, B, T, C);
+    else
+      cpu::embedding_backward(dwte, v0, Vl, dwpe, dout.as<float>(), in.tokens, B, T, C);
+  }
+  void norm_forward(bool rms, Ptr out, float* mean, float* rstd, Ptr inout, Ptr add, Ptr w, Ptr b, int N, int C,
+                    float eps) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      if (rms)
+        cpu::rmsnorm_forward(out.as<S>(), rstd, inout.as<S>(), add.as<S>(), w.as<S>(), N, C, eps);
+      else
+        cpu::layernorm_forward(out.as<S>(), mean, rstd, inout.as<S>(), add.as<S>(), w.as<S>(), b.as<S>(), N, C, eps);
+    });
+  }
+  void norm_backward(bool rms, Ptr dinp, float* dw, float* db, Ptr dout, Ptr inp, Ptr w, const float* mean,
+                     const float* rstd, int N, int C) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      if (rms)
+        cpu::rmsnorm_backward(dinp.as<S>(), dw, dout.as<S>(), inp.as<S>(), w.as<S>(), rstd, N, C);
+      else
+        cpu::layernorm_backward(dinp.as<S>(), dw, db, dout.as<S>(), inp.as<S>(), w.as<S>(), mean, rstd, N, C);
+    });
+  }
+  void add_act(Ptr inout, Ptr x, int64_t n) override {
+    if (!is_bf16()) return cpu::add_inplace(inout.as<float>(), x.as<float>(), n);
+    bf16* a = inout.as<bf16>();
+    const bf16* b = x.as<bf16>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) cpu::st(a[i], ld(a[i]) + ld(b[i]));
+  }
+  void linear_forward(Ptr out, Ptr inp, Ptr w, Ptr bias, int M, int K, int N, WLayout layout) override {
+    if (!is_bf16())
+      return cpu::matmul_forward(out.as<float>(), inp.as<float>(), w.as<float>(), bias.as<float>(), M, K, N, layout);
+    float* W = widen_into(wide_[0], w, int64_t(K) * N);
+    const float* bias32 = bias ? widen_into(wide_[4], bias, N) : nullptr;
+    for (int r0 = 0; r0 < M; r0 += rows_) {
+      const int R = std::min(rows_, M - r0);
+      float* a = widen_into(wide_[1], inp + int64_t(r0) * K, int64_t(R) * K);
+      float* o = wide_[2].f32();
+      cpu::matmul_forward(o, a, W, bias32, R, K, N, layout);
+      cpu::narrow((out + int64_t(r0) * N).as<bf16>(), o, int64_t(R) * N);
+    }
+  }
+  void linear_backward(Ptr dinp, float* dw, float* dbias, Ptr dout, Ptr inp, Ptr w, int M, int K, int N,
+                       WLayout layout) override {
+    if (!is_bf16())
+      return cpu::matmul_backward(dinp.as<float>(), dw, dbias, dout.as<float>(), inp.as<float>(), w.as<float>(), M, K,
+                                  N, layout);
+    float* W = dinp ? widen_into(wide_[0], w, int64_t(K) * N) : nullptr;
+    for (int r0 = 0; r0 < M; r0 += rows_) {
+      const int R = std::min(rows_, M - r0);
+      float* dy = widen_into(wide_[1], dout + int64_t(r0) * N, int64_t(R) * N);
+      float* x = widen_into(wide_[2], inp + int64_t(r0) * K, int64_t(R) * K);
+      float* dx = dinp ? wide_[3].f32() : nullptr;
+      cpu::matmul_backward(dx, dw, dbias, dy, x, W, R, K, N, layout);
+      if (dx) cpu::narrow((dinp + int64_t(r0) * K).as<bf16>(), dx, int64_t(R) * K);
+    }
+  }
+  void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      if (swiglu)
+        cpu::swiglu_forward(act.as<S>(), fc.as<S>(), N, F);
+      else
+        cpu::gelu_forward(act.as<S>(), fc.as<S>(), int64_t(N) * F);
+    });
+  }
+  void act_backward(bool swiglu, Ptr dfc, Ptr fc, Ptr dact, int N, int F) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      if (swiglu)
+        cpu::swiglu_backward(dfc.as<S>(), fc.as<S>(), dact.as<S>(), N, F);
+      else
+        cpu::gelu_backward(dfc.as<S>(), fc.as<S>(), dact.as<S>(), int64_t(N) * F);
+    });
+  }
+  void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      if (inverse)
+        cpu::rope_backward(qkv.as<S>(), cos, sin, B, T, H, KV, D);
+      else
+        cpu::rope_forward(qkv.as<S>(), cos, sin, B, T, H, KV, D);
+    });
+  }
+  void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::attention_forward(out.as<S>(), stats.as<S>(), qkv.as<S>(), B, T, H, KV, D);
+    });
+  }
+  void attention_backward(Ptr dqkv, Ptr dout, Ptr, Ptr qkv, Ptr stats, float*, int B, int T, int H, int KV,
+                          int D) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::attention_backward(dqkv.as<S>(), dout.as<S>(), qkv.as<S>(), stats.as<S>(), B, T, H, KV, D);
+    });
+  }
+  void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::crossentropy_forward_backward(logits.as<S>(), losses, in.targets, N, V, valid, dloss);
+    });
+  }
+  void ce_stats(Ptr logits, const Inputs& in, int N, int Vl, int valid, int v0, float* rowmax,
+                float* target) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::crossentropy_shard_stats(logits.as<S>(), in.targets, N, Vl, valid, v0, rowmax, target);
+    });
+  }
+  void ce_sumexp(Ptr logits, const float* rowmax, int N, int Vl, int valid, float* sumexp) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::crossentropy_shard_sumexp(logits.as<S>(), rowmax, N, Vl, valid, sumexp);
+    });
+  }
+  void ce_finish(Ptr logits, float* losses, const Inputs& in, int N, int Vl, int valid, int v0, const float* rowmax,
+                 const float* sumexp, const float* target, float dloss) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::crossentropy_shard_finish(logits.as<S>(), losses, in.targets, N, Vl, valid, v0, rowmax, sumexp, target,
+                                     dloss);
+    });
+  }
+
+ private:
+  // Calls f with a null pointer of the storage type, which picks the kernel instantiation.
+  template <class F>
+  void dispatch(F&& f) {
+    if (is_bf16())
+      f(static_cast<bf16*>(nullptr));
+    else
+      f(static_cast<float*>(nullptr));
+  }
+  float* widen_into(Tensor& buf, Ptr src, int64_t n) {
+    LOOM_ASSERT(n <= buf.numel());
+    cpu::widen(buf.f32(), src.as<bf16>(), n);
+    return buf.f32();
+  }
+
+  BackendTraits traits_;
+  Allocator& alloc_;
+  std::vector<Tensor> wide_;  // bf16 GEMMs: weight, three row blocks, bias (cpu_backend_plan)
+  int rows_ = kRowBlock;
+  std::vector<double> part_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> cpu_backend(const Config& cfg, DType dtype, Allocator& alloc) {
+  LOOM_CHECK(dtype == DType::f32 || dtype == DType::bf16, "the CPU computes in f32 or bf16, not {}",
+             dtype_name(dtype));
+  return std::make_unique<CpuBackend>(cfg, dtype, alloc);
+}
+
+}  // namespace loom

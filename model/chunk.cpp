@@ -1,0 +1,486 @@
+#include "model/chunk.h"
+
+#include <cmath>
+
+#include "parallel/tensor_parallel.h"
+
+namespace loom {
+
+// Order of the saved buffers and the scratch; act_plan and these agree.
+enum ActBuf {
+  RESIDUAL,
+  LN1,
+  LN1_MEAN,
+  LN1_RSTD,
+  QKV,
+  ATTN_STATS,
+  ATTY,
+  RES2,
+  LN2,
+  LN2_MEAN,
+  LN2_RSTD,
+  FC,
+  ACT,
+  LNF,
+  LNF_MEAN,
+  LNF_RSTD,
+  LNF_FULL,
+  LOGITS,
+  LOSSES,
+  NUM_BUF
+};
+enum Scr { D_RES, D_LN, D_ATTY, D_QKV, D_FC, D_ACT, ATTN_SCRATCH, FULL_A, FULL_B, D_SHARD, D_NORMW, CE_STATS, NUM_SCR };
+
+// One block's parameters (or gradients): null where the architecture has none.
+struct Chunk::LayerW {
+  Ptr w[NUM_W];
+  float* g[NUM_W];
+};
+// One block's activations: its own copies, or the shared ones backward refills.
+struct Chunk::LayerA {
+  Ptr ln1, qkv, stats, atty, res2, ln2, fc, act;
+  float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+};
+
+// Reads and writes the chunk's own flat buffers.
+class Chunk::FlatAccess final : public UnitAccess {
+ public:
+  explicit FlatAccess(Chunk& c) : c_(c) {}
+  Ptr params(int u, Pass) override { return c_.params() + c_.layout_.unit_lo(u - c_.first_unit_); }
+  float* grads(int u) override { return c_.grads() + c_.layout_.unit_lo(u - c_.first_unit_); }
+
+ private:
+  Chunk& c_;
+};
+
+Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
+             StepClock* clock, bool full_params, bool full_grads)
+    : cfg_(cfg),
+      be_(backend),
+      tp_(tp),
+      trace_(trace),
+      clock_(clock),
+      llama_(cfg.model.arch == "llama"),
+      B_(cfg.train.micro_batch),
+      T_(cfg.model.seq_len),
+      C_(cfg.model.d_model),
+      H_(cfg.model.n_head / cfg.parallel.tp),
+      KV_(cfg.kv_heads() / cfg.parallel.tp),
+      D_(cfg.head_dim()),
+      F_(cfg.model.d_ff / cfg.parallel.tp),
+      V_(int(cfg.vocab_padded() / cfg.parallel.tp)),
+      L_(cfg.model.n_layer),
+      policy_(recompute_from(cfg.train.recompute)),
+      names_(head_names(cfg)) {
+  tp_size_ = tp_.size();
+  tp_rank_ = tp_.rank();
+  LOOM_CHECK(tp_size_ == cfg.parallel.tp, "the tp group has {} ranks but parallel.tp = {}", tp_size_, cfg.parallel.tp);
+  v0_ = tp_rank_ * V_;
+  valid_ = std::clamp(cfg.model.vocab_size - v0_, 0, V_);
+  sp_ = cfg.parallel.sp && tp_size_ > 1;
+  Ns_ = sp_ ? B_ * T_ / tp_size_ : B_ * T_;
+  const int hi = spec.unit_hi < 0 ? L_ + 2 : spec.unit_hi;
+  LOOM_ASSERT(spec.unit_lo >= 0 && spec.unit_lo < hi && hi <= L_ + 2);
+  first_unit_ = spec.unit_lo;
+  b0_ = std::max(spec.unit_lo, 1) - 1;
+  b1_ = std::min(hi, L_ + 1) - 1;
+  has_head_ = hi == L_ + 2;
+  layout_ = model_layout(cfg, tp_rank_, spec.unit_lo, hi);
+  if (has_head_) {
+    LOOM_CHECK(layout_.reg.find(names_.lm_head),
+               "a chunk with the head but not the embedding needs its own copy of the tied lm_head; set "
+               "model.tie_embeddings = false");
+    lm_unit_ = layout_.unit_of(names_.lm_head);
+  }
+  flat_ = std::make_unique<FlatAccess>(*this);
+  Allocator& alloc = be_.alloc();
+  const int64_t n = int64_t(layout_.reg.numel());
+  if (full_params) params_ = alloc.empty({n}, be_.dtype(), Mem::params);
+  if (full_grads) grads_ = alloc.empty({n}, DType::f32, Mem::grads);
+  plan_ = act_plan(cfg, B_, policy_, be_.traits(), spec.unit_lo, hi);
+  for (auto& b : plan_.buffers) acts_.push_back(alloc.empty({b.numel * b.copies}, b.dtype, Mem::activations));
+  for (auto& b : plan_.scratch)
+    scratch_.push_back(alloc.empty({b.numel}, b.dtype, b.comm ? Mem::comm : Mem::workspace));
+  if (llama_) {
+    std::vector<float> cs(size_t(T_) * D_ / 2), sn(cs.size());
+    cpu::rope_table(cs.data(), sn.data(), T_, D_, float(cfg.model.rope_theta));
+    rope_cos_ = alloc.empty({int64_t(cs.size())}, DType::f32, Mem::workspace);
+    rope_sin_ = alloc.empty({int64_t(sn.size())}, DType::f32, Mem::workspace);
+    be_.upload(Buf(rope_cos_), cs.data());
+    be_.upload(Buf(rope_sin_), sn.data());
+  }
+  loss_sum_ = alloc.empty({1}, DType::f64, Mem::workspace);
+}
+
+Chunk::~Chunk() = default;
+
+Ptr Chunk::act(int buf, int copy) {
+  const ActBuffer& b = plan_.buffers[size_t(buf)];
+  return ptr_of(acts_[size_t(buf)]) + (b.copies == 1 ? 0 : int64_t(copy) * b.numel);
+}
+float* Chunk::actf(int buf, int copy) {
+  return act(buf, copy).as<float>();
+}
+Ptr Chunk::scr(int buf) {
+  return ptr_of(scratch_[size_t(buf)]);
+}
+float* Chunk::scrf(int buf) {
+  return scratch_[size_t(buf)].f32();
+}
+Buf Chunk::rows(Ptr p, int64_t n) const {
+  return Buf(p.p, n, be_.dtype(), be_.device());
+}
+
+Chunk::LayerW Chunk::layer_w(Ptr unit_base, int l) const {
+  LayerW w{};
+  const auto& offs = layout_.layer_offsets[size_t(l)];
+  const int64_t lo = layout_.unit_lo(l + 1 - first_unit_);
+  for (int f = 0; f < NUM_W; ++f)
+    if (offs[size_t(f)] != SIZE_MAX) w.w[f] = unit_base + (int64_t(offs[size_t(f)]) - lo);
+  return w;
+}
+
+Chunk::LayerW Chunk::layer_g(float* unit_base, int l) const {
+  LayerW g{};
+  const auto& offs = layout_.layer_offsets[size_t(l)];
+  const int64_t lo = layout_.unit_lo(l + 1 - first_unit_);
+  for (int f = 0; f < NUM_W; ++f)
+    if (offs[size_t(f)] != SIZE_MAX) g.g[f] = unit_base + (int64_t(offs[size_t(f)]) - lo);
+  return g;
+}
+
+Chunk::LayerA Chunk::layer_a(int i) {
+  return {act(LN1, i),  act(QKV, i),       act(ATTN_STATS, i), act(ATTY, i),      act(RES2, i),      act(LN2, i),
+          act(FC, i),   act(ACT, i),       actf(LN1_MEAN, i),  actf(LN1_RSTD, i), actf(LN2_MEAN, i), actf(LN2_RSTD, i)};
+}
+
+Ptr Chunk::at(Ptr unit_base, int unit, const char* name) const {
+  if (!name) return Ptr();
+  return unit_base + (int64_t(layout_.reg.at(name).offset) - layout_.unit_lo(unit - first_unit_));
+}
+float* Chunk::at(float* unit_base, int unit, const char* name) const {
+  if (!name) return nullptr;
+  return unit_base + (int64_t(layout_.reg.at(name).offset) - layout_.unit_lo(unit - first_unit_));
+}
+
+Ptr Chunk::input() {
+  return act(RESIDUAL, 0);
+}
+Ptr Chunk::output() {
+  return act(RESIDUAL, b1_ - b0_);
+}
+Ptr Chunk::grad_output() {
+  return scr(D_RES);
+}
+Ptr Chunk::grad_input() {
+  return scr(D_RES);
+}
+
+void Chunk::zero_grad() {
+  if (grads_.defined()) be_.zero(Buf(grads_));
+}
+
+template <class F>
+void Chunk::tp_comm(const char* name, F&& f) {
+  auto s = trace_.scope(name);
+  StepClock::Scope c(clock_, Phase::comm);
+  f();
+}
+
+void Chunk::row_parallel_exit(Ptr partial, Ptr out) {
+  const Stream& s = be_.stream();
+  if (sp_)
+    tp_comm("scatter_to_sp",
+            [&] { scatter_to_sp_forward(tp_, rows(partial, int64_t(B_) * T_ * C_), rows(out, int64_t(Ns_) * C_), s); });
+  else if (tp_size_ > 1)
+    tp_comm("reduce_from_tp", [&] { reduce_from_tp_forward(tp_, rows(out, int64_t(Ns_) * C_), s); });
+}
+
+Ptr Chunk::column_parallel_input(Ptr normed, Ptr full) {
+  if (!sp_) return normed;  // copy_to_tp: identity forward
+  tp_comm("gather_from_sp", [&] {
+    gather_from_sp_forward(tp_, rows(normed, int64_t(Ns_) * C_), rows(full, int64_t(B_) * T_ * C_), be_.stream());
+  });
+  return full;
+}
+
+Ptr Chunk::column_parallel_grad(Ptr dfull) {
+  if (sp_) {
+    Ptr shard = scr(D_SHARD);
+    tp_comm("gather_from_sp_backward", [&] {
+      gather_from_sp_backward(tp_, rows(dfull, int64_t(B_) * T_ * C_), rows(shard, int64_t(Ns_) * C_), be_.stream());
+    });
+    return shard;
+  }
+  if (tp_size_ > 1)
+    tp_comm("copy_to_tp_backward",
+            [&] { copy_to_tp_backward(tp_, rows(dfull, int64_t(B_) * T_ * C_), be_.stream()); });
+  return dfull;
+}
+
+Ptr Chunk::row_parallel_grad(Ptr drows, Ptr full) {
+  if (!sp_) return drows;  // reduce_from_tp: identity backward
+  tp_comm("scatter_to_sp_backward", [&] {
+    scatter_to_sp_backward(tp_, rows(drows, int64_t(Ns_) * C_), rows(full, int64_t(B_) * T_ * C_), be_.stream());
+  });
+  return full;
+}
+
+void Chunk::sp_param_grads_reduce(float* scratch, std::initializer_list<float*> grads, int64_t each) {
+  const int64_t n = int64_t(grads.size()) * each;
+  const DeviceKind d = be_.device();
+  tp_comm("sp_param_grads_all_reduce",
+          [&] { tp_.all_reduce(Buf(scratch, n, DType::f32, d), ReduceOp::sum, be_.stream()).wait_on(be_.stream()); });
+  int i = 0;
+  for (float* g : grads) {
+    if (g) be_.add(Buf(g, each, DType::f32, d), Buf(scratch + i * each, each, DType::f32, d));
+    ++i;
+  }
+}
+
+void Chunk::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr pending, Ptr out, bool recomputing) {
+  const int N = B_ * T_, qkv = (H_ + 2 * KV_) * D_;
+  const Ptr* W = lw.w;
+  const float eps = float(cfg_.model.norm_eps);
+  const WLayout lay = llama_ ? WLayout::out_in : WLayout::in_out;
+  // A row-parallel bias is added once: by tp rank 0, before the partial sums are reduced.
+  auto row_bias = [&](Ptr b) { return tp_rank_ == 0 ? b : Ptr(); };
+  const Ptr partial = sp_ ? scr(FULL_B) : Ptr();  // [N, C] before scatter_to_sp
+  const Ptr gathered = scr(FULL_A);
+  {
+    auto s = trace_.scope("norm1_forward");  // in += pending: the previous block's MLP branch
+    be_.norm_forward(llama_, a.ln1, a.ln1_mean, a.ln1_rstd, in, pending, W[NORM1_W], W[NORM1_B], Ns_, C_, eps);
+  }
+  const Ptr in1 = column_parallel_input(a.ln1, gathered);
+  {
+    auto s = trace_.scope("qkv_forward");
+    be_.linear_forward(a.qkv, in1, W[QKV_W], W[QKV_B], N, C_, qkv, lay);
+  }
+  if (llama_) {
+    auto s = trace_.scope("rope_forward");
+    be_.rope(false, a.qkv, rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_);
+  }
+  {
+    auto s = trace_.scope("attention_forward");
+    be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_);
+  }
+  {
+    auto s = trace_.scope("attn_proj_forward");
+    be_.linear_forward(sp_ ? partial : a.res2, a.atty, W[PROJ_W], row_bias(W[PROJ_B]), N, H_ * D_, C_, lay);
+  }
+  row_parallel_exit(partial, a.res2);
+  {
+    auto s = trace_.scope("norm2_forward");  // res2 += in: the attention branch joins the stream
+    be_.norm_forward(llama_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, in, W[NORM2_W], W[NORM2_B], Ns_, C_, eps);
+  }
+  const Ptr in2 = column_parallel_input(a.ln2, gathered);
+  {
+    auto s = trace_.scope("fc_forward");
+    be_.linear_forward(a.fc, in2, W[FC_W], W[FC_B], N, C_, llama_ ? 2 * F_ : F_, lay);
+  }
+  {
+    auto s = trace_.scope("act_forward");
+    be_.act_forward(llama_, a.act, a.fc, N, F_);
+  }
+  if (recomputing) return;
+  {
+    auto s = trace_.scope("down_forward");
+    be_.linear_forward(sp_ ? partial : out, a.act, W[DOWN_W], row_bias(W[DOWN_B]), N, F_, C_, lay);
+  }
+  row_parallel_exit(partial, out);
+}
+
+void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr in, Ptr dres) {
+  const int N = B_ * T_, qkv = (H_ + 2 * KV_) * D_;
+  const Ptr* W = lw.w;
+  float* const* G = lg.g;
+  const Ptr dln = scr(D_LN), datty = scr(D_ATTY), dqkv = scr(D_QKV), dfc = scr(D_FC), dact = scr(D_ACT);
+  const Ptr full_a = scr(FULL_A), full_b = scr(FULL_B);
+  // Sequence parallel: norm gains and biases see only this rank's rows; their gradients go to
+  // a scratch that is reduced over tp once the block is done.
+  float* normw = scrf(D_NORMW);
+  if (sp_) be_.zero(Buf(normw, 4 * int64_t(C_), DType::f32, be_.device()));
+  float* g_n1w = sp_ ? normw : G[NORM1_W];
+  float* g_n1b = sp_ ? normw + C_ : G[NORM1_B];
+  float* g_n2w = sp_ ? normw + 2 * C_ : G[NORM2_W];
+  float* g_n2b = sp_ ? normw + 3 * C_ : G[NORM2_B];
+  const WLayout lay = llama_ ? WLayout::out_in : WLayout::in_out;
+  Ptr dout = row_parallel_grad(dres, full_a);
+  {
+    auto s = trace_.scope("down_act_backward");
+    be_.down_act_backward(llama_, dfc, G[DOWN_W], G[DOWN_B], dout, a.act, a.fc, W[DOWN_W], dact, N, F_, C_, lay);
+  }
+  {
+    auto s = trace_.scope("fc_backward");
+    const Ptr in2 = column_parallel_input(a.ln2, full_b);  // sequence parallel keeps only rows
+    be_.linear_backward(dln, G[FC_W], G[FC_B], dfc, in2, W[FC_W], N, C_, llama_ ? 2 * F_ : F_, lay);
+  }
+  const Ptr dln2 = column_parallel_grad(dln);
+  {
+    auto s = trace_.scope("norm2_backward");  // dres += : the residual adds its own path
+    be_.norm_backward(llama_, dres, g_n2w, g_n2b, dln2, a.res2, W[NORM2_W], a.ln2_mean, a.ln2_rstd, Ns_, C_);
+  }
+  dout = row_parallel_grad(dres, full_a);
+  {
+    auto s = trace_.scope("attn_proj_backward");
+    be_.linear_backward(datty, G[PROJ_W], G[PROJ_B], dout, a.atty, W[PROJ_W], N, H_ * D_, C_, lay);
+  }
+  {
+    auto s = trace_.scope("attention_backward");
+    be_.attention_backward(dqkv, datty, a.atty, a.qkv, a.stats, scrf(ATTN_SCRATCH), B_, T_, H_, KV_, D_);
+  }
+  if (llama_) {
+    auto s = trace_.scope("rope_backward");
+    be_.rope(true, dqkv, rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_);
+  }
+  {
+    auto s = trace_.scope("qkv_backward");
+    const Ptr in1 = column_parallel_input(a.ln1, full_b);
+    be_.linear_backward(dln, G[QKV_W], G[QKV_B], dqkv, in1, W[QKV_W], N, C_, qkv, lay);
+  }
+  const Ptr dln1 = column_parallel_grad(dln);
+  {
+    auto s = trace_.scope("norm1_backward");
+    be_.norm_backward(llama_, dres, g_n1w, g_n1b, dln1, in, W[NORM1_W], a.ln1_mean, a.ln1_rstd, Ns_, C_);
+  }
+  if (sp_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM1_B], G[NORM2_W], G[NORM2_B]}, C_);
+}
+
+void Chunk::embedding_forward(const Inputs& in, UnitAccess& acc) {
+  // Vocab-parallel under tp: each rank fills the rows of its tokens, zeros elsewhere, and rank
+  // 0 adds the positions; the sum over tp (reduce_from_tp or scatter_to_sp) is exact.
+  const Ptr emb = acc.params(0, Pass::forward);
+  const Ptr residual = act(RESIDUAL, 0);
+  const Ptr full = sp_ ? scr(FULL_B) : residual;
+  {
+    auto s = trace_.scope("embedding_forward");
+    be_.embedding_forward(full, in, at(emb, 0, names_.wte), v0_, V_,
+                          tp_rank_ == 0 ? at(emb, 0, names_.wpe) : Ptr(), B_, T_, C_);
+  }
+  row_parallel_exit(full, residual);
+  acc.forward_done(0);
+}
+
+void Chunk::head_forward(const Inputs& in, float dloss, Ptr pending, UnitAccess& acc) {
+  const int N = B_ * T_, head = L_ + 1;
+  const Ptr hw = acc.params(head, Pass::forward);
+  const Ptr x = act(RESIDUAL, b1_ - b0_);
+  {
+    auto s = trace_.scope("normf_forward");  // x += pending: the last block's MLP branch
+    be_.norm_forward(llama_, act(LNF), actf(LNF_MEAN), actf(LNF_RSTD), x, pending, at(hw, head, names_.norm_w),
+                     at(hw, head, names_.norm_b), Ns_, C_, float(cfg_.model.norm_eps));
+  }
+  const Ptr lnf = column_parallel_input(act(LNF), act(LNF_FULL));
+  // The output projection is the tensor named lm_head, in whichever unit holds it (the
+  // embedding's, when the embeddings are tied).
+  const Ptr lm = lm_unit_ == head ? hw : acc.params(lm_unit_, Pass::forward);
+  {
+    auto s = trace_.scope("lm_head_forward");
+    be_.linear_forward(act(LOGITS), lnf, at(lm, lm_unit_, names_.lm_head), Ptr(), N, C_, V_, WLayout::out_in);
+  }
+  if (lm_unit_ != head) acc.forward_done(lm_unit_);
+  acc.forward_done(head);
+  if (tp_size_ == 1) {
+    auto s = trace_.scope("crossentropy_forward_backward");
+    be_.crossentropy(act(LOGITS), actf(LOSSES), in, N, V_, valid_, dloss);
+  } else {
+    // Vocab-parallel cross-entropy: no rank ever holds logits for the whole vocabulary.
+    auto s = trace_.scope("crossentropy_vocab_parallel");
+    float* st = scrf(CE_STATS);
+    float *rowmax = st, *sumexp = st + N, *target = st + 2 * N;
+    const DeviceKind d = be_.device();
+    const Stream& stream = be_.stream();
+    be_.ce_stats(act(LOGITS), in, N, V_, valid_, v0_, rowmax, target);
+    tp_comm("ce_all_reduce",
+            [&] { tp_.all_reduce(Buf(rowmax, N, DType::f32, d), ReduceOp::max, stream).wait_on(stream); });
+    be_.ce_sumexp(act(LOGITS), rowmax, N, V_, valid_, sumexp);
+    tp_comm("ce_all_reduce", [&] {  // sumexp and target, adjacent
+      tp_.all_reduce(Buf(sumexp, 2 * int64_t(N), DType::f32, d), ReduceOp::sum, stream).wait_on(stream);
+    });
+    be_.ce_finish(act(LOGITS), actf(LOSSES), in, N, V_, valid_, v0_, rowmax, sumexp, target, dloss);
+  }
+  be_.loss_accumulate(loss_sum_.data<double>(), actf(LOSSES), N);
+}
+
+void Chunk::forward(const Inputs& in, float dloss, UnitAccess& acc) {
+  if (has_embedding()) embedding_forward(in, acc);
+  // Each block's MLP branch is `pending` until the next norm adds it into the stream.
+  Ptr pending;
+  for (int l = b0_; l < b1_; ++l) {
+    const int i = l - b0_;
+    const LayerA a = layer_a(i);
+    block_forward(layer_w(acc.params(l + 1, Pass::forward), l), a, act(RESIDUAL, i), pending, act(RESIDUAL, i + 1),
+                  false);
+    acc.forward_done(l + 1);
+    pending = a.res2;
+  }
+  if (has_head_) {
+    head_forward(in, dloss, pending, acc);
+  } else if (pending) {
+    auto s = trace_.scope("residual_add");  // the output a next chunk starts from is the full sum
+    be_.add_act(output(), pending, int64_t(Ns_) * C_);
+  }
+}
+
+void Chunk::head_backward(UnitAccess& acc) {
+  const int N = B_ * T_, head = L_ + 1;
+  const Ptr dres = scr(D_RES), dln = scr(D_LN);
+  const Ptr hw = acc.params(head, Pass::backward);
+  float* hg = acc.grads(head);
+  // The embedding's unit (tied) finishes its backward with the embedding, not here.
+  const Ptr lm_w = lm_unit_ == head ? hw : acc.params(lm_unit_, Pass::backward);
+  float* lm_g = lm_unit_ == head ? hg : acc.grads(lm_unit_);
+  const Ptr lnf = sp_ ? act(LNF_FULL) : act(LNF);
+  {
+    auto s = trace_.scope("lm_head_backward");
+    be_.linear_backward(dln, at(lm_g, lm_unit_, names_.lm_head), nullptr, act(LOGITS), lnf,
+                        at(lm_w, lm_unit_, names_.lm_head), N, C_, V_, WLayout::out_in);
+  }
+  const Ptr dlnf = column_parallel_grad(dln);
+  be_.zero(rows(dres, int64_t(Ns_) * C_));
+  float* normw = scrf(D_NORMW);
+  if (sp_) be_.zero(Buf(normw, 2 * int64_t(C_), DType::f32, be_.device()));
+  float* gw = sp_ ? normw : at(hg, head, names_.norm_w);
+  float* gb = sp_ ? normw + C_ : at(hg, head, names_.norm_b);
+  {
+    auto s = trace_.scope("normf_backward");
+    be_.norm_backward(llama_, dres, gw, gb, dlnf, act(RESIDUAL, b1_ - b0_), at(hw, head, names_.norm_w),
+                      actf(LNF_MEAN), actf(LNF_RSTD), Ns_, C_);
+  }
+  if (sp_) sp_param_grads_reduce(normw, {at(hg, head, names_.norm_w), at(hg, head, names_.norm_b)}, C_);
+  acc.backward_done(head);  // the final norm and an untied lm_head sit after every block
+}
+
+void Chunk::backward(const Inputs& in, UnitAccess& acc) {
+  const int N = B_ * T_;
+  const Ptr dres = scr(D_RES);
+  if (has_head_) head_backward(acc);  // else grad_output() holds d(output)
+  for (int l = b1_ - 1; l >= b0_; --l) {
+    const int i = l - b0_;
+    const LayerA a = layer_a(i);
+    const LayerW w = layer_w(acc.params(l + 1, Pass::backward), l);
+    const Ptr x = act(RESIDUAL, i);
+    // Recompute what the policy did not keep; the kernels are deterministic, so the
+    // recomputed values are the same bits the forward produced.
+    if (policy_ == Recompute::full) {
+      auto s = trace_.scope("recompute_block");
+      block_forward(w, a, x, Ptr(), Ptr(), true);  // x already holds the summed stream
+    } else if (policy_ == Recompute::selective) {
+      auto s = trace_.scope("recompute_selective");
+      if (be_.traits().attention_probs) be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_);
+      be_.act_forward(llama_, a.act, a.fc, N, F_);
+    }
+    block_backward(w, layer_g(acc.grads(l + 1), l), a, x, dres);
+    acc.backward_done(l + 1);
+  }
+  if (!has_embedding()) return;  // grad_input() holds d(input)
+  float* embg = acc.grads(0);
+  const Ptr demb = row_parallel_grad(dres, scr(FULL_A));  // every row, for the lookup
+  {
+    auto s = trace_.scope("embedding_backward");
+    be_.embedding_backward(at(embg, 0, names_.wte), at(embg, 0, names_.wpe), demb, in, v0_, V_, B_, T_, C_);
+  }
+  acc.backward_done(0);
+}
+
+}  // namespace loom

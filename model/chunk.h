@@ -1,0 +1,141 @@
+// The decoder, written once: a chunk is a contiguous run of units (the embedding, blocks, the
+// head with the loss; a whole model is one chunk) with explicit forward and backward over one
+// micro-batch, its own flat buffers and its own activation plan, allocated once. Its ops go
+// through a Backend (CPU fp32, CPU bf16, CUDA bf16); tensor parallelism (and sequence
+// parallelism) is built in as the conjugate pairs of parallel/tensor_parallel.h.
+// Each block's second residual add rides the norm that follows it (the next block's first
+// norm, or the final one), so the stream is summed where it is next read.
+// Not here: data parallelism and ZeRO (they reach the weights and gradients through
+// UnitAccess), the optimizer, the schedule of micro-batches (the Trainer).
+#pragma once
+#include <memory>
+
+#include "model/backend.h"
+#include "model/layout.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/step_clock.h"
+#include "runtime/trace.h"
+
+namespace loom {
+
+enum class Pass { forward, backward };
+
+// How forward and backward reach each unit's weights and where its gradients go. The chunk
+// calls it at fixed points; plain training reads the flat buffers, data parallelism starts
+// reductions from backward_done, ZeRO-3 gathers weights in params() and frees them after.
+// Pointers address the unit's first element and stay valid until the matching *_done call;
+// a unit may be asked for more than once in a pass (the tied lm_head reads the embedding).
+class UnitAccess {
+ public:
+  virtual ~UnitAccess() = default;
+  virtual Ptr params(int unit, Pass pass) = 0;
+  virtual float* grads(int unit) = 0;  // accumulate (+=) here
+  virtual void forward_done(int unit) { (void)unit; }
+  virtual void backward_done(int unit) { (void)unit; }  // this micro-batch's grads are final
+};
+
+// Units [unit_lo, unit_hi) of the model: 0 is the embedding, 1..L the blocks, L+1 the head.
+struct ChunkSpec {
+  int unit_lo = 0, unit_hi = -1;  // -1: through the head
+};
+
+class Chunk {
+ public:
+  // full_params / full_grads: whether this rank holds the chunk's whole flat buffers (ZeRO-3
+  // and -2 do not; they bring their own UnitAccess). tp: the tensor-parallel group, its size
+  // cfg.parallel.tp. clock (may be null) is charged with the blocking tp collectives.
+  Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
+        StepClock* clock = nullptr, bool full_params = true, bool full_grads = true);
+  ~Chunk();
+
+  const ModelLayout& layout() const { return layout_; }
+  const ParamRegistry& registry() const { return layout_.reg; }
+  size_t num_params() const { return layout_.reg.numel(); }
+  const ActPlan& plan() const { return plan_; }
+  Backend& backend() { return be_; }
+  Ptr params() { return ptr_of(params_); }
+  float* grads() { return grads_.defined() ? grads_.f32() : nullptr; }
+  Tensor& params_tensor() { return params_; }
+  Tensor& grads_tensor() { return grads_; }
+  UnitAccess& flat() { return *flat_; }
+  bool has_embedding() const { return first_unit_ == 0; }
+  bool has_head() const { return has_head_; }
+  int first_unit() const { return first_unit_; }
+  void zero_grad();
+
+  // Forward of one micro-batch: from the tokens (with the embedding) or from input(); to the
+  // loss (with the head; losses summed into loss_sum(), and with dloss != 0 the logits become
+  // their gradient) or to output().
+  void forward(const Inputs& in, float dloss, UnitAccess& acc);
+  // Backward: accumulates (+=) the micro-batch's gradients, from the loss or from
+  // grad_output(), down to the embedding or to grad_input(). Units finish in reverse order.
+  void backward(const Inputs& in, UnitAccess& acc);
+  Ptr input();        // [Ns, C]: the activation a chunk without the embedding starts from
+  Ptr output();       // [Ns, C]: what a chunk without the head ends with
+  Ptr grad_output();  // [Ns, C]: d(output), set before backward
+  Ptr grad_input();   // [Ns, C]: d(input) after backward (the same buffer)
+  // f64 [1]: per-token losses summed since it was last zeroed (head chunk).
+  Tensor& loss_sum() { return loss_sum_; }
+
+ private:
+  struct LayerW;  // pointers of one block's parameters, or gradients
+  struct LayerA;  // pointers of one block's activations
+  class FlatAccess;
+  LayerW layer_w(Ptr unit_base, int l) const;
+  LayerW layer_g(float* unit_base, int l) const;
+  LayerA layer_a(int i);
+  Ptr at(Ptr unit_base, int unit, const char* name) const;
+  float* at(float* unit_base, int unit, const char* name) const;
+  Ptr act(int buf, int copy = 0);
+  float* actf(int buf, int copy = 0);
+  Ptr scr(int buf);
+  float* scrf(int buf);
+  Buf rows(Ptr p, int64_t n) const;  // a Buf of n compute-dtype elements at p
+  // Communication on the tp group: traced, and charged to the clock's communication.
+  template <class F>
+  void tp_comm(const char* name, F&& f);
+  // Row-parallel linear output `partial` [N, C] -> this rank's rows of `out`, summed over tp
+  // (reduce_from_tp in place, or scatter_to_sp into out).
+  void row_parallel_exit(Ptr partial, Ptr out);
+  // A normed input [Ns, C] -> what a column-parallel linear reads, [N, C] (gather_from_sp).
+  Ptr column_parallel_input(Ptr normed, Ptr full);
+  // A column-parallel input gradient [N, C] -> this rank's rows, summed over tp.
+  Ptr column_parallel_grad(Ptr dfull);
+  // The gradient of a row-parallel output, this rank's rows -> [N, C].
+  Ptr row_parallel_grad(Ptr drows, Ptr full);
+  // Sequence-parallel norm gradients are partial sums: reduce them over tp into `grads`.
+  void sp_param_grads_reduce(float* scratch, std::initializer_list<float*> grads, int64_t each);
+  // Block forward from residual `in`, with `pending` (the previous block's branch) added into
+  // it first; writes the block's MLP branch to `out` unless recomputing (full recompute stops
+  // before the down projection, whose output backward does not need and `out` already holds).
+  void block_forward(const LayerW& w, const LayerA& a, Ptr in, Ptr pending, Ptr out, bool recomputing);
+  // dres holds d(out) on entry and d(in) on return (this rank's rows).
+  void block_backward(const LayerW& w, const LayerW& g, const LayerA& a, Ptr in, Ptr dres);
+  void embedding_forward(const Inputs& in, UnitAccess& acc);
+  void head_forward(const Inputs& in, float dloss, Ptr pending, UnitAccess& acc);
+  void head_backward(UnitAccess& acc);
+
+  Config cfg_;
+  Backend& be_;
+  ProcessGroup& tp_;
+  Trace& trace_;
+  StepClock* clock_;
+  bool llama_;
+  int B_, T_, C_, H_, KV_, D_, F_, V_, L_;  // H_, KV_, F_, V_: this rank's share under tp (V_ padded)
+  int tp_size_, tp_rank_, v0_, valid_;  // v0_: the first vocabulary id this rank holds; valid_: how many are real
+  bool sp_;
+  int Ns_;  // rows of the norm and residual regions on this rank (N / tp with sp)
+  int first_unit_, b0_, b1_;  // global units from first_unit_; blocks [b0_, b1_)
+  bool has_head_;
+  Recompute policy_;
+  HeadNames names_;
+  int lm_unit_;  // the unit holding the lm_head weight (the embedding's when tied)
+  ModelLayout layout_;
+  Tensor params_, grads_;
+  ActPlan plan_;
+  std::vector<Tensor> acts_, scratch_;
+  Tensor rope_cos_, rope_sin_, loss_sum_;
+  std::unique_ptr<UnitAccess> flat_;
+};
+
+}  // namespace loom

@@ -1,0 +1,211 @@
+#include "model/layout.h"
+
+#include <cmath>
+
+namespace loom {
+
+Recompute recompute_from(const std::string& s) {
+  if (s == "selective") return Recompute::selective;
+  if (s == "full") return Recompute::full;
+  LOOM_CHECK(s == "none", "train.recompute = '{}' is not one of none|selective|full", s);
+  return Recompute::none;
+}
+
+BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg) {
+  BackendTraits t;
+  t.device = device;
+  t.dtype = dtype;
+  t.attention_probs = device == DeviceKind::cpu;
+  // cuBLASLt's GELU epilogue reads its aux matrix with a stride that must be a multiple of 8.
+  t.fused_dgelu = device == DeviceKind::cuda && cfg.model.arch == "gpt2" && (cfg.model.d_ff / cfg.parallel.tp) % 8 == 0;
+  return t;
+}
+
+// Per rank, under tensor parallelism tp: heads, KV heads, MLP width and vocabulary are split
+// tp ways; with sequence parallelism the norm and residual regions hold N/tp rows.
+ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits& bt, int unit_lo, int unit_hi) {
+  const int tp = cfg.parallel.tp;
+  const bool sp = cfg.parallel.sp;
+  const int64_t T = cfg.model.seq_len, C = cfg.model.d_model, H = cfg.model.n_head / tp, KV = cfg.kv_heads() / tp;
+  const int64_t D = C / cfg.model.n_head, F = cfg.model.d_ff / tp, V = cfg.vocab_padded() / tp, N = B * T;
+  const int64_t Ns = sp ? N / tp : N;  // rows of the norm and residual regions on this rank
+  const int L_all = cfg.model.n_layer;
+  if (unit_hi < 0) unit_hi = L_all + 2;
+  // This chunk's blocks, and whether it ends with the head.
+  const int L = std::max(0, std::min(unit_hi, L_all + 1) - std::max(unit_lo, 1));
+  const int64_t head = unit_hi == L_all + 2 ? 1 : 0;
+  const bool llama = cfg.model.arch == "llama";
+  const int64_t qkv = (H + 2 * KV) * D, fc = llama ? 2 * F : F;
+  const DType x = bt.dtype, f32 = DType::f32;
+  // Copies: every layer's own (L), or one shared buffer that backward refills (1).
+  const int keep = policy == Recompute::full ? 1 : L;
+  const int keep_sel = policy == Recompute::none ? L : 1;
+  // The attention's saved statistics: probabilities go with selective recompute, a
+  // log-sum-exp stays with every policy but full.
+  const int keep_stats = bt.attention_probs ? keep_sel : keep;
+  ActPlan p;
+  p.buffers = {
+      // block inputs and the chunk's output: kept by every policy (the next norm adds the
+      // branch still pending into them in place)
+      {"residual", Ns * C, L + 1, x},
+      {"ln1", Ns * C, keep, x},
+      {"ln1_mean", llama ? 0 : Ns, keep, f32},
+      {"ln1_rstd", Ns, keep, f32},
+      {"qkv", N * qkv, keep, x},
+      {"attn_stats", bt.attention_stats(B, T, H), keep_stats, bt.attention_stats_dtype()},
+      {"atty", N * H * D, keep, x},
+      {"res2", Ns * C, keep, x},
+      {"ln2", Ns * C, keep, x},
+      {"ln2_mean", llama ? 0 : Ns, keep, f32},
+      {"ln2_rstd", Ns, keep, f32},
+      {"fc", N * fc, keep, x},
+      {"act", N * F, keep_sel, x},  // activation function output: selective recomputes it
+      {"lnf", head * Ns * C, 1, x},
+      {"lnf_mean", llama ? 0 : head * Ns, 1, f32},
+      {"lnf_rstd", head * Ns, 1, f32},
+      {"lnf_full", sp ? head * N * C : 0, 1, x},  // the gathered final norm, which the lm_head reads twice
+      {"logits", head * N * V, 1, x},
+      {"losses", head * N, 1, f32},
+  };
+  p.scratch = {{"d_residual", Ns * C, 1, x},
+               {"d_norm", N * C, 1, x},
+               {"d_atty", N * H * D, 1, x},
+               {"d_qkv", N * qkv, 1, x},
+               {"d_fc", N * fc, 1, x},
+               {"d_act", bt.fused_dgelu ? 0 : N * F, 1, x},
+               {"attn_scratch", bt.attention_probs ? 0 : B * H * T, 1, f32},
+               // Tensor-parallel communication buffers: gathered rows, reduced shards, the
+               // sequence-parallel norm gradients and the vocab-parallel loss statistics.
+               {"full_a", sp ? N * C : 0, 1, x, true},
+               {"full_b", sp ? N * C : 0, 1, x, true},
+               {"d_shard", sp ? Ns * C : 0, 1, x, true},
+               {"d_normw", sp ? 4 * C : 0, 1, f32, true},
+               {"ce_stats", tp > 1 ? head * 3 * N : 0, 1, f32, true}};
+  return p;
+}
+
+int64_t ActPlan::activation_bytes() const {
+  int64_t s = 0;
+  for (auto& b : buffers) s += b.bytes();
+  return s;
+}
+int64_t ActPlan::scratch_bytes() const {
+  int64_t s = 0;
+  for (auto& b : scratch) s += b.bytes();
+  return s;
+}
+std::string ActPlan::table() const {
+  std::string out = fmt::format("{:<12} {:>8} {:>6} {:>12}\n", "activation", "copies", "dtype", "MiB");
+  for (auto& b : buffers)
+    if (b.numel)
+      out += fmt::format("{:<12} {:>8} {:>6} {:>12.2f}\n", b.name, b.copies, dtype_name(b.dtype), b.bytes() / 1048576.0);
+  out += fmt::format("{:<12} {:>8} {:>6} {:>12.2f}\n", "(saved)", "", "", activation_bytes() / 1048576.0);
+  int64_t comm = 0;
+  for (auto& b : scratch) comm += b.comm ? b.bytes() : 0;
+  out += fmt::format("{:<12} {:>8} {:>6} {:>12.2f}\n", "(backward)", "", "", (scratch_bytes() - comm) / 1048576.0);
+  out += fmt::format("{:<12} {:>8} {:>6} {:>12.2f}", "(tp comm)", "", "", comm / 1048576.0);
+  return out;
+}
+
+HeadNames head_names(const Config& cfg) {
+  const bool tied = cfg.model.tie_embeddings;
+  if (cfg.model.arch == "llama")
+    return {"model.embed_tokens.weight", nullptr, "model.norm.weight", nullptr,
+            tied ? "model.embed_tokens.weight" : "lm_head.weight"};
+  return {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias",
+          tied ? "transformer.wte.weight" : "lm_head.weight"};
+}
+
+int ModelLayout::unit_of(const std::string& name) const {
+  const int64_t off = int64_t(reg.at(name).offset);
+  for (int u = 0; u < num_units(); ++u)
+    if (off >= units[size_t(u)].first && off < units[size_t(u)].second) return first_unit + u;
+  LOOM_ASSERT(false);
+  return -1;
+}
+
+ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_hi) {
+  using I = ParamSpec::Init;
+  const bool llama = cfg.model.arch == "llama";
+  const int L = cfg.model.n_layer, H = cfg.model.n_head, KV = cfg.kv_heads(), D = cfg.head_dim();
+  const int tp = cfg.parallel.tp;
+  const int64_t C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size, T = cfg.model.seq_len;
+  const int64_t Vp = cfg.vocab_padded();
+  const float resid_std = 0.02f / std::sqrt(2.0f * L);  // GPT-2: scale residual projections
+  if (unit_hi < 0) unit_hi = L + 2;
+  ModelLayout m;
+  m.first_unit = unit_lo;
+  auto& reg = m.reg;
+  int unit = 0;  // the global unit being registered
+  static const ParamSpec skipped{};
+  // Tensor parallel: column-parallel weights split their output dim, row-parallel ones their
+  // input dim, and the vocabulary splits the embedding rows (dim 0 of [V, C], padded to Vp).
+  // GPT-2's fused q|k|v splits each of its three blocks. Everything else is replicated.
+  const auto mine = [&] { return unit >= unit_lo && unit < unit_hi; };
+  auto add = [&](const std::string& name, Shape shape, I init, int split_dim = -1, int parts = 1,
+                 float std = 0.02f) -> const ParamSpec& {
+    if (!mine()) return skipped;
+    return reg.add(name, std::move(shape), init, std, split_dim, parts, tp, tp_rank);
+  };
+  auto add_vocab = [&](const std::string& name) {
+    if (mine()) reg.add(name, {V, C}, I::normal, 0.02f, 0, 1, tp, tp_rank, Vp);
+  };
+  m.layer_offsets.assign(size_t(L), std::vector<size_t>(NUM_W, SIZE_MAX));
+  auto at = [&](int l, WField f, const ParamSpec& s) {
+    if (mine()) m.layer_offsets[size_t(l)][f] = s.offset;
+  };
+  auto unit_end = [&] {
+    if (mine()) {
+      int64_t lo = m.units.empty() ? 0 : m.units.back().second;
+      m.units.push_back({lo, int64_t(reg.numel())});
+    }
+    ++unit;
+  };
+  if (!llama) {  // Conv1D weights are [in, out]: column-parallel splits dim 1, row-parallel dim 0
+    add_vocab("transformer.wte.weight");
+    add("transformer.wpe.weight", {T, C}, I::normal, -1, 1, 0.01f);
+    unit_end();
+    for (int l = 0; l < L; ++l) {
+      std::string p = fmt::format("transformer.h.{}.", l);
+      at(l, NORM1_W, add(p + "ln_1.weight", {C}, I::ones));
+      at(l, NORM1_B, add(p + "ln_1.bias", {C}, I::zeros));
+      at(l, QKV_W, add(p + "attn.c_attn.weight", {C, 3 * C}, I::normal, 1, 3));
+      at(l, QKV_B, add(p + "attn.c_attn.bias", {3 * C}, I::zeros, 0, 3));
+      at(l, PROJ_W, add(p + "attn.c_proj.weight", {C, C}, I::normal, 0, 1, resid_std));
+      at(l, PROJ_B, add(p + "attn.c_proj.bias", {C}, I::zeros));
+      at(l, NORM2_W, add(p + "ln_2.weight", {C}, I::ones));
+      at(l, NORM2_B, add(p + "ln_2.bias", {C}, I::zeros));
+      at(l, FC_W, add(p + "mlp.c_fc.weight", {C, F}, I::normal, 1));
+      at(l, FC_B, add(p + "mlp.c_fc.bias", {F}, I::zeros, 0));
+      at(l, DOWN_W, add(p + "mlp.c_proj.weight", {F, C}, I::normal, 0, 1, resid_std));
+      at(l, DOWN_B, add(p + "mlp.c_proj.bias", {C}, I::zeros));
+      unit_end();
+    }
+    add("transformer.ln_f.weight", {C}, I::ones);
+    add("transformer.ln_f.bias", {C}, I::zeros);
+  } else {  // nn.Linear weights are [out, in]: column-parallel splits dim 0, row-parallel dim 1
+    add_vocab("model.embed_tokens.weight");
+    unit_end();
+    for (int l = 0; l < L; ++l) {
+      std::string p = fmt::format("model.layers.{}.", l);
+      // q, k, v (and gate, up) are registered back to back so that each pair forms one
+      // contiguous [out, in] matrix and one GEMM computes them together, sharded or not.
+      at(l, NORM1_W, add(p + "input_layernorm.weight", {C}, I::ones));
+      at(l, QKV_W, add(p + "self_attn.q_proj.weight", {int64_t(H) * D, C}, I::normal, 0));
+      add(p + "self_attn.k_proj.weight", {int64_t(KV) * D, C}, I::normal, 0);
+      add(p + "self_attn.v_proj.weight", {int64_t(KV) * D, C}, I::normal, 0);
+      at(l, PROJ_W, add(p + "self_attn.o_proj.weight", {C, int64_t(H) * D}, I::normal, 1, 1, resid_std));
+      at(l, NORM2_W, add(p + "post_attention_layernorm.weight", {C}, I::ones));
+      at(l, FC_W, add(p + "mlp.gate_proj.weight", {F, C}, I::normal, 0));
+      add(p + "mlp.up_proj.weight", {F, C}, I::normal, 0);
+      at(l, DOWN_W, add(p + "mlp.down_proj.weight", {C, F}, I::normal, 1, 1, resid_std));
+      unit_end();
+    }
+    add("model.norm.weight", {C}, I::ones);
+  }
+  if (!cfg.model.tie_embeddings) add_vocab("lm_head.weight");
+  unit_end();
+  return m;
+}
+
+}  // namespace loom

@@ -1,0 +1,95 @@
+// What a rank's part of the decoder looks like before anything is allocated: its parameters
+// (names, shapes, offsets, units) and its activation plan. The chunk allocates exactly this,
+// and `loom plan memory` adds it up; neither needs a device.
+//   model: gpt2 (LayerNorm, learned positions, GELU MLP, biases) or llama (RMSNorm, RoPE,
+//   grouped-query attention, SwiGLU, no biases), pre-norm.
+// The activation plan comes from (B, T, config, recompute policy, what the backend keeps): the
+// policy changes which buffers are per layer and which are shared and recomputed, never the
+// control flow of the layer loop.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/registry.h"
+#include "runtime/allocator.h"
+#include "runtime/config.h"
+
+namespace loom {
+
+enum class Recompute { none, selective, full };
+Recompute recompute_from(const std::string& s);
+
+// How a backend's ops shape the plan (DESIGN 2: the decoder is one, its ops are the
+// backend's). Pure data, the same for a device that is not there.
+struct BackendTraits {
+  DeviceKind device = DeviceKind::cpu;
+  DType dtype = DType::f32;  // activations and weights
+  // CPU attention keeps its probabilities [B,H,T,T] (compute dtype), which selective recompute
+  // drops and recomputes; flash attention (CUDA) keeps the log-sum-exp [B,H,T] (fp32) only.
+  bool attention_probs = true;
+  // GELU's backward rides the down projection's input-gradient GEMM: no d_act buffer (gpt2).
+  bool fused_dgelu = false;
+  int64_t attention_stats(int64_t B, int64_t T, int64_t H) const {
+    return attention_probs ? B * H * T * T : B * H * T;
+  }
+  DType attention_stats_dtype() const { return attention_probs ? dtype : DType::f32; }
+};
+// The traits of the backend that would run cfg (device and dtype resolved).
+BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg);
+
+// One buffer of the plan: elements per copy, and how many copies (L when each layer keeps
+// its own, 1 when layers share it and backward recomputes it).
+struct ActBuffer {
+  const char* name;
+  int64_t numel;
+  int copies;
+  DType dtype;
+  bool comm = false;  // a tensor-parallel communication buffer (Mem::comm in the ledger)
+  int64_t bytes() const { return numel * copies * int64_t(dtype_size(dtype)); }
+};
+struct ActPlan {
+  std::vector<ActBuffer> buffers;  // saved between forward and backward (Mem::activations)
+  std::vector<ActBuffer> scratch;  // working space (Mem::workspace, or Mem::comm where marked)
+  int64_t activation_bytes() const;
+  int64_t scratch_bytes() const;
+  std::string table() const;
+};
+// For the chunk of units [unit_lo, unit_hi) (-1: through the head).
+ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits& traits = {}, int unit_lo = 0,
+                 int unit_hi = -1);
+
+// Fields of one block in ModelLayout::layer_offsets. gpt2 uses all; llama has no biases.
+enum WField { NORM1_W, NORM1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, NORM2_W, NORM2_B, FC_W, FC_B, DOWN_W, DOWN_B, NUM_W };
+
+// Names of the tensors outside the blocks (null where the architecture has none).
+struct HeadNames {
+  const char* wte;
+  const char* wpe;
+  const char* norm_w;
+  const char* norm_b;
+  const char* lm_head;  // the output projection: wte itself when the embeddings are tied
+};
+HeadNames head_names(const Config& cfg);
+
+// A model's parameters (names, shapes, offsets) and its units: contiguous ranges of the
+// registry that are gathered, reduced and sharded together. Unit 0 holds the embeddings,
+// unit l+1 block l, unit L+1 the final norm and an untied lm_head. A layout may hold a run of
+// units only (a pipeline chunk's): units[i] is global unit first_unit + i, and the registry
+// holds their tensors only, from offset 0. Built without allocating.
+struct ModelLayout {
+  ParamRegistry reg;
+  int first_unit = 0;
+  std::vector<std::pair<int64_t, int64_t>> units;  // [lo, hi) in registry elements
+  std::vector<std::vector<size_t>> layer_offsets;  // per global block, per weight field (SIZE_MAX: absent)
+  int num_units() const { return int(units.size()); }
+  // Local unit index i (0 .. num_units-1).
+  int64_t unit_lo(int i) const { return units[size_t(i)].first; }
+  int64_t unit_len(int i) const { return units[size_t(i)].second - units[size_t(i)].first; }
+  // The global unit that holds a parameter.
+  int unit_of(const std::string& name) const;
+};
+// This rank's view under tensor parallelism (cfg.parallel.tp): local shapes, global names, the
+// vocabulary padded to cfg.vocab_padded() rows; units [unit_lo, unit_hi) (-1: through the head).
+ModelLayout model_layout(const Config& cfg, int tp_rank = 0, int unit_lo = 0, int unit_hi = -1);
+
+}  // namespace loom

@@ -1,0 +1,47 @@
+// The data-parallel side of a rank: how its chunk reaches weights and gradients (UnitAccess),
+// where the fp32 weights live, and the optimizer step. Two kinds: DDP (parallel/ddp.h:
+// every rank holds everything, gradients all-reduced in buckets during backward) and ZeRO
+// (parallel/zero.h: state sharded over dp). With one dp rank DDP is plain training.
+// Everything here runs on the chunk's backend and stream, so it never asks the device: the
+// same code reduces host buffers over MPI and CUDA buffers over NCCL.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "model/chunk.h"
+#include "optim/adamw.h"
+#include "runtime/step_clock.h"
+
+namespace loom {
+
+class DataParallel : public UnitAccess {
+ public:
+  // The chunk's fp32 weights in this rank's (tensor-parallel) layout, on the host; every dp
+  // rank passes the same values.
+  virtual void weights_from(const float* host) = 0;
+  // The fp32 weights back (master values where they exist); collective over dp.
+  virtual void weights_to(float* host) = 0;
+  // The micro-batch whose backward runs next is the step's last (DDP communicates only then).
+  virtual void set_last(bool last) { (void)last; }
+  // Finishes the gradient reductions, clips by the global norm (over dp and tp) and updates.
+  // Waits for communication are charged to the clock's comm phase.
+  virtual void step(const AdamWHyper& h, int64_t step, double max_norm) = 0;
+  virtual double grad_norm() = 0;  // the last step's, before clipping (read on the host)
+  virtual std::string describe() const = 0;
+  virtual double comm_us() const { return 0; }  // the last step's reduction time, summed
+};
+
+struct DataParallelGroups {
+  ProcessGroup& dp;       // carries the chunk's buffers
+  ProcessGroup& tp;       // carries the chunk's buffers
+  ProcessGroup& host_dp;  // host buffers (weights in and out)
+};
+
+// DDP at parallel.zero = 0, else ZeRO of that stage; the optimizer over what this rank owns.
+std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups,
+                                                 StepClock* clock);
+
+// The reduction dtype of parallel.grad_reduce_dtype.
+DType grad_reduce_dtype(const Config& cfg);
+
+}  // namespace loom

@@ -1,0 +1,142 @@
+#include "runtime/device.h"
+
+#include <cstring>
+
+#if LOOM_HAVE_CUDA
+#include "kernels/cuda/check.h"
+#endif
+
+namespace loom {
+
+namespace {
+#if LOOM_HAVE_CUDA
+cudaStream_t cu(const Stream& s) {
+  return static_cast<cudaStream_t>(s.handle);
+}
+#endif
+[[noreturn]] void no_cuda() {
+  fail("this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON)");
+}
+}  // namespace
+
+const Stream& host_stream() {
+  static const Stream s{};
+  return s;
+}
+
+void Stream::synchronize() const {
+  if (kind == DeviceKind::cpu) return;
+#if LOOM_HAVE_CUDA
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(cu(*this)));
+#endif
+}
+
+void stream_copy(const Stream& s, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  if (s.kind == DeviceKind::cpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if LOOM_HAVE_CUDA
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu(s)));
+#endif
+}
+
+Stream cuda_stream_create() {
+#if LOOM_HAVE_CUDA
+  cudaStream_t s;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return Stream{DeviceKind::cuda, s};
+#else
+  no_cuda();
+#endif
+}
+
+void cuda_stream_destroy(Stream& s) {
+#if LOOM_HAVE_CUDA
+  if (s.kind == DeviceKind::cuda && s.handle) {
+    cudaStreamSynchronize(cu(s));
+    cudaStreamDestroy(cu(s));
+  }
+#endif
+  s.handle = nullptr;
+}
+
+Event::Event(DeviceKind kind) : kind_(kind) {
+  if (kind_ == DeviceKind::cpu) return;
+#if LOOM_HAVE_CUDA
+  cudaEvent_t e;
+  LOOM_CUDA_CHECK(cudaEventCreate(&e));
+  ev_ = e;
+#else
+  no_cuda();
+#endif
+}
+
+Event::~Event() {
+#if LOOM_HAVE_CUDA
+  if (ev_) cudaEventDestroy(static_cast<cudaEvent_t>(ev_));
+#endif
+}
+
+Event::Event(Event&& o) noexcept : kind_(o.kind_), ev_(o.ev_), at_(o.at_) {
+  o.ev_ = nullptr;
+}
+
+Event& Event::operator=(Event&& o) noexcept {
+  std::swap(kind_, o.kind_);
+  std::swap(ev_, o.ev_);
+  std::swap(at_, o.at_);
+  return *this;
+}
+
+void Event::record(const Stream& s) {
+  if (kind_ == DeviceKind::cpu) {
+    at_ = std::chrono::steady_clock::now();
+    return;
+  }
+#if LOOM_HAVE_CUDA
+  LOOM_ASSERT(s.kind == DeviceKind::cuda);
+  LOOM_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev_), cu(s)));
+#else
+  (void)s;
+#endif
+}
+
+void Event::synchronize() const {
+#if LOOM_HAVE_CUDA
+  if (kind_ == DeviceKind::cuda) LOOM_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev_)));
+#endif
+}
+
+void Event::wait_on(const Stream& s) const {
+  if (s.kind == DeviceKind::cpu) {
+    synchronize();  // an inline stream runs its next work on the host
+    return;
+  }
+#if LOOM_HAVE_CUDA
+  if (kind_ == DeviceKind::cuda) LOOM_CUDA_CHECK(cudaStreamWaitEvent(cu(s), static_cast<cudaEvent_t>(ev_), 0));
+#endif
+}
+
+bool Event::done() const {
+#if LOOM_HAVE_CUDA
+  if (kind_ == DeviceKind::cuda) return cudaEventQuery(static_cast<cudaEvent_t>(ev_)) == cudaSuccess;
+#endif
+  return true;
+}
+
+double Event::elapsed_ms(const Event& a, const Event& b) {
+  LOOM_ASSERT(a.kind_ == b.kind_);
+  if (a.kind_ == DeviceKind::cpu) return std::chrono::duration<double, std::milli>(b.at_ - a.at_).count();
+#if LOOM_HAVE_CUDA
+  b.synchronize();
+  float ms = 0.0f;
+  LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a.ev_), static_cast<cudaEvent_t>(b.ev_)));
+  return double(ms);
+#else
+  return 0.0;
+#endif
+}
+
+}  // namespace loom
