@@ -41,8 +41,10 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
       items.push_back({"rope", int64_t(cfg.model.seq_len) * cfg.head_dim() / 2, DType::f32, Mem::workspace});
   items.push_back({"loss_sum", 1, DType::f64, Mem::workspace});
   // The data-parallel side and its optimizer.
-  const auto dp_items = stage == 0 ? Ddp::plan(cfg, n, dtype)
-                                   : zero_plan(layout, cfg.parallel.dp, stage, dtype, grad_reduce_dtype(cfg));
+  const DeviceKind kind = cuda ? DeviceKind::cuda : DeviceKind::cpu;
+  const auto dp_items = stage == 0 ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
+                                   : zero_plan(layout, cfg.parallel.dp, at.dp, stage, at.tp, dtype,
+                                               grad_reduce_dtype(cfg), kind);
   items.insert(items.end(), dp_items.begin(), dp_items.end());
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);

@@ -59,7 +59,7 @@ constexpr int kOptChunk = 8192;
 // The chunk table, on the host and (CUDA) on the device; one table drives AdamW and the norm.
 struct OptTable {
   std::vector<OptChunk> host;
-  Tensor device;  // i32 elements holding the table (empty on the CPU)
+  Tensor device;  // i32 elements holding the table (CUDA; empty on the CPU)
 };
 struct AdamScalars {
   float lr_step, bc2_sqrt, beta1, beta2, eps, decay_factor;
@@ -81,8 +81,6 @@ class Backend {
   virtual void add(Buf acc, Buf x) = 0;                 // acc += x, both fp32
   virtual void upload(Buf dst, const void* host) = 0;   // host values of dst's dtype
   virtual void download(void* host, Buf src) = 0;       // waits for the stream
-  // Makes an OptTable from its host part (uploads it where the device needs it).
-  virtual void table_upload(OptTable& t) = 0;
   // Inputs of micro-batch slot `slot` staged where the ops read them; v0, Vl: the vocabulary
   // rows this rank holds (the embedding gradient's index covers those).
   virtual Inputs stage_inputs(int slot, const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) = 0;

@@ -20,11 +20,13 @@ std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank) {
   return out;
 }
 
-std::vector<PlanItem> AdamW::plan(int64_t n, bool master) {
+std::vector<PlanItem> AdamW::plan(int64_t n, bool master, size_t n_chunks, DeviceKind device) {
+  static_assert(sizeof(OptChunk) == 32);
   std::vector<PlanItem> p;
   if (master) p.push_back({"master", n, DType::f32, Mem::master});
   p.push_back({"exp_avg", n, DType::f32, Mem::optim});
   p.push_back({"exp_avg_sq", n, DType::f32, Mem::optim});
+  if (device == DeviceKind::cuda) p.push_back({"opt_table", int64_t(n_chunks) * 8, DType::i32, Mem::optim});
   p.push_back({"grad_sum_squares", 1, DType::f64, Mem::workspace});
   p.push_back({"clip_scale", 1, DType::f32, Mem::workspace});
   return p;
@@ -32,13 +34,16 @@ std::vector<PlanItem> AdamW::plan(int64_t n, bool master) {
 
 AdamW::AdamW(Backend& be, std::vector<OptChunk> chunks, int64_t n, bool master) : be_(be) {
   table_.host = std::move(chunks);
-  be_.table_upload(table_);
   std::vector<Tensor> t;
-  for (auto& item : plan(n, master)) t.push_back(be_.alloc().empty(item));
+  for (auto& item : plan(n, master, table_.host.size(), be_.device())) t.push_back(be_.alloc().empty(item));
   size_t i = 0;
   if (master) master_ = t[i++];
   m_ = t[i++];
   v_ = t[i++];
+  if (be_.device() == DeviceKind::cuda) {
+    table_.device = t[i++];
+    be_.upload(Buf(table_.device), table_.host.data());
+  }
   ss_ = t[i++];
   scale_ = t[i++];
 }

@@ -31,7 +31,9 @@ class AdamW {
   // State for `n` elements (the whole model, or the shard this rank owns); `chunks` cover the
   // elements to update. master: keep fp32 master weights (the parameters are bf16).
   AdamW(Backend& be, std::vector<OptChunk> chunks, int64_t n, bool master);
-  static std::vector<PlanItem> plan(int64_t n, bool master);
+  // What it allocates: master weights (bf16 compute), moments, the device's copy of the
+  // table (CUDA), the norm and the clipping factor.
+  static std::vector<PlanItem> plan(int64_t n, bool master, size_t n_chunks, DeviceKind device);
   // The squared norm of the gradients the table counts, into sum_squares() (on the device).
   void norm_squares(const float* grads);
   // f64 [1] on the device: reduce it over the ranks that hold other parts before update().

@@ -8,11 +8,13 @@ DType grad_reduce_dtype(const Config& cfg) {
   return cfg.parallel.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
 }
 
-std::vector<PlanItem> Ddp::plan(const Config& cfg, int64_t n, DType dtype) {
+std::vector<PlanItem> Ddp::plan(const Config& cfg, const ParamRegistry& reg, int tp_rank, DType dtype,
+                               DeviceKind device) {
+  const int64_t n = int64_t(reg.numel());
   std::vector<PlanItem> p;
   if (cfg.parallel.dp > 1 && grad_reduce_dtype(cfg) == DType::bf16)
     p.push_back({"grad_reduce_bf16", n, DType::bf16, Mem::comm});
-  for (auto& item : AdamW::plan(n, dtype != DType::f32)) p.push_back(item);
+  for (auto& item : AdamW::plan(n, dtype != DType::f32, opt_chunks(reg, tp_rank).size(), device)) p.push_back(item);
   return p;
 }
 
@@ -26,7 +28,7 @@ Ddp::Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, Step
   const int64_t numel = int64_t(chunk.num_params());
   const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
   for (int64_t hi = numel; hi > 0; hi -= per) buckets_.push_back({std::max<int64_t>(0, hi - per), hi, {}});
-  auto items = plan(cfg, numel, be_.dtype());
+  auto items = plan(cfg, chunk.registry(), tp_.rank(), be_.dtype(), be_.device());
   if (items.front().name == "grad_reduce_bf16") low_ = be_.alloc().empty(items.front());
   adam_ = std::make_unique<AdamW>(be_, opt_chunks(chunk.registry(), tp_.rank()), numel, be_.dtype() != DType::f32);
 }

@@ -18,7 +18,9 @@ namespace loom {
 class Ddp final : public DataParallel {
  public:
   Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, StepClock* clock);
-  static std::vector<PlanItem> plan(const Config& cfg, int64_t n, DType dtype);
+  // What it allocates (its optimizer's state included) for a chunk of `reg`.
+  static std::vector<PlanItem> plan(const Config& cfg, const ParamRegistry& reg, int tp_rank, DType dtype,
+                                    DeviceKind device);
 
   Ptr params(int u, Pass) override { return chunk_.params() + lo(u); }
   float* grads(int u) override { return chunk_.grads() + lo(u); }

@@ -34,10 +34,28 @@ std::vector<int64_t> slot_elems(const Geometry& g, int n) {
 
 }  // namespace
 
-std::vector<PlanItem> zero_plan(const ModelLayout& layout, int n, int stage, DType dtype, DType reduce,
-                                int64_t* shard_elems) {
+std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, int n, int r, int stage, int tp_rank) {
   const Geometry g = geometry(layout, n);
-  if (shard_elems) *shard_elems = g.shard;
+  std::vector<OptChunk> chunks;
+  int64_t shard_off = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t len = layout.unit_len(u), s = g.s[size_t(u)];
+    const int64_t a = layout.unit_lo(u) + std::min(len, r * s), b = layout.unit_lo(u) + std::min(len, (r + 1) * s);
+    for (auto& spec : layout.reg.all()) {
+      const int64_t lo = std::max(a, int64_t(spec.offset)), hi = std::min(b, int64_t(spec.offset) + spec.numel());
+      if (lo >= hi) continue;
+      const int64_t state = shard_off + (lo - a);
+      opt_chunks_add(chunks, state, stage >= 3 ? state : lo, stage >= 2 ? state : lo, hi - lo, spec.decay,
+                     !spec.replicated() || tp_rank == 0);
+    }
+    shard_off += s;
+  }
+  return chunks;
+}
+
+std::vector<PlanItem> zero_plan(const ModelLayout& layout, int n, int rank, int stage, int tp_rank, DType dtype,
+                                DType reduce, DeviceKind device) {
+  const Geometry g = geometry(layout, n);
   const bool low = reduce == DType::bf16;
   std::vector<PlanItem> p;
   if (stage >= 3) p.push_back({"zero_shard_params", g.shard, dtype, Mem::params});
@@ -58,7 +76,8 @@ std::vector<PlanItem> zero_plan(const ModelLayout& layout, int n, int stage, DTy
     }
   if (stage >= 3)  // gathered weights: one block computing, one prefetched
     for (int64_t e : slot_elems(g, n)) p.push_back({"zero_param_slot", e, dtype, Mem::comm});
-  for (auto& item : AdamW::plan(g.shard, dtype != DType::f32)) p.push_back(item);
+  const size_t n_chunks = zero_opt_chunks(layout, n, rank, stage, tp_rank).size();
+  for (auto& item : AdamW::plan(g.shard, dtype != DType::f32, n_chunks, device)) p.push_back(item);
   return p;
 }
 
@@ -100,27 +119,12 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
   }
   shard_ = g.shard;
   max_unit_ = g.max_unit;
-  // The table: this rank's slice of every unit, cut at tensor boundaries (weight decay, and
-  // replicated tensors count in the norm on one tp rank). Moments (and master weights) index
-  // the shard space; weights the full buffer below stage 3; gradients it below stage 2.
-  std::vector<OptChunk> chunks;
-  for (const auto& unit : units_) {
-    const int64_t a = unit.lo + unit.a(), b = unit.lo + unit.b();
-    for (auto& spec : layout.reg.all()) {
-      const int64_t lo = std::max(a, int64_t(spec.offset)), hi = std::min(b, int64_t(spec.offset) + spec.numel());
-      if (lo >= hi) continue;
-      const int64_t state = unit.shard_off + (lo - a);
-      opt_chunks_add(chunks, state, stage_ >= 3 ? state : lo, stage_ >= 2 ? state : lo, hi - lo, spec.decay,
-                     !spec.replicated() || tp_.rank() == 0);
-    }
-  }
-  adam_ = std::make_unique<AdamW>(be_, std::move(chunks), g.shard, dtype_ != DType::f32);
-  // Everything else zero_plan lists, in its order (AdamW allocated its own part).
+  adam_ = std::make_unique<AdamW>(be_, zero_opt_chunks(layout, n_, r_, stage_, tp_.rank()), g.shard,
+                                  dtype_ != DType::f32);
+  // Everything else zero_plan lists (AdamW allocated its own part).
   std::map<std::string, std::vector<Tensor>> got;
-  for (auto& item : zero_plan(layout, n_, stage_, dtype_, reduce_)) {
-    if (item.mem == Mem::optim || item.mem == Mem::master || item.name == "grad_sum_squares" ||
-        item.name == "clip_scale")
-      continue;
+  for (auto& item : zero_plan(layout, n_, r_, stage_, tp_.rank(), dtype_, reduce_, be_.device())) {
+    if (item.name.rfind("zero_", 0) != 0) continue;
     got[item.name].push_back(be_.alloc().empty(item));
   }
   auto take = [&](const char* name, size_t i = 0) { return got.count(name) ? got[name][i] : Tensor(); };

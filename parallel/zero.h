@@ -21,10 +21,14 @@
 
 namespace loom {
 
-// What Zero allocates for a chunk of `layout`, at dp ranks and `stage`, weights in `dtype`,
-// gradients reduced in `reduce`; shard_elems: this rank's shard space (padding included).
-std::vector<PlanItem> zero_plan(const ModelLayout& layout, int dp, int stage, DType dtype, DType reduce,
-                                int64_t* shard_elems = nullptr);
+// The optimizer table of dp rank `rank`: its slice of every unit, cut at tensor boundaries.
+// Moments (and master weights) index the shard space; weights the full buffer below stage 3,
+// gradients below stage 2. Replicated tensors count in the norm on tp rank 0 only.
+std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, int dp, int rank, int stage, int tp_rank);
+// What Zero allocates (its optimizer's state included) on dp rank `rank` for a chunk of
+// `layout`, at `stage`, weights in `dtype`, gradients reduced in `reduce`.
+std::vector<PlanItem> zero_plan(const ModelLayout& layout, int dp, int rank, int stage, int tp_rank, DType dtype,
+                                DType reduce, DeviceKind device);
 
 class Zero final : public DataParallel {
  public:

@@ -54,6 +54,7 @@ class Allocator {
   Tensor empty(const PlanItem& item) { return empty({item.numel}, item.dtype, item.mem); }
   static int64_t alloc_bytes(int64_t numel, DType dtype);
   DeviceKind device() const { return device_; }
+  const Stream& stream() const { return stream_; }
   const MemLedger& ledger() const { return ledger_; }
   std::string ledger_table() const;
 

@@ -14,9 +14,11 @@ cudaStream_t cu(const Stream& s) {
   return static_cast<cudaStream_t>(s.handle);
 }
 #endif
+#if !LOOM_HAVE_CUDA
 [[noreturn]] void no_cuda() {
   fail("this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON)");
 }
+#endif
 }  // namespace
 
 const Stream& host_stream() {

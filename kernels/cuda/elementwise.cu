@@ -22,7 +22,7 @@ __global__ void to_f32_kernel(float* out, const bf16* in, int64_t n) {
 }
 
 // blockDim (32, kColPhases): threadIdx.x picks the column, threadIdx.y the row phase.
-__global__ void bias_backward_kernel(bf16* dbias, const bf16* dout, int M, int N) {
+__global__ void bias_backward_kernel(float* dbias, const bf16* dout, int M, int N) {
   __shared__ float part[kColPhases][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
@@ -33,7 +33,7 @@ __global__ void bias_backward_kernel(bf16* dbias, const bf16* dout, int M, int N
   if (threadIdx.y != 0 || c >= N) return;
   float t = 0.0f;
   for (int p = 0; p < kColPhases; ++p) t += part[p][threadIdx.x];
-  dbias[c] = b(f(dbias[c]) + t);
+  dbias[c] += t;
 }
 
 __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl,
@@ -49,24 +49,24 @@ __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const
 
 // One block per distinct token: its positions' rows summed in fp32 in order, added once.
 // index: ids[U], starts[U + 1], positions (token_index's packing).
-__global__ void embedding_wte_backward_kernel(bf16* dwte, const bf16* dout, const int32_t* index, int U, int C) {
+__global__ void embedding_wte_backward_kernel(float* dwte, const bf16* dout, const int32_t* index, int U, int C) {
   const int u = blockIdx.x, id = index[u];
   const int32_t* starts = index + U;
   const int32_t* pos = index + 2 * U + 1;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     float d = 0.0f;
     for (int k = starts[u]; k < starts[u + 1]; ++k) d += f(dout[int64_t(pos[k]) * C + c]);
-    dwte[int64_t(id) * C + c] = b(f(dwte[int64_t(id) * C + c]) + d);
+    dwte[int64_t(id) * C + c] += d;
   }
 }
 
 // One thread per (t, c): the B rows at position t summed in order.
-__global__ void embedding_wpe_backward_kernel(bf16* dwpe, const bf16* dout, int B, int T, int C) {
+__global__ void embedding_wpe_backward_kernel(float* dwpe, const bf16* dout, int B, int T, int C) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(T) * C) return;
   float d = 0.0f;
   for (int bi = 0; bi < B; ++bi) d += f(dout[int64_t(bi) * T * C + i]);
-  dwpe[i] = b(f(dwpe[i]) + d);
+  dwpe[i] += d;
 }
 
 template <bool Inverse>
@@ -87,6 +87,15 @@ __global__ void rope_kernel(bf16* qkv, const float* cos, const float* sin, int T
 }
 
 constexpr float kGeluScale = 0.7978845608028654f;
+
+__global__ void add_bf16_kernel(bf16* acc, const bf16* x, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] = b(f(acc[i]) + f(x[i]));
+}
+__global__ void add_f32_kernel(float* acc, const float* x, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] += x[i];
+}
 
 __global__ void gelu_forward_kernel(bf16* out, const bf16* inp, int64_t n) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -136,7 +145,17 @@ void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s) {
   to_f32_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(out, in, n);
   LOOM_CUDA_LAUNCHED();
 }
-void bias_backward(bf16* dbias, const bf16* dout, int M, int N, cudaStream_t s) {
+void add_bf16(bf16* acc, const bf16* x, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  add_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(acc, x, n);
+  LOOM_CUDA_LAUNCHED();
+}
+void add_f32(float* acc, const float* x, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  add_f32_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(acc, x, n);
+  LOOM_CUDA_LAUNCHED();
+}
+void bias_backward(float* dbias, const bf16* dout, int M, int N, cudaStream_t s) {
   bias_backward_kernel<<<blocks_for(N, 32), dim3(32, kColPhases), 0, s>>>(dbias, dout, M, N);
   LOOM_CUDA_LAUNCHED();
 }
@@ -164,7 +183,7 @@ std::vector<int32_t> token_index(const int32_t* tokens, int N, int v0, int Vl, i
   *unique = U;
   return index;
 }
-void embedding_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const int32_t* index, int U, int B, int T, int C,
+void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* index, int U, int B, int T, int C,
                         cudaStream_t s) {
   if (U > 0) {
     embedding_wte_backward_kernel<<<U, kThreads, 0, s>>>(dwte, dout, index, U, C);

@@ -19,15 +19,22 @@
 
 namespace loom::cuda {
 
-GemmContext::GemmContext(size_t workspace_bytes) : bytes_(workspace_bytes) {
+GemmContext::GemmContext(size_t workspace_bytes) : bytes_(workspace_bytes), owns_(true) {
   cublasLtHandle_t h;
   LOOM_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
   LOOM_CUDA_CHECK(cudaMalloc(&workspace_, bytes_));
 }
 
+GemmContext::GemmContext(void* workspace, size_t workspace_bytes)
+    : workspace_(workspace), bytes_(workspace_bytes), owns_(false) {
+  cublasLtHandle_t h;
+  LOOM_CUBLAS_CHECK(cublasLtCreate(&h));
+  handle_ = h;
+}
+
 GemmContext::~GemmContext() {
-  cudaFree(workspace_);
+  if (owns_) cudaFree(workspace_);
   cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
@@ -42,9 +49,10 @@ uint32_t alignment(const void* p) {
   return a;
 }
 
+// C is bf16, or fp32 where c_f32 (then no bias and no GELU).
 void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
-                   const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, Gelu gelu, const bf16* aux,
-                   cudaStream_t s) {
+                   const bf16* B, int ldb, float beta, void* C, bool c_f32, int ldc, const bf16* bias, Gelu gelu,
+                   const bf16* aux, cudaStream_t s) {
   auto lt = static_cast<cublasLtHandle_t>(ctx.handle());
   cublasLtMatmulDesc_t op;
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -79,7 +87,7 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
   cublasLtMatrixLayout_t lb, la, lc;
   LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, ldb));
   LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, lda));
-  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, ldc));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_f32 ? CUDA_R_32F : CUDA_R_16BF, N, M, ldc));
   cublasLtMatmulPreference_t pref;
   LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = ctx.workspace_bytes();
@@ -114,17 +122,22 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
 
 void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
           const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, cudaStream_t s) {
-  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, Gelu::none, nullptr, s);
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, false, ldc, bias, Gelu::none, nullptr, s);
+}
+
+void gemm_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+                 const bf16* B, int ldb, float beta, float* C, int ldc, cudaStream_t s) {
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, true, ldc, nullptr, Gelu::none, nullptr, s);
 }
 
 void gemm_gelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                const bf16* B, int ldb, bf16* C, int ldc, const bf16* bias, bf16* pre, cudaStream_t s) {
-  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, ldc, bias, Gelu::forward, pre, s);
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, false, ldc, bias, Gelu::forward, pre, s);
 }
 
 void gemm_dgelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                 const bf16* B, int ldb, bf16* C, int ldc, const bf16* pre, cudaStream_t s) {
-  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, ldc, nullptr, Gelu::backward, pre, s);
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, false, ldc, nullptr, Gelu::backward, pre, s);
 }
 
 }  // namespace loom::cuda

@@ -61,7 +61,7 @@ __global__ void layernorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* 
 
 // bias may be null (RMSNorm); mean may be null (RMSNorm: xhat = x * rstd).
 // blockDim (32, kColPhases): threadIdx.x picks the column, threadIdx.y the row phase.
-__global__ void norm_dweight_kernel(bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp, const float* mean,
+__global__ void norm_dweight_kernel(float* dweight, float* dbias, const bf16* dout, const bf16* inp, const float* mean,
                                     const float* rstd, int N, int C) {
   __shared__ float part_w[kColPhases][33], part_b[kColPhases][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
@@ -78,8 +78,8 @@ __global__ void norm_dweight_kernel(bf16* dweight, bf16* dbias, const bf16* dout
   if (threadIdx.y != 0 || c >= C) return;
   dw = db = 0.0f;
   for (int p = 0; p < kColPhases; ++p) dw += part_w[p][threadIdx.x], db += part_b[p][threadIdx.x];
-  dweight[c] = b(f(dweight[c]) + dw);
-  if (dbias) dbias[c] = b(f(dbias[c]) + db);
+  dweight[c] += dw;
+  if (dbias) dbias[c] += db;
 }
 
 __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N,
@@ -121,7 +121,7 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf1
   LOOM_CUDA_LAUNCHED();
 }
 
-void layernorm_backward(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
+void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
                         const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
   layernorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   LOOM_CUDA_LAUNCHED();
@@ -135,7 +135,7 @@ void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const b
   LOOM_CUDA_LAUNCHED();
 }
 
-void rmsnorm_backward(bf16* dinp, bf16* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
+void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
                       const float* rstd, int N, int C, cudaStream_t s) {
   rmsnorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
   LOOM_CUDA_LAUNCHED();

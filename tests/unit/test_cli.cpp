@@ -168,6 +168,6 @@ TEST(Cli, ListKeysPrintConfigAndInfo) {
 // The CPU tests see no GPU (tests/CMakeLists.txt), so both GPU commands say what is missing.
 TEST(Cli, GpuCommandsWithoutAGpuSaySo) {
   expect_one_line_error("bench kernels", LOOM_HAVE_CUDA ? "needs a CUDA device" : "this build has no CUDA");
-  expect_one_line_error(kTiny + "--set train.device=cuda",
+  expect_one_line_error(kTiny + "--set model.d_model=64 --set train.device=cuda",  // head dim 32
                         LOOM_HAVE_CUDA ? "no CUDA device is visible" : "this build has no CUDA");
 }

@@ -1,0 +1,221 @@
+// The CUDA backend: the kernels of kernels/cuda on one compute stream, in bf16 with fp32
+// accumulation. It keeps what makes the GPU path fast: cuBLASLt GEMMs with the bias (and
+// GELU's backward) in their epilogues, weight gradients written by the GEMMs straight into the
+// fp32 main gradients, tensor-core flash attention, the residual add fused into the norms, a
+// one-pass fused loss, a multi-tensor AdamW over the chunk table, and no host wait inside a
+// step: inputs go up through pinned staging, and the loss, the norm and the clipping factor
+// stay on the device until the trainer reads them once per step.
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "model/backend.h"
+
+namespace loom {
+
+namespace {
+
+using cuda::bf16;
+
+bf16* B16(Ptr p) {
+  return p.as<bf16>();
+}
+const cuda::OptChunkDev* table_of(const OptTable& t) {
+  static_assert(sizeof(cuda::OptChunkDev) == sizeof(OptChunk));
+  return reinterpret_cast<const cuda::OptChunkDev*>(t.device.data<int32_t>());
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Config& cfg, Allocator& alloc)
+      : traits_(backend_traits(DeviceKind::cuda, DType::bf16, cfg)),
+        alloc_(alloc),
+        stream_(alloc.stream()),
+        s_(static_cast<cudaStream_t>(stream_.handle)) {
+    LOOM_CHECK(alloc.device() == DeviceKind::cuda && stream_.kind == DeviceKind::cuda,
+               "the CUDA backend needs a CUDA allocator and stream");
+    for (auto& item : cuda_backend_plan(cfg)) ws_.push_back(alloc.empty(item));
+    gemm_ = std::make_unique<cuda::GemmContext>(ws_[0].data<char>(), ws_[0].nbytes());
+    N_ = cfg.train.micro_batch * cfg.model.seq_len;
+    LOOM_CUDA_CHECK(cudaMallocHost(&staging_, size_t(ws_[1].numel()) * 4));
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+    LOOM_CUDA_CHECK(cudaEventRecord(staged_, s_));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(s_);
+    if (staging_) cudaFreeHost(staging_);
+    if (staged_) cudaEventDestroy(staged_);
+  }
+  const BackendTraits& traits() const override { return traits_; }
+  const Stream& stream() const override { return stream_; }
+  Allocator& alloc() override { return alloc_; }
+
+  void copy(Buf dst, Buf src) override {
+    LOOM_ASSERT(dst.count == src.count);
+    if (dst.dtype == src.dtype) {
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDefault, s_));
+    } else if (dst.dtype == DType::bf16 && src.dtype == DType::f32) {
+      cuda::to_bf16(static_cast<bf16*>(dst.data), static_cast<const float*>(src.data), dst.count, s_);
+    } else {
+      LOOM_ASSERT(dst.dtype == DType::f32 && src.dtype == DType::bf16);
+      cuda::to_f32(static_cast<float*>(dst.data), static_cast<const bf16*>(src.data), dst.count, s_);
+    }
+  }
+  void zero(Buf b) override { LOOM_CUDA_CHECK(cudaMemsetAsync(b.data, 0, b.bytes(), s_)); }
+  void add(Buf acc, Buf x) override {
+    LOOM_ASSERT(acc.dtype == DType::f32 && x.dtype == DType::f32 && acc.count == x.count);
+    cuda::add_f32(static_cast<float*>(acc.data), static_cast<const float*>(x.data), acc.count, s_);
+  }
+  void upload(Buf dst, const void* host) override {
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, s_));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(s_));  // the host buffer may go away
+  }
+  void download(void* host, Buf src) override {
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, s_));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  Inputs stage_inputs(int slot, const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) override {
+    LOOM_CHECK(slot == 0 && N <= N_, "the CUDA backend stages one micro-batch of up to {} tokens", N_);
+    // Refill the staging buffer once the previous upload has left it (the one host wait of a
+    // micro-batch, and one the GPU has normally long passed).
+    LOOM_CUDA_CHECK(cudaEventSynchronize(staged_));
+    int unique = 0;
+    const auto index = cuda::token_index(tokens, N, v0, Vl, &unique);
+    std::memcpy(staging_, tokens, size_t(N) * 4);
+    std::memcpy(staging_ + N, targets, size_t(N) * 4);
+    std::memcpy(staging_ + 2 * int64_t(N), index.data(), index.size() * 4);
+    int32_t* dev = ws_[1].data<int32_t>();
+    LOOM_CUDA_CHECK(
+        cudaMemcpyAsync(dev, staging_, (2 * size_t(N) + index.size()) * 4, cudaMemcpyHostToDevice, s_));
+    LOOM_CUDA_CHECK(cudaEventRecord(staged_, s_));
+    return {dev, dev + N, dev + 2 * int64_t(N), unique};
+  }
+
+  void grad_sum_squares(double* out, const float* grads, const OptTable& t) override {
+    cuda::sum_squares_table(out, grads, table_of(t), int(t.host.size()), ws_[2].data<double>(), s_);
+  }
+  void clip_scale(float* scale, const double* sum_squares, double max_norm) override {
+    cuda::grad_clip_scale(scale, sum_squares, max_norm, s_);
+  }
+  void adamw(float* master, Ptr params, const float* grads, float* m, float* v, const OptTable& t, const AdamScalars& a,
+             const float* grad_scale) override {
+    LOOM_ASSERT(master);  // bf16 weights: the fp32 master copy is always there
+    cuda::adamw_multi(master, B16(params), grads, m, v, table_of(t), int(t.host.size()), a.lr_step, a.bc2_sqrt,
+                      a.beta1, a.beta2, a.eps, a.decay_factor, grad_scale, s_);
+  }
+  void loss_accumulate(double* acc, const float* losses, int N) override { cuda::loss_accumulate(acc, losses, N, s_); }
+
+  void embedding_forward(Ptr out, const Inputs& in, Ptr wte, int v0, int Vl, Ptr wpe, int B, int T, int C) override {
+    cuda::embedding_forward(B16(out), in.tokens, B16(wte), v0, Vl, B16(wpe), B, T, C, s_);
+  }
+  void embedding_backward(float* dwte, float* dwpe, Ptr dout, const Inputs& in, int, int, int B, int T,
+                          int C) override {
+    cuda::embedding_backward(dwte, dwpe, B16(dout), in.index, in.unique, B, T, C, s_);
+  }
+  void norm_forward(bool rms, Ptr out, float* mean, float* rstd, Ptr inout, Ptr add, Ptr w, Ptr b, int N, int C,
+                    float eps) override {
+    if (rms)
+      cuda::rmsnorm_forward(B16(out), rstd, B16(inout), B16(add), B16(w), N, C, eps, s_);
+    else
+      cuda::layernorm_forward(B16(out), mean, rstd, B16(inout), B16(add), B16(w), B16(b), N, C, eps, s_);
+  }
+  void norm_backward(bool rms, Ptr dinp, float* dw, float* db, Ptr dout, Ptr inp, Ptr w, const float* mean,
+                     const float* rstd, int N, int C) override {
+    if (rms)
+      cuda::rmsnorm_backward(B16(dinp), dw, B16(dout), B16(inp), B16(w), rstd, N, C, s_);
+    else
+      cuda::layernorm_backward(B16(dinp), dw, db, B16(dout), B16(inp), B16(w), mean, rstd, N, C, s_);
+  }
+  void add_act(Ptr inout, Ptr x, int64_t n) override { cuda::add_bf16(B16(inout), B16(x), n, s_); }
+  void linear_forward(Ptr out, Ptr inp, Ptr w, Ptr bias, int M, int K, int N, WLayout layout) override {
+    if (layout == WLayout::out_in)
+      cuda::gemm(*gemm_, false, true, M, N, K, B16(inp), K, B16(w), K, 0.0f, B16(out), N, B16(bias), s_);
+    else
+      cuda::gemm(*gemm_, false, false, M, N, K, B16(inp), K, B16(w), N, 0.0f, B16(out), N, B16(bias), s_);
+  }
+  void linear_backward(Ptr dinp, float* dw, float* dbias, Ptr dout, Ptr inp, Ptr w, int M, int K, int N,
+                       WLayout layout) override {
+    if (layout == WLayout::out_in) {  // W [N, K]: dinp = dout W, dW += dout^T inp
+      if (dinp) cuda::gemm(*gemm_, false, false, M, K, N, B16(dout), N, B16(w), K, 0.0f, B16(dinp), K, nullptr, s_);
+      cuda::gemm_f32out(*gemm_, true, false, N, K, M, B16(dout), N, B16(inp), K, 1.0f, dw, K, s_);
+    } else {  // W [K, N]: dinp = dout W^T, dW += inp^T dout
+      if (dinp) cuda::gemm(*gemm_, false, true, M, K, N, B16(dout), N, B16(w), N, 0.0f, B16(dinp), K, nullptr, s_);
+      cuda::gemm_f32out(*gemm_, true, false, K, N, M, B16(inp), K, B16(dout), N, 1.0f, dw, N, s_);
+    }
+    if (dbias) cuda::bias_backward(dbias, B16(dout), M, N, s_);
+  }
+  void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) override {
+    if (swiglu)
+      cuda::swiglu_forward(B16(act), B16(fc), N, F, s_);
+    else
+      cuda::gelu_forward(B16(act), B16(fc), int64_t(N) * F, s_);
+  }
+  void act_backward(bool swiglu, Ptr dfc, Ptr fc, Ptr dact, int N, int F) override {
+    if (swiglu)
+      cuda::swiglu_backward(B16(dfc), B16(fc), B16(dact), N, F, s_);
+    else
+      cuda::gelu_backward(B16(dfc), B16(fc), B16(dact), int64_t(N) * F, s_);
+  }
+  // gpt2 with d_ff a multiple of 8 (cuBLASLt's aux stride): GELU's backward rides the epilogue
+  // of the GEMM that makes its input gradient. Forward keeps GELU a kernel of its own:
+  // selective recompute recomputes it, and that must match the first pass to the bit, which a
+  // GEMM epilogue's GELU (on the fp32 accumulator) would not.
+  void down_act_backward(bool swiglu, Ptr dfc, float* dw, float* db, Ptr dout, Ptr act, Ptr fc, Ptr w, Ptr dact,
+                         int N, int F, int C, WLayout layout) override {
+    if (swiglu || !traits_.fused_dgelu || layout != WLayout::in_out)
+      return Backend::down_act_backward(swiglu, dfc, dw, db, dout, act, fc, w, dact, N, F, C, layout);
+    linear_backward(Ptr(), dw, db, dout, act, w, N, F, C, layout);
+    cuda::gemm_dgelu(*gemm_, false, true, N, F, C, B16(dout), C, B16(w), C, B16(dfc), F, B16(fc), s_);
+  }
+  void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) override {
+    if (inverse)
+      cuda::rope_backward(B16(qkv), cos, sin, B, T, H, KV, D, s_);
+    else
+      cuda::rope_forward(B16(qkv), cos, sin, B, T, H, KV, D, s_);
+  }
+  void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D) override {
+    cuda::attention_forward(B16(out), stats.as<float>(), B16(qkv), B, T, H, KV, D, s_);
+  }
+  void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H, int KV,
+                          int D) override {
+    cuda::attention_backward(B16(dqkv), B16(dout), B16(out), B16(qkv), stats.as<float>(), scratch, B, T, H, KV, D, s_);
+  }
+  void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) override {
+    cuda::crossentropy_forward_backward(B16(logits), losses, in.targets, N, V, valid, dloss, s_);
+  }
+  void ce_stats(Ptr logits, const Inputs& in, int N, int Vl, int valid, int v0, float* rowmax,
+                float* target) override {
+    cuda::crossentropy_shard_stats(B16(logits), in.targets, N, Vl, valid, v0, rowmax, target, s_);
+  }
+  void ce_sumexp(Ptr logits, const float* rowmax, int N, int Vl, int valid, float* sumexp) override {
+    cuda::crossentropy_shard_sumexp(B16(logits), rowmax, N, Vl, valid, sumexp, s_);
+  }
+  void ce_finish(Ptr logits, float* losses, const Inputs& in, int N, int Vl, int valid, int v0, const float* rowmax,
+                 const float* sumexp, const float* target, float dloss) override {
+    cuda::crossentropy_shard_finish(B16(logits), losses, in.targets, N, Vl, valid, v0, rowmax, sumexp, target, dloss,
+                                    s_);
+  }
+
+ private:
+  BackendTraits traits_;
+  Allocator& alloc_;
+  Stream stream_;
+  cudaStream_t s_;
+  std::vector<Tensor> ws_;  // cuda_backend_plan: GEMM workspace, inputs, norm partials
+  std::unique_ptr<cuda::GemmContext> gemm_;
+  int N_ = 0;
+  // Pinned staging for the inputs, so their upload does not wait for the stream; `staged_`
+  // marks the previous upload's end, after which the staging buffer may be refilled.
+  int32_t* staging_ = nullptr;
+  cudaEvent_t staged_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> cuda_backend(const Config& cfg, Allocator& alloc) {
+  return std::make_unique<CudaBackend>(cfg, alloc);
+}
+
+}  // namespace loom
