@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/file.h"
 
 namespace loom {
 
@@ -37,7 +38,8 @@ std::map<std::string, StTensor> safetensors_read(const std::string& path) {
   const uint64_t file_size = std::filesystem::file_size(path);
   uint64_t header_size = 0;
   in.read(reinterpret_cast<char*>(&header_size), 8);
-  LOOM_CHECK(in.gcount() == 8 && header_size <= file_size - 8,
+  // Checked before the header is allocated: a corrupt size must not ask for exabytes.
+  LOOM_CHECK(file_size >= 8 && in.gcount() == 8 && header_size <= file_size - 8,
              "'{}' is not a safetensors file: its header size {} does not fit its {} bytes", path, header_size,
              file_size);
   std::string header(header_size, '\0');
@@ -56,10 +58,17 @@ std::map<std::string, StTensor> safetensors_read(const std::string& path) {
       std::string dtype = info.at("dtype");
       Shape shape = info.at("shape").get<Shape>();
       uint64_t b = info.at("data_offsets")[0], e = info.at("data_offsets")[1];
-      const int64_t n = shape_numel(shape);
       size_t esize = dtype == "F32" ? 4 : (dtype == "BF16" || dtype == "F16") ? 2 : 0;
       LOOM_CHECK(esize, "'{}': tensor '{}' has dtype {}; loom reads F32, BF16 and F16", path, name, dtype);
-      LOOM_CHECK(e >= b && e <= data_size && e - b == uint64_t(n) * esize,
+      // The element count, checked for overflow: it decides what is allocated.
+      uint64_t n = 1;
+      for (int64_t d : shape) {
+        LOOM_CHECK(d >= 0 && (d == 0 || n <= data_size / uint64_t(d)),
+                   "'{}': tensor '{}' has shape {}, larger than the file's {} data bytes; the file is corrupt", path,
+                   name, shape_str(shape), data_size);
+        n *= uint64_t(d);
+      }
+      LOOM_CHECK(e >= b && e <= data_size && e - b == n * esize,
                  "'{}': tensor '{}' has data offsets [{}, {}] that do not match shape {} x {} bytes "
                  "within {} data bytes; the file is corrupt or truncated",
                  path, name, b, e, shape_str(shape), esize, data_size);
@@ -72,7 +81,7 @@ std::map<std::string, StTensor> safetensors_read(const std::string& path) {
         std::memcpy(t.data.data(), raw.data(), raw.size());
       } else {
         auto* h = reinterpret_cast<const uint16_t*>(raw.data());
-        for (int64_t i = 0; i < n; ++i) t.data[size_t(i)] = dtype == "BF16" ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+        for (uint64_t i = 0; i < n; ++i) t.data[size_t(i)] = dtype == "BF16" ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
       }
       out.emplace(name, std::move(t));
     } catch (const nlohmann::json::exception& e) {
@@ -93,19 +102,12 @@ void safetensors_write(const std::string& path, const std::vector<StView>& tenso
   j["__metadata__"] = {{"format", "pt"}};
   std::string header = j.dump();
   header.append((8 - header.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
-  std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    LOOM_CHECK(out, "cannot write '{}'; check export.final", path);
+  file_write_atomic(path, [&](std::FILE* f) {
     uint64_t n = header.size();
-    out.write(reinterpret_cast<const char*>(&n), 8);
-    out.write(header.data(), std::streamsize(n));
-    for (auto& t : tensors) out.write(reinterpret_cast<const char*>(t.data), std::streamsize(shape_numel(t.shape) * 4));
-    LOOM_CHECK(out.good(), "writing '{}' failed (disk full?)", path);
-  }
-  std::filesystem::rename(tmp, path);  // never leaves a half-written file under the real name
+    file_write(f, &n, 8, path);
+    file_write(f, header.data(), n, path);
+    for (auto& t : tensors) file_write(f, t.data, size_t(shape_numel(t.shape)) * 4, path);
+  });
 }
 
 std::vector<std::string> model_load(const ParamRegistry& reg, float* params, const std::string& path) {

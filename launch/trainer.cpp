@@ -101,6 +101,7 @@ void StepLog::after_step(const StepMetrics& m, const std::function<double()>& va
 void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model,
                      double peak) {
   validation(cfg_.train.steps, validate);
+  metrics_.close();  // flushed and fsynced; a failed write is an error, not a lost file
   if (cfg_.train.steps > 1) {
     result_.tokens_per_s = double(tokens_per_step) * double(cfg_.train.steps - 1) / (timed_ms_ / 1e3);
     result_.mfu = peak > 0 ? result_.tokens_per_s * flops_model / peak : 0.0;

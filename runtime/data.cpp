@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "runtime/error.h"
+#include "runtime/file.h"
 
 namespace loom {
 namespace {
@@ -115,6 +116,11 @@ std::vector<int32_t> shard_read(const std::string& path, int vocab_size) {
   LOOM_CHECK(header[1] == 1, "token shard '{}' has version {}; loom reads version 1 (uint16 tokens)", path, header[1]);
   const int64_t count = header[2];
   LOOM_CHECK(count >= 0, "token shard '{}' has a negative token count {}", path, count);
+  // Checked against the file before anything is allocated for it.
+  const int64_t body = int64_t(std::filesystem::file_size(path)) - int64_t(sizeof(header));
+  LOOM_CHECK(count * 2 <= body,
+             "token shard '{}' is truncated: its header says {} tokens ({} bytes) but the body has {} bytes", path,
+             count, count * 2, body);
   std::vector<uint16_t> raw(static_cast<size_t>(count));
   in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(count * 2));
   LOOM_CHECK(in.gcount() == count * 2,
@@ -140,11 +146,10 @@ void shard_write(const std::string& path, const std::vector<int32_t>& tokens) {
     LOOM_CHECK(tokens[i] >= 0 && tokens[i] < 65536, "token id {} does not fit a uint16 shard", tokens[i]);
     raw[i] = uint16_t(tokens[i]);
   }
-  std::ofstream out(path, std::ios::binary);
-  LOOM_CHECK(out, "cannot write token shard '{}'", path);
-  out.write(reinterpret_cast<const char*>(header), sizeof(header));
-  out.write(reinterpret_cast<const char*>(raw.data()), std::streamsize(raw.size() * 2));
-  LOOM_CHECK(out.good(), "writing token shard '{}' failed (disk full?)", path);
+  file_write_atomic(path, [&](std::FILE* f) {
+    file_write(f, header, sizeof(header), path);
+    file_write(f, raw.data(), raw.size() * 2, path);
+  });
 }
 
 namespace {

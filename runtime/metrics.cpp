@@ -1,47 +1,41 @@
 #include "runtime/metrics.h"
 
-#include <filesystem>
+#include <cmath>
 
 namespace loom {
 
 MetricsWriter::MetricsWriter(const std::string& dir) {
-  if (dir.empty()) return;
-  std::filesystem::create_directories(dir);
-  std::string path = dir + "/metrics.jsonl";
-  f_ = std::fopen(path.c_str(), "w");
-  LOOM_CHECK(f_, "cannot write '{}'; check log.dir", path);
+  if (!dir.empty()) out_ = DurableAppend(dir + "/metrics.jsonl", "w");
 }
 
-MetricsWriter::~MetricsWriter() {
-  if (f_) std::fclose(f_);
+MetricsWriter::~MetricsWriter() = default;
+
+namespace {
+// %.9g, or null for a value that is not finite.
+std::string num(double v) {
+  return std::isfinite(v) ? fmt::format("{:.9g}", v) : "null";
 }
+}  // namespace
 
 void MetricsWriter::step(const StepMetrics& m) {
-  if (!f_) return;
+  if (!out_.open()) return;
   auto& L = m.mem;
-  std::fprintf(f_,
-               "{\"step\":%lld,\"loss\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,\"tokens\":%lld,\"step_ms\":%.9g,"
-               "\"tokens_per_s\":%.9g,\"mfu\":%.9g,\"hfu\":%.9g,\"time\":{\"compute_ms\":%.9g,"
-               "\"comm_exposed_ms\":%.9g,\"bubble_ms\":%.9g,\"optimizer_ms\":%.9g,\"data_ms\":%.9g,"
-               "\"ckpt_block_ms\":%.9g},\"mem\":{\"params_b\":%lld,\"grads_b\":%lld,\"master_b\":%lld,\"optim_b\":%lld,"
-               "\"act_b\":%lld,\"workspace_b\":%lld,\"comm_b\":%lld,\"peak_b\":%lld},"
-               "\"dp_comm\":{\"all_reduce_b\":%lld,\"reduce_scatter_b\":%lld,\"all_gather_b\":%lld},"
-               "\"tp_comm\":{\"all_reduce_b\":%lld,\"reduce_scatter_b\":%lld,\"all_gather_b\":%lld}}\n",
-               (long long)m.step, m.loss, m.grad_norm, m.lr, (long long)m.tokens, m.step_ms, m.tokens_per_s, m.mfu,
-               m.hfu, m.compute_ms, m.comm_exposed_ms, m.bubble_ms, m.optimizer_ms, m.data_ms, m.ckpt_block_ms,
-               (long long)L.of(Mem::params), (long long)L.of(Mem::grads), (long long)L.of(Mem::master),
-               (long long)L.of(Mem::optim),
-               (long long)L.of(Mem::activations), (long long)L.of(Mem::workspace), (long long)L.of(Mem::comm),
-               (long long)L.peak_total, (long long)m.dp_all_reduce_b, (long long)m.dp_reduce_scatter_b,
-               (long long)m.dp_all_gather_b, (long long)m.tp_all_reduce_b, (long long)m.tp_reduce_scatter_b,
-               (long long)m.tp_all_gather_b);
-  std::fflush(f_);
+  out_.line(fmt::format(
+      "{{\"step\":{},\"loss\":{},\"grad_norm\":{},\"lr\":{},\"tokens\":{},\"step_ms\":{},\"tokens_per_s\":{},"
+      "\"mfu\":{},\"hfu\":{},\"time\":{{\"compute_ms\":{},\"comm_exposed_ms\":{},\"bubble_ms\":{},"
+      "\"optimizer_ms\":{},\"data_ms\":{},\"ckpt_block_ms\":{}}},\"mem\":{{\"params_b\":{},\"grads_b\":{},"
+      "\"master_b\":{},\"optim_b\":{},\"act_b\":{},\"workspace_b\":{},\"comm_b\":{},\"peak_b\":{}}},"
+      "\"dp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{}}},"
+      "\"tp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{}}}}}",
+      m.step, num(m.loss), num(m.grad_norm), num(m.lr), m.tokens, num(m.step_ms), num(m.tokens_per_s), num(m.mfu),
+      num(m.hfu), num(m.compute_ms), num(m.comm_exposed_ms), num(m.bubble_ms), num(m.optimizer_ms), num(m.data_ms),
+      num(m.ckpt_block_ms), L.of(Mem::params), L.of(Mem::grads), L.of(Mem::master), L.of(Mem::optim),
+      L.of(Mem::activations), L.of(Mem::workspace), L.of(Mem::comm), L.peak_total, m.dp_all_reduce_b,
+      m.dp_reduce_scatter_b, m.dp_all_gather_b, m.tp_all_reduce_b, m.tp_reduce_scatter_b, m.tp_all_gather_b));
 }
 
 void MetricsWriter::validation(int64_t step, double val_loss) {
-  if (!f_) return;
-  std::fprintf(f_, "{\"step\":%lld,\"val_loss\":%.9g}\n", (long long)step, val_loss);
-  std::fflush(f_);
+  if (out_.open()) out_.line(fmt::format("{{\"step\":{},\"val_loss\":{}}}", step, num(val_loss)));
 }
 
 void step_rates(StepMetrics& m, int64_t step, int64_t steps, int64_t tokens_per_step, double flops_model,

@@ -1,10 +1,13 @@
 // metrics.jsonl (one JSON object per optimizer step, appended by rank 0) and the console
-// progress line. Floats print with %.9g so that float32 values round-trip exactly.
+// progress line. Floats print with %.9g so that float32 values round-trip exactly; a value
+// that is not finite (a diverged loss) prints as null, so the file stays JSON. Each line is
+// flushed as it is written, and the file fsynced when the run closes it.
 #pragma once
 #include <cstdio>
 #include <string>
 
 #include "runtime/allocator.h"
+#include "runtime/file.h"
 
 namespace loom {
 
@@ -28,9 +31,10 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void step(const StepMetrics& m);
   void validation(int64_t step, double val_loss);
+  void close() { out_.close(); }  // flush, fsync, close; errors are raised
 
  private:
-  FILE* f_ = nullptr;
+  DurableAppend out_;
 };
 
 // Fills step (1-based), steps, tokens, tokens_per_s, mfu and hfu from m.step_ms; flops are per

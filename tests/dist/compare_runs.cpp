@@ -1,9 +1,14 @@
-// Compares two training runs: per-step losses from each metrics.jsonl (relative tolerance)
-// and exported safetensors (absolute tolerance); with --trace, checks that a data-parallel
-// run overlapped its gradient all-reduce with backward and exposed less than it spent.
-//   loom_compare_runs RUN_A RUN_B [--loss-rtol X] [--weight-atol X] [--min-steps N]
-//   loom_compare_runs --trace TRACE.json METRICS.jsonl
+// Compares two training runs: per-step losses from each metrics.jsonl (relative tolerance),
+// the gradient norm before clipping at step 1 (relative: a gradient off by a constant factor
+// hides behind clipping and Adam in the losses and weights, not here) and exported
+// safetensors (absolute tolerance). NaN anywhere fails. With --trace, checks that a
+// data-parallel run overlapped its gradient all-reduce with backward.
+//   loom_compare_runs RUN_A RUN_B [--loss-rtol X] [--norm-rtol X] [--weight-atol X] [--min-steps N]
+//   loom_compare_runs --trace TRACE.json METRICS.jsonl ONE_BUCKET_METRICS.jsonl
 //   loom_compare_runs --ledger PLAN.json RUN    (the ledger against `loom plan memory --json`)
+//   loom_compare_runs --val RUN_A RUN_B RTOL    (the last validation losses)
+//   loom_compare_runs --split RUN               (the step-time split of a tp run)
+//   loom_compare_runs --shape FILE.safetensors NAME D0 [D1...]
 // Each RUN is a log.dir holding metrics.jsonl and final.safetensors. Exit 0 when it holds.
 #include <fmt/format.h>
 
@@ -25,14 +30,25 @@ std::vector<nlohmann::json> jsonl(const std::string& path) {
   return out;
 }
 
-std::vector<double> losses(const std::string& dir) {
+// Per-step values of `key` (a number, or null for NaN) from a run's metrics.jsonl.
+std::vector<double> series(const std::string& dir, const char* key) {
   std::vector<double> out;
   for (auto& j : jsonl(dir + "/metrics.jsonl"))
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+    if (j.contains("loss")) out.push_back(j[key].is_number() ? j[key].get<double>() : NAN);
   return out;
 }
+std::vector<double> losses(const std::string& dir) {
+  return series(dir, "loss");
+}
 
-int compare(const std::string& a, const std::string& b, double rtol, double atol, size_t min_steps) {
+// |a - b| / |b|, infinite where either is not finite.
+double rel_diff(double a, double b) {
+  if (!std::isfinite(a) || !std::isfinite(b)) return INFINITY;
+  return std::abs(a - b) / std::max(std::abs(b), 1e-30);
+}
+
+int compare(const std::string& a, const std::string& b, double rtol, double norm_rtol, double atol,
+            size_t min_steps) {
   auto la = losses(a), lb = losses(b);
   int bad = 0;
   if (la.size() != lb.size() || la.size() < min_steps) {
@@ -41,10 +57,12 @@ int compare(const std::string& a, const std::string& b, double rtol, double atol
   }
   double worst = 0;
   for (size_t s = 0; s < la.size(); ++s) {
-    double rel = std::abs(la[s] - lb[s]) / std::abs(lb[s]);
+    double rel = rel_diff(la[s], lb[s]);
     worst = std::max(worst, rel);
-    if (rel > rtol) ++bad, fmt::print("step {}: loss {:.9g} vs {:.9g} (rel {:.3g})\n", s + 1, la[s], lb[s], rel);
+    if (!(rel <= rtol)) ++bad, fmt::print("step {}: loss {:.9g} vs {:.9g} (rel {:.3g})\n", s + 1, la[s], lb[s], rel);
   }
+  const double norm = rel_diff(series(a, "grad_norm").at(0), series(b, "grad_norm").at(0));
+  if (!(norm <= norm_rtol)) ++bad;
   auto wa = loom::safetensors_read(a + "/final.safetensors"), wb = loom::safetensors_read(b + "/final.safetensors");
   double worst_w = 0;
   for (auto& [name, t] : wb) {
@@ -54,16 +72,25 @@ int compare(const std::string& a, const std::string& b, double rtol, double atol
       ++bad;
       continue;
     }
-    for (size_t i = 0; i < t.data.size(); ++i)
-      worst_w = std::max(worst_w, double(std::abs(it->second.data[i] - t.data[i])));
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      const double d = std::abs(double(it->second.data[i]) - double(t.data[i]));
+      worst_w = std::isfinite(d) ? std::max(worst_w, d) : INFINITY;
+    }
   }
-  if (worst_w > atol) ++bad;
-  fmt::print("{} steps: worst loss rel diff {:.3g} (tol {}), worst weight abs diff {:.3g} (tol {}): {}\n", la.size(),
-             worst, rtol, worst_w, atol, bad ? "FAIL" : "ok");
+  if (!(worst_w <= atol)) ++bad;
+  fmt::print(
+      "{} steps: worst loss rel diff {:.3g} (tol {}), step-1 gradient norm rel diff {:.3g} (tol {}), worst weight abs "
+      "diff {:.3g} (tol {}): {}\n",
+      la.size(), worst, rtol, norm, norm_rtol, worst_w, atol, bad ? "FAIL" : "ok");
   return bad ? 1 : 0;
 }
 
-int trace_check(const std::string& trace_path, const std::string& metrics_path) {
+// A dp run with small buckets against the same run with one bucket: in the trace, some
+// bucket's all-reduce must have completed before its step's backward ended (an op's trace
+// event ends when the communication thread saw it finish, not when it was issued), and the
+// exposed communication summed over the steps after the first must be below the one-bucket
+// run's, whose single all-reduce can start only once backward is over.
+int trace_check(const std::string& trace_path, const std::string& metrics_path, const std::string& one_bucket) {
   std::ifstream in(trace_path);
   auto events = nlohmann::json::parse(in)["traceEvents"];
   struct E {
@@ -71,15 +98,14 @@ int trace_check(const std::string& trace_path, const std::string& metrics_path) 
     double start, end;
   };
   std::vector<E> fwd, bwd, comm;
-  double comm_total_ms = 0;
   for (auto& e : events) {
     if (e["ph"] != "X") continue;
     E x{e["name"], e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
     if (x.name == "embedding_forward") fwd.push_back(x);
     if (x.name == "embedding_backward") bwd.push_back(x);  // the last op of every backward
-    if (x.name == "all_reduce") comm.push_back(x), comm_total_ms += (x.end - x.start) / 1e3;
+    if (x.name == "all_reduce") comm.push_back(x);
   }
-  int overlapped = 0;
+  int done_early = 0;
   for (auto& c : comm) {
     // The backward of the micro-batch this all-reduce started in: the first one to end after
     // the last forward that began before it.
@@ -88,16 +114,20 @@ int trace_check(const std::string& trace_path, const std::string& metrics_path) 
       if (x.start <= c.start) f = std::max(f, x.start);
     for (auto& x : bwd)
       if (x.start >= f) {
-        if (c.start < x.end) ++overlapped;
+        if (c.end < x.end) ++done_early;
         break;
       }
   }
-  double exposed = 0;
-  for (auto& j : jsonl(metrics_path))
-    if (j.contains("time")) exposed += j["time"]["comm_exposed_ms"].get<double>();
-  fmt::print("{} all-reduces, {} started before their step's backward ended; exposed {:.3f} ms of {:.3f} ms\n",
-             comm.size(), overlapped, exposed, comm_total_ms);
-  return overlapped > 0 && exposed < comm_total_ms ? 0 : 1;
+  auto exposed = [](const std::string& path) {
+    double sum = 0;
+    for (auto& j : jsonl(path))
+      if (j.contains("time") && j["step"].get<int>() > 1) sum += j["time"]["comm_exposed_ms"].get<double>();
+    return sum;
+  };
+  const double with = exposed(metrics_path), without = exposed(one_bucket);
+  fmt::print("{} all-reduces, {} completed before their step's backward ended; exposed {:.3f} ms, one bucket {:.3f} ms\n",
+             comm.size(), done_early, with, without);
+  return done_early > 0 && with < without ? 0 : 1;
 }
 
 std::vector<nlohmann::json> jsonl_mem(const std::string& dir, nlohmann::json* comm = nullptr) {
@@ -241,13 +271,15 @@ int tp_check(const std::string& off, const std::string& on, const std::vector<do
 // A run against the PyTorch fixture (tests/fixtures/parity_*): losses.json and final.safetensors.
 int fixture_check(const std::string& run, const std::string& fixture) {
   std::ifstream in(fixture + "/losses.json");
-  auto ref = nlohmann::json::parse(in)["losses"].get<std::vector<double>>();
+  auto fix = nlohmann::json::parse(in);
+  auto ref = fix["losses"].get<std::vector<double>>();
   auto got = losses(run);
   int bad = got.size() != ref.size();
   double worst = 0;
-  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i)
-    worst = std::max(worst, std::abs(got[i] - ref[i]) / ref[i]);
-  bad += worst > 1e-4;
+  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i) worst = std::max(worst, rel_diff(got[i], ref[i]));
+  bad += !(worst <= 1e-4);
+  const double norm = rel_diff(series(run, "grad_norm").at(0), fix["grad_norms"][0].get<double>());
+  bad += !(norm <= 1e-5);
   auto want = loom::safetensors_read(fixture + "/final.safetensors"),
        have = loom::safetensors_read(run + "/final.safetensors");
   double worst_w = 0;
@@ -256,13 +288,60 @@ int fixture_check(const std::string& run, const std::string& fixture) {
       ++bad;
       continue;
     }
-    for (size_t i = 0; i < t.data.size(); ++i)
-      worst_w = std::max(worst_w, double(std::abs(have[name].data[i] - t.data[i])));
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      const double d = std::abs(double(have[name].data[i]) - double(t.data[i]));
+      worst_w = std::isfinite(d) ? std::max(worst_w, d) : INFINITY;
+    }
   }
-  bad += worst_w > 1e-4;
-  fmt::print("against PyTorch: {} steps, worst loss rel diff {:.3g}, worst weight abs diff {:.3g}: {}\n", got.size(),
-             worst, worst_w, bad ? "FAIL" : "ok");
+  bad += !(worst_w <= 1e-4);
+  fmt::print(
+      "against PyTorch: {} steps, worst loss rel diff {:.3g}, step-1 gradient norm rel diff {:.3g}, worst weight abs "
+      "diff {:.3g}: {}\n",
+      got.size(), worst, norm, worst_w, bad ? "FAIL" : "ok");
   return bad ? 1 : 0;
+}
+
+// The step-time split: every step's phases add up to its step_ms (each is measured), and, in a
+// run with blocking collectives (tensor parallel), exposed communication is charged on every
+// step rather than hidden in compute.
+int split_check(const std::string& run) {
+  int bad = 0, steps = 0;
+  double comm = 0, total = 0;
+  for (auto& j : jsonl(run + "/metrics.jsonl")) {
+    if (!j.contains("time")) continue;
+    ++steps;
+    double sum = 0;
+    for (auto& [k, v] : j["time"].items()) sum += v.get<double>();
+    const double ms = j["step_ms"].get<double>(), c = j["time"]["comm_exposed_ms"].get<double>();
+    bad += !(std::abs(sum - ms) <= 1e-6 * ms) || !(c > 0);
+    comm += c, total += ms;
+  }
+  fmt::print("{} steps: the phases add up to step_ms, exposed communication {:.3f} of {:.3f} ms: {}\n", steps, comm,
+             total, bad ? "FAIL" : "ok");
+  return bad || steps == 0 ? 1 : 0;
+}
+
+// The last validation loss of two runs, within rtol relative.
+int val_check(const std::string& a, const std::string& b, double rtol) {
+  auto last = [](const std::string& dir) {
+    double v = NAN;
+    for (auto& j : jsonl(dir + "/metrics.jsonl"))
+      if (j.contains("val_loss")) v = j["val_loss"].is_number() ? j["val_loss"].get<double>() : NAN;
+    return v;
+  };
+  const double va = last(a), vb = last(b), rel = rel_diff(va, vb);
+  fmt::print("validation loss {:.9g} vs {:.9g}: rel diff {:.3g} (tol {}): {}\n", va, vb, rel, rtol,
+             rel <= rtol ? "ok" : "FAIL");
+  return rel <= rtol ? 0 : 1;
+}
+
+// A tensor of a safetensors file has the given shape (the Hugging Face one, not loom's padded).
+int shape_check(const std::string& file, const std::string& name, const std::vector<int64_t>& shape) {
+  auto t = loom::safetensors_read(file);
+  const bool ok = t.count(name) && t.at(name).shape == shape;
+  fmt::print("{} in {}: shape {} (want {}): {}\n", name, file, t.count(name) ? loom::shape_str(t.at(name).shape) : "none",
+             loom::shape_str(shape), ok ? "ok" : "FAIL");
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -270,7 +349,7 @@ int fixture_check(const std::string& run, const std::string& fixture) {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    if (args.size() == 3 && args[0] == "--trace") return trace_check(args[1], args[2]);
+    if (args.size() == 4 && args[0] == "--trace") return trace_check(args[1], args[2], args[3]);
     if (args.size() == 2 && args[0] == "--gather-trace") return gather_overlap_check(args[1]);
     if (args.size() == 3 && args[0] == "--fixture") return fixture_check(args[1], args[2]);
     if (args.size() == 10 && args[0] == "--tp") {
@@ -279,14 +358,23 @@ int main(int argc, char** argv) {
       return tp_check(args[1], args[2], v, args[9]);
     }
     if (args.size() == 3 && args[0] == "--ledger") return ledger_check(args[1], args[2]);
+    if (args.size() == 2 && args[0] == "--split") return split_check(args[1]);
+    if (args.size() == 4 && args[0] == "--val") return val_check(args[1], args[2], std::stod(args[3]));
+    if (args.size() >= 4 && args[0] == "--shape") {
+      std::vector<int64_t> shape;
+      for (size_t i = 3; i < args.size(); ++i) shape.push_back(std::stoll(args[i]));
+      return shape_check(args[1], args[2], shape);
+    }
     if (args.size() >= 3 && args[0] == "--memory")
       return memory_check(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
     if (args.size() < 2) throw std::runtime_error("usage: loom_compare_runs RUN_A RUN_B [options]");
-    double rtol = 1e-4, atol = 1e-4;
+    double rtol = 1e-4, norm_rtol = 1e-5, atol = 1e-4;
     size_t min_steps = 20;
     for (size_t i = 2; i + 1 < args.size(); i += 2) {
       if (args[i] == "--loss-rtol")
         rtol = std::stod(args[i + 1]);
+      else if (args[i] == "--norm-rtol")
+        norm_rtol = std::stod(args[i + 1]);
       else if (args[i] == "--weight-atol")
         atol = std::stod(args[i + 1]);
       else if (args[i] == "--min-steps")
@@ -294,7 +382,7 @@ int main(int argc, char** argv) {
       else
         throw std::runtime_error("unknown option " + args[i]);
     }
-    return compare(args[0], args[1], rtol, atol, min_steps);
+    return compare(args[0], args[1], rtol, norm_rtol, atol, min_steps);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 2;

@@ -10,7 +10,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 marker="fault-drill-$$"
 start=$(date +%s)
-timeout 90 $mpirun -np 2 "$loom" train --set parallel.dp=2 --set train.threads=1 --set train.steps=1000 \
+timeout 90 $mpirun -np 2 "$loom" train --set train.device=cpu --set parallel.dp=2 --set train.threads=1 --set train.steps=1000 \
   --set data.val_batches=0 --set parallel.timeout_s=5 --set log.dir="$dir/$marker" --fault-$mode 1:3 > "$dir/log" 2>&1
 status=$?
 elapsed=$(( $(date +%s) - start ))

@@ -1,6 +1,7 @@
 // Data order and sources, token shards, safetensors, tokenizers and the optimizer's
 // arithmetic, each against values computed independently here.
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -9,6 +10,7 @@
 #include "optim/adamw.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
 #include "runtime/tokenizer.h"
 #include "testing.h"
 
@@ -153,6 +155,63 @@ TEST(Safetensors, RoundTripAndShapeErrors) {
             std::string::npos);
   std::ofstream(tmp("junk.safetensors")) << "not a safetensors file at all";
   EXPECT_NE(error_of([&] { safetensors_read(tmp("junk.safetensors")); }).find("is not a safetensors file"),
+            std::string::npos);
+}
+
+// Corrupt headers are refused before anything is allocated for them: a file shorter than the
+// size field, a header size near 2^64, a shape whose element count overflows.
+TEST(Safetensors, CorruptHeadersAreRefusedBeforeAllocating) {
+  std::ofstream(tmp("tiny.safetensors"), std::ios::binary) << "abc";
+  EXPECT_NE(error_of([&] { safetensors_read(tmp("tiny.safetensors")); }).find("is not a safetensors file"),
+            std::string::npos);
+  {
+    std::ofstream out(tmp("huge.safetensors"), std::ios::binary);
+    const uint64_t n = ~uint64_t(0) - 4;
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << "{}";
+  }
+  EXPECT_NE(error_of([&] { safetensors_read(tmp("huge.safetensors")); }).find("does not fit its 10 bytes"),
+            std::string::npos);
+  {
+    const std::string h = R"({"w":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,0]}})";
+    std::ofstream out(tmp("overflow.safetensors"), std::ios::binary);
+    const uint64_t n = h.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << h << "12345678";
+  }
+  EXPECT_NE(error_of([&] { safetensors_read(tmp("overflow.safetensors")); }).find("larger than the file's 8 data bytes"),
+            std::string::npos);
+}
+
+// A write that fails leaves the file that was there (and no temporary); a full disk is an
+// error that names the file, for atomic writes and for streamed ones (metrics.jsonl).
+TEST(Files, FailedWritesNeverReplaceTheFile) {
+  const std::string path = tmp("durable.txt");
+  file_write_atomic(path, [&](std::FILE* f) { file_write(f, "old", 3, path); });
+  EXPECT_NE(error_of([&] {
+              file_write_atomic(path, [&](std::FILE* f) {
+                file_write(f, "new, half", 9, path);
+                loom::fail("the write broke off");
+              });
+            }).find("broke off"),
+            std::string::npos);
+  std::ifstream in(path);
+  std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, "old");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  DurableAppend full("/dev/full", "w");
+  EXPECT_NE(error_of([&] { full.line("a metrics line"); }).find("writing '/dev/full' failed"), std::string::npos);
+}
+
+TEST(Data, AShardsTokenCountIsCheckedAgainstItsSizeFirst) {
+  int32_t header[256] = {};
+  header[0] = kShardMagic, header[1] = 1, header[2] = 2147483647;  // 4 GiB of tokens claimed
+  {
+    std::ofstream out(tmp("liar.bin"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header), sizeof(header));
+    out << "0123456789";
+  }
+  EXPECT_NE(error_of([&] { shard_read(tmp("liar.bin"), 65536); }).find("but the body has 10 bytes"),
             std::string::npos);
 }
 

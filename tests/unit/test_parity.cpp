@@ -1,7 +1,9 @@
 // Parity with PyTorch: the fixtures under tests/fixtures/parity_{gpt2,llama} were written by
 // tests/reference/torch_reference.py (torch.optim.AdamW, clip_grad_norm_, same data order).
 // loom starts from the same weights, trains on the same shard, and must match every step's
-// loss within 1e-4 relative and the final weights within 1e-4 absolute.
+// loss within 1e-4 relative, the step-1 gradient norm before clipping within 1e-5 (a gradient
+// off by a constant factor would hide behind clipping and Adam), the later norms within 1e-4,
+// and the final weights within 1e-4 absolute.
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -27,10 +29,16 @@ TEST_P(Parity, MatchesPyTorch) {
   TrainResult r = train_run(cfg, {.quiet = true});
 
   std::ifstream in(dir + "losses.json");
-  auto ref = nlohmann::json::parse(in)["losses"].get<std::vector<double>>();
+  auto fixture = nlohmann::json::parse(in);
+  auto ref = fixture["losses"].get<std::vector<double>>();
+  auto norms = fixture["grad_norms"].get<std::vector<double>>();
   ASSERT_EQ(r.losses.size(), ref.size());
+  ASSERT_EQ(r.grad_norms.size(), norms.size());
   ASSERT_GE(ref.size(), 10u);
-  for (size_t s = 0; s < ref.size(); ++s) EXPECT_NEAR(r.losses[s], ref[s], 1e-4 * std::abs(ref[s])) << "step " << s + 1;
+  for (size_t s = 0; s < ref.size(); ++s) {
+    EXPECT_NEAR(r.losses[s], ref[s], 1e-4 * std::abs(ref[s])) << "step " << s + 1;
+    EXPECT_NEAR(r.grad_norms[s], norms[s], (s == 0 ? 1e-5 : 1e-4) * norms[s]) << "step " << s + 1;
+  }
 
   auto want = safetensors_read(dir + "final.safetensors");
   auto got = safetensors_read(out);

@@ -1,0 +1,92 @@
+#include "runtime/file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "runtime/error.h"
+
+namespace loom {
+
+namespace {
+std::string why() {
+  return std::strerror(errno);
+}
+void dir_sync(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // some filesystems do not open directories; the rename is still atomic
+  ::fsync(fd);
+  ::close(fd);
+}
+void close_checked(std::FILE* f, const std::string& path) {
+  const bool flushed = std::fflush(f) == 0, synced = flushed && ::fsync(fileno(f)) == 0;
+  const std::string err = why();
+  const bool closed = std::fclose(f) == 0;
+  LOOM_CHECK(flushed && synced && closed, "writing '{}' failed ({}); is the disk full?", path, err);
+}
+}  // namespace
+
+void file_write(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
+  LOOM_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes, "writing '{}' failed ({}); is the disk full?",
+             path, why());
+}
+
+void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  LOOM_CHECK(f, "cannot write '{}' ({})", tmp, why());
+  try {
+    write(f);
+    close_checked(f, tmp);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  LOOM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '{}' to '{}' ({})", tmp, path, why());
+  dir_sync(p.parent_path());
+}
+
+DurableAppend::DurableAppend(const std::string& path, const char* mode) : path_(path) {
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  f_ = std::fopen(path.c_str(), mode);
+  LOOM_CHECK(f_, "cannot write '{}' ({}); check log.dir", path, why());
+}
+
+DurableAppend::DurableAppend(DurableAppend&& o) noexcept : f_(o.f_), path_(std::move(o.path_)) {
+  o.f_ = nullptr;
+}
+
+DurableAppend& DurableAppend::operator=(DurableAppend&& o) noexcept {
+  std::swap(f_, o.f_);
+  std::swap(path_, o.path_);
+  return *this;
+}
+
+DurableAppend::~DurableAppend() {
+  try {
+    close();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
+}
+
+void DurableAppend::line(const std::string& text) {
+  if (!f_) return;
+  LOOM_CHECK(std::fputs(text.c_str(), f_) >= 0 && std::fputc('\n', f_) != EOF && std::fflush(f_) == 0,
+             "writing '{}' failed ({}); is the disk full?", path_, why());
+}
+
+void DurableAppend::close() {
+  if (!f_) return;
+  std::FILE* f = f_;
+  f_ = nullptr;
+  close_checked(f, path_);
+}
+
+}  // namespace loom

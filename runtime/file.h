@@ -1,0 +1,34 @@
+// Durable files: written to PATH.tmp, flushed, fsynced and closed with every step checked,
+// then renamed over PATH and the directory fsynced, so PATH is either the old file or the
+// whole new one, never a torn or unflushed write (a full disk is an error naming the file).
+// Streams (metrics.jsonl) append through DurableAppend: every line flushed, fsynced on close.
+#pragma once
+#include <cstdio>
+#include <functional>
+#include <string>
+
+namespace loom {
+
+// `write` gets the open temporary file; return normally when done.
+void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
+// fwrite that fails with a message naming `path` (e.g. a full disk).
+void file_write(std::FILE* f, const void* data, size_t bytes, const std::string& path);
+
+class DurableAppend {
+ public:
+  DurableAppend() = default;
+  // Opens `path` for appending ("a") or truncated ("w"); creates its directory.
+  DurableAppend(const std::string& path, const char* mode);
+  ~DurableAppend();  // close(), reporting a failure on stderr (destructors cannot throw)
+  DurableAppend(DurableAppend&& o) noexcept;
+  DurableAppend& operator=(DurableAppend&& o) noexcept;
+  bool open() const { return f_ != nullptr; }
+  void line(const std::string& text);  // text + "\n", flushed
+  void close();                        // fflush, fsync, fclose, each checked
+
+ private:
+  std::FILE* f_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace loom
