@@ -1,76 +1,116 @@
 #!/usr/bin/env bash
-# One script for a short GPU lease (a few minutes on one H200): build; run the CUDA kernel
-# tests against their CPU twins and the NCCL test (and last, under compute-sanitizer); train a
-# small model on CUDA and on the CPU and compare the per-step losses (bf16 tolerance: 2e-2
-# relative); repeat the CUDA run, and run it with each recompute policy, and compare those
-# bitwise; time the GEMM, GELU epilogue and
-# attention kernels (tensor-core next to row-wise); benchmark GPT-2 124M (B=16, T=1024) next
-# to PyTorch and a LLaMA-shaped 1.1B model; print a one-screen summary. Results go to $OUT
-# (or ./device_out). Every step has a timeout, so one hang cannot take the lease.
-# The GPU machine reaches no package registry: before the lease, run launch/device_deps.sh
-# where Debian's registry is reachable, and carry `.deps` with the run; its .debs are unpacked
-# into .deps/root (never into /) and CMake looks there first. Without MPI on that machine the
-# build is single-process (LOOM_MPI=AUTO finds none), which is all one GPU needs.
+# One script for a short GPU lease (a few minutes on one H200). In order, each step with its
+# own timeout so that one hang cannot take the lease:
+#   1. build (sm_90 only, to save time) with CUDA, and MPI when there is one;
+#   2. the CUDA kernel tests against their CPU twins and the device-group tests (NCCL, and
+#      MPI staging CUDA buffers at 1 and 2 ranks), with passed / failed / skipped counts;
+#   3. a small model, 30 steps past warm-up: CUDA against the CPU in bf16 and in fp32 (losses,
+#      step-1 gradient norm, weights), CUDA against itself and under each recompute policy
+#      (bitwise);
+#   4. the same model at 2 ranks on the one GPU over the MPI-staged path: dp 2, tp 2 with sp,
+#      dp 2 with ZeRO-3, each against the 1-rank CUDA run (bf16 layout tolerances);
+#   5. kernel rates, GPT-2 124M (B=16, T=1024) next to PyTorch, a LLaMA-shaped 1.1B model;
+#   6. last, being slowest: compute-sanitizer memcheck and racecheck on the kernel tests.
+# Results go to $OUT (or ./device_out); summary.txt is written before the sanitizers and again
+# after. The GPU machine reaches no package registry: before the lease run
+# launch/device_deps.sh where Debian's registry is reachable, and carry `.deps`; its .debs are
+# unpacked into .deps/root (never into /), Open MPI relocated there (OPAL_PREFIX).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
 mkdir -p "$out"
 start=$(date +%s)
-prefix=()
+cmake_extra=()
+mpirun=()
 if compgen -G ".deps/debs/*.deb" > /dev/null; then
   mkdir -p .deps/root
   for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
   root=$PWD/.deps/root/usr
-  prefix=(-DCMAKE_PREFIX_PATH="$root")
-  export LD_LIBRARY_PATH="$root/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu/openblas-openmp:${LD_LIBRARY_PATH:-}"
+  cmake_extra=(-DCMAKE_PREFIX_PATH="$root")
+  export LD_LIBRARY_PATH="$root/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu/openmpi/lib:$root/lib/x86_64-linux-gnu/openblas-openmp:${LD_LIBRARY_PATH:-}"
+  if [ -x "$root/bin/orterun" ]; then  # Open MPI, relocated into .deps/root
+    export OPAL_PREFIX=$root PMIX_INSTALL_PREFIX=$root PATH="$root/bin:$PATH"
+    cmake_extra+=(-DMPI_CXX_COMPILER="$root/bin/mpicxx.openmpi" -DMPIEXEC_EXECUTABLE="$root/bin/orterun")
+    mpirun=("$root/bin/orterun")
+  fi
 fi
+[ ${#mpirun[@]} -eq 0 ] && command -v mpirun > /dev/null && mpirun=(mpirun)
+[ ${#mpirun[@]} -gt 0 ] && mpirun+=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=2 -x LD_LIBRARY_PATH)
+[ "$(id -u)" -eq 0 ] && [ ${#mpirun[@]} -gt 0 ] && mpirun+=(--allow-run-as-root)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON "${prefix[@]}" > "$out/configure.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" > "$out/build.log" 2>&1
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  "${cmake_extra[@]}" > "$out/configure.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" > "$out/build.log" 2>&1
 build=$?
+loom=build-gpu/loom
+compare=build-gpu/tests/loom_compare_runs
+# runs NAME ARGS...: a training run into $out/NAME (metrics, final weights, log).
+run() {
+  local name=$1
+  shift
+  timeout 180 "$@" --set log.dir="$out/$name" --set export.final="$out/$name/final.safetensors" > "$out/$name.log" 2>&1 ||
+    echo "run $name failed: $(tail -1 "$out/$name.log")" >> "$out/failures.txt"
+}
+# verdict A B ARGS...: the last line of loom_compare_runs, or why there is none.
+verdict() {
+  "$compare" "$out/$1" "$out/$2" "${@:3}" 2>&1 | tail -1
+}
 tests="not run"
 if [ $build -eq 0 ]; then
-  timeout 180 ctest --test-dir build-gpu -R "cuda\.|nccl" --output-on-failure > "$out/cuda_tests.log" 2>&1
-  tests=$(grep -E "tests passed" "$out/cuda_tests.log" || echo "see cuda_tests.log")
-  build-gpu/loom info > "$out/info.txt" 2>&1
-  small=(--set model.n_layer=2 --set model.d_model=128 --set model.n_head=2 --set train.steps=20
-         --set data.val_batches=0 --set train.micro_batch=8)
-  timeout 120 build-gpu/loom train "${small[@]}" --set train.device=cpu --set log.dir="$out/small_cpu" \
-    --set export.final="$out/small_cpu/final.safetensors" > "$out/small_cpu.log" 2>&1
-  timeout 120 build-gpu/loom train "${small[@]}" --set train.device=cuda --set log.dir="$out/small_cuda" \
-    --set export.final="$out/small_cuda/final.safetensors" > "$out/small_cuda.log" 2>&1
-  parity=$(build-gpu/tests/loom_compare_runs "$out/small_cuda" "$out/small_cpu" --loss-rtol 2e-2 --weight-atol 1e9 2>&1 | tail -1)
+  timeout 240 ctest --test-dir build-gpu -R "cuda\.|device_groups" --output-on-failure > "$out/cuda_tests.log" 2>&1
+  tests="$(grep -E "tests passed" "$out/cuda_tests.log" || echo "see cuda_tests.log");"
+  tests+=" skipped: $(grep -c '\*\*\*Skipped' "$out/cuda_tests.log" || true)"
+  $loom info > "$out/info.txt" 2>&1
+  # head dim 64: the tensor-core attention; warm-up over after 5 of 30 steps
+  small=(--set model.n_layer=2 --set model.d_model=128 --set model.n_head=2 --set train.steps=30
+         --set train.warmup_steps=5 --set data.val_batches=0 --set train.micro_batch=8 --set train.global_batch=16)
+  bf=(--loss-rtol 2e-2 --norm-rtol 2e-2 --weight-atol 5e-2)
+  run small_cpu $loom train "${small[@]}" --set train.device=cpu
+  run small_cpu_bf16 $loom train "${small[@]}" --set train.device=cpu --set train.dtype=bf16
+  run small_cuda $loom train "${small[@]}" --set train.device=cuda
+  parity_bf16=$(verdict small_cuda small_cpu_bf16 "${bf[@]}")
+  parity_f32=$(verdict small_cuda small_cpu "${bf[@]}")
   # The same CUDA run again: every reduction has a fixed order, so losses and weights repeat to the bit.
-  timeout 120 build-gpu/loom train "${small[@]}" --set train.device=cuda --set log.dir="$out/small_cuda2" \
-    --set export.final="$out/small_cuda2/final.safetensors" > "$out/small_cuda2.log" 2>&1
-  repeat=$(build-gpu/tests/loom_compare_runs "$out/small_cuda2" "$out/small_cuda" --loss-rtol 0 --weight-atol 0 2>&1 | tail -1)
+  run small_cuda2 $loom train "${small[@]}" --set train.device=cuda
+  repeat=$(verdict small_cuda2 small_cuda --loss-rtol 0 --norm-rtol 0 --weight-atol 0)
   # Recompute changes what is stored, never a value: both policies match the plain run to the bit.
+  recompute=""
   for policy in selective full; do
-    timeout 120 build-gpu/loom train "${small[@]}" --set train.device=cuda --set train.recompute=$policy \
-      --set log.dir="$out/small_cuda_$policy" --set export.final="$out/small_cuda_$policy/final.safetensors" \
-      > "$out/small_cuda_$policy.log" 2>&1
-    recompute="${recompute:-}$policy: $(build-gpu/tests/loom_compare_runs "$out/small_cuda_$policy" "$out/small_cuda" \
-      --loss-rtol 0 --weight-atol 0 2>&1 | tail -1 | sed 's/.*: //')  "
+    run small_cuda_$policy $loom train "${small[@]}" --set train.device=cuda --set train.recompute=$policy
+    recompute+="$policy: $(verdict small_cuda_$policy small_cuda --loss-rtol 0 --norm-rtol 0 --weight-atol 0 | sed 's/.*: //')  "
   done
-  timeout 120 build-gpu/loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$out/kernels_gpt2.log" 2>&1
-  timeout 120 build-gpu/loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$out/kernels_llama1b.log" 2>&1
-  timeout 180 build-gpu/loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$out/bench_gpt2.log" 2>&1
+  layouts="not run (no mpirun)"
+  if [ ${#mpirun[@]} -gt 0 ]; then
+    layouts=""
+    lay=(--set train.device=cuda --set parallel.comm=mpi --set train.threads=2)
+    run staged_dp2 "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.dp=2 --set train.micro_batch=4
+    run staged_tp2 "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.tp=2 --set parallel.sp=true
+    run staged_zero3 "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.dp=2 \
+      --set parallel.zero=3 --set train.micro_batch=4
+    for l in dp2 tp2 zero3; do layouts+="$l: $(verdict staged_$l small_cuda --loss-rtol 1e-2 --norm-rtol 1e-2 --weight-atol 5e-2)
+  "; done
+  fi
+  timeout 120 $loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$out/kernels_gpt2.log" 2>&1
+  timeout 120 $loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$out/kernels_llama1b.log" 2>&1
+  timeout 180 $loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$out/bench_gpt2.log" 2>&1
   timeout 180 python3 examples/bench_pytorch.py 8 10 cuda > "$out/bench_gpt2_torch.log" 2>&1
-  timeout 180 build-gpu/loom bench train --config examples/configs/llama_1b_gpu.toml > "$out/bench_llama1b.log" 2>&1
+  timeout 180 $loom bench train --config examples/configs/llama_1b_gpu.toml > "$out/bench_llama1b.log" 2>&1
 fi
 summary() {
   {
     echo "loom device check, $(date -u +%FT%TZ), $(( $(date +%s) - start )) s"
     echo "gpu:   $(cat "$out/gpu.txt")"
     echo "build: $([ $build -eq 0 ] && echo ok || echo "FAILED (see build.log)")"
-    echo "cuda kernel and nccl tests: $tests"
+    echo "cuda kernel and device-group tests: $tests"
     grep -E "FAILED|Failure" "$out/cuda_tests.log" 2>/dev/null | head -10
+    cat "$out/failures.txt" 2>/dev/null
     echo "compute-sanitizer memcheck: ${memcheck:-not run} racecheck: ${racecheck:-not run} (0 = clean; 9 = errors, see the logs)"
     grep -hE "^=+ +(Invalid|Error|Race|ERROR)" "$out/memcheck.log" "$out/racecheck.log" 2>/dev/null | sort | uniq -c | head -6
     echo "small model, CUDA run's last line: $(tail -1 "$out/small_cuda.log" 2>/dev/null)"
-    echo "small model, CUDA vs CPU losses: ${parity:-not run}"
+    echo "small model, CUDA vs CPU bf16: ${parity_bf16:-not run}"
+    echo "small model, CUDA vs CPU fp32: ${parity_f32:-not run}"
     echo "small model, CUDA twice (bitwise): ${repeat:-not run}"
     echo "small model, CUDA recompute vs none (bitwise): ${recompute:-not run}"
+    echo "2 ranks on one GPU (MPI-staged) vs 1 rank: ${layouts:-not run}"
     grep -hE "gemm bf16 8192|attention|speedup|error" "$out/kernels_gpt2.log" "$out/kernels_llama1b.log" 2>/dev/null
     echo "GPT-2 124M loom:    $(grep -h "bench train" "$out/bench_gpt2.log" 2>/dev/null || tail -1 "$out/bench_gpt2.log" 2>/dev/null)"
     echo "GPT-2 124M PyTorch: $(tail -1 "$out/bench_gpt2_torch.log" 2>/dev/null)"
