@@ -17,9 +17,9 @@ namespace {
 
 constexpr int kRowBlock = 128;  // rows of a bf16 GEMM widened at a time
 
-// The widest GEMM operand dimension and the largest weight of this rank's linears.
+// The widest input (K) and output (N) dimensions and the largest weight of this rank's linears.
 struct GemmDims {
-  int64_t dmax = 0, wmax = 0;
+  int64_t kmax = 0, nmax = 0, wmax = 0;
 };
 GemmDims gemm_dims(const Config& cfg) {
   const int tp = cfg.parallel.tp;
@@ -27,7 +27,8 @@ GemmDims gemm_dims(const Config& cfg) {
   const int64_t F = cfg.model.d_ff / tp, V = cfg.vocab_padded() / tp;
   const int64_t qkv = (H + 2 * KV) * D, fc = cfg.model.arch == "llama" ? 2 * F : F;
   GemmDims g;
-  for (int64_t d : {C, qkv, H * D, fc, F, V}) g.dmax = std::max(g.dmax, d);
+  for (int64_t k : {C, H * D, F}) g.kmax = std::max(g.kmax, k);
+  for (int64_t n : {qkv, C, fc, V}) g.nmax = std::max(g.nmax, n);
   for (int64_t w : {C * qkv, H * D * C, C * fc, F * C, V * C}) g.wmax = std::max(g.wmax, w);
   return g;
 }
@@ -38,11 +39,13 @@ std::vector<PlanItem> cpu_backend_plan(const Config& cfg, DType dtype) {
   if (dtype == DType::f32) return {};
   const GemmDims g = gemm_dims(cfg);
   const int64_t rows = std::min<int64_t>(kRowBlock, int64_t(cfg.train.micro_batch) * cfg.model.seq_len);
+  // A block of rows of a GEMM's input (x), its output or output gradient (y), and its input
+  // gradient (dx); the weight; the bias.
   return {{"gemm_wide_w", g.wmax, DType::f32, Mem::workspace},
-          {"gemm_wide_a", rows * g.dmax, DType::f32, Mem::workspace},
-          {"gemm_wide_b", rows * g.dmax, DType::f32, Mem::workspace},
-          {"gemm_wide_c", rows * g.dmax, DType::f32, Mem::workspace},
-          {"gemm_wide_bias", g.dmax, DType::f32, Mem::workspace}};
+          {"gemm_wide_x", rows * g.kmax, DType::f32, Mem::workspace},
+          {"gemm_wide_y", rows * g.nmax, DType::f32, Mem::workspace},
+          {"gemm_wide_dx", rows * g.kmax, DType::f32, Mem::workspace},
+          {"gemm_wide_bias", g.nmax, DType::f32, Mem::workspace}};
 }
 
 namespace {
@@ -54,7 +57,7 @@ class CpuBackend final : public Backend {
   CpuBackend(const Config& cfg, DType dtype, Allocator& alloc)
       : traits_(backend_traits(DeviceKind::cpu, dtype, cfg)), alloc_(alloc) {
     for (auto& item : cpu_backend_plan(cfg, dtype)) wide_.push_back(alloc.empty(item));
-    if (!wide_.empty()) rows_ = int(wide_[1].numel() / std::max<int64_t>(1, gemm_dims(cfg).dmax));
+    if (!wide_.empty()) rows_ = int(wide_[X].numel() / std::max<int64_t>(1, gemm_dims(cfg).kmax));
   }
   const BackendTraits& traits() const override { return traits_; }
   const Stream& stream() const override { return host_stream(); }
@@ -180,12 +183,12 @@ class CpuBackend final : public Backend {
   void linear_forward(Ptr out, Ptr inp, Ptr w, Ptr bias, int M, int K, int N, WLayout layout) override {
     if (!is_bf16())
       return cpu::matmul_forward(out.as<float>(), inp.as<float>(), w.as<float>(), bias.as<float>(), M, K, N, layout);
-    float* W = widen_into(wide_[0], w, int64_t(K) * N);
-    const float* bias32 = bias ? widen_into(wide_[4], bias, N) : nullptr;
+    float* W = widen_into(wide_[WEIGHT], w, int64_t(K) * N);
+    const float* bias32 = bias ? widen_into(wide_[BIAS], bias, N) : nullptr;
     for (int r0 = 0; r0 < M; r0 += rows_) {
       const int R = std::min(rows_, M - r0);
-      float* a = widen_into(wide_[1], inp + int64_t(r0) * K, int64_t(R) * K);
-      float* o = wide_[2].f32();
+      float* a = widen_into(wide_[X], inp + int64_t(r0) * K, int64_t(R) * K);
+      float* o = wide_[Y].f32();
       cpu::matmul_forward(o, a, W, bias32, R, K, N, layout);
       cpu::narrow((out + int64_t(r0) * N).as<bf16>(), o, int64_t(R) * N);
     }
@@ -195,12 +198,12 @@ class CpuBackend final : public Backend {
     if (!is_bf16())
       return cpu::matmul_backward(dinp.as<float>(), dw, dbias, dout.as<float>(), inp.as<float>(), w.as<float>(), M, K,
                                   N, layout);
-    float* W = dinp ? widen_into(wide_[0], w, int64_t(K) * N) : nullptr;
+    float* W = dinp ? widen_into(wide_[WEIGHT], w, int64_t(K) * N) : nullptr;
     for (int r0 = 0; r0 < M; r0 += rows_) {
       const int R = std::min(rows_, M - r0);
-      float* dy = widen_into(wide_[1], dout + int64_t(r0) * N, int64_t(R) * N);
-      float* x = widen_into(wide_[2], inp + int64_t(r0) * K, int64_t(R) * K);
-      float* dx = dinp ? wide_[3].f32() : nullptr;
+      float* dy = widen_into(wide_[Y], dout + int64_t(r0) * N, int64_t(R) * N);
+      float* x = widen_into(wide_[X], inp + int64_t(r0) * K, int64_t(R) * K);
+      float* dx = dinp ? wide_[DX].f32() : nullptr;
       cpu::matmul_backward(dx, dw, dbias, dy, x, W, R, K, N, layout);
       if (dx) cpu::narrow((dinp + int64_t(r0) * K).as<bf16>(), dx, int64_t(R) * K);
     }
@@ -288,9 +291,10 @@ class CpuBackend final : public Backend {
     return buf.f32();
   }
 
+  enum Wide { WEIGHT, X, Y, DX, BIAS };
   BackendTraits traits_;
   Allocator& alloc_;
-  std::vector<Tensor> wide_;  // bf16 GEMMs: weight, three row blocks, bias (cpu_backend_plan)
+  std::vector<Tensor> wide_;  // bf16 GEMMs: cpu_backend_plan's buffers, in its order (Wide)
   int rows_ = kRowBlock;
   std::vector<double> part_;
 };
