@@ -103,7 +103,8 @@ int run(int argc, char** argv) {
 
   auto* plan = app.add_subcommand("plan", "predict before launch");
   plan->require_subcommand(1);
-  auto* pmem = plan->add_subcommand("memory", "per-rank bytes of a run (any layout, dtype, device), or of the ZeRO paper");
+  auto* pmem =
+      plan->add_subcommand("memory", "per-rank bytes of a run (any layout, dtype, device), or of the ZeRO paper");
   double plan_params = 0;
   int plan_dp = 0;
   std::string plan_precision = "mixed";

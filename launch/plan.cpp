@@ -42,9 +42,9 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
   items.push_back({"loss_sum", 1, DType::f64, Mem::workspace});
   // The data-parallel side and its optimizer.
   const DeviceKind kind = cuda ? DeviceKind::cuda : DeviceKind::cpu;
-  const auto dp_items = stage == 0 ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
-                                   : zero_plan(layout, cfg.parallel.dp, at.dp, stage, at.tp, dtype,
-                                               grad_reduce_dtype(cfg), kind);
+  const auto dp_items =
+      stage == 0 ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
+                 : zero_plan(layout, cfg.parallel.dp, at.dp, stage, at.tp, dtype, grad_reduce_dtype(cfg), kind);
   items.insert(items.end(), dp_items.begin(), dp_items.end());
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);
@@ -72,10 +72,11 @@ std::string plan_memory_table(const Config& cfg, const std::string& device, DTyp
 
 std::string plan_memory_json(const Config& cfg, const std::string& device, DType dtype) {
   const int world = cfg.parallel.pp * cfg.parallel.dp * cfg.parallel.tp;
-  std::string out = fmt::format("{{\"device\":\"{}\",\"dtype\":\"{}\",\"zero\":{},\"dp\":{},\"tp\":{},\"n_params\":{},"
-                                "\"ranks\":[",
-                                device, dtype_name(dtype), cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.tp,
-                                model_layout(cfg).reg.global_numel());
+  std::string out = fmt::format(
+      "{{\"device\":\"{}\",\"dtype\":\"{}\",\"zero\":{},\"dp\":{},\"tp\":{},\"n_params\":{},"
+      "\"ranks\":[",
+      device, dtype_name(dtype), cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.tp,
+      model_layout(cfg).reg.global_numel());
   for (int r = 0; r < world; ++r) {
     const MemoryPlan p = plan_memory(cfg, device, dtype, r);
     out += fmt::format("{}{{\"rank\":{}", r ? "," : "", r);

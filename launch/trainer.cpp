@@ -233,9 +233,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
                local, gpus);
     mo.nccl = cfg.parallel.comm == "nccl" || (cfg.parallel.comm == "auto" && !shared);
     if (!mo.nccl && cfg.parallel.comm == "auto" && p.lead && !opt.quiet)
-      spdlog::warn("{} ranks share {} GPU(s) on this node: collectives go through MPI, staged in host memory "
-                   "(for checking layouts, not for speed); launch one rank per GPU for NCCL",
-                   local, gpus);
+      spdlog::warn(
+          "{} ranks share {} GPU(s) on this node: collectives go through MPI, staged in host memory "
+          "(for checking layouts, not for speed); launch one rank per GPU for NCCL",
+          local, gpus);
   }
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
   p.mesh = std::make_unique<DeviceMesh>(dims, opt.world_rank, opt.world_size, mo);
@@ -269,10 +270,11 @@ Trainer::~Trainer() = default;
 
 void Trainer::Parts::startup_log() {
   const int T = cfg.model.seq_len, B = cfg.train.micro_batch;
-  info("model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {} (padded to {}), seq_len {}: {:.2f}M "
-       "parameters",
-       cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
-       cfg.model.vocab_size, cfg.vocab_padded(), T, chunk->registry().global_numel() / 1e6);
+  info(
+      "model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {} (padded to {}), seq_len {}: {:.2f}M "
+      "parameters",
+      cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
+      cfg.model.vocab_size, cfg.vocab_padded(), T, chunk->registry().global_numel() / 1e6);
   info("device: {} ({}), {} threads per rank; data: {}", device, dtype_name(dtype), threads, data.describe);
   info("layout: {} ranks over {}; {}", mesh->world(), mesh->comm_name(), dpar->describe());
   if (tp().size() > 1) {

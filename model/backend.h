@@ -78,9 +78,9 @@ class Backend {
   // Memory. copy converts between f32 and bf16 where the dtypes differ (same count).
   virtual void copy(Buf dst, Buf src) = 0;
   virtual void zero(Buf b) = 0;
-  virtual void add(Buf acc, Buf x) = 0;                 // acc += x, both fp32
-  virtual void upload(Buf dst, const void* host) = 0;   // host values of dst's dtype
-  virtual void download(void* host, Buf src) = 0;       // waits for the stream
+  virtual void add(Buf acc, Buf x) = 0;                // acc += x, both fp32
+  virtual void upload(Buf dst, const void* host) = 0;  // host values of dst's dtype
+  virtual void download(void* host, Buf src) = 0;      // waits for the stream
   // Inputs of micro-batch slot `slot` staged where the ops read them; v0, Vl: the vocabulary
   // rows this rank holds (the embedding gradient's index covers those).
   virtual Inputs stage_inputs(int slot, const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) = 0;
@@ -115,8 +115,8 @@ class Backend {
   virtual void act_backward(bool swiglu, Ptr dfc, Ptr fc, Ptr dact, int N, int F) = 0;
   // The down projection's backward and the activation's: dfc (overwritten), dw/db +=, through
   // dact (scratch [N, F], unused where the backend fuses the two).
-  virtual void down_act_backward(bool swiglu, Ptr dfc, float* dw, float* db, Ptr dout, Ptr act, Ptr fc, Ptr w,
-                                 Ptr dact, int N, int F, int C, WLayout layout) {
+  virtual void down_act_backward(bool swiglu, Ptr dfc, float* dw, float* db, Ptr dout, Ptr act, Ptr fc, Ptr w, Ptr dact,
+                                 int N, int F, int C, WLayout layout) {
     linear_backward(dact, dw, db, dout, act, w, N, F, C, layout);
     act_backward(swiglu, dfc, fc, dact, N, F);
   }

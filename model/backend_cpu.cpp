@@ -254,8 +254,7 @@ class CpuBackend final : public Backend {
       cpu::crossentropy_forward_backward(logits.as<S>(), losses, in.targets, N, V, valid, dloss);
     });
   }
-  void ce_stats(Ptr logits, const Inputs& in, int N, int Vl, int valid, int v0, float* rowmax,
-                float* target) override {
+  void ce_stats(Ptr logits, const Inputs& in, int N, int Vl, int valid, int v0, float* rowmax, float* target) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;
       cpu::crossentropy_shard_stats(logits.as<S>(), in.targets, N, Vl, valid, v0, rowmax, target);
@@ -302,8 +301,7 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> cpu_backend(const Config& cfg, DType dtype, Allocator& alloc) {
-  LOOM_CHECK(dtype == DType::f32 || dtype == DType::bf16, "the CPU computes in f32 or bf16, not {}",
-             dtype_name(dtype));
+  LOOM_CHECK(dtype == DType::f32 || dtype == DType::bf16, "the CPU computes in f32 or bf16, not {}", dtype_name(dtype));
   return std::make_unique<CpuBackend>(cfg, dtype, alloc);
 }
 

@@ -87,8 +87,7 @@ class CudaBackend final : public Backend {
     std::memcpy(staging_ + N, targets, size_t(N) * 4);
     std::memcpy(staging_ + 2 * int64_t(N), index.data(), index.size() * 4);
     int32_t* dev = ws_[1].data<int32_t>();
-    LOOM_CUDA_CHECK(
-        cudaMemcpyAsync(dev, staging_, (2 * size_t(N) + index.size()) * 4, cudaMemcpyHostToDevice, s_));
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(dev, staging_, (2 * size_t(N) + index.size()) * 4, cudaMemcpyHostToDevice, s_));
     LOOM_CUDA_CHECK(cudaEventRecord(staged_, s_));
     return {dev, dev + N, dev + 2 * int64_t(N), unique};
   }
@@ -102,8 +101,8 @@ class CudaBackend final : public Backend {
   void adamw(float* master, Ptr params, const float* grads, float* m, float* v, const OptTable& t, const AdamScalars& a,
              const float* grad_scale) override {
     LOOM_ASSERT(master);  // bf16 weights: the fp32 master copy is always there
-    cuda::adamw_multi(master, B16(params), grads, m, v, table_of(t), int(t.host.size()), a.lr_step, a.bc2_sqrt,
-                      a.beta1, a.beta2, a.eps, a.decay_factor, grad_scale, s_);
+    cuda::adamw_multi(master, B16(params), grads, m, v, table_of(t), int(t.host.size()), a.lr_step, a.bc2_sqrt, a.beta1,
+                      a.beta2, a.eps, a.decay_factor, grad_scale, s_);
   }
   void loss_accumulate(double* acc, const float* losses, int N) override { cuda::loss_accumulate(acc, losses, N, s_); }
 
@@ -162,8 +161,8 @@ class CudaBackend final : public Backend {
   // of the GEMM that makes its input gradient. Forward keeps GELU a kernel of its own:
   // selective recompute recomputes it, and that must match the first pass to the bit, which a
   // GEMM epilogue's GELU (on the fp32 accumulator) would not.
-  void down_act_backward(bool swiglu, Ptr dfc, float* dw, float* db, Ptr dout, Ptr act, Ptr fc, Ptr w, Ptr dact,
-                         int N, int F, int C, WLayout layout) override {
+  void down_act_backward(bool swiglu, Ptr dfc, float* dw, float* db, Ptr dout, Ptr act, Ptr fc, Ptr w, Ptr dact, int N,
+                         int F, int C, WLayout layout) override {
     if (swiglu || !traits_.fused_dgelu || layout != WLayout::in_out)
       return Backend::down_act_backward(swiglu, dfc, dw, db, dout, act, fc, w, dact, N, F, C, layout);
     linear_backward(Ptr(), dw, db, dout, act, w, N, F, C, layout);
@@ -185,8 +184,7 @@ class CudaBackend final : public Backend {
   void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) override {
     cuda::crossentropy_forward_backward(B16(logits), losses, in.targets, N, V, valid, dloss, s_);
   }
-  void ce_stats(Ptr logits, const Inputs& in, int N, int Vl, int valid, int v0, float* rowmax,
-                float* target) override {
+  void ce_stats(Ptr logits, const Inputs& in, int N, int Vl, int valid, int v0, float* rowmax, float* target) override {
     cuda::crossentropy_shard_stats(B16(logits), in.targets, N, Vl, valid, v0, rowmax, target, s_);
   }
   void ce_sumexp(Ptr logits, const float* rowmax, int N, int Vl, int valid, float* sumexp) override {

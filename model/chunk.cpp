@@ -150,8 +150,8 @@ Chunk::LayerW Chunk::layer_g(float* unit_base, int l) const {
 }
 
 Chunk::LayerA Chunk::layer_a(int i) {
-  return {act(LN1, i),  act(QKV, i),       act(ATTN_STATS, i), act(ATTY, i),      act(RES2, i),      act(LN2, i),
-          act(FC, i),   act(ACT, i),       actf(LN1_MEAN, i),  actf(LN1_RSTD, i), actf(LN2_MEAN, i), actf(LN2_RSTD, i)};
+  return {act(LN1, i), act(QKV, i), act(ATTN_STATS, i), act(ATTY, i),      act(RES2, i),      act(LN2, i),
+          act(FC, i),  act(ACT, i), actf(LN1_MEAN, i),  actf(LN1_RSTD, i), actf(LN2_MEAN, i), actf(LN2_RSTD, i)};
 }
 
 Ptr Chunk::at(Ptr unit_base, int unit, const char* name) const {
@@ -213,8 +213,7 @@ Ptr Chunk::column_parallel_grad(Ptr dfull) {
     return shard;
   }
   if (tp_size_ > 1)
-    tp_comm("copy_to_tp_backward",
-            [&] { copy_to_tp_backward(tp_, rows(dfull, int64_t(B_) * T_ * C_), be_.stream()); });
+    tp_comm("copy_to_tp_backward", [&] { copy_to_tp_backward(tp_, rows(dfull, int64_t(B_) * T_ * C_), be_.stream()); });
   return dfull;
 }
 
@@ -354,8 +353,8 @@ void Chunk::embedding_forward(const Inputs& in, UnitAccess& acc) {
   const Ptr full = sp_ ? scr(FULL_B) : residual;
   {
     auto s = trace_.scope("embedding_forward");
-    be_.embedding_forward(full, in, at(emb, 0, names_.wte), v0_, V_,
-                          tp_rank_ == 0 ? at(emb, 0, names_.wpe) : Ptr(), B_, T_, C_);
+    be_.embedding_forward(full, in, at(emb, 0, names_.wte), v0_, V_, tp_rank_ == 0 ? at(emb, 0, names_.wpe) : Ptr(), B_,
+                          T_, C_);
   }
   row_parallel_exit(full, residual);
   acc.forward_done(0);
@@ -444,8 +443,8 @@ void Chunk::head_backward(UnitAccess& acc) {
   float* gb = sp_ ? normw + C_ : at(hg, head, names_.norm_b);
   {
     auto s = trace_.scope("normf_backward");
-    be_.norm_backward(llama_, dres, gw, gb, dlnf, act(RESIDUAL, b1_ - b0_), at(hw, head, names_.norm_w),
-                      actf(LNF_MEAN), actf(LNF_RSTD), Ns_, C_);
+    be_.norm_backward(llama_, dres, gw, gb, dlnf, act(RESIDUAL, b1_ - b0_), at(hw, head, names_.norm_w), actf(LNF_MEAN),
+                      actf(LNF_RSTD), Ns_, C_);
   }
   if (sp_) sp_param_grads_reduce(normw, {at(hg, head, names_.norm_w), at(hg, head, names_.norm_b)}, C_);
   acc.backward_done(head);  // the final norm and an untied lm_head sit after every block

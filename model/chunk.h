@@ -122,9 +122,9 @@ class Chunk {
   StepClock* clock_;
   bool llama_;
   int B_, T_, C_, H_, KV_, D_, F_, V_, L_;  // H_, KV_, F_, V_: this rank's share under tp (V_ padded)
-  int tp_size_, tp_rank_, v0_, valid_;  // v0_: the first vocabulary id this rank holds; valid_: how many are real
+  int tp_size_, tp_rank_, v0_, valid_;      // v0_: the first vocabulary id this rank holds; valid_: how many are real
   bool sp_;
-  int Ns_;  // rows of the norm and residual regions on this rank (N / tp with sp)
+  int Ns_;                    // rows of the norm and residual regions on this rank (N / tp with sp)
   int first_unit_, b0_, b1_;  // global units from first_unit_; blocks [b0_, b1_)
   bool has_head_;
   Recompute policy_;

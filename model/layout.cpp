@@ -98,7 +98,8 @@ std::string ActPlan::table() const {
   std::string out = fmt::format("{:<12} {:>8} {:>6} {:>12}\n", "activation", "copies", "dtype", "MiB");
   for (auto& b : buffers)
     if (b.numel)
-      out += fmt::format("{:<12} {:>8} {:>6} {:>12.2f}\n", b.name, b.copies, dtype_name(b.dtype), b.bytes() / 1048576.0);
+      out +=
+          fmt::format("{:<12} {:>8} {:>6} {:>12.2f}\n", b.name, b.copies, dtype_name(b.dtype), b.bytes() / 1048576.0);
   out += fmt::format("{:<12} {:>8} {:>6} {:>12.2f}\n", "(saved)", "", "", activation_bytes() / 1048576.0);
   int64_t comm = 0;
   for (auto& b : scratch) comm += b.comm ? b.bytes() : 0;

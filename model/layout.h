@@ -29,9 +29,7 @@ struct BackendTraits {
   bool attention_probs = true;
   // GELU's backward rides the down projection's input-gradient GEMM: no d_act buffer (gpt2).
   bool fused_dgelu = false;
-  int64_t attention_stats(int64_t B, int64_t T, int64_t H) const {
-    return attention_probs ? B * H * T * T : B * H * T;
-  }
+  int64_t attention_stats(int64_t B, int64_t T, int64_t H) const { return attention_probs ? B * H * T * T : B * H * T; }
   DType attention_stats_dtype() const { return attention_probs ? dtype : DType::f32; }
 };
 // The traits of the backend that would run cfg (device and dtype resolved).

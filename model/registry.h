@@ -20,12 +20,12 @@ namespace loom {
 
 struct ParamSpec {
   std::string name;
-  Shape shape;                // local: what this rank holds
-  Shape global_shape;         // what the file holds
-  int64_t padded_rows = 0;    // dim 0 of the padded global tensor (>= global_shape[0])
-  size_t offset = 0;          // elements into the flat buffer
-  size_t global_offset = 0;   // elements into the HF concatenation of global tensors
-  bool decay = true;          // AdamW weight decay: tensors of two or more dims
+  Shape shape;               // local: what this rank holds
+  Shape global_shape;        // what the file holds
+  int64_t padded_rows = 0;   // dim 0 of the padded global tensor (>= global_shape[0])
+  size_t offset = 0;         // elements into the flat buffer
+  size_t global_offset = 0;  // elements into the HF concatenation of global tensors
+  bool decay = true;         // AdamW weight decay: tensors of two or more dims
   float init_std = 0.02f;
   enum class Init { normal, zeros, ones } init = Init::normal;
   int shard_dim = -1, shard_parts = 1, tp = 1, tp_rank = 0;

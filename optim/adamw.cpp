@@ -7,8 +7,8 @@ namespace loom {
 void opt_chunks_add(std::vector<OptChunk>& out, int64_t state, int64_t param, int64_t grad, int64_t n, bool decay,
                     bool norm) {
   for (int64_t k = 0; k < n; k += kOptChunk)
-    out.push_back({state + k, param + k, grad + k, int32_t(std::min<int64_t>(kOptChunk, n - k)), int16_t(decay),
-                   int16_t(norm)});
+    out.push_back(
+        {state + k, param + k, grad + k, int32_t(std::min<int64_t>(kOptChunk, n - k)), int16_t(decay), int16_t(norm)});
 }
 
 std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank) {
@@ -57,8 +57,8 @@ void AdamW::update(Ptr params, const float* grads, const AdamWHyper& h, int64_t 
   // Scalars in double, as PyTorch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(h.beta1, double(step));
   const double bc2 = 1.0 - std::pow(h.beta2, double(step));
-  const AdamScalars a{float(h.lr / bc1),  float(std::sqrt(bc2)), float(h.beta1),
-                      float(h.beta2),     float(h.eps),          float(1.0 - h.lr * h.weight_decay)};
+  const AdamScalars a{float(h.lr / bc1), float(std::sqrt(bc2)), float(h.beta1),
+                      float(h.beta2),    float(h.eps),          float(1.0 - h.lr * h.weight_decay)};
   be_.adamw(master(), params, grads, m(), v(), table_, a, scale_.f32());
 }
 

@@ -9,7 +9,7 @@ DType grad_reduce_dtype(const Config& cfg) {
 }
 
 std::vector<PlanItem> Ddp::plan(const Config& cfg, const ParamRegistry& reg, int tp_rank, DType dtype,
-                               DeviceKind device) {
+                                DeviceKind device) {
   const int64_t n = int64_t(reg.numel());
   std::vector<PlanItem> p;
   if (cfg.parallel.dp > 1 && grad_reduce_dtype(cfg) == DType::bf16)

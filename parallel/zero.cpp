@@ -119,8 +119,8 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
   }
   shard_ = g.shard;
   max_unit_ = g.max_unit;
-  adam_ = std::make_unique<AdamW>(be_, zero_opt_chunks(layout, n_, r_, stage_, tp_.rank()), g.shard,
-                                  dtype_ != DType::f32);
+  adam_ =
+      std::make_unique<AdamW>(be_, zero_opt_chunks(layout, n_, r_, stage_, tp_.rank()), g.shard, dtype_ != DType::f32);
   // Everything else zero_plan lists (AdamW allocated its own part).
   std::map<std::string, std::vector<Tensor>> got;
   for (auto& item : zero_plan(layout, n_, r_, stage_, tp_.rank(), dtype_, reduce_, be_.device())) {
@@ -215,8 +215,7 @@ void Zero::drain(Slot& slot) {
   if (!slot.pending) return;
   wait(slot.work);
   const Unit& u = unit(slot.unit);
-  if (slot.result_low.defined())
-    be_.copy(Buf(slot.result).slice(0, u.s), Buf(slot.result_low).slice(0, u.s));
+  if (slot.result_low.defined()) be_.copy(Buf(slot.result).slice(0, u.s), Buf(slot.result_low).slice(0, u.s));
   be_.add(dev(shard_grads_.f32() + u.shard_off, u.s, DType::f32), Buf(slot.result).slice(0, u.s));
   slot.pending = false;
 }
@@ -255,8 +254,8 @@ void Zero::gather_into(Slot& slot, int u, Pass pass) {
   const Unit& un = unit(u);
   slot.unit = u;
   slot.pass = pass;
-  slot.work = dp_.all_gather(Buf(shard_params_).slice(un.shard_off, un.s), Buf(slot.buf).slice(0, un.s * n_),
-                             be_.stream());
+  slot.work =
+      dp_.all_gather(Buf(shard_params_).slice(un.shard_off, un.s), Buf(slot.buf).slice(0, un.s * n_), be_.stream());
 }
 
 Ptr Zero::params(int u, Pass pass) {

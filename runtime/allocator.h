@@ -9,8 +9,8 @@
 // activations, comm (communication buffers), workspace (everything else).
 #pragma once
 #include <array>
-#include <string>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "runtime/device.h"

@@ -67,9 +67,9 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   std::string pp_schedule = "1f1b";
   int pp_virtual = 1;
-  double timeout_s = 600;  // watchdog: a collective pending this long aborts the job (0: never)
+  double timeout_s = 600;                 // watchdog: a collective pending this long aborts the job (0: never)
   std::string grad_reduce_dtype = "f32";  // f32 | bf16: the dtype gradients are reduced in
-  std::string comm = "auto";  // auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)
+  std::string comm = "auto";              // auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)
 };
 
 struct CheckpointConfig {

@@ -29,7 +29,7 @@ class Event {
   Event& operator=(const Event&) = delete;
 
   void record(const Stream& s);
-  void synchronize() const;            // the host waits until the stream passed the record
+  void synchronize() const;             // the host waits until the stream passed the record
   void wait_on(const Stream& s) const;  // work issued to s from now on runs after the record
   bool done() const;
   // Milliseconds between two recorded events of one device; synchronizes on b.

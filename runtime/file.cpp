@@ -30,8 +30,8 @@ void close_checked(std::FILE* f, const std::string& path) {
 }  // namespace
 
 void file_write(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
-  LOOM_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes, "writing '{}' failed ({}); is the disk full?",
-             path, why());
+  LOOM_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes, "writing '{}' failed ({}); is the disk full?", path,
+             why());
 }
 
 void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {

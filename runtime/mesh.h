@@ -60,9 +60,9 @@ class DeviceMesh {
   const MeshCoord& coord() const { return coord_; }
   int rank() const { return rank_; }
   int world() const { return dims_.world(); }
-  ProcessGroup& group(Axis a) const { return *groups_[size_t(a)]; }   // the training buffers
+  ProcessGroup& group(Axis a) const { return *groups_[size_t(a)]; }     // the training buffers
   ProcessGroup& host_group(Axis a) const { return *host_[size_t(a)]; }  // host buffers
-  ProcessGroup& world_group() const { return *world_; }                // host buffers
+  ProcessGroup& world_group() const { return *world_; }                 // host buffers
   const char* comm_name() const { return nccl_ ? "NCCL" : use_mpi_ ? "MPI" : "local"; }
 
  private:

@@ -181,10 +181,10 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, in
   }
 }
 
-#define LOOM_ATTENTION(S)                                                                     \
-  template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int);     \
-  template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int);    \
-  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int);              \
+#define LOOM_ATTENTION(S)                                                                  \
+  template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int);  \
+  template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int); \
+  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int);           \
   template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);
 LOOM_ATTENTION(float)
 LOOM_ATTENTION(bf16)

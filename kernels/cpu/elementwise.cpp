@@ -233,17 +233,17 @@ void narrow(bf16* out, const float* in, int64_t n) {
   });
 }
 
-#define LOOM_ELEMENTWISE(S)                                                                                        \
-  template void gelu_forward<S>(S*, const S*, int64_t);                                                            \
-  template void gelu_backward<S>(S*, const S*, const S*, int64_t);                                                 \
-  template void swiglu_forward<S>(S*, const S*, int, int);                                                         \
-  template void swiglu_backward<S>(S*, const S*, const S*, int, int);                                              \
-  template void crossentropy_forward_backward<S>(S*, float*, const int32_t*, int, int, int, float);                \
-  template void embedding_forward<S>(S*, const int32_t*, const S*, int, int, const S*, int, int, int);             \
-  template void embedding_backward<S>(float*, int, int, float*, const S*, const int32_t*, int, int, int);          \
-  template void crossentropy_shard_stats<S>(const S*, const int32_t*, int, int, int, int, float*, float*);         \
-  template void crossentropy_shard_sumexp<S>(const S*, const float*, int, int, int, float*);                       \
-  template void crossentropy_shard_finish<S>(S*, float*, const int32_t*, int, int, int, int, const float*,         \
+#define LOOM_ELEMENTWISE(S)                                                                                \
+  template void gelu_forward<S>(S*, const S*, int64_t);                                                    \
+  template void gelu_backward<S>(S*, const S*, const S*, int64_t);                                         \
+  template void swiglu_forward<S>(S*, const S*, int, int);                                                 \
+  template void swiglu_backward<S>(S*, const S*, const S*, int, int);                                      \
+  template void crossentropy_forward_backward<S>(S*, float*, const int32_t*, int, int, int, float);        \
+  template void embedding_forward<S>(S*, const int32_t*, const S*, int, int, const S*, int, int, int);     \
+  template void embedding_backward<S>(float*, int, int, float*, const S*, const int32_t*, int, int, int);  \
+  template void crossentropy_shard_stats<S>(const S*, const int32_t*, int, int, int, int, float*, float*); \
+  template void crossentropy_shard_sumexp<S>(const S*, const float*, int, int, int, float*);               \
+  template void crossentropy_shard_finish<S>(S*, float*, const int32_t*, int, int, int, int, const float*, \
                                              const float*, const float*, float);
 LOOM_ELEMENTWISE(float)
 LOOM_ELEMENTWISE(bf16)

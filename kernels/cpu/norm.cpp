@@ -125,11 +125,11 @@ void rmsnorm_backward(S* dinp, float* dweight, const S* dout, const S* inp, cons
   });
 }
 
-#define LOOM_NORM(S)                                                                                             \
-  template void layernorm_forward<S>(S*, float*, float*, S*, const S*, const S*, const S*, int, int, float);     \
+#define LOOM_NORM(S)                                                                                                \
+  template void layernorm_forward<S>(S*, float*, float*, S*, const S*, const S*, const S*, int, int, float);        \
   template void layernorm_backward<S>(S*, float*, float*, const S*, const S*, const S*, const float*, const float*, \
-                                      int, int);                                                                  \
-  template void rmsnorm_forward<S>(S*, float*, S*, const S*, const S*, int, int, float);                         \
+                                      int, int);                                                                    \
+  template void rmsnorm_forward<S>(S*, float*, S*, const S*, const S*, int, int, float);                            \
   template void rmsnorm_backward<S>(S*, float*, const S*, const S*, const S*, const float*, int, int);
 LOOM_NORM(float)
 LOOM_NORM(bf16)

@@ -101,7 +101,9 @@ class MpiGroup final : public ProcessGroup {
     for (auto& [bytes, p] : pinned_) cudaFreeHost(p);
 #endif
   }
-  bool carries(DeviceKind d) const override { return d == DeviceKind::cpu || LOOM_HAVE_CUDA; }
+  bool carries(DeviceKind d) const override {
+    return d == DeviceKind::cpu || LOOM_HAVE_CUDA;
+  }
 
   Work all_reduce(Buf b, ReduceOp op, const Stream& after) override {
     count(CommOp::all_reduce, b.bytes());
@@ -121,8 +123,7 @@ class MpiGroup final : public ProcessGroup {
     Buf hi = st.input(in), ho = st.output(out);
     MPI_Op mop = hi.dtype == DType::bf16 ? bf16_sum_ : MPI_SUM;
     return issue(CommOp::reduce_scatter, std::move(st), [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(
-          MPI_Ireduce_scatter_block(hi.data, ho.data, as_int(ho.count), mpi_type(hi.dtype), mop, comm_, r));
+      LOOM_MPI_CHECK(MPI_Ireduce_scatter_block(hi.data, ho.data, as_int(ho.count), mpi_type(hi.dtype), mop, comm_, r));
     });
   }
   Work all_gather(Buf in, Buf out, const Stream& after) override {
@@ -212,7 +213,7 @@ class MpiGroup final : public ProcessGroup {
       void* host;
       size_t bytes;
     };
-    std::vector<Back> back;         // results to copy to the device on landing
+    std::vector<Back> back;                      // results to copy to the device on landing
     std::vector<std::pair<size_t, void*>> held;  // pinned blocks, returned on landing
     bool synced = false;
     Staging(MpiGroup& group, const Stream& s) : g(group), after(s) {}
@@ -233,9 +234,15 @@ class MpiGroup final : public ProcessGroup {
       fail("group '{}': a CUDA buffer in a build without CUDA", g.name_);
 #endif
     }
-    Buf input(Buf b) { return host_of(b, true, false); }
-    Buf output(Buf b) { return host_of(b, false, true); }
-    Buf inout(Buf b) { return host_of(b, true, true); }
+    Buf input(Buf b) {
+      return host_of(b, true, false);
+    }
+    Buf output(Buf b) {
+      return host_of(b, false, true);
+    }
+    Buf inout(Buf b) {
+      return host_of(b, true, true);
+    }
   };
 
 #if LOOM_HAVE_CUDA
@@ -299,7 +306,9 @@ class MpiGroup final : public ProcessGroup {
     s.cv.notify_all();
   }
 
-  double now_us() const { return trace_ ? trace_->now_us() : 0.0; }
+  double now_us() const {
+    return trace_ ? trace_->now_us() : 0.0;
+  }
 
   void watchdog(const Op& oldest) const {
     if (timeout_s_ <= 0) return;

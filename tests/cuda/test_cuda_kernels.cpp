@@ -354,8 +354,7 @@ TEST_F(Cuda, CrossEntropyWholeAndVocabParallel) {
   // reductions between them (one rank's view), against the CPU's phases.
   const int Vl = 512, v0 = 512, sv = valid - v0;
   std::vector<float> shard(size_t(N) * Vl);
-  for (int i = 0; i < N; ++i)
-    std::copy_n(logits.begin() + int64_t(i) * V + v0, Vl, shard.begin() + int64_t(i) * Vl);
+  for (int i = 0; i < N; ++i) std::copy_n(logits.begin() + int64_t(i) * V + v0, Vl, shard.begin() + int64_t(i) * Vl);
   std::vector<float> mx(N), tg(N), se(N), sl(N), sg = shard;
   cpu::crossentropy_shard_stats(shard.data(), y.data(), N, Vl, sv, v0, mx.data(), tg.data());
   cpu::crossentropy_shard_sumexp(shard.data(), mx.data(), N, Vl, sv, se.data());
@@ -404,8 +403,8 @@ TEST_F(Cuda, AdamWAndNormOverTheChunkTable) {
   const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
   for (int step = 1; step <= 3; ++step) {
     const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
-    cuda::adamw_multi(Master.p, P.p, G.p, Mm.p, Vv.p, chunks, int(table.size()), float(lr / bc1),
-                      float(std::sqrt(bc2)), float(b1), float(b2), float(eps), float(1 - lr * wd), One.p, nullptr);
+    cuda::adamw_multi(Master.p, P.p, G.p, Mm.p, Vv.p, chunks, int(table.size()), float(lr / bc1), float(std::sqrt(bc2)),
+                      float(b1), float(b2), float(eps), float(1 - lr * wd), One.p, nullptr);
     for (int i = 0; i < n; ++i) {
       const float gi = g[size_t(i + shift)];
       master[size_t(i)] *= i < split ? float(1 - lr * wd) : 1.0f;

@@ -47,8 +47,7 @@ double rel_diff(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-30);
 }
 
-int compare(const std::string& a, const std::string& b, double rtol, double norm_rtol, double atol,
-            size_t min_steps) {
+int compare(const std::string& a, const std::string& b, double rtol, double norm_rtol, double atol, size_t min_steps) {
   auto la = losses(a), lb = losses(b);
   int bad = 0;
   if (la.size() != lb.size() || la.size() < min_steps) {
@@ -125,8 +124,9 @@ int trace_check(const std::string& trace_path, const std::string& metrics_path, 
     return sum;
   };
   const double with = exposed(metrics_path), without = exposed(one_bucket);
-  fmt::print("{} all-reduces, {} completed before their step's backward ended; exposed {:.3f} ms, one bucket {:.3f} ms\n",
-             comm.size(), done_early, with, without);
+  fmt::print(
+      "{} all-reduces, {} completed before their step's backward ended; exposed {:.3f} ms, one bucket {:.3f} ms\n",
+      comm.size(), done_early, with, without);
   return done_early > 0 && with < without ? 0 : 1;
 }
 
@@ -339,8 +339,8 @@ int val_check(const std::string& a, const std::string& b, double rtol) {
 int shape_check(const std::string& file, const std::string& name, const std::vector<int64_t>& shape) {
   auto t = loom::safetensors_read(file);
   const bool ok = t.count(name) && t.at(name).shape == shape;
-  fmt::print("{} in {}: shape {} (want {}): {}\n", name, file, t.count(name) ? loom::shape_str(t.at(name).shape) : "none",
-             loom::shape_str(shape), ok ? "ok" : "FAIL");
+  fmt::print("{} in {}: shape {} (want {}): {}\n", name, file,
+             t.count(name) ? loom::shape_str(t.at(name).shape) : "none", loom::shape_str(shape), ok ? "ok" : "FAIL");
   return ok ? 0 : 1;
 }
 

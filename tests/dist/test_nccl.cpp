@@ -44,7 +44,9 @@ void check_collectives(ProcessGroup& g) {
   for (int j = 0; j < n; ++j) wsum += j;
   std::vector<float> x(k);
   for (int i = 0; i < k; ++i) x[size_t(i)] = float(r * 100 + i);
-  auto ar = run_on_device(x, 0, [&](float* in, float*, const Stream& s) { return g.all_reduce(Buf(in, k, DType::f32, DeviceKind::cuda), ReduceOp::sum, s); });
+  auto ar = run_on_device(x, 0, [&](float* in, float*, const Stream& s) {
+    return g.all_reduce(Buf(in, k, DType::f32, DeviceKind::cuda), ReduceOp::sum, s);
+  });
   for (int i = 0; i < k; ++i) ASSERT_EQ(ar[size_t(i)], float(wsum * 100 + n * i)) << i;
   auto ag = run_on_device(x, size_t(n * k), [&](float* in, float* out, const Stream& s) {
     return g.all_gather(Buf(in, k, DType::f32, DeviceKind::cuda), Buf(out, n * k, DType::f32, DeviceKind::cuda), s);

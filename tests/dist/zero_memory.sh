@@ -25,6 +25,15 @@ for layout in "dp4:--set parallel.dp=4" "dp2tp2:--set parallel.dp=2 --set parall
     [ "$name" = dp4 ] && "$compare" --memory "$dir/${name}_${dtype}_z0.plan.json" "$dir/${name}_${dtype}_z"{0,1,2,3}
   done
 done
+# The bf16 copies of gradients in flight when they are reduced in bf16 (ZeRO 1 and 2, and DDP).
+for z in 0 1 2; do
+  run=$dir/reduce_bf16_z$z
+  "$loom" plan memory "${common[@]}" --set parallel.dp=4 --set train.dtype=bf16 --set parallel.grad_reduce_dtype=bf16 \
+    --set parallel.zero=$z --json > "$run.plan.json"
+  $mpirun -np 4 "$loom" train "${common[@]}" --set parallel.dp=4 --set train.dtype=bf16 \
+    --set parallel.grad_reduce_dtype=bf16 --set parallel.zero=$z --set log.dir="$run" > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
+  "$compare" --ledger "$run.plan.json" "$run"
+done
 "$loom" plan memory "${common[@]}" --set parallel.dp=4
 # Overlap needs blocks whose gathers take a while: a wider model, two ranks, a few steps.
 $mpirun -np 2 "$loom" train --set model.n_layer=6 --set model.d_model=256 --set model.n_head=4 \

@@ -103,8 +103,9 @@ TEST(Config, TheGpuPathRefusesWhatItDoesNotHave) {
   // Every layout runs on the GPU; head dims the CUDA attention kernels do not take do not.
   EXPECT_EQ(error_of([] { loaded("[train]\ndevice = \"cuda\"\nmicro_batch = 8\n[parallel]\ndp = 2\nzero = 3\n"); }),
             "");
-  EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\n[model]\nd_model = 96\nn_head = 2\n"); })
-                .find("head dims 32, 64 and 128"),
+  EXPECT_NE(error_of([] {
+              loaded("[train]\ndevice = \"cuda\"\n[model]\nd_model = 96\nn_head = 2\n");
+            }).find("head dims 32, 64 and 128"),
             std::string::npos);
   EXPECT_NE(error_of([] { loaded("[train]\ndevice = \"cuda\"\ndtype = \"f32\"\n"); }).find("computes in bf16"),
             std::string::npos);

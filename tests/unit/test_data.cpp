@@ -179,8 +179,9 @@ TEST(Safetensors, CorruptHeadersAreRefusedBeforeAllocating) {
     out.write(reinterpret_cast<const char*>(&n), 8);
     out << h << "12345678";
   }
-  EXPECT_NE(error_of([&] { safetensors_read(tmp("overflow.safetensors")); }).find("larger than the file's 8 data bytes"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { safetensors_read(tmp("overflow.safetensors")); }).find("larger than the file's 8 data bytes"),
+      std::string::npos);
 }
 
 // A write that fails leaves the file that was there (and no temporary); a full disk is an
@@ -211,8 +212,7 @@ TEST(Data, AShardsTokenCountIsCheckedAgainstItsSizeFirst) {
     out.write(reinterpret_cast<const char*>(header), sizeof(header));
     out << "0123456789";
   }
-  EXPECT_NE(error_of([&] { shard_read(tmp("liar.bin"), 65536); }).find("but the body has 10 bytes"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { shard_read(tmp("liar.bin"), 65536); }).find("but the body has 10 bytes"), std::string::npos);
 }
 
 TEST(Tokenizer, Gpt2PretokenizerSplitsLikeTheRegex) {
@@ -291,7 +291,7 @@ TEST(Optim, ClipScalesToTheMaxNorm) {
   be->clip_scale(&scale, &ss, 10.0);
   EXPECT_EQ(scale, 1.0f);  // below the max: untouched
   be->clip_scale(&scale, &ss, 0.0);
-  EXPECT_EQ(scale, 1.0f);  // 0: no clipping
+  EXPECT_EQ(scale, 1.0f);                  // 0: no clipping
   OptTable other{opt_chunks(reg, 1), {}};  // tp rank 1 holds a copy of the replicated tensor
   be->grad_sum_squares(&ss, g.data(), other);
   EXPECT_EQ(ss, 0.0);

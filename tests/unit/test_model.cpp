@@ -249,7 +249,7 @@ TEST(Flops, ModelFlopsAndRecomputeOnEachPath) {
   EXPECT_EQ(f.hardware, f.model);
   cfg.train.recompute = "selective";
   EXPECT_EQ(flops_per_token(cfg, true).hardware, f.model + attn / 3);  // the CPU reruns attention's scores
-  EXPECT_EQ(flops_per_token(cfg, false).hardware, f.model);  // flash attention has no scores to redo
+  EXPECT_EQ(flops_per_token(cfg, false).hardware, f.model);            // flash attention has no scores to redo
   cfg.train.recompute = "full";  // every block up to its down projection, on either backend
   EXPECT_EQ(flops_per_token(cfg, true).hardware, f.model + 2 * (n - wte - down) + attn / 3);
   EXPECT_EQ(flops_per_token(cfg, false).hardware, f.model + 2 * (n - wte - down) + attn / 3);
