@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <fstream>
 
 #include "launch/bench.h"
@@ -34,18 +35,23 @@ loom::Config config_build(const std::string& path, const std::vector<std::string
   return cfg;
 }
 
+// What this build has and what it sees, from the libraries themselves.
 void info_print() {
   fmt::print("loom {} ({} build)\n", LOOM_VERSION, LOOM_BUILD_TYPE);
-  fmt::print("CUDA toolkit at build: {}; CUDA kernels: not in this build yet\n",
-             LOOM_HAVE_CUDA ? "found" : "not found");
-  fmt::print("OpenBLAS: {}\n", openblas_get_config());
-  fmt::print("OpenMP: {} (max threads {})\n", _OPENMP, omp_get_max_threads());
-  fmt::print("spdlog: {}.{}.{}  fmt: {}\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH, FMT_VERSION);
-  fmt::print("devices: cpu ({} cores)", omp_get_num_procs());
+  fmt::print("CPU: {} cores visible; OpenBLAS: {}; OpenMP {} (max threads {})\n", omp_get_num_procs(),
+             openblas_get_config(), _OPENMP, omp_get_max_threads());
 #if LOOM_HAVE_CUDA
-  fmt::print(", {} CUDA device(s) visible", loom::cuda_device_count());
+  fmt::print("CUDA kernels: in this build; {}\nNCCL: {}\n", loom::cuda_describe(), loom::nccl_version());
+#else
+  fmt::print("CUDA kernels: not in this build (no CUDA toolkit at build time)\nNCCL: not in this build\n");
 #endif
-  fmt::print("\n");
+#if LOOM_HAVE_MPI
+  fmt::print("MPI: {}\n", loom::mpi_library_version());
+#else
+  fmt::print("MPI: not in this build (LOOM_MPI=OFF): one process only\n");
+#endif
+  fmt::print("HDF5: not in this build (checkpoints come next)\n");
+  fmt::print("spdlog: {}.{}.{}  fmt: {}\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH, FMT_VERSION);
 }
 
 // Parses "RANK:STEP".
@@ -117,7 +123,21 @@ int run(int argc, char** argv) {
   pmem->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   pmem->add_flag("--json", plan_json, "every rank's bytes at the config's stage, as JSON (loom runs)");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Like every other error: one line, status 2.
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    fmt::print(stderr, "error: {}; see `loom --help` or `loom COMMAND --help`\n", what);
+    return 2;
+  }
 
   // Under mpirun or srun, MPI comes up before anything else and goes down last.
   const loom::LaunchEnv env = loom::launch_env_read();
@@ -137,7 +157,7 @@ int run(int argc, char** argv) {
   auto dispatch = [&]() -> int {
     if (*train) {
       if (list_keys) {
-        for (auto& k : loom::config_keys()) fmt::print("{}\n", k);
+        fmt::print("{:<28} {:<7} {:<14} {}\n{}", "key", "type", "default", "meaning", loom::config_keys_table());
         return 0;
       }
       loom::Config cfg = config_build(config_path, sets);

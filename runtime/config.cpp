@@ -17,6 +17,7 @@ using FieldPtr = std::variant<int*, int64_t*, double*, bool*, std::string*>;
 struct Field {
   std::string key;
   FieldPtr ptr;
+  const char* help;
 };
 
 std::vector<Field> fields_of(Config& c) {
@@ -26,68 +27,93 @@ std::vector<Field> fields_of(Config& c) {
   auto& p = c.parallel;
   auto& k = c.checkpoint;
   return {
-      {"model.arch", &m.arch},
-      {"model.n_layer", &m.n_layer},
-      {"model.d_model", &m.d_model},
-      {"model.n_head", &m.n_head},
-      {"model.n_kv_head", &m.n_kv_head},
-      {"model.d_ff", &m.d_ff},
-      {"model.vocab_size", &m.vocab_size},
-      {"model.seq_len", &m.seq_len},
-      {"model.tie_embeddings", &m.tie_embeddings},
-      {"model.norm_eps", &m.norm_eps},
-      {"model.rope_theta", &m.rope_theta},
-      {"model.moe.num_experts", &m.moe.num_experts},
-      {"model.moe.top_k", &m.moe.top_k},
-      {"model.moe.capacity_factor", &m.moe.capacity_factor},
-      {"model.moe.aux_loss_coef", &m.moe.aux_loss_coef},
-      {"model.moe.every", &m.moe.every},
-      {"train.micro_batch", &t.micro_batch},
-      {"train.global_batch", &t.global_batch},
-      {"train.steps", &t.steps},
-      {"train.lr", &t.lr},
-      {"train.min_lr", &t.min_lr},
-      {"train.warmup_steps", &t.warmup_steps},
-      {"train.schedule", &t.schedule},
-      {"train.weight_decay", &t.weight_decay},
-      {"train.beta1", &t.beta1},
-      {"train.beta2", &t.beta2},
-      {"train.eps", &t.eps},
-      {"train.grad_clip", &t.grad_clip},
-      {"train.seed", &t.seed},
-      {"train.device", &t.device},
-      {"train.dtype", &t.dtype},
-      {"train.recompute", &t.recompute},
-      {"train.threads", &t.threads},
-      {"data.source", &d.source},
-      {"data.path", &d.path},
-      {"data.val_path", &d.val_path},
-      {"data.val_every", &d.val_every},
-      {"data.val_batches", &d.val_batches},
-      {"data.shuffle", &d.shuffle},
-      {"parallel.dp", &p.dp},
-      {"parallel.tp", &p.tp},
-      {"parallel.pp", &p.pp},
-      {"parallel.ep", &p.ep},
-      {"parallel.sp", &p.sp},
-      {"parallel.zero", &p.zero},
-      {"parallel.bucket_mb", &p.bucket_mb},
-      {"parallel.pp_schedule", &p.pp_schedule},
-      {"parallel.pp_virtual", &p.pp_virtual},
-      {"parallel.timeout_s", &p.timeout_s},
-      {"parallel.grad_reduce_dtype", &p.grad_reduce_dtype},
-      {"parallel.comm", &p.comm},
-      {"checkpoint.dir", &k.dir},
-      {"checkpoint.every", &k.every},
-      {"checkpoint.keep", &k.keep},
-      {"checkpoint.async", &k.async},
-      {"checkpoint.resume", &k.resume},
-      {"init.from", &c.init_from},
-      {"export.final", &c.export_final},
-      {"log.dir", &c.log.dir},
-      {"log.every", &c.log.every},
-      {"log.trace", &c.log.trace},
+      {"model.arch", &m.arch, "gpt2 | llama"},
+      {"model.n_layer", &m.n_layer, "transformer blocks (L)"},
+      {"model.d_model", &m.d_model, "width of the residual stream (C)"},
+      {"model.n_head", &m.n_head, "query heads (H); d_model / n_head is the head dim"},
+      {"model.n_kv_head", &m.n_kv_head, "key/value heads (KV; 0: n_head; fewer: grouped-query attention, llama)"},
+      {"model.d_ff", &m.d_ff, "MLP width (F; 0: 4C for gpt2, 8C/3 rounded up to 64 for llama)"},
+      {"model.vocab_size", &m.vocab_size, "vocabulary (V; padded inside loom to a multiple of 64 x tp)"},
+      {"model.seq_len", &m.seq_len, "tokens per sequence (T)"},
+      {"model.tie_embeddings", &m.tie_embeddings, "lm_head shares the token embedding (default: gpt2 yes, llama no)"},
+      {"model.norm_eps", &m.norm_eps, "epsilon of LayerNorm / RMSNorm"},
+      {"model.rope_theta", &m.rope_theta, "RoPE base (llama)"},
+      {"model.moe.num_experts", &m.moe.num_experts, "experts per MoE layer (0: dense; reserved)"},
+      {"model.moe.top_k", &m.moe.top_k, "experts per token (reserved)"},
+      {"model.moe.capacity_factor", &m.moe.capacity_factor, "expert capacity factor (reserved)"},
+      {"model.moe.aux_loss_coef", &m.moe.aux_loss_coef, "load-balancing loss weight (reserved)"},
+      {"model.moe.every", &m.moe.every, "every k-th block is MoE (reserved)"},
+      {"train.micro_batch", &t.micro_batch, "sequences per forward/backward on each dp rank"},
+      {"train.global_batch", &t.global_batch, "sequences per optimizer step (micro_batch x accumulation x dp)"},
+      {"train.steps", &t.steps, "optimizer steps"},
+      {"train.lr", &t.lr, "peak learning rate"},
+      {"train.min_lr", &t.min_lr, "learning rate at the end of the decay"},
+      {"train.warmup_steps", &t.warmup_steps, "linear warmup steps"},
+      {"train.schedule", &t.schedule, "constant | cosine | linear | wsd"},
+      {"train.weight_decay", &t.weight_decay, "AdamW decay (tensors of two or more dims)"},
+      {"train.beta1", &t.beta1, "AdamW beta1"},
+      {"train.beta2", &t.beta2, "AdamW beta2"},
+      {"train.eps", &t.eps, "AdamW epsilon"},
+      {"train.grad_clip", &t.grad_clip, "clip the global gradient norm to this (0: off)"},
+      {"train.seed", &t.seed, "weights' seed"},
+      {"train.device", &t.device, "auto | cpu | cuda"},
+      {"train.dtype", &t.dtype, "auto | f32 | bf16 (auto: f32 on the CPU, bf16 on CUDA)"},
+      {"train.recompute", &t.recompute, "none | selective | full (activation recompute)"},
+      {"train.threads", &t.threads, "threads per rank (0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores / ranks)"},
+      {"data.source", &d.source, "synthetic | text | tokens"},
+      {"data.path", &d.path, "a text file, or llm.c token shards (a file or a directory)"},
+      {"data.val_path", &d.val_path, "validation data (empty: the last 10% of data.path)"},
+      {"data.val_every", &d.val_every, "validate every N steps (0: only at the end)"},
+      {"data.val_batches", &d.val_batches, "global batches per validation (0: none)"},
+      {"data.shuffle", &d.shuffle, "a seeded order per epoch"},
+      {"parallel.dp", &p.dp, "data-parallel ranks"},
+      {"parallel.tp", &p.tp, "tensor-parallel ranks"},
+      {"parallel.pp", &p.pp, "pipeline stages (reserved: 1)"},
+      {"parallel.ep", &p.ep, "expert-parallel ranks (reserved: 1)"},
+      {"parallel.sp", &p.sp, "sequence parallel (needs tp > 1)"},
+      {"parallel.zero", &p.zero, "ZeRO stage 0 | 1 | 2 | 3"},
+      {"parallel.bucket_mb", &p.bucket_mb, "DDP gradient bucket size"},
+      {"parallel.pp_schedule", &p.pp_schedule, "pipeline schedule (reserved)"},
+      {"parallel.pp_virtual", &p.pp_virtual, "virtual pipeline chunks per rank (reserved)"},
+      {"parallel.timeout_s", &p.timeout_s, "a collective pending this long ends the job (0: never)"},
+      {"parallel.grad_reduce_dtype", &p.grad_reduce_dtype, "f32 | bf16: what gradients are reduced in"},
+      {"parallel.comm", &p.comm, "auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)"},
+      {"checkpoint.dir", &k.dir, "where checkpoints go (reserved)"},
+      {"checkpoint.every", &k.every, "checkpoint every N steps (reserved)"},
+      {"checkpoint.keep", &k.keep, "complete checkpoints kept (reserved)"},
+      {"checkpoint.async", &k.async, "write checkpoints in the background (reserved)"},
+      {"checkpoint.resume", &k.resume, "none | latest | PATH (reserved)"},
+      {"init.from", &c.init_from, "start from these weights (safetensors, Hugging Face names)"},
+      {"export.final", &c.export_final, "write the final weights here (safetensors)"},
+      {"log.dir", &c.log.dir, "where metrics.jsonl and traces go"},
+      {"log.every", &c.log.every, "console progress line every N steps"},
+      {"log.trace", &c.log.trace, "write a Chrome trace per rank"},
   };
+}
+
+// Names users bring from other trainers, by their last part.
+const std::vector<std::pair<const char*, const char*>>& synonyms() {
+  static const std::vector<std::pair<const char*, const char*>> s = {
+      {"learning_rate", "train.lr"},      {"max_lr", "train.lr"},
+      {"batch_size", "train.micro_batch"}, {"micro_batch_size", "train.micro_batch"},
+      {"global_batch_size", "train.global_batch"}, {"max_steps", "train.steps"},
+      {"num_steps", "train.steps"},       {"iters", "train.steps"},
+      {"max_iters", "train.steps"},       {"warmup", "train.warmup_steps"},
+      {"warmup_iters", "train.warmup_steps"}, {"max_grad_norm", "train.grad_clip"},
+      {"clip_grad", "train.grad_clip"},   {"n_embd", "model.d_model"},
+      {"hidden_size", "model.d_model"},   {"dim", "model.d_model"},
+      {"n_heads", "model.n_head"},        {"num_heads", "model.n_head"},
+      {"num_attention_heads", "model.n_head"}, {"n_layers", "model.n_layer"},
+      {"num_layers", "model.n_layer"},    {"num_hidden_layers", "model.n_layer"},
+      {"n_kv_heads", "model.n_kv_head"},  {"num_key_value_heads", "model.n_kv_head"},
+      {"intermediate_size", "model.d_ff"}, {"ffn_dim", "model.d_ff"},
+      {"block_size", "model.seq_len"},    {"max_seq_len", "model.seq_len"},
+      {"context_length", "model.seq_len"}, {"max_position_embeddings", "model.seq_len"},
+      {"tensor_parallel", "parallel.tp"}, {"tp_size", "parallel.tp"},
+      {"data_parallel", "parallel.dp"},   {"dp_size", "parallel.dp"},
+      {"zero_stage", "parallel.zero"},    {"out_dir", "log.dir"},
+  };
+  return s;
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -105,19 +131,54 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// The key a user most likely meant: the same name in another section; a synonym from another
+// trainer; else the nearest by edit distance within the key's own section (or overall, when
+// the section does not exist).
+std::string key_suggest(const std::vector<Field>& fields, const std::string& key) {
+  auto last = [](const std::string& k) { return k.substr(k.rfind('.') + 1); };
+  auto section = [](const std::string& k) { return k.substr(0, k.find('.')); };
+  for (auto& f : fields)
+    if (last(key) == last(f.key)) return f.key;
+  for (auto& [alias, to] : synonyms())
+    if (last(key) == alias) return to;
+  bool known_section = false;
+  for (auto& f : fields) known_section |= section(f.key) == section(key);
+  std::string best = fields.front().key;
+  size_t best_d = SIZE_MAX;
+  for (auto& f : fields) {
+    if (known_section && section(f.key) != section(key)) continue;
+    const size_t d = edit_distance(key, f.key);
+    if (d < best_d) best_d = d, best = f.key;
+  }
+  return best;
+}
+
 Field& find_field(std::vector<Field>& fields, const std::string& key, const std::string& origin) {
   for (auto& f : fields)
     if (f.key == key) return f;
-  const Field* best = &fields[0];
-  size_t best_d = SIZE_MAX;
-  for (auto& f : fields) {
-    size_t d = edit_distance(key, f.key);
-    // A key whose last part matches exactly is the likeliest intent (a wrong section).
-    auto last = [](const std::string& s) { return s.substr(s.rfind('.') + 1); };
-    if (last(key) == last(f.key)) d = std::min<size_t>(d, 1);
-    if (d < best_d) best_d = d, best = &f;
-  }
-  fail("{}: unknown config key '{}'; did you mean '{}'? (`loom train --list-keys` lists all)", origin, key, best->key);
+  fail("{}: unknown config key '{}'; did you mean '{}'? (`loom train --list-keys` lists all)", origin, key,
+       key_suggest(fields, key));
+}
+
+// Keys of features still to come: accepted by the parser, refused when set (they would do
+// nothing), and left out of --print-config.
+bool reserved(const std::string& key) {
+  for (const char* k : {"model.moe.top_k", "model.moe.capacity_factor", "model.moe.aux_loss_coef", "model.moe.every",
+                        "parallel.pp_schedule", "parallel.pp_virtual"})
+    if (key == k) return true;
+  return key.rfind("checkpoint.", 0) == 0;
+}
+
+const char* short_type(const FieldPtr& p) {
+  return std::visit(
+      [](auto* v) -> const char* {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) return "int";
+        if constexpr (std::is_same_v<T, double>) return "float";
+        if constexpr (std::is_same_v<T, bool>) return "bool";
+        return "string";
+      },
+      p);
 }
 
 const char* type_name(const FieldPtr& p) {
@@ -186,6 +247,43 @@ std::vector<std::string> config_keys() {
   std::vector<std::string> keys;
   for (auto& f : fields_of(c)) keys.push_back(f.key);
   return keys;
+}
+
+namespace {
+// A value as TOML writes it: numbers in their shortest round-trip form (0.003, not
+// 0.0030000000000000001), strings quoted and escaped.
+std::string toml_value(const FieldPtr& p) {
+  return std::visit(
+      [](auto* v) -> std::string {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return *v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, double>) {
+          std::string s = fmt::format("{}", *v);
+          if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // a float stays a float
+          return s;
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          std::string out = "\"";
+          for (char ch : *v) {
+            if (ch == '"' || ch == '\\') out += '\\';
+            out += ch;
+          }
+          return out + "\"";
+        } else {
+          return std::to_string(*v);
+        }
+      },
+      p);
+}
+}  // namespace
+
+std::string config_keys_table() {
+  Config c = config_defaults();
+  auto fields = fields_of(c);
+  std::string out;
+  for (auto& f : fields)
+    out += fmt::format("{:<28} {:<7} {:<14} {}\n", f.key, short_type(f.ptr), toml_value(f.ptr), f.help);
+  return out;
 }
 
 void config_load_string(Config& cfg, const std::string& text, const std::string& origin) {
@@ -360,29 +458,31 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
   check_one_of("parallel.grad_reduce_dtype", p.grad_reduce_dtype, {"f32", "bf16"});
   check_one_of("parallel.comm", p.comm, {"auto", "nccl", "mpi"});
-  LOOM_CHECK(cfg.checkpoint.every == 0 && cfg.checkpoint.resume.empty(),
-             "checkpoint.every / checkpoint.resume: checkpoints are not in this build yet");
+  // A key that is accepted but would do nothing is an error, not a silent no-op.
+  for (const std::string& key : cfg.set_keys) {
+    if (!reserved(key)) continue;
+    const char* what = key.rfind("checkpoint.", 0) == 0 ? "checkpoints are"
+                       : key.rfind("model.moe.", 0) == 0 ? "mixture-of-experts layers are"
+                                                          : "pipeline parallelism is";
+    fail("{} is set, but {} not in this build yet, so it would do nothing; remove it", key, what);
+  }
   LOOM_CHECK(cfg.log.every > 0, "log.every = {} must be positive", cfg.log.every);
 }
 
 std::string config_to_toml(const Config& cfg) {
   Config copy = cfg;
-  toml::table root;
+  std::string out, section;
   for (auto& f : fields_of(copy)) {
-    toml::table* t = &root;
-    std::string key = f.key;
-    size_t dot;
-    while ((dot = key.find('.')) != std::string::npos) {
-      std::string part = key.substr(0, dot);
-      if (!t->contains(part)) t->insert(part, toml::table{});
-      t = (*t)[part].as_table();
-      key = key.substr(dot + 1);
+    if (reserved(f.key)) continue;
+    const size_t dot = f.key.rfind('.');
+    const std::string sec = f.key.substr(0, dot), name = f.key.substr(dot + 1);
+    if (sec != section) {
+      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", sec);
+      section = sec;
     }
-    std::visit([&](auto* v) { t->insert(key, *v); }, f.ptr);
+    out += fmt::format("{} = {}\n", name, toml_value(f.ptr));
   }
-  std::ostringstream ss;
-  ss << root;
-  return ss.str();
+  return out;
 }
 
 }  // namespace loom

@@ -44,6 +44,27 @@ void stream_copy(const Stream& s, void* dst, const void* src, size_t bytes) {
 #endif
 }
 
+std::string cuda_describe() {
+#if LOOM_HAVE_CUDA
+  int rt = 0, drv = 0, n = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  std::string out = fmt::format("CUDA runtime {}.{}, driver {}", rt / 1000, rt % 1000 / 10,
+                                drv ? fmt::format("{}.{}", drv / 1000, drv % 1000 / 10) : std::string("none"));
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  out += fmt::format("; {} GPU(s) visible", n);
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    out += fmt::format("\n  cuda:{}: {}, {:.1f} GiB, compute capability {}.{}", i, p.name,
+                       double(p.totalGlobalMem) / (1 << 30), p.major, p.minor);
+  }
+  return out;
+#else
+  return "";
+#endif
+}
+
 Stream cuda_stream_create() {
 #if LOOM_HAVE_CUDA
   cudaStream_t s;

@@ -45,6 +45,10 @@ class Event {
 // on CUDA.
 void stream_copy(const Stream& s, void* dst, const void* src, size_t bytes);
 
+// What this build has on the CUDA side, one line each: the runtime and driver versions and
+// every visible GPU (name, memory, compute capability); "" without CUDA.
+std::string cuda_describe();
+
 // CUDA streams for the owners of real ones (non-blocking with respect to the legacy stream).
 // In a build without CUDA these fail with a message.
 Stream cuda_stream_create();

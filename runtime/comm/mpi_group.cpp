@@ -402,6 +402,14 @@ class MpiGroup final : public ProcessGroup {
 
 }  // namespace
 
+std::string mpi_library_version() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(v, &len);
+  std::string s(v, size_t(len));
+  return s.substr(0, s.find_first_of("\n,"));
+}
+
 int mpi_local_size() {
   MPI_Comm node;
   LOOM_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));

@@ -31,6 +31,8 @@ class MpiWorld {
 // hangs; the group prints which op and aborts the job, so no rank waits forever.
 std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, const std::vector<int>& ranks, Trace* trace,
                                         double timeout_s = 0);
+// The MPI library's own version line (callable before MPI is initialized).
+std::string mpi_library_version();
 // Ranks of this job on this node (MPI's shared-memory split); collective over the world.
 int mpi_local_size();
 // Ends the whole job from any rank (MPI_Abort with `code`).

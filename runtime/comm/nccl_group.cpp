@@ -20,6 +20,12 @@
 
 namespace loom {
 
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+}
+
 int cuda_device_count() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;

@@ -33,6 +33,8 @@ struct NcclOptions {
 // over the world).
 std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world, const std::string& name, int color,
                                          const std::vector<int>& ranks, const NcclOptions& options = {});
+// "major.minor.patch" of the NCCL library loom runs with.
+std::string nccl_version();
 // Devices the CUDA runtime sees (0 without a driver or GPU).
 int cuda_device_count();
 // Makes device local_rank % count current; returns it, or -1 without a GPU.

@@ -152,17 +152,56 @@ TEST(Cli, PlanMemoryReproducesTheZeroPaper) {
   EXPECT_NE(own.output.find("{\"rank\":1,"), std::string::npos) << own.output;
 }
 
+// --list-keys gives each key's type, default and meaning; --print-config prints numbers as
+// written and round-trips; info reports what the build has, from the libraries themselves.
 TEST(Cli, ListKeysPrintConfigAndInfo) {
   CliRun keys = loom_run("train --list-keys");
   ASSERT_EQ(keys.status, 0);
-  EXPECT_NE(keys.output.find("parallel.timeout_s\n"), std::string::npos);
-  CliRun cfg = loom_run("train --print-config --set model.n_layer=7");
+  EXPECT_NE(keys.output.find("train.lr                     float   0.003          peak learning rate\n"),
+            std::string::npos)
+      << keys.output;
+  EXPECT_NE(keys.output.find("parallel.timeout_s "), std::string::npos);
+  CliRun cfg = loom_run("train --print-config --set model.n_layer=7 --set train.lr=0.003 --set train.min_lr=3e-5");
   ASSERT_EQ(cfg.status, 0);
-  EXPECT_NE(cfg.output.find("n_layer = 7"), std::string::npos);
+  EXPECT_NE(cfg.output.find("n_layer = 7\n"), std::string::npos);
+  EXPECT_NE(cfg.output.find("lr = 0.003\n"), std::string::npos) << cfg.output;
+  EXPECT_NE(cfg.output.find("min_lr = 3e-05\n"), std::string::npos) << cfg.output;
+  EXPECT_EQ(cfg.output.find("checkpoint"), std::string::npos);  // keys that do nothing yet are not printed
+  std::ofstream(tmp("printed.toml")) << cfg.output;
+  CliRun again = loom_run("train --print-config --config " + tmp("printed.toml"));
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_EQ(again.output, cfg.output);
   CliRun info = loom_run("info");
   ASSERT_EQ(info.status, 0);
-  EXPECT_NE(info.output.find("OpenBLAS"), std::string::npos);
+  for (auto* line : {"OpenBLAS", "\nMPI: ", "\nNCCL: ", "\nHDF5: ", "\nCUDA kernels: "})
+    EXPECT_NE(info.output.find(line), std::string::npos) << line << " in " << info.output;
+  EXPECT_EQ(info.output.find("not in this build yet\n"), std::string::npos);  // the old fixed string
+  EXPECT_NE(info.output.find(LOOM_HAVE_CUDA ? "CUDA kernels: in this build" : "CUDA kernels: not in this build"),
+            std::string::npos);
   expect_one_line_error("train --fault-exit 3", "expected RANK:STEP");
+}
+
+// Every command-line mistake ends as one line and status 2, not CLI11's own codes (106, 114).
+TEST(Cli, CommandLineErrorsAreOneLineAndStatusTwo) {
+  expect_one_line_error("train --config", "--config: 1 required TEXT missing");
+  expect_one_line_error("data", "input is required");
+  expect_one_line_error("train --no-such-flag", "no-such-flag");
+  expect_one_line_error("frobnicate", "A subcommand is required");
+}
+
+// "Did you mean" looks in the key's own section first and knows other trainers' names.
+TEST(Cli, SuggestionsKnowSectionsAndSynonyms) {
+  expect_one_line_error("train --set learning_rate=1", "did you mean 'train.lr'");
+  expect_one_line_error("train --set train.warmup=3", "did you mean 'train.warmup_steps'");
+  expect_one_line_error("train --set model.n_embd=64", "did you mean 'model.d_model'");
+  expect_one_line_error("train --set data.val_batchs=2", "did you mean 'data.val_batches'");
+}
+
+// A key that is accepted but would do nothing is refused, naming what is missing.
+TEST(Cli, KeysThatWouldDoNothingAreErrors) {
+  expect_one_line_error("train --set checkpoint.dir=/tmp/ck", "checkpoint.dir is set, but checkpoints are not");
+  expect_one_line_error("train --set model.moe.top_k=2", "mixture-of-experts layers are not");
+  expect_one_line_error("train --set parallel.pp_schedule=gpipe", "pipeline parallelism is not");
 }
 
 // The CPU tests see no GPU (tests/CMakeLists.txt), so both GPU commands say what is missing.

@@ -1,6 +1,11 @@
 // Config loading: TOML and --set, unknown keys with a suggestion, wrong types, and every
 // relation validate() enforces, each with the message a user would read.
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
 #include "launch/trainer.h"
+#include "model/flops.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "testing.h"
@@ -147,4 +152,40 @@ TEST(Config, EveryKeyRoundTripsThroughToml) {
   config_validate(b);
   EXPECT_EQ(config_to_toml(a), config_to_toml(b));
   EXPECT_EQ(config_keys().size(), 61u);
+}
+
+// The example configs' opening comments state their shapes ("22 layers", "d_model 2048",
+// "GQA 32/4", "1.1B model", "124M parameters"): every stated number must match the values.
+TEST(Config, ExampleConfigCommentsMatchTheirValues) {
+  namespace fs = std::filesystem;
+  int checked = 0;
+  for (auto& entry : fs::directory_iterator(std::string(LOOM_SOURCE_DIR) + "/examples/configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    std::ifstream in(entry.path());
+    std::string comment, line;
+    while (std::getline(in, line) && line.rfind("#", 0) == 0) comment += line + " ";
+    Config c = config_defaults();
+    config_load_file(c, entry.path().string());
+    config_validate(c);
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    auto number = [&](const char* re, auto&& check) {
+      if (std::regex_search(comment, m, std::regex(re))) check(), ++checked;
+    };
+    number(R"((\d+) layers)", [&] { EXPECT_EQ(std::stoi(m[1]), c.model.n_layer) << name; });
+    number(R"(d_model (\d+))", [&] { EXPECT_EQ(std::stoi(m[1]), c.model.d_model) << name; });
+    number(R"(GQA (\d+)/(\d+))", [&] {
+      EXPECT_EQ(std::stoi(m[1]), c.model.n_head) << name;
+      EXPECT_EQ(std::stoi(m[2]), c.kv_heads()) << name;
+    });
+    number(R"(head dim (\d+))", [&] { EXPECT_EQ(std::stoi(m[1]), c.head_dim()) << name; });
+    number(R"(SwiGLU (\d+))", [&] { EXPECT_EQ(std::stoi(m[1]), c.model.d_ff) << name; });
+    number(R"(([\d.]+)B model)", [&] { EXPECT_NEAR(param_count(c) / 1e9, std::stod(m[1]), 0.05) << name; });
+    number(R"((\d+)M parameters)", [&] { EXPECT_NEAR(param_count(c) / 1e6, std::stod(m[1]), 1.0) << name; });
+    number(R"(B=(\d+), T=(\d+))", [&] {
+      EXPECT_EQ(std::stoi(m[1]), c.train.micro_batch) << name;
+      EXPECT_EQ(std::stoi(m[2]), c.model.seq_len) << name;
+    });
+  }
+  EXPECT_GE(checked, 8);
 }
