@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "runtime/error.h"
 #include "runtime/file.h"
@@ -110,10 +111,56 @@ void safetensors_write(const std::string& path, const std::vector<StView>& tenso
   });
 }
 
+std::map<std::string, StTensor> weights_read(const std::string& path) {
+  namespace fs = std::filesystem;
+  LOOM_CHECK(fs::exists(path), "'{}' does not exist; check init.from", path);
+  std::string index = path;
+  if (fs::is_directory(path)) {
+    index = path + "/model.safetensors.index.json";
+    if (!fs::exists(index)) {
+      LOOM_CHECK(fs::exists(path + "/model.safetensors"),
+                 "'{}' holds neither model.safetensors nor model.safetensors.index.json; point init.from at a "
+                 "weights file",
+                 path);
+      return safetensors_read(path + "/model.safetensors");
+    }
+  }
+  if (index.size() < 5 || index.compare(index.size() - 5, 5, ".json") != 0) return safetensors_read(path);
+  // A checkpoint split over several files: the index maps every tensor to its file.
+  std::ifstream in(index);
+  LOOM_CHECK(in, "cannot open '{}'; check init.from", index);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("'{}' is not a safetensors index: {}", index, e.what());
+  }
+  LOOM_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
+             "'{}' has no weight_map; it is not a safetensors index", index);
+  std::set<std::string> files;
+  for (auto& [name, file] : j["weight_map"].items()) files.insert(file.get<std::string>());
+  std::map<std::string, StTensor> out;
+  const fs::path dir = fs::path(index).parent_path();
+  for (auto& f : files)
+    for (auto& [name, t] : safetensors_read((dir / f).string())) out.emplace(name, std::move(t));
+  return out;
+}
+
+namespace {
+// Where a registered tensor is in a file: under its own name, or as Hugging Face's GPT-2
+// ships it, without the "transformer." prefix (wte.weight, h.0.attn.c_attn.weight, ...).
+std::map<std::string, StTensor>::iterator weight_find(std::map<std::string, StTensor>& file, const std::string& name) {
+  auto it = file.find(name);
+  const std::string prefix = "transformer.";
+  if (it == file.end() && name.rfind(prefix, 0) == 0) it = file.find(name.substr(prefix.size()));
+  return it;
+}
+}  // namespace
+
 std::vector<std::string> model_load(const ParamRegistry& reg, float* params, const std::string& path) {
-  auto file = safetensors_read(path);
+  auto file = weights_read(path);
   for (auto& s : reg.all()) {
-    auto it = file.find(s.name);
+    auto it = weight_find(file, s.name);
     LOOM_CHECK(it != file.end(), "'{}' has no tensor '{}' (shape {}) that this model needs", path, s.name,
                shape_str(s.global_shape));
     const Shape& fs = it->second.shape;

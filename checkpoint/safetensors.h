@@ -24,11 +24,17 @@ struct StView {
 };
 void safetensors_write(const std::string& path, const std::vector<StView>& tensors);
 
-// Loads every registered parameter from `path` into this rank's flat fp32 buffer (its
-// tensor-parallel slices, padded rows zero). A missing tensor or a shape mismatch is an error
-// naming the tensor and both shapes. A position table with more rows than model.seq_len loads
-// its first rows; fewer rows is an error. Returns the names in the file that the model does
-// not use (e.g. attention mask buffers), for a warning.
+// Every tensor of a weights file, or of a checkpoint split over several
+// (model.safetensors.index.json, or a directory holding it or model.safetensors).
+std::map<std::string, StTensor> weights_read(const std::string& path);
+
+// Loads every registered parameter from `path` (a file, an index, or a directory as
+// weights_read takes) into this rank's flat fp32 buffer (its tensor-parallel slices, padded
+// rows zero). A tensor is found under its name or, for GPT-2, without the "transformer."
+// prefix, as Hugging Face ships it. A missing tensor or a shape mismatch is an error naming
+// the tensor and both shapes. A position table with more rows than model.seq_len loads its
+// first rows; fewer rows is an error. Returns the names in the file that the model does not
+// use (e.g. attention mask buffers), for the log.
 std::vector<std::string> model_load(const ParamRegistry& reg, float* params, const std::string& path);
 // Writes the Hugging Face tensors of `reg` from hf (the HF concatenation: each tensor's
 // global_shape at its global_offset).

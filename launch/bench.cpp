@@ -1,7 +1,9 @@
 #include "launch/bench.h"
 
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include "kernels/ops.h"
 #include "launch/trainer.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
 #include "runtime/mesh.h"
 #include "runtime/trace.h"
 
@@ -34,18 +37,18 @@ std::string cache_path() {
   return base + "/loom/cpu_peak.json";
 }
 
-double gemm_rate(int n, double seconds) {
+// The GEMM rate of `reps` timed runs of an n x n x n fp32 GEMM, after a warm-up.
+std::vector<double> gemm_rates(int n, int reps) {
   std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
   cpu::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
-  double best = 0.0;
-  auto start = std::chrono::steady_clock::now();
-  do {
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     cpu::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * n * n * double(n) / s);
-  } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds);
-  return best;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(2.0 * n * n * double(n) / s);
+  }
+  return rates;
 }
 
 }  // namespace
@@ -53,13 +56,32 @@ double gemm_rate(int n, double seconds) {
 std::vector<GemmRate> bench_gemm(int threads) {
   threads_set(threads);
   std::vector<GemmRate> out;
-  for (int n : {256, 512, 1024, 2048}) out.push_back({n, gemm_rate(n, 0.5)});
+  for (int n : {256, 512, 1024, 2048}) {
+    auto r = gemm_rates(n, n >= 1024 ? 5 : 20);
+    out.push_back({n, *std::max_element(r.begin(), r.end())});
+  }
   return out;
+}
+
+PeakMeasure cpu_peak_measure(int reps) {
+  const int keep = omp_get_max_threads();
+  threads_set(1);
+  std::vector<double> all;
+  for (int n : {1024, 2048})
+    for (double r : gemm_rates(n, reps)) all.push_back(r);
+  threads_set(keep);
+  std::sort(all.begin(), all.end());
+  PeakMeasure m;
+  m.per_core = all.back();
+  m.low = all.front();
+  m.median = all[all.size() / 2];
+  m.runs = int(all.size());
+  return m;
 }
 
 double cpu_peak_flops(int threads, bool remeasure) {
   const std::string path = cache_path();
-  const std::string key = fmt::format("{} | threads {}", cpu_model(), threads);
+  const std::string key = fmt::format("{} | per core", cpu_model());
   nlohmann::json cache = nlohmann::json::object();
   {
     std::ifstream in(path);
@@ -69,15 +91,19 @@ double cpu_peak_flops(int threads, bool remeasure) {
         cache = nlohmann::json::object();  // an unreadable cache is remeasured, not fatal
       }
   }
-  if (!remeasure && cache.contains(key) && cache[key].is_number()) return cache[key].get<double>();
-  double peak = 0.0;
-  for (int n : {1024, 2048}) peak = std::max(peak, gemm_rate(n, 0.4));
-  cache[key] = peak;
+  const bool cached = cache.contains(key) && cache[key].is_object() && cache[key].contains("peak");
+  if (cached && !remeasure) return cache[key]["peak"].get<double>() * threads;
+  const PeakMeasure m = cpu_peak_measure(8);
+  // A busy machine measures low: a later, lower measurement never replaces a higher one.
+  if (!cached || m.per_core > cache[key]["peak"].get<double>())
+    cache[key] = {{"peak", m.per_core}, {"median", m.median}, {"low", m.low}, {"runs", m.runs}};
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  std::ofstream out(path);
-  if (out) out << cache.dump(2) << "\n";
-  return peak;
+  file_write_atomic(path, [&](std::FILE* f) {
+    const std::string text = cache.dump(2) + "\n";
+    file_write(f, text.data(), text.size(), path);
+  });
+  return cache[key]["peak"].get<double>() * threads;
 }
 
 void bench_train(const Config& cfg, const TrainOptions& where) {

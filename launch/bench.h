@@ -11,6 +11,13 @@ struct GemmRate {
   double flops;
 };
 std::vector<GemmRate> bench_gemm(int threads);
+// The per-core fp32 GEMM peak MFU divides by (times the cores a run uses): the best of `reps`
+// runs each of 1024^3 and 2048^3 on one thread, with the spread of those runs.
+struct PeakMeasure {
+  double per_core = 0, median = 0, low = 0;
+  int runs = 0;
+};
+PeakMeasure cpu_peak_measure(int reps);
 // Trains `cfg` for its steps and prints tokens/s, MFU and the step time, excluding step 1.
 void bench_train(const Config& cfg, const TrainOptions& opt = {});
 // Every collective over the world group, message sizes from 4 KiB up to max_mb: time, algorithm

@@ -188,7 +188,12 @@ int run(int argc, char** argv) {
       int threads = loom::threads_set(bench_threads);
       fmt::print("{:>6} {:>12}\n", "n", "GFLOP/s");
       for (auto& r : loom::bench_gemm(threads)) fmt::print("{:>6} {:>12.1f}\n", r.size, r.flops / 1e9);
-      fmt::print("cached peak for {} threads: {:.1f} GFLOP/s\n", threads, loom::cpu_peak_flops(threads, true) / 1e9);
+      const loom::PeakMeasure m = loom::cpu_peak_measure(8);
+      fmt::print("per-core peak (1 thread, best of {} runs): {:.1f} GFLOP/s; median {:.1f}, lowest {:.1f}\n", m.runs,
+                 m.per_core / 1e9, m.median / 1e9, m.low / 1e9);
+      fmt::print("cached per-core peak (the best measured here): {:.1f} GFLOP/s; MFU divides by it times the "
+                 "cores a run uses\n",
+                 loom::cpu_peak_flops(1, true) / 1e9);
     } else if (*btrain) {
       loom::bench_train(config_build(config_path, sets), topt);
     } else if (*bcomm) {

@@ -322,7 +322,10 @@ void Trainer::init() {
   std::vector<float> host(p.chunk->num_params());
   if (!p.cfg.init_from.empty()) {
     auto unused = model_load(p.chunk->registry(), host.data(), p.cfg.init_from);
-    p.info("loaded {} ({} tensors in the file unused)", p.cfg.init_from, unused.size());
+    std::string names;
+    for (size_t i = 0; i < unused.size() && i < 6; ++i) names += (i ? ", " : ": ") + unused[i];
+    if (unused.size() > 6) names += fmt::format(" and {} more", unused.size() - 6);
+    p.info("loaded {}; {} tensors in it unused{}", p.cfg.init_from, unused.size(), names);
   } else {
     registry_init(p.chunk->registry(), host.data(), uint64_t(p.cfg.train.seed));
   }

@@ -107,7 +107,9 @@ class Trainer {
 // among its ranks. Returns the count in effect.
 int threads_set(int threads);
 
-// Measured fp32 GEMM rate of this machine for `threads`, cached under ~/.cache/loom.
+// The fp32 GEMM peak of `threads` cores: this machine's per-core peak (cpu_peak_measure,
+// cached under ~/.cache/loom; a remeasurement replaces it only when higher) times threads.
+// Every layout divides by the same per-core figure times the cores it uses.
 double cpu_peak_flops(int threads, bool remeasure = false);
 // bf16 dense peak of the current GPU from a table (H100/H200 SXM 989 TFLOP/s, A100 312); 0 when
 // the GPU is not in the table, or there is none (MFU is then not reported).

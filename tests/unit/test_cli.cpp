@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <fstream>
 
+#include <filesystem>
+
+#include "checkpoint/safetensors.h"
 #include "runtime/data.h"
 #include "testing.h"
 
@@ -209,4 +212,66 @@ TEST(Cli, GpuCommandsWithoutAGpuSaySo) {
   expect_one_line_error("bench kernels", LOOM_HAVE_CUDA ? "needs a CUDA device" : "this build has no CUDA");
   expect_one_line_error(kTiny + "--set model.d_model=64 --set train.device=cuda",  // head dim 32
                         LOOM_HAVE_CUDA ? "no CUDA device is visible" : "this build has no CUDA");
+}
+
+namespace {
+// The per-step losses a run printed (its progress lines), for comparing runs.
+std::string printed_losses(const std::string& out) {
+  std::string s;
+  for (size_t at = out.find("| loss "); at != std::string::npos; at = out.find("| loss ", at + 1))
+    s += out.substr(at, 14) + ";";
+  return s;
+}
+}  // namespace
+
+// Weights as Hugging Face ships them: GPT-2 without the "transformer." prefix and with its
+// attention-mask buffers; LLaMA split over two files with model.safetensors.index.json. Both
+// load (the log names what was ignored), train as the full-name file does, and export full
+// names.
+TEST(Cli, HuggingFaceWeightsAsTheyShip) {
+  const std::string run = kTiny + "--set train.steps=3 --set log.every=1 ";
+  ASSERT_EQ(loom_run(kTiny + "--set train.steps=0 --set export.final=" + tmp("full.safetensors")).status, 0);
+  {
+    auto t = loom::safetensors_read(tmp("full.safetensors"));
+    std::vector<loom::StView> views;
+    std::vector<float> mask(64, 1.0f), bias(1, -1e4f);
+    for (auto& [name, x] : t) views.push_back({name.substr(std::string("transformer.").size()), x.shape, x.data.data()});
+    views.push_back({"h.0.attn.bias", {1, 1, 8, 8}, mask.data()});
+    views.push_back({"h.0.attn.masked_bias", {}, bias.data()});
+    loom::safetensors_write(tmp("hf.safetensors"), views);
+  }
+  CliRun full = loom_run(run + "--set init.from=" + tmp("full.safetensors"));
+  CliRun hf = loom_run(run + "--set init.from=" + tmp("hf.safetensors") + " --set export.final=" + tmp("out.safetensors"));
+  ASSERT_EQ(hf.status, 0) << hf.output;
+  EXPECT_FALSE(printed_losses(full.output).empty());
+  EXPECT_EQ(printed_losses(hf.output), printed_losses(full.output));
+  EXPECT_NE(hf.output.find("2 tensors in it unused: h.0.attn.bias, h.0.attn.masked_bias"), std::string::npos)
+      << hf.output;
+  EXPECT_TRUE(loom::safetensors_read(tmp("out.safetensors")).count("transformer.wte.weight"));
+
+  const std::string llama = run + "--set model.arch=llama --set model.n_kv_head=1 ";
+  ASSERT_EQ(loom_run(llama + "--set train.steps=0 --set export.final=" + tmp("llama.safetensors")).status, 0);
+  const std::string dir = tmp("llama_sharded");
+  std::filesystem::create_directories(dir);
+  {
+    auto t = loom::safetensors_read(tmp("llama.safetensors"));
+    std::vector<loom::StView> a, b;
+    std::string map;
+    for (auto& [name, x] : t) {
+      const bool first = name.find("layers.0.") != std::string::npos || name.find("embed") != std::string::npos;
+      (first ? a : b).push_back({name, x.shape, x.data.data()});
+      map += fmt::format("{}\"{}\": \"model-0000{}-of-00002.safetensors\"", map.empty() ? "" : ",", name, first ? 1 : 2);
+    }
+    loom::safetensors_write(dir + "/model-00001-of-00002.safetensors", a);
+    loom::safetensors_write(dir + "/model-00002-of-00002.safetensors", b);
+    std::ofstream(dir + "/model.safetensors.index.json") << "{\"metadata\": {}, \"weight_map\": {" << map << "}}";
+  }
+  CliRun one = loom_run(llama + "--set init.from=" + tmp("llama.safetensors"));
+  CliRun index = loom_run(llama + "--set init.from=" + dir + "/model.safetensors.index.json");
+  CliRun folder = loom_run(llama + "--set init.from=" + dir);
+  ASSERT_EQ(index.status, 0) << index.output;
+  ASSERT_EQ(folder.status, 0) << folder.output;
+  EXPECT_FALSE(printed_losses(one.output).empty());
+  EXPECT_EQ(printed_losses(index.output), printed_losses(one.output));
+  EXPECT_EQ(printed_losses(folder.output), printed_losses(one.output));
 }

@@ -1,11 +1,13 @@
 // Data order and sources, token shards, safetensors, tokenizers and the optimizer's
 // arithmetic, each against values computed independently here.
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "checkpoint/safetensors.h"
+#include "launch/trainer.h"
 #include "model/backend.h"
 #include "optim/adamw.h"
 #include "runtime/data.h"
@@ -313,4 +315,35 @@ TEST(Optim, Schedules) {
   t.schedule = "wsd";  // stable until step 88 (the last 20% decays)
   EXPECT_DOUBLE_EQ(lr_at(t, 87), 1.0);
   EXPECT_NEAR(lr_at(t, 99), 1.0 - 0.9 * 11.0 / 22.0, 1e-12);
+}
+
+// MFU's CPU peak is one per-core figure times the cores a run uses, so every layout divides
+// by the same thing; a remeasurement (on a busier machine, say) never lowers it.
+TEST(Bench, CpuPeakIsPerCoreAndOnlyRises) {
+  const std::string dir = tmp("cache_home");
+  std::filesystem::create_directories(dir + "/loom");
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  const std::string keep = old ? old : "";
+  setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  const double one = cpu_peak_flops(1);
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(cpu_peak_flops(2), 2 * one);
+  EXPECT_EQ(cpu_peak_flops(8), 8 * one);
+  // A far better figure on record is kept when a new measurement comes in lower.
+  std::string text;
+  {
+    std::ifstream in(dir + "/loom/cpu_peak.json");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const auto at = text.find("\"peak\": ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const auto end = text.find_first_of(",\n}", at);
+  text.replace(at, end - at, "\"peak\": 1e15");
+  std::ofstream(dir + "/loom/cpu_peak.json") << text;
+  EXPECT_EQ(cpu_peak_flops(1, /*remeasure=*/true), 1e15);
+  EXPECT_EQ(cpu_peak_flops(3), 3e15);
+  if (old)
+    setenv("XDG_CACHE_HOME", keep.c_str(), 1);
+  else
+    unsetenv("XDG_CACHE_HOME");
 }
