@@ -11,6 +11,7 @@
 #include "launch/bench.h"
 #include "launch/launch_env.h"
 #include "launch/plan.h"
+#include "launch/stop.h"
 #include "launch/trainer.h"
 #if LOOM_HAVE_MPI
 #include "runtime/comm/mpi_group.h"
@@ -167,7 +168,9 @@ int run(int argc, char** argv) {
       }
       if (!fault.empty()) std::tie(topt.fault_exit_rank, topt.fault_exit_step) = fault_parse(fault);
       if (!hang.empty()) std::tie(topt.fault_hang_rank, topt.fault_hang_step) = fault_parse(hang);
-      loom::train_run(cfg, topt);
+      loom::stop_signals_install();  // SIGINT / SIGTERM: stop at the next step boundary
+      const loom::TrainResult r = loom::train_run(cfg, topt);
+      if (r.stopped_by) return loom::kExitStopped;
     } else if (app.got_subcommand("info")) {
       info_print();
     } else if (*data) {

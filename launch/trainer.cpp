@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "checkpoint/safetensors.h"
+#include "launch/stop.h"
 #include "model/backend.h"
 #include "model/chunk.h"
 #include "model/flops.h"
@@ -65,7 +66,7 @@ StepLog::StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, Train
       print_(lead_ && !opt.quiet),
       has_val_(has_val && cfg.data.val_batches > 0),
       result_(result),
-      metrics_(lead_ ? cfg.log.dir : "") {}
+      metrics_(lead_ ? cfg.log.dir : "", opt.world_size) {}
 
 void StepLog::fault_drills(int64_t step) const {
   if (opt_.fault_exit_rank == opt_.world_rank && opt_.fault_exit_step == step + 1) {
@@ -99,11 +100,17 @@ void StepLog::after_step(const StepMetrics& m, const std::function<double()>& va
 }
 
 void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model,
-                     double peak) {
-  validation(cfg_.train.steps, validate);
+                     double peak, int stopped_by, int64_t steps_done) {
+  if (stopped_by) {
+    metrics_.stopped(steps_done, stop_signal_name(stopped_by));
+    if (print_) spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done,
+                             cfg_.train.steps);
+  } else {
+    validation(cfg_.train.steps, validate);
+  }
   metrics_.close();  // flushed and fsynced; a failed write is an error, not a lost file
-  if (cfg_.train.steps > 1) {
-    result_.tokens_per_s = double(tokens_per_step) * double(cfg_.train.steps - 1) / (timed_ms_ / 1e3);
+  if (steps_done > 1) {
+    result_.tokens_per_s = double(tokens_per_step) * double(steps_done - 1) / (timed_ms_ / 1e3);
     result_.mfu = peak > 0 ? result_.tokens_per_s * flops_model / peak : 0.0;
   }
 }
@@ -426,9 +433,19 @@ std::vector<float> Trainer::weights_hf() {
   return out;
 }
 
+bool Trainer::stop_requested() {
+  Parts& p = *p_;
+  int32_t sig = stop_signal();
+  ProcessGroup& world = p.mesh->world_group();
+  if (world.size() > 1) world.all_reduce(Buf(&sig, 1), ReduceOp::max).wait();
+  if (sig) p.result.stopped_by = sig;
+  return sig != 0;
+}
+
 TrainResult Trainer::finish() {
   Parts& p = *p_;
-  p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak);
+  p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak, p.result.stopped_by,
+                p.result.steps_done);
   std::vector<float> hf;
   if (!p.cfg.export_final.empty() || p.opt.keep_params) hf = weights_hf();
   if (!p.cfg.export_final.empty()) {
@@ -453,13 +470,14 @@ TrainResult Trainer::finish() {
 }
 
 void Trainer::report(const StepMetrics& m) {
+  p_->result.steps_done = m.step;
   p_->log->after_step(m, [this] { return validate(); });
 }
 
 TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   Trainer trainer(cfg, opt);
   trainer.init();
-  for (int64_t s = 0; s < trainer.steps(); ++s) trainer.report(trainer.step(s));
+  for (int64_t s = 0; s < trainer.steps() && !trainer.stop_requested(); ++s) trainer.report(trainer.step(s));
   return trainer.finish();
 }
 

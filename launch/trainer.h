@@ -22,6 +22,8 @@ struct TrainResult {
   double tokens_per_s = 0;                                                 // mean over steps after the first
   double mfu = 0;
   double comm_exposed_ms = 0, comm_total_ms = 0;  // summed over steps
+  int stopped_by = 0;                             // the signal that stopped the run early, or 0
+  int64_t steps_done = 0;
   int64_t activation_bytes() const { return mem.of(Mem::activations); }
 };
 
@@ -64,7 +66,9 @@ class StepLog {
   void fault_drills(int64_t step) const;
   // m as filled by step_rates; validate returns the validation loss.
   void after_step(const StepMetrics& m, const std::function<double()>& validate);
-  void finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model, double peak);
+  // stopped: the run ends early on a signal (no final validation; the stop is recorded).
+  void finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model, double peak,
+              int stopped_by, int64_t steps_done);
 
  private:
   void validation(int64_t step, const std::function<double()>& validate);
@@ -92,6 +96,9 @@ class Trainer {
   void report(const StepMetrics& m);
   // The mean loss over data.val_batches validation batches.
   double validate();
+  // Whether a stop signal reached any rank (collective: every rank gets the same answer, so
+  // all stop at the same step boundary).
+  bool stop_requested();
   // The final validation, export.final, the trace; the run's result.
   TrainResult finish();
   // The whole model's fp32 weights in the Hugging Face layout; collective.

@@ -1,11 +1,25 @@
 #include "runtime/metrics.h"
 
 #include <cmath>
+#include <ctime>
+#include <fstream>
 
 namespace loom {
 
-MetricsWriter::MetricsWriter(const std::string& dir) {
-  if (!dir.empty()) out_ = DurableAppend(dir + "/metrics.jsonl", "w");
+MetricsWriter::MetricsWriter(const std::string& dir, int ranks) {
+  if (dir.empty()) return;
+  const std::string path = dir + "/metrics.jsonl";
+  int run = 1;
+  {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) run += line.rfind("{\"run\":", 0) == 0;
+  }
+  out_ = DurableAppend(path, "a");
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  out_.line(fmt::format("{{\"run\":{},\"started\":\"{}\",\"ranks\":{}}}", run, when, ranks));
 }
 
 MetricsWriter::~MetricsWriter() = default;
@@ -32,6 +46,10 @@ void MetricsWriter::step(const StepMetrics& m) {
       num(m.ckpt_block_ms), L.of(Mem::params), L.of(Mem::grads), L.of(Mem::master), L.of(Mem::optim),
       L.of(Mem::activations), L.of(Mem::workspace), L.of(Mem::comm), L.peak_total, m.dp_all_reduce_b,
       m.dp_reduce_scatter_b, m.dp_all_gather_b, m.tp_all_reduce_b, m.tp_reduce_scatter_b, m.tp_all_gather_b));
+}
+
+void MetricsWriter::stopped(int64_t step, const char* signal) {
+  if (out_.open()) out_.line(fmt::format("{{\"step\":{},\"stopped\":\"{}\"}}", step, signal));
 }
 
 void MetricsWriter::validation(int64_t step, double val_loss) {

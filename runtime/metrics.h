@@ -1,5 +1,7 @@
 // metrics.jsonl (one JSON object per optimizer step, appended by rank 0) and the console
-// progress line. Floats print with %.9g so that float32 values round-trip exactly; a value
+// progress line. A run appends to the file it finds and opens its part with a header,
+// {"run": K, "started": ..., "ranks": N}: a second run in the same log.dir never overwrites the
+// first, and readers take the lines after the last header. Floats print with %.9g so that float32 values round-trip exactly; a value
 // that is not finite (a diverged loss) prints as null, so the file stays JSON. Each line is
 // flushed as it is written, and the file fsynced when the run closes it.
 #pragma once
@@ -25,12 +27,14 @@ struct StepMetrics {
 
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& dir);  // empty: no file
+  // dir empty: no file. ranks: for the run header.
+  explicit MetricsWriter(const std::string& dir, int ranks = 1);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void step(const StepMetrics& m);
   void validation(int64_t step, double val_loss);
+  void stopped(int64_t step, const char* signal);  // {"step": N, "stopped": "SIGTERM"}
   void close() { out_.close(); }  // flush, fsync, close; errors are raised
 
  private:

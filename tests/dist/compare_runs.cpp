@@ -20,13 +20,18 @@
 
 namespace {
 
+// The lines of a metrics file's last run (after its last {"run": ...} header).
 std::vector<nlohmann::json> jsonl(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot open " + path);
   std::vector<nlohmann::json> out;
   std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("run")) out.clear();
+    out.push_back(std::move(j));
+  }
   return out;
 }
 

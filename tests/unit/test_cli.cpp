@@ -127,6 +127,7 @@ TEST(Cli, DataCommandAndTextSourceTrain) {
 
 TEST(Cli, TraceAndMetricsAreWritten) {
   const std::string dir = tmp("trace_run");
+  std::filesystem::remove_all(dir);
   CliRun r = loom_run(kTiny + "--set train.steps=2 --set log.trace=true --set log.dir=" + dir);
   ASSERT_EQ(r.status, 0) << r.output;
   std::ifstream t(dir + "/trace.json");
@@ -135,6 +136,8 @@ TEST(Cli, TraceAndMetricsAreWritten) {
   std::ifstream m(dir + "/metrics.jsonl");
   std::string line;
   int lines = 0;
+  std::getline(m, line);
+  EXPECT_EQ(line.rfind("{\"run\":1,\"started\":", 0), 0u) << line;  // the run's header
   while (std::getline(m, line)) {
     ++lines;
     for (auto* key : {"\"step\":", "\"loss\":", "\"grad_norm\":", "\"mfu\":", "\"hfu\":", "\"comm_exposed_ms\":",
@@ -142,6 +145,23 @@ TEST(Cli, TraceAndMetricsAreWritten) {
       EXPECT_NE(line.find(key), std::string::npos) << key;
   }
   EXPECT_EQ(lines, 2);
+}
+
+// A second run in the same log.dir appends under its own header: the first run's lines stay.
+TEST(Cli, RunsDoNotClobberRuns) {
+  const std::string dir = tmp("two_runs");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(loom_run(kTiny + "--set train.steps=3 --set log.dir=" + dir).status, 0);
+  ASSERT_EQ(loom_run(kTiny + "--set train.steps=2 --set log.dir=" + dir).status, 0);
+  std::ifstream m(dir + "/metrics.jsonl");
+  std::string line, headers;
+  int steps = 0;
+  while (std::getline(m, line)) {
+    if (line.rfind("{\"run\":", 0) == 0) headers += line.substr(0, 8) + ";";
+    steps += line.find("\"loss\":") != std::string::npos;
+  }
+  EXPECT_EQ(headers, "{\"run\":1;{\"run\":2;");
+  EXPECT_EQ(steps, 5);
 }
 
 TEST(Cli, PlanMemoryReproducesTheZeroPaper) {
