@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "checkpoint/safetensors.h"
+#include "launch/launch_env.h"
 #include "launch/stop.h"
 #include "model/backend.h"
 #include "model/chunk.h"
@@ -33,14 +34,8 @@ namespace loom {
 
 int threads_set(int threads) {
   if (threads <= 0) {
-    // OMP_NUM_THREADS when the launcher set it; else this node's cores shared by its ranks.
-    const char* omp = std::getenv("OMP_NUM_THREADS");
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
-    if (omp && std::atoi(omp) > 0)
-      threads = std::atoi(omp);
-    else
-      threads = std::max(1, omp_get_num_procs() / std::max(1, local ? std::atoi(local) : 1));
+    const EnvGet get = [](const char* k) { return std::getenv(k); };
+    threads = threads_choose(0, launch_env_read(get), get, omp_get_num_procs()).threads;
   }
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
@@ -140,7 +135,7 @@ DType dtype_resolve(const Config& cfg, const std::string& device) {
 struct Trainer::Parts {
   Config cfg;
   TrainOptions opt;
-  std::string device, why;
+  std::string device, why, threads_why;
   DType dtype = DType::f32;
   bool lead = true;
   int threads = 1;
@@ -179,8 +174,8 @@ struct Trainer::Parts {
   // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
   Inputs stage(const TokenStream& s, int64_t step, int micro, bool shuffle) {
     batch_read(s, cfg, step, dp().rank(), micro, inputs.data(), targets.data(), shuffle);
-    const int V = int(cfg.vocab_padded() / cfg.parallel.tp);
-    return backend->stage_inputs(0, inputs.data(), targets.data(), int(inputs.size()), tp().rank() * V, V);
+    return backend->stage_inputs(inputs.data(), targets.data(), int(inputs.size()), chunk->vocab_lo(),
+                                 chunk->vocab_rows());
   }
   // The chunk's loss sum over the dp group, read on the host and reset.
   double loss_take() {
@@ -218,7 +213,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
              "train.device = \"cuda\" but no CUDA device is visible; use train.device = \"cpu\" or \"auto\"");
   if (!p.why.empty() && !opt.quiet && p.lead)
     spdlog::warn("train.device = \"auto\" trains on the CPU: {}; set train.device = \"cpu\" to say so", p.why);
-  p.threads = threads_set(cfg.train.threads);
+  {
+    const EnvGet get = [](const char* k) { return std::getenv(k); };
+    const ThreadChoice t = threads_choose(cfg.train.threads, launch_env_read(get), get, omp_get_num_procs());
+    p.threads = threads_set(t.threads);
+    p.threads_why = t.why;
+  }
   p.data = data_open(cfg);  // before allocating: a bad file fails fast
 
   MeshOptions mo;
@@ -282,7 +282,8 @@ void Trainer::Parts::startup_log() {
       "parameters",
       cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
       cfg.model.vocab_size, cfg.vocab_padded(), T, chunk->registry().global_numel() / 1e6);
-  info("device: {} ({}), {} threads per rank; data: {}", device, dtype_name(dtype), threads, data.describe);
+  info("device: {} ({}); {} threads per rank ({}); data: {}", device, dtype_name(dtype), threads, threads_why,
+       data.describe);
   info("layout: {} ranks over {}; {}", mesh->world(), mesh->comm_name(), dpar->describe());
   if (tp().size() > 1) {
     const double nc = double(B) * T * cfg.model.d_model * dtype_size(dtype) / 1048576.0;

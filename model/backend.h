@@ -81,9 +81,10 @@ class Backend {
   virtual void add(Buf acc, Buf x) = 0;                // acc += x, both fp32
   virtual void upload(Buf dst, const void* host) = 0;  // host values of dst's dtype
   virtual void download(void* host, Buf src) = 0;      // waits for the stream
-  // Inputs of micro-batch slot `slot` staged where the ops read them; v0, Vl: the vocabulary
-  // rows this rank holds (the embedding gradient's index covers those).
-  virtual Inputs stage_inputs(int slot, const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) = 0;
+  // A micro-batch's inputs staged where the ops read them, valid until two more have been
+  // staged (a micro-batch's forward and backward run before the one after next is staged);
+  // v0, Vl: the vocabulary rows this rank holds (the embedding gradient's index covers those).
+  virtual Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) = 0;
 
   // Optimizer. *out = sum of squares of the chunks with norm set (fixed order).
   virtual void grad_sum_squares(double* out, const float* grads, const OptTable& t) = 0;

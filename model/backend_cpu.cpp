@@ -82,7 +82,7 @@ class CpuBackend final : public Backend {
   }
   void upload(Buf dst, const void* host) override { std::memcpy(dst.data, host, dst.bytes()); }
   void download(void* host, Buf src) override { std::memcpy(host, src.data, src.bytes()); }
-  Inputs stage_inputs(int, const int32_t* tokens, const int32_t* targets, int, int, int) override {
+  Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, int, int, int) override {
     return {tokens, targets, nullptr, 0};
   }
 

@@ -3,8 +3,8 @@
 // GELU's backward) in their epilogues, weight gradients written by the GEMMs straight into the
 // fp32 main gradients, tensor-core flash attention, the residual add fused into the norms, a
 // one-pass fused loss, a multi-tensor AdamW over the chunk table, and no host wait inside a
-// step: inputs go up through pinned staging, and the loss, the norm and the clipping factor
-// stay on the device until the trainer reads them once per step.
+// step: inputs go up through double-buffered pinned staging, and the loss, the norm and the
+// clipping factor stay on the device until the trainer reads them once per step.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -39,14 +39,18 @@ class CudaBackend final : public Backend {
     for (auto& item : cuda_backend_plan(cfg)) ws_.push_back(alloc.empty(item));
     gemm_ = std::make_unique<cuda::GemmContext>(ws_[0].data<char>(), ws_[0].nbytes());
     N_ = cfg.train.micro_batch * cfg.model.seq_len;
+    slot_elems_ = ws_[1].numel() / 2;
     LOOM_CUDA_CHECK(cudaMallocHost(&staging_, size_t(ws_[1].numel()) * 4));
-    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
-    LOOM_CUDA_CHECK(cudaEventRecord(staged_, s_));
+    for (auto& e : staged_) {
+      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      LOOM_CUDA_CHECK(cudaEventRecord(e, s_));
+    }
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(s_);
     if (staging_) cudaFreeHost(staging_);
-    if (staged_) cudaEventDestroy(staged_);
+    for (auto& e : staged_)
+      if (e) cudaEventDestroy(e);
   }
   const BackendTraits& traits() const override { return traits_; }
   const Stream& stream() const override { return stream_; }
@@ -76,19 +80,25 @@ class CudaBackend final : public Backend {
     LOOM_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, s_));
     LOOM_CUDA_CHECK(cudaStreamSynchronize(s_));
   }
-  Inputs stage_inputs(int slot, const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) override {
-    LOOM_CHECK(slot == 0 && N <= N_, "the CUDA backend stages one micro-batch of up to {} tokens", N_);
-    // Refill the staging buffer once the previous upload has left it (the one host wait of a
-    // micro-batch, and one the GPU has normally long passed).
-    LOOM_CUDA_CHECK(cudaEventSynchronize(staged_));
+  // Micro-batches alternate between two slots of pinned staging and device inputs: a slot is
+  // refilled once its upload of two micro-batches back has left the staging memory, which the
+  // stream has long passed while it computes the micro-batch in between, so the host runs
+  // ahead instead of waiting for the GPU. (The device slot is free by then too: the stream ran
+  // that micro-batch's backward before this upload.)
+  Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) override {
+    LOOM_CHECK(N <= N_, "the CUDA backend stages micro-batches of up to {} tokens, not {}", N_, N);
+    const int k = next_slot_;
+    next_slot_ ^= 1;
+    LOOM_CUDA_CHECK(cudaEventSynchronize(staged_[k]));
     int unique = 0;
     const auto index = cuda::token_index(tokens, N, v0, Vl, &unique);
-    std::memcpy(staging_, tokens, size_t(N) * 4);
-    std::memcpy(staging_ + N, targets, size_t(N) * 4);
-    std::memcpy(staging_ + 2 * int64_t(N), index.data(), index.size() * 4);
-    int32_t* dev = ws_[1].data<int32_t>();
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(dev, staging_, (2 * size_t(N) + index.size()) * 4, cudaMemcpyHostToDevice, s_));
-    LOOM_CUDA_CHECK(cudaEventRecord(staged_, s_));
+    int32_t* host = staging_ + k * slot_elems_;
+    std::memcpy(host, tokens, size_t(N) * 4);
+    std::memcpy(host + N, targets, size_t(N) * 4);
+    std::memcpy(host + 2 * int64_t(N), index.data(), index.size() * 4);
+    int32_t* dev = ws_[1].data<int32_t>() + k * slot_elems_;
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(dev, host, (2 * size_t(N) + index.size()) * 4, cudaMemcpyHostToDevice, s_));
+    LOOM_CUDA_CHECK(cudaEventRecord(staged_[k], s_));
     return {dev, dev + N, dev + 2 * int64_t(N), unique};
   }
 
@@ -204,10 +214,12 @@ class CudaBackend final : public Backend {
   std::vector<Tensor> ws_;  // cuda_backend_plan: GEMM workspace, inputs, norm partials
   std::unique_ptr<cuda::GemmContext> gemm_;
   int N_ = 0;
-  // Pinned staging for the inputs, so their upload does not wait for the stream; `staged_`
-  // marks the previous upload's end, after which the staging buffer may be refilled.
+  // Pinned staging for the inputs, two slots, so an upload does not wait for the stream;
+  // staged_[k] marks the end of slot k's last upload, after which it may be refilled.
   int32_t* staging_ = nullptr;
-  cudaEvent_t staged_ = nullptr;
+  int64_t slot_elems_ = 0;
+  int next_slot_ = 0;
+  cudaEvent_t staged_[2] = {nullptr, nullptr};
 };
 
 }  // namespace
