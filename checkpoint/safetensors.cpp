@@ -33,11 +33,14 @@ float f16_to_f32(uint16_t h) {
 }
 }  // namespace
 
-std::map<std::string, StTensor> safetensors_read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+namespace {
+// The JSON header of a safetensors file, checked against the file's size; `in` is left at the
+// first data byte.
+nlohmann::json header_read(const std::string& path, std::ifstream& in, uint64_t& file_size, uint64_t& header_size) {
+  in.open(path, std::ios::binary);
   LOOM_CHECK(in, "cannot open safetensors file '{}'; check init.from", path);
-  const uint64_t file_size = std::filesystem::file_size(path);
-  uint64_t header_size = 0;
+  file_size = std::filesystem::file_size(path);
+  header_size = 0;
   in.read(reinterpret_cast<char*>(&header_size), 8);
   // Checked before the header is allocated: a corrupt size must not ask for exabytes.
   LOOM_CHECK(file_size >= 8 && in.gcount() == 8 && header_size <= file_size - 8,
@@ -45,12 +48,18 @@ std::map<std::string, StTensor> safetensors_read(const std::string& path) {
              file_size);
   std::string header(header_size, '\0');
   in.read(header.data(), std::streamsize(header_size));
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(header);
+    return nlohmann::json::parse(header);
   } catch (const std::exception& e) {
     fail("'{}' has a corrupt safetensors header: {}", path, e.what());
   }
+}
+}  // namespace
+
+std::map<std::string, StTensor> safetensors_read(const std::string& path) {
+  std::ifstream in;
+  uint64_t file_size = 0, header_size = 0;
+  const nlohmann::json j = header_read(path, in, file_size, header_size);
   const uint64_t data_start = 8 + header_size, data_size = file_size - data_start;
   std::map<std::string, StTensor> out;
   for (auto& [name, info] : j.items()) {
@@ -92,7 +101,8 @@ std::map<std::string, StTensor> safetensors_read(const std::string& path) {
   return out;
 }
 
-void safetensors_write(const std::string& path, const std::vector<StView>& tensors) {
+void safetensors_write(const std::string& path, const std::vector<StView>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json j;
   uint64_t at = 0;
   for (auto& t : tensors) {
@@ -101,6 +111,7 @@ void safetensors_write(const std::string& path, const std::vector<StView>& tenso
     at += bytes;
   }
   j["__metadata__"] = {{"format", "pt"}};
+  for (auto& [k, v] : metadata) j["__metadata__"][k] = v;
   std::string header = j.dump();
   header.append((8 - header.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
   file_write_atomic(path, [&](std::FILE* f) {
@@ -111,7 +122,10 @@ void safetensors_write(const std::string& path, const std::vector<StView>& tenso
   });
 }
 
-std::map<std::string, StTensor> weights_read(const std::string& path) {
+namespace {
+// The files of a weights path: itself, the model.safetensors of a directory, or every file an
+// index (model.safetensors.index.json, given or in the directory) names, sorted.
+std::vector<std::string> weights_files(const std::string& path) {
   namespace fs = std::filesystem;
   LOOM_CHECK(fs::exists(path), "'{}' does not exist; check init.from", path);
   std::string index = path;
@@ -122,10 +136,10 @@ std::map<std::string, StTensor> weights_read(const std::string& path) {
                  "'{}' holds neither model.safetensors nor model.safetensors.index.json; point init.from at a "
                  "weights file",
                  path);
-      return safetensors_read(path + "/model.safetensors");
+      return {path + "/model.safetensors"};
     }
   }
-  if (index.size() < 5 || index.compare(index.size() - 5, 5, ".json") != 0) return safetensors_read(path);
+  if (index.size() < 5 || index.compare(index.size() - 5, 5, ".json") != 0) return {path};
   // A checkpoint split over several files: the index maps every tensor to its file.
   std::ifstream in(index);
   LOOM_CHECK(in, "cannot open '{}'; check init.from", index);
@@ -139,10 +153,29 @@ std::map<std::string, StTensor> weights_read(const std::string& path) {
              "'{}' has no weight_map; it is not a safetensors index", index);
   std::set<std::string> files;
   for (auto& [name, file] : j["weight_map"].items()) files.insert(file.get<std::string>());
-  std::map<std::string, StTensor> out;
   const fs::path dir = fs::path(index).parent_path();
-  for (auto& f : files)
-    for (auto& [name, t] : safetensors_read((dir / f).string())) out.emplace(name, std::move(t));
+  std::vector<std::string> out;
+  for (auto& f : files) out.push_back((dir / f).string());
+  return out;
+}
+}  // namespace
+
+std::map<std::string, StTensor> weights_read(const std::string& path) {
+  std::map<std::string, StTensor> out;
+  for (auto& f : weights_files(path))
+    for (auto& [name, t] : safetensors_read(f)) out.emplace(name, std::move(t));
+  return out;
+}
+
+std::map<std::string, std::string> weights_metadata(const std::string& path) {
+  const std::vector<std::string> files = weights_files(path);
+  std::ifstream in;
+  uint64_t file_size = 0, header_size = 0;
+  const nlohmann::json j = header_read(files.front(), in, file_size, header_size);
+  std::map<std::string, std::string> out;
+  if (j.contains("__metadata__") && j["__metadata__"].is_object())
+    for (auto& [k, v] : j["__metadata__"].items())
+      if (v.is_string()) out[k] = v.get<std::string>();
   return out;
 }
 
@@ -184,10 +217,11 @@ std::vector<std::string> model_load(const ParamRegistry& reg, float* params, con
   return unused;
 }
 
-void model_save(const ParamRegistry& reg, const float* hf, const std::string& path) {
+void model_save(const ParamRegistry& reg, const float* hf, const std::string& path,
+                const std::map<std::string, std::string>& metadata) {
   std::vector<StView> views;
   for (auto& s : reg.all()) views.push_back({s.name, s.global_shape, hf + s.global_offset});
-  safetensors_write(path, views);
+  safetensors_write(path, views, metadata);
 }
 
 }  // namespace loom

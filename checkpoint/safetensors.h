@@ -22,7 +22,12 @@ struct StView {
   Shape shape;
   const float* data;
 };
-void safetensors_write(const std::string& path, const std::vector<StView>& tensors);
+// metadata: string pairs for the header's __metadata__ (beside "format": "pt").
+void safetensors_write(const std::string& path, const std::vector<StView>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// The __metadata__ of a weights file (for an index or directory, of its first file); empty
+// when there is none.
+std::map<std::string, std::string> weights_metadata(const std::string& path);
 
 // Every tensor of a weights file, or of a checkpoint split over several
 // (model.safetensors.index.json, or a directory holding it or model.safetensors).
@@ -38,6 +43,7 @@ std::map<std::string, StTensor> weights_read(const std::string& path);
 std::vector<std::string> model_load(const ParamRegistry& reg, float* params, const std::string& path);
 // Writes the Hugging Face tensors of `reg` from hf (the HF concatenation: each tensor's
 // global_shape at its global_offset).
-void model_save(const ParamRegistry& reg, const float* hf, const std::string& path);
+void model_save(const ParamRegistry& reg, const float* hf, const std::string& path,
+                const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace loom

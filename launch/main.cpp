@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "launch/bench.h"
+#include "launch/infer.h"
 #include "launch/launch_env.h"
 #include "launch/plan.h"
 #include "launch/stop.h"
@@ -92,6 +93,34 @@ int run(int argc, char** argv) {
   data->add_option("--vocab", vocab, "GPT-2 vocab.json (tokenizer gpt2)");
   data->add_option("--merges", merges, "GPT-2 merges.txt (tokenizer gpt2)");
 
+  loom::EvalOptions eopt;
+  auto* eval = app.add_subcommand("eval", "loss and perplexity of a weights file on a data set (any layout)");
+  eval->add_option("--from", eopt.from, "weights: a .safetensors file, an index, or a directory")->required();
+  eval->add_option("--config", eopt.config, "TOML config (default: the model shape the weights carry)");
+  eval->add_option("--set", eopt.sets, "override one key: section.key=value (repeatable)");
+  eval->add_option("--data", eopt.data,
+                   "token shard, directory of shards, or text file (default: the config's "
+                   "validation data)");
+  eval->add_option("--batches", eopt.batches,
+                   "batches of train.global_batch sequences (default data.val_batches; "
+                   "0: all)");
+
+  loom::GenerateOptions gopt;
+  auto* gen = app.add_subcommand("generate", "continue a prompt with a trained model (one process, CPU, KV-cached)");
+  gen->add_option("--from", gopt.from, "weights: a .safetensors file, an index, or a directory")->required();
+  gen->add_option("--prompt", gopt.prompt, "the text to continue")->required();
+  gen->add_option("--config", gopt.config, "TOML config (default: the model shape the weights carry)");
+  gen->add_option("--set", gopt.sets, "override one key: section.key=value (repeatable)");
+  gen->add_option("--tokenizer", gopt.tokenizer, "byte | gpt2")->check(CLI::IsMember({"byte", "gpt2"}));
+  gen->add_option("--vocab", gopt.vocab, "GPT-2 vocab.json (tokenizer gpt2)");
+  gen->add_option("--merges", gopt.merges, "GPT-2 merges.txt (tokenizer gpt2)");
+  gen->add_option("--max-new", gopt.max_new, "tokens to generate (default 64, or what the context leaves)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--temperature", gopt.temperature, "0: greedy (default); above 0: sampled")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--top-k", gopt.top_k, "sample among the k likeliest tokens (0: all)")->check(CLI::NonNegativeNumber);
+  gen->add_option("--seed", gopt.seed, "sampling seed: the same seed, the same text");
+
   auto* bench = app.add_subcommand("bench", "measure kernels and training speed");
   bench->require_subcommand(1);
   int bench_threads = 0;
@@ -145,7 +174,7 @@ int run(int argc, char** argv) {
   loom::TrainOptions topt;
 #if LOOM_HAVE_MPI
   std::unique_ptr<loom::MpiWorld> mpi;
-  if (env.distributed() && (*train || *btrain || *bcomm)) mpi = std::make_unique<loom::MpiWorld>(&argc, &argv);
+  if (env.distributed() && (*train || *btrain || *bcomm || *eval)) mpi = std::make_unique<loom::MpiWorld>(&argc, &argv);
   if (mpi) topt.world_rank = mpi->rank(), topt.world_size = mpi->size(), topt.use_mpi = true;
 #else
   LOOM_CHECK(!env.distributed() || env.world == 1,
@@ -171,6 +200,12 @@ int run(int argc, char** argv) {
       loom::stop_signals_install();  // SIGINT / SIGTERM: stop at the next step boundary
       const loom::TrainResult r = loom::train_run(cfg, topt);
       if (r.stopped_by) return loom::kExitStopped;
+    } else if (*eval) {
+      loom::eval_run(eopt, topt);
+    } else if (*gen) {
+      LOOM_CHECK(!env.distributed() || env.world == 1,
+                 "loom generate runs in one process; launch it without mpirun/srun (it was given {} ranks)", env.world);
+      loom::generate_run(gopt);
     } else if (app.got_subcommand("info")) {
       info_print();
     } else if (*data) {
@@ -194,9 +229,10 @@ int run(int argc, char** argv) {
       const loom::PeakMeasure m = loom::cpu_peak_measure(8);
       fmt::print("per-core peak (1 thread, best of {} runs): {:.1f} GFLOP/s; median {:.1f}, lowest {:.1f}\n", m.runs,
                  m.per_core / 1e9, m.median / 1e9, m.low / 1e9);
-      fmt::print("cached per-core peak (the best measured here): {:.1f} GFLOP/s; MFU divides by it times the "
-                 "cores a run uses\n",
-                 loom::cpu_peak_flops(1, true) / 1e9);
+      fmt::print(
+          "cached per-core peak (the best measured here): {:.1f} GFLOP/s; MFU divides by it times the "
+          "cores a run uses\n",
+          loom::cpu_peak_flops(1, true) / 1e9);
     } else if (*btrain) {
       loom::bench_train(config_build(config_path, sets), topt);
     } else if (*bcomm) {

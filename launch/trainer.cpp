@@ -94,12 +94,12 @@ void StepLog::after_step(const StepMetrics& m, const std::function<double()>& va
   if (cfg_.data.val_every > 0 && m.step % cfg_.data.val_every == 0 && m.step != m.steps) validation(m.step, validate);
 }
 
-void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model,
-                     double peak, int stopped_by, int64_t steps_done) {
+void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model, double peak,
+                     int stopped_by, int64_t steps_done) {
   if (stopped_by) {
     metrics_.stopped(steps_done, stop_signal_name(stopped_by));
-    if (print_) spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done,
-                             cfg_.train.steps);
+    if (print_)
+      spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done, cfg_.train.steps);
   } else {
     validation(cfg_.train.steps, validate);
   }
@@ -189,6 +189,10 @@ struct Trainer::Parts {
     backend->zero(Buf(sum));
     return v;
   }
+  // Whole validation batches in the data (0: none).
+  int64_t val_available() const {
+    return data.val ? num_sequences(*data.val, cfg.model.seq_len) / cfg.train.global_batch : 0;
+  }
   void startup_log();
 };
 
@@ -270,7 +274,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   p.tokens_per_step = int64_t(cfg.train.global_batch) * cfg.model.seq_len;
   p.inputs.resize(size_t(cfg.train.micro_batch) * cfg.model.seq_len);
   p.targets.resize(p.inputs.size());
-  p.log = std::make_unique<StepLog>(p.cfg, p.opt, p.data.val != nullptr, p.result);
+  p.log = std::make_unique<StepLog>(p.cfg, p.opt, val_batches_available() > 0, p.result);
 }
 
 Trainer::~Trainer() = default;
@@ -295,6 +299,8 @@ void Trainer::Parts::startup_log() {
                            nc, nc)
              : fmt::format("all-reduce 2 x {:.2f} MiB forward and 2 x backward", nc));
   }
+  if (const int64_t have = val_available(); have > 0 && have < cfg.data.val_batches)
+    info("validation: {} batches, all the validation data holds (data.val_batches = {})", have, cfg.data.val_batches);
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, cfg.accum_steps(), B, dp().size(), cfg.train.recompute);
   info("activation plan (B={}, T={}):\n{}", B, T, chunk->plan().table());
@@ -404,14 +410,24 @@ StepMetrics Trainer::step(int64_t step) {
   return m;
 }
 
-double Trainer::validate() {
+double Trainer::validate(int64_t batches) {
   Parts& p = *p_;
+  // data.val_batches, as many as the data holds: more would read sequences twice.
+  if (batches < 0) batches = std::min<int64_t>(p.cfg.data.val_batches, val_batches_available());
+  LOOM_CHECK(p.data.val && batches > 0, "no validation data to evaluate on: {}", p.data.describe);
   auto s = p.trace.scope("validation", Trace::host);
-  for (int vb = 0; vb < p.cfg.data.val_batches; ++vb)
+  for (int64_t vb = 0; vb < batches; ++vb)
     for (int micro = 0; micro < p.cfg.accum_steps(); ++micro)
       p.chunk->forward(p.stage(*p.data.val, vb, micro, false), 0.0f, *p.dpar);
-  const double tokens = double(p.cfg.data.val_batches) * double(p.tokens_per_step);
-  return p.loss_take() / tokens;
+  return p.loss_take() / (double(batches) * double(p.tokens_per_step));
+}
+
+int64_t Trainer::val_batches_available() const {
+  return p_->val_available();
+}
+
+const std::string& Trainer::data_describe() const {
+  return p_->data.describe;
 }
 
 std::vector<float> Trainer::weights_hf() {
@@ -450,7 +466,9 @@ TrainResult Trainer::finish() {
   std::vector<float> hf;
   if (!p.cfg.export_final.empty() || p.opt.keep_params) hf = weights_hf();
   if (!p.cfg.export_final.empty()) {
-    if (p.lead) model_save(p.chunk->registry(), hf.data(), p.cfg.export_final);
+    // The model's shape travels with its weights, so `loom generate` needs no config.
+    if (p.lead)
+      model_save(p.chunk->registry(), hf.data(), p.cfg.export_final, {{"loom.model", config_to_toml(p.cfg, "model")}});
     p.info("exported weights to {}", p.cfg.export_final);
   }
   if (p.cfg.log.trace) {

@@ -94,8 +94,13 @@ class Trainer {
   StepMetrics step(int64_t step);
   // metrics.jsonl, the console line, and validation on its cadence (StepLog).
   void report(const StepMetrics& m);
-  // The mean loss over data.val_batches validation batches.
-  double validate();
+  // The mean loss over `batches` validation batches of train.global_batch sequences (-1:
+  // data.val_batches, or as many as the data holds if fewer).
+  double validate(int64_t batches = -1);
+  // How many whole batches the validation data holds (0: none; huge for synthetic data), and
+  // what it is.
+  int64_t val_batches_available() const;
+  const std::string& data_describe() const;
   // Whether a stop signal reached any rank (collective: every rank gets the same answer, so
   // all stop at the same step boundary).
   bool stop_requested();

@@ -469,11 +469,11 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(cfg.log.every > 0, "log.every = {} must be positive", cfg.log.every);
 }
 
-std::string config_to_toml(const Config& cfg) {
+std::string config_to_toml(const Config& cfg, const std::string& only) {
   Config copy = cfg;
   std::string out, section;
   for (auto& f : fields_of(copy)) {
-    if (reserved(f.key)) continue;
+    if (reserved(f.key) || (!only.empty() && f.key.rfind(only + ".", 0) != 0)) continue;
     const size_t dot = f.key.rfind('.');
     const std::string sec = f.key.substr(0, dot), name = f.key.substr(dot + 1);
     if (sec != section) {

@@ -117,8 +117,8 @@ void config_load_string(Config& cfg, const std::string& toml_text, const std::st
 void config_set(Config& cfg, const std::string& assignment);
 // Fills arch-dependent defaults and checks every relation; throws loom::Error.
 void config_validate(Config& cfg);
-// The resolved config as TOML, numbers as written (0.003).
-std::string config_to_toml(const Config& cfg);
+// The resolved config as TOML, numbers as written (0.003); `only`: just that section.
+std::string config_to_toml(const Config& cfg, const std::string& only = "");
 std::vector<std::string> config_keys();
 // Every key with its type, default and meaning, one per line (`loom train --list-keys`).
 std::string config_keys_table();

@@ -1,0 +1,121 @@
+#include "launch/infer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "model/decode.h"
+#include "runtime/error.h"
+#include "runtime/tokenizer.h"
+
+namespace loom {
+
+namespace {
+// The config of a weights file: --config if given, else the shape the file carries; then
+// --set, and for eval the data to read.
+Config config_for(const std::string& from, const std::string& config, std::vector<std::string> sets) {
+  Config cfg = config.empty() ? model_config_find(from) : config_defaults();
+  if (!config.empty()) config_load_file(cfg, config);
+  for (auto& s : sets) config_set(cfg, s);
+  config_validate(cfg);
+  return cfg;
+}
+}  // namespace
+
+EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
+  std::vector<std::string> sets = opt.sets;
+  sets.insert(sets.end(), {"init.from=" + opt.from, "export.final=", "log.dir=", "log.trace=false"});
+  if (!opt.data.empty()) {
+    sets.insert(sets.end(), {"data.path=" + opt.data, "data.val_path=" + opt.data});
+    // Data given to a config that had none: token shards by their look, anything else as text.
+    Config probe = config_for(opt.from, opt.config, opt.sets);
+    if (probe.data.source == "synthetic") {
+      namespace fs = std::filesystem;
+      const bool tokens = fs::is_directory(opt.data) || fs::path(opt.data).extension() == ".bin";
+      sets.push_back(std::string("data.source=") + (tokens ? "tokens" : "text"));
+    }
+  }
+  const Config cfg = config_for(opt.from, opt.config, sets);
+  TrainOptions t = topt;
+  t.quiet = true;
+  Trainer trainer(cfg, t);
+  trainer.init();
+  const int64_t have = trainer.val_batches_available();
+  int64_t batches = opt.batches < 0 ? std::min<int64_t>(cfg.data.val_batches, have) : opt.batches;
+  if (batches == 0) {
+    LOOM_CHECK(cfg.data.source != "synthetic",
+               "--batches 0 (every batch) needs finite data: synthetic data never ends");
+    batches = have;
+  }
+  LOOM_CHECK(batches > 0 && batches <= have,
+             "the validation data holds {} whole batches of {} sequences x {} tokens; asked for {} ({})", have,
+             cfg.train.global_batch, cfg.model.seq_len, batches, trainer.data_describe());
+  EvalResult r;
+  r.loss = trainer.validate(batches);
+  r.perplexity = std::exp(r.loss);
+  r.batches = batches;
+  r.tokens = batches * cfg.train.global_batch * cfg.model.seq_len;
+  if (t.world_rank == 0)
+    fmt::print("eval {}: loss {:.6f}, perplexity {:.4f} over {} tokens ({} batches of {} x {}) of {}\n", opt.from,
+               r.loss, r.perplexity, r.tokens, batches, cfg.train.global_batch, cfg.model.seq_len,
+               trainer.data_describe());
+  return r;
+}
+
+std::vector<int32_t> generate_run(const GenerateOptions& opt) {
+  const Config cfg = config_for(opt.from, opt.config, opt.sets);
+  std::unique_ptr<Gpt2Bpe> bpe;
+  if (opt.tokenizer == "gpt2") {
+    LOOM_CHECK(!opt.vocab.empty() && !opt.merges.empty(),
+               "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
+    bpe = std::make_unique<Gpt2Bpe>(opt.vocab, opt.merges);
+  }
+  const int tok_vocab = bpe ? int(bpe->vocab_size()) : 256;
+  LOOM_CHECK(tok_vocab <= cfg.model.vocab_size,
+             "the {} tokenizer has {} tokens but the model's vocabulary has {}; use the tokenizer it was trained with",
+             opt.tokenizer, tok_vocab, cfg.model.vocab_size);
+  LOOM_CHECK(!opt.prompt.empty(), "--prompt is empty; give the text to continue");
+  std::vector<int32_t> ids = bpe ? bpe->encode(opt.prompt) : tokenize_bytes(opt.prompt);
+  auto decode = [&](int32_t id) { return bpe ? bpe->decode({id}) : std::string(1, char(uint8_t(id))); };
+
+  threads_set(cfg.train.threads);
+  Decoder dec(cfg, opt.from);
+  if (!dec.unused().empty())
+    fmt::print(stderr, "{} tensors in {} unused (first: {})\n", dec.unused().size(), opt.from, dec.unused().front());
+  const int room = dec.context() - int(ids.size());
+  LOOM_CHECK(room > 0, "the prompt is {} tokens, and the model's context (model.seq_len) is {}; shorten it", ids.size(),
+             dec.context());
+  const int max_new = opt.max_new < 0 ? std::min(64, room) : opt.max_new;
+  LOOM_CHECK(max_new <= room,
+             "--max-new {} does not fit: the prompt is {} tokens of the model's {}-token context; use --max-new {} "
+             "or less",
+             max_new, ids.size(), dec.context(), room);
+  const SampleOptions so{opt.temperature, opt.top_k};
+  std::mt19937_64 rng(opt.seed);
+  std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
+  std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits = dec.forward(ids.data(), int(ids.size()));
+  std::vector<int32_t> out;
+  for (int i = 0; i < max_new; ++i) {
+    // Sampled from the tokenizer's ids only: a padded or unused id has no text.
+    const int32_t next = token_sample(logits.data(), tok_vocab, so, rng);
+    out.push_back(next);
+    const std::string text = decode(next);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    if (i + 1 < max_new) logits = dec.forward(&next, 1);
+  }
+  std::fputc('\n', stdout);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(stderr, "{} prompt + {} new tokens in {:.2f} s ({:.1f} tokens/s; {}, seed {})\n", ids.size(), out.size(),
+             s, double(out.size()) / s,
+             opt.temperature > 0 ? fmt::format("temperature {}, top-k {}", opt.temperature, opt.top_k) : "greedy",
+             opt.seed);
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,40 @@
+// The commands people reach for after training: `loom eval` (loss and perplexity of a weights
+// file on a data set, in any layout) and `loom generate` (text from a prompt, KV-cached).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "launch/trainer.h"
+
+namespace loom {
+
+struct EvalOptions {
+  std::string from;    // weights, as init.from takes them
+  std::string config;  // empty: the shape from the weights (model_config_find), synthetic data
+  std::vector<std::string> sets;
+  std::string data;      // a token shard, directory of shards, or text file: data.path and data.val_path
+  int64_t batches = -1;  // -1: data.val_batches; 0: every whole batch the validation data holds
+};
+struct EvalResult {
+  double loss = 0, perplexity = 0;
+  int64_t tokens = 0, batches = 0;
+};
+// Collective under mpirun/srun; rank 0 prints the result.
+EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt);
+
+struct GenerateOptions {
+  std::string from, config;
+  std::vector<std::string> sets;
+  std::string prompt;
+  std::string tokenizer = "byte", vocab, merges;  // byte | gpt2 (with vocab.json and merges.txt)
+  int max_new = -1;                               // -1: 64, or what the context leaves
+  double temperature = 0.0;                       // 0: greedy
+  int top_k = 0;
+  uint64_t seed = 1;
+};
+// Writes the prompt and its continuation to stdout as they come, the rate to stderr; returns
+// the generated token ids.
+std::vector<int32_t> generate_run(const GenerateOptions& opt);
+
+}  // namespace loom

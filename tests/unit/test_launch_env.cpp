@@ -1,0 +1,103 @@
+// Where a rank sits and how many threads it takes, from each launcher's real variables (a fake
+// environment per case). The srun case is the one that took every core per rank before.
+#include <map>
+
+#include "launch/launch_env.h"
+#include "testing.h"
+
+using namespace loom;
+
+namespace {
+EnvGet env_of(const std::map<std::string, std::string>& vars) {
+  return [vars](const char* k) -> const char* {
+    auto it = vars.find(k);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+}  // namespace
+
+TEST(LaunchEnv, SlurmTaskListsByNode) {
+  for (int node = 0; node < 3; ++node) EXPECT_EQ(slurm_tasks_on_node("2(x3),1", node), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 4), 0);
+  EXPECT_EQ(slurm_tasks_on_node("3,1", 1), 1);
+  EXPECT_EQ(slurm_tasks_on_node("4", 0), 4);
+}
+
+// `srun -n 2` in a one-task allocation: the step's list says 2 here, the allocation's says 1,
+// and neither OMPI_COMM_WORLD_LOCAL_SIZE nor SLURM_NTASKS_PER_NODE is set.
+TEST(LaunchEnv, SrunSharesTheNodeAmongItsStepsTasks) {
+  const EnvGet get = env_of({{"SLURM_PROCID", "1"},
+                             {"SLURM_NTASKS", "2"},
+                             {"SLURM_STEP_ID", "0"},
+                             {"SLURM_LOCALID", "1"},
+                             {"SLURM_NODEID", "0"},
+                             {"SLURM_STEP_TASKS_PER_NODE", "2"},
+                             {"SLURM_TASKS_PER_NODE", "1"}});
+  const LaunchEnv e = launch_env_read(get);
+  EXPECT_EQ(e.launcher, "slurm");
+  EXPECT_EQ(e.rank, 1);
+  EXPECT_EQ(e.world, 2);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_size, 2);
+  EXPECT_EQ(e.local_from, "SLURM_STEP_TASKS_PER_NODE");
+  const ThreadChoice t = threads_choose(0, e, get, 16);
+  EXPECT_EQ(t.threads, 8);
+  EXPECT_NE(t.why.find("2 rank(s)"), std::string::npos) << t.why;
+}
+
+TEST(LaunchEnv, SlurmSecondNodeOfAStep) {
+  const LaunchEnv e = launch_env_read(env_of({{"SLURM_PROCID", "3"},
+                                              {"SLURM_NTASKS", "4"},
+                                              {"SLURM_STEP_ID", "1"},
+                                              {"SLURM_NODEID", "1"},
+                                              {"SLURM_STEP_TASKS_PER_NODE", "3,1"}}));
+  EXPECT_EQ(e.node, 1);
+  EXPECT_EQ(e.local_size, 1);
+}
+
+TEST(LaunchEnv, CpusPerTaskThenOmpThenConfigWin) {
+  std::map<std::string, std::string> vars = {{"SLURM_PROCID", "0"},
+                                             {"SLURM_NTASKS", "2"},
+                                             {"SLURM_STEP_ID", "0"},
+                                             {"SLURM_STEP_TASKS_PER_NODE", "2"},
+                                             {"SLURM_CPUS_PER_TASK", "3"}};
+  LaunchEnv e = launch_env_read(env_of(vars));
+  ThreadChoice t = threads_choose(0, e, env_of(vars), 16);
+  EXPECT_EQ(t.threads, 3);
+  EXPECT_EQ(t.why, "SLURM_CPUS_PER_TASK");
+  vars["OMP_NUM_THREADS"] = "5";
+  t = threads_choose(0, e, env_of(vars), 16);
+  EXPECT_EQ(t.threads, 5);
+  EXPECT_EQ(t.why, "OMP_NUM_THREADS");
+  t = threads_choose(2, e, env_of(vars), 16);
+  EXPECT_EQ(t.threads, 2);
+  EXPECT_EQ(t.why, "train.threads");
+}
+
+TEST(LaunchEnv, MpirunAndPmixLocalSizes) {
+  const EnvGet ompi = env_of({{"OMPI_COMM_WORLD_SIZE", "8"},
+                              {"OMPI_COMM_WORLD_RANK", "5"},
+                              {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                              {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                              {"OMPI_COMM_WORLD_NODE_RANK", "1"}});
+  LaunchEnv e = launch_env_read(ompi);
+  EXPECT_EQ(e.launcher, "mpirun");
+  EXPECT_EQ(e.local_size, 4);
+  EXPECT_EQ(threads_choose(0, e, ompi, 16).threads, 4);
+  const EnvGet pmix = env_of({{"PMIX_RANK", "1"}, {"PMIX_SIZE", "2"}, {"PMIX_LOCAL_SIZE", "2"}});
+  e = launch_env_read(pmix);
+  EXPECT_EQ(e.launcher, "pmix");
+  EXPECT_EQ(e.local_size, 2);
+  EXPECT_EQ(threads_choose(0, e, pmix, 7).threads, 3);
+}
+
+// A batch script that runs loom without srun is one process with the job's CPUs.
+TEST(LaunchEnv, BatchScriptWithoutSrunIsOneProcess) {
+  const EnvGet get = env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_CPUS_PER_TASK", "6"}});
+  const LaunchEnv e = launch_env_read(get);
+  EXPECT_FALSE(e.distributed());
+  EXPECT_EQ(threads_choose(0, e, get, 16).threads, 6);
+  const LaunchEnv none = launch_env_read(env_of({}));
+  EXPECT_EQ(threads_choose(0, none, env_of({}), 16).threads, 16);
+}
