@@ -128,10 +128,9 @@ template <class S>
 void crossentropy_shard_finish(S* logits, float* losses, const int32_t* targets, int N, int Vl, int valid, int v0,
                                const float* rowmax, const float* sumexp, const float* target_logit, float dloss);
 
-// defines: sum_squares, scale_inplace, widen, narrow
+// defines: sum_squares, widen, narrow
 // Sum of squares in double, fixed-order.
 double sum_squares(const float* x, int64_t n);
-void scale_inplace(float* x, float s, int64_t n);
 // bf16 <-> fp32 (narrow rounds to nearest even).
 void widen(float* out, const bf16* in, int64_t n);
 void narrow(bf16* out, const float* in, int64_t n);

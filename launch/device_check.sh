@@ -7,8 +7,10 @@
 #   3. a small model, 30 steps past warm-up: CUDA against the CPU in bf16 and in fp32 (losses,
 #      step-1 gradient norm, weights), CUDA against itself and under each recompute policy
 #      (bitwise);
-#   4. the same model at 2 ranks on the one GPU over the MPI-staged path: dp 2, tp 2 with sp,
-#      dp 2 with ZeRO-3, each against the 1-rank CUDA run (bf16 layout tolerances);
+#   4. a small LLaMA, CUDA against the CPU in bf16; the GPT-2 model at 2 ranks on the one GPU
+#      over the MPI-staged path: dp 2, tp 2 with sp, dp 2 with ZeRO-3, and tp 2 + sp under full
+#      recompute and ZeRO-3 under selective, each against the 1-rank CUDA run (bf16 layout
+#      tolerances);
 #   5. kernel rates, GPT-2 124M (B=16, T=1024) next to PyTorch, a LLaMA-shaped 1.1B model;
 #   6. last, being slowest: compute-sanitizer memcheck and racecheck on the kernel tests.
 # Results go to $OUT (or ./device_out); summary.txt is written before the sanitizers and again
@@ -78,6 +80,11 @@ if [ $build -eq 0 ]; then
     run small_cuda_$policy $loom train "${small[@]}" --set train.device=cuda --set train.recompute=$policy
     recompute+="$policy: $(verdict small_cuda_$policy small_cuda --loss-rtol 0 --norm-rtol 0 --weight-atol 0 | sed 's/.*: //')  "
   done
+  # LLaMA (RMSNorm, RoPE, SwiGLU, grouped-query heads 2/1): CUDA against the CPU in bf16.
+  llama=(--set model.arch=llama --set model.n_kv_head=1)
+  run llama_cpu_bf16 $loom train "${small[@]}" "${llama[@]}" --set train.device=cpu --set train.dtype=bf16
+  run llama_cuda $loom train "${small[@]}" "${llama[@]}" --set train.device=cuda
+  parity_llama=$(verdict llama_cuda llama_cpu_bf16 "${bf[@]}")
   layouts="not run (no mpirun)"
   if [ ${#mpirun[@]} -gt 0 ]; then
     layouts=""
@@ -86,7 +93,13 @@ if [ $build -eq 0 ]; then
     run staged_tp2 "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.tp=2 --set parallel.sp=true
     run staged_zero3 "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.dp=2 \
       --set parallel.zero=3 --set train.micro_batch=4
-    for l in dp2 tp2 zero3; do layouts+="$l: $(verdict staged_$l small_cuda --loss-rtol 1e-2 --norm-rtol 1e-2 --weight-atol 5e-2)
+    # Recompute inside sharded layouts: the recomputed forward reads sp-gathered inputs and
+    # ZeRO-3's re-gathered weights.
+    run staged_tp2_full "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.tp=2 \
+      --set parallel.sp=true --set train.recompute=full
+    run staged_zero3_selective "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.dp=2 \
+      --set parallel.zero=3 --set train.micro_batch=4 --set train.recompute=selective
+    for l in dp2 tp2 zero3 tp2_full zero3_selective; do layouts+="$l: $(verdict staged_$l small_cuda --loss-rtol 1e-2 --norm-rtol 1e-2 --weight-atol 5e-2)
   "; done
   fi
   timeout 120 $loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$out/kernels_gpt2.log" 2>&1
@@ -110,6 +123,7 @@ summary() {
     echo "small model, CUDA vs CPU fp32: ${parity_f32:-not run}"
     echo "small model, CUDA twice (bitwise): ${repeat:-not run}"
     echo "small model, CUDA recompute vs none (bitwise): ${recompute:-not run}"
+    echo "small llama, CUDA vs CPU bf16: ${parity_llama:-not run}"
     echo "2 ranks on one GPU (MPI-staged) vs 1 rank: ${layouts:-not run}"
     grep -hE "gemm bf16 8192|attention|speedup|error" "$out/kernels_gpt2.log" "$out/kernels_llama1b.log" 2>/dev/null
     echo "GPT-2 124M loom:    $(grep -h "bench train" "$out/bench_gpt2.log" 2>/dev/null || tail -1 "$out/bench_gpt2.log" 2>/dev/null)"

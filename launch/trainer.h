@@ -21,7 +21,7 @@ struct TrainResult {
   MemLedger mem;                                                           // this rank's ledger at the end
   double tokens_per_s = 0;                                                 // mean over steps after the first
   double mfu = 0;
-  double comm_exposed_ms = 0, comm_total_ms = 0;  // summed over steps
+  double comm_exposed_ms = 0;  // summed over steps
   int stopped_by = 0;                             // the signal that stopped the run early, or 0
   int64_t steps_done = 0;
   int64_t activation_bytes() const { return mem.of(Mem::activations); }

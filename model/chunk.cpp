@@ -131,21 +131,24 @@ Buf Chunk::rows(Ptr p, int64_t n) const {
   return Buf(p.p, n, be_.dtype(), be_.device());
 }
 
-Chunk::LayerW Chunk::layer_w(Ptr unit_base, int l) const {
-  LayerW w{};
+// Where each field of block l sits, relative to its unit's base (SIZE_MAX: absent).
+template <class P>
+void Chunk::layer_fields(P* out, P unit_base, int l) const {
   const auto& offs = layout_.layer_offsets[size_t(l)];
   const int64_t lo = layout_.unit_lo(l + 1 - first_unit_);
   for (int f = 0; f < NUM_W; ++f)
-    if (offs[size_t(f)] != SIZE_MAX) w.w[f] = unit_base + (int64_t(offs[size_t(f)]) - lo);
+    if (offs[size_t(f)] != SIZE_MAX) out[f] = unit_base + (int64_t(offs[size_t(f)]) - lo);
+}
+
+Chunk::LayerW Chunk::layer_w(Ptr unit_base, int l) const {
+  LayerW w{};
+  layer_fields(w.w, unit_base, l);
   return w;
 }
 
 Chunk::LayerW Chunk::layer_g(float* unit_base, int l) const {
   LayerW g{};
-  const auto& offs = layout_.layer_offsets[size_t(l)];
-  const int64_t lo = layout_.unit_lo(l + 1 - first_unit_);
-  for (int f = 0; f < NUM_W; ++f)
-    if (offs[size_t(f)] != SIZE_MAX) g.g[f] = unit_base + (int64_t(offs[size_t(f)]) - lo);
+  layer_fields(g.g, unit_base, l);
   return g;
 }
 
@@ -298,11 +301,14 @@ void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, 
   // Sequence parallel: norm gains and biases see only this rank's rows; their gradients go to
   // a scratch that is reduced over tp once the block is done.
   float* normw = scrf(D_NORMW);
-  if (sp_) be_.zero(Buf(normw, 4 * int64_t(C_), DType::f32, be_.device()));
+  // Under sp the norms' parameter gradients collect here, then one all-reduce sums them over
+  // tp; RMSNorm has no bias, so its two gains sit back to back and half as much travels.
+  const int64_t per_norm = llama_ ? 1 : 2;
+  if (sp_) be_.zero(Buf(normw, 2 * per_norm * C_, DType::f32, be_.device()));
   float* g_n1w = sp_ ? normw : G[NORM1_W];
-  float* g_n1b = sp_ ? normw + C_ : G[NORM1_B];
-  float* g_n2w = sp_ ? normw + 2 * C_ : G[NORM2_W];
-  float* g_n2b = sp_ ? normw + 3 * C_ : G[NORM2_B];
+  float* g_n1b = sp_ && !llama_ ? normw + C_ : G[NORM1_B];
+  float* g_n2w = sp_ ? normw + per_norm * C_ : G[NORM2_W];
+  float* g_n2b = sp_ && !llama_ ? normw + 3 * C_ : G[NORM2_B];
   const WLayout lay = llama_ ? WLayout::out_in : WLayout::in_out;
   Ptr dout = row_parallel_grad(dres, full_a);
   {
@@ -342,7 +348,8 @@ void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, 
     auto s = trace_.scope("norm1_backward");
     be_.norm_backward(llama_, dres, g_n1w, g_n1b, dln1, in, W[NORM1_W], a.ln1_mean, a.ln1_rstd, Ns_, C_);
   }
-  if (sp_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM1_B], G[NORM2_W], G[NORM2_B]}, C_);
+  if (sp_ && llama_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM2_W]}, C_);
+  if (sp_ && !llama_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM1_B], G[NORM2_W], G[NORM2_B]}, C_);
 }
 
 void Chunk::embedding_forward(const Inputs& in, UnitAccess& acc) {
@@ -438,15 +445,16 @@ void Chunk::head_backward(UnitAccess& acc) {
   const Ptr dlnf = column_parallel_grad(dln);
   be_.zero(rows(dres, int64_t(Ns_) * C_));
   float* normw = scrf(D_NORMW);
-  if (sp_) be_.zero(Buf(normw, 2 * int64_t(C_), DType::f32, be_.device()));
+  if (sp_) be_.zero(Buf(normw, (llama_ ? 1 : 2) * int64_t(C_), DType::f32, be_.device()));
   float* gw = sp_ ? normw : at(hg, head, names_.norm_w);
-  float* gb = sp_ ? normw + C_ : at(hg, head, names_.norm_b);
+  float* gb = sp_ && !llama_ ? normw + C_ : at(hg, head, names_.norm_b);
   {
     auto s = trace_.scope("normf_backward");
     be_.norm_backward(llama_, dres, gw, gb, dlnf, act(RESIDUAL, b1_ - b0_), at(hw, head, names_.norm_w), actf(LNF_MEAN),
                       actf(LNF_RSTD), Ns_, C_);
   }
-  if (sp_) sp_param_grads_reduce(normw, {at(hg, head, names_.norm_w), at(hg, head, names_.norm_b)}, C_);
+  if (sp_ && llama_) sp_param_grads_reduce(normw, {at(hg, head, names_.norm_w)}, C_);
+  if (sp_ && !llama_) sp_param_grads_reduce(normw, {at(hg, head, names_.norm_w), at(hg, head, names_.norm_b)}, C_);
   acc.backward_done(head);  // the final norm and an untied lm_head sit after every block
 }
 

@@ -61,8 +61,8 @@ class Chunk {
   bool has_embedding() const { return first_unit_ == 0; }
   bool has_head() const { return has_head_; }
   int first_unit() const { return first_unit_; }
-  int vocab_lo() const { return v0_; }    // the first vocabulary row this rank holds
-  int vocab_rows() const { return V_; }   // how many (padded)
+  int vocab_lo() const { return v0_; }   // the first vocabulary row this rank holds
+  int vocab_rows() const { return V_; }  // how many (padded)
   void zero_grad();
 
   // Forward of one micro-batch: from the tokens (with the embedding) or from input(); to the
@@ -85,6 +85,8 @@ class Chunk {
   class FlatAccess;
   LayerW layer_w(Ptr unit_base, int l) const;
   LayerW layer_g(float* unit_base, int l) const;
+  template <class P>
+  void layer_fields(P* out, P unit_base, int l) const;
   LayerA layer_a(int i);
   Ptr at(Ptr unit_base, int unit, const char* name) const;
   float* at(float* unit_base, int unit, const char* name) const;

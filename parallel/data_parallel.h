@@ -28,7 +28,6 @@ class DataParallel : public UnitAccess {
   virtual void step(const AdamWHyper& h, int64_t step, double max_norm) = 0;
   virtual double grad_norm() = 0;  // the last step's, before clipping (read on the host)
   virtual std::string describe() const = 0;
-  virtual double comm_us() const { return 0; }  // the last step's reduction time, summed
 };
 
 struct DataParallelGroups {

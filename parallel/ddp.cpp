@@ -28,8 +28,8 @@ Ddp::Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, Step
   const int64_t numel = int64_t(chunk.num_params());
   const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
   for (int64_t hi = numel; hi > 0; hi -= per) buckets_.push_back({std::max<int64_t>(0, hi - per), hi, {}});
-  auto items = plan(cfg, chunk.registry(), tp_.rank(), be_.dtype(), be_.device());
-  if (items.front().name == "grad_reduce_bf16") low_ = be_.alloc().empty(items.front());
+  for (const PlanItem& item : plan(cfg, chunk.registry(), tp_.rank(), be_.dtype(), be_.device()))
+    if (item.name == "grad_reduce_bf16") low_ = be_.alloc().empty(item);
   adam_ = std::make_unique<AdamW>(be_, opt_chunks(chunk.registry(), tp_.rank()), numel, be_.dtype() != DType::f32);
 }
 
@@ -77,11 +77,7 @@ void Ddp::step(const AdamWHyper& h, int64_t step, double max_norm) {
   grads_ready_from(0);
   {
     StepClock::Scope c(clock_, Phase::comm);
-    comm_us_ = 0;
-    for (auto& b : buckets_) {
-      b.work.wait_on(s);
-      comm_us_ += b.work.duration_us();
-    }
+    for (auto& b : buckets_) b.work.wait_on(s);
   }
   if (low_.defined() && dp_.size() > 1)
     for (auto& b : buckets_)

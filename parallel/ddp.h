@@ -33,7 +33,6 @@ class Ddp final : public DataParallel {
   void step(const AdamWHyper& h, int64_t step, double max_norm) override;
   double grad_norm() override { return adam_->norm(); }
   std::string describe() const override;
-  double comm_us() const override { return comm_us_; }
   size_t num_buckets() const { return buckets_.size(); }
 
  private:
@@ -54,7 +53,6 @@ class Ddp final : public DataParallel {
   bool last_ = false;
   std::vector<Bucket> buckets_;  // in launch order: from the end of the buffer
   size_t next_ = 0;
-  double comm_us_ = 0;
   Tensor low_;  // bf16 copy of the gradients for grad_reduce_dtype = bf16
   std::unique_ptr<AdamW> adam_;
 };

@@ -7,7 +7,8 @@
 // Identity halves are not functions. With sequence parallelism the rows (the B*T tokens of
 // a micro-batch) are split into tp contiguous blocks; rank t holds block t.
 // Each op reads what `s` has produced and returns once work issued to `s` will see its result
-// (on CUDA the tp group runs on the compute stream itself; on the CPU the host waits).
+// (under NCCL the tp group runs on the compute stream itself; under MPI, CPU buffers or CUDA
+// ones staged through the host, the host waits).
 // Communication per block and micro-batch, in elements of the [N, C] activations (N = B*T):
 //   without sp: 2 all-reduces forward, 2 backward (4 x N*C payload)
 //   with sp:    2 all-gathers + 2 reduce-scatters forward; backward 2 all-gathers of the

@@ -86,6 +86,7 @@ struct Zero::Slot {
   int unit = -1;
   Pass pass = Pass::forward;
   bool in_use = false, pending = false;
+  bool used = false;  // read since its gather (a tied lm_head reads the embeddings twice)
   Work work;
 };
 
@@ -254,6 +255,7 @@ void Zero::gather_into(Slot& slot, int u, Pass pass) {
   const Unit& un = unit(u);
   slot.unit = u;
   slot.pass = pass;
+  slot.used = false;
   slot.work =
       dp_.all_gather(Buf(shard_params_).slice(un.shard_off, un.s), Buf(slot.buf).slice(0, un.s * n_), be_.stream());
 }
@@ -268,10 +270,14 @@ Ptr Zero::params(int u, Pass pass) {
   }
   wait(s.work);
   s.in_use = true;
-  // Prefetch the block that comes next while this one computes.
+  const bool first_read = !s.used;
+  s.used = true;
+  // Prefetch the unit that comes next while this one computes (the embeddings and the head
+  // have slots of their own, so the first block gathers during the embeddings too); a second
+  // read of a unit in the same pass is out of sequence and prefetches nothing.
   const int i = u - first_, last = int(units_.size()) - 1;
   const int next = pass == Pass::forward ? i + 1 : i - 1;
-  if (i != 0 && i != last && next >= 1 && next < last) {
+  if (first_read && next >= 0 && next <= last) {
     Slot& nx = slot_of(param_slots_, first_ + next);
     if (!nx.in_use && !(nx.unit == first_ + next && nx.pass == pass)) {
       wait(nx.work);
@@ -287,7 +293,6 @@ void Zero::forward_done(int u) {
 
 void Zero::step(const AdamWHyper& h, int64_t step, double max_norm) {
   const Stream& st = be_.stream();
-  const DeviceKind d = be_.device();
   float* grads = nullptr;
   if (stage_ == 1) {
     // Reduce-scatter each unit; this rank's reduced slice goes back into the full buffer,
@@ -333,7 +338,6 @@ void Zero::step(const AdamWHyper& h, int64_t step, double max_norm) {
     wait(slot->work);
     slot->unit = -1;
   }
-  (void)d;
 }
 
 }  // namespace loom

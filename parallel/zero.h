@@ -11,8 +11,10 @@
 //   stage 3: no full weights either: a unit is all-gathered right before its forward and
 //            again before its backward, the next block prefetched while this one computes,
 //            and the buffer reused once the unit is done.
-// Communication per micro-batch, in elements per rank: stages 1-2 reduce-scatter N and
-// all-gather N (2N, like DDP's all-reduce); stage 3 adds the second all-gather (3N). Weights
+// Communication per step of A micro-batches, in elements per rank: stage 1 reduce-scatters N
+// and all-gathers N once (2N, like DDP's all-reduce); stage 2 reduce-scatters N per
+// micro-batch and all-gathers N once ((A+1)N); stage 3 all-gathers N before each micro-batch's
+// forward and again before its backward, and reduce-scatters N per micro-batch (3AN). Weights
 // travel in the compute dtype, gradients in parallel.grad_reduce_dtype.
 #pragma once
 #include <memory>

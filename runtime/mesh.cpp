@@ -124,7 +124,6 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const 
       no.timeout_s = o.timeout_s;
       no.world_rank = world_rank;
       no.end_job = [] { mpi_abort(4); };
-      no.trace = o.trace;
       device_owned_.push_back(nccl_group(w, axis_name(Axis(a)), g.id, g.ranks, no));
       groups_.push_back(device_owned_.back().get());
     }

@@ -48,7 +48,6 @@ class StepClock {
     StepClock* c_;
     Phase back_;
   };
-  Scope during(Phase p) { return Scope(this, p); }
 
  private:
   Event& mark();

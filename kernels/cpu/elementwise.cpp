@@ -216,11 +216,6 @@ double sum_squares(const float* x, int64_t n) {
   return s;
 }
 
-void scale_inplace(float* x, float s, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] *= s;
-}
-
 void widen(float* out, const bf16* in, int64_t n) {
   for_chunks(n, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) out[i] = ld(in[i]);

@@ -217,7 +217,14 @@ class MpiGroup final : public ProcessGroup {
     std::vector<std::pair<size_t, void*>> held;  // pinned blocks, returned on landing
     bool synced = false;
     Staging(MpiGroup& group, const Stream& s) : g(group), after(s) {}
-    Staging(Staging&&) = default;
+    Staging(Staging&&) = default;  // leaves `held` empty behind
+    // Blocks still held go back to the pool: an op that never landed, or a copy that threw
+    // before the op was issued. (A staged op's Staging lives until the op is done.)
+    ~Staging() {
+#if LOOM_HAVE_CUDA
+      for (auto& [bytes, p] : held) g.pinned_give(bytes, p);
+#endif
+    }
     Buf host_of(Buf b, bool read, bool write) {
       if (b.device == DeviceKind::cpu || b.count == 0) return b;
 #if LOOM_HAVE_CUDA
@@ -281,6 +288,7 @@ class MpiGroup final : public ProcessGroup {
         if (*landed) return;
         for (auto& b : staged->back) LOOM_CUDA_CHECK(cudaMemcpy(b.device, b.host, b.bytes, cudaMemcpyHostToDevice));
         for (auto& [bytes, p] : staged->held) pinned_give(bytes, p);
+        staged->held.clear();
         *landed = true;
       };
       st->poll = [raw] {

@@ -66,7 +66,6 @@ class Work {
   void wait() const;                    // the host waits; rethrows the op's error
   void wait_on(const Stream& s) const;  // work issued to s from now on sees the result
   bool done() const;
-  double duration_us() const { return s_ ? s_->end_us - s_->start_us : 0.0; }
 
  private:
   std::shared_ptr<State> s_;

@@ -383,16 +383,20 @@ TEST_F(Cuda, CrossEntropyWholeAndVocabParallel) {
 // The optimizer over a chunk table whose three index spaces differ (as ZeRO's do): AdamW with
 // fp32 master weights against the formula, and the squared norm of the chunks it counts.
 TEST_F(Cuda, AdamWAndNormOverTheChunkTable) {
-  const int n = 20000, split = 12000, shift = 100;  // gradients live `shift` elements further on
+  // Three index spaces, as ZeRO has them: state (moments, master) at k, bf16 weights `pshift`
+  // further on, gradients `shift` further on; a kernel that mixed them up fails.
+  const int n = 20000, split = 12000, shift = 100, pshift = 37;
   auto p = randn(n, 41), g = randn(n + shift, 42);
   std::vector<float> m(n, 0.0f), v(n, 0.0f), master = p;
   DevRaw<float> Master(master), Mm(m), Vv(v), G(g), One{std::vector<float>{1.0f}};
-  Dev P(p);
+  std::vector<float> p_at(size_t(n + pshift), 0.5f);
+  std::copy(p.begin(), p.end(), p_at.begin() + pshift);
+  Dev P(p_at);
   // Two tensors, the first (longer than one chunk) decaying and counted in the norm, the
   // second neither (a replicated tensor on a tp rank other than 0).
   std::vector<cuda::OptChunkDev> table;
   auto add = [&](int lo, int hi, int16_t flag) {
-    for (int k = lo; k < hi; k += 8192) table.push_back({k, k, k + shift, std::min(8192, hi - k), flag, flag});
+    for (int k = lo; k < hi; k += 8192) table.push_back({k, k + pshift, k + shift, std::min(8192, hi - k), flag, flag});
   };
   add(0, split, 1);
   add(split, n, 0);
@@ -415,8 +419,8 @@ TEST_F(Cuda, AdamWAndNormOverTheChunkTable) {
     }
   }
   EXPECT_LT(rel(Master.get(), master), 1e-5);
-  std::vector<float> rounded(n);
-  for (int i = 0; i < n; ++i) rounded[size_t(i)] = bf16_to_f32(f32_to_bf16(Master.get()[size_t(i)]));
+  std::vector<float> rounded(size_t(n + pshift), 0.5f);  // before pshift: untouched
+  for (int i = 0; i < n; ++i) rounded[size_t(i + pshift)] = bf16_to_f32(f32_to_bf16(Master.get()[size_t(i)]));
   EXPECT_EQ(P.get(), rounded);  // the bf16 weights are the master's rounding
 
   DevRaw<double> Out{std::vector<double>(1)}, Scratch{std::vector<double>(1024)};

@@ -9,6 +9,7 @@
 //   loom_compare_runs --val RUN_A RUN_B RTOL    (the last validation losses)
 //   loom_compare_runs --split RUN               (the step-time split of a tp run)
 //   loom_compare_runs --shape FILE.safetensors NAME D0 [D1...]
+//   loom_compare_runs --master FILE.safetensors (a bf16 run exported its fp32 master weights)
 // Each RUN is a log.dir holding metrics.jsonl and final.safetensors. Exit 0 when it holds.
 #include <fmt/format.h>
 
@@ -265,8 +266,9 @@ int tp_check(const std::string& off, const std::string& on, const std::vector<do
   check("sp: tp reduce-scatter bytes/step", j_on["tp_comm"]["reduce_scatter_b"].get<double>(), 4 * A * NC * (2 + 4 * L),
         0);
   check("sp: tp all-gather bytes/step", j_on["tp_comm"]["all_gather_b"].get<double>(), 4 * A * NC * (2 + 6 * L), 0);
+  const double norm_params = arch == "llama" ? 1 : 2;  // RMSNorm: a gain; LayerNorm: gain and bias
   check("sp: tp all-reduce bytes/step", j_on["tp_comm"]["all_reduce_b"].get<double>(),
-        4 * A * (3 * N + L * 4 * C + 2 * C) + 8, 0);
+        4 * A * (3 * N + L * 2 * norm_params * C + norm_params * C) + 8, 0);
   const double saved = 4 * ((L * (4 * NC + s * N) + 2 * NC + s * N / 2) * (1 - 1 / t) - NC);
   const double measured = j_off["mem"]["act_b"].get<double>() - j_on["mem"]["act_b"].get<double>();
   check("activation bytes saved by sp", measured, saved, 0.01 * saved + 64 * 20);
@@ -306,9 +308,10 @@ int fixture_check(const std::string& run, const std::string& fixture) {
   return bad ? 1 : 0;
 }
 
-// The step-time split: every step's phases add up to its step_ms (each is measured), and, in a
-// run with blocking collectives (tensor parallel), exposed communication is charged on every
-// step rather than hidden in compute.
+// The step-time split: every step's phases, cut from the step's own timeline, add up to its
+// step_ms, which the host's clock measures apart from them (within 1% and 50 us: a step whose
+// marks missed part of it falls short), and, in a run with blocking collectives (tensor
+// parallel), exposed communication is charged on every step rather than hidden in compute.
 int split_check(const std::string& run) {
   int bad = 0, steps = 0;
   double comm = 0, total = 0;
@@ -318,7 +321,7 @@ int split_check(const std::string& run) {
     double sum = 0;
     for (auto& [k, v] : j["time"].items()) sum += v.get<double>();
     const double ms = j["step_ms"].get<double>(), c = j["time"]["comm_exposed_ms"].get<double>();
-    bad += !(std::abs(sum - ms) <= 1e-6 * ms) || !(c > 0);
+    bad += !(std::abs(sum - ms) <= 0.01 * ms + 0.05) || !(c > 0);
     comm += c, total += ms;
   }
   fmt::print("{} steps: the phases add up to step_ms, exposed communication {:.3f} of {:.3f} ms: {}\n", steps, comm,
@@ -349,6 +352,22 @@ int shape_check(const std::string& file, const std::string& name, const std::vec
   return ok ? 0 : 1;
 }
 
+// A bf16 run exports its fp32 master weights, not the bf16 copy it computes with: most values
+// are not bf16 numbers (a bf16 export would have none that are not).
+int master_check(const std::string& file) {
+  int64_t n = 0, wide = 0;
+  for (auto& [name, t] : loom::safetensors_read(file))
+    for (float x : t.data) {
+      ++n;
+      wide += loom::bf16_to_f32(loom::f32_to_bf16(x)) != x;
+    }
+  const double frac = n ? double(wide) / double(n) : 0.0;
+  const bool ok = frac > 0.5;
+  fmt::print("{}: {:.1f}% of {} weights are not bf16 numbers (fp32 master weights: most): {}\n", file, 100 * frac, n,
+             ok ? "ok" : "FAIL");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -364,6 +383,7 @@ int main(int argc, char** argv) {
     }
     if (args.size() == 3 && args[0] == "--ledger") return ledger_check(args[1], args[2]);
     if (args.size() == 2 && args[0] == "--split") return split_check(args[1]);
+    if (args.size() == 2 && args[0] == "--master") return master_check(args[1]);
     if (args.size() == 4 && args[0] == "--val") return val_check(args[1], args[2], std::stod(args[3]));
     if (args.size() >= 4 && args[0] == "--shape") {
       std::vector<int64_t> shape;

@@ -236,14 +236,15 @@ TEST(Tokenizer, Gpt2BpeMergesByRank) {
 }
 
 // AdamW over the chunk table against the formula in double: fp32 weights updated in place,
-// and (bf16 compute) fp32 master weights with the bf16 parameters their rounding.
+// and (bf16 compute) fp32 master weights with the bf16 parameters their rounding; without
+// clipping, and with a max norm below the gradients' so that the scale is applied.
 TEST(Optim, AdamWMatchesTheFormulaInDouble) {
   ParamRegistry reg;
   reg.add("w", {2, 2}, ParamSpec::Init::normal);  // decays
   reg.add("b", {3}, ParamSpec::Init::zeros);      // does not
   Config cfg = config_defaults();
   config_validate(cfg);
-  for (bool master : {false, true}) {
+  for (auto [master, max_norm] : {std::pair{false, 0.0}, {true, 0.0}, {false, 0.25}, {true, 0.25}}) {
     Allocator alloc;
     auto be = cpu_backend(cfg, master ? DType::bf16 : DType::f32, alloc);
     AdamW opt(*be, opt_chunks(reg, 0), int64_t(reg.numel()), master);
@@ -256,19 +257,25 @@ TEST(Optim, AdamWMatchesTheFormulaInDouble) {
       std::vector<float> g(7);
       for (int i = 0; i < 7; ++i) g[i] = g0[i] * float(step);
       opt.norm_squares(g.data());
-      opt.update(master ? Ptr(low.data(), 2) : Ptr(p.data(), 4), g.data(), h, step, 0.0);
+      opt.update(master ? Ptr(low.data(), 2) : Ptr(p.data(), 4), g.data(), h, step, max_norm);
+      double norm = 0;
+      for (int i = 0; i < 7; ++i) norm += double(g[i]) * g[i];
+      norm = std::sqrt(norm);
+      const double scale = max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
+      if (max_norm > 0) ASSERT_LT(scale, 0.5) << "the test must clip";
       for (int i = 0; i < 7; ++i) {
         double wd = i < 4 ? h.weight_decay : 0.0;
+        const double gi = double(g[i]) * scale;
         P[i] *= 1 - h.lr * wd;
-        M[i] = h.beta1 * M[i] + (1 - h.beta1) * g[i];
-        Vv[i] = h.beta2 * Vv[i] + (1 - h.beta2) * double(g[i]) * g[i];
+        M[i] = h.beta1 * M[i] + (1 - h.beta1) * gi;
+        Vv[i] = h.beta2 * Vv[i] + (1 - h.beta2) * gi * gi;
         double mh = M[i] / (1 - std::pow(h.beta1, step)), vh = Vv[i] / (1 - std::pow(h.beta2, step));
         P[i] -= h.lr * mh / (std::sqrt(vh) + h.eps);
       }
     }
     for (int i = 0; i < 7; ++i) {
       const float got = master ? opt.master()[i] : p[i];
-      EXPECT_NEAR(got, P[i], 1e-6) << i;
+      EXPECT_NEAR(got, P[i], 1e-6) << i << " max_norm " << max_norm;
       if (master) EXPECT_EQ(low[size_t(i)].bits, f32_to_bf16(got)) << i;
     }
   }

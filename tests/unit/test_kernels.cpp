@@ -424,6 +424,55 @@ TEST(KernelsBf16, MatchTheirFp32Twins) {
     cpu::rope_forward(qf.data(), cs.data(), sn.data(), B, T, H, KV, D);
     cpu::rope_forward(qb.data(), cs.data(), sn.data(), B, T, H, KV, D);
     EXPECT_LT(rel_err(from_bf16(qb), qf), tol);
+    auto rf = q;
+    auto rb = to_bf16(q);
+    cpu::rope_backward(rf.data(), cs.data(), sn.data(), B, T, H, KV, D);
+    cpu::rope_backward(rb.data(), cs.data(), sn.data(), B, T, H, KV, D);
+    EXPECT_LT(rel_err(from_bf16(rb), rf), tol);
+  }
+  {  // RMSNorm with the fused add, forward and backward
+    std::vector<float> o(N * C), r(N), dx(N * C, 0.0f), dw(C, 0.0f);
+    auto io = x;
+    cpu::rmsnorm_forward(o.data(), r.data(), io.data(), a.data(), w.data(), N, C, 1e-5f);
+    cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), io.data(), w.data(), r.data(), N, C);
+    auto xb = to_bf16(x), ab = to_bf16(a), wb = to_bf16(w), dyb = to_bf16(dy);
+    std::vector<bf16> ob(N * C), dxb(N * C, bf16{0});
+    std::vector<float> rb(N), dwb(C, 0.0f);
+    cpu::rmsnorm_forward(ob.data(), rb.data(), xb.data(), ab.data(), wb.data(), N, C, 1e-5f);
+    cpu::rmsnorm_backward(dxb.data(), dwb.data(), dyb.data(), xb.data(), wb.data(), rb.data(), N, C);
+    EXPECT_LT(rel_err(from_bf16(xb), io), tol);
+    EXPECT_LT(rel_err(from_bf16(ob), o), tol);
+    EXPECT_LT(rel_err(from_bf16(dxb), dx), tol);
+    EXPECT_LT(rel_err(dwb, dw), tol);
+  }
+  {  // embedding forward over a vocabulary shard [2, 6) with positions
+    const int V0 = 2, Vl = 4;
+    auto wte = bf16_exact(randn(Vl * C, 150)), wpe = bf16_exact(randn(T * C, 151));
+    std::vector<int32_t> tok = {2, 5, 0, 3, 7, 4, 5, 2, 1, 3, 4, 2};
+    std::vector<float> o(B * T * C);
+    std::vector<bf16> ob(o.size());
+    cpu::embedding_forward(o.data(), tok.data(), wte.data(), V0, Vl, wpe.data(), B, T, C);
+    cpu::embedding_forward(ob.data(), tok.data(), to_bf16(wte).data(), V0, Vl, to_bf16(wpe).data(), B, T, C);
+    EXPECT_LT(rel_err(from_bf16(ob), o), tol);
+  }
+  {  // vocab-parallel cross-entropy phases over one shard (the caller's reductions are identities)
+    const int Vl = 12, valid = 10, V0 = 4;
+    auto l = bf16_exact(randn(N * Vl, 160, 2.0f));
+    std::vector<int32_t> y = {4, 13, 20, 6, 9, 1};  // 20 and 1 fall outside this shard
+    auto phases = [&](auto* logits, std::vector<float>& loss) {
+      std::vector<float> mx(N), tl(N), se(N);
+      cpu::crossentropy_shard_stats(logits, y.data(), N, Vl, valid, V0, mx.data(), tl.data());
+      cpu::crossentropy_shard_sumexp(logits, mx.data(), N, Vl, valid, se.data());
+      cpu::crossentropy_shard_finish(logits, loss.data(), y.data(), N, Vl, valid, V0, mx.data(), se.data(), tl.data(),
+                                     0.5f);
+    };
+    auto lf = l;
+    auto lb = to_bf16(l);
+    std::vector<float> loss(N), lossb(N);
+    phases(lf.data(), loss);
+    phases(lb.data(), lossb);
+    EXPECT_LT(rel_err(lossb, loss), tol);
+    EXPECT_LT(rel_err(from_bf16(lb), lf), tol);
   }
 }
 
