@@ -116,8 +116,7 @@ void bench_train(const Config& cfg, const TrainOptions& where) {
       "bench train: {} d_model {} layers {} B {} T {} on {} ({} ranks, {} threads each): {:.1f} tokens/s, "
       "MFU {:.1f}%\n",
       cfg.model.arch, cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len,
-      cfg.train.device == "cuda" ? "cuda" : "cpu", where.world_size,
-      cfg.train.threads > 0 ? std::to_string(cfg.train.threads) : std::string("auto"), r.tokens_per_s, 100.0 * r.mfu);
+      r.device, where.world_size, r.threads, r.tokens_per_s, 100.0 * r.mfu);
   fmt::print("{{\"tokens_per_s\": {:.6g}, \"mfu\": {:.6g}}}\n", r.tokens_per_s, r.mfu);
 }
 

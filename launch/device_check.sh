@@ -50,7 +50,7 @@ run() {
   local name=$1
   shift
   timeout 180 "$@" --set log.dir="$out/$name" --set export.final="$out/$name/final.safetensors" > "$out/$name.log" 2>&1 ||
-    echo "run $name failed: $(tail -1 "$out/$name.log")" >> "$out/failures.txt"
+    echo "run $name failed: $(grep -m1 "error:" "$out/$name.log" || tail -1 "$out/$name.log")" >> "$out/failures.txt"
 }
 # verdict A B ARGS...: the last line of loom_compare_runs, or why there is none.
 verdict() {
@@ -105,7 +105,9 @@ if [ $build -eq 0 ]; then
   timeout 120 $loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$out/kernels_gpt2.log" 2>&1
   timeout 120 $loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$out/kernels_llama1b.log" 2>&1
   timeout 180 $loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$out/bench_gpt2.log" 2>&1
-  timeout 180 python3 examples/bench_pytorch.py 8 10 cuda > "$out/bench_gpt2_torch.log" 2>&1
+  py=/usr/bin/python3  # Debian's, with its python3-torch, as examples/bench_vs_pytorch.sh
+  [ -x "$py" ] || py=python3
+  timeout 180 "$py" examples/bench_pytorch.py 8 10 cuda > "$out/bench_gpt2_torch.log" 2>&1
   timeout 180 $loom bench train --config examples/configs/llama_1b_gpu.toml > "$out/bench_llama1b.log" 2>&1
 fi
 summary() {

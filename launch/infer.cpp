@@ -14,11 +14,21 @@
 namespace loom {
 
 namespace {
-// The config of a weights file: --config if given, else the shape the file carries; then
-// --set, and for eval the data to read.
+// The config of a weights file: the shape the file carries (required without --config), then
+// --config over it, then --set (for eval, with the data to read).
 Config config_for(const std::string& from, const std::string& config, std::vector<std::string> sets) {
-  Config cfg = config.empty() ? model_config_find(from) : config_defaults();
-  if (!config.empty()) config_load_file(cfg, config);
+  LOOM_CHECK(std::filesystem::exists(from), "--from '{}' does not exist", from);
+  Config cfg = config_defaults();
+  if (config.empty()) {
+    cfg = model_config_find(from);
+  } else {
+    try {
+      cfg = model_config_find(from);
+    } catch (const Error&) {
+      cfg = config_defaults();  // no shape in the file: the config's [model] gives it
+    }
+    config_load_file(cfg, config);
+  }
   for (auto& s : sets) config_set(cfg, s);
   config_validate(cfg);
   return cfg;

@@ -479,6 +479,8 @@ TrainResult Trainer::finish() {
     p.info("wrote {} ({} events; open it in Perfetto)", path, p.trace.size());
   }
   p.result.mem = p.alloc->ledger();
+  p.result.threads = p.threads;
+  p.result.device = p.device;
   if (p.opt.keep_params) {
     p.result.params = std::move(hf);
     for (auto& s : p.chunk->registry().all())

@@ -23,6 +23,8 @@ struct TrainResult {
   double mfu = 0;
   double comm_exposed_ms = 0;  // summed over steps
   int stopped_by = 0;                             // the signal that stopped the run early, or 0
+  int threads = 0;                                // per rank, as chosen
+  std::string device;                             // cpu | cuda, as resolved
   int64_t steps_done = 0;
   int64_t activation_bytes() const { return mem.of(Mem::activations); }
 };

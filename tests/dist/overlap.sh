@@ -11,9 +11,16 @@ trap 'rm -rf "$dir"' EXIT
 common=(--set train.device=cpu --set model.n_layer=6 --set model.d_model=256 --set model.seq_len=64
         --set train.micro_batch=4 --set train.global_batch=8 --set train.steps=8 --set train.threads=1
         --set data.val_batches=0 --set parallel.dp=2)
-$mpirun -np 2 "$loom" train "${common[@]}" --set parallel.bucket_mb=1 --set log.trace=true --set log.dir="$dir/buckets" \
-  > "$dir/log" 2>&1 || { cat "$dir/log"; exit 1; }
-$mpirun -np 2 "$loom" train "${common[@]}" --set parallel.bucket_mb=1000 --set log.dir="$dir/one" \
-  > "$dir/one.log" 2>&1 || { cat "$dir/one.log"; exit 1; }
-grep "layout" "$dir/log" "$dir/one.log"
-"$compare" --trace "$dir/buckets/trace.rank0.json" "$dir/buckets/metrics.jsonl" "$dir/one/metrics.jsonl"
+# Timing on a shared machine: a loaded moment can stretch the exposed time past one bucket's,
+# so up to three tries; code that overlaps nothing fails all three.
+for attempt in 1 2 3; do
+  $mpirun -np 2 "$loom" train "${common[@]}" --set parallel.bucket_mb=1 --set log.trace=true \
+    --set log.dir="$dir/buckets$attempt" > "$dir/log" 2>&1 || { cat "$dir/log"; exit 1; }
+  $mpirun -np 2 "$loom" train "${common[@]}" --set parallel.bucket_mb=1000 --set log.dir="$dir/one$attempt" \
+    > "$dir/one.log" 2>&1 || { cat "$dir/one.log"; exit 1; }
+  grep "layout" "$dir/log" "$dir/one.log"
+  if "$compare" --trace "$dir/buckets$attempt/trace.rank0.json" "$dir/buckets$attempt/metrics.jsonl" \
+    "$dir/one$attempt/metrics.jsonl"; then exit 0; fi
+  echo "attempt $attempt: no overlap measured"
+done
+exit 1
