@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <fstream>
 
+#include "checkpoint/h5.h"
+#include "checkpoint/tools.h"
 #include "launch/bench.h"
 #include "launch/infer.h"
 #include "launch/launch_env.h"
@@ -52,18 +54,18 @@ void info_print() {
 #else
   fmt::print("MPI: not in this build (LOOM_MPI=OFF): one process only\n");
 #endif
-  fmt::print("HDF5: not in this build (checkpoints come next)\n");
+  fmt::print("checkpoints: {}\n", loom::checkpoint_libraries());
   fmt::print("spdlog: {}.{}.{}  fmt: {}\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH, FMT_VERSION);
 }
 
 // Parses "RANK:STEP".
 std::pair<int, int> fault_parse(const std::string& s) {
   auto colon = s.find(':');
-  LOOM_CHECK(colon != std::string::npos, "--fault-exit/--fault-hang '{}': expected RANK:STEP, e.g. 1:5", s);
+  LOOM_CHECK(colon != std::string::npos, "fault drill '{}': expected RANK:STEP, e.g. 1:5", s);
   try {
     return {std::stoi(s.substr(0, colon)), std::stoi(s.substr(colon + 1))};
   } catch (const std::exception&) {
-    loom::fail("--fault-exit/--fault-hang '{}': expected RANK:STEP, e.g. 1:5", s);
+    loom::fail("fault drill '{}': expected RANK:STEP, e.g. 1:5", s);
   }
 }
 
@@ -82,6 +84,20 @@ int run(int argc, char** argv) {
   std::string fault, hang;
   train->add_option("--fault-exit", fault, "fault drill: rank RANK exits with status 3 at step STEP (RANK:STEP)");
   train->add_option("--fault-hang", hang, "fault drill: rank RANK stops communicating at step STEP (RANK:STEP)");
+  std::string kill_in_save;
+  train->add_option("--fault-kill-in-save", kill_in_save,
+                    "fault drill: rank RANK SIGKILLs itself halfway through writing checkpoint STEP (RANK:STEP)");
+
+  std::string ckpt_dir, ckpt_out;
+  auto* ckpt = app.add_subcommand("ckpt", "verify, inspect or export a checkpoint directory");
+  ckpt->require_subcommand(1);
+  auto* cverify = ckpt->add_subcommand("verify", "every shard's hash and every tensor's coverage (exit 1 if not)");
+  cverify->add_option("dir", ckpt_dir, "checkpoint directory (…/step-N)")->required();
+  auto* cinspect = ckpt->add_subcommand("inspect", "step, layout, tensors and files");
+  cinspect->add_option("dir", ckpt_dir, "checkpoint directory (…/step-N)")->required();
+  auto* cexport = ckpt->add_subcommand("export", "the weights as one Hugging Face safetensors file");
+  cexport->add_option("dir", ckpt_dir, "checkpoint directory (…/step-N)")->required();
+  cexport->add_option("out", ckpt_out, "output .safetensors")->required();
 
   app.add_subcommand("info", "build options, library versions and devices");
 
@@ -197,6 +213,8 @@ int run(int argc, char** argv) {
       }
       if (!fault.empty()) std::tie(topt.fault_exit_rank, topt.fault_exit_step) = fault_parse(fault);
       if (!hang.empty()) std::tie(topt.fault_hang_rank, topt.fault_hang_step) = fault_parse(hang);
+      if (!kill_in_save.empty())
+        std::tie(topt.fault_ckpt_kill_rank, topt.fault_ckpt_kill_step) = fault_parse(kill_in_save);
       loom::stop_signals_install();  // SIGINT / SIGTERM: stop at the next step boundary
       const loom::TrainResult r = loom::train_run(cfg, topt);
       if (r.stopped_by) return loom::kExitStopped;
@@ -206,6 +224,12 @@ int run(int argc, char** argv) {
       LOOM_CHECK(!env.distributed() || env.world == 1,
                  "loom generate runs in one process; launch it without mpirun/srun (it was given {} ranks)", env.world);
       loom::generate_run(gopt);
+    } else if (*cverify) {
+      return loom::ckpt_verify(ckpt_dir);
+    } else if (*cinspect) {
+      loom::ckpt_inspect(ckpt_dir);
+    } else if (*cexport) {
+      loom::ckpt_export(ckpt_dir, ckpt_out);
     } else if (app.got_subcommand("info")) {
       info_print();
     } else if (*data) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "checkpoint/checkpointer.h"
 #include "checkpoint/safetensors.h"
 #include "launch/launch_env.h"
 #include "launch/stop.h"
@@ -87,7 +88,7 @@ void StepLog::after_step(const StepMetrics& m, const std::function<double()>& va
   result_.losses.push_back(m.loss);
   result_.grad_norms.push_back(m.grad_norm);
   result_.comm_exposed_ms += m.comm_exposed_ms;
-  if (m.step > 1) timed_ms_ += m.step_ms;
+  if (++seen_ > 1) timed_ms_ += m.step_ms;  // this process's first step is a warm-up
   const double elapsed = ms_since(start_) / 1e3;
   if (print_ && (m.step % cfg_.log.every == 0 || m.step == 1 || m.step == m.steps))
     spdlog::info("{}", progress_line(m, elapsed / double(m.step) * double(m.steps - m.step)));
@@ -104,8 +105,8 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
     validation(cfg_.train.steps, validate);
   }
   metrics_.close();  // flushed and fsynced; a failed write is an error, not a lost file
-  if (steps_done > 1) {
-    result_.tokens_per_s = double(tokens_per_step) * double(steps_done - 1) / (timed_ms_ / 1e3);
+  if (seen_ > 1) {
+    result_.tokens_per_s = double(tokens_per_step) * double(seen_ - 1) / (timed_ms_ / 1e3);
     result_.mfu = peak > 0 ? result_.tokens_per_s * flops_model / peak : 0.0;
   }
 }
@@ -155,9 +156,13 @@ struct Trainer::Parts {
   std::vector<int32_t> inputs, targets;
   TrainResult result;
   std::unique_ptr<StepLog> log;
+  std::unique_ptr<Checkpointer> ckpt;  // checkpoint.every > 0
+  int64_t start_step = 0;
+  std::string resumed_from;
 
   Parts(const Config& c, const TrainOptions& o) : cfg(c), opt(o), trace(c.log.trace, o.world_rank) {}
   ~Parts() {
+    ckpt.reset();  // a write in flight finishes first (it reads nothing of the buffers below)
     dpar.reset();
     chunk.reset();
     clock.reset();
@@ -275,6 +280,14 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   p.inputs.resize(size_t(cfg.train.micro_batch) * cfg.model.seq_len);
   p.targets.resize(p.inputs.size());
   p.log = std::make_unique<StepLog>(p.cfg, p.opt, val_batches_available() > 0, p.result);
+  if (cfg.checkpoint.every > 0) {
+    const nlohmann::json layout = {{"world", p.mesh->world()},     {"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp},
+                                   {"pp", cfg.parallel.pp},        {"ep", cfg.parallel.ep}, {"zero", cfg.parallel.zero},
+                                   {"dtype", dtype_name(p.dtype)}, {"device", p.device}};
+    p.ckpt = std::make_unique<Checkpointer>(p.cfg, p.mesh->world_group(), layout, opt.quiet);
+    p.ckpt->fault_kill_rank = opt.fault_ckpt_kill_rank;
+    p.ckpt->fault_kill_step = opt.fault_ckpt_kill_step;
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -333,8 +346,15 @@ void Trainer::init() {
   Parts& p = *p_;
   // Every rank initializes (same seed) or loads its whole chunk (its tp slices), then the data
   // parallel side keeps what it owns.
+  // A checkpoint, when checkpoint.resume finds one, takes precedence over init.from (DESIGN 8).
+  p.start_step =
+      checkpoint_resume(p.cfg, p.mesh->world_group(), p.chunk->registry(), *p.dpar, p.opt.quiet, &p.resumed_from);
+  p.result.steps_done = p.start_step;
   std::vector<float> host(p.chunk->num_params());
-  if (!p.cfg.init_from.empty()) {
+  if (!p.resumed_from.empty()) {
+    p.info("resumed from {}: step {} of {}{}", p.resumed_from, p.start_step, p.cfg.train.steps,
+           p.cfg.init_from.empty() ? "" : "; init.from is not read (a checkpoint takes precedence)");
+  } else if (!p.cfg.init_from.empty()) {
     auto unused = model_load(p.chunk->registry(), host.data(), p.cfg.init_from);
     std::string names;
     for (size_t i = 0; i < unused.size() && i < 6; ++i) names += (i ? ", " : ": ") + unused[i];
@@ -343,12 +363,16 @@ void Trainer::init() {
   } else {
     registry_init(p.chunk->registry(), host.data(), uint64_t(p.cfg.train.seed));
   }
-  p.dpar->weights_from(host.data());
+  if (p.resumed_from.empty()) p.dpar->weights_from(host.data());
   p.startup_log();  // after the weights: a bad init.from fails before the log
 }
 
 int64_t Trainer::steps() const {
   return p_->cfg.train.steps;
+}
+
+int64_t Trainer::first_step() const {
+  return p_->start_step;
 }
 
 StepMetrics Trainer::step(int64_t step) {
@@ -385,6 +409,11 @@ StepMetrics Trainer::step(int64_t step) {
     p.dpar->step(hyper, step + 1, p.cfg.train.grad_clip);
   }
   const double loss_sum = p.loss_take();
+  if (p.ckpt && p.ckpt->due(step + 1)) {  // what the step loses to it is ckpt_block_ms
+    auto s = p.trace.scope("checkpoint", Trace::host);
+    clock.enter(Phase::ckpt);
+    p.ckpt->save(step + 1, *p.dpar);
+  }
   const StepTimes t = clock.end();
   m.step_ms = ms_since(wall);
   m.loss = loss_sum / double(p.tokens_per_step);
@@ -450,19 +479,26 @@ std::vector<float> Trainer::weights_hf() {
   return out;
 }
 
-bool Trainer::stop_requested() {
+bool Trainer::between_steps() {
   Parts& p = *p_;
-  int32_t sig = stop_signal();
+  int32_t flags[2] = {stop_signal(), p.ckpt ? p.ckpt->write_state() : 0};
   ProcessGroup& world = p.mesh->world_group();
-  if (world.size() > 1) world.all_reduce(Buf(&sig, 1), ReduceOp::max).wait();
-  if (sig) p.result.stopped_by = sig;
-  return sig != 0;
+  if (world.size() > 1) world.all_reduce(Buf(flags, 2), ReduceOp::max).wait();
+  if (p.ckpt) p.ckpt->settle(flags[1]);
+  if (flags[0]) p.result.stopped_by = flags[0];
+  return flags[0] != 0;
 }
 
 TrainResult Trainer::finish() {
   Parts& p = *p_;
   p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak, p.result.stopped_by,
                 p.result.steps_done);
+  if (p.ckpt) {
+    // A stopped run keeps what it trained: a checkpoint of the step it stopped after.
+    if (p.result.stopped_by && p.result.steps_done > p.start_step && p.ckpt->last_saved() != p.result.steps_done)
+      p.ckpt->save(p.result.steps_done, *p.dpar);
+    p.ckpt->flush();
+  }
   std::vector<float> hf;
   if (!p.cfg.export_final.empty() || p.opt.keep_params) hf = weights_hf();
   if (!p.cfg.export_final.empty()) {
@@ -498,7 +534,8 @@ void Trainer::report(const StepMetrics& m) {
 TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   Trainer trainer(cfg, opt);
   trainer.init();
-  for (int64_t s = 0; s < trainer.steps() && !trainer.stop_requested(); ++s) trainer.report(trainer.step(s));
+  for (int64_t s = trainer.first_step(); s < trainer.steps() && !trainer.between_steps(); ++s)
+    trainer.report(trainer.step(s));
   return trainer.finish();
 }
 

@@ -22,9 +22,9 @@ struct TrainResult {
   double tokens_per_s = 0;                                                 // mean over steps after the first
   double mfu = 0;
   double comm_exposed_ms = 0;  // summed over steps
-  int stopped_by = 0;                             // the signal that stopped the run early, or 0
-  int threads = 0;                                // per rank, as chosen
-  std::string device;                             // cpu | cuda, as resolved
+  int stopped_by = 0;          // the signal that stopped the run early, or 0
+  int threads = 0;             // per rank, as chosen
+  std::string device;          // cpu | cuda, as resolved
   int64_t steps_done = 0;
   int64_t activation_bytes() const { return mem.of(Mem::activations); }
 };
@@ -39,6 +39,8 @@ struct TrainOptions {
   // hang: the rank stops and never communicates again (the watchdog's case).
   int fault_exit_rank = -1, fault_exit_step = -1;
   int fault_hang_rank = -1, fault_hang_step = -1;
+  // kill in save: the rank SIGKILLs itself halfway through writing the checkpoint of that step.
+  int fault_ckpt_kill_rank = -1, fault_ckpt_kill_step = -1;
 };
 
 // cfg must have passed config_validate.
@@ -80,6 +82,7 @@ class StepLog {
   TrainResult& result_;
   MetricsWriter metrics_;
   double timed_ms_ = 0.0;
+  int64_t seen_ = 0;  // steps this process ran (a resumed run starts past 0)
   Clock::time_point start_ = Clock::now();
 };
 
@@ -103,9 +106,12 @@ class Trainer {
   // what it is.
   int64_t val_batches_available() const;
   const std::string& data_describe() const;
-  // Whether a stop signal reached any rank (collective: every rank gets the same answer, so
-  // all stop at the same step boundary).
-  bool stop_requested();
+  // At a step boundary, collective: whether a stop signal reached any rank (every rank gets
+  // the same answer, so all stop at the same step), and a checkpoint whose files every rank
+  // has written is committed.
+  bool between_steps();
+  // The first step to run: 0, or the step a resumed checkpoint was saved after.
+  int64_t first_step() const;
   // The final validation, export.final, the trace; the run's result.
   TrainResult finish();
   // The whole model's fp32 weights in the Hugging Face layout; collective.

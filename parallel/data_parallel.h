@@ -14,6 +14,24 @@
 
 namespace loom {
 
+// A run of a rank's optimizer state, for checkpoints: n elements from `flat` in the chunk's
+// flat registry (inside one tensor, `spec`) and from `state` in the state arrays.
+struct StateRun {
+  const ParamSpec* spec;
+  int64_t flat, state, n;
+};
+// write: what this rank writes (each element of the model's state once over dp and tp);
+// moments: the Adam moments it holds; weights: the weights it needs to hold.
+enum class StateUse { write, moments, weights };
+// The state on the host: fp32 weights (the master weights where they exist), exp_avg and
+// exp_avg_sq. Weights are indexed by `flat` when weights_by_flat, else by `state`.
+struct StateHost {
+  const float* weights = nullptr;
+  bool weights_by_flat = false;
+  const float* m = nullptr;
+  const float* v = nullptr;
+};
+
 class DataParallel : public UnitAccess {
  public:
   // The chunk's fp32 weights in this rank's (tensor-parallel) layout, on the host; every dp
@@ -28,6 +46,15 @@ class DataParallel : public UnitAccess {
   virtual void step(const AdamWHyper& h, int64_t step, double max_norm) = 0;
   virtual double grad_norm() = 0;  // the last step's, before clipping (read on the host)
   virtual std::string describe() const = 0;
+
+  // Checkpoints (see StateRun).
+  virtual std::vector<StateRun> state_runs(StateUse use) const = 0;
+  virtual int64_t state_size() const = 0;
+  // The state as it is now, valid until the next step: the buffers themselves on the CPU;
+  // on CUDA, copies downloaded into `keep`.
+  virtual StateHost state_host(std::vector<float>& keep) = 0;
+  // Moments indexed by state, state_size() each (weights load through weights_from).
+  virtual void moments_from(const float* m, const float* v) = 0;
 };
 
 struct DataParallelGroups {

@@ -97,4 +97,41 @@ std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, Chunk& chunk
   return std::make_unique<Zero>(cfg, chunk, groups, clock);
 }
 
+std::vector<StateRun> Ddp::state_runs(StateUse use) const {
+  // Every dp rank holds everything; for writing, each takes a 1/dp share of every tensor (so
+  // the ranks write in parallel and every element once), and tensors replicated over tp are
+  // written by tp rank 0.
+  std::vector<StateRun> runs;
+  const int64_t n = dp_.size(), r = dp_.rank();
+  for (auto& spec : chunk_.registry().all()) {
+    const int64_t off = int64_t(spec.offset), numel = spec.numel();
+    if (use != StateUse::write) {
+      runs.push_back({&spec, off, off, numel});
+      continue;
+    }
+    if (spec.replicated() && tp_.rank() != 0) continue;
+    const int64_t lo = numel * r / n, hi = numel * (r + 1) / n;
+    if (lo < hi) runs.push_back({&spec, off + lo, off + lo, hi - lo});
+  }
+  return runs;
+}
+
+StateHost Ddp::state_host(std::vector<float>& keep) {
+  const int64_t n = state_size();
+  float* master = adam_->master();
+  if (be_.device() == DeviceKind::cpu)
+    return {master ? master : chunk_.params_tensor().f32(), true, adam_->m(), adam_->v()};
+  keep.resize(size_t(3 * n));
+  be_.download(keep.data(), master ? Buf(master, n, DType::f32, be_.device()) : Buf(chunk_.params_tensor()));
+  be_.download(keep.data() + n, Buf(adam_->m(), n, DType::f32, be_.device()));
+  be_.download(keep.data() + 2 * n, Buf(adam_->v(), n, DType::f32, be_.device()));
+  return {keep.data(), true, keep.data() + n, keep.data() + 2 * n};
+}
+
+void Ddp::moments_from(const float* m, const float* v) {
+  const int64_t n = state_size();
+  be_.upload(Buf(adam_->m(), n, DType::f32, be_.device()), m);
+  be_.upload(Buf(adam_->v(), n, DType::f32, be_.device()), v);
+}
+
 }  // namespace loom

@@ -34,22 +34,27 @@ std::vector<int64_t> slot_elems(const Geometry& g, int n) {
 
 }  // namespace
 
-std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, int n, int r, int stage, int tp_rank) {
+std::vector<StateRun> zero_state_runs(const ModelLayout& layout, int n, int r) {
   const Geometry g = geometry(layout, n);
-  std::vector<OptChunk> chunks;
+  std::vector<StateRun> runs;
   int64_t shard_off = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     const int64_t len = layout.unit_len(u), s = g.s[size_t(u)];
     const int64_t a = layout.unit_lo(u) + std::min(len, r * s), b = layout.unit_lo(u) + std::min(len, (r + 1) * s);
     for (auto& spec : layout.reg.all()) {
       const int64_t lo = std::max(a, int64_t(spec.offset)), hi = std::min(b, int64_t(spec.offset) + spec.numel());
-      if (lo >= hi) continue;
-      const int64_t state = shard_off + (lo - a);
-      opt_chunks_add(chunks, state, stage >= 3 ? state : lo, stage >= 2 ? state : lo, hi - lo, spec.decay,
-                     !spec.replicated() || tp_rank == 0);
+      if (lo < hi) runs.push_back({&spec, lo, shard_off + (lo - a), hi - lo});
     }
     shard_off += s;
   }
+  return runs;
+}
+
+std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, int n, int r, int stage, int tp_rank) {
+  std::vector<OptChunk> chunks;
+  for (const StateRun& run : zero_state_runs(layout, n, r))
+    opt_chunks_add(chunks, run.state, stage >= 3 ? run.state : run.flat, stage >= 2 ? run.state : run.flat, run.n,
+                   run.spec->decay, !run.spec->replicated() || tp_rank == 0);
   return chunks;
 }
 
@@ -338,6 +343,43 @@ void Zero::step(const AdamWHyper& h, int64_t step, double max_norm) {
     wait(slot->work);
     slot->unit = -1;
   }
+}
+
+std::vector<StateRun> Zero::state_runs(StateUse use) const {
+  const ModelLayout& layout = chunk_.layout();
+  std::vector<StateRun> runs;
+  if (use == StateUse::weights && stage_ <= 2) {  // every rank holds the whole weights
+    for (auto& spec : layout.reg.all())
+      runs.push_back({&spec, int64_t(spec.offset), int64_t(spec.offset), spec.numel()});
+    return runs;
+  }
+  for (const StateRun& run : zero_state_runs(layout, n_, r_))
+    if (use != StateUse::write || !run.spec->replicated() || tp_.rank() == 0) runs.push_back(run);
+  return runs;
+}
+
+StateHost Zero::state_host(std::vector<float>& keep) {
+  float* master = adam_->master();
+  // Without master weights the fp32 weights are the model's own: the whole buffer below
+  // stage 3 (indexed by flat), the shard at stage 3.
+  const bool by_flat = !master && stage_ <= 2;
+  if (be_.device() == DeviceKind::cpu) {
+    const float* w = master ? master : by_flat ? chunk_.params_tensor().f32() : shard_params_.f32();
+    return {w, by_flat, adam_->m(), adam_->v()};
+  }
+  const int64_t nw = by_flat ? int64_t(chunk_.num_params()) : shard_;
+  keep.resize(size_t(nw + 2 * shard_));
+  be_.download(keep.data(), master    ? dev(master, shard_, DType::f32)
+                            : by_flat ? Buf(chunk_.params_tensor())
+                                      : Buf(shard_params_));
+  be_.download(keep.data() + nw, dev(adam_->m(), shard_, DType::f32));
+  be_.download(keep.data() + nw + shard_, dev(adam_->v(), shard_, DType::f32));
+  return {keep.data(), by_flat, keep.data() + nw, keep.data() + nw + shard_};
+}
+
+void Zero::moments_from(const float* m, const float* v) {
+  be_.upload(dev(adam_->m(), shard_, DType::f32), m);
+  be_.upload(dev(adam_->v(), shard_, DType::f32), v);
 }
 
 }  // namespace loom

@@ -23,6 +23,9 @@
 
 namespace loom {
 
+// Dp rank `rank`'s slice of every unit, cut at tensor boundaries, as state runs: `state`
+// indexes the rank's shard space.
+std::vector<StateRun> zero_state_runs(const ModelLayout& layout, int dp, int rank);
 // The optimizer table of dp rank `rank`: its slice of every unit, cut at tensor boundaries.
 // Moments (and master weights) index the shard space; weights the full buffer below stage 3,
 // gradients below stage 2. Replicated tensors count in the norm on tp rank 0 only.
@@ -46,6 +49,10 @@ class Zero final : public DataParallel {
   void step(const AdamWHyper& h, int64_t step, double max_norm) override;
   double grad_norm() override { return adam_->norm(); }
   std::string describe() const override;
+  std::vector<StateRun> state_runs(StateUse use) const override;
+  int64_t state_size() const override { return shard_; }
+  StateHost state_host(std::vector<float>& keep) override;
+  void moments_from(const float* m, const float* v) override;
 
  private:
   struct Unit {

@@ -78,11 +78,11 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel.timeout_s", &p.timeout_s, "a collective pending this long ends the job (0: never)"},
       {"parallel.grad_reduce_dtype", &p.grad_reduce_dtype, "f32 | bf16: what gradients are reduced in"},
       {"parallel.comm", &p.comm, "auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)"},
-      {"checkpoint.dir", &k.dir, "where checkpoints go (reserved)"},
-      {"checkpoint.every", &k.every, "checkpoint every N steps (reserved)"},
-      {"checkpoint.keep", &k.keep, "complete checkpoints kept (reserved)"},
-      {"checkpoint.async", &k.async, "write checkpoints in the background (reserved)"},
-      {"checkpoint.resume", &k.resume, "none | latest | PATH (reserved)"},
+      {"checkpoint.dir", &k.dir, "where checkpoints go: DIR/step-N/, one HDF5 file per rank + manifest.json"},
+      {"checkpoint.every", &k.every, "save every N steps and at the last (0: never)"},
+      {"checkpoint.keep", &k.keep, "complete checkpoints kept; older ones go once a newer one commits"},
+      {"checkpoint.async", &k.async, "write on a thread while training goes on (false: the step waits)"},
+      {"checkpoint.resume", &k.resume, "none | latest (newest that verifies, under checkpoint.dir) | PATH"},
       {"init.from", &c.init_from, "start from these weights (safetensors, Hugging Face names)"},
       {"export.final", &c.export_final, "write the final weights here (safetensors)"},
       {"log.dir", &c.log.dir, "where metrics.jsonl and traces go"},
@@ -94,24 +94,42 @@ std::vector<Field> fields_of(Config& c) {
 // Names users bring from other trainers, by their last part.
 const std::vector<std::pair<const char*, const char*>>& synonyms() {
   static const std::vector<std::pair<const char*, const char*>> s = {
-      {"learning_rate", "train.lr"},      {"max_lr", "train.lr"},
-      {"batch_size", "train.micro_batch"}, {"micro_batch_size", "train.micro_batch"},
-      {"global_batch_size", "train.global_batch"}, {"max_steps", "train.steps"},
-      {"num_steps", "train.steps"},       {"iters", "train.steps"},
-      {"max_iters", "train.steps"},       {"warmup", "train.warmup_steps"},
-      {"warmup_iters", "train.warmup_steps"}, {"max_grad_norm", "train.grad_clip"},
-      {"clip_grad", "train.grad_clip"},   {"n_embd", "model.d_model"},
-      {"hidden_size", "model.d_model"},   {"dim", "model.d_model"},
-      {"n_heads", "model.n_head"},        {"num_heads", "model.n_head"},
-      {"num_attention_heads", "model.n_head"}, {"n_layers", "model.n_layer"},
-      {"num_layers", "model.n_layer"},    {"num_hidden_layers", "model.n_layer"},
-      {"n_kv_heads", "model.n_kv_head"},  {"num_key_value_heads", "model.n_kv_head"},
-      {"intermediate_size", "model.d_ff"}, {"ffn_dim", "model.d_ff"},
-      {"block_size", "model.seq_len"},    {"max_seq_len", "model.seq_len"},
-      {"context_length", "model.seq_len"}, {"max_position_embeddings", "model.seq_len"},
-      {"tensor_parallel", "parallel.tp"}, {"tp_size", "parallel.tp"},
-      {"data_parallel", "parallel.dp"},   {"dp_size", "parallel.dp"},
-      {"zero_stage", "parallel.zero"},    {"out_dir", "log.dir"},
+      {"learning_rate", "train.lr"},
+      {"max_lr", "train.lr"},
+      {"batch_size", "train.micro_batch"},
+      {"micro_batch_size", "train.micro_batch"},
+      {"global_batch_size", "train.global_batch"},
+      {"max_steps", "train.steps"},
+      {"num_steps", "train.steps"},
+      {"iters", "train.steps"},
+      {"max_iters", "train.steps"},
+      {"warmup", "train.warmup_steps"},
+      {"warmup_iters", "train.warmup_steps"},
+      {"max_grad_norm", "train.grad_clip"},
+      {"clip_grad", "train.grad_clip"},
+      {"n_embd", "model.d_model"},
+      {"hidden_size", "model.d_model"},
+      {"dim", "model.d_model"},
+      {"n_heads", "model.n_head"},
+      {"num_heads", "model.n_head"},
+      {"num_attention_heads", "model.n_head"},
+      {"n_layers", "model.n_layer"},
+      {"num_layers", "model.n_layer"},
+      {"num_hidden_layers", "model.n_layer"},
+      {"n_kv_heads", "model.n_kv_head"},
+      {"num_key_value_heads", "model.n_kv_head"},
+      {"intermediate_size", "model.d_ff"},
+      {"ffn_dim", "model.d_ff"},
+      {"block_size", "model.seq_len"},
+      {"max_seq_len", "model.seq_len"},
+      {"context_length", "model.seq_len"},
+      {"max_position_embeddings", "model.seq_len"},
+      {"tensor_parallel", "parallel.tp"},
+      {"tp_size", "parallel.tp"},
+      {"data_parallel", "parallel.dp"},
+      {"dp_size", "parallel.dp"},
+      {"zero_stage", "parallel.zero"},
+      {"out_dir", "log.dir"},
   };
   return s;
 }
@@ -166,7 +184,7 @@ bool reserved(const std::string& key) {
   for (const char* k : {"model.moe.top_k", "model.moe.capacity_factor", "model.moe.aux_loss_coef", "model.moe.every",
                         "parallel.pp_schedule", "parallel.pp_virtual"})
     if (key == k) return true;
-  return key.rfind("checkpoint.", 0) == 0;
+  return false;
 }
 
 const char* short_type(const FieldPtr& p) {
@@ -461,11 +479,19 @@ void config_validate(Config& cfg) {
   // A key that is accepted but would do nothing is an error, not a silent no-op.
   for (const std::string& key : cfg.set_keys) {
     if (!reserved(key)) continue;
-    const char* what = key.rfind("checkpoint.", 0) == 0 ? "checkpoints are"
-                       : key.rfind("model.moe.", 0) == 0 ? "mixture-of-experts layers are"
-                                                          : "pipeline parallelism is";
+    const char* what = key.rfind("model.moe.", 0) == 0 ? "mixture-of-experts layers are" : "pipeline parallelism is";
     fail("{} is set, but {} not in this build yet, so it would do nothing; remove it", key, what);
   }
+  const CheckpointConfig& k = cfg.checkpoint;
+  LOOM_CHECK(k.every >= 0, "checkpoint.every = {} must be >= 0 (0: never)", k.every);
+  LOOM_CHECK(k.keep >= 1, "checkpoint.keep = {} must be at least 1", k.keep);
+  LOOM_CHECK(!k.resume.empty(), "checkpoint.resume is empty; use \"none\", \"latest\" or a checkpoint directory");
+  LOOM_CHECK(k.every == 0 || !k.dir.empty(), "checkpoint.every = {} needs checkpoint.dir (where they go)", k.every);
+  LOOM_CHECK(k.resume != "latest" || !k.dir.empty(),
+             "checkpoint.resume = \"latest\" needs checkpoint.dir (where to look)");
+  LOOM_CHECK(k.dir.empty() || k.every > 0 || k.resume != "none",
+             "checkpoint.dir is set but nothing saves or resumes; set checkpoint.every and/or checkpoint.resume = "
+             "\"latest\"");
   LOOM_CHECK(cfg.log.every > 0, "log.every = {} must be positive", cfg.log.every);
 }
 

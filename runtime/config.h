@@ -77,7 +77,7 @@ struct CheckpointConfig {
   int every = 0;
   int keep = 2;
   bool async = true;
-  std::string resume;
+  std::string resume = "none";  // none | latest | PATH
 };
 
 struct LogConfig {

@@ -10,13 +10,19 @@
 //   loom_compare_runs --split RUN               (the step-time split of a tp run)
 //   loom_compare_runs --shape FILE.safetensors NAME D0 [D1...]
 //   loom_compare_runs --master FILE.safetensors (a bf16 run exported its fp32 master weights)
+//   loom_compare_runs --resumed FULL RESUMED   (a resumed run's steps and weights, bitwise)
+//   loom_compare_runs --ckpt-equal DIR_A DIR_B (two checkpoints hold the same tensors, bitwise)
 // Each RUN is a log.dir holding metrics.jsonl and final.safetensors. Exit 0 when it holds.
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/manifest.h"
+#include "checkpoint/pieces.h"
 #include "checkpoint/safetensors.h"
 
 namespace {
@@ -368,6 +374,73 @@ int master_check(const std::string& file) {
   return ok ? 0 : 1;
 }
 
+// A run resumed from a checkpoint of FULL against FULL itself: every step it ran has FULL's
+// loss and gradient norm to the bit, and its final weights are FULL's, bitwise.
+int resumed_check(const std::string& full, const std::string& resumed) {
+  auto by_step = [](const std::string& dir) {
+    std::map<int64_t, std::pair<double, double>> out;
+    for (auto& j : jsonl(dir + "/metrics.jsonl"))
+      if (j.contains("loss")) out[j["step"].get<int64_t>()] = {j["loss"].get<double>(), j["grad_norm"].get<double>()};
+    return out;
+  };
+  const auto a = by_step(full), b = by_step(resumed);
+  int bad = b.empty() || a.empty() || b.rbegin()->first != a.rbegin()->first;
+  for (auto& [step, v] : b) {
+    auto it = a.find(step);
+    if (it == a.end() || it->second != v) {
+      ++bad;
+      fmt::print("step {}: resumed loss {:.9g} norm {:.9g}, uninterrupted {}\n", step, v.first, v.second,
+                 it == a.end() ? "missing" : fmt::format("{:.9g} norm {:.9g}", it->second.first, it->second.second));
+    }
+  }
+  const auto wa = loom::safetensors_read(full + "/final.safetensors"),
+             wb = loom::safetensors_read(resumed + "/final.safetensors");
+  size_t differ = 0;
+  for (auto& [name, t] : wa) {
+    auto it = wb.find(name);
+    if (it == wb.end() || it->second.shape != t.shape ||
+        std::memcmp(it->second.data.data(), t.data.data(), t.data.size() * 4) != 0)
+      ++differ;
+  }
+  bad += differ != 0 || wa.size() != wb.size();
+  fmt::print("resumed steps {}..{} against the uninterrupted run: {} tensors differ: {}\n",
+             b.empty() ? 0 : b.begin()->first, b.empty() ? 0 : b.rbegin()->first, differ, bad ? "FAIL" : "ok");
+  return bad ? 1 : 0;
+}
+
+// Every tensor of a checkpoint, assembled whole from its shards.
+std::map<std::string, std::vector<float>> ckpt_tensors(const std::string& dir) {
+  const loom::Manifest m = loom::manifest_read(dir);
+  std::map<std::string, std::vector<float>> out;
+  for (auto& [name, t] : m.tensors) {
+    auto& whole = out[name];
+    whole.assign(size_t(loom::shape_numel(t.shape)), NAN);
+    for (auto& s : t.shards) {
+      const loom::Box b = loom::box_of(s.offset, s.shape);
+      const auto data = loom::ckpt_shard_read(dir, name, s);
+      for (int64_t r = 0; r < b.rows; ++r)
+        std::copy_n(data.data() + r * b.cols, b.cols, whole.data() + (b.r0 + r) * t.shape.back() + b.c0);
+    }
+  }
+  return out;
+}
+
+// Two checkpoints (of different layouts, say) hold the same tensors, bitwise.
+int ckpt_equal_check(const std::string& a, const std::string& b) {
+  const auto ta = ckpt_tensors(a), tb = ckpt_tensors(b);
+  size_t differ = 0;
+  for (auto& [name, v] : ta) {
+    auto it = tb.find(name);
+    if (it == tb.end() || it->second.size() != v.size() || std::memcmp(it->second.data(), v.data(), v.size() * 4)) {
+      ++differ;
+      if (differ <= 5) fmt::print("tensor {} differs\n", name);
+    }
+  }
+  const bool ok = differ == 0 && ta.size() == tb.size();
+  fmt::print("{} and {}: {} tensors, {} differ: {}\n", a, b, ta.size(), differ, ok ? "ok" : "FAIL");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -384,6 +457,8 @@ int main(int argc, char** argv) {
     if (args.size() == 3 && args[0] == "--ledger") return ledger_check(args[1], args[2]);
     if (args.size() == 2 && args[0] == "--split") return split_check(args[1]);
     if (args.size() == 2 && args[0] == "--master") return master_check(args[1]);
+    if (args.size() == 3 && args[0] == "--resumed") return resumed_check(args[1], args[2]);
+    if (args.size() == 3 && args[0] == "--ckpt-equal") return ckpt_equal_check(args[1], args[2]);
     if (args.size() == 4 && args[0] == "--val") return val_check(args[1], args[2], std::stod(args[3]));
     if (args.size() >= 4 && args[0] == "--shape") {
       std::vector<int64_t> shape;

@@ -1,0 +1,310 @@
+#include "checkpoint/checkpointer.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "checkpoint/h5.h"
+#include "checkpoint/pieces.h"
+#include "runtime/error.h"
+#include "runtime/file.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kKinds[3] = {"params", "exp_avg", "exp_avg_sq"};
+
+std::string rank_file(int rank) {
+  return fmt::format("rank-{:05d}.h5", rank);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+Checkpointer::Checkpointer(const Config& cfg, ProcessGroup& world, nlohmann::json layout, bool quiet)
+    : cfg_(cfg), world_(world), layout_(std::move(layout)), quiet_(quiet || world.rank() != 0) {}
+
+Checkpointer::~Checkpointer() {
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Checkpointer::due(int64_t steps_done) const {
+  const int every = cfg_.checkpoint.every;
+  return every > 0 && (steps_done % every == 0 || steps_done == cfg_.train.steps);
+}
+
+int32_t Checkpointer::write_state() const {
+  return state_.load();
+}
+
+void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
+  flush();  // one save at a time: the previous one is written and committed first
+  const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(steps_done);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  LOOM_CHECK(!ec, "cannot create checkpoint directory '{}': {}", dir, ec.message());
+  // Saving over a committed checkpoint of the same step (a rerun): it stops being one before
+  // any rank overwrites its file.
+  if (world_.rank() == 0) fs::remove(dir + "/manifest.json", ec);
+  world_.barrier().wait();
+
+  // The copy: every piece of every run this rank writes, out of the state as it is now.
+  std::vector<float> keep;
+  const StateHost host = dp.state_host(keep);
+  items_.clear();
+  std::map<std::string, int> count;
+  const std::string file = rank_file(world_.rank());
+  for (const StateRun& run : dp.state_runs(StateUse::write)) {
+    const ParamSpec& spec = *run.spec;
+    const int64_t f0 = run.flat - int64_t(spec.offset);
+    const float* src[3] = {host.weights + (host.weights_by_flat ? run.flat : run.state), host.m + run.state,
+                           host.v + run.state};
+    for (const Piece& p : pieces_of(spec, f0, f0 + run.n))
+      for (int k = 0; k < 3; ++k) {
+        Item it;
+        it.tensor = std::string(kKinds[k]) + "/" + spec.name;
+        it.global_shape = spec.global_shape;
+        it.shard = {file, fmt::format("{}/{}", it.tensor, count[it.tensor]++), piece_offset(spec, p),
+                    piece_shape(spec, p), ""};
+        it.data.resize(size_t(p.numel()));
+        piece_gather(spec, p, src[k], f0, it.data.data());
+        items_.push_back(std::move(it));
+      }
+  }
+  saved_step_ = steps_done;
+  pending_ = true;
+  state_ = 1;
+  error_.clear();
+  if (!cfg_.checkpoint.async) {
+    try {
+      write(steps_done, items_);
+      state_ = 0;
+    } catch (const Error& e) {
+      error_ = e.what();
+      state_ = 2;
+    }
+    flush();
+    return;
+  }
+  thread_ = std::thread([this, steps_done] {
+    try {
+      write(steps_done, items_);
+      state_ = 0;
+    } catch (const std::exception& e) {
+      error_ = e.what();
+      state_ = 2;
+    }
+  });
+}
+
+void Checkpointer::write(int64_t step, std::vector<Item>& items) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(step);
+  H5Writer out(dir + "/" + rank_file(world_.rank()));
+  for (size_t i = 0; i < items.size(); ++i) {
+    Item& it = items[i];
+    out.write(it.shard.dataset, it.shard.shape, it.data.data());
+    it.shard.xxh64 = xxh64_hex(it.data.data(), int64_t(it.data.size()));
+    std::vector<float>().swap(it.data);  // written: the copy is no longer needed
+    if (world_.rank() == fault_kill_rank && step == fault_kill_step && i == items.size() / 2) {
+      std::fprintf(stderr, "rank %d: fault drill: SIGKILL while writing checkpoint step %lld\n", world_.rank(),
+                   (long long)step);
+      std::fflush(stderr);
+      ::kill(::getpid(), SIGKILL);
+    }
+  }
+  out.close();  // flushed and fsynced
+  write_s_ = seconds_since(t0);
+}
+
+void Checkpointer::settle(int32_t world_state) {
+  if (!pending_) return;
+  if (world_state == 1) return;  // some rank is still writing
+  if (thread_.joinable()) thread_.join();
+  if (world_state == 2) {
+    pending_ = false;
+    const std::string last = fmt::format(
+        "the last committed checkpoint is untouched; free space or fix '{}' and "
+        "resume",
+        cfg_.checkpoint.dir);
+    if (state_ == 2) fail("checkpoint step {} not committed: {}; {}", saved_step_, error_, last);
+    fail("checkpoint step {} not committed: another rank could not write its file (see its error); {}", saved_step_,
+         last);
+  }
+  commit();
+}
+
+void Checkpointer::flush() {
+  if (!pending_) return;
+  if (thread_.joinable()) thread_.join();
+  int32_t s = state_;
+  if (world_.size() > 1) world_.all_reduce(Buf(&s, 1), ReduceOp::max).wait();
+  settle(s);
+}
+
+void Checkpointer::commit() {
+  pending_ = false;
+  // Every rank's shards to rank 0, which writes the manifest.
+  nlohmann::json mine = nlohmann::json::array();
+  for (const Item& it : items_)
+    mine.push_back({{"tensor", it.tensor}, {"shape", it.global_shape}, {"shard", shard_to_json(it.shard)}});
+  items_.clear();
+  std::string text = mine.dump();
+  std::vector<std::string> all{text};
+  if (world_.size() > 1) {
+    const int n = world_.size();
+    std::vector<int32_t> len(static_cast<size_t>(n));
+    int32_t my_len = int32_t(text.size());
+    world_.all_gather(Buf(&my_len, 1), Buf(len.data(), n)).wait();
+    const int32_t words = (*std::max_element(len.begin(), len.end()) + 3) / 4;
+    std::vector<int32_t> send(static_cast<size_t>(words), 0), recv(static_cast<size_t>(words) * size_t(n));
+    std::memcpy(send.data(), text.data(), text.size());
+    world_.all_gather(Buf(send.data(), words), Buf(recv.data(), int64_t(recv.size()))).wait();
+    all.clear();
+    for (int r = 0; r < n; ++r)
+      all.emplace_back(reinterpret_cast<const char*>(recv.data() + size_t(r) * size_t(words)), size_t(len[size_t(r)]));
+  }
+  if (world_.rank() != 0) return;
+  const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(saved_step_);
+  Manifest m;
+  m.step = saved_step_;
+  m.layout = layout_;
+  m.config = config_to_toml(cfg_);
+  int64_t bytes = 0;
+  std::set<std::string> files;
+  for (const std::string& t : all)
+    for (auto& j : nlohmann::json::parse(t)) {
+      TensorEntry& e = m.tensors[j["tensor"].get<std::string>()];
+      e.shape = j["shape"].get<std::vector<int64_t>>();
+      e.shards.push_back(shard_from_json(j["shard"]));
+      files.insert(e.shards.back().file);
+      int64_t n = 1;
+      for (int64_t d : e.shards.back().shape) n *= d;
+      bytes += 4 * n;
+    }
+  const std::string text_manifest = manifest_dump(m);
+  file_write_atomic(dir + "/manifest.json", [&](std::FILE* f) {
+    file_write(f, text_manifest.data(), text_manifest.size(), dir + "/manifest.json");
+  });
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec))  // files of an earlier, failed attempt
+    if (e.path().filename() != "manifest.json" && !files.count(e.path().filename().string()))
+      fs::remove_all(e.path(), ec);
+  // checkpoint.keep: the newest complete ones stay; older ones, and unfinished ones older than
+  // this, go, now that a newer one is committed.
+  std::vector<std::string> partial;
+  const std::vector<std::string> done = checkpoints_complete(cfg_.checkpoint.dir, &partial);
+  for (size_t i = size_t(cfg_.checkpoint.keep); i < done.size(); ++i) fs::remove_all(done[i], ec);
+  for (auto& p : partial)
+    if (checkpoint_step_of(p) < saved_step_) fs::remove_all(p, ec);
+  if (!quiet_)
+    spdlog::info("checkpoint step {} committed: {} ({:.1f} MB over {} files; rank 0 wrote its part in {:.2f} s)",
+                 saved_step_, dir, bytes / 1e6, files.size(), write_s_);
+}
+
+namespace {
+// Fills dst from `kind` tensors of the manifest for the runs given: dst + (by_flat ? flat :
+// state) is where a run's first element goes. Every element of every run must be found.
+void runs_fill(const std::string& dir, const Manifest& m, const char* kind, const std::vector<StateRun>& runs,
+               bool by_flat, float* dst) {
+  struct Need {
+    Piece p;
+    int64_t f0;
+    float* base;
+  };
+  std::map<std::string, std::pair<const ParamSpec*, std::vector<Need>>> by_tensor;
+  for (const StateRun& run : runs) {
+    const int64_t f0 = run.flat - int64_t(run.spec->offset);
+    auto& [spec, needs] = by_tensor[run.spec->name];
+    spec = run.spec;
+    for (const Piece& p : pieces_of(*run.spec, f0, f0 + run.n))
+      needs.push_back({p, f0, dst + (by_flat ? run.flat : run.state)});
+  }
+  for (auto& [name, entry] : by_tensor) {
+    const auto& [spec, needs] = entry;
+    const std::string tensor = std::string(kind) + "/" + name;
+    auto it = m.tensors.find(tensor);
+    LOOM_CHECK(it != m.tensors.end(), "checkpoint '{}' has no tensor {}, which this model needs", dir, tensor);
+    LOOM_CHECK(it->second.shape == spec->global_shape,
+               "checkpoint '{}': tensor {} has shape {} but this model's is {}; the model.* keys must match the run "
+               "that wrote it",
+               dir, tensor, shape_str(it->second.shape), shape_str(spec->global_shape));
+    int64_t want = 0, got = 0;
+    for (const Need& n : needs) want += n.p.numel();
+    for (const ShardRef& s : it->second.shards) {
+      const Box b = box_of(s.offset, s.shape);
+      const bool used = std::any_of(needs.begin(), needs.end(), [&](const Need& n) {
+        return n.p.gr < b.r0 + b.rows && b.r0 < n.p.gr + n.p.rows && n.p.gc < b.c0 + b.cols && b.c0 < n.p.gc + n.p.cols;
+      });
+      if (!used) continue;
+      const std::vector<float> data = ckpt_shard_read(dir, tensor, s);
+      for (const Need& n : needs) got += piece_fill(*spec, n.p, b, data.data(), n.base, n.f0);
+    }
+    LOOM_CHECK(got == want, "checkpoint '{}': tensor {}: its shards give {} of the {} elements this rank needs", dir,
+               tensor, got, want);
+  }
+}
+}  // namespace
+
+int64_t checkpoint_load(const std::string& dir, const ParamRegistry& reg, DataParallel& dp) {
+  const Manifest m = manifest_read(dir);
+  std::vector<float> weights(reg.numel(), 0.0f);  // padded rows stay zero
+  runs_fill(dir, m, "params", dp.state_runs(StateUse::weights), true, weights.data());
+  const std::vector<StateRun> held = dp.state_runs(StateUse::moments);
+  std::vector<float> mom(size_t(dp.state_size()), 0.0f), sq(mom.size(), 0.0f);
+  runs_fill(dir, m, "exp_avg", held, false, mom.data());
+  runs_fill(dir, m, "exp_avg_sq", held, false, sq.data());
+  dp.weights_from(weights.data());
+  dp.moments_from(mom.data(), sq.data());
+  return m.step;
+}
+
+int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamRegistry& reg, DataParallel& dp,
+                          bool quiet, std::string* from) {
+  const std::string& resume = cfg.checkpoint.resume;
+  if (resume == "none") return 0;
+  const bool latest = resume == "latest";
+  const bool lead = world.rank() == 0 && !quiet;
+  std::vector<std::string> candidates = latest ? checkpoints_complete(cfg.checkpoint.dir) : std::vector{resume};
+  if (candidates.empty()) {
+    if (lead)
+      spdlog::info("checkpoint.resume = latest: no checkpoint in '{}' yet; starting at step 0", cfg.checkpoint.dir);
+    return 0;
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    std::string err;
+    int64_t step = 0;
+    try {
+      step = checkpoint_load(candidates[i], reg, dp);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    int32_t bad = !err.empty();
+    if (world.size() > 1) world.all_reduce(Buf(&bad, 1), ReduceOp::max).wait();
+    if (!bad) {
+      if (from) *from = candidates[i];
+      return step;
+    }
+    if (!latest)
+      fail("checkpoint.resume = '{}' does not load: {}", resume, err.empty() ? "see another rank's error" : err);
+    if (!err.empty()) spdlog::warn("rank {}: {}", world.rank(), err);
+    if (world.rank() == 0)
+      spdlog::warn("checkpoint {} is unusable; {}", candidates[i],
+                   i + 1 < candidates.size() ? "falling back to " + candidates[i + 1] : std::string("none is left"));
+  }
+  fail(
+      "no checkpoint in '{}' loads (each failed as the warnings above say); set checkpoint.resume = \"none\" to "
+      "start from scratch",
+      cfg.checkpoint.dir);
+}
+
+}  // namespace loom

@@ -1,0 +1,86 @@
+// Checkpoints of a training run (DESIGN 8). A save: every rank copies the state it writes
+// (DataParallel::state_runs(write): each element of the model's state once over dp and tp, no
+// gather) and writes it into its own HDF5 file of <checkpoint.dir>/step-N/; once every rank's
+// file is on disk, rank 0 commits manifest.json (tmp, fsync, rename, directory fsync) and
+// removes what checkpoint.keep no longer keeps. With checkpoint.async the write runs on a
+// thread while training goes on, and the commit comes at a later step boundary (settle), at
+// the next save, or at the end (flush). Collective: every rank calls the same methods at the
+// same steps.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/manifest.h"
+#include "parallel/data_parallel.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/config.h"
+
+namespace loom {
+
+class Checkpointer {
+ public:
+  // layout: what the manifest records of the run (world, dp, tp, zero, dtype, ...).
+  Checkpointer(const Config& cfg, ProcessGroup& world, nlohmann::json layout, bool quiet);
+  ~Checkpointer();  // waits for a write in flight (never commits it)
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // A save is due after `steps_done` steps: every checkpoint.every, and at train.steps.
+  bool due(int64_t steps_done) const;
+  // Saves the state after `steps_done` steps. Blocks for: the save in flight (which it then
+  // commits), and the copy of what this rank writes; the write itself runs on, unless
+  // checkpoint.async = false, when it is written and committed before this returns.
+  void save(int64_t steps_done, DataParallel& dp);
+  // This rank's write: 0 none or written, 1 still writing, 2 failed.
+  int32_t write_state() const;
+  // Given the world's max of write_state(): commits a written save, or (2) ends the run with
+  // the failing rank's error; the last committed checkpoint stays as it was.
+  void settle(int32_t world_state);
+  // Waits for the save in flight and commits it.
+  void flush();
+  int64_t last_saved() const { return saved_step_; }
+
+  // Fault drill: this rank kills itself (SIGKILL) halfway through writing step `step`.
+  int fault_kill_rank = -1;
+  int64_t fault_kill_step = -1;
+
+ private:
+  struct Item {
+    std::string tensor;  // params/NAME, exp_avg/NAME, exp_avg_sq/NAME
+    std::vector<int64_t> global_shape;
+    ShardRef shard;  // xxh64 filled by the writer
+    std::vector<float> data;
+  };
+  void write(int64_t step, std::vector<Item>& items);  // this rank's file; throws
+  void commit();
+
+  const Config& cfg_;
+  ProcessGroup& world_;
+  nlohmann::json layout_;
+  bool quiet_;
+  int64_t saved_step_ = -1;  // the save in flight or committed last
+  bool pending_ = false;     // saved, not yet committed
+  std::vector<Item> items_;  // the pending save's shards (data freed once written)
+  std::thread thread_;
+  std::atomic<int32_t> state_{0};  // write_state()
+  std::string error_;              // why this rank's write failed
+  double write_s_ = 0;
+};
+
+// Loads the checkpoint in `dir` into `dp`: its weights (through weights_from) and moments,
+// read as this rank's layout needs them whatever layout wrote them, every shard it reads
+// verified. Returns the step. An Error names the tensor, shard or shape that is wrong.
+int64_t checkpoint_load(const std::string& dir, const ParamRegistry& reg, DataParallel& dp);
+
+// checkpoint.resume: none (0); a checkpoint directory (its step; an Error if it does not load);
+// latest: the newest under checkpoint.dir that loads on every rank, falling back past ones
+// that do not with a warning naming the problem, and 0 when there is none yet. Collective.
+// *from gets the directory loaded.
+int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamRegistry& reg, DataParallel& dp,
+                          bool quiet, std::string* from);
+
+}  // namespace loom

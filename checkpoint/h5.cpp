@@ -1,0 +1,132 @@
+#include "checkpoint/h5.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "runtime/error.h"
+#include "runtime/tensor.h"
+
+namespace loom {
+
+namespace {
+
+// The innermost reason on this thread's HDF5 error stack, shortened to the OS's message
+// where the file driver gives one; the stack is cleared.
+std::string h5_reason() {
+  std::string reason;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_UPWARD,
+      [](unsigned n, const H5E_error2_t* e, void* out) -> herr_t {
+        if (n == 0 && e->desc) *static_cast<std::string*>(out) = e->desc;
+        return 0;
+      },
+      &reason);
+  H5Eclear2(H5E_DEFAULT);
+  const std::string key = "error message = '";
+  if (auto at = reason.find(key); at != std::string::npos) {
+    const size_t from = at + key.size(), to = reason.find('\'', from);
+    return reason.substr(from, to == std::string::npos ? std::string::npos : to - from);
+  }
+  return reason.empty() ? "unknown HDF5 error" : reason;
+}
+
+void h5_quiet() {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors come back as values, reported by us
+}
+
+// Closes an HDF5 object on scope exit.
+struct Closer {
+  hid_t id;
+  herr_t (*close)(hid_t);
+  ~Closer() {
+    if (id >= 0) close(id);
+  }
+};
+
+}  // namespace
+
+H5Writer::H5Writer(const std::string& path) : path_(path) {
+  h5_quiet();
+  file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  LOOM_CHECK(file_ >= 0, "cannot create checkpoint file '{}': {}", path, h5_reason());
+}
+
+H5Writer::~H5Writer() {
+  if (file_ >= 0) H5Fclose(file_);
+}
+
+void H5Writer::write(const std::string& name, const std::vector<int64_t>& shape, const float* data) {
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Closer space{H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose};
+  Closer lcpl{H5Pcreate(H5P_LINK_CREATE), H5Pclose};
+  H5Pset_create_intermediate_group(lcpl.id, 1);
+  Closer set{space.id >= 0 && lcpl.id >= 0
+                 ? H5Dcreate2(file_, name.c_str(), H5T_IEEE_F32LE, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT)
+                 : -1,
+             H5Dclose};
+  LOOM_CHECK(set.id >= 0, "'{}': cannot create dataset '{}': {}", path_, name, h5_reason());
+  LOOM_CHECK(H5Dwrite(set.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0,
+             "'{}': cannot write dataset '{}': {}", path_, name, h5_reason());
+}
+
+void H5Writer::close() {
+  const hid_t f = file_;
+  file_ = -1;
+  LOOM_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0, "'{}': cannot flush: {}", path_, h5_reason());
+  LOOM_CHECK(H5Fclose(f) >= 0, "'{}': cannot close: {}", path_, h5_reason());
+  const int fd = ::open(path_.c_str(), O_RDONLY);
+  LOOM_CHECK(fd >= 0, "'{}': cannot reopen to fsync: {}", path_, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  LOOM_CHECK(rc == 0, "'{}': fsync failed: {}", path_, std::strerror(err));
+}
+
+H5Reader::H5Reader(const std::string& path) : path_(path) {
+  h5_quiet();
+  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  LOOM_CHECK(file_ >= 0, "cannot open checkpoint file '{}': {}", path, h5_reason());
+}
+
+H5Reader::~H5Reader() {
+  if (file_ >= 0) H5Fclose(file_);
+}
+
+std::vector<float> H5Reader::read(const std::string& name, const std::vector<int64_t>& shape) const {
+  Closer set{H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose};
+  LOOM_CHECK(set.id >= 0, "'{}' has no dataset '{}': {}", path_, name, h5_reason());
+  Closer space{H5Dget_space(set.id), H5Sclose};
+  const int rank = H5Sget_simple_extent_ndims(space.id);
+  std::vector<hsize_t> dims(size_t(std::max(rank, 0)));
+  if (rank > 0) H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+  const std::vector<int64_t> got(dims.begin(), dims.end());
+  LOOM_CHECK(got == shape, "'{}': dataset '{}' has shape {} but the manifest says {}", path_, name, shape_str(got),
+             shape_str(shape));
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> out(static_cast<size_t>(n));
+  LOOM_CHECK(n == 0 || H5Dread(set.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0,
+             "'{}': cannot read dataset '{}': {}", path_, name, h5_reason());
+  return out;
+}
+
+std::string checkpoint_libraries() {
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  hbool_t safe = 0;
+  H5is_library_threadsafe(&safe);
+  const unsigned x = XXH_versionNumber();
+  return fmt::format("HDF5 {}.{}.{}{}, xxHash {}.{}.{}", maj, min, rel, safe ? " (thread-safe)" : "", x / 10000,
+                     x / 100 % 100, x % 100);
+}
+
+std::string xxh64_hex(const float* data, int64_t n) {
+  return fmt::format("{:016x}", uint64_t(XXH64(data, size_t(n) * sizeof(float), 0)));
+}
+
+}  // namespace loom

@@ -1,0 +1,55 @@
+// A checkpoint's manifest.json (DESIGN 8): written last, its presence marks the directory
+// complete. It names every tensor of the state ("params/<HF name>", "exp_avg/<HF name>",
+// "exp_avg_sq/<HF name>") with its global shape and the shards that hold it: a shard is the
+// hyperslab [offset, offset + shape) of the global tensor, stored as a dataset of one of the
+// directory's HDF5 files, with the xxh64 of its float32 bytes.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+struct ShardRef {
+  std::string file, dataset;
+  std::vector<int64_t> offset, shape;
+  std::string xxh64;
+};
+struct TensorEntry {
+  std::vector<int64_t> shape;
+  std::vector<ShardRef> shards;
+};
+struct Manifest {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+  int64_t step = 0;
+  nlohmann::json layout;  // world, dp, tp, pp, ep, zero, dtype, device of the run that wrote it
+  std::string config;     // that run's resolved config, as TOML
+  std::map<std::string, TensorEntry> tensors;
+};
+
+nlohmann::json shard_to_json(const ShardRef& s);
+ShardRef shard_from_json(const nlohmann::json& j);
+std::string manifest_dump(const Manifest& m);
+// DIR/manifest.json; an Error names the file and what is wrong with it.
+Manifest manifest_read(const std::string& dir);
+
+// step-00000010: the directory of the checkpoint after 10 steps.
+std::string checkpoint_dir_name(int64_t step);
+// The complete checkpoints under `root` (step-* directories holding manifest.json), newest
+// first; `partial` (if given) gets the step-* directories without one.
+std::vector<std::string> checkpoints_complete(const std::string& root, std::vector<std::string>* partial = nullptr);
+// The step a checkpoint directory's name says, or -1.
+int64_t checkpoint_step_of(const std::string& dir);
+
+// Reads and verifies one shard: the dataset must have the manifest's shape and hash. An Error
+// names the file, the dataset and the tensor.
+std::vector<float> ckpt_shard_read(const std::string& dir, const std::string& tensor, const ShardRef& s);
+
+// Every problem of a checkpoint (missing or unreadable files, hash mismatches, tensors not
+// covered exactly once by their shards); empty when it is sound.
+std::vector<std::string> checkpoint_problems(const std::string& dir, const Manifest& m);
+
+}  // namespace loom
