@@ -494,8 +494,10 @@ TrainResult Trainer::finish() {
   p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak, p.result.stopped_by,
                 p.result.steps_done);
   if (p.ckpt) {
-    // A stopped run keeps what it trained: a checkpoint of the step it stopped after.
-    if (p.result.stopped_by && p.result.steps_done > p.start_step && p.ckpt->last_saved() != p.result.steps_done)
+    // The state a run ends in is always checkpointed: where it stopped on a signal, or where
+    // it was resumed when there was nothing left to run (which reshards a checkpoint).
+    const std::string end = p.cfg.checkpoint.dir + "/" + checkpoint_dir_name(p.result.steps_done);
+    if (p.ckpt->last_saved() != p.result.steps_done && !std::filesystem::exists(end + "/manifest.json"))
       p.ckpt->save(p.result.steps_done, *p.dpar);
     p.ckpt->flush();
   }

@@ -10,7 +10,8 @@
 //   loom_compare_runs --split RUN               (the step-time split of a tp run)
 //   loom_compare_runs --shape FILE.safetensors NAME D0 [D1...]
 //   loom_compare_runs --master FILE.safetensors (a bf16 run exported its fp32 master weights)
-//   loom_compare_runs --resumed FULL RESUMED   (a resumed run's steps and weights, bitwise)
+//   loom_compare_runs --resumed FULL RESUMED [RTOL ATOL] (a resumed run's steps and weights;
+//                                              bitwise unless tolerances are given)
 //   loom_compare_runs --ckpt-equal DIR_A DIR_B (two checkpoints hold the same tensors, bitwise)
 // Each RUN is a log.dir holding metrics.jsonl and final.safetensors. Exit 0 when it holds.
 #include <fmt/format.h>
@@ -376,7 +377,7 @@ int master_check(const std::string& file) {
 
 // A run resumed from a checkpoint of FULL against FULL itself: every step it ran has FULL's
 // loss and gradient norm to the bit, and its final weights are FULL's, bitwise.
-int resumed_check(const std::string& full, const std::string& resumed) {
+int resumed_check(const std::string& full, const std::string& resumed, double rtol, double atol) {
   auto by_step = [](const std::string& dir) {
     std::map<int64_t, std::pair<double, double>> out;
     for (auto& j : jsonl(dir + "/metrics.jsonl"))
@@ -387,7 +388,10 @@ int resumed_check(const std::string& full, const std::string& resumed) {
   int bad = b.empty() || a.empty() || b.rbegin()->first != a.rbegin()->first;
   for (auto& [step, v] : b) {
     auto it = a.find(step);
-    if (it == a.end() || it->second != v) {
+    const bool same = it != a.end() && (rtol == 0 ? it->second == v
+                                                  : rel_diff(v.first, it->second.first) <= rtol &&
+                                                        rel_diff(v.second, it->second.second) <= 10 * rtol);
+    if (!same) {
       ++bad;
       fmt::print("step {}: resumed loss {:.9g} norm {:.9g}, uninterrupted {}\n", step, v.first, v.second,
                  it == a.end() ? "missing" : fmt::format("{:.9g} norm {:.9g}", it->second.first, it->second.second));
@@ -398,13 +402,21 @@ int resumed_check(const std::string& full, const std::string& resumed) {
   size_t differ = 0;
   for (auto& [name, t] : wa) {
     auto it = wb.find(name);
-    if (it == wb.end() || it->second.shape != t.shape ||
-        std::memcmp(it->second.data.data(), t.data.data(), t.data.size() * 4) != 0)
+    if (it == wb.end() || it->second.shape != t.shape) {
+      ++differ;
+      continue;
+    }
+    double worst = 0;
+    for (size_t i = 0; i < t.data.size(); ++i)
+      worst = std::max(worst, std::abs(double(it->second.data[i]) - double(t.data[i])));
+    if (atol == 0 ? std::memcmp(it->second.data.data(), t.data.data(), t.data.size() * 4) != 0 : !(worst <= atol))
       ++differ;
   }
   bad += differ != 0 || wa.size() != wb.size();
-  fmt::print("resumed steps {}..{} against the uninterrupted run: {} tensors differ: {}\n",
-             b.empty() ? 0 : b.begin()->first, b.empty() ? 0 : b.rbegin()->first, differ, bad ? "FAIL" : "ok");
+  fmt::print("resumed steps {}..{} against the uninterrupted run ({}): {} tensors differ: {}\n",
+             b.empty() ? 0 : b.begin()->first, b.empty() ? 0 : b.rbegin()->first,
+             rtol == 0 ? std::string("bitwise") : fmt::format("loss rtol {}, weights atol {}", rtol, atol), differ,
+             bad ? "FAIL" : "ok");
   return bad ? 1 : 0;
 }
 
@@ -457,7 +469,9 @@ int main(int argc, char** argv) {
     if (args.size() == 3 && args[0] == "--ledger") return ledger_check(args[1], args[2]);
     if (args.size() == 2 && args[0] == "--split") return split_check(args[1]);
     if (args.size() == 2 && args[0] == "--master") return master_check(args[1]);
-    if (args.size() == 3 && args[0] == "--resumed") return resumed_check(args[1], args[2]);
+    if (args.size() == 3 && args[0] == "--resumed") return resumed_check(args[1], args[2], 0, 0);
+    if (args.size() == 5 && args[0] == "--resumed")
+      return resumed_check(args[1], args[2], std::stod(args[3]), std::stod(args[4]));
     if (args.size() == 3 && args[0] == "--ckpt-equal") return ckpt_equal_check(args[1], args[2]);
     if (args.size() == 4 && args[0] == "--val") return val_check(args[1], args[2], std::stod(args[3]));
     if (args.size() >= 4 && args[0] == "--shape") {
