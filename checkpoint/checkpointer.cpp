@@ -57,9 +57,8 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   if (world_.rank() == 0) fs::remove(dir + "/manifest.json", ec);
   world_.barrier().wait();
 
-  // The copy: every piece of every run this rank writes, out of the state as it is now.
-  std::vector<float> keep;
-  const StateHost host = dp.state_host(keep);
+  // Every piece of every run this rank writes, read by the writer from the state as it is now.
+  const StateHost host = dp.state_host(keep_);
   items_.clear();
   std::map<std::string, int> count;
   const std::string file = rank_file(world_.rank());
@@ -75,8 +74,10 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
         it.global_shape = spec.global_shape;
         it.shard = {file, fmt::format("{}/{}", it.tensor, count[it.tensor]++), piece_offset(spec, p),
                     piece_shape(spec, p), ""};
-        it.data.resize(size_t(p.numel()));
-        piece_gather(spec, p, src[k], f0, it.data.data());
+        it.spec = &spec;
+        it.piece = p;
+        it.src = src[k];
+        it.f0 = f0;
         items_.push_back(std::move(it));
       }
   }
@@ -84,6 +85,7 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   pending_ = true;
   state_ = 1;
   error_.clear();
+  reading_ = true;
   if (!cfg_.checkpoint.async) {
     try {
       write(steps_done, items_);
@@ -106,23 +108,44 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   });
 }
 
+void Checkpointer::wait_reads() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return !reading_; });
+}
+
 void Checkpointer::write(int64_t step, std::vector<Item>& items) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(step);
-  H5Writer out(dir + "/" + rank_file(world_.rank()));
-  for (size_t i = 0; i < items.size(); ++i) {
-    Item& it = items[i];
-    out.write(it.shard.dataset, it.shard.shape, it.data.data());
-    it.shard.xxh64 = xxh64_hex(it.data.data(), int64_t(it.data.size()));
-    std::vector<float>().swap(it.data);  // written: the copy is no longer needed
-    if (world_.rank() == fault_kill_rank && step == fault_kill_step && i == items.size() / 2) {
-      std::fprintf(stderr, "rank %d: fault drill: SIGKILL while writing checkpoint step %lld\n", world_.rank(),
-                   (long long)step);
-      std::fflush(stderr);
-      ::kill(::getpid(), SIGKILL);
+  auto reads_done = [&] {
+    {
+      std::lock_guard lk(mu_);
+      reading_ = false;
     }
+    cv_.notify_all();
+  };
+  try {
+    const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(step);
+    H5Writer out(dir + "/" + rank_file(world_.rank()));
+    std::vector<float> buf;
+    for (size_t i = 0; i < items.size(); ++i) {
+      Item& it = items[i];
+      buf.resize(size_t(it.piece.numel()));
+      piece_gather(*it.spec, it.piece, it.src, it.f0, buf.data());
+      out.write(it.shard.dataset, it.shard.shape, buf.data());
+      it.shard.xxh64 = xxh64_hex(buf.data(), int64_t(buf.size()));
+      if (world_.rank() == fault_kill_rank && step == fault_kill_step && i == items.size() / 2) {
+        std::fprintf(stderr, "rank %d: fault drill: SIGKILL while writing checkpoint step %lld\n", world_.rank(),
+                     (long long)step);
+        std::fflush(stderr);
+        ::kill(::getpid(), SIGKILL);
+      }
+    }
+    reads_done();  // the state may change now; what remains is the library's and the disk's
+    out.close();   // flushed and fsynced
+  } catch (...) {
+    reads_done();
+    throw;
   }
-  out.close();  // flushed and fsynced
+  std::vector<float>().swap(keep_);
   write_s_ = seconds_since(t0);
 }
 

@@ -4,17 +4,21 @@
 // file is on disk, rank 0 commits manifest.json (tmp, fsync, rename, directory fsync) and
 // removes what checkpoint.keep no longer keeps. With checkpoint.async the write runs on a
 // thread while training goes on, and the commit comes at a later step boundary (settle), at
-// the next save, or at the end (flush). Collective: every rank calls the same methods at the
-// same steps.
+// the next save, or at the end (flush). On the CPU the thread reads the live state, so the
+// next optimizer step waits until it has read it all (wait_reads); on CUDA the state is first
+// downloaded. Collective: every rank calls the same methods at the same steps.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "checkpoint/manifest.h"
+#include "checkpoint/pieces.h"
 #include "parallel/data_parallel.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/config.h"
@@ -31,10 +35,12 @@ class Checkpointer {
 
   // A save is due after `steps_done` steps: every checkpoint.every, and at train.steps.
   bool due(int64_t steps_done) const;
-  // Saves the state after `steps_done` steps. Blocks for: the save in flight (which it then
-  // commits), and the copy of what this rank writes; the write itself runs on, unless
+  // Saves the state after `steps_done` steps. Blocks for the save in flight (which it then
+  // commits) and, on CUDA, the download of the state; the write runs on, unless
   // checkpoint.async = false, when it is written and committed before this returns.
   void save(int64_t steps_done, DataParallel& dp);
+  // Before the state changes (the optimizer step): waits until a write in flight has read it.
+  void wait_reads();
   // This rank's write: 0 none or written, 1 still writing, 2 failed.
   int32_t write_state() const;
   // Given the world's max of write_state(): commits a written save, or (2) ends the run with
@@ -53,7 +59,10 @@ class Checkpointer {
     std::string tensor;  // params/NAME, exp_avg/NAME, exp_avg_sq/NAME
     std::vector<int64_t> global_shape;
     ShardRef shard;  // xxh64 filled by the writer
-    std::vector<float> data;
+    const ParamSpec* spec;
+    Piece piece;
+    const float* src;  // src[k]: local element f0 + k of the tensor
+    int64_t f0;
   };
   void write(int64_t step, std::vector<Item>& items);  // this rank's file; throws
   void commit();
@@ -64,7 +73,11 @@ class Checkpointer {
   bool quiet_;
   int64_t saved_step_ = -1;  // the save in flight or committed last
   bool pending_ = false;     // saved, not yet committed
-  std::vector<Item> items_;  // the pending save's shards (data freed once written)
+  std::vector<Item> items_;  // the pending save's shards
+  std::vector<float> keep_;  // the downloaded state (CUDA)
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool reading_ = false;  // the writer still reads the state
   std::thread thread_;
   std::atomic<int32_t> state_{0};  // write_state()
   std::string error_;              // why this rank's write failed

@@ -403,6 +403,10 @@ StepMetrics Trainer::step(int64_t step) {
   const AdamWHyper hyper{lr_at(p.cfg.train, step), p.cfg.train.beta1, p.cfg.train.beta2, p.cfg.train.eps,
                          p.cfg.train.weight_decay};
   m.lr = hyper.lr;
+  if (p.ckpt) {  // an async save still reading the state it saves: the update waits for it
+    StepClock::Scope c(&clock, Phase::ckpt);
+    p.ckpt->wait_reads();
+  }
   {
     auto s = p.trace.scope("optimizer", Trace::host);
     clock.enter(Phase::optimizer);
