@@ -57,8 +57,10 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   if (world_.rank() == 0) fs::remove(dir + "/manifest.json", ec);
   world_.barrier().wait();
 
-  // Every piece of every run this rank writes, read by the writer from the state as it is now.
+  // Every piece of every run this rank writes, read by the writer from the state as it is now
+  // (on CUDA, a copy downloaded now: then nothing waits for the writer's reads).
   const StateHost host = dp.state_host(keep_);
+  const bool copied = keep_.size() > 0 && host.m >= keep_.data() && host.m < keep_.data() + keep_.size();
   items_.clear();
   std::map<std::string, int> count;
   const std::string file = rank_file(world_.rank());
@@ -85,7 +87,7 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   pending_ = true;
   state_ = 1;
   error_.clear();
-  reading_ = true;
+  reading_ = !copied;
   if (!cfg_.checkpoint.async) {
     try {
       write(steps_done, items_);
@@ -145,7 +147,6 @@ void Checkpointer::write(int64_t step, std::vector<Item>& items) {
     reads_done();
     throw;
   }
-  std::vector<float>().swap(keep_);
   write_s_ = seconds_since(t0);
 }
 
@@ -174,7 +175,14 @@ void Checkpointer::flush() {
   settle(s);
 }
 
+double Checkpointer::take_commit_ms() {
+  const double ms = commit_ms_;
+  commit_ms_ = 0;
+  return ms;
+}
+
 void Checkpointer::commit() {
+  const auto t0 = std::chrono::steady_clock::now();
   pending_ = false;
   // Every rank's shards to rank 0, which writes the manifest.
   nlohmann::json mine = nlohmann::json::array();
@@ -196,7 +204,10 @@ void Checkpointer::commit() {
     for (int r = 0; r < n; ++r)
       all.emplace_back(reinterpret_cast<const char*>(recv.data() + size_t(r) * size_t(words)), size_t(len[size_t(r)]));
   }
-  if (world_.rank() != 0) return;
+  if (world_.rank() != 0) {
+    commit_ms_ += seconds_since(t0) * 1e3;
+    return;
+  }
   const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(saved_step_);
   Manifest m;
   m.step = saved_step_;
@@ -215,20 +226,35 @@ void Checkpointer::commit() {
       bytes += 4 * n;
     }
   const std::string text_manifest = manifest_dump(m);
-  file_write_atomic(dir + "/manifest.json", [&](std::FILE* f) {
-    file_write(f, text_manifest.data(), text_manifest.size(), dir + "/manifest.json");
-  });
+  try {
+    file_write_atomic(dir + "/manifest.json", [&](std::FILE* f) {
+      file_write(f, text_manifest.data(), text_manifest.size(), dir + "/manifest.json");
+    });
+    dir_fsync(cfg_.checkpoint.dir);  // the step directory's own entry
+  } catch (const Error& e) {
+    fail("checkpoint step {} not committed: rank 0 could not write its manifest: {}", saved_step_, e.what());
+  }
   std::error_code ec;
   for (auto& e : fs::directory_iterator(dir, ec))  // files of an earlier, failed attempt
     if (e.path().filename() != "manifest.json" && !files.count(e.path().filename().string()))
       fs::remove_all(e.path(), ec);
-  // checkpoint.keep: the newest complete ones stay; older ones, and unfinished ones older than
-  // this, go, now that a newer one is committed.
+  // checkpoint.keep: this one and the newest others stay; older ones, and unfinished ones
+  // older than this, go, now that a newer one is committed. (Resume sees to it that no
+  // complete checkpoint is newer than the one a run continues from.)
   std::vector<std::string> partial;
   const std::vector<std::string> done = checkpoints_complete(cfg_.checkpoint.dir, &partial);
-  for (size_t i = size_t(cfg_.checkpoint.keep); i < done.size(); ++i) fs::remove_all(done[i], ec);
+  size_t kept = 1;  // this one
+  for (const std::string& d : done) {
+    if (checkpoint_step_of(d) == saved_step_) continue;
+    if (kept < size_t(cfg_.checkpoint.keep)) {
+      ++kept;
+      continue;
+    }
+    fs::remove_all(d, ec);
+  }
   for (auto& p : partial)
     if (checkpoint_step_of(p) < saved_step_) fs::remove_all(p, ec);
+  commit_ms_ += seconds_since(t0) * 1e3;
   if (!quiet_)
     spdlog::info("checkpoint step {} committed: {} ({:.1f} MB over {} files; rank 0 wrote its part in {:.2f} s)",
                  saved_step_, dir, bytes / 1e6, files.size(), write_s_);
@@ -278,8 +304,69 @@ void runs_fill(const std::string& dir, const Manifest& m, const char* kind, cons
 }
 }  // namespace
 
-int64_t checkpoint_load(const std::string& dir, const ParamRegistry& reg, DataParallel& dp) {
+namespace {
+// section.key -> value of a config_to_toml text.
+std::map<std::string, std::string> toml_flat(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::string section;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    const std::string line = text.substr(at, nl - at);
+    at = nl + 1;
+    if (line.size() > 2 && line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos) out[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return out;
+}
+
+// The keys of `prefixes` whose values differ between the two configs, as "key: A -> B".
+std::vector<std::string> config_differences(const std::map<std::string, std::string>& saved,
+                                            const std::map<std::string, std::string>& now,
+                                            const std::vector<std::string>& keys) {
+  std::vector<std::string> out;
+  for (const std::string& k : keys) {
+    auto a = saved.find(k), b = now.find(k);
+    const std::string va = a == saved.end() ? "(absent)" : a->second, vb = b == now.end() ? "(absent)" : b->second;
+    if (va != vb) out.push_back(fmt::format("{} = {} there, {} here", k, va, vb));
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : "; ") + s;
+  return out;
+}
+}  // namespace
+
+int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRegistry& reg, DataParallel& dp,
+                        bool warn) {
   const Manifest m = manifest_read(dir);
+  // The model's shape must match; what steers the trajectory may change, with a warning.
+  const auto saved = toml_flat(m.config), now = toml_flat(config_to_toml(cfg));
+  std::vector<std::string> model_keys;
+  for (const auto& [k, v] : now)
+    if (k.rfind("model.", 0) == 0) model_keys.push_back(k);
+  for (const auto& [k, v] : saved)
+    if (k.rfind("model.", 0) == 0 && !now.count(k)) model_keys.push_back(k);
+  const std::vector<std::string> shape = config_differences(saved, now, model_keys);
+  LOOM_CHECK(shape.empty(),
+             "checkpoint '{}' holds another model: {}; the model.* keys must match the run that wrote it", dir,
+             joined(shape));
+  const std::vector<std::string> course =
+      config_differences(saved, now,
+                         {"train.global_batch", "train.steps", "train.lr", "train.min_lr", "train.warmup_steps",
+                          "train.schedule", "train.weight_decay", "train.beta1", "train.beta2", "train.eps",
+                          "train.grad_clip", "train.seed", "data.source", "data.path", "data.shuffle"});
+  if (warn && !course.empty())
+    spdlog::warn("resuming from '{}' with settings that change the run's course: {}", dir, joined(course));
+
   std::vector<float> weights(reg.numel(), 0.0f);  // padded rows stay zero
   runs_fill(dir, m, "params", dp.state_runs(StateUse::weights), true, weights.data());
   const std::vector<StateRun> held = dp.state_runs(StateUse::moments);
@@ -303,11 +390,23 @@ int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamReg
       spdlog::info("checkpoint.resume = latest: no checkpoint in '{}' yet; starting at step 0", cfg.checkpoint.dir);
     return 0;
   }
+  if (!latest && cfg.checkpoint.every > 0) {
+    // This run will save into checkpoint.dir and prune it: a newer checkpoint there would
+    // be taken for this run's own and its older ones removed.
+    const std::vector<std::string> there = checkpoints_complete(cfg.checkpoint.dir);
+    const int64_t step = checkpoint_step_of(resume);
+    LOOM_CHECK(there.empty() || step < 0 || checkpoint_step_of(there.front()) <= step ||
+                   fs::weakly_canonical(there.front()) == fs::weakly_canonical(resume),
+               "checkpoint.resume = '{}' but checkpoint.dir '{}' holds a newer checkpoint ({}), which this run's saves "
+               "would be mixed with; resume from it (checkpoint.resume = \"latest\"), or save into another "
+               "checkpoint.dir",
+               resume, cfg.checkpoint.dir, there.front());
+  }
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::string err;
     int64_t step = 0;
     try {
-      step = checkpoint_load(candidates[i], reg, dp);
+      step = checkpoint_load(candidates[i], cfg, reg, dp, lead);
     } catch (const Error& e) {
       err = e.what();
     }
@@ -320,9 +419,18 @@ int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamReg
     if (!latest)
       fail("checkpoint.resume = '{}' does not load: {}", resume, err.empty() ? "see another rank's error" : err);
     if (!err.empty()) spdlog::warn("rank {}: {}", world.rank(), err);
-    if (world.rank() == 0)
-      spdlog::warn("checkpoint {} is unusable; {}", candidates[i],
+    if (world.rank() == 0) {
+      // Set aside, not deleted: it is no longer "complete" for later resumes and pruning, and
+      // whoever investigates still finds it.
+      std::error_code ec;
+      const std::string aside = candidates[i] + ".unusable";
+      fs::remove_all(aside, ec);
+      fs::rename(candidates[i], aside, ec);
+      spdlog::warn("checkpoint {} is unusable (moved to {}); {}", candidates[i],
+                   ec ? "nowhere: " + ec.message() : aside,
                    i + 1 < candidates.size() ? "falling back to " + candidates[i + 1] : std::string("none is left"));
+    }
+    if (world.size() > 1) world.barrier().wait();
   }
   fail(
       "no checkpoint in '{}' loads (each failed as the warnings above say); set checkpoint.resume = \"none\" to "

@@ -49,6 +49,9 @@ class Checkpointer {
   // Waits for the save in flight and commits it.
   void flush();
   int64_t last_saved() const { return saved_step_; }
+  // Milliseconds spent committing since the last call (the manifest, pruning): the step that
+  // follows a commit charges them to ckpt_block_ms.
+  double take_commit_ms();
 
   // Fault drill: this rank kills itself (SIGKILL) halfway through writing step `step`.
   int fault_kill_rank = -1;
@@ -74,7 +77,7 @@ class Checkpointer {
   int64_t saved_step_ = -1;  // the save in flight or committed last
   bool pending_ = false;     // saved, not yet committed
   std::vector<Item> items_;  // the pending save's shards
-  std::vector<float> keep_;  // the downloaded state (CUDA)
+  HostBuffer keep_;          // the state downloaded from the device (CUDA): page-locked, kept between saves
   std::mutex mu_;
   std::condition_variable cv_;
   bool reading_ = false;  // the writer still reads the state
@@ -82,12 +85,16 @@ class Checkpointer {
   std::atomic<int32_t> state_{0};  // write_state()
   std::string error_;              // why this rank's write failed
   double write_s_ = 0;
+  double commit_ms_ = 0;
 };
 
 // Loads the checkpoint in `dir` into `dp`: its weights (through weights_from) and moments,
 // read as this rank's layout needs them whatever layout wrote them, every shard it reads
-// verified. Returns the step. An Error names the tensor, shard or shape that is wrong.
-int64_t checkpoint_load(const std::string& dir, const ParamRegistry& reg, DataParallel& dp);
+// verified. The model.* keys must equal those of the run that wrote it (an Error names the
+// ones that differ); train.* and data.* keys that change the data order or the schedule are
+// named in a warning. Returns the step. An Error names the tensor, shard or shape that is wrong.
+int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRegistry& reg, DataParallel& dp,
+                        bool warn);
 
 // checkpoint.resume: none (0); a checkpoint directory (its step; an Error if it does not load);
 // latest: the newest under checkpoint.dir that loads on every rank, falling back past ones

@@ -74,7 +74,9 @@ std::string checkpoint_dir_name(int64_t step) {
 }
 
 int64_t checkpoint_step_of(const std::string& dir) {
-  const std::string name = fs::path(dir).filename().string();
+  fs::path path = fs::path(dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();  // "…/step-00000010/"
+  const std::string name = path.filename().string();
   if (name.size() != 13 || name.rfind("step-", 0) != 0) return -1;
   if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
   return std::stoll(name.substr(5));

@@ -8,6 +8,7 @@
 #include "checkpoint/safetensors.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
+#include "runtime/tensor.h"
 
 namespace loom {
 
@@ -50,6 +51,8 @@ void ckpt_inspect(const std::string& dir) {
       files[s.file] += 4 * n;
     }
   }
+  fmt::print("{:<48} {:>14} {:>7}\n", "tensor", "shape", "shards");
+  for (auto& [name, t] : m.tensors) fmt::print("{:<48} {:>14} {:>7}\n", name, shape_str(t.shape), t.shards.size());
   for (auto& [kind, k] : kinds) fmt::print("{:<11} {:>5} tensors {:>12.1f} MB\n", kind, k.first, k.second / 1e6);
   for (auto& [f, b] : files) {
     std::error_code ec;

@@ -37,7 +37,9 @@ Config config_for(const std::string& from, const std::string& config, std::vecto
 
 EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
   std::vector<std::string> sets = opt.sets;
-  sets.insert(sets.end(), {"init.from=" + opt.from, "export.final=", "log.dir=", "log.trace=false"});
+  sets.insert(sets.end(), {"init.from=" + opt.from, "export.final=", "log.dir=", "log.trace=false",
+                           // eval reads init.from only: a config's checkpointing would load or save
+                           "checkpoint.resume=none", "checkpoint.every=0", "checkpoint.dir="});
   if (!opt.data.empty()) {
     sets.insert(sets.end(), {"data.path=" + opt.data, "data.val_path=" + opt.data});
     // Data given to a config that had none: token shards by their look, anything else as text.

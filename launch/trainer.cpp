@@ -419,7 +419,9 @@ StepMetrics Trainer::step(int64_t step) {
     p.ckpt->save(step + 1, *p.dpar);
   }
   const StepTimes t = clock.end();
-  m.step_ms = ms_since(wall);
+  // A commit between the last step and this one (the manifest, pruning) is this step's loss too.
+  const double commit_ms = p.ckpt ? p.ckpt->take_commit_ms() : 0.0;
+  m.step_ms = ms_since(wall) + commit_ms;
   m.loss = loss_sum / double(p.tokens_per_step);
   m.grad_norm = p.dpar->grad_norm();
   m.compute_ms = t.of(Phase::compute);
@@ -427,7 +429,7 @@ StepMetrics Trainer::step(int64_t step) {
   m.bubble_ms = t.of(Phase::bubble);
   m.optimizer_ms = t.of(Phase::optimizer);
   m.data_ms = t.of(Phase::data);
-  m.ckpt_block_ms = t.of(Phase::ckpt);
+  m.ckpt_block_ms = t.of(Phase::ckpt) + commit_ms;
   step_rates(m, step, p.cfg.train.steps, p.tokens_per_step, p.fpt.model, p.fpt.hardware, p.peak);
   m.mem = p.alloc->ledger();
   auto moved = [](const CommCounters& a, const CommCounters& b, CommOp op) {
@@ -500,9 +502,12 @@ TrainResult Trainer::finish() {
   if (p.ckpt) {
     // The state a run ends in is always checkpointed: where it stopped on a signal, or where
     // it was resumed when there was nothing left to run (which reshards a checkpoint).
+    // Rank 0 decides, so that every rank agrees even where their views of the file system differ.
     const std::string end = p.cfg.checkpoint.dir + "/" + checkpoint_dir_name(p.result.steps_done);
-    if (p.ckpt->last_saved() != p.result.steps_done && !std::filesystem::exists(end + "/manifest.json"))
-      p.ckpt->save(p.result.steps_done, *p.dpar);
+    int32_t save_end = p.ckpt->last_saved() != p.result.steps_done && !std::filesystem::exists(end + "/manifest.json");
+    ProcessGroup& world = p.mesh->world_group();
+    if (world.size() > 1) world.broadcast(Buf(&save_end, 1), 0).wait();
+    if (save_end) p.ckpt->save(p.result.steps_done, *p.dpar);
     p.ckpt->flush();
   }
   std::vector<float> hf;

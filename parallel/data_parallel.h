@@ -52,7 +52,7 @@ class DataParallel : public UnitAccess {
   virtual int64_t state_size() const = 0;
   // The state as it is now, valid until the next step: the buffers themselves on the CPU;
   // on CUDA, copies downloaded into `keep`.
-  virtual StateHost state_host(std::vector<float>& keep) = 0;
+  virtual StateHost state_host(HostBuffer& keep) = 0;
   // Moments indexed by state, state_size() each (weights load through weights_from).
   virtual void moments_from(const float* m, const float* v) = 0;
 };

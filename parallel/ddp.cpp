@@ -116,12 +116,12 @@ std::vector<StateRun> Ddp::state_runs(StateUse use) const {
   return runs;
 }
 
-StateHost Ddp::state_host(std::vector<float>& keep) {
+StateHost Ddp::state_host(HostBuffer& keep) {
   const int64_t n = state_size();
   float* master = adam_->master();
   if (be_.device() == DeviceKind::cpu)
     return {master ? master : chunk_.params_tensor().f32(), true, adam_->m(), adam_->v()};
-  keep.resize(size_t(3 * n));
+  keep.resize(size_t(3 * n), be_.device());
   be_.download(keep.data(), master ? Buf(master, n, DType::f32, be_.device()) : Buf(chunk_.params_tensor()));
   be_.download(keep.data() + n, Buf(adam_->m(), n, DType::f32, be_.device()));
   be_.download(keep.data() + 2 * n, Buf(adam_->v(), n, DType::f32, be_.device()));

@@ -35,7 +35,7 @@ class Ddp final : public DataParallel {
   std::string describe() const override;
   std::vector<StateRun> state_runs(StateUse use) const override;
   int64_t state_size() const override { return int64_t(chunk_.num_params()); }
-  StateHost state_host(std::vector<float>& keep) override;
+  StateHost state_host(HostBuffer& keep) override;
   void moments_from(const float* m, const float* v) override;
   size_t num_buckets() const { return buckets_.size(); }
 

@@ -358,7 +358,7 @@ std::vector<StateRun> Zero::state_runs(StateUse use) const {
   return runs;
 }
 
-StateHost Zero::state_host(std::vector<float>& keep) {
+StateHost Zero::state_host(HostBuffer& keep) {
   float* master = adam_->master();
   // Without master weights the fp32 weights are the model's own: the whole buffer below
   // stage 3 (indexed by flat), the shard at stage 3.
@@ -368,7 +368,7 @@ StateHost Zero::state_host(std::vector<float>& keep) {
     return {w, by_flat, adam_->m(), adam_->v()};
   }
   const int64_t nw = by_flat ? int64_t(chunk_.num_params()) : shard_;
-  keep.resize(size_t(nw + 2 * shard_));
+  keep.resize(size_t(nw + 2 * shard_), be_.device());
   be_.download(keep.data(), master    ? dev(master, shard_, DType::f32)
                             : by_flat ? Buf(chunk_.params_tensor())
                                       : Buf(shard_params_));

@@ -51,7 +51,7 @@ class Zero final : public DataParallel {
   std::string describe() const override;
   std::vector<StateRun> state_runs(StateUse use) const override;
   int64_t state_size() const override { return shard_; }
-  StateHost state_host(std::vector<float>& keep) override;
+  StateHost state_host(HostBuffer& keep) override;
   void moments_from(const float* m, const float* v) override;
 
  private:

@@ -83,6 +83,20 @@ std::vector<Field> fields_of(Config& c) {
       {"checkpoint.keep", &k.keep, "complete checkpoints kept; older ones go once a newer one commits"},
       {"checkpoint.async", &k.async, "write on a thread while training goes on (false: the step waits)"},
       {"checkpoint.resume", &k.resume, "none | latest (newest that verifies, under checkpoint.dir) | PATH"},
+      {"fault.kill", &c.fault.kill,
+       "drill: RANK:STEP[:PHASE] SIGKILLs that rank (PHASE: forward|backward|optimizer|checkpoint)"},
+      {"fault.exit", &c.fault.exit, "drill: RANK:STEP[:PHASE] exits that rank with status 3"},
+      {"fault.hang", &c.fault.hang, "drill: RANK:STEP stops that rank inside the step's next collective"},
+      {"fault.slow", &c.fault.slow, "drill: RANK:MS makes that rank MS ms slower every step"},
+      {"fault.nan", &c.fault.nan, "drill: RANK:STEP puts a NaN into that rank's gradients"},
+      {"fault.bitflip", &c.fault.bitflip, "drill: RANK:STEP flips one bit of one of that rank's weights"},
+      {"fault.ckpt_corrupt", &c.fault.ckpt_corrupt, "drill: STEP damages a shard of that checkpoint once committed"},
+      {"fault.enospc", &c.fault.enospc, "drill: STEP makes that checkpoint's write fail as on a full disk"},
+      {"fault.grace_s", &c.fault.grace_s, "SIGTERM: seconds left for the checkpoint before exiting"},
+      {"fault.spike_factor", &c.fault.spike_factor,
+       "skip updates whose gradient norm tops this x its running median (0: off)"},
+      {"fault.max_skips", &c.fault.max_skips, "skipped updates in a row before rolling back to the last checkpoint"},
+      {"fault.sdc_every", &c.fault.sdc_every, "every k steps recompute the gradients and compare bitwise (0: off)"},
       {"init.from", &c.init_from, "start from these weights (safetensors, Hugging Face names)"},
       {"export.final", &c.export_final, "write the final weights here (safetensors)"},
       {"log.dir", &c.log.dir, "where metrics.jsonl and traces go"},
@@ -184,7 +198,7 @@ bool reserved(const std::string& key) {
   for (const char* k : {"model.moe.top_k", "model.moe.capacity_factor", "model.moe.aux_loss_coef", "model.moe.every",
                         "parallel.pp_schedule", "parallel.pp_virtual"})
     if (key == k) return true;
-  return false;
+  return key.rfind("fault.", 0) == 0;  // drills and numerical-fault handling: being wired
 }
 
 const char* short_type(const FieldPtr& p) {
@@ -479,9 +493,27 @@ void config_validate(Config& cfg) {
   // A key that is accepted but would do nothing is an error, not a silent no-op.
   for (const std::string& key : cfg.set_keys) {
     if (!reserved(key)) continue;
-    const char* what = key.rfind("model.moe.", 0) == 0 ? "mixture-of-experts layers are" : "pipeline parallelism is";
+    const char* what = key.rfind("model.moe.", 0) == 0 ? "mixture-of-experts layers are"
+                       : key.rfind("fault.", 0) == 0   ? "fault handling is"
+                                                       : "pipeline parallelism is";
     fail("{} is set, but {} not in this build yet, so it would do nothing; remove it", key, what);
   }
+  const FaultConfig& f = cfg.fault;
+  fault_parse("fault.kill", f.kill, true, true);
+  fault_parse("fault.exit", f.exit, true, true);
+  fault_parse("fault.hang", f.hang);
+  fault_parse("fault.slow", f.slow);
+  fault_parse("fault.nan", f.nan);
+  fault_parse("fault.bitflip", f.bitflip);
+  fault_parse("fault.ckpt_corrupt", f.ckpt_corrupt, false);
+  fault_parse("fault.enospc", f.enospc, false);
+  LOOM_CHECK(f.grace_s > 0, "fault.grace_s = {} must be positive", f.grace_s);
+  LOOM_CHECK(f.spike_factor == 0 || f.spike_factor > 1, "fault.spike_factor = {}: 0 (off) or above 1", f.spike_factor);
+  LOOM_CHECK(f.max_skips >= 1, "fault.max_skips = {} must be at least 1", f.max_skips);
+  LOOM_CHECK(f.sdc_every >= 0, "fault.sdc_every = {} must be >= 0 (0: off)", f.sdc_every);
+  for (auto [key, v] : {std::pair{"fault.ckpt_corrupt", &f.ckpt_corrupt}, {"fault.enospc", &f.enospc}})
+    LOOM_CHECK(v->empty() || cfg.checkpoint.every > 0, "{} = \"{}\" drills a checkpoint, but checkpoint.every = 0", key,
+               *v);
   const CheckpointConfig& k = cfg.checkpoint;
   LOOM_CHECK(k.every >= 0, "checkpoint.every = {} must be >= 0 (0: never)", k.every);
   LOOM_CHECK(k.keep >= 1, "checkpoint.keep = {} must be at least 1", k.keep);
@@ -509,6 +541,37 @@ std::string config_to_toml(const Config& cfg, const std::string& only) {
     out += fmt::format("{} = {}\n", name, toml_value(f.ptr));
   }
   return out;
+}
+
+FaultAt fault_parse(const std::string& key, const std::string& value, bool rank, bool phases) {
+  FaultAt f;
+  if (value.empty()) return f;
+  const char* form = !rank ? "STEP" : phases ? "RANK:STEP[:PHASE]" : "RANK:STEP";
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t colon = value.find(':', at);
+    parts.push_back(value.substr(at, colon == std::string::npos ? std::string::npos : colon - at));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  const size_t want = rank ? 2 : 1;
+  LOOM_CHECK(parts.size() == want || (phases && parts.size() == 3), "{} = \"{}\": expected {}, e.g. \"{}\"", key, value,
+             form,
+             !rank    ? "7"
+             : phases ? "1:7:backward"
+                      : "1:7");
+  auto number = [&](const std::string& p) {
+    LOOM_CHECK(!p.empty() && std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; }),
+               "{} = \"{}\": '{}' is not a non-negative number ({})", key, value, p, form);
+    return std::stoll(p);
+  };
+  if (rank) f.rank = int(number(parts[0]));
+  f.step = number(parts[rank ? 1 : 0]);
+  if (parts.size() == 3) {
+    f.phase = parts[2];
+    check_one_of(key + " phase", f.phase, {"forward", "backward", "optimizer", "checkpoint"});
+  }
+  return f;
 }
 
 }  // namespace loom

@@ -80,6 +80,33 @@ struct CheckpointConfig {
   std::string resume = "none";  // none | latest | PATH
 };
 
+// Fault drills (each fires once per job; a restarted run is told not to fire them again) and
+// the handling of numerical faults and preemption.
+struct FaultConfig {
+  std::string kill;          // RANK:STEP[:PHASE]: SIGKILL (PHASE: forward|backward|optimizer|checkpoint)
+  std::string exit;          // RANK:STEP[:PHASE]: exit status 3
+  std::string hang;          // RANK:STEP: stop inside that step's next collective
+  std::string slow;          // RANK:MS: MS extra milliseconds every step (a straggler)
+  std::string nan;           // RANK:STEP: a non-finite value in that rank's gradients
+  std::string bitflip;       // RANK:STEP: one bit of one weight (silent data corruption)
+  std::string ckpt_corrupt;  // STEP: damage one shard of that step's checkpoint after it commits
+  std::string enospc;        // STEP: that step's checkpoint write fails as on a full disk
+  double grace_s = 60;       // preemption: how long SIGTERM leaves for the checkpoint
+  double spike_factor = 0;   // skip an update whose gradient norm exceeds this x the running median (0: off)
+  int max_skips = 3;         // more skipped updates in a row than this: roll back to the last checkpoint
+  int sdc_every = 0;         // every k steps, recompute the gradients and compare bitwise (0: off)
+};
+// A parsed drill: rank and step (1-based), and the phase where it fires ("" where none).
+struct FaultAt {
+  int rank = -1;
+  int64_t step = -1;
+  std::string phase;
+  bool set() const { return step >= 0; }
+};
+// "RANK:STEP[:PHASE]" (phase only where `phases`), or "STEP" when `rank` is false; "" is unset.
+// An Error names `key` and the form it takes.
+FaultAt fault_parse(const std::string& key, const std::string& value, bool rank = true, bool phases = false);
+
 struct LogConfig {
   std::string dir = "runs/default";
   int every = 10;  // console progress line every N steps (metrics.jsonl gets every step)
@@ -92,6 +119,7 @@ struct Config {
   DataConfig data;
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
+  FaultConfig fault;
   std::string init_from;     // init.from
   std::string export_final;  // export.final
   LogConfig log;

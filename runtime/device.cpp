@@ -1,5 +1,6 @@
 #include "runtime/device.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #if LOOM_HAVE_CUDA
@@ -160,6 +161,48 @@ double Event::elapsed_ms(const Event& a, const Event& b) {
 #else
   return 0.0;
 #endif
+}
+
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept : p_(o.p_), n_(o.n_), pinned_(o.pinned_) {
+  o.p_ = nullptr, o.n_ = 0;
+}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    p_ = o.p_, n_ = o.n_, pinned_ = o.pinned_;
+    o.p_ = nullptr, o.n_ = 0;
+  }
+  return *this;
+}
+
+void HostBuffer::resize(size_t n, DeviceKind device) {
+  const bool pin = device == DeviceKind::cuda;
+  if (n <= n_ && pin == pinned_) return;
+  release();
+  pinned_ = pin;
+#if LOOM_HAVE_CUDA
+  if (pin) {
+    void* p = nullptr;
+    LOOM_CUDA_CHECK(cudaMallocHost(&p, n * sizeof(float)));
+    p_ = static_cast<float*>(p);
+  }
+#endif
+  if (!pin) {
+    p_ = static_cast<float*>(std::malloc(n * sizeof(float)));
+    LOOM_CHECK(p_ || n == 0, "out of host memory allocating {} MB", n * sizeof(float) / 1e6);
+  }
+  LOOM_CHECK(p_ || n == 0, "this build has no CUDA for page-locked host memory");
+  n_ = n;
+}
+
+void HostBuffer::release() {
+#if LOOM_HAVE_CUDA
+  if (p_ && pinned_) cudaFreeHost(p_);
+#endif
+  if (p_ && !pinned_) std::free(p_);
+  p_ = nullptr;
+  n_ = 0;
 }
 
 }  // namespace loom

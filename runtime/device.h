@@ -49,6 +49,28 @@ void stream_copy(const Stream& s, void* dst, const void* src, size_t bytes);
 // every visible GPU (name, memory, compute capability); "" without CUDA.
 std::string cuda_describe();
 
+// Host floats that a device copies into: page-locked where the device is CUDA (copies run at
+// full speed and may be asynchronous), ordinary memory on the CPU. Move-only.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  ~HostBuffer() { release(); }
+  HostBuffer(HostBuffer&& o) noexcept;
+  HostBuffer& operator=(HostBuffer&& o) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  // At least n floats for copies from `device` (contents not kept).
+  void resize(size_t n, DeviceKind device);
+  void release();
+  float* data() { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  float* p_ = nullptr;
+  size_t n_ = 0;
+  bool pinned_ = false;
+};
+
 // CUDA streams for the owners of real ones (non-blocking with respect to the legacy stream).
 // In a build without CUDA these fail with a message.
 Stream cuda_stream_create();

@@ -15,12 +15,6 @@ namespace {
 std::string why() {
   return std::strerror(errno);
 }
-void dir_sync(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;  // some filesystems do not open directories; the rename is still atomic
-  ::fsync(fd);
-  ::close(fd);
-}
 void close_checked(std::FILE* f, const std::string& path) {
   const bool flushed = std::fflush(f) == 0, synced = flushed && ::fsync(fileno(f)) == 0;
   const std::string err = why();
@@ -28,6 +22,16 @@ void close_checked(std::FILE* f, const std::string& path) {
   LOOM_CHECK(flushed && synced && closed, "writing '{}' failed ({}); is the disk full?", path, err);
 }
 }  // namespace
+
+void dir_fsync(const std::string& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // some filesystems do not open directories; the rename is still atomic
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // EINVAL: the filesystem does not sync directories (the entry is as durable as it gets).
+  LOOM_CHECK(rc == 0 || err == EINVAL, "fsync of directory '{}' failed ({})", dir, std::strerror(err));
+}
 
 void file_write(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
   LOOM_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes, "writing '{}' failed ({}); is the disk full?", path,
@@ -48,7 +52,7 @@ void file_write_atomic(const std::string& path, const std::function<void(std::FI
     throw;
   }
   LOOM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '{}' to '{}' ({})", tmp, path, why());
-  dir_sync(p.parent_path());
+  dir_fsync(p.parent_path().string());
 }
 
 DurableAppend::DurableAppend(const std::string& path, const char* mode) : path_(path) {

@@ -11,6 +11,9 @@ namespace loom {
 
 // `write` gets the open temporary file; return normally when done.
 void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
+// fsync of a directory (its entries: a renamed or created file's name is on disk); a failure
+// is an error naming it.
+void dir_fsync(const std::string& dir);
 // fwrite that fails with a message naming `path` (e.g. a full disk).
 void file_write(std::FILE* f, const void* data, size_t bytes, const std::string& path);
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Reshard on load: a checkpoint written at dp 2 x tp 2 with ZeRO-1 (4 ranks) loads at 1 rank,
-# at tp 4 and at dp 4 with ZeRO-3 (and at 1 rank in bf16). Loaded and saved again at once, each holds the same tensors
-# bitwise (weights, both moments); continued to step 20, each stays within 1e-4 of the run
-# that kept the original layout. Then an independent reader (h5py) rebuilds a tensor from the
-# manifest and finds the values loom exports.
+# at tp 4 and at dp 4 with ZeRO-3 (and at 1 rank in bf16). Loaded and saved again at once,
+# each holds the same tensors bitwise (weights, both moments) and verifies; continued to step
+# 20, each stays within 1e-4 of the run that kept the original layout. Another model shape is
+# refused by name. `loom ckpt export` equals the run's export, and an independent reader
+# (h5py) rebuilds a tensor from the manifest and finds the values loom exports.
 #   reshard.sh LOOM COMPARE "MPIRUN... -np" [PYTHON]
 set -euo pipefail
 loom=$1 compare=$2 launch=$3 py=${4:-/usr/bin/python3}
@@ -29,6 +30,7 @@ for layout in "rank1:1" "tp4:4:--set parallel.tp=4" "dp4_zero3:4:--set parallel.
   # Loaded and saved at once: nothing left to run, so the end state is the loaded one.
   run "${name}_same" "$np" "${lay[@]}" --set train.steps=10 --set checkpoint.resume="$src" \
     --set checkpoint.dir="$dir/${name}_ckpt"
+  "$loom" ckpt verify "$dir/${name}_ckpt/step-00000010"
   "$compare" --ckpt-equal "$src" "$dir/${name}_ckpt/step-00000010"
   run "${name}_on" "$np" "${lay[@]}" --set checkpoint.resume="$src" --set checkpoint.dir="$dir/${name}_on_ckpt"
   grep -E "layout" "$dir/${name}_on.log"
@@ -39,8 +41,17 @@ done
 run bf16_same 1 --set train.dtype=bf16 --set train.steps=10 --set checkpoint.resume="$src" \
   --set checkpoint.dir="$dir/bf16_ckpt"
 "$compare" --ckpt-equal "$src" "$dir/bf16_ckpt/step-00000010"
-# Another HDF5 client: h5py rebuilds the token embedding from the manifest's shards.
+# Another model shape is refused, naming the keys that differ.
+if $launch 1 "$loom" train "${common[@]}" --set model.n_layer=3 --set checkpoint.resume="$src" \
+  --set checkpoint.dir="$dir/bad_ckpt" --set log.dir="$dir/bad" > "$dir/bad.log" 2>&1; then
+  echo "FAIL: a checkpoint of another model shape loaded"
+  exit 1
+fi
+grep -q "model.n_layer = 2 there, 3 here" "$dir/bad.log" || { cat "$dir/bad.log"; exit 1; }
+# `loom ckpt export` of the last checkpoint is the run's own export, bitwise.
 "$loom" ckpt export "$dir/orig_ckpt/step-00000020" "$dir/export.safetensors"
+"$compare" --weights-equal "$dir/export.safetensors" "$dir/orig/final.safetensors"
+# Another HDF5 client: h5py rebuilds the token embedding from the manifest's shards.
 "$py" - "$dir/orig_ckpt/step-00000020" "$dir/export.safetensors" <<'PY'
 import json, struct, sys
 import h5py, numpy as np

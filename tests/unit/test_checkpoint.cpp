@@ -54,6 +54,7 @@ TEST(CheckpointPieces, CoverEveryGlobalElementOnceAtItsPlace) {
           for (size_t k = 0; k + 1 < cuts.size(); ++k) {
             const int64_t f0 = cuts[k], f1 = cuts[k + 1];
             int64_t local_real = 0;
+            std::vector<float> back(size_t(f1 - f0), -1.0f);  // the run refilled from its pieces' boxes
             for (const Piece& p : pieces_of(s, f0, f1)) {
               std::vector<float> vals(size_t(p.numel()));
               piece_gather(s, p, local.data() + f0, f0, vals.data());
@@ -64,12 +65,18 @@ TEST(CheckpointPieces, CoverEveryGlobalElementOnceAtItsPlace) {
                   ASSERT_EQ(vals[size_t(i * b.cols + j)], float(g)) << s.name << " tp " << tp << " rank " << r;
                   ++count[size_t(g)];
                 }
-              // Filled back from its own box, the piece restores the local elements.
-              std::vector<float> back(size_t(f1 - f0), -1.0f);
               ASSERT_EQ(piece_fill(s, p, b, vals.data(), back.data(), f0), p.numel());
               local_real += p.numel();
             }
             EXPECT_LE(local_real, f1 - f0);  // padded rows are in no piece
+            // Filled back from their own boxes, the pieces restore the run's real elements.
+            int64_t filled = 0;
+            for (int64_t i = 0; i < f1 - f0; ++i) {
+              if (back[size_t(i)] == -1.0f) continue;
+              ++filled;
+              ASSERT_EQ(back[size_t(i)], local[size_t(f0 + i)]) << s.name << " tp " << tp << " element " << f0 + i;
+            }
+            EXPECT_EQ(filled, local_real) << s.name;
           }
         }
       }
