@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -134,11 +136,10 @@ void Checkpointer::write(int64_t step, std::vector<Item>& items) {
       piece_gather(*it.spec, it.piece, it.src, it.f0, buf.data());
       out.write(it.shard.dataset, it.shard.shape, buf.data());
       it.shard.xxh64 = xxh64_hex(buf.data(), int64_t(buf.size()));
-      if (world_.rank() == fault_kill_rank && step == fault_kill_step && i == items.size() / 2) {
-        std::fprintf(stderr, "rank %d: fault drill: SIGKILL while writing checkpoint step %lld\n", world_.rank(),
-                     (long long)step);
-        std::fflush(stderr);
-        ::kill(::getpid(), SIGKILL);
+      if (i == items.size() / 2) {
+        if (fault_in_write) fault_in_write(step);
+        LOOM_CHECK(!(fault_enospc && fault_enospc(step)), "cannot write '{}': {} (fault drill: fault.enospc)",
+                   dir + "/" + rank_file(world_.rank()), std::strerror(ENOSPC));
       }
     }
     reads_done();  // the state may change now; what remains is the library's and the disk's
@@ -160,9 +161,9 @@ void Checkpointer::settle(int32_t world_state) {
         "the last committed checkpoint is untouched; free space or fix '{}' and "
         "resume",
         cfg_.checkpoint.dir);
-    if (state_ == 2) fail("checkpoint step {} not committed: {}; {}", saved_step_, error_, last);
-    fail("checkpoint step {} not committed: another rank could not write its file (see its error); {}", saved_step_,
-         last);
+    if (state_ == 2) fail_io("checkpoint step {} not committed: {}; {}", saved_step_, error_, last);
+    fail_io("checkpoint step {} not committed: another rank could not write its file (see its error); {}", saved_step_,
+            last);
   }
   commit();
 }
@@ -255,6 +256,7 @@ void Checkpointer::commit() {
   for (auto& p : partial)
     if (checkpoint_step_of(p) < saved_step_) fs::remove_all(p, ec);
   commit_ms_ += seconds_since(t0) * 1e3;
+  if (fault_after_commit) fault_after_commit(saved_step_, dir);
   if (!quiet_)
     spdlog::info("checkpoint step {} committed: {} ({:.1f} MB over {} files; rank 0 wrote its part in {:.2f} s)",
                  saved_step_, dir, bytes / 1e6, files.size(), write_s_);
@@ -414,6 +416,7 @@ int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamReg
     if (world.size() > 1) world.all_reduce(Buf(&bad, 1), ReduceOp::max).wait();
     if (!bad) {
       if (from) *from = candidates[i];
+      if (world.rank() == 0) event_append(cfg.log.dir, "resume", fmt::format("\"step\":{}", step));
       return step;
     }
     if (!latest)
@@ -426,6 +429,7 @@ int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamReg
       const std::string aside = candidates[i] + ".unusable";
       fs::remove_all(aside, ec);
       fs::rename(candidates[i], aside, ec);
+      event_append(cfg.log.dir, "fallback", fmt::format("\"step\":{}", checkpoint_step_of(candidates[i])));
       spdlog::warn("checkpoint {} is unusable (moved to {}); {}", candidates[i],
                    ec ? "nowhere: " + ec.message() : aside,
                    i + 1 < candidates.size() ? "falling back to " + candidates[i + 1] : std::string("none is left"));

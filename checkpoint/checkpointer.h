@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -53,9 +54,12 @@ class Checkpointer {
   // follows a commit charges them to ckpt_block_ms.
   double take_commit_ms();
 
-  // Fault drill: this rank kills itself (SIGKILL) halfway through writing step `step`.
-  int fault_kill_rank = -1;
-  int64_t fault_kill_step = -1;
+  // Fault drills (launch/fault.h), unset when none. in_write: called by the writer halfway
+  // through this rank's file of `step` (a kill or an exit there); enospc: whether the write
+  // of `step` fails as on a full disk; after_commit: on rank 0, once `step` committed in `dir`.
+  std::function<void(int64_t step)> fault_in_write;
+  std::function<bool(int64_t step)> fault_enospc;
+  std::function<void(int64_t step, const std::string& dir)> fault_after_commit;
 
  private:
   struct Item {

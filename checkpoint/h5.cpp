@@ -115,6 +115,14 @@ std::vector<float> H5Reader::read(const std::string& name, const std::vector<int
   return out;
 }
 
+int64_t H5Reader::offset(const std::string& name) const {
+  Closer set{H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose};
+  LOOM_CHECK(set.id >= 0, "'{}' has no dataset '{}': {}", path_, name, h5_reason());
+  const haddr_t at = H5Dget_offset(set.id);
+  LOOM_CHECK(at != HADDR_UNDEF, "'{}': dataset '{}' has no contiguous storage", path_, name);
+  return int64_t(at);
+}
+
 std::string checkpoint_libraries() {
   unsigned maj = 0, min = 0, rel = 0;
   H5get_libversion(&maj, &min, &rel);

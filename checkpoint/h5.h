@@ -33,6 +33,8 @@ class H5Reader {
   H5Reader& operator=(const H5Reader&) = delete;
   // The whole dataset, which must have `shape`.
   std::vector<float> read(const std::string& name, const std::vector<int64_t>& shape) const;
+  // Where the dataset's bytes start in the file (contiguous storage), for fault drills.
+  int64_t offset(const std::string& name) const;
 
  private:
   std::string path_;

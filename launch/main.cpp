@@ -22,6 +22,7 @@
 #if LOOM_HAVE_CUDA
 #include "runtime/comm/nccl_group.h"
 #endif
+#include "launch/supervise.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
@@ -58,15 +59,46 @@ void info_print() {
   fmt::print("spdlog: {}.{}.{}  fmt: {}\n", SPDLOG_VER_MAJOR, SPDLOG_VER_MINOR, SPDLOG_VER_PATCH, FMT_VERSION);
 }
 
-// Parses "RANK:STEP".
-std::pair<int, int> fault_parse(const std::string& s) {
-  auto colon = s.find(':');
-  LOOM_CHECK(colon != std::string::npos, "fault drill '{}': expected RANK:STEP, e.g. 1:5", s);
-  try {
-    return {std::stoi(s.substr(0, colon)), std::stoi(s.substr(colon + 1))};
-  } catch (const std::exception&) {
-    loom::fail("fault drill '{}': expected RANK:STEP, e.g. 1:5", s);
+// Parsed by hand: everything after "--" is the command, options and all.
+int supervise_main(int argc, char** argv) {
+  loom::SuperviseOptions o;
+  std::vector<std::string> command;
+  int i = 2;
+  auto value = [&](const std::string& flag) -> std::string {
+    LOOM_CHECK(i + 1 < argc, "loom supervise: {} needs a value", flag);
+    return argv[++i];
+  };
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    try {
+      if (a == "--max-restarts")
+        o.max_restarts = std::stoi(value(a));
+      else if (a == "--backoff-s")
+        o.backoff_s = std::stod(value(a));
+      else if (a == "--log-dir")
+        o.log_dir = value(a);
+      else if (a == "-h" || a == "--help") {
+        fmt::print(
+            "loom supervise [--max-restarts N (3)] [--backoff-s S (1, doubling up to 60)] [--log-dir DIR] -- "
+            "COMMAND...\n  runs COMMAND and runs it again (with LOOM_RESTART=k) when it fails for a reason a "
+            "restart can cure;\n  not after status 0, 2 (usage or config error), or a SIGINT/SIGTERM to the "
+            "supervisor\n");
+        return 0;
+      } else
+        loom::fail(
+            "loom supervise: unknown option '{}'; usage: loom supervise [--max-restarts N] [--backoff-s S] "
+            "[--log-dir DIR] -- COMMAND...",
+            a);
+    } catch (const std::invalid_argument&) {
+      loom::fail("loom supervise: {} takes a number", a);
+    }
   }
+  for (; i < argc; ++i) command.push_back(argv[i]);
+  return loom::supervise_run(command, o);
 }
 
 int run(int argc, char** argv) {
@@ -82,11 +114,14 @@ int run(int argc, char** argv) {
   train->add_flag("--list-keys", list_keys, "list every config key and exit");
   train->add_flag("--print-config", print_config, "print the resolved config and exit");
   std::string fault, hang;
-  train->add_option("--fault-exit", fault, "fault drill: rank RANK exits with status 3 at step STEP (RANK:STEP)");
-  train->add_option("--fault-hang", hang, "fault drill: rank RANK stops communicating at step STEP (RANK:STEP)");
+  train->add_option("--fault-exit", fault,
+                    "fault drill: rank RANK exits with status 3 at step STEP (RANK:STEP; fault.exit)");
+  train->add_option("--fault-hang", hang,
+                    "fault drill: rank RANK stops inside its next collective at step STEP (RANK:STEP; fault.hang)");
   std::string kill_in_save;
   train->add_option("--fault-kill-in-save", kill_in_save,
-                    "fault drill: rank RANK SIGKILLs itself halfway through writing checkpoint STEP (RANK:STEP)");
+                    "fault drill: rank RANK SIGKILLs itself halfway through writing checkpoint STEP (RANK:STEP; "
+                    "fault.kill = RANK:STEP:checkpoint)");
 
   std::string ckpt_dir, ckpt_out;
   auto* ckpt = app.add_subcommand("ckpt", "verify, inspect or export a checkpoint directory");
@@ -169,6 +204,11 @@ int run(int argc, char** argv) {
   pmem->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   pmem->add_flag("--json", plan_json, "every rank's bytes at the config's stage, as JSON (loom runs)");
 
+  app.add_subcommand("supervise",
+                     "run COMMAND and restart it when it fails curably: loom supervise [--max-restarts N] "
+                     "[--backoff-s S] [--log-dir DIR] -- COMMAND...");
+  if (argc > 1 && std::string(argv[1]) == "supervise") return supervise_main(argc, argv);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -206,16 +246,16 @@ int run(int argc, char** argv) {
         fmt::print("{:<28} {:<7} {:<14} {}\n{}", "key", "type", "default", "meaning", loom::config_keys_table());
         return 0;
       }
+      // The drill flags are shorthands for fault.* keys.
+      if (!fault.empty()) sets.push_back("fault.exit=" + fault);
+      if (!hang.empty()) sets.push_back("fault.hang=" + hang);
+      if (!kill_in_save.empty()) sets.push_back("fault.kill=" + kill_in_save + ":checkpoint");
       loom::Config cfg = config_build(config_path, sets);
       if (print_config) {
         fmt::print("{}\n", loom::config_to_toml(cfg));
         return 0;
       }
-      if (!fault.empty()) std::tie(topt.fault_exit_rank, topt.fault_exit_step) = fault_parse(fault);
-      if (!hang.empty()) std::tie(topt.fault_hang_rank, topt.fault_hang_step) = fault_parse(hang);
-      if (!kill_in_save.empty())
-        std::tie(topt.fault_ckpt_kill_rank, topt.fault_ckpt_kill_step) = fault_parse(kill_in_save);
-      loom::stop_signals_install();  // SIGINT / SIGTERM: stop at the next step boundary
+      loom::stop_signals_install(cfg.fault.grace_s);  // SIGINT / SIGTERM: stop at the next step boundary
       const loom::TrainResult r = loom::train_run(cfg, topt);
       if (r.stopped_by) return loom::kExitStopped;
     } else if (*eval) {
@@ -295,7 +335,9 @@ int run(int argc, char** argv) {
       // A rank that fails alone would leave its peers waiting in a collective: end the job.
       fmt::print(stderr, "error: rank {}: {}\n", mpi->rank(), e.what());
       std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, dynamic_cast<const loom::Error*>(&e) ? 2 : 1);
+      MPI_Abort(MPI_COMM_WORLD, dynamic_cast<const loom::IoError*>(&e) ? loom::kExitIo
+                                : dynamic_cast<const loom::Error*>(&e) ? 2
+                                                                       : 1);
     }
 #endif
     throw;
@@ -308,6 +350,9 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S] %v");
   try {
     return run(argc, argv);
+  } catch (const loom::IoError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return loom::kExitIo;
   } catch (const loom::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 2;

@@ -10,8 +10,9 @@ namespace loom {
 // again later, e.g. after preemption).
 constexpr int kExitStopped = 75;
 
-// Installs the handlers for SIGINT and SIGTERM.
-void stop_signals_install();
+// Installs the handlers for SIGINT and SIGTERM. grace_s > 0 (fault.grace_s): a run still going
+// that long after the signal exits with kExitStopped at once.
+void stop_signals_install(double grace_s = 0);
 // The signal that asked for a stop (SIGINT, SIGTERM), or 0.
 int stop_signal();
 const char* stop_signal_name(int sig);

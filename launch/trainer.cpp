@@ -9,7 +9,9 @@
 #include <thread>
 
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
+#include "launch/fault.h"
 #include "launch/launch_env.h"
 #include "launch/stop.h"
 #include "model/backend.h"
@@ -18,6 +20,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/schedule.h"
 #include "runtime/data.h"
+#include "runtime/file.h"
 #include "runtime/mesh.h"
 #include "runtime/step_clock.h"
 #if LOOM_HAVE_CUDA
@@ -63,17 +66,6 @@ StepLog::StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, Train
       has_val_(has_val && cfg.data.val_batches > 0),
       result_(result),
       metrics_(lead_ ? cfg.log.dir : "", opt.world_size) {}
-
-void StepLog::fault_drills(int64_t step) const {
-  if (opt_.fault_exit_rank == opt_.world_rank && opt_.fault_exit_step == step + 1) {
-    spdlog::error("rank {}: fault drill: exit(3) at step {}", opt_.world_rank, step + 1);
-    std::_Exit(3);  // a crash: no destructors, no MPI_Finalize
-  }
-  if (opt_.fault_hang_rank == opt_.world_rank && opt_.fault_hang_step == step + 1) {
-    spdlog::error("rank {}: fault drill: hanging at step {}", opt_.world_rank, step + 1);
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  }
-}
 
 void StepLog::validation(int64_t step, const std::function<double()>& validate) {
   if (!has_val_) return;
@@ -159,8 +151,16 @@ struct Trainer::Parts {
   std::unique_ptr<Checkpointer> ckpt;  // checkpoint.every > 0
   int64_t start_step = 0;
   std::string resumed_from;
+  std::unique_ptr<FaultInjector> faults;
+  UpdateGuard guard;
+  StragglerWatch straggle;
+  std::vector<int> stragglers;  // as of the last step boundary
+  double last_compute_ms = 0;
+  int64_t next = 0;             // the step to run after this one (a rollback moves it back)
+  int64_t rolled_back_to = -1;  // the checkpoint step of the last rollback
 
-  Parts(const Config& c, const TrainOptions& o) : cfg(c), opt(o), trace(c.log.trace, o.world_rank) {}
+  Parts(const Config& c, const TrainOptions& o)
+      : cfg(c), opt(o), trace(c.log.trace, o.world_rank), guard(c.fault), straggle(o.world_size) {}
   ~Parts() {
     ckpt.reset();  // a write in flight finishes first (it reads nothing of the buffers below)
     dpar.reset();
@@ -199,7 +199,49 @@ struct Trainer::Parts {
     return data.val ? num_sequences(*data.val, cfg.model.seq_len) / cfg.train.global_batch : 0;
   }
   void startup_log();
+  // Forward and backward over the step's micro-batches from zeroed gradients; reduce: the
+  // last backward starts the gradient reductions (else reduce_grads() does); poison: the
+  // fault.nan drill.
+  void micro_batches(int64_t step, bool reduce, bool poison);
+  // fault.sdc_every: the step's gradients computed twice (a third time where they differ);
+  // the ranks whose two differ, and *unresolved where no two of three agree on some rank.
+  std::vector<int> sdc_check(int64_t step, bool flip, bool* unresolved);
+  // An update skipped at 1-based step s1: logged, counted, and past fault.max_skips in a row
+  // a rollback to the newest checkpoint.
+  void skipped(int64_t s1, const std::string& why);
 };
+
+void Trainer::Parts::skipped(int64_t s1, const std::string& why) {
+  if (lead)
+    spdlog::warn("step {}: update skipped on every rank: {} ({} in a row, {} in this run)", s1, why,
+                 guard.skips_in_a_row(), guard.skips_total());
+  if (lead) event_append(cfg.log.dir, "skip", fmt::format("\"step\":{},\"why\":\"{}\"", s1, why));
+  if (!guard.rollback_due()) return;
+  LOOM_CHECK(ckpt,
+             "{} updates in a row were skipped (fault.max_skips = {}) and there is no checkpoint to roll back to "
+             "(checkpoint.every = 0); the run diverged: lower train.lr, or enable checkpoints",
+             guard.skips_in_a_row(), cfg.fault.max_skips);
+  ckpt->flush();
+  const std::vector<std::string> done = checkpoints_complete(cfg.checkpoint.dir);
+  LOOM_CHECK(!done.empty(),
+             "{} updates in a row were skipped (fault.max_skips = {}) before any checkpoint was written; "
+             "the run diverged: lower train.lr, or save earlier (checkpoint.every)",
+             guard.skips_in_a_row(), cfg.fault.max_skips);
+  const int64_t back = checkpoint_step_of(done.front());
+  LOOM_CHECK(back != rolled_back_to,
+             "updates keep being skipped after rolling back to step {} ({}); the fault is not "
+             "transient: lower train.lr, or look at the data after step {}",
+             back, why, back);
+  const int64_t loaded = checkpoint_load(done.front(), cfg, chunk->registry(), *dpar, false);
+  if (lead) {
+    spdlog::warn("rolling back to {} (step {}) after {} skipped updates; steps {}..{} are run again", done.front(),
+                 loaded, guard.skips_in_a_row(), loaded + 1, s1);
+    event_append(cfg.log.dir, "rollback", fmt::format("\"from\":{},\"to\":{}", s1, loaded));
+  }
+  guard.rolled_back();
+  rolled_back_to = loaded;
+  next = loaded;
+}
 
 // The composition order (DESIGN 3) lives here, and each step needs the one before it:
 //   device and dtype (the backend every later part computes with) ->
@@ -234,6 +276,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   mo.use_mpi = opt.use_mpi;
   mo.timeout_s = cfg.parallel.timeout_s;
   mo.trace = &p.trace;
+  mo.flight_dir = cfg.log.dir;
   if (p.device == "cuda" && opt.use_mpi) {
     // NCCL refuses two ranks on one GPU: where ranks share GPUs, MPI carries the CUDA buffers
     // through pinned host memory (a check of the layout, not a fast path).
@@ -280,13 +323,22 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   p.inputs.resize(size_t(cfg.train.micro_batch) * cfg.model.seq_len);
   p.targets.resize(p.inputs.size());
   p.log = std::make_unique<StepLog>(p.cfg, p.opt, val_batches_available() > 0, p.result);
+  p.faults = std::make_unique<FaultInjector>(cfg, opt.world_rank, run_restarted());
   if (cfg.checkpoint.every > 0) {
     const nlohmann::json layout = {{"world", p.mesh->world()},     {"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp},
                                    {"pp", cfg.parallel.pp},        {"ep", cfg.parallel.ep}, {"zero", cfg.parallel.zero},
                                    {"dtype", dtype_name(p.dtype)}, {"device", p.device}};
     p.ckpt = std::make_unique<Checkpointer>(p.cfg, p.mesh->world_group(), layout, opt.quiet);
-    p.ckpt->fault_kill_rank = opt.fault_ckpt_kill_rank;
-    p.ckpt->fault_kill_step = opt.fault_ckpt_kill_step;
+    FaultInjector* fi = p.faults.get();
+    p.ckpt->fault_in_write = [fi](int64_t step) { fi->at(step, "checkpoint"); };
+    p.ckpt->fault_enospc = [fi](int64_t step) {
+      if (!fi->enospc(step)) return false;
+      fi->note("enospc", step, "the checkpoint write fails as on a full disk");
+      return true;
+    };
+    p.ckpt->fault_after_commit = [fi](int64_t step, const std::string& dir) {
+      if (fi->ckpt_corrupt(step)) checkpoint_corrupt(*fi, step, dir);
+    };
   }
 }
 
@@ -375,30 +427,101 @@ int64_t Trainer::first_step() const {
   return p_->start_step;
 }
 
+void Trainer::Parts::micro_batches(int64_t step, bool reduce, bool poison) {
+  const float dloss = 1.0f / float(tokens_per_step);  // loss is the mean over the global batch
+  const int accum = cfg.accum_steps();
+  chunk->zero_grad();
+  Inputs in;
+  for (const Action& a : schedule) {
+    if (a.kind == Action::forward) {
+      if (a.micro == 0) faults->at(step + 1, "forward");
+      {
+        auto s = trace.scope("data", Trace::host);
+        StepClock::Scope c(clock.get(), Phase::data);
+        in = stage(*data.train, step, a.micro, cfg.data.shuffle);
+      }
+      // fault.nan: this rank's last micro-batch seeds its backward with NaN.
+      chunk->forward(in, poison && a.micro + 1 == accum ? std::nanf("") : dloss, *dpar);
+    } else {
+      if (a.micro == 0) faults->at(step + 1, "backward");
+      // Accumulation micro-batches do not communicate; with !reduce none does, and the
+      // reductions wait for reduce_grads().
+      dpar->set_last(reduce && a.micro + 1 == accum);
+      chunk->backward(in, *dpar);
+    }
+  }
+}
+
+std::vector<int> Trainer::Parts::sdc_check(int64_t step, bool flip, bool* unresolved) {
+  // Computed twice without communicating, each rank's gradients must be the same bits; a
+  // rank where they differ computes a third time, and the update goes ahead where two agree.
+  ProcessGroup& world = mesh->world_group();
+  auto gather = [&](int32_t mine) {
+    std::vector<int32_t> all(size_t(world.size()), 0);
+    all[size_t(world.rank())] = mine;
+    if (world.size() > 1)
+      world.all_gather(Buf(&all[size_t(world.rank())], 1), Buf(all.data(), int64_t(all.size()))).wait();
+    return all;
+  };
+  const int64_t at = int64_t(chunk->num_params() / 2);
+  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
+  micro_batches(step, false, false);
+  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
+  const uint64_t a = tensor_hash(*backend, chunk->grads_tensor());
+  backend->zero(Buf(chunk->loss_sum()));
+  micro_batches(step, false, false);
+  const uint64_t b = tensor_hash(*backend, chunk->grads_tensor());
+  const std::vector<int32_t> differ = gather(a != b);
+  std::vector<int> ranks;
+  for (size_t r = 0; r < differ.size(); ++r)
+    if (differ[r]) ranks.push_back(int(r));
+  *unresolved = false;
+  if (ranks.empty()) return ranks;
+  backend->zero(Buf(chunk->loss_sum()));
+  micro_batches(step, false, false);  // every rank: the tp collectives inside need all
+  const uint64_t c = tensor_hash(*backend, chunk->grads_tensor());
+  for (int32_t u : gather(a != b && c != a && c != b)) *unresolved = *unresolved || u;
+  return ranks;
+}
+
 StepMetrics Trainer::step(int64_t step) {
   Parts& p = *p_;
-  p.log->fault_drills(step);
+  FaultInjector& fi = *p.faults;
+  const int64_t s1 = step + 1;  // 1-based, as the drills and metrics count
+  p.next = s1;
+  fi.at(s1, "");
+  if (fi.hang(s1)) {
+    fi.note("hang", s1, "stopping inside this step's next collective");
+    p.mesh->hang_next_op();
+  }
   const CommCounters dp0 = p.dp().counters(), tp0 = p.tp().counters();
-  const float dloss = 1.0f / float(p.tokens_per_step);  // loss is the mean over the global batch
-  const int accum = p.cfg.accum_steps();
   StepMetrics m;
   StepClock& clock = *p.clock;
   const Clock::time_point wall = Clock::now();  // step_ms: the host's clock, apart from the marks
   clock.begin(Phase::compute);
-  p.chunk->zero_grad();
-  Inputs in;
-  for (const Action& a : p.schedule) {
-    if (a.kind == Action::forward) {
-      {
-        auto s = p.trace.scope("data", Trace::host);
-        StepClock::Scope c(&clock, Phase::data);
-        in = p.stage(*p.data.train, step, a.micro, p.cfg.data.shuffle);
-      }
-      p.chunk->forward(in, dloss, *p.dpar);
-    } else {
-      p.dpar->set_last(a.micro + 1 == accum);  // accumulation micro-batches do not communicate
-      p.chunk->backward(in, *p.dpar);
+  if (const double ms = fi.slow_ms(); ms > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+  const bool poison = fi.nan(s1), flip = fi.bitflip(s1);
+  if (poison) fi.note("nan", s1, "a NaN into this rank's gradients");
+  if (flip) fi.note("bitflip", s1, "a flipped bit in one weight while this step computes");
+  bool sdc_unresolved = false;
+  if (p.cfg.fault.sdc_every > 0 && s1 % p.cfg.fault.sdc_every == 0) {
+    m.sdc_ranks = p.sdc_check(step, flip, &sdc_unresolved);
+    if (!m.sdc_ranks.empty() && p.lead) {
+      std::string names;
+      for (int r : m.sdc_ranks) names += (names.empty() ? "" : ", ") + std::to_string(r);
+      spdlog::error("step {}: silent data corruption: rank {}'s gradients differ from its own recomputation; {}", s1,
+                    names,
+                    sdc_unresolved ? "no two of three agree, the update is skipped"
+                                   : "a third computation agrees with one of them and the update uses it");
+      event_append(p.cfg.log.dir, "sdc",
+                   fmt::format("\"step\":{},\"ranks\":[{}],\"resolved\":{}", s1, names, !sdc_unresolved));
     }
+  } else {
+    const int64_t at = int64_t(p.chunk->num_params() / 2);
+    if (flip) tensor_bit_flip(*p.backend, p.chunk->params_tensor(), at);
+    p.micro_batches(step, true, poison);
+    if (flip) tensor_bit_flip(*p.backend, p.chunk->params_tensor(), at);
   }
   const AdamWHyper hyper{lr_at(p.cfg.train, step), p.cfg.train.beta1, p.cfg.train.beta2, p.cfg.train.eps,
                          p.cfg.train.weight_decay};
@@ -407,21 +530,35 @@ StepMetrics Trainer::step(int64_t step) {
     StepClock::Scope c(&clock, Phase::ckpt);
     p.ckpt->wait_reads();
   }
+  double loss_sum = 0;
   {
     auto s = p.trace.scope("optimizer", Trace::host);
     clock.enter(Phase::optimizer);
-    p.dpar->step(hyper, step + 1, p.cfg.train.grad_clip);
+    p.dpar->reduce_grads();
+    loss_sum = p.loss_take();
+    // The loss and the norm are reduced over the job: every rank decides the same.
+    m.skipped = p.guard.check(loss_sum / double(p.tokens_per_step), p.dpar->grad_norm());
+    if (m.skipped.empty() && sdc_unresolved) m.skipped = "silent data corruption (SDC check unresolved)";
+    fi.at(s1, "optimizer");
+    if (m.skipped.empty()) {
+      p.dpar->apply(hyper, s1, p.cfg.train.grad_clip);
+    } else {
+      p.dpar->discard();
+      p.skipped(s1, m.skipped);
+    }
   }
-  const double loss_sum = p.loss_take();
-  if (p.ckpt && p.ckpt->due(step + 1)) {  // what the step loses to it is ckpt_block_ms
+  if (p.ckpt && p.ckpt->due(s1)) {  // what the step loses to it is ckpt_block_ms
     auto s = p.trace.scope("checkpoint", Trace::host);
     clock.enter(Phase::ckpt);
-    p.ckpt->save(step + 1, *p.dpar);
+    p.ckpt->save(s1, *p.dpar);
   }
   const StepTimes t = clock.end();
   // A commit between the last step and this one (the manifest, pruning) is this step's loss too.
   const double commit_ms = p.ckpt ? p.ckpt->take_commit_ms() : 0.0;
   m.step_ms = ms_since(wall) + commit_ms;
+  m.t_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  m.stragglers = p.stragglers;
+  p.last_compute_ms = t.of(Phase::compute);
   m.loss = loss_sum / double(p.tokens_per_step);
   m.grad_norm = p.dpar->grad_norm();
   m.compute_ms = t.of(Phase::compute);
@@ -487,12 +624,45 @@ std::vector<float> Trainer::weights_hf() {
 
 bool Trainer::between_steps() {
   Parts& p = *p_;
-  int32_t flags[2] = {stop_signal(), p.ckpt ? p.ckpt->write_state() : 0};
+  // One gather a step: stop signals and checkpoint write states (the job acts on the worst),
+  // and each rank's compute time (the straggler watch).
   ProcessGroup& world = p.mesh->world_group();
-  if (world.size() > 1) world.all_reduce(Buf(flags, 2), ReduceOp::max).wait();
-  if (p.ckpt) p.ckpt->settle(flags[1]);
-  if (flags[0]) p.result.stopped_by = flags[0];
-  return flags[0] != 0;
+  const int n = world.size(), me = world.rank();
+  std::vector<double> all(size_t(3 * n), 0.0);
+  all[size_t(3 * me)] = stop_signal();
+  all[size_t(3 * me + 1)] = p.ckpt ? p.ckpt->write_state() : 0;
+  all[size_t(3 * me + 2)] = p.last_compute_ms;
+  if (n > 1) world.all_gather(Buf(&all[size_t(3 * me)], 3), Buf(all.data(), int64_t(all.size()))).wait();
+  int32_t sig = 0, write_state = 0;
+  std::vector<double> compute(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    sig = std::max(sig, int32_t(all[size_t(3 * r)]));
+    write_state = std::max(write_state, int32_t(all[size_t(3 * r + 1)]));
+    compute[size_t(r)] = all[size_t(3 * r + 2)];
+  }
+  if (p.ckpt) p.ckpt->settle(write_state);
+  if (n > 1 && p.result.steps_done > p.start_step) {
+    std::vector<int> fresh;
+    p.stragglers = p.straggle.update(compute, &fresh);
+    std::vector<double> sorted = compute;
+    std::sort(sorted.begin(), sorted.end());
+    for (int r : fresh)
+      if (p.lead) {
+        spdlog::warn(
+            "rank {} is a straggler: compute {:.1f} ms a step against the ranks' median of {:.1f} ms, for {} "
+            "steps in a row",
+            r, compute[size_t(r)], sorted[size_t(n - 1) / 2], 5);
+        event_append(p.cfg.log.dir, "straggler",
+                     fmt::format("\"rank\":{},\"step\":{},\"compute_ms\":{:.2f},\"median_ms\":{:.2f}", r,
+                                 p.result.steps_done, compute[size_t(r)], sorted[size_t(n - 1) / 2]));
+      }
+  }
+  if (sig) p.result.stopped_by = sig;
+  return sig != 0;
+}
+
+int64_t Trainer::next_step() const {
+  return p_->next;
 }
 
 TrainResult Trainer::finish() {
@@ -545,7 +715,7 @@ void Trainer::report(const StepMetrics& m) {
 TrainResult train_run(const Config& cfg, const TrainOptions& opt) {
   Trainer trainer(cfg, opt);
   trainer.init();
-  for (int64_t s = trainer.first_step(); s < trainer.steps() && !trainer.between_steps(); ++s)
+  for (int64_t s = trainer.first_step(); s < trainer.steps() && !trainer.between_steps(); s = trainer.next_step())
     trainer.report(trainer.step(s));
   return trainer.finish();
 }

@@ -35,12 +35,6 @@ struct TrainOptions {
   // Where this process sits; use_mpi needs MPI initialized (MpiWorld) by the caller.
   int world_rank = 0, world_size = 1;
   bool use_mpi = false;
-  // Fault drills, at the start of a step (1-based); -1: never. exit: the rank calls exit(3);
-  // hang: the rank stops and never communicates again (the watchdog's case).
-  int fault_exit_rank = -1, fault_exit_step = -1;
-  int fault_hang_rank = -1, fault_hang_step = -1;
-  // kill in save: the rank SIGKILLs itself halfway through writing the checkpoint of that step.
-  int fault_ckpt_kill_rank = -1, fault_ckpt_kill_step = -1;
 };
 
 // cfg must have passed config_validate.
@@ -59,15 +53,12 @@ inline double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// What the training loop does around its steps: the fault drills before a step; after it,
-// metrics.jsonl, the console line every log.every steps and validation on its cadence; at the
+// What the training loop does around its steps: metrics.jsonl, the console line every log.every steps and validation on its cadence; at the
 // end, the last validation and the run's tokens/s and MFU (step 1 is a warm-up and not timed).
 // Only the lead rank writes and prints; validate() runs on every rank.
 class StepLog {
  public:
   StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result);
-  // The drills of TrainOptions due at the start of `step` (0-based): exit(3), or hang forever.
-  void fault_drills(int64_t step) const;
   // m as filled by step_rates; validate returns the validation loss.
   void after_step(const StepMetrics& m, const std::function<double()>& validate);
   // stopped: the run ends early on a signal (no final validation; the stop is recorded).
@@ -112,6 +103,8 @@ class Trainer {
   bool between_steps();
   // The first step to run: 0, or the step a resumed checkpoint was saved after.
   int64_t first_step() const;
+  // The step to run after the last one: the next, or an earlier one after a rollback.
+  int64_t next_step() const;
   // The final validation, export.final, the trace; the run's result.
   TrainResult finish();
   // The whole model's fp32 weights in the Hugging Face layout; collective.

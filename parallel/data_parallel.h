@@ -41,9 +41,18 @@ class DataParallel : public UnitAccess {
   virtual void weights_to(float* host) = 0;
   // The micro-batch whose backward runs next is the step's last (DDP communicates only then).
   virtual void set_last(bool last) { (void)last; }
-  // Finishes the gradient reductions, clips by the global norm (over dp and tp) and updates.
-  // Waits for communication are charged to the clock's comm phase.
-  virtual void step(const AdamWHyper& h, int64_t step, double max_norm) = 0;
+  // The optimizer step in two halves, so that the trainer can look at the gradients' global
+  // norm (over dp and tp: the same on every rank) before it decides to update:
+  // reduce_grads() finishes the gradient reductions and computes the norm; then either
+  // apply() clips by it and updates, or discard() drops the step's gradients. Waits for
+  // communication are charged to the clock's comm phase.
+  virtual void reduce_grads() = 0;
+  virtual void apply(const AdamWHyper& h, int64_t step, double max_norm) = 0;
+  virtual void discard() = 0;
+  void step(const AdamWHyper& h, int64_t step, double max_norm) {
+    reduce_grads();
+    apply(h, step, max_norm);
+  }
   virtual double grad_norm() = 0;  // the last step's, before clipping (read on the host)
   virtual std::string describe() const = 0;
 

@@ -72,7 +72,7 @@ void Ddp::weights_to(float* host) {
     be_.download(host, Buf(chunk_.params_tensor()));
 }
 
-void Ddp::step(const AdamWHyper& h, int64_t step, double max_norm) {
+void Ddp::reduce_grads() {
   const Stream& s = be_.stream();
   grads_ready_from(0);
   {
@@ -88,8 +88,13 @@ void Ddp::step(const AdamWHyper& h, int64_t step, double max_norm) {
     StepClock::Scope c(clock_, Phase::comm);
     tp_.all_reduce(Buf(adam_->sum_squares()), ReduceOp::sum, s).wait_on(s);
   }
+}
+
+void Ddp::apply(const AdamWHyper& h, int64_t step, double max_norm) {
   adam_->update(chunk_.params(), chunk_.grads(), h, step, max_norm);
 }
+
+void Ddp::discard() {}  // the next step's zero_grad clears the full gradient buffer
 
 std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups,
                                                  StepClock* clock) {

@@ -30,7 +30,9 @@ class Ddp final : public DataParallel {
   void set_last(bool last) override { last_ = last; }
   void weights_from(const float* host) override;
   void weights_to(float* host) override;
-  void step(const AdamWHyper& h, int64_t step, double max_norm) override;
+  void reduce_grads() override;
+  void apply(const AdamWHyper& h, int64_t step, double max_norm) override;
+  void discard() override;
   double grad_norm() override { return adam_->norm(); }
   std::string describe() const override;
   std::vector<StateRun> state_runs(StateUse use) const override;

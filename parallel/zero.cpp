@@ -296,7 +296,7 @@ void Zero::forward_done(int u) {
   if (stage_ >= 3) slot_of(param_slots_, u).in_use = false;
 }
 
-void Zero::step(const AdamWHyper& h, int64_t step, double max_norm) {
+void Zero::reduce_grads() {
   const Stream& st = be_.stream();
   float* grads = nullptr;
   if (stage_ == 1) {
@@ -326,7 +326,19 @@ void Zero::step(const AdamWHyper& h, int64_t step, double max_norm) {
   adam_->norm_squares(grads);
   wait(dp_.all_reduce(Buf(adam_->sum_squares()), ReduceOp::sum, st));
   if (tp_.size() > 1) wait(tp_.all_reduce(Buf(adam_->sum_squares()), ReduceOp::sum, st));
-  adam_->update(stage_ >= 3 ? ptr_of(shard_params_) : chunk_.params(), grads, h, step, max_norm);
+  reduced_ = grads;
+}
+
+void Zero::discard() {
+  if (stage_ >= 2) be_.zero(Buf(shard_grads_));
+  reduced_ = nullptr;
+}
+
+void Zero::apply(const AdamWHyper& h, int64_t step, double max_norm) {
+  const Stream& st = be_.stream();
+  LOOM_CHECK(reduced_, "ZeRO: apply() without reduce_grads()");
+  adam_->update(stage_ >= 3 ? ptr_of(shard_params_) : chunk_.params(), reduced_, h, step, max_norm);
+  reduced_ = nullptr;
   if (stage_ <= 2) {  // all-gather the updated weights into the full buffer
     Buf full(chunk_.params_tensor());
     Buf tmp(param_bounce_);

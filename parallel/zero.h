@@ -46,7 +46,9 @@ class Zero final : public DataParallel {
   void backward_done(int u) override;
   void weights_from(const float* host) override;
   void weights_to(float* host) override;
-  void step(const AdamWHyper& h, int64_t step, double max_norm) override;
+  void reduce_grads() override;
+  void apply(const AdamWHyper& h, int64_t step, double max_norm) override;
+  void discard() override;
   double grad_norm() override { return adam_->norm(); }
   std::string describe() const override;
   std::vector<StateRun> state_runs(StateUse use) const override;
@@ -77,6 +79,7 @@ class Zero final : public DataParallel {
   ProcessGroup& host_dp_;
   StepClock* clock_;
   int n_, r_, first_;
+  float* reduced_ = nullptr;  // the reduced gradients apply() reads, between reduce_grads() and it
   DType dtype_, reduce_;
   std::vector<Unit> units_;
   std::unique_ptr<AdamW> adam_;

@@ -198,7 +198,7 @@ bool reserved(const std::string& key) {
   for (const char* k : {"model.moe.top_k", "model.moe.capacity_factor", "model.moe.aux_loss_coef", "model.moe.every",
                         "parallel.pp_schedule", "parallel.pp_virtual"})
     if (key == k) return true;
-  return key.rfind("fault.", 0) == 0;  // drills and numerical-fault handling: being wired
+  return false;
 }
 
 const char* short_type(const FieldPtr& p) {
@@ -493,9 +493,7 @@ void config_validate(Config& cfg) {
   // A key that is accepted but would do nothing is an error, not a silent no-op.
   for (const std::string& key : cfg.set_keys) {
     if (!reserved(key)) continue;
-    const char* what = key.rfind("model.moe.", 0) == 0 ? "mixture-of-experts layers are"
-                       : key.rfind("fault.", 0) == 0   ? "fault handling is"
-                                                       : "pipeline parallelism is";
+    const char* what = key.rfind("model.moe.", 0) == 0 ? "mixture-of-experts layers are" : "pipeline parallelism is";
     fail("{} is set, but {} not in this build yet, so it would do nothing; remove it", key, what);
   }
   const FaultConfig& f = cfg.fault;
@@ -507,9 +505,28 @@ void config_validate(Config& cfg) {
   fault_parse("fault.bitflip", f.bitflip);
   fault_parse("fault.ckpt_corrupt", f.ckpt_corrupt, false);
   fault_parse("fault.enospc", f.enospc, false);
+  const int world = p.dp * p.tp * p.pp;
+  for (auto [key, v] : {std::pair{"fault.kill", &f.kill},
+                        {"fault.exit", &f.exit},
+                        {"fault.hang", &f.hang},
+                        {"fault.slow", &f.slow},
+                        {"fault.nan", &f.nan},
+                        {"fault.bitflip", &f.bitflip}}) {
+    const bool phases = std::string(key) == "fault.kill" || std::string(key) == "fault.exit";
+    const FaultAt at = fault_parse(key, *v, true, phases);
+    LOOM_CHECK(at.rank < world, "{} = \"{}\" names rank {}, but the job has {} ranks (dp x tp x pp)", key, *v, at.rank,
+               world);
+  }
+  LOOM_CHECK(f.sdc_every == 0 || p.zero <= 1,
+             "fault.sdc_every compares each rank's whole gradients before they are reduced, which ZeRO-{} does not "
+             "hold; use parallel.zero = 0 or 1, or fault.sdc_every = 0",
+             p.zero);
+  LOOM_CHECK(f.bitflip.empty() || p.zero <= 2,
+             "fault.bitflip flips a weight of the full parameter buffer, which ZeRO-3 does not hold; use parallel.zero "
+             "<= 2");
   LOOM_CHECK(f.grace_s > 0, "fault.grace_s = {} must be positive", f.grace_s);
   LOOM_CHECK(f.spike_factor == 0 || f.spike_factor > 1, "fault.spike_factor = {}: 0 (off) or above 1", f.spike_factor);
-  LOOM_CHECK(f.max_skips >= 1, "fault.max_skips = {} must be at least 1", f.max_skips);
+  LOOM_CHECK(f.max_skips >= 0, "fault.max_skips = {} must be >= 0 (0: roll back at the first skip)", f.max_skips);
   LOOM_CHECK(f.sdc_every >= 0, "fault.sdc_every = {} must be >= 0 (0: off)", f.sdc_every);
   for (auto [key, v] : {std::pair{"fault.ckpt_corrupt", &f.ckpt_corrupt}, {"fault.enospc", &f.enospc}})
     LOOM_CHECK(v->empty() || cfg.checkpoint.every > 0, "{} = \"{}\" drills a checkpoint, but checkpoint.every = 0", key,

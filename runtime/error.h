@@ -13,9 +13,21 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A failure of the machine rather than of the input (a full disk, a write error): the CLI
+// exits with kExitIo, which a supervisor may retry, where an Error's status 2 says "fix the
+// input first".
+struct IoError : Error {
+  using Error::Error;
+};
+constexpr int kExitIo = 74;  // EX_IOERR
+
 template <class... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
   throw Error(fmt::format(f, std::forward<Args>(args)...));
+}
+template <class... Args>
+[[noreturn]] void fail_io(fmt::format_string<Args...> f, Args&&... args) {
+  throw IoError(fmt::format(f, std::forward<Args>(args)...));
 }
 
 }  // namespace loom

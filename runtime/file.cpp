@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 
@@ -91,6 +92,19 @@ void DurableAppend::close() {
   std::FILE* f = f_;
   f_ = nullptr;
   close_checked(f, path_);
+}
+
+void event_append(const std::string& dir, const std::string& event, const std::string& fields) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const double t = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string line =
+      fmt::format("{{\"event\":\"{}\",\"t\":{:.3f}{}{}}}\n", event, t, fields.empty() ? "" : ",", fields);
+  if (std::FILE* f = std::fopen((dir + "/faults.jsonl").c_str(), "a")) {
+    std::fwrite(line.data(), 1, line.size(), f);
+    std::fclose(f);
+  }
 }
 
 }  // namespace loom

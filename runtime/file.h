@@ -17,6 +17,12 @@ void dir_fsync(const std::string& dir);
 // fwrite that fails with a message naming `path` (e.g. a full disk).
 void file_write(std::FILE* f, const void* data, size_t bytes, const std::string& path);
 
+// Appends one event {"event": ..., "t": <unix seconds>, ...fields} to <dir>/faults.jsonl (no-op
+// for an empty dir): the record of faults, skips, rollbacks, resumes and restarts that drill
+// reports read. `fields` is JSON without braces, e.g. "\"rank\":1,\"step\":5". One write with
+// O_APPEND: lines of several ranks never interleave. Best effort: it never fails the run.
+void event_append(const std::string& dir, const std::string& event, const std::string& fields);
+
 class DurableAppend {
  public:
   DurableAppend() = default;

@@ -1,6 +1,7 @@
 #include "runtime/mesh.h"
 
 #if LOOM_HAVE_MPI
+#include "runtime/comm/hang_report.h"
 #include "runtime/comm/mpi_group.h"
 #endif
 #if LOOM_HAVE_CUDA
@@ -131,6 +132,22 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const 
 #else
   LOOM_CHECK(!nccl_, "NCCL groups need a CUDA build");
 #endif
+  hang_ = std::make_unique<HangReport>(o.flight_dir, world_rank);
+  for (ProcessGroup* g : all_groups()) {
+    hang_->add(g);
+    g->set_hang_report(hang_.get());
+  }
+}
+
+std::vector<ProcessGroup*> DeviceMesh::all_groups() const {
+  std::vector<ProcessGroup*> out = {world_.get()};
+  for (auto& g : host_owned_) out.push_back(g.get());
+  for (auto& g : device_owned_) out.push_back(g.get());
+  return out;
+}
+
+void DeviceMesh::hang_next_op() {
+  for (ProcessGroup* g : all_groups()) g->hang_next_op();
 }
 
 DeviceMesh::~DeviceMesh() {

@@ -50,7 +50,10 @@ struct MeshOptions {
   bool nccl = false;     // CUDA buffers over NCCL (one GPU per rank); else over MPI, staged
   double timeout_s = 0;  // the groups' watchdog (0: none)
   Trace* trace = nullptr;
+  std::string flight_dir;  // where a timed-out collective's flight records go (empty: nowhere)
 };
+
+class HangReport;
 
 class DeviceMesh {
  public:
@@ -64,12 +67,17 @@ class DeviceMesh {
   ProcessGroup& host_group(Axis a) const { return *host_[size_t(a)]; }  // host buffers
   ProcessGroup& world_group() const { return *world_; }                 // host buffers
   const char* comm_name() const { return nccl_ ? "NCCL" : use_mpi_ ? "MPI" : "local"; }
+  // Every group this rank is in (world, host and device groups of every axis).
+  std::vector<ProcessGroup*> all_groups() const;
+  // Fault drill (fault.hang): the next op this rank issues, on any group, never returns.
+  void hang_next_op();
 
  private:
   MeshDims dims_;
   MeshCoord coord_;
   int rank_;
   bool use_mpi_, nccl_;
+  std::unique_ptr<HangReport> hang_;  // before the groups: they report to it until they are gone
   std::unique_ptr<ProcessGroup> world_;
   std::vector<std::unique_ptr<ProcessGroup>> host_owned_, device_owned_;
   std::vector<ProcessGroup*> host_, groups_;

@@ -29,6 +29,21 @@ namespace {
 std::string num(double v) {
   return std::isfinite(v) ? fmt::format("{:.9g}", v) : "null";
 }
+
+std::string ranks_json(const std::vector<int>& r) {
+  std::string out;
+  for (int x : r) out += (out.empty() ? "" : ",") + std::to_string(x);
+  return "[" + out + "]";
+}
+
+// The fields of fault handling: the time always, the rest where something happened.
+std::string fault_fields(const StepMetrics& m) {
+  std::string out = fmt::format(",\"t\":{:.3f}", m.t_unix);
+  if (!m.skipped.empty()) out += fmt::format(",\"skipped\":\"{}\"", m.skipped);
+  if (!m.stragglers.empty()) out += ",\"stragglers\":" + ranks_json(m.stragglers);
+  if (!m.sdc_ranks.empty()) out += ",\"sdc_ranks\":" + ranks_json(m.sdc_ranks);
+  return out;
+}
 }  // namespace
 
 void MetricsWriter::step(const StepMetrics& m) {
@@ -40,12 +55,13 @@ void MetricsWriter::step(const StepMetrics& m) {
       "\"optimizer_ms\":{},\"data_ms\":{},\"ckpt_block_ms\":{}}},\"mem\":{{\"params_b\":{},\"grads_b\":{},"
       "\"master_b\":{},\"optim_b\":{},\"act_b\":{},\"workspace_b\":{},\"comm_b\":{},\"peak_b\":{}}},"
       "\"dp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{}}},"
-      "\"tp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{}}}}}",
+      "\"tp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{}}}{}}}",
       m.step, num(m.loss), num(m.grad_norm), num(m.lr), m.tokens, num(m.step_ms), num(m.tokens_per_s), num(m.mfu),
       num(m.hfu), num(m.compute_ms), num(m.comm_exposed_ms), num(m.bubble_ms), num(m.optimizer_ms), num(m.data_ms),
       num(m.ckpt_block_ms), L.of(Mem::params), L.of(Mem::grads), L.of(Mem::master), L.of(Mem::optim),
       L.of(Mem::activations), L.of(Mem::workspace), L.of(Mem::comm), L.peak_total, m.dp_all_reduce_b,
-      m.dp_reduce_scatter_b, m.dp_all_gather_b, m.tp_all_reduce_b, m.tp_reduce_scatter_b, m.tp_all_gather_b));
+      m.dp_reduce_scatter_b, m.dp_all_gather_b, m.tp_all_reduce_b, m.tp_reduce_scatter_b, m.tp_all_gather_b,
+      fault_fields(m)));
 }
 
 void MetricsWriter::stopped(int64_t step, const char* signal) {

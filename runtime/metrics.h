@@ -1,12 +1,13 @@
 // metrics.jsonl (one JSON object per optimizer step, appended by rank 0) and the console
 // progress line. A run appends to the file it finds and opens its part with a header,
 // {"run": K, "started": ..., "ranks": N}: a second run in the same log.dir never overwrites the
-// first, and readers take the lines after the last header. Floats print with %.9g so that float32 values round-trip exactly; a value
-// that is not finite (a diverged loss) prints as null, so the file stays JSON. Each line is
-// flushed as it is written, and the file fsynced when the run closes it.
+// first, and readers take the lines after the last header. Floats print with %.9g so that float32 values round-trip
+// exactly; a value that is not finite (a diverged loss) prints as null, so the file stays JSON. Each line is flushed as
+// it is written, and the file fsynced when the run closes it.
 #pragma once
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "runtime/allocator.h"
 #include "runtime/file.h"
@@ -23,6 +24,10 @@ struct StepMetrics {
   // Payload bytes the dp group moved during the step, per collective (see ProcessGroup).
   int64_t dp_all_reduce_b = 0, dp_reduce_scatter_b = 0, dp_all_gather_b = 0;
   int64_t tp_all_reduce_b = 0, tp_reduce_scatter_b = 0, tp_all_gather_b = 0;
+  double t_unix = 0;            // wall clock at the step's end (seconds since the epoch): drill reports
+  std::string skipped;          // why the update was skipped (non-finite, spike, sdc), or empty
+  std::vector<int> stragglers;  // ranks slower than their peers for several steps in a row
+  std::vector<int> sdc_ranks;   // ranks whose gradients differed from their recomputation
 };
 
 class MetricsWriter {
@@ -35,7 +40,7 @@ class MetricsWriter {
   void step(const StepMetrics& m);
   void validation(int64_t step, double val_loss);
   void stopped(int64_t step, const char* signal);  // {"step": N, "stopped": "SIGTERM"}
-  void close() { out_.close(); }  // flush, fsync, close; errors are raised
+  void close() { out_.close(); }                   // flush, fsync, close; errors are raised
 
  private:
   DurableAppend out_;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <thread>
 
+#include "runtime/comm/hang_report.h"
 #include "runtime/trace.h"
 #if LOOM_HAVE_CUDA
 #include <map>
@@ -170,7 +171,7 @@ class MpiGroup final : public ProcessGroup {
     });
   }
   Work send(Buf b, int peer, int tag, const Stream& after) override {
-    count(CommOp::send, b.bytes());
+    count(CommOp::send, b.bytes(), peer);
     Staging st(*this, after);
     Buf h = st.input(b);
     return issue(CommOp::send, std::move(st), [=, this](MPI_Request* r) {
@@ -178,7 +179,7 @@ class MpiGroup final : public ProcessGroup {
     });
   }
   Work recv(Buf b, int peer, int tag, const Stream& after) override {
-    count(CommOp::recv, b.bytes());
+    count(CommOp::recv, b.bytes(), peer);
     Staging st(*this, after);
     Buf h = st.output(b);
     return issue(CommOp::recv, std::move(st), [=, this](MPI_Request* r) {
@@ -329,6 +330,7 @@ class MpiGroup final : public ProcessGroup {
                  "or hangs (parallel.timeout_s = %.0f)\n",
                  world_rank, comm_op_name(oldest.kind), (long long)oldest.seq, name_.c_str(), waited, timeout_s_);
     std::fflush(stderr);
+    if (hang_report_) hang_report_->timed_out(*this, oldest.seq, waited);
     MPI_Abort(MPI_COMM_WORLD, 4);
   }
 
@@ -349,6 +351,7 @@ class MpiGroup final : public ProcessGroup {
         MPI_Request r = MPI_REQUEST_NULL;
         op.state->start_us = now_us();
         op.started = std::chrono::steady_clock::now();
+        recorder_.started(op.seq);
         try {
           op.start(&r);
         } catch (...) {
@@ -382,6 +385,7 @@ class MpiGroup final : public ProcessGroup {
         op.state->end_us = now_us();
         if (trace_)
           trace_->add(comm_op_name(op.kind), Trace::comm, op.state->start_us, op.state->end_us - op.state->start_us);
+        recorder_.finished(op.seq);
         finish(*op.state, nullptr);
         gone[size_t(idx[size_t(i)])] = true;
       }

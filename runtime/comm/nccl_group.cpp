@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kernels/cuda/check.h"
+#include "runtime/comm/hang_report.h"
 #include "runtime/trace.h"
 
 #define LOOM_NCCL_CHECK(call)                                                                                   \
@@ -152,13 +153,13 @@ class NcclGroup final : public ProcessGroup {
     return end(CommOp::all_to_all, s);
   }
   Work send(Buf b, int peer, int, const Stream& after) override {
-    count(CommOp::send, b.bytes());
+    count(CommOp::send, b.bytes(), peer);
     cudaStream_t s = begin(after, {b});
     LOOM_NCCL_CHECK(ncclSend(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s));
     return end(CommOp::send, s);
   }
   Work recv(Buf b, int peer, int, const Stream& after) override {
-    count(CommOp::recv, b.bytes());
+    count(CommOp::recv, b.bytes(), peer);
     cudaStream_t s = begin(after, {b});
     LOOM_NCCL_CHECK(ncclRecv(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s));
     return end(CommOp::recv, s);
@@ -221,7 +222,11 @@ class NcclGroup final : public ProcessGroup {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::unique_lock lk(mu_);
       if (stop_) return;
-      while (!pending_.empty() && cudaEventQuery(pending_.front().done.get()) == cudaSuccess) pending_.pop_front();
+      // Finish times to the poll's resolution (50 ms); a GPU op's start is not seen from here.
+      while (!pending_.empty() && cudaEventQuery(pending_.front().done.get()) == cudaSuccess) {
+        recorder_.finished(pending_.front().seq);
+        pending_.pop_front();
+      }
       if (pending_.empty()) continue;
       const Pending p = pending_.front();
       lk.unlock();
@@ -236,6 +241,8 @@ class NcclGroup final : public ProcessGroup {
                      "error: rank %d: %s #%lld on group '%s' has not completed after %.0f s; a peer rank has likely "
                      "died or hangs (parallel.timeout_s = %.0f)\n",
                      opt_.world_rank, comm_op_name(p.kind), (long long)p.seq, name_.c_str(), waited, opt_.timeout_s);
+        std::fflush(stderr);
+        if (hang_report_) hang_report_->timed_out(*this, p.seq, waited);
       } else {
         continue;
       }

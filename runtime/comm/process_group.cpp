@@ -1,6 +1,10 @@
 #include "runtime/comm/process_group.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 
 namespace loom {
 
@@ -14,6 +18,48 @@ int64_t CommCounters::total_bytes() const {
   int64_t s = 0;
   for (auto b : bytes) s += b;
   return s;
+}
+
+namespace {
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void FlightRecorder::issued(int64_t seq, CommOp op, int64_t bytes, int peer) {
+  std::lock_guard lk(mu_);
+  ring_[size_t(n_ % kRecords)] = {seq, op, bytes, peer, wall_now(), 0, 0};
+  ++n_;
+}
+
+OpRecord* FlightRecorder::find(int64_t seq) {
+  for (auto& r : ring_)
+    if (r.seq == seq) return &r;
+  return nullptr;
+}
+
+void FlightRecorder::started(int64_t seq) {
+  std::lock_guard lk(mu_);
+  if (OpRecord* r = find(seq)) r->started = wall_now();
+}
+
+void FlightRecorder::finished(int64_t seq) {
+  std::lock_guard lk(mu_);
+  if (OpRecord* r = find(seq)) r->finished = wall_now();
+}
+
+std::vector<OpRecord> FlightRecorder::records() const {
+  std::lock_guard lk(mu_);
+  std::vector<OpRecord> out;
+  for (int64_t i = std::max<int64_t>(0, n_ - kRecords); i < n_; ++i) out.push_back(ring_[size_t(i % kRecords)]);
+  return out;
+}
+
+void ProcessGroup::hang_forever(CommOp op) const {
+  std::fprintf(stderr, "rank %d: fault drill: hanging inside %s #%lld on group '%s'\n", world_ranks_[size_t(rank_)],
+               comm_op_name(op), (long long)counters_.seq, name_.c_str());
+  std::fflush(stderr);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 void Work::wait() const {

@@ -78,6 +78,32 @@ struct CommCounters {
   int64_t total_bytes() const;
 };
 
+// The flight recorder: a group's last kRecords ops, with wall-clock times (seconds since the
+// epoch, comparable between ranks; 0: not yet). The watchdog's hang verdict reads them.
+struct OpRecord {
+  int64_t seq = 0;
+  CommOp op = CommOp::barrier;
+  int64_t bytes = 0;
+  int peer = -1;  // send / recv
+  double issued = 0, started = 0, finished = 0;
+};
+class FlightRecorder {
+ public:
+  static constexpr int kRecords = 64;
+  void issued(int64_t seq, CommOp op, int64_t bytes, int peer);
+  void started(int64_t seq);
+  void finished(int64_t seq);
+  std::vector<OpRecord> records() const;  // oldest first
+
+ private:
+  OpRecord* find(int64_t seq);
+  mutable std::mutex mu_;
+  std::array<OpRecord, kRecords> ring_{};
+  int64_t n_ = 0;
+};
+
+class HangReport;
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -104,15 +130,26 @@ class ProcessGroup {
   virtual Work barrier() = 0;
   // Whether this group's ops can read and write buffers on `device`.
   virtual bool carries(DeviceKind device) const { return device == DeviceKind::cpu; }
+  const FlightRecorder& recorder() const { return recorder_; }
+  // Where a timed-out op is reported (the job's hang verdict); null: the watchdog's line only.
+  void set_hang_report(HangReport* r) { hang_report_ = r; }
+  // Fault drill (fault.hang): the next op issued on this group never returns to its caller.
+  void hang_next_op() { hang_next_ = true; }
 
  protected:
   ProcessGroup(std::string name, int rank, int size, std::vector<int> world_ranks)
       : name_(std::move(name)), rank_(rank), size_(size), world_ranks_(std::move(world_ranks)) {}
-  void count(CommOp op, size_t bytes) {
+  void count(CommOp op, size_t bytes, int peer = -1) {
     ++counters_.seq;
     counters_.bytes[int(op)] += int64_t(bytes);
     ++counters_.count[int(op)];
+    recorder_.issued(counters_.seq, op, int64_t(bytes), peer);
+    if (hang_next_) hang_forever(op);
   }
+  [[noreturn]] void hang_forever(CommOp op) const;
+  FlightRecorder recorder_;
+  HangReport* hang_report_ = nullptr;
+  bool hang_next_ = false;
   std::string name_;
   int rank_, size_;
   std::vector<int> world_ranks_;

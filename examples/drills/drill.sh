@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# A fault drill: one short job (2 ranks over mpirun or srun, dp 2, checkpoints every 5 steps) with one
+# injected fault, run under `loom supervise` with checkpoint.resume = "latest", next to the
+# same job without the fault. Writes OUT/report.json and prints one row of the README's table
+# (time to detect, time to recover, steps lost, goodput, final weights bitwise equal).
+#   examples/drills/drill.sh SCENARIO [OUT]        (OUT: runs/drills/SCENARIO)
+# Scenarios: kill kill_in_save exit hang sigterm nan nan_rollback bitflip bitflip_unchecked
+#            slow ckpt_corrupt enospc
+# Environment: LOOM (build/loom), NP (2), LAUNCH (the launcher up to its rank count: mpirun
+#              with this machine's flags and -np by default; srun ... -n under Slurm),
+#              SEED (picks the fault's step, 7-22, for kill, exit, hang, nan and bitflip).
+set -euo pipefail
+scenario=${1:?usage: drill.sh SCENARIO [OUT]}
+here=$(cd "$(dirname "$0")" && pwd)
+out=${2:-runs/drills/$scenario}
+loom=$(readlink -f "${LOOM:-$here/../../build/loom}")
+np=${NP:-2}
+# The launcher, up to its count of ranks (e.g. "srun --mpi=pmix --kill-on-bad-exit=1 -n").
+read -r -a launch <<< "${LAUNCH:-mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np}"
+RANDOM=${SEED:-$$}
+at=$((RANDOM % 16 + 7))
+steps=30
+rm -rf "$out"
+mkdir -p "$out"
+out=$(readlink -f "$out")
+common=(--set model.n_layer=2 --set model.d_model=128 --set model.n_head=4 --set model.vocab_size=256
+        --set model.seq_len=64 --set train.global_batch=8 --set train.micro_batch=2 --set train.steps=$steps
+        --set train.warmup_steps=3 --set train.threads=1 --set train.device=cpu --set data.val_every=0
+        --set data.val_batches=1 --set parallel.dp="$np" --set parallel.timeout_s=5 --set checkpoint.every=5
+        --set checkpoint.keep=3 --set fault.grace_s=20)
+case $scenario in
+  kill) fault=(--set fault.kill=1:$at) ;;
+  kill_in_save) fault=(--set fault.kill=1:15:checkpoint) ;;
+  exit) fault=(--set fault.exit=1:$at:backward) ;;
+  hang) fault=(--set fault.hang=1:$at) ;;
+  sigterm) fault=() ;;  # sent below, to the ranks (as a scheduler's preemption would)
+  nan) fault=(--set fault.nan=1:$at) ;;
+  nan_rollback) fault=(--set fault.nan=1:$at --set fault.max_skips=0) ;;
+  bitflip) fault=(--set fault.bitflip=1:$at --set fault.sdc_every=1) ;;
+  bitflip_unchecked) fault=(--set fault.bitflip=1:$at) ;;
+  slow) fault=(--set fault.slow=1:40) ;;
+  ckpt_corrupt) fault=(--set fault.ckpt_corrupt=10 --set fault.kill=1:13) ;;
+  enospc) fault=(--set fault.enospc=10) ;;
+  *) echo "error: unknown scenario '$scenario'" >&2; exit 2 ;;
+esac
+
+# The same job, no fault.
+t0=$(date +%s.%N)
+"${launch[@]}" "$np" "$loom" train "${common[@]}" --set log.dir="$out/base" --set checkpoint.dir="$out/base_ckpt" \
+  --set export.final="$out/base/final.safetensors" > "$out/base.log" 2>&1 || { cat "$out/base.log"; exit 1; }
+echo "$t0 $(date +%s.%N)" > "$out/base/wall"
+
+# The drill, supervised.
+set +e
+"$loom" supervise --max-restarts 3 --backoff-s 0.5 --log-dir "$out/run" -- \
+  "${launch[@]}" "$np" "$loom" train "${common[@]}" "${fault[@]}" --set log.dir="$out/run" \
+  --set checkpoint.dir="$out/ckpt" --set checkpoint.resume=latest --set export.final="$out/run/final.safetensors" \
+  > "$out/run.log" 2>&1 &
+sup=$!
+if [ "$scenario" = sigterm ]; then
+  # Preempt the ranks once step 12 is done (not the supervisor: it restarts what ended with 75).
+  until [ -f "$out/run/metrics.jsonl" ] && grep -q '"step":12,' "$out/run/metrics.jsonl"; do sleep 0.05; done
+  printf '{"event":"fault","t":%s,"kind":"sigterm","rank":-1,"step":12}\n' "$(date +%s.%N)" >> "$out/run/faults.jsonl"
+  pkill -TERM -f "^$loom train .*$out/run" || true
+fi
+wait "$sup"
+status=$?
+set -e
+[ "$status" -eq 0 ] || { echo "FAIL: the supervised job ended with status $status"; tail -30 "$out/run.log"; exit 1; }
+
+# Nothing left behind: no process of the job, no checkpoint a resume could pick up that does
+# not verify (unusable ones are set aside under another name).
+if pgrep -f "$out/run" > /dev/null; then
+  echo "FAIL: processes left behind:"; pgrep -fa "$out/run"; exit 1
+fi
+for d in "$out"/ckpt/step-????????; do
+  [ -f "$d/manifest.json" ] || { echo "FAIL: unfinished checkpoint $d left behind"; exit 1; }
+  "$loom" ckpt verify "$d" > /dev/null || { echo "FAIL: $d does not verify"; exit 1; }
+done
+python3 "$here/report.py" "$scenario" "$out"

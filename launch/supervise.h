@@ -1,0 +1,28 @@
+// `loom supervise [--max-restarts N] [--backoff-s S] [--log-dir DIR] -- COMMAND...`: runs
+// COMMAND (mpirun/srun ... loom train ...) and runs it again when it fails for a reason a
+// restart can cure: a rank died or exited with an error, a collective timed out, a
+// preemption ended it (status 75). Not: success (0), a usage or config error (2), or a stop
+// the supervisor itself was asked for (SIGINT/SIGTERM reach COMMAND, and the supervisor
+// exits with its status). Each run gets LOOM_RESTART=<restarts so far>, which turns the fault
+// drills off (they fire once per job); with checkpoint.resume = "latest" the job resumes from
+// its newest good checkpoint. Back-off doubles from S seconds, up to 60.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace loom {
+
+struct SuperviseOptions {
+  int max_restarts = 3;
+  double backoff_s = 1.0;
+  std::string log_dir;  // where {"event": "start"|"exit"} lines go (faults.jsonl), for drill reports
+};
+
+// Returns the exit status to end with.
+int supervise_run(const std::vector<std::string>& command, const SuperviseOptions& opt);
+
+// Whether a restart can cure a run that ended with `status` (a shell-style status: 128 + N for
+// signal N).
+bool status_restartable(int status);
+
+}  // namespace loom

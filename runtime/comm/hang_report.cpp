@@ -1,0 +1,146 @@
+#include "runtime/comm/hang_report.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "runtime/error.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+
+namespace {
+std::string rank_path(const std::string& flight, int rank) {
+  return flight + "/rank-" + std::to_string(rank) + ".json";
+}
+
+std::string op_at(const nlohmann::json& group, int64_t seq) {
+  for (const auto& r : group["records"])
+    if (r["seq"].get<int64_t>() == seq) return r["op"].get<std::string>();
+  return "";
+}
+}  // namespace
+
+HangReport::HangReport(std::string dir, int world_rank, double wait_s)
+    : dir_(std::move(dir)), rank_(world_rank), wait_s_(wait_s) {}
+
+nlohmann::json HangReport::dump(const ProcessGroup* timed, int64_t seq, double waited) const {
+  nlohmann::json j;
+  j["rank"] = rank_;
+  if (timed) j["timed_out"] = {{"group", timed->name()}, {"seq", seq}, {"waited_s", waited}};
+  j["groups"] = nlohmann::json::array();
+  for (const ProcessGroup* g : groups_) {
+    nlohmann::json recs = nlohmann::json::array();
+    for (const OpRecord& r : g->recorder().records())
+      recs.push_back({{"seq", r.seq},
+                      {"op", comm_op_name(r.op)},
+                      {"bytes", r.bytes},
+                      {"peer", r.peer},
+                      {"issued", r.issued},
+                      {"started", r.started},
+                      {"finished", r.finished}});
+    j["groups"].push_back(
+        {{"name", g->name()}, {"world_ranks", g->world_ranks()}, {"issued", g->counters().seq}, {"records", recs}});
+  }
+  return j;
+}
+
+void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
+  if (dir_.empty()) return;
+  const std::string flight = dir_ + "/flight";
+  std::error_code ec;
+  fs::create_directories(flight, ec);
+  {
+    const std::string tmp = rank_path(flight, rank_) + ".tmp";
+    std::ofstream(tmp) << dump(&g, seq, waited).dump(1) << "\n";
+    fs::rename(tmp, rank_path(flight, rank_), ec);
+  }
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(wait_s_);
+  auto all_there = [&] {
+    for (int r : g.world_ranks())
+      if (!fs::exists(rank_path(flight, r))) return false;
+    return true;
+  };
+  while (!all_there() && clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int lock = ::open((flight + "/verdict.lock").c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+  if (lock < 0) {  // another rank judges; give it time to print before this one ends the job
+    const auto until = clock::now() + std::chrono::duration<double>(wait_s_ + 2.0);
+    while (!fs::exists(flight + "/verdict.txt") && clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return;
+  }
+  ::close(lock);
+  std::map<int, nlohmann::json> dumps;
+  for (int r : g.world_ranks()) {
+    std::ifstream in(rank_path(flight, r));
+    if (!in) continue;
+    try {
+      dumps[r] = nlohmann::json::parse(in);
+    } catch (const std::exception&) {
+    }
+  }
+  const std::string line = hang_verdict(g.name(), g.world_ranks(), seq, waited, dumps) + " (records: " + flight + ")";
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  std::ofstream(flight + "/verdict.txt") << line << "\n";
+}
+
+std::string hang_verdict(const std::string& group, const std::vector<int>& members, int64_t seq, double waited,
+                         const std::map<int, nlohmann::json>& dumps) {
+  std::string op, never, other, reached;
+  auto add = [](std::string& list, const std::string& s) { list += (list.empty() ? "" : ", ") + s; };
+  // The op as the ranks whose watchdog fired see it.
+  for (int r : members) {
+    auto it = dumps.find(r);
+    if (it == dumps.end() || !it->second.contains("timed_out")) continue;
+    for (const auto& gj : it->second["groups"])
+      if (gj["name"] == group && gj["world_ranks"].get<std::vector<int>>() == members && op.empty())
+        op = op_at(gj, seq);
+  }
+  for (int r : members) {
+    auto it = dumps.find(r);
+    if (it == dumps.end()) {
+      add(never, fmt::format("rank {} (no record: dead, or stuck outside communication)", r));
+      continue;
+    }
+    const nlohmann::json* mine = nullptr;
+    for (const auto& gj : it->second["groups"]) {
+      const auto ranks = gj["world_ranks"].get<std::vector<int>>();
+      if (gj["name"] == group && ranks == members) mine = &gj;
+    }
+    if (!mine) {
+      add(never, fmt::format("rank {} (no record of the group)", r));
+      continue;
+    }
+    const int64_t issued = (*mine)["issued"].get<int64_t>();
+    const std::string at = op_at(*mine, seq);
+    if (issued < seq) {
+      const std::string last = op_at(*mine, issued);
+      add(never, fmt::format("rank {} (its last op there is #{}{})", r, issued, last.empty() ? "" : " " + last));
+    } else if (op.empty() && !at.empty()) {
+      op = at;
+      add(reached, std::to_string(r));
+    } else if (!at.empty() && at != op) {
+      add(other, fmt::format("rank {} ({} there)", r, at));
+    } else {
+      add(reached, std::to_string(r));
+    }
+  }
+  std::string out =
+      fmt::format("hang verdict: {} #{} on group '{}' has waited {:.0f} s", op.empty() ? "op" : op, seq, group, waited);
+  if (!never.empty()) out += ": never reached by " + never;
+  if (!other.empty())
+    out += (never.empty() ? ": " : "; ") + std::string("a different op at #") + std::to_string(seq) + " on " + other;
+  if (never.empty() && other.empty()) out += ": every member reached it (a stall inside the collective)";
+  if (!reached.empty()) out += "; waiting in it: rank " + reached;
+  return out;
+}
+
+}  // namespace loom
