@@ -7,7 +7,7 @@
 #   3. a small model, 30 steps past warm-up: CUDA against the CPU in bf16 and in fp32 (losses,
 #      step-1 gradient norm, weights), CUDA against itself and under each recompute policy
 #      (bitwise);
-#   4. a checkpoint resumed on CUDA, bitwise; a small LLaMA, CUDA against the CPU in bf16; the GPT-2 model at 2 ranks on the one GPU
+#   4. a checkpoint resumed on CUDA, bitwise; a kill and a bit-flip drill on CUDA; a small LLaMA, CUDA against the CPU in bf16; the GPT-2 model at 2 ranks on the one GPU
 #      over the MPI-staged path: dp 2, tp 2 with sp, dp 2 with ZeRO-3, and tp 2 + sp under full
 #      recompute and ZeRO-3 under selective, each against the 1-rank CUDA run (bf16 layout
 #      tolerances);
@@ -86,6 +86,16 @@ if [ $build -eq 0 ]; then
   run ckpt_resumed $loom train "${small[@]}" --set train.device=cuda --set checkpoint.dir="$out/ckpt2" \
     --set checkpoint.every=15 --set checkpoint.resume="$out/ckpt/step-00000015"
   ckpt_resume=$("$compare" --resumed "$out/ckpt_full" "$out/ckpt_resumed" 2>&1 | tail -1)
+  # Fault drills on CUDA: a kill, restarted by the supervisor, and a bit flip voted out by the
+  # SDC check, each ending bitwise equal to the fault-free run (one rank; MPI when present).
+  drills=""
+  if [ ${#mpirun[@]} -gt 0 ]; then
+    for d in kill bitflip; do
+      r=$(LOOM=$PWD/$loom NP=1 DEVICE=cuda SEED=11 LAUNCH="${mpirun[*]} -np" timeout 120 \
+        examples/drills/drill.sh $d "$out/drill_$d" 2>&1 | tail -1)
+      drills+="$r  "
+    done
+  fi
   # LLaMA (RMSNorm, RoPE, SwiGLU, grouped-query heads 2/1): CUDA against the CPU in bf16.
   llama=(--set model.arch=llama --set model.n_kv_head=1)
   run llama_cpu_bf16 $loom train "${small[@]}" "${llama[@]}" --set train.device=cpu --set train.dtype=bf16
@@ -133,6 +143,7 @@ summary() {
     echo "small model, CUDA recompute vs none (bitwise): ${recompute:-not run}"
     echo "small llama, CUDA vs CPU bf16: ${parity_llama:-not run}"
     echo "checkpoint resume on CUDA (bitwise): ${ckpt_resume:-not run}"
+    echo "fault drills on CUDA (| drill | fault | detect | recover | restarts | lost | goodput | bitwise |): ${drills:-not run}"
     echo "2 ranks on one GPU (MPI-staged) vs 1 rank: ${layouts:-not run}"
     grep -hE "gemm bf16 8192|attention|speedup|error" "$out/kernels_gpt2.log" "$out/kernels_llama1b.log" 2>/dev/null
     echo "GPT-2 124M loom:    $(grep -h "bench train" "$out/bench_gpt2.log" 2>/dev/null || tail -1 "$out/bench_gpt2.log" 2>/dev/null)"

@@ -8,7 +8,8 @@
 #            slow ckpt_corrupt enospc
 # Environment: LOOM (build/loom), NP (2), LAUNCH (the launcher up to its rank count: mpirun
 #              with this machine's flags and -np by default; srun ... -n under Slurm),
-#              SEED (picks the fault's step, 7-22, for kill, exit, hang, nan and bitflip).
+#              SEED (picks the fault's step, 7-22, for kill, exit, hang, nan and bitflip),
+#              DEVICE (train.device: cpu, or cuda). The fault hits rank 1 (rank 0 at NP=1).
 set -euo pipefail
 scenario=${1:?usage: drill.sh SCENARIO [OUT]}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,27 +20,28 @@ np=${NP:-2}
 read -r -a launch <<< "${LAUNCH:-mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np}"
 RANDOM=${SEED:-$$}
 at=$((RANDOM % 16 + 7))
+r=$((np > 1 ? 1 : 0))  # the rank the fault hits
 steps=30
 rm -rf "$out"
 mkdir -p "$out"
 out=$(readlink -f "$out")
 common=(--set model.n_layer=2 --set model.d_model=128 --set model.n_head=4 --set model.vocab_size=256
         --set model.seq_len=64 --set train.global_batch=8 --set train.micro_batch=2 --set train.steps=$steps
-        --set train.warmup_steps=3 --set train.threads=1 --set train.device=cpu --set data.val_every=0
+        --set train.warmup_steps=3 --set train.threads=1 --set train.device="${DEVICE:-cpu}" --set data.val_every=0
         --set data.val_batches=1 --set parallel.dp="$np" --set parallel.timeout_s=5 --set checkpoint.every=5
         --set checkpoint.keep=3 --set fault.grace_s=20)
 case $scenario in
-  kill) fault=(--set fault.kill=1:$at) ;;
-  kill_in_save) fault=(--set fault.kill=1:15:checkpoint) ;;
-  exit) fault=(--set fault.exit=1:$at:backward) ;;
-  hang) fault=(--set fault.hang=1:$at) ;;
+  kill) fault=(--set fault.kill=$r:$at) ;;
+  kill_in_save) fault=(--set fault.kill=$r:15:checkpoint) ;;
+  exit) fault=(--set fault.exit=$r:$at:backward) ;;
+  hang) fault=(--set fault.hang=$r:$at) ;;
   sigterm) fault=() ;;  # sent below, to the ranks (as a scheduler's preemption would)
-  nan) fault=(--set fault.nan=1:$at) ;;
-  nan_rollback) fault=(--set fault.nan=1:$at --set fault.max_skips=0) ;;
-  bitflip) fault=(--set fault.bitflip=1:$at --set fault.sdc_every=1) ;;
-  bitflip_unchecked) fault=(--set fault.bitflip=1:$at) ;;
-  slow) fault=(--set fault.slow=1:40) ;;
-  ckpt_corrupt) fault=(--set fault.ckpt_corrupt=10 --set fault.kill=1:13) ;;
+  nan) fault=(--set fault.nan=$r:$at) ;;
+  nan_rollback) fault=(--set fault.nan=$r:$at --set fault.max_skips=0) ;;
+  bitflip) fault=(--set fault.bitflip=$r:$at --set fault.sdc_every=1) ;;
+  bitflip_unchecked) fault=(--set fault.bitflip=$r:$at) ;;
+  slow) fault=(--set fault.slow=$r:40) ;;
+  ckpt_corrupt) fault=(--set fault.ckpt_corrupt=10 --set fault.kill=$r:13) ;;
   enospc) fault=(--set fault.enospc=10) ;;
   *) echo "error: unknown scenario '$scenario'" >&2; exit 2 ;;
 esac
