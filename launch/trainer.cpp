@@ -8,29 +8,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "checkpoint/checkpointer.h"
-#include "checkpoint/manifest.h"
-#include "checkpoint/safetensors.h"
-#include "launch/fault.h"
-#include "launch/launch_env.h"
-#include "launch/stop.h"
-#include "model/backend.h"
-#include "model/chunk.h"
-#include "model/flops.h"
-#include "parallel/data_parallel.h"
-#include "parallel/schedule.h"
-#include "runtime/data.h"
-#include "runtime/file.h"
-#include "runtime/mesh.h"
-#include "runtime/step_clock.h"
-#if LOOM_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "runtime/comm/nccl_group.h"
-#endif
-#if LOOM_HAVE_MPI
-#include "runtime/comm/mpi_group.h"
-#endif
+#include "launch/trainer_parts.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -58,51 +36,6 @@ double cuda_peak_flops() {
   return 0.0;
 }
 
-StepLog::StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result)
-    : cfg_(cfg),
-      opt_(opt),
-      lead_(opt.world_rank == 0),
-      print_(lead_ && !opt.quiet),
-      has_val_(has_val && cfg.data.val_batches > 0),
-      result_(result),
-      metrics_(lead_ ? cfg.log.dir : "", opt.world_size) {}
-
-void StepLog::validation(int64_t step, const std::function<double()>& validate) {
-  if (!has_val_) return;
-  const double v = validate();
-  result_.val.push_back({step, v});
-  metrics_.validation(step, v);
-  if (print_) spdlog::info("step {} | val_loss {:.4f}", step, v);
-}
-
-void StepLog::after_step(const StepMetrics& m, const std::function<double()>& validate) {
-  metrics_.step(m);
-  result_.losses.push_back(m.loss);
-  result_.grad_norms.push_back(m.grad_norm);
-  result_.comm_exposed_ms += m.comm_exposed_ms;
-  if (++seen_ > 1) timed_ms_ += m.step_ms;  // this process's first step is a warm-up
-  const double elapsed = ms_since(start_) / 1e3;
-  if (print_ && (m.step % cfg_.log.every == 0 || m.step == 1 || m.step == m.steps))
-    spdlog::info("{}", progress_line(m, elapsed / double(m.step) * double(m.steps - m.step)));
-  if (cfg_.data.val_every > 0 && m.step % cfg_.data.val_every == 0 && m.step != m.steps) validation(m.step, validate);
-}
-
-void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model, double peak,
-                     int stopped_by, int64_t steps_done) {
-  if (stopped_by) {
-    metrics_.stopped(steps_done, stop_signal_name(stopped_by));
-    if (print_)
-      spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done, cfg_.train.steps);
-  } else {
-    validation(cfg_.train.steps, validate);
-  }
-  metrics_.close();  // flushed and fsynced; a failed write is an error, not a lost file
-  if (seen_ > 1) {
-    result_.tokens_per_s = double(tokens_per_step) * double(seen_ - 1) / (timed_ms_ / 1e3);
-    result_.mfu = peak > 0 ? result_.tokens_per_s * flops_model / peak : 0.0;
-  }
-}
-
 std::string device_resolve(const Config& cfg, int gpus, std::string* why) {
   const TrainConfig& t = cfg.train;
   if (t.device != "auto") return t.device;
@@ -125,131 +58,6 @@ DType dtype_resolve(const Config& cfg, const std::string& device) {
   return device == "cuda" ? DType::bf16 : DType::f32;
 }
 
-struct Trainer::Parts {
-  Config cfg;
-  TrainOptions opt;
-  std::string device, why, threads_why;
-  DType dtype = DType::f32;
-  bool lead = true;
-  int threads = 1;
-  DataStreams data;
-  Trace trace;
-  std::unique_ptr<DeviceMesh> mesh;
-  Stream stream;
-  std::unique_ptr<Allocator> alloc;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<StepClock> clock;
-  std::unique_ptr<Chunk> chunk;
-  std::unique_ptr<DataParallel> dpar;
-  std::vector<Action> schedule;
-  FlopsPerToken fpt{};
-  double peak = 0;
-  int64_t tokens_per_step = 0;
-  std::vector<int32_t> inputs, targets;
-  TrainResult result;
-  std::unique_ptr<StepLog> log;
-  std::unique_ptr<Checkpointer> ckpt;  // checkpoint.every > 0
-  int64_t start_step = 0;
-  std::string resumed_from;
-  std::unique_ptr<FaultInjector> faults;
-  UpdateGuard guard;
-  StragglerWatch straggle;
-  std::vector<int> stragglers;  // as of the last step boundary
-  double last_compute_ms = 0;
-  int64_t next = 0;             // the step to run after this one (a rollback moves it back)
-  int64_t rolled_back_to = -1;  // the checkpoint step of the last rollback
-
-  Parts(const Config& c, const TrainOptions& o)
-      : cfg(c), opt(o), trace(c.log.trace, o.world_rank), guard(c.fault), straggle(o.world_size) {}
-  ~Parts() {
-    ckpt.reset();  // a write in flight finishes first (it reads nothing of the buffers below)
-    dpar.reset();
-    chunk.reset();
-    clock.reset();
-    backend.reset();
-    alloc.reset();
-    if (stream.kind == DeviceKind::cuda) cuda_stream_destroy(stream);
-  }
-  ProcessGroup& dp() const { return mesh->group(Axis::dp); }
-  ProcessGroup& tp() const { return mesh->group(Axis::tp); }
-  template <class... A>
-  void info(fmt::format_string<A...> f, A&&... a) const {
-    if (!opt.quiet && lead) spdlog::info(f, std::forward<A>(a)...);
-  }
-  // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
-  Inputs stage(const TokenStream& s, int64_t step, int micro, bool shuffle) {
-    batch_read(s, cfg, step, dp().rank(), micro, inputs.data(), targets.data(), shuffle);
-    return backend->stage_inputs(inputs.data(), targets.data(), int(inputs.size()), chunk->vocab_lo(),
-                                 chunk->vocab_rows());
-  }
-  // The chunk's loss sum over the dp group, read on the host and reset.
-  double loss_take() {
-    Tensor& sum = chunk->loss_sum();
-    if (dp().size() > 1) {
-      StepClock::Scope c(clock.get(), Phase::comm);
-      dp().all_reduce(Buf(sum), ReduceOp::sum, backend->stream()).wait_on(backend->stream());
-    }
-    double v = 0.0;
-    backend->download(&v, Buf(sum));
-    backend->zero(Buf(sum));
-    return v;
-  }
-  // Whole validation batches in the data (0: none).
-  int64_t val_available() const {
-    return data.val ? num_sequences(*data.val, cfg.model.seq_len) / cfg.train.global_batch : 0;
-  }
-  void startup_log();
-  // Forward and backward over the step's micro-batches from zeroed gradients; reduce: the
-  // last backward starts the gradient reductions (else reduce_grads() does); poison: the
-  // fault.nan drill.
-  void micro_batches(int64_t step, bool reduce, bool poison);
-  // fault.sdc_every: the step's gradients computed twice (a third time where they differ);
-  // the ranks whose two differ, and *unresolved where no two of three agree on some rank.
-  std::vector<int> sdc_check(int64_t step, bool flip, bool* unresolved);
-  // An update skipped at 1-based step s1: logged, counted, and past fault.max_skips in a row
-  // a rollback to the newest checkpoint.
-  void skipped(int64_t s1, const std::string& why);
-};
-
-void Trainer::Parts::skipped(int64_t s1, const std::string& why) {
-  if (lead)
-    spdlog::warn("step {}: update skipped on every rank: {} ({} in a row, {} in this run)", s1, why,
-                 guard.skips_in_a_row(), guard.skips_total());
-  if (lead) event_append(cfg.log.dir, "skip", fmt::format("\"step\":{},\"why\":\"{}\"", s1, why));
-  if (!guard.rollback_due()) return;
-  LOOM_CHECK(ckpt,
-             "{} updates in a row were skipped (fault.max_skips = {}) and there is no checkpoint to roll back to "
-             "(checkpoint.every = 0); the run diverged: lower train.lr, or enable checkpoints",
-             guard.skips_in_a_row(), cfg.fault.max_skips);
-  ckpt->flush();
-  const std::vector<std::string> done = checkpoints_complete(cfg.checkpoint.dir);
-  LOOM_CHECK(!done.empty(),
-             "{} updates in a row were skipped (fault.max_skips = {}) before any checkpoint was written; "
-             "the run diverged: lower train.lr, or save earlier (checkpoint.every)",
-             guard.skips_in_a_row(), cfg.fault.max_skips);
-  const int64_t back = checkpoint_step_of(done.front());
-  LOOM_CHECK(back != rolled_back_to,
-             "updates keep being skipped after rolling back to step {} ({}); the fault is not "
-             "transient: lower train.lr, or look at the data after step {}",
-             back, why, back);
-  const int64_t loaded = checkpoint_load(done.front(), cfg, chunk->registry(), *dpar, false);
-  if (lead) {
-    spdlog::warn("rolling back to {} (step {}) after {} skipped updates; steps {}..{} are run again", done.front(),
-                 loaded, guard.skips_in_a_row(), loaded + 1, s1);
-    event_append(cfg.log.dir, "rollback", fmt::format("\"from\":{},\"to\":{}", s1, loaded));
-  }
-  guard.rolled_back();
-  rolled_back_to = loaded;
-  next = loaded;
-}
-
-// The composition order (DESIGN 3) lives here, and each step needs the one before it:
-//   device and dtype (the backend every later part computes with) ->
-//   mesh (the groups; NCCL ones when the buffers live on GPUs that each rank has alone) ->
-//   the chunk, split over tp (it fixes this rank's flat buffers and activation plan) ->
-//   DDP buckets or ZeRO shards over dp (ranges of those flat buffers), with the optimizer
-//   over what this rank owns (everything under DDP, its shard under ZeRO).
-// Pipeline stages and expert sharding will split the model before tp does.
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_unique<Parts>(cfg, opt)) {
   Parts& p = *p_;
   p.lead = opt.world_rank == 0;
@@ -427,63 +235,6 @@ int64_t Trainer::first_step() const {
   return p_->start_step;
 }
 
-void Trainer::Parts::micro_batches(int64_t step, bool reduce, bool poison) {
-  const float dloss = 1.0f / float(tokens_per_step);  // loss is the mean over the global batch
-  const int accum = cfg.accum_steps();
-  chunk->zero_grad();
-  Inputs in;
-  for (const Action& a : schedule) {
-    if (a.kind == Action::forward) {
-      if (a.micro == 0) faults->at(step + 1, "forward");
-      {
-        auto s = trace.scope("data", Trace::host);
-        StepClock::Scope c(clock.get(), Phase::data);
-        in = stage(*data.train, step, a.micro, cfg.data.shuffle);
-      }
-      // fault.nan: this rank's last micro-batch seeds its backward with NaN.
-      chunk->forward(in, poison && a.micro + 1 == accum ? std::nanf("") : dloss, *dpar);
-    } else {
-      if (a.micro == 0) faults->at(step + 1, "backward");
-      // Accumulation micro-batches do not communicate; with !reduce none does, and the
-      // reductions wait for reduce_grads().
-      dpar->set_last(reduce && a.micro + 1 == accum);
-      chunk->backward(in, *dpar);
-    }
-  }
-}
-
-std::vector<int> Trainer::Parts::sdc_check(int64_t step, bool flip, bool* unresolved) {
-  // Computed twice without communicating, each rank's gradients must be the same bits; a
-  // rank where they differ computes a third time, and the update goes ahead where two agree.
-  ProcessGroup& world = mesh->world_group();
-  auto gather = [&](int32_t mine) {
-    std::vector<int32_t> all(size_t(world.size()), 0);
-    all[size_t(world.rank())] = mine;
-    if (world.size() > 1)
-      world.all_gather(Buf(&all[size_t(world.rank())], 1), Buf(all.data(), int64_t(all.size()))).wait();
-    return all;
-  };
-  const int64_t at = int64_t(chunk->num_params() / 2);
-  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
-  micro_batches(step, false, false);
-  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
-  const uint64_t a = tensor_hash(*backend, chunk->grads_tensor());
-  backend->zero(Buf(chunk->loss_sum()));
-  micro_batches(step, false, false);
-  const uint64_t b = tensor_hash(*backend, chunk->grads_tensor());
-  const std::vector<int32_t> differ = gather(a != b);
-  std::vector<int> ranks;
-  for (size_t r = 0; r < differ.size(); ++r)
-    if (differ[r]) ranks.push_back(int(r));
-  *unresolved = false;
-  if (ranks.empty()) return ranks;
-  backend->zero(Buf(chunk->loss_sum()));
-  micro_batches(step, false, false);  // every rank: the tp collectives inside need all
-  const uint64_t c = tensor_hash(*backend, chunk->grads_tensor());
-  for (int32_t u : gather(a != b && c != a && c != b)) *unresolved = *unresolved || u;
-  return ranks;
-}
-
 StepMetrics Trainer::step(int64_t step) {
   Parts& p = *p_;
   FaultInjector& fi = *p.faults;
@@ -620,49 +371,6 @@ std::vector<float> Trainer::weights_hf() {
     for (int r = 0; r < tp.size(); ++r) shard_put(s, r, all.data() + size_t(r) * size_t(s.numel()), dst);
   }
   return out;
-}
-
-bool Trainer::between_steps() {
-  Parts& p = *p_;
-  // One gather a step: stop signals and checkpoint write states (the job acts on the worst),
-  // and each rank's compute time (the straggler watch).
-  ProcessGroup& world = p.mesh->world_group();
-  const int n = world.size(), me = world.rank();
-  std::vector<double> all(size_t(3 * n), 0.0);
-  all[size_t(3 * me)] = stop_signal();
-  all[size_t(3 * me + 1)] = p.ckpt ? p.ckpt->write_state() : 0;
-  all[size_t(3 * me + 2)] = p.last_compute_ms;
-  if (n > 1) world.all_gather(Buf(&all[size_t(3 * me)], 3), Buf(all.data(), int64_t(all.size()))).wait();
-  int32_t sig = 0, write_state = 0;
-  std::vector<double> compute(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    sig = std::max(sig, int32_t(all[size_t(3 * r)]));
-    write_state = std::max(write_state, int32_t(all[size_t(3 * r + 1)]));
-    compute[size_t(r)] = all[size_t(3 * r + 2)];
-  }
-  if (p.ckpt) p.ckpt->settle(write_state);
-  if (n > 1 && p.result.steps_done > p.start_step) {
-    std::vector<int> fresh;
-    p.stragglers = p.straggle.update(compute, &fresh);
-    std::vector<double> sorted = compute;
-    std::sort(sorted.begin(), sorted.end());
-    for (int r : fresh)
-      if (p.lead) {
-        spdlog::warn(
-            "rank {} is a straggler: compute {:.1f} ms a step against the ranks' median of {:.1f} ms, for {} "
-            "steps in a row",
-            r, compute[size_t(r)], sorted[size_t(n - 1) / 2], 5);
-        event_append(p.cfg.log.dir, "straggler",
-                     fmt::format("\"rank\":{},\"step\":{},\"compute_ms\":{:.2f},\"median_ms\":{:.2f}", r,
-                                 p.result.steps_done, compute[size_t(r)], sorted[size_t(n - 1) / 2]));
-      }
-  }
-  if (sig) p.result.stopped_by = sig;
-  return sig != 0;
-}
-
-int64_t Trainer::next_step() const {
-  return p_->next;
 }
 
 TrainResult Trainer::finish() {

@@ -1,0 +1,152 @@
+// The Trainer's fault handling (launch/fault.h): the micro-batch passes with their drills, the
+// SDC check, skipped updates and rollback, and the step boundary (stop signals, checkpoint
+// commits, the straggler watch).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "launch/trainer_parts.h"
+
+namespace loom {
+
+void Trainer::Parts::skipped(int64_t s1, const std::string& why) {
+  if (lead)
+    spdlog::warn("step {}: update skipped on every rank: {} ({} in a row, {} in this run)", s1, why,
+                 guard.skips_in_a_row(), guard.skips_total());
+  if (lead) event_append(cfg.log.dir, "skip", fmt::format("\"step\":{},\"why\":\"{}\"", s1, why));
+  if (!guard.rollback_due()) return;
+  LOOM_CHECK(ckpt,
+             "{} updates in a row were skipped (fault.max_skips = {}) and there is no checkpoint to roll back to "
+             "(checkpoint.every = 0); the run diverged: lower train.lr, or enable checkpoints",
+             guard.skips_in_a_row(), cfg.fault.max_skips);
+  ckpt->flush();
+  const std::vector<std::string> done = checkpoints_complete(cfg.checkpoint.dir);
+  LOOM_CHECK(!done.empty(),
+             "{} updates in a row were skipped (fault.max_skips = {}) before any checkpoint was written; "
+             "the run diverged: lower train.lr, or save earlier (checkpoint.every)",
+             guard.skips_in_a_row(), cfg.fault.max_skips);
+  const int64_t back = checkpoint_step_of(done.front());
+  LOOM_CHECK(back != rolled_back_to,
+             "updates keep being skipped after rolling back to step {} ({}); the fault is not "
+             "transient: lower train.lr, or look at the data after step {}",
+             back, why, back);
+  const int64_t loaded = checkpoint_load(done.front(), cfg, chunk->registry(), *dpar, false);
+  if (lead) {
+    spdlog::warn("rolling back to {} (step {}) after {} skipped updates; steps {}..{} are run again", done.front(),
+                 loaded, guard.skips_in_a_row(), loaded + 1, s1);
+    event_append(cfg.log.dir, "rollback", fmt::format("\"from\":{},\"to\":{}", s1, loaded));
+  }
+  guard.rolled_back();
+  rolled_back_to = loaded;
+  next = loaded;
+}
+
+// The composition order (DESIGN 3) lives here, and each step needs the one before it:
+//   device and dtype (the backend every later part computes with) ->
+//   mesh (the groups; NCCL ones when the buffers live on GPUs that each rank has alone) ->
+//   the chunk, split over tp (it fixes this rank's flat buffers and activation plan) ->
+//   DDP buckets or ZeRO shards over dp (ranges of those flat buffers), with the optimizer
+//   over what this rank owns (everything under DDP, its shard under ZeRO).
+// Pipeline stages and expert sharding will split the model before tp does.
+void Trainer::Parts::micro_batches(int64_t step, bool reduce, bool poison) {
+  const float dloss = 1.0f / float(tokens_per_step);  // loss is the mean over the global batch
+  const int accum = cfg.accum_steps();
+  chunk->zero_grad();
+  Inputs in;
+  for (const Action& a : schedule) {
+    if (a.kind == Action::forward) {
+      if (a.micro == 0) faults->at(step + 1, "forward");
+      {
+        auto s = trace.scope("data", Trace::host);
+        StepClock::Scope c(clock.get(), Phase::data);
+        in = stage(*data.train, step, a.micro, cfg.data.shuffle);
+      }
+      // fault.nan: this rank's last micro-batch seeds its backward with NaN.
+      chunk->forward(in, poison && a.micro + 1 == accum ? std::nanf("") : dloss, *dpar);
+    } else {
+      if (a.micro == 0) faults->at(step + 1, "backward");
+      // Accumulation micro-batches do not communicate; with !reduce none does, and the
+      // reductions wait for reduce_grads().
+      dpar->set_last(reduce && a.micro + 1 == accum);
+      chunk->backward(in, *dpar);
+    }
+  }
+}
+
+std::vector<int> Trainer::Parts::sdc_check(int64_t step, bool flip, bool* unresolved) {
+  // Computed twice without communicating, each rank's gradients must be the same bits; a
+  // rank where they differ computes a third time, and the update goes ahead where two agree.
+  ProcessGroup& world = mesh->world_group();
+  auto gather = [&](int32_t mine) {
+    std::vector<int32_t> all(size_t(world.size()), 0);
+    all[size_t(world.rank())] = mine;
+    if (world.size() > 1)
+      world.all_gather(Buf(&all[size_t(world.rank())], 1), Buf(all.data(), int64_t(all.size()))).wait();
+    return all;
+  };
+  const int64_t at = int64_t(chunk->num_params() / 2);
+  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
+  micro_batches(step, false, false);
+  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
+  const uint64_t a = tensor_hash(*backend, chunk->grads_tensor());
+  backend->zero(Buf(chunk->loss_sum()));
+  micro_batches(step, false, false);
+  const uint64_t b = tensor_hash(*backend, chunk->grads_tensor());
+  const std::vector<int32_t> differ = gather(a != b);
+  std::vector<int> ranks;
+  for (size_t r = 0; r < differ.size(); ++r)
+    if (differ[r]) ranks.push_back(int(r));
+  *unresolved = false;
+  if (ranks.empty()) return ranks;
+  backend->zero(Buf(chunk->loss_sum()));
+  micro_batches(step, false, false);  // every rank: the tp collectives inside need all
+  const uint64_t c = tensor_hash(*backend, chunk->grads_tensor());
+  for (int32_t u : gather(a != b && c != a && c != b)) *unresolved = *unresolved || u;
+  return ranks;
+}
+
+bool Trainer::between_steps() {
+  Parts& p = *p_;
+  // One gather a step: stop signals and checkpoint write states (the job acts on the worst),
+  // and each rank's compute time (the straggler watch).
+  ProcessGroup& world = p.mesh->world_group();
+  const int n = world.size(), me = world.rank();
+  std::vector<double> all(size_t(3 * n), 0.0);
+  all[size_t(3 * me)] = stop_signal();
+  all[size_t(3 * me + 1)] = p.ckpt ? p.ckpt->write_state() : 0;
+  all[size_t(3 * me + 2)] = p.last_compute_ms;
+  if (n > 1) world.all_gather(Buf(&all[size_t(3 * me)], 3), Buf(all.data(), int64_t(all.size()))).wait();
+  int32_t sig = 0, write_state = 0;
+  std::vector<double> compute(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    sig = std::max(sig, int32_t(all[size_t(3 * r)]));
+    write_state = std::max(write_state, int32_t(all[size_t(3 * r + 1)]));
+    compute[size_t(r)] = all[size_t(3 * r + 2)];
+  }
+  if (p.ckpt) p.ckpt->settle(write_state);
+  if (n > 1 && p.result.steps_done > p.start_step) {
+    std::vector<int> fresh;
+    p.stragglers = p.straggle.update(compute, &fresh);
+    std::vector<double> sorted = compute;
+    std::sort(sorted.begin(), sorted.end());
+    for (int r : fresh)
+      if (p.lead) {
+        spdlog::warn(
+            "rank {} is a straggler: compute {:.1f} ms a step against the ranks' median of {:.1f} ms, for {} "
+            "steps in a row",
+            r, compute[size_t(r)], sorted[size_t(n - 1) / 2], 5);
+        event_append(p.cfg.log.dir, "straggler",
+                     fmt::format("\"rank\":{},\"step\":{},\"compute_ms\":{:.2f},\"median_ms\":{:.2f}", r,
+                                 p.result.steps_done, compute[size_t(r)], sorted[size_t(n - 1) / 2]));
+      }
+  }
+  if (sig) p.result.stopped_by = sig;
+  return sig != 0;
+}
+
+int64_t Trainer::next_step() const {
+  return p_->next;
+}
+
+}  // namespace loom

@@ -1,0 +1,124 @@
+// The parts of one rank's Trainer (launch/trainer.h), shared by the files that implement it:
+// trainer.cpp (building, init, the step, finish) and trainer_faults.cpp (the micro-batch
+// passes, the SDC check, skipped updates and rollback, the step boundary). Internal.
+#pragma once
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/safetensors.h"
+#include "launch/fault.h"
+#include "launch/launch_env.h"
+#include "launch/stop.h"
+#include "launch/trainer.h"
+#include "model/backend.h"
+#include "model/chunk.h"
+#include "model/flops.h"
+#include "parallel/data_parallel.h"
+#include "parallel/schedule.h"
+#include "runtime/data.h"
+#include "runtime/file.h"
+#include "runtime/mesh.h"
+#include "runtime/step_clock.h"
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "runtime/comm/nccl_group.h"
+#endif
+#if LOOM_HAVE_MPI
+#include "runtime/comm/mpi_group.h"
+#endif
+
+namespace loom {
+
+struct Trainer::Parts {
+  Config cfg;
+  TrainOptions opt;
+  std::string device, why, threads_why;
+  DType dtype = DType::f32;
+  bool lead = true;
+  int threads = 1;
+  DataStreams data;
+  Trace trace;
+  std::unique_ptr<DeviceMesh> mesh;
+  Stream stream;
+  std::unique_ptr<Allocator> alloc;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<StepClock> clock;
+  std::unique_ptr<Chunk> chunk;
+  std::unique_ptr<DataParallel> dpar;
+  std::vector<Action> schedule;
+  FlopsPerToken fpt{};
+  double peak = 0;
+  int64_t tokens_per_step = 0;
+  std::vector<int32_t> inputs, targets;
+  TrainResult result;
+  std::unique_ptr<StepLog> log;
+  std::unique_ptr<Checkpointer> ckpt;  // checkpoint.every > 0
+  int64_t start_step = 0;
+  std::string resumed_from;
+  std::unique_ptr<FaultInjector> faults;
+  UpdateGuard guard;
+  StragglerWatch straggle;
+  std::vector<int> stragglers;  // as of the last step boundary
+  double last_compute_ms = 0;
+  int64_t next = 0;             // the step to run after this one (a rollback moves it back)
+  int64_t rolled_back_to = -1;  // the checkpoint step of the last rollback
+
+  Parts(const Config& c, const TrainOptions& o)
+      : cfg(c), opt(o), trace(c.log.trace, o.world_rank), guard(c.fault), straggle(o.world_size) {}
+  ~Parts() {
+    ckpt.reset();  // a write in flight finishes first (it reads nothing of the buffers below)
+    dpar.reset();
+    chunk.reset();
+    clock.reset();
+    backend.reset();
+    alloc.reset();
+    if (stream.kind == DeviceKind::cuda) cuda_stream_destroy(stream);
+  }
+  ProcessGroup& dp() const { return mesh->group(Axis::dp); }
+  ProcessGroup& tp() const { return mesh->group(Axis::tp); }
+  template <class... A>
+  void info(fmt::format_string<A...> f, A&&... a) const {
+    if (!opt.quiet && lead) spdlog::info(f, std::forward<A>(a)...);
+  }
+  // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
+  Inputs stage(const TokenStream& s, int64_t step, int micro, bool shuffle) {
+    batch_read(s, cfg, step, dp().rank(), micro, inputs.data(), targets.data(), shuffle);
+    return backend->stage_inputs(inputs.data(), targets.data(), int(inputs.size()), chunk->vocab_lo(),
+                                 chunk->vocab_rows());
+  }
+  // The chunk's loss sum over the dp group, read on the host and reset.
+  double loss_take() {
+    Tensor& sum = chunk->loss_sum();
+    if (dp().size() > 1) {
+      StepClock::Scope c(clock.get(), Phase::comm);
+      dp().all_reduce(Buf(sum), ReduceOp::sum, backend->stream()).wait_on(backend->stream());
+    }
+    double v = 0.0;
+    backend->download(&v, Buf(sum));
+    backend->zero(Buf(sum));
+    return v;
+  }
+  // Whole validation batches in the data (0: none).
+  int64_t val_available() const {
+    return data.val ? num_sequences(*data.val, cfg.model.seq_len) / cfg.train.global_batch : 0;
+  }
+  void startup_log();
+  // Forward and backward over the step's micro-batches from zeroed gradients; reduce: the
+  // last backward starts the gradient reductions (else reduce_grads() does); poison: the
+  // fault.nan drill.
+  void micro_batches(int64_t step, bool reduce, bool poison);
+  // fault.sdc_every: the step's gradients computed twice (a third time where they differ);
+  // the ranks whose two differ, and *unresolved where no two of three agree on some rank.
+  std::vector<int> sdc_check(int64_t step, bool flip, bool* unresolved);
+  // An update skipped at 1-based step s1: logged, counted, and past fault.max_skips in a row
+  // a rollback to the newest checkpoint.
+  void skipped(int64_t s1, const std::string& why);
+};
+
+}  // namespace loom
