@@ -28,7 +28,16 @@ std::string op_at(const nlohmann::json& group, int64_t seq) {
 }  // namespace
 
 HangReport::HangReport(std::string dir, int world_rank, double wait_s)
-    : dir_(std::move(dir)), rank_(world_rank), wait_s_(wait_s) {}
+    : dir_(std::move(dir)), rank_(world_rank), wait_s_(wait_s) {
+  // An earlier run's records (a restart writes to the same log.dir) would pass for this one's,
+  // and its lock would keep this run from judging: rank 0 moves them aside at start-up, long
+  // before any collective can time out.
+  if (dir_.empty() || rank_ != 0) return;
+  std::error_code ec;
+  if (!fs::exists(dir_ + "/flight", ec)) return;
+  fs::remove_all(dir_ + "/flight.prev", ec);
+  fs::rename(dir_ + "/flight", dir_ + "/flight.prev", ec);
+}
 
 nlohmann::json HangReport::dump(const ProcessGroup* timed, int64_t seq, double waited) const {
   nlohmann::json j;

@@ -46,7 +46,8 @@ if [ "$scenario" = hang ]; then
     { echo "FAIL: the hang took $(field detect_s) s to end the job"; exit 1; }
   # The verdict's sequence number is the op rank 0 is waiting in, per its flight record.
   seq=$(grep -oE "hang verdict: all_reduce #[0-9]+" "$dir/out/run.log" | grep -oE "[0-9]+$")
-  python3 - "$dir/out/run/flight/rank-0.json" "$seq" <<'PY'
+  # (The restarted run moved the hung run's records to flight.prev.)
+  python3 - "$dir/out/run/flight.prev/rank-0.json" "$seq" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["timed_out"]["seq"] == int(sys.argv[2]), d["timed_out"]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fault drills on 2 ranks. exit: rank 1 exits with status 3 at step 3. hang: rank 1 stops
-# communicating at step 3 and the watchdog (parallel.timeout_s = 5) must end the job. Either
+# inside its next collective at step 3 and the watchdog (parallel.timeout_s = 5) must end the
+# job, with the hang verdict naming rank 1. Either
 # way the job must end within 60 s with a non-zero status and a line naming the rank (exit)
 # or the stuck collective (hang), and leave no process behind.
 #   fault.sh LOOM "MPIRUN..." exit|hang
@@ -14,7 +15,7 @@ timeout 90 $mpirun -np 2 "$loom" train --set train.device=cpu --set parallel.dp=
   --set data.val_batches=0 --set parallel.timeout_s=5 --set log.dir="$dir/$marker" --fault-$mode 1:3 > "$dir/log" 2>&1
 status=$?
 elapsed=$(( $(date +%s) - start ))
-grep -E "fault drill|Process name|Exit code|has not completed" "$dir/log" || true
+grep -E "fault drill|Process name|Exit code|has not completed|hang verdict" "$dir/log" || true
 echo "status $status after ${elapsed}s"
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: the job did not fail by itself"; exit 1; }
 [ "$elapsed" -lt 60 ] || { echo "FAIL: took ${elapsed}s"; exit 1; }
@@ -24,6 +25,8 @@ if [ "$mode" = exit ]; then
 else
   grep -qE "error: rank 0: all_reduce #[0-9]+ on group 'dp' has not completed" "$dir/log" ||
     { echo "FAIL: the watchdog did not name the stuck collective"; exit 1; }
+  grep -qE "hang verdict: all_reduce #[0-9]+ on group 'dp' has waited [0-9]+ s: never reached by rank 1" "$dir/log" ||
+    { echo "FAIL: no hang verdict naming rank 1"; exit 1; }
 fi
 sleep 1
 if pgrep -f "$marker" > /dev/null; then
