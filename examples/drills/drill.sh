@@ -6,7 +6,7 @@
 #   examples/drills/drill.sh SCENARIO [OUT]        (OUT: runs/drills/SCENARIO)
 # Scenarios: kill kill_in_save exit hang sigterm nan nan_rollback bitflip bitflip_unchecked
 #            slow ckpt_corrupt enospc
-# Environment: LOOM (build/loom), NP (2), LAUNCH (the launcher up to its rank count: mpirun
+# Environment: LOOM (build/loom), NP (2), TP (1: dp = NP / TP), LAUNCH (the launcher up to its rank count: mpirun
 #              with this machine's flags and -np by default; srun ... -n under Slurm),
 #              SEED (picks the fault's step, 7-22, for kill, exit, hang, nan and bitflip),
 #              DEVICE (train.device: cpu, or cuda). The fault hits rank 1 (rank 0 at NP=1).
@@ -16,6 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${2:-runs/drills/$scenario}
 loom=$(readlink -f "${LOOM:-$here/../../build/loom}")
 np=${NP:-2}
+tp=${TP:-1}  # tensor-parallel degree; dp = NP / TP
 # The launcher, up to its count of ranks (e.g. "srun --mpi=pmix --kill-on-bad-exit=1 -n").
 read -r -a launch <<< "${LAUNCH:-mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np}"
 RANDOM=${SEED:-$$}
@@ -28,7 +29,7 @@ out=$(readlink -f "$out")
 common=(--set model.n_layer=2 --set model.d_model=128 --set model.n_head=4 --set model.vocab_size=256
         --set model.seq_len=64 --set train.global_batch=8 --set train.micro_batch=2 --set train.steps=$steps
         --set train.warmup_steps=3 --set train.threads=1 --set train.device="${DEVICE:-cpu}" --set data.val_every=0
-        --set data.val_batches=1 --set parallel.dp="$np" --set parallel.timeout_s=5 --set checkpoint.every=5
+        --set data.val_batches=1 --set parallel.dp=$((np / tp)) --set parallel.tp="$tp" --set parallel.timeout_s=5 --set checkpoint.every=5
         --set checkpoint.keep=3 --set fault.grace_s=20)
 case $scenario in
   kill) fault=(--set fault.kill=$r:$at) ;;

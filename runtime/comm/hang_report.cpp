@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "runtime/error.h"
@@ -72,8 +74,12 @@ void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
   }
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::duration<double>(wait_s_);
+  // Every rank this one shares a group with (the world group among them: all of them), so
+  // that a wait can be followed to the rank at its root.
+  std::set<int> everyone;
+  for (const ProcessGroup* h : groups_) everyone.insert(h->world_ranks().begin(), h->world_ranks().end());
   auto all_there = [&] {
-    for (int r : g.world_ranks())
+    for (int r : everyone)
       if (!fs::exists(rank_path(flight, r))) return false;
     return true;
   };
@@ -87,7 +93,7 @@ void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
   }
   ::close(lock);
   std::map<int, nlohmann::json> dumps;
-  for (int r : g.world_ranks()) {
+  for (int r : everyone) {
     std::ifstream in(rank_path(flight, r));
     if (!in) continue;
     try {
@@ -95,14 +101,16 @@ void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
     } catch (const std::exception&) {
     }
   }
-  const std::string line = hang_verdict(g.name(), g.world_ranks(), seq, waited, dumps) + " (records: " + flight + ")";
+  const std::string line =
+      hang_verdict(g.name(), g.world_ranks(), seq, waited, dumps, std::vector<int>(everyone.begin(), everyone.end())) +
+      " (records: " + flight + ")";
   std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
   std::ofstream(flight + "/verdict.txt") << line << "\n";
 }
 
 std::string hang_verdict(const std::string& group, const std::vector<int>& members, int64_t seq, double waited,
-                         const std::map<int, nlohmann::json>& dumps) {
+                         const std::map<int, nlohmann::json>& dumps, const std::vector<int>& everyone) {
   std::string op, never, other, reached;
   auto add = [](std::string& list, const std::string& s) { list += (list.empty() ? "" : ", ") + s; };
   // The op as the ranks whose watchdog fired see it.
@@ -132,7 +140,17 @@ std::string hang_verdict(const std::string& group, const std::vector<int>& membe
     const std::string at = op_at(*mine, seq);
     if (issued < seq) {
       const std::string last = op_at(*mine, issued);
-      add(never, fmt::format("rank {} (its last op there is #{}{})", r, issued, last.empty() ? "" : " " + last));
+      std::string waits;  // where that rank is stuck instead, if its watchdog fired too
+      if (it->second.contains("timed_out")) {
+        const auto& t = it->second["timed_out"];
+        std::string top;
+        for (const auto& gj : it->second["groups"])
+          if (gj["name"] == t["group"]) top = op_at(gj, t["seq"].get<int64_t>());
+        waits = fmt::format("; itself waiting in {} #{} on '{}'", top.empty() ? "op" : top, t["seq"].get<int64_t>(),
+                            t["group"].get<std::string>());
+      }
+      add(never,
+          fmt::format("rank {} (its last op there is #{}{}{})", r, issued, last.empty() ? "" : " " + last, waits));
     } else if (op.empty() && !at.empty()) {
       op = at;
       add(reached, std::to_string(r));
@@ -149,6 +167,12 @@ std::string hang_verdict(const std::string& group, const std::vector<int>& membe
     out += (never.empty() ? ": " : "; ") + std::string("a different op at #") + std::to_string(seq) + " on " + other;
   if (never.empty() && other.empty()) out += ": every member reached it (a stall inside the collective)";
   if (!reached.empty()) out += "; waiting in it: rank " + reached;
+  // The root of a chain of waits: ranks of the job that wrote no record at all.
+  std::string silent;
+  for (int r : everyone)
+    if (!dumps.count(r) && std::find(members.begin(), members.end(), r) == members.end())
+      add(silent, std::to_string(r));
+  if (!silent.empty()) out += "; no record from rank " + silent + " (dead, or stuck outside communication)";
   return out;
 }
 

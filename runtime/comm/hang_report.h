@@ -34,8 +34,10 @@ class HangReport {
 };
 
 // The verdict line for op `seq` of group `group` (world ranks `members`) from the records of
-// the ranks that wrote one (world rank -> dump), `waited` seconds after it was started.
+// the ranks that wrote one (world rank -> dump), `waited` seconds after it was started. A
+// member that never reached the op and is itself waiting elsewhere says where; ranks of
+// `everyone` outside the group that wrote nothing are named as the root of the wait.
 std::string hang_verdict(const std::string& group, const std::vector<int>& members, int64_t seq, double waited,
-                         const std::map<int, nlohmann::json>& dumps);
+                         const std::map<int, nlohmann::json>& dumps, const std::vector<int>& everyone = {});
 
 }  // namespace loom

@@ -40,21 +40,30 @@ case $scenario in
 esac
 if [ "$scenario" = hang ]; then
   step=$(python3 -c "import json; print(json.load(open('$r'))['fault']['step'])")
-  grep -E "hang verdict: all_reduce #[0-9]+ on group 'dp' has waited [0-9]+ s: never reached by rank 1" \
+  grep -E "hang verdict: all_reduce #[0-9]+ on group '(dp|tp)' has waited [0-9]+ s: never reached by rank 1|no record from rank 1 " \
     "$dir/out/run.log" || { echo "FAIL: no verdict naming rank 1"; grep -i verdict "$dir/out/run.log"; exit 1; }
   python3 -c "import json,sys; d=json.load(open('$r'))['detect_s']; sys.exit(0 if d < 10 else 1)" ||
     { echo "FAIL: the hang took $(field detect_s) s to end the job"; exit 1; }
   # The verdict's sequence number is the op rank 0 is waiting in, per its flight record.
-  seq=$(grep -oE "hang verdict: all_reduce #[0-9]+" "$dir/out/run.log" | grep -oE "[0-9]+$")
-  # (The restarted run moved the hung run's records to flight.prev.)
-  python3 - "$dir/out/run/flight.prev/rank-0.json" "$seq" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-assert d["timed_out"]["seq"] == int(sys.argv[2]), d["timed_out"]
-dp = [g for g in d["groups"] if g["name"] == "dp"][0]
-rec = [r for r in dp["records"] if r["seq"] == int(sys.argv[2])][0]
-assert rec["started"] > 0 and rec["finished"] == 0, rec
-print(f"rank 0's flight record: dp #{rec['seq']} {rec['op']} started, never finished")
+  # The verdict's op is one that a rank's watchdog timed out on, per that rank's flight record
+  # (the restarted run moved the hung run's records to flight.prev).
+  read -r group seq < <(grep -oE "hang verdict: all_reduce #[0-9]+ on group '[a-z]+'" "$dir/out/run.log" |
+    sed -E "s/.*#([0-9]+) on group '([a-z]+)'/\2 \1/")
+  python3 - "$dir/out/run/flight.prev" "$group" "$seq" <<'PY'
+import glob, json, sys
+flight, group, seq = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for path in sorted(glob.glob(flight + "/rank-*.json")):
+    d = json.load(open(path))
+    t = d.get("timed_out")
+    if t and t["group"] == group and t["seq"] == seq:
+        g = [g for g in d["groups"] if g["name"] == group][0]
+        rec = [r for r in g["records"] if r["seq"] == seq][0]
+        assert rec["started"] > 0 and rec["finished"] == 0, rec
+        assert not any(json.load(open(p))["rank"] == 1 for p in glob.glob(flight + "/rank-*.json")), "rank 1 wrote"
+        print(f"rank {d['rank']}'s flight record: {group} #{seq} {rec['op']} started, never finished")
+        break
+else:
+    sys.exit(f"no flight record timed out on {group} #{seq}")
 PY
 fi
 echo "ok: $scenario"

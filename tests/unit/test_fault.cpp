@@ -17,8 +17,13 @@ nlohmann::json dump(int rank, const std::vector<int>& members, int64_t issued, i
                     int64_t timed = 0) {
   nlohmann::json recs = nlohmann::json::array();
   for (int64_t s = 1; s <= issued; ++s)
-    recs.push_back({{"seq", s}, {"op", s == other_at ? "broadcast" : "all_reduce"}, {"bytes", 8}, {"peer", -1},
-                    {"issued", 1.0}, {"started", 1.0}, {"finished", s == issued ? 0.0 : 2.0}});
+    recs.push_back({{"seq", s},
+                    {"op", s == other_at ? "broadcast" : "all_reduce"},
+                    {"bytes", 8},
+                    {"peer", -1},
+                    {"issued", 1.0},
+                    {"started", 1.0},
+                    {"finished", s == issued ? 0.0 : 2.0}});
   nlohmann::json j = {{"rank", rank},
                       {"groups", {{{"name", "dp"}, {"world_ranks", members}, {"issued", issued}, {"records", recs}}}}};
   if (timed) j["timed_out"] = {{"group", "dp"}, {"seq", timed}, {"waited_s", 5.0}};
@@ -36,6 +41,24 @@ TEST(HangVerdict, NamesTheRanksThatNeverReachedTheOp) {
   EXPECT_NE(v.find("rank 3 (no record"), std::string::npos) << v;
   EXPECT_NE(v.find("waiting in it: rank 0, 2"), std::string::npos) << v;
   EXPECT_EQ(v.find("rank 0 ("), std::string::npos) << v;
+}
+
+// dp 2 x tp 2: rank 1 hangs; its tp peer 0 waits in tp #5, so rank 0 never reaches dp #9,
+// where rank 2 waits. The verdict on dp follows rank 0 to its wait and names silent rank 1.
+TEST(HangVerdict, FollowsAWaitToItsRoot) {
+  nlohmann::json r0 = dump(0, {0, 2}, 8);
+  r0["groups"].push_back({{"name", "tp"},
+                          {"world_ranks", {0, 1}},
+                          {"issued", 5},
+                          {"records", {{{"seq", 5}, {"op", "all_reduce"}, {"bytes", 8}, {"peer", -1}}}}});
+  r0["timed_out"] = {{"group", "tp"}, {"seq", 5}, {"waited_s", 5.0}};
+  const std::map<int, nlohmann::json> dumps = {{0, r0}, {2, dump(2, {0, 2}, 9, 0, 9)}, {3, dump(3, {1, 3}, 9, 0, 9)}};
+  const std::string v = hang_verdict("dp", {0, 2}, 9, 5.0, dumps, {0, 1, 2, 3});
+  EXPECT_NE(v.find("rank 0 (its last op there is #8 all_reduce; itself waiting in all_reduce #5 on 'tp')"),
+            std::string::npos)
+      << v;
+  EXPECT_NE(v.find("no record from rank 1 (dead"), std::string::npos) << v;
+  EXPECT_EQ(v.find("rank 3"), std::string::npos) << v;
 }
 
 TEST(HangVerdict, NamesAMismatchedOp) {
@@ -87,7 +110,7 @@ TEST(StragglerWatch, NamesARankSlowForSeveralStepsInARow) {
   EXPECT_EQ(fresh, std::vector<int>{2});
   fresh.clear();
   EXPECT_EQ(w.update({10, 10, 30, 10}, &fresh), std::vector<int>{2});
-  EXPECT_TRUE(fresh.empty());                               // named once per streak
+  EXPECT_TRUE(fresh.empty());                                 // named once per streak
   EXPECT_TRUE(w.update({10, 10, 10.5, 10}, &fresh).empty());  // within the margin: over
   // Two ranks: the slower one is measured against the faster.
   StragglerWatch two(2, 0.2, 1);
