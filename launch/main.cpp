@@ -23,6 +23,7 @@
 #include "runtime/comm/nccl_group.h"
 #endif
 #include "launch/supervise.h"
+#include "parallel/pipeline_schedule.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
@@ -190,6 +191,16 @@ int run(int argc, char** argv) {
 
   auto* plan = app.add_subcommand("plan", "predict before launch");
   plan->require_subcommand(1);
+  auto* ppipe = plan->add_subcommand(
+      "pipeline", "a pipeline schedule as a per-stage timeline, with its bubble and micro-batches in flight");
+  int pipe_pp = 0, pipe_virtual = 0, pipe_micro = 0;
+  std::string pipe_schedule;
+  ppipe->add_option("--config", config_path, "TOML config (parallel.pp, pp_schedule, pp_virtual; the micro-batches)");
+  ppipe->add_option("--set", sets, "override one key: section.key=value (repeatable)");
+  ppipe->add_option("--pp", pipe_pp, "stages (default: parallel.pp)");
+  ppipe->add_option("--schedule", pipe_schedule, "gpipe | 1f1b | interleaved | zb (default: parallel.pp_schedule)");
+  ppipe->add_option("--virtual", pipe_virtual, "chunks per stage, interleaved (default: parallel.pp_virtual)");
+  ppipe->add_option("--micro", pipe_micro, "micro-batches per step (default: the config's accumulation steps)");
   auto* pmem =
       plan->add_subcommand("memory", "per-rank bytes of a run (any layout, dtype, device), or of the ZeRO paper");
   double plan_params = 0;
@@ -303,6 +314,29 @@ int run(int argc, char** argv) {
       loom::bench_comm(topt, comm_max_mb);
     } else if (*bkernels) {
       loom::bench_kernels(config_build(config_path, sets));
+    } else if (*ppipe) {
+      // The config's keys, read without the checks that refuse pipeline keys in training.
+      loom::Config cfg = loom::config_defaults();
+      if (!config_path.empty()) loom::config_load_file(cfg, config_path);
+      for (auto& a : sets) loom::config_set(cfg, a);
+      const int p = pipe_pp > 0 ? pipe_pp : cfg.parallel.pp;
+      const int v = pipe_virtual > 0 ? pipe_virtual : cfg.parallel.pp_virtual;
+      const std::string name = pipe_schedule.empty() ? cfg.parallel.pp_schedule : pipe_schedule;
+      const int dp = std::max(1, cfg.parallel.dp);
+      const int m = pipe_micro > 0 ? pipe_micro : cfg.train.global_batch / (cfg.train.micro_batch * dp);
+      LOOM_CHECK(m >= 1, "no micro-batches: train.global_batch {} < train.micro_batch {} x parallel.dp {}",
+                 cfg.train.global_batch, cfg.train.micro_batch, dp);
+      const loom::PipeSchedule sched = loom::pipeline_schedule(name, p, v, m);
+      // Unit costs: F 1 and B 2 (a split B 1 and W 1), as a backward costs about two forwards.
+      const loom::PipeTiming t = loom::pipeline_check(sched, 1, 1, 1);
+      fmt::print(
+          "pipeline {}: {} stages x {} chunks, {} micro-batches; checked (every send has its receive, no "
+          "deadlock)\npredicted bubble {:.3f} ({}); simulated: worst stage {:.3f}, mean {:.3f}\n{}",
+          name, p, v, m, loom::pipeline_bubble_predicted(sched),
+          name == "interleaved" ? "(p-1)/(v*m+p-1)"
+          : name == "zb"        ? "simulated, F = B = W"
+                                : "(p-1)/(m+p-1)",
+          t.bubble(), t.bubble_mean(), loom::pipeline_timeline(sched, t));
     } else if (*pmem) {
       if (plan_params > 0) {
         LOOM_CHECK(plan_dp > 0, "loom plan memory --params needs --dp");

@@ -1,0 +1,62 @@
+// Pipeline schedules as data (pure: no communication, no model). For p stages, each holding
+// v model chunks (v > 1 only for the interleaved schedule) and m micro-batches, a schedule is
+// an ordered list of ops per stage: F (forward of one micro-batch through one chunk), B (its
+// backward; with a split backward only the input gradient), W (the weight gradient of a
+// split backward), and the sends and receives of activations and gradients between stages.
+// Model chunk g (0 .. p*v-1, in layer order) lives on stage g % p as its local chunk g / p
+// (Megatron's interleaving; with v = 1, chunk g is stage g).
+//
+// pipeline_check() proves a table sound before anything runs: every op once, on the right
+// stage, in dependency order, every send paired with the receive that consumes it, and no
+// deadlock (a simulation in which each stage runs its list in order, a receive waits for its
+// send, and sends never block); it also times the table with unit costs, which gives the
+// predicted bubble and the micro-batches in flight per stage.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace loom {
+
+struct PipeOp {
+  enum Kind { F, B, W, send_act, recv_act, send_grad, recv_grad };
+  Kind kind;
+  int micro;
+  int chunk;      // the model chunk g (global, 0 .. p*v-1) it computes or whose tensor moves
+  int peer = -1;  // sends and receives: the other stage
+};
+const char* pipe_op_name(PipeOp::Kind k);
+
+struct PipeSchedule {
+  std::string name;  // gpipe | 1f1b | interleaved | zb
+  int stages = 1, virtual_chunks = 1, micro = 1;
+  bool split_backward = false;           // B is the input gradient and W the weight gradient (zb)
+  std::vector<std::vector<PipeOp>> ops;  // per stage
+  int chunks() const { return stages * virtual_chunks; }
+  int stage_of(int chunk) const { return chunk % stages; }
+};
+
+// The schedule `name` for p stages, v chunks per stage and m micro-batches. An Error names
+// what does not fit (interleaved needs m a multiple of p; v > 1 only with interleaved).
+PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m);
+
+struct PipeTiming {
+  double makespan = 0;
+  std::vector<double> busy;                     // per stage: time computing
+  std::vector<int> peak_in_flight;              // per stage: micro-batch chunks forwarded, not yet done backward
+  std::vector<std::vector<double>> start, end;  // per stage, per op (sends and receives take no time)
+  double bubble() const;                        // idle over makespan, worst stage
+  double bubble_mean() const;                   // idle over makespan, mean over stages
+};
+// Checks `s` (see the file comment) and times it with costs tf, tb, tw per chunk and
+// micro-batch (an unsplit B costs tb + tw). Throws an Error naming the first problem.
+PipeTiming pipeline_check(const PipeSchedule& s, double tf = 1.0, double tb = 1.0, double tw = 1.0);
+
+// The closed forms: (p-1)/(m+p-1) (gpipe, 1f1b), (p-1)/(v*m+p-1) (interleaved); zb: the
+// simulated value at tf = tb = tw.
+double pipeline_bubble_predicted(const PipeSchedule& s);
+
+// A per-stage text timeline (one character per unit of time: F, B, W as the micro-batch's
+// last digit under their letter row, '.' idle) with the bubble and peaks.
+std::string pipeline_timeline(const PipeSchedule& s, const PipeTiming& t);
+
+}  // namespace loom

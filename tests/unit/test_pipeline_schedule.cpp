@@ -1,0 +1,112 @@
+// Pipeline schedules as data: every generated table passes the checker, its simulated bubble
+// matches the closed forms, its peaks are what the schedule promises, and broken tables (a
+// missing receive, a send to the wrong stage, an op twice, an order that deadlocks) are
+// caught before anything runs.
+#include <gtest/gtest.h>
+
+#include "parallel/pipeline_schedule.h"
+#include "runtime/error.h"
+
+namespace loom {
+namespace {
+
+TEST(PipelineSchedule, EveryScheduleChecksAndMatchesItsBubble) {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 4, 8, 16})
+      for (const char* name : {"gpipe", "1f1b", "zb"}) {
+        const PipeSchedule s = pipeline_schedule(name, p, 1, m);
+        const PipeTiming t = pipeline_check(s, 1, 1, 1);
+        if (std::string(name) != "zb")  // unit F, B of 2: the closed form, on every stage
+          EXPECT_NEAR(t.bubble(), double(p - 1) / double(m + p - 1), 1e-12) << name << " p " << p << " m " << m;
+      }
+  for (int p : {2, 4})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p, 4 * p}) {
+        const PipeSchedule s = pipeline_schedule("interleaved", p, v, m);
+        const PipeTiming t = pipeline_check(s, 1, 1, 1);
+        EXPECT_NEAR(t.bubble(), double(p - 1) / double(v * m + p - 1), 1e-12) << "p " << p << " v " << v << " m " << m;
+      }
+}
+
+TEST(PipelineSchedule, ZeroBubbleBeatsOneFOneBAtTheSamePeak) {
+  for (int p : {2, 4, 8})
+    for (int m : {2 * p, 4 * p}) {
+      const PipeTiming zb = pipeline_check(pipeline_schedule("zb", p, 1, m), 1, 1, 1);
+      const PipeTiming f1b1 = pipeline_check(pipeline_schedule("1f1b", p, 1, m), 1, 1, 1);
+      // ZB-H1's bubble: (p - 1)(F + B - W) against 1F1B's (p - 1)(F + B + W).
+      EXPECT_NEAR(zb.makespan, 3.0 * m + (p - 1), 1e-9) << "p " << p << " m " << m;
+      EXPECT_NEAR(f1b1.makespan, 3.0 * m + 3.0 * (p - 1), 1e-9);
+      for (int s = 0; s < p; ++s) EXPECT_LE(zb.peak_in_flight[size_t(s)], f1b1.peak_in_flight[0]);
+    }
+}
+
+TEST(PipelineSchedule, PeaksInFlight) {
+  const int p = 4, m = 8;
+  const PipeTiming g = pipeline_check(pipeline_schedule("gpipe", p, 1, m));
+  const PipeTiming f = pipeline_check(pipeline_schedule("1f1b", p, 1, m));
+  for (int s = 0; s < p; ++s) {
+    EXPECT_EQ(g.peak_in_flight[size_t(s)], m);
+    EXPECT_EQ(f.peak_in_flight[size_t(s)], p - s);
+  }
+}
+
+TEST(PipelineSchedule, BrokenTablesAreCaught) {
+  auto refused = [](PipeSchedule s, const char* says) {
+    try {
+      pipeline_check(s);
+      ADD_FAILURE() << "accepted; expected: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  const PipeSchedule ok = pipeline_schedule("1f1b", 2, 1, 4);
+  {  // a receive dropped: the consumer waits forever
+    PipeSchedule s = ok;
+    auto& o = s.ops[1];
+    o.erase(std::find_if(o.begin(), o.end(), [](const PipeOp& x) { return x.kind == PipeOp::recv_act; }));
+    refused(s, "deadlocks");
+  }
+  {  // a send to the wrong stage
+    PipeSchedule s = pipeline_schedule("1f1b", 3, 1, 4);
+    for (auto& x : s.ops[0])
+      if (x.kind == PipeOp::send_act) {
+        x.peer = 2;
+        break;
+      }
+    refused(s, "not 1");
+  }
+  {  // a forward twice
+    PipeSchedule s = ok;
+    s.ops[0].push_back({PipeOp::F, 0, 0});
+    refused(s, "appears 2 times");
+  }
+  {  // stage 1 backward before the forward it needs: both stages wait
+    PipeSchedule s = ok;
+    auto& o = s.ops[1];
+    std::iter_swap(o.begin(), std::find_if(o.begin(), o.end(), [](const PipeOp& x) { return x.kind == PipeOp::B; }));
+    refused(s, "deadlocks");
+  }
+  {  // a W where the backward is not split
+    PipeSchedule s = ok;
+    s.ops[0].push_back({PipeOp::W, 0, 0});
+    refused(s, "W without a split backward");
+  }
+}
+
+TEST(PipelineSchedule, BadSettingsSayWhatToChange) {
+  auto refused = [](const char* name, int p, int v, int m, const char* says) {
+    try {
+      pipeline_schedule(name, p, v, m);
+      ADD_FAILURE() << "accepted; expected: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused("interleaved", 4, 2, 6, "multiple of parallel.pp");
+  refused("1f1b", 4, 2, 8, "needs parallel.pp_schedule = \"interleaved\"");
+  refused("chimera", 4, 1, 8, "not one of gpipe | 1f1b | interleaved | zb");
+  refused("interleaved", 1, 2, 4, "needs parallel.pp > 1");
+}
+
+}  // namespace
+}  // namespace loom
