@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "launch/trainer_parts.h"
+#include "parallel/pipeline.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -116,15 +117,34 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
 #else
   p.backend = cpu_backend(cfg, p.dtype, *p.alloc);
 #endif
-  for (Axis a : {Axis::dp, Axis::tp})
+  for (Axis a : {Axis::dp, Axis::tp, Axis::pp, Axis::embed})
     LOOM_CHECK(p.mesh->group(a).carries(kind), "the {} group cannot carry {} buffers", axis_name(a),
                kind == DeviceKind::cuda ? "CUDA" : "host");
   p.clock = std::make_unique<StepClock>(p.backend->stream());
   const int stage = cfg.parallel.zero;
-  p.chunk = std::make_unique<Chunk>(cfg, ChunkSpec{}, *p.backend, p.tp(), p.trace, p.clock.get(),
+  // Pipeline stages first: this rank's blocks (the embedding on the first stage, the head on
+  // the last), and as many activation slots as its schedule keeps micro-batches in flight.
+  ChunkSpec spec;
+  if (cfg.parallel.pp > 1) {
+    const int pp = cfg.parallel.pp, s = p.mesh->coord().pp;
+    const std::vector<int> blocks = pipeline_layers(cfg);
+    int b0 = 0;
+    for (int i = 0; i < s; ++i) b0 += blocks[size_t(i)];
+    spec.unit_lo = s == 0 ? 0 : b0 + 1;
+    spec.unit_hi = s == pp - 1 ? -1 : b0 + blocks[size_t(s)] + 1;
+    p.pipe_schedule = pipeline_schedule(cfg.parallel.pp_schedule, pp, cfg.parallel.pp_virtual, cfg.accum_steps());
+    const PipeTiming timing = pipeline_check(p.pipe_schedule);  // a broken table stops here, before any send
+    spec.slots = timing.peak_in_flight[size_t(s)];
+    p.pipe_ops = p.pipe_schedule.ops[size_t(s)];
+  }
+  p.whole = model_layout(cfg, p.mesh->coord().tp);
+  p.chunk = std::make_unique<Chunk>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
                                     /*full_params=*/stage < 3, /*full_grads=*/stage < 2);
   p.dpar = data_parallel_make(cfg, *p.chunk, {p.dp(), p.tp(), p.mesh->host_group(Axis::dp)}, p.clock.get());
   p.schedule = schedule_one_stage(cfg.accum_steps());
+  if (cfg.parallel.pp > 1)
+    p.pipe = std::make_unique<PipelineStage>(*p.chunk, *p.dpar, p.mesh->group(Axis::pp), cfg.accum_steps(),
+                                             p.clock.get(), p.trace);
   p.fpt = flops_per_token(cfg, p.backend->traits().attention_probs);
   p.peak = (kind == DeviceKind::cuda ? cuda_peak_flops() : cpu_peak_flops(p.threads)) * p.mesh->world();
   p.tokens_per_step = int64_t(cfg.train.global_batch) * cfg.model.seq_len;
@@ -158,7 +178,7 @@ void Trainer::Parts::startup_log() {
       "model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {} (padded to {}), seq_len {}: {:.2f}M "
       "parameters",
       cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
-      cfg.model.vocab_size, cfg.vocab_padded(), T, chunk->registry().global_numel() / 1e6);
+      cfg.model.vocab_size, cfg.vocab_padded(), T, whole.reg.global_numel() / 1e6);
   info("device: {} ({}); {} threads per rank ({}); data: {}", device, dtype_name(dtype), threads, threads_why,
        data.describe);
   info("layout: {} ranks over {}; {}", mesh->world(), mesh->comm_name(), dpar->describe());
@@ -285,7 +305,7 @@ StepMetrics Trainer::step(int64_t step) {
   {
     auto s = p.trace.scope("optimizer", Trace::host);
     clock.enter(Phase::optimizer);
-    p.dpar->reduce_grads();
+    p.reduce_grads();
     loss_sum = p.loss_take();
     // The loss and the norm are reduced over the job: every rank decides the same.
     m.skipped = p.guard.check(loss_sum / double(p.tokens_per_step), p.dpar->grad_norm());
@@ -339,9 +359,17 @@ double Trainer::validate(int64_t batches) {
   if (batches < 0) batches = std::min<int64_t>(p.cfg.data.val_batches, val_batches_available());
   LOOM_CHECK(p.data.val && batches > 0, "no validation data to evaluate on: {}", p.data.describe);
   auto s = p.trace.scope("validation", Trace::host);
-  for (int64_t vb = 0; vb < batches; ++vb)
+  for (int64_t vb = 0; vb < batches; ++vb) {
+    if (p.pipe) {  // forward only, through the stages
+      const int pp = p.cfg.parallel.pp, s = p.mesh->coord().pp;
+      p.pipe->run(
+          pipeline_forward_ops(pp, s, p.cfg.accum_steps()),
+          [&](int micro) { return p.stage(*p.data.val, vb, micro, false); }, 0.0f);
+      continue;
+    }
     for (int micro = 0; micro < p.cfg.accum_steps(); ++micro)
       p.chunk->forward(p.stage(*p.data.val, vb, micro, false), 0.0f, *p.dpar);
+  }
   return p.loss_take() / (double(batches) * double(p.tokens_per_step));
 }
 
@@ -358,10 +386,13 @@ std::vector<float> Trainer::weights_hf() {
   std::vector<float> local(p.chunk->num_params());
   p.dpar->weights_to(local.data());
   const ParamRegistry& reg = p.chunk->registry();
+  const ParamRegistry& whole = p.whole.reg;  // the whole model's names and places
   ProcessGroup& tp = p.mesh->host_group(Axis::tp);
-  std::vector<float> out(reg.global_numel(), 0.0f), all;
+  std::vector<float> out(whole.global_numel(), 0.0f), all;
+  const char* copy = p.chunk->holds_tied_copy() ? head_names(p.cfg).wte : nullptr;
   for (auto& s : reg.all()) {
-    float* dst = out.data() + s.global_offset;
+    if (copy && s.name == copy) continue;  // the first stage exports the tied embedding
+    float* dst = out.data() + whole.at(s.name).global_offset;
     if (s.replicated() || tp.size() == 1) {
       shard_put(s, 0, local.data() + s.offset, dst);
       continue;
@@ -370,6 +401,9 @@ std::vector<float> Trainer::weights_hf() {
     tp.all_gather(Buf(local.data() + s.offset, s.numel()), Buf(all.data(), int64_t(all.size()))).wait();
     for (int r = 0; r < tp.size(); ++r) shard_put(s, r, all.data() + size_t(r) * size_t(s.numel()), dst);
   }
+  // Each element comes from exactly one stage (the rest add zeros): the sum is the whole model.
+  ProcessGroup& pp = p.mesh->host_group(Axis::pp);
+  if (pp.size() > 1) pp.all_reduce(Buf(out.data(), int64_t(out.size())), ReduceOp::sum).wait();
   return out;
 }
 
@@ -393,7 +427,7 @@ TrainResult Trainer::finish() {
   if (!p.cfg.export_final.empty()) {
     // The model's shape travels with its weights, so `loom generate` needs no config.
     if (p.lead)
-      model_save(p.chunk->registry(), hf.data(), p.cfg.export_final, {{"loom.model", config_to_toml(p.cfg, "model")}});
+      model_save(p.whole.reg, hf.data(), p.cfg.export_final, {{"loom.model", config_to_toml(p.cfg, "model")}});
     p.info("exported weights to {}", p.cfg.export_final);
   }
   if (p.cfg.log.trace) {
@@ -408,8 +442,7 @@ TrainResult Trainer::finish() {
   p.result.device = p.device;
   if (p.opt.keep_params) {
     p.result.params = std::move(hf);
-    for (auto& s : p.chunk->registry().all())
-      p.result.names.push_back({s.name, {int64_t(s.global_offset), s.global_numel()}});
+    for (auto& s : p.whole.reg.all()) p.result.names.push_back({s.name, {int64_t(s.global_offset), s.global_numel()}});
   }
   p.mesh->world_group().barrier().wait();  // no rank tears down its groups while a peer still talks
   return p.result;

@@ -53,6 +53,19 @@ void Trainer::Parts::micro_batches(int64_t step, bool reduce, bool poison) {
   const float dloss = 1.0f / float(tokens_per_step);  // loss is the mean over the global batch
   const int accum = cfg.accum_steps();
   chunk->zero_grad();
+  if (pipe) {
+    faults->at(step + 1, "forward");  // (a pipeline stage's phases interleave: both fire first)
+    faults->at(step + 1, "backward");
+    pipe->run(
+        pipe_ops,
+        [&](int micro) {
+          auto s = trace.scope("data", Trace::host);
+          StepClock::Scope c(clock.get(), Phase::data);
+          return stage(*data.train, step, micro, cfg.data.shuffle);
+        },
+        poison ? std::nanf("") : dloss);
+    return;
+  }
   Inputs in;
   for (const Action& a : schedule) {
     if (a.kind == Action::forward) {

@@ -19,6 +19,8 @@
 #include "model/chunk.h"
 #include "model/flops.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/schedule.h"
 #include "runtime/data.h"
 #include "runtime/file.h"
@@ -49,9 +51,13 @@ struct Trainer::Parts {
   std::unique_ptr<Allocator> alloc;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<StepClock> clock;
+  ModelLayout whole;  // the whole model (this tp rank's shards): names and places for export
   std::unique_ptr<Chunk> chunk;
   std::unique_ptr<DataParallel> dpar;
   std::vector<Action> schedule;
+  PipeSchedule pipe_schedule;           // parallel.pp > 1
+  std::vector<PipeOp> pipe_ops;         // this stage's list
+  std::unique_ptr<PipelineStage> pipe;  // parallel.pp > 1
   FlopsPerToken fpt{};
   double peak = 0;
   int64_t tokens_per_step = 0;
@@ -82,6 +88,28 @@ struct Trainer::Parts {
   }
   ProcessGroup& dp() const { return mesh->group(Axis::dp); }
   ProcessGroup& tp() const { return mesh->group(Axis::tp); }
+  ProcessGroup& pp() const { return mesh->group(Axis::pp); }
+  // The step's gradient reductions: over dp (DDP or ZeRO); with pipeline stages, the tied
+  // embedding's two copies summed over the first and last stage, and the squared norm over all
+  // stages, so that clipping and the guard see the whole model's norm.
+  void reduce_grads() {
+    const Stream& st = backend->stream();
+    std::function<void()> tied;
+    if (pipe && cfg.model.tie_embeddings && (chunk->has_embedding() || chunk->holds_tied_copy())) {
+      tied = [this, &st] {
+        const ParamSpec& w = chunk->registry().at(head_names(cfg).wte);
+        StepClock::Scope c(clock.get(), Phase::comm);
+        mesh->group(Axis::embed)
+            .all_reduce(Buf(chunk->grads() + w.offset, w.numel(), DType::f32, backend->device()), ReduceOp::sum, st)
+            .wait_on(st);
+      };
+    }
+    dpar->reduce_grads(tied);
+    if (pipe) {
+      StepClock::Scope c(clock.get(), Phase::comm);
+      pp().all_reduce(Buf(dpar->grad_sum_squares()), ReduceOp::sum, st).wait_on(st);
+    }
+  }
   template <class... A>
   void info(fmt::format_string<A...> f, A&&... a) const {
     if (!opt.quiet && lead) spdlog::info(f, std::forward<A>(a)...);
@@ -98,6 +126,10 @@ struct Trainer::Parts {
     if (dp().size() > 1) {
       StepClock::Scope c(clock.get(), Phase::comm);
       dp().all_reduce(Buf(sum), ReduceOp::sum, backend->stream()).wait_on(backend->stream());
+    }
+    if (pipe) {  // the last stage's, to every stage (the others hold 0)
+      StepClock::Scope c(clock.get(), Phase::comm);
+      pp().all_reduce(Buf(sum), ReduceOp::sum, backend->stream()).wait_on(backend->stream());
     }
     double v = 0.0;
     backend->download(&v, Buf(sum));

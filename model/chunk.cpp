@@ -86,19 +86,16 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
   b1_ = std::min(hi, L_ + 1) - 1;
   has_head_ = hi == L_ + 2;
   layout_ = model_layout(cfg, tp_rank_, spec.unit_lo, hi);
-  if (has_head_) {
-    LOOM_CHECK(layout_.reg.find(names_.lm_head),
-               "a chunk with the head but not the embedding needs its own copy of the tied lm_head; set "
-               "model.tie_embeddings = false");
-    lm_unit_ = layout_.unit_of(names_.lm_head);
-  }
+  if (has_head_) lm_unit_ = layout_.unit_of(names_.lm_head);  // the tied copy sits in the head unit
+  slots_ = spec.slots;
+  LOOM_ASSERT(slots_ >= 1);
   flat_ = std::make_unique<FlatAccess>(*this);
   Allocator& alloc = be_.alloc();
   const int64_t n = int64_t(layout_.reg.numel());
   if (full_params) params_ = alloc.empty({n}, be_.dtype(), Mem::params);
   if (full_grads) grads_ = alloc.empty({n}, DType::f32, Mem::grads);
   plan_ = act_plan(cfg, B_, policy_, be_.traits(), spec.unit_lo, hi);
-  for (auto& b : plan_.buffers) acts_.push_back(alloc.empty({b.numel * b.copies}, b.dtype, Mem::activations));
+  for (auto& b : plan_.buffers) acts_.push_back(alloc.empty({b.numel * b.copies * slots_}, b.dtype, Mem::activations));
   for (auto& b : plan_.scratch)
     scratch_.push_back(alloc.empty({b.numel}, b.dtype, b.comm ? Mem::comm : Mem::workspace));
   if (llama_) {
@@ -116,7 +113,7 @@ Chunk::~Chunk() = default;
 
 Ptr Chunk::act(int buf, int copy) {
   const ActBuffer& b = plan_.buffers[size_t(buf)];
-  return ptr_of(acts_[size_t(buf)]) + (b.copies == 1 ? 0 : int64_t(copy) * b.numel);
+  return ptr_of(acts_[size_t(buf)]) + (int64_t(slot_) * b.copies + (b.copies == 1 ? 0 : copy)) * b.numel;
 }
 float* Chunk::actf(int buf, int copy) {
   return act(buf, copy).as<float>();

@@ -37,6 +37,9 @@ class UnitAccess {
 // Units [unit_lo, unit_hi) of the model: 0 is the embedding, 1..L the blocks, L+1 the head.
 struct ChunkSpec {
   int unit_lo = 0, unit_hi = -1;  // -1: through the head
+  // Micro-batches whose activations the chunk holds at once (a pipeline stage's peak in
+  // flight); set_slot() picks the one forward and backward work on.
+  int slots = 1;
 };
 
 class Chunk {
@@ -48,6 +51,7 @@ class Chunk {
         StepClock* clock = nullptr, bool full_params = true, bool full_grads = true);
   ~Chunk();
 
+  const Config& config() const { return cfg_; }
   const ModelLayout& layout() const { return layout_; }
   const ParamRegistry& registry() const { return layout_.reg; }
   size_t num_params() const { return layout_.reg.numel(); }
@@ -60,6 +64,11 @@ class Chunk {
   UnitAccess& flat() { return *flat_; }
   bool has_embedding() const { return first_unit_ == 0; }
   bool has_head() const { return has_head_; }
+  // A head chunk without the embedding whose lm_head is tied: it holds its own copy of the
+  // embedding (a pipeline's last stage), which the optimizer keeps equal to the first stage's.
+  bool holds_tied_copy() const { return has_head_ && first_unit_ > 0 && cfg_.model.tie_embeddings; }
+  int slots() const { return slots_; }
+  void set_slot(int slot) { slot_ = slot; }
   int first_unit() const { return first_unit_; }
   int vocab_lo() const { return v0_; }   // the first vocabulary row this rank holds
   int vocab_rows() const { return V_; }  // how many (padded)
@@ -134,6 +143,7 @@ class Chunk {
   Recompute policy_;
   HeadNames names_;
   int lm_unit_;  // the unit holding the lm_head weight (the embedding's when tied)
+  int slots_ = 1, slot_ = 0;
   ModelLayout layout_;
   Tensor params_, grads_;
   ActPlan plan_;

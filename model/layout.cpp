@@ -205,6 +205,9 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_h
     add("model.norm.weight", {C}, I::ones);
   }
   if (!cfg.model.tie_embeddings) add_vocab("lm_head.weight");
+  // A head chunk without the embedding (a pipeline's last stage) keeps its own copy of the
+  // tied embedding, under the embedding's name.
+  if (cfg.model.tie_embeddings && unit_lo > 0) add_vocab(head_names(cfg).wte);
   unit_end();
   return m;
 }

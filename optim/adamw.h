@@ -21,7 +21,9 @@ struct AdamWHyper {
 
 // The table over a whole flat buffer: state, parameter and gradient indices coincide. A
 // replicated tensor counts in the norm on tp rank 0 only (tp ranks hold copies of it).
-std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank);
+// `uncounted` (if given) names a tensor left out of the norm: a pipeline's last-stage copy of a
+// tied embedding, counted on the first stage.
+std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank, const char* uncounted = nullptr);
 // Splits [lo, hi) of the three index spaces into table chunks.
 void opt_chunks_add(std::vector<OptChunk>& out, int64_t state, int64_t param, int64_t grad, int64_t n, bool decay,
                     bool norm);

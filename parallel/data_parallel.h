@@ -5,6 +5,7 @@
 // Everything here runs on the chunk's backend and stream, so it never asks the device: the
 // same code reduces host buffers over MPI and CUDA buffers over NCCL.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -46,7 +47,12 @@ class DataParallel : public UnitAccess {
   // reduce_grads() finishes the gradient reductions and computes the norm; then either
   // apply() clips by it and updates, or discard() drops the step's gradients. Waits for
   // communication are charged to the clock's comm phase.
-  virtual void reduce_grads() = 0;
+  // between(): runs once the gradients are reduced over dp and before their norm (the
+  // pipeline's reduction of a tied embedding's two copies).
+  virtual void reduce_grads(const std::function<void()>& between = {}) = 0;
+  // f64 [1] on the device: the squared gradient norm reduce_grads() leaves for apply(); the
+  // pipeline sums it over the stages in between.
+  virtual Tensor& grad_sum_squares() = 0;
   virtual void apply(const AdamWHyper& h, int64_t step, double max_norm) = 0;
   virtual void discard() = 0;
   void step(const AdamWHyper& h, int64_t step, double max_norm) {

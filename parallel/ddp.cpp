@@ -30,7 +30,9 @@ Ddp::Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, Step
   for (int64_t hi = numel; hi > 0; hi -= per) buckets_.push_back({std::max<int64_t>(0, hi - per), hi, {}});
   for (const PlanItem& item : plan(cfg, chunk.registry(), tp_.rank(), be_.dtype(), be_.device()))
     if (item.name == "grad_reduce_bf16") low_ = be_.alloc().empty(item);
-  adam_ = std::make_unique<AdamW>(be_, opt_chunks(chunk.registry(), tp_.rank()), numel, be_.dtype() != DType::f32);
+  adam_ = std::make_unique<AdamW>(
+      be_, opt_chunks(chunk.registry(), tp_.rank(), chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr), numel,
+      be_.dtype() != DType::f32);
 }
 
 std::string Ddp::describe() const {
@@ -72,7 +74,7 @@ void Ddp::weights_to(float* host) {
     be_.download(host, Buf(chunk_.params_tensor()));
 }
 
-void Ddp::reduce_grads() {
+void Ddp::reduce_grads(const std::function<void()>& between) {
   const Stream& s = be_.stream();
   grads_ready_from(0);
   {
@@ -83,6 +85,7 @@ void Ddp::reduce_grads() {
     for (auto& b : buckets_)
       be_.copy(Buf(chunk_.grads_tensor()).slice(b.lo, b.hi - b.lo), Buf(low_).slice(b.lo, b.hi - b.lo));
   next_ = 0;
+  if (between) between();
   adam_->norm_squares(chunk_.grads());
   if (tp_.size() > 1) {
     StepClock::Scope c(clock_, Phase::comm);
@@ -115,6 +118,7 @@ std::vector<StateRun> Ddp::state_runs(StateUse use) const {
       continue;
     }
     if (spec.replicated() && tp_.rank() != 0) continue;
+    if (chunk_.holds_tied_copy() && spec.name == head_names(chunk_.config()).wte) continue;  // the first stage's
     const int64_t lo = numel * r / n, hi = numel * (r + 1) / n;
     if (lo < hi) runs.push_back({&spec, off + lo, off + lo, hi - lo});
   }

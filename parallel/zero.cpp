@@ -296,7 +296,8 @@ void Zero::forward_done(int u) {
   if (stage_ >= 3) slot_of(param_slots_, u).in_use = false;
 }
 
-void Zero::reduce_grads() {
+void Zero::reduce_grads(const std::function<void()>& between) {
+  LOOM_CHECK(!between, "ZeRO with a tied embedding split over pipeline stages is not supported");
   const Stream& st = be_.stream();
   float* grads = nullptr;
   if (stage_ == 1) {

@@ -68,13 +68,14 @@ std::vector<Field> fields_of(Config& c) {
       {"data.shuffle", &d.shuffle, "a seeded order per epoch"},
       {"parallel.dp", &p.dp, "data-parallel ranks"},
       {"parallel.tp", &p.tp, "tensor-parallel ranks"},
-      {"parallel.pp", &p.pp, "pipeline stages (reserved: 1)"},
+      {"parallel.pp", &p.pp, "pipeline stages"},
       {"parallel.ep", &p.ep, "expert-parallel ranks (reserved: 1)"},
       {"parallel.sp", &p.sp, "sequence parallel (needs tp > 1)"},
       {"parallel.zero", &p.zero, "ZeRO stage 0 | 1 | 2 | 3"},
       {"parallel.bucket_mb", &p.bucket_mb, "DDP gradient bucket size"},
-      {"parallel.pp_schedule", &p.pp_schedule, "pipeline schedule (reserved)"},
-      {"parallel.pp_virtual", &p.pp_virtual, "virtual pipeline chunks per rank (reserved)"},
+      {"parallel.pp_schedule", &p.pp_schedule, "gpipe | 1f1b | interleaved | zb (loom plan pipeline shows them)"},
+      {"parallel.pp_virtual", &p.pp_virtual, "model chunks per stage (interleaved)"},
+      {"parallel.pp_layers", &p.pp_layers, "blocks per stage, e.g. \"5,6,6,5\" (empty: n_layer / pp each)"},
       {"parallel.timeout_s", &p.timeout_s, "a collective pending this long ends the job (0: never)"},
       {"parallel.grad_reduce_dtype", &p.grad_reduce_dtype, "f32 | bf16: what gradients are reduced in"},
       {"parallel.comm", &p.comm, "auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)"},
@@ -195,8 +196,7 @@ Field& find_field(std::vector<Field>& fields, const std::string& key, const std:
 // Keys of features still to come: accepted by the parser, refused when set (they would do
 // nothing), and left out of --print-config.
 bool reserved(const std::string& key) {
-  for (const char* k : {"model.moe.top_k", "model.moe.capacity_factor", "model.moe.aux_loss_coef", "model.moe.every",
-                        "parallel.pp_schedule", "parallel.pp_virtual"})
+  for (const char* k : {"model.moe.top_k", "model.moe.capacity_factor", "model.moe.aux_loss_coef", "model.moe.every"})
     if (key == k) return true;
   return false;
 }
@@ -464,9 +464,38 @@ void config_validate(Config& cfg) {
   auto& p = cfg.parallel;
   check_positive("parallel.dp", p.dp);
   check_positive("parallel.tp", p.tp);
-  for (auto [key, v] : {std::pair{"parallel.pp", p.pp}, {"parallel.ep", p.ep}}) {
-    check_positive(key, v);
-    LOOM_CHECK(v == 1, "{} = {}: pipeline and expert parallelism are not in this build yet; set {} = 1", key, v, key);
+  check_positive("parallel.pp", p.pp);
+  check_positive("parallel.ep", p.ep);
+  LOOM_CHECK(p.ep == 1, "parallel.ep = {}: expert parallelism is not in this build yet; set parallel.ep = 1", p.ep);
+  check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb"});
+  LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);
+  LOOM_CHECK(
+      p.pp_virtual == 1 || p.pp_schedule == "interleaved",
+      "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\"; set pp_virtual = 1 or the schedule",
+      p.pp_virtual);
+  // Set away from their defaults without stages, they would do nothing (a printed config,
+  // which names every key, still loads).
+  const ParallelConfig plain;
+  for (auto [key, differs] : {std::pair{"parallel.pp_schedule", p.pp_schedule != plain.pp_schedule},
+                              {"parallel.pp_virtual", p.pp_virtual != plain.pp_virtual},
+                              {"parallel.pp_layers", p.pp_layers != plain.pp_layers}})
+    LOOM_CHECK(p.pp > 1 || !differs,
+               "{} is set but parallel.pp = 1, so it would do nothing; set parallel.pp or remove it", key);
+  pipeline_layers(cfg);  // the split must work
+  if (p.pp > 1) {
+    LOOM_CHECK(p.pp_schedule == "gpipe" || p.pp_schedule == "1f1b",
+               "parallel.pp_schedule = \"{}\" is planned (loom plan pipeline shows it) but the executor runs gpipe and "
+               "1f1b only so far; use one of them",
+               p.pp_schedule);
+    LOOM_CHECK(p.zero <= 2,
+               "parallel.zero = 3 with parallel.pp > 1 is not supported (ZeRO-3 would gather every "
+               "stage's weights per micro-batch); use zero <= 2 with pipelines");
+    LOOM_CHECK(p.zero == 0 || !m.tie_embeddings,
+               "parallel.zero = {} with parallel.pp > 1 and tied embeddings is not supported (the two copies of the "
+               "embedding are reduced between DDP's and the optimizer's steps); set model.tie_embeddings = false or "
+               "parallel.zero = 0",
+               p.zero);
+    LOOM_CHECK(cfg.fault.sdc_every == 0, "fault.sdc_every with parallel.pp > 1 is not supported; set it to 0");
   }
   if (p.tp > 1) {  // tensor parallel splits heads, KV heads, MLP width and vocabulary
     LOOM_CHECK(m.n_head % p.tp == 0,
@@ -557,6 +586,41 @@ std::string config_to_toml(const Config& cfg, const std::string& only) {
     }
     out += fmt::format("{} = {}\n", name, toml_value(f.ptr));
   }
+  return out;
+}
+
+std::vector<int> pipeline_layers(const Config& cfg) {
+  const int p = cfg.parallel.pp, L = cfg.model.n_layer;
+  const std::string& spec = cfg.parallel.pp_layers;
+  std::vector<int> out;
+  if (spec.empty()) {
+    LOOM_CHECK(p <= L, "parallel.pp = {} stages but model.n_layer = {}: every stage needs a block; lower parallel.pp",
+               p, L);
+    LOOM_CHECK(L % p == 0,
+               "parallel.pp = {} does not divide model.n_layer = {}; set parallel.pp_layers to the blocks per stage, "
+               "e.g. \"{}\"",
+               p, L, [&] {
+                 std::string e;
+                 for (int s = 0; s < p; ++s) e += (s ? "," : "") + std::to_string(L / p + (s > 0 && s <= L % p));
+                 return e;
+               }());
+    out.assign(size_t(p), L / p);
+    return out;
+  }
+  for (size_t at = 0; at <= spec.size();) {
+    const size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string part = spec.substr(at, comma - at);
+    LOOM_CHECK(!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                   std::stoi(part) >= 1,
+               "parallel.pp_layers = \"{}\": '{}' is not a positive count of blocks", spec, part);
+    out.push_back(std::stoi(part));
+    at = comma + 1;
+  }
+  LOOM_CHECK(int(out.size()) == p, "parallel.pp_layers = \"{}\" has {} entries for parallel.pp = {} stages", spec,
+             out.size(), p);
+  int sum = 0;
+  for (int b : out) sum += b;
+  LOOM_CHECK(sum == L, "parallel.pp_layers = \"{}\" sums to {} blocks but model.n_layer = {}", spec, sum, L);
   return out;
 }
 

@@ -67,6 +67,7 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   std::string pp_schedule = "1f1b";
   int pp_virtual = 1;
+  std::string pp_layers;                  // blocks per stage, "5,6,6,5"; empty: n_layer / pp each
   double timeout_s = 600;                 // watchdog: a collective pending this long aborts the job (0: never)
   std::string grad_reduce_dtype = "f32";  // f32 | bf16: the dtype gradients are reduced in
   std::string comm = "auto";              // auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)
@@ -136,6 +137,10 @@ struct Config {
     return (int64_t(model.vocab_size) + m - 1) / m * m;
   }
 };
+
+// Blocks per pipeline stage (parallel.pp_layers, or n_layer / pp each); an Error says what
+// does not fit.
+std::vector<int> pipeline_layers(const Config& cfg);
 
 Config config_defaults();
 // Reads a TOML file into `cfg` (keys absent from the file keep their values).

@@ -75,7 +75,25 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
       std::string::npos);
   EXPECT_NE(error_of([] { loaded("[model]\narch = \"gpt3\"\n"); }).find("not one of gpt2|llama"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[train]\nrecompute = \"some\"\n"); }).find("none|selective|full"), std::string::npos);
-  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\n"); }).find("parallel.pp = 2"), std::string::npos);
+  // Pipeline splits: 4 blocks by default.
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 3\n"); })
+                .find("parallel.pp = 3 does not divide model.n_layer = 4; set parallel.pp_layers to the blocks per "
+                      "stage, e.g. \"1,2,1\""),
+            std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 5\n"); }).find("every stage needs a block"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"1,2\"\n"); }).find("sums to 3 blocks"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"4\"\n"); }).find("has 1 entries"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"0,4\"\n"); }).find("not a positive count"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_virtual = 2\n"); }).find("needs parallel.pp_schedule"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n"); }).find("gpipe and 1f1b only"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp_schedule = \"gpipe\"\n"); }).find("but parallel.pp = 1"),
+            std::string::npos);
+  EXPECT_EQ(pipeline_layers(loaded("[parallel]\npp = 2\npp_layers = \"1,3\"\n")), (std::vector<int>{1, 3}));
   EXPECT_NE(error_of([] { loaded("[parallel]\ndp = 3\n"); }).find("not a multiple of micro_batch x dp = 8 x 3"),
             std::string::npos);
   EXPECT_NE(error_of([] { loaded("[data]\nsource = \"text\"\n"); }).find("needs data.path"), std::string::npos);
@@ -151,7 +169,7 @@ TEST(Config, EveryKeyRoundTripsThroughToml) {
   config_load_string(b, config_to_toml(a), "roundtrip");
   config_validate(b);
   EXPECT_EQ(config_to_toml(a), config_to_toml(b));
-  EXPECT_EQ(config_keys().size(), 73u);
+  EXPECT_EQ(config_keys().size(), 74u);
 }
 
 // The example configs' opening comments state their shapes ("22 layers", "d_model 2048",

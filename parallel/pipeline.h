@@ -1,0 +1,46 @@
+// The pipeline executor: one stage's op list of a schedule (parallel/pipeline_schedule.h),
+// walked in order over the pp group. Every receive of the step is posted when the step starts
+// (into a buffer per micro-batch), so no stage waits on a peer that is ready; sends go from a
+// copy per micro-batch, so compute never waits for them; the time a stage spends waiting for a
+// receive is its bubble (the step clock's bubble phase). Activations of the micro-batches in
+// flight live in the chunk's slots (micro-batch k in slot k mod slots: the schedules finish
+// micro-batches in order, and the checker's peak bounds how many are in flight). With one
+// stage, the op list is the accumulation loop and nothing is sent.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "model/chunk.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace loom {
+
+class PipelineStage {
+ public:
+  // pp: the pipeline group (this rank is stage pp.rank()).
+  PipelineStage(Chunk& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches, StepClock* clock, Trace& trace);
+  ~PipelineStage();
+  // One step's (or one validation batch's) ops. inputs(micro) stages that micro-batch's tokens
+  // and targets where the stage needs them (the embedding, the head); dloss seeds the head's
+  // backward (0: forward only). The last backward of the list starts DDP's reductions.
+  void run(const std::vector<PipeOp>& ops, const std::function<Inputs(int)>& inputs, float dloss);
+  double bubble_ms() const { return bubble_ms_; }  // waiting in receives during the last run
+
+ private:
+  Buf act_buf(Tensor& t, int micro) const;
+  Chunk& chunk_;
+  DataParallel& dp_;
+  ProcessGroup& pp_;
+  StepClock* clock_;
+  Trace& trace_;
+  int micro_;
+  int64_t rows_;                                        // elements of one activation or gradient between stages
+  Tensor recv_act_, recv_grad_, send_act_, send_grad_;  // one [rows] block per micro-batch
+  double bubble_ms_ = 0;
+};
+
+// The forward-only list of a stage (validation): receive, forward, send, per micro-batch.
+std::vector<PipeOp> pipeline_forward_ops(int stages, int stage, int micro_batches);
+
+}  // namespace loom
