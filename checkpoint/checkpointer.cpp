@@ -53,7 +53,7 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(steps_done);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  LOOM_CHECK(!ec, "cannot create checkpoint directory '{}': {}", dir, ec.message());
+  if (ec) fail_io("cannot create checkpoint directory '{}': {}", dir, ec.message());
   // Saving over a committed checkpoint of the same step (a rerun): it stops being one before
   // any rank overwrites its file.
   if (world_.rank() == 0) fs::remove(dir + "/manifest.json", ec);
@@ -233,7 +233,7 @@ void Checkpointer::commit() {
     });
     dir_fsync(cfg_.checkpoint.dir);  // the step directory's own entry
   } catch (const Error& e) {
-    fail("checkpoint step {} not committed: rank 0 could not write its manifest: {}", saved_step_, e.what());
+    fail_io("checkpoint step {} not committed: rank 0 could not write its manifest: {}", saved_step_, e.what());
   }
   std::error_code ec;
   for (auto& e : fs::directory_iterator(dir, ec))  // files of an earlier, failed attempt

@@ -115,8 +115,8 @@ void bench_train(const Config& cfg, const TrainOptions& where) {
   fmt::print(
       "bench train: {} d_model {} layers {} B {} T {} on {} ({} ranks, {} threads each): {:.1f} tokens/s, "
       "MFU {:.1f}%\n",
-      cfg.model.arch, cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len,
-      r.device, where.world_size, r.threads, r.tokens_per_s, 100.0 * r.mfu);
+      cfg.model.arch, cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len, r.device,
+      where.world_size, r.threads, r.tokens_per_s, 100.0 * r.mfu);
   fmt::print("{{\"tokens_per_s\": {:.6g}, \"mfu\": {:.6g}}}\n", r.tokens_per_s, r.mfu);
 }
 

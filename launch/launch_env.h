@@ -12,9 +12,9 @@ using EnvGet = std::function<const char*(const char*)>;
 
 struct LaunchEnv {
   int rank = 0, world = 1, local_rank = 0, node = 0;
-  int local_size = 0;     // ranks on this node (0: the launcher does not say)
-  std::string local_from;  // the variable local_size came from
-  int cpus_per_task = 0;  // SLURM_CPUS_PER_TASK (0: unset)
+  int local_size = 0;             // ranks on this node (0: the launcher does not say)
+  std::string local_from;         // the variable local_size came from
+  int cpus_per_task = 0;          // SLURM_CPUS_PER_TASK (0: unset)
   std::string launcher = "none";  // none | mpirun | pmix | slurm
   bool distributed() const { return launcher != "none"; }
 };

@@ -9,6 +9,10 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "launch/fault.h"
@@ -18,12 +22,48 @@
 namespace loom {
 
 namespace {
-volatile std::sig_atomic_t g_child = 0;  // the running command's process group
 volatile std::sig_atomic_t g_asked = 0;  // the signal the supervisor got
 
-extern "C" void forward_signal(int sig) {
+extern "C" void note_signal(int sig) {
   g_asked = sig;
-  if (g_child > 0) ::kill(-pid_t(g_child), sig);
+}
+
+// The processes below `root` (from /proc).
+std::vector<pid_t> descendants(pid_t root) {
+  std::map<pid_t, pid_t> parent;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const size_t close = stat.rfind(')');  // the command may hold spaces and parentheses
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    parent[pid_t(std::stol(name))] = ppid;
+  }
+  std::vector<pid_t> out;
+  for (auto [pid, ppid] : parent) {
+    for (pid_t up = ppid; up > 1; up = parent.count(up) ? parent[up] : 0)
+      if (up == root) {
+        out.push_back(pid);
+        break;
+      }
+  }
+  return out;
+}
+
+// A stop for the job: to the processes the launcher started (the ranks: they stop at a step
+// boundary and checkpoint, where a launcher given the signal may kill them at once), or to the
+// launcher itself when it started none here (srun's tasks run under Slurm's daemons).
+void stop_job(pid_t child, int sig) {
+  const std::vector<pid_t> below = descendants(child);
+  if (below.empty()) ::kill(child, sig);
+  for (pid_t p : below) ::kill(p, sig);
 }
 
 std::string status_meaning(int status) {
@@ -54,17 +94,31 @@ bool status_restartable(int status) {
 int supervise_run(const std::vector<std::string>& command, const SuperviseOptions& opt) {
   LOOM_CHECK(!command.empty(), "loom supervise: no command; usage: loom supervise [options] -- COMMAND...");
   LOOM_CHECK(opt.max_restarts >= 0, "--max-restarts {} must be >= 0", opt.max_restarts);
-  std::signal(SIGINT, forward_signal);
-  std::signal(SIGTERM, forward_signal);
+  struct sigaction sa {};
+  sa.sa_handler = note_signal;  // no SA_RESTART: waitpid returns, and the loop passes the stop on
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   int status = 0;
   for (int restart = 0;; ++restart) {
     const auto t0 = std::chrono::steady_clock::now();
     event_append(opt.log_dir, "start", fmt::format("\"restart\":{}", restart));
     spdlog::info("supervise: run {} (LOOM_RESTART={}): {}", restart + 1, restart, fmt::join(command, " "));
+    // A signal before the child exists would reach no one: hold them until it does (a stop
+    // asked for meanwhile is passed on by the wait below).
+    sigset_t stop, old;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigprocmask(SIG_BLOCK, &stop, &old);
     const pid_t pid = ::fork();
+    if (pid < 0) sigprocmask(SIG_SETMASK, &old, nullptr);
     LOOM_CHECK(pid >= 0, "loom supervise: fork failed");
     if (pid == 0) {
-      ::setpgid(0, 0);  // its own process group: signals and the final cleanup reach all of it
+      sigprocmask(SIG_SETMASK, &old, nullptr);
+      // Its own process group: a signal reaches the launcher and what stays in its group (Open
+      // MPI puts its ranks in groups of their own; it ends them itself).
+      ::setpgid(0, 0);
       ::setenv("LOOM_RESTART", std::to_string(restart).c_str(), 1);
       std::vector<char*> argv;
       for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -74,20 +128,27 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
       std::_Exit(127);
     }
     ::setpgid(pid, pid);
-    g_child = pid;
+    sigprocmask(SIG_SETMASK, &old, nullptr);
     int ws = 0;
-    while (::waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+    bool passed = false;
+    for (;;) {
+      if (g_asked && !passed) {
+        stop_job(pid, int(g_asked));
+        passed = true;
+      }
+      if (::waitpid(pid, &ws, 0) >= 0 || errno != EINTR) break;
     }
-    g_child = 0;
-    ::kill(-pid, SIGKILL);  // whatever the command left behind
+    ::kill(-pid, SIGKILL);  // whatever the command left behind in its group
     status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     event_append(opt.log_dir, "exit", fmt::format("\"restart\":{},\"status\":{}", restart, status));
     spdlog::info("supervise: run {} ended with status {} ({}) after {:.1f} s", restart + 1, status,
                  status_meaning(status), took);
     if (g_asked) {
+      // Stopped from outside (a preemption): ask for a requeue, whatever status the launcher
+      // turned the ranks' 75 into (mpirun's is 1).
       spdlog::info("supervise: stopped by signal {}; not restarting", int(g_asked));
-      return status;
+      return status == 0 ? 0 : 75;
     }
     if (!status_restartable(status)) return status;
     if (restart >= opt.max_restarts) {

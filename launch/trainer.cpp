@@ -277,7 +277,7 @@ StepMetrics Trainer::step(int64_t step) {
   if (flip) fi.note("bitflip", s1, "a flipped bit in one weight while this step computes");
   bool sdc_unresolved = false;
   if (p.cfg.fault.sdc_every > 0 && s1 % p.cfg.fault.sdc_every == 0) {
-    m.sdc_ranks = p.sdc_check(step, flip, &sdc_unresolved);
+    m.sdc_ranks = p.sdc_check(step, flip, poison, &sdc_unresolved);
     if (!m.sdc_ranks.empty() && p.lead) {
       std::string names;
       for (int r : m.sdc_ranks) names += (names.empty() ? "" : ", ") + std::to_string(r);
@@ -318,7 +318,8 @@ StepMetrics Trainer::step(int64_t step) {
       p.skipped(s1, m.skipped);
     }
   }
-  if (p.ckpt && p.ckpt->due(s1)) {  // what the step loses to it is ckpt_block_ms
+  // Not after a rollback: the state is an earlier step's now, not step s1's.
+  if (p.ckpt && p.ckpt->due(s1) && p.next == s1) {  // what the step loses to it is ckpt_block_ms
     auto s = p.trace.scope("checkpoint", Trace::host);
     clock.enter(Phase::ckpt);
     p.ckpt->save(s1, *p.dpar);

@@ -53,9 +53,9 @@ inline double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// What the training loop does around its steps: metrics.jsonl, the console line every log.every steps and validation on its cadence; at the
-// end, the last validation and the run's tokens/s and MFU (step 1 is a warm-up and not timed).
-// Only the lead rank writes and prints; validate() runs on every rank.
+// What the training loop does around its steps: metrics.jsonl, the console line every log.every steps and validation on
+// its cadence; at the end, the last validation and the run's tokens/s and MFU (step 1 is a warm-up and not timed). Only
+// the lead rank writes and prints; validate() runs on every rank.
 class StepLog {
  public:
   StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result);

@@ -21,20 +21,25 @@ void Trainer::Parts::skipped(int64_t s1, const std::string& why) {
              "(checkpoint.every = 0); the run diverged: lower train.lr, or enable checkpoints",
              guard.skips_in_a_row(), cfg.fault.max_skips);
   ckpt->flush();
-  const std::vector<std::string> done = checkpoints_complete(cfg.checkpoint.dir);
-  LOOM_CHECK(!done.empty(),
+  // Rank 0 writes a manifest after the other ranks have left the commit: once it reaches the
+  // barrier every rank sees the same checkpoints. The newest one that loads on every rank,
+  // with the fallback of a resume.
+  mesh->world_group().barrier().wait();
+  Config latest = cfg;
+  latest.checkpoint.resume = "latest";
+  std::string from;
+  const int64_t loaded = checkpoint_resume(latest, mesh->world_group(), chunk->registry(), *dpar, true, &from);
+  LOOM_CHECK(!from.empty(),
              "{} updates in a row were skipped (fault.max_skips = {}) before any checkpoint was written; "
              "the run diverged: lower train.lr, or save earlier (checkpoint.every)",
              guard.skips_in_a_row(), cfg.fault.max_skips);
-  const int64_t back = checkpoint_step_of(done.front());
-  LOOM_CHECK(back != rolled_back_to,
+  LOOM_CHECK(loaded != rolled_back_to,
              "updates keep being skipped after rolling back to step {} ({}); the fault is not "
              "transient: lower train.lr, or look at the data after step {}",
-             back, why, back);
-  const int64_t loaded = checkpoint_load(done.front(), cfg, chunk->registry(), *dpar, false);
+             loaded, why, loaded);
   if (lead) {
-    spdlog::warn("rolling back to {} (step {}) after {} skipped updates; steps {}..{} are run again", done.front(),
-                 loaded, guard.skips_in_a_row(), loaded + 1, s1);
+    spdlog::warn("rolling back to {} (step {}) after {} skipped updates; steps {}..{} are run again", from, loaded,
+                 guard.skips_in_a_row(), loaded + 1, s1);
     event_append(cfg.log.dir, "rollback", fmt::format("\"from\":{},\"to\":{}", s1, loaded));
   }
   guard.rolled_back();
@@ -87,7 +92,7 @@ void Trainer::Parts::micro_batches(int64_t step, bool reduce, bool poison) {
   }
 }
 
-std::vector<int> Trainer::Parts::sdc_check(int64_t step, bool flip, bool* unresolved) {
+std::vector<int> Trainer::Parts::sdc_check(int64_t step, bool flip, bool poison, bool* unresolved) {
   // Computed twice without communicating, each rank's gradients must be the same bits; a
   // rank where they differ computes a third time, and the update goes ahead where two agree.
   ProcessGroup& world = mesh->world_group();
@@ -100,7 +105,7 @@ std::vector<int> Trainer::Parts::sdc_check(int64_t step, bool flip, bool* unreso
   };
   const int64_t at = int64_t(chunk->num_params() / 2);
   if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
-  micro_batches(step, false, false);
+  micro_batches(step, false, poison);  // the drills hit the first computation only: a transient fault
   if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
   const uint64_t a = tensor_hash(*backend, chunk->grads_tensor());
   backend->zero(Buf(chunk->loss_sum()));

@@ -147,7 +147,7 @@ struct Trainer::Parts {
   void micro_batches(int64_t step, bool reduce, bool poison);
   // fault.sdc_every: the step's gradients computed twice (a third time where they differ);
   // the ranks whose two differ, and *unresolved where no two of three agree on some rank.
-  std::vector<int> sdc_check(int64_t step, bool flip, bool* unresolved);
+  std::vector<int> sdc_check(int64_t step, bool flip, bool poison, bool* unresolved);
   // An update skipped at 1-based step s1: logged, counted, and past fault.max_skips in a row
   // a rollback to the newest checkpoint.
   void skipped(int64_t s1, const std::string& why);

@@ -553,7 +553,33 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(f.bitflip.empty() || p.zero <= 2,
              "fault.bitflip flips a weight of the full parameter buffer, which ZeRO-3 does not hold; use parallel.zero "
              "<= 2");
-  LOOM_CHECK(f.grace_s > 0, "fault.grace_s = {} must be positive", f.grace_s);
+  LOOM_CHECK(f.grace_s >= 0, "fault.grace_s = {} must be >= 0 (0: no limit)", f.grace_s);
+  // A drill that could never fire is refused: its step must be run, and a checkpoint drill's
+  // step must be one that saves.
+  const CheckpointConfig& ck = cfg.checkpoint;
+  const auto saves = [&](int64_t step) { return ck.every > 0 && (step % ck.every == 0 || step == cfg.train.steps); };
+  for (auto [key, v, ranked, phased] : {std::tuple{"fault.kill", &f.kill, true, true},
+                                        {"fault.exit", &f.exit, true, true},
+                                        {"fault.hang", &f.hang, true, false},
+                                        {"fault.nan", &f.nan, true, false},
+                                        {"fault.bitflip", &f.bitflip, true, false},
+                                        {"fault.ckpt_corrupt", &f.ckpt_corrupt, false, false},
+                                        {"fault.enospc", &f.enospc, false, false}}) {
+    const FaultAt at = fault_parse(key, *v, ranked, phased);
+    if (!at.set()) continue;
+    LOOM_CHECK(at.step >= 1 && at.step <= cfg.train.steps,
+               "{} = \"{}\": step {} is never run (steps count from 1 to train.steps = {})", key, *v, at.step,
+               cfg.train.steps);
+    const bool ckpt_drill =
+        at.phase == "checkpoint" || std::string(key) == "fault.ckpt_corrupt" || std::string(key) == "fault.enospc";
+    LOOM_CHECK(!ckpt_drill || saves(at.step),
+               "{} = \"{}\": no checkpoint is saved after step {} (checkpoint.every = {}); pick a step that saves", key,
+               *v, at.step, ck.every);
+  }
+  LOOM_CHECK(f.hang.empty() || world > 1,
+             "fault.hang = \"{}\" at one rank: nothing would notice (a watchdog watches peers); launch 2 or more "
+             "ranks",
+             f.hang);
   LOOM_CHECK(f.spike_factor == 0 || f.spike_factor > 1, "fault.spike_factor = {}: 0 (off) or above 1", f.spike_factor);
   LOOM_CHECK(f.max_skips >= 0, "fault.max_skips = {} must be >= 0 (0: roll back at the first skip)", f.max_skips);
   LOOM_CHECK(f.sdc_every >= 0, "fault.sdc_every = {} must be >= 0 (0: off)", f.sdc_every);

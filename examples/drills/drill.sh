@@ -4,11 +4,11 @@
 # same job without the fault. Writes OUT/report.json and prints one row of the README's table
 # (time to detect, time to recover, steps lost, goodput, final weights bitwise equal).
 #   examples/drills/drill.sh SCENARIO [OUT]        (OUT: runs/drills/SCENARIO)
-# Scenarios: kill kill_in_save exit hang sigterm nan nan_rollback bitflip bitflip_unchecked
-#            slow ckpt_corrupt enospc
+# Scenarios: kill kill_in_save exit hang sigterm preempt nan nan_rollback bitflip
+#            bitflip_unchecked slow ckpt_corrupt enospc
 # Environment: LOOM (build/loom), NP (2), TP (1: dp = NP / TP), LAUNCH (the launcher up to its rank count: mpirun
 #              with this machine's flags and -np by default; srun ... -n under Slurm),
-#              SEED (picks the fault's step, 7-22, for kill, exit, hang, nan and bitflip),
+#              SEED (picks the fault's step, 7-22, for kill, exit, hang, nan and bitflip; AT sets it),
 #              DEVICE (train.device: cpu, or cuda). The fault hits rank 1 (rank 0 at NP=1).
 set -euo pipefail
 scenario=${1:?usage: drill.sh SCENARIO [OUT]}
@@ -20,9 +20,14 @@ tp=${TP:-1}  # tensor-parallel degree; dp = NP / TP
 # The launcher, up to its count of ranks (e.g. "srun --mpi=pmix --kill-on-bad-exit=1 -n").
 read -r -a launch <<< "${LAUNCH:-mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np}"
 RANDOM=${SEED:-$$}
-at=$((RANDOM % 16 + 7))
+at=${AT:-$((RANDOM % 16 + 7))}
 r=$((np > 1 ? 1 : 0))  # the rank the fault hits
 steps=30
+# OUT is replaced only when it is an earlier drill's (or empty): never a directory of yours.
+if [ -e "$out" ] && [ -n "$(ls -A "$out" 2>/dev/null)" ] && [ ! -f "$out/base.log" ]; then
+  echo "error: $out exists and is not a drill's output; pick another OUT" >&2
+  exit 2
+fi
 rm -rf "$out"
 mkdir -p "$out"
 out=$(readlink -f "$out")
@@ -36,7 +41,10 @@ case $scenario in
   kill_in_save) fault=(--set fault.kill=$r:15:checkpoint) ;;
   exit) fault=(--set fault.exit=$r:$at:backward) ;;
   hang) fault=(--set fault.hang=$r:$at) ;;
-  sigterm) fault=() ;;  # sent below, to the ranks (as a scheduler's preemption would)
+  # The signal is sent below once step 12 is reported; 20 ms more a step on rank 0 (which
+  # changes no value) keeps the job from finishing before it lands.
+  sigterm) fault=(--set fault.slow=0:20) ;;  # to the ranks, as a scheduler's preemption would
+  preempt) fault=(--set fault.slow=0:20) ;;  # to the supervisor; then the same job again
   nan) fault=(--set fault.nan=$r:$at) ;;
   nan_rollback) fault=(--set fault.nan=$r:$at --set fault.max_skips=0) ;;
   bitflip) fault=(--set fault.bitflip=$r:$at --set fault.sdc_every=1) ;;
@@ -54,20 +62,37 @@ t0=$(date +%s.%N)
 echo "$t0 $(date +%s.%N)" > "$out/base/wall"
 
 # The drill, supervised.
+supervised=("$loom" supervise --max-restarts 3 --backoff-s 0.5 --log-dir "$out/run" --
+  "${launch[@]}" "$np" "$loom" train "${common[@]}" "${fault[@]}" --set log.dir="$out/run"
+  --set checkpoint.dir="$out/ckpt" --set checkpoint.resume=latest --set export.final="$out/run/final.safetensors")
+after_step() {  # STEP: wait until the job has reported it (or 60 s, or the job ended)
+  for _ in $(seq 1200); do
+    grep -qs "\"step\":$1," "$out/run/metrics.jsonl" && return 0
+    kill -0 "$sup" 2> /dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
 set +e
-"$loom" supervise --max-restarts 3 --backoff-s 0.5 --log-dir "$out/run" -- \
-  "${launch[@]}" "$np" "$loom" train "${common[@]}" "${fault[@]}" --set log.dir="$out/run" \
-  --set checkpoint.dir="$out/ckpt" --set checkpoint.resume=latest --set export.final="$out/run/final.safetensors" \
-  > "$out/run.log" 2>&1 &
+"${supervised[@]}" >> "$out/run.log" 2>&1 &
 sup=$!
-if [ "$scenario" = sigterm ]; then
-  # Preempt the ranks once step 12 is done (not the supervisor: it restarts what ended with 75).
-  until [ -f "$out/run/metrics.jsonl" ] && grep -q '"step":12,' "$out/run/metrics.jsonl"; do sleep 0.05; done
-  printf '{"event":"fault","t":%s,"kind":"sigterm","rank":-1,"step":12}\n' "$(date +%s.%N)" >> "$out/run/faults.jsonl"
-  pkill -TERM -f "^$loom train .*$out/run" || true
+if [ "$scenario" = sigterm ] || [ "$scenario" = preempt ]; then
+  after_step 12 || { echo "FAIL: the job never reached step 12"; tail -30 "$out/run.log"; exit 1; }
+  printf '{"event":"fault","t":%s,"kind":"%s","rank":-1,"step":12}\n' "$(date +%s.%N)" "$scenario" \
+    >> "$out/run/faults.jsonl"
+  if [ "$scenario" = sigterm ]; then
+    pkill -TERM -f "^$loom train .*$out/run" || true  # the ranks: the supervisor restarts their 75
+  else
+    kill -TERM "$sup"  # the supervisor: it passes the signal on and asks for a requeue (75)
+  fi
 fi
 wait "$sup"
 status=$?
+if [ "$scenario" = preempt ]; then
+  [ "$status" -eq 75 ] || { echo "FAIL: a preempted supervisor ended with $status, not 75"; tail -30 "$out/run.log"; exit 1; }
+  "${supervised[@]}" >> "$out/run.log" 2>&1  # the requeued job
+  status=$?
+fi
 set -e
 [ "$status" -eq 0 ] || { echo "FAIL: the supervised job ended with status $status"; tail -30 "$out/run.log"; exit 1; }
 

@@ -56,8 +56,10 @@ nlohmann::json HangReport::dump(const ProcessGroup* timed, int64_t seq, double w
                       {"issued", r.issued},
                       {"started", r.started},
                       {"finished", r.finished}});
-    j["groups"].push_back(
-        {{"name", g->name()}, {"world_ranks", g->world_ranks()}, {"issued", g->counters().seq}, {"records", recs}});
+    j["groups"].push_back({{"name", g->name()},
+                           {"world_ranks", g->world_ranks()},
+                           {"issued", g->recorder().last_issued()},
+                           {"records", recs}});
   }
   return j;
 }
@@ -68,7 +70,7 @@ void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
   std::error_code ec;
   fs::create_directories(flight, ec);
   {
-    const std::string tmp = rank_path(flight, rank_) + ".tmp";
+    const std::string tmp = rank_path(flight, rank_) + "." + g.name() + ".tmp";  // two groups may time out at once
     std::ofstream(tmp) << dump(&g, seq, waited).dump(1) << "\n";
     fs::rename(tmp, rank_path(flight, rank_), ec);
   }

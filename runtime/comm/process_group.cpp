@@ -55,6 +55,11 @@ std::vector<OpRecord> FlightRecorder::records() const {
   return out;
 }
 
+int64_t FlightRecorder::last_issued() const {
+  std::lock_guard lk(mu_);
+  return n_ == 0 ? 0 : ring_[size_t((n_ - 1) % kRecords)].seq;
+}
+
 void ProcessGroup::hang_forever(CommOp op) const {
   std::fprintf(stderr, "rank %d: fault drill: hanging inside %s #%lld on group '%s'\n", world_ranks_[size_t(rank_)],
                comm_op_name(op), (long long)counters_.seq, name_.c_str());

@@ -94,6 +94,7 @@ class FlightRecorder {
   void started(int64_t seq);
   void finished(int64_t seq);
   std::vector<OpRecord> records() const;  // oldest first
+  int64_t last_issued() const;            // the sequence number of the newest op (0: none)
 
  private:
   OpRecord* find(int64_t seq);

@@ -26,7 +26,7 @@ case $scenario in
   *) expect bitwise_equal true ;;
 esac
 case $scenario in
-  kill | kill_in_save | exit | hang | sigterm | enospc) expect detected_by '"exit"'; expect restarts 1 ;;
+  kill | kill_in_save | exit | hang | sigterm | preempt | enospc) expect detected_by '"exit"'; expect restarts 1 ;;
   nan | nan_rollback) expect detected_by '"skip"'; expect restarts 0 ;;
   bitflip) expect detected_by '"sdc"'; expect sdc_ranks '[1]' ;;
   bitflip_unchecked) expect detected_by null ;;
@@ -35,7 +35,7 @@ case $scenario in
 esac
 case $scenario in
   kill_in_save) expect steps_lost 5 ;;  # killed writing step 15: resumed from 10
-  sigterm | bitflip | slow) expect steps_lost 0 ;;
+  sigterm | preempt | bitflip | slow) expect steps_lost 0 ;;
   nan) expect steps_lost 1 ;;
 esac
 if [ "$scenario" = hang ]; then

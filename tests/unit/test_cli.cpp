@@ -3,9 +3,8 @@
 #include <sys/wait.h>
 
 #include <cstdio>
-#include <fstream>
-
 #include <filesystem>
+#include <fstream>
 
 #include "checkpoint/safetensors.h"
 #include "runtime/data.h"
@@ -258,13 +257,15 @@ TEST(Cli, HuggingFaceWeightsAsTheyShip) {
     auto t = loom::safetensors_read(tmp("full.safetensors"));
     std::vector<loom::StView> views;
     std::vector<float> mask(64, 1.0f), bias(1, -1e4f);
-    for (auto& [name, x] : t) views.push_back({name.substr(std::string("transformer.").size()), x.shape, x.data.data()});
+    for (auto& [name, x] : t)
+      views.push_back({name.substr(std::string("transformer.").size()), x.shape, x.data.data()});
     views.push_back({"h.0.attn.bias", {1, 1, 8, 8}, mask.data()});
     views.push_back({"h.0.attn.masked_bias", {}, bias.data()});
     loom::safetensors_write(tmp("hf.safetensors"), views);
   }
   CliRun full = loom_run(run + "--set init.from=" + tmp("full.safetensors"));
-  CliRun hf = loom_run(run + "--set init.from=" + tmp("hf.safetensors") + " --set export.final=" + tmp("out.safetensors"));
+  CliRun hf =
+      loom_run(run + "--set init.from=" + tmp("hf.safetensors") + " --set export.final=" + tmp("out.safetensors"));
   ASSERT_EQ(hf.status, 0) << hf.output;
   EXPECT_FALSE(printed_losses(full.output).empty());
   EXPECT_EQ(printed_losses(hf.output), printed_losses(full.output));
@@ -283,7 +284,8 @@ TEST(Cli, HuggingFaceWeightsAsTheyShip) {
     for (auto& [name, x] : t) {
       const bool first = name.find("layers.0.") != std::string::npos || name.find("embed") != std::string::npos;
       (first ? a : b).push_back({name, x.shape, x.data.data()});
-      map += fmt::format("{}\"{}\": \"model-0000{}-of-00002.safetensors\"", map.empty() ? "" : ",", name, first ? 1 : 2);
+      map +=
+          fmt::format("{}\"{}\": \"model-0000{}-of-00002.safetensors\"", map.empty() ? "" : ",", name, first ? 1 : 2);
     }
     loom::safetensors_write(dir + "/model-00001-of-00002.safetensors", a);
     loom::safetensors_write(dir + "/model-00002-of-00002.safetensors", b);

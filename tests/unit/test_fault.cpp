@@ -150,7 +150,18 @@ TEST(FaultKeys, ParseAndRefuseWithTheFix) {
   refused({"parallel.dp=2", "parallel.zero=2", "fault.sdc_every=5"}, "ZeRO-2 does not hold");
   refused({"parallel.dp=2", "parallel.zero=3", "fault.bitflip=0:3"}, "ZeRO-3 does not hold");
   refused({"fault.spike_factor=0.5"}, "0 (off) or above 1");
-  EXPECT_NO_THROW(with({"parallel.dp=2", "fault.kill=1:7:checkpoint", "fault.slow=0:40", "fault.sdc_every=1"}));
+  // Drills that could never fire.
+  refused({"fault.nan=0:0"}, "step 0 is never run");
+  refused({"fault.nan=0:500"}, "step 500 is never run");
+  refused({"checkpoint.dir=/tmp/x", "checkpoint.every=5", "fault.kill=0:7:checkpoint"},
+          "no checkpoint is saved after step 7");
+  refused({"checkpoint.dir=/tmp/x", "checkpoint.every=5", "fault.enospc=7"}, "no checkpoint is saved after step 7");
+  refused({"fault.hang=0:3"}, "at one rank: nothing would notice");
+  EXPECT_NO_THROW(
+      with({"checkpoint.dir=/tmp/x", "checkpoint.every=5", "fault.ckpt_corrupt=400"}));  // the last step saves
+  EXPECT_NO_THROW(with({"fault.grace_s=0"}));                                            // no limit
+  EXPECT_NO_THROW(with({"parallel.dp=2", "checkpoint.dir=/tmp/x", "checkpoint.every=7", "fault.kill=1:7:checkpoint",
+                        "fault.slow=0:40", "fault.sdc_every=1"}));
 }
 
 TEST(Supervise, RestartsWhatARestartCanCure) {
