@@ -181,7 +181,8 @@ void Trainer::Parts::startup_log() {
       cfg.model.vocab_size, cfg.vocab_padded(), T, whole.reg.global_numel() / 1e6);
   info("device: {} ({}); {} threads per rank ({}); data: {}", device, dtype_name(dtype), threads, threads_why,
        data.describe);
-  info("layout: {} ranks over {}; {}", mesh->world(), mesh->comm_name(), dpar->describe());
+  info("layout: {} ranks over {}; {}{}", mesh->world(), mesh->comm_name(),
+       cfg.parallel.pp > 1 ? fmt::format("pp {} x ", cfg.parallel.pp) : std::string(), dpar->describe());
   if (tp().size() > 1) {
     const double nc = double(B) * T * cfg.model.d_model * dtype_size(dtype) / 1048576.0;
     info("tensor parallel: tp {}{}; per block and micro-batch {}", tp().size(),
@@ -194,6 +195,15 @@ void Trainer::Parts::startup_log() {
   }
   if (const int64_t have = val_available(); have > 0 && have < cfg.data.val_batches)
     info("validation: {} batches, all the validation data holds (data.val_batches = {})", have, cfg.data.val_batches);
+  if (pipe) {
+    std::string split;
+    for (int b : pipeline_layers(cfg)) split += (split.empty() ? "" : ",") + std::to_string(b);
+    info(
+        "pipeline: {} stages (blocks {}), schedule {}, {} micro-batches; predicted bubble {:.3f} ({}); stage 0 "
+        "holds {} in flight",
+        cfg.parallel.pp, split, cfg.parallel.pp_schedule, cfg.accum_steps(), pipeline_bubble_predicted(pipe_schedule),
+        "(p-1)/(m+p-1)", chunk->slots());
+  }
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, cfg.accum_steps(), B, dp().size(), cfg.train.recompute);
   info("activation plan (B={}, T={}):\n{}", B, T, chunk->plan().table());
@@ -336,6 +346,11 @@ StepMetrics Trainer::step(int64_t step) {
   m.compute_ms = t.of(Phase::compute);
   m.comm_exposed_ms = t.of(Phase::comm);
   m.bubble_ms = t.of(Phase::bubble);
+  if (p.pipe) {  // the stage that waited most (each stage's own is on its trace track)
+    double worst = m.bubble_ms;
+    p.mesh->host_group(Axis::pp).all_reduce(Buf(&worst, 1), ReduceOp::max).wait();
+    m.bubble_ms = worst;
+  }
   m.optimizer_ms = t.of(Phase::optimizer);
   m.data_ms = t.of(Phase::data);
   m.ckpt_block_ms = t.of(Phase::ckpt) + commit_ms;
@@ -412,6 +427,7 @@ TrainResult Trainer::finish() {
   Parts& p = *p_;
   p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak, p.result.stopped_by,
                 p.result.steps_done);
+  if (p.pipe && p.cfg.model.tie_embeddings) p.tied_copies_check();
   if (p.ckpt) {
     // The state a run ends in is always checkpointed: where it stopped on a signal, or where
     // it was resumed when there was nothing left to run (which reshards a checkpoint).

@@ -2,6 +2,7 @@
 // SDC check, skipped updates and rollback, and the step boundary (stop signals, checkpoint
 // commits, the straggler watch).
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -165,6 +166,26 @@ bool Trainer::between_steps() {
 
 int64_t Trainer::next_step() const {
   return p_->next;
+}
+
+void Trainer::Parts::tied_copies_check() {
+  // The first stage's embedding and the last stage's copy see the same summed gradients and
+  // the same updates: their (master) weights must be the same bits. Collective.
+  std::vector<float> w(chunk->num_params());
+  dpar->weights_to(w.data());
+  uint64_t h[2] = {0, 0};
+  if (chunk->has_embedding() || chunk->holds_tied_copy()) {
+    const ParamSpec& e = chunk->registry().at(head_names(cfg).wte);
+    h[chunk->has_embedding() ? 0 : 1] = XXH64(w.data() + e.offset, size_t(e.numel()) * 4, 0);
+  }
+  ProcessGroup& embed = mesh->host_group(Axis::embed);
+  std::vector<double> both = {double(h[0] >> 32), double(h[0] & 0xffffffffu), double(h[1] >> 32),
+                              double(h[1] & 0xffffffffu)};
+  if (embed.size() > 1) embed.all_reduce(Buf(both.data(), 4), ReduceOp::sum).wait();
+  if (embed.size() < 2) return;  // a middle stage
+  LOOM_CHECK(both[0] == both[2] && both[1] == both[3],
+             "internal error: the tied embedding's copies on the first and last pipeline stage differ");
+  if (lead) spdlog::info("tied embedding: the first and last stage's copies are bitwise equal");
 }
 
 }  // namespace loom

@@ -151,6 +151,8 @@ struct Trainer::Parts {
   // An update skipped at 1-based step s1: logged, counted, and past fault.max_skips in a row
   // a rollback to the newest checkpoint.
   void skipped(int64_t s1, const std::string& why);
+  // With a pipeline and tied embeddings: the two copies must be the same bits (an Error if not).
+  void tied_copies_check();
 };
 
 }  // namespace loom
