@@ -147,13 +147,16 @@ std::string UpdateGuard::check(double loss, double norm) {
   return why;
 }
 
-std::vector<int> StragglerWatch::update(const std::vector<double>& ms, std::vector<int>* fresh) {
-  std::vector<double> sorted = ms;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[(sorted.size() - 1) / 2];  // the lower one: with 2 ranks, the faster
+std::vector<int> StragglerWatch::update(const std::vector<double>& ms, std::vector<int>* fresh,
+                                        const std::vector<int>& group) {
   std::vector<int> out;
   for (size_t r = 0; r < ms.size() && r < slow_.size(); ++r) {
-    const bool slow = ms[r] > median * (1 + margin_) && ms[r] > median + 2.0;
+    std::vector<double> peers;
+    for (size_t q = 0; q < ms.size(); ++q)
+      if (group.empty() || group[q] == group[r]) peers.push_back(ms[q]);
+    std::sort(peers.begin(), peers.end());
+    const double median = peers[(peers.size() - 1) / 2];  // the lower one: with 2 ranks, the faster
+    const bool slow = peers.size() > 1 && ms[r] > median * (1 + margin_) && ms[r] > median + 2.0;
     slow_[r] = slow ? slow_[r] + 1 : 0;
     if (slow_[r] >= steps_) out.push_back(int(r));
     if (fresh && slow_[r] == steps_) fresh->push_back(int(r));

@@ -90,7 +90,10 @@ class StragglerWatch {
       : slow_(size_t(ranks)), margin_(margin), steps_(steps) {}
   // This step's compute_ms of every rank; returns the stragglers, and in *fresh those named
   // for the first time in their current streak.
-  std::vector<int> update(const std::vector<double>& compute_ms, std::vector<int>* fresh);
+  // group[r] (if given): the ranks compared with each other (a pipeline's stages differ by
+  // design, so each stage's ranks are compared among themselves; a group of one never is).
+  std::vector<int> update(const std::vector<double>& compute_ms, std::vector<int>* fresh,
+                          const std::vector<int>& group = {});
 
  private:
   std::vector<int> slow_;  // steps in a row each rank was slow

@@ -100,6 +100,13 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
                "use parallel.comm = \"mpi\" (staged through the host) or launch one rank per GPU",
                local, gpus);
     mo.nccl = cfg.parallel.comm == "nccl" || (cfg.parallel.comm == "auto" && !shared);
+    // NCCL runs a group's sends and receives in issue order on one stream, and the pipeline
+    // executor posts every receive first: that order would deadlock.
+    LOOM_CHECK(!(mo.nccl && cfg.parallel.pp > 1),
+               "parallel.pp = {} over NCCL is not supported yet (the executor posts its receives early, which NCCL's "
+               "in-order point-to-point would deadlock); set parallel.comm = \"mpi\" to run the pipeline over MPI, "
+               "staged through the host",
+               cfg.parallel.pp);
     if (!mo.nccl && cfg.parallel.comm == "auto" && p.lead && !opt.quiet)
       spdlog::warn(
           "{} ranks share {} GPU(s) on this node: collectives go through MPI, staged in host memory "
@@ -246,6 +253,8 @@ void Trainer::init() {
            p.cfg.init_from.empty() ? "" : "; init.from is not read (a checkpoint takes precedence)");
   } else if (!p.cfg.init_from.empty()) {
     auto unused = model_load(p.chunk->registry(), host.data(), p.cfg.init_from);
+    // A pipeline stage leaves the other stages' tensors: unused means in no stage.
+    std::erase_if(unused, [&](const std::string& n) { return p.whole.reg.find(n) != nullptr; });
     std::string names;
     for (size_t i = 0; i < unused.size() && i < 6; ++i) names += (i ? ", " : ": ") + unused[i];
     if (unused.size() > 6) names += fmt::format(" and {} more", unused.size() - 6);

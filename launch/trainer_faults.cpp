@@ -146,18 +146,25 @@ bool Trainer::between_steps() {
   if (p.ckpt) p.ckpt->settle(write_state);
   if (n > 1 && p.result.steps_done > p.start_step) {
     std::vector<int> fresh;
-    p.stragglers = p.straggle.update(compute, &fresh);
-    std::vector<double> sorted = compute;
-    std::sort(sorted.begin(), sorted.end());
+    std::vector<int> stage(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) stage[size_t(r)] = mesh_coord(p.mesh->dims(), r).pp;
+    p.stragglers = p.straggle.update(compute, &fresh, stage);
+    auto median = [&](int r) {  // of the ranks it is compared with
+      std::vector<double> v;
+      for (int q = 0; q < n; ++q)
+        if (stage[size_t(q)] == stage[size_t(r)]) v.push_back(compute[size_t(q)]);
+      std::sort(v.begin(), v.end());
+      return v[(v.size() - 1) / 2];
+    };
     for (int r : fresh)
       if (p.lead) {
         spdlog::warn(
             "rank {} is a straggler: compute {:.1f} ms a step against the ranks' median of {:.1f} ms, for {} "
             "steps in a row",
-            r, compute[size_t(r)], sorted[size_t(n - 1) / 2], 5);
+            r, compute[size_t(r)], median(r), 5);
         event_append(p.cfg.log.dir, "straggler",
                      fmt::format("\"rank\":{},\"step\":{},\"compute_ms\":{:.2f},\"median_ms\":{:.2f}", r,
-                                 p.result.steps_done, compute[size_t(r)], sorted[size_t(n - 1) / 2]));
+                                 p.result.steps_done, compute[size_t(r)], median(r)));
       }
   }
   if (sig) p.result.stopped_by = sig;

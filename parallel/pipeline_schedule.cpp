@@ -39,8 +39,8 @@ std::vector<PipeOp> one_f_one_b(int total, int warm, Fwd fwd, Bwd bwd) {
 // ZB-H1: 1F1B's order of forwards and input-gradient backwards on every stage, with each
 // weight gradient W deferred into the time the stage would otherwise wait for a receive (on
 // a clock with unit costs): a W runs when the next F or B cannot start yet and the W fits
-// before it can, or when the next F needs its activations room (a stage keeps at most 1F1B's
-// p - s micro-batches from F until W). The rest of the W's run at the end.
+// before it can, or when the next F needs its activations room (a stage keeps at most p
+// micro-batches from F until W: 1F1B's peak, stage 0's). The rest of the W's run at the end.
 Compute zb_h1(int p, int m) {
   const size_t P = static_cast<size_t>(p), M = static_cast<size_t>(m);
   Compute out(P);

@@ -471,7 +471,8 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);
   LOOM_CHECK(
       p.pp_virtual == 1 || p.pp_schedule == "interleaved",
-      "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\"; set pp_virtual = 1 or the schedule",
+      "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\", which the trainer does not run yet; set "
+             "pp_virtual = 1",
       p.pp_virtual);
   // Set away from their defaults without stages, they would do nothing (a printed config,
   // which names every key, still loads).
@@ -576,6 +577,14 @@ void config_validate(Config& cfg) {
                "{} = \"{}\": no checkpoint is saved after step {} (checkpoint.every = {}); pick a step that saves", key,
                *v, at.step, ck.every);
   }
+  if (p.pp > 1 && !f.nan.empty()) {  // the NaN seeds the head's backward: only the last stage has one
+    const FaultAt at = fault_parse("fault.nan", f.nan);
+    const int first_last = (p.pp - 1) * p.dp * p.tp;
+    LOOM_CHECK(at.rank >= first_last,
+               "fault.nan = \"{}\": rank {} is not on the last pipeline stage (ranks {}..{}), whose loss seeds the "
+               "NaN; pick one of those",
+               f.nan, at.rank, first_last, world - 1);
+  }
   LOOM_CHECK(f.hang.empty() || world > 1,
              "fault.hang = \"{}\" at one rank: nothing would notice (a watchdog watches peers); launch 2 or more "
              "ranks",
@@ -617,7 +626,8 @@ std::string config_to_toml(const Config& cfg, const std::string& only) {
 
 std::vector<int> pipeline_layers(const Config& cfg) {
   const int p = cfg.parallel.pp, L = cfg.model.n_layer;
-  const std::string& spec = cfg.parallel.pp_layers;
+  std::string spec = cfg.parallel.pp_layers;
+  std::erase(spec, ' ');  // "1, 3" reads as "1,3"
   std::vector<int> out;
   if (spec.empty()) {
     LOOM_CHECK(p <= L, "parallel.pp = {} stages but model.n_layer = {}: every stage needs a block; lower parallel.pp",
@@ -636,17 +646,19 @@ std::vector<int> pipeline_layers(const Config& cfg) {
   for (size_t at = 0; at <= spec.size();) {
     const size_t comma = std::min(spec.find(',', at), spec.size());
     const std::string part = spec.substr(at, comma - at);
-    LOOM_CHECK(!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+    LOOM_CHECK(!part.empty() && part.size() <= 6 &&
+                   std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
                    std::stoi(part) >= 1,
                "parallel.pp_layers = \"{}\": '{}' is not a positive count of blocks", spec, part);
     out.push_back(std::stoi(part));
     at = comma + 1;
   }
-  LOOM_CHECK(int(out.size()) == p, "parallel.pp_layers = \"{}\" has {} entries for parallel.pp = {} stages", spec,
+  LOOM_CHECK(int(out.size()) == p, "parallel.pp_layers = \"{}\" gives {} stage(s) but parallel.pp = {}; list one count of blocks per stage", spec,
              out.size(), p);
   int sum = 0;
   for (int b : out) sum += b;
-  LOOM_CHECK(sum == L, "parallel.pp_layers = \"{}\" sums to {} blocks but model.n_layer = {}", spec, sum, L);
+  LOOM_CHECK(sum == L, "parallel.pp_layers = \"{}\" sums to {} blocks but model.n_layer = {}; make the counts add up to n_layer",
+             spec, sum, L);
   return out;
 }
 

@@ -115,6 +115,43 @@ std::string hang_verdict(const std::string& group, const std::vector<int>& membe
                          const std::map<int, nlohmann::json>& dumps, const std::vector<int>& everyone) {
   std::string op, never, other, reached;
   auto add = [](std::string& list, const std::string& s) { list += (list.empty() ? "" : ", ") + s; };
+  // Point-to-point ops: sequence numbers are each rank's own (a middle pipeline stage issues
+  // twice an end stage's), so the verdict is about the one peer.
+  for (int r : members) {
+    auto it = dumps.find(r);
+    if (it == dumps.end() || !it->second.contains("timed_out")) continue;
+    const auto& t = it->second["timed_out"];
+    if (t["group"] != group || t["seq"].get<int64_t>() != seq) continue;
+    for (const auto& gj : it->second["groups"]) {
+      if (gj["name"] != group || gj["world_ranks"].get<std::vector<int>>() != members) continue;
+      for (const auto& rec : gj["records"]) {
+        if (rec["seq"].get<int64_t>() != seq) continue;
+        const std::string kind = rec["op"].get<std::string>();
+        if (kind != "send" && kind != "recv") break;
+        const int peer = members.at(size_t(rec["peer"].get<int>()));
+        std::string why = "no record: dead, or stuck outside communication";
+        if (auto pd = dumps.find(peer); pd != dumps.end()) {
+          why = "it wrote a record";
+          if (pd->second.contains("timed_out")) {
+            const auto& pt = pd->second["timed_out"];
+            std::string top;
+            for (const auto& pg : pd->second["groups"])
+              if (pg["name"] == pt["group"]) top = op_at(pg, pt["seq"].get<int64_t>());
+            why = fmt::format("itself waiting in {} #{} on '{}'", top.empty() ? "op" : top, pt["seq"].get<int64_t>(),
+                              pt["group"].get<std::string>());
+          }
+        }
+        std::string out = fmt::format("hang verdict: {} #{} on group '{}' (rank {}) has waited {:.0f} s: its peer, rank "
+                                      "{}, never {} it ({})",
+                                      kind, seq, group, r, waited, peer, kind == "recv" ? "sent" : "received", why);
+        std::string silent;
+        for (int q : everyone)
+          if (!dumps.count(q) && q != peer) add(silent, std::to_string(q));
+        if (!silent.empty()) out += "; no record from rank " + silent + " either";
+        return out;
+      }
+    }
+  }
   // The op as the ranks whose watchdog fired see it.
   for (int r : members) {
     auto it = dumps.find(r);

@@ -83,7 +83,7 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
   EXPECT_NE(error_of([] { loaded("[parallel]\npp = 5\n"); }).find("every stage needs a block"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"1,2\"\n"); }).find("sums to 3 blocks"),
             std::string::npos);
-  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"4\"\n"); }).find("has 1 entries"),
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"4\"\n"); }).find("gives 1 stage(s)"),
             std::string::npos);
   EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"0,4\"\n"); }).find("not a positive count"),
             std::string::npos);

@@ -61,6 +61,24 @@ TEST(HangVerdict, FollowsAWaitToItsRoot) {
   EXPECT_EQ(v.find("rank 3"), std::string::npos) << v;
 }
 
+// A pipeline: rank 0 waits in recv #39 from stage rank 1 of 'pp' {0, 1, 2}; rank 1 wrote nothing.
+TEST(HangVerdict, PointToPointNamesThePeer) {
+  nlohmann::json r0 = {{"rank", 0},
+                       {"timed_out", {{"group", "pp"}, {"seq", 39}, {"waited_s", 5.0}}},
+                       {"groups",
+                        {{{"name", "pp"},
+                          {"world_ranks", {0, 1, 2}},
+                          {"issued", 39},
+                          {"records", {{{"seq", 39}, {"op", "recv"}, {"bytes", 8}, {"peer", 1}}}}}}}};
+  nlohmann::json r2 = r0;
+  r2["rank"] = 2;
+  r2["timed_out"]["seq"] = 23;  // its own numbering
+  const std::string v = hang_verdict("pp", {0, 1, 2}, 39, 5.0, {{0, r0}, {2, r2}}, {0, 1, 2});
+  EXPECT_NE(v.find("recv #39 on group 'pp' (rank 0) has waited 5 s: its peer, rank 1, never sent it (no record"),
+            std::string::npos)
+      << v;
+}
+
 TEST(HangVerdict, NamesAMismatchedOp) {
   const std::vector<int> members = {0, 1};
   const std::map<int, nlohmann::json> dumps = {{0, dump(0, members, 7, 0, 7)}, {1, dump(1, members, 7, 7, 7)}};
@@ -117,6 +135,10 @@ TEST(StragglerWatch, NamesARankSlowForSeveralStepsInARow) {
   EXPECT_EQ(two.update({5, 50}, nullptr), std::vector<int>{1});
   // Noise below 2 ms is never a straggler, whatever the ratio.
   EXPECT_TRUE(two.update({0.2, 1.5}, nullptr).empty());
+  // Pipeline stages differ by design: ranks are compared within their stage only.
+  StragglerWatch staged(4, 0.2, 1);
+  EXPECT_TRUE(staged.update({5, 5, 50, 50}, nullptr, {0, 0, 1, 1}).empty());
+  EXPECT_EQ(staged.update({5, 5, 50, 90}, nullptr, {0, 0, 1, 1}), std::vector<int>{3});
 }
 
 Config with(std::initializer_list<const char*> sets) {
