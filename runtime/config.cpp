@@ -472,7 +472,7 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(
       p.pp_virtual == 1 || p.pp_schedule == "interleaved",
       "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\", which the trainer does not run yet; set "
-             "pp_virtual = 1",
+      "pp_virtual = 1",
       p.pp_virtual);
   // Set away from their defaults without stages, they would do nothing (a printed config,
   // which names every key, still loads).
@@ -653,11 +653,13 @@ std::vector<int> pipeline_layers(const Config& cfg) {
     out.push_back(std::stoi(part));
     at = comma + 1;
   }
-  LOOM_CHECK(int(out.size()) == p, "parallel.pp_layers = \"{}\" gives {} stage(s) but parallel.pp = {}; list one count of blocks per stage", spec,
-             out.size(), p);
+  LOOM_CHECK(int(out.size()) == p,
+             "parallel.pp_layers = \"{}\" gives {} stage(s) but parallel.pp = {}; list one count of blocks per stage",
+             spec, out.size(), p);
   int sum = 0;
   for (int b : out) sum += b;
-  LOOM_CHECK(sum == L, "parallel.pp_layers = \"{}\" sums to {} blocks but model.n_layer = {}; make the counts add up to n_layer",
+  LOOM_CHECK(sum == L,
+             "parallel.pp_layers = \"{}\" sums to {} blocks but model.n_layer = {}; make the counts add up to n_layer",
              spec, sum, L);
   return out;
 }

@@ -141,9 +141,10 @@ std::string hang_verdict(const std::string& group, const std::vector<int>& membe
                               pt["group"].get<std::string>());
           }
         }
-        std::string out = fmt::format("hang verdict: {} #{} on group '{}' (rank {}) has waited {:.0f} s: its peer, rank "
-                                      "{}, never {} it ({})",
-                                      kind, seq, group, r, waited, peer, kind == "recv" ? "sent" : "received", why);
+        std::string out = fmt::format(
+            "hang verdict: {} #{} on group '{}' (rank {}) has waited {:.0f} s: its peer, rank "
+            "{}, never {} it ({})",
+            kind, seq, group, r, waited, peer, kind == "recv" ? "sent" : "received", why);
         std::string silent;
         for (int q : everyone)
           if (!dumps.count(q) && q != peer) add(silent, std::to_string(q));

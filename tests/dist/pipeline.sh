@@ -5,7 +5,9 @@
 #      checks and logs it; an unreduced copy would drift);
 #   3. the ledger's activation bytes on stage 0 at pp 4 with m = 8 micro-batches: gpipe holds
 #      8 micro-batches' activations and 1f1b p = 4 (a micro-batch's bytes measured from gpipe
-#      at m = 8 against m = 1).
+#      at m = 8 against m = 1);
+#   4. validation through the stages equals the single rank's, and a pp 2 checkpoint loads at
+#      one rank and re-saves to the same tensors.
 #   pipeline.sh LOOM COMPARE "MPIRUN... -np"
 set -euo pipefail
 loom=$1 compare=$2 launch=$3
@@ -40,4 +42,13 @@ slot=$(( (g - one) / 7 ))
   { echo "FAIL: expected gpipe to hold 8 micro-batches and 1f1b 4 (a slot: $slot B)"; exit 1; }
 echo "one slot: $slot B; gpipe holds 8, 1f1b 4"
 grep -E "pipeline:" "$dir/f1b8.log"
+# 4. Validation runs forward through the stages: the last val_loss equals the single rank's;
+#    and a pp 2 checkpoint (without the tied copy) loads at one rank and saves the same tensors.
+run val1 1 --set train.global_batch=8 --set data.val_every=3 --set checkpoint.dir="$dir/ck1" --set checkpoint.every=6
+run valpp 2 --set train.global_batch=8 --set data.val_every=3 --set parallel.pp=2 --set checkpoint.dir="$dir/ckpp" \
+  --set checkpoint.every=6
+"$compare" --val "$dir/val1" "$dir/valpp" 1e-6
+run reload 1 --set train.global_batch=8 --set checkpoint.resume="$dir/ckpp/step-00000006" --set checkpoint.dir="$dir/ck2" \
+  --set checkpoint.every=6
+"$compare" --ckpt-equal "$dir/ckpp/step-00000006" "$dir/ck2/step-00000006"
 echo ok
