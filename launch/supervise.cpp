@@ -159,7 +159,7 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
     const double wait = std::min(60.0, opt.backoff_s * std::pow(2.0, restart));
     spdlog::info("supervise: restarting in {:.1f} s ({} of {})", wait, restart + 1, opt.max_restarts);
     std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-    if (g_asked) return status;
+    if (g_asked) return 75;  // stopped while waiting to restart: a requeue will resume it
   }
 }
 
