@@ -131,18 +131,11 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   const int stage = cfg.parallel.zero;
   // Pipeline stages first: this rank's blocks (the embedding on the first stage, the head on
   // the last), and as many activation slots as its schedule keeps micro-batches in flight.
-  ChunkSpec spec;
-  if (cfg.parallel.pp > 1) {
-    const int pp = cfg.parallel.pp, s = p.mesh->coord().pp;
-    const std::vector<int> blocks = pipeline_layers(cfg);
-    int b0 = 0;
-    for (int i = 0; i < s; ++i) b0 += blocks[size_t(i)];
-    spec.unit_lo = s == 0 ? 0 : b0 + 1;
-    spec.unit_hi = s == pp - 1 ? -1 : b0 + blocks[size_t(s)] + 1;
-    p.pipe_schedule = pipeline_schedule(cfg.parallel.pp_schedule, pp, cfg.parallel.pp_virtual, cfg.accum_steps());
-    const PipeTiming timing = pipeline_check(p.pipe_schedule);  // a broken table stops here, before any send
-    spec.slots = timing.peak_in_flight[size_t(s)];
-    p.pipe_ops = p.pipe_schedule.ops[size_t(s)];
+  const ChunkSpec spec = pipeline_chunk_spec(cfg, p.mesh->coord().pp);  // checks the schedule: a broken
+  if (cfg.parallel.pp > 1) {                                            // table stops here, before any send
+    p.pipe_schedule =
+        pipeline_schedule(cfg.parallel.pp_schedule, cfg.parallel.pp, cfg.parallel.pp_virtual, cfg.accum_steps());
+    p.pipe_ops = p.pipe_schedule.ops[size_t(p.mesh->coord().pp)];
   }
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   p.chunk = std::make_unique<Chunk>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),

@@ -101,6 +101,34 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   chunk_.set_slot(0);
 }
 
+ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage) {
+  ChunkSpec spec;
+  const int pp = cfg.parallel.pp;
+  if (pp == 1) return spec;
+  const std::vector<int> blocks = pipeline_layers(cfg);
+  int b0 = 0;
+  for (int i = 0; i < stage; ++i) b0 += blocks[size_t(i)];
+  spec.unit_lo = stage == 0 ? 0 : b0 + 1;
+  spec.unit_hi = stage == pp - 1 ? -1 : b0 + blocks[size_t(stage)] + 1;
+  const PipeSchedule sched =
+      pipeline_schedule(cfg.parallel.pp_schedule, pp, cfg.parallel.pp_virtual, cfg.accum_steps());
+  spec.slots = pipeline_check(sched).peak_in_flight[size_t(stage)];
+  return spec;
+}
+
+std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, const ChunkSpec& spec, DType dtype) {
+  std::vector<PlanItem> items;
+  if (cfg.parallel.pp == 1) return items;
+  const int tp = cfg.parallel.tp;
+  const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
+  const int64_t n = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model * cfg.accum_steps();
+  if (spec.unit_lo > 0)
+    items.insert(items.end(), {{"pp_recv_act", n, dtype, Mem::comm}, {"pp_send_grad", n, dtype, Mem::comm}});
+  if (spec.unit_hi >= 0)
+    items.insert(items.end(), {{"pp_send_act", n, dtype, Mem::comm}, {"pp_recv_grad", n, dtype, Mem::comm}});
+  return items;
+}
+
 std::vector<PipeOp> pipeline_forward_ops(int stages, int stage, int micro_batches) {
   std::vector<PipeOp> ops;
   for (int m = 0; m < micro_batches; ++m) {

@@ -40,6 +40,13 @@ class PipelineStage {
   double bubble_ms_ = 0;
 };
 
+// Stage `stage`'s chunk under cfg.parallel.pp: its units (the embedding on the first stage, the
+// head on the last, parallel.pp_layers' blocks) and its activation slots, the schedule's peak
+// in flight on it (the schedule is checked on the way).
+ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage);
+// What PipelineStage allocates for that chunk (the memory planner's items).
+std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, const ChunkSpec& spec, DType dtype);
+
 // The forward-only list of a stage (validation): receive, forward, send, per micro-batch.
 std::vector<PipeOp> pipeline_forward_ops(int stages, int stage, int micro_batches);
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The memory ledger against `loom plan memory`, to the byte, for f32 and bf16 at ZeRO 0-3, at
-# dp 4 and at dp 2 x tp 2; at dp 4, optimizer state / master weights / gradients / weights
+# dp 4 and at dp 2 x tp 2, and for pipeline stages; at dp 4, optimizer state / master weights / gradients / weights
 # sharded to a quarter and the communication per step against theory; and (stage 3) parameter
 # all-gathers overlapping compute in the trace.
 #   zero_memory.sh LOOM COMPARE "MPIRUN..."
@@ -24,6 +24,17 @@ for layout in "dp4:--set parallel.dp=4" "dp2tp2:--set parallel.dp=2 --set parall
     done
     [ "$name" = dp4 ] && "$compare" --memory "$dir/${name}_${dtype}_z0.plan.json" "$dir/${name}_${dtype}_z"{0,1,2,3}
   done
+done
+# Pipeline stages (rank 0 is stage 0): its blocks, its activation slots (the schedule's peak)
+# and the executor's per-micro-batch buffers.
+for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --set parallel.pp_schedule=gpipe" \
+  "--set parallel.pp=2 --set parallel.tp=2 --set parallel.sp=true --set train.dtype=bf16" \
+  "--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2 --set model.tie_embeddings=false"; do
+  read -r -a lay <<< "$layout"
+  run=$dir/pp_$RANDOM
+  "$loom" plan memory "${common[@]}" "${lay[@]}" --json > "$run.plan.json"
+  $mpirun -np 4 "$loom" train "${common[@]}" "${lay[@]}" --set log.dir="$run" > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
+  "$compare" --ledger "$run.plan.json" "$run"
 done
 # The bf16 copies of gradients in flight when they are reduced in bf16 (ZeRO 1 and 2, and DDP).
 for z in 0 1 2; do
