@@ -156,6 +156,7 @@ std::vector<int> StragglerWatch::update(const std::vector<double>& ms, std::vect
       if (group.empty() || group[q] == group[r]) peers.push_back(ms[q]);
     std::sort(peers.begin(), peers.end());
     const double median = peers[(peers.size() - 1) / 2];  // the lower one: with 2 ranks, the faster
+    median_[r] = median;
     const bool slow = peers.size() > 1 && ms[r] > median * (1 + margin_) && ms[r] > median + 2.0;
     slow_[r] = slow ? slow_[r] + 1 : 0;
     if (slow_[r] >= steps_) out.push_back(int(r));

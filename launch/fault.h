@@ -87,16 +87,19 @@ class UpdateGuard {
 class StragglerWatch {
  public:
   StragglerWatch(int ranks, double margin = 0.2, int steps = 5)
-      : slow_(size_t(ranks)), margin_(margin), steps_(steps) {}
+      : slow_(size_t(ranks)), median_(size_t(ranks)), margin_(margin), steps_(steps) {}
   // This step's compute_ms of every rank; returns the stragglers, and in *fresh those named
   // for the first time in their current streak.
   // group[r] (if given): the ranks compared with each other (a pipeline's stages differ by
   // design, so each stage's ranks are compared among themselves; a group of one never is).
   std::vector<int> update(const std::vector<double>& compute_ms, std::vector<int>* fresh,
                           const std::vector<int>& group = {});
+  // The median rank r was measured against in the last update.
+  double median(int r) const { return median_[size_t(r)]; }
 
  private:
   std::vector<int> slow_;  // steps in a row each rank was slow
+  std::vector<double> median_;
   double margin_;
   int steps_;
 };

@@ -131,12 +131,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   const int stage = cfg.parallel.zero;
   // Pipeline stages first: this rank's blocks (the embedding on the first stage, the head on
   // the last), and as many activation slots as its schedule keeps micro-batches in flight.
-  const ChunkSpec spec = pipeline_chunk_spec(cfg, p.mesh->coord().pp);  // checks the schedule: a broken
-  if (cfg.parallel.pp > 1) {                                            // table stops here, before any send
-    p.pipe_schedule =
-        pipeline_schedule(cfg.parallel.pp_schedule, cfg.parallel.pp, cfg.parallel.pp_virtual, cfg.accum_steps());
-    p.pipe_ops = p.pipe_schedule.ops[size_t(p.mesh->coord().pp)];
-  }
+  // Checks the schedule: a broken table stops here, before any send.
+  const ChunkSpec spec = pipeline_chunk_spec(cfg, p.mesh->coord().pp, &p.pipe_schedule);
+  if (cfg.parallel.pp > 1) p.pipe_ops = p.pipe_schedule.ops[size_t(p.mesh->coord().pp)];
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   p.chunk = std::make_unique<Chunk>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
                                     /*full_params=*/stage < 3, /*full_grads=*/stage < 2);

@@ -59,28 +59,22 @@ void Trainer::Parts::micro_batches(int64_t step, bool reduce, bool poison) {
   const float dloss = 1.0f / float(tokens_per_step);  // loss is the mean over the global batch
   const int accum = cfg.accum_steps();
   chunk->zero_grad();
+  auto inputs = [&](int micro) {
+    auto s = trace.scope("data", Trace::host);
+    StepClock::Scope c(clock.get(), Phase::data);
+    return stage(*data.train, step, micro, cfg.data.shuffle);
+  };
   if (pipe) {
     faults->at(step + 1, "forward");  // (a pipeline stage's phases interleave: both fire first)
     faults->at(step + 1, "backward");
-    pipe->run(
-        pipe_ops,
-        [&](int micro) {
-          auto s = trace.scope("data", Trace::host);
-          StepClock::Scope c(clock.get(), Phase::data);
-          return stage(*data.train, step, micro, cfg.data.shuffle);
-        },
-        poison ? std::nanf("") : dloss);
+    pipe->run(pipe_ops, inputs, poison ? std::nanf("") : dloss);
     return;
   }
   Inputs in;
   for (const Action& a : schedule) {
     if (a.kind == Action::forward) {
       if (a.micro == 0) faults->at(step + 1, "forward");
-      {
-        auto s = trace.scope("data", Trace::host);
-        StepClock::Scope c(clock.get(), Phase::data);
-        in = stage(*data.train, step, a.micro, cfg.data.shuffle);
-      }
+      in = inputs(a.micro);
       // fault.nan: this rank's last micro-batch seeds its backward with NaN.
       chunk->forward(in, poison && a.micro + 1 == accum ? std::nanf("") : dloss, *dpar);
     } else {
@@ -149,22 +143,15 @@ bool Trainer::between_steps() {
     std::vector<int> stage(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) stage[size_t(r)] = mesh_coord(p.mesh->dims(), r).pp;
     p.stragglers = p.straggle.update(compute, &fresh, stage);
-    auto median = [&](int r) {  // of the ranks it is compared with
-      std::vector<double> v;
-      for (int q = 0; q < n; ++q)
-        if (stage[size_t(q)] == stage[size_t(r)]) v.push_back(compute[size_t(q)]);
-      std::sort(v.begin(), v.end());
-      return v[(v.size() - 1) / 2];
-    };
     for (int r : fresh)
       if (p.lead) {
         spdlog::warn(
             "rank {} is a straggler: compute {:.1f} ms a step against the ranks' median of {:.1f} ms, for {} "
             "steps in a row",
-            r, compute[size_t(r)], median(r), 5);
+            r, compute[size_t(r)], p.straggle.median(r), 5);
         event_append(p.cfg.log.dir, "straggler",
                      fmt::format("\"rank\":{},\"step\":{},\"compute_ms\":{:.2f},\"median_ms\":{:.2f}", r,
-                                 p.result.steps_done, compute[size_t(r)], median(r)));
+                                 p.result.steps_done, compute[size_t(r)], p.straggle.median(r)));
       }
   }
   if (sig) p.result.stopped_by = sig;

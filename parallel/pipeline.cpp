@@ -101,7 +101,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   chunk_.set_slot(0);
 }
 
-ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage) {
+ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule) {
   ChunkSpec spec;
   const int pp = cfg.parallel.pp;
   if (pp == 1) return spec;
@@ -113,6 +113,7 @@ ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage) {
   const PipeSchedule sched =
       pipeline_schedule(cfg.parallel.pp_schedule, pp, cfg.parallel.pp_virtual, cfg.accum_steps());
   spec.slots = pipeline_check(sched).peak_in_flight[size_t(stage)];
+  if (schedule) *schedule = sched;
   return spec;
 }
 

@@ -42,8 +42,8 @@ class PipelineStage {
 
 // Stage `stage`'s chunk under cfg.parallel.pp: its units (the embedding on the first stage, the
 // head on the last, parallel.pp_layers' blocks) and its activation slots, the schedule's peak
-// in flight on it (the schedule is checked on the way).
-ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage);
+// in flight on it (the schedule is checked on the way; *schedule, if given, gets it).
+ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule = nullptr);
 // What PipelineStage allocates for that chunk (the memory planner's items).
 std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, const ChunkSpec& spec, DType dtype);
 

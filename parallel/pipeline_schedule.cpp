@@ -36,6 +36,21 @@ std::vector<PipeOp> one_f_one_b(int total, int warm, Fwd fwd, Bwd bwd) {
   return ops;
 }
 
+// 1F1B on every stage of p, one chunk each: stage s warms up with p - s - 1 forwards.
+Compute one_f_one_b_stages(int p, int m) {
+  Compute out(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s)
+    out[size_t(s)] = one_f_one_b(
+        m, p - s - 1,
+        [&](int k) {
+          return PipeOp{PipeOp::F, k, s};
+        },
+        [&](int k) {
+          return PipeOp{PipeOp::B, k, s};
+        });
+  return out;
+}
+
 // ZB-H1: 1F1B's order of forwards and input-gradient backwards on every stage, with each
 // weight gradient W deferred into the time the stage would otherwise wait for a receive (on
 // a clock with unit costs): a W runs when the next F or B cannot start yet and the W fits
@@ -44,16 +59,7 @@ std::vector<PipeOp> one_f_one_b(int total, int warm, Fwd fwd, Bwd bwd) {
 Compute zb_h1(int p, int m) {
   const size_t P = static_cast<size_t>(p), M = static_cast<size_t>(m);
   Compute out(P);
-  std::vector<std::vector<PipeOp>> fb(P);
-  for (int s = 0; s < p; ++s)
-    fb[size_t(s)] = one_f_one_b(
-        m, p - s - 1,
-        [&](int k) {
-          return PipeOp{PipeOp::F, k, s};
-        },
-        [&](int k) {
-          return PipeOp{PipeOp::B, k, s};
-        });
+  const Compute fb = one_f_one_b_stages(p, m);
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> f_done(P, std::vector<double>(M, inf)), b_done(P, std::vector<double>(M, inf));
   std::vector<size_t> next(P, 0);
@@ -160,15 +166,7 @@ PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m) {
       for (int i = 0; i < m; ++i) compute[size_t(st)].push_back({PipeOp::B, i, st});
     }
   } else if (name == "1f1b") {
-    for (int st = 0; st < p; ++st)
-      compute[size_t(st)] = one_f_one_b(
-          m, p - st - 1,
-          [&](int k) {
-            return PipeOp{PipeOp::F, k, st};
-          },
-          [&](int k) {
-            return PipeOp{PipeOp::B, k, st};
-          });
+    compute = one_f_one_b_stages(p, m);
   } else if (name == "interleaved") {
     LOOM_CHECK(p > 1, "parallel.pp_schedule = \"interleaved\" needs parallel.pp > 1");
     LOOM_CHECK(m % p == 0,

@@ -527,25 +527,34 @@ void config_validate(Config& cfg) {
     fail("{} is set, but {} not in this build yet, so it would do nothing; remove it", key, what);
   }
   const FaultConfig& f = cfg.fault;
-  fault_parse("fault.kill", f.kill, true, true);
-  fault_parse("fault.exit", f.exit, true, true);
-  fault_parse("fault.hang", f.hang);
-  fault_parse("fault.slow", f.slow);
-  fault_parse("fault.nan", f.nan);
-  fault_parse("fault.bitflip", f.bitflip);
-  fault_parse("fault.ckpt_corrupt", f.ckpt_corrupt, false);
-  fault_parse("fault.enospc", f.enospc, false);
   const int world = p.dp * p.tp * p.pp;
-  for (auto [key, v] : {std::pair{"fault.kill", &f.kill},
-                        {"fault.exit", &f.exit},
-                        {"fault.hang", &f.hang},
-                        {"fault.slow", &f.slow},
-                        {"fault.nan", &f.nan},
-                        {"fault.bitflip", &f.bitflip}}) {
-    const bool phases = std::string(key) == "fault.kill" || std::string(key) == "fault.exit";
-    const FaultAt at = fault_parse(key, *v, true, phases);
-    LOOM_CHECK(at.rank < world, "{} = \"{}\" names rank {}, but the job has {} ranks (dp x tp x pp)", key, *v, at.rank,
-               world);
+  // Each drill parses, names a rank of the job, and could fire: its step is run, and a
+  // checkpoint drill's step is one that saves (fault.slow's second field is milliseconds).
+  const CheckpointConfig& ck = cfg.checkpoint;
+  const auto saves = [&](int64_t step) { return ck.every > 0 && (step % ck.every == 0 || step == cfg.train.steps); };
+  struct Drill {
+    const char* key;
+    const std::string* value;
+    bool ranked, phased, stepped, checkpoint;
+  };
+  for (const Drill& d :
+       {Drill{"fault.kill", &f.kill, true, true, true, false}, Drill{"fault.exit", &f.exit, true, true, true, false},
+        Drill{"fault.hang", &f.hang, true, false, true, false}, Drill{"fault.slow", &f.slow, true, false, false, false},
+        Drill{"fault.nan", &f.nan, true, false, true, false},
+        Drill{"fault.bitflip", &f.bitflip, true, false, true, false},
+        Drill{"fault.ckpt_corrupt", &f.ckpt_corrupt, false, false, true, true},
+        Drill{"fault.enospc", &f.enospc, false, false, true, true}}) {
+    const FaultAt at = fault_parse(d.key, *d.value, d.ranked, d.phased);
+    if (!at.set()) continue;
+    LOOM_CHECK(!d.ranked || at.rank < world, "{} = \"{}\" names rank {}, but the job has {} ranks (dp x tp x pp)",
+               d.key, *d.value, at.rank, world);
+    if (!d.stepped) continue;
+    LOOM_CHECK(at.step >= 1 && at.step <= cfg.train.steps,
+               "{} = \"{}\": step {} is never run (steps count from 1 to train.steps = {})", d.key, *d.value, at.step,
+               cfg.train.steps);
+    LOOM_CHECK(!(d.checkpoint || at.phase == "checkpoint") || saves(at.step),
+               "{} = \"{}\": no checkpoint is saved after step {} (checkpoint.every = {}); pick a step that saves",
+               d.key, *d.value, at.step, ck.every);
   }
   LOOM_CHECK(f.sdc_every == 0 || p.zero <= 1,
              "fault.sdc_every compares each rank's whole gradients before they are reduced, which ZeRO-{} does not "
@@ -555,28 +564,6 @@ void config_validate(Config& cfg) {
              "fault.bitflip flips a weight of the full parameter buffer, which ZeRO-3 does not hold; use parallel.zero "
              "<= 2");
   LOOM_CHECK(f.grace_s >= 0, "fault.grace_s = {} must be >= 0 (0: no limit)", f.grace_s);
-  // A drill that could never fire is refused: its step must be run, and a checkpoint drill's
-  // step must be one that saves.
-  const CheckpointConfig& ck = cfg.checkpoint;
-  const auto saves = [&](int64_t step) { return ck.every > 0 && (step % ck.every == 0 || step == cfg.train.steps); };
-  for (auto [key, v, ranked, phased] : {std::tuple{"fault.kill", &f.kill, true, true},
-                                        {"fault.exit", &f.exit, true, true},
-                                        {"fault.hang", &f.hang, true, false},
-                                        {"fault.nan", &f.nan, true, false},
-                                        {"fault.bitflip", &f.bitflip, true, false},
-                                        {"fault.ckpt_corrupt", &f.ckpt_corrupt, false, false},
-                                        {"fault.enospc", &f.enospc, false, false}}) {
-    const FaultAt at = fault_parse(key, *v, ranked, phased);
-    if (!at.set()) continue;
-    LOOM_CHECK(at.step >= 1 && at.step <= cfg.train.steps,
-               "{} = \"{}\": step {} is never run (steps count from 1 to train.steps = {})", key, *v, at.step,
-               cfg.train.steps);
-    const bool ckpt_drill =
-        at.phase == "checkpoint" || std::string(key) == "fault.ckpt_corrupt" || std::string(key) == "fault.enospc";
-    LOOM_CHECK(!ckpt_drill || saves(at.step),
-               "{} = \"{}\": no checkpoint is saved after step {} (checkpoint.every = {}); pick a step that saves", key,
-               *v, at.step, ck.every);
-  }
   if (p.pp > 1 && !f.nan.empty()) {  // the NaN seeds the head's backward: only the last stage has one
     const FaultAt at = fault_parse("fault.nan", f.nan);
     const int first_last = (p.pp - 1) * p.dp * p.tp;
@@ -592,9 +579,6 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(f.spike_factor == 0 || f.spike_factor > 1, "fault.spike_factor = {}: 0 (off) or above 1", f.spike_factor);
   LOOM_CHECK(f.max_skips >= 0, "fault.max_skips = {} must be >= 0 (0: roll back at the first skip)", f.max_skips);
   LOOM_CHECK(f.sdc_every >= 0, "fault.sdc_every = {} must be >= 0 (0: off)", f.sdc_every);
-  for (auto [key, v] : {std::pair{"fault.ckpt_corrupt", &f.ckpt_corrupt}, {"fault.enospc", &f.enospc}})
-    LOOM_CHECK(v->empty() || cfg.checkpoint.every > 0, "{} = \"{}\" drills a checkpoint, but checkpoint.every = 0", key,
-               *v);
   const CheckpointConfig& k = cfg.checkpoint;
   LOOM_CHECK(k.every >= 0, "checkpoint.every = {} must be >= 0 (0: never)", k.every);
   LOOM_CHECK(k.keep >= 1, "checkpoint.keep = {} must be at least 1", k.keep);

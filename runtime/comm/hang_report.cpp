@@ -27,6 +27,24 @@ std::string op_at(const nlohmann::json& group, int64_t seq) {
     if (r["seq"].get<int64_t>() == seq) return r["op"].get<std::string>();
   return "";
 }
+
+// The dump's record of group `name` over `members`, or null.
+const nlohmann::json* group_in(const nlohmann::json& dump, const std::string& name, const std::vector<int>& members) {
+  for (const auto& g : dump["groups"])
+    if (g["name"] == name && g["world_ranks"].get<std::vector<int>>() == members) return &g;
+  return nullptr;
+}
+
+// "itself waiting in all_reduce #5 on 'tp'" for a rank whose watchdog fired, or "".
+std::string waiting_in(const nlohmann::json& dump) {
+  if (!dump.contains("timed_out")) return "";
+  const auto& t = dump["timed_out"];
+  std::string op;
+  for (const auto& g : dump["groups"])
+    if (g["name"] == t["group"]) op = op_at(g, t["seq"].get<int64_t>());
+  return fmt::format("itself waiting in {} #{} on '{}'", op.empty() ? "op" : op, t["seq"].get<int64_t>(),
+                     t["group"].get<std::string>());
+}
 }  // namespace
 
 HangReport::HangReport(std::string dir, int world_rank, double wait_s)
@@ -121,45 +139,29 @@ std::string hang_verdict(const std::string& group, const std::vector<int>& membe
     auto it = dumps.find(r);
     if (it == dumps.end() || !it->second.contains("timed_out")) continue;
     const auto& t = it->second["timed_out"];
-    if (t["group"] != group || t["seq"].get<int64_t>() != seq) continue;
-    for (const auto& gj : it->second["groups"]) {
-      if (gj["name"] != group || gj["world_ranks"].get<std::vector<int>>() != members) continue;
-      for (const auto& rec : gj["records"]) {
-        if (rec["seq"].get<int64_t>() != seq) continue;
-        const std::string kind = rec["op"].get<std::string>();
-        if (kind != "send" && kind != "recv") break;
-        const int peer = members.at(size_t(rec["peer"].get<int>()));
-        std::string why = "no record: dead, or stuck outside communication";
-        if (auto pd = dumps.find(peer); pd != dumps.end()) {
-          why = "it wrote a record";
-          if (pd->second.contains("timed_out")) {
-            const auto& pt = pd->second["timed_out"];
-            std::string top;
-            for (const auto& pg : pd->second["groups"])
-              if (pg["name"] == pt["group"]) top = op_at(pg, pt["seq"].get<int64_t>());
-            why = fmt::format("itself waiting in {} #{} on '{}'", top.empty() ? "op" : top, pt["seq"].get<int64_t>(),
-                              pt["group"].get<std::string>());
-          }
-        }
-        std::string out = fmt::format(
-            "hang verdict: {} #{} on group '{}' (rank {}) has waited {:.0f} s: its peer, rank "
-            "{}, never {} it ({})",
-            kind, seq, group, r, waited, peer, kind == "recv" ? "sent" : "received", why);
-        std::string silent;
-        for (int q : everyone)
-          if (!dumps.count(q) && q != peer) add(silent, std::to_string(q));
-        if (!silent.empty()) out += "; no record from rank " + silent + " either";
-        return out;
+    const nlohmann::json* g = group_in(it->second, group, members);
+    if (t["group"] != group || t["seq"].get<int64_t>() != seq || !g) continue;
+    // The op as the ranks whose watchdog fired see it.
+    if (op.empty()) op = op_at(*g, seq);
+    for (const auto& rec : (*g)["records"]) {
+      if (rec["seq"].get<int64_t>() != seq) continue;
+      const std::string kind = rec["op"].get<std::string>();
+      if (kind != "send" && kind != "recv") break;
+      const int peer = members.at(size_t(rec["peer"].get<int>()));
+      std::string why = "no record: dead, or stuck outside communication";
+      if (auto pd = dumps.find(peer); pd != dumps.end()) {
+        const std::string w = waiting_in(pd->second);
+        why = w.empty() ? "it wrote a record" : w;
       }
+      std::string out = fmt::format(
+          "hang verdict: {} #{} on group '{}' (rank {}) has waited {:.0f} s: its peer, rank {}, never {} it ({})", kind,
+          seq, group, r, waited, peer, kind == "recv" ? "sent" : "received", why);
+      std::string silent;
+      for (int q : everyone)
+        if (!dumps.count(q) && q != peer) add(silent, std::to_string(q));
+      if (!silent.empty()) out += "; no record from rank " + silent + " either";
+      return out;
     }
-  }
-  // The op as the ranks whose watchdog fired see it.
-  for (int r : members) {
-    auto it = dumps.find(r);
-    if (it == dumps.end() || !it->second.contains("timed_out")) continue;
-    for (const auto& gj : it->second["groups"])
-      if (gj["name"] == group && gj["world_ranks"].get<std::vector<int>>() == members && op.empty())
-        op = op_at(gj, seq);
   }
   for (int r : members) {
     auto it = dumps.find(r);
@@ -167,11 +169,7 @@ std::string hang_verdict(const std::string& group, const std::vector<int>& membe
       add(never, fmt::format("rank {} (no record: dead, or stuck outside communication)", r));
       continue;
     }
-    const nlohmann::json* mine = nullptr;
-    for (const auto& gj : it->second["groups"]) {
-      const auto ranks = gj["world_ranks"].get<std::vector<int>>();
-      if (gj["name"] == group && ranks == members) mine = &gj;
-    }
+    const nlohmann::json* mine = group_in(it->second, group, members);
     if (!mine) {
       add(never, fmt::format("rank {} (no record of the group)", r));
       continue;
@@ -180,15 +178,8 @@ std::string hang_verdict(const std::string& group, const std::vector<int>& membe
     const std::string at = op_at(*mine, seq);
     if (issued < seq) {
       const std::string last = op_at(*mine, issued);
-      std::string waits;  // where that rank is stuck instead, if its watchdog fired too
-      if (it->second.contains("timed_out")) {
-        const auto& t = it->second["timed_out"];
-        std::string top;
-        for (const auto& gj : it->second["groups"])
-          if (gj["name"] == t["group"]) top = op_at(gj, t["seq"].get<int64_t>());
-        waits = fmt::format("; itself waiting in {} #{} on '{}'", top.empty() ? "op" : top, t["seq"].get<int64_t>(),
-                            t["group"].get<std::string>());
-      }
+      std::string waits = waiting_in(it->second);  // where that rank is stuck instead
+      if (!waits.empty()) waits = "; " + waits;
       add(never,
           fmt::format("rank {} (its last op there is #{}{}{})", r, issued, last.empty() ? "" : " " + last, waits));
     } else if (op.empty() && !at.empty()) {
