@@ -39,7 +39,7 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 // out[M,N] = inp[M,K] @ W + bias (bias may be null).
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int M, int K, int N,
                     WLayout layout);
-// dinp[M,K] overwritten (skipped if null); dw and dbias (if not null) accumulate.
+// dinp[M,K] overwritten; dw and dbias accumulate (each skipped if null).
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int M,
                      int K, int N, WLayout layout);
 // dbias[N] += column sums of dout[M, N], threads owning column ranges.
@@ -51,13 +51,13 @@ void bias_backward(float* dbias, const float* dout, int M, int N);
 template <class S>
 void layernorm_forward(S* out, float* mean, float* rstd, S* inp, const S* add, const S* weight, const S* bias, int N,
                        int C, float eps);
-// dinp += ; dweight, dbias +=
+// dinp += ; dweight, dbias += (either side may be null: a split backward asks for one)
 template <class S>
 void layernorm_backward(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight,
                         const float* mean, const float* rstd, int N, int C);
 template <class S>
 void rmsnorm_forward(S* out, float* rstd, S* inp, const S* add, const S* weight, int N, int C, float eps);
-// dinp += ; dweight +=
+// dinp += ; dweight += (either may be null)
 template <class S>
 void rmsnorm_backward(S* dinp, float* dweight, const S* dout, const S* inp, const S* weight, const float* rstd, int N,
                       int C);

@@ -8,7 +8,7 @@
 #      step-1 gradient norm, weights), CUDA against itself and under each recompute policy
 #      (bitwise);
 #   4. a checkpoint resumed on CUDA, bitwise; a kill and a bit-flip drill on CUDA; a small LLaMA, CUDA against the CPU in bf16; the GPT-2 model at 2 ranks on the one GPU
-#      over the MPI-staged path: dp 2, tp 2 with sp, dp 2 with ZeRO-3, pp 2 (1f1b, gpipe), and tp 2 + sp under full
+#      over the MPI-staged path: dp 2, tp 2 with sp, dp 2 with ZeRO-3, pp 2 (1f1b, gpipe, zb), and tp 2 + sp under full
 #      recompute and ZeRO-3 under selective, each against the 1-rank CUDA run (bf16 layout
 #      tolerances);
 #   5. kernel rates, GPT-2 124M (B=16, T=1024) next to PyTorch, a LLaMA-shaped 1.1B model;
@@ -115,11 +115,16 @@ if [ $build -eq 0 ]; then
       --set parallel.sp=true --set train.recompute=full
     run staged_zero3_selective "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.dp=2 \
       --set parallel.zero=3 --set train.micro_batch=4 --set train.recompute=selective
-    # Pipeline: two stages on the one GPU, over the MPI-staged path (gpipe and 1f1b).
+    # Pipeline: two stages on the one GPU, over the MPI-staged path (1f1b, gpipe and zb, whose
+    # split backward must also give 1f1b's bits).
     run staged_pp2 "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.pp=2
     run staged_pp2_gpipe "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.pp=2 \
       --set parallel.pp_schedule=gpipe
-    for l in dp2 tp2 zero3 tp2_full zero3_selective pp2 pp2_gpipe; do layouts+="$l: $(verdict staged_$l small_cuda --loss-rtol 1e-2 --norm-rtol 1e-2 --weight-atol 5e-2)
+    run staged_pp2_zb "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.pp=2 \
+      --set parallel.pp_schedule=zb
+    layouts+="pp2_zb vs pp2 (bitwise): $(verdict staged_pp2_zb staged_pp2 --loss-rtol 0 --norm-rtol 0 --weight-atol 0)
+  "
+    for l in dp2 tp2 zero3 tp2_full zero3_selective pp2 pp2_gpipe pp2_zb; do layouts+="$l: $(verdict staged_$l small_cuda --loss-rtol 1e-2 --norm-rtol 1e-2 --weight-atol 5e-2)
   "; done
   fi
   timeout 120 $loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$out/kernels_gpt2.log" 2>&1

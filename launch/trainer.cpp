@@ -199,7 +199,7 @@ void Trainer::Parts::startup_log() {
         "pipeline: {} stages (blocks {}), schedule {}, {} micro-batches; predicted bubble {:.3f} ({}); stage 0 "
         "holds {} in flight",
         cfg.parallel.pp, split, cfg.parallel.pp_schedule, cfg.accum_steps(), pipeline_bubble_predicted(pipe_schedule),
-        "(p-1)/(m+p-1)", chunk->slots());
+        pipeline_bubble_formula(pipe_schedule), chunk->slots());
   }
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, cfg.accum_steps(), B, dp().size(), cfg.train.recompute);

@@ -202,7 +202,7 @@ class CpuBackend final : public Backend {
     for (int r0 = 0; r0 < M; r0 += rows_) {
       const int R = std::min(rows_, M - r0);
       float* dy = widen_into(wide_[Y], dout + int64_t(r0) * N, int64_t(R) * N);
-      float* x = widen_into(wide_[X], inp + int64_t(r0) * K, int64_t(R) * K);
+      float* x = dw ? widen_into(wide_[X], inp + int64_t(r0) * K, int64_t(R) * K) : nullptr;
       float* dx = dinp ? wide_[DX].f32() : nullptr;
       cpu::matmul_backward(dx, dw, dbias, dy, x, W, R, K, N, layout);
       if (dx) cpu::narrow((dinp + int64_t(r0) * K).as<bf16>(), dx, int64_t(R) * K);

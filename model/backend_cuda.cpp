@@ -148,10 +148,10 @@ class CudaBackend final : public Backend {
                        WLayout layout) override {
     if (layout == WLayout::out_in) {  // W [N, K]: dinp = dout W, dW += dout^T inp
       if (dinp) cuda::gemm(*gemm_, false, false, M, K, N, B16(dout), N, B16(w), K, 0.0f, B16(dinp), K, nullptr, s_);
-      cuda::gemm_f32out(*gemm_, true, false, N, K, M, B16(dout), N, B16(inp), K, 1.0f, dw, K, s_);
+      if (dw) cuda::gemm_f32out(*gemm_, true, false, N, K, M, B16(dout), N, B16(inp), K, 1.0f, dw, K, s_);
     } else {  // W [K, N]: dinp = dout W^T, dW += inp^T dout
       if (dinp) cuda::gemm(*gemm_, false, true, M, K, N, B16(dout), N, B16(w), N, 0.0f, B16(dinp), K, nullptr, s_);
-      cuda::gemm_f32out(*gemm_, true, false, K, N, M, B16(inp), K, B16(dout), N, 1.0f, dw, N, s_);
+      if (dw) cuda::gemm_f32out(*gemm_, true, false, K, N, M, B16(inp), K, B16(dout), N, 1.0f, dw, N, s_);
     }
     if (dbias) cuda::bias_backward(dbias, B16(dout), M, N, s_);
   }

@@ -27,6 +27,7 @@ enum ActBuf {
   LNF_FULL,
   LOGITS,
   LOSSES,
+  WGRAD_STASH,
   NUM_BUF
 };
 enum Scr { D_RES, D_LN, D_ATTY, D_QKV, D_FC, D_ACT, ATTN_SCRATCH, FULL_A, FULL_B, D_SHARD, D_NORMW, CE_STATS, NUM_SCR };
@@ -176,6 +177,20 @@ Ptr Chunk::grad_input() {
   return scr(D_RES);
 }
 
+Ptr Chunk::stash_next(int64_t n) {
+  const ActBuffer& b = plan_.buffers[WGRAD_STASH];
+  LOOM_ASSERT(stash_used_ + n <= b.numel);  // the plan holds a split backward's stash
+  const Ptr p = act(WGRAD_STASH) + stash_used_;
+  stash_used_ += n;
+  return p;
+}
+
+Ptr Chunk::stash_keep(Ptr src, int64_t n) {
+  const Ptr p = stash_next(n);
+  be_.copy(rows(p, n), rows(src, n));
+  return p;
+}
+
 void Chunk::zero_grad() {
   if (grads_.defined()) be_.zero(Buf(grads_));
 }
@@ -289,7 +304,7 @@ void Chunk::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr pending
   row_parallel_exit(partial, out);
 }
 
-void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr in, Ptr dres) {
+void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr in, Ptr dres, bool keep) {
   const int N = B_ * T_, qkv = (H_ + 2 * KV_) * D_;
   const Ptr* W = lw.w;
   float* const* G = lg.g;
@@ -301,32 +316,39 @@ void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, 
   // Under sp the norms' parameter gradients collect here, then one all-reduce sums them over
   // tp; RMSNorm has no bias, so its two gains sit back to back and half as much travels.
   const int64_t per_norm = llama_ ? 1 : 2;
-  if (sp_) be_.zero(Buf(normw, 2 * per_norm * C_, DType::f32, be_.device()));
-  float* g_n1w = sp_ ? normw : G[NORM1_W];
-  float* g_n1b = sp_ && !llama_ ? normw + C_ : G[NORM1_B];
-  float* g_n2w = sp_ ? normw + per_norm * C_ : G[NORM2_W];
-  float* g_n2b = sp_ && !llama_ ? normw + 3 * C_ : G[NORM2_B];
+  const bool sp_norms = sp_ && !keep;
+  if (sp_norms) be_.zero(Buf(normw, 2 * per_norm * C_, DType::f32, be_.device()));
+  float* g_n1w = sp_norms ? normw : G[NORM1_W];
+  float* g_n1b = sp_norms && !llama_ ? normw + C_ : G[NORM1_B];
+  float* g_n2w = sp_norms ? normw + per_norm * C_ : G[NORM2_W];
+  float* g_n2b = sp_norms && !llama_ ? normw + 3 * C_ : G[NORM2_B];
   const WLayout lay = llama_ ? WLayout::out_in : WLayout::in_out;
+  const int fc = llama_ ? 2 * F_ : F_;
   Ptr dout = row_parallel_grad(dres, full_a);
   {
     auto s = trace_.scope("down_act_backward");
     be_.down_act_backward(llama_, dfc, G[DOWN_W], G[DOWN_B], dout, a.act, a.fc, W[DOWN_W], dact, N, F_, C_, lay);
   }
+  if (keep) stash_keep(dout, int64_t(N) * C_);
   {
     auto s = trace_.scope("fc_backward");
-    const Ptr in2 = column_parallel_input(a.ln2, full_b);  // sequence parallel keeps only rows
-    be_.linear_backward(dln, G[FC_W], G[FC_B], dfc, in2, W[FC_W], N, C_, llama_ ? 2 * F_ : F_, lay);
+    // The weight gradient reads the normed input, gathered under sp; the input gradient does not.
+    const Ptr in2 = keep ? Ptr() : column_parallel_input(a.ln2, full_b);
+    be_.linear_backward(dln, G[FC_W], G[FC_B], dfc, in2, W[FC_W], N, C_, fc, lay);
   }
+  if (keep) stash_keep(dfc, int64_t(N) * fc);
   const Ptr dln2 = column_parallel_grad(dln);
   {
     auto s = trace_.scope("norm2_backward");  // dres += : the residual adds its own path
     be_.norm_backward(llama_, dres, g_n2w, g_n2b, dln2, a.res2, W[NORM2_W], a.ln2_mean, a.ln2_rstd, Ns_, C_);
   }
+  if (keep) stash_keep(dln2, int64_t(Ns_) * C_);
   dout = row_parallel_grad(dres, full_a);
   {
     auto s = trace_.scope("attn_proj_backward");
     be_.linear_backward(datty, G[PROJ_W], G[PROJ_B], dout, a.atty, W[PROJ_W], N, H_ * D_, C_, lay);
   }
+  if (keep) stash_keep(dout, int64_t(N) * C_);
   {
     auto s = trace_.scope("attention_backward");
     be_.attention_backward(dqkv, datty, a.atty, a.qkv, a.stats, scrf(ATTN_SCRATCH), B_, T_, H_, KV_, D_);
@@ -337,14 +359,44 @@ void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, 
   }
   {
     auto s = trace_.scope("qkv_backward");
-    const Ptr in1 = column_parallel_input(a.ln1, full_b);
+    const Ptr in1 = keep ? Ptr() : column_parallel_input(a.ln1, full_b);
     be_.linear_backward(dln, G[QKV_W], G[QKV_B], dqkv, in1, W[QKV_W], N, C_, qkv, lay);
   }
+  if (keep) stash_keep(dqkv, int64_t(N) * qkv);
   const Ptr dln1 = column_parallel_grad(dln);
   {
     auto s = trace_.scope("norm1_backward");
     be_.norm_backward(llama_, dres, g_n1w, g_n1b, dln1, in, W[NORM1_W], a.ln1_mean, a.ln1_rstd, Ns_, C_);
   }
+  if (keep) stash_keep(dln1, int64_t(Ns_) * C_);
+  if (sp_norms && llama_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM2_W]}, C_);
+  if (sp_norms && !llama_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM1_B], G[NORM2_W], G[NORM2_B]}, C_);
+}
+
+void Chunk::block_weight_backward(const LayerW& lg, const LayerA& a, Ptr in) {
+  const int N = B_ * T_, qkv = (H_ + 2 * KV_) * D_, fc = llama_ ? 2 * F_ : F_;
+  float* const* G = lg.g;
+  const Ptr full_b = scr(FULL_B);
+  float* normw = scrf(D_NORMW);
+  const int64_t per_norm = llama_ ? 1 : 2;
+  if (sp_) be_.zero(Buf(normw, 2 * per_norm * C_, DType::f32, be_.device()));
+  const WLayout lay = llama_ ? WLayout::out_in : WLayout::in_out;
+  // In B's order: down, fc, norm2, proj, qkv, norm1.
+  const Ptr d_down = stash_next(int64_t(N) * C_), d_fc = stash_next(int64_t(N) * fc);
+  const Ptr d_n2 = stash_next(int64_t(Ns_) * C_), d_proj = stash_next(int64_t(N) * C_);
+  const Ptr d_qkv = stash_next(int64_t(N) * qkv), d_n1 = stash_next(int64_t(Ns_) * C_);
+  auto s = trace_.scope("weight_backward");
+  // Selective recompute shares the activation output between blocks: recomputed here, the
+  // same bits again.
+  if (policy_ == Recompute::selective) be_.act_forward(llama_, a.act, a.fc, N, F_);
+  be_.linear_backward(Ptr(), G[DOWN_W], G[DOWN_B], d_down, a.act, Ptr(), N, F_, C_, lay);
+  be_.linear_backward(Ptr(), G[FC_W], G[FC_B], d_fc, column_parallel_input(a.ln2, full_b), Ptr(), N, C_, fc, lay);
+  be_.norm_backward(llama_, Ptr(), sp_ ? normw + per_norm * C_ : G[NORM2_W], sp_ && !llama_ ? normw + 3 * C_ : G[NORM2_B],
+                    d_n2, a.res2, Ptr(), a.ln2_mean, a.ln2_rstd, Ns_, C_);
+  be_.linear_backward(Ptr(), G[PROJ_W], G[PROJ_B], d_proj, a.atty, Ptr(), N, H_ * D_, C_, lay);
+  be_.linear_backward(Ptr(), G[QKV_W], G[QKV_B], d_qkv, column_parallel_input(a.ln1, full_b), Ptr(), N, C_, qkv, lay);
+  be_.norm_backward(llama_, Ptr(), sp_ ? normw : G[NORM1_W], sp_ && !llama_ ? normw + C_ : G[NORM1_B], d_n1, in, Ptr(),
+                    a.ln1_mean, a.ln1_rstd, Ns_, C_);
   if (sp_ && llama_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM2_W]}, C_);
   if (sp_ && !llama_) sp_param_grads_reduce(normw, {G[NORM1_W], G[NORM1_B], G[NORM2_W], G[NORM2_B]}, C_);
 }
@@ -425,45 +477,55 @@ void Chunk::forward(const Inputs& in, float dloss, UnitAccess& acc) {
   }
 }
 
-void Chunk::head_backward(UnitAccess& acc) {
+void Chunk::head_backward(UnitAccess& acc, Grads part) {
   const int N = B_ * T_, head = L_ + 1;
   const Ptr dres = scr(D_RES), dln = scr(D_LN);
-  const Ptr hw = acc.params(head, Pass::backward);
-  float* hg = acc.grads(head);
+  const bool input = part != Grads::weight, weight = part != Grads::input;
+  const Ptr hw = input ? acc.params(head, Pass::backward) : Ptr();
+  float* hg = weight ? acc.grads(head) : nullptr;
   // The embedding's unit (tied) finishes its backward with the embedding, not here.
-  const Ptr lm_w = lm_unit_ == head ? hw : acc.params(lm_unit_, Pass::backward);
-  float* lm_g = lm_unit_ == head ? hg : acc.grads(lm_unit_);
+  const Ptr lm_w = !input ? Ptr() : lm_unit_ == head ? hw : acc.params(lm_unit_, Pass::backward);
+  float* lm_g = !weight ? nullptr : lm_unit_ == head ? hg : acc.grads(lm_unit_);
   const Ptr lnf = sp_ ? act(LNF_FULL) : act(LNF);
   {
-    auto s = trace_.scope("lm_head_backward");
-    be_.linear_backward(dln, at(lm_g, lm_unit_, names_.lm_head), nullptr, act(LOGITS), lnf,
-                        at(lm_w, lm_unit_, names_.lm_head), N, C_, V_, WLayout::out_in);
+    auto s = trace_.scope("lm_head_backward");  // the logits hold their gradient
+    be_.linear_backward(input ? dln : Ptr(), weight ? at(lm_g, lm_unit_, names_.lm_head) : nullptr, nullptr,
+                        act(LOGITS), lnf, input ? at(lm_w, lm_unit_, names_.lm_head) : Ptr(), N, C_, V_,
+                        WLayout::out_in);
   }
-  const Ptr dlnf = column_parallel_grad(dln);
-  be_.zero(rows(dres, int64_t(Ns_) * C_));
+  const Ptr dlnf = input ? column_parallel_grad(dln) : stash_next(int64_t(Ns_) * C_);
+  if (part == Grads::input) stash_keep(dlnf, int64_t(Ns_) * C_);
+  if (input) be_.zero(rows(dres, int64_t(Ns_) * C_));
   float* normw = scrf(D_NORMW);
-  if (sp_) be_.zero(Buf(normw, (llama_ ? 1 : 2) * int64_t(C_), DType::f32, be_.device()));
-  float* gw = sp_ ? normw : at(hg, head, names_.norm_w);
-  float* gb = sp_ && !llama_ ? normw + C_ : at(hg, head, names_.norm_b);
+  if (sp_ && weight) be_.zero(Buf(normw, (llama_ ? 1 : 2) * int64_t(C_), DType::f32, be_.device()));
+  float* gw = !weight ? nullptr : sp_ ? normw : at(hg, head, names_.norm_w);
+  float* gb = !weight ? nullptr : sp_ && !llama_ ? normw + C_ : at(hg, head, names_.norm_b);
   {
     auto s = trace_.scope("normf_backward");
-    be_.norm_backward(llama_, dres, gw, gb, dlnf, act(RESIDUAL, b1_ - b0_), at(hw, head, names_.norm_w), actf(LNF_MEAN),
-                      actf(LNF_RSTD), Ns_, C_);
+    be_.norm_backward(llama_, input ? dres : Ptr(), gw, gb, dlnf, act(RESIDUAL, b1_ - b0_),
+                      input ? at(hw, head, names_.norm_w) : Ptr(), actf(LNF_MEAN), actf(LNF_RSTD), Ns_, C_);
   }
+  if (!weight) return;
   if (sp_ && llama_) sp_param_grads_reduce(normw, {at(hg, head, names_.norm_w)}, C_);
   if (sp_ && !llama_) sp_param_grads_reduce(normw, {at(hg, head, names_.norm_w), at(hg, head, names_.norm_b)}, C_);
   acc.backward_done(head);  // the final norm and an untied lm_head sit after every block
 }
 
-void Chunk::backward(const Inputs& in, UnitAccess& acc) {
+void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
   const int N = B_ * T_;
   const Ptr dres = scr(D_RES);
-  if (has_head_) head_backward(acc);  // else grad_output() holds d(output)
+  stash_used_ = 0;
+  if (has_head_) head_backward(acc, part);  // else grad_output() holds d(output)
   for (int l = b1_ - 1; l >= b0_; --l) {
     const int i = l - b0_;
     const LayerA a = layer_a(i);
-    const LayerW w = layer_w(acc.params(l + 1, Pass::backward), l);
     const Ptr x = act(RESIDUAL, i);
+    if (part == Grads::weight) {
+      block_weight_backward(layer_g(acc.grads(l + 1), l), a, x);
+      acc.backward_done(l + 1);
+      continue;
+    }
+    const LayerW w = layer_w(acc.params(l + 1, Pass::backward), l);
     // Recompute what the policy did not keep; the kernels are deterministic, so the
     // recomputed values are the same bits the forward produced.
     if (policy_ == Recompute::full) {
@@ -472,14 +534,21 @@ void Chunk::backward(const Inputs& in, UnitAccess& acc) {
     } else if (policy_ == Recompute::selective) {
       auto s = trace_.scope("recompute_selective");
       if (be_.traits().attention_probs) be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_);
-      be_.act_forward(llama_, a.act, a.fc, N, F_);
+      if (part == Grads::all) be_.act_forward(llama_, a.act, a.fc, N, F_);  // B does not read it; W recomputes it
     }
-    block_backward(w, layer_g(acc.grads(l + 1), l), a, x, dres);
-    acc.backward_done(l + 1);
+    const bool keep = part == Grads::input;
+    block_backward(w, keep ? LayerW{} : layer_g(acc.grads(l + 1), l), a, x, dres, keep);
+    if (!keep) acc.backward_done(l + 1);
   }
   if (!has_embedding()) return;  // grad_input() holds d(input)
+  Ptr demb;
+  if (part == Grads::weight) {
+    demb = stash_next(int64_t(N) * C_);
+  } else {
+    demb = row_parallel_grad(dres, scr(FULL_A));  // every row, for the lookup
+    if (part == Grads::input) return void(stash_keep(demb, int64_t(N) * C_));
+  }
   float* embg = acc.grads(0);
-  const Ptr demb = row_parallel_grad(dres, scr(FULL_A));  // every row, for the lookup
   {
     auto s = trace_.scope("embedding_backward");
     be_.embedding_backward(at(embg, 0, names_.wte), at(embg, 0, names_.wpe), demb, in, v0_, V_, B_, T_, C_);

@@ -19,6 +19,9 @@
 namespace loom {
 
 enum class Pass { forward, backward };
+// What a backward computes: everything, or one half of a split backward (the zb schedule):
+// input gradients (B, which the previous stage waits for) or weight gradients (W, deferred).
+enum class Grads { all, input, weight };
 
 // How forward and backward reach each unit's weights and where its gradients go. The chunk
 // calls it at fixed points; plain training reads the flat buffers, data parallelism starts
@@ -80,7 +83,11 @@ class Chunk {
   void forward(const Inputs& in, float dloss, UnitAccess& acc);
   // Backward: accumulates (+=) the micro-batch's gradients, from the loss or from
   // grad_output(), down to the embedding or to grad_input(). Units finish in reverse order.
-  void backward(const Inputs& in, UnitAccess& acc);
+  // Grads::input computes grad_input() only and keeps the output gradients the weight
+  // gradients need in the slot's stash (the plan has one under the zb schedule); Grads::weight
+  // then accumulates the weight gradients from it, finishing the units. Split or not, the
+  // gradients are the same bits.
+  void backward(const Inputs& in, UnitAccess& acc, Grads part = Grads::all);
   Ptr input();        // [Ns, C]: the activation a chunk without the embedding starts from
   Ptr output();       // [Ns, C]: what a chunk without the head ends with
   Ptr grad_output();  // [Ns, C]: d(output), set before backward
@@ -122,11 +129,17 @@ class Chunk {
   // it first; writes the block's MLP branch to `out` unless recomputing (full recompute stops
   // before the down projection, whose output backward does not need and `out` already holds).
   void block_forward(const LayerW& w, const LayerA& a, Ptr in, Ptr pending, Ptr out, bool recomputing);
-  // dres holds d(out) on entry and d(in) on return (this rank's rows).
-  void block_backward(const LayerW& w, const LayerW& g, const LayerA& a, Ptr in, Ptr dres);
+  // dres holds d(out) on entry and d(in) on return (this rank's rows). With `keep`, no weight
+  // gradients (g is empty): the output gradients they need go to the stash.
+  void block_backward(const LayerW& w, const LayerW& g, const LayerA& a, Ptr in, Ptr dres, bool keep);
+  // The weight gradients of block_backward(keep) from the stash.
+  void block_weight_backward(const LayerW& g, const LayerA& a, Ptr in);
   void embedding_forward(const Inputs& in, UnitAccess& acc);
   void head_forward(const Inputs& in, float dloss, Ptr pending, UnitAccess& acc);
-  void head_backward(UnitAccess& acc);
+  void head_backward(UnitAccess& acc, Grads part);
+  // The stash of a split backward: the next n elements of the slot's, in B's order.
+  Ptr stash_next(int64_t n);
+  Ptr stash_keep(Ptr src, int64_t n);  // B: src copied to the next n
 
   Config cfg_;
   Backend& be_;
@@ -144,6 +157,7 @@ class Chunk {
   HeadNames names_;
   int lm_unit_;  // the unit holding the lm_head weight (the embedding's when tied)
   int slots_ = 1, slot_ = 0;
+  int64_t stash_used_ = 0;
   ModelLayout layout_;
   Tensor params_, grads_;
   ActPlan plan_;

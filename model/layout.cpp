@@ -43,6 +43,13 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   // The attention's saved statistics: probabilities go with selective recompute, a
   // log-sum-exp stays with every policy but full.
   const int keep_stats = bt.attention_probs ? keep_sel : keep;
+  // A split backward (the zb schedule) keeps each linear's and norm's output gradient from the
+  // input-gradient pass B until the weight-gradient pass W; the inputs stay where they are
+  // (selective recompute's activation output is recomputed in W, sequence parallel gathers
+  // again in W).
+  const bool split = cfg.parallel.pp > 1 && cfg.parallel.pp_schedule == "zb";
+  const int64_t stash_block = N * C + N * fc + Ns * C + N * C + N * qkv + Ns * C;
+  const int64_t stash = split ? L * stash_block + head * Ns * C + (unit_lo == 0 ? N * C : 0) : 0;
   ActPlan p;
   p.buffers = {
       // block inputs and the chunk's output: kept by every policy (the next norm adds the
@@ -66,6 +73,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"lnf_full", sp ? head * N * C : 0, 1, x},  // the gathered final norm, which the lm_head reads twice
       {"logits", head * N * V, 1, x},
       {"losses", head * N, 1, f32},
+      {"wgrad_stash", stash, 1, x},
   };
   p.scratch = {{"d_residual", Ns * C, 1, x},
                {"d_norm", N * C, 1, x},

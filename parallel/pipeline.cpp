@@ -45,9 +45,13 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
     if (op.kind == PipeOp::recv_grad)
       grad_in[size_t(op.micro)] = pp_.recv(act_buf(recv_grad_, op.micro), op.peer, tag(op.micro, true), s);
   }
-  int last_b = -1;
+  // The op that finishes the stage's gradients: the last W of a split backward, else the last B.
+  bool split = false;
+  for (const PipeOp& op : ops) split = split || op.kind == PipeOp::W;
+  const PipeOp::Kind finishing = split ? PipeOp::W : PipeOp::B;
+  int last = -1;
   for (size_t i = 0; i < ops.size(); ++i)
-    if (ops[i].kind == PipeOp::B) last_b = int(i);
+    if (ops[i].kind == finishing) last = int(i);
   bubble_ms_ = 0;
   auto wait_in = [&](Work& w) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -78,12 +82,14 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
           wait_in(grad_in[size_t(op.micro)]);
           be.copy(view(chunk_.grad_output()), act_buf(recv_grad_, op.micro));
         }
-        dp_.set_last(int(i) == last_b);  // DDP's buckets go with the stage's last backward
-        chunk_.backward(in, dp_);
+        dp_.set_last(int(i) == last);  // DDP's buckets go with the stage's last backward
+        chunk_.backward(in, dp_, split ? Grads::input : Grads::all);
         break;
       }
       case PipeOp::W:
-        fail("pipeline: W ops need a split backward, which this chunk does not run");
+        dp_.set_last(int(i) == last);
+        chunk_.backward(chunk_.has_embedding() ? inputs(op.micro) : Inputs{}, dp_, Grads::weight);
+        break;
       case PipeOp::send_act:
         be.copy(act_buf(send_act_, op.micro), view(chunk_.output()));
         sends.push_back(pp_.send(act_buf(send_act_, op.micro), op.peer, tag(op.micro, false), s));

@@ -4,7 +4,9 @@
 // copy per micro-batch, so compute never waits for them; the time a stage spends waiting for a
 // receive is its bubble (the step clock's bubble phase). Activations of the micro-batches in
 // flight live in the chunk's slots (micro-batch k in slot k mod slots: the schedules finish
-// micro-batches in order, and the checker's peak bounds how many are in flight). With one
+// micro-batches in order, and the checker's peak bounds how many are in flight). A schedule
+// with W ops splits each backward: B computes the input gradient the previous stage waits
+// for, W the weight gradients later, from the output gradients B kept in the slot. With one
 // stage, the op list is the accumulation loop and nothing is sent.
 #pragma once
 #include <functional>
@@ -23,7 +25,7 @@ class PipelineStage {
   ~PipelineStage();
   // One step's (or one validation batch's) ops. inputs(micro) stages that micro-batch's tokens
   // and targets where the stage needs them (the embedding, the head); dloss seeds the head's
-  // backward (0: forward only). The last backward of the list starts DDP's reductions.
+  // backward (0: forward only). The last B (or W) of the list starts DDP's reductions.
   void run(const std::vector<PipeOp>& ops, const std::function<Inputs(int)>& inputs, float dloss);
   double bubble_ms() const { return bubble_ms_; }  // waiting in receives during the last run
 

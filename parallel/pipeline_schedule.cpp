@@ -342,6 +342,12 @@ double pipeline_bubble_predicted(const PipeSchedule& s) {
   return pipeline_check(s, 1, 1, 1).bubble_mean();
 }
 
+const char* pipeline_bubble_formula(const PipeSchedule& s) {
+  if (s.name == "interleaved") return "(p-1)/(v*m+p-1)";
+  if (s.name == "zb") return "simulated, F = B = W";
+  return "(p-1)/(m+p-1)";
+}
+
 std::string pipeline_timeline(const PipeSchedule& s, const PipeTiming& t) {
   const int width = int(t.makespan + 0.5);
   std::string out;

@@ -54,6 +54,7 @@ PipeTiming pipeline_check(const PipeSchedule& s, double tf = 1.0, double tb = 1.
 // The closed forms: (p-1)/(m+p-1) (gpipe, 1f1b), (p-1)/(v*m+p-1) (interleaved); zb: the
 // simulated value at tf = tb = tw.
 double pipeline_bubble_predicted(const PipeSchedule& s);
+const char* pipeline_bubble_formula(const PipeSchedule& s);  // which of them, in words
 
 // A per-stage text timeline (one character per unit of time: F, B, W as the micro-batch's
 // last digit under their letter row, '.' idle) with the bubble and peaks.

@@ -484,10 +484,12 @@ void config_validate(Config& cfg) {
                "{} is set but parallel.pp = 1, so it would do nothing; set parallel.pp or remove it", key);
   pipeline_layers(cfg);  // the split must work
   if (p.pp > 1) {
-    LOOM_CHECK(p.pp_schedule == "gpipe" || p.pp_schedule == "1f1b",
-               "parallel.pp_schedule = \"{}\" is planned (loom plan pipeline shows it) but the executor runs gpipe and "
-               "1f1b only so far; use one of them",
-               p.pp_schedule);
+    LOOM_CHECK(p.pp_schedule != "interleaved",
+               "parallel.pp_schedule = \"interleaved\" is planned (loom plan pipeline shows it) but the executor runs "
+               "gpipe, 1f1b and zb only so far; use one of them");
+    LOOM_CHECK(p.pp_schedule != "zb" || cfg.train.recompute != "full",
+               "parallel.pp_schedule = \"zb\" with train.recompute = \"full\" would recompute every block twice (once "
+               "for each half of the split backward); use train.recompute = \"selective\" or \"none\"");
     LOOM_CHECK(p.zero <= 2,
                "parallel.zero = 3 with parallel.pp > 1 is not supported (ZeRO-3 would gather every "
                "stage's weights per micro-batch); use zero <= 2 with pipelines");

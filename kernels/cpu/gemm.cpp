@@ -32,10 +32,10 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
                      int K, int N, WLayout layout) {
   if (layout == WLayout::out_in) {
     if (dinp) gemm(false, false, M, K, N, 1.0f, dout, N, w, K, 0.0f, dinp, K);
-    gemm(true, false, N, K, M, 1.0f, dout, N, inp, K, 1.0f, dw, K);
+    if (dw) gemm(true, false, N, K, M, 1.0f, dout, N, inp, K, 1.0f, dw, K);
   } else {
     if (dinp) gemm(false, true, M, K, N, 1.0f, dout, N, w, N, 0.0f, dinp, K);
-    gemm(true, false, K, N, M, 1.0f, inp, K, dout, N, 1.0f, dw, N);
+    if (dw) gemm(true, false, K, N, M, 1.0f, inp, K, dout, N, 1.0f, dw, N);
   }
   if (dbias) bias_backward(dbias, dout, M, N);
 }

@@ -60,7 +60,7 @@ template <class S>
 void layernorm_backward(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight,
                         const float* mean, const float* rstd, int N, int C) {
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
+  for (int n = 0; n < (dinp ? N : 0); ++n) {  // no input gradient asked for: weights only
     const S* x = inp + int64_t(n) * C;
     const S* dy = dout + int64_t(n) * C;
     float m = mean[n], s = rstd[n];
@@ -79,6 +79,7 @@ void layernorm_backward(S* dinp, float* dweight, float* dbias, const S* dout, co
       st(dx[c], ld(dx[c]) + (ld(weight[c]) * ld(dy[c]) - dnorm_mean - xhat * dnorm_norm_mean) * s);
     }
   }
+  if (!dweight) return;
   column_accumulate(N, C, [&](int n, int lo, int hi) {
     const S* x = inp + int64_t(n) * C;
     const S* dy = dout + int64_t(n) * C;
@@ -108,7 +109,7 @@ template <class S>
 void rmsnorm_backward(S* dinp, float* dweight, const S* dout, const S* inp, const S* weight, const float* rstd, int N,
                       int C) {
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
+  for (int n = 0; n < (dinp ? N : 0); ++n) {  // no input gradient asked for: weights only
     const S* x = inp + int64_t(n) * C;
     const S* dy = dout + int64_t(n) * C;
     float s = rstd[n];
@@ -118,6 +119,7 @@ void rmsnorm_backward(S* dinp, float* dweight, const S* dout, const S* inp, cons
     S* dx = dinp + int64_t(n) * C;
     for (int c = 0; c < C; ++c) st(dx[c], ld(dx[c]) + (ld(weight[c]) * ld(dy[c]) - ld(x[c]) * s * dot) * s);
   }
+  if (!dweight) return;
   column_accumulate(N, C, [&](int n, int lo, int hi) {
     const S* x = inp + int64_t(n) * C;
     const S* dy = dout + int64_t(n) * C;

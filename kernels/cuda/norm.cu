@@ -123,8 +123,11 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf1
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
                         const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
-  layernorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
-  LOOM_CUDA_LAUNCHED();
+  if (dinp) {
+    layernorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    LOOM_CUDA_LAUNCHED();
+  }
+  if (!dweight) return;
   norm_dweight_kernel<<<blocks_for(C, 32), dim3(32, kColPhases), 0, s>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
   LOOM_CUDA_LAUNCHED();
 }
@@ -137,8 +140,11 @@ void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const b
 
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
                       const float* rstd, int N, int C, cudaStream_t s) {
-  rmsnorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
-  LOOM_CUDA_LAUNCHED();
+  if (dinp) {
+    rmsnorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
+    LOOM_CUDA_LAUNCHED();
+  }
+  if (!dweight) return;
   norm_dweight_kernel<<<blocks_for(C, 32), dim3(32, kColPhases), 0, s>>>(dweight, nullptr, dout, inp, nullptr, rstd, N,
                                                                          C);
   LOOM_CUDA_LAUNCHED();

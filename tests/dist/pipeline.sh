@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Pipeline properties beyond parity (tests/dist/parity.sh covers that):
-#   1. every schedule is bitwise repeatable for a fixed layout (pp 2, twice each);
+#   1. every schedule is bitwise repeatable for a fixed layout (pp 2, twice each), and zb's
+#      split backward gives 1f1b's bits (the same sums in the same order), with every recompute
+#      policy it runs;
 #   2. the tied embedding's copies on the first and last stage end bitwise equal (the trainer
 #      checks and logs it; an unreduced copy would drift);
 #   3. the ledger's activation bytes on stage 0 at pp 4 with m = 8 micro-batches: gpipe holds
 #      8 micro-batches' activations and 1f1b p = 4 (a micro-batch's bytes measured from gpipe
-#      at m = 8 against m = 1);
+#      at m = 8 against m = 1); zb p = 4 as well, each with the output gradients its W reads
+#      (counted here from the shapes);
 #   4. validation through the stages equals the single rank's, and a pp 2 checkpoint loads at
 #      one rank and re-saves to the same tensors.
 #   pipeline.sh LOOM COMPARE "MPIRUN... -np"
@@ -22,25 +25,42 @@ run() {  # NAME NP ARGS...
   $launch "$np" "$loom" train "${common[@]}" "$@" --set log.dir="$dir/$name" \
     --set export.final="$dir/$name/final.safetensors" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
 }
-for s in gpipe 1f1b; do
+same() { "$compare" "$dir/$1" "$dir/$2" --loss-rtol 0 --norm-rtol 0 --weight-atol 0 --min-steps 6; }
+for s in gpipe 1f1b zb; do
   run "${s}_a" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s
   run "${s}_b" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s
-  "$compare" "$dir/${s}_a" "$dir/${s}_b" --loss-rtol 0 --norm-rtol 0 --weight-atol 0 --min-steps 6
+  same "${s}_a" "${s}_b"
   grep -q "tied embedding: the first and last stage's copies are bitwise equal" "$dir/${s}_a.log" ||
     { echo "FAIL: no check of the tied copies"; exit 1; }
+done
+same 1f1b_a zb_a
+for arch in llama gpt2; do
+  for s in 1f1b zb; do
+    run "${s}_sel_$arch" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s \
+      --set model.arch=$arch --set train.recompute=selective
+  done
+  same "1f1b_sel_$arch" "zb_sel_$arch"
 done
 act() { python3 -c "import json,sys; print([json.loads(l) for l in open('$dir/$1/metrics.jsonl') if '\"loss\"' in l][-1]['mem']['act_b'])"; }
 run one 4 --set train.global_batch=1 --set parallel.pp=4 --set parallel.pp_schedule=gpipe
 run gpipe8 4 --set train.global_batch=8 --set parallel.pp=4 --set parallel.pp_schedule=gpipe
 run f1b8 4 --set train.global_batch=8 --set parallel.pp=4 --set parallel.pp_schedule=1f1b
-one=$(act one) g=$(act gpipe8) f=$(act f1b8)
-echo "stage 0 activations: one micro-batch $one B, gpipe m=8 $g B, 1f1b m=8 $f B"
+run zb8 4 --set train.global_batch=8 --set parallel.pp=4 --set parallel.pp_schedule=zb
+one=$(act one) g=$(act gpipe8) f=$(act f1b8) z=$(act zb8)
+echo "stage 0 activations: one micro-batch $one B, gpipe m=8 $g B, 1f1b m=8 $f B, zb m=8 $z B"
 # A slot's bytes from gpipe's 8 against 1; 1f1b must hold exactly 4 (what is not per slot, the
 # backend's own few hundred bytes, cancels).
 slot=$(( (g - one) / 7 ))
 [ $(( (g - one) % 7 )) -eq 0 ] && [ "$slot" -gt 0 ] && [ $((f - one)) -eq $((3 * slot)) ] ||
   { echo "FAIL: expected gpipe to hold 8 micro-batches and 1f1b 4 (a slot: $slot B)"; exit 1; }
-echo "one slot: $slot B; gpipe holds 8, 1f1b 4"
+# zb's stage 0 (the embedding, one gpt2 block; N = 16 rows, C = 32) keeps per slot, for W, the
+# output gradients of the four linears (N x C, 4C, C, 3C) and two norms (N x C each) and the
+# embedding's (N x C): 4 fp32 slots of them on top of 1f1b's, whose empty stash still takes
+# an allocation's least, 64 B.
+stash=$(( (16 * (32 + 128 + 32 + 32 + 96 + 32) + 16 * 32) * 4 ))
+[ $((z - f)) -eq $((4 * stash - 64)) ] ||
+  { echo "FAIL: zb holds $((z - f)) B more than 1f1b, expected 4 slots of $stash B"; exit 1; }
+echo "one slot: $slot B; gpipe holds 8, 1f1b 4, zb 4 (+ $stash B each for W)"
 grep -E "pipeline:" "$dir/f1b8.log"
 # 4. Validation runs forward through the stages: the last val_loss equals the single rank's;
 #    and a pp 2 checkpoint (without the tied copy) loads at one rank and saves the same tensors.

@@ -29,7 +29,8 @@ done
 # and the executor's per-micro-batch buffers.
 for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --set parallel.pp_schedule=gpipe" \
   "--set parallel.pp=2 --set parallel.tp=2 --set parallel.sp=true --set train.dtype=bf16" \
-  "--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2 --set model.tie_embeddings=false"; do
+  "--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2 --set model.tie_embeddings=false" \
+  "--set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=zb"; do
   read -r -a lay <<< "$layout"
   run=$dir/pp_$RANDOM
   "$loom" plan memory "${common[@]}" "${lay[@]}" --json > "$run.plan.json"

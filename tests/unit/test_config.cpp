@@ -89,8 +89,16 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
             std::string::npos);
   EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_virtual = 2\n"); }).find("needs parallel.pp_schedule"),
             std::string::npos);
-  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n"); }).find("gpipe and 1f1b only"),
+  EXPECT_NE(error_of([] {
+              loaded("[parallel]\npp = 2\npp_schedule = \"interleaved\"\n");
+            }).find("gpipe, 1f1b and zb only"),
             std::string::npos);
+  EXPECT_NE(error_of([] {
+              loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n[train]\nrecompute = \"full\"\n");
+            }).find("recompute every block twice"),
+            std::string::npos);
+  EXPECT_EQ(loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n[train]\nrecompute = \"selective\"\n").parallel.pp_schedule,
+            "zb");
   EXPECT_NE(error_of([] { loaded("[parallel]\npp_schedule = \"gpipe\"\n"); }).find("but parallel.pp = 1"),
             std::string::npos);
   EXPECT_EQ(pipeline_layers(loaded("[parallel]\npp = 2\npp_layers = \"1,3\"\n")), (std::vector<int>{1, 3}));
