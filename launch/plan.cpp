@@ -28,22 +28,23 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
   const bool cuda = device == "cuda";
   const BackendTraits traits = backend_traits(cuda ? DeviceKind::cuda : DeviceKind::cpu, dtype, cfg);
   const ChunkSpec spec = pipeline_chunk_spec(cfg, at.pp);  // the whole model without stages
-  const ModelLayout layout = model_layout(cfg, at.tp, spec.unit_lo, spec.unit_hi);
+  const ModelLayout layout = model_layout(cfg, at.tp, chunk_runs(spec));
   const int64_t n = int64_t(layout.reg.numel());
   const int stage = cfg.parallel.zero;
   std::vector<PlanItem> items = cuda ? cuda_backend_plan(cfg) : cpu_backend_plan(cfg, dtype);
   // The chunk (model/chunk.cpp): flat buffers, activations, scratch, RoPE tables, loss sum.
   if (stage < 3) items.push_back({"params", n, dtype, Mem::params});
   if (stage < 2) items.push_back({"grads", n, DType::f32, Mem::grads});
-  const ActPlan a =
-      act_plan(cfg, cfg.train.micro_batch, recompute_from(cfg.train.recompute), traits, spec.unit_lo, spec.unit_hi);
-  for (auto& b : a.buffers) items.push_back({b.name, b.numel * b.copies * spec.slots, b.dtype, Mem::activations});
+  const ChunkPlan a = chunk_plan(cfg, spec, traits);
+  for (size_t j = 0; j < a.pieces.size(); ++j)
+    for (auto& b : a.pieces[j].buffers)
+      items.push_back({b.name, b.numel * b.copies * spec.pieces[j].slots, b.dtype, Mem::activations});
   for (auto& b : a.scratch) items.push_back({b.name, b.numel, b.dtype, b.comm ? Mem::comm : Mem::workspace});
   if (cfg.model.arch == "llama")
     for (int i = 0; i < 2; ++i)
       items.push_back({"rope", int64_t(cfg.model.seq_len) * cfg.head_dim() / 2, DType::f32, Mem::workspace});
   items.push_back({"loss_sum", 1, DType::f64, Mem::workspace});
-  for (auto& it : pipeline_stage_plan(cfg, spec, dtype)) items.push_back(it);
+  for (auto& it : pipeline_stage_plan(cfg, at.pp, dtype)) items.push_back(it);
   // The data-parallel side and its optimizer.
   const DeviceKind kind = cuda ? DeviceKind::cuda : DeviceKind::cpu;
   const auto dp_items =

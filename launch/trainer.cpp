@@ -193,13 +193,18 @@ void Trainer::Parts::startup_log() {
   if (const int64_t have = val_available(); have > 0 && have < cfg.data.val_batches)
     info("validation: {} batches, all the validation data holds (data.val_batches = {})", have, cfg.data.val_batches);
   if (pipe) {
-    std::string split;
+    std::string split, held;
     for (int b : pipeline_layers(cfg)) split += (split.empty() ? "" : ",") + std::to_string(b);
+    for (int j = 0; j < chunk->pieces(); ++j) {
+      chunk->set_piece(j);
+      held += (j ? "+" : "") + std::to_string(chunk->slots());
+    }
+    chunk->set_piece(0);
     info(
-        "pipeline: {} stages (blocks {}), schedule {}, {} micro-batches; predicted bubble {:.3f} ({}); stage 0 "
-        "holds {} in flight",
+        "pipeline: {} stages (blocks {} per model chunk), schedule {}, {} micro-batches; predicted bubble {:.3f} ({}); "
+        "stage 0 holds {} in flight",
         cfg.parallel.pp, split, cfg.parallel.pp_schedule, cfg.accum_steps(), pipeline_bubble_predicted(pipe_schedule),
-        pipeline_bubble_formula(pipe_schedule), chunk->slots());
+        pipeline_bubble_formula(pipe_schedule), held);
   }
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, cfg.accum_steps(), B, dp().size(), cfg.train.recompute);
@@ -378,7 +383,7 @@ double Trainer::validate(int64_t batches) {
     if (p.pipe) {  // forward only, through the stages
       const int pp = p.cfg.parallel.pp, s = p.mesh->coord().pp;
       p.pipe->run(
-          pipeline_forward_ops(pp, s, p.cfg.accum_steps()),
+          pipeline_forward_ops(pp, p.cfg.parallel.pp_virtual, s, p.cfg.accum_steps()),
           [&](int micro) { return p.stage(*p.data.val, vb, micro, false); }, 0.0f);
       continue;
     }

@@ -47,8 +47,8 @@ struct Chunk::LayerA {
 class Chunk::FlatAccess final : public UnitAccess {
  public:
   explicit FlatAccess(Chunk& c) : c_(c) {}
-  Ptr params(int u, Pass) override { return c_.params() + c_.layout_.unit_lo(u - c_.first_unit_); }
-  float* grads(int u) override { return c_.grads() + c_.layout_.unit_lo(u - c_.first_unit_); }
+  Ptr params(int u, Pass) override { return c_.params() + c_.layout_.unit_lo(c_.layout_.local(u)); }
+  float* grads(int u) override { return c_.grads() + c_.layout_.unit_lo(c_.layout_.local(u)); }
 
  private:
   Chunk& c_;
@@ -80,25 +80,26 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
   valid_ = std::clamp(cfg.model.vocab_size - v0_, 0, V_);
   sp_ = cfg.parallel.sp && tp_size_ > 1;
   Ns_ = sp_ ? B_ * T_ / tp_size_ : B_ * T_;
-  const int hi = spec.unit_hi < 0 ? L_ + 2 : spec.unit_hi;
-  LOOM_ASSERT(spec.unit_lo >= 0 && spec.unit_lo < hi && hi <= L_ + 2);
-  first_unit_ = spec.unit_lo;
-  b0_ = std::max(spec.unit_lo, 1) - 1;
-  b1_ = std::min(hi, L_ + 1) - 1;
-  has_head_ = hi == L_ + 2;
-  layout_ = model_layout(cfg, tp_rank_, spec.unit_lo, hi);
-  if (has_head_) lm_unit_ = layout_.unit_of(names_.lm_head);  // the tied copy sits in the head unit
-  slots_ = spec.slots;
-  LOOM_ASSERT(slots_ >= 1);
+  layout_ = model_layout(cfg, tp_rank_, chunk_runs(spec));
+  if (spec.pieces.back().unit_hi < 0 || spec.pieces.back().unit_hi == L_ + 2)
+    lm_unit_ = layout_.unit_of(names_.lm_head);  // the tied copy sits in the head unit
   flat_ = std::make_unique<FlatAccess>(*this);
   Allocator& alloc = be_.alloc();
   const int64_t n = int64_t(layout_.reg.numel());
   if (full_params) params_ = alloc.empty({n}, be_.dtype(), Mem::params);
   if (full_grads) grads_ = alloc.empty({n}, DType::f32, Mem::grads);
-  plan_ = act_plan(cfg, B_, policy_, be_.traits(), spec.unit_lo, hi);
-  for (auto& b : plan_.buffers) acts_.push_back(alloc.empty({b.numel * b.copies * slots_}, b.dtype, Mem::activations));
-  for (auto& b : plan_.scratch)
-    scratch_.push_back(alloc.empty({b.numel}, b.dtype, b.comm ? Mem::comm : Mem::workspace));
+  ChunkPlan plan = chunk_plan(cfg, spec, be_.traits());
+  for (size_t j = 0; j < spec.pieces.size(); ++j) {
+    const ChunkPiece& cp = spec.pieces[j];
+    const int hi = cp.unit_hi < 0 ? L_ + 2 : cp.unit_hi;
+    LOOM_ASSERT(cp.unit_lo >= 0 && cp.unit_lo < hi && hi <= L_ + 2 && cp.slots >= 1);
+    Piece pc{std::max(cp.unit_lo, 1) - 1, std::min(hi, L_ + 1) - 1, cp.unit_lo == 0, hi == L_ + 2, cp.slots,
+             std::move(plan.pieces[j]), {}};
+    for (auto& b : pc.plan.buffers) pc.acts.push_back(alloc.empty({b.numel * b.copies * pc.slots}, b.dtype, Mem::activations));
+    pieces_.push_back(std::move(pc));
+  }
+  for (auto& b : plan.scratch) scratch_.push_back(alloc.empty({b.numel}, b.dtype, b.comm ? Mem::comm : Mem::workspace));
+  set_piece(0);
   if (llama_) {
     std::vector<float> cs(size_t(T_) * D_ / 2), sn(cs.size());
     cpu::rope_table(cs.data(), sn.data(), T_, D_, float(cfg.model.rope_theta));
@@ -112,9 +113,35 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
 
 Chunk::~Chunk() = default;
 
+std::vector<std::pair<int, int>> chunk_runs(const ChunkSpec& spec) {
+  std::vector<std::pair<int, int>> runs;
+  for (const ChunkPiece& p : spec.pieces) runs.push_back({p.unit_lo, p.unit_hi});
+  return runs;
+}
+
+ChunkPlan chunk_plan(const Config& cfg, const ChunkSpec& spec, const BackendTraits& traits) {
+  ChunkPlan out;
+  for (const ChunkPiece& p : spec.pieces)
+    out.pieces.push_back(
+        act_plan(cfg, cfg.train.micro_batch, recompute_from(cfg.train.recompute), traits, p.unit_lo, p.unit_hi));
+  out.scratch = out.pieces.front().scratch;
+  for (const ActPlan& a : out.pieces)
+    for (size_t k = 0; k < a.scratch.size(); ++k)
+      out.scratch[k].numel = std::max(out.scratch[k].numel, a.scratch[k].numel);
+  return out;
+}
+
+void Chunk::set_piece(int piece) {
+  LOOM_ASSERT(piece >= 0 && piece < int(pieces_.size()));
+  const Piece& p = pieces_[size_t(piece)];
+  piece_ = piece;
+  b0_ = p.b0, b1_ = p.b1, emb_here_ = p.emb, head_here_ = p.head;
+}
+
 Ptr Chunk::act(int buf, int copy) {
-  const ActBuffer& b = plan_.buffers[size_t(buf)];
-  return ptr_of(acts_[size_t(buf)]) + (int64_t(slot_) * b.copies + (b.copies == 1 ? 0 : copy)) * b.numel;
+  const Piece& p = pieces_[size_t(piece_)];
+  const ActBuffer& b = p.plan.buffers[size_t(buf)];
+  return ptr_of(p.acts[size_t(buf)]) + (int64_t(slot_) * b.copies + (b.copies == 1 ? 0 : copy)) * b.numel;
 }
 float* Chunk::actf(int buf, int copy) {
   return act(buf, copy).as<float>();
@@ -133,7 +160,7 @@ Buf Chunk::rows(Ptr p, int64_t n) const {
 template <class P>
 void Chunk::layer_fields(P* out, P unit_base, int l) const {
   const auto& offs = layout_.layer_offsets[size_t(l)];
-  const int64_t lo = layout_.unit_lo(l + 1 - first_unit_);
+  const int64_t lo = layout_.unit_lo(layout_.local(l + 1));
   for (int f = 0; f < NUM_W; ++f)
     if (offs[size_t(f)] != SIZE_MAX) out[f] = unit_base + (int64_t(offs[size_t(f)]) - lo);
 }
@@ -157,11 +184,11 @@ Chunk::LayerA Chunk::layer_a(int i) {
 
 Ptr Chunk::at(Ptr unit_base, int unit, const char* name) const {
   if (!name) return Ptr();
-  return unit_base + (int64_t(layout_.reg.at(name).offset) - layout_.unit_lo(unit - first_unit_));
+  return unit_base + (int64_t(layout_.reg.at(name).offset) - layout_.unit_lo(layout_.local(unit)));
 }
 float* Chunk::at(float* unit_base, int unit, const char* name) const {
   if (!name) return nullptr;
-  return unit_base + (int64_t(layout_.reg.at(name).offset) - layout_.unit_lo(unit - first_unit_));
+  return unit_base + (int64_t(layout_.reg.at(name).offset) - layout_.unit_lo(layout_.local(unit)));
 }
 
 Ptr Chunk::input() {
@@ -178,7 +205,7 @@ Ptr Chunk::grad_input() {
 }
 
 Ptr Chunk::stash_next(int64_t n) {
-  const ActBuffer& b = plan_.buffers[WGRAD_STASH];
+  const ActBuffer& b = pieces_[size_t(piece_)].plan.buffers[WGRAD_STASH];
   LOOM_ASSERT(stash_used_ + n <= b.numel);  // the plan holds a split backward's stash
   const Ptr p = act(WGRAD_STASH) + stash_used_;
   stash_used_ += n;
@@ -458,7 +485,7 @@ void Chunk::head_forward(const Inputs& in, float dloss, Ptr pending, UnitAccess&
 }
 
 void Chunk::forward(const Inputs& in, float dloss, UnitAccess& acc) {
-  if (has_embedding()) embedding_forward(in, acc);
+  if (emb_here_) embedding_forward(in, acc);
   // Each block's MLP branch is `pending` until the next norm adds it into the stream.
   Ptr pending;
   for (int l = b0_; l < b1_; ++l) {
@@ -469,7 +496,7 @@ void Chunk::forward(const Inputs& in, float dloss, UnitAccess& acc) {
     acc.forward_done(l + 1);
     pending = a.res2;
   }
-  if (has_head_) {
+  if (head_here_) {
     head_forward(in, dloss, pending, acc);
   } else if (pending) {
     auto s = trace_.scope("residual_add");  // the output a next chunk starts from is the full sum
@@ -515,7 +542,7 @@ void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
   const int N = B_ * T_;
   const Ptr dres = scr(D_RES);
   stash_used_ = 0;
-  if (has_head_) head_backward(acc, part);  // else grad_output() holds d(output)
+  if (head_here_) head_backward(acc, part);  // else grad_output() holds d(output)
   for (int l = b1_ - 1; l >= b0_; --l) {
     const int i = l - b0_;
     const LayerA a = layer_a(i);
@@ -540,7 +567,7 @@ void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
     block_backward(w, keep ? LayerW{} : layer_g(acc.grads(l + 1), l), a, x, dres, keep);
     if (!keep) acc.backward_done(l + 1);
   }
-  if (!has_embedding()) return;  // grad_input() holds d(input)
+  if (!emb_here_) return;  // grad_input() holds d(input)
   Ptr demb;
   if (part == Grads::weight) {
     demb = stash_next(int64_t(N) * C_);

@@ -38,12 +38,27 @@ class UnitAccess {
 };
 
 // Units [unit_lo, unit_hi) of the model: 0 is the embedding, 1..L the blocks, L+1 the head.
-struct ChunkSpec {
+struct ChunkPiece {
   int unit_lo = 0, unit_hi = -1;  // -1: through the head
-  // Micro-batches whose activations the chunk holds at once (a pipeline stage's peak in
-  // flight); set_slot() picks the one forward and backward work on.
+  // Micro-batches whose activations the piece holds at once (its peak in flight in a
+  // pipeline's schedule); set_slot() picks the one forward and backward work on.
   int slots = 1;
 };
+// One run of units, or (a stage of the interleaved schedule) one per model chunk the stage
+// holds, in model order: one set of flat buffers over all of them, activations per piece;
+// set_piece() picks the one forward and backward work on.
+struct ChunkSpec {
+  std::vector<ChunkPiece> pieces{ChunkPiece{}};
+};
+// The activation plan of each piece, and the scratch they share (each buffer the largest
+// piece's): what a Chunk allocates, for the memory planner too.
+struct ChunkPlan {
+  std::vector<ActPlan> pieces;
+  std::vector<ActBuffer> scratch;
+};
+ChunkPlan chunk_plan(const Config& cfg, const ChunkSpec& spec, const BackendTraits& traits);
+// The runs of a spec, for model_layout.
+std::vector<std::pair<int, int>> chunk_runs(const ChunkSpec& spec);
 
 class Chunk {
  public:
@@ -58,21 +73,22 @@ class Chunk {
   const ModelLayout& layout() const { return layout_; }
   const ParamRegistry& registry() const { return layout_.reg; }
   size_t num_params() const { return layout_.reg.numel(); }
-  const ActPlan& plan() const { return plan_; }
+  const ActPlan& plan() const { return pieces_[size_t(piece_)].plan; }
   Backend& backend() { return be_; }
   Ptr params() { return ptr_of(params_); }
   float* grads() { return grads_.defined() ? grads_.f32() : nullptr; }
   Tensor& params_tensor() { return params_; }
   Tensor& grads_tensor() { return grads_; }
   UnitAccess& flat() { return *flat_; }
-  bool has_embedding() const { return first_unit_ == 0; }
-  bool has_head() const { return has_head_; }
+  bool has_embedding() const { return pieces_.front().emb; }  // in any piece
+  bool has_head() const { return pieces_.back().head; }
   // A head chunk without the embedding whose lm_head is tied: it holds its own copy of the
   // embedding (a pipeline's last stage), which the optimizer keeps equal to the first stage's.
-  bool holds_tied_copy() const { return has_head_ && first_unit_ > 0 && cfg_.model.tie_embeddings; }
-  int slots() const { return slots_; }
+  bool holds_tied_copy() const { return has_head() && !has_embedding() && cfg_.model.tie_embeddings; }
+  int pieces() const { return int(pieces_.size()); }
+  void set_piece(int piece);
+  int slots() const { return pieces_[size_t(piece_)].slots; }  // of the piece
   void set_slot(int slot) { slot_ = slot; }
-  int first_unit() const { return first_unit_; }
   int vocab_lo() const { return v0_; }   // the first vocabulary row this rank holds
   int vocab_rows() const { return V_; }  // how many (padded)
   void zero_grad();
@@ -151,17 +167,25 @@ class Chunk {
   int tp_size_, tp_rank_, v0_, valid_;      // v0_: the first vocabulary id this rank holds; valid_: how many are real
   bool sp_;
   int Ns_;                    // rows of the norm and residual regions on this rank (N / tp with sp)
-  int first_unit_, b0_, b1_;  // global units from first_unit_; blocks [b0_, b1_)
-  bool has_head_;
+  struct Piece {
+    int b0, b1;       // blocks [b0, b1)
+    bool emb, head;   // whether it starts with the embedding, ends with the head
+    int slots;
+    ActPlan plan;
+    std::vector<Tensor> acts;
+  };
+  std::vector<Piece> pieces_;
+  int piece_ = 0;
+  int b0_, b1_;               // the current piece's blocks
+  bool emb_here_, head_here_;  // and ends
   Recompute policy_;
   HeadNames names_;
   int lm_unit_;  // the unit holding the lm_head weight (the embedding's when tied)
-  int slots_ = 1, slot_ = 0;
+  int slot_ = 0;
   int64_t stash_used_ = 0;
   ModelLayout layout_;
   Tensor params_, grads_;
-  ActPlan plan_;
-  std::vector<Tensor> acts_, scratch_;
+  std::vector<Tensor> scratch_;
   Tensor rope_cos_, rope_sin_, loss_sum_;
   std::unique_ptr<UnitAccess> flat_;
 };

@@ -1,5 +1,6 @@
 #include "model/layout.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace loom {
@@ -128,12 +129,22 @@ HeadNames head_names(const Config& cfg) {
 int ModelLayout::unit_of(const std::string& name) const {
   const int64_t off = int64_t(reg.at(name).offset);
   for (int u = 0; u < num_units(); ++u)
-    if (off >= units[size_t(u)].first && off < units[size_t(u)].second) return first_unit + u;
+    if (off >= units[size_t(u)].first && off < units[size_t(u)].second) return unit_ids[size_t(u)];
   LOOM_ASSERT(false);
   return -1;
 }
 
+int ModelLayout::local(int unit) const {
+  const auto it = std::lower_bound(unit_ids.begin(), unit_ids.end(), unit);
+  LOOM_ASSERT(it != unit_ids.end() && *it == unit);
+  return int(it - unit_ids.begin());
+}
+
 ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_hi) {
+  return model_layout(cfg, tp_rank, {{unit_lo, unit_hi}});
+}
+
+ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs) {
   using I = ParamSpec::Init;
   const bool llama = cfg.model.arch == "llama";
   const int L = cfg.model.n_layer, H = cfg.model.n_head, KV = cfg.kv_heads(), D = cfg.head_dim();
@@ -141,16 +152,19 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_h
   const int64_t C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size, T = cfg.model.seq_len;
   const int64_t Vp = cfg.vocab_padded();
   const float resid_std = 0.02f / std::sqrt(2.0f * L);  // GPT-2: scale residual projections
-  if (unit_hi < 0) unit_hi = L + 2;
   ModelLayout m;
-  m.first_unit = unit_lo;
   auto& reg = m.reg;
   int unit = 0;  // the global unit being registered
   static const ParamSpec skipped{};
   // Tensor parallel: column-parallel weights split their output dim, row-parallel ones their
   // input dim, and the vocabulary splits the embedding rows (dim 0 of [V, C], padded to Vp).
   // GPT-2's fused q|k|v splits each of its three blocks. Everything else is replicated.
-  const auto mine = [&] { return unit >= unit_lo && unit < unit_hi; };
+  const auto mine = [&] {
+    for (auto [lo, hi] : runs)
+      if (unit >= lo && unit < (hi < 0 ? L + 2 : hi)) return true;
+    return false;
+  };
+  const bool holds_embedding = runs.front().first == 0;
   auto add = [&](const std::string& name, Shape shape, I init, int split_dim = -1, int parts = 1,
                  float std = 0.02f) -> const ParamSpec& {
     if (!mine()) return skipped;
@@ -167,6 +181,7 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_h
     if (mine()) {
       int64_t lo = m.units.empty() ? 0 : m.units.back().second;
       m.units.push_back({lo, int64_t(reg.numel())});
+      m.unit_ids.push_back(unit);
     }
     ++unit;
   };
@@ -215,7 +230,7 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_h
   if (!cfg.model.tie_embeddings) add_vocab("lm_head.weight");
   // A head chunk without the embedding (a pipeline's last stage) keeps its own copy of the
   // tied embedding, under the embedding's name.
-  if (cfg.model.tie_embeddings && unit_lo > 0) add_vocab(head_names(cfg).wte);
+  if (cfg.model.tie_embeddings && !holds_embedding) add_vocab(head_names(cfg).wte);
   unit_end();
   return m;
 }

@@ -72,14 +72,16 @@ HeadNames head_names(const Config& cfg);
 // A model's parameters (names, shapes, offsets) and its units: contiguous ranges of the
 // registry that are gathered, reduced and sharded together. Unit 0 holds the embeddings,
 // unit l+1 block l, unit L+1 the final norm and an untied lm_head. A layout may hold a run of
-// units only (a pipeline chunk's): units[i] is global unit first_unit + i, and the registry
-// holds their tensors only, from offset 0. Built without allocating.
+// units only (a pipeline stage's, one run or, interleaved, several): units[i] is global unit
+// unit_ids[i], ascending, and the registry holds their tensors only, from offset 0. Built
+// without allocating.
 struct ModelLayout {
   ParamRegistry reg;
-  int first_unit = 0;
+  std::vector<int> unit_ids;  // the global unit of each local one
   std::vector<std::pair<int64_t, int64_t>> units;  // [lo, hi) in registry elements
   std::vector<std::vector<size_t>> layer_offsets;  // per global block, per weight field (SIZE_MAX: absent)
   int num_units() const { return int(units.size()); }
+  int local(int unit) const;  // the local index of a global unit this layout holds
   // Local unit index i (0 .. num_units-1).
   int64_t unit_lo(int i) const { return units[size_t(i)].first; }
   int64_t unit_len(int i) const { return units[size_t(i)].second - units[size_t(i)].first; }
@@ -89,5 +91,7 @@ struct ModelLayout {
 // This rank's view under tensor parallelism (cfg.parallel.tp): local shapes, global names, the
 // vocabulary padded to cfg.vocab_padded() rows; units [unit_lo, unit_hi) (-1: through the head).
 ModelLayout model_layout(const Config& cfg, int tp_rank = 0, int unit_lo = 0, int unit_hi = -1);
+// Units from several runs [lo, hi) (hi -1: through the head), in model order.
+ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs);
 
 }  // namespace loom

@@ -47,7 +47,7 @@ class Ddp final : public DataParallel {
     int64_t lo, hi;
     Work work;
   };
-  int64_t lo(int u) const { return chunk_.layout().unit_lo(u - chunk_.first_unit()); }
+  int64_t lo(int u) const { return chunk_.layout().unit_lo(chunk_.layout().local(u)); }
   // Gradients [offset, numel) are final for this step.
   void grads_ready_from(int64_t offset);
 

@@ -7,6 +7,24 @@
 
 namespace loom {
 
+namespace {
+// The model chunk g's neighbours: does it receive activations (and send their gradients back),
+// and does it send activations (and receive their gradients)?
+bool chunk_receives(int g) { return g > 0; }
+bool chunk_sends(int g, int chunks) { return g + 1 < chunks; }
+// Of a stage's pieces, those that need a kind of buffer: per piece its block index among
+// them (-1: none), and how many.
+std::vector<int> pieces_needing(int stage, int stages, int pieces, bool sends, int* count) {
+  std::vector<int> at(static_cast<size_t>(pieces), -1);
+  *count = 0;
+  for (int j = 0; j < pieces; ++j) {
+    const int g = stage + j * stages;
+    if (sends ? chunk_sends(g, stages * pieces) : chunk_receives(g)) at[size_t(j)] = (*count)++;
+  }
+  return at;
+}
+}  // namespace
+
 PipelineStage::PipelineStage(Chunk& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches, StepClock* clock,
                              Trace& trace)
     : chunk_(chunk), dp_(dp), pp_(pp), clock_(clock), trace_(trace), micro_(micro_batches) {
@@ -15,43 +33,66 @@ PipelineStage::PipelineStage(Chunk& chunk, DataParallel& dp, ProcessGroup& pp, i
   const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
   rows_ = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model;
   if (pp.size() == 1) return;
+  int n_in = 0, n_out = 0;
+  in_block_ = pieces_needing(pp.rank(), pp.size(), chunk.pieces(), false, &n_in);
+  out_block_ = pieces_needing(pp.rank(), pp.size(), chunk.pieces(), true, &n_out);
   Allocator& a = chunk.backend().alloc();
   const DType dt = chunk.backend().dtype();
-  const int64_t n = rows_ * micro_batches;
-  if (!chunk.has_embedding()) recv_act_ = a.empty({n}, dt, Mem::comm), send_grad_ = a.empty({n}, dt, Mem::comm);
-  if (!chunk.has_head()) send_act_ = a.empty({n}, dt, Mem::comm), recv_grad_ = a.empty({n}, dt, Mem::comm);
+  if (n_in) {
+    recv_act_ = a.empty({rows_ * micro_batches * n_in}, dt, Mem::comm);
+    send_grad_ = a.empty({rows_ * micro_batches * n_in}, dt, Mem::comm);
+  }
+  if (n_out) {
+    send_act_ = a.empty({rows_ * micro_batches * n_out}, dt, Mem::comm);
+    recv_grad_ = a.empty({rows_ * micro_batches * n_out}, dt, Mem::comm);
+  }
 }
 
 PipelineStage::~PipelineStage() = default;
 
-Buf PipelineStage::act_buf(Tensor& t, int micro) const {
-  return Buf(t).slice(rows_ * micro, rows_);
+Buf PipelineStage::act_buf(Tensor& t, int block, int micro) const {
+  LOOM_ASSERT(block >= 0);
+  return Buf(t).slice(rows_ * (int64_t(block) * micro_ + micro), rows_);
 }
 
 void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inputs(int)>& inputs, float dloss) {
   Backend& be = chunk_.backend();
   const Stream& s = be.stream();
-  const int slots = chunk_.slots();
   const DType dt = be.dtype();
   const DeviceKind dev = be.device();
+  const int P = pp_.size(), G = P * chunk_.pieces();
   auto view = [&](Ptr p) { return Buf(p.p, rows_, dt, dev); };
-  // Every receive of the step, posted now; their tags say what and which micro-batch.
-  std::vector<Work> act_in(static_cast<size_t>(micro_)), grad_in(static_cast<size_t>(micro_));
+  // Work on model chunk g (one of this stage's pieces) for micro-batch `micro`.
+  auto select = [&](int g, int micro) {
+    chunk_.set_piece(g / P);
+    chunk_.set_slot(micro % chunk_.slots());
+  };
+  // Every receive of the step, posted now; their tags say what, for which chunk and micro-batch.
+  const size_t slots_n = static_cast<size_t>(micro_ * chunk_.pieces());
+  std::vector<Work> act_in(slots_n), grad_in(slots_n);
+  auto index = [&](int g, int micro) { return size_t((g / P) * micro_ + micro); };
   std::vector<Work> sends;
-  auto tag = [](int micro, bool grad) { return micro * 2 + (grad ? 1 : 0); };
+  auto tag = [&](int g, int micro, bool grad) { return (g * micro_ + micro) * 2 + (grad ? 1 : 0); };
   for (const PipeOp& op : ops) {
     if (op.kind == PipeOp::recv_act)
-      act_in[size_t(op.micro)] = pp_.recv(act_buf(recv_act_, op.micro), op.peer, tag(op.micro, false), s);
+      act_in[index(op.chunk, op.micro)] = pp_.recv(act_buf(recv_act_, in_block_[size_t(op.chunk / P)], op.micro),
+                                                  op.peer, tag(op.chunk, op.micro, false), s);
     if (op.kind == PipeOp::recv_grad)
-      grad_in[size_t(op.micro)] = pp_.recv(act_buf(recv_grad_, op.micro), op.peer, tag(op.micro, true), s);
+      grad_in[index(op.chunk, op.micro)] = pp_.recv(act_buf(recv_grad_, out_block_[size_t(op.chunk / P)], op.micro),
+                                                   op.peer, tag(op.chunk, op.micro, true), s);
   }
-  // The op that finishes the stage's gradients: the last W of a split backward, else the last B.
+  // The ops that finish a piece's gradients: its last W under a split backward, else its last
+  // B. DDP's buckets take the finished gradients as a suffix of the flat buffer, so the pieces
+  // must finish from the last to the first (the schedules do).
   bool split = false;
   for (const PipeOp& op : ops) split = split || op.kind == PipeOp::W;
   const PipeOp::Kind finishing = split ? PipeOp::W : PipeOp::B;
-  int last = -1;
+  std::vector<int> last(static_cast<size_t>(chunk_.pieces()), -1);
   for (size_t i = 0; i < ops.size(); ++i)
-    if (ops[i].kind == finishing) last = int(i);
+    if (ops[i].kind == finishing) last[size_t(ops[i].chunk / P)] = int(i);
+  for (size_t j = 1; j < last.size(); ++j)
+    LOOM_CHECK(last[j] < last[j - 1] || last[0] < 0, "pipeline: piece {} finishes its gradients after piece {}", j,
+               j - 1);
   bubble_ms_ = 0;
   auto wait_in = [&](Work& w) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -65,45 +106,54 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   };
   for (size_t i = 0; i < ops.size(); ++i) {
     const PipeOp& op = ops[i];
-    chunk_.set_slot(op.micro % slots);
     switch (op.kind) {
       case PipeOp::F: {
+        select(op.chunk, op.micro);
         const Inputs in = inputs(op.micro);
-        if (!chunk_.has_embedding()) {
-          wait_in(act_in[size_t(op.micro)]);
-          be.copy(view(chunk_.input()), act_buf(recv_act_, op.micro));
+        if (chunk_receives(op.chunk)) {
+          wait_in(act_in[index(op.chunk, op.micro)]);
+          be.copy(view(chunk_.input()), act_buf(recv_act_, in_block_[size_t(op.chunk / P)], op.micro));
         }
         chunk_.forward(in, dloss, dp_);
         break;
       }
       case PipeOp::B: {
-        const Inputs in = chunk_.has_embedding() ? inputs(op.micro) : Inputs{};
-        if (!chunk_.has_head()) {
-          wait_in(grad_in[size_t(op.micro)]);
-          be.copy(view(chunk_.grad_output()), act_buf(recv_grad_, op.micro));
+        select(op.chunk, op.micro);
+        const Inputs in = op.chunk == 0 ? inputs(op.micro) : Inputs{};
+        if (chunk_sends(op.chunk, G)) {
+          wait_in(grad_in[index(op.chunk, op.micro)]);
+          be.copy(view(chunk_.grad_output()), act_buf(recv_grad_, out_block_[size_t(op.chunk / P)], op.micro));
         }
-        dp_.set_last(int(i) == last);  // DDP's buckets go with the stage's last backward
+        dp_.set_last(int(i) == last[size_t(op.chunk / P)]);  // DDP's buckets go with a piece's last backward
         chunk_.backward(in, dp_, split ? Grads::input : Grads::all);
         break;
       }
       case PipeOp::W:
-        dp_.set_last(int(i) == last);
-        chunk_.backward(chunk_.has_embedding() ? inputs(op.micro) : Inputs{}, dp_, Grads::weight);
+        select(op.chunk, op.micro);
+        dp_.set_last(int(i) == last[size_t(op.chunk / P)]);
+        chunk_.backward(op.chunk == 0 ? inputs(op.micro) : Inputs{}, dp_, Grads::weight);
         break;
-      case PipeOp::send_act:
-        be.copy(act_buf(send_act_, op.micro), view(chunk_.output()));
-        sends.push_back(pp_.send(act_buf(send_act_, op.micro), op.peer, tag(op.micro, false), s));
+      case PipeOp::send_act: {  // of chunk op.chunk - 1, computed here, to op.chunk
+        select(op.chunk - 1, op.micro);
+        const Buf b = act_buf(send_act_, out_block_[size_t((op.chunk - 1) / P)], op.micro);
+        be.copy(b, view(chunk_.output()));
+        sends.push_back(pp_.send(b, op.peer, tag(op.chunk, op.micro, false), s));
         break;
-      case PipeOp::send_grad:
-        be.copy(act_buf(send_grad_, op.micro), view(chunk_.grad_input()));
-        sends.push_back(pp_.send(act_buf(send_grad_, op.micro), op.peer, tag(op.micro, true), s));
+      }
+      case PipeOp::send_grad: {  // of chunk op.chunk + 1's input, computed here, to op.chunk
+        select(op.chunk + 1, op.micro);
+        const Buf b = act_buf(send_grad_, in_block_[size_t((op.chunk + 1) / P)], op.micro);
+        be.copy(b, view(chunk_.grad_input()));
+        sends.push_back(pp_.send(b, op.peer, tag(op.chunk, op.micro, true), s));
         break;
+      }
       case PipeOp::recv_act:
       case PipeOp::recv_grad:
         break;  // posted at the start
     }
   }
   for (auto& w : sends) w.wait();
+  chunk_.set_piece(0);
   chunk_.set_slot(0);
 }
 
@@ -111,38 +161,49 @@ ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedu
   ChunkSpec spec;
   const int pp = cfg.parallel.pp;
   if (pp == 1) return spec;
-  const std::vector<int> blocks = pipeline_layers(cfg);
-  int b0 = 0;
-  for (int i = 0; i < stage; ++i) b0 += blocks[size_t(i)];
-  spec.unit_lo = stage == 0 ? 0 : b0 + 1;
-  spec.unit_hi = stage == pp - 1 ? -1 : b0 + blocks[size_t(stage)] + 1;
-  const PipeSchedule sched =
-      pipeline_schedule(cfg.parallel.pp_schedule, pp, cfg.parallel.pp_virtual, cfg.accum_steps());
-  spec.slots = pipeline_check(sched).peak_in_flight[size_t(stage)];
+  const int v = cfg.parallel.pp_virtual, G = pp * v;
+  const std::vector<int> blocks = pipeline_layers(cfg);  // per model chunk
+  const PipeSchedule sched = pipeline_schedule(cfg.parallel.pp_schedule, pp, v, cfg.accum_steps());
+  const PipeTiming t = pipeline_check(sched);
+  spec.pieces.clear();
+  for (int g = stage; g < G; g += pp) {
+    int b0 = 0;
+    for (int i = 0; i < g; ++i) b0 += blocks[size_t(i)];
+    spec.pieces.push_back(
+        {g == 0 ? 0 : b0 + 1, g == G - 1 ? -1 : b0 + blocks[size_t(g)] + 1, t.peak_in_flight_chunk[size_t(g)]});
+  }
   if (schedule) *schedule = sched;
   return spec;
 }
 
-std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, const ChunkSpec& spec, DType dtype) {
+std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, int stage, DType dtype) {
   std::vector<PlanItem> items;
-  if (cfg.parallel.pp == 1) return items;
+  const int pp = cfg.parallel.pp, v = cfg.parallel.pp_virtual;
+  if (pp == 1) return items;
   const int tp = cfg.parallel.tp;
   const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
   const int64_t n = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model * cfg.accum_steps();
-  if (spec.unit_lo > 0)
-    items.insert(items.end(), {{"pp_recv_act", n, dtype, Mem::comm}, {"pp_send_grad", n, dtype, Mem::comm}});
-  if (spec.unit_hi >= 0)
-    items.insert(items.end(), {{"pp_send_act", n, dtype, Mem::comm}, {"pp_recv_grad", n, dtype, Mem::comm}});
+  int n_in = 0, n_out = 0;
+  pieces_needing(stage, pp, v, false, &n_in);
+  pieces_needing(stage, pp, v, true, &n_out);
+  if (n_in)
+    items.insert(items.end(), {{"pp_recv_act", n * n_in, dtype, Mem::comm}, {"pp_send_grad", n * n_in, dtype, Mem::comm}});
+  if (n_out)
+    items.insert(items.end(),
+                 {{"pp_send_act", n * n_out, dtype, Mem::comm}, {"pp_recv_grad", n * n_out, dtype, Mem::comm}});
   return items;
 }
 
-std::vector<PipeOp> pipeline_forward_ops(int stages, int stage, int micro_batches) {
+std::vector<PipeOp> pipeline_forward_ops(int stages, int virtual_chunks, int stage, int micro_batches) {
   std::vector<PipeOp> ops;
-  for (int m = 0; m < micro_batches; ++m) {
-    if (stage > 0) ops.push_back({PipeOp::recv_act, m, stage, stage - 1});
-    ops.push_back({PipeOp::F, m, stage});
-    if (stage + 1 < stages) ops.push_back({PipeOp::send_act, m, stage + 1, stage + 1});
-  }
+  const int G = stages * virtual_chunks;
+  auto stage_of = [&](int g) { return g % stages; };
+  for (int m = 0; m < micro_batches; ++m)
+    for (int g = stage; g < G; g += stages) {
+      if (chunk_receives(g)) ops.push_back({PipeOp::recv_act, m, g, stage_of(g - 1)});
+      ops.push_back({PipeOp::F, m, g});
+      if (chunk_sends(g, G)) ops.push_back({PipeOp::send_act, m, g + 1, stage_of(g + 1)});
+    }
   return ops;
 }
 

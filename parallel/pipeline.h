@@ -4,7 +4,9 @@
 // copy per micro-batch, so compute never waits for them; the time a stage spends waiting for a
 // receive is its bubble (the step clock's bubble phase). Activations of the micro-batches in
 // flight live in the chunk's slots (micro-batch k in slot k mod slots: the schedules finish
-// micro-batches in order, and the checker's peak bounds how many are in flight). A schedule
+// micro-batches in order, and the checker's peak bounds how many are in flight). Under the
+// interleaved schedule a stage holds several model chunks, the chunk's pieces, each with its
+// own activations and slots. A schedule
 // with W ops splits each backward: B computes the input gradient the previous stage waits
 // for, W the weight gradients later, from the output gradients B kept in the slot. With one
 // stage, the op list is the accumulation loop and nothing is sent.
@@ -30,7 +32,7 @@ class PipelineStage {
   double bubble_ms() const { return bubble_ms_; }  // waiting in receives during the last run
 
  private:
-  Buf act_buf(Tensor& t, int micro) const;
+  Buf act_buf(Tensor& t, int block, int micro) const;  // block: the piece's among those needing t
   Chunk& chunk_;
   DataParallel& dp_;
   ProcessGroup& pp_;
@@ -38,18 +40,23 @@ class PipelineStage {
   Trace& trace_;
   int micro_;
   int64_t rows_;                                        // elements of one activation or gradient between stages
-  Tensor recv_act_, recv_grad_, send_act_, send_grad_;  // one [rows] block per micro-batch
+  // One [rows] block per micro-batch and piece that needs it: pieces receiving activations
+  // (and sending their gradients), and pieces sending them (and receiving gradients).
+  Tensor recv_act_, recv_grad_, send_act_, send_grad_;
+  std::vector<int> in_block_, out_block_;  // per piece: its block index in those, or -1
   double bubble_ms_ = 0;
 };
 
 // Stage `stage`'s chunk under cfg.parallel.pp: its units (the embedding on the first stage, the
-// head on the last, parallel.pp_layers' blocks) and its activation slots, the schedule's peak
-// in flight on it (the schedule is checked on the way; *schedule, if given, gets it).
+// head on the last, parallel.pp_layers' blocks; under the interleaved schedule one piece per
+// model chunk stage + k * pp) and each piece's activation slots, the schedule's peak in flight
+// on that model chunk (the schedule is checked on the way; *schedule, if given, gets it).
 ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule = nullptr);
-// What PipelineStage allocates for that chunk (the memory planner's items).
-std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, const ChunkSpec& spec, DType dtype);
+// What PipelineStage allocates for that stage (the memory planner's items).
+std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, int stage, DType dtype);
 
-// The forward-only list of a stage (validation): receive, forward, send, per micro-batch.
-std::vector<PipeOp> pipeline_forward_ops(int stages, int stage, int micro_batches);
+// The forward-only list of a stage (validation): per micro-batch, through each of its model
+// chunks: receive, forward, send.
+std::vector<PipeOp> pipeline_forward_ops(int stages, int virtual_chunks, int stage, int micro_batches);
 
 }  // namespace loom

@@ -242,7 +242,8 @@ PipeTiming pipeline_check(const PipeSchedule& s, double tf, double tb, double tw
   const size_t P = static_cast<size_t>(p);
   std::vector<size_t> pc(P, 0);
   std::vector<double> clock(P, 0);
-  std::vector<int> in_flight(P, 0);
+  std::vector<int> in_flight(P, 0), in_flight_chunk(size_t(G), 0);
+  t.peak_in_flight_chunk.assign(size_t(G), 0);
   for (int st = 0; st < p; ++st) {
     t.start[size_t(st)].assign(s.ops[size_t(st)].size(), 0);
     t.end[size_t(st)].assign(s.ops[size_t(st)].size(), 0);
@@ -302,9 +303,13 @@ PipeTiming pipeline_check(const PipeSchedule& s, double tf, double tb, double tw
         clock[size_t(st)] = end;
         t.busy[size_t(st)] += cost;
         if (op.kind <= PipeOp::W) done[{int(op.kind), op.micro, op.chunk}] = end;
-        if (op.kind == PipeOp::F)
+        if (op.kind == PipeOp::F) {
           t.peak_in_flight[size_t(st)] = std::max(t.peak_in_flight[size_t(st)], ++in_flight[size_t(st)]);
-        if ((op.kind == PipeOp::B && !s.split_backward) || op.kind == PipeOp::W) --in_flight[size_t(st)];
+          int& c = t.peak_in_flight_chunk[size_t(op.chunk)];
+          c = std::max(c, ++in_flight_chunk[size_t(op.chunk)]);
+        }
+        if ((op.kind == PipeOp::B && !s.split_backward) || op.kind == PipeOp::W)
+          --in_flight[size_t(st)], --in_flight_chunk[size_t(op.chunk)];
         if (op.kind == PipeOp::send_act || op.kind == PipeOp::send_grad) {
           LOOM_CHECK(op.peer >= 0 && op.peer < p && op.peer != st, "schedule {}: stage {}: {} to stage {}", s.name, st,
                      pipe_op_name(op.kind), op.peer);

@@ -43,6 +43,7 @@ struct PipeTiming {
   double makespan = 0;
   std::vector<double> busy;                     // per stage: time computing
   std::vector<int> peak_in_flight;              // per stage: micro-batch chunks forwarded, not yet done backward
+  std::vector<int> peak_in_flight_chunk;        // the same per model chunk
   std::vector<std::vector<double>> start, end;  // per stage, per op (sends and receives take no time)
   double bubble() const;                        // idle over makespan, worst stage
   double bubble_mean() const;                   // idle over makespan, mean over stages

@@ -112,7 +112,6 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
       clock_(clock),
       n_(groups.dp.size()),
       r_(groups.dp.rank()),
-      first_(chunk.first_unit()),
       dtype_(be_.dtype()),
       reduce_(grad_reduce_dtype(cfg)) {
   LOOM_CHECK(stage_ >= 1 && stage_ <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage_);
@@ -211,7 +210,7 @@ void Zero::weights_to(float* host) {
 // Unit u's slot among four: the edges have their own (the embeddings are used at both ends
 // of a pass); blocks alternate between two, so one transfers while the next computes.
 Zero::Slot& Zero::slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const {
-  const int i = u - first_, last = int(units_.size()) - 1;
+  const int i = chunk_.layout().local(u), last = int(units_.size()) - 1;
   if (i == 0) return *slots[0];
   if (i == last) return *slots[1];
   return *slots[size_t(2 + i % 2)];
@@ -280,13 +279,15 @@ Ptr Zero::params(int u, Pass pass) {
   // Prefetch the unit that comes next while this one computes (the embeddings and the head
   // have slots of their own, so the first block gathers during the embeddings too); a second
   // read of a unit in the same pass is out of sequence and prefetches nothing.
-  const int i = u - first_, last = int(units_.size()) - 1;
+  const ModelLayout& layout = chunk_.layout();
+  const int i = layout.local(u), last = int(units_.size()) - 1;
   const int next = pass == Pass::forward ? i + 1 : i - 1;
   if (first_read && next >= 0 && next <= last) {
-    Slot& nx = slot_of(param_slots_, first_ + next);
-    if (!nx.in_use && !(nx.unit == first_ + next && nx.pass == pass)) {
+    const int nu = layout.unit_ids[size_t(next)];
+    Slot& nx = slot_of(param_slots_, nu);
+    if (!nx.in_use && !(nx.unit == nu && nx.pass == pass)) {
       wait(nx.work);
-      gather_into(nx, first_ + next, pass);
+      gather_into(nx, nu, pass);
     }
   }
   return ptr_of(s.buf);

@@ -70,7 +70,7 @@ class Zero final : public DataParallel {
   void drain(Slot& slot);  // waits for a slot's reduce-scatter and adds it into the shard
   void wait(const Work& w);
   Buf dev(void* p, int64_t n, DType t) const { return Buf(p, n, t, be_.device()); }
-  const Unit& unit(int u) const { return units_[size_t(u - first_)]; }
+  const Unit& unit(int u) const { return units_[size_t(chunk_.layout().local(u))]; }
 
   int stage_;
   Chunk& chunk_;
@@ -79,7 +79,7 @@ class Zero final : public DataParallel {
   ProcessGroup& tp_;
   ProcessGroup& host_dp_;
   StepClock* clock_;
-  int n_, r_, first_;
+  int n_, r_;
   float* reduced_ = nullptr;  // the reduced gradients apply() reads, between reduce_grads() and it
   DType dtype_, reduce_;
   std::vector<Unit> units_;

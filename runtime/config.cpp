@@ -471,8 +471,7 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);
   LOOM_CHECK(
       p.pp_virtual == 1 || p.pp_schedule == "interleaved",
-      "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\", which the trainer does not run yet; set "
-      "pp_virtual = 1",
+      "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\"; set it, or set pp_virtual = 1",
       p.pp_virtual);
   // Set away from their defaults without stages, they would do nothing (a printed config,
   // which names every key, still loads).
@@ -484,9 +483,11 @@ void config_validate(Config& cfg) {
                "{} is set but parallel.pp = 1, so it would do nothing; set parallel.pp or remove it", key);
   pipeline_layers(cfg);  // the split must work
   if (p.pp > 1) {
-    LOOM_CHECK(p.pp_schedule != "interleaved",
-               "parallel.pp_schedule = \"interleaved\" is planned (loom plan pipeline shows it) but the executor runs "
-               "gpipe, 1f1b and zb only so far; use one of them");
+    LOOM_CHECK(p.pp_schedule != "interleaved" || cfg.accum_steps() % p.pp == 0,
+               "parallel.pp_schedule = \"interleaved\" needs the micro-batches per step ({} = train.global_batch / "
+               "(train.micro_batch x parallel.dp)) to be a multiple of parallel.pp = {}; change train.global_batch or "
+               "train.micro_batch",
+               cfg.accum_steps(), p.pp);
     LOOM_CHECK(p.pp_schedule != "zb" || cfg.train.recompute != "full",
                "parallel.pp_schedule = \"zb\" with train.recompute = \"full\" would recompute every block twice (once "
                "for each half of the split backward); use train.recompute = \"selective\" or \"none\"");
@@ -611,17 +612,19 @@ std::string config_to_toml(const Config& cfg, const std::string& only) {
 }
 
 std::vector<int> pipeline_layers(const Config& cfg) {
-  const int p = cfg.parallel.pp, L = cfg.model.n_layer;
+  // One count per model chunk: a stage's, or under the interleaved schedule pp x pp_virtual.
+  const int v = cfg.parallel.pp_virtual, p = cfg.parallel.pp * v, L = cfg.model.n_layer;
+  const char* key = v == 1 ? "parallel.pp" : "parallel.pp x pp_virtual";
+  const char* unit = v == 1 ? "stage" : "model chunk";
   std::string spec = cfg.parallel.pp_layers;
   std::erase(spec, ' ');  // "1, 3" reads as "1,3"
   std::vector<int> out;
   if (spec.empty()) {
-    LOOM_CHECK(p <= L, "parallel.pp = {} stages but model.n_layer = {}: every stage needs a block; lower parallel.pp",
-               p, L);
+    LOOM_CHECK(p <= L, "{} = {} {}s but model.n_layer = {}: every {} needs a block; lower {}", key, p, unit, L, unit,
+               key);
     LOOM_CHECK(L % p == 0,
-               "parallel.pp = {} does not divide model.n_layer = {}; set parallel.pp_layers to the blocks per stage, "
-               "e.g. \"{}\"",
-               p, L, [&] {
+               "{} = {} does not divide model.n_layer = {}; set parallel.pp_layers to the blocks per {}, e.g. \"{}\"", key,
+               p, L, unit, [&] {
                  std::string e;
                  for (int s = 0; s < p; ++s) e += (s ? "," : "") + std::to_string(L / p + (s > 0 && s <= L % p));
                  return e;
@@ -639,9 +642,8 @@ std::vector<int> pipeline_layers(const Config& cfg) {
     out.push_back(std::stoi(part));
     at = comma + 1;
   }
-  LOOM_CHECK(int(out.size()) == p,
-             "parallel.pp_layers = \"{}\" gives {} stage(s) but parallel.pp = {}; list one count of blocks per stage",
-             spec, out.size(), p);
+  LOOM_CHECK(int(out.size()) == p, "parallel.pp_layers = \"{}\" gives {} {}(s) but {} = {}; list one count of blocks per {}",
+             spec, out.size(), unit, key, p, unit);
   int sum = 0;
   for (int b : out) sum += b;
   LOOM_CHECK(sum == L,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline properties beyond parity (tests/dist/parity.sh covers that):
 #   1. every schedule is bitwise repeatable for a fixed layout (pp 2, twice each), and zb's
-#      split backward gives 1f1b's bits (the same sums in the same order), with every recompute
-#      policy it runs;
+#      split backward and interleaved's two model chunks per stage give 1f1b's bits (the same
+#      sums in the same order), zb with every recompute policy it runs;
 #   2. the tied embedding's copies on the first and last stage end bitwise equal (the trainer
 #      checks and logs it; an unreduced copy would drift);
 #   3. the ledger's activation bytes on stage 0 at pp 4 with m = 8 micro-batches: gpipe holds
@@ -26,14 +26,17 @@ run() {  # NAME NP ARGS...
     --set export.final="$dir/$name/final.safetensors" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
 }
 same() { "$compare" "$dir/$1" "$dir/$2" --loss-rtol 0 --norm-rtol 0 --weight-atol 0 --min-steps 6; }
-for s in gpipe 1f1b zb; do
-  run "${s}_a" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s
-  run "${s}_b" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s
+for s in gpipe 1f1b zb interleaved; do
+  v=1
+  [ $s = interleaved ] && v=2
+  run "${s}_a" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s --set parallel.pp_virtual=$v
+  run "${s}_b" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s --set parallel.pp_virtual=$v
   same "${s}_a" "${s}_b"
   grep -q "tied embedding: the first and last stage's copies are bitwise equal" "$dir/${s}_a.log" ||
     { echo "FAIL: no check of the tied copies"; exit 1; }
 done
 same 1f1b_a zb_a
+same 1f1b_a interleaved_a  # each block's gradients summed over the micro-batches in order, as 1f1b
 for arch in llama gpt2; do
   for s in 1f1b zb; do
     run "${s}_sel_$arch" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s \

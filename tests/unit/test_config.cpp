@@ -90,8 +90,16 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
   EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_virtual = 2\n"); }).find("needs parallel.pp_schedule"),
             std::string::npos);
   EXPECT_NE(error_of([] {
-              loaded("[parallel]\npp = 2\npp_schedule = \"interleaved\"\n");
-            }).find("gpipe, 1f1b and zb only"),
+              loaded("[parallel]\npp = 3\npp_layers = \"1,2,1\"\npp_schedule = \"interleaved\"\n");
+            }).find("micro-batches per step (2 = train.global_batch"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              loaded("[parallel]\npp = 2\npp_virtual = 4\npp_schedule = \"interleaved\"\n");
+            }).find("parallel.pp x pp_virtual = 8 model chunks but model.n_layer = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              loaded("[parallel]\npp = 2\npp_virtual = 2\npp_schedule = \"interleaved\"\npp_layers = \"2,2\"\n");
+            }).find("gives 2 model chunk(s) but parallel.pp x pp_virtual = 4"),
             std::string::npos);
   EXPECT_NE(error_of([] {
               loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n[train]\nrecompute = \"full\"\n");

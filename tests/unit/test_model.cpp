@@ -112,7 +112,7 @@ TEST_P(ModelTest, ChunksComposeToTheWholeModel) {
   cfg.model.tie_embeddings = false;  // a head without the embedding holds its own lm_head
   threads_set(1);
   const int N = cfg.train.micro_batch * cfg.model.seq_len;
-  Built whole(cfg), first(cfg, {0, 2}), second(cfg, {2, -1});
+  Built whole(cfg), first(cfg, {{{0, 2}}}), second(cfg, {{{2, -1}}});
   registry_init(whole.chunk->registry(), whole.params(), 3);
   registry_init(first.chunk->registry(), first.params(), 3);
   registry_init(second.chunk->registry(), second.params(), 3);
