@@ -3,7 +3,7 @@
 # one thread each): the mean over steps 3.. of bubble_ms / step_ms (bubble_ms: the waiting of
 # the stage that waits most), next to `loom plan pipeline`'s prediction. Prints a Markdown table.
 #   examples/pipeline/bubble.sh [SCHEDULE:MICRO ...]   (default: each schedule at m 4 and 8;
-#   interleaved with two model chunks per stage, one block each)
+#   interleaved with two model chunks per stage, two blocks each)
 #   env: LOOM (build/loom), LAUNCH ("launch/mpirun.sh -np"), STEPS (20), ARGS (extra --set ...)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,7 +13,7 @@ points=("$@")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 # Two equal stages: a small vocabulary keeps the head from outweighing the blocks.
-model=(--set model.n_layer=4 --set model.d_model=256 --set model.n_head=8 --set model.seq_len=128 --set model.vocab_size=512
+model=(--set model.n_layer=8 --set model.d_model=256 --set model.n_head=8 --set model.seq_len=128 --set model.vocab_size=512
        --set train.micro_batch=2 --set train.threads=1 --set data.val_batches=0 --set parallel.pp=2)
 echo "| schedule | m | predicted | measured |"
 echo "| --- | ---: | ---: | ---: |"
