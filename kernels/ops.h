@@ -135,4 +135,35 @@ double sum_squares(const float* x, int64_t n);
 void widen(float* out, const bf16* in, int64_t n);
 void narrow(bf16* out, const float* in, int64_t n);
 
+// defines: moe_route, moe_gather, moe_combine, moe_combine_backward, moe_scatter_add,
+// moe_router_backward, column_sums (kernels/cpu/moe.cpp)
+// Mixture of experts over N tokens, E experts, top k. A token's k choices are its
+// assignments; row_of[t*k + j] is the row of assignment j in the expert-sorted buffer (-1:
+// dropped by capacity), token_of_row[r] the token of row r.
+// probs [N,E] = softmax(logits); idx [N,k]: the k largest, descending (ties: the lower id);
+// w [N,k]: their probabilities over their sum (Mixtral's renormalization).
+template <class S>
+void moe_route(float* probs, int32_t* idx, float* w, const S* logits, int N, int E, int k);
+// rows[r] = x[token_of_row[r]], rows [R, C] overwritten.
+template <class S>
+void moe_gather(S* rows, const S* x, const int32_t* token_of_row, int R, int C);
+// out[t] = sum_j w[t,j] * rows[row_of[t,j]] over kept assignments (zero if none), overwrite.
+template <class S>
+void moe_combine(S* out, const S* rows, const int32_t* row_of, const float* w, int N, int k, int C);
+// drows[row_of[t,j]] = w[t,j] * dout[t] (overwrite); dw[t,j] = dout[t] . rows[row_of[t,j]]
+// (0 if dropped), overwrite.
+template <class S>
+void moe_combine_backward(S* drows, float* dw, const S* dout, const S* rows, const int32_t* row_of, const float* w,
+                          int N, int k, int C);
+// dx[t] += sum_j drows[row_of[t,j]] over kept assignments.
+template <class S>
+void moe_scatter_add(S* dx, const S* drows, const int32_t* row_of, int N, int k, int C);
+// dlogits [N,E] (overwrite) from dw [N,k] through the renormalization and the softmax, plus
+// aux_g[e] (d objective / d probs[t,e], the same for every token: the load-balancing loss).
+template <class S>
+void moe_router_backward(S* dlogits, const float* probs, const int32_t* idx, const float* w, const float* dw,
+                         const float* aux_g, int N, int E, int k);
+// out[e] = sum_t probs[t,e] (fixed order), overwrite.
+void column_sums(float* out, const float* probs, int N, int E);
+
 }  // namespace loom::cpu

@@ -26,6 +26,7 @@ void StepLog::after_step(const StepMetrics& m, const std::function<double()>& va
   metrics_.step(m);
   result_.losses.push_back(m.loss);
   result_.grad_norms.push_back(m.grad_norm);
+  if (!m.moe.empty()) result_.aux_losses.push_back(m.aux_loss);
   result_.comm_exposed_ms += m.comm_exposed_ms;
   if (++seen_ > 1) timed_ms_ += m.step_ms;  // this process's first step is a warm-up
   const double elapsed = ms_since(start_) / 1e3;

@@ -347,6 +347,7 @@ StepMetrics Trainer::step(int64_t step) {
   p.last_compute_ms = t.of(Phase::compute);
   m.loss = loss_sum / double(p.tokens_per_step);
   m.grad_norm = p.dpar->grad_norm();
+  p.moe_metrics(m);
   m.compute_ms = t.of(Phase::compute);
   m.comm_exposed_ms = t.of(Phase::comm);
   m.bubble_ms = t.of(Phase::bubble);

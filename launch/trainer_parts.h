@@ -136,6 +136,20 @@ struct Trainer::Parts {
     backend->zero(Buf(sum));
     return v;
   }
+  // The step's MoE statistics, summed over dp and the pipeline's stages (each layer lives on
+  // one), averaged over the micro-batches.
+  void moe_metrics(StepMetrics& m) {
+    std::vector<double> st = chunk->moe_stats_take();
+    if (st.empty()) return;
+    mesh->host_group(Axis::dp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
+    if (pipe) mesh->host_group(Axis::pp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
+    m.aux_loss = 0;
+    for (size_t i = 0; i < st.size() / 4; ++i) {
+      const double* v = st.data() + 4 * i, n = std::max(v[3], 1.0);
+      m.aux_loss += v[0] / n / double(st.size() / 4);
+      m.moe.push_back({int((i + 1) * cfg.model.moe.every - 1), v[1] / n, v[2] / n});
+    }
+  }
   // Whole validation batches in the data (0: none).
   int64_t val_available() const {
     return data.val ? num_sequences(*data.val, cfg.model.seq_len) / cfg.train.global_batch : 0;

@@ -128,6 +128,16 @@ class Backend {
   virtual void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H,
                                   int KV, int D) = 0;
   virtual void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) = 0;
+  // Mixture of experts (kernels/ops.h, moe_*): index arrays are i32 on the backend's device.
+  virtual void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) = 0;
+  virtual void moe_gather(Ptr rows, Ptr x, const int32_t* token_of_row, int R, int C) = 0;
+  virtual void moe_combine(Ptr out, Ptr rows, const int32_t* row_of, const float* w, int N, int k, int C) = 0;
+  virtual void moe_combine_backward(Ptr drows, float* dw, Ptr dout, Ptr rows, const int32_t* row_of, const float* w,
+                                    int N, int k, int C) = 0;
+  virtual void moe_scatter_add(Ptr dx, Ptr drows, const int32_t* row_of, int N, int k, int C) = 0;
+  virtual void moe_router_backward(Ptr dlogits, const float* probs, const int32_t* idx, const float* w,
+                                   const float* dw, const float* aux_g, int N, int E, int k) = 0;
+  virtual void column_sums(float* out, const float* probs, int N, int E) = 0;
   virtual void ce_stats(Ptr logits, const Inputs& in, int N, int Vl, int valid, int v0, float* rowmax,
                         float* target) = 0;
   virtual void ce_sumexp(Ptr logits, const float* rowmax, int N, int Vl, int valid, float* sumexp) = 0;

@@ -226,6 +226,45 @@ class CpuBackend final : public Backend {
         cpu::gelu_backward(dfc.as<S>(), fc.as<S>(), dact.as<S>(), int64_t(N) * F);
     });
   }
+  void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::moe_route(probs, idx, w, logits.as<S>(), N, E, k);
+    });
+  }
+  void moe_gather(Ptr rows, Ptr x, const int32_t* token_of_row, int R, int C) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::moe_gather(rows.as<S>(), x.as<S>(), token_of_row, R, C);
+    });
+  }
+  void moe_combine(Ptr out, Ptr rows, const int32_t* row_of, const float* w, int N, int k, int C) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::moe_combine(out.as<S>(), rows.as<S>(), row_of, w, N, k, C);
+    });
+  }
+  void moe_combine_backward(Ptr drows, float* dw, Ptr dout, Ptr rows, const int32_t* row_of, const float* w, int N,
+                            int k, int C) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::moe_combine_backward(drows.as<S>(), dw, dout.as<S>(), rows.as<S>(), row_of, w, N, k, C);
+    });
+  }
+  void moe_scatter_add(Ptr dx, Ptr drows, const int32_t* row_of, int N, int k, int C) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::moe_scatter_add(dx.as<S>(), drows.as<S>(), row_of, N, k, C);
+    });
+  }
+  void moe_router_backward(Ptr dlogits, const float* probs, const int32_t* idx, const float* w, const float* dw,
+                           const float* aux_g, int N, int E, int k) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::moe_router_backward(dlogits.as<S>(), probs, idx, w, dw, aux_g, N, E, k);
+    });
+  }
+  void column_sums(float* out, const float* probs, int N, int E) override { cpu::column_sums(out, probs, N, E); }
   void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;

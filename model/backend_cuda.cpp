@@ -191,6 +191,27 @@ class CudaBackend final : public Backend {
                           int D) override {
     cuda::attention_backward(B16(dqkv), B16(dout), B16(out), B16(qkv), stats.as<float>(), scratch, B, T, H, KV, D, s_);
   }
+  void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) override {
+    cuda::moe_route(probs, idx, w, B16(logits), N, E, k, s_);
+  }
+  void moe_gather(Ptr rows, Ptr x, const int32_t* token_of_row, int R, int C) override {
+    cuda::moe_gather(B16(rows), B16(x), token_of_row, R, C, s_);
+  }
+  void moe_combine(Ptr out, Ptr rows, const int32_t* row_of, const float* w, int N, int k, int C) override {
+    cuda::moe_combine(B16(out), B16(rows), row_of, w, N, k, C, s_);
+  }
+  void moe_combine_backward(Ptr drows, float* dw, Ptr dout, Ptr rows, const int32_t* row_of, const float* w, int N,
+                            int k, int C) override {
+    cuda::moe_combine_backward(B16(drows), dw, B16(dout), B16(rows), row_of, w, N, k, C, s_);
+  }
+  void moe_scatter_add(Ptr dx, Ptr drows, const int32_t* row_of, int N, int k, int C) override {
+    cuda::moe_scatter_add(B16(dx), B16(drows), row_of, N, k, C, s_);
+  }
+  void moe_router_backward(Ptr dlogits, const float* probs, const int32_t* idx, const float* w, const float* dw,
+                           const float* aux_g, int N, int E, int k) override {
+    cuda::moe_router_backward(B16(dlogits), probs, idx, w, dw, aux_g, N, E, k, s_);
+  }
+  void column_sums(float* out, const float* probs, int N, int E) override { cuda::column_sums(out, probs, N, E, s_); }
   void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) override {
     cuda::crossentropy_forward_backward(B16(logits), losses, in.targets, N, V, valid, dloss, s_);
   }

@@ -2,46 +2,10 @@
 
 #include <cmath>
 
+#include "model/chunk_bufs.h"
 #include "parallel/tensor_parallel.h"
 
 namespace loom {
-
-// Order of the saved buffers and the scratch; act_plan and these agree.
-enum ActBuf {
-  RESIDUAL,
-  LN1,
-  LN1_MEAN,
-  LN1_RSTD,
-  QKV,
-  ATTN_STATS,
-  ATTY,
-  RES2,
-  LN2,
-  LN2_MEAN,
-  LN2_RSTD,
-  FC,
-  ACT,
-  LNF,
-  LNF_MEAN,
-  LNF_RSTD,
-  LNF_FULL,
-  LOGITS,
-  LOSSES,
-  WGRAD_STASH,
-  NUM_BUF
-};
-enum Scr { D_RES, D_LN, D_ATTY, D_QKV, D_FC, D_ACT, ATTN_SCRATCH, FULL_A, FULL_B, D_SHARD, D_NORMW, CE_STATS, NUM_SCR };
-
-// One block's parameters (or gradients): null where the architecture has none.
-struct Chunk::LayerW {
-  Ptr w[NUM_W];
-  float* g[NUM_W];
-};
-// One block's activations: its own copies, or the shared ones backward refills.
-struct Chunk::LayerA {
-  Ptr ln1, qkv, stats, atty, res2, ln2, fc, act;
-  float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
-};
 
 // Reads and writes the chunk's own flat buffers.
 class Chunk::FlatAccess final : public UnitAccess {
@@ -95,6 +59,8 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
     LOOM_ASSERT(cp.unit_lo >= 0 && cp.unit_lo < hi && hi <= L_ + 2 && cp.slots >= 1);
     Piece pc{std::max(cp.unit_lo, 1) - 1, std::min(hi, L_ + 1) - 1, cp.unit_lo == 0, hi == L_ + 2, cp.slots,
              std::move(plan.pieces[j]), {}};
+    for (int l = pc.b0; l < pc.b1; ++l) pc.moe += cfg.moe_block(l) ? 1 : 0;
+    pc.routes.resize(size_t(pc.moe * pc.slots));
     for (auto& b : pc.plan.buffers) pc.acts.push_back(alloc.empty({b.numel * b.copies * pc.slots}, b.dtype, Mem::activations));
     pieces_.push_back(std::move(pc));
   }
@@ -109,6 +75,7 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
     be_.upload(Buf(rope_sin_), sn.data());
   }
   loss_sum_ = alloc.empty({1}, DType::f64, Mem::workspace);
+  moe_stats_.assign(size_t(4 * cfg.moe_layers()), 0.0);
 }
 
 Chunk::~Chunk() = default;
@@ -178,8 +145,25 @@ Chunk::LayerW Chunk::layer_g(float* unit_base, int l) const {
 }
 
 Chunk::LayerA Chunk::layer_a(int i) {
-  return {act(LN1, i), act(QKV, i), act(ATTN_STATS, i), act(ATTY, i),      act(RES2, i),      act(LN2, i),
-          act(FC, i),  act(ACT, i), actf(LN1_MEAN, i),  actf(LN1_RSTD, i), actf(LN2_MEAN, i), actf(LN2_RSTD, i)};
+  // Dense MLP and MoE buffers are numbered among the blocks of their kind.
+  const int l = b0_ + i;
+  int same = 0;
+  for (int j = b0_; j < l; ++j) same += cfg_.moe_block(j) == cfg_.moe_block(l) ? 1 : 0;
+  const bool moe = cfg_.moe_block(l);
+  return {act(LN1, i),
+          act(QKV, i),
+          act(ATTN_STATS, i),
+          act(ATTY, i),
+          act(RES2, i),
+          act(LN2, i),
+          moe ? Ptr() : act(FC, same),
+          moe ? Ptr() : act(ACT, same),
+          actf(LN1_MEAN, i),
+          actf(LN1_RSTD, i),
+          actf(LN2_MEAN, i),
+          actf(LN2_RSTD, i),
+          moe ? same : -1,
+          l};
 }
 
 Ptr Chunk::at(Ptr unit_base, int unit, const char* name) const {
@@ -315,6 +299,7 @@ void Chunk::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr pending
     be_.norm_forward(llama_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, in, W[NORM2_W], W[NORM2_B], Ns_, C_, eps);
   }
   const Ptr in2 = column_parallel_input(a.ln2, gathered);
+  if (a.moe >= 0) return moe_forward(lw, a, in2, out, moe_training_, recomputing);
   {
     auto s = trace_.scope("fc_forward");
     be_.linear_forward(a.fc, in2, W[FC_W], W[FC_B], N, C_, llama_ ? 2 * F_ : F_, lay);
@@ -352,19 +337,28 @@ void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, 
   const WLayout lay = llama_ ? WLayout::out_in : WLayout::in_out;
   const int fc = llama_ ? 2 * F_ : F_;
   Ptr dout = row_parallel_grad(dres, full_a);
-  {
-    auto s = trace_.scope("down_act_backward");
-    be_.down_act_backward(llama_, dfc, G[DOWN_W], G[DOWN_B], dout, a.act, a.fc, W[DOWN_W], dact, N, F_, C_, lay);
+  Ptr dln2;
+  if (a.moe >= 0) {
+    // Every tp rank runs the whole MoE layer on every row: its input gradient is whole there,
+    // nothing to reduce; sequence parallel keeps this rank's rows.
+    LOOM_ASSERT(!keep);  // the config refuses zb with MoE
+    moe_backward(lw, lg, a, column_parallel_input(a.ln2, full_b), dout, dln);
+    dln2 = dln + (sp_ ? int64_t(tp_rank_) * Ns_ * C_ : 0);
+  } else {
+    {
+      auto s = trace_.scope("down_act_backward");
+      be_.down_act_backward(llama_, dfc, G[DOWN_W], G[DOWN_B], dout, a.act, a.fc, W[DOWN_W], dact, N, F_, C_, lay);
+    }
+    if (keep) stash_keep(dout, int64_t(N) * C_);
+    {
+      auto s = trace_.scope("fc_backward");
+      // The weight gradient reads the normed input, gathered under sp; the input gradient does not.
+      const Ptr in2 = keep ? Ptr() : column_parallel_input(a.ln2, full_b);
+      be_.linear_backward(dln, G[FC_W], G[FC_B], dfc, in2, W[FC_W], N, C_, fc, lay);
+    }
+    if (keep) stash_keep(dfc, int64_t(N) * fc);
+    dln2 = column_parallel_grad(dln);
   }
-  if (keep) stash_keep(dout, int64_t(N) * C_);
-  {
-    auto s = trace_.scope("fc_backward");
-    // The weight gradient reads the normed input, gathered under sp; the input gradient does not.
-    const Ptr in2 = keep ? Ptr() : column_parallel_input(a.ln2, full_b);
-    be_.linear_backward(dln, G[FC_W], G[FC_B], dfc, in2, W[FC_W], N, C_, fc, lay);
-  }
-  if (keep) stash_keep(dfc, int64_t(N) * fc);
-  const Ptr dln2 = column_parallel_grad(dln);
   {
     auto s = trace_.scope("norm2_backward");  // dres += : the residual adds its own path
     be_.norm_backward(llama_, dres, g_n2w, g_n2b, dln2, a.res2, W[NORM2_W], a.ln2_mean, a.ln2_rstd, Ns_, C_);
@@ -485,6 +479,7 @@ void Chunk::head_forward(const Inputs& in, float dloss, Ptr pending, UnitAccess&
 }
 
 void Chunk::forward(const Inputs& in, float dloss, UnitAccess& acc) {
+  moe_training_ = dloss != 0.0f;  // validation's forward counts no MoE statistics
   if (emb_here_) embedding_forward(in, acc);
   // Each block's MLP branch is `pending` until the next norm adds it into the stream.
   Ptr pending;
@@ -561,7 +556,8 @@ void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
     } else if (policy_ == Recompute::selective) {
       auto s = trace_.scope("recompute_selective");
       if (be_.traits().attention_probs) be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_);
-      if (part == Grads::all) be_.act_forward(llama_, a.act, a.fc, N, F_);  // B does not read it; W recomputes it
+      // B does not read it (W recomputes it); a MoE block recomputes its experts' in moe_backward.
+      if (part == Grads::all && a.moe < 0) be_.act_forward(llama_, a.act, a.fc, N, F_);
     }
     const bool keep = part == Grads::input;
     block_backward(w, keep ? LayerW{} : layer_g(acc.grads(l + 1), l), a, x, dres, keep);

@@ -110,6 +110,11 @@ class Chunk {
   Ptr grad_input();   // [Ns, C]: d(input) after backward (the same buffer)
   // f64 [1]: per-token losses summed since it was last zeroed (head chunk).
   Tensor& loss_sum() { return loss_sum_; }
+  // MoE layers, per layer of the model (cfg.moe_layers(); those of other stages stay 0): the
+  // sums over the training micro-batches since the last take of the load-balancing loss, the
+  // expert load (most tokens on one expert over the mean) and the dropped fraction, and how
+  // many micro-batches; 4 values per layer.
+  std::vector<double> moe_stats_take();
 
  private:
   struct LayerW;  // pointers of one block's parameters, or gradients
@@ -153,6 +158,13 @@ class Chunk {
   void embedding_forward(const Inputs& in, UnitAccess& acc);
   void head_forward(const Inputs& in, float dloss, Ptr pending, UnitAccess& acc);
   void head_backward(UnitAccess& acc, Grads part);
+  // A MoE block's MLP branch (model/moe.cpp): from the normed input x [N, C] (every row; sp
+  // gathers it) to this rank's rows of `out`; recomputing stops before combining (`out`
+  // already holds it); count: add to moe_stats_. Backward: from d(out) over every row [N, C]
+  // to dx [N, C] (overwritten),
+  // the router's and the experts' weight gradients accumulated.
+  void moe_forward(const LayerW& w, const LayerA& a, Ptr x, Ptr out, bool count, bool recomputing);
+  void moe_backward(const LayerW& w, const LayerW& g, const LayerA& a, Ptr x, Ptr dout, Ptr dx);
   // The stash of a split backward: the next n elements of the slot's, in B's order.
   Ptr stash_next(int64_t n);
   Ptr stash_keep(Ptr src, int64_t n);  // B: src copied to the next n
@@ -167,12 +179,20 @@ class Chunk {
   int tp_size_, tp_rank_, v0_, valid_;      // v0_: the first vocabulary id this rank holds; valid_: how many are real
   bool sp_;
   int Ns_;                    // rows of the norm and residual regions on this rank (N / tp with sp)
+  // Where a MoE layer's assignments went (host): rows [offsets[e], offsets[e+1]) are expert
+  // e's; share[e]: its fraction of the N * top_k assignments before capacity.
+  struct MoeRoute {
+    std::vector<int64_t> offsets;
+    std::vector<float> share;
+  };
   struct Piece {
     int b0, b1;       // blocks [b0, b1)
     bool emb, head;   // whether it starts with the embedding, ends with the head
     int slots;
     ActPlan plan;
     std::vector<Tensor> acts;
+    int moe = 0;                   // MoE blocks
+    std::vector<MoeRoute> routes;  // per slot and MoE block
   };
   std::vector<Piece> pieces_;
   int piece_ = 0;
@@ -187,6 +207,9 @@ class Chunk {
   Tensor params_, grads_;
   std::vector<Tensor> scratch_;
   Tensor rope_cos_, rope_sin_, loss_sum_;
+  std::vector<double> moe_stats_;  // see moe_stats_take()
+  bool moe_training_ = false;      // the forward running is a training one
+  std::vector<int32_t> moe_host_;  // host staging of the router's choices and the permutation
   std::unique_ptr<UnitAccess> flat_;
 };
 

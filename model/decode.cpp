@@ -15,6 +15,8 @@ namespace loom {
 
 Decoder::Decoder(const Config& cfg, const std::string& path) : cfg_(cfg) {
   cfg_.parallel = ParallelConfig{};  // one process holds every tensor whole
+  LOOM_CHECK(cfg_.model.moe.num_experts == 0,
+             "generation with MoE layers is not supported yet (the decoder has no expert routing); use a dense model");
   layout_ = model_layout(cfg_);
   w_.resize(layout_.reg.numel());
   unused_ = model_load(layout_.reg, w_.data(), path);

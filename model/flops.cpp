@@ -15,13 +15,21 @@ int64_t param_count(const Config& cfg) {
     rest = V * C + C;
   }
   if (!m.tie_embeddings) rest += V * C;
-  return per_layer * m.n_layer + rest;
+  // MoE blocks: the router and every expert instead of the MLP.
+  const int64_t moe = cfg.moe_layers(), E = m.moe.num_experts;
+  return per_layer * m.n_layer + moe * (E * C + (E - 1) * 3 * C * F) + rest;
+}
+
+int64_t active_param_count(const Config& cfg) {
+  const auto& m = cfg.model;
+  const int64_t C = m.d_model, F = m.d_ff, E = m.moe.num_experts, k = m.moe.top_k;
+  return param_count(cfg) - cfg.moe_layers() * (E - k) * 3 * C * F;  // a token meets top_k experts
 }
 
 FlopsPerToken flops_per_token(const Config& cfg, bool attention_probs) {
   const auto& m = cfg.model;
   const int64_t C = m.d_model, V = m.vocab_size, T = m.seq_len, L = m.n_layer;
-  int64_t n = param_count(cfg);
+  int64_t n = active_param_count(cfg);
   if (m.arch == "gpt2") n -= T * C;   // position table: a lookup
   if (!m.tie_embeddings) n -= V * C;  // the input embedding is a lookup; lm_head is a matmul
   FlopsPerToken f;
@@ -31,7 +39,8 @@ FlopsPerToken flops_per_token(const Config& cfg, bool attention_probs) {
   f.hardware = f.model;
   // Full recompute reruns every block forward (not the lm_head) but its down projection: 2
   // FLOPs per block weight. The CPU's selective policy reruns attention's scores.
-  const double down = double(L) * double(m.d_ff) * double(C);
+  // (A MoE block's recompute reruns its experts whole: their outputs are saved for backward.)
+  const double down = double(L - cfg.moe_layers()) * double(m.d_ff) * double(C);
   if (cfg.train.recompute == "full") f.hardware += 2.0 * (double(n - V * C) - down) + attn / 3.0;
   if (cfg.train.recompute == "selective" && attention_probs) f.hardware += attn / 3.0;
   return f;

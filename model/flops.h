@@ -1,5 +1,5 @@
 // FLOPs per token for MFU (DESIGN 9): 6N + 12*L*C*T, N the parameters a token's matmuls
-// touch (lookup tables such as position embeddings, and an untied input embedding, are
+// touch (with MoE layers the router and its top_k experts, not all of them; lookup tables such as position embeddings, and an untied input embedding, are
 // lookups, not matmuls, and do not count). HFU adds the recomputed forward work.
 #pragma once
 #include "runtime/config.h"
@@ -15,6 +15,7 @@ struct FlopsPerToken {
 // selective reruns the attention core where the backend keeps attention probabilities
 // (attention_probs; flash attention keeps none, so its selective policy reruns no matmul).
 FlopsPerToken flops_per_token(const Config& cfg, bool attention_probs = true);
-int64_t param_count(const Config& cfg);  // every parameter the registry holds
+int64_t param_count(const Config& cfg);         // every parameter of the model (all experts)
+int64_t active_param_count(const Config& cfg);  // those a token meets (its top_k experts)
 
 }  // namespace loom

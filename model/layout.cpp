@@ -34,6 +34,9 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   if (unit_hi < 0) unit_hi = L_all + 2;
   // This chunk's blocks, and whether it ends with the head.
   const int L = std::max(0, std::min(unit_hi, L_all + 1) - std::max(unit_lo, 1));
+  int nm = 0;  // of them, mixtures of experts (their own buffers; the dense MLP's are the others')
+  for (int l = std::max(unit_lo, 1) - 1; l < std::max(unit_lo, 1) - 1 + L; ++l) nm += cfg.moe_block(l) ? 1 : 0;
+  const int nd = L - nm;
   const int64_t head = unit_hi == L_all + 2 ? 1 : 0;
   const bool llama = cfg.model.arch == "llama";
   const int64_t qkv = (H + 2 * KV) * D, fc = llama ? 2 * F : F;
@@ -41,6 +44,12 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   // Copies: every layer's own (L), or one shared buffer that backward refills (1).
   const int keep = policy == Recompute::full ? 1 : L;
   const int keep_sel = policy == Recompute::none ? L : 1;
+  // The same for the dense MLPs (nd of them) and the MoE layers (nm).
+  auto kept = [&](int n, bool selective_too) {
+    return policy == Recompute::none || (policy == Recompute::selective && !selective_too) ? n : std::min(n, 1);
+  };
+  const int64_t E = cfg.model.moe.num_experts, k = cfg.model.moe.top_k, Fe = cfg.model.d_ff;
+  const int64_t R = nm ? moe_rows(cfg, N) : 0;  // rows of the expert-sorted buffers
   // The attention's saved statistics: probabilities go with selective recompute, a
   // log-sum-exp stays with every policy but full.
   const int keep_stats = bt.attention_probs ? keep_sel : keep;
@@ -66,8 +75,8 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"ln2", Ns * C, keep, x},
       {"ln2_mean", llama ? 0 : Ns, keep, f32},
       {"ln2_rstd", Ns, keep, f32},
-      {"fc", N * fc, keep, x},
-      {"act", N * F, keep_sel, x},  // activation function output: selective recomputes it
+      {"fc", N * fc, kept(nd, false), x},
+      {"act", N * F, kept(nd, true), x},  // activation function output: selective recomputes it
       {"lnf", head * Ns * C, 1, x},
       {"lnf_mean", llama ? 0 : head * Ns, 1, f32},
       {"lnf_rstd", head * Ns, 1, f32},
@@ -75,6 +84,17 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"logits", head * N * V, 1, x},
       {"losses", head * N, 1, f32},
       {"wgrad_stash", stash, 1, x},
+      // MoE layers (model/chunk.h): the router's probabilities, choices and weights, where
+      // each assignment went, and the expert-sorted rows through the experts.
+      {"moe_probs", N * E, kept(nm, false), f32},
+      {"moe_idx", N * k, kept(nm, false), DType::i32},
+      {"moe_w", N * k, kept(nm, false), f32},
+      {"moe_row_of", N * k, kept(nm, false), DType::i32},
+      {"moe_token", R, kept(nm, false), DType::i32},
+      {"moe_x", R * C, kept(nm, false), x},
+      {"moe_fc", R * 2 * Fe, kept(nm, false), x},
+      {"moe_act", R * Fe, kept(nm, true), x},
+      {"moe_y", R * C, kept(nm, false), x},
   };
   p.scratch = {{"d_residual", Ns * C, 1, x},
                {"d_norm", N * C, 1, x},
@@ -89,8 +109,26 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
                {"full_b", sp ? N * C : 0, 1, x, true},
                {"d_shard", sp ? Ns * C : 0, 1, x, true},
                {"d_normw", sp ? 4 * C : 0, 1, f32, true},
-               {"ce_stats", tp > 1 ? head * 3 * N : 0, 1, f32, true}};
+               {"ce_stats", tp > 1 ? head * 3 * N : 0, 1, f32, true},
+               {"moe_logits", nm ? N * E : 0, 1, x},  // and their gradient
+               {"moe_drows", R * C, 1, x},
+               {"moe_dfc", R * 2 * Fe, 1, x},
+               {"moe_dact", R * Fe, 1, x},
+               {"moe_dw", nm ? N * k : 0, 1, f32},
+               {"moe_aux", nm ? 2 * E : 0, 1, f32},  // the aux gradient per expert, then the probabilities' sums
+               {"moe_dx", nm ? N * C : 0, 1, x}};
   return p;
+}
+
+int64_t moe_capacity(const Config& cfg, int64_t N) {
+  const auto& m = cfg.model.moe;
+  if (m.capacity_factor <= 0) return N * m.top_k;  // dropless: one expert may take every assignment
+  return int64_t(std::ceil(m.capacity_factor * double(N) * m.top_k / m.num_experts));
+}
+
+int64_t moe_rows(const Config& cfg, int64_t N) {
+  const auto& m = cfg.model.moe;
+  return std::min(N * m.top_k, int64_t(m.num_experts) * moe_capacity(cfg, N));
 }
 
 int64_t ActPlan::activation_bytes() const {
@@ -144,7 +182,7 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_h
   return model_layout(cfg, tp_rank, {{unit_lo, unit_hi}});
 }
 
-ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs) {
+ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs, int ep_rank) {
   using I = ParamSpec::Init;
   const bool llama = cfg.model.arch == "llama";
   const int L = cfg.model.n_layer, H = cfg.model.n_head, KV = cfg.kv_heads(), D = cfg.head_dim();
@@ -152,6 +190,8 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::
   const int64_t C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size, T = cfg.model.seq_len;
   const int64_t Vp = cfg.vocab_padded();
   const float resid_std = 0.02f / std::sqrt(2.0f * L);  // GPT-2: scale residual projections
+  // Experts: E in all, El on this rank from e0 (expert parallel: its share).
+  const int E = cfg.model.moe.num_experts, El = E / cfg.parallel.ep, e0 = ep_rank * El;
   ModelLayout m;
   auto& reg = m.reg;
   int unit = 0;  // the global unit being registered
@@ -220,6 +260,20 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::
       add(p + "self_attn.v_proj.weight", {int64_t(KV) * D, C}, I::normal, 0);
       at(l, PROJ_W, add(p + "self_attn.o_proj.weight", {C, int64_t(H) * D}, I::normal, 1, 1, resid_std));
       at(l, NORM2_W, add(p + "post_attention_layernorm.weight", {C}, I::ones));
+      if (cfg.moe_block(l)) {
+        // Mixtral's sparse block; experts are whole on every tp rank (this rank's ep share).
+        const std::string q = p + "block_sparse_moe.";
+        at(l, MOE_GATE, add(q + "gate.weight", {E, C}, I::normal));
+        for (int e = e0; e < e0 + El; ++e) {
+          const std::string x = fmt::format("{}experts.{}.", q, e);
+          const ParamSpec& w1 = add(x + "w1.weight", {F, C}, I::normal);
+          if (e == e0) at(l, MOE_EXPERTS, w1);
+          add(x + "w3.weight", {F, C}, I::normal);
+          add(x + "w2.weight", {C, F}, I::normal, -1, 1, resid_std);
+        }
+        unit_end();
+        continue;
+      }
       at(l, FC_W, add(p + "mlp.gate_proj.weight", {F, C}, I::normal, 0));
       add(p + "mlp.up_proj.weight", {F, C}, I::normal, 0);
       at(l, DOWN_W, add(p + "mlp.down_proj.weight", {C, F}, I::normal, 1, 1, resid_std));

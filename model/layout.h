@@ -52,12 +52,34 @@ struct ActPlan {
   int64_t scratch_bytes() const;
   std::string table() const;
 };
+// An expert's capacity for N tokens: ceil(capacity_factor * N * top_k / E) assignments (all N
+// top_k of them when dropless), and the rows the expert-sorted buffers hold.
+int64_t moe_capacity(const Config& cfg, int64_t N);
+int64_t moe_rows(const Config& cfg, int64_t N);
 // For the chunk of units [unit_lo, unit_hi) (-1: through the head).
 ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits& traits = {}, int unit_lo = 0,
                  int unit_hi = -1);
 
 // Fields of one block in ModelLayout::layer_offsets. gpt2 uses all; llama has no biases.
-enum WField { NORM1_W, NORM1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, NORM2_W, NORM2_B, FC_W, FC_B, DOWN_W, DOWN_B, NUM_W };
+// A MoE block (llama) has no FC/DOWN: MOE_GATE is its router [E, C], MOE_EXPERTS the first of
+// its (local) experts, each w1 [F, C], w3 [F, C] (one [2F, C] matrix), w2 [C, F] in turn.
+enum WField {
+  NORM1_W,
+  NORM1_B,
+  QKV_W,
+  QKV_B,
+  PROJ_W,
+  PROJ_B,
+  NORM2_W,
+  NORM2_B,
+  FC_W,
+  FC_B,
+  DOWN_W,
+  DOWN_B,
+  MOE_GATE,
+  MOE_EXPERTS,
+  NUM_W
+};
 
 // Names of the tensors outside the blocks (null where the architecture has none).
 struct HeadNames {
@@ -91,7 +113,9 @@ struct ModelLayout {
 // This rank's view under tensor parallelism (cfg.parallel.tp): local shapes, global names, the
 // vocabulary padded to cfg.vocab_padded() rows; units [unit_lo, unit_hi) (-1: through the head).
 ModelLayout model_layout(const Config& cfg, int tp_rank = 0, int unit_lo = 0, int unit_hi = -1);
-// Units from several runs [lo, hi) (hi -1: through the head), in model order.
-ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs);
+// Units from several runs [lo, hi) (hi -1: through the head), in model order; ep_rank: which
+// num_experts / ep experts of each MoE block this rank holds.
+ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs,
+                         int ep_rank = 0);
 
 }  // namespace loom

@@ -128,6 +128,9 @@ struct Config {
 
   // Derived after validate().
   int head_dim() const { return model.d_model / model.n_head; }
+  // Whether block l (0-based) is a mixture of experts: blocks every-1, 2 every-1, ...
+  bool moe_block(int l) const { return model.moe.num_experts > 0 && (l + 1) % model.moe.every == 0; }
+  int moe_layers() const { return model.moe.num_experts > 0 ? model.n_layer / model.moe.every : 0; }
   int kv_heads() const { return model.n_kv_head ? model.n_kv_head : model.n_head; }
   int accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
   // The vocabulary as loom holds it: padded to a multiple of tp x 64 (Megatron's

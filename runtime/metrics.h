@@ -28,6 +28,15 @@ struct StepMetrics {
   std::string skipped;          // why the update was skipped (non-finite, spike, sdc), or empty
   std::vector<int> stragglers;  // ranks slower than their peers for several steps in a row
   std::vector<int> sdc_ranks;   // ranks whose gradients differed from their recomputation
+  // MoE: the load-balancing loss (mean over MoE layers and micro-batches; not in `loss`) and
+  // per MoE layer the expert load (most assignments on one expert over the mean) and the
+  // fraction of assignments dropped by capacity.
+  struct MoeLayer {
+    int layer;
+    double load, dropped;
+  };
+  double aux_loss = 0;
+  std::vector<MoeLayer> moe;
 };
 
 class MetricsWriter {

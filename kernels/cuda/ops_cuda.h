@@ -150,4 +150,17 @@ void sum_squares_table(double* out, const float* grads, const OptChunkDev* chunk
 // *scale = clip_coef(sqrt(*sum_squares), max_norm), on the device.
 void grad_clip_scale(float* scale, const double* sum_squares, double max_norm, cudaStream_t s);
 
+// defines: moe_route, moe_gather, moe_combine, moe_combine_backward, moe_scatter_add,
+// moe_router_backward, column_sums (kernels/cuda/moe.cu; kernels/ops.h gives the semantics)
+void moe_route(float* probs, int32_t* idx, float* w, const bf16* logits, int N, int E, int k, cudaStream_t s);
+void moe_gather(bf16* rows, const bf16* x, const int32_t* token_of_row, int R, int C, cudaStream_t s);
+void moe_combine(bf16* out, const bf16* rows, const int32_t* row_of, const float* w, int N, int k, int C,
+                 cudaStream_t s);
+void moe_combine_backward(bf16* drows, float* dw, const bf16* dout, const bf16* rows, const int32_t* row_of,
+                          const float* w, int N, int k, int C, cudaStream_t s);
+void moe_scatter_add(bf16* dx, const bf16* drows, const int32_t* row_of, int N, int k, int C, cudaStream_t s);
+void moe_router_backward(bf16* dlogits, const float* probs, const int32_t* idx, const float* w, const float* dw,
+                         const float* aux_g, int N, int E, int k, cudaStream_t s);
+void column_sums(float* out, const float* probs, int N, int E, cudaStream_t s);
+
 }  // namespace loom::cuda

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """PyTorch reference for loom's parity tests.
 
-Builds a small gpt2 or llama (GQA) model with Hugging Face tensor names, writes its initial
-weights (safetensors) and a token shard (llm.c format), trains it with torch.optim.AdamW,
-clip_grad_norm_ and loom's LR schedule on loom's batch order, and writes the per-step losses
-and final weights. The outputs are small and committed under tests/fixtures/, so the tests
-need no PyTorch. Run: python3 tests/reference/torch_reference.py {gpt2|llama} OUT_DIR
+Builds a small gpt2, llama (GQA) or mixtral (llama with Mixtral's sparse MoE blocks: E
+experts, top-k routing renormalized, the Switch load-balancing loss) model with Hugging Face
+tensor names, writes its initial weights (safetensors) and a token shard (llm.c format),
+trains it with torch.optim.AdamW, clip_grad_norm_ and loom's LR schedule on loom's batch
+order, and writes the per-step losses (for mixtral also the load-balancing loss) and final
+weights. The outputs are small and committed under tests/fixtures/, so the tests need no
+PyTorch. Run: python3 tests/reference/torch_reference.py {gpt2|llama|mixtral} OUT_DIR
 """
 import json
 import math
@@ -23,9 +25,11 @@ torch.manual_seed(0)
 torch.set_num_threads(1)
 
 V, T, C, L, H = 96, 16, 32, 2, 4
-KV = 2 if ARCH == "llama" else 4
+MOE = ARCH == "mixtral"
+KV = 2 if ARCH != "gpt2" else 4
+E, K, AUX = 4, 2, 0.01  # mixtral: experts, top-k, load-balancing loss weight
 D = C // H
-FF = 64 if ARCH == "llama" else 4 * C
+FF = 64 if ARCH != "gpt2" else 4 * C
 TIE = ARCH == "gpt2"
 B, G, STEPS = 4, 8, 12  # micro-batch 4, global batch 8: two accumulation micro-batches
 HP = dict(lr=3e-3, min_lr=3e-4, warmup=2, wd=0.1, b1=0.9, b2=0.95, eps=1e-8, clip=1.0)
@@ -70,6 +74,14 @@ def init_params():
             normal(p + "self_attn.v_proj.weight", (KV * D, C))
             normal(p + "self_attn.o_proj.weight", (C, H * D))
             near(p + "post_attention_layernorm.weight", (C,), 1.0)
+            if MOE:
+                normal(p + "block_sparse_moe.gate.weight", (E, C), 0.2)  # routes that differ by token
+                for e in range(E):
+                    q = p + f"block_sparse_moe.experts.{e}."
+                    normal(q + "w1.weight", (FF, C))
+                    normal(q + "w3.weight", (FF, C))
+                    normal(q + "w2.weight", (C, FF))
+                continue
             normal(p + "mlp.gate_proj.weight", (FF, C))
             normal(p + "mlp.up_proj.weight", (FF, C))
             normal(p + "mlp.down_proj.weight", (C, FF))
@@ -99,8 +111,27 @@ def rmsnorm(x, w, eps=1e-5):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+def moe(P, p, h):  # Mixtral's sparse block over the tokens of h [Bn,T,C]; returns (out, aux)
+    x = h.reshape(-1, C)
+    probs = F.softmax(x @ P[p + "block_sparse_moe.gate.weight"].t(), dim=-1)
+    w, sel = probs.topk(K, dim=-1)
+    w = w / w.sum(-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(E):
+        tok, j = (sel == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        q = p + f"block_sparse_moe.experts.{e}."
+        xe = x[tok]
+        ye = (F.silu(xe @ P[q + "w1.weight"].t()) * (xe @ P[q + "w3.weight"].t())) @ P[q + "w2.weight"].t()
+        out = out.index_add(0, tok, ye * w[tok, j].unsqueeze(-1))
+    f = torch.bincount(sel.reshape(-1), minlength=E).float() / sel.numel()  # no gradient: through P only
+    return out.view_as(h), E * (f * probs.mean(0)).sum()
+
+
 def forward(P, idx, tgt):
     Bn = idx.shape[0]
+    auxes = []
     if ARCH == "gpt2":
         x = P["transformer.wte.weight"][idx] + P["transformer.wpe.weight"][:T]
         for i in range(L):
@@ -127,11 +158,18 @@ def forward(P, idx, tgt):
             y = attention(rope(q), rope(k), v).transpose(1, 2).reshape(Bn, T, C)
             x = x + y @ P[p + "self_attn.o_proj.weight"].t()
             h = rmsnorm(x, P[p + "post_attention_layernorm.weight"])
+            if MOE:
+                y, a = moe(P, p, h)
+                x = x + y
+                auxes.append(a)
+                continue
             h = F.silu(h @ P[p + "mlp.gate_proj.weight"].t()) * (h @ P[p + "mlp.up_proj.weight"].t())
             x = x + h @ P[p + "mlp.down_proj.weight"].t()
         x = rmsnorm(x, P["model.norm.weight"])
         logits = x @ P["lm_head.weight"].t()
-    return F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
+    ce = F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
+    aux = torch.stack(auxes).mean() if auxes else torch.zeros(())
+    return ce, aux
 
 
 def write_safetensors(path, tensors):
@@ -169,17 +207,19 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": HP["wd"]}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=HP["lr"], betas=(HP["b1"], HP["b2"]), eps=HP["eps"], foreach=False)
     data = torch.from_numpy(tokens.astype(np.int64))
-    losses, norms = [], []
+    losses, norms, aux_losses = [], [], []
     for step in range(STEPS):
         opt.zero_grad()
-        total = 0.0
+        total, total_aux = 0.0, 0.0
         for micro in range(G // B):
             seqs = [step * G + micro * B + b for b in range(B)]
             idx = torch.stack([data[k * T: k * T + T] for k in seqs])
             tgt = torch.stack([data[k * T + 1: k * T + T + 1] for k in seqs])
-            loss = forward(P, idx, tgt) / (G // B)
-            loss.backward()
-            total += loss.item()
+            ce, aux = forward(P, idx, tgt)
+            ((ce + AUX * aux) / (G // B)).backward()
+            total += ce.item() / (G // B)
+            total_aux += aux.item() / (G // B)
+        aux_losses.append(total_aux)
         norms.append(float(torch.nn.utils.clip_grad_norm_(list(P.values()), HP["clip"])))
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
@@ -187,19 +227,23 @@ def main():
         losses.append(total)
     write_safetensors(os.path.join(OUT, "final.safetensors"), P)
     with open(os.path.join(OUT, "losses.json"), "w") as f:
-        json.dump({"losses": losses, "grad_norms": norms, "torch": torch.__version__}, f, indent=1)
-    kv = f"n_kv_head = {KV}\nd_ff = {FF}\n" if ARCH == "llama" else ""
+        out = {"losses": losses, "grad_norms": norms, "torch": torch.__version__}
+        if MOE:
+            out["aux_losses"] = aux_losses
+        json.dump(out, f, indent=1)
+    kv = f"n_kv_head = {KV}\nd_ff = {FF}\n" if ARCH != "gpt2" else ""
+    moe_keys = f"[model.moe]\nnum_experts = {E}\ntop_k = {K}\naux_loss_coef = {AUX}\n" if MOE else ""
     with open(os.path.join(OUT, "config.toml"), "w") as f:
         f.write(f"""# Written by tests/reference/torch_reference.py; the parity test points data.path and init.from here.
 [model]
-arch = "{ARCH}"
+arch = "{"llama" if MOE else ARCH}"
 n_layer = {L}
 d_model = {C}
 n_head = {H}
 {kv}vocab_size = {V}
 seq_len = {T}
 tie_embeddings = {"true" if TIE else "false"}
-[train]
+{moe_keys}[train]
 micro_batch = {B}
 global_batch = {G}
 steps = {STEPS}

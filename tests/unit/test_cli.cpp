@@ -224,7 +224,7 @@ TEST(Cli, SuggestionsKnowSectionsAndSynonyms) {
 TEST(Cli, KeysThatWouldDoNothingAreErrors) {
   expect_one_line_error("train --set checkpoint.dir=/tmp/ck", "checkpoint.dir is set but nothing saves or resumes");
   expect_one_line_error("train --set checkpoint.every=5", "checkpoint.every = 5 needs checkpoint.dir");
-  expect_one_line_error("train --set model.moe.top_k=2", "mixture-of-experts layers are not");
+  expect_one_line_error("train --set model.moe.top_k=1", "model.moe.top_k is set but model.moe.num_experts = 0");
   expect_one_line_error("train --set parallel.pp_schedule=gpipe", "parallel.pp_schedule is set but parallel.pp = 1");
   expect_one_line_error("train --set parallel.pp_layers=2,2", "parallel.pp_layers is set but parallel.pp = 1");
 }

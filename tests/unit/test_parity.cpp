@@ -1,4 +1,4 @@
-// Parity with PyTorch: the fixtures under tests/fixtures/parity_{gpt2,llama} were written by
+// Parity with PyTorch: the fixtures under tests/fixtures/parity_{gpt2,llama,mixtral} were written by
 // tests/reference/torch_reference.py (torch.optim.AdamW, clip_grad_norm_, same data order).
 // loom starts from the same weights, trains on the same shard, and must match every step's
 // loss within 1e-4 relative, the step-1 gradient norm before clipping within 1e-5 (a gradient
@@ -39,6 +39,11 @@ TEST_P(Parity, MatchesPyTorch) {
     EXPECT_NEAR(r.losses[s], ref[s], 1e-4 * std::abs(ref[s])) << "step " << s + 1;
     EXPECT_NEAR(r.grad_norms[s], norms[s], (s == 0 ? 1e-5 : 1e-4) * norms[s]) << "step " << s + 1;
   }
+  if (fixture.contains("aux_losses")) {  // MoE: the load-balancing loss too
+    auto aux = fixture["aux_losses"].get<std::vector<double>>();
+    ASSERT_EQ(r.aux_losses.size(), aux.size());
+    for (size_t s = 0; s < aux.size(); ++s) EXPECT_NEAR(r.aux_losses[s], aux[s], 1e-4 * aux[s]) << "step " << s + 1;
+  }
 
   auto want = safetensors_read(dir + "final.safetensors");
   auto got = safetensors_read(out);
@@ -52,4 +57,4 @@ TEST_P(Parity, MatchesPyTorch) {
     EXPECT_LT(worst, 1e-4) << name;
   }
 }
-INSTANTIATE_TEST_SUITE_P(Arch, Parity, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(Arch, Parity, ::testing::Values("gpt2", "llama", "mixtral"));

@@ -1,0 +1,160 @@
+// Mixture-of-experts routing, permutation and combination: the twins of kernels/cpu/moe.cpp,
+// one thread per token (or row), each doing its own row's work in a fixed order (no atomics).
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+
+__global__ void moe_route_kernel(float* probs, int32_t* idx, float* w, const bf16* logits, int N, int E, int k) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  const bf16* l = logits + int64_t(t) * E;
+  float* p = probs + int64_t(t) * E;
+  float mx = -INFINITY;
+  for (int e = 0; e < E; ++e) mx = fmaxf(mx, f(l[e]));
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum += (p[e] = expf(f(l[e]) - mx));
+  for (int e = 0; e < E; ++e) p[e] /= sum;
+  int32_t* id = idx + int64_t(t) * k;
+  float sel = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken = taken || id[i] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    }
+    id[j] = best;
+    sel += p[best];
+  }
+  for (int j = 0; j < k; ++j) w[int64_t(t) * k + j] = p[id[j]] / sel;
+}
+
+__global__ void moe_gather_kernel(bf16* rows, const bf16* x, const int32_t* token_of_row, int R, int C) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(R) * C) return;
+  const int64_t r = i / C, c = i % C;
+  rows[i] = x[int64_t(token_of_row[r]) * C + c];
+}
+
+__global__ void moe_combine_kernel(bf16* out, const bf16* rows, const int32_t* row_of, const float* w, int N, int k,
+                                   int C) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(N) * C) return;
+  const int64_t t = i / C, c = i % C;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int32_t r = row_of[t * k + j];
+    if (r >= 0) acc += w[t * k + j] * f(rows[int64_t(r) * C + c]);
+  }
+  out[i] = b(acc);
+}
+
+// One warp per assignment: the dot product over C, and the row of drows.
+__global__ void moe_combine_backward_kernel(bf16* drows, float* dw, const bf16* dout, const bf16* rows,
+                                            const int32_t* row_of, const float* w, int A, int k, int C) {
+  const int64_t a = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (a >= A) return;
+  const int32_t r = row_of[a];
+  if (r < 0) {
+    if (lane == 0) dw[a] = 0.0f;
+    return;
+  }
+  const bf16* d = dout + (a / k) * C;
+  const bf16* y = rows + int64_t(r) * C;
+  bf16* dy = drows + int64_t(r) * C;
+  float dot = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    dot += f(d[c]) * f(y[c]);
+    dy[c] = b(w[a] * f(d[c]));
+  }
+  dot = warp_sum(dot);
+  if (lane == 0) dw[a] = dot;
+}
+
+__global__ void moe_scatter_add_kernel(bf16* dx, const bf16* drows, const int32_t* row_of, int N, int k, int C) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(N) * C) return;
+  const int64_t t = i / C, c = i % C;
+  float acc = f(dx[i]);
+  for (int j = 0; j < k; ++j) {
+    const int32_t r = row_of[t * k + j];
+    if (r >= 0) acc += f(drows[int64_t(r) * C + c]);
+  }
+  dx[i] = b(acc);
+}
+
+__global__ void moe_router_backward_kernel(bf16* dlogits, const float* probs, const int32_t* idx, const float* w,
+                                           const float* dw, const float* aux_g, int N, int E, int k) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  const float* p = probs + int64_t(t) * E;
+  const int32_t* id = idx + int64_t(t) * k;
+  const float* wt = w + int64_t(t) * k;
+  const float* g = dw + int64_t(t) * k;
+  float s = 0.0f, gw = 0.0f;
+  for (int j = 0; j < k; ++j) s += p[id[j]], gw += g[j] * wt[j];
+  float dp_dot_p = 0.0f;
+  for (int e = 0; e < E; ++e) dp_dot_p += aux_g[e] * p[e];
+  for (int j = 0; j < k; ++j) dp_dot_p += (g[j] - gw) / s * p[id[j]];
+  bf16* dl = dlogits + int64_t(t) * E;
+  for (int e = 0; e < E; ++e) {
+    float dp = aux_g[e];
+    for (int j = 0; j < k; ++j)
+      if (id[j] == e) dp += (g[j] - gw) / s;
+    dl[e] = b(p[e] * (dp - dp_dot_p));
+  }
+}
+
+__global__ void column_sums_kernel(float* out, const float* probs, int N, int E) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  float s = 0.0f;
+  for (int t = 0; t < N; ++t) s += probs[int64_t(t) * E + e];
+  out[e] = s;
+}
+
+}  // namespace
+
+void moe_route(float* probs, int32_t* idx, float* w, const bf16* logits, int N, int E, int k, cudaStream_t s) {
+  moe_route_kernel<<<blocks_for(N, kThreads), kThreads, 0, s>>>(probs, idx, w, logits, N, E, k);
+  LOOM_CUDA_LAUNCHED();
+}
+void moe_gather(bf16* rows, const bf16* x, const int32_t* token_of_row, int R, int C, cudaStream_t s) {
+  if (R == 0) return;
+  moe_gather_kernel<<<blocks_for(int64_t(R) * C, kThreads), kThreads, 0, s>>>(rows, x, token_of_row, R, C);
+  LOOM_CUDA_LAUNCHED();
+}
+void moe_combine(bf16* out, const bf16* rows, const int32_t* row_of, const float* w, int N, int k, int C,
+                 cudaStream_t s) {
+  moe_combine_kernel<<<blocks_for(int64_t(N) * C, kThreads), kThreads, 0, s>>>(out, rows, row_of, w, N, k, C);
+  LOOM_CUDA_LAUNCHED();
+}
+void moe_combine_backward(bf16* drows, float* dw, const bf16* dout, const bf16* rows, const int32_t* row_of,
+                          const float* w, int N, int k, int C, cudaStream_t s) {
+  const int64_t A = int64_t(N) * k;
+  moe_combine_backward_kernel<<<blocks_for(A * 32, kThreads), kThreads, 0, s>>>(drows, dw, dout, rows, row_of, w,
+                                                                               int(A), k, C);
+  LOOM_CUDA_LAUNCHED();
+}
+void moe_scatter_add(bf16* dx, const bf16* drows, const int32_t* row_of, int N, int k, int C, cudaStream_t s) {
+  moe_scatter_add_kernel<<<blocks_for(int64_t(N) * C, kThreads), kThreads, 0, s>>>(dx, drows, row_of, N, k, C);
+  LOOM_CUDA_LAUNCHED();
+}
+void moe_router_backward(bf16* dlogits, const float* probs, const int32_t* idx, const float* w, const float* dw,
+                         const float* aux_g, int N, int E, int k, cudaStream_t s) {
+  moe_router_backward_kernel<<<blocks_for(N, kThreads), kThreads, 0, s>>>(dlogits, probs, idx, w, dw, aux_g, N, E, k);
+  LOOM_CUDA_LAUNCHED();
+}
+void column_sums(float* out, const float* probs, int N, int E, cudaStream_t s) {
+  column_sums_kernel<<<blocks_for(E, 32), 32, 0, s>>>(out, probs, N, E);
+  LOOM_CUDA_LAUNCHED();
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,162 @@
+// The mixture-of-experts layer of a llama block (Mixtral's): a router [E, C], softmax over the
+// experts, the top k renormalized; each expert a SwiGLU MLP (w1, w3 [F, C] as one [2F, C]
+// matrix, w2 [C, F]). Assignments are sorted by expert on the host (the router's choices come
+// down once per layer: the one host sync), so every expert computes on a contiguous run of
+// rows with the plain GEMMs; a capacity drops an expert's later assignments in token order.
+// Under tensor parallelism the experts are whole on every tp rank, which runs the layer on
+// every row of the micro-batch (sequence parallel gathers them) and keeps its own rows.
+#include <algorithm>
+
+#include "model/chunk_bufs.h"
+
+namespace loom {
+
+void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool count, bool recomputing) {
+  const int N = B_ * T_, C = C_;
+  const auto& mc = cfg_.model.moe;
+  const int E = mc.num_experts, k = mc.top_k, Fe = cfg_.model.d_ff;
+  const int mi = a.moe;
+  const DeviceKind dev = be_.device();
+  float* probs = actf(MOE_PROBS, mi);
+  int32_t* idx = act(MOE_IDX, mi).as<int32_t>();
+  float* w = actf(MOE_W, mi);
+  int32_t* row_of = act(MOE_ROW_OF, mi).as<int32_t>();
+  int32_t* token = act(MOE_TOKEN, mi).as<int32_t>();
+  const Ptr xr = act(MOE_X, mi), fc = act(MOE_FC, mi), ac = act(MOE_ACT, mi), y = act(MOE_Y, mi);
+  {
+    auto s = trace_.scope("moe_router_forward");
+    be_.linear_forward(scr(MOE_LOGITS), x, lw.w[MOE_GATE], Ptr(), N, C, E, WLayout::out_in);
+    be_.moe_route(probs, idx, w, scr(MOE_LOGITS), N, E, k);
+  }
+  // The permutation: assignments in token order, each expert taking at most `cap`.
+  const int64_t A = int64_t(N) * k, cap = moe_capacity(cfg_, N);
+  moe_host_.resize(size_t(2 * A));
+  int32_t* choice = moe_host_.data();
+  int32_t* rows_of = choice + A;
+  be_.download(choice, Buf(idx, A, DType::i32, dev));
+  MoeRoute& route = pieces_[size_t(piece_)].routes[size_t(slot_ * pieces_[size_t(piece_)].moe + mi)];
+  std::vector<int64_t> routed(size_t(E), 0), kept(size_t(E), 0);
+  for (int64_t i = 0; i < A; ++i) {
+    const int e = choice[i];
+    ++routed[size_t(e)];
+    rows_of[i] = kept[size_t(e)] < cap ? int32_t(kept[size_t(e)]++) : -1;  // its place in expert e's run
+  }
+  route.offsets.assign(size_t(E) + 1, 0);
+  route.share.assign(size_t(E), 0.0f);
+  for (int e = 0; e < E; ++e) {
+    route.offsets[size_t(e) + 1] = route.offsets[size_t(e)] + kept[size_t(e)];
+    route.share[size_t(e)] = float(double(routed[size_t(e)]) / double(A));
+  }
+  const int64_t R = route.offsets[size_t(E)];
+  std::vector<int32_t> token_of(static_cast<size_t>(R));
+  for (int64_t i = 0; i < A; ++i)
+    if (rows_of[i] >= 0) {
+      rows_of[i] += int32_t(route.offsets[size_t(choice[i])]);
+      token_of[size_t(rows_of[i])] = int32_t(i / k);
+    }
+  be_.upload(Buf(row_of, A, DType::i32, dev), rows_of);
+  if (R) be_.upload(Buf(token, R, DType::i32, dev), token_of.data());
+  {
+    auto s = trace_.scope("moe_experts_forward");
+    be_.moe_gather(xr, x, token, int(R), C);
+    for (int e = 0; e < E; ++e) {
+      const int64_t r0 = route.offsets[size_t(e)], n = route.offsets[size_t(e) + 1] - r0;
+      if (n == 0) continue;
+      const Ptr w13 = lw.w[MOE_EXPERTS] + int64_t(e) * 3 * Fe * C;
+      be_.linear_forward(fc + r0 * 2 * Fe, xr + r0 * C, w13, Ptr(), int(n), C, 2 * Fe, WLayout::out_in);
+    }
+    if (R) be_.act_forward(true, ac, fc, int(R), Fe);
+    for (int e = 0; e < E; ++e) {
+      const int64_t r0 = route.offsets[size_t(e)], n = route.offsets[size_t(e) + 1] - r0;
+      if (n == 0) continue;
+      const Ptr w2 = lw.w[MOE_EXPERTS] + int64_t(e) * 3 * Fe * C + 2 * int64_t(Fe) * C;
+      be_.linear_forward(y + r0 * C, ac + r0 * Fe, w2, Ptr(), int(n), Fe, C, WLayout::out_in);
+    }
+  }
+  if (recomputing) return;
+  {
+    auto s = trace_.scope("moe_combine");
+    const int64_t t0 = sp_ ? int64_t(tp_rank_) * Ns_ : 0;
+    be_.moe_combine(out, y, row_of + t0 * k, w + t0 * k, Ns_, k, C);
+  }
+  if (!count) return;
+  // Statistics: the load-balancing loss E sum_e f_e P_e, the busiest expert over the mean,
+  // and the dropped fraction.
+  float* sums = scrf(MOE_AUX) + E;
+  be_.column_sums(sums, probs, N, E);
+  std::vector<float> P(static_cast<size_t>(E));
+  be_.download(P.data(), Buf(sums, E, DType::f32, dev));
+  double aux = 0.0;
+  int64_t busiest = 0;
+  for (int e = 0; e < E; ++e) {
+    aux += double(route.share[size_t(e)]) * double(P[size_t(e)]) / N;
+    busiest = std::max(busiest, routed[size_t(e)]);
+  }
+  double* st = moe_stats_.data() + 4 * ((a.layer + 1) / mc.every - 1);
+  st[0] += E * aux;
+  st[1] += double(busiest) / (double(A) / E);
+  st[2] += double(A - R) / double(A);
+  st[3] += 1;
+}
+
+void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr x, Ptr dout, Ptr dx) {
+  const int N = B_ * T_, C = C_;
+  const auto& mc = cfg_.model.moe;
+  const int E = mc.num_experts, k = mc.top_k, Fe = cfg_.model.d_ff;
+  const int mi = a.moe;
+  const DeviceKind dev = be_.device();
+  const MoeRoute& route = pieces_[size_t(piece_)].routes[size_t(slot_ * pieces_[size_t(piece_)].moe + mi)];
+  const int64_t R = route.offsets[size_t(E)];
+  float* probs = actf(MOE_PROBS, mi);
+  const int32_t* idx = act(MOE_IDX, mi).as<int32_t>();
+  const float* w = actf(MOE_W, mi);
+  const int32_t* row_of = act(MOE_ROW_OF, mi).as<int32_t>();
+  const Ptr xr = act(MOE_X, mi), fc = act(MOE_FC, mi), ac = act(MOE_ACT, mi), y = act(MOE_Y, mi);
+  const Ptr drows = scr(MOE_DROWS), dfc = scr(MOE_DFC), dact = scr(MOE_DACT);
+  float* dw = scrf(MOE_DW);
+  {
+    auto s = trace_.scope("moe_experts_backward");
+    if (policy_ == Recompute::selective && R) be_.act_forward(true, ac, fc, int(R), Fe);
+    be_.moe_combine_backward(drows, dw, dout, y, row_of, w, N, k, C);
+    for (int e = 0; e < E; ++e) {
+      const int64_t r0 = route.offsets[size_t(e)], n = route.offsets[size_t(e) + 1] - r0;
+      if (n == 0) continue;
+      const int64_t at = int64_t(e) * 3 * Fe * C + 2 * int64_t(Fe) * C;  // w2
+      be_.linear_backward(dact + r0 * Fe, lg.g[MOE_EXPERTS] + at, nullptr, drows + r0 * C, ac + r0 * Fe,
+                          lw.w[MOE_EXPERTS] + at, int(n), Fe, C, WLayout::out_in);
+    }
+    if (R) be_.act_backward(true, dfc, fc, dact, int(R), Fe);
+    for (int e = 0; e < E; ++e) {  // drows becomes the rows' input gradients
+      const int64_t r0 = route.offsets[size_t(e)], n = route.offsets[size_t(e) + 1] - r0;
+      if (n == 0) continue;
+      const int64_t at = int64_t(e) * 3 * Fe * C;  // w1 | w3
+      be_.linear_backward(drows + r0 * C, lg.g[MOE_EXPERTS] + at, nullptr, dfc + r0 * 2 * Fe, xr + r0 * C,
+                          lw.w[MOE_EXPERTS] + at, int(n), C, 2 * Fe, WLayout::out_in);
+    }
+    be_.zero(rows(dx, int64_t(N) * C));
+    be_.moe_scatter_add(dx, drows, row_of, N, k, C);
+  }
+  {
+    auto s = trace_.scope("moe_router_backward");
+    // The load-balancing term: coef times the mean over MoE layers and over the step's
+    // micro-batches (all dp ranks) of E sum_e f_e P_e, P_e the mean of probs[:, e].
+    const double scale =
+        mc.aux_loss_coef / (double(cfg_.moe_layers()) * cfg_.accum_steps() * cfg_.parallel.dp) * E / N;
+    std::vector<float> aux_g(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) aux_g[size_t(e)] = float(scale * route.share[size_t(e)]);
+    float* g_aux = scrf(MOE_AUX);
+    be_.upload(Buf(g_aux, E, DType::f32, dev), aux_g.data());
+    be_.moe_router_backward(scr(MOE_LOGITS), probs, idx, w, dw, g_aux, N, E, k);
+    be_.linear_backward(scr(MOE_DX), lg.g[MOE_GATE], nullptr, scr(MOE_LOGITS), x, lw.w[MOE_GATE], N, C, E,
+                        WLayout::out_in);
+    be_.add_act(dx, scr(MOE_DX), int64_t(N) * C);
+  }
+}
+
+std::vector<double> Chunk::moe_stats_take() {
+  std::vector<double> out = moe_stats_;
+  std::fill(moe_stats_.begin(), moe_stats_.end(), 0.0);
+  return out;
+}
+
+}  // namespace loom
