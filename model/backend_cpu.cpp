@@ -30,6 +30,12 @@ GemmDims gemm_dims(const Config& cfg) {
   for (int64_t k : {C, H * D, F}) g.kmax = std::max(g.kmax, k);
   for (int64_t n : {qkv, C, fc, V}) g.nmax = std::max(g.nmax, n);
   for (int64_t w : {C * qkv, H * D * C, C * fc, F * C, V * C}) g.wmax = std::max(g.wmax, w);
+  if (const int64_t E = cfg.model.moe.num_experts; E > 0) {  // experts are whole under tp; the router
+    const int64_t Fe = cfg.model.d_ff;
+    g.kmax = std::max({g.kmax, Fe});
+    g.nmax = std::max({g.nmax, 2 * Fe, E});
+    g.wmax = std::max({g.wmax, 2 * Fe * C, E * C});
+  }
   return g;
 }
 

@@ -33,7 +33,11 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 tol=()
 [ "$dtype" = bf16 ] && tol=(--loss-rtol 2e-3 --norm-rtol 5e-3 --weight-atol 5e-2)
-"$loom" train "${common[@]}" "${both[@]}" --set train.micro_batch=8 --set log.dir="$dir/ref" \
+# MoE: the load-balancing loss and the capacity count per micro-batch, so the reference routes
+# the same groups of sequences (it accumulates micro-batches where the layout has dp ranks).
+refmicro=8
+[[ " ${both[*]} " == *model.moe.num_experts* ]] && refmicro=$micro
+"$loom" train "${common[@]}" "${both[@]}" --set train.micro_batch=$refmicro --set log.dir="$dir/ref" \
   --set export.final="$dir/ref/final.safetensors" > "$dir/ref.log" 2>&1 || { cat "$dir/ref.log"; exit 1; }
 $launch "$np" "$loom" train "${common[@]}" --set train.micro_batch="$micro" "$@" \
   --set log.dir="$dir/run" --set export.final="$dir/run/final.safetensors" > "$dir/run.log" 2>&1 || { cat "$dir/run.log"; exit 1; }

@@ -11,13 +11,21 @@
 using namespace loom;
 
 namespace {
+// gpt2, llama, or llama with MoE blocks 1 and 3 of 4 (mixtral; mixtral_cap: capacity 1.0, so
+// that some assignments are dropped).
 Config tiny(const std::string& arch) {
   Config c = config_defaults();
-  c.model.arch = arch;
-  c.model.n_layer = 2;
+  const bool moe = arch.rfind("mixtral", 0) == 0;
+  c.model.arch = moe ? "llama" : arch;
+  c.model.n_layer = moe ? 4 : 2;
+  if (moe) {
+    c.model.moe.num_experts = 4;
+    c.model.moe.every = 2;
+    if (arch == "mixtral_cap") c.model.moe.capacity_factor = 1.0;
+  }
   c.model.d_model = 16;
   c.model.n_head = 4;
-  c.model.n_kv_head = arch == "llama" ? 2 : 0;
+  c.model.n_kv_head = arch != "gpt2" ? 2 : 0;
   c.model.vocab_size = 23;
   c.model.seq_len = 8;
   c.train.micro_batch = 2;
@@ -54,6 +62,9 @@ struct Built {
 
 TEST_P(ModelTest, GradientMatchesFiniteDifferences) {
   Config cfg = tiny(GetParam());
+  // The loss differenced here is the cross-entropy alone (the load-balancing term's gradient
+  // is checked against PyTorch in test_parity.cpp).
+  cfg.model.moe.aux_loss_coef = 0;
   threads_set(1);
   const int B = 2, T = cfg.model.seq_len, N = B * T;
   Built m(cfg);
@@ -64,6 +75,10 @@ TEST_P(ModelTest, GradientMatchesFiniteDifferences) {
   for (auto& s : c.registry().all())
     if (s.shape.size() == 1)
       for (int64_t i = 0; i < s.numel(); ++i) m.params()[s.offset + i] += noise[s.offset + i] * 4;
+  // Routers with decided preferences: no token near a tie that a step would flip.
+  for (auto& s : c.registry().all())
+    if (s.name.find("gate.weight") != std::string::npos)
+      for (int64_t i = 0; i < s.numel(); ++i) m.params()[s.offset + i] *= 20;
   std::vector<int32_t> tok(N), tgt(N);
   for (int i = 0; i < N; ++i) tok[i] = (i * 7 + 3) % 23, tgt[i] = (i * 5 + 1) % 23;
   const Inputs in{tok.data(), tgt.data()};
@@ -79,6 +94,10 @@ TEST_P(ModelTest, GradientMatchesFiniteDifferences) {
 
   // Directional derivative along a random direction per tensor: robust in float32.
   for (auto& s : c.registry().all()) {
+    // Under a capacity, a step of the router moves tokens between experts whose capacity is
+    // full, so which are dropped changes: the loss steps there (the router's gradient is
+    // checked without a capacity, mixtral).
+    if (cfg.model.moe.capacity_factor > 0 && s.name.find("gate.weight") != std::string::npos) continue;
     // Step relative to the tensor's own scale: tiny embeddings under RMSNorm are far from
     // linear over a step that is large next to them.
     double rms = 0;
@@ -189,7 +208,7 @@ TEST_P(ModelTest, Bf16TracksFp32WithHalfTheMemory) {
   EXPECT_EQ(f32.mem.of(Mem::master), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, ModelTest, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(Arch, ModelTest, ::testing::Values("gpt2", "llama", "mixtral", "mixtral_cap"));
 
 TEST(ActPlan, FullRecomputeKeepsOnlyBlockInputs) {
   Config cfg = tiny("gpt2");
@@ -253,4 +272,38 @@ TEST(Flops, ModelFlopsAndRecomputeOnEachPath) {
   cfg.train.recompute = "full";  // every block up to its down projection, on either backend
   EXPECT_EQ(flops_per_token(cfg, true).hardware, f.model + 2 * (n - wte - down) + attn / 3);
   EXPECT_EQ(flops_per_token(cfg, false).hardware, f.model + 2 * (n - wte - down) + attn / 3);
+}
+
+// Capacity: a router of zeros gives every token the same probabilities, so every token picks
+// experts 0 and 1 (ties go to the lower id, kernels/ops.h). Each of them receives all N of its
+// assignments and keeps `cap` = ceil(cf * N * k / E); the rest are dropped, counted here from
+// that rule alone: the metric must say exactly k * (N - cap) of N * k, and the load 2 (N of a
+// mean N k / E = N / 2 assignments).
+TEST(Moe, CapacityDropsWhatAFullExpertCannotTake) {
+  for (double cf : {1.0, 1.5, 2.0}) {
+    Config cfg = tiny("mixtral");
+    cfg.model.moe.capacity_factor = cf;
+    config_validate(cfg);
+    threads_set(1);
+    Built m(cfg);
+    Chunk& c = *m.chunk;
+    registry_init(c.registry(), m.params(), 7);
+    for (auto& s : c.registry().all())
+      if (s.name.find("gate.weight") != std::string::npos) std::fill_n(m.params() + s.offset, s.numel(), 0.0f);
+    const int N = cfg.train.micro_batch * cfg.model.seq_len, k = 2, E = 4;
+    std::vector<int32_t> tok(size_t(N), 5), tgt(size_t(N), 6);
+    c.zero_grad();
+    c.forward({tok.data(), tgt.data()}, 1.0f / N, c.flat());
+    c.backward({tok.data(), tgt.data()}, c.flat());
+    const int64_t cap = int64_t(std::ceil(cf * N * k / E));
+    const double dropped = double(k * (N - std::min<int64_t>(N, cap))) / (N * k);
+    const std::vector<double> st = c.moe_stats_take();
+    ASSERT_EQ(st.size(), 8u);  // two MoE layers of four values
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_EQ(st[4 * l + 3], 1.0) << "one micro-batch";
+      EXPECT_DOUBLE_EQ(st[4 * l + 2], dropped) << "cf " << cf << " layer " << l;
+      EXPECT_DOUBLE_EQ(st[4 * l + 1], 2.0) << "load";
+      EXPECT_NEAR(st[4 * l + 0], 1.0 * E * 0.5 * 0.25 * 2, 1e-6) << "aux: E sum f P, f = 1/2 on two experts";
+    }
+  }
 }
