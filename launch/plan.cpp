@@ -28,7 +28,7 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
   const bool cuda = device == "cuda";
   const BackendTraits traits = backend_traits(cuda ? DeviceKind::cuda : DeviceKind::cpu, dtype, cfg);
   const ChunkSpec spec = pipeline_chunk_spec(cfg, at.pp);  // the whole model without stages
-  const ModelLayout layout = model_layout(cfg, at.tp, chunk_runs(spec));
+  const ModelLayout layout = model_layout(cfg, at.tp, chunk_runs(spec), at.dp % cfg.parallel.ep);
   const int64_t n = int64_t(layout.reg.numel());
   const int stage = cfg.parallel.zero;
   std::vector<PlanItem> items = cuda ? cuda_backend_plan(cfg) : cpu_backend_plan(cfg, dtype);

@@ -135,9 +135,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   const ChunkSpec spec = pipeline_chunk_spec(cfg, p.mesh->coord().pp, &p.pipe_schedule);
   if (cfg.parallel.pp > 1) p.pipe_ops = p.pipe_schedule.ops[size_t(p.mesh->coord().pp)];
   p.whole = model_layout(cfg, p.mesh->coord().tp);
+  const bool ep = cfg.parallel.ep > 1;
   p.chunk = std::make_unique<Chunk>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
-                                    /*full_params=*/stage < 3, /*full_grads=*/stage < 2);
-  p.dpar = data_parallel_make(cfg, *p.chunk, {p.dp(), p.tp(), p.mesh->host_group(Axis::dp)}, p.clock.get());
+                                    /*full_params=*/stage < 3, /*full_grads=*/stage < 2,
+                                    ep ? &p.mesh->group(Axis::ep) : nullptr, ep ? &p.mesh->host_group(Axis::ep) : nullptr);
+  p.dpar = data_parallel_make(
+      cfg, *p.chunk,
+      {p.dp(), p.tp(), p.mesh->host_group(Axis::dp), ep ? &p.mesh->group(Axis::ep) : nullptr,
+       ep ? &p.mesh->group(Axis::edp) : nullptr},
+      p.clock.get());
   p.schedule = schedule_one_stage(cfg.accum_steps());
   if (cfg.parallel.pp > 1)
     p.pipe = std::make_unique<PipelineStage>(*p.chunk, *p.dpar, p.mesh->group(Axis::pp), cfg.accum_steps(),
@@ -422,9 +428,18 @@ std::vector<float> Trainer::weights_hf() {
     tp.all_gather(Buf(local.data() + s.offset, s.numel()), Buf(all.data(), int64_t(all.size()))).wait();
     for (int r = 0; r < tp.size(); ++r) shard_put(s, r, all.data() + size_t(r) * size_t(s.numel()), dst);
   }
-  // Each element comes from exactly one stage (the rest add zeros): the sum is the whole model.
+  // Expert parallel: each rank holds its experts; the dense tensors, the same on every ep rank,
+  // come from the first.
+  ProcessGroup& ep = p.mesh->host_group(Axis::ep);
+  if (ep.size() > 1 && ep.rank() != 0)
+    for (auto& s : reg.all())
+      if (!expert_param(s.name) && !(copy && s.name == copy))
+        std::fill_n(out.data() + whole.at(s.name).global_offset, s.global_numel(), 0.0f);
+  // Each element comes from exactly one stage and ep rank (the rest add zeros): the sum is the
+  // whole model.
   ProcessGroup& pp = p.mesh->host_group(Axis::pp);
   if (pp.size() > 1) pp.all_reduce(Buf(out.data(), int64_t(out.size())), ReduceOp::sum).wait();
+  if (ep.size() > 1) ep.all_reduce(Buf(out.data(), int64_t(out.size())), ReduceOp::sum).wait();
   return out;
 }
 

@@ -19,7 +19,7 @@ class Chunk::FlatAccess final : public UnitAccess {
 };
 
 Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
-             StepClock* clock, bool full_params, bool full_grads)
+             StepClock* clock, bool full_params, bool full_grads, ProcessGroup* ep, ProcessGroup* ep_host)
     : cfg_(cfg),
       be_(backend),
       tp_(tp),
@@ -36,7 +36,12 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
       V_(int(cfg.vocab_padded() / cfg.parallel.tp)),
       L_(cfg.model.n_layer),
       policy_(recompute_from(cfg.train.recompute)),
-      names_(head_names(cfg)) {
+      names_(head_names(cfg)),
+      ep_(ep),
+      ep_host_(ep_host ? ep_host : ep),
+      ep_size_(ep ? ep->size() : 1),
+      ep_rank_(ep ? ep->rank() : 0) {
+  LOOM_CHECK(ep_size_ == cfg.parallel.ep, "the ep group has {} ranks but parallel.ep = {}", ep_size_, cfg.parallel.ep);
   tp_size_ = tp_.size();
   tp_rank_ = tp_.rank();
   LOOM_CHECK(tp_size_ == cfg.parallel.tp, "the tp group has {} ranks but parallel.tp = {}", tp_size_, cfg.parallel.tp);
@@ -44,7 +49,7 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
   valid_ = std::clamp(cfg.model.vocab_size - v0_, 0, V_);
   sp_ = cfg.parallel.sp && tp_size_ > 1;
   Ns_ = sp_ ? B_ * T_ / tp_size_ : B_ * T_;
-  layout_ = model_layout(cfg, tp_rank_, chunk_runs(spec));
+  layout_ = model_layout(cfg, tp_rank_, chunk_runs(spec), ep_rank_);
   if (spec.pieces.back().unit_hi < 0 || spec.pieces.back().unit_hi == L_ + 2)
     lm_unit_ = layout_.unit_of(names_.lm_head);  // the tied copy sits in the head unit
   flat_ = std::make_unique<FlatAccess>(*this);

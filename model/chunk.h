@@ -64,9 +64,12 @@ class Chunk {
  public:
   // full_params / full_grads: whether this rank holds the chunk's whole flat buffers (ZeRO-3
   // and -2 do not; they bring their own UnitAccess). tp: the tensor-parallel group, its size
-  // cfg.parallel.tp. clock (may be null) is charged with the blocking tp collectives.
+  // cfg.parallel.tp. clock (may be null) is charged with the blocking tp collectives. ep, and
+  // ep_host for host buffers: the expert-parallel group (cfg.parallel.ep > 1), which holds the
+  // experts between its ranks and carries the tokens to them.
   Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
-        StepClock* clock = nullptr, bool full_params = true, bool full_grads = true);
+        StepClock* clock = nullptr, bool full_params = true, bool full_grads = true, ProcessGroup* ep = nullptr,
+        ProcessGroup* ep_host = nullptr);
   ~Chunk();
 
   const Config& config() const { return cfg_; }
@@ -184,7 +187,17 @@ class Chunk {
   struct MoeRoute {
     std::vector<int64_t> offsets;
     std::vector<float> share;
+    // Expert parallel: rows sent to and received from each ep rank, and the received rows'
+    // runs per local expert (expert-major: each expert's rows from every source in turn).
+    std::vector<int64_t> sent, received, local;
   };
+  // Expert parallel: local rows [R, C] (sorted by expert, `in`) to the ranks holding their
+  // experts, arriving expert-major in `out` (through `recv`), and back (`back`: from
+  // expert-major rows to local order).
+  void moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out);
+  // Exchanges the rows per expert over the ep group and plans the expert-major order.
+  void moe_exchange_plan(MoeRoute& r, const LayerA& a, const std::vector<int64_t>& kept);
+  void moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out);
   struct Piece {
     int b0, b1;       // blocks [b0, b1)
     bool emb, head;   // whether it starts with the embedding, ends with the head
@@ -210,6 +223,8 @@ class Chunk {
   std::vector<double> moe_stats_;  // see moe_stats_take()
   bool moe_training_ = false;      // the forward running is a training one
   std::vector<int32_t> moe_host_;  // host staging of the router's choices and the permutation
+  ProcessGroup *ep_, *ep_host_;
+  int ep_size_, ep_rank_;
   std::unique_ptr<UnitAccess> flat_;
 };
 

@@ -35,6 +35,8 @@ enum ActBuf {
   MOE_FC,
   MOE_ACT,
   MOE_Y,
+  MOE_MAP_IN,
+  MOE_MAP_OUT,
   NUM_BUF
 };
 enum Scr {
@@ -57,6 +59,8 @@ enum Scr {
   MOE_DW,
   MOE_AUX,
   MOE_DX,
+  MOE_SEND,
+  MOE_RECV,
   NUM_SCR
 };
 

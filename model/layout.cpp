@@ -25,7 +25,7 @@ BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg) 
 // Per rank, under tensor parallelism tp: heads, KV heads, MLP width and vocabulary are split
 // tp ways; with sequence parallelism the norm and residual regions hold N/tp rows.
 ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits& bt, int unit_lo, int unit_hi) {
-  const int tp = cfg.parallel.tp;
+  const int tp = cfg.parallel.tp, ep = cfg.parallel.ep;
   const bool sp = cfg.parallel.sp;
   const int64_t T = cfg.model.seq_len, C = cfg.model.d_model, H = cfg.model.n_head / tp, KV = cfg.kv_heads() / tp;
   const int64_t D = C / cfg.model.n_head, F = cfg.model.d_ff / tp, V = cfg.vocab_padded() / tp, N = B * T;
@@ -49,7 +49,10 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
     return policy == Recompute::none || (policy == Recompute::selective && !selective_too) ? n : std::min(n, 1);
   };
   const int64_t E = cfg.model.moe.num_experts, k = cfg.model.moe.top_k, Fe = cfg.model.d_ff;
-  const int64_t R = nm ? moe_rows(cfg, N) : 0;  // rows of the expert-sorted buffers
+  // Rows of the expert-sorted buffers: this rank's assignments (R), and what its experts
+  // receive from the ep group (Rr; R without expert parallelism).
+  const int64_t R = nm ? moe_rows(cfg, N) : 0, Rr = nm ? moe_rows_received(cfg, N) : 0;
+  const int64_t Rx = std::max(R, Rr);
   // The attention's saved statistics: probabilities go with selective recompute, a
   // log-sum-exp stays with every policy but full.
   const int keep_stats = bt.attention_probs ? keep_sel : keep;
@@ -91,10 +94,13 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"moe_w", N * k, kept(nm, false), f32},
       {"moe_row_of", N * k, kept(nm, false), DType::i32},
       {"moe_token", R, kept(nm, false), DType::i32},
-      {"moe_x", R * C, kept(nm, false), x},
-      {"moe_fc", R * 2 * Fe, kept(nm, false), x},
-      {"moe_act", R * Fe, kept(nm, true), x},
+      {"moe_x", Rr * C, kept(nm, false), x},
+      {"moe_fc", Rr * 2 * Fe, kept(nm, false), x},
+      {"moe_act", Rr * Fe, kept(nm, true), x},
       {"moe_y", R * C, kept(nm, false), x},
+      // expert parallel: where each received row goes, expert-major, and back
+      {"moe_map_in", ep > 1 ? Rr : 0, kept(nm, false), DType::i32},
+      {"moe_map_out", ep > 1 ? Rr : 0, kept(nm, false), DType::i32},
   };
   p.scratch = {{"d_residual", Ns * C, 1, x},
                {"d_norm", N * C, 1, x},
@@ -111,12 +117,14 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
                {"d_normw", sp ? 4 * C : 0, 1, f32, true},
                {"ce_stats", tp > 1 ? head * 3 * N : 0, 1, f32, true},
                {"moe_logits", nm ? N * E : 0, 1, x},  // and their gradient
-               {"moe_drows", R * C, 1, x},
-               {"moe_dfc", R * 2 * Fe, 1, x},
-               {"moe_dact", R * Fe, 1, x},
+               {"moe_drows", Rx * C, 1, x},
+               {"moe_dfc", Rr * 2 * Fe, 1, x},
+               {"moe_dact", Rr * Fe, 1, x},
                {"moe_dw", nm ? N * k : 0, 1, f32},
                {"moe_aux", nm ? 2 * E : 0, 1, f32},  // the aux gradient per expert, then the probabilities' sums
-               {"moe_dx", nm ? N * C : 0, 1, x}};
+               {"moe_dx", nm ? N * C : 0, 1, x},
+               {"moe_send", ep > 1 ? Rx * C : 0, 1, x, true},  // the all_to_all_v buffers
+               {"moe_recv", ep > 1 ? Rx * C : 0, 1, x, true}};
   return p;
 }
 
@@ -129,6 +137,14 @@ int64_t moe_capacity(const Config& cfg, int64_t N) {
 int64_t moe_rows(const Config& cfg, int64_t N) {
   const auto& m = cfg.model.moe;
   return std::min(N * m.top_k, int64_t(m.num_experts) * moe_capacity(cfg, N));
+}
+
+int64_t moe_rows_received(const Config& cfg, int64_t N) {
+  const auto& m = cfg.model.moe;
+  const int64_t ep = cfg.parallel.ep, El = m.num_experts / ep;
+  // From each ep rank at most N tokens x min(top_k, El) of this rank's experts, and at most
+  // the capacity per expert.
+  return std::min(ep * N * std::min<int64_t>(m.top_k, El), int64_t(m.num_experts) * moe_capacity(cfg, N));
 }
 
 int64_t ActPlan::activation_bytes() const {
@@ -179,7 +195,7 @@ int ModelLayout::local(int unit) const {
 }
 
 ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_hi) {
-  return model_layout(cfg, tp_rank, {{unit_lo, unit_hi}});
+  return model_layout(cfg, tp_rank, {{unit_lo, unit_hi}}, -1);
 }
 
 ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs, int ep_rank) {
@@ -191,7 +207,7 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::
   const int64_t Vp = cfg.vocab_padded();
   const float resid_std = 0.02f / std::sqrt(2.0f * L);  // GPT-2: scale residual projections
   // Experts: E in all, El on this rank from e0 (expert parallel: its share).
-  const int E = cfg.model.moe.num_experts, El = E / cfg.parallel.ep, e0 = ep_rank * El;
+  const int E = cfg.model.moe.num_experts, El = ep_rank < 0 ? E : E / cfg.parallel.ep, e0 = std::max(ep_rank, 0) * El;
   ModelLayout m;
   auto& reg = m.reg;
   int unit = 0;  // the global unit being registered

@@ -56,6 +56,7 @@ struct ActPlan {
 // top_k of them when dropless), and the rows the expert-sorted buffers hold.
 int64_t moe_capacity(const Config& cfg, int64_t N);
 int64_t moe_rows(const Config& cfg, int64_t N);
+int64_t moe_rows_received(const Config& cfg, int64_t N);  // by one rank's experts, from the ep group
 // For the chunk of units [unit_lo, unit_hi) (-1: through the head).
 ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits& traits = {}, int unit_lo = 0,
                  int unit_hi = -1);
@@ -111,10 +112,11 @@ struct ModelLayout {
   int unit_of(const std::string& name) const;
 };
 // This rank's view under tensor parallelism (cfg.parallel.tp): local shapes, global names, the
-// vocabulary padded to cfg.vocab_padded() rows; units [unit_lo, unit_hi) (-1: through the head).
+// vocabulary padded to cfg.vocab_padded() rows; units [unit_lo, unit_hi) (-1: through the head);
+// every expert of the MoE blocks.
 ModelLayout model_layout(const Config& cfg, int tp_rank = 0, int unit_lo = 0, int unit_hi = -1);
 // Units from several runs [lo, hi) (hi -1: through the head), in model order; ep_rank: which
-// num_experts / ep experts of each MoE block this rank holds.
+// num_experts / ep experts of each MoE block this rank holds (-1: all of them).
 ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs,
                          int ep_rank = 0);
 

@@ -56,22 +56,32 @@ void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool 
     }
   be_.upload(Buf(row_of, A, DType::i32, dev), rows_of);
   if (R) be_.upload(Buf(token, R, DType::i32, dev), token_of.data());
+  if (ep_size_ > 1) moe_exchange_plan(route, a, kept);
   {
     auto s = trace_.scope("moe_experts_forward");
-    be_.moe_gather(xr, x, token, int(R), C);
-    for (int e = 0; e < E; ++e) {
-      const int64_t r0 = route.offsets[size_t(e)], n = route.offsets[size_t(e) + 1] - r0;
+    // Without expert parallelism the local rows are the experts' rows; with it they travel to
+    // the experts' ranks and come back.
+    const bool ep = ep_size_ > 1;
+    const Ptr local = ep ? scr(MOE_SEND) : xr, ye = ep ? scr(MOE_RECV) : y;
+    be_.moe_gather(local, x, token, int(R), C);
+    if (ep) moe_dispatch(route, a, local, scr(MOE_RECV), xr);
+    const std::vector<int64_t>& off = ep ? route.local : route.offsets;
+    const int El = int(off.size()) - 1;
+    const int64_t Rr = off[size_t(El)];
+    for (int e = 0; e < El; ++e) {
+      const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
       if (n == 0) continue;
       const Ptr w13 = lw.w[MOE_EXPERTS] + int64_t(e) * 3 * Fe * C;
       be_.linear_forward(fc + r0 * 2 * Fe, xr + r0 * C, w13, Ptr(), int(n), C, 2 * Fe, WLayout::out_in);
     }
-    if (R) be_.act_forward(true, ac, fc, int(R), Fe);
-    for (int e = 0; e < E; ++e) {
-      const int64_t r0 = route.offsets[size_t(e)], n = route.offsets[size_t(e) + 1] - r0;
+    if (Rr) be_.act_forward(true, ac, fc, int(Rr), Fe);
+    for (int e = 0; e < El; ++e) {
+      const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
       if (n == 0) continue;
       const Ptr w2 = lw.w[MOE_EXPERTS] + int64_t(e) * 3 * Fe * C + 2 * int64_t(Fe) * C;
-      be_.linear_forward(y + r0 * C, ac + r0 * Fe, w2, Ptr(), int(n), Fe, C, WLayout::out_in);
+      be_.linear_forward(ye + r0 * C, ac + r0 * Fe, w2, Ptr(), int(n), Fe, C, WLayout::out_in);
     }
+    if (ep) moe_return(route, a, ye, scr(MOE_SEND), y);
   }
   if (recomputing) return;
   {
@@ -116,23 +126,31 @@ void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Pt
   float* dw = scrf(MOE_DW);
   {
     auto s = trace_.scope("moe_experts_backward");
-    if (policy_ == Recompute::selective && R) be_.act_forward(true, ac, fc, int(R), Fe);
+    const bool ep = ep_size_ > 1;
+    const std::vector<int64_t>& off = ep ? route.local : route.offsets;
+    const int El = int(off.size()) - 1;
+    const int64_t Rr = off[size_t(El)];
+    if (policy_ == Recompute::selective && Rr) be_.act_forward(true, ac, fc, int(Rr), Fe);
     be_.moe_combine_backward(drows, dw, dout, y, row_of, w, N, k, C);
-    for (int e = 0; e < E; ++e) {
-      const int64_t r0 = route.offsets[size_t(e)], n = route.offsets[size_t(e) + 1] - r0;
+    // The experts' output gradients, expert-major (sent to the experts' ranks under ep).
+    const Ptr dye = ep ? scr(MOE_SEND) : drows, dxe = ep ? scr(MOE_RECV) : drows;
+    if (ep) moe_dispatch(route, a, drows, scr(MOE_RECV), dye);
+    for (int e = 0; e < El; ++e) {
+      const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
       if (n == 0) continue;
       const int64_t at = int64_t(e) * 3 * Fe * C + 2 * int64_t(Fe) * C;  // w2
-      be_.linear_backward(dact + r0 * Fe, lg.g[MOE_EXPERTS] + at, nullptr, drows + r0 * C, ac + r0 * Fe,
+      be_.linear_backward(dact + r0 * Fe, lg.g[MOE_EXPERTS] + at, nullptr, dye + r0 * C, ac + r0 * Fe,
                           lw.w[MOE_EXPERTS] + at, int(n), Fe, C, WLayout::out_in);
     }
-    if (R) be_.act_backward(true, dfc, fc, dact, int(R), Fe);
-    for (int e = 0; e < E; ++e) {  // drows becomes the rows' input gradients
-      const int64_t r0 = route.offsets[size_t(e)], n = route.offsets[size_t(e) + 1] - r0;
+    if (Rr) be_.act_backward(true, dfc, fc, dact, int(Rr), Fe);
+    for (int e = 0; e < El; ++e) {  // the rows' input gradients
+      const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
       if (n == 0) continue;
       const int64_t at = int64_t(e) * 3 * Fe * C;  // w1 | w3
-      be_.linear_backward(drows + r0 * C, lg.g[MOE_EXPERTS] + at, nullptr, dfc + r0 * 2 * Fe, xr + r0 * C,
+      be_.linear_backward(dxe + r0 * C, lg.g[MOE_EXPERTS] + at, nullptr, dfc + r0 * 2 * Fe, xr + r0 * C,
                           lw.w[MOE_EXPERTS] + at, int(n), C, 2 * Fe, WLayout::out_in);
     }
+    if (ep) moe_return(route, a, dxe, scr(MOE_SEND), drows);
     be_.zero(rows(dx, int64_t(N) * C));
     be_.moe_scatter_add(dx, drows, row_of, N, k, C);
   }
@@ -151,6 +169,73 @@ void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Pt
                         WLayout::out_in);
     be_.add_act(dx, scr(MOE_DX), int64_t(N) * C);
   }
+}
+
+void Chunk::moe_exchange_plan(MoeRoute& route, const LayerA& a, const std::vector<int64_t>& kept) {
+  const int P = ep_size_, El = cfg_.model.moe.num_experts / P;
+  const DeviceKind dev = be_.device();
+  // Rows per expert to every rank, for its El experts; back, the rows every rank sends for mine.
+  std::vector<int32_t> to(kept.begin(), kept.end()), from(to.size());
+  const std::vector<int64_t> each(static_cast<size_t>(P), El);
+  {
+    StepClock::Scope c(clock_, Phase::comm);
+    ep_host_->all_to_all_v(Buf(to.data(), int64_t(to.size())), each, Buf(from.data(), int64_t(from.size())), each)
+        .wait();
+  }
+  route.sent.assign(size_t(P), 0);
+  route.received.assign(size_t(P), 0);
+  route.local.assign(size_t(El) + 1, 0);
+  for (int r = 0; r < P; ++r)
+    for (int j = 0; j < El; ++j) {
+      route.sent[size_t(r)] += kept[size_t(r * El + j)];
+      route.received[size_t(r)] += from[size_t(r * El + j)];
+      route.local[size_t(j) + 1] += from[size_t(r * El + j)];
+    }
+  for (int j = 0; j < El; ++j) route.local[size_t(j) + 1] += route.local[size_t(j)];
+  // The received rows come source by source, each source's by expert; expert-major row q of
+  // expert j from source r takes received row p.
+  const int64_t Rr = route.local[size_t(El)];
+  std::vector<int32_t> in(static_cast<size_t>(Rr)), out(static_cast<size_t>(Rr));
+  std::vector<int64_t> next(route.local.begin(), route.local.end() - 1);
+  for (int64_t r = 0, p = 0; r < P; ++r)
+    for (int j = 0; j < El; ++j)
+      for (int64_t i = 0; i < from[size_t(r * El + j)]; ++i, ++p) {
+        const int64_t q = next[size_t(j)]++;
+        in[size_t(q)] = int32_t(p);
+        out[size_t(p)] = int32_t(q);
+      }
+  if (Rr) {
+    be_.upload(Buf(act(MOE_MAP_IN, a.moe).p, Rr, DType::i32, dev), in.data());
+    be_.upload(Buf(act(MOE_MAP_OUT, a.moe).p, Rr, DType::i32, dev), out.data());
+  }
+}
+
+void Chunk::moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out) {
+  const int C = C_;
+  const int64_t Rr = r.local.back();
+  std::vector<int64_t> sc(r.sent), rc(r.received);
+  int64_t R = 0;
+  for (auto& v : sc) R += v, v *= C;
+  for (auto& v : rc) v *= C;
+  {
+    auto s = trace_.scope("moe_all_to_all");
+    StepClock::Scope c(clock_, Phase::comm);
+    ep_->all_to_all_v(rows(in, R * C), sc, rows(recv, Rr * C), rc, be_.stream()).wait_on(be_.stream());
+  }
+  be_.moe_gather(out, recv, act(MOE_MAP_IN, a.moe).as<int32_t>(), int(Rr), C);
+}
+
+void Chunk::moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out) {
+  const int C = C_;
+  const int64_t Rr = r.local.back();
+  be_.moe_gather(send, in, act(MOE_MAP_OUT, a.moe).as<int32_t>(), int(Rr), C);
+  std::vector<int64_t> sc(r.received), rc(r.sent);
+  int64_t R = 0;
+  for (auto& v : sc) v *= C;
+  for (auto& v : rc) R += v, v *= C;
+  auto s = trace_.scope("moe_all_to_all");
+  StepClock::Scope c(clock_, Phase::comm);
+  ep_->all_to_all_v(rows(send, Rr * C), sc, rows(out, R * C), rc, be_.stream()).wait_on(be_.stream());
 }
 
 std::vector<double> Chunk::moe_stats_take() {

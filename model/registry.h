@@ -33,6 +33,10 @@ struct ParamSpec {
   int64_t global_numel() const { return shape_numel(global_shape); }
   bool replicated() const { return shard_dim < 0; }
 };
+// A MoE expert's weight (Mixtral's names): split over the ep group, reduced over expert-dp.
+inline bool expert_param(const std::string& name) {
+  return name.find(".block_sparse_moe.experts.") != std::string::npos;
+}
 
 class ParamRegistry {
  public:

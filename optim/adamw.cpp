@@ -11,11 +11,12 @@ void opt_chunks_add(std::vector<OptChunk>& out, int64_t state, int64_t param, in
         {state + k, param + k, grad + k, int32_t(std::min<int64_t>(kOptChunk, n - k)), int16_t(decay), int16_t(norm)});
 }
 
-std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank, const char* uncounted) {
+std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank, const char* uncounted, int ep_rank) {
   std::vector<OptChunk> out;
   for (auto& s : reg.all()) {
     const int64_t lo = int64_t(s.offset);
-    const bool counted = (!s.replicated() || tp_rank == 0) && !(uncounted && s.name == uncounted);
+    const bool counted = (!s.replicated() || tp_rank == 0) && !(uncounted && s.name == uncounted) &&
+                         (ep_rank == 0 || expert_param(s.name));
     opt_chunks_add(out, lo, lo, lo, s.numel(), s.decay, counted);
   }
   return out;

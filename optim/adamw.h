@@ -23,7 +23,10 @@ struct AdamWHyper {
 // replicated tensor counts in the norm on tp rank 0 only (tp ranks hold copies of it).
 // `uncounted` (if given) names a tensor left out of the norm: a pipeline's last-stage copy of a
 // tied embedding, counted on the first stage.
-std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank, const char* uncounted = nullptr);
+// ep_rank: under expert parallelism the dense tensors, equal on every ep rank, count on the
+// first only (the experts, different on each, count everywhere; the norm is summed over ep).
+std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank, const char* uncounted = nullptr,
+                                 int ep_rank = 0);
 // Splits [lo, hi) of the three index spaces into table chunks.
 void opt_chunks_add(std::vector<OptChunk>& out, int64_t state, int64_t param, int64_t grad, int64_t n, bool decay,
                     bool norm);

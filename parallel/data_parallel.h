@@ -76,6 +76,11 @@ struct DataParallelGroups {
   ProcessGroup& dp;       // carries the chunk's buffers
   ProcessGroup& tp;       // carries the chunk's buffers
   ProcessGroup& host_dp;  // host buffers (weights in and out)
+  // Expert parallel (parallel.ep > 1): the ep group, over which the experts are split, and the
+  // expert-data-parallel group (dp / ep ranks holding the same experts), over which expert
+  // gradients are reduced; dense ones are reduced over dp.
+  ProcessGroup* ep = nullptr;
+  ProcessGroup* edp = nullptr;
 };
 
 // DDP at parallel.zero = 0, else ZeRO of that stage; the optimizer over what this rank owns.

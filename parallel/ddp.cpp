@@ -23,16 +23,34 @@ Ddp::Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, Step
       be_(chunk.backend()),
       dp_(groups.dp),
       tp_(groups.tp),
+      ep_(groups.ep),
+      edp_(groups.edp),
       clock_(clock),
       bucket_mb_(cfg.parallel.bucket_mb) {
   const int64_t numel = int64_t(chunk.num_params());
   const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
-  for (int64_t hi = numel; hi > 0; hi -= per) buckets_.push_back({std::max<int64_t>(0, hi - per), hi, {}});
+  // Runs of tensors of one kind (experts or not), from the end; buckets within each.
+  std::vector<std::pair<int64_t, ProcessGroup*>> runs;  // (lo, group) of each run, from the end
+  const auto& specs = chunk.registry().all();
+  for (size_t i = specs.size(); i-- > 0;) {
+    ProcessGroup* g = edp_ && expert_param(specs[i].name) ? edp_ : &dp_;
+    if (runs.empty() || runs.back().second != g)
+      runs.push_back({int64_t(specs[i].offset), g});
+    else
+      runs.back().first = int64_t(specs[i].offset);
+  }
+  int64_t hi = numel;
+  for (auto [lo, g] : runs) {
+    for (; hi > lo; hi -= per) buckets_.push_back({std::max(lo, hi - per), hi, g, {}});
+    hi = lo;
+  }
   for (const PlanItem& item : plan(cfg, chunk.registry(), tp_.rank(), be_.dtype(), be_.device()))
     if (item.name == "grad_reduce_bf16") low_ = be_.alloc().empty(item);
-  adam_ = std::make_unique<AdamW>(
-      be_, opt_chunks(chunk.registry(), tp_.rank(), chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr), numel,
-      be_.dtype() != DType::f32);
+  adam_ = std::make_unique<AdamW>(be_,
+                                  opt_chunks(chunk.registry(), tp_.rank(),
+                                             chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr,
+                                             ep_ ? ep_->rank() : 0),
+                                  numel, be_.dtype() != DType::f32);
 }
 
 std::string Ddp::describe() const {
@@ -45,14 +63,14 @@ void Ddp::grads_ready_from(int64_t offset) {
   const Buf grads(chunk_.grads_tensor());
   while (next_ < buckets_.size() && buckets_[next_].lo >= offset) {
     Bucket& b = buckets_[next_++];
-    if (dp_.size() == 1) continue;
+    if (b.group->size() == 1) continue;
     Buf g = grads.slice(b.lo, b.hi - b.lo);
     if (low_.defined()) {
       Buf l = Buf(low_).slice(b.lo, b.hi - b.lo);
       be_.copy(l, g);
       g = l;
     }
-    b.work = dp_.all_reduce(g, ReduceOp::sum, s);
+    b.work = b.group->all_reduce(g, ReduceOp::sum, s);
   }
 }
 
@@ -81,15 +99,20 @@ void Ddp::reduce_grads(const std::function<void()>& between) {
     StepClock::Scope c(clock_, Phase::comm);
     for (auto& b : buckets_) b.work.wait_on(s);
   }
-  if (low_.defined() && dp_.size() > 1)
+  if (low_.defined())
     for (auto& b : buckets_)
-      be_.copy(Buf(chunk_.grads_tensor()).slice(b.lo, b.hi - b.lo), Buf(low_).slice(b.lo, b.hi - b.lo));
+      if (b.group->size() > 1)
+        be_.copy(Buf(chunk_.grads_tensor()).slice(b.lo, b.hi - b.lo), Buf(low_).slice(b.lo, b.hi - b.lo));
   next_ = 0;
   if (between) between();
   adam_->norm_squares(chunk_.grads());
   if (tp_.size() > 1) {
     StepClock::Scope c(clock_, Phase::comm);
     tp_.all_reduce(Buf(adam_->sum_squares()), ReduceOp::sum, s).wait_on(s);
+  }
+  if (ep_ && ep_->size() > 1) {
+    StepClock::Scope c(clock_, Phase::comm);
+    ep_->all_reduce(Buf(adam_->sum_squares()), ReduceOp::sum, s).wait_on(s);
   }
 }
 
@@ -110,9 +133,11 @@ std::vector<StateRun> Ddp::state_runs(StateUse use) const {
   // the ranks write in parallel and every element once), and tensors replicated over tp are
   // written by tp rank 0.
   std::vector<StateRun> runs;
-  const int64_t n = dp_.size(), r = dp_.rank();
   for (auto& spec : chunk_.registry().all()) {
     const int64_t off = int64_t(spec.offset), numel = spec.numel();
+    // Experts under expert parallelism: shared out over the ranks that hold the same ones.
+    const ProcessGroup& g = edp_ && expert_param(spec.name) ? *edp_ : dp_;
+    const int64_t n = g.size(), r = g.rank();
     if (use != StateUse::write) {
       runs.push_back({&spec, off, off, numel});
       continue;

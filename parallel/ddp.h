@@ -1,5 +1,6 @@
 // Data parallel with bucketed, overlapped gradient reduction. Buckets are ranges of the flat
-// fp32 gradient buffer, bucket_mb each, taken from the end of the buffer: backward produces
+// fp32 gradient buffer, bucket_mb each (never mixing experts' and dense tensors: under expert
+// parallelism the first reduce over expert-dp, the others over dp), taken from the end of the buffer: backward produces
 // gradients in reverse registration order, so the finished gradients always form a suffix
 // [offset, end) of the buffer. The chunk reports that offset after each unit; every bucket
 // inside the suffix starts its all-reduce at once (on the dp group's stream or thread, after
@@ -45,6 +46,7 @@ class Ddp final : public DataParallel {
  private:
   struct Bucket {
     int64_t lo, hi;
+    ProcessGroup* group;  // dp, or expert-dp for the experts' gradients
     Work work;
   };
   int64_t lo(int u) const { return chunk_.layout().unit_lo(chunk_.layout().local(u)); }
@@ -55,6 +57,8 @@ class Ddp final : public DataParallel {
   Backend& be_;
   ProcessGroup& dp_;
   ProcessGroup& tp_;
+  ProcessGroup* ep_;   // expert parallel: the norm sums over it
+  ProcessGroup* edp_;  // and the experts' gradients reduce over it
   StepClock* clock_;
   double bucket_mb_;
   bool last_ = false;

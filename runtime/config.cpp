@@ -488,7 +488,10 @@ void config_validate(Config& cfg) {
                "parallel.ep = {} does not divide parallel.dp = {}; the ep group is carved from dp, so pick ep among the "
                "divisors of dp",
                p.ep, p.dp);
-    LOOM_CHECK(false, "parallel.ep = {}: expert parallelism is not in this build yet; set parallel.ep = 1", p.ep);
+    LOOM_CHECK(p.zero == 0,
+               "parallel.zero = {} with parallel.ep = {} is not supported yet (ZeRO would shard the experts over "
+               "expert-dp and the rest over dp); use zero = 0 with expert parallelism",
+               p.zero, p.ep);
   }
   check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb"});
   LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);

@@ -188,7 +188,7 @@ TEST(Cli, ListKeysPrintConfigAndInfo) {
   EXPECT_NE(cfg.output.find("n_layer = 7\n"), std::string::npos);
   EXPECT_NE(cfg.output.find("lr = 0.003\n"), std::string::npos) << cfg.output;
   EXPECT_NE(cfg.output.find("min_lr = 3e-05\n"), std::string::npos) << cfg.output;
-  EXPECT_EQ(cfg.output.find("top_k"), std::string::npos);  // keys that do nothing yet are not printed
+  EXPECT_NE(cfg.output.find("top_k = 2"), std::string::npos) << cfg.output;  // the MoE keys, at their defaults
   EXPECT_NE(cfg.output.find("[checkpoint]\ndir = \"\"\nevery = 0\n"), std::string::npos) << cfg.output;
   std::ofstream(tmp("printed.toml")) << cfg.output;
   CliRun again = loom_run("train --print-config --config " + tmp("printed.toml"));
