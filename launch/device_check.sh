@@ -7,7 +7,9 @@
 #   3. a small model, 30 steps past warm-up: CUDA against the CPU in bf16 and in fp32 (losses,
 #      step-1 gradient norm, weights), CUDA against itself and under each recompute policy
 #      (bitwise);
-#   4. a checkpoint resumed on CUDA, bitwise; a kill and a bit-flip drill on CUDA; a small LLaMA, CUDA against the CPU in bf16; the GPT-2 model at 2 ranks on the one GPU
+#   4. a checkpoint resumed on CUDA, bitwise; a kill and a bit-flip drill on CUDA; a small LLaMA
+#      and its MoE (Mixtral blocks), CUDA against the CPU in bf16; MoE at ep 2 over the staged
+#      path against one CUDA rank; the GPT-2 model at 2 ranks on the one GPU
 #      over the MPI-staged path: dp 2, tp 2 with sp, dp 2 with ZeRO-3, pp 2 (1f1b, gpipe, zb), and tp 2 + sp under full
 #      recompute and ZeRO-3 under selective, each against the 1-rank CUDA run (bf16 layout
 #      tolerances);
@@ -101,6 +103,11 @@ if [ $build -eq 0 ]; then
   run llama_cpu_bf16 $loom train "${small[@]}" "${llama[@]}" --set train.device=cpu --set train.dtype=bf16
   run llama_cuda $loom train "${small[@]}" "${llama[@]}" --set train.device=cuda
   parity_llama=$(verdict llama_cuda llama_cpu_bf16 "${bf[@]}")
+  # MoE (Mixtral blocks: the routing, permutation and combination kernels, per-expert GEMMs).
+  moe=(--set model.moe.num_experts=4)
+  run moe_cpu_bf16 $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" --set train.device=cpu --set train.dtype=bf16
+  run moe_cuda $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" --set train.device=cuda
+  parity_llama+="; MoE: $(verdict moe_cuda moe_cpu_bf16 "${bf[@]}")"
   layouts="not run (no mpirun)"
   if [ ${#mpirun[@]} -gt 0 ]; then
     layouts=""
@@ -123,6 +130,13 @@ if [ $build -eq 0 ]; then
     run staged_pp2_zb "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${lay[@]}" --set parallel.pp=2 \
       --set parallel.pp_schedule=zb
     layouts+="pp2_zb vs pp2 (bitwise): $(verdict staged_pp2_zb staged_pp2 --loss-rtol 0 --norm-rtol 0 --weight-atol 0)
+  "
+    # Expert parallel over the staged path: ep 2 (dp 2, micro-batches of 4) against one CUDA
+    # rank routing the same micro-batches.
+    run moe_cuda_m4 $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" --set train.device=cuda --set train.micro_batch=4
+    run staged_ep2 "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" "${lay[@]}" \
+      --set parallel.dp=2 --set parallel.ep=2 --set train.micro_batch=4
+    layouts+="moe ep2: $(verdict staged_ep2 moe_cuda_m4 --loss-rtol 1e-2 --norm-rtol 1e-2 --weight-atol 5e-2)
   "
     for l in dp2 tp2 zero3 tp2_full zero3_selective pp2 pp2_gpipe pp2_zb; do layouts+="$l: $(verdict staged_$l small_cuda --loss-rtol 1e-2 --norm-rtol 1e-2 --weight-atol 5e-2)
   "; done

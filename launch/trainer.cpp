@@ -182,6 +182,22 @@ void Trainer::Parts::startup_log() {
       "parameters",
       cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
       cfg.model.vocab_size, cfg.vocab_padded(), T, whole.reg.global_numel() / 1e6);
+  if (const auto& moe = cfg.model.moe; moe.num_experts > 0) {
+    const int64_t N = int64_t(B) * T, Rr = moe_rows_received(cfg, N);
+    const double mib = double(Rr) * (2 * cfg.model.d_model + 3 * cfg.model.d_ff) * dtype_size(dtype) / 1048576.0;
+    info(
+        "MoE: {} of {} blocks, {} experts ({} per rank over ep {}), top {}; {}; {:.2f}M of {:.2f}M parameters active "
+        "per token; the router's choices come to the host once per MoE layer and micro-batch{}",
+        cfg.moe_layers(), cfg.model.n_layer, moe.num_experts, moe.num_experts / cfg.parallel.ep, cfg.parallel.ep,
+        moe.top_k,
+        moe.capacity_factor > 0
+            ? fmt::format("capacity {} assignments per expert and micro-batch (capacity_factor {})",
+                          moe_capacity(cfg, N), moe.capacity_factor)
+            : fmt::format("dropless: the experts' buffers hold the worst case, {} rows ({:.2f} MiB per MoE layer)", Rr,
+                          mib),
+        double(active_param_count(cfg)) / 1e6, double(param_count(cfg)) / 1e6,
+        cfg.parallel.ep > 1 ? " (their counts cross the ep group on the host)" : "");
+  }
   info("device: {} ({}); {} threads per rank ({}); data: {}", device, dtype_name(dtype), threads, threads_why,
        data.describe);
   info("layout: {} ranks over {}; {}{}", mesh->world(), mesh->comm_name(),
