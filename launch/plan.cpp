@@ -49,7 +49,10 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
   const DeviceKind kind = cuda ? DeviceKind::cuda : DeviceKind::cpu;
   const auto dp_items =
       stage == 0 ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
-                 : zero_plan(layout, cfg.parallel.dp, at.dp, stage, at.tp, dtype, grad_reduce_dtype(cfg), kind);
+                 : zero_plan(layout,
+                             {cfg.parallel.dp, at.dp, cfg.parallel.ep > 1 ? cfg.parallel.dp / cfg.parallel.ep : 0,
+                              at.dp / cfg.parallel.ep},
+                             stage, at.tp, dtype, grad_reduce_dtype(cfg), kind);
   items.insert(items.end(), dp_items.begin(), dp_items.end());
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);

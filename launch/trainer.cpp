@@ -142,7 +142,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   p.dpar = data_parallel_make(
       cfg, *p.chunk,
       {p.dp(), p.tp(), p.mesh->host_group(Axis::dp), ep ? &p.mesh->group(Axis::ep) : nullptr,
-       ep ? &p.mesh->group(Axis::edp) : nullptr},
+       ep ? &p.mesh->group(Axis::edp) : nullptr, ep ? &p.mesh->host_group(Axis::edp) : nullptr},
       p.clock.get());
   p.schedule = schedule_one_stage(cfg.accum_steps());
   if (cfg.parallel.pp > 1)

@@ -48,7 +48,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   auto kept = [&](int n, bool selective_too) {
     return policy == Recompute::none || (policy == Recompute::selective && !selective_too) ? n : std::min(n, 1);
   };
-  const int64_t E = cfg.model.moe.num_experts, k = cfg.model.moe.top_k, Fe = cfg.model.d_ff;
+  const int64_t E = cfg.model.moe.num_experts, k = nm ? cfg.model.moe.top_k : 0, Fe = cfg.model.d_ff;
   // Rows of the expert-sorted buffers: this rank's assignments (R), and what its experts
   // receive from the ep group (Rr; R without expert parallelism).
   const int64_t R = nm ? moe_rows(cfg, N) : 0, Rr = nm ? moe_rows_received(cfg, N) : 0;

@@ -81,6 +81,7 @@ struct DataParallelGroups {
   // gradients are reduced; dense ones are reduced over dp.
   ProcessGroup* ep = nullptr;
   ProcessGroup* edp = nullptr;
+  ProcessGroup* host_edp = nullptr;  // host buffers over expert-dp (weights out)
 };
 
 // DDP at parallel.zero = 0, else ZeRO of that stage; the optimizer over what this rank owns.

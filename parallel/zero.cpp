@@ -6,41 +6,69 @@ namespace loom {
 
 namespace {
 
+// A run of a unit sharded over one group: the whole unit over dp, or (expert parallel) a MoE
+// block's experts, the tail of its unit, over expert-dp and the rest over dp.
+struct Part {
+  int64_t lo, len;
+  int n, r;
+  bool expert;
+};
+
+std::vector<Part> parts_of(const ModelLayout& layout, const ZeroRanks& z) {
+  std::vector<Part> parts;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t lo = layout.unit_lo(u), hi = lo + layout.unit_len(u);
+    int64_t x = hi;  // where the unit's experts start
+    if (z.edp > 0)
+      for (auto& spec : layout.reg.all())
+        if (int64_t(spec.offset) >= lo && int64_t(spec.offset) < hi && expert_param(spec.name))
+          x = std::min(x, int64_t(spec.offset));
+    if (x > lo || x == hi) parts.push_back({lo, x - lo, z.dp, z.rank, false});
+    if (x < hi) parts.push_back({x, hi - x, z.edp, z.edp_rank, true});
+  }
+  return parts;
+}
+
 struct Geometry {
-  std::vector<int64_t> s;  // per unit shard size
+  std::vector<Part> parts;
+  std::vector<int64_t> s;  // per part shard size
   int64_t shard = 0, max_unit = 0, max_s = 0, max_layer = 0;
 };
 
-// Units are local to the chunk; its first and last are the edges (the embedding and the head
-// of a whole model), which keep slots of their own.
-Geometry geometry(const ModelLayout& layout, int n) {
+// Parts are the chunk's units unless experts are split off; the first and last are the edges
+// (the embedding and the head of a whole model), which keep slots of their own.
+Geometry geometry(const ModelLayout& layout, const ZeroRanks& z) {
   Geometry g;
-  const int last = layout.num_units() - 1;
-  for (int u = 0; u <= last; ++u) {
-    int64_t s = (layout.unit_len(u) + n - 1) / n;
+  g.parts = parts_of(layout, z);
+  const size_t last = g.parts.size() - 1;
+  for (size_t u = 0; u <= last; ++u) {
+    const Part& p = g.parts[u];
+    int64_t s = (p.len + p.n - 1) / p.n;
     g.s.push_back(s);
     g.shard += s;
-    g.max_unit = std::max(g.max_unit, s * n);
+    g.max_unit = std::max(g.max_unit, s * p.n);
     g.max_s = std::max(g.max_s, s);
-    if (u != 0 && u != last) g.max_layer = std::max(g.max_layer, s * n);
+    if (u != 0 && u != last) g.max_layer = std::max(g.max_layer, s * p.n);
   }
   return g;
 }
 
-// Elements of the four slots: both edges, then two blocks in turn.
+// Elements of the four slots: both edges, then two blocks in turn (stage 2 and 3, whose
+// parts are the units).
 std::vector<int64_t> slot_elems(const Geometry& g, int n) {
   return {g.s.front() * n, g.s.back() * n, g.max_layer, g.max_layer};
 }
 
 }  // namespace
 
-std::vector<StateRun> zero_state_runs(const ModelLayout& layout, int n, int r) {
-  const Geometry g = geometry(layout, n);
+std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z) {
+  const Geometry g = geometry(layout, z);
   std::vector<StateRun> runs;
   int64_t shard_off = 0;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    const int64_t len = layout.unit_len(u), s = g.s[size_t(u)];
-    const int64_t a = layout.unit_lo(u) + std::min(len, r * s), b = layout.unit_lo(u) + std::min(len, (r + 1) * s);
+  for (size_t u = 0; u < g.parts.size(); ++u) {
+    const Part& p = g.parts[u];
+    const int64_t len = p.len, s = g.s[u];
+    const int64_t a = p.lo + std::min(len, p.r * s), b = p.lo + std::min(len, (p.r + 1) * s);
     for (auto& spec : layout.reg.all()) {
       const int64_t lo = std::max(a, int64_t(spec.offset)), hi = std::min(b, int64_t(spec.offset) + spec.numel());
       if (lo < hi) runs.push_back({&spec, lo, shard_off + (lo - a), hi - lo});
@@ -50,17 +78,18 @@ std::vector<StateRun> zero_state_runs(const ModelLayout& layout, int n, int r) {
   return runs;
 }
 
-std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, int n, int r, int stage, int tp_rank) {
+std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank) {
   std::vector<OptChunk> chunks;
-  for (const StateRun& run : zero_state_runs(layout, n, r))
+  for (const StateRun& run : zero_state_runs(layout, z))
     opt_chunks_add(chunks, run.state, stage >= 3 ? run.state : run.flat, stage >= 2 ? run.state : run.flat, run.n,
                    run.spec->decay, !run.spec->replicated() || tp_rank == 0);
   return chunks;
 }
 
-std::vector<PlanItem> zero_plan(const ModelLayout& layout, int n, int rank, int stage, int tp_rank, DType dtype,
+std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank, DType dtype,
                                 DType reduce, DeviceKind device) {
-  const Geometry g = geometry(layout, n);
+  const Geometry g = geometry(layout, z);
+  const int n = z.dp;
   const bool low = reduce == DType::bf16;
   std::vector<PlanItem> p;
   if (stage >= 3) p.push_back({"zero_shard_params", g.shard, dtype, Mem::params});
@@ -81,7 +110,7 @@ std::vector<PlanItem> zero_plan(const ModelLayout& layout, int n, int rank, int 
     }
   if (stage >= 3)  // gathered weights: one block computing, one prefetched
     for (int64_t e : slot_elems(g, n)) p.push_back({"zero_param_slot", e, dtype, Mem::comm});
-  const size_t n_chunks = zero_opt_chunks(layout, n, rank, stage, tp_rank).size();
+  const size_t n_chunks = zero_opt_chunks(layout, z, stage, tp_rank).size();
   for (auto& item : AdamW::plan(g.shard, dtype != DType::f32, n_chunks, device)) p.push_back(item);
   return p;
 }
@@ -112,23 +141,29 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
       clock_(clock),
       n_(groups.dp.size()),
       r_(groups.dp.rank()),
+      edp_(groups.edp),
+      host_edp_(groups.host_edp ? groups.host_edp : groups.edp),
+      ranks_{n_, r_, edp_ ? edp_->size() : 0, edp_ ? edp_->rank() : 0},
       dtype_(be_.dtype()),
       reduce_(grad_reduce_dtype(cfg)) {
   LOOM_CHECK(stage_ >= 1 && stage_ <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage_);
+  LOOM_CHECK(!edp_ || stage_ == 1, "parallel.zero = {} with expert parallelism is not supported; use zero = 1 or 0",
+             stage_);
   const ModelLayout& layout = chunk.layout();
-  const Geometry g = geometry(layout, n_);
+  const Geometry g = geometry(layout, ranks_);
   int64_t off = 0;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    units_.push_back({layout.unit_lo(u), layout.unit_len(u), g.s[size_t(u)], off, r_, n_});
-    off += g.s[size_t(u)];
+  for (size_t u = 0; u < g.parts.size(); ++u) {
+    const Part& p = g.parts[u];
+    units_.push_back({p.lo, p.len, g.s[u], off, p.r, p.n, p.expert});
+    off += g.s[u];
   }
   shard_ = g.shard;
   max_unit_ = g.max_unit;
-  adam_ =
-      std::make_unique<AdamW>(be_, zero_opt_chunks(layout, n_, r_, stage_, tp_.rank()), g.shard, dtype_ != DType::f32);
+  adam_ = std::make_unique<AdamW>(be_, zero_opt_chunks(layout, ranks_, stage_, tp_.rank()), g.shard,
+                                  dtype_ != DType::f32);
   // Everything else zero_plan lists (AdamW allocated its own part).
   std::map<std::string, std::vector<Tensor>> got;
-  for (auto& item : zero_plan(layout, n_, r_, stage_, tp_.rank(), dtype_, reduce_, be_.device())) {
+  for (auto& item : zero_plan(layout, ranks_, stage_, tp_.rank(), dtype_, reduce_, be_.device())) {
     if (item.name.rfind("zero_", 0) != 0) continue;
     got[item.name].push_back(be_.alloc().empty(item));
   }
@@ -201,8 +236,9 @@ void Zero::weights_to(float* host) {
   be_.download(shard.data(), adam_->master() ? dev(adam_->master(), shard_, DType::f32) : Buf(shard_params_));
   std::vector<float> all;
   for (const auto& u : units_) {
-    all.resize(size_t(u.s * n_));
-    host_dp_.all_gather(Buf(shard.data() + u.shard_off, u.s), Buf(all.data(), u.s * n_)).wait();
+    all.resize(size_t(u.s * u.n));
+    ProcessGroup& g = u.expert ? *host_edp_ : host_dp_;
+    g.all_gather(Buf(shard.data() + u.shard_off, u.s), Buf(all.data(), u.s * u.n)).wait();
     std::copy_n(all.data(), u.len, host + u.lo);
   }
 }
@@ -226,7 +262,7 @@ void Zero::drain(Slot& slot) {
 }
 
 float* Zero::grads(int u) {
-  if (stage_ < 2) return chunk_.grads() + unit(u).lo;
+  if (stage_ < 2) return chunk_.grads() + chunk_.layout().unit_lo(chunk_.layout().local(u));
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) {
     drain(s);
@@ -265,7 +301,7 @@ void Zero::gather_into(Slot& slot, int u, Pass pass) {
 }
 
 Ptr Zero::params(int u, Pass pass) {
-  if (stage_ < 3) return chunk_.params() + unit(u).lo;
+  if (stage_ < 3) return chunk_.params() + chunk_.layout().unit_lo(chunk_.layout().local(u));
   Slot& s = slot_of(param_slots_, u);
   if (!(s.unit == u && s.pass == pass)) {  // not prefetched: gather now
     LOOM_ASSERT(!s.in_use);
@@ -308,15 +344,16 @@ void Zero::reduce_grads(const std::function<void()>& between) {
     float* tmp = grad_bounce_.f32();
     float* mine = tmp + max_unit_;
     for (const auto& u : units_) {
-      be_.zero(dev(tmp, u.s * n_, DType::f32));
+      ProcessGroup& g = group(u);
+      be_.zero(dev(tmp, u.s * u.n, DType::f32));
       be_.copy(dev(tmp, u.len, DType::f32), dev(full + u.lo, u.len, DType::f32));
       if (grad_bounce_low_.defined()) {
         Buf low(grad_bounce_low_);
-        be_.copy(low.slice(0, u.s * n_), dev(tmp, u.s * n_, DType::f32));
-        wait(dp_.reduce_scatter(low.slice(0, u.s * n_), low.slice(max_unit_, u.s), st));
+        be_.copy(low.slice(0, u.s * u.n), dev(tmp, u.s * u.n, DType::f32));
+        wait(g.reduce_scatter(low.slice(0, u.s * u.n), low.slice(max_unit_, u.s), st));
         be_.copy(dev(mine, u.s, DType::f32), low.slice(max_unit_, u.s));
       } else {
-        wait(dp_.reduce_scatter(dev(tmp, u.s * n_, DType::f32), dev(mine, u.s, DType::f32), st));
+        wait(g.reduce_scatter(dev(tmp, u.s * u.n, DType::f32), dev(mine, u.s, DType::f32), st));
       }
       be_.copy(dev(full + u.lo + u.a(), u.b() - u.a(), DType::f32), dev(mine, u.b() - u.a(), DType::f32));
     }
@@ -345,10 +382,10 @@ void Zero::apply(const AdamWHyper& h, int64_t step, double max_norm) {
     Buf full(chunk_.params_tensor());
     Buf tmp(param_bounce_);
     for (const auto& u : units_) {
-      Buf mine = tmp.slice(int64_t(r_) * u.s, u.s);
+      Buf mine = tmp.slice(int64_t(u.r) * u.s, u.s);
       be_.zero(mine);
       be_.copy(mine.slice(0, u.b() - u.a()), full.slice(u.lo + u.a(), u.b() - u.a()));
-      wait(dp_.all_gather(mine, tmp.slice(0, u.s * n_), st));
+      wait(group(u).all_gather(mine, tmp.slice(0, u.s * u.n), st));
       be_.copy(full.slice(u.lo, u.len), tmp.slice(0, u.len));
     }
   }
@@ -367,7 +404,7 @@ std::vector<StateRun> Zero::state_runs(StateUse use) const {
       runs.push_back({&spec, int64_t(spec.offset), int64_t(spec.offset), spec.numel()});
     return runs;
   }
-  for (const StateRun& run : zero_state_runs(layout, n_, r_))
+  for (const StateRun& run : zero_state_runs(layout, ranks_))
     if (use != StateUse::write || !run.spec->replicated() || tp_.rank() == 0) runs.push_back(run);
   return runs;
 }

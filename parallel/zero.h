@@ -1,5 +1,6 @@
 // ZeRO over the data-parallel group. Every unit of the chunk (the embeddings, each block,
-// the head) is sharded over the dp ranks: rank r owns elements [r*s, (r+1)*s) of a unit of
+// the head) is sharded over the dp ranks (at stage 1 under expert parallelism, a MoE block's
+// experts over the expert-dp ranks that hold the same experts): rank r owns elements [r*s, (r+1)*s) of a unit of
 // len elements, s = ceil(len / dp), the last shards padded with zeros. This rank's shards of
 // all units, back to back, form its shard space, where the Adam moments (and, with bf16
 // compute, the fp32 master weights) live.
@@ -23,16 +24,23 @@
 
 namespace loom {
 
-// Dp rank `rank`'s slice of every unit, cut at tensor boundaries, as state runs: `state`
-// indexes the rank's shard space.
-std::vector<StateRun> zero_state_runs(const ModelLayout& layout, int dp, int rank);
-// The optimizer table of dp rank `rank`: its slice of every unit, cut at tensor boundaries.
-// Moments (and master weights) index the shard space; weights the full buffer below stage 3,
-// gradients below stage 2. Replicated tensors count in the norm on tp rank 0 only.
-std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, int dp, int rank, int stage, int tp_rank);
-// What Zero allocates (its optimizer's state included) on dp rank `rank` for a chunk of
-// `layout`, at `stage`, weights in `dtype`, gradients reduced in `reduce`.
-std::vector<PlanItem> zero_plan(const ModelLayout& layout, int dp, int rank, int stage, int tp_rank, DType dtype,
+// Who shards what: the dp group's size and this rank's place in it; under expert parallelism
+// (edp > 0) also the expert-dp group's, over which the experts' tail of each MoE block's unit
+// is sharded instead (ZeRO-1 only).
+struct ZeroRanks {
+  int dp, rank;
+  int edp = 0, edp_rank = 0;
+};
+// The rank's slice of every unit, cut at tensor boundaries, as state runs: `state` indexes
+// the rank's shard space.
+std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z);
+// The rank's optimizer table: its slice of every unit, cut at tensor boundaries. Moments (and
+// master weights) index the shard space; weights the full buffer below stage 3, gradients
+// below stage 2. Replicated tensors count in the norm on tp rank 0 only.
+std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank);
+// What Zero allocates (its optimizer's state included) on that rank for a chunk of `layout`,
+// at `stage`, weights in `dtype`, gradients reduced in `reduce`.
+std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank, DType dtype,
                                 DType reduce, DeviceKind device);
 
 class Zero final : public DataParallel {
@@ -63,13 +71,16 @@ class Zero final : public DataParallel {
     int64_t a() const;  // this rank's slice of the unit: [a, b)
     int64_t b() const;
     int r, n;
+    bool expert;  // sharded over expert-dp
   };
+  ProcessGroup& group(const Unit& u) { return u.expert ? *edp_ : dp_; }
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight
   Slot& slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const;
   void gather_into(Slot& slot, int u, Pass pass);
   void drain(Slot& slot);  // waits for a slot's reduce-scatter and adds it into the shard
   void wait(const Work& w);
   Buf dev(void* p, int64_t n, DType t) const { return Buf(p, n, t, be_.device()); }
+  // Stages 2 and 3, where every unit is one part.
   const Unit& unit(int u) const { return units_[size_t(chunk_.layout().local(u))]; }
 
   int stage_;
@@ -80,9 +91,11 @@ class Zero final : public DataParallel {
   ProcessGroup& host_dp_;
   StepClock* clock_;
   int n_, r_;
+  ProcessGroup *edp_, *host_edp_;
+  ZeroRanks ranks_;
   float* reduced_ = nullptr;  // the reduced gradients apply() reads, between reduce_grads() and it
   DType dtype_, reduce_;
-  std::vector<Unit> units_;
+  std::vector<Unit> units_;  // the parts, in order (the chunk's units unless experts are split off)
   std::unique_ptr<AdamW> adam_;
   Tensor shard_params_, shard_grads_, grad_bounce_, grad_bounce_low_, param_bounce_;
   std::vector<std::unique_ptr<Slot>> grad_slots_, param_slots_;

@@ -488,9 +488,9 @@ void config_validate(Config& cfg) {
                "parallel.ep = {} does not divide parallel.dp = {}; the ep group is carved from dp, so pick ep among the "
                "divisors of dp",
                p.ep, p.dp);
-    LOOM_CHECK(p.zero == 0,
-               "parallel.zero = {} with parallel.ep = {} is not supported yet (ZeRO would shard the experts over "
-               "expert-dp and the rest over dp); use zero = 0 with expert parallelism",
+    LOOM_CHECK(p.zero <= 1,
+               "parallel.zero = {} with parallel.ep = {} is not supported yet (stages 2 and 3 would reduce and gather "
+               "each MoE block over two groups); use zero = 1 or 0 with expert parallelism",
                p.zero, p.ep);
   }
   check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb"});

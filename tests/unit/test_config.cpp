@@ -121,8 +121,9 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
   EXPECT_NE(error_of([&] { loaded(moe + "[parallel]\ndp = 2\nep = 4\n"); }).find("ep = 4 does not divide parallel.dp = 2"),
             std::string::npos);
   EXPECT_NE(error_of([] { loaded("[parallel]\ndp = 2\nep = 2\n"); }).find("needs MoE layers"), std::string::npos);
-  EXPECT_NE(error_of([&] { loaded(moe + "[parallel]\ndp = 2\nep = 2\nzero = 1\n"); }).find("zero = 1 with parallel.ep = 2"),
+  EXPECT_NE(error_of([&] { loaded(moe + "[parallel]\ndp = 2\nep = 2\nzero = 2\n"); }).find("zero = 2 with parallel.ep = 2"),
             std::string::npos);
+  EXPECT_EQ(loaded(moe + "[parallel]\ndp = 2\nep = 2\nzero = 1\n").parallel.zero, 1);
   EXPECT_EQ(loaded(moe + "[parallel]\ndp = 2\nep = 2\n").parallel.ep, 2);
   EXPECT_EQ(pipeline_layers(loaded("[parallel]\npp = 2\npp_layers = \"1,3\"\n")), (std::vector<int>{1, 3}));
   EXPECT_NE(error_of([] { loaded("[parallel]\ndp = 3\n"); }).find("not a multiple of micro_batch x dp = 8 x 3"),
