@@ -332,7 +332,8 @@ int run(int argc, char** argv) {
       fmt::print(
           "pipeline {}: {} stages x {} chunks, {} micro-batches; checked (every send has its receive, no "
           "deadlock)\npredicted bubble {:.3f} ({}); simulated: worst stage {:.3f}, mean {:.3f}\n{}",
-          name, p, v, m, loom::pipeline_bubble_predicted(sched), loom::pipeline_bubble_formula(sched), t.bubble(), t.bubble_mean(), loom::pipeline_timeline(sched, t));
+          name, p, v, m, loom::pipeline_bubble_predicted(sched), loom::pipeline_bubble_formula(sched), t.bubble(),
+          t.bubble_mean(), loom::pipeline_timeline(sched, t));
     } else if (*pmem) {
       if (plan_params > 0) {
         LOOM_CHECK(plan_dp > 0, "loom plan memory --params needs --dp");

@@ -136,14 +136,14 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   if (cfg.parallel.pp > 1) p.pipe_ops = p.pipe_schedule.ops[size_t(p.mesh->coord().pp)];
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   const bool ep = cfg.parallel.ep > 1;
-  p.chunk = std::make_unique<Chunk>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
-                                    /*full_params=*/stage < 3, /*full_grads=*/stage < 2,
-                                    ep ? &p.mesh->group(Axis::ep) : nullptr, ep ? &p.mesh->host_group(Axis::ep) : nullptr);
-  p.dpar = data_parallel_make(
-      cfg, *p.chunk,
-      {p.dp(), p.tp(), p.mesh->host_group(Axis::dp), ep ? &p.mesh->group(Axis::ep) : nullptr,
-       ep ? &p.mesh->group(Axis::edp) : nullptr, ep ? &p.mesh->host_group(Axis::edp) : nullptr},
-      p.clock.get());
+  p.chunk =
+      std::make_unique<Chunk>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
+                              /*full_params=*/stage < 3, /*full_grads=*/stage < 2,
+                              ep ? &p.mesh->group(Axis::ep) : nullptr, ep ? &p.mesh->host_group(Axis::ep) : nullptr);
+  p.dpar = data_parallel_make(cfg, *p.chunk,
+                              {p.dp(), p.tp(), p.mesh->host_group(Axis::dp), ep ? &p.mesh->group(Axis::ep) : nullptr,
+                               ep ? &p.mesh->group(Axis::edp) : nullptr, ep ? &p.mesh->host_group(Axis::edp) : nullptr},
+                              p.clock.get());
   p.schedule = schedule_one_stage(cfg.accum_steps());
   if (cfg.parallel.pp > 1)
     p.pipe = std::make_unique<PipelineStage>(*p.chunk, *p.dpar, p.mesh->group(Axis::pp), cfg.accum_steps(),
@@ -183,20 +183,24 @@ void Trainer::Parts::startup_log() {
       cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
       cfg.model.vocab_size, cfg.vocab_padded(), T, whole.reg.global_numel() / 1e6);
   if (const auto& moe = cfg.model.moe; moe.num_experts > 0) {
-    const int64_t N = int64_t(B) * T, Rr = moe_rows_received(cfg, N);
-    const double mib = double(Rr) * (2 * cfg.model.d_model + 3 * cfg.model.d_ff) * dtype_size(dtype) / 1048576.0;
+    // The rows a MoE layer saves: its experts' inputs, fc and activation outputs (Rr rows
+    // received), and the outputs back in token order (R rows), per activation slot.
+    const int64_t N = int64_t(B) * T, R = moe_rows(cfg, N), Rr = moe_rows_received(cfg, N);
+    const double mib =
+        double(Rr * (cfg.model.d_model + 3 * cfg.model.d_ff) + R * cfg.model.d_model) * dtype_size(dtype) / 1048576.0;
     info(
         "MoE: {} of {} blocks, {} experts ({} per rank over ep {}), top {}; {}; {:.2f}M of {:.2f}M parameters active "
-        "per token; the router's choices come to the host once per MoE layer and micro-batch{}",
+        "per token; each MoE layer syncs the host with the stream to plan its permutation{}",
         cfg.moe_layers(), cfg.model.n_layer, moe.num_experts, moe.num_experts / cfg.parallel.ep, cfg.parallel.ep,
         moe.top_k,
         moe.capacity_factor > 0
             ? fmt::format("capacity {} assignments per expert and micro-batch (capacity_factor {})",
                           moe_capacity(cfg, N), moe.capacity_factor)
-            : fmt::format("dropless: the experts' buffers hold the worst case, {} rows ({:.2f} MiB per MoE layer)", Rr,
-                          mib),
+            : fmt::format("dropless: the experts' buffers hold the worst case, {} rows ({:.2f} MiB saved per MoE "
+                          "layer and micro-batch in flight)",
+                          Rr, mib),
         double(active_param_count(cfg)) / 1e6, double(param_count(cfg)) / 1e6,
-        cfg.parallel.ep > 1 ? " (their counts cross the ep group on the host)" : "");
+        cfg.parallel.ep > 1 ? " (and its counts cross the ep group on the host)" : "");
   }
   info("device: {} ({}); {} threads per rank ({}); data: {}", device, dtype_name(dtype), threads, threads_why,
        data.describe);
@@ -230,7 +234,12 @@ void Trainer::Parts::startup_log() {
   }
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, cfg.accum_steps(), B, dp().size(), cfg.train.recompute);
-  info("activation plan (B={}, T={}):\n{}", B, T, chunk->plan().table());
+  for (int j = 0; j < chunk->pieces(); ++j) {  // a stage of the interleaved schedule holds several
+    chunk->set_piece(j);
+    info("activation plan (B={}, T={}{}):\n{}", B, T, chunk->pieces() > 1 ? fmt::format(", model chunk {}", j) : "",
+         chunk->plan().table());
+  }
+  chunk->set_piece(0);
   {
     // Every rank's ledger, tabled by rank 0: ZeRO padding and tensor-parallel shards differ.
     const MemLedger& L = alloc->ledger();

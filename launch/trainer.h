@@ -13,11 +13,11 @@
 namespace loom {
 
 struct TrainResult {
-  std::vector<double> losses;                                              // per step
-  std::vector<double> grad_norms;                                          // per step, before clipping
-  std::vector<double> aux_losses;  // per step with MoE layers: the load-balancing loss, mean over layers
-  std::vector<std::pair<int64_t, double>> val;                             // (step, val_loss)
-  std::vector<float> params;                                               // final weights, Hugging Face layout
+  std::vector<double> losses;                   // per step
+  std::vector<double> grad_norms;               // per step, before clipping
+  std::vector<double> aux_losses;               // per step with MoE layers: the load-balancing loss, mean over layers
+  std::vector<std::pair<int64_t, double>> val;  // (step, val_loss)
+  std::vector<float> params;                    // final weights, Hugging Face layout
   std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> names;  // name -> (offset, numel) in params
   MemLedger mem;                                                           // this rank's ledger at the end
   double tokens_per_s = 0;                                                 // mean over steps after the first

@@ -145,7 +145,7 @@ struct Trainer::Parts {
     if (pipe) mesh->host_group(Axis::pp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
     m.aux_loss = 0;
     for (size_t i = 0; i < st.size() / 4; ++i) {
-      const double* v = st.data() + 4 * i, n = std::max(v[3], 1.0);
+      const double *v = st.data() + 4 * i, n = std::max(v[3], 1.0);
       m.aux_loss += v[0] / n / double(st.size() / 4);
       m.moe.push_back({int((i + 1) * cfg.model.moe.every - 1), v[1] / n, v[2] / n});
     }

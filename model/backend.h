@@ -135,8 +135,8 @@ class Backend {
   virtual void moe_combine_backward(Ptr drows, float* dw, Ptr dout, Ptr rows, const int32_t* row_of, const float* w,
                                     int N, int k, int C) = 0;
   virtual void moe_scatter_add(Ptr dx, Ptr drows, const int32_t* row_of, int N, int k, int C) = 0;
-  virtual void moe_router_backward(Ptr dlogits, const float* probs, const int32_t* idx, const float* w,
-                                   const float* dw, const float* aux_g, int N, int E, int k) = 0;
+  virtual void moe_router_backward(Ptr dlogits, const float* probs, const int32_t* idx, const float* w, const float* dw,
+                                   const float* aux_g, int N, int E, int k) = 0;
   virtual void column_sums(float* out, const float* probs, int N, int E) = 0;
   virtual void ce_stats(Ptr logits, const Inputs& in, int N, int Vl, int valid, int v0, float* rowmax,
                         float* target) = 0;

@@ -270,7 +270,9 @@ class CpuBackend final : public Backend {
       cpu::moe_router_backward(dlogits.as<S>(), probs, idx, w, dw, aux_g, N, E, k);
     });
   }
-  void column_sums(float* out, const float* probs, int N, int E) override { cpu::column_sums(out, probs, N, E); }
+  void column_sums(float* out, const float* probs, int N, int E) override {
+    cpu::column_sums(out, probs, N, E);
+  }
   void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;

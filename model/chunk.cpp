@@ -62,11 +62,17 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
     const ChunkPiece& cp = spec.pieces[j];
     const int hi = cp.unit_hi < 0 ? L_ + 2 : cp.unit_hi;
     LOOM_ASSERT(cp.unit_lo >= 0 && cp.unit_lo < hi && hi <= L_ + 2 && cp.slots >= 1);
-    Piece pc{std::max(cp.unit_lo, 1) - 1, std::min(hi, L_ + 1) - 1, cp.unit_lo == 0, hi == L_ + 2, cp.slots,
-             std::move(plan.pieces[j]), {}};
+    Piece pc{std::max(cp.unit_lo, 1) - 1,
+             std::min(hi, L_ + 1) - 1,
+             cp.unit_lo == 0,
+             hi == L_ + 2,
+             cp.slots,
+             std::move(plan.pieces[j]),
+             {}};
     for (int l = pc.b0; l < pc.b1; ++l) pc.moe += cfg.moe_block(l) ? 1 : 0;
     pc.routes.resize(size_t(pc.moe * pc.slots));
-    for (auto& b : pc.plan.buffers) pc.acts.push_back(alloc.empty({b.numel * b.copies * pc.slots}, b.dtype, Mem::activations));
+    for (auto& b : pc.plan.buffers)
+      pc.acts.push_back(alloc.empty({b.numel * b.copies * pc.slots}, b.dtype, Mem::activations));
     pieces_.push_back(std::move(pc));
   }
   for (auto& b : plan.scratch) scratch_.push_back(alloc.empty({b.numel}, b.dtype, b.comm ? Mem::comm : Mem::workspace));
@@ -417,8 +423,8 @@ void Chunk::block_weight_backward(const LayerW& lg, const LayerA& a, Ptr in) {
   if (policy_ == Recompute::selective) be_.act_forward(llama_, a.act, a.fc, N, F_);
   be_.linear_backward(Ptr(), G[DOWN_W], G[DOWN_B], d_down, a.act, Ptr(), N, F_, C_, lay);
   be_.linear_backward(Ptr(), G[FC_W], G[FC_B], d_fc, column_parallel_input(a.ln2, full_b), Ptr(), N, C_, fc, lay);
-  be_.norm_backward(llama_, Ptr(), sp_ ? normw + per_norm * C_ : G[NORM2_W], sp_ && !llama_ ? normw + 3 * C_ : G[NORM2_B],
-                    d_n2, a.res2, Ptr(), a.ln2_mean, a.ln2_rstd, Ns_, C_);
+  be_.norm_backward(llama_, Ptr(), sp_ ? normw + per_norm * C_ : G[NORM2_W],
+                    sp_ && !llama_ ? normw + 3 * C_ : G[NORM2_B], d_n2, a.res2, Ptr(), a.ln2_mean, a.ln2_rstd, Ns_, C_);
   be_.linear_backward(Ptr(), G[PROJ_W], G[PROJ_B], d_proj, a.atty, Ptr(), N, H_ * D_, C_, lay);
   be_.linear_backward(Ptr(), G[QKV_W], G[QKV_B], d_qkv, column_parallel_input(a.ln1, full_b), Ptr(), N, C_, qkv, lay);
   be_.norm_backward(llama_, Ptr(), sp_ ? normw : G[NORM1_W], sp_ && !llama_ ? normw + C_ : G[NORM1_B], d_n1, in, Ptr(),

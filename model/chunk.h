@@ -164,8 +164,7 @@ class Chunk {
   // A MoE block's MLP branch (model/moe.cpp): from the normed input x [N, C] (every row; sp
   // gathers it) to this rank's rows of `out`; recomputing stops before combining (`out`
   // already holds it); count: add to moe_stats_. Backward: from d(out) over every row [N, C]
-  // to dx [N, C] (overwritten),
-  // the router's and the experts' weight gradients accumulated.
+  // to dx [N, C] (overwritten), the router's and the experts' weight gradients accumulated.
   void moe_forward(const LayerW& w, const LayerA& a, Ptr x, Ptr out, bool count, bool recomputing);
   void moe_backward(const LayerW& w, const LayerW& g, const LayerA& a, Ptr x, Ptr dout, Ptr dx);
   // The stash of a split backward: the next n elements of the slot's, in B's order.
@@ -181,7 +180,7 @@ class Chunk {
   int B_, T_, C_, H_, KV_, D_, F_, V_, L_;  // H_, KV_, F_, V_: this rank's share under tp (V_ padded)
   int tp_size_, tp_rank_, v0_, valid_;      // v0_: the first vocabulary id this rank holds; valid_: how many are real
   bool sp_;
-  int Ns_;                    // rows of the norm and residual regions on this rank (N / tp with sp)
+  int Ns_;  // rows of the norm and residual regions on this rank (N / tp with sp)
   // Where a MoE layer's assignments went (host): rows [offsets[e], offsets[e+1]) are expert
   // e's; share[e]: its fraction of the N * top_k assignments before capacity.
   struct MoeRoute {
@@ -199,8 +198,8 @@ class Chunk {
   void moe_exchange_plan(MoeRoute& r, const LayerA& a, const std::vector<int64_t>& kept);
   void moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out);
   struct Piece {
-    int b0, b1;       // blocks [b0, b1)
-    bool emb, head;   // whether it starts with the embedding, ends with the head
+    int b0, b1;      // blocks [b0, b1)
+    bool emb, head;  // whether it starts with the embedding, ends with the head
     int slots;
     ActPlan plan;
     std::vector<Tensor> acts;
@@ -209,7 +208,7 @@ class Chunk {
   };
   std::vector<Piece> pieces_;
   int piece_ = 0;
-  int b0_, b1_;               // the current piece's blocks
+  int b0_, b1_;                // the current piece's blocks
   bool emb_here_, head_here_;  // and ends
   Recompute policy_;
   HeadNames names_;

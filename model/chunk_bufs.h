@@ -73,7 +73,7 @@ struct Chunk::LayerW {
 struct Chunk::LayerA {
   Ptr ln1, qkv, stats, atty, res2, ln2, fc, act;  // fc, act: a dense block's
   float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
-  int moe = -1;  // a MoE block: its index among the piece's MoE blocks (its buffers' copy)
+  int moe = -1;   // a MoE block: its index among the piece's MoE blocks (its buffers' copy)
   int layer = 0;  // the global block
 };
 

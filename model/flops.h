@@ -1,6 +1,7 @@
 // FLOPs per token for MFU (DESIGN 9): 6N + 12*L*C*T, N the parameters a token's matmuls
-// touch (with MoE layers the router and its top_k experts, not all of them; lookup tables such as position embeddings, and an untied input embedding, are
-// lookups, not matmuls, and do not count). HFU adds the recomputed forward work.
+// touch (with MoE layers the router and its top_k experts, not all of them; lookup tables
+// such as position embeddings, and an untied input embedding, are lookups, not matmuls, and
+// do not count). HFU adds the recomputed forward work.
 #pragma once
 #include "runtime/config.h"
 

@@ -100,7 +100,7 @@ HeadNames head_names(const Config& cfg);
 // without allocating.
 struct ModelLayout {
   ParamRegistry reg;
-  std::vector<int> unit_ids;  // the global unit of each local one
+  std::vector<int> unit_ids;                       // the global unit of each local one
   std::vector<std::pair<int64_t, int64_t>> units;  // [lo, hi) in registry elements
   std::vector<std::vector<size_t>> layer_offsets;  // per global block, per weight field (SIZE_MAX: absent)
   int num_units() const { return int(units.size()); }
@@ -117,7 +117,6 @@ struct ModelLayout {
 ModelLayout model_layout(const Config& cfg, int tp_rank = 0, int unit_lo = 0, int unit_hi = -1);
 // Units from several runs [lo, hi) (hi -1: through the head), in model order; ep_rank: which
 // num_experts / ep experts of each MoE block this rank holds (-1: all of them).
-ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs,
-                         int ep_rank = 0);
+ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs, int ep_rank = 0);
 
 }  // namespace loom

@@ -1,8 +1,11 @@
 // The mixture-of-experts layer of a llama block (Mixtral's): a router [E, C], softmax over the
 // experts, the top k renormalized; each expert a SwiGLU MLP (w1, w3 [F, C] as one [2F, C]
-// matrix, w2 [C, F]). Assignments are sorted by expert on the host (the router's choices come
-// down once per layer: the one host sync), so every expert computes on a contiguous run of
-// rows with the plain GEMMs; a capacity drops an expert's later assignments in token order.
+// matrix, w2 [C, F]). Assignments are sorted by expert on the host, so every expert computes
+// on a contiguous run of rows with the plain GEMMs; a capacity drops an expert's later
+// assignments in token order. That costs host syncs per layer and micro-batch: the router's
+// choices come down and the permutation goes up (with the metrics' probability sums, and in
+// backward the load-balancing gradient per expert); under ep also the counts' exchange on the
+// host and the row maps. Full recompute repeats the forward's.
 // Under tensor parallelism the experts are whole on every tp rank, which runs the layer on
 // every row of the micro-batch (sequence parallel gathers them) and keeps its own rows.
 #include <algorithm>
@@ -158,8 +161,7 @@ void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Pt
     auto s = trace_.scope("moe_router_backward");
     // The load-balancing term: coef times the mean over MoE layers and over the step's
     // micro-batches (all dp ranks) of E sum_e f_e P_e, P_e the mean of probs[:, e].
-    const double scale =
-        mc.aux_loss_coef / (double(cfg_.moe_layers()) * cfg_.accum_steps() * cfg_.parallel.dp) * E / N;
+    const double scale = mc.aux_loss_coef / (double(cfg_.moe_layers()) * cfg_.accum_steps() * cfg_.parallel.dp) * E / N;
     std::vector<float> aux_g(static_cast<size_t>(E));
     for (int e = 0; e < E; ++e) aux_g[size_t(e)] = float(scale * route.share[size_t(e)]);
     float* g_aux = scrf(MOE_AUX);

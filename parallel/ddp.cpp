@@ -46,11 +46,11 @@ Ddp::Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, Step
   }
   for (const PlanItem& item : plan(cfg, chunk.registry(), tp_.rank(), be_.dtype(), be_.device()))
     if (item.name == "grad_reduce_bf16") low_ = be_.alloc().empty(item);
-  adam_ = std::make_unique<AdamW>(be_,
-                                  opt_chunks(chunk.registry(), tp_.rank(),
-                                             chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr,
-                                             ep_ ? ep_->rank() : 0),
-                                  numel, be_.dtype() != DType::f32);
+  adam_ = std::make_unique<AdamW>(
+      be_,
+      opt_chunks(chunk.registry(), tp_.rank(), chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr,
+                 ep_ ? ep_->rank() : 0),
+      numel, be_.dtype() != DType::f32);
 }
 
 std::string Ddp::describe() const {

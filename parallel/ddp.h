@@ -1,14 +1,14 @@
 // Data parallel with bucketed, overlapped gradient reduction. Buckets are ranges of the flat
 // fp32 gradient buffer, bucket_mb each (never mixing experts' and dense tensors: under expert
-// parallelism the first reduce over expert-dp, the others over dp), taken from the end of the buffer: backward produces
-// gradients in reverse registration order, so the finished gradients always form a suffix
-// [offset, end) of the buffer. The chunk reports that offset after each unit; every bucket
-// inside the suffix starts its all-reduce at once (on the dp group's stream or thread, after
-// the compute stream's work so far) while backward goes on. Only the last micro-batch of a
-// step reports: accumulation micro-batches do not communicate. step() waits only for what is
-// still in flight, then clips and updates. With parallel.grad_reduce_dtype = bf16 a bucket is
-// rounded into a bf16 copy that is reduced and widened back; fp32 accumulation is unchanged.
-// Gradients are sums: each rank's loss is already divided by the global token count.
+// parallelism the first reduce over expert-dp, the others over dp), taken from the end of the
+// buffer: backward produces gradients in reverse registration order, so the finished
+// gradients always form a suffix [offset, end) of the buffer. The chunk reports that offset
+// after each unit; every bucket inside the suffix starts its all-reduce at once (on the
+// group's stream or thread, after the compute stream's work so far) while backward goes on. Only the last micro-batch
+// of a step reports: accumulation micro-batches do not communicate. step() waits only for what is still in flight, then
+// clips and updates. With parallel.grad_reduce_dtype = bf16 a bucket is rounded into a bf16 copy that is reduced and
+// widened back; fp32 accumulation is unchanged. Gradients are sums: each rank's loss is already divided by the global
+// token count.
 #pragma once
 #include <vector>
 

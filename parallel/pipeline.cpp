@@ -10,8 +10,12 @@ namespace loom {
 namespace {
 // The model chunk g's neighbours: does it receive activations (and send their gradients back),
 // and does it send activations (and receive their gradients)?
-bool chunk_receives(int g) { return g > 0; }
-bool chunk_sends(int g, int chunks) { return g + 1 < chunks; }
+bool chunk_receives(int g) {
+  return g > 0;
+}
+bool chunk_sends(int g, int chunks) {
+  return g + 1 < chunks;
+}
 // Of a stage's pieces, those that need a kind of buffer: per piece its block index among
 // them (-1: none), and how many.
 std::vector<int> pieces_needing(int stage, int stages, int pieces, bool sends, int* count) {
@@ -76,10 +80,10 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   for (const PipeOp& op : ops) {
     if (op.kind == PipeOp::recv_act)
       act_in[index(op.chunk, op.micro)] = pp_.recv(act_buf(recv_act_, in_block_[size_t(op.chunk / P)], op.micro),
-                                                  op.peer, tag(op.chunk, op.micro, false), s);
+                                                   op.peer, tag(op.chunk, op.micro, false), s);
     if (op.kind == PipeOp::recv_grad)
       grad_in[index(op.chunk, op.micro)] = pp_.recv(act_buf(recv_grad_, out_block_[size_t(op.chunk / P)], op.micro),
-                                                   op.peer, tag(op.chunk, op.micro, true), s);
+                                                    op.peer, tag(op.chunk, op.micro, true), s);
   }
   // The ops that finish a piece's gradients: its last W under a split backward, else its last
   // B. DDP's buckets take the finished gradients as a suffix of the flat buffer, so the pieces
@@ -187,7 +191,8 @@ std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, int stage, DType dt
   pieces_needing(stage, pp, v, false, &n_in);
   pieces_needing(stage, pp, v, true, &n_out);
   if (n_in)
-    items.insert(items.end(), {{"pp_recv_act", n * n_in, dtype, Mem::comm}, {"pp_send_grad", n * n_in, dtype, Mem::comm}});
+    items.insert(items.end(),
+                 {{"pp_recv_act", n * n_in, dtype, Mem::comm}, {"pp_send_grad", n * n_in, dtype, Mem::comm}});
   if (n_out)
     items.insert(items.end(),
                  {{"pp_send_act", n * n_out, dtype, Mem::comm}, {"pp_recv_grad", n * n_out, dtype, Mem::comm}});

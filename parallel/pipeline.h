@@ -6,10 +6,10 @@
 // flight live in the chunk's slots (micro-batch k in slot k mod slots: the schedules finish
 // micro-batches in order, and the checker's peak bounds how many are in flight). Under the
 // interleaved schedule a stage holds several model chunks, the chunk's pieces, each with its
-// own activations and slots. A schedule
-// with W ops splits each backward: B computes the input gradient the previous stage waits
-// for, W the weight gradients later, from the output gradients B kept in the slot. With one
-// stage, the op list is the accumulation loop and nothing is sent.
+// own activations and slots. A schedule with W ops splits each backward: B computes the input
+// gradient the previous stage waits for, W the weight gradients later, from the output
+// gradients B kept in the slot. With one stage, the op list is the accumulation loop and
+// nothing is sent.
 #pragma once
 #include <functional>
 #include <vector>
@@ -39,7 +39,7 @@ class PipelineStage {
   StepClock* clock_;
   Trace& trace_;
   int micro_;
-  int64_t rows_;                                        // elements of one activation or gradient between stages
+  int64_t rows_;  // elements of one activation or gradient between stages
   // One [rows] block per micro-batch and piece that needs it: pieces receiving activations
   // (and sending their gradients), and pieces sending them (and receiving gradients).
   Tensor recv_act_, recv_grad_, send_act_, send_grad_;

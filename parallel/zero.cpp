@@ -159,8 +159,8 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
   }
   shard_ = g.shard;
   max_unit_ = g.max_unit;
-  adam_ = std::make_unique<AdamW>(be_, zero_opt_chunks(layout, ranks_, stage_, tp_.rank()), g.shard,
-                                  dtype_ != DType::f32);
+  adam_ =
+      std::make_unique<AdamW>(be_, zero_opt_chunks(layout, ranks_, stage_, tp_.rank()), g.shard, dtype_ != DType::f32);
   // Everything else zero_plan lists (AdamW allocated its own part).
   std::map<std::string, std::vector<Tensor>> got;
   for (auto& item : zero_plan(layout, ranks_, stage_, tp_.rank(), dtype_, reduce_, be_.device())) {

@@ -433,8 +433,8 @@ void config_validate(Config& cfg) {
                                 {"model.moe.capacity_factor", moe.capacity_factor != plain.capacity_factor},
                                 {"model.moe.aux_loss_coef", moe.aux_loss_coef != plain.aux_loss_coef},
                                 {"model.moe.every", moe.every != plain.every}})
-      LOOM_CHECK(!differs, "{} is set but model.moe.num_experts = 0, so it would do nothing; set num_experts or remove it",
-                 key);
+      LOOM_CHECK(!differs,
+                 "{} is set but model.moe.num_experts = 0, so it would do nothing; set num_experts or remove it", key);
   }
 
   check_positive("train.micro_batch", t.micro_batch);
@@ -484,10 +484,11 @@ void config_validate(Config& cfg) {
                "parallel.ep = {} does not divide model.moe.num_experts = {}; each ep rank holds num_experts / ep "
                "experts",
                p.ep, m.moe.num_experts);
-    LOOM_CHECK(p.dp % p.ep == 0,
-               "parallel.ep = {} does not divide parallel.dp = {}; the ep group is carved from dp, so pick ep among the "
-               "divisors of dp",
-               p.ep, p.dp);
+    LOOM_CHECK(
+        p.dp % p.ep == 0,
+        "parallel.ep = {} does not divide parallel.dp = {}; the ep group is carved from dp, so pick ep among the "
+        "divisors of dp",
+        p.ep, p.dp);
     LOOM_CHECK(p.zero <= 1,
                "parallel.zero = {} with parallel.ep = {} is not supported yet (stages 2 and 3 would reduce and gather "
                "each MoE block over two groups); use zero = 1 or 0 with expert parallelism",
@@ -495,10 +496,9 @@ void config_validate(Config& cfg) {
   }
   check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb"});
   LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);
-  LOOM_CHECK(
-      p.pp_virtual == 1 || p.pp_schedule == "interleaved",
-      "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\"; set it, or set pp_virtual = 1",
-      p.pp_virtual);
+  LOOM_CHECK(p.pp_virtual == 1 || p.pp_schedule == "interleaved",
+             "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\"; set it, or set pp_virtual = 1",
+             p.pp_virtual);
   // Set away from their defaults without stages, they would do nothing (a printed config,
   // which names every key, still loads).
   const ParallelConfig plain;
@@ -646,8 +646,8 @@ std::vector<int> pipeline_layers(const Config& cfg) {
     LOOM_CHECK(p <= L, "{} = {} {}s but model.n_layer = {}: every {} needs a block; lower {}", key, p, unit, L, unit,
                key);
     LOOM_CHECK(L % p == 0,
-               "{} = {} does not divide model.n_layer = {}; set parallel.pp_layers to the blocks per {}, e.g. \"{}\"", key,
-               p, L, unit, [&] {
+               "{} = {} does not divide model.n_layer = {}; set parallel.pp_layers to the blocks per {}, e.g. \"{}\"",
+               key, p, L, unit, [&] {
                  std::string e;
                  for (int s = 0; s < p; ++s) e += (s ? "," : "") + std::to_string(L / p + (s > 0 && s <= L % p));
                  return e;
@@ -665,8 +665,9 @@ std::vector<int> pipeline_layers(const Config& cfg) {
     out.push_back(std::stoi(part));
     at = comma + 1;
   }
-  LOOM_CHECK(int(out.size()) == p, "parallel.pp_layers = \"{}\" gives {} {}(s) but {} = {}; list one count of blocks per {}",
-             spec, out.size(), unit, key, p, unit);
+  LOOM_CHECK(int(out.size()) == p,
+             "parallel.pp_layers = \"{}\" gives {} {}(s) but {} = {}; list one count of blocks per {}", spec,
+             out.size(), unit, key, p, unit);
   int sum = 0;
   for (int b : out) sum += b;
   LOOM_CHECK(sum == L,

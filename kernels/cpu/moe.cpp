@@ -133,13 +133,13 @@ void column_sums(float* out, const float* probs, int N, int E) {
     for (int e = 0; e < E; ++e) out[e] += probs[int64_t(t) * E + e];
 }
 
-#define LOOM_MOE(S)                                                                                                    \
+#define LOOM_MOE(S)                                                                                                   \
   template void moe_route<S>(float*, int32_t*, float*, const S*, int, int, int);                                      \
   template void moe_gather<S>(S*, const S*, const int32_t*, int, int);                                                \
   template void moe_combine<S>(S*, const S*, const int32_t*, const float*, int, int, int);                            \
   template void moe_combine_backward<S>(S*, float*, const S*, const S*, const int32_t*, const float*, int, int, int); \
   template void moe_scatter_add<S>(S*, const S*, const int32_t*, int, int, int);                                      \
-  template void moe_router_backward<S>(S*, const float*, const int32_t*, const float*, const float*, const float*,   \
+  template void moe_router_backward<S>(S*, const float*, const int32_t*, const float*, const float*, const float*,    \
                                        int, int, int);
 LOOM_MOE(float)
 LOOM_MOE(bf16)

@@ -140,7 +140,7 @@ void moe_combine_backward(bf16* drows, float* dw, const bf16* dout, const bf16* 
                           const float* w, int N, int k, int C, cudaStream_t s) {
   const int64_t A = int64_t(N) * k;
   moe_combine_backward_kernel<<<blocks_for(A * 32, kThreads), kThreads, 0, s>>>(drows, dw, dout, rows, row_of, w,
-                                                                               int(A), k, C);
+                                                                                int(A), k, C);
   LOOM_CUDA_LAUNCHED();
 }
 void moe_scatter_add(bf16* dx, const bf16* drows, const int32_t* row_of, int N, int k, int C, cudaStream_t s) {

@@ -105,25 +105,35 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
               loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n[train]\nrecompute = \"full\"\n");
             }).find("recompute every block twice"),
             std::string::npos);
-  EXPECT_EQ(loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n[train]\nrecompute = \"selective\"\n").parallel.pp_schedule,
-            "zb");
+  EXPECT_EQ(
+      loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n[train]\nrecompute = \"selective\"\n").parallel.pp_schedule,
+      "zb");
   EXPECT_NE(error_of([] { loaded("[parallel]\npp_schedule = \"gpipe\"\n"); }).find("but parallel.pp = 1"),
             std::string::npos);
   // Mixture of experts and expert parallelism: each a one-line error with the fix.
   const std::string moe = "[model]\narch = \"llama\"\n[model.moe]\nnum_experts = 4\n";
   EXPECT_NE(error_of([] { loaded("[model.moe]\nnum_experts = 4\n"); }).find("MoE layers are llama (Mixtral) blocks"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { loaded(moe + "top_k = 5\n"); }).find("top_k = 5 must be between 1 and model.moe.num_experts = 4"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { loaded(moe + "top_k = 5\n"); }).find("top_k = 5 must be between 1 and model.moe.num_experts = 4"),
+      std::string::npos);
   EXPECT_NE(error_of([&] { loaded(moe + "top_k = 0\n"); }).find("must be between 1"), std::string::npos);
-  EXPECT_NE(error_of([&] { loaded(moe + "[parallel]\ndp = 2\nep = 3\n"); }).find("ep = 3 does not divide model.moe.num_experts = 4"),
+  EXPECT_NE(error_of([&] {
+              loaded(moe + "[parallel]\ndp = 2\nep = 3\n");
+            }).find("ep = 3 does not divide model.moe.num_experts = 4"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { loaded(moe + "[parallel]\ndp = 2\nep = 4\n"); }).find("ep = 4 does not divide parallel.dp = 2"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { loaded(moe + "[parallel]\ndp = 2\nep = 4\n"); }).find("ep = 4 does not divide parallel.dp = 2"),
+      std::string::npos);
   EXPECT_NE(error_of([] { loaded("[parallel]\ndp = 2\nep = 2\n"); }).find("needs MoE layers"), std::string::npos);
-  EXPECT_NE(error_of([&] { loaded(moe + "[parallel]\ndp = 2\nep = 2\nzero = 2\n"); }).find("zero = 2 with parallel.ep = 2"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { loaded(moe + "[parallel]\ndp = 2\nep = 2\nzero = 2\n"); }).find("zero = 2 with parallel.ep = 2"),
+      std::string::npos);
   EXPECT_EQ(loaded(moe + "[parallel]\ndp = 2\nep = 2\nzero = 1\n").parallel.zero, 1);
+  EXPECT_NE(error_of([&] {
+              loaded(moe + "[parallel]\npp = 2\npp_schedule = \"zb\"\n");
+            }).find("\"zb\" with MoE layers is not supported yet"),
+            std::string::npos);
   EXPECT_EQ(loaded(moe + "[parallel]\ndp = 2\nep = 2\n").parallel.ep, 2);
   EXPECT_EQ(pipeline_layers(loaded("[parallel]\npp = 2\npp_layers = \"1,3\"\n")), (std::vector<int>{1, 3}));
   EXPECT_NE(error_of([] { loaded("[parallel]\ndp = 3\n"); }).find("not a multiple of micro_batch x dp = 8 x 3"),
