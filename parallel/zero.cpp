@@ -246,7 +246,7 @@ void Zero::weights_to(float* host) {
 // Unit u's slot among four: the edges have their own (the embeddings are used at both ends
 // of a pass); blocks alternate between two, so one transfers while the next computes.
 Zero::Slot& Zero::slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const {
-  const int i = chunk_.layout().local(u), last = int(units_.size()) - 1;
+  const int i = chunk_.layout().local(u), last = chunk_.layout().num_units() - 1;
   if (i == 0) return *slots[0];
   if (i == last) return *slots[1];
   return *slots[size_t(2 + i % 2)];
@@ -316,7 +316,7 @@ Ptr Zero::params(int u, Pass pass) {
   // have slots of their own, so the first block gathers during the embeddings too); a second
   // read of a unit in the same pass is out of sequence and prefetches nothing.
   const ModelLayout& layout = chunk_.layout();
-  const int i = layout.local(u), last = int(units_.size()) - 1;
+  const int i = layout.local(u), last = layout.num_units() - 1;
   const int next = pass == Pass::forward ? i + 1 : i - 1;
   if (first_read && next >= 0 && next <= last) {
     const int nu = layout.unit_ids[size_t(next)];

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# examples/scaling/sweep.py end to end on a tiny model: a strong dp sweep (1, 2 ranks) and a
+# weak one, their CSVs checked: one row per point with the layout and ranks asked for, the
+# first point's efficiency exactly 1, the weak points' global batch grown with the ranks,
+# every time of the split non-negative and together no more than the step, and the efficiency
+# the throughput ratio over the rank ratio.
+#   scaling_sweep.sh SOURCE_DIR LOOM "MPIRUN... -np"
+set -euo pipefail
+src=$1 loom=$2 launch=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+sets=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
+      --set model.seq_len=16 --set train.micro_batch=2 --set train.global_batch=4 --set train.steps=5
+      --set train.threads=1 --set train.device=cpu --set data.val_batches=0)
+for mode in strong weak; do
+  python3 "$src/examples/scaling/sweep.py" --loom "$loom" --launch "$launch" "${sets[@]}" --sweep parallel.dp=1,2 \
+    --"$mode" --out "$dir/$mode.csv" > "$dir/$mode.log" 2>&1 || { cat "$dir/$mode.log"; exit 1; }
+done
+python3 - "$dir/strong.csv" "$dir/weak.csv" <<'PY'
+import csv, sys
+split = ["compute_ms", "comm_exposed_ms", "bubble_ms", "optimizer_ms", "data_ms", "ckpt_block_ms", "other_ms"]
+for path, mode in zip(sys.argv[1:], ["strong", "weak"]):
+    rows = list(csv.DictReader(open(path)))
+    assert [r["layout"] for r in rows] == ["dp1 tp1 pp1 zero0", "dp2 tp1 pp1 zero0"], rows
+    assert [int(r["ranks"]) for r in rows] == [1, 2]
+    assert all(r["mode"] == mode for r in rows)
+    assert float(rows[0]["efficiency"]) == 1.0
+    gb = [int(r["global_batch"]) for r in rows]
+    assert gb == ([4, 4] if mode == "strong" else [4, 8]), gb
+    for r in rows:
+        parts = [float(r[k]) for k in split]
+        assert min(parts) >= 0 and sum(parts) <= float(r["step_ms"]) * 1.001, r
+    ratio = float(rows[1]["tokens_per_s"]) / float(rows[0]["tokens_per_s"]) / 2
+    assert abs(float(rows[1]["efficiency"]) - ratio) <= 3e-3 * ratio, (rows[1]["efficiency"], ratio)  # 4 digits each
+print("ok")
+PY
