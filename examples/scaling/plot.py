@@ -35,7 +35,7 @@ def plot(path):
         ax1.plot(ranks, [float(r["tokens_per_s"]) for r in pts], "o-", label=s)
         ax2.plot(ranks, [float(r["efficiency"]) for r in pts], "o-", label=s)
     ax1.set(xlabel="ranks", ylabel="tokens/s", title=f"{mode} scaling: throughput")
-    ax2.set(xlabel="ranks", ylabel="efficiency", title=f"{mode} scaling: efficiency vs the smallest point")
+    ax2.set(xlabel="ranks", ylabel="efficiency", title=f"{mode} scaling: efficiency vs the first point")
     ax2.axhline(1.0, color="grey", lw=0.5)
     for ax in (ax1, ax2):
         ax.set_xticks(sorted({int(r["ranks"]) for r in rows}))

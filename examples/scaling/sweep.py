@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Scaling sweeps: launches one training run per point, reads its metrics.jsonl and writes one
-CSV row per point (layout, ranks, tokens/s, MFU, scaling efficiency against the series' smallest
+CSV row per point (layout, ranks, tokens/s, MFU, scaling efficiency against the series' first
 point, and the measured step-time split).
 
   examples/scaling/sweep.py --config F.toml --set train.steps=12 \

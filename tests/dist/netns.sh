@@ -4,19 +4,28 @@
 # the nodes reach each other and an MPI job spans them, one host name per node; then the
 # link-cut drill (examples/scaling/link_cut.sh): the hang verdict, a supervised resume, bitwise.
 # Skips (77) where this machine cannot make network namespaces.
-#   netns.sh SOURCE_DIR
+#   netns.sh SOURCE_DIR LOOM COMPARE
 set -euo pipefail
 src=$1
+export LOOM=$2 COMPARE=$3 LOOM_NETNS_STATE=${TMPDIR:-/tmp}/loom-netns-test
 ns=$src/examples/scaling/netns.sh
 ip netns add loomprobe 2> /dev/null || { echo "skip: cannot create network namespaces here"; exit 77; }
+probe=0
+ip -n loomprobe link add probe0 type veth peer name probe1 2> /dev/null &&
+  ip -n loomprobe link add probebr type bridge 2> /dev/null &&
+  ip netns exec loomprobe tc qdisc replace dev probe0 root tbf rate 1gbit burst 256kb latency 50ms 2> /dev/null || probe=1
 ip netns del loomprobe
+[ $probe -eq 0 ] || { echo "skip: no veth, bridge or tc shaping in this kernel"; exit 77; }
 mine() { ip netns list | awk '{print $1}' | grep -cE '^loom(node[0-9]+|hub)$' || true; }
 trap '"$ns" down' EXIT
 for i in 1 2; do "$ns" up 2 1gbit > /dev/null; done
 [ "$(mine)" -eq 3 ] || { echo "FAIL: expected 2 nodes and a hub, found $(mine)"; exit 1; }
 "$ns" status
-hosts=$("$ns" mpirun -np 4 hostname | sort | uniq -c | awk '{print $2 "x" $1}' | tr '\n' ' ')
-[ "$hosts" = "loomnode0x2 loomnode1x2 " ] || { echo "FAIL: ranks ran on '$hosts'"; exit 1; }
+# Ranks in order over the nodes (tp, innermost, inside one), arguments passed as they are.
+placed=$("$ns" mpirun -np 4 sh -c 'echo "$OMPI_COMM_WORLD_RANK $(hostname) $0"' "two words" | sort | tr '\n' ';')
+[ "$placed" = "0 loomnode0 two words;1 loomnode0 two words;2 loomnode1 two words;3 loomnode1 two words;" ] ||
+  { echo "FAIL: ranks ran as '$placed'"; exit 1; }
+ip netns exec loomnode1 tc qdisc show dev eth0 | grep -q "rate 1Gbit" || { echo "FAIL: node 1's link is not shaped"; exit 1; }
 for i in 1 2; do "$ns" down; done
 [ "$(mine)" -eq 0 ] || { echo "FAIL: $(mine) namespaces left behind"; exit 1; }
 "$src/examples/scaling/link_cut.sh"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # examples/scaling/sweep.py end to end on a tiny model: a strong dp sweep (1, 2 ranks) and a
 # weak one, their CSVs checked: one row per point with the layout and ranks asked for, the
-# first point's efficiency exactly 1, the weak points' global batch grown with the ranks,
+# weak points' global batch grown with the ranks (in the CSV and in the tokens the run counted),
 # every time of the split non-negative and together no more than the step, and the efficiency
 # the throughput ratio over the rank ratio.
 #   scaling_sweep.sh SOURCE_DIR LOOM "MPIRUN... -np"
@@ -34,3 +34,8 @@ for path, mode in zip(sys.argv[1:], ["strong", "weak"]):
     assert abs(float(rows[1]["efficiency"]) - ratio) <= 3e-3 * ratio, (rows[1]["efficiency"], ratio)  # 4 digits each
 print("ok")
 PY
+# The global batch reached the runs: the tokens each one counted (5 steps of 16 tokens per sequence).
+for point in strong_runs/dp2_strong:320 weak_runs/dp2_weak:640; do
+  tokens=$(grep -o '"tokens":[0-9]*' "$dir/${point%%:*}/metrics.jsonl" | tail -1 | cut -d: -f2)
+  [ "$tokens" = "${point##*:}" ] || { echo "FAIL: ${point%%:*} counted $tokens tokens, not ${point##*:}"; exit 1; }
+done
