@@ -16,7 +16,12 @@ out=${1:-}
 mkdir -p "$out"
 sup=""
 cleanup() {
-  [ -n "$sup" ] && kill "$sup" 2> /dev/null && wait "$sup" 2> /dev/null
+  if [ -n "$sup" ]; then  # a failed drill: the link back so that the job can be taken down
+    $here/netns.sh heal 1 2> /dev/null
+    kill "$sup" 2> /dev/null
+    for _ in $(seq 100); do kill -0 "$sup" 2> /dev/null || break; sleep 0.1; done
+    pkill -9 -f -- "$out/run" 2> /dev/null  # whatever of the job is left (its command lines name $out)
+  fi
   $here/netns.sh down
   [ -n "${own_out:-}" ] && rm -rf "$out"
 }
@@ -43,9 +48,11 @@ done
 t0=$(date +%s.%N)
 $here/netns.sh cut 1
 cut_at=$(grep -o '"step":[0-9]*' "$out/run/metrics.jsonl" | tail -1 | cut -d: -f2)
+# The verdict: in the flight directory (the rank that judges may sit beyond the cut, whose
+# output cannot reach the launcher while the link is down).
 verdict=""
 for _ in $(seq 600); do
-  grep -qs "hang verdict" "$out/run.log" && verdict=1 && break
+  [ -s "$out/run/flight/verdict.txt" ] && verdict=1 && break
   sleep 0.05
 done
 t1=$(date +%s.%N)
@@ -58,7 +65,7 @@ sup=""
 [ "$(grep -c "supervise: restarting" "$out/run.log")" -eq 1 ] || fail "expected exactly one restart"
 from=$(grep -o "resumed from [^:]*: step [0-9]*" "$out/run.log" | head -1 | grep -o "[0-9]*$")
 [ -n "$from" ] && [ "$from" -gt 0 ] || fail "the restarted job did not resume from a checkpoint"
-grep "hang verdict" "$out/run.log" | head -1
+cat "$out/run/flight.prev/verdict.txt" 2> /dev/null || cat "$out/run/flight/verdict.txt"
 "$compare" --resumed "$out/base" "$out/run" || exit 1
 echo "link cut after step $cut_at: the hang verdict $(awk "BEGIN {printf \"%.1f\", $t1 - $t0}") s later; with the" \
   "link back, one restart, resumed from step $from, finished bitwise"
