@@ -1,0 +1,338 @@
+// Config checks: every relation between keys that must hold before anything runs, each a
+// one-line error that names the keys and the fix; and the parsers of the keys whose values have
+// a form of their own (parallel.pp_layers, the fault.* drills).
+#include <algorithm>
+
+#include "runtime/config.h"
+#include "runtime/error.h"
+
+namespace loom {
+
+namespace {
+void check_one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+  std::string list;
+  for (auto* o : ok) {
+    if (v == o) return;
+    list += (list.empty() ? "" : "|") + std::string(o);
+  }
+  fail("{} = '{}' is not one of {}", key, v, list);
+}
+void check_positive(const std::string& key, int64_t v) {
+  LOOM_CHECK(v > 0, "{} = {} must be positive", key, v);
+}
+}  // namespace
+
+void config_validate(Config& cfg) {
+  auto& m = cfg.model;
+  auto& t = cfg.train;
+  check_one_of("model.arch", m.arch, {"gpt2", "llama"});
+  if (!cfg.set_keys.count("model.tie_embeddings")) m.tie_embeddings = m.arch == "gpt2";
+  check_positive("model.n_layer", m.n_layer);
+  check_positive("model.d_model", m.d_model);
+  check_positive("model.n_head", m.n_head);
+  check_positive("model.vocab_size", m.vocab_size);
+  check_positive("model.seq_len", m.seq_len);
+  LOOM_CHECK(m.n_kv_head >= 0, "model.n_kv_head = {} must be >= 0 (0 means n_head)", m.n_kv_head);
+  if (m.d_model % m.n_head != 0) {
+    int near = 1;  // the divisor of d_model closest to what was asked
+    for (int h = 1; h <= m.d_model; ++h)
+      if (m.d_model % h == 0 && std::abs(h - m.n_head) <= std::abs(near - m.n_head)) near = h;
+    fail("model.n_head = {} does not divide model.d_model = {}; use a divisor of d_model such as {}", m.n_head,
+         m.d_model, near);
+  }
+  int kv = cfg.kv_heads();
+  LOOM_CHECK(m.n_head % kv == 0,
+             "model.n_head = {} is not a multiple of model.n_kv_head = {}; grouped-query "
+             "attention needs n_head = k * n_kv_head",
+             m.n_head, kv);
+  if (m.arch == "gpt2") {
+    LOOM_CHECK(kv == m.n_head,
+               "model.n_kv_head = {}: gpt2 has no grouped-query attention; "
+               "use model.arch = \"llama\" or n_kv_head = n_head",
+               m.n_kv_head);
+    if (!m.d_ff) m.d_ff = 4 * m.d_model;
+    LOOM_CHECK(m.d_ff == 4 * m.d_model, "model.d_ff = {}: gpt2 uses 4 * d_model = {}", m.d_ff, 4 * m.d_model);
+  } else {
+    LOOM_CHECK(cfg.head_dim() % 2 == 0, "llama needs an even head dim for RoPE; d_model / n_head = {}", cfg.head_dim());
+    if (!m.d_ff) m.d_ff = (8 * m.d_model / 3 + 63) / 64 * 64;
+  }
+  check_positive("model.d_ff", m.d_ff);
+  LOOM_CHECK(m.norm_eps > 0, "model.norm_eps = {} must be positive", m.norm_eps);
+  const MoeConfig& moe = m.moe;
+  LOOM_CHECK(moe.num_experts >= 0, "model.moe.num_experts = {} must be >= 0 (0: dense)", moe.num_experts);
+  if (moe.num_experts > 0) {
+    LOOM_CHECK(m.arch == "llama",
+               "model.moe.num_experts = {} with model.arch = \"{}\": MoE layers are llama (Mixtral) blocks; set "
+               "model.arch = \"llama\" or num_experts = 0",
+               moe.num_experts, m.arch);
+    LOOM_CHECK(moe.top_k >= 1 && moe.top_k <= moe.num_experts,
+               "model.moe.top_k = {} must be between 1 and model.moe.num_experts = {}", moe.top_k, moe.num_experts);
+    LOOM_CHECK(moe.every >= 1 && moe.every <= m.n_layer,
+               "model.moe.every = {} must be between 1 and model.n_layer = {} (every k-th block is MoE)", moe.every,
+               m.n_layer);
+    LOOM_CHECK(moe.aux_loss_coef >= 0, "model.moe.aux_loss_coef = {} must be >= 0", moe.aux_loss_coef);
+  } else {
+    const MoeConfig plain;
+    for (auto [key, differs] : {std::pair{"model.moe.top_k", moe.top_k != plain.top_k},
+                                {"model.moe.capacity_factor", moe.capacity_factor != plain.capacity_factor},
+                                {"model.moe.aux_loss_coef", moe.aux_loss_coef != plain.aux_loss_coef},
+                                {"model.moe.every", moe.every != plain.every}})
+      LOOM_CHECK(!differs,
+                 "{} is set but model.moe.num_experts = 0, so it would do nothing; set num_experts or remove it", key);
+  }
+
+  check_positive("train.micro_batch", t.micro_batch);
+  check_positive("train.global_batch", t.global_batch);
+  LOOM_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
+  int per_step = t.micro_batch * cfg.parallel.dp;
+  LOOM_CHECK(t.global_batch % per_step == 0,
+             "train.global_batch = {} is not a multiple of micro_batch x dp = {} x {} = {}; "
+             "make global_batch a multiple of {}",
+             t.global_batch, t.micro_batch, cfg.parallel.dp, per_step, per_step);
+  check_one_of("train.schedule", t.schedule, {"constant", "cosine", "linear", "wsd"});
+  check_one_of("train.device", t.device, {"auto", "cpu", "cuda"});
+  check_one_of("train.dtype", t.dtype, {"auto", "f32", "bf16"});
+  check_one_of("train.recompute", t.recompute, {"none", "selective", "full"});
+  LOOM_CHECK(t.lr >= 0 && t.min_lr >= 0, "train.lr and train.min_lr must be >= 0");
+  LOOM_CHECK(t.warmup_steps >= 0, "train.warmup_steps = {} must be >= 0", t.warmup_steps);
+  LOOM_CHECK(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1,
+             "train.beta1 and train.beta2 must be in [0, 1)");
+  LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
+  LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
+  // auto is resolved when training starts (device_resolve): the GPU where its kernels run the model.
+  if (t.device == "cuda") {
+    LOOM_CHECK(LOOM_HAVE_CUDA, "train.device = \"cuda\": this build has no CUDA; rebuild with the CUDA toolkit");
+    LOOM_CHECK(t.dtype != "f32",
+               "train.dtype = \"f32\" on CUDA: the GPU path computes in bf16; use \"bf16\" or \"auto\"");
+    const int hd = cfg.head_dim();
+    LOOM_CHECK(hd == 32 || hd == 64 || hd == 128,
+               "train.device = \"cuda\": the CUDA attention kernels take head dims 32, 64 and 128, and "
+               "d_model / n_head = {}; change model.n_head or use train.device = \"cpu\"",
+               hd);
+  }
+
+  auto& d = cfg.data;
+  check_one_of("data.source", d.source, {"synthetic", "text", "tokens"});
+  if (d.source != "synthetic") LOOM_CHECK(!d.path.empty(), "data.source = \"{}\" needs data.path", d.source);
+  LOOM_CHECK(d.val_every >= 0 && d.val_batches >= 0, "data.val_every and data.val_batches must be >= 0");
+
+  auto& p = cfg.parallel;
+  check_positive("parallel.dp", p.dp);
+  check_positive("parallel.tp", p.tp);
+  check_positive("parallel.pp", p.pp);
+  check_positive("parallel.ep", p.ep);
+  if (p.ep > 1) {
+    LOOM_CHECK(m.moe.num_experts > 0, "parallel.ep = {} needs MoE layers (model.moe.num_experts > 0); set ep = 1",
+               p.ep);
+    LOOM_CHECK(m.moe.num_experts % p.ep == 0,
+               "parallel.ep = {} does not divide model.moe.num_experts = {}; each ep rank holds num_experts / ep "
+               "experts",
+               p.ep, m.moe.num_experts);
+    LOOM_CHECK(
+        p.dp % p.ep == 0,
+        "parallel.ep = {} does not divide parallel.dp = {}; the ep group is carved from dp, so pick ep among the "
+        "divisors of dp",
+        p.ep, p.dp);
+    LOOM_CHECK(p.zero <= 1,
+               "parallel.zero = {} with parallel.ep = {} is not supported yet (stages 2 and 3 would reduce and gather "
+               "each MoE block over two groups); use zero = 1 or 0 with expert parallelism",
+               p.zero, p.ep);
+  }
+  check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb"});
+  LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);
+  LOOM_CHECK(p.pp_virtual == 1 || p.pp_schedule == "interleaved",
+             "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\"; set it, or set pp_virtual = 1",
+             p.pp_virtual);
+  // Set away from their defaults without stages, they would do nothing (a printed config,
+  // which names every key, still loads).
+  const ParallelConfig plain;
+  for (auto [key, differs] : {std::pair{"parallel.pp_schedule", p.pp_schedule != plain.pp_schedule},
+                              {"parallel.pp_virtual", p.pp_virtual != plain.pp_virtual},
+                              {"parallel.pp_layers", p.pp_layers != plain.pp_layers}})
+    LOOM_CHECK(p.pp > 1 || !differs,
+               "{} is set but parallel.pp = 1, so it would do nothing; set parallel.pp or remove it", key);
+  pipeline_layers(cfg);  // the split must work
+  if (p.pp > 1) {
+    LOOM_CHECK(p.pp_schedule != "interleaved" || cfg.accum_steps() % p.pp == 0,
+               "parallel.pp_schedule = \"interleaved\" needs the micro-batches per step ({} = train.global_batch / "
+               "(train.micro_batch x parallel.dp)) to be a multiple of parallel.pp = {}; change train.global_batch or "
+               "train.micro_batch",
+               cfg.accum_steps(), p.pp);
+    LOOM_CHECK(p.pp_schedule != "zb" || m.moe.num_experts == 0,
+               "parallel.pp_schedule = \"zb\" with MoE layers is not supported yet (the split backward of a MoE "
+               "layer is not written); use 1f1b or interleaved");
+    LOOM_CHECK(p.pp_schedule != "zb" || cfg.train.recompute != "full",
+               "parallel.pp_schedule = \"zb\" with train.recompute = \"full\" would recompute every block twice (once "
+               "for each half of the split backward); use train.recompute = \"selective\" or \"none\"");
+    LOOM_CHECK(p.zero <= 2,
+               "parallel.zero = 3 with parallel.pp > 1 is not supported (ZeRO-3 would gather every "
+               "stage's weights per micro-batch); use zero <= 2 with pipelines");
+    LOOM_CHECK(p.zero == 0 || !m.tie_embeddings,
+               "parallel.zero = {} with parallel.pp > 1 and tied embeddings is not supported (the two copies of the "
+               "embedding are reduced between DDP's and the optimizer's steps); set model.tie_embeddings = false or "
+               "parallel.zero = 0",
+               p.zero);
+    LOOM_CHECK(cfg.fault.sdc_every == 0, "fault.sdc_every with parallel.pp > 1 is not supported; set it to 0");
+  }
+  if (p.tp > 1) {  // tensor parallel splits heads, KV heads, MLP width and vocabulary
+    LOOM_CHECK(m.n_head % p.tp == 0,
+               "parallel.tp = {} does not divide model.n_head = {}; pick tp among the divisors of n_head", p.tp,
+               m.n_head);
+    LOOM_CHECK(kv % p.tp == 0,
+               "parallel.tp = {} does not divide the {} key/value heads (model.n_kv_head); each tp rank "
+               "needs whole kv heads",
+               p.tp, kv);
+    LOOM_CHECK(m.d_ff % p.tp == 0, "parallel.tp = {} does not divide model.d_ff = {}", p.tp, m.d_ff);
+    // Any vocabulary splits: loom pads it to a multiple of 64 x tp (Config::vocab_padded).
+  }
+  if (p.sp) {
+    LOOM_CHECK(p.tp > 1, "parallel.sp = true needs tensor parallelism (parallel.tp > 1)");
+    LOOM_CHECK(int64_t(t.micro_batch) * m.seq_len % p.tp == 0,
+               "parallel.sp: micro_batch x seq_len = {} tokens do not split over tp = {}", t.micro_batch * m.seq_len,
+               p.tp);
+  }
+  LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
+  LOOM_CHECK(p.timeout_s >= 0, "parallel.timeout_s = {} must be >= 0 (0 turns the watchdog off)", p.timeout_s);
+  LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
+  check_one_of("parallel.grad_reduce_dtype", p.grad_reduce_dtype, {"f32", "bf16"});
+  check_one_of("parallel.comm", p.comm, {"auto", "nccl", "mpi"});
+  const FaultConfig& f = cfg.fault;
+  const int world = p.dp * p.tp * p.pp;
+  // Each drill parses, names a rank of the job, and could fire: its step is run, and a
+  // checkpoint drill's step is one that saves (fault.slow's second field is milliseconds).
+  const CheckpointConfig& ck = cfg.checkpoint;
+  const auto saves = [&](int64_t step) { return ck.every > 0 && (step % ck.every == 0 || step == cfg.train.steps); };
+  struct Drill {
+    const char* key;
+    const std::string* value;
+    bool ranked, phased, stepped, checkpoint;
+  };
+  for (const Drill& d :
+       {Drill{"fault.kill", &f.kill, true, true, true, false}, Drill{"fault.exit", &f.exit, true, true, true, false},
+        Drill{"fault.hang", &f.hang, true, false, true, false}, Drill{"fault.slow", &f.slow, true, false, false, false},
+        Drill{"fault.nan", &f.nan, true, false, true, false},
+        Drill{"fault.bitflip", &f.bitflip, true, false, true, false},
+        Drill{"fault.ckpt_corrupt", &f.ckpt_corrupt, false, false, true, true},
+        Drill{"fault.enospc", &f.enospc, false, false, true, true}}) {
+    const FaultAt at = fault_parse(d.key, *d.value, d.ranked, d.phased);
+    if (!at.set()) continue;
+    LOOM_CHECK(!d.ranked || at.rank < world, "{} = \"{}\" names rank {}, but the job has {} ranks (dp x tp x pp)",
+               d.key, *d.value, at.rank, world);
+    if (!d.stepped) continue;
+    LOOM_CHECK(at.step >= 1 && at.step <= cfg.train.steps,
+               "{} = \"{}\": step {} is never run (steps count from 1 to train.steps = {})", d.key, *d.value, at.step,
+               cfg.train.steps);
+    LOOM_CHECK(!(d.checkpoint || at.phase == "checkpoint") || saves(at.step),
+               "{} = \"{}\": no checkpoint is saved after step {} (checkpoint.every = {}); pick a step that saves",
+               d.key, *d.value, at.step, ck.every);
+  }
+  LOOM_CHECK(f.sdc_every == 0 || p.zero <= 1,
+             "fault.sdc_every compares each rank's whole gradients before they are reduced, which ZeRO-{} does not "
+             "hold; use parallel.zero = 0 or 1, or fault.sdc_every = 0",
+             p.zero);
+  LOOM_CHECK(f.bitflip.empty() || p.zero <= 2,
+             "fault.bitflip flips a weight of the full parameter buffer, which ZeRO-3 does not hold; use parallel.zero "
+             "<= 2");
+  LOOM_CHECK(f.grace_s >= 0, "fault.grace_s = {} must be >= 0 (0: no limit)", f.grace_s);
+  if (p.pp > 1 && !f.nan.empty()) {  // the NaN seeds the head's backward: only the last stage has one
+    const FaultAt at = fault_parse("fault.nan", f.nan);
+    const int first_last = (p.pp - 1) * p.dp * p.tp;
+    LOOM_CHECK(at.rank >= first_last,
+               "fault.nan = \"{}\": rank {} is not on the last pipeline stage (ranks {}..{}), whose loss seeds the "
+               "NaN; pick one of those",
+               f.nan, at.rank, first_last, world - 1);
+  }
+  LOOM_CHECK(f.hang.empty() || world > 1,
+             "fault.hang = \"{}\" at one rank: nothing would notice (a watchdog watches peers); launch 2 or more "
+             "ranks",
+             f.hang);
+  LOOM_CHECK(f.spike_factor == 0 || f.spike_factor > 1, "fault.spike_factor = {}: 0 (off) or above 1", f.spike_factor);
+  LOOM_CHECK(f.max_skips >= 0, "fault.max_skips = {} must be >= 0 (0: roll back at the first skip)", f.max_skips);
+  LOOM_CHECK(f.sdc_every >= 0, "fault.sdc_every = {} must be >= 0 (0: off)", f.sdc_every);
+  const CheckpointConfig& k = cfg.checkpoint;
+  LOOM_CHECK(k.every >= 0, "checkpoint.every = {} must be >= 0 (0: never)", k.every);
+  LOOM_CHECK(k.keep >= 1, "checkpoint.keep = {} must be at least 1", k.keep);
+  LOOM_CHECK(!k.resume.empty(), "checkpoint.resume is empty; use \"none\", \"latest\" or a checkpoint directory");
+  LOOM_CHECK(k.every == 0 || !k.dir.empty(), "checkpoint.every = {} needs checkpoint.dir (where they go)", k.every);
+  LOOM_CHECK(k.resume != "latest" || !k.dir.empty(),
+             "checkpoint.resume = \"latest\" needs checkpoint.dir (where to look)");
+  LOOM_CHECK(k.dir.empty() || k.every > 0 || k.resume != "none",
+             "checkpoint.dir is set but nothing saves or resumes; set checkpoint.every and/or checkpoint.resume = "
+             "\"latest\"");
+  LOOM_CHECK(cfg.log.every > 0, "log.every = {} must be positive", cfg.log.every);
+}
+
+std::vector<int> pipeline_layers(const Config& cfg) {
+  // One count per model chunk: a stage's, or under the interleaved schedule pp x pp_virtual.
+  const int v = cfg.parallel.pp_virtual, p = cfg.parallel.pp * v, L = cfg.model.n_layer;
+  const char* key = v == 1 ? "parallel.pp" : "parallel.pp x pp_virtual";
+  const char* unit = v == 1 ? "stage" : "model chunk";
+  std::string spec = cfg.parallel.pp_layers;
+  std::erase(spec, ' ');  // "1, 3" reads as "1,3"
+  std::vector<int> out;
+  if (spec.empty()) {
+    LOOM_CHECK(p <= L, "{} = {} {}s but model.n_layer = {}: every {} needs a block; lower {}", key, p, unit, L, unit,
+               key);
+    LOOM_CHECK(L % p == 0,
+               "{} = {} does not divide model.n_layer = {}; set parallel.pp_layers to the blocks per {}, e.g. \"{}\"",
+               key, p, L, unit, [&] {
+                 std::string e;
+                 for (int s = 0; s < p; ++s) e += (s ? "," : "") + std::to_string(L / p + (s > 0 && s <= L % p));
+                 return e;
+               }());
+    out.assign(size_t(p), L / p);
+    return out;
+  }
+  for (size_t at = 0; at <= spec.size();) {
+    const size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string part = spec.substr(at, comma - at);
+    LOOM_CHECK(!part.empty() && part.size() <= 6 &&
+                   std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                   std::stoi(part) >= 1,
+               "parallel.pp_layers = \"{}\": '{}' is not a positive count of blocks", spec, part);
+    out.push_back(std::stoi(part));
+    at = comma + 1;
+  }
+  LOOM_CHECK(int(out.size()) == p,
+             "parallel.pp_layers = \"{}\" gives {} {}(s) but {} = {}; list one count of blocks per {}", spec,
+             out.size(), unit, key, p, unit);
+  int sum = 0;
+  for (int b : out) sum += b;
+  LOOM_CHECK(sum == L,
+             "parallel.pp_layers = \"{}\" sums to {} blocks but model.n_layer = {}; make the counts add up to n_layer",
+             spec, sum, L);
+  return out;
+}
+
+FaultAt fault_parse(const std::string& key, const std::string& value, bool rank, bool phases) {
+  FaultAt f;
+  if (value.empty()) return f;
+  const char* form = !rank ? "STEP" : phases ? "RANK:STEP[:PHASE]" : "RANK:STEP";
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t colon = value.find(':', at);
+    parts.push_back(value.substr(at, colon == std::string::npos ? std::string::npos : colon - at));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  const size_t want = rank ? 2 : 1;
+  LOOM_CHECK(parts.size() == want || (phases && parts.size() == 3), "{} = \"{}\": expected {}, e.g. \"{}\"", key, value,
+             form,
+             !rank    ? "7"
+             : phases ? "1:7:backward"
+                      : "1:7");
+  auto number = [&](const std::string& p) {
+    LOOM_CHECK(!p.empty() && std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; }),
+               "{} = \"{}\": '{}' is not a non-negative number ({})", key, value, p, form);
+    return std::stoll(p);
+  };
+  if (rank) f.rank = int(number(parts[0]));
+  f.step = number(parts[rank ? 1 : 0]);
+  if (parts.size() == 3) {
+    f.phase = parts[2];
+    check_one_of(key + " phase", f.phase, {"forward", "backward", "optimizer", "checkpoint"});
+  }
+  return f;
+}
+
+}  // namespace loom
