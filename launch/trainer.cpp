@@ -221,11 +221,7 @@ void Trainer::Parts::startup_log() {
   if (pipe) {
     std::string split, held;
     for (int b : pipeline_layers(cfg)) split += (split.empty() ? "" : ",") + std::to_string(b);
-    for (int j = 0; j < chunk->pieces(); ++j) {
-      chunk->set_piece(j);
-      held += (j ? "+" : "") + std::to_string(chunk->slots());
-    }
-    chunk->set_piece(0);
+    for (int j = 0; j < chunk->pieces(); ++j) held += (j ? "+" : "") + std::to_string(chunk->slots(j));
     info(
         "pipeline: {} stages (blocks {} per model chunk), schedule {}, {} micro-batches; predicted bubble {:.3f} ({}); "
         "stage 0 holds {} in flight",
@@ -234,12 +230,9 @@ void Trainer::Parts::startup_log() {
   }
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
        cfg.train.global_batch, T, cfg.accum_steps(), B, dp().size(), cfg.train.recompute);
-  for (int j = 0; j < chunk->pieces(); ++j) {  // a stage of the interleaved schedule holds several
-    chunk->set_piece(j);
+  for (int j = 0; j < chunk->pieces(); ++j)  // a stage of the interleaved schedule holds several
     info("activation plan (B={}, T={}{}):\n{}", B, T, chunk->pieces() > 1 ? fmt::format(", model chunk {}", j) : "",
-         chunk->plan().table());
-  }
-  chunk->set_piece(0);
+         chunk->plan(j).table());
   {
     // Every rank's ledger, tabled by rank 0: ZeRO padding and tensor-parallel shards differ.
     const MemLedger& L = alloc->ledger();

@@ -69,7 +69,7 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
              cp.slots,
              std::move(plan.pieces[j]),
              {}};
-    for (int l = pc.b0; l < pc.b1; ++l) pc.moe += cfg.moe_block(l) ? 1 : 0;
+    for (int l = pc.b0, dense = 0; l < pc.b1; ++l) pc.kind_index.push_back(cfg.moe_block(l) ? pc.moe++ : dense++);
     pc.routes.resize(size_t(pc.moe * pc.slots));
     for (auto& b : pc.plan.buffers)
       pc.acts.push_back(alloc.empty({b.numel * b.copies * pc.slots}, b.dtype, Mem::activations));
@@ -157,9 +157,7 @@ Chunk::LayerW Chunk::layer_g(float* unit_base, int l) const {
 
 Chunk::LayerA Chunk::layer_a(int i) {
   // Dense MLP and MoE buffers are numbered among the blocks of their kind.
-  const int l = b0_ + i;
-  int same = 0;
-  for (int j = b0_; j < l; ++j) same += cfg_.moe_block(j) == cfg_.moe_block(l) ? 1 : 0;
+  const int l = b0_ + i, same = pieces_[size_t(piece_)].kind_index[size_t(i)];
   const bool moe = cfg_.moe_block(l);
   return {act(LN1, i),
           act(QKV, i),

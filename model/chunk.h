@@ -76,7 +76,8 @@ class Chunk {
   const ModelLayout& layout() const { return layout_; }
   const ParamRegistry& registry() const { return layout_.reg; }
   size_t num_params() const { return layout_.reg.numel(); }
-  const ActPlan& plan() const { return pieces_[size_t(piece_)].plan; }
+  const ActPlan& plan(int piece) const { return pieces_[size_t(piece)].plan; }
+  const ActPlan& plan() const { return plan(piece_); }
   Backend& backend() { return be_; }
   Ptr params() { return ptr_of(params_); }
   float* grads() { return grads_.defined() ? grads_.f32() : nullptr; }
@@ -90,7 +91,8 @@ class Chunk {
   bool holds_tied_copy() const { return has_head() && !has_embedding() && cfg_.model.tie_embeddings; }
   int pieces() const { return int(pieces_.size()); }
   void set_piece(int piece);
-  int slots() const { return pieces_[size_t(piece_)].slots; }  // of the piece
+  int slots(int piece) const { return pieces_[size_t(piece)].slots; }
+  int slots() const { return slots(piece_); }  // of the current piece
   void set_slot(int slot) { slot_ = slot; }
   int vocab_lo() const { return v0_; }   // the first vocabulary row this rank holds
   int vocab_rows() const { return V_; }  // how many (padded)
@@ -194,6 +196,8 @@ class Chunk {
   // experts, arriving expert-major in `out` (through `recv`), and back (`back`: from
   // expert-major rows to local order).
   void moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out);
+  // The expert-major runs of a route: this rank's experts' row offsets (received ones under ep).
+  const std::vector<int64_t>& moe_runs(const MoeRoute& r) const;
   // Exchanges the rows per expert over the ep group and plans the expert-major order.
   void moe_exchange_plan(MoeRoute& r, const LayerA& a, const std::vector<int64_t>& kept);
   void moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out);
@@ -204,6 +208,7 @@ class Chunk {
     ActPlan plan;
     std::vector<Tensor> acts;
     int moe = 0;                   // MoE blocks
+    std::vector<int> kind_index;   // per block: its index among the piece's blocks of its kind
     std::vector<MoeRoute> routes;  // per slot and MoE block
   };
   std::vector<Piece> pieces_;

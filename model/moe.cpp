@@ -14,6 +14,27 @@
 
 namespace loom {
 
+namespace {
+// Calls f(e, r0, n) for each local expert e with rows, [r0, r0 + n) of the expert-major buffers
+// (runs: the experts' row offsets, one more than the experts).
+template <class F>
+void each_expert(const std::vector<int64_t>& runs, F&& f) {
+  for (size_t e = 0; e + 1 < runs.size(); ++e)
+    if (const int64_t n = runs[e + 1] - runs[e]; n > 0) f(int64_t(e), runs[e], n);
+}
+// Where local expert e's weights (or gradients) start in its block's: w1 | w3 [2F, C], then w2.
+int64_t w13_at(int64_t e, int64_t F, int64_t C) {
+  return e * 3 * F * C;
+}
+int64_t w2_at(int64_t e, int64_t F, int64_t C) {
+  return w13_at(e, F, C) + 2 * F * C;
+}
+}  // namespace
+
+const std::vector<int64_t>& Chunk::moe_runs(const MoeRoute& r) const {
+  return ep_size_ > 1 ? r.local : r.offsets;
+}
+
 void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool count, bool recomputing) {
   const int N = B_ * T_, C = C_;
   const auto& mc = cfg_.model.moe;
@@ -68,22 +89,17 @@ void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool 
     const Ptr local = ep ? scr(MOE_SEND) : xr, ye = ep ? scr(MOE_RECV) : y;
     be_.moe_gather(local, x, token, int(R), C);
     if (ep) moe_dispatch(route, a, local, scr(MOE_RECV), xr);
-    const std::vector<int64_t>& off = ep ? route.local : route.offsets;
-    const int El = int(off.size()) - 1;
-    const int64_t Rr = off[size_t(El)];
-    for (int e = 0; e < El; ++e) {
-      const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
-      if (n == 0) continue;
-      const Ptr w13 = lw.w[MOE_EXPERTS] + int64_t(e) * 3 * Fe * C;
-      be_.linear_forward(fc + r0 * 2 * Fe, xr + r0 * C, w13, Ptr(), int(n), C, 2 * Fe, WLayout::out_in);
-    }
+    const std::vector<int64_t>& runs = moe_runs(route);
+    const int64_t Rr = runs.back();
+    each_expert(runs, [&](int64_t e, int64_t r0, int64_t n) {
+      be_.linear_forward(fc + r0 * 2 * Fe, xr + r0 * C, lw.w[MOE_EXPERTS] + w13_at(e, Fe, C), Ptr(), int(n), C, 2 * Fe,
+                         WLayout::out_in);
+    });
     if (Rr) be_.act_forward(true, ac, fc, int(Rr), Fe);
-    for (int e = 0; e < El; ++e) {
-      const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
-      if (n == 0) continue;
-      const Ptr w2 = lw.w[MOE_EXPERTS] + int64_t(e) * 3 * Fe * C + 2 * int64_t(Fe) * C;
-      be_.linear_forward(ye + r0 * C, ac + r0 * Fe, w2, Ptr(), int(n), Fe, C, WLayout::out_in);
-    }
+    each_expert(runs, [&](int64_t e, int64_t r0, int64_t n) {
+      be_.linear_forward(ye + r0 * C, ac + r0 * Fe, lw.w[MOE_EXPERTS] + w2_at(e, Fe, C), Ptr(), int(n), Fe, C,
+                         WLayout::out_in);
+    });
     if (ep) moe_return(route, a, ye, scr(MOE_SEND), y);
   }
   if (recomputing) return;
@@ -130,29 +146,24 @@ void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Pt
   {
     auto s = trace_.scope("moe_experts_backward");
     const bool ep = ep_size_ > 1;
-    const std::vector<int64_t>& off = ep ? route.local : route.offsets;
-    const int El = int(off.size()) - 1;
-    const int64_t Rr = off[size_t(El)];
+    const std::vector<int64_t>& runs = moe_runs(route);
+    const int64_t Rr = runs.back();
     if (policy_ == Recompute::selective && Rr) be_.act_forward(true, ac, fc, int(Rr), Fe);
     be_.moe_combine_backward(drows, dw, dout, y, row_of, w, N, k, C);
     // The experts' output gradients, expert-major (sent to the experts' ranks under ep).
     const Ptr dye = ep ? scr(MOE_SEND) : drows, dxe = ep ? scr(MOE_RECV) : drows;
     if (ep) moe_dispatch(route, a, drows, scr(MOE_RECV), dye);
-    for (int e = 0; e < El; ++e) {
-      const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
-      if (n == 0) continue;
-      const int64_t at = int64_t(e) * 3 * Fe * C + 2 * int64_t(Fe) * C;  // w2
+    each_expert(runs, [&](int64_t e, int64_t r0, int64_t n) {
+      const int64_t at = w2_at(e, Fe, C);
       be_.linear_backward(dact + r0 * Fe, lg.g[MOE_EXPERTS] + at, nullptr, dye + r0 * C, ac + r0 * Fe,
                           lw.w[MOE_EXPERTS] + at, int(n), Fe, C, WLayout::out_in);
-    }
+    });
     if (Rr) be_.act_backward(true, dfc, fc, dact, int(Rr), Fe);
-    for (int e = 0; e < El; ++e) {  // the rows' input gradients
-      const int64_t r0 = off[size_t(e)], n = off[size_t(e) + 1] - r0;
-      if (n == 0) continue;
-      const int64_t at = int64_t(e) * 3 * Fe * C;  // w1 | w3
+    each_expert(runs, [&](int64_t e, int64_t r0, int64_t n) {  // the rows' input gradients
+      const int64_t at = w13_at(e, Fe, C);
       be_.linear_backward(dxe + r0 * C, lg.g[MOE_EXPERTS] + at, nullptr, dfc + r0 * 2 * Fe, xr + r0 * C,
                           lw.w[MOE_EXPERTS] + at, int(n), C, 2 * Fe, WLayout::out_in);
-    }
+    });
     if (ep) moe_return(route, a, dxe, scr(MOE_SEND), drows);
     be_.zero(rows(dx, int64_t(N) * C));
     be_.moe_scatter_add(dx, drows, row_of, N, k, C);
