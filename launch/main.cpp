@@ -14,6 +14,7 @@
 #include "launch/infer.h"
 #include "launch/launch_env.h"
 #include "launch/plan.h"
+#include "launch/plan_layout.h"
 #include "launch/stop.h"
 #include "launch/trainer.h"
 #if LOOM_HAVE_MPI
@@ -215,6 +216,18 @@ int run(int argc, char** argv) {
   pmem->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   pmem->add_flag("--json", plan_json, "every rank's bytes at the config's stage, as JSON (loom runs)");
 
+  auto* play = plan->add_subcommand(
+      "layout", "rank the layouts of a model on a cluster by predicted MFU (the step-time model), or predict one");
+  std::string cluster_path;
+  int layout_top = 10;
+  bool layout_predict = false;
+  play->add_option("--cluster", cluster_path, "cluster description (TOML; examples/clusters/)")->required();
+  play->add_option("--config", config_path, "TOML config: the model, global batch and dtypes");
+  play->add_option("--set", sets, "override one key: section.key=value (repeatable)");
+  play->add_option("--top", layout_top, "layouts to print")->check(CLI::PositiveNumber);
+  play->add_flag("--predict", layout_predict, "predict the config's own layout (parallel.*, train.*) instead");
+  play->add_flag("--json", plan_json, "as JSON");
+
   app.add_subcommand("supervise",
                      "run COMMAND and restart it when it fails curably: loom supervise [--max-restarts N] "
                      "[--backoff-s S] [--log-dir DIR] -- COMMAND...");
@@ -334,6 +347,18 @@ int run(int argc, char** argv) {
           "deadlock)\npredicted bubble {:.3f} ({}); simulated: worst stage {:.3f}, mean {:.3f}\n{}",
           name, p, v, m, loom::pipeline_bubble_predicted(sched), loom::pipeline_bubble_formula(sched), t.bubble(),
           t.bubble_mean(), loom::pipeline_timeline(sched, t));
+    } else if (*play) {
+      const loom::Cluster cluster = loom::cluster_load(cluster_path);
+      const loom::Config cfg = config_build(config_path, sets);
+      if (layout_predict) {
+        const loom::StepPrediction p = loom::step_predict(cfg, cluster);
+        fmt::print("{}\n",
+                   plan_json ? loom::step_prediction_json(cfg, p) : loom::step_prediction_text(cfg, cluster, p));
+      } else {
+        const loom::LayoutSearch s = loom::layouts_rank(cfg, cluster);
+        fmt::print("{}\n", plan_json ? loom::plan_layout_json(s, layout_top)
+                                     : loom::plan_layout_table(s, cfg, cluster, layout_top));
+      }
     } else if (*pmem) {
       if (plan_params > 0) {
         LOOM_CHECK(plan_dp > 0, "loom plan memory --params needs --dp");

@@ -22,12 +22,12 @@ int64_t MemoryPlan::total() const {
   return s;
 }
 
-MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank) {
+MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank, const ChunkSpec* given) {
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
   const MeshCoord at = mesh_coord(dims, rank);
   const bool cuda = device == "cuda";
   const BackendTraits traits = backend_traits(cuda ? DeviceKind::cuda : DeviceKind::cpu, dtype, cfg);
-  const ChunkSpec spec = pipeline_chunk_spec(cfg, at.pp);  // the whole model without stages
+  const ChunkSpec spec = given ? *given : pipeline_chunk_spec(cfg, at.pp);  // the whole model without stages
   const ModelLayout layout = model_layout(cfg, at.tp, chunk_runs(spec), at.dp % cfg.parallel.ep);
   const int64_t n = int64_t(layout.reg.numel());
   const int stage = cfg.parallel.zero;

@@ -11,6 +11,8 @@
 
 namespace loom {
 
+struct ChunkSpec;
+
 // ZeRO paper, Figure 1: bytes per rank for stages 0..3 with psi parameters, dp ranks and
 // `bytes_param`, `bytes_grad`, `k` bytes per parameter (mixed precision: 2, 2, 12).
 std::array<double, 4> plan_zero_paper(double psi, int dp, double bytes_param, double bytes_grad, double k);
@@ -20,8 +22,10 @@ struct MemoryPlan {
   int64_t of(Mem m) const { return bytes[size_t(m)]; }
   int64_t total() const;
 };
-// What world rank `rank` of cfg holds while training on `device` ("cpu" or "cuda") in `dtype`.
-MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank = 0);
+// What world rank `rank` of cfg holds while training on `device` ("cpu" or "cuda") in `dtype`
+// (`spec`: its stage's pipeline_chunk_spec, when the caller has it already).
+MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank = 0,
+                       const ChunkSpec* spec = nullptr);
 // The four ZeRO stages side by side for rank 0, MiB.
 std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype);
 // Every rank's plan at cfg's stage, bytes, as JSON.

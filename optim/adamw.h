@@ -27,6 +27,10 @@ struct AdamWHyper {
 // first only (the experts, different on each, count everywhere; the norm is summed over ep).
 std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank, const char* uncounted = nullptr,
                                  int ep_rank = 0);
+// The table's length for runs of these sizes, without building it (the planner's count).
+inline size_t opt_chunks_count(int64_t n) {
+  return size_t((n + kOptChunk - 1) / kOptChunk);
+}
 // Splits [lo, hi) of the three index spaces into table chunks.
 void opt_chunks_add(std::vector<OptChunk>& out, int64_t state, int64_t param, int64_t grad, int64_t n, bool decay,
                     bool norm);

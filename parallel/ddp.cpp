@@ -8,13 +8,15 @@ DType grad_reduce_dtype(const Config& cfg) {
   return cfg.parallel.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
 }
 
-std::vector<PlanItem> Ddp::plan(const Config& cfg, const ParamRegistry& reg, int tp_rank, DType dtype,
+std::vector<PlanItem> Ddp::plan(const Config& cfg, const ParamRegistry& reg, int /*tp_rank*/, DType dtype,
                                 DeviceKind device) {
   const int64_t n = int64_t(reg.numel());
   std::vector<PlanItem> p;
   if (cfg.parallel.dp > 1 && grad_reduce_dtype(cfg) == DType::bf16)
     p.push_back({"grad_reduce_bf16", n, DType::bf16, Mem::comm});
-  for (auto& item : AdamW::plan(n, dtype != DType::f32, opt_chunks(reg, tp_rank).size(), device)) p.push_back(item);
+  size_t n_chunks = 0;
+  for (auto& spec : reg.all()) n_chunks += opt_chunks_count(int64_t(spec.numel()));
+  for (auto& item : AdamW::plan(n, dtype != DType::f32, n_chunks, device)) p.push_back(item);
   return p;
 }
 

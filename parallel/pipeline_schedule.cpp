@@ -205,7 +205,15 @@ double PipeTiming::bubble_mean() const {
 }
 
 PipeTiming pipeline_check(const PipeSchedule& s, double tf, double tb, double tw) {
+  const size_t G = size_t(s.chunks());
+  return pipeline_check(s, std::vector<double>(G, tf), std::vector<double>(G, tb), std::vector<double>(G, tw));
+}
+
+PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, const std::vector<double>& tb,
+                          const std::vector<double>& tw, double hop) {
   const int p = s.stages, G = s.chunks(), m = s.micro;
+  LOOM_CHECK(tf.size() == size_t(G) && tb.size() == size_t(G) && tw.size() == size_t(G),
+             "schedule {}: costs for {} chunks, {} expected", s.name, tf.size(), G);
   LOOM_CHECK(int(s.ops.size()) == p, "schedule {}: {} op lists for {} stages", s.name, s.ops.size(), p);
   // Every compute op once, on its chunk's stage; W exactly when the backward is split.
   std::map<std::tuple<int, int, int>, int> seen;  // (kind, micro, chunk) -> count
@@ -294,9 +302,10 @@ PipeTiming pipeline_check(const PipeSchedule& s, double tf, double tb, double tw
         double at = 0;
         if (!ready(st, op, &at)) break;
         double cost = 0;
-        if (op.kind == PipeOp::F) cost = tf;
-        if (op.kind == PipeOp::B) cost = s.split_backward ? tb : tb + tw;
-        if (op.kind == PipeOp::W) cost = tw;
+        const size_t g = size_t(op.chunk);
+        if (op.kind == PipeOp::F) cost = tf[g];
+        if (op.kind == PipeOp::B) cost = s.split_backward ? tb[g] : tb[g] + tw[g];
+        if (op.kind == PipeOp::W) cost = tw[g];
         const double end = at + cost;
         t.start[size_t(st)][pc[size_t(st)]] = at;
         t.end[size_t(st)][pc[size_t(st)]] = end;
@@ -316,7 +325,7 @@ PipeTiming pipeline_check(const PipeSchedule& s, double tf, double tb, double tw
           const int consumer = op.kind == PipeOp::send_act ? op.chunk : op.chunk;
           LOOM_CHECK(s.stage_of(consumer) == op.peer, "schedule {}: stage {} sends {} of chunk {} to stage {}, not {}",
                      s.name, st, pipe_op_name(op.kind), op.chunk, op.peer, s.stage_of(consumer));
-          LOOM_CHECK(sent.emplace(std::make_tuple(int(op.kind), op.micro, op.chunk, op.peer), end).second,
+          LOOM_CHECK(sent.emplace(std::make_tuple(int(op.kind), op.micro, op.chunk, op.peer), end + hop).second,
                      "schedule {}: stage {} sends {} of micro-batch {} chunk {} twice", s.name, st,
                      pipe_op_name(op.kind), op.micro, op.chunk);
         }

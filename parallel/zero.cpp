@@ -86,7 +86,7 @@ std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks
   return chunks;
 }
 
-std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank, DType dtype,
+std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int /*tp_rank*/, DType dtype,
                                 DType reduce, DeviceKind device) {
   const Geometry g = geometry(layout, z);
   const int n = z.dp;
@@ -110,7 +110,8 @@ std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, i
     }
   if (stage >= 3)  // gathered weights: one block computing, one prefetched
     for (int64_t e : slot_elems(g, n)) p.push_back({"zero_param_slot", e, dtype, Mem::comm});
-  const size_t n_chunks = zero_opt_chunks(layout, z, stage, tp_rank).size();
+  size_t n_chunks = 0;
+  for (const StateRun& run : zero_state_runs(layout, z)) n_chunks += opt_chunks_count(run.n);
   for (auto& item : AdamW::plan(g.shard, dtype != DType::f32, n_chunks, device)) p.push_back(item);
   return p;
 }

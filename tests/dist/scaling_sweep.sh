@@ -39,3 +39,29 @@ for point in strong_runs/dp2_strong:320 weak_runs/dp2_weak:640; do
   tokens=$(grep -o '"tokens":[0-9]*' "$dir/${point%%:*}/metrics.jsonl" | tail -1 | cut -d: -f2)
   [ "$tokens" = "${point##*:}" ] || { echo "FAIL: ${point%%:*} counted $tokens tokens, not ${point##*:}"; exit 1; }
 done
+# The step-time model's harness on the same points: calibrate fits a cluster file to a run of
+# the model (its compute must come back exactly: the fit solves for it) and bench comm at 2
+# ranks; validate predicts every point of both sweeps with it.
+( python3 "$src/examples/scaling/calibrate.py" --loom "$loom" --launch "$launch" "${sets[@]}" \
+    --ranks 2 --max-mb 1 --out "$dir/fit.toml" > "$dir/calibrate.log" 2>&1 ) || { cat "$dir/calibrate.log"; exit 1; }
+[ -s "$dir/fit.intra2.txt" ] || { echo "FAIL: calibrate kept no bench comm record"; exit 1; }
+python3 "$src/examples/scaling/validate.py" --loom "$loom" "${sets[@]}" --cluster "$dir/fit.toml" "$dir/strong.csv" \
+  "$dir/weak.csv" --out "$dir/check.csv" > "$dir/validate.log" 2>&1 || { cat "$dir/validate.log"; exit 1; }
+python3 - "$dir/fit.toml" "$dir/check.csv" "$loom" "${sets[@]}" <<'PY'
+import csv, json, re, subprocess, sys
+fit, check, loom, sets = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+text = open(fit).read()
+measured = float(re.search(r"compute ([0-9.]+) ms", text).group(1))
+for key in ("peak_tflops", "gemm_efficiency", "mem_bw_gbs", "[intra]", "all_reduce_gbs"):
+    assert key in text, (key, text)
+out = subprocess.run([loom, "plan", "layout", "--cluster", fit, "--predict", "--json"] + sets, check=True,
+                     stdout=subprocess.PIPE, text=True).stdout
+predicted = json.loads(out.strip().splitlines()[-1])["compute_ms"]
+assert abs(predicted / measured - 1) < 2e-3, (predicted, measured)  # the comment keeps 4 digits
+rows = list(csv.DictReader(open(check)))
+assert [r["layout"] for r in rows] == ["dp1 tp1 pp1 zero0", "dp2 tp1 pp1 zero0"] * 2, rows
+for r in rows:
+    assert float(r["predicted_ms"]) > 0 and float(r["measured_ms"]) > 0, r
+    assert abs(float(r["predicted_ms"]) / float(r["measured_ms"]) - 1 - float(r["error"])) < 1e-3, r
+print("ok: model harness")
+PY

@@ -174,6 +174,29 @@ TEST(Cli, PlanMemoryReproducesTheZeroPaper) {
   EXPECT_NE(own.output.find("{\"rank\":1,"), std::string::npos) << own.output;
 }
 
+// The step-time model from the command line: the committed cluster files load, the search
+// prints the ranked table, --predict one layout's terms, and the errors are one line.
+TEST(Cli, PlanLayoutRanksAndPredicts) {
+  const std::string src = LOOM_SOURCE_DIR;
+  CliRun r = loom_run("plan layout --cluster " + src + "/examples/clusters/h100_64.toml --config " + src +
+                      "/examples/configs/llama3_8b.toml --top 3");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("H100 SXM x 64: 8 nodes x 8 cuda devices"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  1  tp "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  3  tp "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("\n  4  tp "), std::string::npos) << r.output;
+  for (const char* cluster : {"this_machine", "nodes2_1gbit", "nodes2_100mbit", "h100_1024"}) {
+    CliRun p = loom_run("plan layout --predict --json --cluster " + src + "/examples/clusters/" + cluster +
+                        ".toml --set parallel.dp=2 --set parallel.tp=2");
+    ASSERT_EQ(p.status, 0) << cluster << ": " << p.output;
+    EXPECT_NE(p.output.find("\"layout\":\"tp 2 pp 1 dp 2 zero 0"), std::string::npos) << p.output;
+  }
+  expect_one_line_error("plan layout --cluster /no/such.toml", "cannot open the cluster file '/no/such.toml'");
+  expect_one_line_error("plan layout --predict --cluster " + src +
+                            "/examples/clusters/this_machine.toml --set parallel.dp=8 --set train.micro_batch=2",
+                        "the layout needs 8 ranks (dp 8 x tp 1 x pp 1), the cluster has 4 devices");
+}
+
 // --list-keys gives each key's type, default and meaning; --print-config prints numbers as
 // written and round-trips; info reports what the build has, from the libraries themselves.
 TEST(Cli, ListKeysPrintConfigAndInfo) {

@@ -1,0 +1,156 @@
+#include "launch/plan_layout.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace loom {
+
+namespace {
+
+std::vector<int> divisors(int n, int most) {
+  std::vector<int> d;
+  for (int i = 1; i <= std::min(n, most); ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// An Error's first clause: "parallel.zero = 3 with parallel.pp > 1 is not supported".
+std::string reason(const std::string& what) {
+  std::string r = what.substr(0, what.find_first_of(";("));
+  while (!r.empty() && r.back() == ' ') r.pop_back();
+  return r;
+}
+
+}  // namespace
+
+std::string layout_name(const Config& c) {
+  const auto& p = c.parallel;
+  std::string s = fmt::format("tp {} pp {}", p.tp, p.pp);
+  if (p.pp > 1) s += p.pp_virtual > 1 ? fmt::format(" {} v{}", p.pp_schedule, p.pp_virtual) : " " + p.pp_schedule;
+  s += fmt::format(" dp {}", p.dp);
+  if (p.ep > 1) s += fmt::format(" ep {}", p.ep);
+  return s + fmt::format(" zero {} mb {} rc {}", p.zero, c.train.micro_batch, c.train.recompute);
+}
+
+LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
+  LayoutSearch out;
+  const int world = cl.devices(), L = base.model.n_layer;
+  const int E = base.model.moe.num_experts;
+  struct Schedule {
+    const char* name;
+    int v;
+  };
+  for (int tp : divisors(cl.devices_per_node, cl.devices_per_node))
+    for (int pp : divisors(L, L)) {
+      if (world % (tp * pp)) continue;
+      const int dp = world / (tp * pp);
+      std::vector<Schedule> schedules = {{"1f1b", 1}};
+      if (pp > 1) {
+        schedules.push_back({"zb", 1});
+        for (int v : divisors(L / pp, 8))  // Megatron's virtual stages: whole blocks per model chunk
+          if (v > 1) schedules.push_back({"interleaved", v});
+      }
+      for (int ep : E > 0 ? divisors(E, dp) : std::vector<int>{1})
+        for (int mb : {1, 2, 4, 8})
+          for (int zero = 0; zero <= 3; ++zero)
+            for (const Schedule& sch : schedules) {
+              if (dp % ep || E % ep) continue;
+              ++out.tried;
+              std::string refusal;
+              bool runnable = false, placed = false;
+              // Recompute only adds work: the first policy that fits is the one to rank.
+              for (const char* rc : {"none", "selective", "full"}) {
+                Config c = base;
+                c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.dp = dp, c.parallel.ep = ep;
+                c.parallel.sp = tp > 1;
+                c.parallel.zero = zero;
+                c.parallel.pp_schedule = sch.name, c.parallel.pp_virtual = sch.v;
+                c.train.micro_batch = mb;
+                c.train.recompute = rc;
+                try {
+                  config_validate(c);
+                } catch (const Error& e) {
+                  if (refusal.empty()) refusal = reason(e.what());
+                  continue;
+                }
+                runnable = true;
+                const StepPrediction pred = step_predict(c, cl);
+                if (pred.fits) {
+                  out.ranked.push_back({c, pred});
+                  placed = true;
+                  break;
+                }
+              }
+              if (placed) continue;
+              if (runnable)
+                ++out.too_big;
+              else
+                ++out.refused[refusal];
+            }
+    }
+  std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
+    return a.pred.mfu != b.pred.mfu ? a.pred.mfu > b.pred.mfu : a.pred.memory_bytes < b.pred.memory_bytes;
+  });
+  return out;
+}
+
+std::string plan_layout_table(const LayoutSearch& s, const Config& base, const Cluster& cl, int top) {
+  const auto& m = base.model;
+  std::string out = fmt::format(
+      "{}: {} nodes x {} {} devices, peak {:.0f} TFLOP/s, GEMMs at {:.0f}%, {:.0f} GB each\n"
+      "model: {} L {} d_model {} heads {}/{} d_ff {} vocab {} seq {}, global batch {} sequences\n"
+      "{} layouts tried: {} refused by loom, {} do not fit, {} ranked\n",
+      cl.name, cl.nodes, cl.devices_per_node, cl.device, cl.peak_flops / 1e12, 100 * cl.gemm_efficiency,
+      cl.memory_bytes / 1e9, m.arch, m.n_layer, m.d_model, m.n_head, base.kv_heads(), m.d_ff, m.vocab_size, m.seq_len,
+      base.train.global_batch, s.tried, s.tried - s.too_big - int(s.ranked.size()), s.too_big, s.ranked.size());
+  for (auto& [why, n] : s.refused) out += fmt::format("  refused {:>5}: {}\n", n, why);
+  out += fmt::format("{:>3}  {:<46} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}\n", "#", "layout", "MFU", "step s",
+                     "compute", "comm", "bubble", "optim", "tok/s/d", "mem GB");
+  for (int i = 0; i < std::min<int>(top, int(s.ranked.size())); ++i) {
+    const auto& c = s.ranked[size_t(i)];
+    const StepPrediction& p = c.pred;
+    const int world = c.cfg.parallel.dp * c.cfg.parallel.tp * c.cfg.parallel.pp;
+    out += fmt::format("{:>3}  {:<46} {:>5.1f}% {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.0f} {:>7.1f}\n",
+                       i + 1, layout_name(c.cfg), 100 * p.mfu, p.step, p.compute, p.comm_exposed, p.bubble, p.optimizer,
+                       p.tokens_per_s / world, double(p.memory_bytes) / 1e9);
+  }
+  if (s.ranked.empty()) out += "no layout fits: lower the global batch's micro-batches, or add devices\n";
+  return out;
+}
+
+std::string step_prediction_json(const Config& c, const StepPrediction& p) {
+  return fmt::format(
+      "{{\"layout\":\"{}\",\"dp\":{},\"tp\":{},\"pp\":{},\"ep\":{},\"zero\":{},\"micro_batch\":{},"
+      "\"schedule\":\"{}\",\"virtual\":{},\"recompute\":\"{}\",\"step_ms\":{:.6g},\"compute_ms\":{:.6g},"
+      "\"comm_exposed_ms\":{:.6g},\"bubble_ms\":{:.6g},\"optimizer_ms\":{:.6g},\"tp_ms\":{:.6g},\"ep_ms\":{:.6g},"
+      "\"pp_ms\":{:.6g},\"dp_ms\":{:.6g},\"dp_total_ms\":{:.6g},\"tokens_per_s\":{:.6g},\"mfu\":{:.6g},"
+      "\"memory_b\":{},\"fits\":{}}}",
+      layout_name(c), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.ep, c.parallel.zero, c.train.micro_batch,
+      c.parallel.pp_schedule, c.parallel.pp_virtual, c.train.recompute, 1e3 * p.step, 1e3 * p.compute,
+      1e3 * p.comm_exposed, 1e3 * p.bubble, 1e3 * p.optimizer, 1e3 * p.tp, 1e3 * p.ep, 1e3 * p.pp, 1e3 * p.dp,
+      1e3 * p.dp_total, p.tokens_per_s, p.mfu, p.memory_bytes, p.fits);
+}
+
+std::string plan_layout_json(const LayoutSearch& s, int top) {
+  std::string out = fmt::format("{{\"tried\":{},\"too_big\":{},\"ranked\":[", s.tried, s.too_big);
+  for (int i = 0; i < std::min<int>(top, int(s.ranked.size())); ++i)
+    out += fmt::format("{}{}", i ? "," : "", step_prediction_json(s.ranked[size_t(i)].cfg, s.ranked[size_t(i)].pred));
+  return out + "]}";
+}
+
+std::string step_prediction_text(const Config& c, const Cluster& cl, const StepPrediction& p) {
+  const int world = c.parallel.dp * c.parallel.tp * c.parallel.pp;
+  return fmt::format(
+      "{} on {} ({} of {} devices)\npredicted step {:.4g} ms: compute {:.4g}, exposed comm {:.4g} (tp {:.4g}, ep "
+      "{:.4g}, pp {:.4g}, dp {:.4g} of {:.4g} moved), bubble {:.4g}, optimizer {:.4g}\n"
+      "{:.1f} tokens/s, MFU {:.1f}%, memory {:.3g} GB on the fullest rank{}\n",
+      layout_name(c), cl.name, world, cl.devices(), 1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.tp,
+      1e3 * p.ep, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer, p.tokens_per_s,
+      100 * p.mfu, double(p.memory_bytes) / 1e9,
+      p.fits ? "" : fmt::format(" (does not fit in {:.3g} GB)", cl.memory_bytes / 1e9));
+}
+
+}  // namespace loom

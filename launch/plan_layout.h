@@ -1,0 +1,33 @@
+// `loom plan layout`: every layout loom can run of a model on a cluster (tp within a node,
+// pp, dp, ZeRO stage, micro-batch, schedule, recompute, ep for MoE), each predicted by the
+// step-time model, those that fit in memory ranked by predicted MFU.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "launch/step_model.h"
+
+namespace loom {
+
+struct LayoutChoice {
+  Config cfg;
+  StepPrediction pred;
+};
+struct LayoutSearch {
+  std::vector<LayoutChoice> ranked;  // fit in memory, best MFU first
+  int tried = 0, too_big = 0;
+  std::map<std::string, int> refused;  // loom's reason (its error's first clause) -> count
+};
+// base's model, global batch, dtype and grad-reduce dtype are kept; the layout keys are
+// searched over the whole cluster.
+LayoutSearch layouts_rank(const Config& base, const Cluster& cluster);
+
+std::string layout_name(const Config& cfg);  // "tp 8 pp 4 (interleaved v2) dp 2 zero 1 mb 1 rc none"
+std::string plan_layout_table(const LayoutSearch& s, const Config& base, const Cluster& cluster, int top);
+std::string plan_layout_json(const LayoutSearch& s, int top);
+// One layout's prediction, every term (`loom plan layout --predict`).
+std::string step_prediction_text(const Config& cfg, const Cluster& cluster, const StepPrediction& p);
+std::string step_prediction_json(const Config& cfg, const StepPrediction& p);
+
+}  // namespace loom

@@ -1,0 +1,354 @@
+#include "launch/step_model.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "launch/plan.h"
+#include "model/flops.h"
+#include "model/layout.h"
+#include "parallel/pipeline.h"
+#include "parallel/pipeline_schedule.h"
+#include "runtime/error.h"
+#include "runtime/mesh.h"
+
+namespace loom {
+
+namespace {
+
+const char* const kOps[4] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"};
+
+double need_positive(const toml::table& t, const std::string& key, const std::string& origin, double fallback = -1) {
+  const auto v = t.at_path(key).value<double>();
+  if (!v && fallback >= 0) return fallback;
+  LOOM_CHECK(v && *v > 0, "{}: `{}` must be a positive number (see examples/clusters/)", origin, key);
+  return *v;
+}
+
+LinkTier tier_parse(const toml::table& t, const std::string& name, const std::string& origin) {
+  const double reduce = t.at_path(name + ".reduce_gbs").value_or(0.0);
+  LOOM_CHECK(reduce >= 0, "{}: `{}.reduce_gbs` must be >= 0 (0: reductions are free)", origin, name);
+  const auto alpha = t.at_path(name + ".alpha_us").value<double>();
+  LOOM_CHECK(alpha && *alpha >= 0, "{}: `{}.alpha_us` must be a number >= 0 (see examples/clusters/)", origin, name);
+  LinkTier l{*alpha * 1e-6, need_positive(t, name + ".bw_gbs", origin) * 1e9, reduce * 1e9};
+  for (int i = 0; i < 4; ++i) {
+    const std::string key = name + "." + kOps[i] + "_alpha_us";
+    if (const auto a = t.at_path(key).value<double>()) {
+      LOOM_CHECK(*a >= 0, "{}: `{}` must be >= 0", origin, key);
+      l.op_alpha_s[i] = *a * 1e-6;
+    }
+    l.op_bw[i] = need_positive(t, name + "." + kOps[i] + "_gbs", origin, 0) * 1e9;
+  }
+  if (const toml::table* tier = t[name].as_table())
+    for (auto&& [k, v] : *tier) {
+      const std::string key(k.str());
+      bool known = key == "alpha_us" || key == "bw_gbs" || key == "reduce_gbs";
+      for (const char* op : kOps)
+        known = known || key == std::string(op) + "_gbs" || key == std::string(op) + "_alpha_us";
+      LOOM_CHECK(known,
+                 "{}: unknown key `{}.{}`; a link tier has alpha_us, bw_gbs, reduce_gbs, and <collective>_alpha_us "
+                 "and <collective>_gbs for all_reduce, reduce_scatter, all_gather, all_to_all",
+                 origin, name, key);
+    }
+  return l;
+}
+
+}  // namespace
+
+Cluster cluster_parse(const std::string& text, const std::string& origin) {
+  toml::table t;
+  try {
+    t = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    fail("{}: {}", origin, std::string(e.description()));
+  }
+  static const char* keys[] = {"name",       "nodes",     "devices_per_node", "physical_devices",
+                               "device",     "dtype",     "peak_tflops",      "gemm_efficiency",
+                               "mem_bw_gbs", "memory_gb", "overlap",          "tree",
+                               "intra",      "inter"};
+  for (auto&& [k, v] : t) {
+    const std::string key(k.str());
+    LOOM_CHECK(std::any_of(std::begin(keys), std::end(keys), [&](const char* s) { return key == s; }),
+               "{}: unknown key `{}`; a cluster file has name, nodes, devices_per_node, physical_devices, device, "
+               "dtype, peak_tflops, gemm_efficiency, mem_bw_gbs, memory_gb, overlap, tree, [intra] and [inter]",
+               origin, key);
+  }
+  Cluster c;
+  c.name = t["name"].value_or(std::string(origin));
+  c.nodes = int(need_positive(t, "nodes", origin));
+  c.devices_per_node = int(need_positive(t, "devices_per_node", origin));
+  c.physical_devices = int(t["physical_devices"].value_or(int64_t(0)));
+  c.device = t["device"].value_or(std::string("cuda"));
+  LOOM_CHECK(c.device == "cuda" || c.device == "cpu", "{}: device = \"{}\" is not \"cuda\" or \"cpu\"", origin,
+             c.device);
+  const std::string dtype = t["dtype"].value_or(std::string(c.device == "cuda" ? "bf16" : "f32"));
+  LOOM_CHECK(dtype == "bf16" || dtype == "f32", "{}: dtype = \"{}\" is not \"bf16\" or \"f32\"", origin, dtype);
+  c.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
+  c.peak_flops = need_positive(t, "peak_tflops", origin) * 1e12;
+  c.gemm_efficiency = need_positive(t, "gemm_efficiency", origin);
+  LOOM_CHECK(c.gemm_efficiency <= 1, "{}: gemm_efficiency = {} is a share of the peak, at most 1", origin,
+             c.gemm_efficiency);
+  c.mem_bw = need_positive(t, "mem_bw_gbs", origin) * 1e9;
+  c.memory_bytes = t["memory_gb"].value_or(0.0) * 1e9;
+  c.overlap = t["overlap"].value_or(1.0);
+  LOOM_CHECK(c.overlap >= 0 && c.overlap <= 1, "{}: overlap = {} must be in [0, 1]", origin, c.overlap);
+  c.tree = t["tree"].value_or(false);
+  c.intra = tier_parse(t, "intra", origin);
+  c.inter = c.nodes > 1 || t.contains("inter") ? tier_parse(t, "inter", origin) : c.intra;
+  return c;
+}
+
+Cluster cluster_load(const std::string& path) {
+  std::ifstream in(path);
+  LOOM_CHECK(in, "cannot open the cluster file '{}' (examples/clusters/ has examples)", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return cluster_parse(text.str(), path);
+}
+
+double collective_time(const char* op, int n, double bytes, const LinkTier& link, bool tree) {
+  if (n <= 1 || bytes <= 0) return 0;
+  LOOM_ASSERT(link.bw > 0);
+  double steps = n - 1, volume = double(n - 1) / n * bytes, reduced = 0;
+  if (!std::strcmp(op, "all_reduce")) {
+    steps = 2.0 * (n - 1), reduced = volume, volume *= 2;
+    if (tree) steps = std::min(steps, 2.0 * std::ceil(std::log2(double(n))));
+  } else if (!std::strcmp(op, "reduce_scatter")) {
+    reduced = volume;
+  } else if (!std::strcmp(op, "send")) {
+    steps = 1, volume = bytes;
+  } else {
+    LOOM_ASSERT(!std::strcmp(op, "all_gather") || !std::strcmp(op, "all_to_all"));
+  }
+  double alpha = link.alpha_s, bw = link.bw;
+  for (int i = 0; i < 4; ++i)
+    if (!std::strcmp(op, kOps[i])) {
+      if (link.op_alpha_s[i] >= 0) alpha = link.op_alpha_s[i];
+      if (link.op_bw[i] > 0) bw = link.op_bw[i];
+    }
+  return steps * alpha + volume / bw + (link.reduce_bw > 0 ? reduced / link.reduce_bw : 0);
+}
+
+LinkTier group_link(const Cluster& c, int n, int stride) {
+  const int R = c.devices_per_node;
+  if (int64_t(n - 1) * stride + 1 <= R) return c.intra;
+  // Every group of this axis with ranks on a node crosses the node's link at once: min(stride,
+  // R) of them. A ring through the node uses its link once each way, bounded by intra too.
+  const int sharing = std::max(1, std::min(stride, R));
+  LinkTier l = c.inter;
+  l.bw = std::min(c.intra.bw, c.inter.bw / sharing);
+  for (int i = 0; i < 4; ++i)
+    if (l.op_bw[i] > 0)
+      l.op_bw[i] = std::min(c.intra.op_bw[i] > 0 ? c.intra.op_bw[i] : c.intra.bw, l.op_bw[i] / sharing);
+  return l;
+}
+
+namespace {
+
+// Per micro-batch, one model chunk: seconds of F, B (the input gradient, or all of the
+// backward where it is not split) and W (the weight gradient of a split backward), and the
+// blocking collectives inside them.
+struct ChunkCost {
+  double f = 0, b = 0, w = 0;
+  double tp_f = 0, tp_b = 0;  // tensor-parallel collectives
+  double ep_f = 0, ep_b = 0;  // expert all-to-alls
+  int blocks = 0;
+};
+
+ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int blocks, bool first, bool last,
+                     double share) {
+  const auto& m = cfg.model;
+  const auto& p = cfg.parallel;
+  const int tp = p.tp;
+  const double C = m.d_model, F = m.d_ff, T = m.seq_len, V = m.vocab_size;
+  const double kvd = double(cfg.kv_heads()) * cfg.head_dim();
+  const double tokens = double(cfg.train.micro_batch) * T;
+  const double act = double(dtype_size(cl.dtype));
+  const double rate = cl.peak_flops * cl.gemm_efficiency * share;
+  const std::string& rc = cfg.train.recompute;
+  const bool zb = p.pp_schedule == "zb" && p.pp > 1;
+  const LinkTier tl = group_link(cl, tp, 1);
+  const double row = tokens * C * act;  // the residual stream of a micro-batch
+  const double tp_one = collective_time("all_reduce", tp, row, tl, cl.tree);
+  ChunkCost c;
+  c.blocks = blocks;
+  for (int l = block0; l < block0 + blocks; ++l) {
+    const bool moe = cfg.moe_block(l);
+    const double k = moe ? m.moe.top_k : 1;
+    const double mlp = (m.arch == "gpt2" ? 2.0 : 3.0) * C * F * k + (moe ? m.moe.num_experts * C : 0);
+    const double mm = 2.0 * (C * (C + 2 * kvd) + C * C + mlp) / tp;  // forward matmul FLOPs per token
+    const double core = 4.0 * C * T / tp;                            // attention scores and values
+    const double ew = (12.0 * C + 4.0 * F * k / tp) * act * tokens / (cl.mem_bw * share);  // norms, SwiGLU, adds
+    const double fwd = (mm + core) * tokens / rate + ew;
+    double re = 0;  // the forward work recompute repeats
+    if (rc == "full") re = fwd - (moe ? 0 : 2.0 * C * F / tp) * tokens / rate;
+    if (rc == "selective" && cl.device != "cuda") re = core * tokens / rate;  // flash attention keeps nothing
+    c.f += fwd;
+    c.b += (mm + 2 * core) * tokens / rate + 2 * ew + (zb ? 0 : re);
+    c.w += mm * tokens / rate + (zb ? re : 0);
+    // tp: two collectives of the residual stream forward, two backward, two more to recompute.
+    c.tp_f += 2 * tp_one;
+    c.tp_b += (2 + (rc == "full" ? 2 : 0)) * tp_one;
+    if (moe && p.ep > 1) {  // dispatch and return each way, the counts first
+      const LinkTier el = group_link(cl, p.ep, tp);
+      const double a2a = collective_time("all_to_all", p.ep, tokens * k * C * act, el, false);
+      const double counts = collective_time("all_to_all", p.ep, 8.0 * p.ep, el, false);
+      c.ep_f += 2 * a2a + counts;
+      c.ep_b += (2 + (rc == "full" ? 2 : 0)) * a2a + counts;
+    }
+  }
+  if (first) c.tp_f += tp_one;  // the vocabulary-parallel embedding's sum
+  if (last) {                   // lm_head and the loss
+    const double head = 2.0 * V * C / tp * tokens / rate;
+    c.f += head, c.b += head, c.w += head;
+    c.tp_f += tp_one + 2 * collective_time("all_reduce", tp, tokens * 4, tl, cl.tree);
+    c.tp_b += tp_one;
+  }
+  if (!zb) c.b += c.w, c.w = 0;  // one backward op
+  return c;
+}
+
+}  // namespace
+
+StepPrediction step_predict(const Config& cfg, const Cluster& given) {
+  const auto& p = cfg.parallel;
+  const int world = p.dp * p.tp * p.pp;
+  LOOM_CHECK(world <= given.devices(), "the layout needs {} ranks (dp {} x tp {} x pp {}), the cluster has {} devices",
+             world, p.dp, p.tp, p.pp, given.devices());
+  const int physical = given.physical_devices > 0 ? given.physical_devices : given.devices();
+  // Ranks sharing a device take turns on it, for compute and for what of communication is the
+  // device's work: a message's overhead, the sums, and copies within a node (on a CPU, shared
+  // memory is the cores' memcpy); a link's bandwidth between nodes stays the link's.
+  const double share = std::min(1.0, double(physical) / world);
+  Cluster cl = given;
+  for (LinkTier* t : {&cl.intra, &cl.inter}) {
+    t->alpha_s /= share, t->reduce_bw *= share;
+    for (double& a : t->op_alpha_s) a /= share;
+  }
+  cl.intra.bw *= share;
+  for (double& bw : cl.intra.op_bw) bw *= share;
+  const int P = p.pp, v = P > 1 ? p.pp_virtual : 1, G = P * v, m = cfg.accum_steps();
+  const double act = double(dtype_size(cl.dtype));
+  const double tokens = double(cfg.train.micro_batch) * cfg.model.seq_len;
+  const LinkTier dl = group_link(cl, p.dp, p.tp);
+  const double reduce_bytes = p.grad_reduce_dtype == "bf16" ? 2 : 4;
+
+  std::vector<ChunkCost> chunks;
+  const std::vector<int> per_chunk = pipeline_layers(cfg);
+  for (int g = 0, b0 = 0; g < G; b0 += per_chunk[size_t(g)], ++g)
+    chunks.push_back(chunk_cost(cfg, cl, b0, per_chunk[size_t(g)], g == 0, g == G - 1, share));
+
+  // Per stage: its parameters (from the layout), what dp or ZeRO moves of them, and where.
+  struct Stage {
+    double f = 0, b = 0, w = 0, tp = 0, ep = 0;  // per micro-batch
+    double dp_f = 0, dp_b = 0, dp_end = 0, dp_total = 0, optimizer = 0;
+  };
+  std::vector<Stage> stages(static_cast<size_t>(P));
+  StepPrediction out;
+  for (int st = 0; st < P; ++st) {
+    Stage& s = stages[size_t(st)];
+    int units = 0;
+    for (int g = st; g < G; g += P) {
+      const ChunkCost& c = chunks[size_t(g)];
+      s.f += c.f, s.b += c.b, s.w += c.w, s.tp += c.tp_f + c.tp_b, s.ep += c.ep_f + c.ep_b;
+      units += c.blocks + (g == 0) + (g == G - 1);
+    }
+    // The stage's units: the embedding with model chunk 0, the head with the last (as
+    // pipeline_chunk_spec places them, without timing the schedule for every stage).
+    std::vector<std::pair<int, int>> runs;
+    for (int g = st, b0 = 0, h = 0; g < G; g += P) {
+      for (; h < g; ++h) b0 += per_chunk[size_t(h)];
+      runs.push_back({g == 0 ? 0 : b0 + 1, g == G - 1 ? -1 : b0 + per_chunk[size_t(g)] + 1});
+    }
+    const double n_params = double(model_layout(cfg, 0, runs).reg.numel());
+    if (st == 0 || st == P - 1) {  // the first holds the most activations, the last the head
+      const ChunkSpec spec = pipeline_chunk_spec(cfg, st);
+      LOOM_ASSERT(chunk_runs(spec) == runs || P == 1);
+      out.memory_bytes =
+          std::max(out.memory_bytes, plan_memory(cfg, cl.device, cl.dtype, st * p.dp * p.tp, &spec).total());
+    }
+    const double grads = n_params * reduce_bytes, weights = n_params * act;
+    auto per_unit = [&](const char* op, double bytes) {
+      return units * collective_time(op, p.dp, bytes / units, dl, cl.tree);
+    };
+    const double rs = per_unit("reduce_scatter", grads), ag = per_unit("all_gather", weights);
+    const double window = cl.overlap * (s.b + s.w);  // one micro-batch's backward hides this much
+    if (p.zero == 0) {                               // buckets all-reduced during the last micro-batch's backward
+      const double bucket = p.bucket_mb * 1048576.0;
+      const double full = std::floor(grads / bucket), rest = grads - full * bucket;
+      const double all = full * collective_time("all_reduce", p.dp, bucket, dl, cl.tree) +
+                         collective_time("all_reduce", p.dp, rest, dl, cl.tree);
+      s.dp_end = std::max(all - window, collective_time("all_reduce", p.dp, rest > 0 ? rest : bucket, dl, cl.tree));
+      s.dp_total = all;
+    } else if (p.zero == 1) {  // reduce-scatter and all-gather at the step's end
+      s.dp_end = s.dp_total = rs + ag;
+    } else if (p.zero == 2) {  // every micro-batch's gradients reduce-scattered unit by unit
+      s.dp_b = std::max(rs - window, rs / units);
+      s.dp_end = ag;
+      s.dp_total = m * rs + ag;
+    } else {  // and the weights gathered before each forward and backward
+      s.dp_f = std::max(ag - cl.overlap * s.f, ag / units);
+      s.dp_b = std::max(ag + rs - window, rs / units);
+      s.dp_total = m * (2 * ag + rs);
+    }
+    const double shard = p.zero >= 1 ? n_params / p.dp : n_params;
+    s.optimizer = shard * (cl.dtype == DType::bf16 ? 34.0 : 32.0) / (cl.mem_bw * share);
+  }
+
+  // Each stage's ops in the schedule's order, with its own costs; hand-offs take `hop`.
+  const size_t nG = static_cast<size_t>(G);
+  std::vector<double> tf(nG), tb(nG), tw(nG);
+  for (int g = 0; g < G; ++g) {
+    const ChunkCost& c = chunks[size_t(g)];
+    const Stage& s = stages[size_t(g % P)];
+    const double part = double(c.blocks + 1) / [&] {  // a stage's per-micro-batch ZeRO traffic, by blocks
+      int n = 0;
+      for (int h = g % P; h < G; h += P) n += chunks[size_t(h)].blocks + 1;
+      return double(n);
+    }();
+    tf[size_t(g)] = c.f + c.tp_f + c.ep_f + s.dp_f * part;
+    tb[size_t(g)] = c.b + c.tp_b + c.ep_b + s.dp_b * part;
+    tw[size_t(g)] = c.w;
+  }
+  std::vector<double> finish(stages.size(), 0), finish_hop(stages.size(), 0);
+  if (P > 1) {
+    const PipeSchedule sched = pipeline_schedule(p.pp_schedule, P, v, m);
+    const double rows = tokens * cfg.model.d_model * act / (p.sp ? p.tp : 1);
+    const double hop = collective_time("send", 2, rows, group_link(cl, 2, p.dp * p.tp), false);
+    const PipeTiming t0 = pipeline_check(sched, tf, tb, tw), t1 = pipeline_check(sched, tf, tb, tw, hop);
+    for (int st = 0; st < P; ++st)
+      for (size_t i = 0; i < t0.end[size_t(st)].size(); ++i) {
+        finish[size_t(st)] = std::max(finish[size_t(st)], t0.end[size_t(st)][i]);
+        finish_hop[size_t(st)] = std::max(finish_hop[size_t(st)], t1.end[size_t(st)][i]);
+      }
+  } else {
+    finish[0] = finish_hop[0] = m * (tf[0] + tb[0] + tw[0]);
+  }
+  for (int st = 0; st < P; ++st) {
+    const Stage& s = stages[size_t(st)];
+    const double step = finish_hop[size_t(st)] + s.dp_end + s.optimizer;
+    if (step <= out.step) continue;
+    out.step = step;
+    out.compute = m * (s.f + s.b + s.w);
+    out.tp = m * s.tp;
+    out.ep = m * s.ep;
+    out.dp = m * (s.dp_f + s.dp_b) + s.dp_end;
+    out.dp_total = s.dp_total;
+    out.pp = finish_hop[size_t(st)] - finish[size_t(st)];
+    out.bubble = finish[size_t(st)] - m * (s.f + s.b + s.w + s.tp + s.ep + s.dp_f + s.dp_b);
+    if (std::abs(out.bubble) < 1e-9 * step) out.bubble = 0;  // no pipeline: rounding, not idling
+    out.optimizer = s.optimizer;
+    out.comm_exposed = out.tp + out.ep + out.pp + out.dp;
+  }
+  out.fits = cl.memory_bytes <= 0 || double(out.memory_bytes) <= cl.memory_bytes;
+  const double step_tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
+  out.tokens_per_s = step_tokens / out.step;
+  out.mfu = flops_per_token(cfg).model * out.tokens_per_s / (world * given.peak_flops);
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,225 @@
+// The step-time model: collective times are the ring's counts, groups pick the link their
+// placement uses, compute is the FLOP count flops.cpp gives MFU (independently written), the
+// terms add up to the step, the dp traffic is the gradients' bytes, the pipeline's bubble is
+// the schedule's, and the layout search ranks only what fits and what loom runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "launch/plan_layout.h"
+#include "launch/step_model.h"
+#include "model/flops.h"
+#include "model/layout.h"
+#include "parallel/pipeline_schedule.h"
+#include "runtime/error.h"
+
+namespace loom {
+namespace {
+
+Cluster cluster_small() {
+  return cluster_parse(R"(
+name = "test"
+nodes = 2
+devices_per_node = 4
+device = "cpu"
+dtype = "f32"
+peak_tflops = 1
+gemm_efficiency = 0.5
+mem_bw_gbs = 1e12
+overlap = 0
+[intra]
+alpha_us = 10
+bw_gbs = 10
+[inter]
+alpha_us = 100
+bw_gbs = 1
+)",
+                       "test");
+}
+
+Config model_small(const std::string& arch = "llama") {
+  Config c = config_defaults();
+  c.model.arch = arch;
+  c.model.n_layer = 4, c.model.d_model = 64, c.model.n_head = 4, c.model.vocab_size = 256, c.model.seq_len = 32;
+  c.train.micro_batch = 2, c.train.global_batch = 8;
+  return c;
+}
+
+TEST(StepModel, CollectivesCountRingStepsAndVolumes) {
+  const LinkTier l{1e-5, 1e9};
+  const double S = 8e6;
+  EXPECT_DOUBLE_EQ(collective_time("all_reduce", 4, S, l, false), 6 * 1e-5 + 2 * 0.75 * S / 1e9);
+  EXPECT_DOUBLE_EQ(collective_time("all_reduce", 8, S, l, true), 6 * 1e-5 + 2 * 0.875 * S / 1e9);  // tree: 2 log2 8
+  EXPECT_DOUBLE_EQ(collective_time("reduce_scatter", 4, S, l, false), 3 * 1e-5 + 0.75 * S / 1e9);
+  EXPECT_DOUBLE_EQ(collective_time("all_gather", 4, S, l, true), 3 * 1e-5 + 0.75 * S / 1e9);
+  EXPECT_DOUBLE_EQ(collective_time("send", 2, S, l, false), 1e-5 + S / 1e9);
+  EXPECT_EQ(collective_time("all_reduce", 1, S, l, false), 0);
+  LinkTier r = l;  // sums at their own rate, a collective with its own bandwidth and latency
+  r.reduce_bw = 2e9;
+  r.op_bw[2] = 4e9, r.op_alpha_s[2] = 0;
+  EXPECT_DOUBLE_EQ(collective_time("reduce_scatter", 4, S, r, false), 3 * 1e-5 + 0.75 * S / 1e9 + 0.75 * S / 2e9);
+  EXPECT_DOUBLE_EQ(collective_time("all_gather", 4, S, r, false), 0.75 * S / 4e9);
+}
+
+TEST(StepModel, GroupsUseTheLinkTheirPlacementCrosses) {
+  const Cluster c = cluster_small();
+  EXPECT_EQ(group_link(c, 4, 1).bw, 10e9);      // tp 4 inside a node
+  EXPECT_EQ(group_link(c, 2, 2).bw, 10e9);      // ranks 0 and 2
+  const LinkTier across = group_link(c, 8, 1);  // one ring through both nodes
+  EXPECT_EQ(across.bw, 1e9);
+  EXPECT_NEAR(across.alpha_s, 100e-6, 1e-18);
+  EXPECT_EQ(group_link(c, 2, 4).bw, 0.25e9);  // four dp groups share each node's link
+}
+
+TEST(StepModel, ComputeIsTheFlopsMfuCounts) {
+  const Cluster c = cluster_small();  // memory bandwidth so high element-wise ops cost nothing
+  for (const char* rc : {"none", "selective", "full"}) {
+    Config cfg = model_small();
+    cfg.train.recompute = rc;
+    config_validate(cfg);
+    const StepPrediction p = step_predict(cfg, c);
+    const double tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
+    const double flops = p.compute * c.peak_flops * c.gemm_efficiency;
+    // flops.cpp counts the norms' weights among the 6N (and full recompute's 2N); they are no matmul.
+    const double norms = 2.0 * cfg.model.d_model * cfg.model.n_layer + cfg.model.d_model;
+    const double expect = flops_per_token(cfg).hardware - (std::string(rc) == "full" ? 8 : 6) * norms;
+    EXPECT_NEAR(flops / (expect * tokens), 1.0, 1e-9) << rc;
+    EXPECT_NEAR(p.compute + p.comm_exposed + p.bubble + p.optimizer, p.step, 1e-12 * p.step);
+  }
+  // A MoE model computes its top_k experts only.
+  Config moe = model_small();
+  moe.model.moe.num_experts = 4, moe.model.moe.top_k = 2;
+  config_validate(moe);
+  const StepPrediction p = step_predict(moe, c);
+  const double norms = 2.0 * moe.model.d_model * moe.model.n_layer + moe.model.d_model;
+  EXPECT_NEAR(p.compute * c.peak_flops * c.gemm_efficiency /
+                  ((flops_per_token(moe).hardware - 6 * norms) * moe.train.global_batch * moe.model.seq_len),
+              1.0, 1e-9);
+}
+
+TEST(StepModel, DataParallelMovesTheGradientsAndHidesBehindBackward) {
+  Cluster c = cluster_small();
+  Config cfg = model_small();
+  cfg.parallel.dp = 8;  // across both nodes
+  cfg.train.global_batch = 16;
+  cfg.parallel.bucket_mb = 1e6;  // one bucket: it can only start once backward is done
+  config_validate(cfg);
+  const double grads = 4.0 * double(model_layout(cfg).reg.numel());
+  const double ring = collective_time("all_reduce", 8, grads, group_link(c, 8, 1), false);
+  StepPrediction p = step_predict(cfg, c);
+  EXPECT_DOUBLE_EQ(p.dp_total, ring);
+  EXPECT_DOUBLE_EQ(p.dp, ring);
+  c.overlap = 1;
+  EXPECT_DOUBLE_EQ(step_predict(cfg, c).dp, ring);
+  // Small buckets: each pays its latency, and with overlap they go while backward runs.
+  cfg.parallel.bucket_mb = 0.01;
+  c.overlap = 0;
+  p = step_predict(cfg, c);
+  EXPECT_GT(p.dp_total, ring);
+  EXPECT_DOUBLE_EQ(p.dp, p.dp_total);
+  c.overlap = 1;
+  const StepPrediction hidden = step_predict(cfg, c);
+  EXPECT_LT(hidden.dp, p.dp_total);
+  EXPECT_GE(hidden.dp, collective_time("all_reduce", 8, 0.01 * 1048576, group_link(c, 8, 1), false) * 0.999);
+  EXPECT_LT(hidden.step, p.step);
+}
+
+TEST(StepModel, PipelineBubbleIsTheSchedules) {
+  Cluster c = cluster_small();
+  c.inter = c.intra;  // hand-offs at intra speed
+  Config cfg = model_small();
+  cfg.model.n_layer = 8, cfg.model.vocab_size = 64;  // a head small beside a stage's two blocks
+  cfg.parallel.pp = 4;
+  cfg.train.global_batch = 16;  // 8 micro-batches
+  auto predict = [&](const char* schedule, int v) {
+    Config x = cfg;
+    x.parallel.pp_schedule = schedule, x.parallel.pp_virtual = v;
+    config_validate(x);
+    return step_predict(x, c);
+  };
+  const StepPrediction p = predict("1f1b", 1);
+  // 1f1b idles p - 1 forwards and backwards of a stage (the head's extra work on the last
+  // stage adds a little each micro-batch).
+  const double per_micro = p.compute / 8;
+  EXPECT_GT(p.bubble, 3 * per_micro * 0.95);
+  EXPECT_LT(p.bubble, 3 * per_micro * 1.35);
+  EXPECT_GT(p.pp, 0);
+  EXPECT_NEAR(p.compute + p.comm_exposed + p.bubble + p.optimizer, p.step, 1e-12 * p.step);
+  EXPECT_NEAR(predict("gpipe", 1).bubble, p.bubble, 0.05 * p.bubble);
+  EXPECT_LT(predict("interleaved", 2).bubble, 0.75 * p.bubble);
+  EXPECT_LT(predict("zb", 1).bubble, 0.75 * p.bubble);
+}
+
+TEST(StepModel, RanksSharingADeviceTakeTurns) {
+  Cluster c = cluster_small();
+  Config cfg = model_small();
+  cfg.parallel.tp = 4;  // inside a node
+  config_validate(cfg);
+  const StepPrediction own = step_predict(cfg, c);
+  c.physical_devices = 2;  // four ranks on two cores
+  const StepPrediction shared = step_predict(cfg, c);
+  EXPECT_NEAR(shared.compute, 2 * own.compute, 1e-12);
+  EXPECT_NEAR(shared.tp, 2 * own.tp, 1e-12);  // shared memory is the cores' copying
+  // Between nodes the link's bandwidth is the link's: only the per-message cost doubles.
+  Config across = model_small();
+  across.parallel.dp = 8, across.parallel.bucket_mb = 1e6, across.train.global_batch = 16;
+  config_validate(across);
+  c.physical_devices = 0;
+  const double alone = step_predict(across, c).dp_total;
+  c.physical_devices = 4;
+  const double crowded = step_predict(across, c).dp_total;
+  const double latency = 14 * c.inter.alpha_s;  // 2(n-1) steps
+  EXPECT_NEAR(crowded - alone, latency, 1e-12);
+}
+
+TEST(StepModel, SearchRanksWhatFitsAndRuns) {
+  Cluster c = cluster_small();
+  c.memory_bytes = 4e6;  // room for some layouts only
+  Config base = model_small();
+  base.train.global_batch = 16;
+  config_validate(base);
+  const LayoutSearch s = layouts_rank(base, c);
+  ASSERT_FALSE(s.ranked.empty());
+  EXPECT_GT(s.too_big, 0);
+  for (size_t i = 0; i < s.ranked.size(); ++i) {
+    const LayoutChoice& l = s.ranked[i];
+    EXPECT_EQ(l.cfg.parallel.dp * l.cfg.parallel.tp * l.cfg.parallel.pp, c.devices());
+    EXPECT_LE(double(l.pred.memory_bytes), c.memory_bytes) << layout_name(l.cfg);
+    if (i) {
+      EXPECT_LE(l.pred.mfu, s.ranked[i - 1].pred.mfu);
+    }
+    Config again = l.cfg;
+    EXPECT_NO_THROW(config_validate(again));
+    EXPECT_LE(l.cfg.parallel.tp, c.devices_per_node);
+  }
+  EXPECT_GT(s.refused.count("parallel.zero = 3 with parallel.pp > 1 is not supported"), 0u);
+}
+
+TEST(StepModel, ClusterFilesSayWhatIsWrong) {
+  const std::string ok =
+      "nodes = 1\ndevices_per_node = 1\npeak_tflops = 1\ngemm_efficiency = 0.5\nmem_bw_gbs = 1\n"
+      "[intra]\nalpha_us = 1\nbw_gbs = 1\n";
+  EXPECT_NO_THROW(cluster_parse(ok, "f"));
+  auto fails = [&](const std::string& text, const std::string& says) {
+    try {
+      cluster_parse(text, "f");
+      ADD_FAILURE() << "no error for: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  fails("gpus = 8\n" + ok, "unknown key `gpus`");
+  fails("nodes = 1\ndevices_per_node = 1\ngemm_efficiency = 0.5\nmem_bw_gbs = 1\n[intra]\nalpha_us = 1\nbw_gbs = 1\n",
+        "`peak_tflops` must be a positive number");
+  std::string eff = ok;
+  eff.replace(eff.find("0.5"), 3, "1.5");
+  fails(eff, "gemm_efficiency = 1.5 is a share of the peak, at most 1");
+  fails(ok + "bandwidth = 3\n", "unknown key `intra.bandwidth`");
+  fails("nodes = 2\n" + ok.substr(ok.find("devices_per_node")), "`inter.alpha_us`");
+  std::string bad_tier = ok;
+  bad_tier += "fast = 1\n";  // inside [intra]
+  fails(bad_tier, "unknown key `intra.fast`");
+}
+
+}  // namespace
+}  // namespace loom
