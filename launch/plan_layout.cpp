@@ -107,13 +107,13 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
       cl.memory_bytes / 1e9, m.arch, m.n_layer, m.d_model, m.n_head, base.kv_heads(), m.d_ff, m.vocab_size, m.seq_len,
       base.train.global_batch, s.tried, s.tried - s.too_big - int(s.ranked.size()), s.too_big, s.ranked.size());
   for (auto& [why, n] : s.refused) out += fmt::format("  refused {:>5}: {}\n", n, why);
-  out += fmt::format("{:>3}  {:<46} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}\n", "#", "layout", "MFU", "step s",
+  out += fmt::format("{:>3}  {:<54} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}\n", "#", "layout", "MFU", "step s",
                      "compute", "comm", "bubble", "optim", "tok/s/d", "mem GB");
   for (int i = 0; i < std::min<int>(top, int(s.ranked.size())); ++i) {
     const auto& c = s.ranked[size_t(i)];
     const StepPrediction& p = c.pred;
     const int world = c.cfg.parallel.dp * c.cfg.parallel.tp * c.cfg.parallel.pp;
-    out += fmt::format("{:>3}  {:<46} {:>5.1f}% {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.0f} {:>7.1f}\n",
+    out += fmt::format("{:>3}  {:<54} {:>5.1f}% {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.0f} {:>7.1f}\n",
                        i + 1, layout_name(c.cfg), 100 * p.mfu, p.step, p.compute, p.comm_exposed, p.bubble, p.optimizer,
                        p.tokens_per_s / world, double(p.memory_bytes) / 1e9);
   }
