@@ -32,7 +32,7 @@ std::vector<Part> parts_of(const ModelLayout& layout, const ZeroRanks& z) {
 struct Geometry {
   std::vector<Part> parts;
   std::vector<int64_t> s;  // per part shard size
-  int64_t shard = 0, max_unit = 0, max_s = 0, max_layer = 0;
+  int64_t shard = 0, max_unit = 0, max_s = 0;
 };
 
 // Parts are the chunk's units unless experts are split off; the first and last are the edges
@@ -48,15 +48,40 @@ Geometry geometry(const ModelLayout& layout, const ZeroRanks& z) {
     g.shard += s;
     g.max_unit = std::max(g.max_unit, s * p.n);
     g.max_s = std::max(g.max_s, s);
-    if (u != 0 && u != last) g.max_layer = std::max(g.max_layer, s * p.n);
   }
   return g;
 }
 
-// Elements of the four slots: both edges, then two blocks in turn (stage 2 and 3, whose
-// parts are the units).
-std::vector<int64_t> slot_elems(const Geometry& g, int n) {
-  return {g.s.front() * n, g.s.back() * n, g.max_layer, g.max_layer};
+// What a unit's slot holds at stages 2 and 3: the unit in its own layout with its dense part
+// padded for dp after it (buf), an expert tail's padded copy for expert-dp (aux), and the
+// rank's reduced shards of both (result).
+struct SlotSize {
+  int64_t buf = 0, aux = 0, result = 0;
+};
+
+// The four slots' sizes: both edges, then two blocks in turn (each the largest unit it serves).
+std::vector<SlotSize> slot_sizes(const ModelLayout& layout, const Geometry& g) {
+  std::vector<SlotSize> out(4);
+  const int last = layout.num_units() - 1;
+  for (size_t i = 0, k = 0; k < g.parts.size(); ++i) {
+    const Part& d = g.parts[k];
+    const int64_t len = layout.unit_len(int(i));
+    SlotSize z{std::max(len, g.s[k] * d.n), 0, g.s[k]};
+    ++k;
+    if (k < g.parts.size() && g.parts[k].expert) {  // the same unit's expert tail
+      z.aux = g.s[k] * g.parts[k].n;
+      z.result += g.s[k];
+      ++k;
+    }
+    const bool edge0 = i == 0, edge1 = int(i) == last;
+    for (size_t c = 0; c < out.size(); ++c) {
+      if (c == 0 ? !edge0 : c == 1 ? !edge1 : edge0 || edge1) continue;
+      out[c].buf = std::max(out[c].buf, z.buf);
+      out[c].aux = std::max(out[c].aux, z.aux);
+      out[c].result = std::max(out[c].result, z.result);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -89,7 +114,6 @@ std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks
 std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int /*tp_rank*/, DType dtype,
                                 DType reduce, DeviceKind device) {
   const Geometry g = geometry(layout, z);
-  const int n = z.dp;
   const bool low = reduce == DType::bf16;
   std::vector<PlanItem> p;
   if (stage >= 3) p.push_back({"zero_shard_params", g.shard, dtype, Mem::params});
@@ -99,17 +123,23 @@ std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, i
     if (low) p.push_back({"zero_grad_bounce_bf16", g.max_unit + g.max_s, DType::bf16, Mem::comm});
   }
   if (stage <= 2) p.push_back({"zero_param_bounce", g.max_unit, dtype, Mem::comm});
-  if (stage >= 2)  // gradient slots, each with its shard-sized result
-    for (int64_t e : slot_elems(g, n)) {
-      p.push_back({"zero_grad_slot", e, DType::f32, Mem::comm});
-      p.push_back({"zero_grad_result", std::max<int64_t>(1, e / n), DType::f32, Mem::comm});
+  const std::vector<SlotSize> slots = slot_sizes(layout, g);
+  if (stage >= 2)  // gradient slots, each with its shard-sized result (and an expert tail's copy)
+    for (const SlotSize& e : slots) {
+      p.push_back({"zero_grad_slot", e.buf, DType::f32, Mem::comm});
+      p.push_back({"zero_grad_result", std::max<int64_t>(1, e.result), DType::f32, Mem::comm});
+      if (e.aux) p.push_back({"zero_grad_aux", e.aux, DType::f32, Mem::comm});
       if (low) {
-        p.push_back({"zero_grad_slot_bf16", e, DType::bf16, Mem::comm});
-        p.push_back({"zero_grad_result_bf16", std::max<int64_t>(1, e / n), DType::bf16, Mem::comm});
+        p.push_back({"zero_grad_slot_bf16", e.buf, DType::bf16, Mem::comm});
+        p.push_back({"zero_grad_result_bf16", std::max<int64_t>(1, e.result), DType::bf16, Mem::comm});
+        if (e.aux) p.push_back({"zero_grad_aux_bf16", e.aux, DType::bf16, Mem::comm});
       }
     }
   if (stage >= 3)  // gathered weights: one block computing, one prefetched
-    for (int64_t e : slot_elems(g, n)) p.push_back({"zero_param_slot", e, dtype, Mem::comm});
+    for (const SlotSize& e : slots) {
+      p.push_back({"zero_param_slot", e.buf, dtype, Mem::comm});
+      if (e.aux) p.push_back({"zero_param_aux", e.aux, dtype, Mem::comm});
+    }
   size_t n_chunks = 0;
   for (const StateRun& run : zero_state_runs(layout, z)) n_chunks += opt_chunks_count(run.n);
   for (auto& item : AdamW::plan(g.shard, dtype != DType::f32, n_chunks, device)) p.push_back(item);
@@ -117,8 +147,12 @@ std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, i
 }
 
 struct Zero::Slot {
-  Tensor buf, result, buf_low, result_low;  // buf: a whole padded unit; result: this rank's reduced shard
+  // buf: a whole padded unit; result: this rank's reduced shard (of both parts); aux: an
+  // expert tail, padded for expert-dp.
+  Tensor buf, result, buf_low, result_low, aux, aux_low;
   int unit = -1;
+  Work tail;           // the expert tail's reduce-scatter or gather
+  bool fixup = false;  // a gathered expert tail still to be copied into buf
   Pass pass = Pass::forward;
   bool in_use = false, pending = false;
   bool used = false;  // read since its gather (a tied lm_head reads the embeddings twice)
@@ -148,16 +182,16 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
       dtype_(be_.dtype()),
       reduce_(grad_reduce_dtype(cfg)) {
   LOOM_CHECK(stage_ >= 1 && stage_ <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage_);
-  LOOM_CHECK(!edp_ || stage_ == 1, "parallel.zero = {} with expert parallelism is not supported; use zero = 1 or 0",
-             stage_);
   const ModelLayout& layout = chunk.layout();
   const Geometry g = geometry(layout, ranks_);
   int64_t off = 0;
   for (size_t u = 0; u < g.parts.size(); ++u) {
     const Part& p = g.parts[u];
+    if (!p.expert) first_part_.push_back(int(u));
     units_.push_back({p.lo, p.len, g.s[u], off, p.r, p.n, p.expert});
     off += g.s[u];
   }
+  LOOM_ASSERT(int(first_part_.size()) == layout.num_units());
   shard_ = g.shard;
   max_unit_ = g.max_unit;
   adam_ =
@@ -187,11 +221,22 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
     s->buf = take("zero_param_slot", i);
     param_slots_.push_back(std::move(s));
   }
+  // Expert tails' buffers, for the slots that serve a MoE unit (the blocks' two, in order).
+  const std::vector<SlotSize> sizes = slot_sizes(layout, g);
+  for (size_t i = 0, k = 0; i < sizes.size(); ++i) {
+    if (!sizes[i].aux) continue;
+    if (i < grad_slots_.size()) {
+      grad_slots_[i]->aux = take("zero_grad_aux", k);
+      grad_slots_[i]->aux_low = take("zero_grad_aux_bf16", k);
+    }
+    if (i < param_slots_.size()) param_slots_[i]->aux = take("zero_param_aux", k);
+    ++k;
+  }
 }
 
 Zero::~Zero() {
-  for (auto& s : grad_slots_) s->work.wait();
-  for (auto& s : param_slots_) s->work.wait();
+  for (auto& s : grad_slots_) s->work.wait(), s->tail.wait();
+  for (auto& s : param_slots_) s->work.wait(), s->tail.wait();
 }
 
 std::string Zero::describe() const {
@@ -256,9 +301,13 @@ Zero::Slot& Zero::slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) cons
 void Zero::drain(Slot& slot) {
   if (!slot.pending) return;
   wait(slot.work);
+  wait(slot.tail);
   const Unit& u = unit(slot.unit);
-  if (slot.result_low.defined()) be_.copy(Buf(slot.result).slice(0, u.s), Buf(slot.result_low).slice(0, u.s));
+  const Unit* e = tail(slot.unit);
+  const int64_t n = u.s + (e ? e->s : 0);
+  if (slot.result_low.defined()) be_.copy(Buf(slot.result).slice(0, n), Buf(slot.result_low).slice(0, n));
   be_.add(dev(shard_grads_.f32() + u.shard_off, u.s, DType::f32), Buf(slot.result).slice(0, u.s));
+  if (e) be_.add(dev(shard_grads_.f32() + e->shard_off, e->s, DType::f32), Buf(slot.result).slice(u.s, e->s));
   slot.pending = false;
 }
 
@@ -267,7 +316,7 @@ float* Zero::grads(int u) {
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) {
     drain(s);
-    be_.zero(Buf(s.buf).slice(0, unit(u).s * n_));  // padding stays zero
+    be_.zero(Buf(s.buf).slice(0, padded(u)));  // padding stays zero
     s.unit = u;
     s.in_use = true;
   }
@@ -279,13 +328,23 @@ void Zero::backward_done(int u) {
   if (stage_ < 2) return;
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) return;  // no gradients were asked for
-  const Unit& unit_ = unit(u);
-  Buf in = Buf(s.buf).slice(0, unit_.s * n_), out = Buf(s.result).slice(0, unit_.s);
-  if (s.buf_low.defined()) {
-    Buf low = Buf(s.buf_low).slice(0, unit_.s * n_);
-    be_.copy(low, in);
-    in = low;
-    out = Buf(s.result_low).slice(0, unit_.s);
+  const Unit& d = unit(u);
+  const bool low = s.buf_low.defined();
+  if (const Unit* e = tail(u)) {
+    // The expert tail moves to its own padded buffer, reduced over expert-dp; the dense
+    // part's padding, where the tail was, is zeroed for dp.
+    Buf aux = Buf(low ? s.aux_low : s.aux).slice(0, e->s * e->n);
+    be_.zero(aux);
+    be_.copy(aux.slice(0, e->len), Buf(s.buf).slice(d.len, e->len));
+    be_.zero(Buf(s.buf).slice(d.len, padded(u) - d.len));
+    s.tail = edp_->reduce_scatter(aux, Buf(low ? s.result_low : s.result).slice(d.s, e->s), be_.stream());
+  }
+  Buf in = Buf(s.buf).slice(0, d.s * d.n), out = Buf(s.result).slice(0, d.s);
+  if (low) {
+    Buf l = Buf(s.buf_low).slice(0, d.s * d.n);
+    be_.copy(l, in);
+    in = l;
+    out = Buf(s.result_low).slice(0, d.s);
   }
   s.work = dp_.reduce_scatter(in, out, be_.stream());
   s.pending = true;
@@ -298,7 +357,12 @@ void Zero::gather_into(Slot& slot, int u, Pass pass) {
   slot.pass = pass;
   slot.used = false;
   slot.work =
-      dp_.all_gather(Buf(shard_params_).slice(un.shard_off, un.s), Buf(slot.buf).slice(0, un.s * n_), be_.stream());
+      dp_.all_gather(Buf(shard_params_).slice(un.shard_off, un.s), Buf(slot.buf).slice(0, un.s * un.n), be_.stream());
+  if (const Unit* e = tail(u)) {  // into its own buffer: the dense part's padding overlaps where it goes
+    slot.tail = edp_->all_gather(Buf(shard_params_).slice(e->shard_off, e->s), Buf(slot.aux).slice(0, e->s * e->n),
+                                 be_.stream());
+    slot.fixup = true;
+  }
 }
 
 Ptr Zero::params(int u, Pass pass) {
@@ -307,9 +371,16 @@ Ptr Zero::params(int u, Pass pass) {
   if (!(s.unit == u && s.pass == pass)) {  // not prefetched: gather now
     LOOM_ASSERT(!s.in_use);
     wait(s.work);
+    wait(s.tail);
     gather_into(s, u, pass);
   }
   wait(s.work);
+  wait(s.tail);
+  if (s.fixup) {
+    const Unit* e = tail(u);
+    be_.copy(Buf(s.buf).slice(unit(u).len, e->len), Buf(s.aux).slice(0, e->len));
+    s.fixup = false;
+  }
   s.in_use = true;
   const bool first_read = !s.used;
   s.used = true;
@@ -324,6 +395,7 @@ Ptr Zero::params(int u, Pass pass) {
     Slot& nx = slot_of(param_slots_, nu);
     if (!nx.in_use && !(nx.unit == nu && nx.pass == pass)) {
       wait(nx.work);
+      wait(nx.tail);
       gather_into(nx, nu, pass);
     }
   }
@@ -393,7 +465,9 @@ void Zero::apply(const AdamWHyper& h, int64_t step, double max_norm) {
   if (stage_ >= 2) be_.zero(Buf(shard_grads_));
   for (auto& slot : param_slots_) {  // gathered weights are stale now
     wait(slot->work);
+    wait(slot->tail);
     slot->unit = -1;
+    slot->fixup = false;
   }
 }
 

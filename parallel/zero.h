@@ -1,9 +1,8 @@
 // ZeRO over the data-parallel group. Every unit of the chunk (the embeddings, each block,
-// the head) is sharded over the dp ranks (at stage 1 under expert parallelism, a MoE block's
-// experts over the expert-dp ranks that hold the same experts): rank r owns elements [r*s, (r+1)*s) of a unit of
-// len elements, s = ceil(len / dp), the last shards padded with zeros. This rank's shards of
-// all units, back to back, form its shard space, where the Adam moments (and, with bf16
-// compute, the fp32 master weights) live.
+// the head) is sharded over the dp ranks (under expert parallelism a MoE block's experts, the
+// tail of its unit, over the expert-dp ranks that hold the same experts): rank r owns elements [r*s, (r+1)*s) of a unit
+// of len elements, s = ceil(len / dp), the last shards padded with zeros. This rank's shards of all units, back to
+// back, form its shard space, where the Adam moments (and, with bf16 compute, the fp32 master weights) live.
 //   stage 1: full weights and gradients; at step end each unit's gradients are
 //            reduce-scattered, this rank updates its slice, and the weights are all-gathered.
 //   stage 2: no full gradient buffer: a unit's gradients go to a unit-sized buffer and are
@@ -26,7 +25,7 @@ namespace loom {
 
 // Who shards what: the dp group's size and this rank's place in it; under expert parallelism
 // (edp > 0) also the expert-dp group's, over which the experts' tail of each MoE block's unit
-// is sharded instead (ZeRO-1 only).
+// is sharded instead.
 struct ZeroRanks {
   int dp, rank;
   int edp = 0, edp_rank = 0;
@@ -80,8 +79,18 @@ class Zero final : public DataParallel {
   void drain(Slot& slot);  // waits for a slot's reduce-scatter and adds it into the shard
   void wait(const Work& w);
   Buf dev(void* p, int64_t n, DType t) const { return Buf(p, n, t, be_.device()); }
-  // Stages 2 and 3, where every unit is one part.
-  const Unit& unit(int u) const { return units_[size_t(chunk_.layout().local(u))]; }
+  // Stages 2 and 3: a unit's dense part, its expert tail (a MoE unit under expert
+  // parallelism; else null) and its slot's extent in buf (the unit, or the dense part padded
+  // for dp, whichever is longer).
+  const Unit& unit(int u) const { return units_[size_t(first_part_[size_t(chunk_.layout().local(u))])]; }
+  const Unit* tail(int u) const {
+    const size_t k = size_t(first_part_[size_t(chunk_.layout().local(u))]) + 1;
+    return k < units_.size() && units_[k].expert ? &units_[k] : nullptr;
+  }
+  int64_t padded(int u) const {
+    const Unit* e = tail(u);
+    return std::max(unit(u).s * unit(u).n, unit(u).len + (e ? e->len : 0));
+  }
 
   int stage_;
   Chunk& chunk_;
@@ -95,7 +104,8 @@ class Zero final : public DataParallel {
   ZeroRanks ranks_;
   float* reduced_ = nullptr;  // the reduced gradients apply() reads, between reduce_grads() and it
   DType dtype_, reduce_;
-  std::vector<Unit> units_;  // the parts, in order (the chunk's units unless experts are split off)
+  std::vector<Unit> units_;      // the parts, in order (the chunk's units unless experts are split off)
+  std::vector<int> first_part_;  // per local unit: its first (dense) part in units_
   std::unique_ptr<AdamW> adam_;
   Tensor shard_params_, shard_grads_, grad_bounce_, grad_bounce_low_, param_bounce_;
   std::vector<std::unique_ptr<Slot>> grad_slots_, param_slots_;

@@ -133,10 +133,6 @@ void config_validate(Config& cfg) {
         "parallel.ep = {} does not divide parallel.dp = {}; the ep group is carved from dp, so pick ep among the "
         "divisors of dp",
         p.ep, p.dp);
-    LOOM_CHECK(p.zero <= 1,
-               "parallel.zero = {} with parallel.ep = {} is not supported yet (stages 2 and 3 would reduce and gather "
-               "each MoE block over two groups); use zero = 1 or 0 with expert parallelism",
-               p.zero, p.ep);
   }
   check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb"});
   LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);
