@@ -85,10 +85,15 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
                 }
               }
               if (placed) continue;
-              if (runnable)
+              if (runnable) {
                 ++out.too_big;
-              else
-                ++out.refused[refusal];
+              } else {
+                std::string key = refusal;  // "global_batch = 128 ... 4 x 64" and "... 8 x 32" are one reason
+                std::replace_if(
+                    key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; }, '#');
+                auto& [n, example] = out.refused[key];
+                if (!n++) example = refusal;
+              }
             }
     }
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
@@ -106,7 +111,8 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
       cl.name, cl.nodes, cl.devices_per_node, cl.device, cl.peak_flops / 1e12, 100 * cl.gemm_efficiency,
       cl.memory_bytes / 1e9, m.arch, m.n_layer, m.d_model, m.n_head, base.kv_heads(), m.d_ff, m.vocab_size, m.seq_len,
       base.train.global_batch, s.tried, s.tried - s.too_big - int(s.ranked.size()), s.too_big, s.ranked.size());
-  for (auto& [why, n] : s.refused) out += fmt::format("  refused {:>5}: {}\n", n, why);
+  for (auto& [key, got] : s.refused)
+    out += fmt::format("  refused {:>5}: {}{}\n", got.first, got.second, got.first > 1 ? " (and others like it)" : "");
   out += fmt::format("{:>3}  {:<54} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}\n", "#", "layout", "MFU", "step s",
                      "compute", "comm", "bubble", "optim", "tok/s/d", "mem GB");
   for (int i = 0; i < std::min<int>(top, int(s.ranked.size())); ++i) {

@@ -17,10 +17,11 @@ struct LayoutChoice {
 struct LayoutSearch {
   std::vector<LayoutChoice> ranked;  // fit in memory, best MFU first
   int tried = 0, too_big = 0;
-  std::map<std::string, int> refused;  // loom's reason (its error's first clause) -> count
+  // loom's reasons (an error's first clause, its numbers aside) -> how many, and one example
+  std::map<std::string, std::pair<int, std::string>> refused;
 };
-// base's model, global batch, dtype and grad-reduce dtype are kept; the layout keys are
-// searched over the whole cluster.
+// base's model, global batch and grad-reduce dtype are kept (the dtype and device are the
+// cluster's); the layout keys are searched over the whole cluster.
 LayoutSearch layouts_rank(const Config& base, const Cluster& cluster);
 
 std::string layout_name(const Config& cfg);  // "tp 8 pp 4 (interleaved v2) dp 2 zero 1 mb 1 rc none"

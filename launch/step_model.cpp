@@ -77,15 +77,32 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
                "dtype, peak_tflops, gemm_efficiency, mem_bw_gbs, memory_gb, overlap, tree, [intra] and [inter]",
                origin, key);
   }
+  auto count = [&](const char* key, int64_t fallback) {
+    const toml::node_view<toml::node> v = t[key];
+    if (!v) {
+      LOOM_CHECK(fallback >= 0, "{}: `{}` is missing (see examples/clusters/)", origin, key);
+      return int(fallback);
+    }
+    const auto n = v.value_exact<int64_t>();
+    LOOM_CHECK(n && *n >= (fallback >= 0 ? 0 : 1) && *n <= 1000000, "{}: `{}` must be a whole number{}", origin, key,
+               fallback >= 0 ? " >= 0" : " >= 1");
+    return int(*n);
+  };
+  auto word = [&](const char* key, const std::string& fallback) {
+    if (!t[key]) return fallback;
+    const auto v = t[key].value_exact<std::string>();
+    LOOM_CHECK(v, "{}: `{}` must be a string", origin, key);
+    return *v;
+  };
   Cluster c;
-  c.name = t["name"].value_or(std::string(origin));
-  c.nodes = int(need_positive(t, "nodes", origin));
-  c.devices_per_node = int(need_positive(t, "devices_per_node", origin));
-  c.physical_devices = int(t["physical_devices"].value_or(int64_t(0)));
-  c.device = t["device"].value_or(std::string("cuda"));
+  c.name = word("name", origin);
+  c.nodes = count("nodes", -1);
+  c.devices_per_node = count("devices_per_node", -1);
+  c.physical_devices = count("physical_devices", 0);
+  c.device = word("device", "cuda");
   LOOM_CHECK(c.device == "cuda" || c.device == "cpu", "{}: device = \"{}\" is not \"cuda\" or \"cpu\"", origin,
              c.device);
-  const std::string dtype = t["dtype"].value_or(std::string(c.device == "cuda" ? "bf16" : "f32"));
+  const std::string dtype = word("dtype", c.device == "cuda" ? "bf16" : "f32");
   LOOM_CHECK(dtype == "bf16" || dtype == "f32", "{}: dtype = \"{}\" is not \"bf16\" or \"f32\"", origin, dtype);
   c.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
   c.peak_flops = need_positive(t, "peak_tflops", origin) * 1e12;
@@ -93,10 +110,14 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   LOOM_CHECK(c.gemm_efficiency <= 1, "{}: gemm_efficiency = {} is a share of the peak, at most 1", origin,
              c.gemm_efficiency);
   c.mem_bw = need_positive(t, "mem_bw_gbs", origin) * 1e9;
-  c.memory_bytes = t["memory_gb"].value_or(0.0) * 1e9;
-  c.overlap = t["overlap"].value_or(1.0);
-  LOOM_CHECK(c.overlap >= 0 && c.overlap <= 1, "{}: overlap = {} must be in [0, 1]", origin, c.overlap);
-  c.tree = t["tree"].value_or(false);
+  c.memory_bytes = need_positive(t, "memory_gb", origin, 0) * 1e9;  // absent: memory not checked
+  c.overlap = t["overlap"] ? t["overlap"].value<double>().value_or(-1) : 1.0;
+  LOOM_CHECK(c.overlap >= 0 && c.overlap <= 1, "{}: `overlap` must be a number in [0, 1]", origin);
+  if (t["tree"]) {
+    const auto tree = t["tree"].value_exact<bool>();
+    LOOM_CHECK(tree, "{}: `tree` must be true or false", origin);
+    c.tree = *tree;
+  }
   c.intra = tier_parse(t, "intra", origin);
   c.inter = c.nodes > 1 || t.contains("inter") ? tier_parse(t, "inter", origin) : c.intra;
   return c;
@@ -133,9 +154,14 @@ double collective_time(const char* op, int n, double bytes, const LinkTier& link
   return steps * alpha + volume / bw + (link.reduce_bw > 0 ? reduced / link.reduce_bw : 0);
 }
 
-LinkTier group_link(const Cluster& c, int n, int stride) {
+LinkTier group_link(const Cluster& c, int n, int stride, int first) {
   const int R = c.devices_per_node;
-  if (int64_t(n - 1) * stride + 1 <= R) return c.intra;
+  // A group stays in a node when its first and last rank do (the one starting at `first`,
+  // where given; else every group of the axis, which tiles blocks of n x stride ranks).
+  const int64_t lo = first >= 0 ? first : 0, hi = lo + int64_t(n - 1) * stride;
+  const int64_t block = int64_t(n) * stride;  // the ranks a group's axis tiles, at most a node
+  const bool inside = first >= 0 ? lo / R == hi / R : block <= R && R % block == 0;
+  if (inside) return c.intra;
   // Every group of this axis with ranks on a node crosses the node's link at once: min(stride,
   // R) of them. A ring through the node uses its link once each way, bounded by intra too.
   const int sharing = std::max(1, std::min(stride, R));
@@ -173,21 +199,29 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   const bool zb = p.pp_schedule == "zb" && p.pp > 1;
   const LinkTier tl = group_link(cl, tp, 1);
   const double row = tokens * C * act;  // the residual stream of a micro-batch
-  const double tp_one = collective_time("all_reduce", tp, row, tl, cl.tree);
+  // Under sp a block's all-reduce is an all-gather and a reduce-scatter of the same rows.
+  const double tp_one = p.sp ? collective_time("all_gather", tp, row, tl, cl.tree) +
+                                   collective_time("reduce_scatter", tp, row, tl, cl.tree)
+                             : collective_time("all_reduce", tp, row, tl, cl.tree);
   ChunkCost c;
   c.blocks = blocks;
   for (int l = block0; l < block0 + blocks; ++l) {
     const bool moe = cfg.moe_block(l);
     const double k = moe ? m.moe.top_k : 1;
-    const double mlp = (m.arch == "gpt2" ? 2.0 : 3.0) * C * F * k + (moe ? m.moe.num_experts * C : 0);
-    const double mm = 2.0 * (C * (C + 2 * kvd) + C * C + mlp) / tp;  // forward matmul FLOPs per token
-    const double core = 4.0 * C * T / tp;                            // attention scores and values
-    const double ew = (12.0 * C + 4.0 * F * k / tp) * act * tokens / (cl.mem_bw * share);  // norms, SwiGLU, adds
+    // Forward matmul FLOPs per token: attention and a dense MLP split over tp; a MoE layer's
+    // router and experts are whole on every tp rank, which runs them on every row.
+    const double mlp = (m.arch == "gpt2" ? 2.0 : 3.0) * C * F * k;
+    const double mm = 2.0 * (C * (C + 2 * kvd) + C * C) / tp + 2.0 * (moe ? mlp + m.moe.num_experts * C : mlp / tp);
+    const double core = 4.0 * C * T / tp;  // attention scores and values
+    const double ew = (12.0 * C / (p.sp ? tp : 1) + 4.0 * F * k / (moe ? 1 : tp)) * act * tokens /
+                      (cl.mem_bw * share);  // norms, SwiGLU, residual adds
     const double fwd = (mm + core) * tokens / rate + ew;
-    double re = 0;  // the forward work recompute repeats
-    if (rc == "full") re = fwd - (moe ? 0 : 2.0 * C * F / tp) * tokens / rate;
-    if (rc == "selective" && cl.device != "cuda") re = core * tokens / rate;  // flash attention keeps nothing
+    double re = 0;                                                              // the forward work recompute repeats
+    if (rc == "full") re = fwd - (moe ? 0 : 2.0 * C * F / tp) * tokens / rate;  // all but the down projection
+    if (rc == "selective" && cl.device != "cuda") re = core * tokens / rate;    // flash attention keeps nothing
     c.f += fwd;
+    // Under zb, loom's selective policy recomputes in W (the split backward keeps the output
+    // gradients, not the activation); zb with full recompute is refused.
     c.b += (mm + 2 * core) * tokens / rate + 2 * ew + (zb ? 0 : re);
     c.w += mm * tokens / rate + (zb ? re : 0);
     // tp: two collectives of the residual stream forward, two backward, two more to recompute.
@@ -219,6 +253,13 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   const int world = p.dp * p.tp * p.pp;
   LOOM_CHECK(world <= given.devices(), "the layout needs {} ranks (dp {} x tp {} x pp {}), the cluster has {} devices",
              world, p.dp, p.tp, p.pp, given.devices());
+  LOOM_CHECK(cfg.train.dtype == "auto" || cfg.train.dtype == dtype_name(given.dtype),
+             "train.dtype = \"{}\" but the cluster file trains in {}; set train.dtype = \"auto\" or change the "
+             "cluster's dtype",
+             cfg.train.dtype, dtype_name(given.dtype));
+  const int hd = cfg.head_dim();
+  LOOM_CHECK(given.device != "cuda" || hd == 32 || hd == 64 || hd == 128,
+             "model.d_model / model.n_head = {}: the CUDA attention kernels take head dims 32, 64 and 128", hd);
   const int physical = given.physical_devices > 0 ? given.physical_devices : given.devices();
   // Ranks sharing a device take turns on it, for compute and for what of communication is the
   // device's work: a message's overhead, the sums, and copies within a node (on a CPU, shared
@@ -278,7 +319,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     const double rs = per_unit("reduce_scatter", grads), ag = per_unit("all_gather", weights);
     const double window = cl.overlap * (s.b + s.w);  // one micro-batch's backward hides this much
     if (p.zero == 0) {                               // buckets all-reduced during the last micro-batch's backward
-      const double bucket = p.bucket_mb * 1048576.0;
+      const double bucket = p.bucket_mb * 1048576.0 / 4 * reduce_bytes;  // bucket_mb of fp32 gradients
       const double full = std::floor(grads / bucket), rest = grads - full * bucket;
       const double all = full * collective_time("all_reduce", p.dp, bucket, dl, cl.tree) +
                          collective_time("all_reduce", p.dp, rest, dl, cl.tree);
@@ -292,7 +333,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
       s.dp_total = m * rs + ag;
     } else {  // and the weights gathered before each forward and backward
       s.dp_f = std::max(ag - cl.overlap * s.f, ag / units);
-      s.dp_b = std::max(ag + rs - window, rs / units);
+      s.dp_b = std::max(ag + rs - window, (ag + rs) / units);
       s.dp_total = m * (2 * ag + rs);
     }
     const double shard = p.zero >= 1 ? n_params / p.dp : n_params;
@@ -317,8 +358,19 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   std::vector<double> finish(stages.size(), 0), finish_hop(stages.size(), 0);
   if (P > 1) {
     const PipeSchedule sched = pipeline_schedule(p.pp_schedule, P, v, m);
+    // Boundary b hands stage b's rows to stage b + 1 (and, interleaved, stage p-1's to 0); its
+    // slowest pair sets its time, the pairs crossing a node sharing that node's link.
     const double rows = tokens * cfg.model.d_model * act / (p.sp ? p.tp : 1);
-    const double hop = collective_time("send", 2, rows, group_link(cl, 2, p.dp * p.tp), false);
+    const int S = p.dp * p.tp, R = cl.devices_per_node;
+    std::vector<double> hop(stages.size());
+    for (int b = 0; b < P; ++b) {
+      const int next = (b + 1) % P;
+      int crossing = 0;
+      for (int r = b * S; r < (b + 1) * S; ++r) crossing += r / R != (r - b * S + next * S) / R;
+      LinkTier l = cl.intra;
+      if (crossing) l = cl.inter, l.bw = std::min(cl.intra.bw, cl.inter.bw / std::min(crossing, R));
+      hop[size_t(b)] = collective_time("send", 2, rows, l, false);
+    }
     const PipeTiming t0 = pipeline_check(sched, tf, tb, tw), t1 = pipeline_check(sched, tf, tb, tw, hop);
     for (int st = 0; st < P; ++st)
       for (size_t i = 0; i < t0.end[size_t(st)].size(); ++i) {

@@ -68,7 +68,8 @@ StepPrediction step_predict(const Config& cfg, const Cluster& cluster);
 // (all-reduce 2(n-1) steps and 2(n-1)/n x bytes; the others n-1 and (n-1)/n x bytes).
 double collective_time(const char* op, int n, double bytes, const LinkTier& link, bool tree);
 // The link a group of n ranks, `stride` apart in rank order, uses on `cluster`: intra when it
-// stays in a node, else the node's link shared among the groups of its axis that cross it.
-LinkTier group_link(const Cluster& cluster, int n, int stride);
+// stays in a node (every group of its axis, or the one whose first rank is `first`), else the
+// node's link shared among the groups of its axis that cross it.
+LinkTier group_link(const Cluster& cluster, int n, int stride, int first = -1);
 
 }  // namespace loom

@@ -210,10 +210,12 @@ PipeTiming pipeline_check(const PipeSchedule& s, double tf, double tb, double tw
 }
 
 PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, const std::vector<double>& tb,
-                          const std::vector<double>& tw, double hop) {
+                          const std::vector<double>& tw, const std::vector<double>& hop) {
   const int p = s.stages, G = s.chunks(), m = s.micro;
   LOOM_CHECK(tf.size() == size_t(G) && tb.size() == size_t(G) && tw.size() == size_t(G),
              "schedule {}: costs for {} chunks, {} expected", s.name, tf.size(), G);
+  LOOM_CHECK(hop.empty() || hop.size() == size_t(p), "schedule {}: hand-off times for {} boundaries, {} expected",
+             s.name, hop.size(), p);
   LOOM_CHECK(int(s.ops.size()) == p, "schedule {}: {} op lists for {} stages", s.name, s.ops.size(), p);
   // Every compute op once, on its chunk's stage; W exactly when the backward is split.
   std::map<std::tuple<int, int, int>, int> seen;  // (kind, micro, chunk) -> count
@@ -325,7 +327,9 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
           const int consumer = op.kind == PipeOp::send_act ? op.chunk : op.chunk;
           LOOM_CHECK(s.stage_of(consumer) == op.peer, "schedule {}: stage {} sends {} of chunk {} to stage {}, not {}",
                      s.name, st, pipe_op_name(op.kind), op.chunk, op.peer, s.stage_of(consumer));
-          LOOM_CHECK(sent.emplace(std::make_tuple(int(op.kind), op.micro, op.chunk, op.peer), end + hop).second,
+          const int boundary = op.kind == PipeOp::send_act ? st : op.peer;
+          const double delay = hop.empty() ? 0 : hop[size_t(boundary)];
+          LOOM_CHECK(sent.emplace(std::make_tuple(int(op.kind), op.micro, op.chunk, op.peer), end + delay).second,
                      "schedule {}: stage {} sends {} of micro-batch {} chunk {} twice", s.name, st,
                      pipe_op_name(op.kind), op.micro, op.chunk);
         }

@@ -51,10 +51,11 @@ struct PipeTiming {
 // Checks `s` (see the file comment) and times it with costs tf, tb, tw per chunk and
 // micro-batch (an unsplit B costs tb + tw). Throws an Error naming the first problem.
 PipeTiming pipeline_check(const PipeSchedule& s, double tf = 1.0, double tb = 1.0, double tw = 1.0);
-// The same with costs per model chunk (s.chunks() each), and `hop` between a send and the
-// earliest receive of it (the step-time model's hand-off time).
+// The same with costs per model chunk (s.chunks() each), and hop[b] between a send and the
+// earliest receive of it across boundary b (stage b to b + 1 mod p, either way): the
+// step-time model's hand-off times (empty: none).
 PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, const std::vector<double>& tb,
-                          const std::vector<double>& tw, double hop = 0);
+                          const std::vector<double>& tw, const std::vector<double>& hop = {});
 
 // The closed forms: (p-1)/(m+p-1) (gpipe, 1f1b), (p-1)/(v*m+p-1) (interleaved); zb: the
 // simulated value at tf = tb = tw.

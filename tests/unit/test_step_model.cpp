@@ -86,6 +86,14 @@ TEST(StepModel, ComputeIsTheFlopsMfuCounts) {
     EXPECT_NEAR(flops / (expect * tokens), 1.0, 1e-9) << rc;
     EXPECT_NEAR(p.compute + p.comm_exposed + p.bubble + p.optimizer, p.step, 1e-12 * p.step);
   }
+  // tp 2 halves each rank's work: attention, the MLP and the head split.
+  Config tp = model_small();
+  tp.parallel.tp = 2;
+  config_validate(tp);
+  Config one = model_small();
+  config_validate(one);
+  EXPECT_NEAR(step_predict(tp, c).compute / step_predict(one, c).compute, 0.5, 1e-9);
+  EXPECT_EQ(step_predict(one, c).bubble, 0);  // no pipeline, no bubble
   // A MoE model computes its top_k experts only.
   Config moe = model_small();
   moe.model.moe.num_experts = 4, moe.model.moe.top_k = 2;
@@ -94,6 +102,16 @@ TEST(StepModel, ComputeIsTheFlopsMfuCounts) {
   const double norms = 2.0 * moe.model.d_model * moe.model.n_layer + moe.model.d_model;
   EXPECT_NEAR(p.compute * c.peak_flops * c.gemm_efficiency /
                   ((flops_per_token(moe).hardware - 6 * norms) * moe.train.global_batch * moe.model.seq_len),
+              1.0, 1e-9);
+  // Under tp the router and experts are whole on every rank, which runs them on every row.
+  Config moe_tp = moe;
+  moe_tp.parallel.tp = 2;
+  config_validate(moe_tp);
+  const double C = moe.model.d_model, F = moe.model.d_ff, L = moe.model.n_layer;
+  const double experts = 6.0 * (2 * 3 * C * F + 4 * C) * L;  // per token: top 2 of 3 C F each, and the router
+  const double dense = flops_per_token(moe).hardware - 6 * norms - experts;
+  EXPECT_NEAR(step_predict(moe_tp, c).compute * c.peak_flops * c.gemm_efficiency /
+                  ((dense / 2 + experts) * moe.train.global_batch * moe.model.seq_len),
               1.0, 1e-9);
 }
 
@@ -124,6 +142,45 @@ TEST(StepModel, DataParallelMovesTheGradientsAndHidesBehindBackward) {
   EXPECT_LT(hidden.step, p.step);
 }
 
+TEST(StepModel, ZeroStagesMoveWhatTheyShard) {
+  Cluster c = cluster_small();
+  Config cfg = model_small();
+  cfg.parallel.dp = 4;
+  cfg.train.global_batch = 16;  // 2 micro-batches of 2 per rank
+  config_validate(cfg);
+  const double n = double(model_layout(cfg).reg.numel());
+  const int units = cfg.model.n_layer + 2;  // embedding, blocks, head
+  const LinkTier l = group_link(c, 4, 1);
+  const double rs = units * collective_time("reduce_scatter", 4, 4 * n / units, l, false);
+  const double ag = units * collective_time("all_gather", 4, 4 * n / units, l, false);  // f32 weights
+  for (int zero : {1, 2, 3}) {
+    Config z = cfg;
+    z.parallel.zero = zero;
+    config_validate(z);
+    const StepPrediction p = step_predict(z, c);
+    const double expect = zero == 1 ? rs + ag : zero == 2 ? 2 * rs + ag : 2 * (2 * ag + rs);
+    EXPECT_NEAR(p.dp_total, expect, 1e-12) << "zero " << zero;
+    EXPECT_NEAR(p.dp, expect, 1e-12) << "zero " << zero;                  // overlap 0
+    EXPECT_NEAR(p.optimizer * 4, step_predict(cfg, c).optimizer, 1e-12);  // the moments sharded
+  }
+}
+
+TEST(StepModel, HandOffsCrossANodeWhereTheStagesDo) {
+  Cluster c = cluster_small();  // 2 nodes of 4
+  Cluster flat = c;
+  flat.inter = flat.intra;
+  Config cfg = model_small();
+  cfg.train.global_batch = 16;
+  cfg.parallel.pp = 2, cfg.parallel.dp = 4;  // stage 0 on node 0, stage 1 on node 1
+  config_validate(cfg);
+  EXPECT_GT(step_predict(cfg, c).pp, 2 * step_predict(cfg, flat).pp);
+  Config in = model_small();  // four stages of one rank: all on node 0
+  in.train.global_batch = 16;
+  in.parallel.pp = 4;
+  config_validate(in);
+  EXPECT_DOUBLE_EQ(step_predict(in, c).pp, step_predict(in, flat).pp);
+}
+
 TEST(StepModel, PipelineBubbleIsTheSchedules) {
   Cluster c = cluster_small();
   c.inter = c.intra;  // hand-offs at intra speed
@@ -144,7 +201,6 @@ TEST(StepModel, PipelineBubbleIsTheSchedules) {
   EXPECT_GT(p.bubble, 3 * per_micro * 0.95);
   EXPECT_LT(p.bubble, 3 * per_micro * 1.35);
   EXPECT_GT(p.pp, 0);
-  EXPECT_NEAR(p.compute + p.comm_exposed + p.bubble + p.optimizer, p.step, 1e-12 * p.step);
   EXPECT_NEAR(predict("gpipe", 1).bubble, p.bubble, 0.05 * p.bubble);
   EXPECT_LT(predict("interleaved", 2).bubble, 0.75 * p.bubble);
   EXPECT_LT(predict("zb", 1).bubble, 0.75 * p.bubble);
@@ -192,7 +248,14 @@ TEST(StepModel, SearchRanksWhatFitsAndRuns) {
     EXPECT_NO_THROW(config_validate(again));
     EXPECT_LE(l.cfg.parallel.tp, c.devices_per_node);
   }
-  EXPECT_GT(s.refused.count("parallel.zero = 3 with parallel.pp > 1 is not supported"), 0u);
+  EXPECT_EQ(s.refused.at("parallel.zero = # with parallel.pp > # is not supported").second,
+            "parallel.zero = 3 with parallel.pp > 1 is not supported");
+  int refused = 0;
+  for (auto& [key, got] : s.refused) refused += got.first;
+  EXPECT_EQ(s.tried, refused + s.too_big + int(s.ranked.size()));
+  // The first-ranked is what --predict says of its layout.
+  const StepPrediction again = step_predict(s.ranked[0].cfg, c);
+  EXPECT_EQ(again.mfu, s.ranked[0].pred.mfu);
 }
 
 TEST(StepModel, ClusterFilesSayWhatIsWrong) {
@@ -216,6 +279,12 @@ TEST(StepModel, ClusterFilesSayWhatIsWrong) {
   fails(eff, "gemm_efficiency = 1.5 is a share of the peak, at most 1");
   fails(ok + "bandwidth = 3\n", "unknown key `intra.bandwidth`");
   fails("nodes = 2\n" + ok.substr(ok.find("devices_per_node")), "`inter.alpha_us`");
+  fails("devices_per_node = 0.5\n" + ok.substr(ok.find("peak")) + "", "`nodes` is missing");
+  std::string half = ok;
+  half.replace(half.find("devices_per_node = 1"), 20, "devices_per_node = 0.5");
+  fails(half, "`devices_per_node` must be a whole number >= 1");
+  fails("memory_gb = -1\n" + ok, "`memory_gb` must be a positive number");
+  fails("tree = 1\n" + ok, "`tree` must be true or false");
   std::string bad_tier = ok;
   bad_tier += "fast = 1\n";  // inside [intra]
   fails(bad_tier, "unknown key `intra.fast`");
