@@ -66,6 +66,7 @@ std::vector<SlotSize> slot_sizes(const ModelLayout& layout, const Geometry& g) {
   for (size_t i = 0, k = 0; k < g.parts.size(); ++i) {
     const Part& d = g.parts[k];
     const int64_t len = layout.unit_len(int(i));
+    LOOM_ASSERT(!d.expert);  // every unit starts with its dense part
     SlotSize z{std::max(len, g.s[k] * d.n), 0, g.s[k]};
     ++k;
     if (k < g.parts.size() && g.parts[k].expert) {  // the same unit's expert tail
@@ -128,7 +129,7 @@ std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, i
     for (const SlotSize& e : slots) {
       p.push_back({"zero_grad_slot", e.buf, DType::f32, Mem::comm});
       p.push_back({"zero_grad_result", std::max<int64_t>(1, e.result), DType::f32, Mem::comm});
-      if (e.aux) p.push_back({"zero_grad_aux", e.aux, DType::f32, Mem::comm});
+      if (e.aux && !low) p.push_back({"zero_grad_aux", e.aux, DType::f32, Mem::comm});
       if (low) {
         p.push_back({"zero_grad_slot_bf16", e.buf, DType::bf16, Mem::comm});
         p.push_back({"zero_grad_result_bf16", std::max<int64_t>(1, e.result), DType::bf16, Mem::comm});
@@ -358,11 +359,11 @@ void Zero::gather_into(Slot& slot, int u, Pass pass) {
   slot.used = false;
   slot.work =
       dp_.all_gather(Buf(shard_params_).slice(un.shard_off, un.s), Buf(slot.buf).slice(0, un.s * un.n), be_.stream());
-  if (const Unit* e = tail(u)) {  // into its own buffer: the dense part's padding overlaps where it goes
+  const Unit* e = tail(u);
+  slot.fixup = e != nullptr;
+  if (e)  // into its own buffer: the dense part's padding overlaps where it goes
     slot.tail = edp_->all_gather(Buf(shard_params_).slice(e->shard_off, e->s), Buf(slot.aux).slice(0, e->s * e->n),
                                  be_.stream());
-    slot.fixup = true;
-  }
 }
 
 Ptr Zero::params(int u, Pass pass) {

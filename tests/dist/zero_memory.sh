@@ -36,6 +36,8 @@ for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --s
   "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.dp=4 --set parallel.ep=2 --set parallel.zero=1" \
   "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.dp=4 --set parallel.ep=2 --set parallel.zero=2" \
   "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.dp=4 --set parallel.ep=2 --set parallel.zero=3 --set train.dtype=bf16" \
+  "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.dp=4 --set parallel.ep=2 --set parallel.zero=2 --set parallel.grad_reduce_dtype=bf16" \
+  "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=2" \
   "--set model.arch=llama --set model.moe.num_experts=4 --set model.moe.capacity_factor=1.5 --set parallel.dp=2 --set parallel.tp=2"; do
   read -r -a lay <<< "$layout"
   run=$dir/pp_$RANDOM
