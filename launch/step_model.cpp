@@ -11,6 +11,7 @@
 #include "launch/plan.h"
 #include "model/flops.h"
 #include "model/layout.h"
+#include "model/registry.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/error.h"
@@ -182,7 +183,7 @@ struct ChunkCost {
   double f = 0, b = 0, w = 0;
   double tp_f = 0, tp_b = 0;  // tensor-parallel collectives
   double ep_f = 0, ep_b = 0;  // expert all-to-alls
-  int blocks = 0;
+  int blocks = 0, moe_blocks = 0;
 };
 
 ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int blocks, bool first, bool last,
@@ -207,6 +208,7 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   c.blocks = blocks;
   for (int l = block0; l < block0 + blocks; ++l) {
     const bool moe = cfg.moe_block(l);
+    c.moe_blocks += moe;
     const double k = moe ? m.moe.top_k : 1;
     // Forward matmul FLOPs per token: attention and a dense MLP split over tp; a MoE layer's
     // router and experts are whole on every tp rank, which runs them on every row.
@@ -292,11 +294,12 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   StepPrediction out;
   for (int st = 0; st < P; ++st) {
     Stage& s = stages[size_t(st)];
-    int units = 0;
+    int units = 0, moe_units = 0;
     for (int g = st; g < G; g += P) {
       const ChunkCost& c = chunks[size_t(g)];
       s.f += c.f, s.b += c.b, s.w += c.w, s.tp += c.tp_f + c.tp_b, s.ep += c.ep_f + c.ep_b;
       units += c.blocks + (g == 0) + (g == G - 1);
+      moe_units += c.moe_blocks;
     }
     // The stage's units: the embedding with model chunk 0, the head with the last (as
     // pipeline_chunk_spec places them, without timing the schedule for every stage).
@@ -305,24 +308,40 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
       for (; h < g; ++h) b0 += per_chunk[size_t(h)];
       runs.push_back({g == 0 ? 0 : b0 + 1, g == G - 1 ? -1 : b0 + per_chunk[size_t(g)] + 1});
     }
-    const double n_params = double(model_layout(cfg, 0, runs).reg.numel());
+    const ModelLayout layout = model_layout(cfg, 0, runs);
     if (st == 0 || st == P - 1) {  // the first holds the most activations, the last the head
       const ChunkSpec spec = pipeline_chunk_spec(cfg, st);
       LOOM_ASSERT(chunk_runs(spec) == runs || P == 1);
       out.memory_bytes =
           std::max(out.memory_bytes, plan_memory(cfg, cl.device, cl.dtype, st * p.dp * p.tp, &spec).total());
     }
-    const double grads = n_params * reduce_bytes, weights = n_params * act;
-    auto per_unit = [&](const char* op, double bytes) {
-      return units * collective_time(op, p.dp, bytes / units, dl, cl.tree);
+    // What dp moves: the dense parameters over dp; under ep the experts (a rank's E / ep of
+    // them) over expert-dp, the ranks holding the same experts (dp / ep of them, ep apart).
+    struct Group {
+      double params;
+      int n, units;
+      LinkTier link;
     };
-    const double rs = per_unit("reduce_scatter", grads), ag = per_unit("all_gather", weights);
+    double experts = 0;
+    for (auto& spec : layout.reg.all())
+      if (p.ep > 1 && expert_param(spec.name)) experts += double(spec.numel());
+    std::vector<Group> groups = {{double(layout.reg.numel()) - experts, p.dp, units, dl}};
+    if (experts > 0)
+      groups.push_back({experts, p.dp / p.ep, std::max(1, moe_units), group_link(cl, p.dp / p.ep, p.tp * p.ep)});
+    const double bucket = p.bucket_mb * 1048576.0 / 4 * reduce_bytes;  // bucket_mb of fp32 gradients
+    double rs = 0, ag = 0, all = 0, shard = 0;
+    for (const Group& q : groups) {
+      const double grads = q.params * reduce_bytes, weights = q.params * act;
+      rs += q.units * collective_time("reduce_scatter", q.n, grads / q.units, q.link, cl.tree);
+      ag += q.units * collective_time("all_gather", q.n, weights / q.units, q.link, cl.tree);
+      const double full = std::floor(grads / bucket), rest = grads - full * bucket;  // buckets never mix them
+      all += full * collective_time("all_reduce", q.n, bucket, q.link, cl.tree) +
+             collective_time("all_reduce", q.n, rest, q.link, cl.tree);
+      shard += p.zero >= 1 ? q.params / q.n : q.params;
+    }
     const double window = cl.overlap * (s.b + s.w);  // one micro-batch's backward hides this much
-    if (p.zero == 0) {                               // buckets all-reduced during the last micro-batch's backward
-      const double bucket = p.bucket_mb * 1048576.0 / 4 * reduce_bytes;  // bucket_mb of fp32 gradients
-      const double full = std::floor(grads / bucket), rest = grads - full * bucket;
-      const double all = full * collective_time("all_reduce", p.dp, bucket, dl, cl.tree) +
-                         collective_time("all_reduce", p.dp, rest, dl, cl.tree);
+    if (p.zero == 0) {  // buckets all-reduced during the last micro-batch's backward, the embedding's last
+      const double dense = groups[0].params * reduce_bytes, rest = dense - std::floor(dense / bucket) * bucket;
       s.dp_end = std::max(all - window, collective_time("all_reduce", p.dp, rest > 0 ? rest : bucket, dl, cl.tree));
       s.dp_total = all;
     } else if (p.zero == 1) {  // reduce-scatter and all-gather at the step's end
@@ -336,7 +355,6 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
       s.dp_b = std::max(ag + rs - window, (ag + rs) / units);
       s.dp_total = m * (2 * ag + rs);
     }
-    const double shard = p.zero >= 1 ? n_params / p.dp : n_params;
     s.optimizer = shard * (cl.dtype == DType::bf16 ? 34.0 : 32.0) / (cl.mem_bw * share);
   }
 

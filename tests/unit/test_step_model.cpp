@@ -10,6 +10,7 @@
 #include "launch/step_model.h"
 #include "model/flops.h"
 #include "model/layout.h"
+#include "model/registry.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/error.h"
 
@@ -163,6 +164,31 @@ TEST(StepModel, ZeroStagesMoveWhatTheyShard) {
     EXPECT_NEAR(p.dp, expect, 1e-12) << "zero " << zero;                  // overlap 0
     EXPECT_NEAR(p.optimizer * 4, step_predict(cfg, c).optimizer, 1e-12);  // the moments sharded
   }
+}
+
+TEST(StepModel, ExpertsReduceOverExpertDataParallel) {
+  const Cluster c = cluster_small();
+  Config cfg = model_small();
+  cfg.model.moe.num_experts = 4;
+  cfg.parallel.dp = 4, cfg.parallel.ep = 2, cfg.parallel.zero = 1;
+  cfg.train.global_batch = 16;
+  config_validate(cfg);
+  const ModelLayout layout = model_layout(cfg, 0, std::vector<std::pair<int, int>>{{0, -1}});
+  double experts = 0;
+  for (auto& spec : layout.reg.all())
+    if (expert_param(spec.name)) experts += double(spec.numel());
+  const double dense = double(layout.reg.numel()) - experts;
+  ASSERT_GT(experts, 0);
+  // Dense over dp 4 unit by unit; experts over the 2 ranks holding them (ranks 0 and 2), per MoE block.
+  const int units = cfg.model.n_layer + 2, moe = cfg.moe_layers();
+  auto moved = [&](double n, int ranks, int u, const LinkTier& l) {
+    return u * (collective_time("reduce_scatter", ranks, 4 * n / u, l, false) +
+                collective_time("all_gather", ranks, 4 * n / u, l, false));
+  };
+  const double expect = moved(dense, 4, units, group_link(c, 4, 1)) + moved(experts, 2, moe, group_link(c, 2, 2));
+  const StepPrediction p = step_predict(cfg, c);
+  EXPECT_NEAR(p.dp_total, expect, 1e-12);
+  EXPECT_NEAR(p.optimizer, (dense / 4 + experts / 2) * 32 / c.mem_bw, 1e-15);
 }
 
 TEST(StepModel, HandOffsCrossANodeWhereTheStagesDo) {
