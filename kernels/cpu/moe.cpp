@@ -3,6 +3,7 @@
 // do not depend on the thread count.
 #include <cmath>
 
+#include "kernels/moe_row.h"
 #include "kernels/ops.h"
 
 namespace loom::cpu {
@@ -12,26 +13,8 @@ void moe_route(float* probs, int32_t* idx, float* w, const S* logits, int N, int
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < N; ++t) {
     const S* l = logits + int64_t(t) * E;
-    float* p = probs + int64_t(t) * E;
-    float mx = -INFINITY;
-    for (int e = 0; e < E; ++e) mx = std::fmax(mx, ld(l[e]));
-    float sum = 0.0f;
-    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(ld(l[e]) - mx));
-    for (int e = 0; e < E; ++e) p[e] /= sum;
-    int32_t* id = idx + int64_t(t) * k;
-    float* wt = w + int64_t(t) * k;
-    float sel = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      for (int e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int i = 0; i < j; ++i) taken = taken || id[i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
-      }
-      id[j] = best;
-      sel += p[best];
-    }
-    for (int j = 0; j < k; ++j) wt[j] = p[id[j]] / sel;
+    moe_row::route(probs + int64_t(t) * E, idx + int64_t(t) * k, w + int64_t(t) * k, E, k,
+                   [l](int e) { return ld(l[e]); });
   }
 }
 
@@ -107,23 +90,9 @@ void moe_router_backward(S* dlogits, const float* probs, const int32_t* idx, con
                          const float* aux_g, int N, int E, int k) {
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < N; ++t) {
-    const float* p = probs + int64_t(t) * E;
-    const int32_t* id = idx + int64_t(t) * k;
-    const float* wt = w + int64_t(t) * k;
-    const float* g = dw + int64_t(t) * k;
-    // w_j = p_j / s with s the sum of the selected: d p_j = (g_j - sum_i g_i w_i) / s.
-    float s = 0.0f, gw = 0.0f;
-    for (int j = 0; j < k; ++j) s += p[id[j]], gw += g[j] * wt[j];
-    float dp_dot_p = 0.0f;  // sum_e dp_e p_e for the softmax's backward
-    for (int e = 0; e < E; ++e) dp_dot_p += aux_g[e] * p[e];
-    for (int j = 0; j < k; ++j) dp_dot_p += (g[j] - gw) / s * p[id[j]];
     S* dl = dlogits + int64_t(t) * E;
-    for (int e = 0; e < E; ++e) {
-      float dp = aux_g[e];
-      for (int j = 0; j < k; ++j)
-        if (id[j] == e) dp += (g[j] - gw) / s;
-      st(dl[e], p[e] * (dp - dp_dot_p));
-    }
+    moe_row::router_backward(probs + int64_t(t) * E, idx + int64_t(t) * k, w + int64_t(t) * k, dw + int64_t(t) * k,
+                             aux_g, E, k, [dl](int e, float v) { st(dl[e], v); });
   }
 }
 

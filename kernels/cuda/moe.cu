@@ -3,6 +3,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/moe_row.h"
 
 namespace loom::cuda {
 
@@ -14,25 +15,8 @@ __global__ void moe_route_kernel(float* probs, int32_t* idx, float* w, const bf1
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= N) return;
   const bf16* l = logits + int64_t(t) * E;
-  float* p = probs + int64_t(t) * E;
-  float mx = -INFINITY;
-  for (int e = 0; e < E; ++e) mx = fmaxf(mx, f(l[e]));
-  float sum = 0.0f;
-  for (int e = 0; e < E; ++e) sum += (p[e] = expf(f(l[e]) - mx));
-  for (int e = 0; e < E; ++e) p[e] /= sum;
-  int32_t* id = idx + int64_t(t) * k;
-  float sel = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken = taken || id[i] == e;
-      if (!taken && (best < 0 || p[e] > p[best])) best = e;
-    }
-    id[j] = best;
-    sel += p[best];
-  }
-  for (int j = 0; j < k; ++j) w[int64_t(t) * k + j] = p[id[j]] / sel;
+  moe_row::route(probs + int64_t(t) * E, idx + int64_t(t) * k, w + int64_t(t) * k, E, k,
+                 [l](int e) { return f(l[e]); });
 }
 
 __global__ void moe_gather_kernel(bf16* rows, const bf16* x, const int32_t* token_of_row, int R, int C) {
@@ -94,22 +78,9 @@ __global__ void moe_router_backward_kernel(bf16* dlogits, const float* probs, co
                                            const float* dw, const float* aux_g, int N, int E, int k) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= N) return;
-  const float* p = probs + int64_t(t) * E;
-  const int32_t* id = idx + int64_t(t) * k;
-  const float* wt = w + int64_t(t) * k;
-  const float* g = dw + int64_t(t) * k;
-  float s = 0.0f, gw = 0.0f;
-  for (int j = 0; j < k; ++j) s += p[id[j]], gw += g[j] * wt[j];
-  float dp_dot_p = 0.0f;
-  for (int e = 0; e < E; ++e) dp_dot_p += aux_g[e] * p[e];
-  for (int j = 0; j < k; ++j) dp_dot_p += (g[j] - gw) / s * p[id[j]];
   bf16* dl = dlogits + int64_t(t) * E;
-  for (int e = 0; e < E; ++e) {
-    float dp = aux_g[e];
-    for (int j = 0; j < k; ++j)
-      if (id[j] == e) dp += (g[j] - gw) / s;
-    dl[e] = b(p[e] * (dp - dp_dot_p));
-  }
+  moe_row::router_backward(probs + int64_t(t) * E, idx + int64_t(t) * k, w + int64_t(t) * k, dw + int64_t(t) * k, aux_g,
+                           E, k, [dl](int e, float v) { dl[e] = b(v); });
 }
 
 __global__ void column_sums_kernel(float* out, const float* probs, int N, int E) {

@@ -1,0 +1,59 @@
+// One token's routing arithmetic, shared by the CPU kernels (kernels/cpu/moe.cpp) and their
+// CUDA twins (kernels/cuda/moe.cu): each runs it per token, in the same order, so both devices
+// route alike. `logit(e)` reads logit e as a float; `store(e, v)` writes the logit gradient.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LOOM_HOST_DEVICE __host__ __device__
+#else
+#define LOOM_HOST_DEVICE
+#endif
+
+namespace loom::moe_row {
+
+// Softmax over the E experts into p, the top k (ties to the lower index) into id, and their
+// probabilities renormalized to sum to one into wt (Mixtral).
+template <class Logit>
+LOOM_HOST_DEVICE inline void route(float* p, int32_t* id, float* wt, int E, int k, Logit logit) {
+  float mx = -INFINITY;
+  for (int e = 0; e < E; ++e) mx = fmaxf(mx, logit(e));
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum += (p[e] = expf(logit(e) - mx));
+  for (int e = 0; e < E; ++e) p[e] /= sum;
+  float sel = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken = taken || id[i] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    }
+    id[j] = best;
+    sel += p[best];
+  }
+  for (int j = 0; j < k; ++j) wt[j] = p[id[j]] / sel;
+}
+
+// The router's backward for one token: g the gradients of its k weights, aux_g the
+// load-balancing loss's gradient per expert probability; through the renormalization and the
+// softmax into the E logits.
+template <class Store>
+LOOM_HOST_DEVICE inline void router_backward(const float* p, const int32_t* id, const float* wt, const float* g,
+                                             const float* aux_g, int E, int k, Store store) {
+  // w_j = p_j / s with s the sum of the selected: d p_j = (g_j - sum_i g_i w_i) / s.
+  float s = 0.0f, gw = 0.0f;
+  for (int j = 0; j < k; ++j) s += p[id[j]], gw += g[j] * wt[j];
+  float dp_dot_p = 0.0f;  // sum_e dp_e p_e for the softmax's backward
+  for (int e = 0; e < E; ++e) dp_dot_p += aux_g[e] * p[e];
+  for (int j = 0; j < k; ++j) dp_dot_p += (g[j] - gw) / s * p[id[j]];
+  for (int e = 0; e < E; ++e) {
+    float dp = aux_g[e];
+    for (int j = 0; j < k; ++j)
+      if (id[j] == e) dp += (g[j] - gw) / s;
+    store(e, p[e] * (dp - dp_dot_p));
+  }
+}
+
+}  // namespace loom::moe_row
