@@ -289,6 +289,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   struct Stage {
     double f = 0, b = 0, w = 0, tp = 0, ep = 0;  // per micro-batch
     double dp_f = 0, dp_b = 0, dp_end = 0, dp_total = 0, optimizer = 0;
+    int weight = 0;  // its chunks' blocks + 1 each: how its per-micro-batch ZeRO traffic splits over them
   };
   std::vector<Stage> stages(static_cast<size_t>(P));
   StepPrediction out;
@@ -300,18 +301,12 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
       s.f += c.f, s.b += c.b, s.w += c.w, s.tp += c.tp_f + c.tp_b, s.ep += c.ep_f + c.ep_b;
       units += c.blocks + (g == 0) + (g == G - 1);
       moe_units += c.moe_blocks;
+      s.weight += c.blocks + 1;
     }
-    // The stage's units: the embedding with model chunk 0, the head with the last (as
-    // pipeline_chunk_spec places them, without timing the schedule for every stage).
-    std::vector<std::pair<int, int>> runs;
-    for (int g = st, b0 = 0, h = 0; g < G; g += P) {
-      for (; h < g; ++h) b0 += per_chunk[size_t(h)];
-      runs.push_back({g == 0 ? 0 : b0 + 1, g == G - 1 ? -1 : b0 + per_chunk[size_t(g)] + 1});
-    }
+    const std::vector<std::pair<int, int>> runs = pipeline_stage_runs(cfg, st);
     const ModelLayout layout = model_layout(cfg, 0, runs);
     if (st == 0 || st == P - 1) {  // the first holds the most activations, the last the head
       const ChunkSpec spec = pipeline_chunk_spec(cfg, st);
-      LOOM_ASSERT(chunk_runs(spec) == runs || P == 1);
       out.memory_bytes =
           std::max(out.memory_bytes, plan_memory(cfg, cl.device, cl.dtype, st * p.dp * p.tp, &spec).total());
     }
@@ -364,11 +359,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   for (int g = 0; g < G; ++g) {
     const ChunkCost& c = chunks[size_t(g)];
     const Stage& s = stages[size_t(g % P)];
-    const double part = double(c.blocks + 1) / [&] {  // a stage's per-micro-batch ZeRO traffic, by blocks
-      int n = 0;
-      for (int h = g % P; h < G; h += P) n += chunks[size_t(h)].blocks + 1;
-      return double(n);
-    }();
+    const double part = double(c.blocks + 1) / s.weight;
     tf[size_t(g)] = c.f + c.tp_f + c.ep_f + s.dp_f * part;
     tb[size_t(g)] = c.b + c.tp_b + c.ep_b + s.dp_b * part;
     tw[size_t(g)] = c.w;

@@ -161,20 +161,32 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   chunk_.set_slot(0);
 }
 
+std::vector<std::pair<int, int>> pipeline_stage_runs(const Config& cfg, int stage) {
+  const int pp = cfg.parallel.pp;
+  if (pp == 1) return chunk_runs(ChunkSpec{});  // the whole model
+  const int G = pp * cfg.parallel.pp_virtual;
+  const std::vector<int> blocks = pipeline_layers(cfg);  // per model chunk
+  std::vector<std::pair<int, int>> runs;
+  for (int g = stage; g < G; g += pp) {
+    int b0 = 0;
+    for (int i = 0; i < g; ++i) b0 += blocks[size_t(i)];
+    runs.push_back({g == 0 ? 0 : b0 + 1, g == G - 1 ? -1 : b0 + blocks[size_t(g)] + 1});
+  }
+  return runs;
+}
+
 ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule) {
   ChunkSpec spec;
   const int pp = cfg.parallel.pp;
   if (pp == 1) return spec;
-  const int v = cfg.parallel.pp_virtual, G = pp * v;
-  const std::vector<int> blocks = pipeline_layers(cfg);  // per model chunk
-  const PipeSchedule sched = pipeline_schedule(cfg.parallel.pp_schedule, pp, v, cfg.accum_steps());
+  const PipeSchedule sched =
+      pipeline_schedule(cfg.parallel.pp_schedule, pp, cfg.parallel.pp_virtual, cfg.accum_steps());
   const PipeTiming t = pipeline_check(sched);
   spec.pieces.clear();
-  for (int g = stage; g < G; g += pp) {
-    int b0 = 0;
-    for (int i = 0; i < g; ++i) b0 += blocks[size_t(i)];
-    spec.pieces.push_back(
-        {g == 0 ? 0 : b0 + 1, g == G - 1 ? -1 : b0 + blocks[size_t(g)] + 1, t.peak_in_flight_chunk[size_t(g)]});
+  int g = stage;  // the model chunk of each run, with its peak in flight
+  for (auto [lo, hi] : pipeline_stage_runs(cfg, stage)) {
+    spec.pieces.push_back({lo, hi, t.peak_in_flight_chunk[size_t(g)]});
+    g += pp;
   }
   if (schedule) *schedule = sched;
   return spec;

@@ -52,6 +52,8 @@ class PipelineStage {
 // model chunk stage + k * pp) and each piece's activation slots, the schedule's peak in flight
 // on that model chunk (the schedule is checked on the way; *schedule, if given, gets it).
 ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule = nullptr);
+// Just its units, one run per piece, without timing the schedule.
+std::vector<std::pair<int, int>> pipeline_stage_runs(const Config& cfg, int stage);
 // What PipelineStage allocates for that stage (the memory planner's items).
 std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, int stage, DType dtype);
 

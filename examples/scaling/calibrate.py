@@ -37,16 +37,15 @@ def run(cmd, **kw):
 
 
 def bench_rows(text, n):
-    """(steps, volume, reduced bytes, seconds, collective) of each bench comm row but broadcast's."""
+    """(steps, volume, seconds, collective) of each bench comm row but broadcast's."""
     rows = []
     for line in text.splitlines():
         f = line.split()
         if len(f) == 5 and f[0] in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
             size, us = float(f[1]), float(f[2])
             part = (n - 1) / n * size
-            steps, vol, red = {"all_reduce": (2 * (n - 1), 2 * part, part), "reduce_scatter": (n - 1, part, part)}.get(
-                f[0], (n - 1, part, 0.0))
-            rows.append((steps, vol, red, us * 1e-6, f[0]))
+            steps, vol = (2 * (n - 1), 2 * part) if f[0] == "all_reduce" else (n - 1, part)
+            rows.append((steps, vol, us * 1e-6, f[0]))
     if not rows:
         sys.exit("calibrate: bench comm printed no rows:\n" + text[-2000:])
     return rows
@@ -90,10 +89,10 @@ def fit(rows):
     """The tier's alpha and bw over every collective, then each collective's own (MPI runs a
     different algorithm for each, its sums included in its rate). Returns alpha, bw,
     {collective: (alpha, bw)} and the worst row's relative error under the latter."""
-    a, g = fit_ab([(s, v, t) for s, v, r, t, o in rows])
+    a, g = fit_ab([(s, v, t) for s, v, t, o in rows])
     per_op, worst = {}, 0.0
     for op in sorted({o for *_, o in rows}):
-        mine = [(s, v, t) for s, v, r, t, o in rows if o == op]
+        mine = [(s, v, t) for s, v, t, o in rows if o == op]
         ao, go = fit_ab(mine)
         per_op[op] = (ao, 1 / go)
         worst = max([worst] + [abs((s * ao + v * go) / t - 1) for s, v, t in mine])
