@@ -120,7 +120,7 @@ __global__ void attention_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* q
 template <int D>
 void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, cudaStream_t s) {
   dim3 grid(blocks_for(T, kWarps), H, B);
-  attention_forward_kernel<D><<<grid, 32 * kWarps, 0, s>>>(out, lse, qkv, T, H, KV, 1.0f / sqrtf(float(D)));
+  LOOM_LAUNCH(attention_forward_kernel<D>, grid, 32 * kWarps, 0, s)(out, lse, qkv, T, H, KV, 1.0f / sqrtf(float(D)));
   LOOM_CUDA_LAUNCHED();
 }
 
@@ -129,11 +129,11 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
                 int T, int H, int KV, cudaStream_t s) {
   const float scale = 1.0f / sqrtf(float(D));
   dim3 grid(blocks_for(T, kWarps), H, B), kv_grid(blocks_for(T, kWarps), KV, B);
-  attention_delta_kernel<D><<<grid, 32 * kWarps, 0, s>>>(delta, dout, out, T, H);
+  LOOM_LAUNCH(attention_delta_kernel<D>, grid, 32 * kWarps, 0, s)(delta, dout, out, T, H);
   LOOM_CUDA_LAUNCHED();
-  attention_dq_kernel<D><<<grid, 32 * kWarps, 0, s>>>(dqkv, dout, qkv, lse, delta, T, H, KV, scale);
+  LOOM_LAUNCH(attention_dq_kernel<D>, grid, 32 * kWarps, 0, s)(dqkv, dout, qkv, lse, delta, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
-  attention_dkv_kernel<D><<<kv_grid, 32 * kWarps, 0, s>>>(dqkv, dout, qkv, lse, delta, T, H, KV, scale);
+  LOOM_LAUNCH(attention_dkv_kernel<D>, kv_grid, 32 * kWarps, 0, s)(dqkv, dout, qkv, lse, delta, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
 }
 

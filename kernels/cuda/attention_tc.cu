@@ -136,7 +136,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_tc(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, float scale) {
   using L = Tiles<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   Carve cv{smem};
   bf16* qs = cv.take<bf16>(L::kv);
   bf16* ks = cv.take<bf16>(L::kv);
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_dq_tc(bf16* dqkv, float* delta, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
                     int T, int H, int KV, float scale) {
   using L = Tiles<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   Carve cv{smem};
   bf16* qs = cv.take<bf16>(L::kv);
   bf16* dos = cv.take<bf16>(L::kv);
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_dkv_tc(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int T, int H,
                      int KV, float scale) {
   using L = Tiles<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   Carve cv{smem};
   bf16* ks = cv.take<bf16>(L::kv);
   bf16* vs = cv.take<bf16>(L::kv);
@@ -347,7 +347,7 @@ void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int 
   check_aligned(qkv, "qkv");
   smem_allow(attention_forward_tc<D>, bytes);
   const dim3 grid(blocks_for(T, kTile), H, B);
-  attention_forward_tc<D><<<grid, kThreads, bytes, s>>>(out, lse, qkv, T, H, KV, 1.0f / sqrtf(float(D)));
+  LOOM_LAUNCH(attention_forward_tc<D>, grid, kThreads, bytes, s)(out, lse, qkv, T, H, KV, 1.0f / sqrtf(float(D)));
   LOOM_CUDA_LAUNCHED();
 }
 
@@ -359,11 +359,11 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
   check_aligned(dout, "dout");
   smem_allow(attention_dq_tc<D>, Tiles<D>::dq);
   smem_allow(attention_dkv_tc<D>, Tiles<D>::dkv);
-  attention_dq_tc<D><<<dim3(blocks_for(T, kTile), H, B), kThreads, Tiles<D>::dq, s>>>(dqkv, delta, dout, out, qkv, lse,
-                                                                                      T, H, KV, scale);
+  LOOM_LAUNCH(attention_dq_tc<D>, dim3(blocks_for(T, kTile), H, B), kThreads, Tiles<D>::dq, s)
+  (dqkv, delta, dout, out, qkv, lse, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
-  attention_dkv_tc<D>
-      <<<dim3(blocks_for(T, kTile), KV, B), kThreads, Tiles<D>::dkv, s>>>(dqkv, dout, qkv, lse, delta, T, H, KV, scale);
+  LOOM_LAUNCH(attention_dkv_tc<D>, dim3(blocks_for(T, kTile), KV, B), kThreads, Tiles<D>::dkv, s)
+  (dqkv, dout, qkv, lse, delta, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
 }
 

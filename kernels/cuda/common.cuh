@@ -1,9 +1,19 @@
-// Helpers shared by the CUDA kernels: launch checks, bf16 conversion, warp reductions.
+// Helpers shared by the CUDA kernels: launch checks, bf16 conversion, warp reductions, and
+// the two spellings that differ between nvcc and the CPU emulation (kernels/emu/), which
+// compiles these same files with the host compiler: a launch, and dynamic shared memory.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/check.h"
+
+#if !defined(LOOM_CUDA_EMULATION)
+// LOOM_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...)
+#define LOOM_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#define LOOM_DYNAMIC_SHARED(T, name, align) \
+  extern __shared__ __align__(align)        \
+  T name[]
+#endif
 
 namespace loom::cuda {
 

@@ -137,32 +137,33 @@ __global__ void swiglu_backward_kernel(bf16* dinp, const bf16* inp, const bf16* 
 
 void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(out, in, n);
+  LOOM_LAUNCH(to_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, s)(out, in, n);
   LOOM_CUDA_LAUNCHED();
 }
 void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  to_f32_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(out, in, n);
+  LOOM_LAUNCH(to_f32_kernel, blocks_for(n, kThreads), kThreads, 0, s)(out, in, n);
   LOOM_CUDA_LAUNCHED();
 }
 void add_bf16(bf16* acc, const bf16* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  add_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(acc, x, n);
+  LOOM_LAUNCH(add_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, s)(acc, x, n);
   LOOM_CUDA_LAUNCHED();
 }
 void add_f32(float* acc, const float* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  add_f32_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(acc, x, n);
+  LOOM_LAUNCH(add_f32_kernel, blocks_for(n, kThreads), kThreads, 0, s)(acc, x, n);
   LOOM_CUDA_LAUNCHED();
 }
 void bias_backward(float* dbias, const bf16* dout, int M, int N, cudaStream_t s) {
-  bias_backward_kernel<<<blocks_for(N, 32), dim3(32, kColPhases), 0, s>>>(dbias, dout, M, N);
+  LOOM_LAUNCH(bias_backward_kernel, blocks_for(N, 32), dim3(32, kColPhases), 0, s)(dbias, dout, M, N);
   LOOM_CUDA_LAUNCHED();
 }
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
                        int C, cudaStream_t s) {
   const int64_t total = int64_t(B) * T * C;
-  embedding_forward_kernel<<<blocks_for(total, kThreads), kThreads, 0, s>>>(out, tokens, wte, v0, Vl, wpe, T, C, total);
+  LOOM_LAUNCH(embedding_forward_kernel, blocks_for(total, kThreads), kThreads, 0, s)
+  (out, tokens, wte, v0, Vl, wpe, T, C, total);
   LOOM_CUDA_LAUNCHED();
 }
 std::vector<int32_t> token_index(const int32_t* tokens, int N, int v0, int Vl, int* unique) {
@@ -186,40 +187,41 @@ std::vector<int32_t> token_index(const int32_t* tokens, int N, int v0, int Vl, i
 void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* index, int U, int B, int T, int C,
                         cudaStream_t s) {
   if (U > 0) {
-    embedding_wte_backward_kernel<<<U, kThreads, 0, s>>>(dwte, dout, index, U, C);
+    LOOM_LAUNCH(embedding_wte_backward_kernel, U, kThreads, 0, s)(dwte, dout, index, U, C);
     LOOM_CUDA_LAUNCHED();
   }
   if (dwpe) {
-    embedding_wpe_backward_kernel<<<blocks_for(int64_t(T) * C, kThreads), kThreads, 0, s>>>(dwpe, dout, B, T, C);
+    LOOM_LAUNCH(embedding_wpe_backward_kernel, blocks_for(int64_t(T) * C, kThreads), kThreads, 0, s)
+    (dwpe, dout, B, T, C);
     LOOM_CUDA_LAUNCHED();
   }
 }
 void rope_forward(bf16* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s) {
   const int64_t total = int64_t(B) * T * (H + KV) * (D / 2);
-  rope_kernel<false><<<blocks_for(total, kThreads), kThreads, 0, s>>>(qkv, cos, sin, T, H, KV, D, total);
+  LOOM_LAUNCH(rope_kernel<false>, blocks_for(total, kThreads), kThreads, 0, s)(qkv, cos, sin, T, H, KV, D, total);
   LOOM_CUDA_LAUNCHED();
 }
 void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s) {
   const int64_t total = int64_t(B) * T * (H + KV) * (D / 2);
-  rope_kernel<true><<<blocks_for(total, kThreads), kThreads, 0, s>>>(dqkv, cos, sin, T, H, KV, D, total);
+  LOOM_LAUNCH(rope_kernel<true>, blocks_for(total, kThreads), kThreads, 0, s)(dqkv, cos, sin, T, H, KV, D, total);
   LOOM_CUDA_LAUNCHED();
 }
 void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s) {
-  gelu_forward_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(out, inp, n);
+  LOOM_LAUNCH(gelu_forward_kernel, blocks_for(n, kThreads), kThreads, 0, s)(out, inp, n);
   LOOM_CUDA_LAUNCHED();
 }
 void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t s) {
-  gelu_backward_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n);
+  LOOM_LAUNCH(gelu_backward_kernel, blocks_for(n, kThreads), kThreads, 0, s)(dinp, inp, dout, n);
   LOOM_CUDA_LAUNCHED();
 }
 void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s) {
   const int64_t total = int64_t(N) * F;
-  swiglu_forward_kernel<<<blocks_for(total, kThreads), kThreads, 0, s>>>(out, inp, F, total);
+  LOOM_LAUNCH(swiglu_forward_kernel, blocks_for(total, kThreads), kThreads, 0, s)(out, inp, F, total);
   LOOM_CUDA_LAUNCHED();
 }
 void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s) {
   const int64_t total = int64_t(N) * F;
-  swiglu_backward_kernel<<<blocks_for(total, kThreads), kThreads, 0, s>>>(dinp, inp, dout, F, total);
+  LOOM_LAUNCH(swiglu_backward_kernel, blocks_for(total, kThreads), kThreads, 0, s)(dinp, inp, dout, F, total);
   LOOM_CUDA_LAUNCHED();
 }
 

@@ -158,31 +158,32 @@ __global__ void sum_squares_final(double* out, const double* partial) {
 
 void crossentropy_forward_backward(bf16* logits, float* losses, const int32_t* targets, int N, int V, int valid,
                                    float dloss, cudaStream_t s) {
-  crossentropy_kernel<<<N, kThreads, 0, s>>>(logits, losses, targets, V, valid, dloss);
+  LOOM_LAUNCH(crossentropy_kernel, N, kThreads, 0, s)(logits, losses, targets, V, valid, dloss);
   LOOM_CUDA_LAUNCHED();
 }
 
 void crossentropy_shard_stats(const bf16* logits, const int32_t* targets, int N, int Vl, int valid, int v0,
                               float* rowmax, float* target_logit, cudaStream_t s) {
-  ce_stats_kernel<<<N, kThreads, 0, s>>>(logits, targets, Vl, valid, v0, rowmax, target_logit);
+  LOOM_LAUNCH(ce_stats_kernel, N, kThreads, 0, s)(logits, targets, Vl, valid, v0, rowmax, target_logit);
   LOOM_CUDA_LAUNCHED();
 }
 
 void crossentropy_shard_sumexp(const bf16* logits, const float* rowmax, int N, int Vl, int valid, float* sumexp,
                                cudaStream_t s) {
-  ce_sumexp_kernel<<<N, kThreads, 0, s>>>(logits, rowmax, Vl, valid, sumexp);
+  LOOM_LAUNCH(ce_sumexp_kernel, N, kThreads, 0, s)(logits, rowmax, Vl, valid, sumexp);
   LOOM_CUDA_LAUNCHED();
 }
 
 void crossentropy_shard_finish(bf16* logits, float* losses, const int32_t* targets, int N, int Vl, int valid, int v0,
                                const float* rowmax, const float* sumexp, const float* target_logit, float dloss,
                                cudaStream_t s) {
-  ce_finish_kernel<<<N, kThreads, 0, s>>>(logits, losses, targets, Vl, valid, v0, rowmax, sumexp, target_logit, dloss);
+  LOOM_LAUNCH(ce_finish_kernel, N, kThreads, 0, s)
+  (logits, losses, targets, Vl, valid, v0, rowmax, sumexp, target_logit, dloss);
   LOOM_CUDA_LAUNCHED();
 }
 
 void loss_accumulate(double* acc, const float* losses, int N, cudaStream_t s) {
-  loss_accumulate_kernel<<<1, kThreads, 0, s>>>(acc, losses, N);
+  LOOM_LAUNCH(loss_accumulate_kernel, 1, kThreads, 0, s)(acc, losses, N);
   LOOM_CUDA_LAUNCHED();
 }
 
@@ -190,21 +191,21 @@ void adamw_multi(float* master, bf16* params, const float* grads, float* m, floa
                  int n_chunks, float lr_step, float bc2_sqrt, float beta1, float beta2, float eps, float decay_factor,
                  const float* grad_scale, cudaStream_t s) {
   if (n_chunks == 0) return;
-  adamw_multi_kernel<<<n_chunks, kThreads, 0, s>>>(master, params, grads, m, v, chunks, lr_step, bc2_sqrt, beta1, beta2,
-                                                   eps, decay_factor, grad_scale);
+  LOOM_LAUNCH(adamw_multi_kernel, n_chunks, kThreads, 0, s)
+  (master, params, grads, m, v, chunks, lr_step, bc2_sqrt, beta1, beta2, eps, decay_factor, grad_scale);
   LOOM_CUDA_LAUNCHED();
 }
 
 void grad_clip_scale(float* scale, const double* sum_squares, double max_norm, cudaStream_t s) {
-  clip_scale_kernel<<<1, 1, 0, s>>>(scale, sum_squares, max_norm);
+  LOOM_LAUNCH(clip_scale_kernel, 1, 1, 0, s)(scale, sum_squares, max_norm);
   LOOM_CUDA_LAUNCHED();
 }
 
 void sum_squares_table(double* out, const float* grads, const OptChunkDev* chunks, int n_chunks, double* scratch,
                        cudaStream_t s) {
-  sum_squares_partial<<<kPartials, kThreads, 0, s>>>(scratch, grads, chunks, n_chunks);
+  LOOM_LAUNCH(sum_squares_partial, kPartials, kThreads, 0, s)(scratch, grads, chunks, n_chunks);
   LOOM_CUDA_LAUNCHED();
-  sum_squares_final<<<1, kThreads, 0, s>>>(out, scratch);
+  LOOM_LAUNCH(sum_squares_final, 1, kThreads, 0, s)(out, scratch);
   LOOM_CUDA_LAUNCHED();
 }
 

@@ -94,37 +94,38 @@ __global__ void column_sums_kernel(float* out, const float* probs, int N, int E)
 }  // namespace
 
 void moe_route(float* probs, int32_t* idx, float* w, const bf16* logits, int N, int E, int k, cudaStream_t s) {
-  moe_route_kernel<<<blocks_for(N, kThreads), kThreads, 0, s>>>(probs, idx, w, logits, N, E, k);
+  LOOM_LAUNCH(moe_route_kernel, blocks_for(N, kThreads), kThreads, 0, s)(probs, idx, w, logits, N, E, k);
   LOOM_CUDA_LAUNCHED();
 }
 void moe_gather(bf16* rows, const bf16* x, const int32_t* token_of_row, int R, int C, cudaStream_t s) {
   if (R == 0) return;
-  moe_gather_kernel<<<blocks_for(int64_t(R) * C, kThreads), kThreads, 0, s>>>(rows, x, token_of_row, R, C);
+  LOOM_LAUNCH(moe_gather_kernel, blocks_for(int64_t(R) * C, kThreads), kThreads, 0, s)(rows, x, token_of_row, R, C);
   LOOM_CUDA_LAUNCHED();
 }
 void moe_combine(bf16* out, const bf16* rows, const int32_t* row_of, const float* w, int N, int k, int C,
                  cudaStream_t s) {
-  moe_combine_kernel<<<blocks_for(int64_t(N) * C, kThreads), kThreads, 0, s>>>(out, rows, row_of, w, N, k, C);
+  LOOM_LAUNCH(moe_combine_kernel, blocks_for(int64_t(N) * C, kThreads), kThreads, 0, s)(out, rows, row_of, w, N, k, C);
   LOOM_CUDA_LAUNCHED();
 }
 void moe_combine_backward(bf16* drows, float* dw, const bf16* dout, const bf16* rows, const int32_t* row_of,
                           const float* w, int N, int k, int C, cudaStream_t s) {
   const int64_t A = int64_t(N) * k;
-  moe_combine_backward_kernel<<<blocks_for(A * 32, kThreads), kThreads, 0, s>>>(drows, dw, dout, rows, row_of, w,
-                                                                                int(A), k, C);
+  LOOM_LAUNCH(moe_combine_backward_kernel, blocks_for(A * 32, kThreads), kThreads, 0, s)
+  (drows, dw, dout, rows, row_of, w, int(A), k, C);
   LOOM_CUDA_LAUNCHED();
 }
 void moe_scatter_add(bf16* dx, const bf16* drows, const int32_t* row_of, int N, int k, int C, cudaStream_t s) {
-  moe_scatter_add_kernel<<<blocks_for(int64_t(N) * C, kThreads), kThreads, 0, s>>>(dx, drows, row_of, N, k, C);
+  LOOM_LAUNCH(moe_scatter_add_kernel, blocks_for(int64_t(N) * C, kThreads), kThreads, 0, s)(dx, drows, row_of, N, k, C);
   LOOM_CUDA_LAUNCHED();
 }
 void moe_router_backward(bf16* dlogits, const float* probs, const int32_t* idx, const float* w, const float* dw,
                          const float* aux_g, int N, int E, int k, cudaStream_t s) {
-  moe_router_backward_kernel<<<blocks_for(N, kThreads), kThreads, 0, s>>>(dlogits, probs, idx, w, dw, aux_g, N, E, k);
+  LOOM_LAUNCH(moe_router_backward_kernel, blocks_for(N, kThreads), kThreads, 0, s)
+  (dlogits, probs, idx, w, dw, aux_g, N, E, k);
   LOOM_CUDA_LAUNCHED();
 }
 void column_sums(float* out, const float* probs, int N, int E, cudaStream_t s) {
-  column_sums_kernel<<<blocks_for(E, 32), 32, 0, s>>>(out, probs, N, E);
+  LOOM_LAUNCH(column_sums_kernel, blocks_for(E, 32), 32, 0, s)(out, probs, N, E);
   LOOM_CUDA_LAUNCHED();
 }
 

@@ -116,37 +116,39 @@ __global__ void rmsnorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* in
 
 void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
                        const bf16* bias, int N, int C, float eps, cudaStream_t s) {
-  layernorm_forward_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(out, mean, rstd, inp, add, weight, bias, N, C,
-                                                                         eps);
+  LOOM_LAUNCH(layernorm_forward_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+  (out, mean, rstd, inp, add, weight, bias, N, C, eps);
   LOOM_CUDA_LAUNCHED();
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
                         const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
   if (dinp) {
-    layernorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    LOOM_LAUNCH(layernorm_dinp_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+    (dinp, dout, inp, weight, mean, rstd, N, C);
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  norm_dweight_kernel<<<blocks_for(C, 32), dim3(32, kColPhases), 0, s>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  LOOM_LAUNCH(norm_dweight_kernel, blocks_for(C, 32), dim3(32, kColPhases), 0, s)
+  (dweight, dbias, dout, inp, mean, rstd, N, C);
   LOOM_CUDA_LAUNCHED();
 }
 
 void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
                      cudaStream_t s) {
-  rmsnorm_forward_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(out, rstd, inp, add, weight, N, C, eps);
+  LOOM_LAUNCH(rmsnorm_forward_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)(out, rstd, inp, add, weight, N, C, eps);
   LOOM_CUDA_LAUNCHED();
 }
 
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
                       const float* rstd, int N, int C, cudaStream_t s) {
   if (dinp) {
-    rmsnorm_dinp_kernel<<<blocks_for(N, kWarps), 32 * kWarps, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
+    LOOM_LAUNCH(rmsnorm_dinp_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)(dinp, dout, inp, weight, rstd, N, C);
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  norm_dweight_kernel<<<blocks_for(C, 32), dim3(32, kColPhases), 0, s>>>(dweight, nullptr, dout, inp, nullptr, rstd, N,
-                                                                         C);
+  LOOM_LAUNCH(norm_dweight_kernel, blocks_for(C, 32), dim3(32, kColPhases), 0, s)
+  (dweight, nullptr, dout, inp, nullptr, rstd, N, C);
   LOOM_CUDA_LAUNCHED();
 }
 

@@ -1,0 +1,745 @@
+// The block scheduler of the CUDA emulation. A launch runs its blocks one after another on
+// the calling OS thread; a block's threads run as fibers with stacks of their own, switched
+// only at __syncthreads, __syncwarp, shuffles, votes and mma_sync, so a block behaves as one
+// on a device whose warps interleave only at those points. A fiber that finishes its thread
+// without waiting goes on to the next unstarted thread, so kernels without barriers cost one
+// fiber, not one per thread.
+// Checked as a device would fail, or as CUDA leaves undefined: threads of one block waiting at
+// __syncthreads calls on different lines, warp operations whose masks leave out the caller,
+// name lanes that exited or do not exist, or differ between lanes, and deadlocks (reported
+// with what every waiting thread waits for).
+// This file is built without sanitizer instrumentation. Under ThreadSanitizer every emulated
+// thread is a sanitizer context of its own, and each block runs on a fresh OS thread with an
+// executor of its own (fresh thread-locals: its static __shared__ arrays), so
+// nothing orders two threads but __syncthreads and __syncwarp (within a block) and the end of
+// a launch (all before the next): a race between threads, or between blocks, is reported.
+// Shuffles and mma_sync move values through tables here that the sanitizer does not see, as
+// registers move on a device.
+#include <fmt/format.h>
+#include <pthread.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/emu/runtime.h"
+
+#if defined(LOOM_EMU_TSAN)
+extern "C" {
+void* __tsan_get_current_fiber();
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void* fiber);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
+#endif
+#if defined(LOOM_EMU_ASAN)
+extern "C" {
+void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
+void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
+void __asan_unpoison_memory_region(const volatile void* addr, size_t size);
+}
+#endif
+
+// A sanitizer build of the emulation stops at its first report, whatever the environment says:
+// a race or an overrun is a failed test, not a warning in a log.
+#if defined(LOOM_EMU_TSAN)
+extern "C" const char* __tsan_default_options() {
+  return "halt_on_error=1";
+}
+#endif
+#if defined(LOOM_EMU_ASAN)
+extern "C" const char* __asan_default_options() {
+  return "halt_on_error=1:detect_leaks=1";
+}
+#endif
+
+namespace loom::emu {
+
+thread_local ThreadState* current_thread = nullptr;
+thread_local BlockState* current_block = nullptr;
+
+namespace {
+
+// Under TSan a fiber runs one emulated thread per start, in a sanitizer context of its own
+// (creating one costs about a millisecond, so 4096 are made once and taken in turn: thread i
+// of block b gets context (b n + i) mod 4096, and only blocks that far apart are ordered by
+// sharing contexts); fibers and their stacks pass from block to block.
+#if defined(LOOM_EMU_TSAN)
+constexpr bool kOneThreadPerStart = true;
+constexpr size_t kStackBytes = size_t(32) << 10;
+#else
+constexpr bool kOneThreadPerStart = false;
+constexpr size_t kStackBytes = size_t(256) << 10;
+#endif
+
+// Saves the callee-saved registers and the floating-point control words on the current
+// stack, stores its pointer in *save and continues on `next` (System V x86-64).
+extern "C" void loom_emu_switch(void** save, void* next);
+extern "C" void loom_emu_trampoline();
+#if defined(__x86_64__)
+asm(R"(
+  .pushsection .text
+  .globl loom_emu_switch
+  .type loom_emu_switch,@function
+loom_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size loom_emu_switch,.-loom_emu_switch
+  .globl loom_emu_trampoline
+  .type loom_emu_trampoline,@function
+loom_emu_trampoline:
+  movq %r12, %rdi
+  callq *%r13
+  ud2
+  .size loom_emu_trampoline,.-loom_emu_trampoline
+  .popsection
+)");
+#else
+#error "the CUDA emulation's fibers are written for x86-64"
+#endif
+
+constexpr size_t kGuardBytes = size_t(4) << 10;
+
+struct Fiber {
+  void* sp = nullptr;
+  char* map = nullptr;  // guard page, then the stack
+  const void* lo = nullptr;
+  size_t size = 0;
+  int thread = -1;       // the emulated thread it runs; -1 when idle
+  void* tsan = nullptr;  // the sanitizer context of that thread
+};
+
+enum class Wait : uint8_t { none, barrier, warp, done };
+enum class WarpOp : uint8_t { shuffle, vote, syncwarp, mma };
+const char* op_name(WarpOp op) {
+  switch (op) {
+    case WarpOp::shuffle:
+      return "a shuffle";
+    case WarpOp::vote:
+      return "a vote";
+    case WarpOp::syncwarp:
+      return "__syncwarp";
+    case WarpOp::mma:
+      return "wmma::mma_sync";
+  }
+  return "?";
+}
+
+struct Warp {
+  unsigned present = 0;  // lanes that exist (a block's last warp may be partial)
+  unsigned exited = 0;
+  unsigned waiting = 0;  // lanes arrived at the pending operation
+  unsigned mask = 0;
+  WarpOp op = WarpOp::shuffle;
+  int line = 0;
+  int cur = 0;  // which half of the tables the pending operation uses
+  uint64_t value[2][32];
+  float a[2][256], b[2][256];
+};
+
+struct Executor {
+  Fiber main;
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  std::vector<Fiber*> idle;
+  // The block being run.
+  const LaunchConfig* cfg = nullptr;
+  void (*body)(void*) = nullptr;
+  void* ctx = nullptr;
+  BlockState block;
+  int n = 0, next = 0, done = 0;
+  std::vector<ThreadState> threads;
+  std::vector<Wait> wait;
+  std::vector<Fiber*> fiber_of;
+  std::vector<int> ready;  // a ring of n slots: no allocation while fibers run
+  size_t ready_head = 0, ready_size = 0;
+  int bar_arrived = 0, bar_line = 0;
+  std::vector<Warp> warps;
+  std::string error;
+  char* tokens = nullptr;  // TSan sync objects: [0] the block's barrier, [1 + w] warp w's
+  char* done_token = nullptr;
+  char* start_token = nullptr;
+  uint64_t block_linear = 0;
+  std::vector<unsigned char> dyn;  // not used under sanitizers (malloc'd per block there)
+  unsigned char* dyn_ptr = nullptr;
+  ~Executor();
+};
+void fiber_unmap(Fiber* f);
+Executor::~Executor() {
+  for (auto& f : fibers) fiber_unmap(f.get());
+#if defined(LOOM_EMU_TSAN)
+  std::free(dyn_ptr);  // after the launch: its threads read it
+#endif
+}
+thread_local std::unique_ptr<Executor> tls_owned;
+thread_local Executor* tls_executor = nullptr;  // under TSan, one the launch owns per block
+
+Executor& executor() {
+  if (!tls_executor) {
+    tls_owned = std::make_unique<Executor>();
+    tls_executor = tls_owned.get();
+  }
+  return *tls_executor;
+}
+
+[[noreturn]] void device_fail(Executor& ex, const std::string& what) {
+  const ThreadState* t = current_thread;
+  const BlockState& b = ex.block;
+  char where[160];
+  std::snprintf(where, sizeof where, "%s block (%u,%u,%u) thread (%u,%u,%u): ", ex.cfg ? ex.cfg->name : "?", b.idx.x,
+                b.idx.y, b.idx.z, t ? t->idx.x : 0, t ? t->idx.y : 0, t ? t->idx.z : 0);
+  throw std::runtime_error(where + what);
+}
+
+void switch_fiber(Fiber& from, Fiber& to) {
+#if defined(LOOM_EMU_TSAN)
+  __tsan_switch_to_fiber(to.tsan, 1 /* __tsan_switch_to_fiber_no_sync */);
+#endif
+#if defined(LOOM_EMU_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, to.lo, to.size);
+#endif
+  loom_emu_switch(&from.sp, to.sp);
+#if defined(LOOM_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+void thread_exit(Executor& ex, int t);
+void run_threads(Executor& ex, Fiber* self);
+
+// Runs emulated threads, then waits idle until the scheduler starts it again (perhaps for
+// another block's executor, under TSan). It touches no container: allocations here would be
+// accesses the sanitizer sees from an unordered context.
+void fiber_entry(void* arg) {
+  Fiber* self = static_cast<Fiber*>(arg);
+#if defined(LOOM_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &executor().main.lo, &executor().main.size);
+#endif
+  for (;;) {
+    Executor& ex = executor();
+    run_threads(ex, self);
+    self->thread = -1;
+    switch_fiber(*self, ex.main);
+  }
+}
+
+// The first switch to a fiber pops the control words and six registers (r13 the entry, r12
+// its argument) and returns into the trampoline, 16-byte aligned as a call expects.
+void fiber_frame(Fiber* f) {
+  uintptr_t top = (uintptr_t(f->map) + kStackBytes) & ~uintptr_t(15);
+  auto* sp = reinterpret_cast<uint64_t*>(top - 64 - 16);
+  uint32_t csr[2] = {0, 0};
+  asm volatile("stmxcsr %0" : "=m"(csr[0]));
+  asm volatile("fnstcw %0" : "=m"(csr[1]));
+  sp[0] = uint64_t(csr[0]) | (uint64_t(csr[1] & 0xffff) << 32);
+  sp[1] = sp[2] = 0;                                 // r15, r14
+  sp[3] = reinterpret_cast<uint64_t>(&fiber_entry);  // r13
+  sp[4] = reinterpret_cast<uint64_t>(f);             // r12
+  sp[5] = sp[6] = 0;                                 // rbx, rbp
+  sp[7] = reinterpret_cast<uint64_t>(&loom_emu_trampoline);
+  f->sp = sp;
+  f->thread = -1;
+}
+
+std::unique_ptr<Fiber> fiber_make() {
+  auto f = std::make_unique<Fiber>();
+  void* m = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) throw std::runtime_error("the CUDA emulation could not map a fiber stack");
+  mprotect(m, kGuardBytes, PROT_NONE);  // a stack overflow faults instead of corrupting
+  f->map = static_cast<char*>(m);
+  f->lo = f->map + kGuardBytes;
+  f->size = kStackBytes - kGuardBytes;
+  fiber_frame(f.get());
+#if defined(LOOM_EMU_TSAN)
+  f->tsan = __tsan_create_fiber(0);
+#endif
+  return f;
+}
+
+[[maybe_unused]] Fiber* fiber_new(Executor& ex) {
+  ex.fibers.push_back(fiber_make());
+  return ex.fibers.back().get();
+}
+
+#if defined(LOOM_EMU_TSAN)
+// Fiber k mod 4096, each with its own stack and sanitizer context, made once (a context costs
+// about a millisecond): thread i of block b runs on fiber (b n + i) mod 4096, so a stack is
+// reused only by threads its context already orders, and only threads that far apart are.
+Fiber* tsan_fiber(uint64_t k) {
+  static std::mutex m;
+  static std::vector<std::unique_ptr<Fiber>> pool(4096);
+  std::lock_guard<std::mutex> lock(m);
+  auto& f = pool[k % pool.size()];
+  if (!f) f = fiber_make();
+  return f.get();
+}
+#endif
+
+void fiber_unmap(Fiber* f) {
+#if defined(LOOM_EMU_ASAN)
+  __asan_unpoison_memory_region(f->lo, f->size);  // frames left behind by an aborted block
+#endif
+  munmap(f->map, kStackBytes);
+}
+
+[[maybe_unused]] void fiber_free(Executor& ex, Fiber* f) {
+  fiber_unmap(f);
+  for (auto& p : ex.fibers)
+    if (p.get() == f) {
+      p = std::move(ex.fibers.back());
+      ex.fibers.pop_back();
+      break;
+    }
+}
+
+#if defined(LOOM_EMU_TSAN)
+// Runs `body` on a new OS thread with a small stack (the sanitizer writes its shadow for the
+// whole stack when a thread starts) and waits for it.
+template <class F>
+void run_on_fresh_thread(F&& body) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, size_t(256) << 10);
+  pthread_t t;
+  auto call = [](void* p) -> void* {
+    (*static_cast<F*>(p))();
+    return nullptr;
+  };
+  if (pthread_create(&t, &attr, call, &body) != 0)
+    throw std::runtime_error("the CUDA emulation could not start a thread");
+  pthread_join(t, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
+#endif
+
+void resume(Executor& ex, Fiber* f) {
+  current_thread = f->thread >= 0 ? &ex.threads[size_t(f->thread)] : nullptr;
+  current_block = &ex.block;
+  switch_fiber(ex.main, *f);
+#if !defined(LOOM_EMU_TSAN)
+  if (f->thread < 0) ex.idle.push_back(f);
+#endif
+}
+
+void run_threads(Executor& ex, Fiber* self) {
+  while (ex.next < ex.n && ex.error.empty()) {
+    const int t = ex.next++;
+    self->thread = t;
+    ex.fiber_of[size_t(t)] = self;
+    current_thread = &ex.threads[size_t(t)];
+#if defined(LOOM_EMU_TSAN)
+    __tsan_acquire(ex.start_token);  // after the host's writes and this block's start only
+#endif
+    try {
+      ex.body(ex.ctx);
+      thread_exit(ex, t);
+    } catch (const std::exception& e) {
+      if (ex.error.empty()) ex.error = e.what();
+#if defined(LOOM_EMU_TSAN)
+      __tsan_release(ex.done_token);  // the block's thread reads the message
+#endif
+      return;
+    }
+    if (kOneThreadPerStart) return;
+  }
+}
+
+// Suspends the running emulated thread until the scheduler resumes it.
+void block_current(Executor& ex) {
+  const int t = current_thread->linear;
+  switch_fiber(*ex.fiber_of[size_t(t)], ex.main);
+  if (!ex.error.empty()) throw std::runtime_error("aborted");  // never resumed after an error
+}
+
+void make_ready(Executor& ex, int t) {
+  ex.wait[size_t(t)] = Wait::none;
+  ex.ready[(ex.ready_head + ex.ready_size++) % ex.ready.size()] = t;
+}
+
+void release_barrier(Executor& ex) {
+  for (int t = 0; t < ex.n; ++t)
+    if (ex.wait[size_t(t)] == Wait::barrier) make_ready(ex, t);
+  ex.bar_arrived = 0;
+}
+
+void thread_exit(Executor& ex, int t) {
+#if defined(LOOM_EMU_TSAN)
+  __tsan_release(ex.done_token);
+#endif
+  ex.wait[size_t(t)] = Wait::done;
+  ++ex.done;
+  Warp& w = ex.warps[size_t(t / 32)];
+  const unsigned bit = 1u << (t % 32);
+  w.exited |= bit;
+  if (w.waiting && (w.mask & bit))
+    device_fail(ex, "exits while lanes of its warp wait for it in " + std::string(op_name(w.op)) + " (line " +
+                        std::to_string(w.line) + ")");
+  // Exited threads no longer count at a barrier (as on the device since Volta).
+  if (ex.bar_arrived > 0 && ex.bar_arrived == ex.n - ex.done) release_barrier(ex);
+}
+
+std::string hex(unsigned m) {
+  char s[16];
+  std::snprintf(s, sizeof s, "0x%08x", m);
+  return s;
+}
+
+// Arrives at the warp's pending operation (or opens it); returns the half of the tables it
+// uses, valid until this lane's next warp operation. The caller has written its own slots.
+int warp_arrive(Executor& ex, unsigned mask, WarpOp op, int line, int half) {
+  const int t = current_thread->linear, lane = t % 32;
+  Warp& w = ex.warps[size_t(t / 32)];
+  const unsigned bit = 1u << lane;
+  if (!(mask & bit))
+    device_fail(ex, std::string(op_name(op)) + " with mask " + hex(mask) + " that leaves out lane " +
+                        std::to_string(lane) + ", the caller");
+  if (mask & ~w.present)
+    device_fail(ex, std::string(op_name(op)) + " with mask " + hex(mask) + " names lanes " + hex(mask & ~w.present) +
+                        " that this block does not have");
+  if (mask & w.exited)
+    device_fail(ex, std::string(op_name(op)) + " (line " + std::to_string(line) + ") with mask " + hex(mask) +
+                        " names lanes " + hex(mask & w.exited) + " that have exited");
+  if (w.waiting == 0) {
+    w.mask = mask, w.op = op, w.line = line;
+  } else if (w.mask != mask || w.op != op) {
+    device_fail(ex, std::string(op_name(op)) + " (line " + std::to_string(line) + ", mask " + hex(mask) +
+                        ") while lanes " + hex(w.waiting) + " of its warp wait in " + op_name(w.op) + " (line " +
+                        std::to_string(w.line) + ", mask " + hex(w.mask) + ")");
+  }
+  w.waiting |= bit;
+  if (w.waiting == mask) {
+    w.waiting = 0;
+    w.cur ^= 1;
+    for (int l = 0; l < 32; ++l)
+      if ((mask >> l & 1u) && l != lane) make_ready(ex, (t / 32) * 32 + l);
+  } else {
+    ex.wait[size_t(t)] = Wait::warp;
+    block_current(ex);
+  }
+  return half;
+}
+
+std::string deadlock_report(Executor& ex) {
+  int at_barrier = 0;
+  for (int t = 0; t < ex.n; ++t) at_barrier += ex.wait[size_t(t)] == Wait::barrier;
+  std::string s = "deadlock:";
+  if (at_barrier) s += fmt::format(" {} threads wait at __syncthreads (line {});", at_barrier, ex.bar_line);
+  for (size_t w = 0; w < ex.warps.size(); ++w)
+    if (ex.warps[w].waiting)
+      s += fmt::format(" lanes {} of warp {} wait in {} (line {}, mask {});", hex(ex.warps[w].waiting), w,
+                       op_name(ex.warps[w].op), ex.warps[w].line, hex(ex.warps[w].mask));
+  return s + fmt::format(" {} of {} threads have exited", ex.done, ex.n);
+}
+
+void run_block(Executor& ex, uint3 idx) {
+  ex.block.idx = idx;
+  ex.next = ex.done = 0;
+  ex.bar_arrived = 0;
+  ex.ready_head = ex.ready_size = 0;
+  for (auto& w : ex.warps) w.exited = w.waiting = w.mask = 0, w.cur = 0;
+  std::fill(ex.wait.begin(), ex.wait.end(), Wait::none);
+#if defined(LOOM_EMU_TSAN)
+  ex.tokens = new char[1 + ex.warps.size()];
+#endif
+  const size_t dyn = ex.cfg->dynamic_shared;
+#if defined(LOOM_EMU_ASAN) || defined(LOOM_EMU_TSAN)
+  ex.dyn_ptr = dyn ? static_cast<unsigned char*>(std::malloc(dyn)) : nullptr;  // exact size: overruns are seen
+#else
+  ex.dyn.resize(dyn);
+  ex.dyn_ptr = ex.dyn.data();
+#endif
+  if (dyn) std::memset(ex.dyn_ptr, 0xff, dyn);  // uninitialized shared memory reads as NaN
+  ex.block.dynamic_shared = ex.dyn_ptr;
+#if defined(LOOM_EMU_TSAN)
+  __tsan_release(ex.start_token);  // what this thread did for the block, before any of its threads
+#endif
+  while (ex.done < ex.n && ex.error.empty()) {
+    if (ex.ready_size) {
+      const int t = ex.ready[ex.ready_head];
+      ex.ready_head = (ex.ready_head + 1) % ex.ready.size();
+      --ex.ready_size;
+      resume(ex, ex.fiber_of[size_t(t)]);
+    } else if (ex.next < ex.n) {
+      Fiber* f = nullptr;
+#if defined(LOOM_EMU_TSAN)
+      f = tsan_fiber(ex.block_linear * uint64_t(ex.n) + uint64_t(ex.next));
+#else
+      if (!ex.idle.empty()) {
+        f = ex.idle.back();
+        ex.idle.pop_back();
+      } else {
+        f = fiber_new(ex);
+      }
+#endif
+      resume(ex, f);
+    } else {
+      ex.error = ex.cfg->name + std::string(" block (") + std::to_string(idx.x) + "," + std::to_string(idx.y) + "," +
+                 std::to_string(idx.z) + "): " + deadlock_report(ex);
+    }
+  }
+  if (!ex.error.empty()) {
+    // Threads left suspended mid-kernel: their fibers are dropped, never resumed.
+    std::vector<Fiber*> busy;
+    for (int t = 0; t < ex.n; ++t)
+      if (ex.fiber_of[size_t(t)] && ex.wait[size_t(t)] != Wait::done && ex.fiber_of[size_t(t)]->thread == t)
+        busy.push_back(ex.fiber_of[size_t(t)]);
+#if defined(LOOM_EMU_TSAN)
+    for (Fiber* f : busy) {  // each releases what it read, as a finished thread does, and starts afresh
+      __tsan_switch_to_fiber(f->tsan, 1);
+      __tsan_release(ex.done_token);
+      __tsan_switch_to_fiber(ex.main.tsan, 1);
+      fiber_frame(f);
+    }
+#else
+    for (Fiber* f : busy) fiber_free(ex, f);
+#endif
+  }
+#if defined(LOOM_EMU_TSAN)
+  delete[] ex.tokens;
+  ex.tokens = nullptr;
+#endif
+#if defined(LOOM_EMU_ASAN)
+  std::free(ex.dyn_ptr);
+  ex.dyn_ptr = nullptr;
+#endif
+}
+
+// Per-kernel dynamic shared memory limits raised by cudaFuncSetAttribute.
+std::mutex attr_mutex;
+std::unordered_map<const void*, size_t>& shared_limits() {
+  static std::unordered_map<const void*, size_t> m;
+  return m;
+}
+// Under ASan static __shared__ arrays are plain statics, one copy for the process.
+[[maybe_unused]] std::mutex launch_mutex;
+std::atomic<uint64_t> n_launches{0}, n_blocks{0}, n_threads{0};
+
+}  // namespace
+
+size_t dynamic_shared_limit(const void* kernel) {
+  std::lock_guard<std::mutex> lock(attr_mutex);
+  auto it = shared_limits().find(kernel);
+  return it == shared_limits().end() ? DeviceLimits::shared_default : it->second;
+}
+void set_dynamic_shared_limit(const void* kernel, size_t bytes) {
+  std::lock_guard<std::mutex> lock(attr_mutex);
+  shared_limits()[kernel] = bytes;
+}
+
+unsigned char* dynamic_shared() {
+  return current_block->dynamic_shared;
+}
+
+Counters counters() {
+  return {n_launches.load(), n_blocks.load(), n_threads.load()};
+}
+
+void syncthreads(int line) {
+  Executor& ex = executor();
+  const int t = current_thread->linear;
+  if (ex.bar_arrived == 0) {
+    ex.bar_line = line;
+  } else if (line != ex.bar_line) {
+    device_fail(ex, "__syncthreads at line " + std::to_string(line) + " while " + std::to_string(ex.bar_arrived) +
+                        " threads wait at the one at line " + std::to_string(ex.bar_line) + " (divergent barrier)");
+  }
+#if defined(LOOM_EMU_TSAN)
+  __tsan_release(ex.tokens);
+#endif
+  if (++ex.bar_arrived == ex.n - ex.done) {
+    release_barrier(ex);
+  } else {
+    ex.wait[size_t(t)] = Wait::barrier;
+    block_current(ex);
+  }
+#if defined(LOOM_EMU_TSAN)
+  __tsan_acquire(ex.tokens);
+#endif
+}
+
+void syncwarp(unsigned mask, int line) {
+  Executor& ex = executor();
+  [[maybe_unused]] const int w = current_thread->linear / 32;
+#if defined(LOOM_EMU_TSAN)
+  __tsan_release(ex.tokens + 1 + w);
+#endif
+  warp_arrive(ex, mask, WarpOp::syncwarp, line, 0);
+#if defined(LOOM_EMU_TSAN)
+  __tsan_acquire(ex.tokens + 1 + w);
+#endif
+}
+
+uint64_t warp_shuffle(unsigned mask, uint64_t value, int src, int line) {
+  Executor& ex = executor();
+  const int t = current_thread->linear;
+  Warp& w = ex.warps[size_t(t / 32)];
+  const int half = w.cur;
+  w.value[half][t % 32] = value;
+  warp_arrive(ex, mask, WarpOp::shuffle, line, half);
+  if (src < 0 || src >= 32 || !(mask >> src & 1u))
+    device_fail(ex, "a shuffle (line " + std::to_string(line) + ") reads lane " + std::to_string(src) +
+                        ", outside its mask " + hex(mask));
+  return w.value[half][src];
+}
+
+unsigned warp_ballot(unsigned mask, bool pred, int line) {
+  Executor& ex = executor();
+  const int t = current_thread->linear;
+  Warp& w = ex.warps[size_t(t / 32)];
+  const int half = w.cur;
+  w.value[half][t % 32] = pred;
+  warp_arrive(ex, mask, WarpOp::vote, line, half);
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l)
+    if ((mask >> l & 1u) && w.value[half][l]) bits |= 1u << l;
+  return bits;
+}
+
+void warp_mma(float* d, const float* c, const float* a, const float* b, int line) {
+  Executor& ex = executor();
+  const int t = current_thread->linear, lane = t % 32;
+  Warp& w = ex.warps[size_t(t / 32)];
+  const int half = w.cur;
+  for (int j = 0; j < 8; ++j) w.a[half][lane + 32 * j] = a[j], w.b[half][lane + 32 * j] = b[j];
+  warp_arrive(ex, 0xffffffffu, WarpOp::mma, line, half);
+  const float* A = w.a[half];
+  const float* B = w.b[half];
+  for (int j = 0; j < 8; ++j) {
+    const int e = lane + 32 * j, r = e / 16, col = e % 16;
+    float s = c[j];
+    for (int k = 0; k < 16; ++k) s += A[r * 16 + k] * B[k * 16 + col];
+    d[j] = s;
+  }
+}
+
+namespace {
+void launch_prepare(Executor& ex, const LaunchConfig& cfg, void (*thread)(void*), void* ctx) {
+  const dim3 bd = cfg.block;
+  const size_t nthreads = size_t(bd.x) * bd.y * bd.z;
+  ex.cfg = &cfg;
+  ex.body = thread;
+  ex.ctx = ctx;
+  ex.error.clear();
+  ex.n = int(nthreads);
+  ex.block.dim = bd;
+  ex.block.grid = cfg.grid;
+  ex.threads.resize(nthreads);
+  for (unsigned z = 0, i = 0; z < bd.z; ++z)
+    for (unsigned y = 0; y < bd.y; ++y)
+      for (unsigned x = 0; x < bd.x; ++x, ++i) ex.threads[i] = ThreadState{uint3{x, y, z}, int(i)};
+  ex.wait.assign(nthreads, Wait::none);
+  ex.fiber_of.assign(nthreads, nullptr);
+  ex.ready.assign(nthreads, 0);
+  ex.warps.assign((nthreads + 31) / 32, Warp{});
+  for (size_t w = 0; w < ex.warps.size(); ++w) {
+    const size_t lanes = std::min<size_t>(32, nthreads - 32 * w);
+    ex.warps[w].present = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+  }
+}
+}  // namespace
+
+void launch(const LaunchConfig& cfg, void (*thread)(void*), void* ctx) {
+  const dim3 g = cfg.grid, bd = cfg.block;
+  const unsigned long long nthreads = 1ull * bd.x * bd.y * bd.z;
+  auto bad = [&](const std::string& why) {
+    set_last_error(cudaErrorInvalidConfiguration, std::string("launch of ") + cfg.name + " with grid (" +
+                                                      std::to_string(g.x) + "," + std::to_string(g.y) + "," +
+                                                      std::to_string(g.z) + ") block (" + std::to_string(bd.x) + "," +
+                                                      std::to_string(bd.y) + "," + std::to_string(bd.z) + "): " + why);
+  };
+  if (g.x == 0 || g.y == 0 || g.z == 0 || bd.x == 0 || bd.y == 0 || bd.z == 0) return bad("a dimension is zero");
+  if (nthreads > DeviceLimits::threads_per_block) return bad("more than 1024 threads in a block");
+  if (bd.x > DeviceLimits::block_dim[0] || bd.y > DeviceLimits::block_dim[1] || bd.z > DeviceLimits::block_dim[2])
+    return bad("a block dimension past (1024, 1024, 64)");
+  if (g.x > DeviceLimits::grid_dim[0] || g.y > DeviceLimits::grid_dim[1] || g.z > DeviceLimits::grid_dim[2])
+    return bad("a grid dimension past (2^31 - 1, 65535, 65535)");
+  if (cfg.dynamic_shared > dynamic_shared_limit(cfg.kernel))
+    return bad(std::to_string(cfg.dynamic_shared) + " bytes of dynamic shared memory, past the kernel's limit of " +
+               std::to_string(dynamic_shared_limit(cfg.kernel)) + " (cudaFuncSetAttribute raises it)");
+#if defined(LOOM_EMU_ASAN)
+  std::lock_guard<std::mutex> lock(launch_mutex);
+#endif
+  ++n_launches;
+  std::string error;
+#if defined(LOOM_EMU_TSAN)
+  // Each block on a fresh OS thread with an executor of its own; the host acquires what every
+  // emulated thread released when it finished, then unmaps the launch's stacks.
+  // The executors live until then too: their threads read them. One launch at a time (the
+  // fibers are the process's).
+  static std::mutex tsan_launch;
+  std::lock_guard<std::mutex> lock(tsan_launch);
+  char* done_token = new char[1];
+  std::vector<std::unique_ptr<Executor>> executors;
+  for (unsigned z = 0; z < g.z && error.empty(); ++z)
+    for (unsigned y = 0; y < g.y && error.empty(); ++y)
+      for (unsigned x = 0; x < g.x && error.empty(); ++x) {
+        executors.push_back(std::make_unique<Executor>());
+        run_on_fresh_thread([&, exp = executors.back().get()] {
+          Executor& ex = *exp;
+          tls_executor = exp;
+          ex.main.tsan = __tsan_get_current_fiber();
+          launch_prepare(ex, cfg, thread, ctx);
+          ex.done_token = done_token;
+          ex.start_token = new char[1];
+          ex.block_linear = (uint64_t(z) * g.y + y) * g.x + x;
+          run_block(ex, uint3{x, y, z});
+          if (!ex.error.empty()) __tsan_acquire(done_token);  // the launch ends here
+          error = ex.error;
+        });
+        ++n_blocks;
+        n_threads += nthreads;
+      }
+  __tsan_acquire(done_token);
+  delete[] done_token;
+  for (auto& e : executors) delete[] e->start_token;
+  executors.clear();
+#else
+  Executor& ex = executor();
+  launch_prepare(ex, cfg, thread, ctx);
+  for (unsigned z = 0; z < g.z && ex.error.empty(); ++z)
+    for (unsigned y = 0; y < g.y && ex.error.empty(); ++y)
+      for (unsigned x = 0; x < g.x && ex.error.empty(); ++x) {
+        run_block(ex, uint3{x, y, z});
+        ++n_blocks;
+        n_threads += nthreads;
+      }
+  error = ex.error;
+  ex.cfg = nullptr;
+#endif
+  current_thread = nullptr;
+  current_block = nullptr;
+  if (!error.empty()) set_last_error(cudaErrorLaunchFailure, error);
+}
+
+}  // namespace loom::emu

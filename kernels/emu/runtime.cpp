@@ -1,0 +1,102 @@
+// The CUDA emulation's runtime calls: device memory is host memory (aligned as cudaMalloc's,
+// sized exactly so AddressSanitizer sees an overrun, and filled with NaN bytes until written),
+// copies and memsets run at once, errors carry a message that names what was wrong.
+#include "kernels/emu/runtime.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace loom::emu {
+
+namespace {
+thread_local cudaError_t last_error = cudaSuccess;
+thread_local std::string last_message;
+}  // namespace
+
+void set_last_error(cudaError_t e, const std::string& message) {
+  if (last_error != cudaSuccess) return;  // the first error is the one reported
+  last_error = e;
+  last_message = message;
+}
+
+}  // namespace loom::emu
+
+namespace loom::emu::rt {
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = emu::last_error;
+  emu::last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() {
+  return emu::last_error;
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  if (e != cudaSuccess && !emu::last_message.empty()) return emu::last_message.c_str();
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+  }
+  return "unknown error";
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = nullptr;
+  if (posix_memalign(p, 256, bytes ? bytes : 1) != 0) {
+    emu::set_last_error(cudaErrorMemoryAllocation, "cudaMalloc of " + std::to_string(bytes) + " bytes failed");
+    return cudaErrorMemoryAllocation;
+  }
+  std::memset(*p, 0xff, bytes);  // NaN in fp32 and bf16 until something is written
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (bytes) std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  return cudaMemset(p, value, bytes);
+}
+cudaError_t cudaDeviceSynchronize() {
+  return emu::last_error;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return emu::last_error;
+}
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      size_t(value) > emu::DeviceLimits::shared_optin) {
+    emu::set_last_error(cudaErrorInvalidValue, "cudaFuncSetAttribute: " + std::to_string(value) +
+                                                   " bytes of dynamic shared memory is past sm_90's 227 KiB per block");
+    return cudaErrorInvalidValue;
+  }
+  emu::set_dynamic_shared_limit(kernel, size_t(value));
+  return cudaSuccess;
+}
+
+}  // namespace loom::emu::rt

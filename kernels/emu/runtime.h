@@ -1,0 +1,123 @@
+// The host side of the CUDA emulation: the runtime calls the kernels' launch code and the
+// kernel tests make (memory, copies, errors, function attributes) and the launch itself,
+// whose configuration is checked against sm_90's limits before a block runs. A launch runs
+// synchronously on the calling thread; streams are accepted and ordered trivially.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "kernels/emu/bf16.h"
+#include "kernels/emu/device.h"
+
+namespace loom::emu::rt {
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorLaunchFailure = 719,
+};
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorString(cudaError_t e);
+cudaError_t cudaMalloc(void** p, size_t bytes);
+template <class T>
+cudaError_t cudaMalloc(T** p, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+cudaError_t cudaFree(void* p);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s = nullptr);
+cudaError_t cudaMemset(void* p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s = nullptr);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaGetDeviceCount(int* n);
+// Raises a kernel's dynamic shared memory limit (up to sm_90's 227 KiB per block).
+cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value);
+template <class... P>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+}  // namespace loom::emu::rt
+
+using namespace loom::emu::rt;
+
+namespace loom::emu {
+
+// sm_90's limits, which every launch is checked against.
+struct DeviceLimits {
+  static constexpr unsigned threads_per_block = 1024;
+  static constexpr unsigned block_dim[3] = {1024, 1024, 64};
+  static constexpr unsigned long long grid_dim[3] = {2147483647ull, 65535, 65535};
+  static constexpr size_t shared_default = 48 * 1024;
+  static constexpr size_t shared_optin = 227 * 1024;
+};
+
+struct LaunchConfig {
+  dim3 grid, block;
+  size_t dynamic_shared = 0;
+  cudaStream_t stream = nullptr;
+  const char* name = "";
+  const void* kernel = nullptr;
+};
+// Checks the configuration (a failure becomes the thread's last error, as a bad launch is on
+// a device), then runs every block: `thread(ctx)` runs one emulated thread's kernel body.
+void launch(const LaunchConfig& cfg, void (*thread)(void*), void* ctx);
+
+// LOOM_LAUNCH(kernel, grid, block, smem, stream)(args...): the arguments convert to the
+// kernel's parameter types once, as a launch's do, and every thread calls the kernel on them.
+template <class... P>
+struct Launcher {
+  void (*kernel)(P...);
+  LaunchConfig cfg;
+  template <class... A>
+  void operator()(A&&... a) const {
+    struct Call {
+      void (*kernel)(P...);
+      std::tuple<P...> args;
+    } call{kernel, std::tuple<P...>(std::forward<A>(a)...)};
+    launch(
+        cfg, [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args); }, &call);
+  }
+};
+template <class... P>
+Launcher<P...> make_launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                             const char* name) {
+  return {kernel, LaunchConfig{grid, block, smem, s, name, reinterpret_cast<const void*>(kernel)}};
+}
+unsigned char* dynamic_shared();
+// Internal to the emulation: the error cudaGetLastError returns next, with its message, and
+// the dynamic shared memory a kernel may launch with.
+void set_last_error(cudaError_t e, const std::string& message);
+size_t dynamic_shared_limit(const void* kernel);
+void set_dynamic_shared_limit(const void* kernel, size_t bytes);
+
+// Launches and emulated threads run since the process started (a test reads them to know the
+// emulation ran what it claims).
+struct Counters {
+  uint64_t launches = 0, blocks = 0, threads = 0;
+};
+Counters counters();
+
+}  // namespace loom::emu
+
+#define LOOM_LAUNCH(kernel, grid, block, smem, stream) \
+  ::loom::emu::make_launcher(kernel, dim3(grid), dim3(block), smem, stream, #kernel)
+#define LOOM_DYNAMIC_SHARED(T, name, align) T* name = reinterpret_cast<T*>(::loom::emu::dynamic_shared())
