@@ -1,20 +1,21 @@
-// GEMMs through cuBLASLt in bf16 with fp32 accumulation. cuBLASLt is column-major; a row-major
-// matrix is the column-major view of its transpose, so C = op(A) op(B) is computed as
-// C^T = op(B)^T op(A)^T: cuBLASLt's first operand is B, its second A, and m, n swap. A bias
-// rides the epilogue (added per column of the row-major C), and so can GELU (tanh form, as
-// GPT-2's): forward keeps its argument in an aux matrix laid out like C, and the backward
-// epilogue multiplies the product by GELU' of that aux.
+// GEMMs through cuBLASLt in bf16 with fp32 accumulation: the column-major problem comes from
+// gemm_plan (kernels/cuda/gemm_plan.h, tested without a GPU). A bias rides the epilogue (added
+// per column of the row-major C), and so can GELU (tanh form, as GPT-2's): forward keeps its
+// argument in an aux matrix laid out like C, and the backward epilogue multiplies the product
+// by GELU' of that aux. Errors name the GEMM's shape, its epilogue and cuBLASLt's status.
 #include <cublasLt.h>
 
 #include <cstdint>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
 
-#define LOOM_CUBLAS_CHECK(call)                                                                                     \
-  do {                                                                                                              \
-    cublasStatus_t st_ = (call);                                                                                    \
-    LOOM_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "{} failed at {}:{}: status {}", #call, __FILE__, __LINE__, int(st_)); \
+#define LOOM_CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                            \
+    cublasStatus_t st_ = (call);                                                                  \
+    LOOM_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "{} failed at {}:{}: {}", #call, __FILE__, __LINE__, \
+               cublasLtGetStatusName(st_));                                                       \
   } while (0)
 
 namespace loom::cuda {
@@ -40,8 +41,6 @@ GemmContext::~GemmContext() {
 
 namespace {
 
-enum class Gelu { none, forward, backward };
-
 // The largest power of two up to 256 that divides the address.
 uint32_t alignment(const void* p) {
   uint32_t a = 256;
@@ -49,73 +48,114 @@ uint32_t alignment(const void* p) {
   return a;
 }
 
-// C is bf16, or fp32 where c_f32 (then no bias and no GELU).
+// Descriptors live for one call and are destroyed on every path out of it, a throw included.
+struct OpDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~OpDesc() {
+    if (d) cublasLtMatmulDescDestroy(d);
+  }
+};
+struct Layout {
+  cublasLtMatrixLayout_t d = nullptr;
+  ~Layout() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+struct Preference {
+  cublasLtMatmulPreference_t d = nullptr;
+  ~Preference() {
+    if (d) cublasLtMatmulPreferenceDestroy(d);
+  }
+};
+
+cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
+  switch (e) {
+    case LtEpilogue::none:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case LtEpilogue::bias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case LtEpilogue::gelu_aux:
+      return CUBLASLT_EPILOGUE_GELU_AUX;
+    case LtEpilogue::gelu_aux_bias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case LtEpilogue::dgelu:
+      return CUBLASLT_EPILOGUE_DGELU;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// C is bf16, or fp32 where c_f32 (then no bias and no GELU): the shapes come from gemm_plan.
 void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                    const bf16* B, int ldb, float beta, void* C, bool c_f32, int ldc, const bf16* bias, Gelu gelu,
                    const bf16* aux, cudaStream_t s) {
+  const LtGemm g = gemm_plan(trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, gelu, c_f32);
+  const std::string what = g.describe(M, N, K);
+  auto check = [&](cublasStatus_t st, const char* call) {
+    LOOM_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt {} failed for the GEMM {}: {} ({})", call, what,
+               cublasLtGetStatusName(st), cublasLtGetStatusString(st));
+  };
   auto lt = static_cast<cublasLtHandle_t>(ctx.handle());
-  cublasLtMatmulDesc_t op;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &first, sizeof(first)));
-  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &second, sizeof(second)));
-  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-  if (gelu == Gelu::forward)
-    epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-  else if (gelu == Gelu::backward)
-    epi = CUBLASLT_EPILOGUE_DGELU;
-  else if (bias)
-    epi = CUBLASLT_EPILOGUE_BIAS;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-  if (bias && gelu != Gelu::backward) {
+  OpDesc op;
+  check(cublasLtMatmulDescCreate(&op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  const cublasOperation_t first = g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t second = g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &first, sizeof(first)), "TRANSA");
+  check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &second, sizeof(second)), "TRANSB");
+  const cublasLtEpilogue_t epi = lt_epilogue(g.epilogue);
+  check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "EPILOGUE");
+  if (g.epilogue == LtEpilogue::bias || g.epilogue == LtEpilogue::gelu_aux_bias) {
     const cudaDataType_t bias_type = CUDA_R_16BF;
-    LOOM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+          "BIAS_DATA_TYPE");
+    check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "BIAS_POINTER");
   }
-  if (gelu != Gelu::none) {
-    const int64_t aux_ld = ldc;
+  if (g.aux_ld) {
     const cudaDataType_t aux_type = CUDA_R_16BF;
-    LOOM_CHECK(ldc % 8 == 0, "a GELU epilogue needs ldc a multiple of 8, not {}", ldc);
-    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    LOOM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-    LOOM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
+    check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+          "EPILOGUE_AUX_POINTER");
+    check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.aux_ld, sizeof(g.aux_ld)),
+          "EPILOGUE_AUX_LD");
+    check(
+        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)),
+        "EPILOGUE_AUX_DATA_TYPE");
   }
-  // Column-major shapes: first = B viewed (N x K, or K x N stored when transposed), second = A.
-  cublasLtMatrixLayout_t lb, la, lc;
-  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, ldb));
-  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, lda));
-  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_f32 ? CUDA_R_32F : CUDA_R_16BF, N, M, ldc));
-  cublasLtMatmulPreference_t pref;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  Layout lf, ls, lc;
+  check(cublasLtMatrixLayoutCreate(&lf.d, CUDA_R_16BF, uint64_t(g.first.rows), uint64_t(g.first.cols), g.first.ld),
+        "MatrixLayoutCreate (first)");
+  check(cublasLtMatrixLayoutCreate(&ls.d, CUDA_R_16BF, uint64_t(g.second.rows), uint64_t(g.second.cols), g.second.ld),
+        "MatrixLayoutCreate (second)");
+  check(cublasLtMatrixLayoutCreate(&lc.d, c_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(g.c.rows), uint64_t(g.c.cols),
+                                   g.c.ld),
+        "MatrixLayoutCreate (C)");
+  Preference pref;
+  check(cublasLtMatmulPreferenceCreate(&pref.d), "MatmulPreferenceCreate");
   const size_t ws = ctx.workspace_bytes();
-  LOOM_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  check(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+        "MAX_WORKSPACE_BYTES");
   // The heuristics assume 256-byte aligned operands unless told otherwise: give them each
   // pointer's real alignment, so they never choose a kernel these buffers cannot feed.
   const uint32_t align_first = alignment(B), align_second = alignment(A), align_c = alignment(C);
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first,
-                                                         sizeof(align_first)));
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                         &align_second, sizeof(align_second)));
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                                         sizeof(align_c)));
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                                         sizeof(align_c)));
+  check(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first,
+                                             sizeof(align_first)),
+        "MIN_ALIGNMENT_A_BYTES");
+  check(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_second,
+                                             sizeof(align_second)),
+        "MIN_ALIGNMENT_B_BYTES");
+  check(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                             sizeof(align_c)),
+        "MIN_ALIGNMENT_C_BYTES");
+  check(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                             sizeof(align_c)),
+        "MIN_ALIGNMENT_D_BYTES");
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, lb, la, lc, lc, pref, 1, &heur, &found));
-  LOOM_CHECK(found > 0, "cuBLASLt has no algorithm for a bf16 GEMM of {} x {} x {}", M, N, K);
+  check(cublasLtMatmulAlgoGetHeuristic(lt, op.d, lf.d, ls.d, lc.d, lc.d, pref.d, 1, &heur, &found),
+        "MatmulAlgoGetHeuristic");
+  LOOM_CHECK(found > 0, "cuBLASLt has no algorithm for the GEMM {} (operand alignments {}, {}, {} bytes)", what,
+             align_first, align_second, align_c);
   const float alpha = 1.0f;
-  LOOM_CUBLAS_CHECK(
-      cublasLtMatmul(lt, op, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &heur.algo, ctx.workspace(), ws, s));
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatmulDescDestroy(op);
+  check(cublasLtMatmul(lt, op.d, &alpha, B, lf.d, A, ls.d, &beta, C, lc.d, C, lc.d, &heur.algo, ctx.workspace(), ws, s),
+        "Matmul");
 }
 
 }  // namespace

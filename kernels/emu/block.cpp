@@ -561,6 +561,19 @@ unsigned char* dynamic_shared() {
   return current_block->dynamic_shared;
 }
 
+namespace {
+thread_local LaunchRecorder* tls_recorder = nullptr;
+}
+LaunchRecorder::LaunchRecorder() : outer_(tls_recorder) {
+  tls_recorder = this;
+}
+LaunchRecorder::~LaunchRecorder() {
+  tls_recorder = outer_;
+}
+LaunchRecorder* launch_recorder() {
+  return tls_recorder;
+}
+
 Counters counters() {
   return {n_launches.load(), n_blocks.load(), n_threads.load()};
 }
@@ -687,6 +700,10 @@ void launch(const LaunchConfig& cfg, void (*thread)(void*), void* ctx) {
   if (cfg.dynamic_shared > dynamic_shared_limit(cfg.kernel))
     return bad(std::to_string(cfg.dynamic_shared) + " bytes of dynamic shared memory, past the kernel's limit of " +
                std::to_string(dynamic_shared_limit(cfg.kernel)) + " (cudaFuncSetAttribute raises it)");
+  if (LaunchRecorder* r = launch_recorder()) {
+    r->add({cfg.name, g, bd, cfg.dynamic_shared});
+    return;
+  }
 #if defined(LOOM_EMU_ASAN)
   std::lock_guard<std::mutex> lock(launch_mutex);
 #endif

@@ -8,6 +8,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "kernels/emu/bf16.h"
 #include "kernels/emu/device.h"
@@ -108,6 +109,29 @@ unsigned char* dynamic_shared();
 void set_last_error(cudaError_t e, const std::string& message);
 size_t dynamic_shared_limit(const void* kernel);
 void set_dynamic_shared_limit(const void* kernel, size_t bytes);
+
+// While a LaunchRecorder lives on a thread, its launches are checked against the device's
+// limits and recorded, and nothing runs: the wrappers' host code can be walked at shapes far
+// too large to execute here (a 70B model), pointers unused.
+struct LaunchRecord {
+  std::string kernel;
+  dim3 grid, block;
+  size_t dynamic_shared;
+};
+class LaunchRecorder {
+ public:
+  LaunchRecorder();
+  ~LaunchRecorder();
+  LaunchRecorder(const LaunchRecorder&) = delete;
+  LaunchRecorder& operator=(const LaunchRecorder&) = delete;
+  const std::vector<LaunchRecord>& records() const { return records_; }
+  void add(LaunchRecord r) { records_.push_back(std::move(r)); }
+
+ private:
+  std::vector<LaunchRecord> records_;
+  LaunchRecorder* outer_;
+};
+LaunchRecorder* launch_recorder();
 
 // Launches and emulated threads run since the process started (a test reads them to know the
 // emulation ran what it claims).

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/cuda/cuda_testing.h"
+#include "tests/cuda/launch_shapes.h"
 
 using namespace loom::testing_cuda;
 
@@ -245,3 +246,30 @@ TEST(EmulationSanitized, DeviceMemoryOverrunIsReported) {
   EXPECT_DEATH(LOOM_LAUNCH(copy_kernel, 1, 128, 0, nullptr)(Out.p, In.p, 101), "heap-buffer-overflow");
 }
 #endif
+
+// Every kernel's launch at every model shape from the default job to a 70B LLaMA at eight
+// sequences of 8192 (grids past 2^31 blocks, a grid.y past 65535, a block past 1024 threads
+// or shared memory past 227 KiB fail), recorded by the real wrappers without running them.
+TEST(LaunchShapes, EveryKernelFitsTheDeviceAtEveryModelShape) {
+  for (const ModelShape& s : model_shapes()) {
+    loom::emu::LaunchRecorder rec;
+    const int want = call_every_kernel(s);
+    EXPECT_EQ(last_error(), "") << s.name;
+    ASSERT_EQ(int(rec.records().size()), want) << s.name << ": a wrapper skipped or added a launch";
+    unsigned long long most_blocks = 0;
+    for (const auto& r : rec.records()) {
+      EXPECT_LE(1ull * r.block.x * r.block.y * r.block.z, 1024ull) << r.kernel;
+      EXPECT_LE(r.dynamic_shared, loom::emu::DeviceLimits::shared_optin) << r.kernel;
+      most_blocks = std::max(most_blocks, 1ull * r.grid.x * r.grid.y * r.grid.z);
+    }
+    EXPECT_GT(most_blocks, 0u);
+  }
+}
+
+// The recorder catches what the limits forbid: a grid.y past 65535 (a head count there).
+TEST(LaunchShapes, TheRecorderRefusesWhatTheDeviceWould) {
+  loom::emu::LaunchRecorder rec;
+  LOOM_LAUNCH(copy_kernel, dim3(1, 70000), 32, 0, nullptr)(nullptr, nullptr, 0);
+  EXPECT_NE(last_error().find("grid dimension"), std::string::npos);
+  EXPECT_TRUE(rec.records().empty());
+}

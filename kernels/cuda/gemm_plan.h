@@ -1,0 +1,122 @@
+// loom's row-major GEMM as cuBLASLt's column-major problem, as plain data: which operand goes
+// first, the transposes, m, n, k, each matrix layout, the epilogue and the GELU aux layout. A
+// row-major matrix is the column-major view of its transpose, so C = op(A) op(B) is computed
+// as C^T = op(B)^T op(A)^T: cuBLASLt's first operand is loom's B, its second loom's A, and m
+// and n swap. Pure (no CUDA): kernels/cuda/gemm.cpp builds descriptors from it, and the unit
+// tests check it against a column-major GEMM that follows cuBLASLt's documented semantics.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "runtime/error.h"
+
+namespace loom::cuda {
+
+enum class Gelu { none, forward, backward };
+enum class LtEpilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu };
+
+inline const char* epilogue_name(LtEpilogue e) {
+  switch (e) {
+    case LtEpilogue::none:
+      return "DEFAULT";
+    case LtEpilogue::bias:
+      return "BIAS";
+    case LtEpilogue::gelu_aux:
+      return "GELU_AUX";
+    case LtEpilogue::gelu_aux_bias:
+      return "GELU_AUX_BIAS";
+    case LtEpilogue::dgelu:
+      return "DGELU";
+  }
+  return "?";
+}
+
+// A column-major matrix as cuBLASLt's layout descriptor holds it.
+struct LtLayout {
+  int64_t rows, cols, ld;
+};
+
+struct LtGemm {
+  bool trans_first, trans_second;  // CUBLASLT_MATMUL_DESC_TRANSA / TRANSB
+  int64_t m, n, k;                 // D is m x n
+  LtLayout first, second, c;       // first = loom's B, second = loom's A; C and D alike
+  LtEpilogue epilogue;
+  int64_t aux_ld;  // the GELU aux (laid out like D), 0 without GELU
+  bool c_f32;
+  // One line naming the problem, for errors: loom's shape and cuBLASLt's.
+  std::string describe(int M, int N, int K) const {
+    return fmt::format("{}x{}x{} (cuBLASLt m {} n {} k {}, op {}{}, ld {} {} {}, epilogue {}, C {})", M, N, K, m, n, k,
+                       trans_first ? 'T' : 'N', trans_second ? 'T' : 'N', first.ld, second.ld, c.ld,
+                       epilogue_name(epilogue), c_f32 ? "fp32" : "bf16");
+  }
+};
+
+// Row-major C[M, N] = op(A)[M, K] @ op(B)[K, N] (+ bias[N]), with GELU fused forward (its
+// argument kept in aux, laid out like C) or backward (the product times GELU' of aux).
+// Refuses what cuBLASLt would (or loom never asks for): leading dimensions shorter than a row,
+// an aux whose leading dimension is no multiple of 8, a bias or GELU with an fp32 C, a bias on
+// GELU's backward.
+inline LtGemm gemm_plan(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb, int ldc, bool bias,
+                        Gelu gelu, bool c_f32) {
+  LOOM_CHECK(M > 0 && N > 0 && K > 0, "GEMM {}x{}x{}: every dimension must be positive", M, N, K);
+  LOOM_CHECK(lda >= (trans_a ? M : K), "GEMM {}x{}x{}: lda {} is shorter than a row of A", M, N, K, lda);
+  LOOM_CHECK(ldb >= (trans_b ? K : N), "GEMM {}x{}x{}: ldb {} is shorter than a row of B", M, N, K, ldb);
+  LOOM_CHECK(ldc >= N, "GEMM {}x{}x{}: ldc {} is shorter than a row of C", M, N, K, ldc);
+  LOOM_CHECK(!c_f32 || (!bias && gelu == Gelu::none), "GEMM {}x{}x{}: an fp32 C takes no bias and no GELU", M, N, K);
+  LOOM_CHECK(!(bias && gelu == Gelu::backward), "GEMM {}x{}x{}: GELU's backward epilogue takes no bias", M, N, K);
+  LOOM_CHECK(gelu == Gelu::none || ldc % 8 == 0, "GEMM {}x{}x{}: a GELU epilogue needs ldc a multiple of 8, not {}", M,
+             N, K, ldc);
+  LtGemm g;
+  g.trans_first = trans_b;
+  g.trans_second = trans_a;
+  g.m = N, g.n = M, g.k = K;
+  g.first = {trans_b ? K : N, trans_b ? N : K, ldb};
+  g.second = {trans_a ? M : K, trans_a ? K : M, lda};
+  g.c = {N, M, ldc};
+  g.epilogue = gelu == Gelu::forward    ? (bias ? LtEpilogue::gelu_aux_bias : LtEpilogue::gelu_aux)
+               : gelu == Gelu::backward ? LtEpilogue::dgelu
+               : bias                   ? LtEpilogue::bias
+                                        : LtEpilogue::none;
+  g.aux_ld = gelu == Gelu::none ? 0 : ldc;
+  g.c_f32 = c_f32;
+  return g;
+}
+
+// GPT-2's tanh GELU and its derivative, as the epilogues compute them.
+inline double gelu_tanh(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  return 0.5 * x * (1.0 + std::tanh(u));
+}
+inline double gelu_tanh_grad(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x), t = std::tanh(u);
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// cuBLASLt's documented semantics on column-major operands, in double: D = alpha op(first)
+// op(second) + beta C; BIAS adds bias[i] (one per row of D) to every column; GELU_AUX keeps the
+// pre-activation in aux and applies GELU; DGELU multiplies by GELU' of aux. D overwrites C.
+template <class T, class Out>
+void lt_reference(const LtGemm& g, double alpha, const T* first, const T* second, double beta, Out* c, const T* bias,
+                  T* aux) {
+  auto at = [](const T* p, const LtLayout& l, bool trans, int64_t i, int64_t j) {
+    return double(trans ? p[j + i * l.ld] : p[i + j * l.ld]);  // element (i, j) of op(matrix)
+  };
+  for (int64_t j = 0; j < g.n; ++j)
+    for (int64_t i = 0; i < g.m; ++i) {
+      double acc = 0;
+      for (int64_t p = 0; p < g.k; ++p)
+        acc += at(first, g.first, g.trans_first, i, p) * at(second, g.second, g.trans_second, p, j);
+      double x = alpha * acc + (beta != 0 ? beta * double(c[i + j * g.c.ld]) : 0.0);
+      if (g.epilogue == LtEpilogue::bias || g.epilogue == LtEpilogue::gelu_aux_bias) x += double(bias[i]);
+      if (g.epilogue == LtEpilogue::gelu_aux || g.epilogue == LtEpilogue::gelu_aux_bias) {
+        aux[i + j * g.aux_ld] = T(x);
+        x = gelu_tanh(x);
+      } else if (g.epilogue == LtEpilogue::dgelu) {
+        x *= gelu_tanh_grad(double(aux[i + j * g.aux_ld]));
+      }
+      c[i + j * g.c.ld] = Out(x);
+    }
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,63 @@
+// See launch_shapes.h. The arguments are the ones backend_cuda.cpp passes for a step of `s`.
+#include "tests/cuda/launch_shapes.h"
+
+#include <cstdint>
+
+namespace loom::testing_cuda {
+
+int call_every_kernel(const ModelShape& s) {
+  using cuda::bf16;
+  // Never dereferenced (nothing runs), but not null: wrappers skip optional outputs that are.
+  const uintptr_t fake = 1 << 12;
+  auto* x = reinterpret_cast<bf16*>(fake);
+  auto* f = reinterpret_cast<float*>(fake);
+  auto* i32 = reinterpret_cast<int32_t*>(fake);
+  auto* f64 = reinterpret_cast<double*>(fake);
+  auto* table = reinterpret_cast<const cuda::OptChunkDev*>(fake);
+  const int N = s.B * s.T;
+  const int64_t NC = int64_t(N) * s.C;
+  int n = 0;
+  cuda::to_bf16(x, f, NC, nullptr), ++n;
+  cuda::to_f32(f, x, NC, nullptr), ++n;
+  cuda::add_bf16(x, x, NC, nullptr), ++n;
+  cuda::add_f32(f, f, s.params, nullptr), ++n;  // the main gradients, whole
+  cuda::bias_backward(f, x, N, 3 * s.C, nullptr), ++n;
+  cuda::layernorm_forward(x, f, f, x, x, x, x, N, s.C, 1e-5f, nullptr), ++n;
+  cuda::layernorm_backward(x, f, f, x, x, x, f, f, N, s.C, nullptr), n += 2;
+  cuda::rmsnorm_forward(x, f, x, x, x, N, s.C, 1e-5f, nullptr), ++n;
+  cuda::rmsnorm_backward(x, f, x, x, x, f, N, s.C, nullptr), n += 2;
+  cuda::embedding_forward(x, i32, x, 0, s.V, x, s.B, s.T, s.C, nullptr), ++n;
+  cuda::embedding_backward(f, f, x, i32, std::min(N, s.V), s.B, s.T, s.C, nullptr), n += 2;
+  cuda::rope_forward(x, f, f, s.B, s.T, s.H, s.KV, s.D, nullptr), ++n;
+  cuda::rope_backward(x, f, f, s.B, s.T, s.H, s.KV, s.D, nullptr), ++n;
+  const int64_t NF = int64_t(N) * s.F;
+  cuda::gelu_forward(x, x, NF, nullptr), ++n;
+  cuda::gelu_backward(x, x, x, NF, nullptr), ++n;
+  cuda::swiglu_forward(x, x, N, s.F, nullptr), ++n;
+  cuda::swiglu_backward(x, x, x, N, s.F, nullptr), ++n;
+  const bool tensor_cores = s.D == 64 || s.D == 128;
+  cuda::attention_forward(x, f, x, s.B, s.T, s.H, s.KV, s.D, nullptr), ++n;
+  cuda::attention_backward(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, nullptr), n += tensor_cores ? 2 : 3;
+  cuda::crossentropy_forward_backward(x, f, i32, N, s.V, s.V, 1.0f, nullptr), ++n;
+  cuda::crossentropy_shard_stats(x, i32, N, s.V / 8, s.V / 8, 0, f, f, nullptr), ++n;
+  cuda::crossentropy_shard_sumexp(x, f, N, s.V / 8, s.V / 8, f, nullptr), ++n;
+  cuda::crossentropy_shard_finish(x, f, i32, N, s.V / 8, s.V / 8, 0, f, f, f, 1.0f, nullptr), ++n;
+  cuda::loss_accumulate(f64, f, N, nullptr), ++n;
+  const int chunks = int((s.params + 8191) / 8192);
+  cuda::adamw_multi(f, x, f, f, f, table, chunks, 1e-3f, 1.0f, 0.9f, 0.95f, 1e-8f, 1.0f, f, nullptr), ++n;
+  cuda::sum_squares_table(f64, f, table, chunks, f64, nullptr), n += 2;
+  cuda::grad_clip_scale(f, f64, 1.0, nullptr), ++n;
+  if (s.E) {
+    const int R = N * s.k;
+    cuda::moe_route(f, i32, f, x, N, s.E, s.k, nullptr), ++n;
+    cuda::moe_gather(x, x, i32, R, s.C, nullptr), ++n;
+    cuda::moe_combine(x, x, i32, f, N, s.k, s.C, nullptr), ++n;
+    cuda::moe_combine_backward(x, f, x, x, i32, f, N, s.k, s.C, nullptr), ++n;
+    cuda::moe_scatter_add(x, x, i32, N, s.k, s.C, nullptr), ++n;
+    cuda::moe_router_backward(x, f, i32, f, f, f, N, s.E, s.k, nullptr), ++n;
+    cuda::column_sums(f, f, N, s.E, nullptr), ++n;
+  }
+  return n;
+}
+
+}  // namespace loom::testing_cuda

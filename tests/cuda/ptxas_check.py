@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Register and spill check of every CUDA kernel for sm_90, without a GPU.
+
+Compiles each kernels/cuda/*.cu with nvcc -arch=sm_90 -Xptxas -v and reads, per kernel, the
+registers per thread and the spill stores. Each kernel must launch at the largest block loom
+gives it (the emulation's launch table, from the real wrappers at every model shape): its
+registers, allocated per warp in units of 256, times its warps, within the 65536 of an SM,
+and at most 255 per thread. Spills above the threshold fail: a spill is local memory traffic
+in the inner loop. A kernel ptxas reports that the table lacks (never launched) fails too.
+
+usage: ptxas_check.py NVCC SOURCE_DIR LAUNCH_TABLE_PROGRAM [--max-spill-bytes N]
+"""
+import argparse
+import csv
+import glob
+import os
+import re
+import subprocess
+import sys
+
+REGS_PER_SM = 65536
+ALLOC_UNIT = 256  # registers are allocated per warp in units of 256
+
+
+def demangle(names):
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+    return out.splitlines()
+
+
+def base_name(demangled):
+    # "void loom::cuda::(anonymous namespace)::attention_forward_tc<64>(...)" -> attention_forward_tc
+    head = demangled.split("(anonymous namespace)::")[-1]
+    head = re.split(r"[<(]", head)[0]
+    return head.split("::")[-1].split()[-1]
+
+
+def ptxas_report(nvcc, src, root):
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-c", src, "-o", os.devnull, "-I", root]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"nvcc failed on {src}:\n{r.stderr}")
+    kernels, current = {}, None
+    for line in r.stderr.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)' for 'sm_90'", line)
+        if m:
+            current = m.group(1)
+            kernels[current] = {"regs": 0, "spill": 0}
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            current = m.group(1) if m.group(1) in kernels else None
+            continue
+        if current is None:
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            kernels[current]["regs"] = int(m.group(1))
+        m = re.search(r"(\d+) bytes spill stores", line)
+        if m:
+            kernels[current]["spill"] = int(m.group(1))
+    return kernels
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("nvcc")
+    ap.add_argument("source_dir")
+    ap.add_argument("launch_table", help="loom_launch_table: prints the table as CSV")
+    ap.add_argument("--max-spill-bytes", type=int, default=0)
+    a = ap.parse_args()
+    out = subprocess.run([a.launch_table], capture_output=True, text=True, check=True).stdout
+    table = {row["kernel"]: int(row["threads"]) for row in csv.DictReader(out.splitlines())}
+    failures, rows = [], []
+    for src in sorted(glob.glob(os.path.join(a.source_dir, "kernels", "cuda", "*.cu"))):
+        report = ptxas_report(a.nvcc, src, a.source_dir)
+        names = list(report)
+        for mangled, pretty in zip(names, demangle(names)):
+            k = report[mangled]
+            base = base_name(pretty)
+            threads = table.get(base)
+            if threads is None:
+                failures.append(f"{pretty}: ptxas compiled it but the launch table never launches it")
+                continue
+            warps = (threads + 31) // 32
+            per_warp = -(-k["regs"] * 32 // ALLOC_UNIT) * ALLOC_UNIT
+            need = per_warp * warps
+            rows.append(f"{base:36s} {k['regs']:4d} regs x {threads:5d} threads = {need:6d} of {REGS_PER_SM}, "
+                        f"spill {k['spill']} B")
+            if k["regs"] > 255 or need > REGS_PER_SM:
+                failures.append(f"{pretty}: {k['regs']} registers per thread cannot launch {threads} threads "
+                                f"({need} registers of {REGS_PER_SM})")
+            if k["spill"] > a.max_spill_bytes:
+                failures.append(f"{pretty}: {k['spill']} bytes of spill stores (threshold {a.max_spill_bytes})")
+    print("\n".join(rows))
+    if failures:
+        print("\n".join("FAIL: " + f for f in failures))
+        return 1
+    print(f"{len(rows)} kernels fit sm_90 at their largest launch")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
