@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Plants one bug at a time in kernels/cuda/ and shows which emulated kernel test catches it:
+# plain, under AddressSanitizer and under ThreadSanitizer. Each mutation is undone on exit.
+# Not part of ctest (it rebuilds three test binaries per mutation, a few minutes in all).
+#   tests/cuda/mutations.sh [BUILD_DIR]
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+build="${1:-$root/build}"
+restore() { git -C "$root" checkout -- kernels/cuda; }
+trap restore EXIT
+
+# name | file | text | replacement | gtest filter; \n in a text stands for a newline.
+mutations=(
+  "removed __syncthreads after dQ's K/V tile loads|kernels/cuda/attention_tc.cu|(vs, base + (H + KV + kvh) * D, row, k0, T);\n    __syncthreads();\n    warp_abt<D>(ss + wr * kLS, qs + wr * L::LD, ks);\n    warp_abt<D>(dps|(vs, base + (H + KV + kvh) * D, row, k0, T);\n    warp_abt<D>(ss + wr * kLS, qs + wr * L::LD, ks);\n    warp_abt<D>(dps|*CudaAttention*"
+  "tile row bound off by one (r0 + r <= T)|kernels/cuda/attention_tc.cu|if (r0 + r < T) v =|if (r0 + r <= T) v =|*CudaAttention*"
+  "stored row bound off by one (t > T)|kernels/cuda/attention_tc.cu|if (t >= T) break;|if (t > T) break;|*CudaAttention*"
+  "dweight += turned into =|kernels/cuda/norm.cu|  dweight[c] += dw;|  dweight[c] = dw;|*Norms*"
+)
+
+for m in "${mutations[@]}"; do
+  IFS='|' read -r name file text repl filter <<<"$m"
+  restore
+  python3 - "$root/$file" "$text" "$repl" <<'PY' || { echo "mutation '$name': text not found"; exit 1; }
+import sys
+path, old, new = (a.replace("\\n", "\n") for a in sys.argv[1:4])
+s = open(path).read()
+if old not in s:
+    sys.exit(1)
+open(path, "w").write(s.replace(old, new, 1))
+PY
+  ninja -C "$build" tests/loom_emu_tests tests/loom_emu_tests_address tests/loom_emu_tests_thread >/dev/null || {
+    echo "mutation '$name': does not build"; continue; }
+  line="$name:"
+  for v in "" _address _thread; do
+    log="/tmp/mutation$v.log"
+    if OMP_NUM_THREADS=1 "$build/tests/loom_emu_tests$v" --gtest_filter="$filter" >"$log" 2>&1; then
+      grep -q '^\[  PASSED  \] [1-9]' "$log" || { echo "mutation '$name': the filter ran no test"; exit 1; }
+      line+=" emu$v passes;"
+    elif ! grep -q '^\[==========\] .* ran\.' "$log"; then
+      line+=" emu$v crashes ($(grep -m1 -E 'SUMMARY|Aborted|Segmentation|double free|corrupted' "$log" || echo "no summary"));"
+    else
+      failed=$(grep -m3 -E '^\[  FAILED  \] [A-Za-z]|SUMMARY: (Address|Thread)Sanitizer: [a-z-]+' "/tmp/mutation$v.log" |
+               sed -E 's/^\[  FAILED  \] //; s/, where GetParam.*//; s/ \([0-9]+ ms\)//' | sort -u | paste -sd, -)
+      line+=" emu$v FAILS ($failed);"
+    fi
+  done
+  echo "$line"
+done
