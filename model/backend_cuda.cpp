@@ -133,9 +133,9 @@ class CudaBackend final : public Backend {
   void norm_backward(bool rms, Ptr dinp, float* dw, float* db, Ptr dout, Ptr inp, Ptr w, const float* mean,
                      const float* rstd, int N, int C) override {
     if (rms)
-      cuda::rmsnorm_backward(B16(dinp), dw, B16(dout), B16(inp), B16(w), rstd, N, C, s_);
+      cuda::rmsnorm_backward(B16(dinp), dw, B16(dout), B16(inp), B16(w), rstd, N, C, partials(N, C), s_);
     else
-      cuda::layernorm_backward(B16(dinp), dw, db, B16(dout), B16(inp), B16(w), mean, rstd, N, C, s_);
+      cuda::layernorm_backward(B16(dinp), dw, db, B16(dout), B16(inp), B16(w), mean, rstd, N, C, partials(N, C), s_);
   }
   void add_act(Ptr inout, Ptr x, int64_t n) override { cuda::add_bf16(B16(inout), B16(x), n, s_); }
   void linear_forward(Ptr out, Ptr inp, Ptr w, Ptr bias, int M, int K, int N, WLayout layout) override {
@@ -153,7 +153,7 @@ class CudaBackend final : public Backend {
       if (dinp) cuda::gemm(*gemm_, false, true, M, K, N, B16(dout), N, B16(w), N, 0.0f, B16(dinp), K, nullptr, s_);
       if (dw) cuda::gemm_f32out(*gemm_, true, false, K, N, M, B16(inp), K, B16(dout), N, 1.0f, dw, N, s_);
     }
-    if (dbias) cuda::bias_backward(dbias, B16(dout), M, N, s_);
+    if (dbias) cuda::bias_backward(dbias, B16(dout), M, N, partials(M, N), s_);
   }
   void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) override {
     if (swiglu)
@@ -211,7 +211,9 @@ class CudaBackend final : public Backend {
                            const float* aux_g, int N, int E, int k) override {
     cuda::moe_router_backward(B16(dlogits), probs, idx, w, dw, aux_g, N, E, k, s_);
   }
-  void column_sums(float* out, const float* probs, int N, int E) override { cuda::column_sums(out, probs, N, E, s_); }
+  void column_sums(float* out, const float* probs, int N, int E) override {
+    cuda::column_sums(out, probs, N, E, partials(N, E), s_);
+  }
   void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) override {
     cuda::crossentropy_forward_backward(B16(logits), losses, in.targets, N, V, valid, dloss, s_);
   }
@@ -232,7 +234,14 @@ class CudaBackend final : public Backend {
   Allocator& alloc_;
   Stream stream_;
   cudaStream_t s_;
-  std::vector<Tensor> ws_;  // cuda_backend_plan: GEMM workspace, inputs, norm partials
+  std::vector<Tensor> ws_;  // cuda_backend_plan: GEMM workspace, inputs, norm partials, column partials
+  // The column sums' scratch (one stream: a call's stages finish before the next call's start).
+  float* partials(int rows, int cols) {
+    LOOM_CHECK(cuda::column_partials_floats(rows, cols) <= ws_[3].numel(),
+               "the CUDA backend planned {} floats of column partials; {} x {} needs {}", ws_[3].numel(), rows, cols,
+               cuda::column_partials_floats(rows, cols));
+    return ws_[3].data<float>();
+  }
   std::unique_ptr<cuda::GemmContext> gemm_;
   int N_ = 0;
   // Pinned staging for the inputs, two slots, so an upload does not wait for the stream;

@@ -1,7 +1,7 @@
 // Pointwise and column-reduction kernels. Column reductions (bias, embedding gradients) sum in
-// a fixed order without atomics: a bias block owns 32 columns and kColPhases row phases whose
-// partial sums it adds in phase order; the token embedding gradient gives each distinct token
-// of the batch one block that walks that token's positions in order.
+// a fixed order without atomics: the bias gradient in two stages over row chunks (common.cuh);
+// the token embedding gradient gives each distinct token of the batch one block that walks
+// that token's positions in order.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -10,7 +10,6 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kColPhases = 32;
 
 __global__ void to_bf16_kernel(bf16* out, const float* in, int64_t n) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -21,20 +20,12 @@ __global__ void to_f32_kernel(float* out, const bf16* in, int64_t n) {
   if (i < n) out[i] = f(in[i]);
 }
 
-// blockDim (32, kColPhases): threadIdx.x picks the column, threadIdx.y the row phase.
-__global__ void bias_backward_kernel(float* dbias, const bf16* dout, int M, int N) {
-  __shared__ float part[kColPhases][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (c < N)
-    for (int m = threadIdx.y; m < M; m += kColPhases) s += f(dout[int64_t(m) * N + c]);
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= N) return;
-  float t = 0.0f;
-  for (int p = 0; p < kColPhases; ++p) t += part[p][threadIdx.x];
-  dbias[c] += t;
-}
+// Row m's contribution to column c of the bias gradient.
+struct BiasGrad {
+  const bf16* dout;
+  int N;
+  __device__ void operator()(int m, int c, float& a, float&) const { a += f(dout[int64_t(m) * N + c]); }
+};
 
 __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl,
                                          const bf16* wpe, int T, int C, int64_t total) {
@@ -155,9 +146,8 @@ void add_f32(float* acc, const float* x, int64_t n, cudaStream_t s) {
   LOOM_LAUNCH(add_f32_kernel, blocks_for(n, kThreads), kThreads, 0, s)(acc, x, n);
   LOOM_CUDA_LAUNCHED();
 }
-void bias_backward(float* dbias, const bf16* dout, int M, int N, cudaStream_t s) {
-  LOOM_LAUNCH(bias_backward_kernel, blocks_for(N, 32), dim3(32, kColPhases), 0, s)(dbias, dout, M, N);
-  LOOM_CUDA_LAUNCHED();
+void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials, cudaStream_t s) {
+  column_sums_2stage<true>(dbias, nullptr, BiasGrad{dout, N}, M, N, partials, s);
 }
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
                        int C, cudaStream_t s) {

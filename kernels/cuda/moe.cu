@@ -83,13 +83,12 @@ __global__ void moe_router_backward_kernel(bf16* dlogits, const float* probs, co
                            E, k, [dl](int e, float v) { dl[e] = b(v); });
 }
 
-__global__ void column_sums_kernel(float* out, const float* probs, int N, int E) {
-  const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= E) return;
-  float s = 0.0f;
-  for (int t = 0; t < N; ++t) s += probs[int64_t(t) * E + e];
-  out[e] = s;
-}
+// Token t's router probability for expert e.
+struct ProbColumn {
+  const float* probs;
+  int E;
+  __device__ void operator()(int t, int e, float& a, float&) const { a += probs[int64_t(t) * E + e]; }
+};
 
 }  // namespace
 
@@ -124,9 +123,8 @@ void moe_router_backward(bf16* dlogits, const float* probs, const int32_t* idx, 
   (dlogits, probs, idx, w, dw, aux_g, N, E, k);
   LOOM_CUDA_LAUNCHED();
 }
-void column_sums(float* out, const float* probs, int N, int E, cudaStream_t s) {
-  LOOM_LAUNCH(column_sums_kernel, blocks_for(E, 32), 32, 0, s)(out, probs, N, E);
-  LOOM_CUDA_LAUNCHED();
+void column_sums(float* out, const float* probs, int N, int E, float* partials, cudaStream_t s) {
+  column_sums_2stage<false>(out, nullptr, ProbColumn{probs, E}, N, E, partials, s);
 }
 
 }  // namespace loom::cuda

@@ -1,7 +1,6 @@
-// LayerNorm and RMSNorm: one warp per row for the row statistics and the input gradient; for
-// the weight and bias gradients a block owns 32 columns and kColPhases row phases, adding the
-// phases' sums in order (deterministic). The forward kernels can first add the residual
-// branch into their input in place (the fused residual + norm of each block).
+// LayerNorm and RMSNorm: one warp per row for the row statistics and the input gradient; the
+// weight and bias gradients are column sums in two deterministic stages (common.cuh). The forward kernels can first add
+// the residual branch into their input in place (the fused residual + norm of each block).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -10,7 +9,6 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kWarps = 4;  // rows per block
-constexpr int kColPhases = 32;
 
 // Row n of inp, after inp += add when add is not null: the lane's columns are summed and
 // stored in place, and the passes after the first read the stored (bf16-rounded) sums.
@@ -59,28 +57,20 @@ __global__ void layernorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* 
   }
 }
 
-// bias may be null (RMSNorm); mean may be null (RMSNorm: xhat = x * rstd).
-// blockDim (32, kColPhases): threadIdx.x picks the column, threadIdx.y the row phase.
-__global__ void norm_dweight_kernel(float* dweight, float* dbias, const bf16* dout, const bf16* inp, const float* mean,
-                                    const float* rstd, int N, int C) {
-  __shared__ float part_w[kColPhases][33], part_b[kColPhases][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float dw = 0.0f, db = 0.0f;
-  if (c < C)
-    for (int n = threadIdx.y; n < N; n += kColPhases) {
-      const float dy = f(dout[int64_t(n) * C + c]);
-      dw += (f(inp[int64_t(n) * C + c]) - (mean ? mean[n] : 0.0f)) * rstd[n] * dy;
-      db += dy;
-    }
-  part_w[threadIdx.y][threadIdx.x] = dw;
-  part_b[threadIdx.y][threadIdx.x] = db;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= C) return;
-  dw = db = 0.0f;
-  for (int p = 0; p < kColPhases; ++p) dw += part_w[p][threadIdx.x], db += part_b[p][threadIdx.x];
-  dweight[c] += dw;
-  if (dbias) dbias[c] += db;
-}
+// Row n's contribution to the weight (a) and bias (b) gradients of column c; mean is null for
+// RMSNorm (xhat = x * rstd).
+struct NormGrad {
+  const bf16* dout;
+  const bf16* inp;
+  const float* mean;
+  const float* rstd;
+  int C;
+  __device__ void operator()(int n, int c, float& a, float& b) const {
+    const float dy = f(dout[int64_t(n) * C + c]);
+    a += (f(inp[int64_t(n) * C + c]) - (mean ? mean[n] : 0.0f)) * rstd[n] * dy;
+    b += dy;
+  }
+};
 
 __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N,
                                        int C, float eps) {
@@ -122,16 +112,14 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf1
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
-                        const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
+                        const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s) {
   if (dinp) {
     LOOM_LAUNCH(layernorm_dinp_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (dinp, dout, inp, weight, mean, rstd, N, C);
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  LOOM_LAUNCH(norm_dweight_kernel, blocks_for(C, 32), dim3(32, kColPhases), 0, s)
-  (dweight, dbias, dout, inp, mean, rstd, N, C);
-  LOOM_CUDA_LAUNCHED();
+  column_sums_2stage<true>(dweight, dbias, NormGrad{dout, inp, mean, rstd, C}, N, C, partials, s);
 }
 
 void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
@@ -141,15 +129,13 @@ void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const b
 }
 
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
-                      const float* rstd, int N, int C, cudaStream_t s) {
+                      const float* rstd, int N, int C, float* partials, cudaStream_t s) {
   if (dinp) {
     LOOM_LAUNCH(rmsnorm_dinp_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)(dinp, dout, inp, weight, rstd, N, C);
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  LOOM_LAUNCH(norm_dweight_kernel, blocks_for(C, 32), dim3(32, kColPhases), 0, s)
-  (dweight, nullptr, dout, inp, nullptr, rstd, N, C);
-  LOOM_CUDA_LAUNCHED();
+  column_sums_2stage<true>(dweight, nullptr, NormGrad{dout, inp, nullptr, rstd, C}, N, C, partials, s);
 }
 
 }  // namespace loom::cuda

@@ -16,6 +16,18 @@ namespace loom::cuda {
 
 using bf16 = __nv_bfloat16;
 
+// Column sums (weight and bias gradients, the MoE router's) run in two deterministic stages
+// over row_chunks(N) chunks of rows (kernels/cuda/common.cuh); their partials need
+// column_partials_floats(N, C) floats of scratch, at most 2 * kMaxRowChunks * C.
+constexpr int kMaxRowChunks = 64;
+inline int row_chunks(int N) {
+  const int c = (N + 127) / 128;
+  return c < 1 ? 1 : c > kMaxRowChunks ? kMaxRowChunks : c;
+}
+inline int64_t column_partials_floats(int N, int C) {
+  return 2 * int64_t(row_chunks(N)) * C;
+}
+
 // defines: to_bf16, to_f32
 void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s);
 void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s);
@@ -56,21 +68,21 @@ void gemm_gelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N,
 // gradient. C is overwritten.
 void gemm_dgelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                 const bf16* B, int ldb, bf16* C, int ldc, const bf16* pre, cudaStream_t s);
-// dbias[N] += column sums of dout[M, N] (fp32, fixed order).
-void bias_backward(float* dbias, const bf16* dout, int M, int N, cudaStream_t s);
+// dbias[N] += column sums of dout[M, N] (fp32, fixed order); partials: column_partials_floats(M, N).
+void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials, cudaStream_t s);
 
 // defines: layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward
 // Forward: with add not null, inp += add first, in place (the fused residual add), and the
 // norm reads the bf16-rounded sum.
 void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
                        const bf16* bias, int N, int C, float eps, cudaStream_t s);
-// dinp +=; dweight, dbias (fp32) +=.
+// dinp +=; dweight, dbias (fp32) +=; partials: column_partials_floats(N, C).
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
-                        const float* mean, const float* rstd, int N, int C, cudaStream_t s);
+                        const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s);
 void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
                      cudaStream_t s);
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
-                      const float* rstd, int N, int C, cudaStream_t s);
+                      const float* rstd, int N, int C, float* partials, cudaStream_t s);
 
 // defines: embedding_forward, embedding_backward
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
@@ -161,6 +173,7 @@ void moe_combine_backward(bf16* drows, float* dw, const bf16* dout, const bf16* 
 void moe_scatter_add(bf16* dx, const bf16* drows, const int32_t* row_of, int N, int k, int C, cudaStream_t s);
 void moe_router_backward(bf16* dlogits, const float* probs, const int32_t* idx, const float* w, const float* dw,
                          const float* aux_g, int N, int E, int k, cudaStream_t s);
-void column_sums(float* out, const float* probs, int N, int E, cudaStream_t s);
+// partials: column_partials_floats(N, E).
+void column_sums(float* out, const float* probs, int N, int E, float* partials, cudaStream_t s);
 
 }  // namespace loom::cuda

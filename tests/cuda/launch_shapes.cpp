@@ -21,11 +21,11 @@ int call_every_kernel(const ModelShape& s) {
   cuda::to_f32(f, x, NC, nullptr), ++n;
   cuda::add_bf16(x, x, NC, nullptr), ++n;
   cuda::add_f32(f, f, s.params, nullptr), ++n;  // the main gradients, whole
-  cuda::bias_backward(f, x, N, 3 * s.C, nullptr), ++n;
+  cuda::bias_backward(f, x, N, 3 * s.C, f, nullptr), n += 2;
   cuda::layernorm_forward(x, f, f, x, x, x, x, N, s.C, 1e-5f, nullptr), ++n;
-  cuda::layernorm_backward(x, f, f, x, x, x, f, f, N, s.C, nullptr), n += 2;
+  cuda::layernorm_backward(x, f, f, x, x, x, f, f, N, s.C, f, nullptr), n += 4;
   cuda::rmsnorm_forward(x, f, x, x, x, N, s.C, 1e-5f, nullptr), ++n;
-  cuda::rmsnorm_backward(x, f, x, x, x, f, N, s.C, nullptr), n += 2;
+  cuda::rmsnorm_backward(x, f, x, x, x, f, N, s.C, f, nullptr), n += 3;
   cuda::embedding_forward(x, i32, x, 0, s.V, x, s.B, s.T, s.C, nullptr), ++n;
   cuda::embedding_backward(f, f, x, i32, std::min(N, s.V), s.B, s.T, s.C, nullptr), n += 2;
   cuda::rope_forward(x, f, f, s.B, s.T, s.H, s.KV, s.D, nullptr), ++n;
@@ -55,7 +55,7 @@ int call_every_kernel(const ModelShape& s) {
     cuda::moe_combine_backward(x, f, x, x, i32, f, N, s.k, s.C, nullptr), ++n;
     cuda::moe_scatter_add(x, x, i32, N, s.k, s.C, nullptr), ++n;
     cuda::moe_router_backward(x, f, i32, f, f, f, N, s.E, s.k, nullptr), ++n;
-    cuda::column_sums(f, f, N, s.E, nullptr), ++n;
+    cuda::column_sums(f, f, N, s.E, f, nullptr), n += 2;
   }
   return n;
 }

@@ -2,10 +2,11 @@
 # Plants one bug at a time in kernels/cuda/ and shows which emulated kernel test catches it:
 # plain, under AddressSanitizer and under ThreadSanitizer. Each mutation is undone on exit.
 # Not part of ctest (it rebuilds three test binaries per mutation, a few minutes in all).
-#   tests/cuda/mutations.sh [BUILD_DIR]
+#   tests/cuda/mutations.sh [BUILD_DIR [NAME_SUBSTRING]]
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build}"
+only="${2:-}"
 restore() { git -C "$root" checkout -- kernels/cuda; }
 trap restore EXIT
 
@@ -14,11 +15,12 @@ mutations=(
   "removed __syncthreads after dQ's K/V tile loads|kernels/cuda/attention_tc.cu|(vs, base + (H + KV + kvh) * D, row, k0, T);\n    __syncthreads();\n    warp_abt<D>(ss + wr * kLS, qs + wr * L::LD, ks);\n    warp_abt<D>(dps|(vs, base + (H + KV + kvh) * D, row, k0, T);\n    warp_abt<D>(ss + wr * kLS, qs + wr * L::LD, ks);\n    warp_abt<D>(dps|*CudaAttention*"
   "tile row bound off by one (r0 + r <= T)|kernels/cuda/attention_tc.cu|if (r0 + r < T) v =|if (r0 + r <= T) v =|*CudaAttention*"
   "stored row bound off by one (t > T)|kernels/cuda/attention_tc.cu|if (t >= T) break;|if (t > T) break;|*CudaAttention*"
-  "dweight += turned into =|kernels/cuda/norm.cu|  dweight[c] += dw;|  dweight[c] = dw;|*Norms*"
+  "the column sums' += turned into = (weight and bias gradients)|kernels/cuda/common.cuh|out[c] = Accumulate ? out[c] + t : t;|out[c] = t;|*Norms*:*BiasBackward*"
 )
 
 for m in "${mutations[@]}"; do
   IFS='|' read -r name file text repl filter <<<"$m"
+  [[ -n "$only" && "$name" != *"$only"* ]] && continue
   restore
   python3 - "$root/$file" "$text" "$repl" <<'PY' || { echo "mutation '$name': text not found"; exit 1; }
 import sys

@@ -28,9 +28,27 @@ def demangle(names):
 
 
 def base_name(demangled):
-    # "void loom::cuda::(anonymous namespace)::attention_forward_tc<64>(...)" -> attention_forward_tc
-    head = demangled.split("(anonymous namespace)::")[-1]
-    head = re.split(r"[<(]", head)[0]
+    # "void loom::cuda::(anonymous namespace)::attention_forward_tc<64>(...)" -> attention_forward_tc;
+    # "void loom::cuda::column_partials_kernel<loom::cuda::(anonymous namespace)::NormGrad>(...)"
+    # -> column_partials_kernel: cut the parameters and the template arguments, keep the last name.
+    depth, end = 0, len(demangled)
+    for i, ch in enumerate(demangled):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and not demangled.startswith("(anonymous", i):
+            end = i
+            break
+    head = demangled[:end]
+    if head.endswith(">"):
+        depth = 0
+        for i in range(len(head) - 1, -1, -1):
+            depth += head[i] == ">"
+            depth -= head[i] == "<"
+            if depth == 0:
+                head = head[:i]
+                break
     return head.split("::")[-1].split()[-1]
 
 

@@ -47,10 +47,10 @@ TEST_P(Widths, NormsForwardAndBackward) {
   cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
                           C);
   Dev X(x), W(w), Bb(bb), Dy(dy), O(size_t(N) * C), Dx(dx0);
-  DevRaw<float> M(N), R(N), Dw(dw0), Db(db0);
+  DevRaw<float> M(N), R(N), Dw(dw0), Db(db0), Part(static_cast<size_t>(cuda::column_partials_floats(N, C)));
   cuda::layernorm_forward(O.p, M.p, R.p, X.p, nullptr, W.p, Bb.p, N, C, 1e-5f, nullptr);
   LOOM_CUDA_CHECK(cudaGetLastError());
-  cuda::layernorm_backward(Dx.p, Dw.p, Db.p, Dy.p, X.p, W.p, M.p, R.p, N, C, nullptr);
+  cuda::layernorm_backward(Dx.p, Dw.p, Db.p, Dy.p, X.p, W.p, M.p, R.p, N, C, Part.p, nullptr);
   EXPECT_TRUE(close(O.get(), out, 2e-2, 1e-2)) << "layernorm out";
   EXPECT_TRUE(close(M.get(), mean, 1e-5, 1e-4)) << "mean";
   EXPECT_TRUE(close(R.get(), rstd, 0, 1e-4)) << "rstd";
@@ -65,7 +65,7 @@ TEST_P(Widths, NormsForwardAndBackward) {
   Dev RO(size_t(N) * C), RDx(dx0);
   DevRaw<float> RDw(dw0);
   cuda::rmsnorm_forward(RO.p, R.p, X.p, nullptr, W.p, N, C, 1e-6f, nullptr);
-  cuda::rmsnorm_backward(RDx.p, RDw.p, Dy.p, X.p, W.p, R.p, N, C, nullptr);
+  cuda::rmsnorm_backward(RDx.p, RDw.p, Dy.p, X.p, W.p, R.p, N, C, Part.p, nullptr);
   EXPECT_TRUE(close(RO.get(), rout, 2e-2, 1e-2)) << "rmsnorm out";
   EXPECT_TRUE(close(R.get(), rr, 0, 1e-4)) << "rmsnorm rstd";
   EXPECT_TRUE(close(RDx.get(), rdx, 3e-2, 1e-2)) << "rmsnorm dinp (+=)";
@@ -147,8 +147,8 @@ TEST_P(Widths, PointwiseConversionsAndBiasBackward) {
   std::vector<float> db = db0;
   cpu::bias_backward(db.data(), dout.data(), M, Nc);
   Dev Dout(dout);
-  DevRaw<float> Db(db0);
-  cuda::bias_backward(Db.p, Dout.p, M, Nc, nullptr);
+  DevRaw<float> Db(db0), Part(static_cast<size_t>(cuda::column_partials_floats(M, Nc)));
+  cuda::bias_backward(Db.p, Dout.p, M, Nc, Part.p, nullptr);
   EXPECT_TRUE(close(Db.get(), db, 1e-4, 1e-5)) << "bias_backward (+=)";
 }
 
@@ -450,7 +450,8 @@ TEST_F(Cuda, MoeKernels) {
   Dev Dl(std::vector<float>(size_t(N) * E, 4.0f));
   DevRaw<float> Gw(gw), Aux(aux), Sums(std::vector<float>(size_t(E), 6.0f));
   cuda::moe_router_backward(Dl.p, Probs.p, Idx.p, W.p, Gw.p, Aux.p, N, E, k, nullptr);
-  cuda::column_sums(Sums.p, Probs.p, N, E, nullptr);
+  DevRaw<float> Part(static_cast<size_t>(cuda::column_partials_floats(N, E)));
+  cuda::column_sums(Sums.p, Probs.p, N, E, Part.p, nullptr);
   EXPECT_TRUE(close(Dl.get(), dlogits, 1e-4, 1e-2)) << "router backward";
   EXPECT_TRUE(close(Sums.get(), sums, 1e-5, 1e-5)) << "column sums";
 }

@@ -273,3 +273,23 @@ TEST(LaunchShapes, TheRecorderRefusesWhatTheDeviceWould) {
   EXPECT_NE(last_error().find("grid dimension"), std::string::npos);
   EXPECT_TRUE(rec.records().empty());
 }
+
+// The column sums fill the device: the weight gradient of a 768-wide norm over 8192 rows, and
+// the router's sums over 8 experts, run on enough blocks for 132 SMs (a block per 32 columns
+// walking every row gave 24 and 1).
+TEST(LaunchShapes, ColumnSumsFillTheDevice) {
+  loom::emu::LaunchRecorder rec;
+  auto* fake = reinterpret_cast<float*>(uintptr_t(1) << 12);
+  auto* x = reinterpret_cast<BF*>(uintptr_t(1) << 12);
+  loom::cuda::layernorm_backward(nullptr, fake, fake, x, x, x, fake, fake, 8192, 768, fake, nullptr);
+  loom::cuda::column_sums(fake, fake, 65536, 8, fake, nullptr);
+  ASSERT_EQ(last_error(), "");
+  unsigned long long norm_blocks = 0, router_blocks = 0;
+  for (const auto& r : rec.records())
+    if (r.kernel.rfind("column_partials_kernel", 0) == 0) {
+      const unsigned long long b = 1ull * r.grid.x * r.grid.y * r.grid.z;
+      (norm_blocks ? router_blocks : norm_blocks) = b;
+    }
+  EXPECT_GE(norm_blocks, 2u * 132) << "norm weight gradient";
+  EXPECT_GE(router_blocks, 64u) << "router column sums";
+}
