@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -34,8 +36,11 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// A grid past 2^31 - 1 blocks is refused here, before the int wraps into a valid-looking one.
 inline int blocks_for(int64_t n, int threads) {
-  return int((n + threads - 1) / threads);
+  const int64_t b = (n + threads - 1) / threads;
+  LOOM_CHECK(b <= INT32_MAX, "a grid of {} blocks ({} items of {} threads) is past CUDA's 2^31 - 1", b, n, threads);
+  return int(b);
 }
 
 // Column sums over N rows in two deterministic stages (the weight and bias gradients, the MoE

@@ -96,9 +96,18 @@ inline double gelu_tanh_grad(double x) {
 // cuBLASLt's documented semantics on column-major operands, in double: D = alpha op(first)
 // op(second) + beta C; BIAS adds bias[i] (one per row of D) to every column; GELU_AUX keeps the
 // pre-activation in aux and applies GELU; DGELU multiplies by GELU' of aux. D overwrites C.
+// Its layouts are checked as cuBLASLt checks them against m, n, k and the transposes.
 template <class T, class Out>
 void lt_reference(const LtGemm& g, double alpha, const T* first, const T* second, double beta, Out* c, const T* bias,
                   T* aux) {
+  auto shape = [](const LtLayout& l, bool trans, int64_t rows, int64_t cols, const char* what) {
+    LOOM_CHECK(l.rows == (trans ? cols : rows) && l.cols == (trans ? rows : cols) && l.ld >= l.rows,
+               "the {} operand's layout {} x {} (ld {}) does not hold op(it) = {} x {}", what, l.rows, l.cols, l.ld,
+               rows, cols);
+  };
+  shape(g.first, g.trans_first, g.m, g.k, "first");
+  shape(g.second, g.trans_second, g.k, g.n, "second");
+  shape(g.c, false, g.m, g.n, "C");
   auto at = [](const T* p, const LtLayout& l, bool trans, int64_t i, int64_t j) {
     return double(trans ? p[j + i * l.ld] : p[i + j * l.ld]);  // element (i, j) of op(matrix)
   };

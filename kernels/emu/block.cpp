@@ -183,9 +183,13 @@ struct Executor {
   std::vector<int> ready;  // a ring of n slots: no allocation while fibers run
   size_t ready_head = 0, ready_size = 0;
   int bar_arrived = 0, bar_line = 0;
+  uint64_t bar_gen = 0;  // barriers completed in this block
   std::vector<Warp> warps;
   std::string error;
-  char* tokens = nullptr;  // TSan sync objects: [0] the block's barrier, [1 + w] warp w's
+  // TSan sync objects, one per parity of barrier (and of warp operation) generations, so a
+  // barrier orders what came before it and nothing before the one after: [0, 1] the block's
+  // barriers, [2 + 2 w + p] warp w's __syncwarp.
+  char* tokens = nullptr;
   char* done_token = nullptr;
   char* start_token = nullptr;
   uint64_t block_linear = 0;
@@ -391,6 +395,7 @@ void release_barrier(Executor& ex) {
   for (int t = 0; t < ex.n; ++t)
     if (ex.wait[size_t(t)] == Wait::barrier) make_ready(ex, t);
   ex.bar_arrived = 0;
+  ++ex.bar_gen;
 }
 
 void thread_exit(Executor& ex, int t) {
@@ -466,11 +471,12 @@ void run_block(Executor& ex, uint3 idx) {
   ex.block.idx = idx;
   ex.next = ex.done = 0;
   ex.bar_arrived = 0;
+  ex.bar_gen = 0;
   ex.ready_head = ex.ready_size = 0;
   for (auto& w : ex.warps) w.exited = w.waiting = w.mask = 0, w.cur = 0;
   std::fill(ex.wait.begin(), ex.wait.end(), Wait::none);
 #if defined(LOOM_EMU_TSAN)
-  ex.tokens = new char[1 + ex.warps.size()];
+  ex.tokens = new char[2 + 2 * ex.warps.size()];
 #endif
   const size_t dyn = ex.cfg->dynamic_shared;
 #if defined(LOOM_EMU_ASAN) || defined(LOOM_EMU_TSAN)
@@ -587,8 +593,10 @@ void syncthreads(int line) {
     device_fail(ex, "__syncthreads at line " + std::to_string(line) + " while " + std::to_string(ex.bar_arrived) +
                         " threads wait at the one at line " + std::to_string(ex.bar_line) + " (divergent barrier)");
   }
+  // A thread can be one barrier ahead of another (the last to arrive runs on), never two.
+  [[maybe_unused]] char* token = ex.tokens + (ex.bar_gen & 1);
 #if defined(LOOM_EMU_TSAN)
-  __tsan_release(ex.tokens);
+  __tsan_release(token);
 #endif
   if (++ex.bar_arrived == ex.n - ex.done) {
     release_barrier(ex);
@@ -597,19 +605,20 @@ void syncthreads(int line) {
     block_current(ex);
   }
 #if defined(LOOM_EMU_TSAN)
-  __tsan_acquire(ex.tokens);
+  __tsan_acquire(token);
 #endif
 }
 
 void syncwarp(unsigned mask, int line) {
   Executor& ex = executor();
-  [[maybe_unused]] const int w = current_thread->linear / 32;
+  const int w = current_thread->linear / 32;
+  [[maybe_unused]] char* token = ex.tokens + 2 + 2 * w + ex.warps[size_t(w)].cur;
 #if defined(LOOM_EMU_TSAN)
-  __tsan_release(ex.tokens + 1 + w);
+  __tsan_release(token);
 #endif
   warp_arrive(ex, mask, WarpOp::syncwarp, line, 0);
 #if defined(LOOM_EMU_TSAN)
-  __tsan_acquire(ex.tokens + 1 + w);
+  __tsan_acquire(token);
 #endif
 }
 

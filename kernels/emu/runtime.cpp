@@ -10,13 +10,16 @@
 namespace loom::emu {
 
 namespace {
+// What cudaGetLastError returns next (the latest error, as CUDA's), and the message of the
+// latest error of each code, which cudaGetErrorString gives for that code.
 thread_local cudaError_t last_error = cudaSuccess;
+thread_local cudaError_t message_code = cudaSuccess;
 thread_local std::string last_message;
 }  // namespace
 
 void set_last_error(cudaError_t e, const std::string& message) {
-  if (last_error != cudaSuccess) return;  // the first error is the one reported
   last_error = e;
+  message_code = e;
   last_message = message;
 }
 
@@ -34,7 +37,7 @@ cudaError_t cudaPeekAtLastError() {
 }
 
 const char* cudaGetErrorString(cudaError_t e) {
-  if (e != cudaSuccess && !emu::last_message.empty()) return emu::last_message.c_str();
+  if (e != cudaSuccess && e == emu::message_code) return emu::last_message.c_str();
   switch (e) {
     case cudaSuccess:
       return "no error";

@@ -84,12 +84,16 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, flo
   }
 }
 
+// Called through the mma_sync macro below, which passes the caller's line for errors.
 template <int M, int N, int K, class TA, class LA, class TB, class LB>
-inline void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
-                     const fragment<matrix_b, M, N, K, TB, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+inline void mma_sync_at(int line, fragment<accumulator, M, N, K, float>& d,
+                        const fragment<matrix_a, M, N, K, TA, LA>& a, const fragment<matrix_b, M, N, K, TB, LB>& b,
+                        const fragment<accumulator, M, N, K, float>& c) {
   float fa[8], fb[8];
   for (int j = 0; j < 8; ++j) fa[j] = detail::widen(a.x[j]), fb[j] = detail::widen(b.x[j]);
-  ::loom::emu::warp_mma(d.x, c.x, fa, fb, __LINE__);
+  ::loom::emu::warp_mma(d.x, c.x, fa, fb, line);
 }
 
 }  // namespace nvcuda::wmma
+
+#define mma_sync(...) mma_sync_at(__LINE__, __VA_ARGS__)

@@ -7,6 +7,11 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build}"
 only="${2:-}"
+# It restores kernels/cuda from git after each mutation: uncommitted work there would be lost.
+if ! git -C "$root" diff --quiet -- kernels/cuda; then
+  echo "kernels/cuda has uncommitted changes: commit or stash them first" >&2
+  exit 2
+fi
 restore() { git -C "$root" checkout -- kernels/cuda; }
 trap restore EXIT
 
