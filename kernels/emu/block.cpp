@@ -1,18 +1,19 @@
-// The block scheduler of the CUDA emulation. A launch runs its blocks one after another on
-// the calling OS thread; a block's threads run as fibers with stacks of their own, switched
-// only at __syncthreads, __syncwarp, shuffles, votes and mma_sync, so a block behaves as one
-// on a device whose warps interleave only at those points. A fiber that finishes its thread
-// without waiting goes on to the next unstarted thread, so kernels without barriers cost one
-// fiber, not one per thread.
+// The block scheduler of the CUDA emulation. A launch runs its blocks one after another (on
+// the calling OS thread; under ThreadSanitizer each on a fresh one); a block's threads run as
+// fibers with stacks of their own, switched only at __syncthreads, __syncwarp, shuffles, votes
+// and mma_sync, so a block behaves as one on a device whose warps interleave only at those
+// points. A fiber that finishes its thread without waiting goes on to the next unstarted
+// thread, so kernels without barriers cost one fiber, not one per thread.
 // Checked as a device would fail, or as CUDA leaves undefined: threads of one block waiting at
 // __syncthreads calls on different lines, warp operations whose masks leave out the caller,
 // name lanes that exited or do not exist, or differ between lanes, and deadlocks (reported
 // with what every waiting thread waits for).
-// This file is built without sanitizer instrumentation. Under ThreadSanitizer every emulated
-// thread is a sanitizer context of its own, and each block runs on a fresh OS thread with an
-// executor of its own (fresh thread-locals: its static __shared__ arrays), so
-// nothing orders two threads but __syncthreads and __syncwarp (within a block) and the end of
-// a launch (all before the next): a race between threads, or between blocks, is reported.
+// This file is built without sanitizer instrumentation. Under ThreadSanitizer each emulated
+// thread runs in a sanitizer context of its own (of 4096 taken in turn), and each block on a
+// fresh OS thread with an executor of its own (fresh thread-locals: its static __shared__
+// arrays), so nothing orders two threads but __syncthreads and __syncwarp (each generation
+// its own sync object), sharing a context (threads 4096 apart) and the end of a launch (all
+// before the next): a race between threads, or between nearby blocks, is reported.
 // Shuffles and mma_sync move values through tables here that the sanitizer does not see, as
 // registers move on a device.
 #include <fmt/format.h>
@@ -71,10 +72,8 @@ thread_local BlockState* current_block = nullptr;
 
 namespace {
 
-// Under TSan a fiber runs one emulated thread per start, in a sanitizer context of its own
-// (creating one costs about a millisecond, so 4096 are made once and taken in turn: thread i
-// of block b gets context (b n + i) mod 4096, and only blocks that far apart are ordered by
-// sharing contexts); fibers and their stacks pass from block to block.
+// Under TSan a fiber runs one emulated thread per start, each fiber with a sanitizer context of
+// its own (tsan_fiber below).
 #if defined(LOOM_EMU_TSAN)
 constexpr bool kOneThreadPerStart = true;
 constexpr size_t kStackBytes = size_t(32) << 10;
