@@ -135,18 +135,13 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
   // The heuristics assume 256-byte aligned operands unless told otherwise: give them each
   // pointer's real alignment, so they never choose a kernel these buffers cannot feed.
   const uint32_t align_first = alignment(B), align_second = alignment(A), align_c = alignment(C);
-  check(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first,
-                                             sizeof(align_first)),
-        "MIN_ALIGNMENT_A_BYTES");
-  check(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_second,
-                                             sizeof(align_second)),
-        "MIN_ALIGNMENT_B_BYTES");
-  check(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                             sizeof(align_c)),
-        "MIN_ALIGNMENT_C_BYTES");
-  check(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                             sizeof(align_c)),
-        "MIN_ALIGNMENT_D_BYTES");
+  auto set_alignment = [&](cublasLtMatmulPreferenceAttributes_t attr, const uint32_t& bytes, const char* name) {
+    check(cublasLtMatmulPreferenceSetAttribute(pref.d, attr, &bytes, sizeof(bytes)), name);
+  };
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first, "MIN_ALIGNMENT_A_BYTES");
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second, "MIN_ALIGNMENT_B_BYTES");
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c, "MIN_ALIGNMENT_C_BYTES");
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c, "MIN_ALIGNMENT_D_BYTES");
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
   check(cublasLtMatmulAlgoGetHeuristic(lt, op.d, lf.d, ls.d, lc.d, lc.d, pref.d, 1, &heur, &found),

@@ -621,29 +621,33 @@ void syncwarp(unsigned mask, int line) {
 #endif
 }
 
-uint64_t warp_shuffle(unsigned mask, uint64_t value, int src, int line) {
-  Executor& ex = executor();
+namespace {
+// Publishes this lane's value for a shuffle or vote and waits for the mask's lanes: the table
+// of their values, valid until this lane's next warp operation.
+const uint64_t* warp_exchange(Executor& ex, unsigned mask, uint64_t value, WarpOp op, int line) {
   const int t = current_thread->linear;
   Warp& w = ex.warps[size_t(t / 32)];
   const int half = w.cur;
   w.value[half][t % 32] = value;
-  warp_arrive(ex, mask, WarpOp::shuffle, line, half);
+  warp_arrive(ex, mask, op, line, half);
+  return w.value[half];
+}
+}  // namespace
+
+uint64_t warp_shuffle(unsigned mask, uint64_t value, int src, int line) {
+  Executor& ex = executor();
+  const uint64_t* values = warp_exchange(ex, mask, value, WarpOp::shuffle, line);
   if (src < 0 || src >= 32 || !(mask >> src & 1u))
     device_fail(ex, "a shuffle (line " + std::to_string(line) + ") reads lane " + std::to_string(src) +
                         ", outside its mask " + hex(mask));
-  return w.value[half][src];
+  return values[src];
 }
 
 unsigned warp_ballot(unsigned mask, bool pred, int line) {
-  Executor& ex = executor();
-  const int t = current_thread->linear;
-  Warp& w = ex.warps[size_t(t / 32)];
-  const int half = w.cur;
-  w.value[half][t % 32] = pred;
-  warp_arrive(ex, mask, WarpOp::vote, line, half);
+  const uint64_t* values = warp_exchange(executor(), mask, pred, WarpOp::vote, line);
   unsigned bits = 0;
   for (int l = 0; l < 32; ++l)
-    if ((mask >> l & 1u) && w.value[half][l]) bits |= 1u << l;
+    if ((mask >> l & 1u) && values[l]) bits |= 1u << l;
   return bits;
 }
 
