@@ -86,6 +86,11 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   mo.timeout_s = cfg.parallel.timeout_s;
   mo.trace = &p.trace;
   mo.flight_dir = cfg.log.dir;
+  mo.nccl_emulated = cfg.parallel.comm == "nccl-emulated";
+  LOOM_CHECK(!mo.nccl_emulated || p.device == "cpu",
+             "parallel.comm = \"nccl-emulated\" carries host buffers: it needs train.device = \"cpu\" (it is \"{}\"); "
+             "on a GPU use parallel.comm = \"nccl\"",
+             p.device);
   if (p.device == "cuda" && opt.use_mpi) {
     // NCCL refuses two ranks on one GPU: where ranks share GPUs, MPI carries the CUDA buffers
     // through pinned host memory (a check of the layout, not a fast path).
@@ -100,13 +105,6 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
                "use parallel.comm = \"mpi\" (staged through the host) or launch one rank per GPU",
                local, gpus);
     mo.nccl = cfg.parallel.comm == "nccl" || (cfg.parallel.comm == "auto" && !shared);
-    // NCCL runs a group's sends and receives in issue order on one stream, and the pipeline
-    // executor posts every receive first: that order would deadlock.
-    LOOM_CHECK(!(mo.nccl && cfg.parallel.pp > 1),
-               "parallel.pp = {} over NCCL is not supported yet (the executor posts its receives early, which NCCL's "
-               "in-order point-to-point would deadlock); set parallel.comm = \"mpi\" to run the pipeline over MPI, "
-               "staged through the host",
-               cfg.parallel.pp);
     if (!mo.nccl && cfg.parallel.comm == "auto" && p.lead && !opt.quiet)
       spdlog::warn(
           "{} ranks share {} GPU(s) on this node: collectives go through MPI, staged in host memory "
@@ -133,7 +131,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   // the last), and as many activation slots as its schedule keeps micro-batches in flight.
   // Checks the schedule: a broken table stops here, before any send.
   const ChunkSpec spec = pipeline_chunk_spec(cfg, p.mesh->coord().pp, &p.pipe_schedule);
-  if (cfg.parallel.pp > 1) p.pipe_ops = p.pipe_schedule.ops[size_t(p.mesh->coord().pp)];
+  if (cfg.parallel.pp > 1) p.pipe_ops = pipeline_in_order(p.pipe_schedule).ops[size_t(p.mesh->coord().pp)];
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   const bool ep = cfg.parallel.ep > 1;
   p.chunk =

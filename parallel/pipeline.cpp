@@ -71,20 +71,14 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
     chunk_.set_piece(g / P);
     chunk_.set_slot(micro % chunk_.slots());
   };
-  // Every receive of the step, posted now; their tags say what, for which chunk and micro-batch.
+  // Receives are posted where the schedule puts them, each with the sends and receives next to
+  // it in one group (pipeline_comm_batches): NCCL runs a communicator's ops in issue order and
+  // a send waits for its receive, so a receive posted early would block the sends behind it.
   const size_t slots_n = static_cast<size_t>(micro_ * chunk_.pieces());
   std::vector<Work> act_in(slots_n), grad_in(slots_n);
   auto index = [&](int g, int micro) { return size_t((g / P) * micro_ + micro); };
   std::vector<Work> sends;
   auto tag = [&](int g, int micro, bool grad) { return (g * micro_ + micro) * 2 + (grad ? 1 : 0); };
-  for (const PipeOp& op : ops) {
-    if (op.kind == PipeOp::recv_act)
-      act_in[index(op.chunk, op.micro)] = pp_.recv(act_buf(recv_act_, in_block_[size_t(op.chunk / P)], op.micro),
-                                                   op.peer, tag(op.chunk, op.micro, false), s);
-    if (op.kind == PipeOp::recv_grad)
-      grad_in[index(op.chunk, op.micro)] = pp_.recv(act_buf(recv_grad_, out_block_[size_t(op.chunk / P)], op.micro),
-                                                    op.peer, tag(op.chunk, op.micro, true), s);
-  }
   // The ops that finish a piece's gradients: its last W under a split backward, else its last
   // B. DDP's buckets take the finished gradients as a suffix of the flat buffer, so the pieces
   // must finish from the last to the first (the schedules do).
@@ -137,23 +131,35 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
         dp_.set_last(int(i) == last[size_t(op.chunk / P)]);
         chunk_.backward(op.chunk == 0 ? inputs(op.micro) : Inputs{}, dp_, Grads::weight);
         break;
-      case PipeOp::send_act: {  // of chunk op.chunk - 1, computed here, to op.chunk
-        select(op.chunk - 1, op.micro);
-        const Buf b = act_buf(send_act_, out_block_[size_t((op.chunk - 1) / P)], op.micro);
-        be.copy(b, view(chunk_.output()));
-        sends.push_back(pp_.send(b, op.peer, tag(op.chunk, op.micro, false), s));
-        break;
-      }
-      case PipeOp::send_grad: {  // of chunk op.chunk + 1's input, computed here, to op.chunk
-        select(op.chunk + 1, op.micro);
-        const Buf b = act_buf(send_grad_, in_block_[size_t((op.chunk + 1) / P)], op.micro);
-        be.copy(b, view(chunk_.grad_input()));
-        sends.push_back(pp_.send(b, op.peer, tag(op.chunk, op.micro, true), s));
-        break;
-      }
+      case PipeOp::send_act:
+      case PipeOp::send_grad:
       case PipeOp::recv_act:
-      case PipeOp::recv_grad:
-        break;  // posted at the start
+      case PipeOp::recv_grad: {
+        pp_.group_start();
+        for (; i < ops.size() && pipe_op_is_comm(ops[i].kind); ++i) {
+          const PipeOp& c = ops[i];
+          if (c.kind == PipeOp::send_act) {  // of chunk c.chunk - 1, computed here, to c.chunk
+            select(c.chunk - 1, c.micro);
+            const Buf b = act_buf(send_act_, out_block_[size_t((c.chunk - 1) / P)], c.micro);
+            be.copy(b, view(chunk_.output()));
+            sends.push_back(pp_.send(b, c.peer, tag(c.chunk, c.micro, false), s));
+          } else if (c.kind == PipeOp::send_grad) {  // of chunk c.chunk + 1's input, to c.chunk
+            select(c.chunk + 1, c.micro);
+            const Buf b = act_buf(send_grad_, in_block_[size_t((c.chunk + 1) / P)], c.micro);
+            be.copy(b, view(chunk_.grad_input()));
+            sends.push_back(pp_.send(b, c.peer, tag(c.chunk, c.micro, true), s));
+          } else if (c.kind == PipeOp::recv_act) {
+            act_in[index(c.chunk, c.micro)] = pp_.recv(act_buf(recv_act_, in_block_[size_t(c.chunk / P)], c.micro),
+                                                       c.peer, tag(c.chunk, c.micro, false), s);
+          } else {
+            grad_in[index(c.chunk, c.micro)] = pp_.recv(act_buf(recv_grad_, out_block_[size_t(c.chunk / P)], c.micro),
+                                                        c.peer, tag(c.chunk, c.micro, true), s);
+          }
+        }
+        --i;  // the loop's ++i moves past the batch
+        pp_.group_end();
+        break;
+      }
     }
   }
   for (auto& w : sends) w.wait();
@@ -182,6 +188,7 @@ ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedu
   const PipeSchedule sched =
       pipeline_schedule(cfg.parallel.pp_schedule, pp, cfg.parallel.pp_virtual, cfg.accum_steps());
   const PipeTiming t = pipeline_check(sched);
+  pipeline_check_in_order(pipeline_in_order(sched));  // the executor's groups, as NCCL runs them
   spec.pieces.clear();
   int g = stage;  // the model chunk of each run, with its peak in flight
   for (auto [lo, hi] : pipeline_stage_runs(cfg, stage)) {

@@ -25,6 +25,9 @@ struct PipeOp {
   int peer = -1;  // sends and receives: the other stage
 };
 const char* pipe_op_name(PipeOp::Kind k);
+inline bool pipe_op_is_comm(PipeOp::Kind k) {
+  return k > PipeOp::W;
+}
 
 struct PipeSchedule {
   std::string name;  // gpipe | 1f1b | interleaved | zb
@@ -56,6 +59,23 @@ PipeTiming pipeline_check(const PipeSchedule& s, double tf = 1.0, double tb = 1.
 // step-time model's hand-off times (empty: none).
 PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, const std::vector<double>& tb,
                           const std::vector<double>& tw, const std::vector<double>& hop = {});
+
+// The table as the executor issues it: each receive moved ahead to the first op boundary at or
+// after its send (on unit costs), where it joins the sends issued there in one group. Posted
+// there, every group meets its partners at about the same time on both stages; left just ahead
+// of its consumer, a receive can sit behind a group its peer reaches only after sending it
+// (interleaved schedules deadlock so under NCCL). Timing is the table's: a receive takes none.
+PipeSchedule pipeline_in_order(const PipeSchedule& s);
+// The table under NCCL's rules, as the executor issues it: each run of consecutive sends and
+// receives of a stage goes out as one group, and a stage's groups run one at a time in order;
+// a group completes once each of its ops has met its partner in the partner stage's current
+// group; sends and receives between two stages match in issue order (NCCL has no tags), so the
+// k-th send from a to b must carry the tensor b's k-th receive from a expects. Throws an Error
+// naming the mismatch, or the stages and groups of a deadlock.
+void pipeline_check_in_order(const PipeSchedule& s);
+// A stage's op list cut into its runs: per item, the op indices of one compute op or of a
+// run of consecutive sends and receives.
+std::vector<std::vector<size_t>> pipeline_comm_batches(const std::vector<PipeOp>& ops);
 
 // The closed forms: (p-1)/(m+p-1) (gpipe, 1f1b), (p-1)/(v*m+p-1) (interleaved); zb: the
 // simulated value at tf = tb = tw.

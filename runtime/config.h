@@ -70,7 +70,9 @@ struct ParallelConfig {
   std::string pp_layers;                  // blocks per stage, "5,6,6,5"; empty: n_layer / pp each
   double timeout_s = 600;                 // watchdog: a collective pending this long aborts the job (0: never)
   std::string grad_reduce_dtype = "f32";  // f32 | bf16: the dtype gradients are reduced in
-  std::string comm = "auto";              // auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)
+  // auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host); nccl-emulated:
+  // host buffers under NCCL's ordering rules, to check a layout on the CPU
+  std::string comm = "auto";
 };
 
 struct CheckpointConfig {

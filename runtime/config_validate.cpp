@@ -191,7 +191,7 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(p.timeout_s >= 0, "parallel.timeout_s = {} must be >= 0 (0 turns the watchdog off)", p.timeout_s);
   LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
   check_one_of("parallel.grad_reduce_dtype", p.grad_reduce_dtype, {"f32", "bf16"});
-  check_one_of("parallel.comm", p.comm, {"auto", "nccl", "mpi"});
+  check_one_of("parallel.comm", p.comm, {"auto", "nccl", "mpi", "nccl-emulated"});
   const FaultConfig& f = cfg.fault;
   const int world = p.dp * p.tp * p.pp;
   // Each drill parses, names a rank of the job, and could fire: its step is run, and a

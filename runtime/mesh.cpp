@@ -3,6 +3,7 @@
 #if LOOM_HAVE_MPI
 #include "runtime/comm/hang_report.h"
 #include "runtime/comm/mpi_group.h"
+#include "runtime/comm/nccl_emulated.h"
 #endif
 #if LOOM_HAVE_CUDA
 #include "runtime/comm/nccl_group.h"
@@ -91,7 +92,12 @@ MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank) {
 }
 
 DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const MeshOptions& o)
-    : dims_(d), coord_(mesh_coord(d, world_rank)), rank_(world_rank), use_mpi_(o.use_mpi), nccl_(o.nccl && o.use_mpi) {
+    : dims_(d),
+      coord_(mesh_coord(d, world_rank)),
+      rank_(world_rank),
+      use_mpi_(o.use_mpi),
+      nccl_(o.nccl && o.use_mpi),
+      emulated_(o.nccl_emulated && o.use_mpi) {
   mesh_validate(d, world_size);
 #if !LOOM_HAVE_MPI
   LOOM_CHECK(!o.use_mpi,
@@ -131,6 +137,19 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const 
   }
 #else
   LOOM_CHECK(!nccl_, "NCCL groups need a CUDA build");
+#endif
+#if LOOM_HAVE_MPI
+  if (emulated_) {
+    LOOM_CHECK(!nccl_, "parallel.comm: NCCL and its emulation at once");
+    auto dev = nccl_emu_device_create(*world_, {o.timeout_s, world_rank, [] { mpi_abort(4); }});
+    nccl_world_ = dev;
+    groups_.clear();
+    for (int a = 0; a < kAxes; ++a) {
+      MeshGroup g = mesh_group(d, Axis(a), world_rank);
+      device_owned_.push_back(nccl_emu_group(dev, axis_name(Axis(a)), g.id, g.ranks));
+      groups_.push_back(device_owned_.back().get());
+    }
+  }
 #endif
   hang_ = std::make_unique<HangReport>(o.flight_dir, world_rank);
   for (ProcessGroup* g : all_groups()) {

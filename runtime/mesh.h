@@ -9,7 +9,8 @@
 //   tp_i:  0 1 0 1 0 1 0 1     tp groups {0,1} {2,3} {4,5} {6,7}
 // The rank arithmetic is pure (mesh_*) and tested on its own; DeviceMesh builds the groups:
 // for every axis one that carries the training buffers (MPI for host buffers or, staged,
-// CUDA ones; NCCL for CUDA buffers) and one for host buffers (the same object unless NCCL).
+// CUDA ones; NCCL for CUDA buffers; NCCL's rules emulated over host buffers) and one for host
+// buffers (the same object unless NCCL, real or emulated).
 #pragma once
 #include <memory>
 #include <string>
@@ -46,9 +47,10 @@ struct MeshGroup {
 MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank);
 
 struct MeshOptions {
-  bool use_mpi = false;  // world_size 1 without MPI: every group is local; else MPI is initialized
-  bool nccl = false;     // CUDA buffers over NCCL (one GPU per rank); else over MPI, staged
-  double timeout_s = 0;  // the groups' watchdog (0: none)
+  bool use_mpi = false;        // world_size 1 without MPI: every group is local; else MPI is initialized
+  bool nccl = false;           // CUDA buffers over NCCL (one GPU per rank); else over MPI, staged
+  bool nccl_emulated = false;  // the training buffers over NCCL's rules on the CPU (nccl_emulated.h)
+  double timeout_s = 0;        // the groups' watchdog (0: none)
   Trace* trace = nullptr;
   std::string flight_dir;  // where a timed-out collective's flight records go (empty: nowhere)
 };
@@ -66,7 +68,7 @@ class DeviceMesh {
   ProcessGroup& group(Axis a) const { return *groups_[size_t(a)]; }     // the training buffers
   ProcessGroup& host_group(Axis a) const { return *host_[size_t(a)]; }  // host buffers
   ProcessGroup& world_group() const { return *world_; }                 // host buffers
-  const char* comm_name() const { return nccl_ ? "NCCL" : use_mpi_ ? "MPI" : "local"; }
+  const char* comm_name() const { return nccl_ ? "NCCL" : emulated_ ? "NCCL (emulated)" : use_mpi_ ? "MPI" : "local"; }
   // Every group this rank is in (world, host and device groups of every axis).
   std::vector<ProcessGroup*> all_groups() const;
   // Fault drill (fault.hang): the next op this rank issues, on any group, never returns.
@@ -76,12 +78,12 @@ class DeviceMesh {
   MeshDims dims_;
   MeshCoord coord_;
   int rank_;
-  bool use_mpi_, nccl_;
+  bool use_mpi_, nccl_, emulated_;
   std::unique_ptr<HangReport> hang_;  // before the groups: they report to it until they are gone
   std::unique_ptr<ProcessGroup> world_;
   std::vector<std::unique_ptr<ProcessGroup>> host_owned_, device_owned_;
   std::vector<ProcessGroup*> host_, groups_;
-  std::shared_ptr<void> nccl_world_;
+  std::shared_ptr<void> nccl_world_;  // the NCCL world communicator, or the emulated device
 };
 
 }  // namespace loom

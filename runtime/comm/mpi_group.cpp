@@ -44,8 +44,6 @@ MpiWorld::~MpiWorld() {
   MPI_Finalize();
 }
 
-namespace {
-
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::f32:
@@ -62,21 +60,23 @@ MPI_Datatype mpi_type(DType t) {
 
 // MPI has no bf16: these sum (or take the max of) bf16 values in fp32 and round once per
 // pair, as a GPU's reduction does.
-void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+void mpi_bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   auto* a = static_cast<const uint16_t*>(in);
   auto* b = static_cast<uint16_t*>(inout);
   for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
 }
-void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+void mpi_bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
   auto* a = static_cast<const uint16_t*>(in);
   auto* b = static_cast<uint16_t*>(inout);
   for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(std::max(bf16_to_f32(a[i]), bf16_to_f32(b[i])));
 }
 
-int as_int(int64_t n) {
+int mpi_count(int64_t n) {
   LOOM_CHECK(n <= INT32_MAX, "an MPI message of {} elements exceeds MPI's int count; use smaller buckets", n);
   return int(n);
 }
+
+namespace {
 
 class MpiGroup final : public ProcessGroup {
  public:
@@ -84,8 +84,8 @@ class MpiGroup final : public ProcessGroup {
       : ProcessGroup(name, 0, 1, std::move(ranks)), comm_(comm), trace_(trace), timeout_s_(timeout_s) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    MPI_Op_create(&bf16_sum, 1, &bf16_sum_);
-    MPI_Op_create(&bf16_max, 1, &bf16_max_);
+    MPI_Op_create(&mpi_bf16_sum, 1, &bf16_sum_);
+    MPI_Op_create(&mpi_bf16_max, 1, &bf16_max_);
     worker_ = std::thread([this] { run(); });
   }
   ~MpiGroup() override {
@@ -113,7 +113,7 @@ class MpiGroup final : public ProcessGroup {
     MPI_Op mop = h.dtype == DType::bf16 ? (op == ReduceOp::sum ? bf16_sum_ : bf16_max_)
                                         : (op == ReduceOp::sum ? MPI_SUM : MPI_MAX);
     return issue(CommOp::all_reduce, std::move(st), [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, h.data, as_int(h.count), mpi_type(h.dtype), mop, comm_, r));
+      LOOM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, h.data, mpi_count(h.count), mpi_type(h.dtype), mop, comm_, r));
     });
   }
   Work reduce_scatter(Buf in, Buf out, const Stream& after) override {
@@ -124,7 +124,7 @@ class MpiGroup final : public ProcessGroup {
     Buf hi = st.input(in), ho = st.output(out);
     MPI_Op mop = hi.dtype == DType::bf16 ? bf16_sum_ : MPI_SUM;
     return issue(CommOp::reduce_scatter, std::move(st), [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Ireduce_scatter_block(hi.data, ho.data, as_int(ho.count), mpi_type(hi.dtype), mop, comm_, r));
+      LOOM_MPI_CHECK(MPI_Ireduce_scatter_block(hi.data, ho.data, mpi_count(ho.count), mpi_type(hi.dtype), mop, comm_, r));
     });
   }
   Work all_gather(Buf in, Buf out, const Stream& after) override {
@@ -135,8 +135,8 @@ class MpiGroup final : public ProcessGroup {
     Staging st(*this, after);
     Buf hi = in_place ? Buf() : st.input(in), ho = in_place ? st.inout(out) : st.output(out);
     return issue(CommOp::all_gather, std::move(st), [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : hi.data, as_int(in.count), mpi_type(in.dtype), ho.data,
-                                    as_int(in.count), mpi_type(in.dtype), comm_, r));
+      LOOM_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : hi.data, mpi_count(in.count), mpi_type(in.dtype), ho.data,
+                                    mpi_count(in.count), mpi_type(in.dtype), comm_, r));
     });
   }
   Work broadcast(Buf b, int root, const Stream& after) override {
@@ -144,7 +144,7 @@ class MpiGroup final : public ProcessGroup {
     Staging st(*this, after);
     Buf h = st.inout(b);
     return issue(CommOp::broadcast, std::move(st), [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Ibcast(h.data, as_int(h.count), mpi_type(h.dtype), root, comm_, r));
+      LOOM_MPI_CHECK(MPI_Ibcast(h.data, mpi_count(h.count), mpi_type(h.dtype), root, comm_, r));
     });
   }
   Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc,
@@ -154,12 +154,12 @@ class MpiGroup final : public ProcessGroup {
     auto v = std::make_shared<std::array<std::vector<int>, 4>>();  // counts and displacements, kept alive
     int64_t sent = 0;
     for (int r = 0, so = 0, ro = 0; r < size_; ++r) {
-      (*v)[0].push_back(as_int(sc[size_t(r)]));
+      (*v)[0].push_back(mpi_count(sc[size_t(r)]));
       (*v)[1].push_back(so);
-      (*v)[2].push_back(as_int(rc[size_t(r)]));
+      (*v)[2].push_back(mpi_count(rc[size_t(r)]));
       (*v)[3].push_back(ro);
-      so += as_int(sc[size_t(r)]);
-      ro += as_int(rc[size_t(r)]);
+      so += mpi_count(sc[size_t(r)]);
+      ro += mpi_count(rc[size_t(r)]);
       sent += sc[size_t(r)];
     }
     count(CommOp::all_to_all, size_t(sent) * dtype_size(in.dtype));
@@ -175,7 +175,7 @@ class MpiGroup final : public ProcessGroup {
     Staging st(*this, after);
     Buf h = st.input(b);
     return issue(CommOp::send, std::move(st), [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Isend(h.data, as_int(h.count), mpi_type(h.dtype), peer, tag, comm_, r));
+      LOOM_MPI_CHECK(MPI_Isend(h.data, mpi_count(h.count), mpi_type(h.dtype), peer, tag, comm_, r));
     });
   }
   Work recv(Buf b, int peer, int tag, const Stream& after) override {
@@ -183,7 +183,7 @@ class MpiGroup final : public ProcessGroup {
     Staging st(*this, after);
     Buf h = st.output(b);
     return issue(CommOp::recv, std::move(st), [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Irecv(h.data, as_int(h.count), mpi_type(h.dtype), peer, tag, comm_, r));
+      LOOM_MPI_CHECK(MPI_Irecv(h.data, mpi_count(h.count), mpi_type(h.dtype), peer, tag, comm_, r));
     });
   }
   Work barrier() override {

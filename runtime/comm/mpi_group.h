@@ -25,6 +25,15 @@ class MpiWorld {
   int rank_ = 0, size_ = 1;
 };
 
+// loom's types as MPI's (bf16 as MPI_UINT16_T, reduced by the ops below), and an element count
+// as MPI's int (fails past INT32_MAX).
+MPI_Datatype mpi_type(DType t);
+int mpi_count(int64_t n);
+// MPI_User_function's for bf16 sums and maxima: fp32 arithmetic rounded once per pair, as a
+// GPU's reduction does.
+void mpi_bf16_sum(void* in, void* inout, int* len, MPI_Datatype*);
+void mpi_bf16_max(void* in, void* inout, int* len, MPI_Datatype*);
+
 // A group over `ranks` (world ranks, this rank among them), split from MPI_COMM_WORLD by
 // `color`. Every world rank must call this collectively with its own color.
 // Watchdog: an op still pending after timeout_s seconds (0: never) means a peer has died or

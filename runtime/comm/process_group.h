@@ -6,7 +6,8 @@
 // neither side waits on the host where the backend can do better.
 // Backends: LocalGroup (one rank, no communication), MpiGroup (host buffers, a dedicated
 // communication thread per group; CUDA buffers staged through pinned host memory),
-// NcclGroup (CUDA buffers, its own stream or the caller's; CUDA builds).
+// NcclGroup (CUDA buffers, its own stream or the caller's; CUDA builds), NcclEmuGroup (host
+// buffers under NCCL's ordering rules, for checking a layout on the CPU).
 #pragma once
 #include <array>
 #include <condition_variable>
@@ -129,11 +130,17 @@ class ProcessGroup {
   virtual Work send(Buf buf, int peer, int tag = 0, const Stream& after = host_stream()) = 0;
   virtual Work recv(Buf buf, int peer, int tag = 0, const Stream& after = host_stream()) = 0;
   virtual Work barrier() = 0;
+  // Sends and receives issued between group_start() and group_end() progress together (NCCL's
+  // group call): a pair that would wait on each other issued one by one completes. Only sends
+  // and receives go in a group. Host backends, whose ops never wait on each other, ignore it.
+  virtual void group_start() {}
+  virtual void group_end() {}
   // Whether this group's ops can read and write buffers on `device`.
   virtual bool carries(DeviceKind device) const { return device == DeviceKind::cpu; }
   const FlightRecorder& recorder() const { return recorder_; }
   // Where a timed-out op is reported (the job's hang verdict); null: the watchdog's line only.
   void set_hang_report(HangReport* r) { hang_report_ = r; }
+  HangReport* hang_report() const { return hang_report_; }
   // Fault drill (fault.hang): the next op issued on this group never returns to its caller.
   void hang_next_op() { hang_next_ = true; }
 

@@ -2,8 +2,12 @@
 // matches the closed forms, its peaks are what the schedule promises, and broken tables (a
 // missing receive, a send to the wrong stage, an op twice, an order that deadlocks) are
 // caught before anything runs.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "parallel/pipeline.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/error.h"
 
@@ -91,6 +95,76 @@ TEST(PipelineSchedule, BrokenTablesAreCaught) {
     s.ops[0].push_back({PipeOp::W, 0, 0});
     refused(s, "W without a split backward");
   }
+}
+
+// Every table runs under NCCL's rules as the executor issues it (each run of sends and
+// receives one group, groups in order, sends matched to receives by issue order).
+TEST(PipelineSchedule, EveryScheduleRunsUnderNcclsInOrderRules) {
+  for (int p : {2, 3, 4, 8})
+    for (int m : {1, 2, 4, 8, 16})
+      for (const char* name : {"gpipe", "1f1b", "zb"}) {
+        SCOPED_TRACE(fmt::format("{} p {} m {}", name, p, m));
+        EXPECT_NO_THROW(pipeline_check_in_order(pipeline_in_order(pipeline_schedule(name, p, 1, m))));
+      }
+  for (int p : {2, 4})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p, 4 * p}) {
+        SCOPED_TRACE(fmt::format("interleaved p {} v {} m {}", p, v, m));
+        const PipeSchedule s = pipeline_schedule("interleaved", p, v, m);
+        EXPECT_NO_THROW(pipeline_check_in_order(pipeline_in_order(s)));
+        if (m > p) EXPECT_THROW(pipeline_check_in_order(s), Error);  // receives just ahead of their consumers
+      }
+}
+
+// What the in-order rules refuse: the executor that posted every receive first (a receive
+// ahead of the send its peer waits behind), the interleaved table with each receive just ahead
+// of its consumer (sound for the host-side checker, whose sends never wait), and two sends to
+// one stage swapped (NCCL, which has no tags, would put each into the other's buffer).
+TEST(PipelineSchedule, InOrderRulesCatchWhatMpiForgives) {
+  auto refused = [](const PipeSchedule& s, const char* says) {
+    try {
+      pipeline_check_in_order(s);
+      ADD_FAILURE() << "accepted; expected: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  const PipeSchedule ok = pipeline_schedule("1f1b", 2, 1, 4);
+  {
+    PipeSchedule s = ok;
+    for (auto& o : s.ops)
+      std::stable_partition(o.begin(), o.end(),
+                            [](const PipeOp& x) { return x.kind == PipeOp::recv_act || x.kind == PipeOp::recv_grad; });
+    refused(s, "deadlocks under NCCL's in-order point-to-point; stage 0 waits in the group {recv_grad");
+  }
+  {
+    const PipeSchedule s = pipeline_schedule("interleaved", 2, 2, 4);
+    EXPECT_NO_THROW(pipeline_check(s));
+    refused(s, "deadlocks under NCCL's in-order point-to-point; stage 0 waits in the group {send_grad");
+  }
+  {
+    PipeSchedule s = ok;
+    auto& o = s.ops[0];
+    auto a = std::find_if(o.begin(), o.end(), [](const PipeOp& x) { return x.kind == PipeOp::send_act; });
+    auto b = std::find_if(a + 1, o.end(), [](const PipeOp& x) { return x.kind == PipeOp::send_act; });
+    std::swap(a->micro, b->micro);
+    std::swap(a[-1].micro, b[-1].micro);  // and the forwards that feed them
+    EXPECT_NO_THROW(pipeline_check(s));
+    refused(s, "would arrive as its receive number 1 (recv_act of micro-batch 0");
+  }
+}
+
+// The validation pass (forward only) under the same rules.
+TEST(PipelineSchedule, ForwardOnlyListsRunUnderNcclsInOrderRules) {
+  for (int p : {2, 3, 4})
+    for (int v : {1, 2})
+      for (int m : {1, 4, 8}) {
+        PipeSchedule s;
+        s.name = "forward";
+        s.stages = p, s.virtual_chunks = v, s.micro = m;
+        for (int st = 0; st < p; ++st) s.ops.push_back(pipeline_forward_ops(p, v, st, m));
+        EXPECT_NO_THROW(pipeline_check_in_order(s)) << "p " << p << " v " << v << " m " << m;
+      }
 }
 
 TEST(PipelineSchedule, BadSettingsSayWhatToChange) {
