@@ -12,7 +12,8 @@
 #      path against one CUDA rank; the GPT-2 model at 2 ranks on the one GPU
 #      over the MPI-staged path: dp 2, tp 2 with sp, dp 2 with ZeRO-3, pp 2 (1f1b, gpipe, zb), and tp 2 + sp under full
 #      recompute and ZeRO-3 under selective, each against the 1-rank CUDA run (bf16 layout
-#      tolerances);
+#      tolerances); with two GPUs, pp 2 over real NCCL (1f1b, gpipe, zb), bitwise against the
+#      staged pp 2;
 #   5. kernel rates, GPT-2 124M (B=16, T=1024) next to PyTorch, a LLaMA-shaped 1.1B model;
 #   6. last, being slowest: compute-sanitizer memcheck and racecheck on the kernel tests.
 # Results go to $OUT (or ./device_out); summary.txt is written before the sanitizers and again
@@ -140,6 +141,22 @@ if [ $build -eq 0 ]; then
   "
     for l in dp2 tp2 zero3 tp2_full zero3_selective pp2 pp2_gpipe pp2_zb; do layouts+="$l: $(verdict staged_$l small_cuda --loss-rtol 1e-2 --norm-rtol 1e-2 --weight-atol 5e-2)
   "; done
+    # With two GPUs, the pipeline over real NCCL (each schedule) against the staged 1f1b run:
+    # the grouped sends and receives the CPU checks under parallel.comm = "nccl-emulated".
+    if [ "$(nvidia-smi -L 2> /dev/null | wc -l)" -ge 2 ]; then
+      nccl=(--set train.device=cuda --set parallel.comm=nccl --set train.threads=2)
+      for sch in 1f1b gpipe zb; do
+        run nccl_pp2_$sch "${mpirun[@]}" -np 2 $loom train "${small[@]}" "${nccl[@]}" --set parallel.pp=2 \
+          --set parallel.pp_schedule=$sch
+      done
+      # pp alone moves tensors and reduces nothing between ranks: bitwise (zb splits the
+      # backward, which gives 1f1b's bits, as above).
+      for sch in 1f1b gpipe zb; do layouts+="nccl pp2 $sch vs staged pp2 (bitwise): $(verdict nccl_pp2_$sch staged_pp2 --loss-rtol 0 --norm-rtol 0 --weight-atol 0)
+  "; done
+    else
+      layouts+="nccl pp2: not run (one GPU; NCCL takes one rank per GPU)
+  "
+    fi
   fi
   timeout 120 $loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$out/kernels_gpt2.log" 2>&1
   timeout 120 $loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$out/kernels_llama1b.log" 2>&1

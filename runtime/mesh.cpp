@@ -120,7 +120,8 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const 
   groups_ = host_;
 #if LOOM_HAVE_CUDA
   if (nccl_) {
-    auto w = nccl_world_create(*world_);
+    auto w = nccl_world_create(*world_,
+                               {.timeout_s = o.timeout_s, .world_rank = world_rank, .end_job = [] { mpi_abort(4); }});
     nccl_world_ = std::shared_ptr<void>(w, w.get());
     groups_.clear();
     for (int a = 0; a < kAxes; ++a) {

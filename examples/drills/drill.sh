@@ -9,7 +9,8 @@
 # Environment: LOOM (build/loom), NP (2), TP (1: dp = NP / TP), LAUNCH (the launcher up to its rank count: mpirun
 #              with this machine's flags and -np by default; srun ... -n under Slurm),
 #              SEED (picks the fault's step, 7-22, for kill, exit, hang, nan and bitflip; AT sets it),
-#              DEVICE (train.device: cpu, or cuda). The fault hits rank 1 (rank 0 at NP=1).
+#              DEVICE (train.device: cpu, or cuda), COMM (parallel.comm, e.g. nccl-emulated). The
+#              fault hits rank 1 (rank 0 at NP=1).
 set -euo pipefail
 scenario=${1:?usage: drill.sh SCENARIO [OUT]}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,6 +35,7 @@ out=$(readlink -f "$out")
 common=(--set model.n_layer=2 --set model.d_model=128 --set model.n_head=4 --set model.vocab_size=256
         --set model.seq_len=64 --set train.global_batch=8 --set train.micro_batch=2 --set train.steps=$steps
         --set train.warmup_steps=3 --set train.threads=1 --set train.device="${DEVICE:-cpu}" --set data.val_every=0
+        --set parallel.comm="${COMM:-auto}"
         --set data.val_batches=1 --set parallel.dp=$((np / tp)) --set parallel.tp="$tp" --set parallel.timeout_s=5 --set checkpoint.every=5
         --set checkpoint.keep=3 --set fault.grace_s=20)
 case $scenario in

@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <mutex>
@@ -43,20 +44,66 @@ class NcclWorld {
  public:
   ncclComm_t comm = nullptr;
   int rank = 0, size = 1;
+  NcclOptions options;
   ~NcclWorld() {
     if (comm) ncclCommDestroy(comm);
   }
 };
 
-std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world) {
+namespace {
+// NCCL's bootstrap waits for every rank without a deadline of its own: `init` runs here while a
+// watcher ends the job if it has not returned after timeout_s (0: no watcher).
+void init_guarded(double timeout_s, int world_rank, const std::string& what, const std::function<void()>& end_job,
+                  const std::function<void()>& init) {
+  if (timeout_s <= 0) return init();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watcher([&] {
+    std::unique_lock lk(mu);
+    if (cv.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return done; })) return;
+    std::fprintf(stderr,
+                 "error: rank %d: %s has not completed after %.0f s: a rank has not joined, or NCCL cannot reach it "
+                 "(parallel.timeout_s = %.0f; NCCL_DEBUG=INFO shows its bootstrap)\n",
+                 world_rank, what.c_str(), timeout_s, timeout_s);
+    std::fflush(stderr);
+    if (end_job) end_job();
+    std::_Exit(4);
+  });
+  auto finish = [&] {
+    {
+      std::lock_guard lk(mu);
+      done = true;
+    }
+    cv.notify_all();
+    watcher.join();
+  };
+  try {
+    init();
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+}
+}  // namespace
+
+std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world, const NcclOptions& o) {
   auto w = std::make_shared<NcclWorld>();
   w->rank = mpi_world.rank();
   w->size = mpi_world.size();
+  w->options = o;
+  // Every rank checks in over MPI first: one that never arrives is named there by the MPI
+  // group's watchdog and hang verdict, before NCCL's bootstrap would wait for it unseen.
+  std::vector<int32_t> here(size_t(w->size), 0);
+  int32_t one = 1;
+  mpi_world.all_gather(Buf(&one, 1), Buf(here.data(), int64_t(here.size()))).wait();
   ncclUniqueId id;
   static_assert(sizeof(id) % 4 == 0);
   if (w->rank == 0) LOOM_NCCL_CHECK(ncclGetUniqueId(&id));
   mpi_world.broadcast(Buf(reinterpret_cast<int32_t*>(&id), sizeof(id) / 4), 0).wait();
-  LOOM_NCCL_CHECK(ncclCommInitRank(&w->comm, w->size, id, w->rank));
+  init_guarded(o.timeout_s, o.world_rank, "NCCL's world communicator (ncclCommInitRank)", o.end_job,
+               [&] { LOOM_NCCL_CHECK(ncclCommInitRank(&w->comm, w->size, id, w->rank)); });
   return w;
 }
 
@@ -116,12 +163,18 @@ class NcclGroup final : public ProcessGroup {
     return end(CommOp::all_reduce, s);
   }
   Work reduce_scatter(Buf in, Buf out, const Stream& after) override {
+    LOOM_CHECK(in.count == out.count * size_ && in.dtype == out.dtype,
+               "reduce_scatter on '{}': input has {} {} elements, not {} x {} {}", name_, in.count,
+               dtype_name(in.dtype), size_, out.count, dtype_name(out.dtype));
     count(CommOp::reduce_scatter, in.bytes());
     cudaStream_t s = begin(after, {in, out});
     LOOM_NCCL_CHECK(ncclReduceScatter(in.data, out.data, size_t(out.count), nccl_type(in.dtype), ncclSum, comm_, s));
     return end(CommOp::reduce_scatter, s);
   }
   Work all_gather(Buf in, Buf out, const Stream& after) override {
+    LOOM_CHECK(out.count == in.count * size_ && in.dtype == out.dtype,
+               "all_gather on '{}': output has {} {} elements, not {} x {} {}", name_, out.count, dtype_name(out.dtype),
+               size_, in.count, dtype_name(in.dtype));
     count(CommOp::all_gather, out.bytes());
     cudaStream_t s = begin(after, {in, out});
     LOOM_NCCL_CHECK(ncclAllGather(in.data, out.data, size_t(in.count), nccl_type(in.dtype), comm_, s));
@@ -135,6 +188,8 @@ class NcclGroup final : public ProcessGroup {
   }
   Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc,
                     const Stream& after) override {
+    LOOM_CHECK(int(sc.size()) == size_ && int(rc.size()) == size_ && in.dtype == out.dtype,
+               "all_to_all_v on '{}' needs {} counts each way and one dtype", name_, size_);
     const size_t es = dtype_size(in.dtype);
     int64_t so = 0, ro = 0, sent = 0;
     cudaStream_t s = begin(after, {in, out});
@@ -164,6 +219,17 @@ class NcclGroup final : public ProcessGroup {
     LOOM_NCCL_CHECK(ncclRecv(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s));
     return end(CommOp::recv, s);
   }
+  void group_start() override {
+    LOOM_NCCL_CHECK(ncclGroupStart());
+    ++depth_;
+  }
+  void group_end() override {
+    LOOM_CHECK(depth_ > 0, "group_end() on '{}' without group_start()", name_);
+    LOOM_NCCL_CHECK(ncclGroupEnd());
+    if (--depth_ > 0) return;
+    for (Deferred& d : deferred_) *d.done = record(d.kind, d.seq, d.stream);
+    deferred_.clear();
+  }
   Work barrier() override {
     count(CommOp::barrier, 0);
     if (!scratch_) LOOM_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
@@ -174,6 +240,12 @@ class NcclGroup final : public ProcessGroup {
   }
 
  private:
+  struct Deferred {  // an op issued inside a group, waiting for group_end() to record its event
+    CommOp kind;
+    int64_t seq;
+    cudaStream_t stream;
+    std::shared_ptr<EventPtr> done;
+  };
   struct Pending {
     CommOp kind;
     int64_t seq;
@@ -196,22 +268,33 @@ class NcclGroup final : public ProcessGroup {
     return stream_;
   }
 
+  // The op's completion event. Inside group_start()/group_end() NCCL enqueues nothing until
+  // the group ends, so the event is recorded then (group_end); the Work holds it by reference.
   Work end(CommOp kind, cudaStream_t s) {
+    auto done = std::make_shared<EventPtr>();
+    if (depth_ > 0)
+      deferred_.push_back({kind, counters_.seq, s, done});
+    else
+      *done = record(kind, counters_.seq, s);
+    auto st = std::make_shared<Work::State>();
+    st->land = [done](const Stream* consumer) {
+      LOOM_CHECK(*done, "a Work of an NCCL group was waited on before its group_end()");
+      if (consumer && consumer->kind == DeviceKind::cuda)
+        LOOM_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer->handle), done->get(), 0));
+      else
+        LOOM_CUDA_CHECK(cudaEventSynchronize(done->get()));
+    };
+    st->poll = [done] { return *done && cudaEventQuery(done->get()) == cudaSuccess; };
+    return Work(st);
+  }
+  EventPtr record(CommOp kind, int64_t seq, cudaStream_t s) {
     EventPtr done = event_new();
     LOOM_CUDA_CHECK(cudaEventRecord(done.get(), s));
     if (watchdog_.joinable()) {
       std::lock_guard lk(mu_);
-      pending_.push_back({kind, counters_.seq, done, std::chrono::steady_clock::now()});
+      pending_.push_back({kind, seq, done, std::chrono::steady_clock::now()});
     }
-    auto st = std::make_shared<Work::State>();
-    st->land = [done](const Stream* consumer) {
-      if (consumer && consumer->kind == DeviceKind::cuda)
-        LOOM_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer->handle), done.get(), 0));
-      else
-        LOOM_CUDA_CHECK(cudaEventSynchronize(done.get()));
-    };
-    st->poll = [done] { return cudaEventQuery(done.get()) == cudaSuccess; };
-    return Work(st);
+    return done;
   }
 
   // Polls the oldest pending op: done ones are dropped; an asynchronous NCCL error or an op
@@ -262,6 +345,8 @@ class NcclGroup final : public ProcessGroup {
   float* scratch_ = nullptr;
   std::mutex mu_;
   std::deque<Pending> pending_;
+  int depth_ = 0;
+  std::vector<Deferred> deferred_;
   bool stop_ = false;
   std::thread watchdog_;
 };
@@ -272,7 +357,8 @@ std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world
                                          const std::vector<int>& ranks, const NcclOptions& options) {
   if (name == "world") return std::make_unique<NcclGroup>(world, name, world->comm, false, ranks, options);
   ncclComm_t sub = nullptr;
-  LOOM_NCCL_CHECK(ncclCommSplit(world->comm, color, world->rank, &sub, nullptr));
+  init_guarded(options.timeout_s, options.world_rank, "ncclCommSplit of group '" + name + "'", options.end_job,
+               [&] { LOOM_NCCL_CHECK(ncclCommSplit(world->comm, color, world->rank, &sub, nullptr)); });
   return std::make_unique<NcclGroup>(world, name, sub, true, ranks, options);
 }
 

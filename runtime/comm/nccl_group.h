@@ -18,10 +18,6 @@ namespace loom {
 class NcclWorld;
 class Trace;
 
-// Creates the NCCL world communicator; collective over `mpi_world`. The current CUDA device
-// must already be set (local rank picks it).
-std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world);
-
 struct NcclOptions {
   bool on_caller_stream = false;  // run ops on the `after` stream instead of the group's own
   double timeout_s = 0;           // watchdog (0: none)
@@ -30,6 +26,11 @@ struct NcclOptions {
   // No trace: NCCL ops run on GPU streams, and their events are not yet put on the trace's
   // host clock (the exposed part is in time.comm_exposed_ms all the same).
 };
+// Creates the NCCL world communicator; collective over `mpi_world`, which every rank first
+// joins (an MPI all-gather whose watchdog names a rank that never comes). Creation and every
+// split are watched: past options.timeout_s the job ends with a line saying which. The current
+// CUDA device must already be set (local rank picks it).
+std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world, const NcclOptions& options);
 // The world as a group (name "world"), or the group of `ranks` split with `color` (collective
 // over the world).
 std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world, const std::string& name, int color,

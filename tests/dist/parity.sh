@@ -6,6 +6,7 @@
 #   parity.sh LOOM COMPARE "LAUNCHER" ARCH NP MICRO_BATCH DTYPE [--set key=value ...]
 # LAUNCHER takes the rank count next: "mpirun ... -np" or "srun --mpi=pmix -n"; the extra
 # --set arguments give the layout (parallel.dp, parallel.tp, parallel.sp, parallel.zero).
+# Then the layout again over parallel.comm = "nccl-emulated", bitwise against the MPI run.
 # bf16: a layout changes where sums are cut (GEMM shards, micro-batch GEMM sizes, reductions
 # of bf16 partial sums), and each bf16 rounding is worth up to 2^-9 relative. Measured over
 # every layout here: losses within 1.5e-4, step-1 norms within 3e-4, master weights within
@@ -44,3 +45,10 @@ $launch "$np" "$loom" train "${common[@]}" --set train.micro_batch="$micro" "$@"
 grep -E "layout|tensor parallel|batch:" "$dir/run.log"
 "$compare" "$dir/run" "$dir/ref" "${tol[@]}"
 if [ "$dtype" = bf16 ]; then "$compare" --master "$dir/run/final.safetensors"; fi
+# The same layout over NCCL's rules on the CPU (parallel.comm = "nccl-emulated"): the same
+# numbers as over MPI, bitwise (losses, norms, weights), or a verdict where NCCL would hang.
+$launch "$np" "$loom" train "${common[@]}" --set train.micro_batch="$micro" "$@" --set parallel.comm=nccl-emulated \
+  --set log.dir="$dir/emu" --set export.final="$dir/emu/final.safetensors" > "$dir/emu.log" 2>&1 || { cat "$dir/emu.log"; exit 1; }
+grep -E "layout" "$dir/emu.log"
+"$compare" "$dir/emu" "$dir/run" --loss-rtol 0 --norm-rtol 0 --weight-atol 0
+"$compare" --weights-equal "$dir/emu/final.safetensors" "$dir/run/final.safetensors"

@@ -120,8 +120,12 @@ TEST_P(Collectives, SendRecvRingAndBarrier) {
   const int n = g.size(), r = g.rank();
   if (n == 1) GTEST_SKIP() << "a group of one has no ring";
   float out = float(g_rank), in = -1;
+  // One group: every rank receives before it sends, which NCCL's in-order rules allow only
+  // when the two progress together.
+  g.group_start();
   Work rx = g.recv(Buf(&in, 1), (r + n - 1) % n, 7);
   Work tx = g.send(Buf(&out, 1), (r + 1) % n, 7);
+  g.group_end();
   rx.wait(), tx.wait();
   EXPECT_EQ(in, float(W((r + n - 1) % n)));
   g.barrier().wait();
@@ -169,11 +173,14 @@ int main(int argc, char** argv) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
   }
+  // --nccl-emulated: the same cases over NCCL's rules (parallel.comm = "nccl-emulated").
+  bool emulated = false;
+  for (int i = 1; i < argc; ++i) emulated = emulated || std::string(argv[i]) == "--nccl-emulated";
   int rc;
   {
     Trace trace(false);
     DeviceMesh mesh(MeshDims{.pp = 2, .dp = 2, .cp = 1, .tp = 2}, world.rank(), world.size(),
-                    MeshOptions{.use_mpi = true, .trace = &trace});
+                    MeshOptions{.use_mpi = true, .nccl_emulated = emulated, .trace = &trace});
     g_mesh = &mesh;
     rc = RUN_ALL_TESTS();
     mesh.world_group().barrier().wait();

@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < g_size; ++r) all[size_t(r)] = r;
     g_mpi = mpi_group("world", 0, all, &trace);
     g_nccl = mpi_local_size() <= devices;
-    if (g_nccl) g_world = nccl_world_create(*g_mpi);
+    if (g_nccl) g_world = nccl_world_create(*g_mpi, {});
     rc = RUN_ALL_TESTS();
     g_world.reset();
     g_mpi.reset();

@@ -1,0 +1,195 @@
+// parallel.comm = "nccl-emulated" on 4 ranks (dp 2 x tp 2): the rules it keeps, each shown by
+// a case that passes over MPI's forgiving groups and fails over the emulation, or the reverse.
+//   loom_dist_nccl_emulated                    the gtest cases (every rank)
+//   loom_dist_nccl_emulated --scenario NAME [--mpi]   a program that breaks a rule and must be
+//       ended by the emulation's verdict (nccl_verdicts.sh); over MPI (--mpi) it finishes
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "runtime/comm/mpi_group.h"
+#include "runtime/error.h"
+#include "runtime/mesh.h"
+
+using namespace loom;
+
+namespace {
+DeviceMesh* g_mesh = nullptr;
+int g_rank = 0;
+
+ProcessGroup& dp() {
+  return g_mesh->group(Axis::dp);
+}
+ProcessGroup& tp() {
+  return g_mesh->group(Axis::tp);
+}
+std::string error_of(const Work& w) {
+  try {
+    w.wait();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+// A consumer that forgets to wait reads NaN; waiting on a later op of the same group lands the
+// earlier one too (one stream runs them in order). Over MPI the first read would often see
+// the sum, and the test could not fail.
+TEST(NcclEmulated, ResultsLandOnlyWhenWaitedOn) {
+  std::vector<float> a(64, float(g_rank)), b(8, 1.0f);
+  Work wa = dp().all_reduce(Buf(a.data(), 64));
+  EXPECT_TRUE(std::isnan(a[0]) && std::isnan(a[63])) << "an unwaited result must read as poison, got " << a[0];
+  Work wb = dp().all_reduce(Buf(b.data(), 8));
+  wb.wait();
+  const int peer = dp().world_ranks()[size_t(1 - dp().rank())];
+  EXPECT_EQ(a[0], float(g_rank + peer));
+  EXPECT_EQ(b[7], 2.0f);
+  wa.wait();  // waiting again is harmless
+  EXPECT_EQ(a[63], float(g_rank + peer));
+}
+
+// A send completes only once its peer has started the matching receive.
+TEST(NcclEmulated, SendsWaitForTheirReceive) {
+  std::vector<float> x(16, 3.0f);
+  if (dp().rank() == 0) {
+    Work w = dp().send(Buf(x.data(), 16), 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_FALSE(w.done()) << "the send completed before the peer posted its receive";
+    w.wait();
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    dp().recv(Buf(x.data(), 16), 0).wait();
+  }
+  dp().barrier().wait();
+}
+
+// NCCL matches sends and receives in issue order, not by tag: the first receive gets the
+// first send whatever the tags say (MPI would match by tag and swap them).
+TEST(NcclEmulated, SendsMatchReceivesInIssueOrder) {
+  std::vector<float> first(4, 1.0f), second(4, 2.0f), in1(4), in2(4);
+  if (dp().rank() == 0) {
+    Work a = dp().send(Buf(first.data(), 4), 1, 7);
+    Work b = dp().send(Buf(second.data(), 4), 1, 8);
+    a.wait(), b.wait();
+  } else {
+    Work a = dp().recv(Buf(in1.data(), 4), 0, 8);
+    Work b = dp().recv(Buf(in2.data(), 4), 0, 7);
+    a.wait(), b.wait();
+    EXPECT_EQ(in1[0], 1.0f);
+    EXPECT_EQ(in2[0], 2.0f);
+  }
+}
+
+// A send and a receive that wait on each other complete inside one group.
+TEST(NcclEmulated, GroupedExchangeCompletes) {
+  const int peer = 1 - dp().rank();
+  std::vector<float> out(32, float(g_rank)), in(32);
+  dp().group_start();
+  Work s = dp().send(Buf(out.data(), 32), peer);
+  Work r = dp().recv(Buf(in.data(), 32), peer);
+  dp().group_end();
+  r.wait(), s.wait();
+  EXPECT_EQ(in[31], float(dp().world_ranks()[size_t(peer)]));
+}
+
+// Members that disagree on a collective get one error that names each member's op.
+TEST(NcclEmulated, MismatchedCollectivesAreNamed) {
+  std::vector<float> x(100, 1.0f);
+  const std::string e = error_of(tp().all_reduce(Buf(x.data(), tp().rank() == 0 ? 100 : 96)));
+  EXPECT_NE(e.find("differs"), std::string::npos) << e;
+  EXPECT_NE(e.find("all_reduce of 100 f32 (sum)"), std::string::npos) << e;
+  EXPECT_NE(e.find("all_reduce of 96 f32 (sum)"), std::string::npos) << e;
+  std::vector<int32_t> i(4, 1);
+  const std::string k =
+      error_of(tp().rank() == 0 ? tp().all_reduce(Buf(i.data(), 4)) : tp().broadcast(Buf(i.data(), 4), 0));
+  EXPECT_NE(k.find("all_reduce of 4 i32"), std::string::npos) << k;
+  EXPECT_NE(k.find("broadcast of 4 i32 from root 0"), std::string::npos) << k;
+}
+
+// A receive of another size than its send fails on the receiver, naming both counts; the
+// sender completes.
+TEST(NcclEmulated, MismatchedSendAndReceiveAreNamed) {
+  std::vector<float> x(10, 1.0f);
+  if (dp().rank() == 0) {
+    dp().send(Buf(x.data(), 10), 1).wait();
+  } else {
+    const std::string e = error_of(dp().recv(Buf(x.data(), 8), 0));
+    EXPECT_NE(e.find("expects 8 f32"), std::string::npos) << e;
+    EXPECT_NE(e.find("carries 10 f32"), std::string::npos) << e;
+  }
+  dp().barrier().wait();
+}
+
+// NCCL reads a send's buffer while the send runs: writing it before the Work is waited on is
+// caught when it lands.
+TEST(NcclEmulated, InputsWrittenTooEarlyAreCaught) {
+  std::vector<float> x(6, 5.0f);
+  if (dp().rank() == 0) {
+    Work w = dp().send(Buf(x.data(), 6), 1);
+    x[2] = -1.0f;
+    const std::string e = error_of(w);
+    EXPECT_NE(e.find("written before the op completed"), std::string::npos) << e;
+  } else {
+    dp().recv(Buf(x.data(), 6), 0).wait();
+    EXPECT_EQ(x[2], 5.0f);  // the value as issued
+  }
+  dp().barrier().wait();
+}
+
+namespace {
+// Programs that break a rule; the emulation must end them (nccl_verdicts.sh checks how).
+int scenario(const std::string& name) {
+  std::vector<float> x(1000, 1.0f), y(1000, 1.0f);
+  if (name == "recv_first") {  // both ranks of each dp pair receive before they send
+    const int peer = 1 - dp().rank();
+    Work r = dp().recv(Buf(x.data(), 1000), peer);
+    Work s = dp().send(Buf(y.data(), 1000), peer);
+    r.wait(), s.wait();
+  } else if (name == "dp_tp_order") {  // ranks 0 and 3 reduce over dp first, 1 and 2 over tp
+    const bool dp_first = g_rank == 0 || g_rank == 3;
+    ProcessGroup& a = dp_first ? dp() : tp();
+    ProcessGroup& b = dp_first ? tp() : dp();
+    Work wa = a.all_reduce(Buf(x.data(), 1000));
+    Work wb = b.all_reduce(Buf(y.data(), 1000));
+    wa.wait(), wb.wait();
+  } else {
+    std::fprintf(stderr, "unknown scenario %s\n", name.c_str());
+    return 2;
+  }
+  std::fprintf(stderr, "rank %d: scenario %s finished\n", g_rank, name.c_str());
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  MpiWorld world(&argc, &argv);
+  g_rank = world.rank();
+  std::string name;
+  bool mpi = false;  // the scenario over MPI's groups instead: the control, which finishes
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--scenario") == 0 && i + 1 < argc) name = argv[i + 1];
+    if (std::strcmp(argv[i], "--mpi") == 0) mpi = true;
+  }
+  if (g_rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int rc;
+  {
+    DeviceMesh mesh(MeshDims{.pp = 1, .dp = 2, .cp = 1, .tp = 2}, world.rank(), world.size(),
+                    MeshOptions{.use_mpi = true, .nccl_emulated = !mpi, .timeout_s = 60});
+    g_mesh = &mesh;
+    if (!name.empty()) return scenario(name);
+    rc = RUN_ALL_TESTS();
+    mesh.world_group().barrier().wait();
+    int worst = rc;
+    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    rc = worst;
+  }
+  return rc;
+}
