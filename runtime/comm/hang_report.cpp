@@ -28,10 +28,17 @@ std::string op_at(const nlohmann::json& group, int64_t seq) {
   return "";
 }
 
-// The dump's record of group `name` over `members`, or null.
-const nlohmann::json* group_in(const nlohmann::json& dump, const std::string& name, const std::vector<int>& members) {
+// Two groups of one axis can share name and members (a host group beside NCCL's, real or
+// emulated): the backend tells them apart where the dump has it.
+bool same_backend(const nlohmann::json& g, const std::string& backend) {
+  return backend.empty() || !g.contains("backend") || g["backend"] == backend;
+}
+
+// The dump's record of group `name` over `members` (on `backend`), or null.
+const nlohmann::json* group_in(const nlohmann::json& dump, const std::string& name, const std::vector<int>& members,
+                               const std::string& backend) {
   for (const auto& g : dump["groups"])
-    if (g["name"] == name && g["world_ranks"].get<std::vector<int>>() == members) return &g;
+    if (g["name"] == name && g["world_ranks"].get<std::vector<int>>() == members && same_backend(g, backend)) return &g;
   return nullptr;
 }
 
@@ -39,9 +46,10 @@ const nlohmann::json* group_in(const nlohmann::json& dump, const std::string& na
 std::string waiting_in(const nlohmann::json& dump) {
   if (!dump.contains("timed_out")) return "";
   const auto& t = dump["timed_out"];
+  const std::string backend = t.value("backend", "");
   std::string op;
   for (const auto& g : dump["groups"])
-    if (g["name"] == t["group"]) op = op_at(g, t["seq"].get<int64_t>());
+    if (g["name"] == t["group"] && same_backend(g, backend)) op = op_at(g, t["seq"].get<int64_t>());
   return fmt::format("itself waiting in {} #{} on '{}'", op.empty() ? "op" : op, t["seq"].get<int64_t>(),
                      t["group"].get<std::string>());
 }
@@ -62,7 +70,8 @@ HangReport::HangReport(std::string dir, int world_rank, double wait_s)
 nlohmann::json HangReport::dump(const ProcessGroup* timed, int64_t seq, double waited) const {
   nlohmann::json j;
   j["rank"] = rank_;
-  if (timed) j["timed_out"] = {{"group", timed->name()}, {"seq", seq}, {"waited_s", waited}};
+  if (timed)
+    j["timed_out"] = {{"group", timed->name()}, {"backend", timed->backend()}, {"seq", seq}, {"waited_s", waited}};
   j["groups"] = nlohmann::json::array();
   for (const ProcessGroup* g : groups_) {
     nlohmann::json recs = nlohmann::json::array();
@@ -75,6 +84,7 @@ nlohmann::json HangReport::dump(const ProcessGroup* timed, int64_t seq, double w
                       {"started", r.started},
                       {"finished", r.finished}});
     j["groups"].push_back({{"name", g->name()},
+                           {"backend", g->backend()},
                            {"world_ranks", g->world_ranks()},
                            {"issued", g->recorder().last_issued()},
                            {"records", recs}});
@@ -121,16 +131,17 @@ void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
     } catch (const std::exception&) {
     }
   }
-  const std::string line =
-      hang_verdict(g.name(), g.world_ranks(), seq, waited, dumps, std::vector<int>(everyone.begin(), everyone.end())) +
-      " (records: " + flight + ")";
+  const std::string line = hang_verdict(g.name(), g.world_ranks(), seq, waited, dumps,
+                                        std::vector<int>(everyone.begin(), everyone.end()), g.backend()) +
+                           " (records: " + flight + ")";
   std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
   std::ofstream(flight + "/verdict.txt") << line << "\n";
 }
 
 std::string hang_verdict(const std::string& group, const std::vector<int>& members, int64_t seq, double waited,
-                         const std::map<int, nlohmann::json>& dumps, const std::vector<int>& everyone) {
+                         const std::map<int, nlohmann::json>& dumps, const std::vector<int>& everyone,
+                         const std::string& backend) {
   std::string op, never, other, reached;
   auto add = [](std::string& list, const std::string& s) { list += (list.empty() ? "" : ", ") + s; };
   // Point-to-point ops: sequence numbers are each rank's own (a middle pipeline stage issues
@@ -139,7 +150,7 @@ std::string hang_verdict(const std::string& group, const std::vector<int>& membe
     auto it = dumps.find(r);
     if (it == dumps.end() || !it->second.contains("timed_out")) continue;
     const auto& t = it->second["timed_out"];
-    const nlohmann::json* g = group_in(it->second, group, members);
+    const nlohmann::json* g = group_in(it->second, group, members, backend);
     if (t["group"] != group || t["seq"].get<int64_t>() != seq || !g) continue;
     // The op as the ranks whose watchdog fired see it.
     if (op.empty()) op = op_at(*g, seq);
@@ -169,7 +180,7 @@ std::string hang_verdict(const std::string& group, const std::vector<int>& membe
       add(never, fmt::format("rank {} (no record: dead, or stuck outside communication)", r));
       continue;
     }
-    const nlohmann::json* mine = group_in(it->second, group, members);
+    const nlohmann::json* mine = group_in(it->second, group, members, backend);
     if (!mine) {
       add(never, fmt::format("rank {} (no record of the group)", r));
       continue;

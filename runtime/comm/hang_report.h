@@ -36,8 +36,11 @@ class HangReport {
 // The verdict line for op `seq` of group `group` (world ranks `members`) from the records of
 // the ranks that wrote one (world rank -> dump), `waited` seconds after it was started. A
 // member that never reached the op and is itself waiting elsewhere says where; ranks of
-// `everyone` outside the group that wrote nothing are named as the root of the wait.
+// `everyone` outside the group that wrote nothing are named as the root of the wait. `backend`
+// picks the group among those of one name and members (a host group beside NCCL's); empty:
+// the first.
 std::string hang_verdict(const std::string& group, const std::vector<int>& members, int64_t seq, double waited,
-                         const std::map<int, nlohmann::json>& dumps, const std::vector<int>& everyone = {});
+                         const std::map<int, nlohmann::json>& dumps, const std::vector<int>& everyone = {},
+                         const std::string& backend = "");
 
 }  // namespace loom

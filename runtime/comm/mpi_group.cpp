@@ -102,6 +102,7 @@ class MpiGroup final : public ProcessGroup {
     for (auto& [bytes, p] : pinned_) cudaFreeHost(p);
 #endif
   }
+  const char* backend() const override { return "mpi"; }
   bool carries(DeviceKind d) const override {
     return d == DeviceKind::cpu || LOOM_HAVE_CUDA;
   }

@@ -105,6 +105,7 @@ class NcclEmuGroup final : public ProcessGroup {
     MPI_Op_free(&bf16_max_);
     MPI_Comm_free(&comm_);
   }
+  const char* backend() const override { return "nccl-emulated"; }
   bool carries(DeviceKind d) const override { return d == DeviceKind::cpu; }
 
   Work all_reduce(Buf b, ReduceOp op, const Stream&) override {

@@ -153,6 +153,7 @@ class NcclGroup final : public ProcessGroup {
     if (scratch_) cudaFree(scratch_);
     if (owns_) ncclCommDestroy(comm_);
   }
+  const char* backend() const override { return "nccl"; }
   bool carries(DeviceKind d) const override { return d == DeviceKind::cuda; }
 
   Work all_reduce(Buf b, ReduceOp op, const Stream& after) override {

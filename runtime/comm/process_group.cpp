@@ -133,6 +133,7 @@ class LocalGroup final : public ProcessGroup {
     count(CommOp::barrier, 0);
     return {};
   }
+  const char* backend() const override { return "local"; }
   bool carries(DeviceKind) const override { return true; }
 
  private:

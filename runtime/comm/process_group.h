@@ -135,6 +135,8 @@ class ProcessGroup {
   // and receives go in a group. Host backends, whose ops never wait on each other, ignore it.
   virtual void group_start() {}
   virtual void group_end() {}
+  // "local", "mpi", "nccl" or "nccl-emulated": what carries the ops (flight records name it).
+  virtual const char* backend() const = 0;
   // Whether this group's ops can read and write buffers on `device`.
   virtual bool carries(DeviceKind device) const { return device == DeviceKind::cpu; }
   const FlightRecorder& recorder() const { return recorder_; }

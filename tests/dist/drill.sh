@@ -56,7 +56,7 @@ for path in sorted(glob.glob(flight + "/rank-*.json")):
     d = json.load(open(path))
     t = d.get("timed_out")
     if t and t["group"] == group and t["seq"] == seq:
-        g = [g for g in d["groups"] if g["name"] == group][0]
+        g = [g for g in d["groups"] if g["name"] == group and g.get("backend") == t.get("backend")][0]
         rec = [r for r in g["records"] if r["seq"] == seq][0]
         assert rec["started"] > 0 and rec["finished"] == 0, rec
         assert not any(json.load(open(p))["rank"] == 1 for p in glob.glob(flight + "/rank-*.json")), "rank 1 wrote"
