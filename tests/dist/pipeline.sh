@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline properties beyond parity (tests/dist/parity.sh covers that):
-#   1. every schedule is bitwise repeatable for a fixed layout (pp 2, twice each), and zb's
+#   1. every schedule is bitwise repeatable for a fixed layout (pp 2, twice each, and a third
+#      time over NCCL's rules on the CPU, parallel.comm = "nccl-emulated"), and zb's
 #      split backward and interleaved's two model chunks per stage give 1f1b's bits (the same
 #      sums in the same order), zb with every recompute policy it runs;
 #   2. the tied embedding's copies on the first and last stage end bitwise equal (the trainer
@@ -9,8 +10,8 @@
 #      8 micro-batches' activations and 1f1b p = 4 (a micro-batch's bytes measured from gpipe
 #      at m = 8 against m = 1); zb p = 4 as well, each with the output gradients its W reads
 #      (counted here from the shapes);
-#   4. validation through the stages equals the single rank's, and a pp 2 checkpoint loads at
-#      one rank and re-saves to the same tensors.
+#   4. validation through the stages equals the single rank's (over MPI and over
+#      nccl-emulated), and a pp 2 checkpoint loads at one rank and re-saves to the same tensors.
 #   pipeline.sh LOOM COMPARE "MPIRUN... -np"
 set -euo pipefail
 loom=$1 compare=$2 launch=$3
@@ -31,7 +32,10 @@ for s in gpipe 1f1b zb interleaved; do
   [ $s = interleaved ] && v=2
   run "${s}_a" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s --set parallel.pp_virtual=$v
   run "${s}_b" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s --set parallel.pp_virtual=$v
+  run "${s}_emu" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s --set parallel.pp_virtual=$v \
+    --set parallel.comm=nccl-emulated
   same "${s}_a" "${s}_b"
+  same "${s}_a" "${s}_emu"
   grep -q "tied embedding: the first and last stage's copies are bitwise equal" "$dir/${s}_a.log" ||
     { echo "FAIL: no check of the tied copies"; exit 1; }
 done
@@ -71,6 +75,8 @@ run val1 1 --set train.global_batch=8 --set data.val_every=3 --set checkpoint.di
 run valpp 2 --set train.global_batch=8 --set data.val_every=3 --set parallel.pp=2 --set checkpoint.dir="$dir/ckpp" \
   --set checkpoint.every=6
 "$compare" --val "$dir/val1" "$dir/valpp" 1e-6
+run valpp_emu 2 --set train.global_batch=8 --set data.val_every=3 --set parallel.pp=2 --set parallel.comm=nccl-emulated
+"$compare" --val "$dir/val1" "$dir/valpp_emu" 1e-6
 run reload 1 --set train.global_batch=8 --set checkpoint.resume="$dir/ckpp/step-00000006" --set checkpoint.dir="$dir/ck2" \
   --set checkpoint.every=6
 "$compare" --ckpt-equal "$dir/ckpp/step-00000006" "$dir/ck2/step-00000006"
