@@ -91,6 +91,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
              "parallel.comm = \"nccl-emulated\" carries host buffers: it needs train.device = \"cpu\" (it is \"{}\"); "
              "on a GPU use parallel.comm = \"nccl\"",
              p.device);
+  if (mo.nccl_emulated && !opt.use_mpi && p.lead && !opt.quiet)
+    spdlog::warn("parallel.comm = \"nccl-emulated\" on one process: there is no communication to check; launch "
+                 "the layout under mpirun or srun");
   if (p.device == "cuda" && opt.use_mpi) {
     // NCCL refuses two ranks on one GPU: where ranks share GPUs, MPI carries the CUDA buffers
     // through pinned host memory (a check of the layout, not a fast path).
