@@ -192,9 +192,15 @@ class NcclGroup final : public ProcessGroup {
     LOOM_CHECK(int(sc.size()) == size_ && int(rc.size()) == size_ && in.dtype == out.dtype,
                "all_to_all_v on '{}' needs {} counts each way and one dtype", name_, size_);
     const size_t es = dtype_size(in.dtype);
-    int64_t so = 0, ro = 0, sent = 0;
+    int64_t sent = 0, got = 0;
+    for (int r = 0; r < size_; ++r) sent += sc[size_t(r)], got += rc[size_t(r)];
+    LOOM_CHECK(sent <= in.count && got <= out.count,
+               "all_to_all_v on '{}': sends {} of {} elements, receives {} into {}", name_, sent, in.count, got,
+               out.count);
+    count(CommOp::all_to_all, size_t(sent) * es);  // before it is enqueued, as every op
     cudaStream_t s = begin(after, {in, out});
     LOOM_NCCL_CHECK(ncclGroupStart());
+    int64_t so = 0, ro = 0;
     for (int r = 0; r < size_; ++r) {
       if (sc[size_t(r)])
         LOOM_NCCL_CHECK(
@@ -202,10 +208,9 @@ class NcclGroup final : public ProcessGroup {
       if (rc[size_t(r)])
         LOOM_NCCL_CHECK(
             ncclRecv(static_cast<char*>(out.data) + ro * es, size_t(rc[size_t(r)]), nccl_type(out.dtype), r, comm_, s));
-      so += sc[size_t(r)], ro += rc[size_t(r)], sent += sc[size_t(r)];
+      so += sc[size_t(r)], ro += rc[size_t(r)];
     }
     LOOM_NCCL_CHECK(ncclGroupEnd());
-    count(CommOp::all_to_all, size_t(sent) * es);
     return end(CommOp::all_to_all, s);
   }
   Work send(Buf b, int peer, int, const Stream& after) override {
