@@ -167,15 +167,19 @@ class NcclEmuGroup final : public ProcessGroup {
     LOOM_CHECK(sc[size_t(rank_)] == rc[size_t(rank_)],
                "all_to_all_v on '{}': rank {} sends itself {} elements but expects {}", name_, rank_, sc[size_t(rank_)],
                rc[size_t(rank_)]);
-    int64_t sent = 0;
-    for (int64_t n : sc) sent += n;
+    int64_t sent = 0, got = 0;
+    for (int r = 0; r < size_; ++r) sent += sc[size_t(r)], got += rc[size_t(r)];
+    LOOM_CHECK(sent <= in.count && got <= out.count,
+               "all_to_all_v on '{}': sends {} of {} elements, receives {} into {}", name_, sent, in.count, got,
+               out.count);
     count(CommOp::all_to_all, size_t(sent) * dtype_size(in.dtype));
     auto o = make_op(CommOp::all_to_all);
     char* pi = static_cast<char*>(stage(*o, in, true, false, !overlaps(in, out)));
     char* po = static_cast<char*>(stage(*o, out, false, true));
     const size_t es = dtype_size(in.dtype);
     std::vector<EmuLaunch::P2p> e;
-    for (int r = 0, so = 0, ro = 0; r < size_; ++r) {
+    int64_t so = 0, ro = 0;
+    for (int r = 0; r < size_; ++r) {
       const int64_t s = sc[size_t(r)], v = rc[size_t(r)];
       if (r == rank_)
         std::memcpy(po + size_t(ro) * es, pi + size_t(so) * es, size_t(s) * es);
@@ -183,7 +187,7 @@ class NcclEmuGroup final : public ProcessGroup {
         if (s) e.push_back({r, true, ++sends_[size_t(r)], pi + size_t(so) * es, s, in.dtype, o->seq});
         if (v) e.push_back({r, false, ++recvs_[size_t(r)], po + size_t(ro) * es, v, out.dtype, o->seq});
       }
-      so += int(s), ro += int(v);
+      so += s, ro += v;
     }
     return p2p(o, std::move(e));
   }
