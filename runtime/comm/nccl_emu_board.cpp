@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "runtime/comm/process_group.h"
 #include "runtime/error.h"
@@ -176,12 +177,16 @@ std::vector<EmuRankState> EmuBoard::snapshot() const {
   std::vector<EmuRankState> out(static_cast<size_t>(world_));
   for (int r = 0; r < world_; ++r) {
     std::atomic_ref<uint64_t> v(page(r).version);
-    for (;;) {
+    // A rank that died inside a write leaves its page odd: after a while take it as it is.
+    for (int tries = 0;; ++tries) {
       const uint64_t before = v.load(std::memory_order_acquire);
-      if (before & 1) continue;
+      if ((before & 1) && tries < (1 << 16)) {
+        if (tries > 64) std::this_thread::yield();
+        continue;
+      }
       std::memcpy(static_cast<void*>(&out[size_t(r)]), &page(r), sizeof(EmuRankState));
       std::atomic_thread_fence(std::memory_order_acquire);
-      if (v.load(std::memory_order_acquire) == before) break;
+      if (v.load(std::memory_order_acquire) == before || tries >= (1 << 16)) break;
     }
   }
   return out;

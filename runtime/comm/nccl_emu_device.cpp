@@ -69,6 +69,8 @@ NcclEmuDevice::~NcclEmuDevice() {
   cv_.notify_all();
   worker_.join();
   watchdog_.join();
+  // Abandoned launches' buffers stay allocated for good: MPI may still write into them.
+  if (!abandoned_.empty()) new std::vector<std::shared_ptr<EmuLaunch>>(std::move(abandoned_));
   std::lock_guard lk(page_mu_);
   board_->begin_write(opt_.world_rank);
   board_->mine(opt_.world_rank).gone = 1;
@@ -100,11 +102,29 @@ void NcclEmuDevice::submit(std::shared_ptr<EmuLaunch> launch) {
 }
 
 void NcclEmuDevice::forget(const ProcessGroup* owner) {
-  std::unique_lock lk(mu_);
-  std::erase_if(queue_, [&](const auto& l) { return l->owner == owner; });
-  abandon_ = owner;
-  cv_.wait(lk, [&] { return !head_ || head_->owner != owner; });
-  abandon_ = nullptr;
+  std::lock_guard wlk(watch_mu_);
+  std::vector<std::shared_ptr<EmuLaunch>> dropped;
+  {
+    std::unique_lock lk(mu_);
+    for (auto& l : queue_)
+      if (l->owner == owner) dropped.push_back(l);
+    std::erase_if(queue_, [&](const auto& l) { return l->owner == owner; });
+    abandon_ = owner;
+    cv_.wait(lk, [&] { return !head_ || head_->owner != owner; });
+    abandon_ = nullptr;
+  }
+  // What never ran fails, so that a Work waited on later says so instead of waiting forever.
+  for (auto& l : dropped)
+    for (auto& op : l->ops) {
+      {
+        std::lock_guard slk(op->state->mu);
+        op->state->done = true;
+        op->state->error = std::make_exception_ptr(
+            Error(fmt::format("{} #{} on group '{}' (nccl-emulated) never ran: its group went away first",
+                              comm_op_name(op->kind), op->seq, l->group)));
+      }
+      op->state->cv.notify_all();
+    }
 }
 
 void NcclEmuDevice::host_wait(bool on) {
@@ -174,10 +194,18 @@ void NcclEmuDevice::complete(std::vector<MPI_Request>& reqs, const EmuLaunch& l)
 // payload, so the sender completes, then fails naming both.
 void NcclEmuDevice::exchange_p2p(EmuLaunch& l) {
   const size_t n = l.p2p.size();
-  std::vector<P2pDesc> out(n), in(n);
+  // What MPI reads and writes lives in the launch: an abandoned launch is kept (abandoned_).
+  struct Bufs {
+    std::vector<P2pDesc> out, in;
+    std::vector<std::vector<char>> drains;
+  };
+  auto bufs = std::make_shared<Bufs>();
+  bufs->out.resize(n), bufs->in.resize(n), bufs->drains.resize(n);
+  l.keep = bufs;
+  auto &out = bufs->out, &in = bufs->in;
+  auto& drains = bufs->drains;
   std::vector<MPI_Request> desc(n, MPI_REQUEST_NULL), data(n, MPI_REQUEST_NULL);
   std::vector<int> phase(n, 0);  // 0: descriptor in flight, 1: payload in flight, 2: done
-  std::vector<std::vector<char>> drains(n);
   std::string mismatch;
   for (size_t i = 0; i < n; ++i) {
     const EmuLaunch::P2p& e = l.p2p[i];
@@ -190,15 +218,18 @@ void NcclEmuDevice::exchange_p2p(EmuLaunch& l) {
   }
   auto payload = [&](size_t i) {
     const EmuLaunch::P2p& e = l.p2p[i];
+    // Payloads go out as their descriptors complete, in any order: each is tagged by its
+    // ordinal so that two to one peer cannot swap (MPI would pair them in posting order).
+    const int tag = 2 + int(e.ordinal % 30000);
     if (e.send)
-      return mpi_ok(MPI_Isend(e.data, mpi_count(e.count), mpi_type(e.dtype), e.peer, 0, l.mpi, &data[i]), "MPI_Isend",
+      return mpi_ok(MPI_Isend(e.data, mpi_count(e.count), mpi_type(e.dtype), e.peer, tag, l.mpi, &data[i]), "MPI_Isend",
                     l);
     if (in[i].count == e.count && in[i].dtype == int32_t(e.dtype))
-      return mpi_ok(MPI_Irecv(e.data, mpi_count(e.count), mpi_type(e.dtype), e.peer, 0, l.mpi, &data[i]), "MPI_Irecv",
+      return mpi_ok(MPI_Irecv(e.data, mpi_count(e.count), mpi_type(e.dtype), e.peer, tag, l.mpi, &data[i]), "MPI_Irecv",
                     l);
     const DType theirs = DType(in[i].dtype);
     drains[i].resize(size_t(in[i].count) * dtype_size(theirs));
-    mpi_ok(MPI_Irecv(drains[i].data(), mpi_count(in[i].count), mpi_type(theirs), e.peer, 0, l.mpi, &data[i]),
+    mpi_ok(MPI_Irecv(drains[i].data(), mpi_count(in[i].count), mpi_type(theirs), e.peer, tag, l.mpi, &data[i]),
            "MPI_Irecv", l);
     if (mismatch.empty())
       mismatch = fmt::format(
@@ -230,7 +261,9 @@ void NcclEmuDevice::execute(EmuLaunch& l) {
   // Every member's descriptor of this collective: NCCL needs them equal and cannot tell.
   int n = 0;
   MPI_Comm_size(l.mpi, &n);
-  std::vector<EmuLaunch::Desc> all(static_cast<size_t>(n));
+  auto gathered = std::make_shared<std::vector<EmuLaunch::Desc>>(static_cast<size_t>(n));
+  l.keep = gathered;  // MPI writes it: it lives in the launch (see exchange_p2p)
+  auto& all = *gathered;
   std::vector<MPI_Request> reqs(1);
   mpi_ok(MPI_Iallgather(&l.desc, sizeof(l.desc), MPI_BYTE, all.data(), sizeof(l.desc), MPI_BYTE, l.mpi, &reqs[0]),
          "MPI_Iallgather", l);
@@ -271,6 +304,7 @@ void NcclEmuDevice::run() {
       execute(*l);
     } catch (const Abandoned&) {
       err = std::make_exception_ptr(Error("an op abandoned: its nccl-emulated group went away"));
+      abandoned_.push_back(l);  // MPI may still write into its buffers
     } catch (...) {
       err = std::current_exception();
     }
@@ -307,6 +341,11 @@ void NcclEmuDevice::watch() {
       running = head ? seconds_since(head_since_) : 0;
       waiting = host_waiting_ > 0;
     }
+    std::unique_lock wlk(watch_mu_);
+    {
+      std::lock_guard lk(mu_);
+      if (head != head_) head.reset();  // gone (or forgotten) while this one looked
+    }
     if (head && opt_.timeout_s > 0 && running >= opt_.timeout_s) {
       std::fprintf(stderr,
                    "error: rank %d: %s #%lld on group '%s' has not completed after %.0f s; a peer rank has likely "
@@ -317,6 +356,7 @@ void NcclEmuDevice::watch() {
       if (HangReport* h = head->owner->hang_report()) h->timed_out(*head->owner, head->seq, running);
       end_job();
     }
+    wlk.unlock();
     std::vector<int> closure;
     std::string report;
     std::vector<EmuRankState> snap;

@@ -30,6 +30,7 @@ struct EmuOp {
   int64_t seq;
   std::shared_ptr<Work::State> state = std::make_shared<Work::State>();
   std::vector<Staged> bufs;
+  bool submitted = false;  // handed to the device (an op in an open group is not, yet)
   bool landed = false;
 };
 
@@ -51,14 +52,15 @@ struct EmuLaunch {
   int comm = 0;  // the communicator's index on this rank's board page
   MPI_Comm mpi = MPI_COMM_NULL;
   std::string group;
-  const ProcessGroup* owner = nullptr;
-  FlightRecorder* recorder = nullptr;  // the owner's
+  const ProcessGroup* owner = nullptr;  // valid while the device runs or queues the launch
+  FlightRecorder* recorder = nullptr;   // the owner's
   CommOp kind = CommOp::barrier;
   int64_t seq = 0, collective = 0;  // collective: its ordinal (0: a group of sends and receives)
   Desc desc{};
   std::function<int(MPI_Request*)> start;  // the collective on the staged buffers
   std::vector<P2p> p2p;
   std::vector<std::shared_ptr<EmuOp>> ops;
+  std::shared_ptr<void> keep;  // buffers MPI reads and writes while the launch runs
 };
 
 class NcclEmuDevice {
@@ -95,7 +97,11 @@ class NcclEmuDevice {
   const ProcessGroup* abandon_ = nullptr;
   int host_waiting_ = 0;
   bool stop_ = false;
-  std::mutex page_mu_;  // this rank's board page has two writers: the executor and the host
+  std::mutex page_mu_;   // this rank's board page has two writers: the executor and the host
+  std::mutex watch_mu_;  // held while the watchdog reads the head's owner; forget() takes it
+  // Launches given up with MPI requests in flight: kept (never freed) so that MPI never writes
+  // into freed memory; only on the way out of a failed job.
+  std::vector<std::shared_ptr<EmuLaunch>> abandoned_;
   std::thread worker_, watchdog_;
 };
 

@@ -12,9 +12,10 @@ namespace loom {
 
 namespace {
 
-// A group's ops not yet landed, in issue order; shared with their Works, which may outlive it.
+// A group's ops not yet landed, in issue order. Its Works hold it weakly (a Work that outlives
+// its group, or one never waited on, must not keep the group's ops, or the device, alive).
 struct Landing {
-  std::shared_ptr<NcclEmuDevice> device;
+  NcclEmuDevice* device = nullptr;  // the group holds it
   std::string group;
   std::mutex mu;
   std::deque<std::shared_ptr<EmuOp>> pending;
@@ -50,21 +51,26 @@ void land_one(EmuOp& op, const std::string& group) {
   op.bufs = {};
 }
 
-void wait_done(Landing& l, Work::State& s) {
+void wait_done(NcclEmuDevice* device, Work::State& s) {
   std::unique_lock lk(s.mu);
   if (s.done) return;
   lk.unlock();
-  l.device->host_wait(true);
+  if (device) device->host_wait(true);
   lk.lock();
   s.cv.wait(lk, [&] { return s.done; });
   lk.unlock();
-  l.device->host_wait(false);
+  if (device) device->host_wait(false);
 }
 
 // Waiting on op `seq` lands it and every earlier op of the group (one stream runs them in
 // order, so they are done); an op still queued in an open group_start() stops the walk.
-void land_through(Landing& l, int64_t seq, Work::State& s) {
-  wait_done(l, s);
+void land_through(Landing& l, const EmuOp& op, Work::State& s) {
+  LOOM_CHECK(op.submitted,
+             "{} #{} on group '{}' (nccl-emulated) was waited on between group_start() and group_end(): the group's "
+             "ops start only at group_end()",
+             comm_op_name(op.kind), op.seq, l.group);
+  const int64_t seq = op.seq;
+  wait_done(l.device, s);
   std::lock_guard lk(l.mu);
   while (!l.pending.empty() && l.pending.front()->seq <= seq) {
     std::shared_ptr<EmuOp> o = l.pending.front();
@@ -93,14 +99,15 @@ class NcclEmuGroup final : public ProcessGroup {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // a count mismatch is reported, not fatal
     MPI_Op_create(&mpi_bf16_sum, 1, &bf16_sum_);
     MPI_Op_create(&mpi_bf16_max, 1, &bf16_max_);
-    landing_->device = std::move(device);
+    device_ = std::move(device);
+    landing_->device = device_.get();
     landing_->group = name;
-    index_ = landing_->device->add_comm(name, color, rank_, world_ranks_);
+    index_ = device_->add_comm(name, color, rank_, world_ranks_);
     sends_.assign(size_t(size_), 0);
     recvs_.assign(size_t(size_), 0);
   }
   ~NcclEmuGroup() override {
-    landing_->device->forget(this);
+    device_->forget(this);
     MPI_Op_free(&bf16_sum_);
     MPI_Op_free(&bf16_max_);
     MPI_Comm_free(&comm_);
@@ -192,12 +199,14 @@ class NcclEmuGroup final : public ProcessGroup {
     return p2p(o, std::move(e));
   }
   Work send(Buf b, int peer, int, const Stream&) override {
+    check_peer(CommOp::send, peer);
     count(CommOp::send, b.bytes(), peer);
     auto o = make_op(CommOp::send);
     void* p = stage(*o, b, true, false);
     return p2p(o, {{peer, true, ++sends_[size_t(peer)], p, b.count, b.dtype, o->seq}});
   }
   Work recv(Buf b, int peer, int, const Stream&) override {
+    check_peer(CommOp::recv, peer);
     count(CommOp::recv, b.bytes(), peer);
     auto o = make_op(CommOp::recv);
     void* p = stage(*o, b, false, true);
@@ -216,7 +225,10 @@ class NcclEmuGroup final : public ProcessGroup {
     LOOM_CHECK(depth_ > 0, "group_end() on '{}' without group_start()", name_);
     if (--depth_ > 0) return;
     std::shared_ptr<EmuLaunch> l = std::move(open_);
-    if (!l->ops.empty()) landing_->device->submit(std::move(l));
+    if (l->ops.empty()) return;
+    l->seq = l->ops.front()->seq;  // the group is named by its first op
+    l->kind = l->ops.front()->kind;
+    submit(std::move(l));
   }
 
  private:
@@ -248,15 +260,27 @@ class NcclEmuGroup final : public ProcessGroup {
     l->seq = counters_.seq;
     return l;
   }
+  void submit(std::shared_ptr<EmuLaunch> l) {
+    for (auto& o : l->ops) o->submitted = true;
+    device_->submit(std::move(l));
+  }
   Work track(const std::shared_ptr<EmuOp>& o) {
     {
       std::lock_guard lk(landing_->mu);
       landing_->pending.push_back(o);
     }
-    auto landing = landing_;
+    // Weak both: the op leaves `pending` once landed, the Landing goes with its group; either
+    // way the op is done (forget() fails what never ran), and only its status is left to read.
+    std::weak_ptr<Landing> landing = landing_;
+    std::weak_ptr<EmuOp> op = o;
     Work::State* s = o->state.get();
-    const int64_t seq = o->seq;
-    s->land = [landing, seq, s](const Stream*) { land_through(*landing, seq, *s); };
+    s->land = [landing, op, s](const Stream*) {
+      std::shared_ptr<Landing> l = landing.lock();
+      std::shared_ptr<EmuOp> o = op.lock();
+      if (l && o) return land_through(*l, *o, *s);
+      wait_done(nullptr, *s);
+      if (s->error) std::rethrow_exception(s->error);
+    };
     s->poll = [s] {
       std::lock_guard lk(s->mu);
       return s->done;
@@ -273,13 +297,14 @@ class NcclEmuGroup final : public ProcessGroup {
     l->start = std::move(start);
     l->ops = {o};
     Work w = track(o);
-    landing_->device->submit(std::move(l));
+    submit(std::move(l));
     return w;
   }
+  void check_peer(CommOp kind, int peer) const {
+    LOOM_CHECK(peer >= 0 && peer < size_ && peer != rank_, "{} on group '{}': peer {} of {} ranks (this is {})",
+               comm_op_name(kind), name_, peer, size_, rank_);
+  }
   Work p2p(std::shared_ptr<EmuOp> o, std::vector<EmuLaunch::P2p> e) {
-    for (const auto& x : e)
-      LOOM_CHECK(x.peer >= 0 && x.peer < size_ && x.peer != rank_, "{} on group '{}': peer {} of {} ranks (this is {})",
-                 comm_op_name(o->kind), name_, x.peer, size_, rank_);
     Work w = track(o);
     if (depth_ > 0) {
       open_->p2p.insert(open_->p2p.end(), e.begin(), e.end());
@@ -289,12 +314,12 @@ class NcclEmuGroup final : public ProcessGroup {
     auto l = new_launch(o->kind);
     l->p2p = std::move(e);
     l->ops = {std::move(o)};
-    if (l->p2p.empty()) l->kind = CommOp::all_to_all;  // nothing to move: still in stream order
-    landing_->device->submit(std::move(l));
+    submit(std::move(l));  // an all-to-all that moves nothing still runs in stream order
     return w;
   }
 
   MPI_Comm comm_;
+  std::shared_ptr<NcclEmuDevice> device_;
   std::shared_ptr<Landing> landing_;
   int index_ = 0;
   MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;

@@ -50,5 +50,6 @@ if [ "$dtype" = bf16 ]; then "$compare" --master "$dir/run/final.safetensors"; f
 $launch "$np" "$loom" train "${common[@]}" --set train.micro_batch="$micro" "$@" --set parallel.comm=nccl-emulated \
   --set log.dir="$dir/emu" --set export.final="$dir/emu/final.safetensors" > "$dir/emu.log" 2>&1 || { cat "$dir/emu.log"; exit 1; }
 grep -E "layout" "$dir/emu.log"
+grep -q "over NCCL (emulated)" "$dir/emu.log" || { echo "FAIL: the second run was not over nccl-emulated"; exit 1; }
 "$compare" "$dir/emu" "$dir/run" --loss-rtol 0 --norm-rtol 0 --weight-atol 0
 "$compare" --weights-equal "$dir/emu/final.safetensors" "$dir/run/final.safetensors"

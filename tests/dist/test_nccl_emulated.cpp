@@ -36,12 +36,14 @@ std::string error_of(const Work& w) {
 }
 }  // namespace
 
-// A consumer that forgets to wait reads NaN; waiting on a later op of the same group lands the
-// earlier one too (one stream runs them in order). Over MPI the first read would often see
-// the sum, and the test could not fail.
+// A consumer that forgets to wait reads NaN, even once the op is done (done() does not land
+// it); waiting on a later op of the same group lands the earlier one too (one stream runs them
+// in order). Over MPI the read would see the sum, and so would an emulation that wrote results
+// when the op completed.
 TEST(NcclEmulated, ResultsLandOnlyWhenWaitedOn) {
   std::vector<float> a(64, float(g_rank)), b(8, 1.0f);
   Work wa = dp().all_reduce(Buf(a.data(), 64));
+  while (!wa.done()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_TRUE(std::isnan(a[0]) && std::isnan(a[63])) << "an unwaited result must read as poison, got " << a[0];
   Work wb = dp().all_reduce(Buf(b.data(), 8));
   wb.wait();
@@ -94,6 +96,53 @@ TEST(NcclEmulated, GroupedExchangeCompletes) {
   dp().group_end();
   r.wait(), s.wait();
   EXPECT_EQ(in[31], float(dp().world_ranks()[size_t(peer)]));
+}
+
+// Several sends to one peer in one group arrive in the order they were issued, however their
+// transfers interleave (a group's ops progress together, each on its own).
+TEST(NcclEmulated, GroupedSendsToOnePeerKeepTheirOrder) {
+  const int peer = 1 - dp().rank(), k = 6;
+  for (int round = 0; round < 40; ++round) {
+    std::vector<std::vector<float>> out(k), in(k, std::vector<float>(3, -1.0f));
+    std::vector<Work> w;
+    dp().group_start();
+    for (int j = 0; j < k; ++j) {
+      out[size_t(j)].assign(3, float(100 * round + j));
+      w.push_back(dp().send(Buf(out[size_t(j)].data(), 3), peer));
+      w.push_back(dp().recv(Buf(in[size_t(j)].data(), 3), peer));
+    }
+    dp().group_end();
+    for (auto& x : w) x.wait();
+    for (int j = 0; j < k; ++j) ASSERT_EQ(in[size_t(j)][2], float(100 * round + j)) << "round " << round;
+  }
+}
+
+// A Work waited on before its group ends would wait forever (its ops start at group_end): an
+// error says so; the group still runs once it ends.
+TEST(NcclEmulated, WaitInsideAnOpenGroupIsRefused) {
+  const int peer = 1 - dp().rank();
+  float out = 1.0f, in = 0.0f;
+  dp().group_start();
+  Work s = dp().send(Buf(&out, 1), peer);
+  Work r = dp().recv(Buf(&in, 1), peer);
+  const std::string e = error_of(r);
+  dp().group_end();
+  EXPECT_NE(e.find("between group_start() and group_end()"), std::string::npos) << e;
+  s.wait(), r.wait();
+  EXPECT_EQ(in, 1.0f);
+}
+
+// A mesh of its own, torn down right after its last wait with one Work never waited on: the
+// device goes with it (on this thread; destroyed on its own executor, it would terminate).
+TEST(NcclEmulated, AShortLivedMeshTearsDown) {
+  for (int i = 0; i < 5; ++i) {
+    DeviceMesh mesh(MeshDims{.pp = 1, .dp = 2, .cp = 1, .tp = 2}, g_rank, 4,
+                    MeshOptions{.use_mpi = true, .nccl_emulated = true});
+    std::vector<float> x(16, 1.0f), y(16, 1.0f);
+    Work dropped = mesh.group(Axis::tp).all_reduce(Buf(x.data(), 16));
+    mesh.group(Axis::dp).all_reduce(Buf(y.data(), 16)).wait();
+    EXPECT_EQ(y[0], 2.0f);
+  }
 }
 
 // Members that disagree on a collective get one error that names each member's op.
