@@ -136,25 +136,33 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       case PipeOp::recv_act:
       case PipeOp::recv_grad: {
         pp_.group_start();
-        for (; i < ops.size() && pipe_op_is_comm(ops[i].kind); ++i) {
-          const PipeOp& c = ops[i];
-          if (c.kind == PipeOp::send_act) {  // of chunk c.chunk - 1, computed here, to c.chunk
-            select(c.chunk - 1, c.micro);
-            const Buf b = act_buf(send_act_, out_block_[size_t((c.chunk - 1) / P)], c.micro);
-            be.copy(b, view(chunk_.output()));
-            sends.push_back(pp_.send(b, c.peer, tag(c.chunk, c.micro, false), s));
-          } else if (c.kind == PipeOp::send_grad) {  // of chunk c.chunk + 1's input, to c.chunk
-            select(c.chunk + 1, c.micro);
-            const Buf b = act_buf(send_grad_, in_block_[size_t((c.chunk + 1) / P)], c.micro);
-            be.copy(b, view(chunk_.grad_input()));
-            sends.push_back(pp_.send(b, c.peer, tag(c.chunk, c.micro, true), s));
-          } else if (c.kind == PipeOp::recv_act) {
-            act_in[index(c.chunk, c.micro)] = pp_.recv(act_buf(recv_act_, in_block_[size_t(c.chunk / P)], c.micro),
-                                                       c.peer, tag(c.chunk, c.micro, false), s);
-          } else {
-            grad_in[index(c.chunk, c.micro)] = pp_.recv(act_buf(recv_grad_, out_block_[size_t(c.chunk / P)], c.micro),
-                                                        c.peer, tag(c.chunk, c.micro, true), s);
+        try {
+          for (; i < ops.size() && pipe_op_is_comm(ops[i].kind); ++i) {
+            const PipeOp& c = ops[i];
+            if (c.kind == PipeOp::send_act) {  // of chunk c.chunk - 1, computed here, to c.chunk
+              select(c.chunk - 1, c.micro);
+              const Buf b = act_buf(send_act_, out_block_[size_t((c.chunk - 1) / P)], c.micro);
+              be.copy(b, view(chunk_.output()));
+              sends.push_back(pp_.send(b, c.peer, tag(c.chunk, c.micro, false), s));
+            } else if (c.kind == PipeOp::send_grad) {  // of chunk c.chunk + 1's input, to c.chunk
+              select(c.chunk + 1, c.micro);
+              const Buf b = act_buf(send_grad_, in_block_[size_t((c.chunk + 1) / P)], c.micro);
+              be.copy(b, view(chunk_.grad_input()));
+              sends.push_back(pp_.send(b, c.peer, tag(c.chunk, c.micro, true), s));
+            } else if (c.kind == PipeOp::recv_act) {
+              act_in[index(c.chunk, c.micro)] = pp_.recv(act_buf(recv_act_, in_block_[size_t(c.chunk / P)], c.micro),
+                                                         c.peer, tag(c.chunk, c.micro, false), s);
+            } else {
+              grad_in[index(c.chunk, c.micro)] = pp_.recv(act_buf(recv_grad_, out_block_[size_t(c.chunk / P)], c.micro),
+                                                          c.peer, tag(c.chunk, c.micro, true), s);
+            }
           }
+        } catch (...) {  // close the group, so no later op is batched into it silently
+          try {
+            pp_.group_end();
+          } catch (...) {
+          }
+          throw;
         }
         --i;  // the loop's ++i moves past the batch
         pp_.group_end();

@@ -218,12 +218,18 @@ class NcclEmuGroup final : public ProcessGroup {
     return collective(make_op(CommOp::barrier), {int(CommOp::barrier), 0, -1, 0, 0, 0},
                       [=](MPI_Request* r) { return MPI_Ibarrier(c, r); });
   }
+  // NCCL's group call is the thread's, across communicators; loom groups one group's ops, so
+  // an op on another group while this one's is open is refused (as loom's NCCL group does).
   void group_start() override {
+    LOOM_CHECK(!open_group_ || open_group_ == this, "group_start() on '{}' while group '{}' has one open", name_,
+               open_group_ ? open_group_->name() : "");
     if (depth_++ == 0) open_ = new_launch(CommOp::send);
+    open_group_ = this;
   }
   void group_end() override {
     LOOM_CHECK(depth_ > 0, "group_end() on '{}' without group_start()", name_);
     if (--depth_ > 0) return;
+    open_group_ = nullptr;
     std::shared_ptr<EmuLaunch> l = std::move(open_);
     if (l->ops.empty()) return;
     l->seq = l->ops.front()->seq;  // the group is named by its first op
@@ -233,6 +239,8 @@ class NcclEmuGroup final : public ProcessGroup {
 
  private:
   std::shared_ptr<EmuOp> make_op(CommOp kind) {
+    LOOM_CHECK(!open_group_ || open_group_ == this, "{} on group '{}' while group '{}' has a group_start() open",
+               comm_op_name(kind), name_, open_group_ ? open_group_->name() : "");
     auto o = std::make_shared<EmuOp>();
     o->kind = kind;
     o->seq = counters_.seq;
@@ -327,7 +335,10 @@ class NcclEmuGroup final : public ProcessGroup {
   std::vector<int64_t> sends_, recvs_;  // issued, per peer
   int depth_ = 0;
   std::shared_ptr<EmuLaunch> open_;
+  static thread_local const NcclEmuGroup* open_group_;  // whose group_start() this thread is in
 };
+
+thread_local const NcclEmuGroup* NcclEmuGroup::open_group_ = nullptr;
 
 }  // namespace
 

@@ -157,6 +157,7 @@ class NcclGroup final : public ProcessGroup {
   bool carries(DeviceKind d) const override { return d == DeviceKind::cuda; }
 
   Work all_reduce(Buf b, ReduceOp op, const Stream& after) override {
+    no_group(CommOp::all_reduce);
     count(CommOp::all_reduce, b.bytes());
     cudaStream_t s = begin(after, {b});
     LOOM_NCCL_CHECK(ncclAllReduce(b.data, b.data, size_t(b.count), nccl_type(b.dtype),
@@ -164,6 +165,7 @@ class NcclGroup final : public ProcessGroup {
     return end(CommOp::all_reduce, s);
   }
   Work reduce_scatter(Buf in, Buf out, const Stream& after) override {
+    no_group(CommOp::reduce_scatter);
     LOOM_CHECK(in.count == out.count * size_ && in.dtype == out.dtype,
                "reduce_scatter on '{}': input has {} {} elements, not {} x {} {}", name_, in.count,
                dtype_name(in.dtype), size_, out.count, dtype_name(out.dtype));
@@ -173,6 +175,7 @@ class NcclGroup final : public ProcessGroup {
     return end(CommOp::reduce_scatter, s);
   }
   Work all_gather(Buf in, Buf out, const Stream& after) override {
+    no_group(CommOp::all_gather);
     LOOM_CHECK(out.count == in.count * size_ && in.dtype == out.dtype,
                "all_gather on '{}': output has {} {} elements, not {} x {} {}", name_, out.count, dtype_name(out.dtype),
                size_, in.count, dtype_name(in.dtype));
@@ -182,6 +185,7 @@ class NcclGroup final : public ProcessGroup {
     return end(CommOp::all_gather, s);
   }
   Work broadcast(Buf b, int root, const Stream& after) override {
+    no_group(CommOp::broadcast);
     count(CommOp::broadcast, b.bytes());
     cudaStream_t s = begin(after, {b});
     LOOM_NCCL_CHECK(ncclBroadcast(b.data, b.data, size_t(b.count), nccl_type(b.dtype), root, comm_, s));
@@ -225,18 +229,37 @@ class NcclGroup final : public ProcessGroup {
     LOOM_NCCL_CHECK(ncclRecv(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s));
     return end(CommOp::recv, s);
   }
+  // Collectives stay out of groups (as under nccl-emulated): loom groups sends and receives.
+  void no_group(CommOp kind) const {
+    LOOM_CHECK(depth_ == 0,
+               "{} on group '{}' between group_start() and group_end(): only sends and receives are grouped",
+               comm_op_name(kind), name_);
+  }
+  // NCCL's group is the thread's, across communicators; loom's groups are one group's ops:
+  // an op on another group while this one's is open is refused (its event would be recorded
+  // before NCCL enqueued it).
   void group_start() override {
+    LOOM_CHECK(!open_group_ || open_group_ == this, "group_start() on '{}' while group '{}' has one open", name_,
+               open_group_ ? open_group_->name() : "");
     LOOM_NCCL_CHECK(ncclGroupStart());
     ++depth_;
+    open_group_ = this;
   }
   void group_end() override {
     LOOM_CHECK(depth_ > 0, "group_end() on '{}' without group_start()", name_);
-    LOOM_NCCL_CHECK(ncclGroupEnd());
-    if (--depth_ > 0) return;
-    for (Deferred& d : deferred_) *d.done = record(d.kind, d.seq, d.stream);
-    deferred_.clear();
+    const ncclResult_t r = ncclGroupEnd();
+    if (--depth_ == 0) {
+      open_group_ = nullptr;
+      std::vector<Deferred> ops = std::move(deferred_);
+      deferred_.clear();
+      LOOM_CHECK(r == ncclSuccess, "ncclGroupEnd on group '{}' failed: {}", name_, ncclGetErrorString(r));
+      for (Deferred& d : ops) *d.done = record(d.kind, d.seq, d.stream);
+      return;
+    }
+    LOOM_CHECK(r == ncclSuccess, "ncclGroupEnd on group '{}' failed: {}", name_, ncclGetErrorString(r));
   }
   Work barrier() override {
+    no_group(CommOp::barrier);
     count(CommOp::barrier, 0);
     if (!scratch_) LOOM_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
     LOOM_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
@@ -261,6 +284,8 @@ class NcclGroup final : public ProcessGroup {
 
   // The stream the op runs on, ordered after `after`'s work so far.
   cudaStream_t begin(const Stream& after, std::initializer_list<Buf> bufs) {
+    LOOM_CHECK(!open_group_ || open_group_ == this, "an op on group '{}' while group '{}' has a group_start() open",
+               name_, open_group_ ? open_group_->name() : "");
     for (const Buf& b : bufs)
       LOOM_CHECK(b.count == 0 || b.device == DeviceKind::cuda,
                  "group '{}' (NCCL) was handed a host buffer; NCCL groups carry CUDA buffers", name_);
@@ -353,9 +378,12 @@ class NcclGroup final : public ProcessGroup {
   std::deque<Pending> pending_;
   int depth_ = 0;
   std::vector<Deferred> deferred_;
+  static thread_local const NcclGroup* open_group_;  // whose group_start() this thread is in
   bool stop_ = false;
   std::thread watchdog_;
 };
+
+thread_local const NcclGroup* NcclGroup::open_group_ = nullptr;
 
 }  // namespace
 

@@ -117,8 +117,8 @@ TEST(NcclEmulated, GroupedSendsToOnePeerKeepTheirOrder) {
   }
 }
 
-// A Work waited on before its group ends would wait forever (its ops start at group_end): an
-// error says so; the group still runs once it ends.
+// A Work waited on before its group ends would wait forever (its ops start at group_end), and
+// an op on another group would join NCCL's group: errors say so; the group still runs.
 TEST(NcclEmulated, WaitInsideAnOpenGroupIsRefused) {
   const int peer = 1 - dp().rank();
   float out = 1.0f, in = 0.0f;
@@ -126,8 +126,15 @@ TEST(NcclEmulated, WaitInsideAnOpenGroupIsRefused) {
   Work s = dp().send(Buf(&out, 1), peer);
   Work r = dp().recv(Buf(&in, 1), peer);
   const std::string e = error_of(r);
+  std::string other;  // NCCL's group is the thread's: another group's op would join it
+  try {
+    tp().all_reduce(Buf(&in, 1));
+  } catch (const Error& x) {
+    other = x.what();
+  }
   dp().group_end();
   EXPECT_NE(e.find("between group_start() and group_end()"), std::string::npos) << e;
+  EXPECT_NE(other.find("while group 'dp' has a group_start() open"), std::string::npos) << other;
   s.wait(), r.wait();
   EXPECT_EQ(in, 1.0f);
 }
