@@ -9,7 +9,8 @@
 #                  MPI staging CUDA buffers at 1 and 2 ranks), passed / failed / skipped;
 #   cpu_reference  the CPU runs the GPU runs are compared with (fp32 and bf16, llama, MoE);
 #   parity         a small model 30 steps past warm-up: CUDA against the CPU in bf16 and fp32
-#                  (losses, step-1 gradient norm, weights), against itself and under each
+#                  (losses, step-1 gradient norm, every tensor's step-1 gradient norm against
+#                  bf16, weights), against itself and under each
 #                  recompute policy (bitwise); llama and its MoE against the CPU in bf16;
 #   ckpt_drills    a checkpoint resumed on CUDA, bitwise; a kill and a bit-flip drill on CUDA;
 #   layouts        2 ranks on the one GPU over the MPI-staged path (dp 2, tp 2 + sp, ZeRO-3,
@@ -164,8 +165,8 @@ stage_kernels() {
 # The CPU runs the GPU runs are compared with (no GPU needed: they run in a dry run too).
 stage_cpu_reference() {
   need_build || return 1
-  run small_cpu $loom train "${small[@]}" --set train.device=cpu
-  run small_cpu_bf16 $loom train "${small[@]}" --set train.device=cpu --set train.dtype=bf16
+  run small_cpu $loom train "${small[@]}" --set train.device=cpu --set log.grad_norms=true
+  run small_cpu_bf16 $loom train "${small[@]}" --set train.device=cpu --set train.dtype=bf16 --set log.grad_norms=true
   run llama_cpu_bf16 $loom train "${small[@]}" "${llama[@]}" --set train.device=cpu --set train.dtype=bf16
   run moe_cpu_bf16 $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" --set train.device=cpu --set train.dtype=bf16
 }
@@ -173,8 +174,11 @@ stage_cpu_reference() {
 # 3. The small model: CUDA against the CPU in bf16 and fp32, against itself, under recompute.
 stage_parity() {
   need_build || return 1
-  run small_cuda $loom train "${small[@]}" --set train.device=cuda
+  run small_cuda $loom train "${small[@]}" --set train.device=cuda --set log.grad_norms=true
   parity_bf16=$(verdict small_cuda small_cpu_bf16 "${bf[@]}")
+  # Every tensor's step-1 gradient, not only their global norm: a tensor whose CUDA gradient
+  # were zero would pass the weights' tolerance after 30 steps of Adam.
+  grads=$("$compare" --grad-norms "$work/small_cuda" "$work/small_cpu_bf16" 5e-2 2>&1 | tail -1)
   parity_f32=$(verdict small_cuda small_cpu "${bf[@]}")
   # The same CUDA run again: every reduction has a fixed order, so losses and weights repeat to the bit.
   run small_cuda2 $loom train "${small[@]}" --set train.device=cuda
@@ -191,7 +195,7 @@ stage_parity() {
   parity_llama=$(verdict llama_cuda llama_cpu_bf16 "${bf[@]}")
   run moe_cuda $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" --set train.device=cuda
   parity_llama+="; MoE: $(verdict moe_cuda moe_cpu_bf16 "${bf[@]}")"
-  for v in "$parity_bf16" "$parity_f32" "$repeat" "$recompute" "$parity_llama"; do
+  for v in "$parity_bf16" "$grads" "$parity_f32" "$repeat" "$recompute" "$parity_llama"; do
     [[ $v == *FAIL* || -z $v ]] && return 1
   done
   return 0
@@ -318,6 +322,7 @@ summary() {
     grep -hE "^=+ +(Invalid|Error|Race|ERROR)" "$work/memcheck.log" "$work/racecheck.log" 2> /dev/null | sort | uniq -c | head -6
     echo "small model, CUDA run's last line: $(tail -1 "$work/small_cuda.log" 2> /dev/null)"
     echo "small model, CUDA vs CPU bf16: ${parity_bf16:-not run}"
+    echo "small model, CUDA vs CPU bf16, per tensor step-1 gradient norms: ${grads:-not run}"
     echo "small model, CUDA vs CPU fp32: ${parity_f32:-not run}"
     echo "small model, CUDA twice (bitwise): ${repeat:-not run}"
     echo "small model, CUDA recompute vs none (bitwise): ${recompute:-not run}"

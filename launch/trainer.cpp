@@ -3,9 +3,12 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "launch/trainer_parts.h"
@@ -92,8 +95,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
              "on a GPU use parallel.comm = \"nccl\"",
              p.device);
   if (mo.nccl_emulated && !opt.use_mpi && p.lead && !opt.quiet)
-    spdlog::warn("parallel.comm = \"nccl-emulated\" on one process: there is no communication to check; launch "
-                 "the layout under mpirun or srun");
+    spdlog::warn(
+        "parallel.comm = \"nccl-emulated\" on one process: there is no communication to check; launch "
+        "the layout under mpirun or srun");
   if (p.device == "cuda" && opt.use_mpi) {
     // NCCL refuses two ranks on one GPU: where ranks share GPUs, MPI carries the CUDA buffers
     // through pinned host memory (a check of the layout, not a fast path).
@@ -175,6 +179,21 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::Parts::grad_norms_write() const {
+  const int64_t n = int64_t(chunk->num_params());
+  std::vector<float> g(static_cast<size_t>(n));
+  backend->download(g.data(), Buf(chunk->grads(), n, DType::f32, backend->device()));
+  nlohmann::json j = nlohmann::json::object();
+  for (const ParamSpec& spec : chunk->registry().all()) {
+    double ss = 0;
+    for (int64_t i = 0; i < spec.numel(); ++i) ss += double(g[spec.offset + size_t(i)]) * g[spec.offset + size_t(i)];
+    j[spec.name] = std::sqrt(ss);
+  }
+  if (cfg.log.dir.empty()) return;
+  std::filesystem::create_directories(cfg.log.dir);
+  std::ofstream(cfg.log.dir + "/grad_norms.json") << j.dump(1) << "\n";
+}
 
 void Trainer::Parts::startup_log() {
   const int T = cfg.model.seq_len, B = cfg.train.micro_batch;
@@ -345,6 +364,7 @@ StepMetrics Trainer::step(int64_t step) {
     auto s = p.trace.scope("optimizer", Trace::host);
     clock.enter(Phase::optimizer);
     p.reduce_grads();
+    if (s1 == 1 && p.cfg.log.grad_norms) p.grad_norms_write();
     loss_sum = p.loss_take();
     // The loss and the norm are reduced over the job: every rank decides the same.
     m.skipped = p.guard.check(loss_sum / double(p.tokens_per_step), p.dpar->grad_norm());

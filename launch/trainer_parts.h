@@ -167,6 +167,9 @@ struct Trainer::Parts {
   void skipped(int64_t s1, const std::string& why);
   // With a pipeline and tied embeddings: the two copies must be the same bits (an Error if not).
   void tied_copies_check();
+  // log.grad_norms: every tensor's gradient norm now (step 1, before clipping) into
+  // <log.dir>/grad_norms.json, {"name": norm}; one rank holds the whole model.
+  void grad_norms_write() const;
 };
 
 }  // namespace loom

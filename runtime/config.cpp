@@ -104,6 +104,8 @@ std::vector<Field> fields_of(Config& c) {
       {"log.dir", &c.log.dir, "where metrics.jsonl and traces go"},
       {"log.every", &c.log.every, "console progress line every N steps"},
       {"log.trace", &c.log.trace, "write a Chrome trace per rank"},
+      {"log.grad_norms", &c.log.grad_norms,
+       "write each tensor's step-1 gradient norm (before clipping) to grad_norms.json; one rank"},
   };
 }
 

@@ -114,6 +114,7 @@ struct LogConfig {
   std::string dir = "runs/default";
   int every = 10;  // console progress line every N steps (metrics.jsonl gets every step)
   bool trace = false;
+  bool grad_norms = false;  // each tensor's step-1 gradient norm into <dir>/grad_norms.json (one rank)
 };
 
 struct Config {

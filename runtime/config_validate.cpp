@@ -194,6 +194,10 @@ void config_validate(Config& cfg) {
   check_one_of("parallel.comm", p.comm, {"auto", "nccl", "mpi", "nccl-emulated"});
   const FaultConfig& f = cfg.fault;
   const int world = p.dp * p.tp * p.pp;
+  LOOM_CHECK(!cfg.log.grad_norms || world == 1,
+             "log.grad_norms writes the whole model's gradients from one rank; run it with dp = tp = pp = 1 "
+             "(the layout has {} ranks)",
+             world);
   // Each drill parses, names a rank of the job, and could fire: its step is run, and a
   // checkpoint drill's step is one that saves (fault.slow's second field is milliseconds).
   const CheckpointConfig& ck = cfg.checkpoint;

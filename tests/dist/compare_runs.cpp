@@ -14,6 +14,8 @@
 //                                              bitwise unless tolerances are given)
 //   loom_compare_runs --ckpt-equal DIR_A DIR_B (two checkpoints hold the same tensors, bitwise)
 //   loom_compare_runs --weights-equal A.safetensors B.safetensors (the same tensors, bitwise)
+//   loom_compare_runs --grad-norms RUN_A RUN_B RTOL (every tensor's step-1 gradient norm, from
+//                                              log.grad_norms, within RTOL relative)
 // Each RUN is a log.dir holding metrics.jsonl and final.safetensors. Exit 0 when it holds.
 #include <fmt/format.h>
 
@@ -351,6 +353,34 @@ int val_check(const std::string& a, const std::string& b, double rtol) {
   return rel <= rtol ? 0 : 1;
 }
 
+// Every tensor's step-1 gradient norm (grad_norms.json, log.grad_norms) within rtol relative:
+// a tensor whose gradient is zero, or far off, fails here though the weights, a few steps of
+// Adam later, would pass their tolerance. The same tensors in both, each norm finite.
+int grad_norms_check(const std::string& a, const std::string& b, double rtol) {
+  auto read = [](const std::string& dir) {
+    std::ifstream in(dir + "/grad_norms.json");
+    if (!in) throw std::runtime_error(dir + "/grad_norms.json: missing (run with --set log.grad_norms=true)");
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json ja = read(a), jb = read(b);
+  int bad = 0;
+  double worst = 0;
+  std::string worst_name;
+  for (auto it = ja.begin(); it != ja.end(); ++it) {
+    if (!jb.contains(it.key())) {
+      fmt::print("{}: in {} only\n", it.key(), a), ++bad;
+      continue;
+    }
+    const double x = it.value().get<double>(), y = jb[it.key()].get<double>(), rel = rel_diff(x, y);
+    if (!(rel <= rtol)) fmt::print("{}: gradient norm {:.9g} vs {:.9g} (rel {:.3g})\n", it.key(), x, y, rel), ++bad;
+    if (rel > worst || std::isnan(rel)) worst = rel, worst_name = it.key();
+  }
+  if (ja.size() != jb.size()) fmt::print("{} tensors against {}\n", ja.size(), jb.size()), ++bad;
+  fmt::print("{} tensors' step-1 gradient norms: worst rel diff {:.3g} ({}) (tol {}): {}\n", ja.size(), worst,
+             worst_name, rtol, bad || ja.empty() ? "FAIL" : "ok");
+  return bad || ja.empty() ? 1 : 0;
+}
+
 // A tensor of a safetensors file has the given shape (the Hugging Face one, not loom's padded).
 int shape_check(const std::string& file, const std::string& name, const std::vector<int64_t>& shape) {
   auto t = loom::safetensors_read(file);
@@ -500,6 +530,7 @@ int main(int argc, char** argv) {
     if (args.size() == 3 && args[0] == "--weights-equal") return weights_equal_check(args[1], args[2]);
     if (args.size() == 3 && args[0] == "--ckpt-equal") return ckpt_equal_check(args[1], args[2]);
     if (args.size() == 4 && args[0] == "--val") return val_check(args[1], args[2], std::stod(args[3]));
+    if (args.size() == 4 && args[0] == "--grad-norms") return grad_norms_check(args[1], args[2], std::stod(args[3]));
     if (args.size() >= 4 && args[0] == "--shape") {
       std::vector<int64_t> shape;
       for (size_t i = 3; i < args.size(); ++i) shape.push_back(std::stoll(args[i]));
