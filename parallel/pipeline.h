@@ -1,8 +1,9 @@
-// The pipeline executor: one stage's op list of a schedule (parallel/pipeline_schedule.h),
-// walked in order over the pp group. Every receive of the step is posted when the step starts
-// (into a buffer per micro-batch), so no stage waits on a peer that is ready; sends go from a
-// copy per micro-batch, so compute never waits for them; the time a stage spends waiting for a
-// receive is its bubble (the step clock's bubble phase). Activations of the micro-batches in
+// The pipeline executor: one stage's op list of a schedule (parallel/pipeline_schedule.h, as
+// pipeline_in_order() reorders it), walked in order over the pp group. Each run of consecutive
+// sends and receives goes out as one group (group_start/group_end: NCCL's group call), each
+// receive at the boundary where the schedule's timing has its send, into a buffer per
+// micro-batch; sends go from a copy per micro-batch, so compute never waits for them; the time
+// a stage spends waiting for a receive is its bubble (the step clock's bubble phase). Activations of the micro-batches in
 // flight live in the chunk's slots (micro-batch k in slot k mod slots: the schedules finish
 // micro-batches in order, and the checker's peak bounds how many are in flight). Under the
 // interleaved schedule a stage holds several model chunks, the chunk's pieces, each with its
