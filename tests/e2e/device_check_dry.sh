@@ -27,7 +27,8 @@ grep -qE "^(layouts|bench|sanitizers): (stubbed \(deadline\)|deadline \(not star
 grep -q "^sanitizers: deadline (not started)" "$OUT/stages.txt" || fail "the last stage started past the deadline"
 grep -q "dry run" "$OUT/summary.txt" && grep -q "sanitizers: deadline" "$OUT/summary.txt" ||
   fail "the summary was not rewritten after the last stage"
-tar tzf "$OUT/logs.tar.gz" | grep -q probe.txt || fail "the tarball lacks the probe's log"
+listing=$(tar tzf "$OUT/logs.tar.gz")  # not piped into grep -q: under pipefail tar's SIGPIPE would fail it
+grep -q probe.txt <<< "$listing" || fail "the tarball lacks the probe's log"
 [ "$(ls "$OUT" | wc -l)" -le 8 ] || fail "more than 8 files in \$OUT: $(ls "$OUT")"
 DRY_STAGE_S=0 "$repo/launch/device_rerun.sh" --dry-run > "$dir/rerun.log" 2>&1 || { cat "$dir/rerun.log"; fail "the rerun failed"; }
 cat "$OUT/stages.txt"
