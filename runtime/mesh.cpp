@@ -118,23 +118,25 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const 
     host_.push_back(host_owned_.back().get());
   }
   groups_ = host_;
-#if LOOM_HAVE_CUDA
-  if (nccl_) {
-    auto w = nccl_world_create(*world_,
-                               {.timeout_s = o.timeout_s, .world_rank = world_rank, .end_job = [] { mpi_abort(4); }});
-    nccl_world_ = std::shared_ptr<void>(w, w.get());
+  // The training buffers' group of every axis, from `make(axis, group)`, in place of the host's.
+  auto device_groups = [&](const auto& make) {
     groups_.clear();
     for (int a = 0; a < kAxes; ++a) {
-      MeshGroup g = mesh_group(d, Axis(a), world_rank);
-      NcclOptions no;
-      // Tensor parallel's consumers wait on every op at once: run them on the compute stream.
-      no.on_caller_stream = Axis(a) == Axis::tp;
-      no.timeout_s = o.timeout_s;
-      no.world_rank = world_rank;
-      no.end_job = [] { mpi_abort(4); };
-      device_owned_.push_back(nccl_group(w, axis_name(Axis(a)), g.id, g.ranks, no));
+      device_owned_.push_back(make(Axis(a), mesh_group(d, Axis(a), world_rank)));
       groups_.push_back(device_owned_.back().get());
     }
+  };
+#if LOOM_HAVE_CUDA
+  if (nccl_) {
+    const NcclOptions base{.timeout_s = o.timeout_s, .world_rank = world_rank, .end_job = [] { mpi_abort(4); }};
+    auto w = nccl_world_create(*world_, base);
+    nccl_world_ = std::shared_ptr<void>(w, w.get());
+    device_groups([&](Axis a, const MeshGroup& g) {
+      NcclOptions no = base;
+      // Tensor parallel's consumers wait on every op at once: run them on the compute stream.
+      no.on_caller_stream = a == Axis::tp;
+      return nccl_group(w, axis_name(a), g.id, g.ranks, no);
+    });
   }
 #else
   LOOM_CHECK(!nccl_, "NCCL groups need a CUDA build");
@@ -144,12 +146,7 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const 
     LOOM_CHECK(!nccl_, "parallel.comm: NCCL and its emulation at once");
     auto dev = nccl_emu_device_create(*world_, {o.timeout_s, world_rank, [] { mpi_abort(4); }});
     nccl_world_ = dev;
-    groups_.clear();
-    for (int a = 0; a < kAxes; ++a) {
-      MeshGroup g = mesh_group(d, Axis(a), world_rank);
-      device_owned_.push_back(nccl_emu_group(dev, axis_name(Axis(a)), g.id, g.ranks));
-      groups_.push_back(device_owned_.back().get());
-    }
+    device_groups([&](Axis a, const MeshGroup& g) { return nccl_emu_group(dev, axis_name(a), g.id, g.ranks); });
   }
 #endif
   hang_ = std::make_unique<HangReport>(o.flight_dir, world_rank);

@@ -13,6 +13,7 @@
 #include "runtime/comm/mpi_group.h"
 #include "runtime/error.h"
 #include "runtime/mesh.h"
+#include "tests/unit/testing.h"
 
 using namespace loom;
 
@@ -26,13 +27,9 @@ ProcessGroup& dp() {
 ProcessGroup& tp() {
   return g_mesh->group(Axis::tp);
 }
+// The message of the Error that waiting on `w` throws ("" if none).
 std::string error_of(const Work& w) {
-  try {
-    w.wait();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_of([&] { w.wait(); });
 }
 }  // namespace
 
@@ -126,12 +123,8 @@ TEST(NcclEmulated, WaitInsideAnOpenGroupIsRefused) {
   Work s = dp().send(Buf(&out, 1), peer);
   Work r = dp().recv(Buf(&in, 1), peer);
   const std::string e = error_of(r);
-  std::string other;  // NCCL's group is the thread's: another group's op would join it
-  try {
-    tp().all_reduce(Buf(&in, 1));
-  } catch (const Error& x) {
-    other = x.what();
-  }
+  // NCCL's group is the thread's: another group's op would join it.
+  const std::string other = test::error_of([&] { tp().all_reduce(Buf(&in, 1)); });
   dp().group_end();
   EXPECT_NE(e.find("between group_start() and group_end()"), std::string::npos) << e;
   EXPECT_NE(other.find("while group 'dp' has a group_start() open"), std::string::npos) << other;
