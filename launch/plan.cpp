@@ -25,8 +25,11 @@ int64_t MemoryPlan::total() const {
 MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank, const ChunkSpec* given) {
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
   const MeshCoord at = mesh_coord(dims, rank);
-  const bool cuda = device == "cuda";
-  const BackendTraits traits = backend_traits(cuda ? DeviceKind::cuda : DeviceKind::cpu, dtype, cfg);
+  const bool cuda = device == "cuda" || device == "cuda-emulated";
+  const DeviceKind kind = device == "cuda-emulated" ? DeviceKind::cuda_emulated
+                          : cuda                    ? DeviceKind::cuda
+                                                    : DeviceKind::cpu;
+  const BackendTraits traits = backend_traits(kind, dtype, cfg);
   const ChunkSpec spec = given ? *given : pipeline_chunk_spec(cfg, at.pp);  // the whole model without stages
   const ModelLayout layout = model_layout(cfg, at.tp, chunk_runs(spec), at.dp % cfg.parallel.ep);
   const int64_t n = int64_t(layout.reg.numel());
@@ -46,7 +49,6 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
   items.push_back({"loss_sum", 1, DType::f64, Mem::workspace});
   for (auto& it : pipeline_stage_plan(cfg, at.pp, dtype)) items.push_back(it);
   // The data-parallel side and its optimizer.
-  const DeviceKind kind = cuda ? DeviceKind::cuda : DeviceKind::cpu;
   const auto dp_items =
       stage == 0 ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
                  : zero_plan(layout,

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "launch/trainer_parts.h"
+#include "runtime/cuda_api.h"
 #include "parallel/pipeline.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -59,7 +60,7 @@ std::string device_resolve(const Config& cfg, int gpus, std::string* why) {
 DType dtype_resolve(const Config& cfg, const std::string& device) {
   if (cfg.train.dtype == "bf16") return DType::bf16;
   if (cfg.train.dtype == "f32") return DType::f32;
-  return device == "cuda" ? DType::bf16 : DType::f32;
+  return device == "cpu" ? DType::f32 : DType::bf16;
 }
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_unique<Parts>(cfg, opt)) {
@@ -94,6 +95,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
              "parallel.comm = \"nccl-emulated\" carries host buffers: it needs train.device = \"cpu\" (it is \"{}\"); "
              "on a GPU use parallel.comm = \"nccl\"",
              p.device);
+  LOOM_CHECK(p.device != "cuda-emulated" || cfg.parallel.comm != "nccl",
+             "parallel.comm = \"nccl\" needs GPUs, and train.device = \"cuda-emulated\" has none; use "
+             "parallel.comm = \"mpi\" (its staged path carries the emulated device's buffers)");
   if (mo.nccl_emulated && !opt.use_mpi && p.lead && !opt.quiet)
     spdlog::warn(
         "parallel.comm = \"nccl-emulated\" on one process: there is no communication to check; launch "
@@ -121,17 +125,23 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
   p.mesh = std::make_unique<DeviceMesh>(dims, opt.world_rank, opt.world_size, mo);
 
-  const DeviceKind kind = p.device == "cuda" ? DeviceKind::cuda : DeviceKind::cpu;
-  p.stream = kind == DeviceKind::cuda ? cuda_stream_create() : host_stream();
+  const DeviceKind kind = p.device == "cuda"            ? DeviceKind::cuda
+                          : p.device == "cuda-emulated" ? DeviceKind::cuda_emulated
+                                                        : DeviceKind::cpu;
+  p.stream = device_is_cuda(kind) ? cuda_stream_create(kind) : host_stream();
   p.alloc = std::make_unique<Allocator>(kind, p.stream);
+  if (kind == DeviceKind::cuda_emulated) {
+    p.backend = cuda_emulated_backend(cfg, *p.alloc);
+  } else {
 #if LOOM_HAVE_CUDA
-  p.backend = kind == DeviceKind::cuda ? cuda_backend(cfg, *p.alloc) : cpu_backend(cfg, p.dtype, *p.alloc);
+    p.backend = kind == DeviceKind::cuda ? cuda_backend(cfg, *p.alloc) : cpu_backend(cfg, p.dtype, *p.alloc);
 #else
-  p.backend = cpu_backend(cfg, p.dtype, *p.alloc);
+    p.backend = cpu_backend(cfg, p.dtype, *p.alloc);
 #endif
+  }
   for (Axis a : {Axis::dp, Axis::tp, Axis::pp, Axis::embed})
     LOOM_CHECK(p.mesh->group(a).carries(kind), "the {} group cannot carry {} buffers", axis_name(a),
-               kind == DeviceKind::cuda ? "CUDA" : "host");
+               device_is_cuda(kind) ? cuda_api(kind).name : "host");
   p.clock = std::make_unique<StepClock>(p.backend->stream());
   const int stage = cfg.parallel.zero;
   // Pipeline stages first: this rank's blocks (the embedding on the first stage, the head on
@@ -154,6 +164,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     p.pipe = std::make_unique<PipelineStage>(*p.chunk, *p.dpar, p.mesh->group(Axis::pp), cfg.accum_steps(),
                                              p.clock.get(), p.trace);
   p.fpt = flops_per_token(cfg, p.backend->traits().attention_probs);
+  // The emulated device runs on the host's cores: its MFU is against their peak.
   p.peak = (kind == DeviceKind::cuda ? cuda_peak_flops() : cpu_peak_flops(p.threads)) * p.mesh->world();
   p.tokens_per_step = int64_t(cfg.train.global_batch) * cfg.model.seq_len;
   p.inputs.resize(size_t(cfg.train.micro_batch) * cfg.model.seq_len);

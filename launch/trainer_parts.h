@@ -84,7 +84,7 @@ struct Trainer::Parts {
     clock.reset();
     backend.reset();
     alloc.reset();
-    if (stream.kind == DeviceKind::cuda) cuda_stream_destroy(stream);
+    if (device_is_cuda(stream.kind)) cuda_stream_destroy(stream);
   }
   ProcessGroup& dp() const { return mesh->group(Axis::dp); }
   ProcessGroup& tp() const { return mesh->group(Axis::tp); }

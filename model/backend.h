@@ -149,6 +149,9 @@ class Backend {
 std::unique_ptr<Backend> cpu_backend(const Config& cfg, DType dtype, Allocator& alloc);
 // Its working memory (the fp32 widening of bf16 GEMM operands), for the planner.
 std::vector<PlanItem> cpu_backend_plan(const Config& cfg, DType dtype);
+// The CUDA backend on the emulated device (kernels/emu; every build): the same source and
+// kernels as cuda_backend, over an allocator and stream of DeviceKind::cuda_emulated.
+std::unique_ptr<Backend> cuda_emulated_backend(const Config& cfg, Allocator& alloc);
 #if LOOM_HAVE_CUDA
 // The CUDA backend (bf16) on the current device, over `alloc` (whose stream it computes on).
 std::unique_ptr<Backend> cuda_backend(const Config& cfg, Allocator& alloc);

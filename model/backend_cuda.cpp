@@ -5,6 +5,8 @@
 // one-pass fused loss, a multi-tensor AdamW over the chunk table, and no host wait inside a
 // step: inputs go up through double-buffered pinned staging, and the loss, the norm and the
 // clipping factor stay on the device until the trainer reads them once per step.
+// The emulation library compiles this same file against kernels/emu (LOOM_CUDA_EMULATION):
+// the emulated device's backend, whose kernels, cuBLASLt and streams run on the CPU.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -12,12 +14,18 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "model/backend.h"
+#include "runtime/cuda_api.h"
 
 namespace loom {
 
 namespace {
 
 using cuda::bf16;
+#if defined(LOOM_CUDA_EMULATION)
+constexpr DeviceKind kDevice = DeviceKind::cuda_emulated;
+#else
+constexpr DeviceKind kDevice = DeviceKind::cuda;
+#endif
 
 bf16* B16(Ptr p) {
   return p.as<bf16>();
@@ -30,12 +38,12 @@ const cuda::OptChunkDev* table_of(const OptTable& t) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const Config& cfg, Allocator& alloc)
-      : traits_(backend_traits(DeviceKind::cuda, DType::bf16, cfg)),
+      : traits_(backend_traits(kDevice, DType::bf16, cfg)),
         alloc_(alloc),
         stream_(alloc.stream()),
         s_(static_cast<cudaStream_t>(stream_.handle)) {
-    LOOM_CHECK(alloc.device() == DeviceKind::cuda && stream_.kind == DeviceKind::cuda,
-               "the CUDA backend needs a CUDA allocator and stream");
+    LOOM_CHECK(alloc.device() == kDevice && stream_.kind == kDevice,
+               "the {} backend needs an allocator and a stream of its device", cuda_api(kDevice).name);
     for (auto& item : cuda_backend_plan(cfg)) ws_.push_back(alloc.empty(item));
     gemm_ = std::make_unique<cuda::GemmContext>(ws_[0].data<char>(), ws_[0].nbytes());
     N_ = cfg.train.micro_batch * cfg.model.seq_len;
@@ -254,8 +262,14 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+#if defined(LOOM_CUDA_EMULATION)
+std::unique_ptr<Backend> cuda_emulated_backend(const Config& cfg, Allocator& alloc) {
+  return std::make_unique<CudaBackend>(cfg, alloc);
+}
+#else
 std::unique_ptr<Backend> cuda_backend(const Config& cfg, Allocator& alloc) {
   return std::make_unique<CudaBackend>(cfg, alloc);
 }
+#endif
 
 }  // namespace loom

@@ -28,7 +28,7 @@ std::vector<PlanItem> AdamW::plan(int64_t n, bool master, size_t n_chunks, Devic
   if (master) p.push_back({"master", n, DType::f32, Mem::master});
   p.push_back({"exp_avg", n, DType::f32, Mem::optim});
   p.push_back({"exp_avg_sq", n, DType::f32, Mem::optim});
-  if (device == DeviceKind::cuda) p.push_back({"opt_table", int64_t(n_chunks) * 8, DType::i32, Mem::optim});
+  if (device_is_cuda(device)) p.push_back({"opt_table", int64_t(n_chunks) * 8, DType::i32, Mem::optim});
   p.push_back({"grad_sum_squares", 1, DType::f64, Mem::workspace});
   p.push_back({"clip_scale", 1, DType::f32, Mem::workspace});
   return p;
@@ -42,7 +42,7 @@ AdamW::AdamW(Backend& be, std::vector<OptChunk> chunks, int64_t n, bool master) 
   if (master) master_ = t[i++];
   m_ = t[i++];
   v_ = t[i++];
-  if (be_.device() == DeviceKind::cuda) {
+  if (device_is_cuda(be_.device())) {
     table_.device = t[i++];
     be_.upload(Buf(table_.device), table_.host.data());
   }

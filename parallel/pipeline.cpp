@@ -98,7 +98,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       auto sc = trace_.scope("pipeline_wait", Trace::host);
       StepClock::Scope c(clock_, Phase::bubble);
       w.wait_on(s);
-      if (dev == DeviceKind::cuda) s.synchronize();  // the wait is idle time only once the data is there
+      if (device_is_cuda(dev)) s.synchronize();  // the wait is idle time only once the data is there
     }
     bubble_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };

@@ -2,9 +2,7 @@
 
 #include <cstdlib>
 
-#if LOOM_HAVE_CUDA
-#include "kernels/cuda/check.h"
-#endif
+#include "runtime/cuda_api.h"
 
 namespace loom {
 
@@ -21,14 +19,10 @@ const char* mem_name(Mem m) {
 
 namespace {
 void block_free(DeviceKind d, void* p) {
-#if LOOM_HAVE_CUDA
-  if (d == DeviceKind::cuda) {
-    cudaFree(p);
-    return;
-  }
-#endif
-  (void)d;
-  std::free(p);
+  if (d != DeviceKind::cpu)
+    cuda_api(d).free(p);
+  else
+    std::free(p);
 }
 }  // namespace
 
@@ -44,19 +38,17 @@ void* Allocator::take(size_t bytes) {
     cache_.erase(it);
     return p;
   }
-#if LOOM_HAVE_CUDA
-  if (device_ == DeviceKind::cuda) {
+  if (device_ != DeviceKind::cpu) {
     // Blocks are reused in stream order: work on the allocator's stream that frees a block
     // runs before work that takes it again, so no synchronization is needed.
-    void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, bytes);
-    LOOM_CHECK(e == cudaSuccess,
+    std::string error;
+    void* p = cuda_api(device_).malloc(bytes, &error);
+    LOOM_CHECK(p,
                "out of GPU memory allocating {} bytes ({}); lower train.micro_batch, use "
                "train.recompute or parallel.zero",
-               bytes, cudaGetErrorString(e));
+               bytes, error);
     return p;
   }
-#endif
   // 64-byte alignment: a cache line, and what AVX-512 loads like.
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   LOOM_CHECK(p, "out of host memory allocating {} bytes; lower train.micro_batch or model size", bytes);
@@ -75,17 +67,12 @@ int64_t Allocator::alloc_bytes(int64_t numel, DType dtype) {
 }
 
 Tensor Allocator::empty(Shape shape, DType dtype, Mem category) {
-#if !LOOM_HAVE_CUDA
-  LOOM_CHECK(device_ == DeviceKind::cpu, "this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON)");
-#endif
   const size_t padded = size_t(alloc_bytes(shape_numel(shape), dtype));
   auto st = std::make_shared<Storage>();
   st->data = take(padded);
-#if LOOM_HAVE_CUDA
-  if (device_ == DeviceKind::cuda)
-    LOOM_CUDA_CHECK(cudaMemsetAsync(st->data, 0, padded, static_cast<cudaStream_t>(stream_.handle)));
+  if (device_ != DeviceKind::cpu)
+    cuda_api(device_).memset_async(st->data, 0, padded, stream_.handle);
   else
-#endif
     std::memset(st->data, 0, padded);
   st->bytes = padded;
   st->device = device_;

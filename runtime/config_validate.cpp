@@ -90,7 +90,7 @@ void config_validate(Config& cfg) {
              "make global_batch a multiple of {}",
              t.global_batch, t.micro_batch, cfg.parallel.dp, per_step, per_step);
   check_one_of("train.schedule", t.schedule, {"constant", "cosine", "linear", "wsd"});
-  check_one_of("train.device", t.device, {"auto", "cpu", "cuda"});
+  check_one_of("train.device", t.device, {"auto", "cpu", "cuda", "cuda-emulated"});
   check_one_of("train.dtype", t.dtype, {"auto", "f32", "bf16"});
   check_one_of("train.recompute", t.recompute, {"none", "selective", "full"});
   LOOM_CHECK(t.lr >= 0 && t.min_lr >= 0, "train.lr and train.min_lr must be >= 0");
@@ -100,15 +100,20 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
   LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
   // auto is resolved when training starts (device_resolve): the GPU where its kernels run the model.
-  if (t.device == "cuda") {
-    LOOM_CHECK(LOOM_HAVE_CUDA, "train.device = \"cuda\": this build has no CUDA; rebuild with the CUDA toolkit");
+  // cuda-emulated runs the CUDA backend and kernels on the CPU emulation: the same rules.
+  if (t.device == "cuda" || t.device == "cuda-emulated") {
+    LOOM_CHECK(LOOM_HAVE_CUDA || t.device != "cuda",
+               "train.device = \"cuda\": this build has no CUDA; rebuild with the CUDA toolkit, or check the CUDA "
+               "path on the CPU with train.device = \"cuda-emulated\"");
     LOOM_CHECK(t.dtype != "f32",
-               "train.dtype = \"f32\" on CUDA: the GPU path computes in bf16; use \"bf16\" or \"auto\"");
+               "train.dtype = \"f32\" on train.device = \"{}\": the GPU path computes in bf16; use \"bf16\" or "
+               "\"auto\"",
+               t.device);
     const int hd = cfg.head_dim();
     LOOM_CHECK(hd == 32 || hd == 64 || hd == 128,
-               "train.device = \"cuda\": the CUDA attention kernels take head dims 32, 64 and 128, and "
+               "train.device = \"{}\": the CUDA attention kernels take head dims 32, 64 and 128, and "
                "d_model / n_head = {}; change model.n_head or use train.device = \"cpu\"",
-               hd);
+               t.device, hd);
   }
 
   auto& d = cfg.data;

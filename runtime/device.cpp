@@ -3,24 +3,24 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/cuda_api.h"
+
 #if LOOM_HAVE_CUDA
 #include "kernels/cuda/check.h"
 #endif
 
 namespace loom {
 
-namespace {
+const CudaApi& cuda_api(DeviceKind kind) {
+  LOOM_ASSERT(kind != DeviceKind::cpu);
+  if (kind == DeviceKind::cuda_emulated) return cuda_api_emulated();
 #if LOOM_HAVE_CUDA
-cudaStream_t cu(const Stream& s) {
-  return static_cast<cudaStream_t>(s.handle);
-}
+  return cuda_api_real();
+#else
+  fail("this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON), or train on the emulated device "
+       "(train.device = \"cuda-emulated\")");
 #endif
-#if !LOOM_HAVE_CUDA
-[[noreturn]] void no_cuda() {
-  fail("this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON)");
 }
-#endif
-}  // namespace
 
 const Stream& host_stream() {
   static const Stream s{};
@@ -29,9 +29,7 @@ const Stream& host_stream() {
 
 void Stream::synchronize() const {
   if (kind == DeviceKind::cpu) return;
-#if LOOM_HAVE_CUDA
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(cu(*this)));
-#endif
+  cuda_api(kind).stream_synchronize(handle);
 }
 
 void stream_copy(const Stream& s, void* dst, const void* src, size_t bytes) {
@@ -40,9 +38,7 @@ void stream_copy(const Stream& s, void* dst, const void* src, size_t bytes) {
     std::memcpy(dst, src, bytes);
     return;
   }
-#if LOOM_HAVE_CUDA
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu(s)));
-#endif
+  cuda_api(s.kind).memcpy_async(dst, src, bytes, s.handle);
 }
 
 std::string cuda_describe() {
@@ -66,41 +62,21 @@ std::string cuda_describe() {
 #endif
 }
 
-Stream cuda_stream_create() {
-#if LOOM_HAVE_CUDA
-  cudaStream_t s;
-  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return Stream{DeviceKind::cuda, s};
-#else
-  no_cuda();
-#endif
+Stream cuda_stream_create(DeviceKind kind) {
+  return Stream{kind, cuda_api(kind).stream_create()};
 }
 
 void cuda_stream_destroy(Stream& s) {
-#if LOOM_HAVE_CUDA
-  if (s.kind == DeviceKind::cuda && s.handle) {
-    cudaStreamSynchronize(cu(s));
-    cudaStreamDestroy(cu(s));
-  }
-#endif
+  if (s.kind != DeviceKind::cpu && s.handle) cuda_api(s.kind).stream_destroy(s.handle);
   s.handle = nullptr;
 }
 
 Event::Event(DeviceKind kind) : kind_(kind) {
-  if (kind_ == DeviceKind::cpu) return;
-#if LOOM_HAVE_CUDA
-  cudaEvent_t e;
-  LOOM_CUDA_CHECK(cudaEventCreate(&e));
-  ev_ = e;
-#else
-  no_cuda();
-#endif
+  if (kind_ != DeviceKind::cpu) ev_ = cuda_api(kind_).event_create();
 }
 
 Event::~Event() {
-#if LOOM_HAVE_CUDA
-  if (ev_) cudaEventDestroy(static_cast<cudaEvent_t>(ev_));
-#endif
+  if (ev_) cuda_api(kind_).event_destroy(ev_);
 }
 
 Event::Event(Event&& o) noexcept : kind_(o.kind_), ev_(o.ev_), at_(o.at_) {
@@ -119,18 +95,12 @@ void Event::record(const Stream& s) {
     at_ = std::chrono::steady_clock::now();
     return;
   }
-#if LOOM_HAVE_CUDA
-  LOOM_ASSERT(s.kind == DeviceKind::cuda);
-  LOOM_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev_), cu(s)));
-#else
-  (void)s;
-#endif
+  LOOM_ASSERT(s.kind == kind_);
+  cuda_api(kind_).event_record(ev_, s.handle);
 }
 
 void Event::synchronize() const {
-#if LOOM_HAVE_CUDA
-  if (kind_ == DeviceKind::cuda) LOOM_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev_)));
-#endif
+  if (kind_ != DeviceKind::cpu) cuda_api(kind_).event_synchronize(ev_);
 }
 
 void Event::wait_on(const Stream& s) const {
@@ -138,68 +108,49 @@ void Event::wait_on(const Stream& s) const {
     synchronize();  // an inline stream runs its next work on the host
     return;
   }
-#if LOOM_HAVE_CUDA
-  if (kind_ == DeviceKind::cuda) LOOM_CUDA_CHECK(cudaStreamWaitEvent(cu(s), static_cast<cudaEvent_t>(ev_), 0));
-#endif
+  if (kind_ != DeviceKind::cpu) cuda_api(kind_).stream_wait_event(s.handle, ev_);
 }
 
 bool Event::done() const {
-#if LOOM_HAVE_CUDA
-  if (kind_ == DeviceKind::cuda) return cudaEventQuery(static_cast<cudaEvent_t>(ev_)) == cudaSuccess;
-#endif
-  return true;
+  return kind_ == DeviceKind::cpu || cuda_api(kind_).event_query(ev_);
 }
 
 double Event::elapsed_ms(const Event& a, const Event& b) {
   LOOM_ASSERT(a.kind_ == b.kind_);
   if (a.kind_ == DeviceKind::cpu) return std::chrono::duration<double, std::milli>(b.at_ - a.at_).count();
-#if LOOM_HAVE_CUDA
-  b.synchronize();
-  float ms = 0.0f;
-  LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a.ev_), static_cast<cudaEvent_t>(b.ev_)));
-  return double(ms);
-#else
-  return 0.0;
-#endif
+  return cuda_api(a.kind_).event_elapsed_ms(a.ev_, b.ev_);
 }
 
-HostBuffer::HostBuffer(HostBuffer&& o) noexcept : p_(o.p_), n_(o.n_), pinned_(o.pinned_) {
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept : p_(o.p_), n_(o.n_), pinned_(o.pinned_), device_(o.device_) {
   o.p_ = nullptr, o.n_ = 0;
 }
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
   if (this != &o) {
     release();
-    p_ = o.p_, n_ = o.n_, pinned_ = o.pinned_;
+    p_ = o.p_, n_ = o.n_, pinned_ = o.pinned_, device_ = o.device_;
     o.p_ = nullptr, o.n_ = 0;
   }
   return *this;
 }
 
 void HostBuffer::resize(size_t n, DeviceKind device) {
-  const bool pin = device == DeviceKind::cuda;
-  if (n <= n_ && pin == pinned_) return;
+  const bool pin = device != DeviceKind::cpu;
+  if (n <= n_ && pin == pinned_ && (!pin || device == device_)) return;
   release();
   pinned_ = pin;
-#if LOOM_HAVE_CUDA
+  device_ = device;
   if (pin) {
-    void* p = nullptr;
-    LOOM_CUDA_CHECK(cudaMallocHost(&p, n * sizeof(float)));
-    p_ = static_cast<float*>(p);
-  }
-#endif
-  if (!pin) {
+    p_ = static_cast<float*>(cuda_api(device).malloc_host(n * sizeof(float)));
+  } else {
     p_ = static_cast<float*>(std::malloc(n * sizeof(float)));
     LOOM_CHECK(p_ || n == 0, "out of host memory allocating {} MB", n * sizeof(float) / 1e6);
   }
-  LOOM_CHECK(p_ || n == 0, "this build has no CUDA for page-locked host memory");
   n_ = n;
 }
 
 void HostBuffer::release() {
-#if LOOM_HAVE_CUDA
-  if (p_ && pinned_) cudaFreeHost(p_);
-#endif
+  if (p_ && pinned_) cuda_api(device_).free_host(p_);
   if (p_ && !pinned_) std::free(p_);
   p_ = nullptr;
   n_ = 0;

@@ -1,6 +1,6 @@
 // Streams and events: the order of work on a device. A CPU stream runs work inline, so its
-// events are complete the moment they are recorded and carry the host time; a CUDA stream is a
-// cudaStream_t and its events are timed cudaEvents. Layers, parallel code and the step clock
+// events are complete the moment they are recorded and carry the host time; a CUDA stream (real
+// or emulated, runtime/cuda_api.h) is a cudaStream_t and its events are timed cudaEvents. Layers, parallel code and the step clock
 // hand work between compute and communication through these on every device, so none of them
 // asks which device it runs on. A Stream is a handle; its owner (a backend, a group) makes and
 // destroys the real stream.
@@ -69,11 +69,12 @@ class HostBuffer {
   float* p_ = nullptr;
   size_t n_ = 0;
   bool pinned_ = false;
+  DeviceKind device_ = DeviceKind::cpu;
 };
 
-// CUDA streams for the owners of real ones (non-blocking with respect to the legacy stream).
-// In a build without CUDA these fail with a message.
-Stream cuda_stream_create();
+// Streams of a CUDA device (cuda, or the emulated one) for their owners (non-blocking with
+// respect to the legacy stream). A real CUDA stream in a build without CUDA fails with a message.
+Stream cuda_stream_create(DeviceKind kind = DeviceKind::cuda);
 void cuda_stream_destroy(Stream& s);
 
 }  // namespace loom

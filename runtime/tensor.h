@@ -15,7 +15,12 @@ namespace loom {
 
 // f64 holds the scalars that travel between ranks (loss sums, squared norms) at full width.
 enum class DType { f32, bf16, i32, f64 };
-enum class DeviceKind { cpu, cuda };
+// cuda_emulated: the CUDA backend, kernels and runtime calls on the CPU emulation (kernels/emu),
+// device memory in host memory; everything that is not the CPU treats it as a CUDA device.
+enum class DeviceKind { cpu, cuda, cuda_emulated };
+inline bool device_is_cuda(DeviceKind d) {
+  return d != DeviceKind::cpu;
+}
 
 inline size_t dtype_size(DType t) {
   return t == DType::bf16 ? 2 : t == DType::f64 ? 8 : 4;

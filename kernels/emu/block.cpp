@@ -694,7 +694,7 @@ void launch_prepare(Executor& ex, const LaunchConfig& cfg, void (*thread)(void*)
 }
 }  // namespace
 
-void launch(const LaunchConfig& cfg, void (*thread)(void*), void* ctx) {
+bool launch_check(const LaunchConfig& cfg) {
   const dim3 g = cfg.grid, bd = cfg.block;
   const unsigned long long nthreads = 1ull * bd.x * bd.y * bd.z;
   auto bad = [&](const std::string& why) {
@@ -702,6 +702,7 @@ void launch(const LaunchConfig& cfg, void (*thread)(void*), void* ctx) {
                                                       std::to_string(g.x) + "," + std::to_string(g.y) + "," +
                                                       std::to_string(g.z) + ") block (" + std::to_string(bd.x) + "," +
                                                       std::to_string(bd.y) + "," + std::to_string(bd.z) + "): " + why);
+    return false;
   };
   if (g.x == 0 || g.y == 0 || g.z == 0 || bd.x == 0 || bd.y == 0 || bd.z == 0) return bad("a dimension is zero");
   if (nthreads > DeviceLimits::threads_per_block) return bad("more than 1024 threads in a block");
@@ -714,8 +715,18 @@ void launch(const LaunchConfig& cfg, void (*thread)(void*), void* ctx) {
                std::to_string(dynamic_shared_limit(cfg.kernel)) + " (cudaFuncSetAttribute raises it)");
   if (LaunchRecorder* r = launch_recorder()) {
     r->add({cfg.name, g, bd, cfg.dynamic_shared});
-    return;
+    return false;
   }
+  return true;
+}
+
+void launch(const LaunchConfig& cfg, void (*thread)(void*), void* ctx) {
+  if (launch_check(cfg)) launch_blocks(cfg, thread, ctx);
+}
+
+void launch_blocks(const LaunchConfig& cfg, void (*thread)(void*), void* ctx) {
+  const dim3 g = cfg.grid, bd = cfg.block;
+  const unsigned long long nthreads = 1ull * bd.x * bd.y * bd.z;
 #if defined(LOOM_EMU_ASAN)
   std::lock_guard<std::mutex> lock(launch_mutex);
 #endif

@@ -30,14 +30,15 @@ namespace loom::emu::rt {
 cudaError_t cudaGetLastError() {
   const cudaError_t e = emu::last_error;
   emu::last_error = cudaSuccess;
-  return e;
+  return e != cudaSuccess ? e : emu::device_fault();
 }
 cudaError_t cudaPeekAtLastError() {
-  return emu::last_error;
+  return emu::last_error != cudaSuccess ? emu::last_error : emu::device_fault();
 }
 
 const char* cudaGetErrorString(cudaError_t e) {
   if (e != cudaSuccess && e == emu::message_code) return emu::last_message.c_str();
+  if (const char* m = emu::device_fault_message(e)) return m;
   switch (e) {
     case cudaSuccess:
       return "no error";
@@ -49,6 +50,10 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "invalid configuration argument";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
   }
   return "unknown error";
 }
@@ -62,32 +67,46 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   std::memset(*p, 0xff, bytes);  // NaN in fp32 and bf16 until something is written
   return cudaSuccess;
 }
+// As a device's, cudaFree waits for the device's queued work first (it may still use p).
 cudaError_t cudaFree(void* p) {
+  const cudaError_t e = emu::drain_all();
   std::free(p);
-  return cudaSuccess;
+  return e;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (kind != cudaMemcpyHostToHost && kind != cudaMemcpyHostToDevice) emu::count_host_sync();
   if (bytes) std::memmove(dst, src, bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+  return emu::device_fault();
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
-  return cudaMemset(p, value, bytes);
-}
-cudaError_t cudaDeviceSynchronize() {
-  return emu::last_error;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
-  return emu::last_error;
-}
 cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+  return d == 0 ? cudaSuccess : cudaErrorInvalidValue;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (d != 0) return cudaErrorInvalidValue;
+  *p = cudaDeviceProp{};
+  std::strncpy(p->name, "loom emulated sm_90", sizeof(p->name) - 1);
+  p->totalGlobalMem = size_t(80) << 30;
+  p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->clockRate = 1980000;
+  return cudaSuccess;
+}
+// Page-locked memory is host memory here, poisoned like device memory until written.
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  return cudaMalloc(p, bytes);
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
   return cudaSuccess;
 }
 

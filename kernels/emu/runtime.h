@@ -1,10 +1,15 @@
 // The host side of the CUDA emulation: the runtime calls the kernels' launch code and the
-// kernel tests make (memory, copies, errors, function attributes) and the launch itself,
-// whose configuration is checked against sm_90's limits before a block runs. A launch runs
-// synchronously on the calling thread; streams are accepted and ordered trivially.
+// kernel tests make (memory, copies, errors, function attributes, streams, events) and the launch
+// itself, whose configuration is checked against sm_90's limits on the calling thread. Work on
+// the legacy stream (nullptr) runs at once on the calling thread; every created stream has a
+// worker thread of its own that runs its work in issue order, asynchronously to the host, and
+// events and cudaStreamWaitEvent order streams as a device's do (kernels/emu/stream.cpp). A fault
+// in queued work is sticky: every later synchronization and error query reports it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -20,8 +25,12 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
+enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
   cudaMemcpyHostToDevice = 1,
@@ -32,6 +41,13 @@ enum cudaMemcpyKind {
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
+struct CUevent_st;
+using cudaEvent_t = CUevent_st*;
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  int major, minor, multiProcessorCount, clockRate;
+};
 
 cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
@@ -49,6 +65,26 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s = n
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaGetDeviceCount(int* n);
+cudaError_t cudaGetDevice(int* d);
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d);
+cudaError_t cudaMallocHost(void** p, size_t bytes);
+template <class T>
+cudaError_t cudaMallocHost(T** p, size_t bytes) {
+  return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
+}
+cudaError_t cudaFreeHost(void* p);
+cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b);
 // Raises a kernel's dynamic shared memory limit (up to sm_90's 227 KiB per block).
 cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value);
 template <class... P>
@@ -81,6 +117,15 @@ struct LaunchConfig {
 // Checks the configuration (a failure becomes the thread's last error, as a bad launch is on
 // a device), then runs every block: `thread(ctx)` runs one emulated thread's kernel body.
 void launch(const LaunchConfig& cfg, void (*thread)(void*), void* ctx);
+// The two halves of launch: the check (false when the launch must not run: a bad configuration,
+// or a LaunchRecorder that recorded it) and the blocks (a fault becomes the thread's last error).
+bool launch_check(const LaunchConfig& cfg);
+void launch_blocks(const LaunchConfig& cfg, void (*thread)(void*), void* ctx);
+// Runs `work` in the order of stream s: at once on the legacy stream (nullptr), else on s's
+// worker after everything issued to s before it.
+void stream_enqueue(cudaStream_t s, std::function<void()> work);
+// Host synchronizations since the process started (stream, event, device, synchronous copies).
+uint64_t host_syncs();
 
 // LOOM_LAUNCH(kernel, grid, block, smem, stream)(args...): the arguments convert to the
 // kernel's parameter types once, as a launch's do, and every thread calls the kernel on them.
@@ -93,9 +138,11 @@ struct Launcher {
     struct Call {
       void (*kernel)(P...);
       std::tuple<P...> args;
-    } call{kernel, std::tuple<P...>(std::forward<A>(a)...)};
-    launch(
-        cfg, [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args); }, &call);
+    };
+    if (!launch_check(cfg)) return;
+    auto call = std::make_shared<Call>(Call{kernel, std::tuple<P...>(std::forward<A>(a)...)});
+    void (*body)(void*) = [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args); };
+    stream_enqueue(cfg.stream, [cfg = cfg, call, body] { launch_blocks(cfg, body, call.get()); });
   }
 };
 template <class... P>
@@ -107,6 +154,13 @@ unsigned char* dynamic_shared();
 // Internal to the emulation: the error cudaGetLastError returns next, with its message, and
 // the dynamic shared memory a kernel may launch with.
 void set_last_error(cudaError_t e, const std::string& message);
+// The device's sticky fault (the first failure of queued work; cudaSuccess while there is none)
+// and its message for its code (nullptr for another code).
+cudaError_t device_fault();
+const char* device_fault_message(cudaError_t e);
+void count_host_sync();
+// Waits for every stream's queued work, uncounted; the device's fault.
+cudaError_t drain_all();
 size_t dynamic_shared_limit(const void* kernel);
 void set_dynamic_shared_limit(const void* kernel, size_t bytes);
 

@@ -8,11 +8,9 @@
 
 #include "runtime/comm/hang_report.h"
 #include "runtime/trace.h"
-#if LOOM_HAVE_CUDA
 #include <map>
 
-#include "kernels/cuda/check.h"
-#endif
+#include "runtime/cuda_api.h"
 
 #define LOOM_MPI_CHECK(call)                                                                                           \
   do {                                                                                                                 \
@@ -98,13 +96,11 @@ class MpiGroup final : public ProcessGroup {
     MPI_Op_free(&bf16_sum_);
     MPI_Op_free(&bf16_max_);
     MPI_Comm_free(&comm_);
-#if LOOM_HAVE_CUDA
-    for (auto& [bytes, p] : pinned_) cudaFreeHost(p);
-#endif
+    for (auto& [key, p] : pinned_) cuda_api(key.first).free_host(p);
   }
   const char* backend() const override { return "mpi"; }
   bool carries(DeviceKind d) const override {
-    return d == DeviceKind::cpu || LOOM_HAVE_CUDA;
+    return d != DeviceKind::cuda || LOOM_HAVE_CUDA;
   }
 
   Work all_reduce(Buf b, ReduceOp op, const Stream& after) override {
@@ -211,37 +207,36 @@ class MpiGroup final : public ProcessGroup {
     MpiGroup& g;
     const Stream& after;
     struct Back {
+      DeviceKind kind;
       void* device;
       void* host;
       size_t bytes;
     };
     std::vector<Back> back;                      // results to copy to the device on landing
-    std::vector<std::pair<size_t, void*>> held;  // pinned blocks, returned on landing
+    struct Held {
+      DeviceKind kind;
+      size_t bytes;
+      void* p;
+    };
+    std::vector<Held> held;  // pinned blocks, returned on landing
     bool synced = false;
     Staging(MpiGroup& group, const Stream& s) : g(group), after(s) {}
     Staging(Staging&&) = default;  // leaves `held` empty behind
     // Blocks still held go back to the pool: an op that never landed, or a copy that threw
     // before the op was issued. (A staged op's Staging lives until the op is done.)
     ~Staging() {
-#if LOOM_HAVE_CUDA
-      for (auto& [bytes, p] : held) g.pinned_give(bytes, p);
-#endif
+      for (auto& h : held) g.pinned_give(h.kind, h.bytes, h.p);
     }
     Buf host_of(Buf b, bool read, bool write) {
       if (b.device == DeviceKind::cpu || b.count == 0) return b;
-#if LOOM_HAVE_CUDA
-      void* h = g.pinned_take(b.bytes());
-      held.push_back({b.bytes(), h});
+      void* h = g.pinned_take(b.device, b.bytes());
+      held.push_back({b.device, b.bytes(), h});
       if (read) {
         if (!synced) after.synchronize(), synced = true;
-        LOOM_CUDA_CHECK(cudaMemcpy(h, b.data, b.bytes(), cudaMemcpyDeviceToHost));
+        cuda_api(b.device).memcpy(h, b.data, b.bytes());
       }
-      if (write) back.push_back({b.data, h, b.bytes()});
+      if (write) back.push_back({b.device, b.data, h, b.bytes()});
       return Buf(h, b.count, b.dtype, DeviceKind::cpu);
-#else
-      (void)read, (void)write;
-      fail("group '{}': a CUDA buffer in a build without CUDA", g.name_);
-#endif
     }
     Buf input(Buf b) {
       return host_of(b, true, false);
@@ -254,29 +249,24 @@ class MpiGroup final : public ProcessGroup {
     }
   };
 
-#if LOOM_HAVE_CUDA
-  void* pinned_take(size_t bytes) {
+  void* pinned_take(DeviceKind kind, size_t bytes) {
     std::lock_guard lk(pinned_mu_);
-    auto it = pinned_.find(bytes);
+    auto it = pinned_.find({kind, bytes});
     if (it != pinned_.end()) {
       void* p = it->second;
       pinned_.erase(it);
       return p;
     }
-    void* p = nullptr;
-    LOOM_CUDA_CHECK(cudaMallocHost(&p, bytes));
-    return p;
+    return cuda_api(kind).malloc_host(bytes);
   }
-  void pinned_give(size_t bytes, void* p) {
+  void pinned_give(DeviceKind kind, size_t bytes, void* p) {
     std::lock_guard lk(pinned_mu_);
-    pinned_.emplace(bytes, p);
+    pinned_.emplace(std::make_pair(kind, bytes), p);
   }
-#endif
 
   Work issue(CommOp kind, Staging staging, std::function<void(MPI_Request*)> start) {
     auto st = std::make_shared<Work::State>();
     if (!staging.held.empty()) {
-#if LOOM_HAVE_CUDA
       // Landing: wait for the op on the host, then copy the results up (once).
       auto staged = std::make_shared<Staging>(std::move(staging));
       auto landed = std::make_shared<bool>(false);
@@ -288,8 +278,8 @@ class MpiGroup final : public ProcessGroup {
           if (raw->error) std::rethrow_exception(raw->error);
         }
         if (*landed) return;
-        for (auto& b : staged->back) LOOM_CUDA_CHECK(cudaMemcpy(b.device, b.host, b.bytes, cudaMemcpyHostToDevice));
-        for (auto& [bytes, p] : staged->held) pinned_give(bytes, p);
+        for (auto& b : staged->back) cuda_api(b.kind).memcpy(b.device, b.host, b.bytes);
+        for (auto& h : staged->held) pinned_give(h.kind, h.bytes, h.p);
         staged->held.clear();
         *landed = true;
       };
@@ -297,7 +287,6 @@ class MpiGroup final : public ProcessGroup {
         std::lock_guard lk(raw->mu);
         return raw->done;
       };
-#endif
     }
     {
       std::lock_guard lk(mu_);
@@ -407,10 +396,8 @@ class MpiGroup final : public ProcessGroup {
   std::deque<Op> queue_;
   bool stop_ = false;
   MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
-#if LOOM_HAVE_CUDA
   std::mutex pinned_mu_;
-  std::multimap<size_t, void*> pinned_;  // pinned staging blocks, reused by size
-#endif
+  std::multimap<std::pair<DeviceKind, size_t>, void*> pinned_;  // pinned staging blocks, reused by size
 };
 
 }  // namespace
