@@ -336,6 +336,8 @@ StepMetrics Trainer::step(int64_t step) {
   }
   const CommCounters dp0 = p.dp().counters(), tp0 = p.tp().counters();
   StepMetrics m;
+  const bool emulated = p.alloc->device() == DeviceKind::cuda_emulated;
+  const uint64_t syncs0 = emulated ? cuda_emulated_host_syncs() : 0;
   StepClock& clock = *p.clock;
   const Clock::time_point wall = Clock::now();  // step_ms: the host's clock, apart from the marks
   clock.begin(Phase::compute);
@@ -361,6 +363,7 @@ StepMetrics Trainer::step(int64_t step) {
     const int64_t at = int64_t(p.chunk->num_params() / 2);
     if (flip) tensor_bit_flip(*p.backend, p.chunk->params_tensor(), at);
     p.micro_batches(step, true, poison);
+    if (emulated) m.host_syncs_compute = int64_t(cuda_emulated_host_syncs() - syncs0);
     if (flip) tensor_bit_flip(*p.backend, p.chunk->params_tensor(), at);
   }
   const AdamWHyper hyper{lr_at(p.cfg.train, step), p.cfg.train.beta1, p.cfg.train.beta2, p.cfg.train.eps,
@@ -395,6 +398,7 @@ StepMetrics Trainer::step(int64_t step) {
     p.ckpt->save(s1, *p.dpar);
   }
   const StepTimes t = clock.end();
+  if (emulated) m.host_syncs = int64_t(cuda_emulated_host_syncs() - syncs0);
   // A commit between the last step and this one (the manifest, pruning) is this step's loss too.
   const double commit_ms = p.ckpt ? p.ckpt->take_commit_ms() : 0.0;
   m.step_ms = ms_since(wall) + commit_ms;

@@ -42,6 +42,8 @@ std::string fault_fields(const StepMetrics& m) {
   if (!m.skipped.empty()) out += fmt::format(",\"skipped\":\"{}\"", m.skipped);
   if (!m.stragglers.empty()) out += ",\"stragglers\":" + ranks_json(m.stragglers);
   if (!m.sdc_ranks.empty()) out += ",\"sdc_ranks\":" + ranks_json(m.sdc_ranks);
+  if (m.host_syncs >= 0)
+    out += fmt::format(",\"host_syncs\":{{\"compute\":{},\"step\":{}}}", m.host_syncs_compute, m.host_syncs);
   if (!m.moe.empty()) {
     out += fmt::format(",\"aux_loss\":{},\"moe\":[", num(m.aux_loss));
     for (size_t i = 0; i < m.moe.size(); ++i)

@@ -37,6 +37,9 @@ struct StepMetrics {
   };
   double aux_loss = 0;
   std::vector<MoeLayer> moe;
+  // The emulated device only (-1 elsewhere): host synchronizations with the device during the
+  // forward and backward of the step's micro-batches, and during the whole step.
+  int64_t host_syncs_compute = -1, host_syncs = -1;
 };
 
 class MetricsWriter {

@@ -1,5 +1,6 @@
-// The cuBLASLt GEMMs against the CPU's OpenBLAS GEMM: on a GPU only (the emulation has no
-// cuBLASLt yet). Skips, saying so, where no GPU is visible.
+// The cuBLASLt GEMMs against the CPU's OpenBLAS GEMM: on a GPU (skipping, saying so, where
+// none is visible) and on the emulated cuBLASLt (kernels/emu/cublaslt.cpp), whose checks the
+// wrappers' descriptors must pass as the real library's.
 #include <gtest/gtest.h>
 
 #include "kernels/ops.h"

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# train.device = "cuda-emulated": the CUDA backend, its kernels, cuBLASLt calls, streams and
+# staging on the CPU emulation, against the CPU's bf16 run and against itself.
+#   single: gpt2 and llama (GQA 2:1) and llama MoE against the CPU bf16 run (losses, step-1
+#           norm, every tensor's step-1 gradient, weights, within bf16's tolerances); each
+#           recompute policy bitwise against none; the host synchronizations per step.
+#   layouts LAUNCHER: dp 2, dp 2 + ZeRO-3, tp 2 + sp and pp 2 over the MPI group's staged path,
+#           against the single-rank emulated run.
+#   cuda_emulated.sh LOOM COMPARE single|layouts ["LAUNCHER -np"]
+set -euo pipefail
+loom=$1 compare=$2 mode=$3 launch=${4:-}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# Head dim 32 (the CUDA attention takes 32, 64, 128); 4 steps of 4 x 32 tokens.
+gpt2=(--set model.arch=gpt2 --set model.n_layer=2 --set model.d_model=64 --set model.n_head=2)
+llama=(--set model.arch=llama --set model.n_layer=2 --set model.d_model=128 --set model.n_head=4
+       --set model.n_kv_head=2 --set model.d_ff=256)
+common=(--set model.vocab_size=96 --set model.seq_len=32 --set train.global_batch=4 --set train.micro_batch=2
+        --set train.steps=4 --set train.lr=3e-3 --set train.warmup_steps=1 --set train.threads=1
+        --set train.dtype=bf16 --set data.val_batches=0)
+bf16_tol=(--loss-rtol 2e-3 --norm-rtol 5e-3 --weight-atol 5e-2 --min-steps 4)
+exact=(--loss-rtol 0 --norm-rtol 0 --weight-atol 0 --min-steps 4)
+run() {  # NAME [LAUNCHER NP] ARGS...: one training run into $dir/NAME
+  local name=$1
+  shift
+  local pre=()
+  if [ "${1:-}" = "-np" ]; then pre=($launch "$2"); shift 2; fi
+  "${pre[@]}" "$loom" train "${common[@]}" "$@" --set log.dir="$dir/$name" \
+    --set export.final="$dir/$name/final.safetensors" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
+}
+syncs() {  # RUN FIELD: the host synchronizations of its last step
+  python3 -c 'import json,sys; l=[json.loads(x) for x in open(sys.argv[1]) if "\"host_syncs\"" in x]; print(l[-1]["host_syncs"][sys.argv[2]])' \
+    "$dir/$1/metrics.jsonl" "$2"
+}
+
+if [ "$mode" = single ]; then
+  for arch in gpt2 llama moe; do
+    case $arch in
+      gpt2) model=("${gpt2[@]}") ;;
+      llama) model=("${llama[@]}") ;;
+      moe) model=("${llama[@]}" --set model.moe.num_experts=4 --set model.moe.top_k=2) ;;
+    esac
+    run "${arch}_cpu" "${model[@]}" --set train.device=cpu --set log.grad_norms=true
+    run "${arch}_emu" "${model[@]}" --set train.device=cuda-emulated --set log.grad_norms=true
+    grep -q "memory ledger per rank (MiB, cuda-emulated)" "$dir/${arch}_emu.log" ||
+      { echo "FAIL: $arch did not train on the emulated device"; cat "$dir/${arch}_emu.log"; exit 1; }
+    echo "$arch: cuda-emulated against the CPU bf16 run"
+    "$compare" "$dir/${arch}_emu" "$dir/${arch}_cpu" "${bf16_tol[@]}"
+    "$compare" --grad-norms "$dir/${arch}_emu" "$dir/${arch}_cpu" 5e-2
+  done
+  for policy in selective full; do
+    run "gpt2_emu_$policy" "${gpt2[@]}" --set train.device=cuda-emulated --set train.recompute=$policy
+    echo "gpt2: recompute $policy bitwise against none"
+    "$compare" "$dir/gpt2_emu_$policy" "$dir/gpt2_emu" "${exact[@]}"
+    "$compare" --weights-equal "$dir/gpt2_emu_$policy/final.safetensors" "$dir/gpt2_emu/final.safetensors"
+  done
+  # Host synchronizations inside the forward and backward of a dense step: one per micro-batch
+  # (the staging slot's upload event, stage_inputs); MoE layers add their host-planned
+  # permutation's.
+  dense=$(syncs gpt2_emu compute) moe=$(syncs moe_emu compute)
+  echo "host synchronizations in a step's micro-batches: dense $dense, MoE $moe (2 micro-batches)"
+  [ "$dense" = 2 ] || { echo "FAIL: a dense step's micro-batches synchronized $dense times, not 2"; exit 1; }
+  [ "$moe" -gt "$dense" ] || { echo "FAIL: the MoE step counted no synchronizations of its own"; exit 1; }
+  # What the emulated device refuses.
+  if "$loom" train "${common[@]}" "${gpt2[@]}" --set train.device=cuda-emulated --set train.dtype=f32 \
+    --set train.steps=1 > "$dir/f32.log" 2>&1; then echo "FAIL: f32 accepted"; exit 1; fi
+  grep -q 'the GPU path computes in bf16' "$dir/f32.log" || { cat "$dir/f32.log"; exit 1; }
+  if "$loom" train "${common[@]}" "${gpt2[@]}" --set train.device=cuda-emulated --set parallel.comm=nccl \
+    --set train.steps=1 > "$dir/nccl.log" 2>&1; then echo "FAIL: nccl accepted"; exit 1; fi
+  grep -q 'parallel.comm = "nccl" needs GPUs' "$dir/nccl.log" || { cat "$dir/nccl.log"; exit 1; }
+else
+  run ref "${llama[@]}" --set train.device=cuda-emulated
+  for layout in dp2 dp2_zero3 tp2_sp pp2; do
+    case $layout in
+      dp2) args=(--set parallel.dp=2 --set train.micro_batch=1) ;;
+      dp2_zero3) args=(--set parallel.dp=2 --set parallel.zero=3 --set train.micro_batch=1) ;;
+      tp2_sp) args=(--set parallel.tp=2 --set parallel.sp=true) ;;
+      pp2) args=(--set parallel.pp=2 --set train.micro_batch=1) ;;
+    esac
+    run "$layout" -np 2 "${llama[@]}" --set train.device=cuda-emulated "${args[@]}"
+    grep -q "cuda-emulated" "$dir/$layout.log" || { cat "$dir/$layout.log"; exit 1; }
+    echo "$layout: cuda-emulated against its single rank"
+    "$compare" "$dir/$layout" "$dir/ref" "${bf16_tol[@]}"
+  done
+fi
+echo ok
