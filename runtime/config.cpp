@@ -57,7 +57,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train.eps", &t.eps, "AdamW epsilon"},
       {"train.grad_clip", &t.grad_clip, "clip the global gradient norm to this (0: off)"},
       {"train.seed", &t.seed, "weights' seed"},
-      {"train.device", &t.device, "auto | cpu | cuda"},
+      {"train.device", &t.device, "auto | cpu | cuda | cuda-emulated (the CUDA backend on the CPU emulation)"},
       {"train.dtype", &t.dtype, "auto | f32 | bf16 (auto: f32 on the CPU, bf16 on CUDA)"},
       {"train.recompute", &t.recompute, "none | selective | full (activation recompute)"},
       {"train.threads", &t.threads, "threads per rank (0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores / ranks)"},
