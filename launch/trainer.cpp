@@ -91,9 +91,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   mo.trace = &p.trace;
   mo.flight_dir = cfg.log.dir;
   mo.nccl_emulated = cfg.parallel.comm == "nccl-emulated";
-  LOOM_CHECK(!mo.nccl_emulated || p.device == "cpu",
-             "parallel.comm = \"nccl-emulated\" carries host buffers: it needs train.device = \"cpu\" (it is \"{}\"); "
-             "on a GPU use parallel.comm = \"nccl\"",
+  LOOM_CHECK(!mo.nccl_emulated || p.device == "cpu" || p.device == "cuda-emulated",
+             "parallel.comm = \"nccl-emulated\" carries host buffers: it needs train.device = \"cpu\" or "
+             "\"cuda-emulated\" (it is \"{}\"); on a GPU use parallel.comm = \"nccl\"",
              p.device);
   LOOM_CHECK(p.device != "cuda-emulated" || cfg.parallel.comm != "nccl",
              "parallel.comm = \"nccl\" needs GPUs, and train.device = \"cuda-emulated\" has none; use "

@@ -113,12 +113,14 @@ class NcclEmuGroup final : public ProcessGroup {
     MPI_Comm_free(&comm_);
   }
   const char* backend() const override { return "nccl-emulated"; }
-  bool carries(DeviceKind d) const override { return d == DeviceKind::cpu; }
+  // The emulated CUDA device's memory is host memory: its buffers are staged as host ones,
+  // once the stream that produced them (`after`) has run.
+  bool carries(DeviceKind d) const override { return d == DeviceKind::cpu || d == DeviceKind::cuda_emulated; }
 
-  Work all_reduce(Buf b, ReduceOp op, const Stream&) override {
+  Work all_reduce(Buf b, ReduceOp op, const Stream& after) override {
     count(CommOp::all_reduce, b.bytes());
     auto o = make_op(CommOp::all_reduce);
-    void* p = stage(*o, b, true, true);
+    void* p = stage(*o, after, b, true, true);
     const int n = mpi_count(b.count);
     const MPI_Datatype t = mpi_type(b.dtype);
     const MPI_Op m = b.dtype == DType::bf16 ? (op == ReduceOp::sum ? bf16_sum_ : bf16_max_)
@@ -127,13 +129,13 @@ class NcclEmuGroup final : public ProcessGroup {
     return collective(o, {int(CommOp::all_reduce), int(b.dtype), -1, int(op), b.count, 0},
                       [=](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, p, n, t, m, c, r); });
   }
-  Work reduce_scatter(Buf in, Buf out, const Stream&) override {
+  Work reduce_scatter(Buf in, Buf out, const Stream& after) override {
     LOOM_CHECK(in.count == out.count * size_, "reduce_scatter on '{}': input has {} elements, not {} x {}", name_,
                in.count, size_, out.count);
     count(CommOp::reduce_scatter, in.bytes());
     auto o = make_op(CommOp::reduce_scatter);
-    void* pi = stage(*o, in, true, false, !overlaps(in, out));
-    void* po = stage(*o, out, false, true);
+    void* pi = stage(*o, after, in, true, false, !overlaps(in, out));
+    void* po = stage(*o, after, out, false, true);
     const int n = mpi_count(out.count);
     const MPI_Datatype t = mpi_type(in.dtype);
     const MPI_Op m = in.dtype == DType::bf16 ? bf16_sum_ : MPI_SUM;
@@ -141,24 +143,24 @@ class NcclEmuGroup final : public ProcessGroup {
     return collective(o, {int(CommOp::reduce_scatter), int(in.dtype), -1, 0, out.count, 0},
                       [=](MPI_Request* r) { return MPI_Ireduce_scatter_block(pi, po, n, t, m, c, r); });
   }
-  Work all_gather(Buf in, Buf out, const Stream&) override {
+  Work all_gather(Buf in, Buf out, const Stream& after) override {
     LOOM_CHECK(out.count == in.count * size_, "all_gather on '{}': output has {} elements, not {} x {}", name_,
                out.count, size_, in.count);
     count(CommOp::all_gather, out.bytes());
     auto o = make_op(CommOp::all_gather);
-    void* pi = stage(*o, in, true, false, !overlaps(in, out));
-    void* po = stage(*o, out, false, true);
+    void* pi = stage(*o, after, in, true, false, !overlaps(in, out));
+    void* po = stage(*o, after, out, false, true);
     const int n = mpi_count(in.count);
     const MPI_Datatype t = mpi_type(in.dtype);
     const MPI_Comm c = comm_;
     return collective(o, {int(CommOp::all_gather), int(in.dtype), -1, 0, in.count, 0},
                       [=](MPI_Request* r) { return MPI_Iallgather(pi, n, t, po, n, t, c, r); });
   }
-  Work broadcast(Buf b, int root, const Stream&) override {
+  Work broadcast(Buf b, int root, const Stream& after) override {
     count(CommOp::broadcast, b.bytes());
     auto o = make_op(CommOp::broadcast);
     // The root's buffer is only read (NCCL's in-place broadcast): it keeps its values.
-    void* p = stage(*o, b, true, rank_ != root, rank_ == root);
+    void* p = stage(*o, after, b, true, rank_ != root, rank_ == root);
     const int n = mpi_count(b.count);
     const MPI_Datatype t = mpi_type(b.dtype);
     const MPI_Comm c = comm_;
@@ -168,7 +170,7 @@ class NcclEmuGroup final : public ProcessGroup {
   // NCCL's all-to-all is a group of sends and receives (zero counts skipped, as loom's NCCL
   // group does); this rank's own block is copied.
   Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc,
-                    const Stream&) override {
+                    const Stream& after) override {
     LOOM_CHECK(int(sc.size()) == size_ && int(rc.size()) == size_, "all_to_all_v on '{}' needs {} counts", name_,
                size_);
     LOOM_CHECK(sc[size_t(rank_)] == rc[size_t(rank_)],
@@ -181,8 +183,8 @@ class NcclEmuGroup final : public ProcessGroup {
                out.count);
     count(CommOp::all_to_all, size_t(sent) * dtype_size(in.dtype));
     auto o = make_op(CommOp::all_to_all);
-    char* pi = static_cast<char*>(stage(*o, in, true, false, !overlaps(in, out)));
-    char* po = static_cast<char*>(stage(*o, out, false, true));
+    char* pi = static_cast<char*>(stage(*o, after, in, true, false, !overlaps(in, out)));
+    char* po = static_cast<char*>(stage(*o, after, out, false, true));
     const size_t es = dtype_size(in.dtype);
     std::vector<EmuLaunch::P2p> e;
     int64_t so = 0, ro = 0;
@@ -198,18 +200,18 @@ class NcclEmuGroup final : public ProcessGroup {
     }
     return p2p(o, std::move(e));
   }
-  Work send(Buf b, int peer, int, const Stream&) override {
+  Work send(Buf b, int peer, int, const Stream& after) override {
     check_peer(CommOp::send, peer);
     count(CommOp::send, b.bytes(), peer);
     auto o = make_op(CommOp::send);
-    void* p = stage(*o, b, true, false);
+    void* p = stage(*o, after, b, true, false);
     return p2p(o, {{peer, true, ++sends_[size_t(peer)], p, b.count, b.dtype, o->seq}});
   }
-  Work recv(Buf b, int peer, int, const Stream&) override {
+  Work recv(Buf b, int peer, int, const Stream& after) override {
     check_peer(CommOp::recv, peer);
     count(CommOp::recv, b.bytes(), peer);
     auto o = make_op(CommOp::recv);
-    void* p = stage(*o, b, false, true);
+    void* p = stage(*o, after, b, false, true);
     return p2p(o, {{peer, false, ++recvs_[size_t(peer)], p, b.count, b.dtype, o->seq}});
   }
   Work barrier() override {
@@ -246,11 +248,15 @@ class NcclEmuGroup final : public ProcessGroup {
     o->seq = counters_.seq;
     return o;
   }
-  // Copies an input as of now (`read`); an output (`back`) is poisoned and lands later;
+  // Copies an input as of now (`read`: for a device buffer, once `after` has produced it); an
+  // output (`back`) is poisoned and lands later;
   // `check`: the caller's input must not change before the op lands.
-  void* stage(EmuOp& o, const Buf& b, bool read, bool back, bool check = true) {
-    LOOM_CHECK(b.count == 0 || b.device == DeviceKind::cpu,
-               "group '{}' (nccl-emulated) was handed a CUDA buffer; it carries host buffers", name_);
+  void* stage(EmuOp& o, const Stream& after, const Buf& b, bool read, bool back, bool check = true) {
+    LOOM_CHECK(b.count == 0 || carries(b.device),
+               "group '{}' (nccl-emulated) was handed a CUDA buffer; it carries host buffers and the emulated "
+               "device's",
+               name_);
+    if (b.count && b.device != DeviceKind::cpu) after.synchronize();
     o.bufs.push_back({b.data, std::vector<char>(b.bytes()), back, read && !back && check});
     EmuOp::Staged& s = o.bufs.back();
     if (read && b.count) std::memcpy(s.copy.data(), b.data, b.bytes());

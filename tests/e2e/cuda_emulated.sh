@@ -2,10 +2,12 @@
 # train.device = "cuda-emulated": the CUDA backend, its kernels, cuBLASLt calls, streams and
 # staging on the CPU emulation, against the CPU's bf16 run and against itself.
 #   single: gpt2 and llama (GQA 2:1) and llama MoE against the CPU bf16 run (losses, step-1
-#           norm, every tensor's step-1 gradient, weights, within bf16's tolerances); each
+#           norm, every tensor's step-1 gradient, weights, within bf16's tolerances), gpt2 against
+#           the CPU fp32 run too; each
 #           recompute policy bitwise against none; the host synchronizations per step.
-#   layouts LAUNCHER: dp 2, dp 2 + ZeRO-3, tp 2 + sp and pp 2 over the MPI group's staged path,
-#           against the single-rank emulated run.
+#   layouts LAUNCHER: dp 2, dp 2 + ZeRO-3, tp 2 + sp, pp 2 and MoE at ep 2 over the MPI group's
+#           staged path against the single-rank emulated run, then each over nccl-emulated
+#           groups, bitwise against the MPI run.
 #   cuda_emulated.sh LOOM COMPARE single|layouts ["LAUNCHER -np"]
 set -euo pipefail
 loom=$1 compare=$2 mode=$3 launch=${4:-}
@@ -48,6 +50,11 @@ if [ "$mode" = single ]; then
     "$compare" "$dir/${arch}_emu" "$dir/${arch}_cpu" "${bf16_tol[@]}"
     "$compare" --grad-norms "$dir/${arch}_emu" "$dir/${arch}_cpu" 5e-2
   done
+  # And against the CPU's fp32 run (bf16 against fp32: a rounding of 2^-9 per step of every sum).
+  run gpt2_cpu_f32 "${gpt2[@]}" --set train.device=cpu --set train.dtype=f32 --set log.grad_norms=true
+  echo "gpt2: cuda-emulated against the CPU fp32 run"
+  "$compare" "$dir/gpt2_emu" "$dir/gpt2_cpu_f32" --loss-rtol 5e-3 --norm-rtol 2e-2 --weight-atol 5e-2 --min-steps 4
+  "$compare" --grad-norms "$dir/gpt2_emu" "$dir/gpt2_cpu_f32" 5e-2
   for policy in selective full; do
     run "gpt2_emu_$policy" "${gpt2[@]}" --set train.device=cuda-emulated --set train.recompute=$policy
     echo "gpt2: recompute $policy bitwise against none"
@@ -70,17 +77,27 @@ if [ "$mode" = single ]; then
   grep -q 'parallel.comm = "nccl" needs GPUs' "$dir/nccl.log" || { cat "$dir/nccl.log"; exit 1; }
 else
   run ref "${llama[@]}" --set train.device=cuda-emulated
-  for layout in dp2 dp2_zero3 tp2_sp pp2; do
+  moe=(--set model.moe.num_experts=4 --set model.moe.top_k=2)
+  run ref_moe "${llama[@]}" "${moe[@]}" --set train.device=cuda-emulated --set train.micro_batch=1
+  for layout in dp2 dp2_zero3 tp2_sp pp2 moe_ep2; do
+    ref=ref
     case $layout in
       dp2) args=(--set parallel.dp=2 --set train.micro_batch=1) ;;
       dp2_zero3) args=(--set parallel.dp=2 --set parallel.zero=3 --set train.micro_batch=1) ;;
       tp2_sp) args=(--set parallel.tp=2 --set parallel.sp=true) ;;
       pp2) args=(--set parallel.pp=2 --set train.micro_batch=1) ;;
+      moe_ep2) args=("${moe[@]}" --set parallel.dp=2 --set parallel.ep=2 --set train.micro_batch=1) ref=ref_moe ;;
     esac
     run "$layout" -np 2 "${llama[@]}" --set train.device=cuda-emulated "${args[@]}"
     grep -q "cuda-emulated" "$dir/$layout.log" || { cat "$dir/$layout.log"; exit 1; }
     echo "$layout: cuda-emulated against its single rank"
-    "$compare" "$dir/$layout" "$dir/ref" "${bf16_tol[@]}"
+    "$compare" "$dir/$layout" "$dir/$ref" "${bf16_tol[@]}"
+    # The same layout's groups under NCCL's rules (parallel.comm = "nccl-emulated"): bitwise.
+    run "${layout}_nccl" -np 2 "${llama[@]}" --set train.device=cuda-emulated "${args[@]}" \
+      --set parallel.comm=nccl-emulated
+    grep -q "over NCCL (emulated)" "$dir/${layout}_nccl.log" || { cat "$dir/${layout}_nccl.log"; exit 1; }
+    echo "$layout: over nccl-emulated against over MPI"
+    "$compare" "$dir/${layout}_nccl" "$dir/$layout" "${exact[@]}"
   done
 fi
 echo ok
