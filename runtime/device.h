@@ -74,7 +74,7 @@ class HostBuffer {
 
 // Streams of a CUDA device (cuda, or the emulated one) for their owners (non-blocking with
 // respect to the legacy stream). A real CUDA stream in a build without CUDA fails with a message.
-Stream cuda_stream_create(DeviceKind kind = DeviceKind::cuda);
+Stream cuda_stream_create(DeviceKind kind);
 void cuda_stream_destroy(Stream& s);
 
 }  // namespace loom

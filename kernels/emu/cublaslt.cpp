@@ -3,10 +3,12 @@
 // runs in its stream's order: the bf16 operands widened to fp32, multiplied by OpenBLAS (fp32
 // accumulation, as cuBLASLt's CUBLAS_COMPUTE_32F), then alpha, beta C, the bias and GELU epilogues
 // and the rounding to D's type, per element. What it rejects, each with a message on stderr naming
-// the rule: a compute type other than fp32; A and B other than bf16; C and D of different types;
+// the rule (a few are loom's own, as gemm_plan's: nothing here asks for them): a compute type
+// other than fp32; A and B other than bf16; C and D of different types;
 // layouts that do not hold op(A) m x k, op(B) k x n and D m x n, or leading dimensions shorter
 // than a column; an epilogue other than DEFAULT with an fp32 D; a bias or aux epilogue without
-// its pointer; a GELU aux whose leading dimension is below m or no multiple of 8; an alignment
+// its pointer; a GELU aux whose leading dimension is below m or no multiple of 8; an epilogue
+// it does not compute (only DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS and DGELU); an alignment
 // preference below the element size; and, in cublasLtMatmul, any operand whose address is less
 // aligned than the preferences the heuristic chose its algorithm for (256 bytes unless set),
 // which on a GPU is a kernel reading vectors past what the pointer allows.
@@ -70,6 +72,8 @@ std::string dims(const cublasLtMatrixLayoutOpaque_t& l) {
 cublasStatus_t problem_check(const cublasLtMatmulDescOpaque_t& op, const cublasLtMatrixLayoutOpaque_t& a,
                              const cublasLtMatrixLayoutOpaque_t& b, const cublasLtMatrixLayoutOpaque_t& c,
                              const cublasLtMatrixLayoutOpaque_t& d) {
+  if (op.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !has_bias(op.epilogue) && !has_aux(op.epilogue))
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "an epilogue the emulation does not compute");
   if (a.type != CUDA_R_16BF || b.type != CUDA_R_16BF)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A and B must be bf16 with fp32 compute");
   if (c.type != d.type || c.rows != d.rows || c.cols != d.cols || c.ld != d.ld)
@@ -283,9 +287,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   if (workspace_bytes > 0 && !workspace) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a null workspace");
   if (has_bias(op->epilogue) && !op->bias) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a bias epilogue without a bias");
   if (has_aux(op->epilogue) && !op->aux) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a GELU epilogue without its aux");
+  if (launch_recorder()) return CUBLAS_STATUS_SUCCESS;  // walking shapes: nothing runs
   const float a = *static_cast<const float*>(alpha), bt = *static_cast<const float*>(beta);
   const cublasLtMatmulDescOpaque_t o = *op;  // descriptors may go once the call returns
   const cublasLtMatrixLayoutOpaque_t lA = *la, lB = *lb, lD = *ld;
+  auto writes = std::make_shared<PendingWrites>();
+  if (stream) writes->add(D, "cublasLtMatmul");
+  if (stream && (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS))
+    writes->add(o.aux, "cublasLtMatmul");
   stream_enqueue(stream, [=] {
     const int m = int(lD.rows), n = int(lD.cols);
     const int k = int(o.trans_a == CUBLAS_OP_T ? lA.rows : lA.cols);
@@ -315,6 +324,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
           static_cast<uint16_t*>(D)[at] = float_bf16(x);
       }
     ++n_matmuls;
+    writes->done();
   });
   return CUBLAS_STATUS_SUCCESS;
 }

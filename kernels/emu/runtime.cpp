@@ -58,24 +58,45 @@ const char* cudaGetErrorString(cudaError_t e) {
   return "unknown error";
 }
 
-cudaError_t cudaMalloc(void** p, size_t bytes) {
+namespace {
+cudaError_t poisoned_alloc(void** p, size_t bytes, const char* call) {
   *p = nullptr;
   if (posix_memalign(p, 256, bytes ? bytes : 1) != 0) {
-    emu::set_last_error(cudaErrorMemoryAllocation, "cudaMalloc of " + std::to_string(bytes) + " bytes failed");
+    emu::set_last_error(cudaErrorMemoryAllocation, std::string(call) + " of " + std::to_string(bytes) + " bytes failed");
     return cudaErrorMemoryAllocation;
   }
   std::memset(*p, 0xff, bytes);  // NaN in fp32 and bf16 until something is written
   return cudaSuccess;
 }
+}  // namespace
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  const cudaError_t e = poisoned_alloc(p, bytes, "cudaMalloc");
+  if (e == cudaSuccess) emu::allocation_add(*p, bytes);
+  return e;
+}
 // As a device's, cudaFree waits for the device's queued work first (it may still use p).
 cudaError_t cudaFree(void* p) {
   const cudaError_t e = emu::drain_all();
+  if (p) emu::allocation_remove(p);
   std::free(p);
   return e;
 }
+// Synchronous with respect to the host only: as on a device, it does not wait for work queued on
+// created (non-blocking) streams, so reading memory such work is still to write is an error.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  if (kind != cudaMemcpyHostToHost && kind != cudaMemcpyHostToDevice) emu::count_host_sync();
-  if (bytes) std::memmove(dst, src, bytes);
+  if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice ||
+      (kind == cudaMemcpyDefault && emu::is_device_memory(src)))
+    emu::count_host_sync();
+  if (bytes) {
+    if (const std::string w = emu::pending_writer(src); !w.empty()) {
+      emu::set_last_error(cudaErrorInvalidValue,
+                          "cudaMemcpy reads device memory that queued work (" + w +
+                              ") is still to write: synchronize with the stream that produces it first");
+      return cudaErrorInvalidValue;
+    }
+    std::memmove(dst, src, bytes);
+  }
   return emu::device_fault();
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
@@ -103,11 +124,12 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
 }
 // Page-locked memory is host memory here, poisoned like device memory until written.
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
-  return cudaMalloc(p, bytes);
+  return poisoned_alloc(p, bytes, "cudaMallocHost");
 }
 cudaError_t cudaFreeHost(void* p) {
+  const cudaError_t e = emu::drain_all();  // as cudaFree: queued copies may still use it
   std::free(p);
-  return cudaSuccess;
+  return e;
 }
 
 cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -124,6 +125,27 @@ void launch_blocks(const LaunchConfig& cfg, void (*thread)(void*), void* ctx);
 // Runs `work` in the order of stream s: at once on the legacy stream (nullptr), else on s's
 // worker after everything issued to s before it.
 void stream_enqueue(cudaStream_t s, std::function<void()> work);
+
+// Device allocations that queued work will write (a kernel's non-const pointer arguments, an
+// async copy's or memset's destination, a GEMM's D). A synchronous copy that reads one before
+// that work ran is an error naming the writer, where a device would hand the host stale bytes:
+// the host read it without a synchronization that covers its producer.
+void allocation_add(void* p, size_t bytes);
+void allocation_remove(void* p);
+class PendingWrites {
+ public:
+  PendingWrites() = default;
+  PendingWrites(const PendingWrites&) = delete;
+  PendingWrites& operator=(const PendingWrites&) = delete;
+  ~PendingWrites() { done(); }
+  void add(const void* p, const char* writer);  // p's allocation, if p is device memory
+  void done();                                  // the work ran
+ private:
+  std::vector<uintptr_t> allocs_;
+};
+bool is_device_memory(const void* p);  // inside a live cudaMalloc allocation
+// The writer of queued work still to write the allocation holding p ("" if none).
+std::string pending_writer(const void* p);
 // Host synchronizations since the process started (stream, event, device, synchronous copies).
 uint64_t host_syncs();
 
@@ -133,6 +155,10 @@ template <class... P>
 struct Launcher {
   void (*kernel)(P...);
   LaunchConfig cfg;
+  template <class T>
+  void note_write(PendingWrites& w, const T& arg) const {
+    if constexpr (std::is_pointer_v<T> && !std::is_const_v<std::remove_pointer_t<T>>) w.add(arg, cfg.name);
+  }
   template <class... A>
   void operator()(A&&... a) const {
     struct Call {
@@ -142,7 +168,13 @@ struct Launcher {
     if (!launch_check(cfg)) return;
     auto call = std::make_shared<Call>(Call{kernel, std::tuple<P...>(std::forward<A>(a)...)});
     void (*body)(void*) = [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args); };
-    stream_enqueue(cfg.stream, [cfg = cfg, call, body] { launch_blocks(cfg, body, call.get()); });
+    if (!cfg.stream) return launch_blocks(cfg, body, call.get());
+    auto writes = std::make_shared<PendingWrites>();
+    std::apply([&](const auto&... arg) { (note_write(*writes, arg), ...); }, call->args);
+    stream_enqueue(cfg.stream, [cfg = cfg, call, body, writes] {
+      launch_blocks(cfg, body, call.get());
+      writes->done();
+    });
   }
 };
 template <class... P>

@@ -3,12 +3,14 @@
 // asynchronously to it as on a GPU, and a result read without a synchronization that covers its
 // producer is read while (or before) it is being written. An event record is a marker in its
 // stream's queue; cudaStreamWaitEvent queues a wait for the marker recorded last before it;
-// synchronizations wait for markers or for an empty queue. The first failure of queued work
-// (a kernel fault, a GEMM the emulated cuBLASLt rejects) becomes the device's sticky error.
+// synchronizations wait for markers or for an empty queue. The first failure of queued work (a
+// kernel fault) becomes the device's sticky error, and queued work after it is skipped (markers
+// and waits still pass, so synchronizations return the error instead of hanging).
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <map>
 #include <set>
 #include <thread>
 #include <atomic>
@@ -19,9 +21,13 @@
 
 namespace loom::emu::rt {
 struct CUstream_st {
+  struct Item {
+    std::function<void()> work;
+    bool control;  // an event's marker or wait: runs after a fault too
+  };
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::function<void()>> queue;
+  std::deque<Item> queue;
   bool busy = false, stop = false;
   std::thread worker;
 };
@@ -31,13 +37,24 @@ namespace loom::emu {
 
 namespace {
 
-struct EventState {
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t recorded = 0, completed = 0;  // markers issued and passed
+// One record of an event: a point in one stream's queue, passed or not.
+struct Marker {
+  bool passed = false;
   std::chrono::steady_clock::time_point at{};
+};
+// An event is its latest record (a re-record starts a new marker; waits issued before it keep
+// the old one, as a device's do). One mutex and condition for every marker: they are few.
+std::mutex markers_mu;
+std::condition_variable markers_cv;
+struct EventState {
+  std::shared_ptr<Marker> latest;  // nullptr until recorded
   bool timing = true;
 };
+void marker_wait(const std::shared_ptr<Marker>& m) {
+  if (!m) return;
+  std::unique_lock lk(markers_mu);
+  markers_cv.wait(lk, [&] { return m->passed; });
+}
 
 std::mutex fault_mu;
 cudaError_t fault_code = cudaSuccess;
@@ -45,9 +62,10 @@ std::string fault_text;
 std::atomic<uint64_t> n_host_syncs{0};
 
 std::mutex streams_mu;
+// Never destroyed: workers may still run while the process exits.
 std::set<CUstream_st*>& streams() {
-  static std::set<CUstream_st*> s;
-  return s;
+  static auto* s = new std::set<CUstream_st*>;
+  return *s;
 }
 
 void fault_set(cudaError_t e, const std::string& message) {
@@ -69,21 +87,24 @@ void run_work(const std::function<void()>& work) {
 
 void worker_loop(CUstream_st* s) {
   for (;;) {
-    std::function<void()> work;
+    CUstream_st::Item item;
     {
       std::unique_lock lk(s->mu);
       s->cv.wait(lk, [&] { return s->stop || !s->queue.empty(); });
       if (s->queue.empty()) return;  // stopping, and nothing left
-      work = std::move(s->queue.front());
+      item = std::move(s->queue.front());
       s->queue.pop_front();
       s->busy = true;
     }
-    // A kernel's last error on this thread is a fault of the queued work.
-    run_work([&] {
-      work();
-      const cudaError_t e = cudaPeekAtLastError();
-      if (e != cudaSuccess && e != device_fault()) fault_set(e, cudaGetErrorString(e));
-    });
+    // A kernel's last error on this thread is a fault of the queued work; after a fault, only
+    // markers and waits run (a device stops at the fault).
+    if (item.control || device_fault() == cudaSuccess)
+      run_work([&] {
+        item.work();
+        const cudaError_t e = cudaPeekAtLastError();
+        if (e != cudaSuccess && e != device_fault()) fault_set(e, cudaGetErrorString(e));
+      });
+    item.work = nullptr;  // what it holds (pending writes, launch arguments) goes now
     {
       std::lock_guard lk(s->mu);
       s->busy = false;
@@ -106,7 +127,61 @@ EventState* state_of(cudaEvent_t e) {
   return reinterpret_cast<EventHandle*>(e)->state.get();
 }
 
+struct Allocation {
+  size_t bytes;
+  int pending = 0;     // queued items that will write it
+  std::string writer;  // the latest of them
+};
+std::mutex allocs_mu;
+std::map<uintptr_t, Allocation>& allocations() {
+  static auto* a = new std::map<uintptr_t, Allocation>;  // never destroyed, as streams()
+  return *a;
+}
+// The allocation holding p (allocs_mu held), or end().
+std::map<uintptr_t, Allocation>::iterator allocation_of(const void* p) {
+  auto& all = allocations();
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  auto it = all.upper_bound(u);
+  if (it == all.begin()) return all.end();
+  --it;
+  return u < it->first + std::max<size_t>(it->second.bytes, 1) ? it : all.end();
+}
+
 }  // namespace
+
+void allocation_add(void* p, size_t bytes) {
+  std::lock_guard lk(allocs_mu);
+  allocations()[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes};
+}
+void allocation_remove(void* p) {
+  std::lock_guard lk(allocs_mu);
+  allocations().erase(reinterpret_cast<uintptr_t>(p));
+}
+void PendingWrites::add(const void* p, const char* writer) {
+  if (!p) return;
+  std::lock_guard lk(allocs_mu);
+  auto it = allocation_of(p);
+  if (it == allocations().end()) return;
+  ++it->second.pending;
+  it->second.writer = writer;
+  allocs_.push_back(it->first);
+}
+void PendingWrites::done() {
+  if (allocs_.empty()) return;
+  std::lock_guard lk(allocs_mu);
+  for (uintptr_t a : allocs_)
+    if (auto it = allocations().find(a); it != allocations().end()) --it->second.pending;
+  allocs_.clear();
+}
+bool is_device_memory(const void* p) {
+  std::lock_guard lk(allocs_mu);
+  return allocation_of(p) != allocations().end();
+}
+std::string pending_writer(const void* p) {
+  std::lock_guard lk(allocs_mu);
+  auto it = allocation_of(p);
+  return it != allocations().end() && it->second.pending > 0 ? it->second.writer : std::string();
+}
 
 cudaError_t device_fault() {
   std::lock_guard lk(fault_mu);
@@ -123,26 +198,29 @@ uint64_t host_syncs() {
   return n_host_syncs.load();
 }
 
+// Under streams_mu: no stream is destroyed while it is drained.
 cudaError_t drain_all() {
-  std::vector<CUstream_st*> all;
-  {
-    std::lock_guard lk(streams_mu);
-    all.assign(streams().begin(), streams().end());
-  }
-  for (CUstream_st* s : all) stream_drain(s);
+  std::lock_guard lk(streams_mu);
+  for (CUstream_st* s : streams()) stream_drain(s);
   return device_fault();
 }
 
-void stream_enqueue(cudaStream_t s, std::function<void()> work) {
+namespace {
+void enqueue(cudaStream_t s, std::function<void()> work, bool control) {
   if (!s) {
     work();
     return;
   }
   {
     std::lock_guard lk(s->mu);
-    s->queue.push_back(std::move(work));
+    s->queue.push_back({std::move(work), control});
   }
   s->cv.notify_all();
+}
+}  // namespace
+
+void stream_enqueue(cudaStream_t s, std::function<void()> work) {
+  enqueue(s, std::move(work), false);
 }
 
 }  // namespace loom::emu
@@ -191,11 +269,32 @@ cudaError_t cudaDeviceSynchronize() {
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
-  if (bytes) emu::stream_enqueue(s, [=] { std::memmove(dst, src, bytes); });
+  if (!bytes) return emu::device_fault();
+  if (!s) {  // the legacy stream: at once, but as blind to other streams' queued work as cudaMemcpy
+    if (const std::string w = emu::pending_writer(src); !w.empty()) {
+      emu::set_last_error(cudaErrorInvalidValue, "cudaMemcpyAsync on the legacy stream reads device memory that "
+                                                 "queued work (" + w + ") is still to write");
+      return cudaErrorInvalidValue;
+    }
+    std::memmove(dst, src, bytes);
+    return emu::device_fault();
+  }
+  auto writes = std::make_shared<emu::PendingWrites>();
+  writes->add(dst, "cudaMemcpyAsync");
+  emu::stream_enqueue(s, [=] {
+    std::memmove(dst, src, bytes);
+    writes->done();
+  });
   return emu::device_fault();
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
-  if (bytes) emu::stream_enqueue(s, [=] { std::memset(p, value, bytes); });
+  if (!bytes) return emu::device_fault();
+  auto writes = std::make_shared<emu::PendingWrites>();
+  if (s) writes->add(p, "cudaMemsetAsync");
+  emu::stream_enqueue(s, [=] {
+    std::memset(p, value, bytes);
+    writes->done();
+  });
   return emu::device_fault();
 }
 
@@ -210,62 +309,60 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (!e) return cudaErrorInvalidResourceHandle;
-  delete reinterpret_cast<EventHandle*>(e);
+  delete reinterpret_cast<EventHandle*>(e);  // queued markers hold their own
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return cudaErrorInvalidResourceHandle;
-  std::shared_ptr<EventState> st = reinterpret_cast<EventHandle*>(e)->state;
-  uint64_t marker;
+  auto m = std::make_shared<emu::Marker>();
   {
-    std::lock_guard lk(st->mu);
-    marker = ++st->recorded;
+    std::lock_guard lk(emu::markers_mu);
+    emu::state_of(e)->latest = m;
   }
-  emu::stream_enqueue(s, [st, marker] {
-    {
-      std::lock_guard lk(st->mu);
-      st->completed = std::max(st->completed, marker);
-      st->at = std::chrono::steady_clock::now();
-    }
-    st->cv.notify_all();
-  });
+  emu::enqueue(
+      s,
+      [m] {
+        {
+          std::lock_guard lk(emu::markers_mu);
+          m->passed = true;
+          m->at = std::chrono::steady_clock::now();
+        }
+        emu::markers_cv.notify_all();
+      },
+      true);
   return emu::device_fault();
 }
+namespace {
+std::shared_ptr<emu::Marker> latest_of(cudaEvent_t e) {
+  std::lock_guard lk(emu::markers_mu);
+  return emu::state_of(e)->latest;
+}
+}  // namespace
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return cudaErrorInvalidResourceHandle;
   emu::count_host_sync();
-  EventState* st = emu::state_of(e);
-  std::unique_lock lk(st->mu);
-  const uint64_t marker = st->recorded;
-  st->cv.wait(lk, [&] { return st->completed >= marker; });
+  emu::marker_wait(latest_of(e));
   return emu::device_fault();
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!e) return cudaErrorInvalidResourceHandle;
-  EventState* st = emu::state_of(e);
-  std::lock_guard lk(st->mu);
-  return st->completed >= st->recorded ? emu::device_fault() : cudaErrorNotReady;
+  const std::shared_ptr<emu::Marker> m = latest_of(e);
+  std::lock_guard lk(emu::markers_mu);
+  return !m || m->passed ? emu::device_fault() : cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   if (!e) return cudaErrorInvalidResourceHandle;
-  std::shared_ptr<EventState> st = reinterpret_cast<EventHandle*>(e)->state;
-  uint64_t marker;
-  {
-    std::lock_guard lk(st->mu);
-    marker = st->recorded;
-  }
-  emu::stream_enqueue(s, [st, marker] {
-    std::unique_lock lk(st->mu);
-    st->cv.wait(lk, [&] { return st->completed >= marker; });
-  });
+  std::shared_ptr<emu::Marker> m = latest_of(e);
+  if (!s) emu::count_host_sync();  // the legacy stream runs here: the host waits
+  emu::enqueue(s, [m] { emu::marker_wait(m); }, true);
   return emu::device_fault();
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   if (!a || !b) return cudaErrorInvalidResourceHandle;
-  EventState *x = emu::state_of(a), *y = emu::state_of(b);
-  std::scoped_lock lk(x->mu, y->mu);
-  if (!x->timing || !y->timing || x->recorded == 0 || y->recorded == 0) return cudaErrorInvalidResourceHandle;
-  if (x->completed < x->recorded || y->completed < y->recorded) return cudaErrorNotReady;
+  const std::shared_ptr<emu::Marker> x = latest_of(a), y = latest_of(b);
+  std::lock_guard lk(emu::markers_mu);
+  if (!emu::state_of(a)->timing || !emu::state_of(b)->timing || !x || !y) return cudaErrorInvalidResourceHandle;
+  if (!x->passed || !y->passed) return cudaErrorNotReady;
   *ms = float(std::chrono::duration<double, std::milli>(y->at - x->at).count());
   return cudaSuccess;
 }

@@ -121,7 +121,8 @@ TEST(EmulatedDevice, ABadLaunchFailsAtOnceOnTheHostAndQueuesNothing) {
 }
 
 // A fault in queued work is the device's from then on: every later synchronization and error
-// query reports it (in a child process: it would fail every later test here).
+// query reports it, and work queued after it does not run (in a child process: it would fail
+// every later test here).
 TEST(EmulatedDeviceDeathTest, AFaultInQueuedWorkIsSticky) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
@@ -130,15 +131,77 @@ TEST(EmulatedDeviceDeathTest, AFaultInQueuedWorkIsSticky) {
         cudaStreamCreate(&s);
         float* out;
         cudaMalloc(&out, 128 * 4);
+        float* later;
+        cudaMalloc(&later, 4);
+        cudaMemset(later, 0, 4);
         LOOM_LAUNCH(divergent_barrier_kernel, 1, 128, 0, s)(out);
+        cudaMemsetAsync(later, 0xff, 4, s);  // queued behind the fault: a device never runs it
         const cudaError_t first = cudaStreamSynchronize(s);
         const std::string said = cudaGetErrorString(first);
         const bool sticky = cudaStreamSynchronize(s) == first && cudaGetLastError() == first &&
                             cudaMemsetAsync(out, 0, 4, s) == first;
         std::fprintf(stderr, "%s\n", said.c_str());
-        std::exit(first == cudaErrorLaunchFailure && sticky && said.find("queued work failed") == 0 ? 0 : 1);
+        const bool skipped = *later == 0.0f;
+        std::exit(first == cudaErrorLaunchFailure && sticky && skipped && said.find("queued work failed") == 0 ? 0
+                                                                                                           : 1);
       },
       ::testing::ExitedWithCode(0), "barrier");
+}
+
+// A re-recorded event is a new point: a wait issued before the re-record still waits for the
+// first, although the second passed first.
+TEST(EmulatedDevice, AWaitKeepsTheRecordItWasIssuedAfter) {
+  cudaStream_t a, b, c;
+  for (cudaStream_t* s : {&a, &b, &c}) LOOM_CUDA_CHECK(cudaStreamCreate(s));
+  cudaEvent_t e;
+  LOOM_CUDA_CHECK(cudaEventCreate(&e));
+  float* v;
+  LOOM_CUDA_CHECK(cudaMalloc(&v, 4));
+  LOOM_CUDA_CHECK(cudaMemset(v, 0, 4));
+  Gate gate;
+  gate.hold(a);
+  LOOM_CUDA_CHECK(cudaEventRecord(e, a));  // behind the gate
+  LOOM_CUDA_CHECK(cudaStreamWaitEvent(c, e, 0));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(v, 0xff, 4, c));
+  LOOM_CUDA_CHECK(cudaEventRecord(e, b));  // passes at once
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(b));
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess) << "the event is its latest record";
+  std::this_thread::sleep_for(30ms);
+  EXPECT_EQ(loom::emu::pending_writer(v), "cudaMemsetAsync") << "c ran past its wait on the first record";
+  gate.release();
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(c));
+  EXPECT_TRUE(std::isnan(*v));
+  cudaFree(v);
+  cudaEventDestroy(e);
+  for (cudaStream_t s : {a, b, c}) cudaStreamDestroy(s);
+}
+
+// A synchronous copy does not wait for created streams: reading memory their queued work is
+// still to write is an error naming the writer (a device would hand over stale bytes).
+TEST(EmulatedDevice, AHostReadBeforeItsProducerRanIsAnError) {
+  cudaStream_t s;
+  LOOM_CUDA_CHECK(cudaStreamCreate(&s));
+  const int n = 256;
+  float *acc, *x;
+  LOOM_CUDA_CHECK(cudaMalloc(&acc, n * 4));
+  LOOM_CUDA_CHECK(cudaMalloc(&x, n * 4));
+  LOOM_CUDA_CHECK(cudaMemset(acc, 0, n * 4));
+  LOOM_CUDA_CHECK(cudaMemset(x, 0, n * 4));
+  std::vector<float> host(n);
+  Gate gate;
+  gate.hold(s);
+  loom::cuda::add_f32(acc, x, n, s);
+  const cudaError_t e = cudaMemcpy(host.data(), acc, n * 4, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(e, cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cudaGetErrorString(e)).find("add_f32"), std::string::npos) << cudaGetErrorString(e);
+  cudaGetLastError();
+  EXPECT_EQ(cudaMemcpy(host.data(), x, n * 4, cudaMemcpyDeviceToHost), cudaSuccess) << "x is only read";
+  gate.release();
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
+  EXPECT_EQ(cudaMemcpy(host.data(), acc, n * 4, cudaMemcpyDeviceToHost), cudaSuccess) << "after the synchronization";
+  cudaFree(acc);
+  cudaFree(x);
+  cudaStreamDestroy(s);
 }
 
 // The raw emulated cuBLASLt: D (m x n) = A (m x k) B (k x n), column-major, bf16.
@@ -223,6 +286,21 @@ TEST(EmulatedCublasLt, MisalignedOperandsFailUnlessThePreferencesSaySo) {
   loom::cuda::gemm(ctx, false, false, m, n, k, reinterpret_cast<const bf*>(a + 1), k, reinterpret_cast<const bf*>(b),
                    n, 0.0f, reinterpret_cast<bf*>(c), n, nullptr, nullptr);
   EXPECT_EQ(cublaslt_emulated_matmuls(), before + 1);
+  // On a created stream, behind a gate: the call's descriptors are gone when the GEMM runs.
+  std::vector<uint16_t> ones(size_t(m * k + 8), 0x3f80), got(size_t(m * n));  // bf16 1.0
+  LOOM_CUDA_CHECK(cudaMemcpy(a, ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
+  LOOM_CUDA_CHECK(cudaMemcpy(b, ones.data(), size_t(k * n) * 2, cudaMemcpyHostToDevice));
+  cudaStream_t s;
+  LOOM_CUDA_CHECK(cudaStreamCreate(&s));
+  Gate gate;
+  gate.hold(s);
+  loom::cuda::gemm(ctx, false, false, m, n, k, reinterpret_cast<const bf*>(a + 1), k, reinterpret_cast<const bf*>(b),
+                   n, 0.0f, reinterpret_cast<bf*>(c), n, nullptr, s);
+  gate.release();
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
+  LOOM_CUDA_CHECK(cudaMemcpy(got.data(), c, got.size() * 2, cudaMemcpyDeviceToHost));
+  for (uint16_t v : got) ASSERT_EQ(v, 0x4100) << "8 ones summed is 8.0 in bf16";
+  cudaStreamDestroy(s);
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);

@@ -20,9 +20,12 @@ run() {  # NAME ARGS...
 }
 run full "$@"
 grep -E "layout|committed" "$dir/full.log"
+# EXPECT_LOG: a line both runs must print (the device they trained on, say).
+if [ -n "${EXPECT_LOG:-}" ]; then grep -q "$EXPECT_LOG" "$dir/full.log" || { echo "FAIL: no '$EXPECT_LOG'"; exit 1; }; fi
 # The uninterrupted run's checkpoints stay; the resumed run writes its own elsewhere.
 run resumed "$@" --set checkpoint.resume="$dir/ckpt/step-00000010" --set checkpoint.dir="$dir/ckpt2"
 grep -E "resumed from" "$dir/resumed.log"
+if [ -n "${EXPECT_LOG:-}" ]; then grep -q "$EXPECT_LOG" "$dir/resumed.log" || { echo "FAIL: no '$EXPECT_LOG'"; exit 1; }; fi
 "$compare" --resumed "$dir/full" "$dir/resumed"
 # The checkpoint after step 20 of both runs: the same state, bitwise.
 "$compare" --ckpt-equal "$dir/ckpt/step-00000020" "$dir/ckpt2/step-00000020"

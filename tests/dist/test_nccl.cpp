@@ -22,7 +22,7 @@ bool g_nccl = false;
 // produced and consumed on a compute stream; returns the result.
 std::vector<float> run_on_device(const std::vector<float>& host, size_t out_n,
                                  const std::function<Work(float*, float*, const Stream&)>& op) {
-  Stream s = cuda_stream_create();
+  Stream s = cuda_stream_create(DeviceKind::cuda);
   float *in = nullptr, *out = nullptr;
   cudaMalloc(&in, host.size() * 4);
   cudaMalloc(&out, std::max<size_t>(out_n, 1) * 4);

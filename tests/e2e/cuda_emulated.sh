@@ -2,7 +2,9 @@
 # train.device = "cuda-emulated": the CUDA backend, its kernels, cuBLASLt calls, streams and
 # staging on the CPU emulation, against the CPU's bf16 run and against itself.
 #   single: gpt2 and llama (GQA 2:1) and llama MoE against the CPU bf16 run (losses, step-1
-#           norm, every tensor's step-1 gradient, weights, within bf16's tolerances), gpt2 against
+#           norm, every tensor's step-1 gradient norm, weights, within bf16's tolerances; the
+#           weights' 5e-2 is about what 4 Adam steps can move a weight, so the losses and the
+#           per-tensor gradient norms are what catch a wrong result), gpt2 against
 #           the CPU fp32 run too; each
 #           recompute policy bitwise against none; the host synchronizations per step.
 #   layouts LAUNCHER: dp 2, dp 2 + ZeRO-3, tp 2 + sp, pp 2 and MoE at ep 2 over the MPI group's
@@ -68,6 +70,10 @@ if [ "$mode" = single ]; then
   echo "host synchronizations in a step's micro-batches: dense $dense, MoE $moe (2 micro-batches)"
   [ "$dense" = 2 ] || { echo "FAIL: a dense step's micro-batches synchronized $dense times, not 2"; exit 1; }
   [ "$moe" -gt "$dense" ] || { echo "FAIL: the MoE step counted no synchronizations of its own"; exit 1; }
+  # The whole dense step: those 2, then at its end the step clock's 8 phase events, the loss and
+  # the gradient norm (README: the CUDA backend on the CPU).
+  step=$(syncs gpt2_emu step)
+  [ "$step" = 12 ] || { echo "FAIL: a dense step synchronized $step times, not the README's 12"; exit 1; }
   # What the emulated device refuses.
   if "$loom" train "${common[@]}" "${gpt2[@]}" --set train.device=cuda-emulated --set train.dtype=f32 \
     --set train.steps=1 > "$dir/f32.log" 2>&1; then echo "FAIL: f32 accepted"; exit 1; fi
@@ -89,7 +95,7 @@ else
       moe_ep2) args=("${moe[@]}" --set parallel.dp=2 --set parallel.ep=2 --set train.micro_batch=1) ref=ref_moe ;;
     esac
     run "$layout" -np 2 "${llama[@]}" --set train.device=cuda-emulated "${args[@]}"
-    grep -q "cuda-emulated" "$dir/$layout.log" || { cat "$dir/$layout.log"; exit 1; }
+    grep -q "MiB, cuda-emulated" "$dir/$layout.log" || { cat "$dir/$layout.log"; exit 1; }
     echo "$layout: cuda-emulated against its single rank"
     "$compare" "$dir/$layout" "$dir/$ref" "${bf16_tol[@]}"
     # The same layout's groups under NCCL's rules (parallel.comm = "nccl-emulated"): bitwise.
