@@ -66,11 +66,16 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   items_.clear();
   std::map<std::string, int> count;
   const std::string file = rank_file(world_.rank());
-  for (const StateRun& run : dp.state_runs(StateUse::write)) {
+  const std::vector<StateRun> runs = dp.state_runs(StateUse::write);
+  LOOM_ASSERT(host.run_at.empty() || host.run_at.size() == runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const StateRun& run = runs[i];
     const ParamSpec& spec = *run.spec;
     const int64_t f0 = run.flat - int64_t(spec.offset);
-    const float* src[3] = {host.weights + (host.weights_by_flat ? run.flat : run.state), host.m + run.state,
-                           host.v + run.state};
+    // src: the run's first element, in the whole state or (packed) where run i came down.
+    const int64_t w_at = host.run_at.empty() ? (host.weights_by_flat ? run.flat : run.state) : host.run_at[i];
+    const int64_t s_at = host.run_at.empty() ? run.state : host.run_at[i];
+    const float* src[3] = {host.weights + w_at, host.m + s_at, host.v + s_at};
     for (const Piece& p : pieces_of(spec, f0, f0 + run.n))
       for (int k = 0; k < 3; ++k) {
         Item it;

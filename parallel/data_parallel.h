@@ -26,11 +26,14 @@ struct StateRun {
 enum class StateUse { write, moments, weights };
 // The state on the host: fp32 weights (the master weights where they exist), exp_avg and
 // exp_avg_sq. Weights are indexed by `flat` when weights_by_flat, else by `state`.
+// Packed (run_at not empty): only the write runs came down, run i's weights, m and v at
+// weights + run_at[i], m + run_at[i] and v + run_at[i].
 struct StateHost {
   const float* weights = nullptr;
   bool weights_by_flat = false;
   const float* m = nullptr;
   const float* v = nullptr;
+  std::vector<int64_t> run_at;
 };
 
 class DataParallel : public UnitAccess {
@@ -66,7 +69,7 @@ class DataParallel : public UnitAccess {
   virtual std::vector<StateRun> state_runs(StateUse use) const = 0;
   virtual int64_t state_size() const = 0;
   // The state as it is now, valid until the next step: the buffers themselves on the CPU;
-  // on CUDA, copies downloaded into `keep`.
+  // on CUDA, copies downloaded into `keep` (of what this rank writes only, where it holds more).
   virtual StateHost state_host(HostBuffer& keep) = 0;
   // Moments indexed by state, state_size() each (weights load through weights_from).
   virtual void moments_from(const float* m, const float* v) = 0;
