@@ -18,7 +18,8 @@ BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg) 
   t.dtype = dtype;
   t.attention_probs = device == DeviceKind::cpu;
   // cuBLASLt's GELU epilogue reads its aux matrix with a stride that must be a multiple of 8.
-  t.fused_dgelu = device_is_cuda(device) && cfg.model.arch == "gpt2" && (cfg.model.d_ff / cfg.parallel.tp) % 8 == 0;
+  t.fused_dgelu = device_is_cuda(device) && cfg.model.arch == "gpt2" && cfg.train.gelu_epilogue == "fused" &&
+                  (cfg.model.d_ff / cfg.parallel.tp) % 8 == 0;
   return t;
 }
 

@@ -60,6 +60,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train.device", &t.device, "auto | cpu | cuda | cuda-emulated (the CUDA backend on the CPU emulation)"},
       {"train.dtype", &t.dtype, "auto | f32 | bf16 (auto: f32 on the CPU, bf16 on CUDA)"},
       {"train.recompute", &t.recompute, "none | selective | full (activation recompute)"},
+      {"train.gelu_epilogue", &t.gelu_epilogue, "fused | separate (CUDA gpt2: GELU's backward in the GEMM epilogue or not)"},
       {"train.threads", &t.threads, "threads per rank (0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores / ranks)"},
       {"data.source", &d.source, "synthetic | text | tokens"},
       {"data.path", &d.path, "a text file, or llm.c token shards (a file or a directory)"},

@@ -48,6 +48,9 @@ struct TrainConfig {
   std::string device = "auto";     // auto | cpu | cuda
   std::string dtype = "auto";      // auto | f32 | bf16 (auto: f32 on cpu, bf16 on cuda; bf16 on cpu: bf16 storage)
   std::string recompute = "none";  // none | selective | full
+  // CUDA, gpt2: GELU's backward in the epilogue of the GEMM that makes its input (fused) or a
+  // kernel of its own (separate); `loom bench kernels` times both.
+  std::string gelu_epilogue = "fused";
   int threads = 0;                 // 0: OMP_NUM_THREADS if set, else the node's cores shared among its ranks
 };
 

@@ -93,6 +93,7 @@ void config_validate(Config& cfg) {
   check_one_of("train.device", t.device, {"auto", "cpu", "cuda", "cuda-emulated"});
   check_one_of("train.dtype", t.dtype, {"auto", "f32", "bf16"});
   check_one_of("train.recompute", t.recompute, {"none", "selective", "full"});
+  check_one_of("train.gelu_epilogue", t.gelu_epilogue, {"fused", "separate"});
   LOOM_CHECK(t.lr >= 0 && t.min_lr >= 0, "train.lr and train.min_lr must be >= 0");
   LOOM_CHECK(t.warmup_steps >= 0, "train.warmup_steps = {} must be >= 0", t.warmup_steps);
   LOOM_CHECK(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1,

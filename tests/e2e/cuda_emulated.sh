@@ -63,6 +63,16 @@ if [ "$mode" = single ]; then
     "$compare" "$dir/gpt2_emu_$policy" "$dir/gpt2_emu" "${exact[@]}"
     "$compare" --weights-equal "$dir/gpt2_emu_$policy/final.safetensors" "$dir/gpt2_emu/final.safetensors"
   done
+  # GELU's backward as a kernel of its own instead of the GEMM epilogue: the same model, rounded
+  # at another point (the epilogue multiplies the fp32 product, the kernel its bf16 rounding).
+  run gpt2_emu_separate "${gpt2[@]}" --set train.device=cuda-emulated --set train.gelu_epilogue=separate
+  # The kernel needs the activation's gradient as a buffer of its own; the epilogue does not.
+  bwd() { awk '$1 == "(backward)" {print $2}' "$dir/$1.log"; }
+  python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)' \
+    "$(bwd gpt2_emu_separate)" "$(bwd gpt2_emu)" ||
+    { echo "FAIL: backward scratch $(bwd gpt2_emu_separate) MiB separate, $(bwd gpt2_emu) fused"; exit 1; }
+  echo "gpt2: the GELU backward kernel against the epilogue"
+  "$compare" "$dir/gpt2_emu_separate" "$dir/gpt2_emu" "${bf16_tol[@]}"
   # Host synchronizations inside the forward and backward of a dense step: one per micro-batch
   # (the staging slot's upload event, stage_inputs); MoE layers add their host-planned
   # permutation's.
