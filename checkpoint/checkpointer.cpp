@@ -30,6 +30,17 @@ std::string rank_file(int rank) {
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+// Writes and deletes stay inside checkpoint.dir: a step directory or rank file that is a link
+// (which the clean-up of an earlier attempt would follow, and a writer write through) is refused.
+void no_link(const std::string& path, const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_symlink(fs::symlink_status(path, ec))) return;
+  const fs::path to = fs::read_symlink(path, ec);
+  fail("checkpoint: '{}' is a symbolic link (to '{}'); loom writes and deletes only inside checkpoint.dir '{}', never "
+       "through a link: remove the link, or choose another checkpoint.dir",
+       path, to.string(), root);
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(const Config& cfg, ProcessGroup& world, nlohmann::json layout, bool quiet)
@@ -51,6 +62,8 @@ int32_t Checkpointer::write_state() const {
 void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   flush();  // one save at a time: the previous one is written and committed first
   const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(steps_done);
+  no_link(dir, cfg_.checkpoint.dir);
+  no_link(dir + "/" + rank_file(world_.rank()), cfg_.checkpoint.dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail_io("cannot create checkpoint directory '{}': {}", dir, ec.message());
@@ -241,6 +254,7 @@ void Checkpointer::commit() {
     fail_io("checkpoint step {} not committed: rank 0 could not write its manifest: {}", saved_step_, e.what());
   }
   std::error_code ec;
+  no_link(dir, cfg_.checkpoint.dir);               // the clean-up below stays inside it
   for (auto& e : fs::directory_iterator(dir, ec))  // files of an earlier, failed attempt
     if (e.path().filename() != "manifest.json" && !files.count(e.path().filename().string()))
       fs::remove_all(e.path(), ec);

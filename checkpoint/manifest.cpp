@@ -13,6 +13,116 @@ namespace loom {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Dims and element counts past this are no tensor loom writes (and their products would wrap).
+constexpr int64_t kMaxNumel = int64_t(1) << 50;
+
+const char* file_kind(const fs::file_status& st) {
+  switch (st.type()) {
+    case fs::file_type::symlink:
+      return "a symbolic link";
+    case fs::file_type::directory:
+      return "a directory";
+    case fs::file_type::fifo:
+      return "a FIFO";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::block:
+    case fs::file_type::character:
+      return "a device";
+    default:
+      return "not a regular file";
+  }
+}
+
+// A shard's file is a name inside the checkpoint directory: no path, nothing that leaves it.
+bool shard_file_ok(const std::string& file) {
+  return !file.empty() && file != "." && file != ".." && file.find('/') == std::string::npos &&
+         file.find('\0') == std::string::npos;
+}
+
+// What is wrong with a tensor's shape and its shards' names and boxes, every bound checked
+// without overflow; empty when nothing is.
+std::vector<std::string> boxes_problems(const std::string& path, const std::string& name, const TensorEntry& t) {
+  std::vector<std::string> bad;
+  if (t.shape.size() != 1 && t.shape.size() != 2)
+    return {fmt::format("'{}': tensor {} has {} dims; loom writes 1 or 2", path, name, t.shape.size())};
+  int64_t numel = 1;
+  for (int64_t d : t.shape) {
+    if (d < 1 || d > kMaxNumel / numel)
+      return {fmt::format("'{}': tensor {} has shape {}, which no checkpoint holds", path, name, shape_str(t.shape))};
+    numel *= d;
+  }
+  if (t.shards.empty()) return {fmt::format("'{}': tensor {} has no shards", path, name)};
+  for (const ShardRef& s : t.shards) {
+    if (!shard_file_ok(s.file)) {
+      bad.push_back(fmt::format("'{}': tensor {} names shard file '{}', which is not a file of the checkpoint "
+                                "directory (a shard file is a bare name: rank-NNNNN.h5)",
+                                path, name, s.file));
+      continue;
+    }
+    if (s.offset.size() != t.shape.size() || s.shape.size() != t.shape.size()) {
+      bad.push_back(fmt::format("'{}': shard {}:{} of tensor {} has offset {} and shape {} for a tensor of {} dims",
+                                path, s.file, s.dataset, name, shape_str(s.offset), shape_str(s.shape),
+                                t.shape.size()));
+      continue;
+    }
+    for (size_t i = 0; i < t.shape.size(); ++i)
+      if (s.shape[i] < 1 || s.offset[i] < 0 || s.offset[i] > t.shape[i] - s.shape[i]) {
+        bad.push_back(fmt::format("'{}': shard {}:{} of tensor {} (offset {}, shape {}) lies outside the tensor's "
+                                  "shape {}",
+                                  path, s.file, s.dataset, name, shape_str(s.offset), shape_str(s.shape),
+                                  shape_str(t.shape)));
+        break;
+      }
+  }
+  return bad;
+}
+
+// The shards cover their tensor exactly once: on the grid their edges cut (a few cells per
+// shard, never the tensor's own elements), every cell in one box. "" when they do.
+std::string coverage_problem(const std::string& name, const TensorEntry& t) {
+  std::vector<Box> boxes;
+  std::vector<int64_t> rows{0, t.shape.size() == 1 ? 1 : t.shape[0]}, cols{0, t.shape.back()};
+  for (const ShardRef& s : t.shards) {
+    boxes.push_back(box_of(s.offset, s.shape));
+    rows.push_back(boxes.back().r0), rows.push_back(boxes.back().r0 + boxes.back().rows);
+    cols.push_back(boxes.back().c0), cols.push_back(boxes.back().c0 + boxes.back().cols);
+  }
+  for (auto* v : {&rows, &cols}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
+  const size_t R = rows.size() - 1, C = cols.size() - 1;
+  std::vector<int32_t> cover(R * C, 0);
+  auto at = [](const std::vector<int64_t>& v, int64_t x) { return size_t(std::lower_bound(v.begin(), v.end(), x) - v.begin()); };
+  for (const Box& b : boxes)
+    for (size_t r = at(rows, b.r0); r < at(rows, b.r0 + b.rows); ++r)
+      for (size_t c = at(cols, b.c0); c < at(cols, b.c0 + b.cols); ++c) ++cover[r * C + c];
+  int64_t twice = 0, none = 0;
+  for (size_t r = 0; r < R; ++r)
+    for (size_t c = 0; c < C; ++c) {
+      const int64_t cells = (rows[r + 1] - rows[r]) * (cols[c + 1] - cols[c]);
+      if (cover[r * C + c] == 0) none += cells;
+      if (cover[r * C + c] > 1) twice += cells;
+    }
+  if (!twice && !none) return "";
+  return fmt::format("tensor {}: {} elements in no shard, {} in more than one", name, none, twice);
+}
+
+}  // namespace
+
+std::string ckpt_file_check(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (!fs::exists(st)) return "is missing";
+  if (!fs::is_regular_file(st))
+    return fmt::format("is {}, not a regular file (loom opens only regular files inside the checkpoint directory)",
+                       file_kind(st));
+  return "";
+}
+
 nlohmann::json shard_to_json(const ShardRef& s) {
   return {{"file", s.file}, {"dataset", s.dataset}, {"offset", s.offset}, {"shape", s.shape}, {"xxh64", s.xxh64}};
 }
@@ -44,6 +154,8 @@ std::string manifest_dump(const Manifest& m) {
 
 Manifest manifest_read(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
+  if (const std::string bad = ckpt_file_check(path); !bad.empty())
+    fail("'{}' {}: not a complete checkpoint", path, bad);
   std::ifstream in(path);
   LOOM_CHECK(in, "'{}' has no manifest.json: not a complete checkpoint", dir);
   Manifest m;
@@ -66,7 +178,23 @@ Manifest manifest_read(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     fail("'{}' is not a valid manifest: {}", path, e.what());
   }
+  const std::vector<std::string> bad = manifest_problems(path, m);
+  if (!bad.empty())
+    fail("{}{}", bad.front(), bad.size() > 1 ? fmt::format(" (and {} more problems)", bad.size() - 1) : "");
   return m;
+}
+
+std::vector<std::string> manifest_problems(const std::string& path, const Manifest& m) {
+  std::vector<std::string> bad;
+  for (auto& [name, t] : m.tensors) {
+    std::vector<std::string> b = boxes_problems(path, name, t);
+    if (b.empty()) {
+      const std::string cover = coverage_problem(name, t);
+      if (!cover.empty()) b.push_back(fmt::format("'{}': {}; every element must be in exactly one shard", path, cover));
+    }
+    bad.insert(bad.end(), b.begin(), b.end());
+  }
+  return bad;
 }
 
 std::string checkpoint_dir_name(int64_t step) {
@@ -88,7 +216,8 @@ std::vector<std::string> checkpoints_complete(const std::string& root, std::vect
   if (!fs::is_directory(root, ec)) return {};
   for (auto& e : fs::directory_iterator(root, ec)) {
     const int64_t step = checkpoint_step_of(e.path().string());
-    if (step < 0 || !e.is_directory()) continue;
+    // A link is never taken for a checkpoint: nothing is read, written or pruned through it.
+    if (step < 0 || e.is_symlink() || !e.is_directory()) continue;
     if (fs::exists(e.path() / "manifest.json"))
       found.push_back({step, e.path().string()});
     else if (partial)
@@ -102,7 +231,8 @@ std::vector<std::string> checkpoints_complete(const std::string& root, std::vect
 
 std::vector<float> ckpt_shard_read(const std::string& dir, const std::string& tensor, const ShardRef& s) {
   const std::string path = dir + "/" + s.file;
-  LOOM_CHECK(fs::exists(path), "checkpoint '{}': file {} (tensor {}) is missing", dir, s.file, tensor);
+  if (const std::string bad = ckpt_file_check(path); !bad.empty())
+    fail("checkpoint '{}': file {} (tensor {}) {}", dir, s.file, tensor, bad);
   std::vector<float> data = H5Reader(path).read(s.dataset, s.shape);
   const std::string got = xxh64_hex(data.data(), int64_t(data.size()));
   LOOM_CHECK(got == s.xxh64,
@@ -112,28 +242,16 @@ std::vector<float> ckpt_shard_read(const std::string& dir, const std::string& te
 }
 
 std::vector<std::string> checkpoint_problems(const std::string& dir, const Manifest& m) {
-  std::vector<std::string> bad;
-  for (auto& [name, t] : m.tensors) {
-    LOOM_CHECK(t.shape.size() == 1 || t.shape.size() == 2, "'{}': tensor {} has {} dims", dir, name, t.shape.size());
-    const int64_t rows = t.shape.size() == 1 ? 1 : t.shape[0], cols = t.shape.back();
-    std::vector<uint8_t> seen(size_t(rows * cols), 0);
+  std::vector<std::string> bad = manifest_problems(dir + "/manifest.json", m);
+  for (auto& [name, t] : m.tensors)
     for (auto& s : t.shards) {
+      if (!shard_file_ok(s.file)) continue;  // reported above; never opened
       try {
-        const Box b = box_of(s.offset, s.shape);
-        LOOM_CHECK(b.r0 >= 0 && b.c0 >= 0 && b.r0 + b.rows <= rows && b.c0 + b.cols <= cols,
-                   "shard {}:{} of tensor {} lies outside its shape {}", s.file, s.dataset, name, shape_str(t.shape));
-        for (int64_t r = b.r0; r < b.r0 + b.rows; ++r)
-          for (int64_t c = b.c0; c < b.c0 + b.cols; ++c) ++seen[size_t(r * cols + c)];
         ckpt_shard_read(dir, name, s);
       } catch (const Error& e) {
         bad.push_back(e.what());
       }
     }
-    const auto twice = std::count_if(seen.begin(), seen.end(), [](uint8_t n) { return n > 1; });
-    const auto none = std::count(seen.begin(), seen.end(), uint8_t(0));
-    if (twice || none)
-      bad.push_back(fmt::format("tensor {}: {} elements in no shard, {} in more than one", name, none, twice));
-  }
   return bad;
 }
 

@@ -33,8 +33,16 @@ struct Manifest {
 nlohmann::json shard_to_json(const ShardRef& s);
 ShardRef shard_from_json(const nlohmann::json& j);
 std::string manifest_dump(const Manifest& m);
-// DIR/manifest.json; an Error names the file and what is wrong with it.
+// DIR/manifest.json; an Error names the file and what is wrong with it. Checked here for every
+// reader: shard files are bare names inside DIR; shapes and boxes are in bounds (without
+// overflow); each tensor's shards cover it exactly once.
 Manifest manifest_read(const std::string& dir);
+// What is wrong with a manifest's tensors (`path` names it in the messages): shapes, shard file
+// names, boxes, coverage. manifest_read refuses a manifest with any.
+std::vector<std::string> manifest_problems(const std::string& path, const Manifest& m);
+// "" when `path` is a regular file, else what it is ("is missing", "is a FIFO, not a regular
+// file ..."): nothing else is opened (a FIFO would hang the reader, a link leave the checkpoint).
+std::string ckpt_file_check(const std::string& path);
 
 // step-00000010: the directory of the checkpoint after 10 steps.
 std::string checkpoint_dir_name(int64_t step);
@@ -48,8 +56,8 @@ int64_t checkpoint_step_of(const std::string& dir);
 // names the file, the dataset and the tensor.
 std::vector<float> ckpt_shard_read(const std::string& dir, const std::string& tensor, const ShardRef& s);
 
-// Every problem of a checkpoint (missing or unreadable files, hash mismatches, tensors not
-// covered exactly once by their shards); empty when it is sound.
+// Every problem of a checkpoint: its manifest's (manifest_problems) and its files' (missing,
+// not regular, unreadable, hash mismatches); empty when it is sound.
 std::vector<std::string> checkpoint_problems(const std::string& dir, const Manifest& m);
 
 }  // namespace loom

@@ -55,10 +55,11 @@ void ckpt_inspect(const std::string& dir) {
   for (auto& [name, t] : m.tensors) fmt::print("{:<48} {:>14} {:>7}\n", name, shape_str(t.shape), t.shards.size());
   for (auto& [kind, k] : kinds) fmt::print("{:<11} {:>5} tensors {:>12.1f} MB\n", kind, k.first, k.second / 1e6);
   for (auto& [f, b] : files) {
+    const std::string bad = ckpt_file_check(dir + "/" + f);
     std::error_code ec;
-    const auto size = fs::file_size(dir + "/" + f, ec);
+    const auto size = bad.empty() ? fs::file_size(dir + "/" + f, ec) : 0;
     fmt::print("{:<16} {:>12.1f} MB of shards, {} on disk\n", f, b / 1e6,
-               ec ? std::string("missing") : fmt::format("{:.1f} MB", double(size) / 1e6));
+               !bad.empty() ? bad : ec ? std::string("unreadable") : fmt::format("{:.1f} MB", double(size) / 1e6));
   }
 }
 
