@@ -153,7 +153,6 @@ std::vector<StateRun> Ddp::state_runs(StateUse use) const {
 }
 
 StateHost Ddp::state_host(HostBuffer& keep) {
-  const int64_t n = state_size();
   float* master = adam_->master();
   if (be_.device() == DeviceKind::cpu)
     return {master ? master : chunk_.params_tensor().f32(), true, adam_->m(), adam_->v()};
@@ -177,7 +176,6 @@ StateHost Ddp::state_host(HostBuffer& keep) {
     at += r.n;
   }
   s.synchronize();
-  (void)n;
   return h;
 }
 

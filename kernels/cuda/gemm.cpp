@@ -41,13 +41,6 @@ GemmContext::~GemmContext() {
 
 namespace {
 
-// The largest power of two up to 256 that divides the address.
-uint32_t alignment(const void* p) {
-  uint32_t a = 256;
-  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
-  return a;
-}
-
 // Descriptors live for one call and are destroyed on every path out of it, a throw included.
 struct OpDesc {
   cublasLtMatmulDesc_t d = nullptr;
@@ -134,7 +127,8 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
         "MAX_WORKSPACE_BYTES");
   // The heuristics assume 256-byte aligned operands unless told otherwise: give them each
   // pointer's real alignment, so they never choose a kernel these buffers cannot feed.
-  const uint32_t align_first = alignment(B), align_second = alignment(A), align_c = alignment(C);
+  const uint32_t align_first = pointer_alignment(B), align_second = pointer_alignment(A),
+                 align_c = pointer_alignment(C);
   auto set_alignment = [&](cublasLtMatmulPreferenceAttributes_t attr, const uint32_t& bytes, const char* name) {
     check(cublasLtMatmulPreferenceSetAttribute(pref.d, attr, &bytes, sizeof(bytes)), name);
   };

@@ -83,6 +83,14 @@ inline LtGemm gemm_plan(bool trans_a, bool trans_b, int M, int N, int K, int lda
   return g;
 }
 
+// The largest power of two up to 256 that divides the address: what cuBLASLt's alignment
+// preferences say of an operand (kernels/cuda/gemm.cpp tells them; the emulation checks them).
+inline uint32_t pointer_alignment(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
 // GPT-2's tanh GELU and its derivative, as the epilogues compute them.
 inline double gelu_tanh(double x) {
   const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);

@@ -12,6 +12,8 @@
 // preference below the element size; and, in cublasLtMatmul, any operand whose address is less
 // aligned than the preferences the heuristic chose its algorithm for (256 bytes unless set),
 // which on a GPU is a kernel reading vectors past what the pointer allows.
+#include "kernels/emu/include/cublasLt.h"
+
 #include <cblas.h>
 
 #include <atomic>
@@ -21,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/emu/include/cublasLt.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "runtime/tensor.h"
 
 namespace loom::emu::rt {
@@ -82,8 +84,8 @@ cublasStatus_t problem_check(const cublasLtMatmulDescOpaque_t& op, const cublasL
   const uint64_t ar = op.trans_a == CUBLAS_OP_T ? a.cols : a.rows, ak = op.trans_a == CUBLAS_OP_T ? a.rows : a.cols;
   const uint64_t bk = op.trans_b == CUBLAS_OP_T ? b.cols : b.rows, bc = op.trans_b == CUBLAS_OP_T ? b.rows : b.cols;
   if (ar != m || bc != n || ak != bk)
-    return refuse(CUBLAS_STATUS_INVALID_VALUE, "op(A) " + dims(a) + " times op(B) " + dims(b) +
-                                                   " does not make D " + dims(d));
+    return refuse(CUBLAS_STATUS_INVALID_VALUE,
+                  "op(A) " + dims(a) + " times op(B) " + dims(b) + " does not make D " + dims(d));
   if (d.type == CUDA_R_32F && op.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "no bias or GELU epilogue with an fp32 D and bf16 A and B");
   if (has_bias(op.epilogue) && op.bias_type != d.type)
@@ -98,27 +100,16 @@ cublasStatus_t problem_check(const cublasLtMatmulDescOpaque_t& op, const cublasL
   return CUBLAS_STATUS_SUCCESS;
 }
 
-uint32_t alignment(const void* p) {
-  uint32_t a = 256;
-  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
-  return a;
-}
+using cuda::pointer_alignment;
+using loom::bf16_to_f32;
+using loom::f32_to_bf16;
 
-float bf16_float(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_bf16(float f) {
-  return loom::f32_to_bf16(f);
-}
 // A column-major bf16 matrix, widened into a packed fp32 one (ld = rows).
 std::vector<float> widen(const void* p, const cublasLtMatrixLayoutOpaque_t& l) {
   std::vector<float> out(l.rows * l.cols);
   const auto* h = static_cast<const uint16_t*>(p);
   for (uint64_t j = 0; j < l.cols; ++j)
-    for (uint64_t i = 0; i < l.rows; ++i) out[i + j * l.rows] = bf16_float(h[i + j * uint64_t(l.ld)]);
+    for (uint64_t i = 0; i < l.rows; ++i) out[i + j * l.rows] = bf16_to_f32(h[i + j * uint64_t(l.ld)]);
   return out;
 }
 float gelu(float x) {
@@ -208,8 +199,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
   }
   return refuse(CUBLAS_STATUS_INVALID_VALUE, "unknown matmul descriptor attribute");
 }
-cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t type, uint64_t rows,
-                                          uint64_t cols, int64_t ld) {
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
   if (type != CUDA_R_16BF && type != CUDA_R_32F)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "only bf16 and fp32 matrices are emulated");
   if (rows == 0 || cols == 0 || ld < int64_t(rows))
@@ -247,8 +238,8 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref,
-                                              int requested, cublasLtMatmulHeuristicResult_t* results, int* found) {
+                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t* results, int* found) {
   *found = 0;
   if (!h || !op || !a || !b || !c || !d || !pref || requested < 1)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "a null handle or descriptor");
@@ -279,9 +270,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   if (C != D) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "only D written over C is emulated");
   const void* ptrs[4] = {A, B, C, D};
   for (int i = 0; i < 4; ++i)
-    if (alignment(ptrs[i]) < algo->align[i])
+    if (pointer_alignment(ptrs[i]) < algo->align[i])
       return refuse(CUBLAS_STATUS_INVALID_VALUE,
-                    std::string("operand ") + "ABCD"[i] + " is " + std::to_string(alignment(ptrs[i])) +
+                    std::string("operand ") + "ABCD"[i] + " is " + std::to_string(pointer_alignment(ptrs[i])) +
                         "-byte aligned, but the algorithm was chosen for " + std::to_string(algo->align[i]) +
                         " bytes (set CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*)");
   if (workspace_bytes > 0 && !workspace) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a null workspace");
@@ -310,18 +301,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
       for (int i = 0; i < m; ++i) {
         const size_t at = size_t(i) + size_t(j) * size_t(lD.ld);
         float x = acc[size_t(i) + size_t(j) * m];
-        if (bt != 0.0f) x += bt * (f32 ? static_cast<const float*>(C)[at] : bf16_float(static_cast<const uint16_t*>(C)[at]));
-        if (has_bias(o.epilogue)) x += bf16_float(bias[i]);
+        if (bt != 0.0f)
+          x += bt * (f32 ? static_cast<const float*>(C)[at] : bf16_to_f32(static_cast<const uint16_t*>(C)[at]));
+        if (has_bias(o.epilogue)) x += bf16_to_f32(bias[i]);
         if (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
-          aux[size_t(i) + size_t(j) * o.aux_ld] = float_bf16(x);
+          aux[size_t(i) + size_t(j) * o.aux_ld] = f32_to_bf16(x);
           x = gelu(x);
         } else if (o.epilogue == CUBLASLT_EPILOGUE_DGELU) {
-          x *= gelu_grad(bf16_float(aux[size_t(i) + size_t(j) * o.aux_ld]));
+          x *= gelu_grad(bf16_to_f32(aux[size_t(i) + size_t(j) * o.aux_ld]));
         }
         if (f32)
           static_cast<float*>(D)[at] = x;
         else
-          static_cast<uint16_t*>(D)[at] = float_bf16(x);
+          static_cast<uint16_t*>(D)[at] = f32_to_bf16(x);
       }
     ++n_matmuls;
     writes->done();
