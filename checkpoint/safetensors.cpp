@@ -1,5 +1,6 @@
 #include "checkpoint/safetensors.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -34,69 +35,144 @@ float f16_to_f32(uint16_t h) {
 }  // namespace
 
 namespace {
-// The JSON header of a safetensors file, checked against the file's size; `in` is left at the
-// first data byte.
-nlohmann::json header_read(const std::string& path, std::ifstream& in, uint64_t& file_size, uint64_t& header_size) {
+// One tensor of a safetensors header, checked: its dtype is one loom reads, its shape holds
+// non-negative integers, its data offsets are integers inside the data, as long as the shape
+// says, and overlap no other tensor's.
+struct StEntry {
+  std::string name, dtype;
+  Shape shape;
+  uint64_t begin = 0, end = 0, numel = 0;
+  size_t esize = 0;
+};
+struct StHeader {
+  nlohmann::json metadata;  // __metadata__, or null
+  std::vector<StEntry> tensors;
+  uint64_t data_start = 0;
+};
+
+// Parses JSON refusing a repeated key in any object: nlohmann keeps the last silently, so a
+// header naming a tensor twice would load whichever came second.
+nlohmann::json json_parse_unique(const std::string& text, const std::string& path) {
+  std::vector<std::set<std::string>> open;
+  std::string repeated;
+  using Event = nlohmann::json::parse_event_t;
+  const nlohmann::json::parser_callback_t cb = [&](int, Event ev, nlohmann::json& parsed) {
+    if (ev == Event::object_start) open.emplace_back();
+    if (ev == Event::object_end && !open.empty()) open.pop_back();
+    if (ev == Event::key && !open.empty() && !open.back().insert(parsed.get<std::string>()).second && repeated.empty())
+      repeated = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text, cb);
+  } catch (const std::exception& e) {
+    fail("'{}' has a corrupt safetensors header: {}", path, e.what());
+  }
+  LOOM_CHECK(repeated.empty(), "'{}' has a corrupt safetensors header: key '{}' appears more than once", path,
+             repeated);
+  return j;
+}
+
+StEntry entry_parse(const std::string& path, const std::string& name, const nlohmann::json& info, uint64_t data_size) {
+  StEntry t;
+  t.name = name;
+  auto bad = [&](const std::string& what) {
+    fail("'{}': tensor '{}' has a malformed header entry ({}); the file is corrupt", path, name, what);
+  };
+  if (!info.is_object()) bad("not an object");
+  const auto dtype = info.find("dtype"), shape = info.find("shape"), offsets = info.find("data_offsets");
+  if (dtype == info.end() || !dtype->is_string()) bad("no dtype string");
+  t.dtype = dtype->get<std::string>();
+  t.esize = t.dtype == "F32" ? 4 : (t.dtype == "BF16" || t.dtype == "F16") ? 2 : 0;
+  LOOM_CHECK(t.esize, "'{}': tensor '{}' has dtype {}; loom reads F32, BF16 and F16", path, name, t.dtype);
+  if (shape == info.end() || !shape->is_array()) bad("no shape array");
+  // The element count, checked for overflow: it decides what is allocated.
+  t.numel = 1;
+  for (auto& d : *shape) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      bad(fmt::format("shape {} is not of non-negative integers", shape->dump()));
+    const uint64_t n = d.get<uint64_t>();
+    LOOM_CHECK(n == 0 || t.numel <= data_size / n,
+               "'{}': tensor '{}' has shape {}, larger than the file's {} data bytes; the file is corrupt", path, name,
+               shape->dump(), data_size);
+    t.numel *= n;
+    t.shape.push_back(int64_t(n));
+  }
+  if (offsets == info.end() || !offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
+      !(*offsets)[1].is_number_unsigned())
+    bad("data_offsets is not two non-negative integers");
+  t.begin = (*offsets)[0].get<uint64_t>();
+  t.end = (*offsets)[1].get<uint64_t>();
+  LOOM_CHECK(t.end >= t.begin && t.end <= data_size && t.end - t.begin == t.numel * t.esize,
+             "'{}': tensor '{}' has data offsets [{}, {}] that do not match shape {} x {} bytes "
+             "within {} data bytes; the file is corrupt or truncated",
+             path, name, t.begin, t.end, shape_str(t.shape), t.esize, data_size);
+  return t;
+}
+
+// The header of a safetensors file, every entry checked against the file's size and the others;
+// `in` is left open.
+StHeader header_read(const std::string& path, std::ifstream& in) {
+  // A link is followed (Hugging Face's cache links its files to blobs); a FIFO would hang.
+  std::error_code ec;
+  LOOM_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
+             "safetensors file '{}' is not a regular file; point init.from at a weights file", path);
   in.open(path, std::ios::binary);
   LOOM_CHECK(in, "cannot open safetensors file '{}'; check init.from", path);
-  file_size = std::filesystem::file_size(path);
-  header_size = 0;
+  const uint64_t file_size = std::filesystem::file_size(path);
+  uint64_t header_size = 0;
   in.read(reinterpret_cast<char*>(&header_size), 8);
   // Checked before the header is allocated: a corrupt size must not ask for exabytes.
   LOOM_CHECK(file_size >= 8 && in.gcount() == 8 && header_size <= file_size - 8,
              "'{}' is not a safetensors file: its header size {} does not fit its {} bytes", path, header_size,
              file_size);
-  std::string header(header_size, '\0');
-  in.read(header.data(), std::streamsize(header_size));
-  try {
-    return nlohmann::json::parse(header);
-  } catch (const std::exception& e) {
-    fail("'{}' has a corrupt safetensors header: {}", path, e.what());
+  std::string text(header_size, '\0');
+  in.read(text.data(), std::streamsize(header_size));
+  const nlohmann::json j = json_parse_unique(text, path);
+  LOOM_CHECK(j.is_object(), "'{}' has a corrupt safetensors header: not a JSON object", path);
+  StHeader h;
+  h.data_start = 8 + header_size;
+  const uint64_t data_size = file_size - h.data_start;
+  for (auto& [name, info] : j.items()) {
+    if (name == "__metadata__") {
+      h.metadata = info;
+      continue;
+    }
+    h.tensors.push_back(entry_parse(path, name, info, data_size));
   }
+  // Two tensors on the same bytes would load as one another.
+  std::vector<const StEntry*> by_offset;
+  for (auto& t : h.tensors)
+    if (t.end > t.begin) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i)
+    LOOM_CHECK(by_offset[i]->begin >= by_offset[i - 1]->end,
+               "'{}': tensors '{}' (bytes [{}, {})) and '{}' (bytes [{}, {})) overlap; the file is corrupt", path,
+               by_offset[i - 1]->name, by_offset[i - 1]->begin, by_offset[i - 1]->end, by_offset[i]->name,
+               by_offset[i]->begin, by_offset[i]->end);
+  return h;
 }
 }  // namespace
 
 std::map<std::string, StTensor> safetensors_read(const std::string& path) {
   std::ifstream in;
-  uint64_t file_size = 0, header_size = 0;
-  const nlohmann::json j = header_read(path, in, file_size, header_size);
-  const uint64_t data_start = 8 + header_size, data_size = file_size - data_start;
+  const StHeader h = header_read(path, in);
   std::map<std::string, StTensor> out;
-  for (auto& [name, info] : j.items()) {
-    if (name == "__metadata__") continue;
-    try {
-      std::string dtype = info.at("dtype");
-      Shape shape = info.at("shape").get<Shape>();
-      uint64_t b = info.at("data_offsets")[0], e = info.at("data_offsets")[1];
-      size_t esize = dtype == "F32" ? 4 : (dtype == "BF16" || dtype == "F16") ? 2 : 0;
-      LOOM_CHECK(esize, "'{}': tensor '{}' has dtype {}; loom reads F32, BF16 and F16", path, name, dtype);
-      // The element count, checked for overflow: it decides what is allocated.
-      uint64_t n = 1;
-      for (int64_t d : shape) {
-        LOOM_CHECK(d >= 0 && (d == 0 || n <= data_size / uint64_t(d)),
-                   "'{}': tensor '{}' has shape {}, larger than the file's {} data bytes; the file is corrupt", path,
-                   name, shape_str(shape), data_size);
-        n *= uint64_t(d);
-      }
-      LOOM_CHECK(e >= b && e <= data_size && e - b == n * esize,
-                 "'{}': tensor '{}' has data offsets [{}, {}] that do not match shape {} x {} bytes "
-                 "within {} data bytes; the file is corrupt or truncated",
-                 path, name, b, e, shape_str(shape), esize, data_size);
-      std::vector<char> raw(e - b);
-      in.seekg(std::streamoff(data_start + b));
-      in.read(raw.data(), std::streamsize(raw.size()));
-      LOOM_CHECK(in.gcount() == std::streamsize(raw.size()), "'{}' is truncated inside tensor '{}'", path, name);
-      StTensor t{shape, std::vector<float>(size_t(n))};
-      if (dtype == "F32") {
-        std::memcpy(t.data.data(), raw.data(), raw.size());
-      } else {
-        auto* h = reinterpret_cast<const uint16_t*>(raw.data());
-        for (uint64_t i = 0; i < n; ++i) t.data[size_t(i)] = dtype == "BF16" ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
-      }
-      out.emplace(name, std::move(t));
-    } catch (const nlohmann::json::exception& e) {
-      fail("'{}': tensor '{}' has a malformed header entry: {}", path, name, e.what());
+  for (const StEntry& e : h.tensors) {
+    std::vector<char> raw(e.end - e.begin);
+    in.seekg(std::streamoff(h.data_start + e.begin));
+    in.read(raw.data(), std::streamsize(raw.size()));
+    LOOM_CHECK(in.gcount() == std::streamsize(raw.size()), "'{}' is truncated inside tensor '{}'", path, e.name);
+    StTensor t{e.shape, std::vector<float>(size_t(e.numel))};
+    if (e.dtype == "F32") {
+      std::memcpy(t.data.data(), raw.data(), raw.size());
+    } else {
+      auto* p = reinterpret_cast<const uint16_t*>(raw.data());
+      for (uint64_t i = 0; i < e.numel; ++i)
+        t.data[size_t(i)] = e.dtype == "BF16" ? bf16_to_f32(p[i]) : f16_to_f32(p[i]);
     }
+    out.emplace(e.name, std::move(t));
   }
   return out;
 }
@@ -163,19 +239,31 @@ std::vector<std::string> weights_files(const std::string& path) {
 std::map<std::string, StTensor> weights_read(const std::string& path) {
   std::map<std::string, StTensor> out;
   for (auto& f : weights_files(path))
-    for (auto& [name, t] : safetensors_read(f)) out.emplace(name, std::move(t));
+    for (auto& [name, t] : safetensors_read(f))
+      LOOM_CHECK(out.emplace(name, std::move(t)).second, "'{}': tensor '{}' is in more than one file of the index",
+                 path, name);
   return out;
 }
 
 std::map<std::string, std::string> weights_metadata(const std::string& path) {
   const std::vector<std::string> files = weights_files(path);
   std::ifstream in;
-  uint64_t file_size = 0, header_size = 0;
-  const nlohmann::json j = header_read(files.front(), in, file_size, header_size);
+  const StHeader h = header_read(files.front(), in);
   std::map<std::string, std::string> out;
-  if (j.contains("__metadata__") && j["__metadata__"].is_object())
-    for (auto& [k, v] : j["__metadata__"].items())
+  if (h.metadata.is_object())
+    for (auto& [k, v] : h.metadata.items())
       if (v.is_string()) out[k] = v.get<std::string>();
+  return out;
+}
+
+std::map<std::string, Shape> weights_shapes(const std::string& path) {
+  std::map<std::string, Shape> out;
+  for (auto& f : weights_files(path)) {
+    std::ifstream in;
+    for (auto& e : header_read(f, in).tensors)
+      LOOM_CHECK(out.emplace(e.name, e.shape).second, "'{}': tensor '{}' is in more than one file of the index", path,
+                 e.name);
+  }
   return out;
 }
 

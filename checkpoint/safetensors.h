@@ -29,6 +29,10 @@ void safetensors_write(const std::string& path, const std::vector<StView>& tenso
 // when there is none.
 std::map<std::string, std::string> weights_metadata(const std::string& path);
 
+// The name and shape of every tensor of a weights path, from the headers alone (nothing of
+// the data is read or allocated).
+std::map<std::string, Shape> weights_shapes(const std::string& path);
+
 // Every tensor of a weights file, or of a checkpoint split over several
 // (model.safetensors.index.json, or a directory holding it or model.safetensors).
 std::map<std::string, StTensor> weights_read(const std::string& path);

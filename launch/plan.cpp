@@ -2,11 +2,17 @@
 
 #include <fmt/format.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "model/backend.h"
+#include "model/flops.h"
 #include "model/layout.h"
 #include "parallel/ddp.h"
 #include "parallel/pipeline.h"
 #include "parallel/zero.h"
+#include "runtime/cuda_api.h"
+#include "runtime/error.h"
 #include "runtime/mesh.h"
 
 namespace loom {
@@ -59,6 +65,75 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);
   return p;
+}
+
+namespace {
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// A number from a kernel file ("MemAvailable:  1234 kB" with `key`, or a bare count); -1 when
+// absent or "max".
+int64_t proc_number(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!key.empty() && line.rfind(key, 0) != 0) continue;
+    std::istringstream words(key.empty() ? line : line.substr(key.size()));
+    int64_t n = -1;
+    std::string unit;
+    if (!(words >> n)) return -1;
+    return words >> unit && unit == "kB" ? n * 1024 : n;
+  }
+  return -1;
+}
+}  // namespace
+
+MemoryAvailable memory_available(DeviceKind kind, int sharing) {
+  sharing = std::max(1, sharing);
+  MemoryAvailable a;
+  if (kind == DeviceKind::cuda) {
+    const double free = double(cuda_api(kind).mem_free());
+    a.bytes = int64_t(free / sharing);
+    a.from = fmt::format("{:.1f} GiB free on this GPU{}", free / kGiB,
+                         sharing > 1 ? fmt::format(", shared by {} ranks", sharing) : "");
+    return a;
+  }
+  // The emulated device's memory is the host's.
+  int64_t host = proc_number("/proc/meminfo", "MemAvailable:");
+  std::string what = "available on this host";
+  const int64_t limit = proc_number("/sys/fs/cgroup/memory.max", ""),
+                used = proc_number("/sys/fs/cgroup/memory.current", "");
+  if (limit > 0 && used >= 0 && (host < 0 || limit - used < host)) {
+    host = std::max<int64_t>(0, limit - used);
+    what = "left under this cgroup's memory limit";
+  }
+  if (host < 0) return a;
+  a.bytes = host / sharing;
+  a.from = fmt::format("{:.1f} GiB {}{}", double(host) / kGiB, what,
+                       sharing > 1 ? fmt::format(", shared by {} ranks", sharing) : "");
+  return a;
+}
+
+void memory_fit_rough(const Config& cfg, DType dtype, int world, const MemoryAvailable& avail) {
+  if (avail.bytes < 0) return;
+  const double n = param_count_f64(cfg), bytes = n * double(dtype_size(dtype)) / std::max(1, world);
+  LOOM_CHECK(bytes <= double(avail.bytes),
+             "the model.* keys describe {:.3g} parameters: their {} weights alone take {:.1f} GiB per rank even "
+             "spread over all {} ranks, and each rank has {:.1f} GiB ({}); check the model.* keys or run on more "
+             "ranks",
+             n, dtype_name(dtype), bytes / kGiB, world, double(avail.bytes) / kGiB, avail.from);
+}
+
+void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& avail) {
+  if (avail.bytes < 0 || plan.total() <= avail.bytes) return;
+  std::string split;
+  for (int i = 0; i < kMemCategories; ++i)
+    if (plan.bytes[size_t(i)] > 0)
+      split += fmt::format("{}{} {:.2f}", split.empty() ? "" : ", ", mem_name(Mem(i)), plan.bytes[size_t(i)] / kGiB);
+  fail(
+      "rank {} plans {:.2f} GiB ({} GiB) and has {:.2f} GiB ({}); lower train.micro_batch or model.seq_len, set "
+      "train.recompute, shard with parallel.zero, tp or pp (`loom plan memory` prints every rank's plan), or train a "
+      "smaller model",
+      rank, plan.total() / kGiB, split, double(avail.bytes) / kGiB, avail.from);
 }
 
 std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype) {

@@ -26,6 +26,19 @@ struct MemoryPlan {
 // (`spec`: its stage's pipeline_chunk_spec, when the caller has it already).
 MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank = 0,
                        const ChunkSpec* spec = nullptr);
+// The memory one rank may fill: `sharing` ranks divide the host's available memory (its
+// MemAvailable, or what the cgroup's limit leaves when less) or, on a GPU, its free memory.
+struct MemoryAvailable {
+  int64_t bytes = -1;  // -1: unknown (nothing is refused)
+  std::string from;    // "18.2 GiB available on this host, shared by 4 ranks"
+};
+MemoryAvailable memory_available(DeviceKind kind, int sharing);
+// Refuses, before anything is laid out, a model whose weights alone (in `dtype`, spread over
+// all `world` ranks) exceed `avail`: a billion-layer model must not be built to be measured.
+void memory_fit_rough(const Config& cfg, DType dtype, int world, const MemoryAvailable& avail);
+// Refuses a rank whose plan exceeds `avail`, with the plan's numbers and what to change.
+void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& avail);
+
 // The four ZeRO stages side by side for rank 0, MiB.
 std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype);
 // Every rank's plan at cfg's stage, bytes, as JSON.

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "launch/trainer_parts.h"
-#include "runtime/cuda_api.h"
 #include "parallel/pipeline.h"
+#include "runtime/cuda_api.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -79,9 +79,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     spdlog::warn("train.device = \"auto\" trains on the CPU: {}; set train.device = \"cpu\" to say so", p.why);
   {
     const EnvGet get = [](const char* k) { return std::getenv(k); };
-    const ThreadChoice t = threads_choose(cfg.train.threads, launch_env_read(get), get, omp_get_num_procs());
+    const LaunchEnv env = launch_env_read(get);
+    const ThreadChoice t = threads_choose(cfg.train.threads, env, get, omp_get_num_procs());
     p.threads = threads_set(t.threads);
     p.threads_why = t.why;
+    // The ranks of this node share its memory (on GPUs, each GPU's).
+    const int local = std::max(1, env.local_size);
+    p.memory = p.device == "cuda" ? memory_available(DeviceKind::cuda, (local + gpus - 1) / std::max(1, gpus))
+                                  : memory_available(DeviceKind::cpu, local);
+    memory_fit_rough(cfg, p.dtype, opt.world_size, p.memory);
   }
   p.data = data_open(cfg);  // before allocating: a bad file fails fast
 
@@ -148,6 +154,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   // the last), and as many activation slots as its schedule keeps micro-batches in flight.
   // Checks the schedule: a broken table stops here, before any send.
   const ChunkSpec spec = pipeline_chunk_spec(cfg, p.mesh->coord().pp, &p.pipe_schedule);
+  memory_fit_check(plan_memory(cfg, p.device, p.dtype, opt.world_rank, &spec), opt.world_rank, p.memory);
   if (cfg.parallel.pp > 1) p.pipe_ops = pipeline_in_order(p.pipe_schedule).ops[size_t(p.mesh->coord().pp)];
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   const bool ep = cfg.parallel.ep > 1;

@@ -13,6 +13,7 @@
 #include "checkpoint/safetensors.h"
 #include "launch/fault.h"
 #include "launch/launch_env.h"
+#include "launch/plan.h"
 #include "launch/stop.h"
 #include "launch/trainer.h"
 #include "model/backend.h"
@@ -44,6 +45,7 @@ struct Trainer::Parts {
   DType dtype = DType::f32;
   bool lead = true;
   int threads = 1;
+  MemoryAvailable memory;  // what this rank may fill: its plan is checked against it
   DataStreams data;
   Trace trace;
   std::unique_ptr<DeviceMesh> mesh;

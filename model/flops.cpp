@@ -1,23 +1,33 @@
 #include "model/flops.h"
 
+#include "runtime/error.h"
+
 namespace loom {
 
-int64_t param_count(const Config& cfg) {
+// In doubles: exact below 2^53 parameters, and a shape whose count overflows int64 still gets
+// a number to be refused with.
+double param_count_f64(const Config& cfg) {
   const auto& m = cfg.model;
-  const int64_t C = m.d_model, F = m.d_ff, V = m.vocab_size, D = C / m.n_head;
-  const int64_t qkv = (m.n_head + 2 * int64_t(cfg.kv_heads())) * D;
-  int64_t per_layer, rest;
+  const double C = m.d_model, F = m.d_ff, V = m.vocab_size, D = double(m.d_model / m.n_head);
+  const double qkv = (m.n_head + 2.0 * cfg.kv_heads()) * D;
+  double per_layer, rest;
   if (m.arch == "gpt2") {
     per_layer = 4 * C + C * qkv + qkv + C * C + C + C * F + F + F * C + C;
-    rest = V * C + int64_t(m.seq_len) * C + 2 * C;
+    rest = V * C + double(m.seq_len) * C + 2 * C;
   } else {
     per_layer = 2 * C + C * qkv + C * C + 3 * C * F;
     rest = V * C + C;
   }
   if (!m.tie_embeddings) rest += V * C;
   // MoE blocks: the router and every expert instead of the MLP.
-  const int64_t moe = cfg.moe_layers(), E = m.moe.num_experts;
+  const double moe = cfg.moe_layers(), E = m.moe.num_experts;
   return per_layer * m.n_layer + moe * (E * C + (E - 1) * 3 * C * F) + rest;
+}
+
+int64_t param_count(const Config& cfg) {
+  const double n = param_count_f64(cfg);
+  LOOM_CHECK(n < 0x1p62, "the model has {:.3g} parameters, more than loom counts; check the model.* keys", n);
+  return int64_t(n);
 }
 
 int64_t active_param_count(const Config& cfg) {

@@ -17,6 +17,7 @@ struct FlopsPerToken {
 // (attention_probs; flash attention keeps none, so its selective policy reruns no matmul).
 FlopsPerToken flops_per_token(const Config& cfg, bool attention_probs = true);
 int64_t param_count(const Config& cfg);         // every parameter of the model (all experts)
+double param_count_f64(const Config& cfg);      // the same in doubles, which never overflow
 int64_t active_param_count(const Config& cfg);  // those a token meets (its top_k experts)
 
 }  // namespace loom

@@ -92,6 +92,11 @@ int api_device_count() {
   }
   return n;
 }
+size_t api_mem_free() {
+  size_t free = 0, total = 0;
+  LOOM_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
 
 #if defined(LOOM_CUDA_EMULATION)
 constexpr const char* kName = "emulated CUDA";
@@ -116,7 +121,8 @@ const CudaApi kApi{kName,
                    api_event_query,
                    api_stream_wait_event,
                    api_event_elapsed_ms,
-                   api_device_count};
+                   api_device_count,
+                   api_mem_free};
 
 }  // namespace
 

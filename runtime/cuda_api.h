@@ -14,7 +14,7 @@
 namespace loom {
 
 struct CudaApi {
-  const char* name;                                  // "CUDA" or "emulated CUDA"
+  const char* name;                                   // "CUDA" or "emulated CUDA"
   void* (*malloc)(size_t bytes, std::string* error);  // nullptr (and *error) on failure
   void (*free)(void* p);
   void* (*malloc_host)(size_t bytes);  // page-locked
@@ -33,6 +33,7 @@ struct CudaApi {
   void (*stream_wait_event)(void* stream, void* event);
   double (*event_elapsed_ms)(void* a, void* b);
   int (*device_count)();
+  size_t (*mem_free)();  // bytes the device has free now
 };
 
 // The table for a CUDA device kind (cuda or cuda_emulated); cuda in a build without CUDA fails.

@@ -3,6 +3,8 @@
 // copies and memsets run at once, errors carry a message that names what was wrong.
 #include "kernels/emu/runtime.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -62,7 +64,8 @@ namespace {
 cudaError_t poisoned_alloc(void** p, size_t bytes, const char* call) {
   *p = nullptr;
   if (posix_memalign(p, 256, bytes ? bytes : 1) != 0) {
-    emu::set_last_error(cudaErrorMemoryAllocation, std::string(call) + " of " + std::to_string(bytes) + " bytes failed");
+    emu::set_last_error(cudaErrorMemoryAllocation,
+                        std::string(call) + " of " + std::to_string(bytes) + " bytes failed");
     return cudaErrorMemoryAllocation;
   }
   std::memset(*p, 0xff, bytes);  // NaN in fp32 and bf16 until something is written
@@ -105,6 +108,12 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 }
 cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  const long page = sysconf(_SC_PAGESIZE);
+  *free = size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(page);
+  *total = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(page);
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* d) {

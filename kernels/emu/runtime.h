@@ -66,6 +66,8 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s = n
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaGetDeviceCount(int* n);
+// The emulated device's memory is the host's: what the host has available, of its physical memory.
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 cudaError_t cudaGetDevice(int* d);
 cudaError_t cudaSetDevice(int d);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d);
