@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "launch/plan.h"
 #include "model/decode.h"
 #include "runtime/error.h"
 #include "runtime/tokenizer.h"
@@ -94,6 +95,7 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
   auto decode = [&](int32_t id) { return bpe ? bpe->decode({id}) : std::string(1, char(uint8_t(id))); };
 
   threads_set(cfg.train.threads);
+  memory_fit_rough(cfg, DType::f32, 1, memory_available(DeviceKind::cpu, 1));  // before the Decoder allocates
   Decoder dec(cfg, opt.from);
   if (!dec.unused().empty())
     fmt::print(stderr, "{} tensors in {} unused (first: {})\n", dec.unused().size(), opt.from, dec.unused().front());

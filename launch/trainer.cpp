@@ -316,6 +316,9 @@ void Trainer::init() {
     for (size_t i = 0; i < unused.size() && i < 6; ++i) names += (i ? ", " : ": ") + unused[i];
     if (unused.size() > 6) names += fmt::format(" and {} more", unused.size() - 6);
     p.info("loaded {}; {} tensors in it unused{}", p.cfg.init_from, unused.size(), names);
+    // eval runs quiet, and says so too: a file's tensors are never dropped without a word.
+    if (p.opt.quiet && p.lead && !unused.empty())
+      fmt::print(stderr, "{} tensors in {} unused{}\n", unused.size(), p.cfg.init_from, names);
   } else {
     registry_init(p.chunk->registry(), host.data(), uint64_t(p.cfg.train.seed));
   }

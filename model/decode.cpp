@@ -9,6 +9,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "kernels/ops.h"
+#include "model/flops.h"
 #include "runtime/error.h"
 
 namespace loom {
@@ -223,6 +224,19 @@ Config model_config_find(const std::string& weights_path) {
     for (auto& s : hf_config_keys(j, json)) config_set(cfg, s);
   }
   config_validate(cfg);
+  // Checked from the headers before anything is allocated: metadata describing a larger model
+  // than the file holds would be built whole before a tensor is compared.
+  double held = 0;
+  for (auto& [name, shape] : weights_shapes(weights_path)) {
+    double n = 1;
+    for (int64_t d : shape) n *= double(d);
+    held += n;
+  }
+  LOOM_CHECK(param_count_f64(cfg) <= held,
+             "'{}' describes a model of {:.4g} parameters (its {}) but holds {:.4g}; the description is wrong, or "
+             "pass --config with the [model] section it was trained with",
+             weights_path, param_count_f64(cfg), meta.count("loom.model") ? "loom.model metadata" : "config.json",
+             held);
   return cfg;
 }
 
