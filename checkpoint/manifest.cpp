@@ -57,9 +57,10 @@ std::vector<std::string> boxes_problems(const std::string& path, const std::stri
   if (t.shards.empty()) return {fmt::format("'{}': tensor {} has no shards", path, name)};
   for (const ShardRef& s : t.shards) {
     if (!shard_file_ok(s.file)) {
-      bad.push_back(fmt::format("'{}': tensor {} names shard file '{}', which is not a file of the checkpoint "
-                                "directory (a shard file is a bare name: rank-NNNNN.h5)",
-                                path, name, s.file));
+      bad.push_back(
+          fmt::format("'{}': tensor {} names shard file '{}', which is not a file of the checkpoint "
+                      "directory (a shard file is a bare name: rank-NNNNN.h5)",
+                      path, name, s.file));
       continue;
     }
     if (s.offset.size() != t.shape.size() || s.shape.size() != t.shape.size()) {
@@ -70,10 +71,10 @@ std::vector<std::string> boxes_problems(const std::string& path, const std::stri
     }
     for (size_t i = 0; i < t.shape.size(); ++i)
       if (s.shape[i] < 1 || s.offset[i] < 0 || s.offset[i] > t.shape[i] - s.shape[i]) {
-        bad.push_back(fmt::format("'{}': shard {}:{} of tensor {} (offset {}, shape {}) lies outside the tensor's "
-                                  "shape {}",
-                                  path, s.file, s.dataset, name, shape_str(s.offset), shape_str(s.shape),
-                                  shape_str(t.shape)));
+        bad.push_back(
+            fmt::format("'{}': shard {}:{} of tensor {} (offset {}, shape {}) lies outside the tensor's "
+                        "shape {}",
+                        path, s.file, s.dataset, name, shape_str(s.offset), shape_str(s.shape), shape_str(t.shape)));
         break;
       }
   }
@@ -96,7 +97,9 @@ std::string coverage_problem(const std::string& name, const TensorEntry& t) {
   }
   const size_t R = rows.size() - 1, C = cols.size() - 1;
   std::vector<int32_t> cover(R * C, 0);
-  auto at = [](const std::vector<int64_t>& v, int64_t x) { return size_t(std::lower_bound(v.begin(), v.end(), x) - v.begin()); };
+  auto at = [](const std::vector<int64_t>& v, int64_t x) {
+    return size_t(std::lower_bound(v.begin(), v.end(), x) - v.begin());
+  };
   for (const Box& b : boxes)
     for (size_t r = at(rows, b.r0); r < at(rows, b.r0 + b.rows); ++r)
       for (size_t c = at(cols, b.c0); c < at(cols, b.c0 + b.cols); ++c) ++cover[r * C + c];
@@ -178,7 +181,12 @@ Manifest manifest_read(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     fail("'{}' is not a valid manifest: {}", path, e.what());
   }
-  const std::vector<std::string> bad = manifest_problems(path, m);
+  std::vector<std::string> bad = manifest_problems(path, m);
+  // The step names the directory, so the two must agree (a renamed copy keeps its name's).
+  const int64_t named = checkpoint_step_of(dir);
+  if (m.step < 0 || (named >= 0 && named != m.step))
+    bad.insert(bad.begin(), fmt::format("'{}' says step {}{}; the manifest is wrong or the directory was renamed", path,
+                                        m.step, named >= 0 ? fmt::format(" in {}", checkpoint_dir_name(named)) : ""));
   if (!bad.empty())
     fail("{}{}", bad.front(), bad.size() > 1 ? fmt::format(" (and {} more problems)", bad.size() - 1) : "");
   return m;

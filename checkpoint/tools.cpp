@@ -6,6 +6,8 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/pieces.h"
 #include "checkpoint/safetensors.h"
+#include "model/flops.h"
+#include "model/layout.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/tensor.h"
@@ -14,9 +16,56 @@ namespace loom {
 
 namespace fs = std::filesystem;
 
+namespace {
+// What keeps a sound set of files from resuming: the manifest's config must describe a model
+// whose every parameter is there with its moments, at its global shape, and nothing else; the
+// step must lie within that run.
+std::vector<std::string> model_problems(const std::string& dir, const Manifest& m) {
+  const std::string path = dir + "/manifest.json";
+  Config cfg = config_defaults();
+  try {
+    config_load_string(cfg, m.config, path + " (config)");
+    config_validate(cfg);
+  } catch (const Error& e) {
+    return {fmt::format("'{}': its config does not describe a run loom can resume: {}", path, e.what())};
+  }
+  std::vector<std::string> bad;
+  if (m.step > cfg.train.steps)
+    bad.push_back(fmt::format("'{}': step {} is beyond its run's train.steps = {}", path, m.step, cfg.train.steps));
+  // Counted before the model is laid out: a config describing a huge model must not be built.
+  double held = 0;
+  for (auto& [name, t] : m.tensors)
+    if (name.rfind("params/", 0) == 0) held += double(shape_numel(t.shape));
+  if (param_count_f64(cfg) != held) {
+    bad.push_back(
+        fmt::format("'{}': its config describes a model of {:.6g} parameters and its params/ tensors hold {:.6g}", path,
+                    param_count_f64(cfg), held));
+    if (param_count_f64(cfg) > 4 * held + 1e6) return bad;
+  }
+  std::map<std::string, Shape> want;
+  const ModelLayout layout = model_layout(cfg);
+  for (const ParamSpec& s : layout.reg.all())
+    for (const char* kind : {"params", "exp_avg", "exp_avg_sq"})
+      want[std::string(kind) + "/" + s.name] = s.global_shape;
+  for (auto& [name, shape] : want) {
+    auto it = m.tensors.find(name);
+    if (it == m.tensors.end())
+      bad.push_back(fmt::format("'{}': tensor {} ({}) of the model is missing", path, name, shape_str(shape)));
+    else if (it->second.shape != shape)
+      bad.push_back(fmt::format("'{}': tensor {} has shape {} where the model has {}", path, name,
+                                shape_str(it->second.shape), shape_str(shape)));
+  }
+  for (auto& [name, t] : m.tensors)
+    if (!want.count(name))
+      bad.push_back(fmt::format("'{}': tensor {} is not of the model its config describes", path, name));
+  return bad;
+}
+}  // namespace
+
 int ckpt_verify(const std::string& dir) {
   const Manifest m = manifest_read(dir);
-  const std::vector<std::string> bad = checkpoint_problems(dir, m);
+  std::vector<std::string> bad = checkpoint_problems(dir, m);
+  for (auto& b : model_problems(dir, m)) bad.push_back(b);
   for (auto& b : bad) fmt::print(stderr, "error: {}\n", b);
   size_t shards = 0;
   int64_t bytes = 0;
@@ -31,8 +80,10 @@ int ckpt_verify(const std::string& dir) {
     fmt::print("{}: {} problem(s) in {} shards; do not resume from it\n", dir, bad.size(), shards);
     return 1;
   }
-  fmt::print("{}: ok: step {}, {} tensors, {} shards, {:.1f} MB, every hash verified and every tensor covered once\n",
-             dir, m.step, m.tensors.size(), shards, bytes / 1e6);
+  fmt::print(
+      "{}: ok: step {}, {} tensors, {} shards, {:.1f} MB, every hash verified, every tensor covered once, the model's "
+      "every tensor there\n",
+      dir, m.step, m.tensors.size(), shards, bytes / 1e6);
   return 0;
 }
 
@@ -59,7 +110,9 @@ void ckpt_inspect(const std::string& dir) {
     std::error_code ec;
     const auto size = bad.empty() ? fs::file_size(dir + "/" + f, ec) : 0;
     fmt::print("{:<16} {:>12.1f} MB of shards, {} on disk\n", f, b / 1e6,
-               !bad.empty() ? bad : ec ? std::string("unreadable") : fmt::format("{:.1f} MB", double(size) / 1e6));
+               !bad.empty() ? bad
+               : ec         ? std::string("unreadable")
+                            : fmt::format("{:.1f} MB", double(size) / 1e6));
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,6 +33,10 @@ Config config_for(const std::string& from, const std::string& config, std::vecto
   }
   for (auto& s : sets) config_set(cfg, s);
   config_validate(cfg);
+  const bool model_sets = std::any_of(sets.begin(), sets.end(), [](auto& s) { return s.rfind("model.", 0) == 0; });
+  model_config_check_file(
+      cfg, from,
+      config.empty() && !model_sets ? "loom.model metadata (or config.json)" : "description, --config and --set");
   return cfg;
 }
 }  // namespace
@@ -79,6 +84,8 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
 }
 
 std::vector<int32_t> generate_run(const GenerateOptions& opt) {
+  LOOM_CHECK(std::isfinite(opt.temperature) && opt.temperature >= 0,
+             "--temperature {} must be a finite number >= 0 (0: greedy)", opt.temperature);
   const Config cfg = config_for(opt.from, opt.config, opt.sets);
   std::unique_ptr<Gpt2Bpe> bpe;
   if (opt.tokenizer == "gpt2") {

@@ -224,6 +224,10 @@ Config model_config_find(const std::string& weights_path) {
     for (auto& s : hf_config_keys(j, json)) config_set(cfg, s);
   }
   config_validate(cfg);
+  return cfg;
+}
+
+void model_config_check_file(const Config& cfg, const std::string& weights_path, const std::string& origin) {
   // Checked from the headers before anything is allocated: metadata describing a larger model
   // than the file holds would be built whole before a tensor is compared.
   double held = 0;
@@ -233,11 +237,9 @@ Config model_config_find(const std::string& weights_path) {
     held += n;
   }
   LOOM_CHECK(param_count_f64(cfg) <= held,
-             "'{}' describes a model of {:.4g} parameters (its {}) but holds {:.4g}; the description is wrong, or "
-             "pass --config with the [model] section it was trained with",
-             weights_path, param_count_f64(cfg), meta.count("loom.model") ? "loom.model metadata" : "config.json",
-             held);
-  return cfg;
+             "'{}' holds {:.4g} parameters and the model its {} describe has {:.4g}; correct the description, or "
+             "pass --config with the [model] section the weights were trained with",
+             weights_path, held, origin, param_count_f64(cfg));
 }
 
 }  // namespace loom

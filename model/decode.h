@@ -55,5 +55,8 @@ int32_t token_sample(const float* logits, int n, const SampleOptions& opt, std::
 // section loom's export writes into the file's metadata, else the config.json that Hugging
 // Face ships beside the weights. Throws, saying to pass --config, when neither is there.
 Config model_config_find(const std::string& weights_path);
+// Refuses, from the file's headers alone (before anything is allocated), a config describing
+// more parameters than `weights_path` holds; `origin` names where the config came from.
+void model_config_check_file(const Config& cfg, const std::string& weights_path, const std::string& origin);
 
 }  // namespace loom

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <variant>
@@ -60,7 +61,8 @@ std::vector<Field> fields_of(Config& c) {
       {"train.device", &t.device, "auto | cpu | cuda | cuda-emulated (the CUDA backend on the CPU emulation)"},
       {"train.dtype", &t.dtype, "auto | f32 | bf16 (auto: f32 on the CPU, bf16 on CUDA)"},
       {"train.recompute", &t.recompute, "none | selective | full (activation recompute)"},
-      {"train.gelu_epilogue", &t.gelu_epilogue, "fused | separate (CUDA gpt2: GELU's backward in the GEMM epilogue or not)"},
+      {"train.gelu_epilogue", &t.gelu_epilogue,
+       "fused | separate (CUDA gpt2: GELU's backward in the GEMM epilogue or not)"},
       {"train.threads", &t.threads, "threads per rank (0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores / ranks)"},
       {"data.source", &d.source, "synthetic | text | tokens"},
       {"data.path", &d.path, "a text file, or llm.c token shards (a file or a directory)"},
@@ -239,6 +241,9 @@ void set_from_node(Field& f, const toml::node& node, const std::string& origin) 
         } else if constexpr (std::is_same_v<T, double>) {
           if (!node.is_number()) wrong();
           *v = *node.value<double>();
+          // One rule for every float key: a finite number (inf and nan are TOML floats).
+          if (!std::isfinite(*v))
+            fail("{}: {} = {} is not a finite number; every float key must be one", origin, f.key, *v);
         } else if constexpr (std::is_same_v<T, bool>) {
           if (!node.is_boolean()) wrong();
           *v = *node.value<bool>();
@@ -347,11 +352,14 @@ void config_set(Config& cfg, const std::string& assignment) {
           int64_t x;
           auto r = std::from_chars(value.data(), value.data() + value.size(), x);
           if (r.ec != std::errc() || r.ptr != value.data() + value.size()) wrong();
+          if constexpr (std::is_same_v<T, int>)
+            if (x < INT32_MIN || x > INT32_MAX) fail("--set {}: {} is out of range", key, value);
           *v = T(x);
         } else if constexpr (std::is_same_v<T, double>) {
           char* end = nullptr;
           double x = std::strtod(value.c_str(), &end);
           if (value.empty() || *end) wrong();
+          if (!std::isfinite(x)) fail("--set {}: {} is not a finite number; every float key must be one", key, value);
           *v = x;
         } else if constexpr (std::is_same_v<T, bool>) {
           if (value != "true" && value != "false") wrong();

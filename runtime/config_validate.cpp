@@ -58,6 +58,7 @@ void config_validate(Config& cfg) {
   }
   check_positive("model.d_ff", m.d_ff);
   LOOM_CHECK(m.norm_eps > 0, "model.norm_eps = {} must be positive", m.norm_eps);
+  LOOM_CHECK(m.rope_theta > 1, "model.rope_theta = {} must be above 1 (RoPE's base)", m.rope_theta);
   const MoeConfig& moe = m.moe;
   LOOM_CHECK(moe.num_experts >= 0, "model.moe.num_experts = {} must be >= 0 (0: dense)", moe.num_experts);
   if (moe.num_experts > 0) {
@@ -100,6 +101,13 @@ void config_validate(Config& cfg) {
              "train.beta1 and train.beta2 must be in [0, 1)");
   LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
   LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
+  // Far past any machine's cores: OpenMP would try to start them all and the run never would.
+  LOOM_CHECK(t.threads <= 4096,
+             "train.threads = {} is more threads than any node has cores; use 0 (every core) or the "
+             "cores each rank should use",
+             t.threads);
+  LOOM_CHECK(t.weight_decay >= 0, "train.weight_decay = {} must be >= 0", t.weight_decay);
+  LOOM_CHECK(t.eps > 0, "train.eps = {} must be positive (AdamW divides by sqrt(v) + eps)", t.eps);
   // auto is resolved when training starts (device_resolve): the GPU where its kernels run the model.
   // cuda-emulated runs the CUDA backend and kernels on the CPU emulation: the same rules.
   if (t.device == "cuda" || t.device == "cuda-emulated") {
@@ -248,6 +256,10 @@ void config_validate(Config& cfg) {
                "NaN; pick one of those",
                f.nan, at.rank, first_last, world - 1);
   }
+  LOOM_CHECK(f.hang.empty() || p.timeout_s > 0,
+             "fault.hang = \"{}\" with parallel.timeout_s = 0: the watchdog is off, so the hang would never be "
+             "detected; set parallel.timeout_s above 0",
+             f.hang);
   LOOM_CHECK(f.hang.empty() || world > 1,
              "fault.hang = \"{}\" at one rank: nothing would notice (a watchdog watches peers); launch 2 or more "
              "ranks",

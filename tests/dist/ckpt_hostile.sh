@@ -10,7 +10,10 @@
 #   boxes: an offset outside the tensor, a shape of [], of 3 dims or whose product wraps, a
 #          negative offset, a tensor with no shards are refused without a crash;
 #   cover: overlapping shards (a copy of one over another, a shifted offset) and gaps are
-#          refused by every reader, not only verify.
+#          refused by every reader, not only verify;
+#   model: verify refuses what cannot resume: a tensor of the model missing (or all of them), a
+#          tensor the model does not have or at another shape, a step beyond its run; every
+#          reader refuses a negative step or one that disagrees with the directory's name.
 #   ckpt_hostile.sh LOOM
 set -uo pipefail
 loom=$1
@@ -104,6 +107,31 @@ t[name]['shards'] = [a]"
 readers gap "$dir/gap" "in no shard"
 variant twice "t[name]['shards'] = t[name]['shards'] * 2"
 readers twice "$dir/twice" "in more than one"
+
+echo "model"
+# Sound files that cannot resume: verify must say why (it passed them).
+verify_only() {  # CASE CKPT WANT
+  local out=$dir/$1.verify.log
+  timeout 20 "$loom" ckpt verify "$2" > "$out" 2>&1
+  local rc=$?
+  [ $rc = 1 ] || { fail "$1: verify exited $rc, not 1"; tail -3 "$out"; return; }
+  grep -q -- "$3" "$out" || { fail "$1: verify did not say '$3'"; tail -3 "$out"; }
+}
+variant missing "del t['exp_avg/transformer.h.0.mlp.c_fc.weight']"
+verify_only missing "$dir/missing" "tensor exp_avg/transformer.h.0.mlp.c_fc.weight (.*) of the model is missing"
+variant nothing "m['tensors'] = {}"
+verify_only nothing "$dir/nothing" "of the model is missing"
+variant stranger "t['params/stray.weight'] = t[name]"
+verify_only stranger "$dir/stranger" "tensor params/stray.weight is not of the model"
+variant reshaped "import re; m['config'] = re.sub('(?m)^vocab_size = 96$', 'vocab_size = 128', m['config'])"
+verify_only reshaped "$dir/reshaped" "has shape .* where the model has"
+variant beyond "import re; m['config'] = re.sub('(?m)^steps = 2$', 'steps = 1', m['config'])"
+verify_only beyond "$dir/beyond" "step 2 is beyond its run's train.steps = 1"
+variant negstep "m['step'] = -1"
+readers negstep "$dir/negstep" "says step -1"
+mkdir -p "$dir/renamed"
+variant renamed/step-00000005 "pass"
+readers renamed "$dir/renamed/step-00000005" "says step 2 in step-00000005"
 
 echo "links (writer)"
 # A step directory that is a link out of checkpoint.dir: the save is refused and the victim

@@ -203,6 +203,43 @@ TEST(Config, AutoDeviceTakesTheGpuWhereItsKernelsRunTheModel) {
   EXPECT_EQ(dtype_resolve(plain, "cuda"), DType::bf16);
 }
 
+// One rule for every float key, found by what it accepts (a number, not a word): nan and
+// +-inf are refused from --set and from TOML alike.
+TEST(Config, EveryFloatKeyRefusesWhatIsNotFinite) {
+  int floats = 0;
+  for (const std::string& key : config_keys()) {
+    Config c = config_defaults();
+    const bool number = error_of([&] { config_set(c, key + "=0.5"); }).empty();
+    const bool word = error_of([&] { config_set(c, key + "=x"); }).empty();
+    if (!number || word) continue;
+    ++floats;
+    const size_t dot = key.rfind('.');
+    for (const char* bad : {"nan", "inf", "-inf"}) {
+      EXPECT_NE(error_of([&] { config_set(c, key + "=" + bad); }).find("is not a finite number"), std::string::npos)
+          << key << " = " << bad;
+      Config t = config_defaults();
+      const std::string toml = "[" + key.substr(0, dot) + "]\n" + key.substr(dot + 1) + " = " + bad + "\n";
+      EXPECT_NE(error_of([&] { config_load_string(t, toml, "test"); }).find("is not a finite number"),
+                std::string::npos)
+          << toml;
+    }
+  }
+  EXPECT_GE(floats, 15);  // lr, min_lr, eps, weight_decay, rope_theta, capacity_factor, timeout_s, ...
+  // Ranges of keys that had none, and keys whose value could never work.
+  EXPECT_NE(error_of([] { loaded("[train]\nweight_decay = -0.1\n"); }).find("must be >= 0"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[train]\neps = 0.0\n"); }).find("must be positive"), std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[model]\narch = \"llama\"\nrope_theta = 0.5\n"); }).find("must be above 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { loaded("[train]\nthreads = 100000\n"); }).find("more threads than any node"),
+            std::string::npos);
+  Config big = config_defaults();
+  EXPECT_NE(error_of([&] { config_set(big, "model.n_layer=5000000000"); }).find("out of range"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              loaded("[parallel]\ndp = 2\ntimeout_s = 0.0\n[fault]\nhang = \"1:2\"\n");
+            }).find("the hang would never be detected"),
+            std::string::npos);
+}
+
 TEST(Config, EveryKeyRoundTripsThroughToml) {
   Config a = loaded("[model]\narch = \"llama\"\nn_kv_head = 2\n[train]\nlr = 0.25\n");
   Config b = config_defaults();
