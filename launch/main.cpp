@@ -169,8 +169,8 @@ int run(int argc, char** argv) {
   gen->add_option("--merges", gopt.merges, "GPT-2 merges.txt (tokenizer gpt2)");
   gen->add_option("--max-new", gopt.max_new, "tokens to generate (default 64, or what the context leaves)")
       ->check(CLI::NonNegativeNumber);
-  gen->add_option("--temperature", gopt.temperature, "0: greedy (default); above 0: sampled")
-      ->check(CLI::NonNegativeNumber);
+  // Checked by generate_run: finite and >= 0.
+  gen->add_option("--temperature", gopt.temperature, "0: greedy (default); above 0: sampled");
   gen->add_option("--top-k", gopt.top_k, "sample among the k likeliest tokens (0: all)")->check(CLI::NonNegativeNumber);
   gen->add_option("--seed", gopt.seed, "sampling seed: the same seed, the same text");
 

@@ -124,5 +124,13 @@ for r in train eval generate; do
     { fail "extra: $r did not report the unused tensor"; tail -3 extra.$r.log; }
 done
 
+echo "numbers"
+# A temperature that is not a number sampled garbage while the log said "greedy".
+for t in nan inf; do
+  timeout 20 "$loom" generate --from good.safetensors --prompt ab --max-new 2 --temperature $t > temp.log 2>&1
+  rc=$?
+  [ $rc = 2 ] && grep -q "must be a finite number" temp.log || { fail "--temperature $t exited $rc"; tail -2 temp.log; }
+done
+
 [ $fails = 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo ok
