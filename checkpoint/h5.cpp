@@ -35,8 +35,14 @@ std::string h5_reason() {
   return reason.empty() ? "unknown HDF5 error" : reason;
 }
 
+// Before any other HDF5 call: errors come back as values, reported by us; and no exit handler.
+// HDF5's handler closes the files still open at exit, and one whose flush failed on a full
+// disk crashes it (exit 139 instead of the error's 74); such a file is never committed, so
+// nothing is lost when the process ends without it. H5dont_atexit fails harmlessly once the
+// library is initialized.
 void h5_quiet() {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors come back as values, reported by us
+  H5dont_atexit();
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
 // Closes an HDF5 object on scope exit.
@@ -77,7 +83,12 @@ void H5Writer::write(const std::string& name, const std::vector<int64_t>& shape,
 void H5Writer::close() {
   const hid_t f = file_;
   file_ = -1;
-  LOOM_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0, "'{}': cannot flush: {}", path_, h5_reason());
+  if (H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) {
+    const std::string why = h5_reason();
+    H5Fclose(f);  // may fail too on a full disk; the library keeps the id (see h5_quiet)
+    H5Eclear2(H5E_DEFAULT);
+    fail("'{}': cannot flush: {}", path_, why);
+  }
   LOOM_CHECK(H5Fclose(f) >= 0, "'{}': cannot close: {}", path_, h5_reason());
   const int fd = ::open(path_.c_str(), O_RDONLY);
   LOOM_CHECK(fd >= 0, "'{}': cannot reopen to fsync: {}", path_, std::strerror(errno));
@@ -124,6 +135,7 @@ int64_t H5Reader::offset(const std::string& name) const {
 }
 
 std::string checkpoint_libraries() {
+  h5_quiet();
   unsigned maj = 0, min = 0, rel = 0;
   H5get_libversion(&maj, &min, &rel);
   hbool_t safe = 0;

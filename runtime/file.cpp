@@ -20,7 +20,7 @@ void close_checked(std::FILE* f, const std::string& path) {
   const bool flushed = std::fflush(f) == 0, synced = flushed && ::fsync(fileno(f)) == 0;
   const std::string err = why();
   const bool closed = std::fclose(f) == 0;
-  LOOM_CHECK(flushed && synced && closed, "writing '{}' failed ({}); is the disk full?", path, err);
+  if (!(flushed && synced && closed)) fail_io("writing '{}' failed ({}); is the disk full?", path, err);
 }
 }  // namespace
 
@@ -35,8 +35,8 @@ void dir_fsync(const std::string& dir) {
 }
 
 void file_write(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
-  LOOM_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes, "writing '{}' failed ({}); is the disk full?", path,
-             why());
+  if (bytes != 0 && std::fwrite(data, 1, bytes, f) != bytes)
+    fail_io("writing '{}' failed ({}); is the disk full?", path, why());
 }
 
 void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
@@ -59,8 +59,19 @@ void file_write_atomic(const std::string& path, const std::function<void(std::FI
 DurableAppend::DurableAppend(const std::string& path, const char* mode) : path_(path) {
   const std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  f_ = std::fopen(path.c_str(), mode);
+  // Appends open for reading too ("a+"), to look at the last line; writes still go to the end.
+  f_ = std::fopen(path.c_str(), std::strcmp(mode, "a") == 0 ? "a+" : mode);
   LOOM_CHECK(f_, "cannot write '{}' ({}); check log.dir", path, why());
+  // A last line without its newline was cut by a write that failed (a full disk, a kill): it
+  // would glue onto the first line appended now, so it goes.
+  const int fd = fileno(f_);
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  off_t keep = end;
+  char c = '\n';
+  while (keep > 0 && ::pread(fd, &c, 1, keep - 1) == 1 && c != '\n') --keep;
+  if (keep < end && ::ftruncate(fd, keep) == 0)
+    std::fprintf(stderr, "warning: dropped the cut last line of '%s' (%lld bytes)\n", path.c_str(),
+                 static_cast<long long>(end - keep));
 }
 
 DurableAppend::DurableAppend(DurableAppend&& o) noexcept : f_(o.f_), path_(std::move(o.path_)) {
@@ -83,8 +94,22 @@ DurableAppend::~DurableAppend() {
 
 void DurableAppend::line(const std::string& text) {
   if (!f_) return;
-  LOOM_CHECK(std::fputs(text.c_str(), f_) >= 0 && std::fputc('\n', f_) != EOF && std::fflush(f_) == 0,
-             "writing '{}' failed ({}); is the disk full?", path_, why());
+  // Straight to the file (nothing waits in stdio's buffer), and all of the line or none of it:
+  // a failed write is cut back off.
+  const std::string l = text + "\n";
+  const int fd = fileno(f_);
+  const off_t at = ::lseek(fd, 0, SEEK_END);
+  for (size_t done = 0; done < l.size();) {
+    const ssize_t n = ::write(fd, l.data() + done, l.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string err = n < 0 ? why() : "nothing written";
+      const int cut = at >= 0 ? ::ftruncate(fd, at) : -1;  // if this fails too, the next open drops it
+      (void)cut;
+      fail_io("writing '{}' failed ({}); is the disk full?", path_, err);
+    }
+    done += size_t(n);
+  }
 }
 
 void DurableAppend::close() {
