@@ -36,15 +36,20 @@ void no_link(const std::string& path, const std::string& root) {
   std::error_code ec;
   if (!fs::is_symlink(fs::symlink_status(path, ec))) return;
   const fs::path to = fs::read_symlink(path, ec);
-  fail("checkpoint: '{}' is a symbolic link (to '{}'); loom writes and deletes only inside checkpoint.dir '{}', never "
-       "through a link: remove the link, or choose another checkpoint.dir",
-       path, to.string(), root);
+  fail(
+      "checkpoint: '{}' is a symbolic link (to '{}'); loom writes and deletes only inside checkpoint.dir '{}', never "
+      "through a link: remove the link, or choose another checkpoint.dir",
+      path, to.string(), root);
 }
 
 }  // namespace
 
 Checkpointer::Checkpointer(const Config& cfg, ProcessGroup& world, nlohmann::json layout, bool quiet)
-    : cfg_(cfg), world_(world), layout_(std::move(layout)), quiet_(quiet || world.rank() != 0) {}
+    : cfg_(cfg), world_(world), layout_(std::move(layout)), quiet_(quiet || world.rank() != 0) {
+  // One job saves into and prunes a checkpoint directory at a time (every rank saves into the
+  // same one: the ranks' configs are compared at start).
+  if (world.rank() == 0) lock_ = std::make_unique<DirLock>(cfg.checkpoint.dir);
+}
 
 Checkpointer::~Checkpointer() {
   if (thread_.joinable()) thread_.join();
@@ -327,25 +332,6 @@ void runs_fill(const std::string& dir, const Manifest& m, const char* kind, cons
 
 namespace {
 // section.key -> value of a config_to_toml text.
-std::map<std::string, std::string> toml_flat(const std::string& text) {
-  std::map<std::string, std::string> out;
-  std::string section;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t nl = text.find('\n', at);
-    if (nl == std::string::npos) nl = text.size();
-    const std::string line = text.substr(at, nl - at);
-    at = nl + 1;
-    if (line.size() > 2 && line.front() == '[' && line.back() == ']') {
-      section = line.substr(1, line.size() - 2);
-      continue;
-    }
-    const size_t eq = line.find(" = ");
-    if (eq != std::string::npos) out[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
-  }
-  return out;
-}
-
 // The keys of `prefixes` whose values differ between the two configs, as "key: A -> B".
 std::vector<std::string> config_differences(const std::map<std::string, std::string>& saved,
                                             const std::map<std::string, std::string>& now,
@@ -370,7 +356,7 @@ int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRe
                         bool warn) {
   const Manifest m = manifest_read(dir);
   // The model's shape must match; what steers the trajectory may change, with a warning.
-  const auto saved = toml_flat(m.config), now = toml_flat(config_to_toml(cfg));
+  const auto saved = config_flat(m.config), now = config_flat(config_to_toml(cfg));
   std::vector<std::string> model_keys;
   for (const auto& [k, v] : now)
     if (k.rfind("model.", 0) == 0) model_keys.push_back(k);

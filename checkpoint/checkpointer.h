@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,6 +24,7 @@
 #include "parallel/data_parallel.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/config.h"
+#include "runtime/file.h"
 
 namespace loom {
 
@@ -88,6 +90,7 @@ class Checkpointer {
   std::thread thread_;
   std::atomic<int32_t> state_{0};  // write_state()
   std::string error_;              // why this rank's write failed
+  std::unique_ptr<DirLock> lock_;  // rank 0: checkpoint.dir is this job's while it runs
   double write_s_ = 0;
   double commit_ms_ = 0;
 };

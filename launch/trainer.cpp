@@ -89,6 +89,16 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
                                   : memory_available(DeviceKind::cpu, local);
     memory_fit_rough(cfg, p.dtype, opt.world_size, p.memory);
   }
+#if LOOM_HAVE_MPI
+  if (opt.use_mpi && opt.world_size > 1) {
+    // Ranks launched with different configs (another file on another node, an MPMD launch) or
+    // binaries would train diverging replicas or abort in a collective whose sizes disagree.
+    const std::string mine = config_to_toml(cfg) + fmt::format("\n[binary]\nloom = \"{} {} {}\"\n", LOOM_VERSION,
+                                                               LOOM_BUILD_TYPE, binary_digest());
+    const std::string bad = config_disagreement(mpi_all_gather_text(mine));
+    LOOM_CHECK(bad.empty(), "{}", bad);
+  }
+#endif
   p.data = data_open(cfg);  // before allocating: a bad file fails fast
 
   MeshOptions mo;

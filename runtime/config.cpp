@@ -391,4 +391,48 @@ std::string config_to_toml(const Config& cfg, const std::string& only) {
   return out;
 }
 
+std::map<std::string, std::string> config_flat(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::string section;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    const std::string line = text.substr(at, nl - at);
+    at = nl + 1;
+    if (line.size() > 2 && line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos) out[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return out;
+}
+
+std::string config_disagreement(const std::vector<std::string>& texts) {
+  std::string out;
+  int differ = 0;
+  const auto first = config_flat(texts.empty() ? "" : texts[0]);
+  for (size_t r = 1; r < texts.size(); ++r) {
+    if (texts[r] == texts[0]) continue;
+    if (++differ > 4) continue;  // the first few name the problem
+    const auto mine = config_flat(texts[r]);
+    std::string keys;
+    std::map<std::string, std::string> all = first;
+    all.insert(mine.begin(), mine.end());
+    for (const auto& [k, v] : all) {
+      auto a = first.find(k), b = mine.find(k);
+      const std::string va = a == first.end() ? "(absent)" : a->second, vb = b == mine.end() ? "(absent)" : b->second;
+      if (va != vb) keys += fmt::format("{}{} = {} (rank 0: {})", keys.empty() ? "" : ", ", k, vb, va);
+    }
+    out += fmt::format("{}rank {}: {}", out.empty() ? "" : "; ", r, keys.empty() ? "its config text differs" : keys);
+  }
+  if (!differ) return "";
+  return fmt::format(
+      "the ranks of this job were launched with different configs or binaries: {}{}; launch every rank with the same "
+      "config file, --set flags and loom binary",
+      out, differ > 4 ? fmt::format(" (and {} more ranks)", differ - 4) : "");
+}
+
 }  // namespace loom

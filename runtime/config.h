@@ -2,6 +2,7 @@
 // `--set section.key=value`. Unknown keys and wrong types are errors that name the nearest
 // valid key; validate() checks the relations between keys before anything is allocated.
 #pragma once
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -51,7 +52,7 @@ struct TrainConfig {
   // CUDA, gpt2: GELU's backward in the epilogue of the GEMM that makes its input (fused) or a
   // kernel of its own (separate); `loom bench kernels` times both.
   std::string gelu_epilogue = "fused";
-  int threads = 0;                 // 0: OMP_NUM_THREADS if set, else the node's cores shared among its ranks
+  int threads = 0;  // 0: OMP_NUM_THREADS if set, else the node's cores shared among its ranks
 };
 
 struct DataConfig {
@@ -162,6 +163,11 @@ void config_validate(Config& cfg);
 // The resolved config as TOML, numbers as written (0.003); `only`: just that section.
 std::string config_to_toml(const Config& cfg, const std::string& only = "");
 std::vector<std::string> config_keys();
+// config_to_toml's text as "section.key" -> value (as written).
+std::map<std::string, std::string> config_flat(const std::string& toml_text);
+// "" when every rank's text (config_to_toml of its resolved config, with whatever else must
+// agree) is rank 0's; else which ranks differ, in which keys, and what to do.
+std::string config_disagreement(const std::vector<std::string>& texts);
 // Every key with its type, default and meaning, one per line (`loom train --list-keys`).
 std::string config_keys_table();
 

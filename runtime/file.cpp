@@ -1,12 +1,16 @@
 #include "runtime/file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <vector>
 
 #include "runtime/error.h"
 
@@ -117,6 +121,53 @@ void DurableAppend::close() {
   std::FILE* f = f_;
   f_ = nullptr;
   close_checked(f, path_);
+}
+
+DirLock::DirLock(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = dir + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0) fail_io("cannot open '{}' to lock checkpoint.dir: {}", path, why());
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[256] = {0};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    std::string who = n > 0 ? std::string(holder, size_t(n)) : std::string("another process");
+    while (!who.empty() && who.back() == '\n') who.pop_back();
+    LOOM_CHECK(err != EWOULDBLOCK,
+               "checkpoint.dir '{}' is in use by another run ({}), which saves and prunes there; give this run its "
+               "own checkpoint.dir, or wait for that run to end",
+               dir, who);
+    fail_io("cannot lock '{}': {}", path, std::strerror(err));
+  }
+  char host[128] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const std::string me = fmt::format("pid {} on {}, since {}\n", ::getpid(), host, when);
+  // The holder's description is a courtesy (the lock is what counts): a failed write is let be.
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string binary_digest() {
+  std::FILE* f = std::fopen("/proc/self/exe", "rb");
+  if (!f) return "";
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  std::vector<char> buf(size_t(1) << 20);
+  for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;) XXH64_update(st, buf.data(), n);
+  std::fclose(f);
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return fmt::format("{:016x}", h);
 }
 
 void event_append(const std::string& dir, const std::string& event, const std::string& fields) {

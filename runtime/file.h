@@ -23,6 +23,25 @@ void file_write(std::FILE* f, const void* data, size_t bytes, const std::string&
 // O_APPEND: lines of several ranks never interleave. Best effort: it never fails the run.
 void event_append(const std::string& dir, const std::string& event, const std::string& fields);
 
+// xxh64 of this process's executable file, as 16 hex digits ("" where it cannot be read): ranks
+// that must run the same binary compare it.
+std::string binary_digest();
+
+// An exclusive lock on DIR/.lock (flock), held while the object lives and released by the
+// kernel when the process ends however it ends. Taken by a job that saves into and prunes a
+// checkpoint directory; a second job gets an Error naming the holder (pid, host, start).
+class DirLock {
+ public:
+  DirLock() = default;
+  explicit DirLock(const std::string& dir);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 class DurableAppend {
  public:
   DurableAppend() = default;

@@ -4,13 +4,12 @@
 #include <cstdio>
 #include <deque>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "runtime/comm/hang_report.h"
-#include "runtime/trace.h"
-#include <map>
-
 #include "runtime/cuda_api.h"
+#include "runtime/trace.h"
 
 #define LOOM_MPI_CHECK(call)                                                                                           \
   do {                                                                                                                 \
@@ -99,9 +98,7 @@ class MpiGroup final : public ProcessGroup {
     for (auto& [key, p] : pinned_) cuda_api(key.first).free_host(p);
   }
   const char* backend() const override { return "mpi"; }
-  bool carries(DeviceKind d) const override {
-    return d != DeviceKind::cuda || LOOM_HAVE_CUDA;
-  }
+  bool carries(DeviceKind d) const override { return d != DeviceKind::cuda || LOOM_HAVE_CUDA; }
 
   Work all_reduce(Buf b, ReduceOp op, const Stream& after) override {
     count(CommOp::all_reduce, b.bytes());
@@ -121,7 +118,8 @@ class MpiGroup final : public ProcessGroup {
     Buf hi = st.input(in), ho = st.output(out);
     MPI_Op mop = hi.dtype == DType::bf16 ? bf16_sum_ : MPI_SUM;
     return issue(CommOp::reduce_scatter, std::move(st), [=, this](MPI_Request* r) {
-      LOOM_MPI_CHECK(MPI_Ireduce_scatter_block(hi.data, ho.data, mpi_count(ho.count), mpi_type(hi.dtype), mop, comm_, r));
+      LOOM_MPI_CHECK(
+          MPI_Ireduce_scatter_block(hi.data, ho.data, mpi_count(ho.count), mpi_type(hi.dtype), mop, comm_, r));
     });
   }
   Work all_gather(Buf in, Buf out, const Stream& after) override {
@@ -212,7 +210,7 @@ class MpiGroup final : public ProcessGroup {
       void* host;
       size_t bytes;
     };
-    std::vector<Back> back;                      // results to copy to the device on landing
+    std::vector<Back> back;  // results to copy to the device on landing
     struct Held {
       DeviceKind kind;
       size_t bytes;
@@ -238,15 +236,9 @@ class MpiGroup final : public ProcessGroup {
       if (write) back.push_back({b.device, b.data, h, b.bytes()});
       return Buf(h, b.count, b.dtype, DeviceKind::cpu);
     }
-    Buf input(Buf b) {
-      return host_of(b, true, false);
-    }
-    Buf output(Buf b) {
-      return host_of(b, false, true);
-    }
-    Buf inout(Buf b) {
-      return host_of(b, true, true);
-    }
+    Buf input(Buf b) { return host_of(b, true, false); }
+    Buf output(Buf b) { return host_of(b, false, true); }
+    Buf inout(Buf b) { return host_of(b, true, true); }
   };
 
   void* pinned_take(DeviceKind kind, size_t bytes) {
@@ -305,9 +297,7 @@ class MpiGroup final : public ProcessGroup {
     s.cv.notify_all();
   }
 
-  double now_us() const {
-    return trace_ ? trace_->now_us() : 0.0;
-  }
+  double now_us() const { return trace_ ? trace_->now_us() : 0.0; }
 
   void watchdog(const Op& oldest) const {
     if (timeout_s_ <= 0) return;
@@ -417,6 +407,22 @@ int mpi_local_size() {
   MPI_Comm_size(node, &n);
   MPI_Comm_free(&node);
   return n;
+}
+
+std::vector<std::string> mpi_all_gather_text(const std::string& mine) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int n = mpi_count(int64_t(mine.size()));
+  std::vector<int> sizes(static_cast<size_t>(world)), at(static_cast<size_t>(world), 0);
+  LOOM_MPI_CHECK(MPI_Allgather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  int64_t total = 0;
+  for (int r = 0; r < world; ++r) at[size_t(r)] = mpi_count(total), total += sizes[size_t(r)];
+  std::string all(size_t(total), '\0');
+  LOOM_MPI_CHECK(
+      MPI_Allgatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), at.data(), MPI_CHAR, MPI_COMM_WORLD));
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r) out.push_back(all.substr(size_t(at[size_t(r)]), size_t(sizes[size_t(r)])));
+  return out;
 }
 
 void mpi_abort(int code) {

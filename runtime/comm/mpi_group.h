@@ -44,6 +44,8 @@ std::unique_ptr<ProcessGroup> mpi_group(const std::string& name, int color, cons
 std::string mpi_library_version();
 // Ranks of this job on this node (MPI's shared-memory split); collective over the world.
 int mpi_local_size();
+// Every world rank's `mine`, by rank; collective over the world.
+std::vector<std::string> mpi_all_gather_text(const std::string& mine);
 // Ends the whole job from any rank (MPI_Abort with `code`).
 [[noreturn]] void mpi_abort(int code);
 
