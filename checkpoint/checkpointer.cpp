@@ -331,23 +331,11 @@ void runs_fill(const std::string& dir, const Manifest& m, const char* kind, cons
 }  // namespace
 
 namespace {
-// section.key -> value of a config_to_toml text.
-// The keys of `prefixes` whose values differ between the two configs, as "key: A -> B".
-std::vector<std::string> config_differences(const std::map<std::string, std::string>& saved,
-                                            const std::map<std::string, std::string>& now,
-                                            const std::vector<std::string>& keys) {
-  std::vector<std::string> out;
-  for (const std::string& k : keys) {
-    auto a = saved.find(k), b = now.find(k);
-    const std::string va = a == saved.end() ? "(absent)" : a->second, vb = b == now.end() ? "(absent)" : b->second;
-    if (va != vb) out.push_back(fmt::format("{} = {} there, {} here", k, va, vb));
-  }
-  return out;
-}
-
-std::string joined(const std::vector<std::string>& v) {
+// The differences from the saved config (a) to this run's (b), as "key = A there, B here; ...".
+std::string joined(const std::vector<ConfigDiff>& v) {
   std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : "; ") + s;
+  for (const ConfigDiff& d : v)
+    out += fmt::format("{}{} = {} there, {} here", out.empty() ? "" : "; ", d.key, d.a, d.b);
   return out;
 }
 }  // namespace
@@ -357,20 +345,16 @@ int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRe
   const Manifest m = manifest_read(dir);
   // The model's shape must match; what steers the trajectory may change, with a warning.
   const auto saved = config_flat(m.config), now = config_flat(config_to_toml(cfg));
-  std::vector<std::string> model_keys;
-  for (const auto& [k, v] : now)
-    if (k.rfind("model.", 0) == 0) model_keys.push_back(k);
-  for (const auto& [k, v] : saved)
-    if (k.rfind("model.", 0) == 0 && !now.count(k)) model_keys.push_back(k);
-  const std::vector<std::string> shape = config_differences(saved, now, model_keys);
+  std::vector<ConfigDiff> shape = config_diff(saved, now);
+  std::erase_if(shape, [](const ConfigDiff& d) { return d.key.rfind("model.", 0) != 0; });
   LOOM_CHECK(shape.empty(),
              "checkpoint '{}' holds another model: {}; the model.* keys must match the run that wrote it", dir,
              joined(shape));
-  const std::vector<std::string> course =
-      config_differences(saved, now,
-                         {"train.global_batch", "train.steps", "train.lr", "train.min_lr", "train.warmup_steps",
-                          "train.schedule", "train.weight_decay", "train.beta1", "train.beta2", "train.eps",
-                          "train.grad_clip", "train.seed", "data.source", "data.path", "data.shuffle"});
+  const std::vector<ConfigDiff> course =
+      config_diff(saved, now,
+                  {"train.global_batch", "train.steps", "train.lr", "train.min_lr", "train.warmup_steps",
+                   "train.schedule", "train.weight_decay", "train.beta1", "train.beta2", "train.eps", "train.grad_clip",
+                   "train.seed", "data.source", "data.path", "data.shuffle"});
   if (warn && !course.empty())
     spdlog::warn("resuming from '{}' with settings that change the run's course: {}", dir, joined(course));
 

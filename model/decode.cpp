@@ -231,11 +231,7 @@ void model_config_check_file(const Config& cfg, const std::string& weights_path,
   // Checked from the headers before anything is allocated: metadata describing a larger model
   // than the file holds would be built whole before a tensor is compared.
   double held = 0;
-  for (auto& [name, shape] : weights_shapes(weights_path)) {
-    double n = 1;
-    for (int64_t d : shape) n *= double(d);
-    held += n;
-  }
+  for (auto& [name, shape] : weights_shapes(weights_path)) held += double(shape_numel(shape));  // each fits the file
   LOOM_CHECK(param_count_f64(cfg) <= held,
              "'{}' holds {:.4g} parameters and the model its {} describe has {:.4g}; correct the description, or "
              "pass --config with the [model] section the weights were trained with",

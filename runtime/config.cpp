@@ -410,6 +410,24 @@ std::map<std::string, std::string> config_flat(const std::string& text) {
   return out;
 }
 
+std::vector<ConfigDiff> config_diff(const std::map<std::string, std::string>& a,
+                                    const std::map<std::string, std::string>& b, const std::vector<std::string>& keys) {
+  std::vector<std::string> all = keys;
+  if (all.empty()) {
+    std::set<std::string> both;
+    for (const auto& [k, v] : a) both.insert(k);
+    for (const auto& [k, v] : b) both.insert(k);
+    all.assign(both.begin(), both.end());
+  }
+  std::vector<ConfigDiff> out;
+  for (const std::string& k : all) {
+    auto x = a.find(k), y = b.find(k);
+    ConfigDiff d{k, x == a.end() ? "(absent)" : x->second, y == b.end() ? "(absent)" : y->second};
+    if (d.a != d.b) out.push_back(std::move(d));
+  }
+  return out;
+}
+
 std::string config_disagreement(const std::vector<std::string>& texts) {
   std::string out;
   int differ = 0;
@@ -417,15 +435,9 @@ std::string config_disagreement(const std::vector<std::string>& texts) {
   for (size_t r = 1; r < texts.size(); ++r) {
     if (texts[r] == texts[0]) continue;
     if (++differ > 4) continue;  // the first few name the problem
-    const auto mine = config_flat(texts[r]);
     std::string keys;
-    std::map<std::string, std::string> all = first;
-    all.insert(mine.begin(), mine.end());
-    for (const auto& [k, v] : all) {
-      auto a = first.find(k), b = mine.find(k);
-      const std::string va = a == first.end() ? "(absent)" : a->second, vb = b == mine.end() ? "(absent)" : b->second;
-      if (va != vb) keys += fmt::format("{}{} = {} (rank 0: {})", keys.empty() ? "" : ", ", k, vb, va);
-    }
+    for (const ConfigDiff& d : config_diff(first, config_flat(texts[r])))
+      keys += fmt::format("{}{} = {} (rank 0: {})", keys.empty() ? "" : ", ", d.key, d.b, d.a);
     out += fmt::format("{}rank {}: {}", out.empty() ? "" : "; ", r, keys.empty() ? "its config text differs" : keys);
   }
   if (!differ) return "";

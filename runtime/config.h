@@ -165,6 +165,14 @@ std::string config_to_toml(const Config& cfg, const std::string& only = "");
 std::vector<std::string> config_keys();
 // config_to_toml's text as "section.key" -> value (as written).
 std::map<std::string, std::string> config_flat(const std::string& toml_text);
+// A key whose values differ between two config_flat maps ("(absent)" where one lacks it).
+struct ConfigDiff {
+  std::string key, a, b;
+};
+// The keys of `keys` (empty: of either map), in order, whose values differ between a and b.
+std::vector<ConfigDiff> config_diff(const std::map<std::string, std::string>& a,
+                                    const std::map<std::string, std::string>& b,
+                                    const std::vector<std::string>& keys = {});
 // "" when every rank's text (config_to_toml of its resolved config, with whatever else must
 // agree) is rank 0's; else which ranks differ, in which keys, and what to do.
 std::string config_disagreement(const std::vector<std::string>& texts);
