@@ -135,8 +135,9 @@ double sum_squares(const float* x, int64_t n);
 void widen(float* out, const bf16* in, int64_t n);
 void narrow(bf16* out, const float* in, int64_t n);
 
-// defines: moe_route, moe_gather, moe_combine, moe_combine_backward, moe_scatter_add,
-// moe_router_backward, column_sums (kernels/cpu/moe.cpp)
+// defines: moe_route, moe_plan, moe_ep_maps, moe_gather, moe_combine, moe_combine_backward,
+// moe_scatter_add, moe_router_backward, column_sums, moe_stats_add, moe_aux_grad
+// (kernels/cpu/moe.cpp)
 // Mixture of experts over N tokens, E experts, top k. A token's k choices are its
 // assignments; row_of[t*k + j] is the row of assignment j in the expert-sorted buffer (-1:
 // dropped by capacity), token_of_row[r] the token of row r.
@@ -144,7 +145,22 @@ void narrow(bf16* out, const float* in, int64_t n);
 // w [N,k]: their probabilities over their sum (Mixtral's renormalization).
 template <class S>
 void moe_route(float* probs, int32_t* idx, float* w, const S* logits, int N, int E, int k);
-// rows[r] = x[token_of_row[r]], rows [R, C] overwritten.
+// The routing plan of the A = N*k assignments in idx [N,k]: each expert takes its assignments
+// in token order, at most `cap` of them; the rest are dropped. counts [2E] (overwritten):
+// assignments routed to each expert, then those kept. Expert e's rows are [start_e, start_e +
+// kept_e) of the expert-sorted buffer of `rows` rows: start_e = e * slot (slot > 0: the padded
+// layout, every shape fixed, cap <= slot), or the kept rows of the experts before e (slot = 0:
+// compact). row_of [A]: each assignment's row, -1 if dropped; token_of [rows]: each row's
+// token, -1 for rows no assignment took.
+void moe_plan(int32_t* row_of, int32_t* token_of, int32_t* counts, const int32_t* idx, int N, int E, int k, int cap,
+              int slot, int rows);
+// Expert parallelism over P ranks of El experts: received rows come source-major (rank r's rows
+// for its experts j = 0..El-1 in turn), the experts compute on them expert-major (expert j's
+// rows from rank 0, 1, ... in turn). from [P*El]: rows from rank r for expert j, or null for the
+// padded layout (`slot` rows each). map_in[q]: the received row of expert-major row q;
+// map_out[p]: the expert-major row of received row p (overwritten, one per received row).
+void moe_ep_maps(int32_t* map_in, int32_t* map_out, const int32_t* from, int P, int El, int slot);
+// rows[r] = x[token_of_row[r]] (zeros where token_of_row[r] < 0), rows [R, C] overwritten.
 template <class S>
 void moe_gather(S* rows, const S* x, const int32_t* token_of_row, int R, int C);
 // out[t] = sum_j w[t,j] * rows[row_of[t,j]] over kept assignments (zero if none), overwrite.
@@ -165,5 +181,12 @@ void moe_router_backward(S* dlogits, const float* probs, const int32_t* idx, con
                          const float* aux_g, int N, int E, int k);
 // out[e] = sum_t probs[t,e] (fixed order), overwrite.
 void column_sums(float* out, const float* probs, int N, int E);
+// A layer's statistics from moe_plan's counts and the probabilities' column sums: st[0] += the
+// load-balancing loss E sum_e f_e P_e (f_e: expert e's share of the N*k assignments, P_e its
+// mean probability), st[1] += the busiest expert's assignments over the mean, st[2] += the
+// dropped fraction, st[3] += 1.
+void moe_stats_add(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k);
+// g[e] = scale * f_e (overwrite): the load-balancing loss's gradient per expert probability.
+void moe_aux_grad(float* g, const int32_t* counts, double scale, int N, int E, int k);
 
 }  // namespace loom::cpu

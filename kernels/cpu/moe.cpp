@@ -1,7 +1,9 @@
 // Mixture-of-experts routing, permutation and combination (kernels/ops.h gives the shapes).
 // Every loop runs over tokens or rows with per-row work only: no shared sums, so the results
 // do not depend on the thread count.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/moe_row.h"
 #include "kernels/ops.h"
@@ -18,12 +20,55 @@ void moe_route(float* probs, int32_t* idx, float* w, const S* logits, int N, int
   }
 }
 
+void moe_plan(int32_t* row_of, int32_t* token_of, int32_t* counts, const int32_t* idx, int N, int E, int k, int cap,
+              int slot, int rows) {
+  const int64_t A = int64_t(N) * k;
+  int32_t *routed = counts, *kept = counts + E;
+  std::vector<int64_t> start(static_cast<size_t>(E)), taken(static_cast<size_t>(E), 0);
+  for (int e = 0; e < E; ++e) routed[e] = 0;
+  for (int64_t i = 0; i < A; ++i) ++routed[idx[i]];
+  for (int64_t e = 0, at = 0; e < E; ++e) {
+    kept[e] = std::min(routed[e], cap);
+    start[size_t(e)] = slot > 0 ? e * slot : at;
+    at += kept[e];
+  }
+  for (int r = 0; r < rows; ++r) token_of[r] = -1;
+  for (int64_t i = 0; i < A; ++i) {
+    const int e = idx[i];
+    const int64_t p = taken[size_t(e)]++;
+    row_of[i] = p < cap ? int32_t(start[size_t(e)] + p) : -1;
+    if (p < cap) token_of[start[size_t(e)] + p] = int32_t(i / k);
+  }
+}
+
+void moe_ep_maps(int32_t* map_in, int32_t* map_out, const int32_t* from, int P, int El, int slot) {
+  auto len = [&](int r, int j) { return int64_t(from ? from[r * El + j] : slot); };
+  // Expert-major: expert j's rows start after every row of the experts before it.
+  std::vector<int64_t> q(static_cast<size_t>(El), 0);
+  for (int j = 0; j + 1 < El; ++j) {
+    q[size_t(j) + 1] = q[size_t(j)];
+    for (int r = 0; r < P; ++r) q[size_t(j) + 1] += len(r, j);
+  }
+  int64_t p = 0;
+  for (int r = 0; r < P; ++r)
+    for (int j = 0; j < El; ++j)
+      for (int64_t i = 0, n = len(r, j); i < n; ++i, ++p) {
+        const int64_t at = q[size_t(j)]++;
+        map_in[at] = int32_t(p);
+        map_out[p] = int32_t(at);
+      }
+}
+
 template <class S>
 void moe_gather(S* rows, const S* x, const int32_t* token_of_row, int R, int C) {
 #pragma omp parallel for schedule(static)
   for (int r = 0; r < R; ++r) {
-    const S* src = x + int64_t(token_of_row[r]) * C;
     S* dst = rows + int64_t(r) * C;
+    if (token_of_row[r] < 0) {
+      for (int c = 0; c < C; ++c) st(dst[c], 0.0f);
+      continue;
+    }
+    const S* src = x + int64_t(token_of_row[r]) * C;
     for (int c = 0; c < C; ++c) dst[c] = src[c];
   }
 }
@@ -100,6 +145,27 @@ void column_sums(float* out, const float* probs, int N, int E) {
   for (int e = 0; e < E; ++e) out[e] = 0.0f;
   for (int t = 0; t < N; ++t)
     for (int e = 0; e < E; ++e) out[e] += probs[int64_t(t) * E + e];
+}
+
+void moe_stats_add(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k) {
+  const int64_t A = int64_t(N) * k;
+  double aux = 0.0;
+  int64_t busiest = 0, kept = 0;
+  for (int e = 0; e < E; ++e) {
+    const float share = float(double(counts[e]) / double(A));
+    aux += double(share) * double(prob_sums[e]) / N;
+    busiest = std::max<int64_t>(busiest, counts[e]);
+    kept += counts[E + e];
+  }
+  st[0] += E * aux;
+  st[1] += double(busiest) / (double(A) / E);
+  st[2] += double(A - kept) / double(A);
+  st[3] += 1;
+}
+
+void moe_aux_grad(float* g, const int32_t* counts, double scale, int N, int E, int k) {
+  const int64_t A = int64_t(N) * k;
+  for (int e = 0; e < E; ++e) g[e] = float(scale * float(double(counts[e]) / double(A)));
 }
 
 #define LOOM_MOE(S)                                                                                                   \

@@ -77,11 +77,13 @@ cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-// C is bf16, or fp32 where c_f32 (then no bias and no GELU): the shapes come from gemm_plan.
+// C is bf16, or fp32 where c_f32 (then no bias and no GELU): the shapes come from gemm_plan
+// (gemm_plan_batched for a strided batch of more than one).
 void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                    const bf16* B, int ldb, float beta, void* C, bool c_f32, int ldc, const bf16* bias, Gelu gelu,
-                   const bf16* aux, cudaStream_t s) {
-  const LtGemm g = gemm_plan(trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, gelu, c_f32);
+                   const bf16* aux, const GemmBatch& batch, cudaStream_t s) {
+  const LtGemm g = batch.count > 1 ? gemm_plan_batched(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_f32, batch)
+                                   : gemm_plan(trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, gelu, c_f32);
   const std::string what = g.describe(M, N, K);
   auto check = [&](cublasStatus_t st, const char* call) {
     LOOM_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt {} failed for the GEMM {}: {} ({})", call, what,
@@ -120,6 +122,15 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
   check(cublasLtMatrixLayoutCreate(&lc.d, c_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(g.c.rows), uint64_t(g.c.cols),
                                    g.c.ld),
         "MatrixLayoutCreate (C)");
+  if (g.batch > 1) {  // every layout holds the batch's count and its own stride
+    for (auto [l, stride] : {std::pair{lf.d, g.first.batch_stride}, std::pair{ls.d, g.second.batch_stride},
+                             std::pair{lc.d, g.c.batch_stride}}) {
+      check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &g.batch, sizeof(g.batch)),
+            "BATCH_COUNT");
+      check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+            "STRIDED_BATCH_OFFSET");
+    }
+  }
   Preference pref;
   check(cublasLtMatmulPreferenceCreate(&pref.d), "MatmulPreferenceCreate");
   const size_t ws = ctx.workspace_bytes();
@@ -127,8 +138,15 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
         "MAX_WORKSPACE_BYTES");
   // The heuristics assume 256-byte aligned operands unless told otherwise: give them each
   // pointer's real alignment, so they never choose a kernel these buffers cannot feed.
-  const uint32_t align_first = pointer_alignment(B), align_second = pointer_alignment(A),
-                 align_c = pointer_alignment(C);
+  // In a batch, every matrix's: the base's and the stride's in bytes, whichever is less.
+  auto aligned = [&](const void* p, int64_t stride, size_t elem) {
+    const uint32_t a = pointer_alignment(p);
+    if (g.batch == 1) return a;
+    const uint32_t s = pointer_alignment(reinterpret_cast<const void*>(uintptr_t(stride) * elem));
+    return a < s ? a : s;
+  };
+  const uint32_t align_first = aligned(B, g.first.batch_stride, 2), align_second = aligned(A, g.second.batch_stride, 2),
+                 align_c = aligned(C, g.c.batch_stride, c_f32 ? 4 : 2);
   auto set_alignment = [&](cublasLtMatmulPreferenceAttributes_t attr, const uint32_t& bytes, const char* name) {
     check(cublasLtMatmulPreferenceSetAttribute(pref.d, attr, &bytes, sizeof(bytes)), name);
   };
@@ -151,22 +169,37 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
 
 void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
           const bf16* B, int ldb, float beta, bf16* C, int ldc, const bf16* bias, cudaStream_t s) {
-  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, false, ldc, bias, Gelu::none, nullptr, s);
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, false, ldc, bias, Gelu::none, nullptr, {}, s);
 }
 
 void gemm_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                  const bf16* B, int ldb, float beta, float* C, int ldc, cudaStream_t s) {
-  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, true, ldc, nullptr, Gelu::none, nullptr, s);
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, true, ldc, nullptr, Gelu::none, nullptr, {},
+                s);
+}
+
+void gemm_batched(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+                  const bf16* B, int ldb, float beta, bf16* C, int ldc, const GemmBatch& batch, cudaStream_t s) {
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, false, ldc, nullptr, Gelu::none, nullptr,
+                batch, s);
+}
+
+void gemm_batched_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
+                         int lda, const bf16* B, int ldb, float beta, float* C, int ldc, const GemmBatch& batch,
+                         cudaStream_t s) {
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, true, ldc, nullptr, Gelu::none, nullptr, batch,
+                s);
 }
 
 void gemm_gelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                const bf16* B, int ldb, bf16* C, int ldc, const bf16* bias, bf16* pre, cudaStream_t s) {
-  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, false, ldc, bias, Gelu::forward, pre, s);
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, false, ldc, bias, Gelu::forward, pre, {}, s);
 }
 
 void gemm_dgelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                 const bf16* B, int ldb, bf16* C, int ldc, const bf16* pre, cudaStream_t s) {
-  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, false, ldc, nullptr, Gelu::backward, pre, s);
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, 0.0f, C, false, ldc, nullptr, Gelu::backward, pre, {},
+                s);
 }
 
 }  // namespace loom::cuda

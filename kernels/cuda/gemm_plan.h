@@ -32,9 +32,18 @@ inline const char* epilogue_name(LtEpilogue e) {
   return "?";
 }
 
-// A column-major matrix as cuBLASLt's layout descriptor holds it.
+// A column-major matrix as cuBLASLt's layout descriptor holds it; batch_stride: elements from
+// one matrix of a strided batch to the next (CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET).
 struct LtLayout {
   int64_t rows, cols, ld;
+  int64_t batch_stride = 0;
+};
+
+// A strided batch of `count` GEMMs of one shape, each operand of loom's (A, B, C) `stride_*`
+// elements after the one before (the experts of a MoE layer, their rows and weights).
+struct GemmBatch {
+  int count = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 struct LtGemm {
@@ -44,11 +53,13 @@ struct LtGemm {
   LtEpilogue epilogue;
   int64_t aux_ld;  // the GELU aux (laid out like D), 0 without GELU
   bool c_f32;
+  int batch = 1;  // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT of every layout
   // One line naming the problem, for errors: loom's shape and cuBLASLt's.
   std::string describe(int M, int N, int K) const {
-    return fmt::format("{}x{}x{} (cuBLASLt m {} n {} k {}, op {}{}, ld {} {} {}, epilogue {}, C {})", M, N, K, m, n, k,
-                       trans_first ? 'T' : 'N', trans_second ? 'T' : 'N', first.ld, second.ld, c.ld,
-                       epilogue_name(epilogue), c_f32 ? "fp32" : "bf16");
+    return fmt::format("{}x{}x{}{} (cuBLASLt m {} n {} k {}, op {}{}, ld {} {} {}, epilogue {}, C {})", M, N, K,
+                       batch > 1 ? fmt::format(" x {} batched", batch) : "", m, n, k, trans_first ? 'T' : 'N',
+                       trans_second ? 'T' : 'N', first.ld, second.ld, c.ld, epilogue_name(epilogue),
+                       c_f32 ? "fp32" : "bf16");
   }
 };
 
@@ -80,6 +91,23 @@ inline LtGemm gemm_plan(bool trans_a, bool trans_b, int M, int N, int K, int lda
                                         : LtEpilogue::none;
   g.aux_ld = gelu == Gelu::none ? 0 : ldc;
   g.c_f32 = c_f32;
+  return g;
+}
+
+// The same over a strided batch (no bias, no GELU: the expert GEMMs have neither). The outputs
+// must not overlap; inputs may be shared (stride 0).
+inline LtGemm gemm_plan_batched(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb, int ldc, bool c_f32,
+                                const GemmBatch& b) {
+  LtGemm g = gemm_plan(trans_a, trans_b, M, N, K, lda, ldb, ldc, false, Gelu::none, c_f32);
+  LOOM_CHECK(b.count >= 1, "GEMM {}x{}x{}: a batch of {} GEMMs", M, N, K, b.count);
+  LOOM_CHECK(b.stride_a >= 0 && b.stride_b >= 0, "GEMM {}x{}x{}: negative batch strides", M, N, K);
+  LOOM_CHECK(b.count == 1 || b.stride_c >= int64_t(M) * ldc,
+             "GEMM {}x{}x{} x {} batched: C's stride {} is shorter than a matrix of C ({} x ld {}), so outputs overlap",
+             M, N, K, b.count, b.stride_c, M, ldc);
+  g.batch = b.count;
+  g.first.batch_stride = b.stride_b;
+  g.second.batch_stride = b.stride_a;
+  g.c.batch_stride = b.stride_c;
   return g;
 }
 
@@ -119,6 +147,15 @@ void lt_reference(const LtGemm& g, double alpha, const T* first, const T* second
   auto at = [](const T* p, const LtLayout& l, bool trans, int64_t i, int64_t j) {
     return double(trans ? p[j + i * l.ld] : p[i + j * l.ld]);  // element (i, j) of op(matrix)
   };
+  if (g.batch > 1) {  // each matrix of the batch as a GEMM of its own
+    LOOM_CHECK(g.epilogue == LtEpilogue::none, "a batched GEMM with an epilogue");
+    LtGemm one = g;
+    one.batch = 1;
+    for (int b = 0; b < g.batch; ++b)
+      lt_reference(one, alpha, first + b * g.first.batch_stride, second + b * g.second.batch_stride, beta,
+                   c + b * g.c.batch_stride, bias, aux);
+    return;
+  }
   for (int64_t j = 0; j < g.n; ++j)
     for (int64_t i = 0; i < g.m; ++i) {
       double acc = 0;

@@ -32,7 +32,9 @@ inline int64_t column_partials_floats(int N, int C) {
 void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s);
 void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s);
 
-// defines: GemmContext, gemm, gemm_gelu, gemm_dgelu (cuBLASLt, bf16 in and out, fp32 accumulation)
+// defines: GemmContext, gemm, gemm_f32out, gemm_batched, gemm_batched_f32out, gemm_gelu, gemm_dgelu
+// (cuBLASLt, bf16 in and out, fp32 accumulation)
+struct GemmBatch;  // kernels/cuda/gemm_plan.h
 // The cuBLASLt handle and workspace, owned by whoever runs the GEMMs (one per device).
 class GemmContext {
  public:
@@ -58,6 +60,13 @@ void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int 
 // without a bf16 rounding per micro-batch.
 void gemm_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                  const bf16* B, int ldb, float beta, float* C, int ldc, cudaStream_t s);
+// A strided batch of such GEMMs in one call (the experts of a MoE layer, one each), C bf16 or
+// fp32; GemmBatch (kernels/cuda/gemm_plan.h) gives the count and each operand's stride.
+void gemm_batched(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+                  const bf16* B, int ldb, float beta, bf16* C, int ldc, const GemmBatch& batch, cudaStream_t s);
+void gemm_batched_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
+                         int lda, const bf16* B, int ldb, float beta, float* C, int ldc, const GemmBatch& batch,
+                         cudaStream_t s);
 // C = gelu(op(A) @ op(B) + bias) with GELU's argument kept in pre[M, N] (stride ldc, a
 // multiple of 8): the fused bias + GELU epilogue. bias may be null. The model does not use it
 // (its GELU on the fp32 accumulator could not be recomputed to the bit from pre); loom bench
@@ -162,9 +171,17 @@ void sum_squares_table(double* out, const float* grads, const OptChunkDev* chunk
 // *scale = clip_coef(sqrt(*sum_squares), max_norm), on the device.
 void grad_clip_scale(float* scale, const double* sum_squares, double max_norm, cudaStream_t s);
 
-// defines: moe_route, moe_gather, moe_combine, moe_combine_backward, moe_scatter_add,
-// moe_router_backward, column_sums (kernels/cuda/moe.cu; kernels/ops.h gives the semantics)
+// defines: moe_route, moe_plan, moe_ep_maps, moe_gather, moe_combine, moe_combine_backward,
+// moe_scatter_add, moe_router_backward, column_sums, moe_stats_add, moe_aux_grad
+// (kernels/cuda/moe.cu; kernels/ops.h gives the semantics)
 void moe_route(float* probs, int32_t* idx, float* w, const bf16* logits, int N, int E, int k, cudaStream_t s);
+// scratch: moe_plan_scratch_ints(N * k, E).
+int64_t moe_plan_scratch_ints(int64_t A, int E);
+void moe_plan(int32_t* row_of, int32_t* token_of, int32_t* counts, const int32_t* idx, int N, int E, int k, int cap,
+              int slot, int rows, int32_t* scratch, cudaStream_t s);
+void moe_ep_maps(int32_t* map_in, int32_t* map_out, const int32_t* from, int P, int El, int slot, cudaStream_t s);
+void moe_stats_add(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k, cudaStream_t s);
+void moe_aux_grad(float* g, const int32_t* counts, double scale, int N, int E, int k, cudaStream_t s);
 void moe_gather(bf16* rows, const bf16* x, const int32_t* token_of_row, int R, int C, cudaStream_t s);
 void moe_combine(bf16* out, const bf16* rows, const int32_t* row_of, const float* w, int N, int k, int C,
                  cudaStream_t s);

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/gemm_plan.h"
@@ -43,6 +44,8 @@ struct cublasLtMatrixLayoutOpaque_t {
   cudaDataType_t type;
   uint64_t rows, cols;
   int64_t ld;
+  int32_t batch = 1;
+  int64_t stride = 0;  // elements from one matrix of the batch to the next
 };
 struct cublasLtMatmulPreferenceOpaque_t {
   uint32_t align[4] = {256, 256, 256, 256};
@@ -78,14 +81,24 @@ cublasStatus_t problem_check(const cublasLtMatmulDescOpaque_t& op, const cublasL
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "an epilogue the emulation does not compute");
   if (a.type != CUDA_R_16BF || b.type != CUDA_R_16BF)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A and B must be bf16 with fp32 compute");
-  if (c.type != d.type || c.rows != d.rows || c.cols != d.cols || c.ld != d.ld)
+  if (c.type != d.type || c.rows != d.rows || c.cols != d.cols || c.ld != d.ld || c.batch != d.batch ||
+      c.stride != d.stride)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "C and D must share type and layout here (D is written over C)");
+  if (a.batch != d.batch || b.batch != d.batch)
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, "the layouts' BATCH_COUNTs differ (" + std::to_string(a.batch) + ", " +
+                                                   std::to_string(b.batch) + ", " + std::to_string(d.batch) + ")");
+  if (d.batch > 1 && d.stride < d.ld * int64_t(d.cols))
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, "D's STRIDED_BATCH_OFFSET " + std::to_string(d.stride) +
+                                                   " makes the batch's outputs overlap (a matrix is " +
+                                                   std::to_string(d.ld * int64_t(d.cols)) + " elements)");
   const uint64_t m = d.rows, n = d.cols;
   const uint64_t ar = op.trans_a == CUBLAS_OP_T ? a.cols : a.rows, ak = op.trans_a == CUBLAS_OP_T ? a.rows : a.cols;
   const uint64_t bk = op.trans_b == CUBLAS_OP_T ? b.cols : b.rows, bc = op.trans_b == CUBLAS_OP_T ? b.rows : b.cols;
   if (ar != m || bc != n || ak != bk)
     return refuse(CUBLAS_STATUS_INVALID_VALUE,
                   "op(A) " + dims(a) + " times op(B) " + dims(b) + " does not make D " + dims(d));
+  if (d.batch > 1 && op.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "the emulation computes no epilogue over a batch");
   if (d.type == CUDA_R_32F && op.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "no bias or GELU epilogue with an fp32 D and bf16 A and B");
   if (has_bias(op.epilogue) && op.bias_type != d.type)
@@ -119,6 +132,47 @@ float gelu(float x) {
 float gelu_grad(float x) {
   const float u = 0.7978845608f * (x + 0.044715f * x * x * x), t = std::tanh(u);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// Matrix `batch` of a strided batch.
+template <class P>
+P* offset(P* p, const cublasLtMatrixLayoutOpaque_t& l, int32_t batch) {
+  using Byte = std::conditional_t<std::is_const_v<P>, const char, char>;
+  return reinterpret_cast<P*>(reinterpret_cast<Byte*>(p) + int64_t(batch) * l.stride * int64_t(type_bytes(l.type)));
+}
+
+// One matrix of a batch: D = alpha op(A) op(B) + beta C with the epilogue, per element.
+void matmul_one(const cublasLtMatmulDescOpaque_t& o, float a, float bt, const void* A,
+                const cublasLtMatrixLayoutOpaque_t& lA, const void* B, const cublasLtMatrixLayoutOpaque_t& lB,
+                const void* C, void* D, const cublasLtMatrixLayoutOpaque_t& lD) {
+  const int m = int(lD.rows), n = int(lD.cols);
+  const int k = int(o.trans_a == CUBLAS_OP_T ? lA.rows : lA.cols);
+  const std::vector<float> fa = widen(A, lA), fb = widen(B, lB);
+  std::vector<float> acc(size_t(m) * n);
+  cblas_sgemm(CblasColMajor, o.trans_a == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
+              o.trans_b == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, a, fa.data(), int(lA.rows), fb.data(),
+              int(lB.rows), 0.0f, acc.data(), m);
+  const bool f32 = lD.type == CUDA_R_32F;
+  const auto* bias = static_cast<const uint16_t*>(o.bias);
+  auto* aux = static_cast<uint16_t*>(const_cast<void*>(o.aux));
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      const size_t at = size_t(i) + size_t(j) * size_t(lD.ld);
+      float x = acc[size_t(i) + size_t(j) * m];
+      if (bt != 0.0f)
+        x += bt * (f32 ? static_cast<const float*>(C)[at] : bf16_to_f32(static_cast<const uint16_t*>(C)[at]));
+      if (has_bias(o.epilogue)) x += bf16_to_f32(bias[i]);
+      if (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+        aux[size_t(i) + size_t(j) * o.aux_ld] = f32_to_bf16(x);
+        x = gelu(x);
+      } else if (o.epilogue == CUBLASLT_EPILOGUE_DGELU) {
+        x *= gelu_grad(bf16_to_f32(aux[size_t(i) + size_t(j) * o.aux_ld]));
+      }
+      if (f32)
+        static_cast<float*>(D)[at] = x;
+      else
+        static_cast<uint16_t*>(D)[at] = f32_to_bf16(x);
+    }
 }
 
 }  // namespace
@@ -213,6 +267,22 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
   delete l;
   return CUBLAS_STATUS_SUCCESS;
 }
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                                                const void* buf, size_t bytes) {
+  if (!l || !buf) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a null layout or attribute buffer");
+  if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
+    if (bytes != sizeof(int32_t)) return refuse(CUBLAS_STATUS_INVALID_VALUE, "BATCH_COUNT is an int32_t");
+    std::memcpy(&l->batch, buf, bytes);
+    if (l->batch < 1) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a BATCH_COUNT below 1");
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET) {
+    if (bytes != sizeof(int64_t)) return refuse(CUBLAS_STATUS_INVALID_VALUE, "STRIDED_BATCH_OFFSET is an int64_t");
+    std::memcpy(&l->stride, buf, bytes);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return refuse(CUBLAS_STATUS_INVALID_VALUE, "a matrix layout attribute the emulation does not know");
+}
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
   *p = new cublasLtMatmulPreferenceOpaque_t;
   return CUBLAS_STATUS_SUCCESS;
@@ -269,12 +339,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   if (const cublasStatus_t s = problem_check(*op, *la, *lb, *lc, *ld); s != CUBLAS_STATUS_SUCCESS) return s;
   if (C != D) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "only D written over C is emulated");
   const void* ptrs[4] = {A, B, C, D};
+  const cublasLtMatrixLayoutOpaque_t* lays[4] = {la, lb, lc, ld};
   for (int i = 0; i < 4; ++i)
-    if (pointer_alignment(ptrs[i]) < algo->align[i])
-      return refuse(CUBLAS_STATUS_INVALID_VALUE,
-                    std::string("operand ") + "ABCD"[i] + " is " + std::to_string(pointer_alignment(ptrs[i])) +
-                        "-byte aligned, but the algorithm was chosen for " + std::to_string(algo->align[i]) +
-                        " bytes (set CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*)");
+    for (int32_t batch = 0; batch < lays[i]->batch; ++batch)  // every matrix of a batch
+      if (const void* p = offset(ptrs[i], *lays[i], batch); pointer_alignment(p) < algo->align[i])
+        return refuse(CUBLAS_STATUS_INVALID_VALUE,
+                      std::string("operand ") + "ABCD"[i] + (batch ? " (batch " + std::to_string(batch) + ")" : "") +
+                          " is " + std::to_string(pointer_alignment(p)) +
+                          "-byte aligned, but the algorithm was chosen for " + std::to_string(algo->align[i]) +
+                          " bytes (set CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*)");
   if (workspace_bytes > 0 && !workspace) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a null workspace");
   if (has_bias(op->epilogue) && !op->bias) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a bias epilogue without a bias");
   if (has_aux(op->epilogue) && !op->aux) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a GELU epilogue without its aux");
@@ -287,40 +360,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   if (stream && (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS))
     writes->add(o.aux, "cublasLtMatmul");
   stream_enqueue(stream, [=] {
-    const int m = int(lD.rows), n = int(lD.cols);
-    const int k = int(o.trans_a == CUBLAS_OP_T ? lA.rows : lA.cols);
-    const std::vector<float> fa = widen(A, lA), fb = widen(B, lB);
-    std::vector<float> acc(size_t(m) * n);
-    cblas_sgemm(CblasColMajor, o.trans_a == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
-                o.trans_b == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, m, n, k, a, fa.data(), int(lA.rows), fb.data(),
-                int(lB.rows), 0.0f, acc.data(), m);
-    const bool f32 = lD.type == CUDA_R_32F;
-    const auto* bias = static_cast<const uint16_t*>(o.bias);
-    auto* aux = static_cast<uint16_t*>(const_cast<void*>(o.aux));
-    for (int j = 0; j < n; ++j)
-      for (int i = 0; i < m; ++i) {
-        const size_t at = size_t(i) + size_t(j) * size_t(lD.ld);
-        float x = acc[size_t(i) + size_t(j) * m];
-        if (bt != 0.0f)
-          x += bt * (f32 ? static_cast<const float*>(C)[at] : bf16_to_f32(static_cast<const uint16_t*>(C)[at]));
-        if (has_bias(o.epilogue)) x += bf16_to_f32(bias[i]);
-        if (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
-          aux[size_t(i) + size_t(j) * o.aux_ld] = f32_to_bf16(x);
-          x = gelu(x);
-        } else if (o.epilogue == CUBLASLT_EPILOGUE_DGELU) {
-          x *= gelu_grad(bf16_to_f32(aux[size_t(i) + size_t(j) * o.aux_ld]));
-        }
-        if (f32)
-          static_cast<float*>(D)[at] = x;
-        else
-          static_cast<uint16_t*>(D)[at] = f32_to_bf16(x);
-      }
+    for (int32_t batch = 0; batch < lD.batch; ++batch)
+      matmul_one(o, a, bt, offset(A, lA, batch), lA, offset(B, lB, batch), lB, offset(C, lD, batch),
+                 offset(D, lD, batch), lD);
     ++n_matmuls;
     writes->done();
   });
   return CUBLAS_STATUS_SUCCESS;
 }
-
 uint64_t cublaslt_emulated_matmuls() {
   return n_matmuls.load();
 }

@@ -3,6 +3,7 @@
 // wrappers' descriptors must pass as the real library's.
 #include <gtest/gtest.h>
 
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/ops.h"
 #include "tests/cuda/cuda_testing.h"
 
@@ -91,4 +92,36 @@ TEST_F(Cuda, GemmGeluEpilogues) {
   Dev Dy(dy), W2(w2), P2(pre), G(size_t(M) * N);
   cuda::gemm_dgelu(ctx, false, true, M, N, K, Dy.p, K, W2.p, K, G.p, N, P2.p, nullptr);
   EXPECT_LT(rel(G.get(), want), 3e-2);
+}
+
+// The experts' GEMMs as one strided batch (a MoE layer's forward, input gradient and fp32
+// weight gradient): each matrix against its own OpenBLAS GEMM. Gaps between the matrices make
+// a stride taken for the matrix's size read the wrong rows.
+TEST_F(Cuda, GemmStridedBatchOfExperts) {
+  cuda::GemmContext ctx;
+  const int G = 3, M = 21, K = 40, N = 24;  // per expert: M rows, [N, K] weights
+  const int64_t sa = int64_t(M) * K + 8, sw = int64_t(N) * K + 16, sc = int64_t(M) * N + 8;
+  auto x = randn(size_t(sa * G), 20), w = randn(size_t(sw * G), 21), dy = randn(size_t(sc * G), 22);
+  auto dw0 = randn(size_t(sw * G), 23);
+  std::vector<float> y(size_t(sc * G), 0.0f), dx(size_t(sa * G), 0.0f), dw = dw0;
+  for (int g = 0; g < G; ++g) {
+    cpu::gemm(false, true, M, N, K, 1.0f, x.data() + g * sa, K, w.data() + g * sw, K, 0.0f, y.data() + g * sc, N);
+    cpu::gemm(false, false, M, K, N, 1.0f, dy.data() + g * sc, N, w.data() + g * sw, K, 0.0f, dx.data() + g * sa, K);
+    cpu::gemm(true, false, N, K, M, 1.0f, dy.data() + g * sc, N, x.data() + g * sa, K, 1.0f, dw.data() + g * sw, K);
+  }
+  Dev X(x), W(w), Dy(dy), Y(std::vector<float>(y.size(), 0.0f)), Dx(std::vector<float>(dx.size(), 0.0f));
+  DevRaw<float> Dw(dw0);
+  cuda::gemm_batched(ctx, false, true, M, N, K, X.p, K, W.p, K, 0.0f, Y.p, N, cuda::GemmBatch{G, sa, sw, sc}, nullptr);
+  cuda::gemm_batched(ctx, false, false, M, K, N, Dy.p, N, W.p, K, 0.0f, Dx.p, K, cuda::GemmBatch{G, sc, sw, sa},
+                     nullptr);
+  cuda::gemm_batched_f32out(ctx, true, false, N, K, M, Dy.p, N, X.p, K, 1.0f, Dw.p, K, cuda::GemmBatch{G, sc, sa, sw},
+                            nullptr);
+  auto only = [&](const std::vector<float>& v, int64_t stride, int64_t n) {  // the matrices, not the gaps
+    std::vector<float> out;
+    for (int g = 0; g < G; ++g) out.insert(out.end(), v.begin() + g * stride, v.begin() + g * stride + n);
+    return out;
+  };
+  EXPECT_LT(rel(only(Y.get(), sc, int64_t(M) * N), only(y, sc, int64_t(M) * N)), 3e-2) << "forward";
+  EXPECT_LT(rel(only(Dx.get(), sa, int64_t(M) * K), only(dx, sa, int64_t(M) * K)), 3e-2) << "input gradient";
+  EXPECT_LT(rel(Dw.get(), dw), 1e-5) << "fp32 weight gradient (+=), gaps untouched";
 }

@@ -457,3 +457,109 @@ TEST_F(Cuda, MoeKernels) {
   EXPECT_TRUE(close(Dl.get(), dlogits, 1e-4, 1e-2)) << "router backward";
   EXPECT_TRUE(close(Sums.get(), sums, 1e-5, 1e-5)) << "column sums";
 }
+
+// The routing plan on the device against the CPU's, bitwise: rows, tokens and counts, in the
+// padded layout (a capacity that drops, slots wider than it) and the compact one (dropless and
+// with a capacity), over several chunks of assignments with a ragged last one, experts that get
+// nothing, and more experts than the scan's threads.
+TEST_F(Cuda, MoePlan) {
+  struct Case {
+    int N, E, k, cap, slot;
+    const char* what;
+  };
+  const int N = kSanitized ? 301 : 1289;
+  const Case cases[] = {{N, 8, 2, N * 2 / 8 - 7, N * 2 / 8 - 7, "padded, a capacity that drops"},
+                        {N, 8, 2, N * 2 / 8 - 7, N, "padded, slots wider than the capacity"},
+                        {N, 8, 2, N * 2, 0, "compact, dropless"},
+                        {N, 8, 1, N / 8 + 3, 0, "compact, a capacity"},
+                        {N, 300, 4, N * 4, 0, "compact, 300 experts"},
+                        {7, 4, 2, 14, 0, "fewer assignments than a chunk"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const int A = c.N * c.k, rows = c.slot > 0 ? c.E * c.slot : A;
+    // k distinct experts per token, skewed towards the low ones; experts past E/2 + 3 get none
+    // (the last case takes every one).
+    std::mt19937_64 g(uint64_t(c.E) * 31 + uint64_t(c.k));
+    std::vector<int32_t> idx(static_cast<size_t>(A));
+    for (int t = 0; t < c.N; ++t)
+      for (int j = 0; j < c.k; ++j) {
+        int e;
+        bool taken;
+        do {
+          const int span = c.N > 7 ? c.E / 2 + 3 : c.E;
+          e = int(g() % uint64_t(span)) / (1 + int(g() % 2));
+          taken = false;
+          for (int i = 0; i < j; ++i) taken = taken || idx[size_t(t * c.k + i)] == e;
+        } while (taken);
+        idx[size_t(t * c.k + j)] = e;
+      }
+    std::vector<int32_t> row_of(static_cast<size_t>(A)), token_of(static_cast<size_t>(rows)),
+        counts(static_cast<size_t>(2 * c.E));
+    cpu::moe_plan(row_of.data(), token_of.data(), counts.data(), idx.data(), c.N, c.E, c.k, c.cap, c.slot, rows);
+    DevRaw<int32_t> Idx(idx), RowOf(std::vector<int32_t>(size_t(A), 77)),
+        TokenOf(std::vector<int32_t>(size_t(rows), 77)), Counts(std::vector<int32_t>(size_t(2 * c.E), 77)),
+        Scratch(std::vector<int32_t>(size_t(cuda::moe_plan_scratch_ints(A, c.E)), 77));
+    cuda::moe_plan(RowOf.p, TokenOf.p, Counts.p, Idx.p, c.N, c.E, c.k, c.cap, c.slot, rows, Scratch.p, nullptr);
+    EXPECT_EQ(Counts.get(), counts) << "routed and kept per expert";
+    EXPECT_EQ(RowOf.get(), row_of) << "each assignment's row";
+    EXPECT_EQ(TokenOf.get(), token_of) << "each row's token";
+    int dropped = 0, idle = 0;
+    for (int e = 0; e < c.E; ++e)
+      dropped += counts[size_t(e)] - counts[size_t(c.E + e)], idle += counts[size_t(e)] == 0;
+    if (c.cap < A) {
+      EXPECT_GT(dropped, 0) << "the case drops nothing";
+    }
+    if (c.N > 7) {
+      EXPECT_GT(idle, 0) << "every expert got assignments";
+    }
+  }
+}
+
+// The expert-parallel maps (received rows source-major <-> expert-major) against the CPU's, for
+// counts with empty runs and for the padded layout; the statistics and the load-balancing
+// gradient bitwise; the gather's zero rows.
+TEST_F(Cuda, MoeMapsStatsAndGather) {
+  const int P = 3, El = 4;
+  std::vector<int32_t> from = {5, 0, 2, 9, 0, 0, 3, 1, 7, 4, 0, 6};
+  for (const bool padded : {false, true}) {
+    SCOPED_TRACE(padded ? "padded" : "counts");
+    const int slot = 5;
+    int64_t Rr = 0;
+    for (int32_t n : from) Rr += padded ? slot : n;
+    std::vector<int32_t> in(static_cast<size_t>(Rr)), out(static_cast<size_t>(Rr));
+    cpu::moe_ep_maps(in.data(), out.data(), padded ? nullptr : from.data(), P, El, slot);
+    DevRaw<int32_t> From(from), In(std::vector<int32_t>(size_t(Rr), -7)), Out(std::vector<int32_t>(size_t(Rr), -7));
+    cuda::moe_ep_maps(In.p, Out.p, padded ? nullptr : From.p, P, El, slot, nullptr);
+    EXPECT_EQ(In.get(), in);
+    EXPECT_EQ(Out.get(), out);
+    for (int64_t p = 0; p < Rr; ++p) ASSERT_EQ(in[size_t(out[size_t(p)])], p) << "the maps are each other's inverse";
+  }
+
+  const int N = 97, E = 8, k = 2;
+  std::vector<int32_t> counts = {40, 0, 31, 50, 25, 9, 20, 19, 40, 0, 30, 30, 25, 9, 20, 19};
+  auto sums = randn(size_t(E), 60, 10.0f);
+  std::vector<double> st = {0.5, 1.5, 0.25, 2};
+  std::vector<float> g(static_cast<size_t>(E), 3.0f);
+  cpu::moe_stats_add(st.data(), counts.data(), sums.data(), N, E, k);
+  cpu::moe_aux_grad(g.data(), counts.data(), 0.0123, N, E, k);
+  DevRaw<int32_t> Counts(counts);
+  DevRaw<float> Sums(sums), G(std::vector<float>(size_t(E), 4.0f));
+  DevRaw<double> St(std::vector<double>{0.5, 1.5, 0.25, 2});
+  cuda::moe_stats_add(St.p, Counts.p, Sums.p, N, E, k, nullptr);
+  cuda::moe_aux_grad(G.p, Counts.p, 0.0123, N, E, k, nullptr);
+  EXPECT_EQ(St.get(), st) << "statistics (+=)";
+  EXPECT_EQ(G.get(), g) << "the load-balancing gradient";
+  EXPECT_EQ(st[3], 3.0);
+  EXPECT_NEAR(st[2], 0.25 + double(21) / (N * k), 1e-15) << "the dropped fraction";
+
+  const int C = 70, R = 6;
+  auto x = randn(size_t(4) * C, 61);
+  std::vector<int32_t> token_of = {2, -1, 0, 3, -1, 2};
+  std::vector<float> rows(size_t(R) * C, 5.0f);
+  cpu::moe_gather(rows.data(), x.data(), token_of.data(), R, C);
+  Dev X(x), Rows(std::vector<float>(size_t(R) * C, 5.0f));
+  DevRaw<int32_t> TokenOf(token_of);
+  cuda::moe_gather(Rows.p, X.p, TokenOf.p, R, C, nullptr);
+  EXPECT_EQ(Rows.get(), rows);
+  EXPECT_EQ(rows[size_t(1) * C + 3], 0.0f) << "a row no token took is zero";
+}

@@ -104,6 +104,50 @@ TEST(GemmPlan, TheModelsLinearLayers) {
   }
 }
 
+// A strided batch (the experts of a MoE layer: their rows, their weights, their outputs and
+// fp32 weight gradients), every transpose, against each matrix's row-major formula.
+TEST(GemmPlan, StridedBatches) {
+  std::mt19937_64 g(11);
+  std::normal_distribution<double> d;
+  auto fill = [&](size_t n) {
+    std::vector<double> v(n);
+    for (auto& x : v) x = d(g);
+    return v;
+  };
+  const int M = 5, N = 7, K = 3, count = 4;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool c_f32 : {false, true}) {
+        const Case c{ta, tb, false, c_f32, Gelu::none};
+        const int lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, ldc = N + 3;
+        // Padding between the matrices too: a stride taken as the matrix's size reads it.
+        const int64_t sa = int64_t(ta ? K : M) * lda + 5, sb = int64_t(tb ? N : K) * ldb + 6, sc = int64_t(M) * ldc + 7;
+        auto A = fill(size_t(sa * count)), B = fill(size_t(sb * count)), C0 = fill(size_t(sc * count));
+        const double beta = c_f32 ? 1.0 : 0.0;
+        auto want = C0;
+        std::vector<double> none;
+        for (int b = 0; b < count; ++b) {
+          std::vector<double> a(A.begin() + b * sa, A.begin() + (b + 1) * sa),
+              bb(B.begin() + b * sb, B.begin() + (b + 1) * sb), cc(want.begin() + b * sc, want.begin() + (b + 1) * sc);
+          row_major(c, M, N, K, a, lda, bb, ldb, cc, ldc, beta, none, none);
+          std::copy(cc.begin(), cc.end(), want.begin() + b * sc);
+        }
+        const LtGemm plan = gemm_plan_batched(ta, tb, M, N, K, lda, ldb, ldc, c_f32, GemmBatch{count, sa, sb, sc});
+        EXPECT_EQ(plan.batch, count);
+        auto got = C0;
+        lt_reference(plan, 1.0, B.data(), A.data(), beta, got.data(), (const double*)nullptr, (double*)nullptr);
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 1e-12) << plan.describe(M, N, K) << " at " << i;
+      }
+  // Outputs that overlap are refused, and the error names the batch.
+  try {
+    gemm_plan_batched(false, true, 4, 8, 3, 3, 3, 8, false, GemmBatch{2, 12, 24, 31});
+    ADD_FAILURE() << "overlapping outputs accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x 2 batched"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GemmPlan, RefusesWhatCublasLtWould) {
   EXPECT_THROW(gemm_plan(false, false, 4, 12, 3, 3, 12, 12, false, Gelu::forward, false), Error);  // aux ld % 8
   EXPECT_THROW(gemm_plan(false, false, 4, 8, 3, 2, 8, 8, false, Gelu::none, false), Error);        // lda < K
