@@ -1,6 +1,7 @@
 // One token's routing arithmetic, shared by the CPU kernels (kernels/cpu/moe.cpp) and their
 // CUDA twins (kernels/cuda/moe.cu): each runs it per token, in the same order, so both devices
-// route alike. `logit(e)` reads logit e as a float; `store(e, v)` writes the logit gradient.
+// route alike. And the size of the device plan's scratch, which the activation plan reserves. `logit(e)` reads logit e
+// as a float; `store(e, v)` writes the logit gradient.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,14 @@
 #endif
 
 namespace loom::moe_row {
+
+// The device's routing plan (kernels/cuda/moe.cu) works on chunks of this many assignments and
+// needs this much int32 scratch for A assignments over E experts: each one's rank within its
+// chunk, each chunk's count per expert, each expert's first row.
+constexpr int kPlanChunk = 256;
+LOOM_HOST_DEVICE inline int64_t plan_scratch_ints(int64_t A, int E) {
+  return A + (A + kPlanChunk - 1) / kPlanChunk * E + E;
+}
 
 // Softmax over the E experts into p, the top k (ties to the lower index) into id, and their
 // probabilities renormalized to sum to one into wt (Mixtral).

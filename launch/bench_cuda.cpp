@@ -1,5 +1,6 @@
 // `loom bench kernels`: the GPU's bf16 GEMM rate (cuBLASLt), the MLP GEMM with GELU separate
-// and fused into its epilogue, and causal attention forward and backward at a config's shape,
+// and fused into its epilogue, a MoE layer's experts batched against one GEMM each, and causal
+// attention forward and backward at a config's shape,
 // the tensor-core kernels next to the row-wise ones (ratios in one run are the numbers to trust
 // on a shared machine). CUDA events time each one.
 #include <fmt/core.h>
@@ -11,7 +12,9 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "model/layout.h"
 #include "runtime/comm/nccl_group.h"
 #endif
 
@@ -95,6 +98,38 @@ void bench_kernels(const Config& cfg) {
     fmt::print("train.gelu_epilogue: \"{}\" is faster at this shape (backward {:.3f} ms fused, {:.3f} ms separate)\n",
                fused_b <= sep_b ? "fused" : "separate", fused_b, sep_b);
     for (void* p : {(void*)x, (void*)w, (void*)bias, (void*)pre, (void*)act, (void*)dx}) cudaFree(p);
+  }
+  if (const int E = cfg.model.moe.num_experts; E > 0) {
+    // A MoE layer's experts: their two forward GEMMs as one strided batch each (the padded
+    // layout of a capacity) against one GEMM per expert (dropless), at the rows an expert gets:
+    // its slot from every ep rank, or an even share of the assignments.
+    const int P = cfg.parallel.ep, El = E / P, N = B * T, C = cfg.model.d_model, F = cfg.model.d_ff;
+    const int64_t slot = moe_slot(cfg, N);
+    const int M = int(slot ? P * slot : std::max<int64_t>(1, int64_t(N) * cfg.model.moe.top_k * P / E));
+    const int64_t wstride = 3 * int64_t(F) * C;
+    bf16 *x = device_zeros<bf16>(size_t(El) * M * C), *w = device_zeros<bf16>(size_t(El) * wstride),
+         *fc = device_zeros<bf16>(size_t(El) * M * 2 * F), *act = device_zeros<bf16>(size_t(El) * M * F),
+         *y = device_zeros<bf16>(size_t(El) * M * C);
+    const double flops = 2.0 * El * M * C * 3.0 * F;
+    const double batched = time_ms(s, 10, [&] {
+      cuda::gemm_batched(ctx, false, true, M, 2 * F, C, x, C, w, C, 0.0f, fc, 2 * F,
+                         {El, int64_t(M) * C, wstride, int64_t(M) * 2 * F}, s);
+      cuda::gemm_batched(ctx, false, true, M, C, F, act, F, w + 2 * int64_t(F) * C, F, 0.0f, y, C,
+                         {El, int64_t(M) * F, wstride, int64_t(M) * C}, s);
+    });
+    const double loop = time_ms(s, 10, [&] {
+      for (int e = 0; e < El; ++e)
+        cuda::gemm(ctx, false, true, M, 2 * F, C, x + int64_t(e) * M * C, C, w + e * wstride, C, 0.0f,
+                   fc + int64_t(e) * M * 2 * F, 2 * F, nullptr, s);
+      for (int e = 0; e < El; ++e)
+        cuda::gemm(ctx, false, true, M, C, F, act + int64_t(e) * M * F, F, w + e * wstride + 2 * int64_t(F) * C, F,
+                   0.0f, y + int64_t(e) * M * C, C, nullptr, s);
+    });
+    const std::string shape = fmt::format("{} x {}x{}x{}", El, M, 2 * F, C);
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", "moe experts batched " + shape, batched, flops / batched / 1e9);
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", "moe experts per expert " + shape, loop, flops / loop / 1e9);
+    fmt::print("MoE experts: one batched GEMM per matrix {:.2f}x the per-expert loop\n", loop / batched);
+    for (void* p : {(void*)x, (void*)w, (void*)fc, (void*)act, (void*)y}) cudaFree(p);
   }
   const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D, ns = size_t(B) * H * T;
   bf16 *qkv = device_zeros<bf16>(nq), *out = device_zeros<bf16>(no), *dout = device_zeros<bf16>(no),

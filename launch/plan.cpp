@@ -41,7 +41,8 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
   const int64_t n = int64_t(layout.reg.numel());
   const int stage = cfg.parallel.zero;
   std::vector<PlanItem> items = cuda ? cuda_backend_plan(cfg) : cpu_backend_plan(cfg, dtype);
-  // The chunk (model/chunk.cpp): flat buffers, activations, scratch, RoPE tables, loss sum.
+  // The chunk (model/chunk.cpp): flat buffers, activations, scratch, RoPE tables, loss sum, MoE
+  // statistics.
   if (stage < 3) items.push_back({"params", n, dtype, Mem::params});
   if (stage < 2) items.push_back({"grads", n, DType::f32, Mem::grads});
   const ChunkPlan a = chunk_plan(cfg, spec, traits);
@@ -53,6 +54,7 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
     for (int i = 0; i < 2; ++i)
       items.push_back({"rope", int64_t(cfg.model.seq_len) * cfg.head_dim() / 2, DType::f32, Mem::workspace});
   items.push_back({"loss_sum", 1, DType::f64, Mem::workspace});
+  if (cfg.moe_layers()) items.push_back({"moe_stats", 4 * cfg.moe_layers(), DType::f64, Mem::workspace});
   for (auto& it : pipeline_stage_plan(cfg, at.pp, dtype)) items.push_back(it);
   // The data-parallel side and its optimizer.
   const auto dp_items =

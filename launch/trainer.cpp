@@ -168,10 +168,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   if (cfg.parallel.pp > 1) p.pipe_ops = pipeline_in_order(p.pipe_schedule).ops[size_t(p.mesh->coord().pp)];
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   const bool ep = cfg.parallel.ep > 1;
-  p.chunk =
-      std::make_unique<Chunk>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
-                              /*full_params=*/stage < 3, /*full_grads=*/stage < 2,
-                              ep ? &p.mesh->group(Axis::ep) : nullptr, ep ? &p.mesh->host_group(Axis::ep) : nullptr);
+  p.chunk = std::make_unique<Chunk>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
+                                    /*full_params=*/stage < 3, /*full_grads=*/stage < 2,
+                                    ep ? &p.mesh->group(Axis::ep) : nullptr);
   p.dpar = data_parallel_make(cfg, *p.chunk,
                               {p.dp(), p.tp(), p.mesh->host_group(Axis::dp), ep ? &p.mesh->group(Axis::ep) : nullptr,
                                ep ? &p.mesh->group(Axis::edp) : nullptr, ep ? &p.mesh->host_group(Axis::edp) : nullptr},
@@ -238,17 +237,17 @@ void Trainer::Parts::startup_log() {
         double(Rr * (cfg.model.d_model + 3 * cfg.model.d_ff) + R * cfg.model.d_model) * dtype_size(dtype) / 1048576.0;
     info(
         "MoE: {} of {} blocks, {} experts ({} per rank over ep {}), top {}; {}; {:.2f}M of {:.2f}M parameters active "
-        "per token; each MoE layer syncs the host with the stream to plan its permutation{}",
+        "per token",
         cfg.moe_layers(), cfg.model.n_layer, moe.num_experts, moe.num_experts / cfg.parallel.ep, cfg.parallel.ep,
         moe.top_k,
         moe.capacity_factor > 0
-            ? fmt::format("capacity {} assignments per expert and micro-batch (capacity_factor {})",
-                          moe_capacity(cfg, N), moe.capacity_factor)
+            ? fmt::format("capacity {} assignments per expert and micro-batch (capacity_factor {}), each expert a "
+                          "slot of {} rows padded with zeros: every shape fixed, the host never waits for the device",
+                          moe_capacity(cfg, N), moe.capacity_factor, moe_slot(cfg, N))
             : fmt::format("dropless: the experts' buffers hold the worst case, {} rows ({:.2f} MiB saved per MoE "
-                          "layer and micro-batch in flight)",
-                          Rr, mib),
-        double(active_param_count(cfg)) / 1e6, double(param_count(cfg)) / 1e6,
-        cfg.parallel.ep > 1 ? " (and its counts cross the ep group on the host)" : "");
+                          "layer and micro-batch in flight), and each layer's forward reads its counts on the host{}",
+                          Rr, mib, cfg.parallel.ep > 1 ? " (exchanged over the ep group on the device first)" : ""),
+        double(active_param_count(cfg)) / 1e6, double(param_count(cfg)) / 1e6);
   }
   info("device: {} ({}); {} threads per rank ({}); data: {}", device, dtype_name(dtype), threads, threads_why,
        data.describe);

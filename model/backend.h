@@ -111,6 +111,20 @@ class Backend {
   // dinp overwritten (if set); dw, dbias (if set) +=.
   virtual void linear_backward(Ptr dinp, float* dw, float* dbias, Ptr dout, Ptr inp, Ptr w, int M, int K, int N,
                                WLayout layout) = 0;
+  // G linears of one shape over consecutive row blocks (a MoE layer's experts): block g is
+  // inp + g*M*K -> out + g*M*N through the weights at w + g*w_stride (their gradients at dw +
+  // g*w_stride). One call per GEMM where the device batches them; here, one linear per block.
+  virtual void linear_forward_grouped(Ptr out, Ptr inp, Ptr w, int G, int64_t w_stride, int M, int K, int N,
+                                      WLayout layout) {
+    for (int g = 0; g < G; ++g)
+      linear_forward(out + int64_t(g) * M * N, inp + int64_t(g) * M * K, w + g * w_stride, Ptr(), M, K, N, layout);
+  }
+  virtual void linear_backward_grouped(Ptr dinp, float* dw, Ptr dout, Ptr inp, Ptr w, int G, int64_t w_stride, int M,
+                                       int K, int N, WLayout layout) {
+    for (int g = 0; g < G; ++g)
+      linear_backward(dinp + int64_t(g) * M * K, dw ? dw + g * w_stride : nullptr, nullptr, dout + int64_t(g) * M * N,
+                      inp + int64_t(g) * M * K, w + g * w_stride, M, K, N, layout);
+  }
   // swiglu: act[N,F] = silu(fc[:, :F]) * fc[:, F:]; else act = gelu(fc), fc [N, F].
   virtual void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) = 0;
   virtual void act_backward(bool swiglu, Ptr dfc, Ptr fc, Ptr dact, int N, int F) = 0;
@@ -130,6 +144,12 @@ class Backend {
   virtual void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) = 0;
   // Mixture of experts (kernels/ops.h, moe_*): index arrays are i32 on the backend's device.
   virtual void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) = 0;
+  // The plan's scratch: moe_row::plan_scratch_ints(N * k, E) int32 (the CPU needs none).
+  virtual void moe_plan(int32_t* row_of, int32_t* token_of, int32_t* counts, const int32_t* idx, int N, int E, int k,
+                        int cap, int slot, int rows, int32_t* scratch) = 0;
+  virtual void moe_ep_maps(int32_t* map_in, int32_t* map_out, const int32_t* from, int P, int El, int slot) = 0;
+  virtual void moe_stats_add(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k) = 0;
+  virtual void moe_aux_grad(float* g, const int32_t* counts, double scale, int N, int E, int k) = 0;
   virtual void moe_gather(Ptr rows, Ptr x, const int32_t* token_of_row, int R, int C) = 0;
   virtual void moe_combine(Ptr out, Ptr rows, const int32_t* row_of, const float* w, int N, int k, int C) = 0;
   virtual void moe_combine_backward(Ptr drows, float* dw, Ptr dout, Ptr rows, const int32_t* row_of, const float* w,

@@ -238,6 +238,19 @@ class CpuBackend final : public Backend {
       cpu::moe_route(probs, idx, w, logits.as<S>(), N, E, k);
     });
   }
+  void moe_plan(int32_t* row_of, int32_t* token_of, int32_t* counts, const int32_t* idx, int N, int E, int k, int cap,
+                int slot, int rows, int32_t*) override {
+    cpu::moe_plan(row_of, token_of, counts, idx, N, E, k, cap, slot, rows);
+  }
+  void moe_ep_maps(int32_t* map_in, int32_t* map_out, const int32_t* from, int P, int El, int slot) override {
+    cpu::moe_ep_maps(map_in, map_out, from, P, El, slot);
+  }
+  void moe_stats_add(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k) override {
+    cpu::moe_stats_add(st, counts, prob_sums, N, E, k);
+  }
+  void moe_aux_grad(float* g, const int32_t* counts, double scale, int N, int E, int k) override {
+    cpu::moe_aux_grad(g, counts, scale, N, E, k);
+  }
   void moe_gather(Ptr rows, Ptr x, const int32_t* token_of_row, int R, int C) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "model/backend.h"
 #include "runtime/cuda_api.h"
@@ -163,6 +164,23 @@ class CudaBackend final : public Backend {
     }
     if (dbias) cuda::bias_backward(dbias, B16(dout), M, N, partials(M, N), s_);
   }
+  // The experts' GEMMs as strided batches: one cuBLASLt call per GEMM for every expert.
+  void linear_forward_grouped(Ptr out, Ptr inp, Ptr w, int G, int64_t w_stride, int M, int K, int N,
+                              WLayout layout) override {
+    LOOM_ASSERT(layout == WLayout::out_in);
+    cuda::gemm_batched(*gemm_, false, true, M, N, K, B16(inp), K, B16(w), K, 0.0f, B16(out), N,
+                       {G, int64_t(M) * K, w_stride, int64_t(M) * N}, s_);
+  }
+  void linear_backward_grouped(Ptr dinp, float* dw, Ptr dout, Ptr inp, Ptr w, int G, int64_t w_stride, int M, int K,
+                               int N, WLayout layout) override {
+    LOOM_ASSERT(layout == WLayout::out_in);  // W [N, K]: dinp = dout W, dW += dout^T inp
+    if (dinp)
+      cuda::gemm_batched(*gemm_, false, false, M, K, N, B16(dout), N, B16(w), K, 0.0f, B16(dinp), K,
+                         {G, int64_t(M) * N, w_stride, int64_t(M) * K}, s_);
+    if (dw)
+      cuda::gemm_batched_f32out(*gemm_, true, false, N, K, M, B16(dout), N, B16(inp), K, 1.0f, dw, K,
+                                {G, int64_t(M) * N, int64_t(M) * K, w_stride}, s_);
+  }
   void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) override {
     if (swiglu)
       cuda::swiglu_forward(B16(act), B16(fc), N, F, s_);
@@ -201,6 +219,19 @@ class CudaBackend final : public Backend {
   }
   void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) override {
     cuda::moe_route(probs, idx, w, B16(logits), N, E, k, s_);
+  }
+  void moe_plan(int32_t* row_of, int32_t* token_of, int32_t* counts, const int32_t* idx, int N, int E, int k, int cap,
+                int slot, int rows, int32_t* scratch) override {
+    cuda::moe_plan(row_of, token_of, counts, idx, N, E, k, cap, slot, rows, scratch, s_);
+  }
+  void moe_ep_maps(int32_t* map_in, int32_t* map_out, const int32_t* from, int P, int El, int slot) override {
+    cuda::moe_ep_maps(map_in, map_out, from, P, El, slot, s_);
+  }
+  void moe_stats_add(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k) override {
+    cuda::moe_stats_add(st, counts, prob_sums, N, E, k, s_);
+  }
+  void moe_aux_grad(float* g, const int32_t* counts, double scale, int N, int E, int k) override {
+    cuda::moe_aux_grad(g, counts, scale, N, E, k, s_);
   }
   void moe_gather(Ptr rows, Ptr x, const int32_t* token_of_row, int R, int C) override {
     cuda::moe_gather(B16(rows), B16(x), token_of_row, R, C, s_);

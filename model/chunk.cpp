@@ -19,7 +19,7 @@ class Chunk::FlatAccess final : public UnitAccess {
 };
 
 Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
-             StepClock* clock, bool full_params, bool full_grads, ProcessGroup* ep, ProcessGroup* ep_host)
+             StepClock* clock, bool full_params, bool full_grads, ProcessGroup* ep)
     : cfg_(cfg),
       be_(backend),
       tp_(tp),
@@ -38,7 +38,6 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
       policy_(recompute_from(cfg.train.recompute)),
       names_(head_names(cfg)),
       ep_(ep),
-      ep_host_(ep_host ? ep_host : ep),
       ep_size_(ep ? ep->size() : 1),
       ep_rank_(ep ? ep->rank() : 0) {
   LOOM_CHECK(ep_size_ == cfg.parallel.ep, "the ep group has {} ranks but parallel.ep = {}", ep_size_, cfg.parallel.ep);
@@ -86,7 +85,10 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
     be_.upload(Buf(rope_sin_), sn.data());
   }
   loss_sum_ = alloc.empty({1}, DType::f64, Mem::workspace);
-  moe_stats_.assign(size_t(4 * cfg.moe_layers()), 0.0);
+  if (cfg.moe_layers()) {
+    moe_stats_ = alloc.empty({4 * cfg.moe_layers()}, DType::f64, Mem::workspace);
+    be_.zero(Buf(moe_stats_));
+  }
 }
 
 Chunk::~Chunk() = default;

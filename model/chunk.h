@@ -64,12 +64,11 @@ class Chunk {
  public:
   // full_params / full_grads: whether this rank holds the chunk's whole flat buffers (ZeRO-3
   // and -2 do not; they bring their own UnitAccess). tp: the tensor-parallel group, its size
-  // cfg.parallel.tp. clock (may be null) is charged with the blocking tp collectives. ep, and
-  // ep_host for host buffers: the expert-parallel group (cfg.parallel.ep > 1), which holds the
-  // experts between its ranks and carries the tokens to them.
+  // cfg.parallel.tp. clock (may be null) is charged with the blocking tp collectives. ep: the
+  // expert-parallel group (cfg.parallel.ep > 1), which holds the experts between its ranks and
+  // carries the tokens (and, dropless, their counts) to them in the backend's buffers.
   Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
-        StepClock* clock = nullptr, bool full_params = true, bool full_grads = true, ProcessGroup* ep = nullptr,
-        ProcessGroup* ep_host = nullptr);
+        StepClock* clock = nullptr, bool full_params = true, bool full_grads = true, ProcessGroup* ep = nullptr);
   ~Chunk();
 
   const Config& config() const { return cfg_; }
@@ -118,7 +117,7 @@ class Chunk {
   // MoE layers, per layer of the model (cfg.moe_layers(); those of other stages stay 0): the
   // sums over the training micro-batches since the last take of the load-balancing loss, the
   // expert load (most tokens on one expert over the mean) and the dropped fraction, and how
-  // many micro-batches; 4 values per layer.
+  // many micro-batches; 4 values per layer. They add up on the device; a take reads them.
   std::vector<double> moe_stats_take();
 
  private:
@@ -183,24 +182,25 @@ class Chunk {
   int tp_size_, tp_rank_, v0_, valid_;      // v0_: the first vocabulary id this rank holds; valid_: how many are real
   bool sp_;
   int Ns_;  // rows of the norm and residual regions on this rank (N / tp with sp)
-  // Where a MoE layer's assignments went (host): rows [offsets[e], offsets[e+1]) are expert
-  // e's; share[e]: its fraction of the N * top_k assignments before capacity.
+  // The shapes of a MoE layer's pass, on the host: the rows of the expert-sorted buffer
+  // (`rows`), those sent to and received from each ep rank, and the runs of this rank's experts
+  // over the expert-major rows they compute on (each expert's rows from every source in turn).
+  // Padded (a capacity): fixed, every expert a slot; dropless: from the plan's counts.
   struct MoeRoute {
-    std::vector<int64_t> offsets;
-    std::vector<float> share;
-    // Expert parallel: rows sent to and received from each ep rank, and the received rows'
-    // runs per local expert (expert-major: each expert's rows from every source in turn).
-    std::vector<int64_t> sent, received, local;
+    int64_t rows = 0;
+    std::vector<int64_t> sent, received, runs;
   };
+  MoeRoute moe_route_padded() const;
+  MoeRoute moe_route_counted(const int32_t* counts);  // reads the counts: the host waits
   // Expert parallel: local rows [R, C] (sorted by expert, `in`) to the ranks holding their
   // experts, arriving expert-major in `out` (through `recv`), and back (`back`: from
   // expert-major rows to local order).
   void moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out);
-  // The expert-major runs of a route: this rank's experts' row offsets (received ones under ep).
-  const std::vector<int64_t>& moe_runs(const MoeRoute& r) const;
-  // Exchanges the rows per expert over the ep group and plans the expert-major order.
-  void moe_exchange_plan(MoeRoute& r, const LayerA& a, const std::vector<int64_t>& kept);
   void moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out);
+  // The experts' two GEMMs forward, and backward (the weight gradients accumulated): one
+  // grouped call each over padded slots, one per expert over counted runs.
+  void moe_experts_forward(const MoeRoute& r, const LayerW& lw, const LayerA& a);
+  void moe_experts_backward(const MoeRoute& r, const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr dye, Ptr dxe);
   struct Piece {
     int b0, b1;      // blocks [b0, b1)
     bool emb, head;  // whether it starts with the embedding, ends with the head
@@ -224,10 +224,9 @@ class Chunk {
   Tensor params_, grads_;
   std::vector<Tensor> scratch_;
   Tensor rope_cos_, rope_sin_, loss_sum_;
-  std::vector<double> moe_stats_;  // see moe_stats_take()
-  bool moe_training_ = false;      // the forward running is a training one
-  std::vector<int32_t> moe_host_;  // host staging of the router's choices and the permutation
-  ProcessGroup *ep_, *ep_host_;
+  Tensor moe_stats_;           // f64 [4 per MoE layer] on the device: see moe_stats_take()
+  bool moe_training_ = false;  // the forward running is a training one
+  ProcessGroup* ep_;
   int ep_size_, ep_rank_;
   std::unique_ptr<UnitAccess> flat_;
 };

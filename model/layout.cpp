@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/moe_row.h"
+
 namespace loom {
 
 Recompute recompute_from(const std::string& s) {
@@ -95,6 +97,8 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"moe_w", N * k, kept(nm, false), f32},
       {"moe_row_of", N * k, kept(nm, false), DType::i32},
       {"moe_token", R, kept(nm, false), DType::i32},
+      // routed and kept per expert, and (ep, dropless) the rows each rank sends my experts
+      {"moe_counts", 3 * E, kept(nm, false), DType::i32},
       {"moe_x", Rr * C, kept(nm, false), x},
       {"moe_fc", Rr * 2 * Fe, kept(nm, false), x},
       {"moe_act", Rr * Fe, kept(nm, true), x},
@@ -118,6 +122,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
                {"d_normw", sp ? 4 * C : 0, 1, f32, true},
                {"ce_stats", tp > 1 ? head * 3 * N : 0, 1, f32, true},
                {"moe_logits", nm ? N * E : 0, 1, x},  // and their gradient
+               {"moe_plan", nm ? moe_row::plan_scratch_ints(N * k, int(E)) : 0, 1, DType::i32},
                {"moe_drows", Rx * C, 1, x},
                {"moe_dfc", Rr * 2 * Fe, 1, x},
                {"moe_dact", Rr * Fe, 1, x},
@@ -135,17 +140,23 @@ int64_t moe_capacity(const Config& cfg, int64_t N) {
   return int64_t(std::ceil(m.capacity_factor * double(N) * m.top_k / m.num_experts));
 }
 
+int64_t moe_slot(const Config& cfg, int64_t N) {
+  return cfg.model.moe.capacity_factor > 0 ? std::min(moe_capacity(cfg, N), N) : 0;
+}
+
 int64_t moe_rows(const Config& cfg, int64_t N) {
   const auto& m = cfg.model.moe;
-  return std::min(N * m.top_k, int64_t(m.num_experts) * moe_capacity(cfg, N));
+  if (const int64_t slot = moe_slot(cfg, N)) return m.num_experts * slot;
+  return N * m.top_k;
 }
 
 int64_t moe_rows_received(const Config& cfg, int64_t N) {
   const auto& m = cfg.model.moe;
   const int64_t ep = cfg.parallel.ep, El = m.num_experts / ep;
-  // From each ep rank at most N tokens x min(top_k, El) of this rank's experts, and at most
-  // the capacity per expert.
-  return std::min(ep * N * std::min<int64_t>(m.top_k, El), int64_t(m.num_experts) * moe_capacity(cfg, N));
+  // Padded: a slot per expert from each ep rank, as many as sent. Dropless: from each ep rank
+  // at most N tokens x min(top_k, El) of this rank's experts.
+  if (const int64_t slot = moe_slot(cfg, N)) return m.num_experts * slot;
+  return ep * N * std::min<int64_t>(m.top_k, El);
 }
 
 int64_t ActPlan::activation_bytes() const {

@@ -55,6 +55,10 @@ struct ActPlan {
 // An expert's capacity for N tokens: ceil(capacity_factor * N * top_k / E) assignments (all N
 // top_k of them when dropless), and the rows the expert-sorted buffers hold.
 int64_t moe_capacity(const Config& cfg, int64_t N);
+// With a capacity, each expert's rows sit in a slot of its own, min(capacity, N) rows (a token
+// picks an expert once), padded with zero rows: every shape in the layer is fixed, so a GPU
+// plans it without the host. Dropless (0): the experts' rows packed, their counts on the host.
+int64_t moe_slot(const Config& cfg, int64_t N);
 int64_t moe_rows(const Config& cfg, int64_t N);
 int64_t moe_rows_received(const Config& cfg, int64_t N);  // by one rank's experts, from the ep group
 // For the chunk of units [unit_lo, unit_hi) (-1: through the head).

@@ -26,7 +26,7 @@ __global__ void moe_route_kernel(float* probs, int32_t* idx, float* w, const bf1
 // chunks' counts turned into their bases (an exclusive scan in chunk order), the routed and
 // kept totals, and the experts' first rows; (3) each assignment's row: its expert's first row
 // plus its rank in token order, if that is under the capacity.
-constexpr int kPlanChunk = 256;
+constexpr int kPlanChunk = moe_row::kPlanChunk;
 
 __global__ void moe_plan_count_kernel(int32_t* rank, int32_t* chunk_counts, const int32_t* idx, int A, int E) {
   LOOM_DYNAMIC_SHARED(int32_t, smem, 16);  // the chunk's experts [kPlanChunk], then counts [E]
@@ -199,9 +199,6 @@ struct ProbColumn {
 void moe_route(float* probs, int32_t* idx, float* w, const bf16* logits, int N, int E, int k, cudaStream_t s) {
   LOOM_LAUNCH(moe_route_kernel, blocks_for(N, kThreads), kThreads, 0, s)(probs, idx, w, logits, N, E, k);
   LOOM_CUDA_LAUNCHED();
-}
-int64_t moe_plan_scratch_ints(int64_t A, int E) {
-  return A + (A + kPlanChunk - 1) / kPlanChunk * E + E;
 }
 void moe_plan(int32_t* row_of, int32_t* token_of, int32_t* counts, const int32_t* idx, int N, int E, int k, int cap,
               int slot, int rows, int32_t* scratch, cudaStream_t s) {

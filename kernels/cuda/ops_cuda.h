@@ -175,8 +175,7 @@ void grad_clip_scale(float* scale, const double* sum_squares, double max_norm, c
 // moe_scatter_add, moe_router_backward, column_sums, moe_stats_add, moe_aux_grad
 // (kernels/cuda/moe.cu; kernels/ops.h gives the semantics)
 void moe_route(float* probs, int32_t* idx, float* w, const bf16* logits, int N, int E, int k, cudaStream_t s);
-// scratch: moe_plan_scratch_ints(N * k, E).
-int64_t moe_plan_scratch_ints(int64_t A, int E);
+// scratch: moe_row::plan_scratch_ints(N * k, E) (kernels/moe_row.h).
 void moe_plan(int32_t* row_of, int32_t* token_of, int32_t* counts, const int32_t* idx, int N, int E, int k, int cap,
               int slot, int rows, int32_t* scratch, cudaStream_t s);
 void moe_ep_maps(int32_t* map_in, int32_t* map_out, const int32_t* from, int P, int El, int slot, cudaStream_t s);

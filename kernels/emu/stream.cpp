@@ -288,7 +288,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return emu::device_fault();
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
-  if (!bytes) return emu::device_fault();
+  if (!bytes || emu::launch_recorder()) return emu::device_fault();  // walking shapes: nothing runs
   auto writes = std::make_shared<emu::PendingWrites>();
   if (s) writes->add(p, "cudaMemsetAsync");
   emu::stream_enqueue(s, [=] {

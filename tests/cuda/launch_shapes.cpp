@@ -56,6 +56,10 @@ int call_every_kernel(const ModelShape& s) {
     cuda::moe_scatter_add(x, x, i32, N, s.k, s.C, nullptr), ++n;
     cuda::moe_router_backward(x, f, i32, f, f, f, N, s.E, s.k, nullptr), ++n;
     cuda::column_sums(f, f, N, s.E, f, nullptr), n += 2;
+    cuda::moe_plan(i32, i32, i32, i32, N, s.E, s.k, R, 0, R, i32, nullptr), n += 3;
+    cuda::moe_ep_maps(i32, i32, i32, 8, s.E / 8, 0, nullptr), ++n;
+    cuda::moe_stats_add(f64, i32, f, N, s.E, s.k, nullptr), ++n;
+    cuda::moe_aux_grad(f, i32, 1.0, N, s.E, s.k, nullptr), ++n;
   }
   return n;
 }

@@ -12,6 +12,7 @@
 
 #include <cstring>
 
+#include "kernels/moe_row.h"
 #include "kernels/ops.h"
 #include "optim/clip.h"
 #include "tests/cuda/cuda_testing.h"
@@ -498,7 +499,7 @@ TEST_F(Cuda, MoePlan) {
     cpu::moe_plan(row_of.data(), token_of.data(), counts.data(), idx.data(), c.N, c.E, c.k, c.cap, c.slot, rows);
     DevRaw<int32_t> Idx(idx), RowOf(std::vector<int32_t>(size_t(A), 77)),
         TokenOf(std::vector<int32_t>(size_t(rows), 77)), Counts(std::vector<int32_t>(size_t(2 * c.E), 77)),
-        Scratch(std::vector<int32_t>(size_t(cuda::moe_plan_scratch_ints(A, c.E)), 77));
+        Scratch(std::vector<int32_t>(size_t(moe_row::plan_scratch_ints(A, c.E)), 77));
     cuda::moe_plan(RowOf.p, TokenOf.p, Counts.p, Idx.p, c.N, c.E, c.k, c.cap, c.slot, rows, Scratch.p, nullptr);
     EXPECT_EQ(Counts.get(), counts) << "routed and kept per expert";
     EXPECT_EQ(RowOf.get(), row_of) << "each assignment's row";

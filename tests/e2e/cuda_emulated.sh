@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # train.device = "cuda-emulated": the CUDA backend, its kernels, cuBLASLt calls, streams and
 # staging on the CPU emulation, against the CPU's bf16 run and against itself.
-#   single: gpt2 and llama (GQA 2:1) and llama MoE against the CPU bf16 run (losses, step-1
+#   single: gpt2 and llama (GQA 2:1) and llama MoE (dropless, and with a capacity that drops)
+#           against the CPU bf16 run (losses, step-1
 #           norm, every tensor's step-1 gradient norm, weights, within bf16's tolerances; the
 #           weights' 5e-2 is about what 4 Adam steps can move a weight, so the losses and the
 #           per-tensor gradient norms are what catch a wrong result), gpt2 against
 #           the CPU fp32 run too; each
-#           recompute policy bitwise against none; the host synchronizations per step.
-#   layouts LAUNCHER: dp 2, dp 2 + ZeRO-3, tp 2 + sp, pp 2 and MoE at ep 2 over the MPI group's
+#           recompute policy bitwise against none (MoE's full recompute too); the host
+#           synchronizations per step (none from MoE layers with a capacity).
+#   layouts LAUNCHER: dp 2, dp 2 + ZeRO-3, tp 2 + sp, pp 2 and MoE at ep 2 (dropless, and with a
+#           capacity: its padded slots travel whole) over the MPI group's
 #           staged path against the single-rank emulated run, then each over nccl-emulated
 #           groups, bitwise against the MPI run.
 #   cuda_emulated.sh LOOM COMPARE single|layouts ["LAUNCHER -np"]
@@ -38,11 +41,14 @@ syncs() {  # RUN FIELD: the host synchronizations of its last step
 }
 
 if [ "$mode" = single ]; then
-  for arch in gpt2 llama moe; do
+  for arch in gpt2 llama moe moe_cap; do
     case $arch in
       gpt2) model=("${gpt2[@]}") ;;
       llama) model=("${llama[@]}") ;;
       moe) model=("${llama[@]}" --set model.moe.num_experts=4 --set model.moe.top_k=2) ;;
+      # A capacity that drops: the padded layout, every shape fixed, the experts' GEMMs batched.
+      moe_cap) model=("${llama[@]}" --set model.moe.num_experts=4 --set model.moe.top_k=2
+                      --set model.moe.capacity_factor=0.75) ;;
     esac
     run "${arch}_cpu" "${model[@]}" --set train.device=cpu --set log.grad_norms=true
     run "${arch}_emu" "${model[@]}" --set train.device=cuda-emulated --set log.grad_norms=true
@@ -63,6 +69,16 @@ if [ "$mode" = single ]; then
     "$compare" "$dir/gpt2_emu_$policy" "$dir/gpt2_emu" "${exact[@]}"
     "$compare" --weights-equal "$dir/gpt2_emu_$policy/final.safetensors" "$dir/gpt2_emu/final.safetensors"
   done
+  # A MoE layer's recompute plans again on the device (dropless: reusing the counts its first
+  # forward read), bitwise.
+  run moe_emu_full "${llama[@]}" --set model.moe.num_experts=4 --set model.moe.top_k=2 \
+    --set train.device=cuda-emulated --set train.recompute=full
+  run moe_cap_emu_full "${llama[@]}" --set model.moe.num_experts=4 --set model.moe.top_k=2 \
+    --set model.moe.capacity_factor=0.75 --set train.device=cuda-emulated --set train.recompute=full
+  for m in moe moe_cap; do
+    echo "$m: recompute full bitwise against none"
+    "$compare" "$dir/${m}_emu_full" "$dir/${m}_emu" "${exact[@]}"
+  done
   # GELU's backward as a kernel of its own instead of the GEMM epilogue: the same model, rounded
   # at another point (the epilogue multiplies the fp32 product, the kernel its bf16 rounding).
   run gpt2_emu_separate "${gpt2[@]}" --set train.device=cuda-emulated --set train.gelu_epilogue=separate
@@ -73,13 +89,18 @@ if [ "$mode" = single ]; then
     { echo "FAIL: backward scratch $(bwd gpt2_emu_separate) MiB separate, $(bwd gpt2_emu) fused"; exit 1; }
   echo "gpt2: the GELU backward kernel against the epilogue"
   "$compare" "$dir/gpt2_emu_separate" "$dir/gpt2_emu" "${bf16_tol[@]}"
-  # Host synchronizations inside the forward and backward of a dense step: one per micro-batch
-  # (the staging slot's upload event, stage_inputs); MoE layers add their host-planned
-  # permutation's.
-  dense=$(syncs gpt2_emu compute) moe=$(syncs moe_emu compute)
-  echo "host synchronizations in a step's micro-batches: dense $dense, MoE $moe (2 micro-batches)"
+  # Host synchronizations inside the forward and backward of a step: one per micro-batch (the
+  # staging slot's upload event, stage_inputs). MoE layers with a capacity add none (the plan
+  # and every shape stay on the device); dropless ones one per layer and forward (their counts:
+  # 2 layers x 2 micro-batches), none in backward.
+  dense=$(syncs gpt2_emu compute) moe=$(syncs moe_emu compute) moe_cap=$(syncs moe_cap_emu compute)
+  moe_full=$(syncs moe_emu_full compute)
+  echo "host synchronizations in a step's micro-batches: dense $dense, MoE with a capacity $moe_cap, dropless $moe" \
+    "(full recompute: $moe_full) (2 micro-batches)"
   [ "$dense" = 2 ] || { echo "FAIL: a dense step's micro-batches synchronized $dense times, not 2"; exit 1; }
-  [ "$moe" -gt "$dense" ] || { echo "FAIL: the MoE step counted no synchronizations of its own"; exit 1; }
+  [ "$moe_cap" = 2 ] || { echo "FAIL: MoE layers with a capacity synchronized the host ($moe_cap, not 2)"; exit 1; }
+  [ "$moe" = 6 ] || { echo "FAIL: dropless MoE layers synchronized $moe times, not 2 + 4"; exit 1; }
+  [ "$moe_full" = 6 ] || { echo "FAIL: recomputing a dropless MoE layer synchronized again ($moe_full)"; exit 1; }
   # The whole dense step: those 2, then at its end the step clock's 8 phase events, the loss and
   # the gradient norm (README: the CUDA backend on the CPU).
   step=$(syncs gpt2_emu step)
@@ -95,7 +116,9 @@ else
   run ref "${llama[@]}" --set train.device=cuda-emulated
   moe=(--set model.moe.num_experts=4 --set model.moe.top_k=2)
   run ref_moe "${llama[@]}" "${moe[@]}" --set train.device=cuda-emulated --set train.micro_batch=1
-  for layout in dp2 dp2_zero3 tp2_sp pp2 moe_ep2; do
+  cap=(--set model.moe.capacity_factor=0.75)
+  run ref_moe_cap "${llama[@]}" "${moe[@]}" "${cap[@]}" --set train.device=cuda-emulated --set train.micro_batch=1
+  for layout in dp2 dp2_zero3 tp2_sp pp2 moe_ep2 moe_cap_ep2; do
     ref=ref
     case $layout in
       dp2) args=(--set parallel.dp=2 --set train.micro_batch=1) ;;
@@ -103,6 +126,8 @@ else
       tp2_sp) args=(--set parallel.tp=2 --set parallel.sp=true) ;;
       pp2) args=(--set parallel.pp=2 --set train.micro_batch=1) ;;
       moe_ep2) args=("${moe[@]}" --set parallel.dp=2 --set parallel.ep=2 --set train.micro_batch=1) ref=ref_moe ;;
+      moe_cap_ep2) args=("${moe[@]}" "${cap[@]}" --set parallel.dp=2 --set parallel.ep=2 --set train.micro_batch=1)
+        ref=ref_moe_cap ;;
     esac
     run "$layout" -np 2 "${llama[@]}" --set train.device=cuda-emulated "${args[@]}"
     grep -q "MiB, cuda-emulated" "$dir/$layout.log" || { cat "$dir/$layout.log"; exit 1; }
