@@ -17,7 +17,8 @@
 #                  pp 2 with 1f1b, gpipe and zb, tp 2 + sp under full recompute, ZeRO-3 under
 #                  selective, MoE at ep 2) against one CUDA rank; with two GPUs, pp 2 over
 #                  real NCCL, bitwise against the staged pp 2;
-#   bench          kernel rates, GPT-2 124M (B=16, T=1024) next to PyTorch, LLaMA-shaped 1.1B;
+#   bench          kernel rates (MoE's batched expert GEMMs against one per expert too), GPT-2
+#                  124M (B=16, T=1024) next to PyTorch, LLaMA-shaped 1.1B;
 #   sanitizers     last, being slowest: compute-sanitizer memcheck and racecheck.
 # Every stage runs under one global deadline (DEADLINE_S, default 540 s: a 10-minute call
 # with room to pack); after each, summary.txt and stages.txt are rewritten and every log is
@@ -103,6 +104,7 @@ small=(--set model.n_layer=2 --set model.d_model=128 --set model.n_head=2 --set 
 bf=(--loss-rtol 2e-2 --norm-rtol 2e-2 --weight-atol 5e-2)
 llama=(--set model.arch=llama --set model.n_kv_head=1)
 moe=(--set model.moe.num_experts=4)
+cap=(--set model.moe.capacity_factor=0.75)  # padded slots: the plan and every shape on the device
 need_build() {
   [ -x "$loom" ] && return 0
   echo "no build: $loom is missing" >> "$work/failures.txt"
@@ -169,6 +171,8 @@ stage_cpu_reference() {
   run small_cpu_bf16 $loom train "${small[@]}" --set train.device=cpu --set train.dtype=bf16 --set log.grad_norms=true
   run llama_cpu_bf16 $loom train "${small[@]}" "${llama[@]}" --set train.device=cpu --set train.dtype=bf16
   run moe_cpu_bf16 $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" --set train.device=cpu --set train.dtype=bf16
+  run moe_cap_cpu_bf16 $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" "${cap[@]}" --set train.device=cpu \
+    --set train.dtype=bf16
 }
 
 # 3. The small model: CUDA against the CPU in bf16 and fp32, against itself, under recompute.
@@ -190,11 +194,14 @@ stage_parity() {
     recompute+="$policy: $(verdict small_cuda_$policy small_cuda --loss-rtol 0 --norm-rtol 0 --weight-atol 0 | sed 's/.*: //')  "
   done
   # LLaMA (RMSNorm, RoPE, SwiGLU, grouped-query heads 2/1) and its MoE (Mixtral blocks: the
-  # routing, permutation and combination kernels, per-expert GEMMs): CUDA against CPU bf16.
+  # routing, plan, permutation and combination kernels; dropless with per-expert GEMMs, and
+  # with a capacity: padded slots, batched GEMMs): CUDA against CPU bf16.
   run llama_cuda $loom train "${small[@]}" "${llama[@]}" --set train.device=cuda
   parity_llama=$(verdict llama_cuda llama_cpu_bf16 "${bf[@]}")
   run moe_cuda $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" --set train.device=cuda
   parity_llama+="; MoE: $(verdict moe_cuda moe_cpu_bf16 "${bf[@]}")"
+  run moe_cap_cuda $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" "${cap[@]}" --set train.device=cuda
+  parity_llama+="; MoE with a capacity: $(verdict moe_cap_cuda moe_cap_cpu_bf16 "${bf[@]}")"
   for v in "$parity_bf16" "$grads" "$parity_f32" "$repeat" "$recompute" "$parity_llama"; do
     [[ $v == *FAIL* || -z $v ]] && return 1
   done
@@ -285,6 +292,9 @@ stage_bench() {
   need_build || return 1
   tmo 120 $loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$work/kernels_gpt2.log" 2>&1
   tmo 120 $loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$work/kernels_llama1b.log" 2>&1
+  # The experts' GEMMs batched (a capacity) against one per expert (dropless), Mixtral-shaped.
+  tmo 60 $loom bench kernels --config examples/configs/llama_1b_gpu.toml --set model.moe.num_experts=8 \
+    --set model.moe.capacity_factor=1.25 > "$work/kernels_moe.log" 2>&1
   tmo 180 $loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$work/bench_gpt2.log" 2>&1
   tmo 180 "$py" examples/bench_pytorch.py 8 10 cuda > "$work/bench_gpt2_torch.log" 2>&1
   tmo 180 $loom bench train --config examples/configs/llama_1b_gpu.toml > "$work/bench_llama1b.log" 2>&1
@@ -331,6 +341,7 @@ summary() {
     echo "fault drills on CUDA (| drill | fault | detect | recover | restarts | lost | goodput | bitwise |): ${drills:-not run}"
     echo "2 ranks on one GPU (MPI-staged) vs 1 rank: ${layouts:-not run}"
     grep -hE "gemm bf16 8192|attention|speedup|error" "$work/kernels_gpt2.log" "$work/kernels_llama1b.log" 2> /dev/null
+    grep -hE "moe experts|MoE experts|error" "$work/kernels_moe.log" 2> /dev/null
     echo "GPT-2 124M loom:    $(grep -h "bench train" "$work/bench_gpt2.log" 2> /dev/null || tail -1 "$work/bench_gpt2.log" 2> /dev/null)"
     echo "GPT-2 124M PyTorch: $(tail -1 "$work/bench_gpt2_torch.log" 2> /dev/null)"
     echo "LLaMA 1.1B loom:    $(grep -h "bench train" "$work/bench_llama1b.log" 2> /dev/null || tail -1 "$work/bench_llama1b.log" 2> /dev/null)"
