@@ -4,7 +4,6 @@
 #include <nccl.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <mutex>
@@ -51,41 +50,36 @@ class NcclWorld {
 };
 
 namespace {
-// NCCL's bootstrap waits for every rank without a deadline of its own: `init` runs here while a
-// watcher ends the job if it has not returned after timeout_s (0: no watcher).
-void init_guarded(double timeout_s, int world_rank, const std::string& what, const std::function<void()>& end_job,
-                  const std::function<void()>& init) {
-  if (timeout_s <= 0) return init();
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::thread watcher([&] {
-    std::unique_lock lk(mu);
-    if (cv.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return done; })) return;
-    std::fprintf(stderr,
-                 "error: rank %d: %s has not completed after %.0f s: a rank has not joined, or NCCL cannot reach it "
-                 "(parallel.timeout_s = %.0f; NCCL_DEBUG=INFO shows its bootstrap)\n",
-                 world_rank, what.c_str(), timeout_s, timeout_s);
-    std::fflush(stderr);
-    if (end_job) end_job();
-    std::_Exit(4);
-  });
-  auto finish = [&] {
-    {
-      std::lock_guard lk(mu);
-      done = true;
-    }
-    cv.notify_all();
-    watcher.join();
-  };
-  try {
-    init();
-  } catch (...) {
-    finish();
-    throw;
-  }
-  finish();
+// Every communicator is non-blocking (ncclConfig_t.blocking = 0): its creation, its splits and
+// any call on it may return ncclInProgress while NCCL works in the background, and nothing
+// waits without a deadline. settle() polls the communicator's state until it leaves
+// ncclInProgress; past options.timeout_s (0: no deadline) it aborts the communicator and ends
+// the job with a line naming the call (`why` says what a stall there usually means).
+ncclConfig_t nonblocking_config(const char* name) {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = 0;
+  c.commName = name;  // in NCCL's own logs
+  return c;
 }
+void settle(ncclComm_t comm, ncclResult_t r, const std::string& what, const NcclOptions& o, const char* why) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (r == ncclInProgress) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (o.timeout_s > 0 && waited >= o.timeout_s) {
+      std::fprintf(stderr, "error: rank %d: %s has not completed after %.0f s: %s (parallel.timeout_s = %.0f)\n",
+                   o.world_rank, what.c_str(), waited, why, o.timeout_s);
+      std::fflush(stderr);
+      ncclCommAbort(comm);
+      if (o.end_job) o.end_job();
+      std::_Exit(4);
+    }
+    std::this_thread::yield();
+    if (const ncclResult_t q = ncclCommGetAsyncError(comm, &r); q != ncclSuccess) r = q;
+  }
+  LOOM_CHECK(r == ncclSuccess, "{} failed: {}", what, ncclGetErrorString(r));
+}
+constexpr const char* kNotJoined =
+    "a rank has not joined, or NCCL cannot reach it (NCCL_DEBUG=INFO shows its bootstrap)";
 }  // namespace
 
 std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world, const NcclOptions& o) {
@@ -102,8 +96,10 @@ std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world, const Nccl
   static_assert(sizeof(id) % 4 == 0);
   if (w->rank == 0) LOOM_NCCL_CHECK(ncclGetUniqueId(&id));
   mpi_world.broadcast(Buf(reinterpret_cast<int32_t*>(&id), sizeof(id) / 4), 0).wait();
-  init_guarded(o.timeout_s, o.world_rank, "NCCL's world communicator (ncclCommInitRank)", o.end_job,
-               [&] { LOOM_NCCL_CHECK(ncclCommInitRank(&w->comm, w->size, id, w->rank)); });
+  ncclConfig_t config = nonblocking_config("world");
+  const ncclResult_t r = ncclCommInitRankConfig(&w->comm, w->size, id, w->rank, &config);
+  LOOM_CHECK(w->comm, "ncclCommInitRankConfig made no communicator: {}", ncclGetErrorString(r));
+  settle(w->comm, r, "NCCL's world communicator (ncclCommInitRankConfig)", o, kNotJoined);
   return w;
 }
 
@@ -160,8 +156,9 @@ class NcclGroup final : public ProcessGroup {
     no_group(CommOp::all_reduce);
     count(CommOp::all_reduce, b.bytes());
     cudaStream_t s = begin(after, {b});
-    LOOM_NCCL_CHECK(ncclAllReduce(b.data, b.data, size_t(b.count), nccl_type(b.dtype),
-                                  op == ReduceOp::sum ? ncclSum : ncclMax, comm_, s));
+    settle_op(ncclAllReduce(b.data, b.data, size_t(b.count), nccl_type(b.dtype),
+                            op == ReduceOp::sum ? ncclSum : ncclMax, comm_, s),
+              "ncclAllReduce");
     return end(CommOp::all_reduce, s);
   }
   Work reduce_scatter(Buf in, Buf out, const Stream& after) override {
@@ -171,7 +168,8 @@ class NcclGroup final : public ProcessGroup {
                dtype_name(in.dtype), size_, out.count, dtype_name(out.dtype));
     count(CommOp::reduce_scatter, in.bytes());
     cudaStream_t s = begin(after, {in, out});
-    LOOM_NCCL_CHECK(ncclReduceScatter(in.data, out.data, size_t(out.count), nccl_type(in.dtype), ncclSum, comm_, s));
+    settle_op(ncclReduceScatter(in.data, out.data, size_t(out.count), nccl_type(in.dtype), ncclSum, comm_, s),
+              "ncclReduceScatter");
     return end(CommOp::reduce_scatter, s);
   }
   Work all_gather(Buf in, Buf out, const Stream& after) override {
@@ -181,14 +179,14 @@ class NcclGroup final : public ProcessGroup {
                size_, in.count, dtype_name(in.dtype));
     count(CommOp::all_gather, out.bytes());
     cudaStream_t s = begin(after, {in, out});
-    LOOM_NCCL_CHECK(ncclAllGather(in.data, out.data, size_t(in.count), nccl_type(in.dtype), comm_, s));
+    settle_op(ncclAllGather(in.data, out.data, size_t(in.count), nccl_type(in.dtype), comm_, s), "ncclAllGather");
     return end(CommOp::all_gather, s);
   }
   Work broadcast(Buf b, int root, const Stream& after) override {
     no_group(CommOp::broadcast);
     count(CommOp::broadcast, b.bytes());
     cudaStream_t s = begin(after, {b});
-    LOOM_NCCL_CHECK(ncclBroadcast(b.data, b.data, size_t(b.count), nccl_type(b.dtype), root, comm_, s));
+    settle_op(ncclBroadcast(b.data, b.data, size_t(b.count), nccl_type(b.dtype), root, comm_, s), "ncclBroadcast");
     return end(CommOp::broadcast, s);
   }
   Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc,
@@ -214,19 +212,19 @@ class NcclGroup final : public ProcessGroup {
             ncclRecv(static_cast<char*>(out.data) + ro * es, size_t(rc[size_t(r)]), nccl_type(out.dtype), r, comm_, s));
       so += sc[size_t(r)], ro += rc[size_t(r)];
     }
-    LOOM_NCCL_CHECK(ncclGroupEnd());
+    settle_op(ncclGroupEnd(), "ncclGroupEnd (all_to_all_v)");
     return end(CommOp::all_to_all, s);
   }
   Work send(Buf b, int peer, int, const Stream& after) override {
     count(CommOp::send, b.bytes(), peer);
     cudaStream_t s = begin(after, {b});
-    LOOM_NCCL_CHECK(ncclSend(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s));
+    settle_op(ncclSend(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s), "ncclSend");
     return end(CommOp::send, s);
   }
   Work recv(Buf b, int peer, int, const Stream& after) override {
     count(CommOp::recv, b.bytes(), peer);
     cudaStream_t s = begin(after, {b});
-    LOOM_NCCL_CHECK(ncclRecv(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s));
+    settle_op(ncclRecv(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s), "ncclRecv");
     return end(CommOp::recv, s);
   }
   // Collectives stay out of groups (as under nccl-emulated): loom groups sends and receives.
@@ -252,17 +250,17 @@ class NcclGroup final : public ProcessGroup {
       open_group_ = nullptr;
       std::vector<Deferred> ops = std::move(deferred_);
       deferred_.clear();
-      LOOM_CHECK(r == ncclSuccess, "ncclGroupEnd on group '{}' failed: {}", name_, ncclGetErrorString(r));
+      settle_op(r, "ncclGroupEnd");
       for (Deferred& d : ops) *d.done = record(d.kind, d.seq, d.stream);
       return;
     }
-    LOOM_CHECK(r == ncclSuccess, "ncclGroupEnd on group '{}' failed: {}", name_, ncclGetErrorString(r));
+    settle_op(r, "ncclGroupEnd");
   }
   Work barrier() override {
     no_group(CommOp::barrier);
     count(CommOp::barrier, 0);
     if (!scratch_) LOOM_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
-    LOOM_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
+    settle_op(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
     Work w = end(CommOp::barrier, stream_);
     w.wait();
     return w;
@@ -282,6 +280,11 @@ class NcclGroup final : public ProcessGroup {
     std::chrono::steady_clock::time_point issued;
   };
 
+  // An op's call on this non-blocking communicator: settled (enqueued) before it is recorded.
+  void settle_op(ncclResult_t r, const char* call) {
+    settle(comm_, r, fmt::format("{} on group '{}'", call, name_), opt_,
+           "a peer rank has likely died or hangs, or NCCL cannot set up its connections");
+  }
   // The stream the op runs on, ordered after `after`'s work so far.
   cudaStream_t begin(const Stream& after, std::initializer_list<Buf> bufs) {
     LOOM_CHECK(!open_group_ || open_group_ == this, "an op on group '{}' while group '{}' has a group_start() open",
@@ -391,8 +394,12 @@ std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world
                                          const std::vector<int>& ranks, const NcclOptions& options) {
   if (name == "world") return std::make_unique<NcclGroup>(world, name, world->comm, false, ranks, options);
   ncclComm_t sub = nullptr;
-  init_guarded(options.timeout_s, options.world_rank, "ncclCommSplit of group '" + name + "'", options.end_job,
-               [&] { LOOM_NCCL_CHECK(ncclCommSplit(world->comm, color, world->rank, &sub, nullptr)); });
+  ncclConfig_t config = nonblocking_config(name.c_str());
+  const ncclResult_t r = ncclCommSplit(world->comm, color, world->rank, &sub, &config);
+  // The split is collective over the world; its progress shows on the new communicator (on the
+  // parent while NCCL has not made one yet).
+  settle(sub ? sub : world->comm, r, "ncclCommSplit of group '" + name + "'", options, kNotJoined);
+  LOOM_CHECK(sub, "ncclCommSplit of group '{}' returned no communicator", name);
   return std::make_unique<NcclGroup>(world, name, sub, true, ranks, options);
 }
 

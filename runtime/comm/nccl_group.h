@@ -27,9 +27,10 @@ struct NcclOptions {
   // host clock (the exposed part is in time.comm_exposed_ms all the same).
 };
 // Creates the NCCL world communicator; collective over `mpi_world`, which every rank first
-// joins (an MPI all-gather whose watchdog names a rank that never comes). Creation and every
-// split are watched: past options.timeout_s the job ends with a line saying which. The current
-// CUDA device must already be set (local rank picks it).
+// joins (an MPI all-gather whose watchdog names a rank that never comes). Communicators are
+// non-blocking: their creation, every split and every call is polled until it settles, and past
+// options.timeout_s the communicator is aborted and the job ends with a line saying which. The
+// current CUDA device must already be set (local rank picks it).
 std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world, const NcclOptions& options);
 // The world as a group (name "world"), or the group of `ranks` split with `color` (collective
 // over the world).
