@@ -227,6 +227,7 @@ class MpiGroup final : public ProcessGroup {
     }
     Buf host_of(Buf b, bool read, bool write) {
       if (b.device == DeviceKind::cpu || b.count == 0) return b;
+      producer_check(g.name(), after, b);
       void* h = g.pinned_take(b.device, b.bytes());
       held.push_back({b.device, b.bytes(), h});
       if (read) {

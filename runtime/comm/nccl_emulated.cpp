@@ -256,6 +256,7 @@ class NcclEmuGroup final : public ProcessGroup {
                "group '{}' (nccl-emulated) was handed a CUDA buffer; it carries host buffers and the emulated "
                "device's",
                name_);
+    producer_check(name_, after, b);
     if (b.count && b.device != DeviceKind::cpu) after.synchronize();
     o.bufs.push_back({b.data, std::vector<char>(b.bytes()), back, read && !back && check});
     EmuOp::Staged& s = o.bufs.back();

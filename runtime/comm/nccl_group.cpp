@@ -289,9 +289,11 @@ class NcclGroup final : public ProcessGroup {
   cudaStream_t begin(const Stream& after, std::initializer_list<Buf> bufs) {
     LOOM_CHECK(!open_group_ || open_group_ == this, "an op on group '{}' while group '{}' has a group_start() open",
                name_, open_group_ ? open_group_->name() : "");
-    for (const Buf& b : bufs)
+    for (const Buf& b : bufs) {
       LOOM_CHECK(b.count == 0 || b.device == DeviceKind::cuda,
                  "group '{}' (NCCL) was handed a host buffer; NCCL groups carry CUDA buffers", name_);
+      producer_check(name_, after, b);
+    }
     const bool device_after = after.kind == DeviceKind::cuda;
     if (opt_.on_caller_stream && device_after) return static_cast<cudaStream_t>(after.handle);
     if (device_after) {

@@ -8,6 +8,13 @@
 
 namespace loom {
 
+void producer_check(const std::string& group, const Stream& after, const Buf& b) {
+  LOOM_CHECK(b.count == 0 || b.device == DeviceKind::cpu || after.kind == b.device,
+             "group '{}' was handed a device buffer with {} stream as its producer; pass the stream whose work wrote "
+             "it (the op would run unordered with that work)",
+             group, after.kind == DeviceKind::cpu ? "the host's" : "another device's");
+}
+
 const char* comm_op_name(CommOp op) {
   static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
                                 "all_to_all", "send",           "recv",       "barrier"};

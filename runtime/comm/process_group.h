@@ -166,6 +166,11 @@ class ProcessGroup {
   CommCounters counters_;
 };
 
+// A device buffer handed to a group must come with a stream of its device as `after` (the work
+// that wrote it, or last read it before the op overwrites it): with the host's, the default,
+// the op would run unordered with that work. Every group that carries device buffers checks.
+void producer_check(const std::string& group, const Stream& after, const Buf& b);
+
 // One rank: every collective is the identity (copies where input and output differ, on the
 // `after` stream for device buffers).
 std::unique_ptr<ProcessGroup> local_group(const std::string& name, int world_rank);

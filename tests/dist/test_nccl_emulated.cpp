@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "runtime/comm/mpi_group.h"
+#include "runtime/cuda_api.h"
 #include "runtime/error.h"
 #include "runtime/mesh.h"
 #include "tests/unit/testing.h"
@@ -187,6 +188,33 @@ TEST(NcclEmulated, InputsWrittenTooEarlyAreCaught) {
     EXPECT_EQ(x[2], 5.0f);  // the value as issued
   }
   dp().barrier().wait();
+}
+
+// A device buffer handed over with the host stream as its producer (the default `after`) is
+// refused by every group that carries device buffers: the op would read it unordered with the
+// stream that writes it. With that stream it runs: NCCL's emulation here, the MPI group's
+// staged path beside it.
+TEST(NcclEmulated, DeviceBuffersComeWithTheirStream) {
+  const CudaApi& api = cuda_api(DeviceKind::cuda_emulated);
+  std::string why;
+  auto* p = static_cast<float*>(api.malloc(4 * sizeof(float), &why));
+  ASSERT_NE(p, nullptr) << why;
+  const Stream s{DeviceKind::cuda_emulated, api.stream_create()};
+  const float ones[4] = {1, 1, 1, 1};
+  for (ProcessGroup* g : {&dp(), &g_mesh->host_group(Axis::dp)}) {
+    SCOPED_TRACE(g->backend());
+    const Buf b(p, 4, DType::f32, DeviceKind::cuda_emulated);
+    const std::string e = test::error_of([&] { g->all_reduce(b).wait(); });
+    EXPECT_NE(e.find("with the host's stream as its producer"), std::string::npos) << e;
+    api.memcpy_async(p, ones, sizeof(ones), s.handle);
+    g->all_reduce(b, ReduceOp::sum, s).wait_on(s);
+    float got[4];
+    api.stream_synchronize(s.handle);
+    api.memcpy(got, p, sizeof(got));
+    EXPECT_EQ(got[3], float(g->size()));
+  }
+  api.stream_destroy(s.handle);
+  api.free(p);
 }
 
 namespace {
