@@ -178,5 +178,8 @@ std::unique_ptr<Backend> cuda_backend(const Config& cfg, Allocator& alloc);
 #endif
 // The CUDA backend's working memory (GEMM workspace, staged inputs, norm scratch).
 std::vector<PlanItem> cuda_backend_plan(const Config& cfg);
+// Slots of staged inputs: one per micro-batch of a step (2 to 64), so a step's uploads never
+// wait for an earlier one's (the step's end synchronizes the stream anyway).
+int cuda_input_slots(const Config& cfg);
 
 }  // namespace loom

@@ -3,8 +3,8 @@
 // GELU's backward) in their epilogues, weight gradients written by the GEMMs straight into the
 // fp32 main gradients, tensor-core flash attention, the residual add fused into the norms, a
 // one-pass fused loss, a multi-tensor AdamW over the chunk table, and no host wait inside a
-// step: inputs go up through double-buffered pinned staging, and the loss, the norm and the
-// clipping factor stay on the device until the trainer reads them once per step.
+// step: inputs go up through pinned staging (a slot per micro-batch), and the loss, the norm
+// and the clipping factor stay on the device until the trainer reads them once per step.
 // The emulation library compiles this same file against kernels/emu (LOOM_CUDA_EMULATION):
 // the emulated device's backend, whose kernels, cuBLASLt and streams run on the CPU.
 #include <cuda_runtime.h>
@@ -48,18 +48,16 @@ class CudaBackend final : public Backend {
     for (auto& item : cuda_backend_plan(cfg)) ws_.push_back(alloc.empty(item));
     gemm_ = std::make_unique<cuda::GemmContext>(ws_[0].data<char>(), ws_[0].nbytes());
     N_ = cfg.train.micro_batch * cfg.model.seq_len;
-    slot_elems_ = ws_[1].numel() / 2;
+    staged_.resize(size_t(cuda_input_slots(cfg)));
+    slot_elems_ = ws_[1].numel() / int64_t(staged_.size());
     LOOM_CUDA_CHECK(cudaMallocHost(&staging_, size_t(ws_[1].numel()) * 4));
-    for (auto& e : staged_) {
-      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      LOOM_CUDA_CHECK(cudaEventRecord(e, s_));
-    }
+    for (Staged& st : staged_) LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(s_);
     if (staging_) cudaFreeHost(staging_);
-    for (auto& e : staged_)
-      if (e) cudaEventDestroy(e);
+    for (Staged& st : staged_)
+      if (st.done) cudaEventDestroy(st.done);
   }
   const BackendTraits& traits() const override { return traits_; }
   const Stream& stream() const override { return stream_; }
@@ -83,22 +81,23 @@ class CudaBackend final : public Backend {
   }
   void upload(Buf dst, const void* host) override {
     LOOM_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, s_));
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(s_));  // the host buffer may go away
+    synchronize();  // the host buffer may go away
   }
   void download(void* host, Buf src) override {
     LOOM_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, s_));
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(s_));
+    synchronize();
   }
-  // Micro-batches alternate between two slots of pinned staging and device inputs: a slot is
-  // refilled once its upload of two micro-batches back has left the staging memory, which the
-  // stream has long passed while it computes the micro-batch in between, so the host runs
-  // ahead instead of waiting for the GPU. (The device slot is free by then too: the stream ran
-  // that micro-batch's backward before this upload.)
+  // Micro-batches take the slots of pinned staging and device inputs in turn, one per
+  // micro-batch of a step (cuda_input_slots). A slot is refilled once its last upload has left
+  // the staging memory: known without asking when the stream was synchronized since (a step's
+  // end reads the loss, so a step's uploads never wait), else waited for; a GPU has long passed
+  // it. (The device slot is free by then too: the stream ran that micro-batch's backward
+  // before this upload.)
   Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) override {
     LOOM_CHECK(N <= N_, "the CUDA backend stages micro-batches of up to {} tokens, not {}", N_, N);
     const int k = next_slot_;
-    next_slot_ ^= 1;
-    LOOM_CUDA_CHECK(cudaEventSynchronize(staged_[k]));
+    next_slot_ = (next_slot_ + 1) % int(staged_.size());
+    if (staged_[size_t(k)].upload > synced_uploads_) LOOM_CUDA_CHECK(cudaEventSynchronize(staged_[size_t(k)].done));
     int unique = 0;
     const auto index = cuda::token_index(tokens, N, v0, Vl, &unique);
     int32_t* host = staging_ + k * slot_elems_;
@@ -107,7 +106,8 @@ class CudaBackend final : public Backend {
     std::memcpy(host + 2 * int64_t(N), index.data(), index.size() * 4);
     int32_t* dev = ws_[1].data<int32_t>() + k * slot_elems_;
     LOOM_CUDA_CHECK(cudaMemcpyAsync(dev, host, (2 * size_t(N) + index.size()) * 4, cudaMemcpyHostToDevice, s_));
-    LOOM_CUDA_CHECK(cudaEventRecord(staged_[k], s_));
+    LOOM_CUDA_CHECK(cudaEventRecord(staged_[size_t(k)].done, s_));
+    staged_[size_t(k)].upload = ++uploads_;
     return {dev, dev + N, dev + 2 * int64_t(N), unique};
   }
 
@@ -283,12 +283,22 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<cuda::GemmContext> gemm_;
   int N_ = 0;
-  // Pinned staging for the inputs, two slots, so an upload does not wait for the stream;
-  // staged_[k] marks the end of slot k's last upload, after which it may be refilled.
+  // The host waits for the stream's work so far (and knows every upload issued has landed).
+  void synchronize() {
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(s_));
+    synced_uploads_ = uploads_;
+  }
+  // Pinned staging for the inputs, a slot per micro-batch of a step, so an upload does not wait
+  // for the stream; slot k's `done` marks the end of its last upload, the `upload`-th issued.
+  struct Staged {
+    cudaEvent_t done = nullptr;
+    int64_t upload = 0;
+  };
   int32_t* staging_ = nullptr;
   int64_t slot_elems_ = 0;
   int next_slot_ = 0;
-  cudaEvent_t staged_[2] = {nullptr, nullptr};
+  std::vector<Staged> staged_;
+  int64_t uploads_ = 0, synced_uploads_ = 0;  // uploads issued, and landed as of the last sync
 };
 
 }  // namespace

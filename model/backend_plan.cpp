@@ -6,15 +6,19 @@
 
 namespace loom {
 
+int cuda_input_slots(const Config& cfg) {
+  return std::clamp(cfg.accum_steps(), 2, 64);
+}
+
 std::vector<PlanItem> cuda_backend_plan(const Config& cfg) {
   const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
   const int C = cfg.model.d_model, E = cfg.model.moe.num_experts;
   constexpr int64_t kMaxColumnChunks = 64;  // kernels/cuda/ops_cuda.h's kMaxRowChunks
   return {{"cublaslt_workspace", int64_t(32) << 18, DType::i32,
            Mem::workspace},  // 32 MiB
-                             // two slots (a micro-batch computing, the next one uploading) of tokens [N], targets [N]
-          // and the embedding gradient's token index [up to 3N + 1]
-          {"inputs", 2 * (5 * N + 1), DType::i32, Mem::workspace},
+                             // a slot per micro-batch of a step (cuda_input_slots) of tokens [N], targets [N] and
+                             // the embedding gradient's token index [up to 3N + 1]
+          {"inputs", cuda_input_slots(cfg) * (5 * N + 1), DType::i32, Mem::workspace},
           {"norm_partials", 1024, DType::f64, Mem::workspace},
           // the column sums' partials (weight, bias and router gradients), for the widest
           // column count: a bias of 3C or F, a norm's C, the experts
