@@ -78,7 +78,10 @@ void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool 
     auto s = trace_.scope("moe_router_forward");
     be_.linear_forward(scr(MOE_LOGITS), x, lw.w[MOE_GATE], Ptr(), N, C, E, WLayout::out_in);
     be_.moe_route(probs, idx, w, scr(MOE_LOGITS), N, E, k);
-    be_.moe_plan(row_of, token, counts, idx, N, E, k, int(moe_capacity(cfg_, N)), int(slot), int(moe_rows(cfg_, N)),
+    // A capacity past the slot's N rows takes every assignment all the same (a token picks an
+    // expert once).
+    const int64_t cap = slot ? std::min(moe_capacity(cfg_, N), slot) : moe_capacity(cfg_, N);
+    be_.moe_plan(row_of, token, counts, idx, N, E, k, int(cap), int(slot), int(moe_rows(cfg_, N)),
                  scr(MOE_PLAN).as<int32_t>());
   }
   if (P > 1 && !slot) {  // dropless: the rows each rank sends each of my experts, device to device

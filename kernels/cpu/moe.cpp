@@ -7,6 +7,7 @@
 
 #include "kernels/moe_row.h"
 #include "kernels/ops.h"
+#include "runtime/error.h"
 
 namespace loom::cpu {
 
@@ -22,6 +23,8 @@ void moe_route(float* probs, int32_t* idx, float* w, const S* logits, int N, int
 
 void moe_plan(int32_t* row_of, int32_t* token_of, int32_t* counts, const int32_t* idx, int N, int E, int k, int cap,
               int slot, int rows) {
+  LOOM_CHECK(slot == 0 || cap <= slot, "the padded MoE layout's slots of {} rows cannot hold a capacity of {}", slot,
+             cap);
   const int64_t A = int64_t(N) * k;
   int32_t *routed = counts, *kept = counts + E;
   std::vector<int64_t> start(static_cast<size_t>(E)), taken(static_cast<size_t>(E), 0);

@@ -44,6 +44,7 @@ class NcclWorld {
   ncclComm_t comm = nullptr;
   int rank = 0, size = 1;
   NcclOptions options;
+  std::deque<std::string> names;  // the communicators' names, which NCCL holds by pointer
   ~NcclWorld() {
     if (comm) ncclCommDestroy(comm);
   }
@@ -55,19 +56,21 @@ namespace {
 // waits without a deadline. settle() polls the communicator's state until it leaves
 // ncclInProgress; past options.timeout_s (0: no deadline) it aborts the communicator and ends
 // the job with a line naming the call (`why` says what a stall there usually means).
+// name: NCCL keeps the pointer (it must outlive the communicator) and prints it at init.
 ncclConfig_t nonblocking_config(const char* name) {
   ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
   c.blocking = 0;
-  c.commName = name;  // in NCCL's own logs
+  c.commName = name;
   return c;
 }
-void settle(ncclComm_t comm, ncclResult_t r, const std::string& what, const NcclOptions& o, const char* why) {
+void settle(ncclComm_t comm, ncclResult_t r, const char* call, const std::string& where, const NcclOptions& o,
+            const char* why) {
   const auto t0 = std::chrono::steady_clock::now();
   while (r == ncclInProgress) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (o.timeout_s > 0 && waited >= o.timeout_s) {
-      std::fprintf(stderr, "error: rank %d: %s has not completed after %.0f s: %s (parallel.timeout_s = %.0f)\n",
-                   o.world_rank, what.c_str(), waited, why, o.timeout_s);
+      std::fprintf(stderr, "error: rank %d: %s%s has not completed after %.0f s: %s (parallel.timeout_s = %.0f)\n",
+                   o.world_rank, call, where.c_str(), waited, why, o.timeout_s);
       std::fflush(stderr);
       ncclCommAbort(comm);
       if (o.end_job) o.end_job();
@@ -76,7 +79,10 @@ void settle(ncclComm_t comm, ncclResult_t r, const std::string& what, const Nccl
     std::this_thread::yield();
     if (const ncclResult_t q = ncclCommGetAsyncError(comm, &r); q != ncclSuccess) r = q;
   }
-  LOOM_CHECK(r == ncclSuccess, "{} failed: {}", what, ncclGetErrorString(r));
+  if (r != ncclSuccess) {
+    ncclCommAbort(comm);  // what NCCL asks after an error: nothing more runs on it
+    fail("{}{} failed: {}", call, where, ncclGetErrorString(r));
+  }
 }
 constexpr const char* kNotJoined =
     "a rank has not joined, or NCCL cannot reach it (NCCL_DEBUG=INFO shows its bootstrap)";
@@ -99,7 +105,7 @@ std::shared_ptr<NcclWorld> nccl_world_create(ProcessGroup& mpi_world, const Nccl
   ncclConfig_t config = nonblocking_config("world");
   const ncclResult_t r = ncclCommInitRankConfig(&w->comm, w->size, id, w->rank, &config);
   LOOM_CHECK(w->comm, "ncclCommInitRankConfig made no communicator: {}", ncclGetErrorString(r));
-  settle(w->comm, r, "NCCL's world communicator (ncclCommInitRankConfig)", o, kNotJoined);
+  settle(w->comm, r, "NCCL's world communicator (ncclCommInitRankConfig)", "", o, kNotJoined);
   return w;
 }
 
@@ -132,6 +138,7 @@ class NcclGroup final : public ProcessGroup {
   NcclGroup(std::shared_ptr<NcclWorld> world, const std::string& name, ncclComm_t comm, bool owns,
             std::vector<int> ranks, const NcclOptions& opt)
       : ProcessGroup(name, 0, 1, std::move(ranks)), world_(std::move(world)), comm_(comm), owns_(owns), opt_(opt) {
+    where_ = " on group '" + name + "'";
     LOOM_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     LOOM_NCCL_CHECK(ncclCommCount(comm_, &size_));
     LOOM_CUDA_CHECK(cudaGetDevice(&device_));
@@ -156,9 +163,10 @@ class NcclGroup final : public ProcessGroup {
     no_group(CommOp::all_reduce);
     count(CommOp::all_reduce, b.bytes());
     cudaStream_t s = begin(after, {b});
-    settle_op(ncclAllReduce(b.data, b.data, size_t(b.count), nccl_type(b.dtype),
-                            op == ReduceOp::sum ? ncclSum : ncclMax, comm_, s),
-              "ncclAllReduce");
+    nccl_op("ncclAllReduce", [&] {
+      return ncclAllReduce(b.data, b.data, size_t(b.count), nccl_type(b.dtype), op == ReduceOp::sum ? ncclSum : ncclMax,
+                           comm_, s);
+    });
     return end(CommOp::all_reduce, s);
   }
   Work reduce_scatter(Buf in, Buf out, const Stream& after) override {
@@ -168,8 +176,9 @@ class NcclGroup final : public ProcessGroup {
                dtype_name(in.dtype), size_, out.count, dtype_name(out.dtype));
     count(CommOp::reduce_scatter, in.bytes());
     cudaStream_t s = begin(after, {in, out});
-    settle_op(ncclReduceScatter(in.data, out.data, size_t(out.count), nccl_type(in.dtype), ncclSum, comm_, s),
-              "ncclReduceScatter");
+    nccl_op("ncclReduceScatter", [&] {
+      return ncclReduceScatter(in.data, out.data, size_t(out.count), nccl_type(in.dtype), ncclSum, comm_, s);
+    });
     return end(CommOp::reduce_scatter, s);
   }
   Work all_gather(Buf in, Buf out, const Stream& after) override {
@@ -179,14 +188,16 @@ class NcclGroup final : public ProcessGroup {
                size_, in.count, dtype_name(in.dtype));
     count(CommOp::all_gather, out.bytes());
     cudaStream_t s = begin(after, {in, out});
-    settle_op(ncclAllGather(in.data, out.data, size_t(in.count), nccl_type(in.dtype), comm_, s), "ncclAllGather");
+    nccl_op("ncclAllGather",
+            [&] { return ncclAllGather(in.data, out.data, size_t(in.count), nccl_type(in.dtype), comm_, s); });
     return end(CommOp::all_gather, s);
   }
   Work broadcast(Buf b, int root, const Stream& after) override {
     no_group(CommOp::broadcast);
     count(CommOp::broadcast, b.bytes());
     cudaStream_t s = begin(after, {b});
-    settle_op(ncclBroadcast(b.data, b.data, size_t(b.count), nccl_type(b.dtype), root, comm_, s), "ncclBroadcast");
+    nccl_op("ncclBroadcast",
+            [&] { return ncclBroadcast(b.data, b.data, size_t(b.count), nccl_type(b.dtype), root, comm_, s); });
     return end(CommOp::broadcast, s);
   }
   Work all_to_all_v(Buf in, const std::vector<int64_t>& sc, Buf out, const std::vector<int64_t>& rc,
@@ -205,26 +216,30 @@ class NcclGroup final : public ProcessGroup {
     int64_t so = 0, ro = 0;
     for (int r = 0; r < size_; ++r) {
       if (sc[size_t(r)])
-        LOOM_NCCL_CHECK(
-            ncclSend(static_cast<char*>(in.data) + so * es, size_t(sc[size_t(r)]), nccl_type(in.dtype), r, comm_, s));
+        nccl_op("ncclSend (all_to_all_v)", [&] {
+          return ncclSend(static_cast<char*>(in.data) + so * es, size_t(sc[size_t(r)]), nccl_type(in.dtype), r, comm_,
+                          s);
+        });
       if (rc[size_t(r)])
-        LOOM_NCCL_CHECK(
-            ncclRecv(static_cast<char*>(out.data) + ro * es, size_t(rc[size_t(r)]), nccl_type(out.dtype), r, comm_, s));
+        nccl_op("ncclRecv (all_to_all_v)", [&] {
+          return ncclRecv(static_cast<char*>(out.data) + ro * es, size_t(rc[size_t(r)]), nccl_type(out.dtype), r, comm_,
+                          s);
+        });
       so += sc[size_t(r)], ro += rc[size_t(r)];
     }
-    settle_op(ncclGroupEnd(), "ncclGroupEnd (all_to_all_v)");
+    nccl_op("ncclGroupEnd (all_to_all_v)", [&] { return ncclGroupEnd(); });
     return end(CommOp::all_to_all, s);
   }
   Work send(Buf b, int peer, int, const Stream& after) override {
     count(CommOp::send, b.bytes(), peer);
     cudaStream_t s = begin(after, {b});
-    settle_op(ncclSend(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s), "ncclSend");
+    nccl_op("ncclSend", [&] { return ncclSend(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s); });
     return end(CommOp::send, s);
   }
   Work recv(Buf b, int peer, int, const Stream& after) override {
     count(CommOp::recv, b.bytes(), peer);
     cudaStream_t s = begin(after, {b});
-    settle_op(ncclRecv(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s), "ncclRecv");
+    nccl_op("ncclRecv", [&] { return ncclRecv(b.data, size_t(b.count), nccl_type(b.dtype), peer, comm_, s); });
     return end(CommOp::recv, s);
   }
   // Collectives stay out of groups (as under nccl-emulated): loom groups sends and receives.
@@ -245,22 +260,21 @@ class NcclGroup final : public ProcessGroup {
   }
   void group_end() override {
     LOOM_CHECK(depth_ > 0, "group_end() on '{}' without group_start()", name_);
-    const ncclResult_t r = ncclGroupEnd();
+    std::vector<Deferred> ops;
     if (--depth_ == 0) {
       open_group_ = nullptr;
-      std::vector<Deferred> ops = std::move(deferred_);
+      ops = std::move(deferred_);
       deferred_.clear();
-      settle_op(r, "ncclGroupEnd");
-      for (Deferred& d : ops) *d.done = record(d.kind, d.seq, d.stream);
-      return;
     }
-    settle_op(r, "ncclGroupEnd");
+    nccl_op("ncclGroupEnd", [] { return ncclGroupEnd(); });
+    for (Deferred& d : ops) *d.done = record(d.kind, d.seq, d.stream);
   }
   Work barrier() override {
     no_group(CommOp::barrier);
     count(CommOp::barrier, 0);
     if (!scratch_) LOOM_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
-    settle_op(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
+    nccl_op("ncclAllReduce (barrier)",
+            [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_); });
     Work w = end(CommOp::barrier, stream_);
     w.wait();
     return w;
@@ -280,9 +294,13 @@ class NcclGroup final : public ProcessGroup {
     std::chrono::steady_clock::time_point issued;
   };
 
-  // An op's call on this non-blocking communicator: settled (enqueued) before it is recorded.
-  void settle_op(ncclResult_t r, const char* call) {
-    settle(comm_, r, fmt::format("{} on group '{}'", call, name_), opt_,
+  // A call on this non-blocking communicator, settled (enqueued) before its op is recorded;
+  // under the communicator's lock, as NCCL lets one thread at a time operate a communicator
+  // and the watchdog queries it too.
+  template <class Call>
+  void nccl_op(const char* call, Call&& f) {
+    std::lock_guard lk(nccl_mu_);
+    settle(comm_, f(), call, where_, opt_,
            "a peer rank has likely died or hangs, or NCCL cannot set up its connections");
   }
   // The stream the op runs on, ordered after `after`'s work so far.
@@ -350,7 +368,10 @@ class NcclGroup final : public ProcessGroup {
       const Pending p = pending_.front();
       lk.unlock();
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
+      {
+        std::lock_guard g(nccl_mu_);
+        ncclCommGetAsyncError(comm_, &async);
+      }
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.issued).count();
       if (async != ncclSuccess && async != ncclInProgress) {
         std::fprintf(stderr, "error: rank %d: %s #%lld on group '%s' failed: %s\n", opt_.world_rank,
@@ -379,7 +400,9 @@ class NcclGroup final : public ProcessGroup {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;
-  std::mutex mu_;
+  std::string where_;   // " on group 'NAME'", for messages
+  std::mutex nccl_mu_;  // held while a thread operates the communicator
+  std::mutex mu_;       // pending_, stop_
   std::deque<Pending> pending_;
   int depth_ = 0;
   std::vector<Deferred> deferred_;
@@ -396,11 +419,11 @@ std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world
                                          const std::vector<int>& ranks, const NcclOptions& options) {
   if (name == "world") return std::make_unique<NcclGroup>(world, name, world->comm, false, ranks, options);
   ncclComm_t sub = nullptr;
-  ncclConfig_t config = nonblocking_config(name.c_str());
+  ncclConfig_t config = nonblocking_config(world->names.emplace_back(name).c_str());
   const ncclResult_t r = ncclCommSplit(world->comm, color, world->rank, &sub, &config);
   // The split is collective over the world; its progress shows on the new communicator (on the
   // parent while NCCL has not made one yet).
-  settle(sub ? sub : world->comm, r, "ncclCommSplit of group '" + name + "'", options, kNotJoined);
+  settle(sub ? sub : world->comm, r, "ncclCommSplit", " of group '" + name + "'", options, kNotJoined);
   LOOM_CHECK(sub, "ncclCommSplit of group '{}' returned no communicator", name);
   return std::make_unique<NcclGroup>(world, name, sub, true, ranks, options);
 }

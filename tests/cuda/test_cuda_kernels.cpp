@@ -479,7 +479,9 @@ TEST_F(Cuda, MoePlan) {
     SCOPED_TRACE(c.what);
     const int A = c.N * c.k, rows = c.slot > 0 ? c.E * c.slot : A;
     // k distinct experts per token, skewed towards the low ones; experts past E/2 + 3 get none
-    // (the last case takes every one).
+    // (where the scan's threads cover E at once; past them, and in the last case, every expert
+    // may get some).
+    const int span = c.N > 7 && c.E <= 256 ? c.E / 2 + 3 : c.E;
     std::mt19937_64 g(uint64_t(c.E) * 31 + uint64_t(c.k));
     std::vector<int32_t> idx(static_cast<size_t>(A));
     for (int t = 0; t < c.N; ++t)
@@ -487,7 +489,6 @@ TEST_F(Cuda, MoePlan) {
         int e;
         bool taken;
         do {
-          const int span = c.N > 7 ? c.E / 2 + 3 : c.E;
           e = int(g() % uint64_t(span)) / (1 + int(g() % 2));
           taken = false;
           for (int i = 0; i < j; ++i) taken = taken || idx[size_t(t * c.k + i)] == e;
@@ -504,14 +505,19 @@ TEST_F(Cuda, MoePlan) {
     EXPECT_EQ(Counts.get(), counts) << "routed and kept per expert";
     EXPECT_EQ(RowOf.get(), row_of) << "each assignment's row";
     EXPECT_EQ(TokenOf.get(), token_of) << "each row's token";
-    int dropped = 0, idle = 0;
-    for (int e = 0; e < c.E; ++e)
+    int dropped = 0, idle = 0, past_256 = 0;
+    for (int e = 0; e < c.E; ++e) {
       dropped += counts[size_t(e)] - counts[size_t(c.E + e)], idle += counts[size_t(e)] == 0;
+      if (e >= 256) past_256 += counts[size_t(e)];
+    }
     if (c.cap < A) {
       EXPECT_GT(dropped, 0) << "the case drops nothing";
     }
-    if (c.N > 7) {
+    if (span < c.E) {
       EXPECT_GT(idle, 0) << "every expert got assignments";
+    }
+    if (c.E > 256) {
+      EXPECT_GT(past_256, 0) << "no expert past the scan's first pass of threads got assignments";
     }
   }
 }
@@ -548,7 +554,10 @@ TEST_F(Cuda, MoeMapsStatsAndGather) {
   DevRaw<double> St(std::vector<double>{0.5, 1.5, 0.25, 2});
   cuda::moe_stats_add(St.p, Counts.p, Sums.p, N, E, k, nullptr);
   cuda::moe_aux_grad(G.p, Counts.p, 0.0123, N, E, k, nullptr);
-  EXPECT_EQ(St.get(), st) << "statistics (+=)";
+  // The same arithmetic in the same order; a GPU compiler may fuse a multiply and an add the
+  // CPU's does not, so the sums are held to a few ulps rather than to the bit.
+  const std::vector<double> got = St.get();
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(got[size_t(i)], st[size_t(i)], 1e-14 * std::abs(st[size_t(i)])) << i;
   EXPECT_EQ(G.get(), g) << "the load-balancing gradient";
   EXPECT_EQ(st[3], 3.0);
   EXPECT_NEAR(st[2], 0.25 + double(21) / (N * k), 1e-15) << "the dropped fraction";

@@ -281,7 +281,7 @@ TEST(Flops, ModelFlopsAndRecomputeOnEachPath) {
 // that rule alone: the metric must say exactly k * (N - cap) of N * k, and the load 2 (N of a
 // mean N k / E = N / 2 assignments).
 TEST(Moe, CapacityDropsWhatAFullExpertCannotTake) {
-  for (double cf : {1.0, 1.5, 2.0}) {
+  for (double cf : {1.0, 1.5, 2.0, 3.0}) {  // 3: a capacity past the N rows a slot holds
     Config cfg = tiny("mixtral");
     cfg.model.moe.capacity_factor = cf;
     config_validate(cfg);
