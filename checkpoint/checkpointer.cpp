@@ -96,7 +96,7 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
     const float* src[3] = {host.weights + w_at, host.m + s_at, host.v + s_at};
     for (const Piece& p : pieces_of(spec, f0, f0 + run.n))
       for (int k = 0; k < 3; ++k) {
-        Item it;
+        StagedShard it;
         it.tensor = std::string(kKinds[k]) + "/" + spec.name;
         it.global_shape = spec.global_shape;
         it.shard = {file, fmt::format("{}/{}", it.tensor, count[it.tensor]++), piece_offset(spec, p),
@@ -108,14 +108,16 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
         items_.push_back(std::move(it));
       }
   }
+  live_ = !copied;
+  stager_.reserve(items_, live_);
   saved_step_ = steps_done;
   pending_ = true;
   state_ = 1;
   error_.clear();
-  reading_ = !copied;
+  reading_ = live_;
   if (!cfg_.checkpoint.async) {
     try {
-      write(steps_done, items_);
+      write(steps_done);
       state_ = 0;
     } catch (const Error& e) {
       error_ = e.what();
@@ -126,7 +128,7 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   }
   thread_ = std::thread([this, steps_done] {
     try {
-      write(steps_done, items_);
+      write(steps_done);
       state_ = 0;
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -140,7 +142,7 @@ void Checkpointer::wait_reads() {
   cv_.wait(lk, [&] { return !reading_; });
 }
 
-void Checkpointer::write(int64_t step, std::vector<Item>& items) {
+void Checkpointer::write(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   auto reads_done = [&] {
     {
@@ -149,28 +151,14 @@ void Checkpointer::write(int64_t step, std::vector<Item>& items) {
     }
     cv_.notify_all();
   };
-  try {
-    const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(step);
-    H5Writer out(dir + "/" + rank_file(world_.rank()));
-    std::vector<float> buf;
-    for (size_t i = 0; i < items.size(); ++i) {
-      Item& it = items[i];
-      buf.resize(size_t(it.piece.numel()));
-      piece_gather(*it.spec, it.piece, it.src, it.f0, buf.data());
-      out.write(it.shard.dataset, it.shard.shape, buf.data());
-      it.shard.xxh64 = xxh64_hex(buf.data(), int64_t(buf.size()));
-      if (i == items.size() / 2) {
-        if (fault_in_write) fault_in_write(step);
-        LOOM_CHECK(!(fault_enospc && fault_enospc(step)), "cannot write '{}': {} (fault drill: fault.enospc)",
-                   dir + "/" + rank_file(world_.rank()), std::strerror(ENOSPC));
-      }
-    }
-    reads_done();  // the state may change now; what remains is the library's and the disk's
-    out.close();   // flushed and fsynced
-  } catch (...) {
-    reads_done();
-    throw;
-  }
+  const std::string path = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(step) + "/" + rank_file(world_.rank());
+  auto halfway = [&](size_t i) {  // the fault drills strike halfway through the file
+    if (i != items_.size() / 2) return;
+    if (fault_in_write) fault_in_write(step);
+    LOOM_CHECK(!(fault_enospc && fault_enospc(step)), "cannot write '{}': {} (fault drill: fault.enospc)", path,
+               std::strerror(ENOSPC));
+  };
+  stager_.write(path, items_, live_, reads_done, halfway);
   write_s_ = seconds_since(t0);
 }
 
@@ -210,7 +198,7 @@ void Checkpointer::commit() {
   pending_ = false;
   // Every rank's shards to rank 0, which writes the manifest.
   nlohmann::json mine = nlohmann::json::array();
-  for (const Item& it : items_)
+  for (const StagedShard& it : items_)
     mine.push_back({{"tensor", it.tensor}, {"shape", it.global_shape}, {"shard", shard_to_json(it.shard)}});
   items_.clear();
   std::string text = mine.dump();

@@ -4,8 +4,9 @@
 // file is on disk, rank 0 commits manifest.json (tmp, fsync, rename, directory fsync) and
 // removes what checkpoint.keep no longer keeps. With checkpoint.async the write runs on a
 // thread while training goes on, and the commit comes at a later step boundary (settle), at
-// the next save, or at the end (flush). On the CPU the thread reads the live state, so the
-// next optimizer step waits until it has read it all (wait_reads); on CUDA the state is first
+// the next save, or at the end (flush). On the CPU a reader copies the live state through a
+// bounded staging area the writer writes from (checkpoint/stage.h), so the next optimizer
+// step waits only until it has read it all (wait_reads); on CUDA the state is first
 // downloaded. Collective: every rank calls the same methods at the same steps.
 #pragma once
 #include <atomic>
@@ -21,6 +22,7 @@
 
 #include "checkpoint/manifest.h"
 #include "checkpoint/pieces.h"
+#include "checkpoint/stage.h"
 #include "parallel/data_parallel.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/config.h"
@@ -64,26 +66,19 @@ class Checkpointer {
   std::function<void(int64_t step, const std::string& dir)> fault_after_commit;
 
  private:
-  struct Item {
-    std::string tensor;  // params/NAME, exp_avg/NAME, exp_avg_sq/NAME
-    std::vector<int64_t> global_shape;
-    ShardRef shard;  // xxh64 filled by the writer
-    const ParamSpec* spec;
-    Piece piece;
-    const float* src;  // src[k]: local element f0 + k of the tensor
-    int64_t f0;
-  };
-  void write(int64_t step, std::vector<Item>& items);  // this rank's file; throws
+  void write(int64_t step);  // this rank's file of the pending save; throws
   void commit();
 
   const Config& cfg_;
   ProcessGroup& world_;
   nlohmann::json layout_;
   bool quiet_;
-  int64_t saved_step_ = -1;  // the save in flight or committed last
-  bool pending_ = false;     // saved, not yet committed
-  std::vector<Item> items_;  // the pending save's shards
-  HostBuffer keep_;          // the state downloaded from the device (CUDA): page-locked, kept between saves
+  int64_t saved_step_ = -1;         // the save in flight or committed last
+  bool pending_ = false;            // saved, not yet committed
+  std::vector<StagedShard> items_;  // the pending save's shards
+  bool live_ = false;               // they point into the training state (not a copy of it)
+  Stager stager_;                   // blocks the writer writes from, kept between saves
+  HostBuffer keep_;                 // the state downloaded from the device (CUDA): page-locked, kept between saves
   std::mutex mu_;
   std::condition_variable cv_;
   bool reading_ = false;  // the writer still reads the state

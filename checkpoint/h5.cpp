@@ -63,7 +63,43 @@ H5Writer::H5Writer(const std::string& path) : path_(path) {
 }
 
 H5Writer::~H5Writer() {
+  if (set_ >= 0) H5Dclose(set_);
   if (file_ >= 0) H5Fclose(file_);
+}
+
+void H5Writer::open(const std::string& name, const std::vector<int64_t>& shape) {
+  LOOM_ASSERT(set_ < 0 && (shape.size() == 1 || shape.size() == 2));
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Closer space{H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose};
+  Closer lcpl{H5Pcreate(H5P_LINK_CREATE), H5Pclose};
+  H5Pset_create_intermediate_group(lcpl.id, 1);
+  set_ = space.id >= 0 && lcpl.id >= 0
+             ? H5Dcreate2(file_, name.c_str(), H5T_IEEE_F32LE, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT)
+             : -1;
+  LOOM_CHECK(set_ >= 0, "'{}': cannot create dataset '{}': {}", path_, name, h5_reason());
+  set_name_ = name;
+  set_shape_ = shape;
+}
+
+void H5Writer::rows(int64_t row0, int64_t n, const float* data) {
+  LOOM_ASSERT(set_ >= 0 && n > 0);
+  const bool two = set_shape_.size() == 2;
+  const hsize_t cols = hsize_t(set_shape_.back());
+  const hsize_t start[2] = {hsize_t(row0), 0}, count[2] = {hsize_t(n), cols};
+  LOOM_ASSERT(two ? row0 + n <= set_shape_[0] : row0 == 0 && n == 1);
+  Closer file_space{H5Dget_space(set_), H5Sclose};
+  Closer mem{H5Screate_simple(two ? 2 : 1, two ? count : count + 1, nullptr), H5Sclose};
+  LOOM_CHECK(file_space.id >= 0 && mem.id >= 0 &&
+                 H5Sselect_hyperslab(file_space.id, H5S_SELECT_SET, two ? start : start + 1, nullptr,
+                                     two ? count : count + 1, nullptr) >= 0 &&
+                 H5Dwrite(set_, H5T_NATIVE_FLOAT, mem.id, file_space.id, H5P_DEFAULT, data) >= 0,
+             "'{}': cannot write rows {}..{} of dataset '{}': {}", path_, row0, row0 + n, set_name_, h5_reason());
+}
+
+void H5Writer::shut() {
+  const hid_t s = set_;
+  set_ = -1;
+  LOOM_CHECK(H5Dclose(s) >= 0, "'{}': cannot close dataset '{}': {}", path_, set_name_, h5_reason());
 }
 
 void H5Writer::write(const std::string& name, const std::vector<int64_t>& shape, const float* data) {
@@ -147,6 +183,19 @@ std::string checkpoint_libraries() {
 
 std::string xxh64_hex(const float* data, int64_t n) {
   return fmt::format("{:016x}", uint64_t(XXH64(data, size_t(n) * sizeof(float), 0)));
+}
+
+Xxh64::Xxh64() : state_(XXH64_createState()) {
+  LOOM_CHECK(state_ && XXH64_reset(static_cast<XXH64_state_t*>(state_), 0) == XXH_OK, "xxHash: cannot make a state");
+}
+Xxh64::~Xxh64() {
+  XXH64_freeState(static_cast<XXH64_state_t*>(state_));
+}
+void Xxh64::add(const float* data, int64_t n) {
+  XXH64_update(static_cast<XXH64_state_t*>(state_), data, size_t(n) * sizeof(float));
+}
+std::string Xxh64::hex() const {
+  return fmt::format("{:016x}", uint64_t(XXH64_digest(static_cast<XXH64_state_t*>(state_))));
 }
 
 }  // namespace loom

@@ -17,12 +17,20 @@ class H5Writer {
   H5Writer& operator=(const H5Writer&) = delete;
   // A dataset at `name` ("a/b/c": groups made as needed) of `shape` holding `data`.
   void write(const std::string& name, const std::vector<int64_t>& shape, const float* data);
+  // The same a run of rows at a time (a 1-D dataset is one row): open() creates it, rows()
+  // writes rows [row0, row0 + n) of it, row-major, shut() closes it.
+  void open(const std::string& name, const std::vector<int64_t>& shape);
+  void rows(int64_t row0, int64_t n, const float* data);
+  void shut();
   // Flushes, closes and fsyncs the file: when it returns, the bytes are on disk.
   void close();
 
  private:
   std::string path_;
   int64_t file_ = -1;
+  int64_t set_ = -1;  // the dataset open() made
+  std::string set_name_;
+  std::vector<int64_t> set_shape_;
 };
 
 class H5Reader {
@@ -45,5 +53,18 @@ class H5Reader {
 std::string checkpoint_libraries();
 // xxh64 (seed 0) of n floats' bytes, as 16 hex digits.
 std::string xxh64_hex(const float* data, int64_t n);
+// The same over floats that come a run at a time.
+class Xxh64 {
+ public:
+  Xxh64();
+  ~Xxh64();
+  Xxh64(const Xxh64&) = delete;
+  Xxh64& operator=(const Xxh64&) = delete;
+  void add(const float* data, int64_t n);
+  std::string hex() const;
+
+ private:
+  void* state_;
+};
 
 }  // namespace loom

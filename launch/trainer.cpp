@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -530,7 +531,12 @@ TrainResult Trainer::finish() {
     ProcessGroup& world = p.mesh->world_group();
     if (world.size() > 1) world.broadcast(Buf(&save_end, 1), 0).wait();
     if (save_end) p.ckpt->save(p.result.steps_done, *p.dpar);
+    const auto t0 = std::chrono::steady_clock::now();
     p.ckpt->flush();
+    // An async save's last write is paid here, after the last step's metrics: say what it cost.
+    if (p.cfg.checkpoint.async)
+      p.info("the end of the run waited {:.0f} ms for the last checkpoint to be written and committed",
+             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::vector<float> hf;
   if (!p.cfg.export_final.empty() || p.opt.keep_params) hf = weights_hf();

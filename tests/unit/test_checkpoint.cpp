@@ -1,6 +1,8 @@
 // Checkpoint pieces and manifests: every element of the global state lands in exactly one
 // shard whatever the layout, at the global position that holds its value; a shard read back
 // fills the local storage it came from; and a checkpoint's problems are found by name.
+#include <stdlib.h>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -8,6 +10,7 @@
 #include "checkpoint/h5.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/pieces.h"
+#include "checkpoint/stage.h"
 #include "model/layout.h"
 #include "testing.h"
 
@@ -141,4 +144,58 @@ TEST(CheckpointManifest, ProblemsAreFoundByName) {
   bool named = false;
   for (auto& p : problems) named |= p.find("params/w/0") != std::string::npos && p.find("corrupt") != std::string::npos;
   EXPECT_TRUE(named) << (problems.empty() ? "no problems" : problems[0]);
+}
+
+// The staged writer (checkpoint/stage.h) with tiny blocks: shards cut into runs of rows (2-D,
+// and 1-D ones held whole), hashed and written in order; the state is scribbled over the moment
+// the reader says it is done, and the file must hold the values as they were, each shard's
+// hash being that of its bytes. Staging stays a few of the largest shards, less than them all.
+TEST(CheckpointStage, WritesWhatTheStateWasWhenItsReadsWereDone) {
+  char tmpl[] = "/tmp/loom-stage-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  ParamSpec w, b;
+  w.name = "w", w.shape = w.global_shape = {37, 5};
+  b.name = "b", b.shape = b.global_shape = {11};
+  std::vector<float> ws(185), bs(11);
+  for (size_t i = 0; i < ws.size(); ++i) ws[i] = float(i) + 0.5f;
+  for (size_t i = 0; i < bs.size(); ++i) bs[i] = -float(i);
+  const std::vector<float> w0 = ws, b0 = bs;
+  std::vector<StagedShard> shards;
+  for (int k = 0; k < 6; ++k) {  // the same tensors many times over, as params and moments are
+    const ParamSpec& s = k % 3 == 2 ? b : w;
+    for (const Piece& p : pieces_of(s, 0, s.numel())) {
+      StagedShard sh;
+      sh.tensor = fmt::format("t{}", k);
+      sh.global_shape = s.global_shape;
+      sh.shard = {"f.h5", fmt::format("t{}/0", k), piece_offset(s, p), piece_shape(s, p), ""};
+      sh.spec = &s, sh.piece = p, sh.src = (&s == &w ? ws : bs).data(), sh.f0 = 0;
+      shards.push_back(sh);
+    }
+  }
+  Stager stager(12);  // 12 floats: two rows of w a block, b (11) alone
+  stager.reserve(shards, true);
+  EXPECT_LT(stager.bytes(), int64_t(4 * (4 * 185 + 2 * 11))) << "staging holds less than the state";
+  std::vector<size_t> at;
+  bool done = false;
+  stager.write(
+      dir + "/f.h5", shards, true,
+      [&] {
+        done = true;
+        std::fill(ws.begin(), ws.end(), 99.0f);  // the next optimizer step
+        std::fill(bs.begin(), bs.end(), 99.0f);
+      },
+      [&](size_t i) { at.push_back(i); });
+  EXPECT_TRUE(done);
+  EXPECT_EQ(at.size(), shards.size());
+  H5Reader in(dir + "/f.h5");
+  for (const StagedShard& sh : shards) {
+    const std::vector<float> got = in.read(sh.shard.dataset, sh.shard.shape);
+    EXPECT_EQ(got, sh.spec == &w ? w0 : b0) << sh.shard.dataset;
+    EXPECT_EQ(sh.shard.xxh64, xxh64_hex(got.data(), int64_t(got.size()))) << sh.shard.dataset;
+  }
+  // A file that cannot be made: the error comes back, and the reads are over all the same.
+  done = false;
+  EXPECT_THROW(stager.write(dir + "/no/such/dir/f.h5", shards, true, [&] { done = true; }, {}), Error);
+  EXPECT_TRUE(done);
+  std::filesystem::remove_all(dir);
 }
