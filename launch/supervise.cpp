@@ -91,6 +91,48 @@ bool status_restartable(int status) {
   return status != 0 && status != 2;
 }
 
+namespace {
+// The command of the next run: as given, or (elastic) filled with the layout the hosts that
+// answer now can take; empty when they cannot take --ranks' minimum.
+std::vector<std::string> command_now(const std::vector<std::string>& command, const SuperviseOptions& opt,
+                                     int restart) {
+  const ElasticOptions& e = opt.elastic;
+  if (!e.enabled()) return command;
+  std::vector<Host> alive;
+  std::vector<std::string> lost;
+  for (const Host& h : e.hosts) {
+    if (host_answers(e, h.name))
+      alive.push_back(h);
+    else
+      lost.push_back(h.name);
+  }
+  const int ranks = elastic_ranks(e, alive, [&](int r) { return elastic_fits(command, r, r / e.replica, 120); });
+  const std::string lost_list = lost.empty() ? "none" : fmt::format("{}", fmt::join(lost, ", "));
+  event_append(opt.log_dir, "layout",
+               fmt::format(R"("restart":{},"ranks":{},"dp":{},"hosts":"{}","lost":{})", restart, ranks,
+                           ranks / e.replica, hosts_str(hosts_take(alive, ranks)), lost.size()));
+  if (!ranks) {
+    int slots = 0;
+    for (const Host& h : alive) slots += h.slots;
+    spdlog::error(
+        "supervise: the hosts that answer ({}: {} slots; lost: {}) hold no layout of {} to {} ranks (multiples of "
+        "--replica {}) that the run's config accepts",
+        hosts_str(alive), slots, lost_list, e.min_ranks, e.max_ranks, e.replica);
+    return {};
+  }
+  spdlog::info("supervise: {} ranks (dp {}) on {}; hosts lost: {}", ranks, ranks / e.replica,
+               hosts_str(hosts_take(alive, ranks)), lost_list);
+  return command_fill(command, ranks, ranks / e.replica, hosts_str(hosts_take(alive, ranks)));
+}
+
+// Whether the job's hang verdict was written after `since` (its log.dir's flight directory).
+bool verdict_since(const std::string& log_dir, std::filesystem::file_time_type since) {
+  std::error_code ec;
+  const auto t = std::filesystem::last_write_time(log_dir + "/flight/verdict.txt", ec);
+  return !ec && t >= since;
+}
+}  // namespace
+
 int supervise_run(const std::vector<std::string>& command, const SuperviseOptions& opt) {
   LOOM_CHECK(!command.empty(), "loom supervise: no command; usage: loom supervise [options] -- COMMAND...");
   LOOM_CHECK(opt.max_restarts >= 0, "--max-restarts {} must be >= 0", opt.max_restarts);
@@ -102,8 +144,11 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
   int status = 0;
   for (int restart = 0;; ++restart) {
     const auto t0 = std::chrono::steady_clock::now();
+    const auto started = std::filesystem::file_time_type::clock::now();
+    const std::vector<std::string> run = command_now(command, opt, restart);
+    if (run.empty()) return restart == 0 ? 2 : status;
     event_append(opt.log_dir, "start", fmt::format("\"restart\":{}", restart));
-    spdlog::info("supervise: run {} (LOOM_RESTART={}): {}", restart + 1, restart, fmt::join(command, " "));
+    spdlog::info("supervise: run {} (LOOM_RESTART={}): {}", restart + 1, restart, fmt::join(run, " "));
     // A signal before the child exists would reach no one: hold them until it does (a stop
     // asked for meanwhile is passed on by the wait below).
     sigset_t stop, old;
@@ -121,7 +166,7 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
       ::setpgid(0, 0);
       ::setenv("LOOM_RESTART", std::to_string(restart).c_str(), 1);
       std::vector<char*> argv;
-      for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+      for (const auto& a : run) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
       ::execvp(argv[0], argv.data());
       std::fprintf(stderr, "error: loom supervise: cannot run '%s'\n", argv[0]);
@@ -130,16 +175,30 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
     ::setpgid(pid, pid);
     sigprocmask(SIG_SETMASK, &old, nullptr);
     int ws = 0;
-    bool passed = false;
+    bool passed = false, ended = false;
+    double verdict_at = -1;  // seconds into the run when its hang verdict was seen
     for (;;) {
       if (g_asked && !passed) {
         stop_job(pid, int(g_asked));
         passed = true;
       }
-      if (::waitpid(pid, &ws, 0) >= 0 || errno != EINTR) break;
+      const pid_t r = ::waitpid(pid, &ws, WNOHANG);
+      if (r == pid || (r < 0 && errno != EINTR)) break;
+      const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (verdict_at < 0 && !opt.log_dir.empty() && verdict_since(opt.log_dir, started)) verdict_at = now;
+      if (verdict_at >= 0 && !ended && now - verdict_at > opt.verdict_grace_s) {
+        spdlog::warn(
+            "supervise: the launcher is still running {:.0f} s after its job's hang verdict (ranks it cannot "
+            "reach, or a dead link); ending it",
+            now - verdict_at);
+        stop_job(pid, SIGKILL);
+        ::kill(-pid, SIGKILL);
+        ended = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     ::kill(-pid, SIGKILL);  // whatever the command left behind in its group
-    status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    status = ended ? 4 : WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     event_append(opt.log_dir, "exit", fmt::format("\"restart\":{},\"status\":{}", restart, status));
     spdlog::info("supervise: run {} ended with status {} ({}) after {:.1f} s", restart + 1, status,

@@ -9,8 +9,10 @@
 #   netns.sh up NODES [RATE [DELAY]]     e.g. up 2 1gbit (default: 10gbit, no delay)
 #   netns.sh shape RATE DELAY            reshape every node's link
 #   netns.sh cut NODE | heal NODE        take a node's link down (nothing passes) | bring it back
-#   netns.sh mpirun -np N PROGRAM ARGS   mpirun over the nodes, N / NODES ranks on each, in rank
-#                                        order (so tp, innermost, stays inside a node)
+#   netns.sh mpirun [--host IP:SLOTS,...] -np N PROGRAM ARGS
+#                                        mpirun over the nodes, N / NODES ranks on each (or the
+#                                        hosts given), in rank order (so tp, innermost, stays
+#                                        inside a node)
 #   netns.sh down | status
 set -euo pipefail
 hub=loomhub
@@ -79,14 +81,20 @@ case "${1:-}" in
     qdisc "$node" "$rate" "$delay"
     ;;
   mpirun)
-    [ "${2:-}" = -np ] && [[ "${3:-}" =~ ^[0-9]+$ ]] || { echo "netns: netns.sh mpirun -np N PROGRAM ARGS" >&2; exit 2; }
-    count=$3
-    shift 3
+    shift
+    hosts=""
+    if [ "${1:-}" = --host ]; then hosts=${2:?netns.sh mpirun --host IP:SLOTS,... -np N PROGRAM ARGS}; shift 2; fi
+    [ "${1:-}" = -np ] && [[ "${2:-}" =~ ^[0-9]+$ ]] ||
+      { echo "netns: netns.sh mpirun [--host IP:SLOTS,...] -np N PROGRAM ARGS" >&2; exit 2; }
+    count=$2
+    shift 2
     k=$(nodes | wc -l)
     [ "$k" -gt 0 ] || { echo "netns: no nodes; run netns.sh up first" >&2; exit 1; }
-    ((count % k == 0)) || { echo "netns: $count ranks do not spread evenly over $k nodes" >&2; exit 2; }
-    per=$((count / k)) hosts=""
-    for ns in $(nodes); do hosts+="${hosts:+,}$net.$((${ns#"$prefix"} + 1)):$per"; done
+    if [ -z "$hosts" ]; then
+      ((count % k == 0)) || { echo "netns: $count ranks do not spread evenly over $k nodes" >&2; exit 2; }
+      per=$((count / k))
+      for ns in $(nodes); do hosts+="${hosts:+,}$net.$((${ns#"$prefix"} + 1)):$per"; done
+    fi
     # mpirun runs on node 0 under its own host name; the other nodes' daemons start through
     # netns_exec.sh (each in its namespace, under its own host name, so that Open MPI uses
     # shared memory only within a node and TCP, on eth0, between them). The program and its
@@ -106,7 +114,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,15p' "$0"
+    sed -n '2,17p' "$0"
     exit 2
     ;;
 esac

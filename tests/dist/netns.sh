@@ -2,7 +2,9 @@
 # The emulated nodes (examples/scaling/netns.sh): up twice and down twice leave nothing
 # behind (no namespace of its own, no link or qdisc: they live in those namespaces); while up,
 # the nodes reach each other and an MPI job spans them, one host name per node; then the
-# link-cut drill (examples/scaling/link_cut.sh): the hang verdict, a supervised resume, bitwise.
+# link-cut drill (examples/scaling/link_cut.sh): the hang verdict, a supervised resume, bitwise;
+# and the lost-node drill (examples/scaling/elastic.sh): a node cut for good, the job relaunched
+# at dp 2 on the node left, within 1e-5 of a run that lost nothing.
 # Skips (77) where this machine cannot make network namespaces.
 #   netns.sh SOURCE_DIR LOOM COMPARE
 set -euo pipefail
@@ -30,4 +32,6 @@ for i in 1 2; do "$ns" down; done
 [ "$(mine)" -eq 0 ] || { echo "FAIL: $(mine) namespaces left behind"; exit 1; }
 "$src/examples/scaling/link_cut.sh"
 [ "$(mine)" -eq 0 ] || { echo "FAIL: the drill left namespaces behind"; exit 1; }
+"$src/examples/scaling/elastic.sh"
+[ "$(mine)" -eq 0 ] || { echo "FAIL: the elastic drill left namespaces behind"; exit 1; }
 echo ok

@@ -2,6 +2,7 @@
 // environment per case). The srun case is the one that took every core per rank before.
 #include <map>
 
+#include "launch/elastic.h"
 #include "launch/launch_env.h"
 #include "testing.h"
 
@@ -100,4 +101,51 @@ TEST(LaunchEnv, BatchScriptWithoutSrunIsOneProcess) {
   EXPECT_EQ(threads_choose(0, e, get, 16).threads, 6);
   const LaunchEnv none = launch_env_read(env_of({}));
   EXPECT_EQ(threads_choose(0, none, env_of({}), 16).threads, 16);
+}
+
+// Elastic restarts (launch/elastic.h): hosts parsed and refused by name, the placeholders
+// filled, the largest layout the survivors hold that the config accepts, and the hosts it takes.
+TEST(Elastic, HostsLayoutsAndPlaceholders) {
+  const std::vector<Host> hosts = hosts_parse("n0:2,n1:2,n2");
+  ASSERT_EQ(hosts.size(), 3u);
+  EXPECT_EQ(hosts[2].slots, 1);
+  EXPECT_EQ(hosts_str(hosts), "n0:2,n1:2,n2:1");
+  for (const char* bad : {"n0:0", "n0:x", ":2", "n0:2,n0:2", ""}) EXPECT_THROW(hosts_parse(bad), Error) << bad;
+
+  const std::vector<std::string> cmd = {"mpirun", "--host", "{hosts}",         "-np", "{ranks}", "/x/loom",
+                                        "train",  "--set",  "parallel.dp={dp}"};
+  const auto filled = command_fill(cmd, 4, 2, "n0:2,n1:2");
+  EXPECT_EQ(filled[2], "n0:2,n1:2");
+  EXPECT_EQ(filled[4], "4");
+  EXPECT_EQ(filled[8], "parallel.dp=2");
+  EXPECT_EQ(train_part(cmd).front(), "/x/loom");
+  EXPECT_EQ(train_part(cmd).size(), 4u);
+  EXPECT_TRUE(train_part({"mpirun", "loom", "eval"}).empty());
+
+  ElasticOptions o;
+  o.min_ranks = 2, o.max_ranks = 8, o.replica = 2, o.hosts = hosts;
+  // 5 slots hold 4 ranks (two replicas of 2); a config that takes only dp 1 gets 2.
+  EXPECT_EQ(elastic_ranks(o, hosts, [](int) { return true; }), 4);
+  EXPECT_EQ(elastic_ranks(o, hosts, [](int r) { return r == 2; }), 2);
+  EXPECT_EQ(elastic_ranks(o, {hosts[2]}, [](int) { return true; }), 0) << "1 slot holds no replica of 2";
+  EXPECT_EQ(hosts_str(hosts_take(hosts, 3)), "n0:2,n1:1");
+  EXPECT_EQ(hosts_str(hosts_take(hosts, 2)), "n0:2");
+
+  // The probe: a host answers when the command exits 0 in time.
+  o.probe = "test {host} = n1";
+  EXPECT_TRUE(host_answers(o, "n1"));
+  EXPECT_FALSE(host_answers(o, "n0"));
+  o.probe = "sleep 5", o.probe_s = 0.2;
+  EXPECT_FALSE(host_answers(o, "n1")) << "a probe past its time is a host that does not answer";
+
+  // Options that cannot work are refused before anything runs.
+  ElasticOptions none;
+  EXPECT_THROW(elastic_check(none, cmd), Error) << "placeholders without --ranks";
+  ElasticOptions bad = o;
+  bad.probe.clear(), bad.probe_s = 10;
+  EXPECT_THROW(elastic_check(bad, {"mpirun", "-np", "4", "loom", "train"}), Error) << "nothing to fill";
+  bad.min_ranks = 5, bad.max_ranks = 4;
+  EXPECT_THROW(elastic_check(bad, cmd), Error) << "MIN > MAX";
+  bad.min_ranks = 3, bad.max_ranks = 3;
+  EXPECT_THROW(elastic_check(bad, cmd), Error) << "no multiple of the replica";
 }
