@@ -45,41 +45,17 @@ void Stager::reserve(const std::vector<StagedShard>& shards, bool live) {
 
 void Stager::write(const std::string& path, std::vector<StagedShard>& shards, bool live,
                    const std::function<void()>& reads_done, const std::function<void(size_t)>& at) {
-  LOOM_ASSERT(blocks_.size() >= (live ? 2u : 1u));
-  auto rows_per_block = [&](const StagedShard& s) { return std::max<int64_t>(1, block_ / s.piece.cols); };
+  auto rows_per_block = [&](const StagedShard& s) {
+    return std::max<int64_t>(1, block_ / std::max<int64_t>(1, s.piece.cols));
+  };
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Staged> full;
   std::vector<int> free;
   for (int b = 0; b < int(blocks_.size()); ++b) free.push_back(b);
-  bool stop = false;
+  bool stop = false;            // the writer is done with the reader (under mu)
+  std::exception_ptr failed;    // what ended the reader early (under mu)
   std::thread reader;
-  if (live) {
-    // The reader: every shard's rows in order, as fast as blocks come free.
-    reader = std::thread([&] {
-      for (size_t i = 0; i < shards.size() && !stop; ++i)
-        for (int64_t r0 = 0, per = rows_per_block(shards[i]); r0 < shards[i].piece.rows; r0 += per) {
-          int b;
-          {
-            std::unique_lock lk(mu);
-            cv.wait(lk, [&] { return stop || !free.empty(); });
-            if (stop) break;
-            b = free.back();
-            free.pop_back();
-          }
-          const int64_t n = std::min(per, shards[i].piece.rows - r0);
-          shard_rows(shards[i], r0, n, blocks_[size_t(b)].get());
-          {
-            std::lock_guard lk(mu);
-            full.push_back({i, r0, n, b});
-          }
-          cv.notify_all();
-        }
-      reads_done();  // the state may change now; the writer goes on from the blocks
-    });
-  } else {
-    reads_done();
-  }
   auto finish_reader = [&] {
     {
       std::lock_guard lk(mu);
@@ -88,6 +64,48 @@ void Stager::write(const std::string& path, std::vector<StagedShard>& shards, bo
     cv.notify_all();
     if (reader.joinable()) reader.join();
   };
+  try {
+    LOOM_ASSERT(blocks_.size() >= (live ? 2u : 1u));
+    if (live) {
+      // The reader: every shard's rows in order, as fast as blocks come free.
+      reader = std::thread([&] {
+        try {
+          for (size_t i = 0; i < shards.size(); ++i)
+            for (int64_t r0 = 0, per = rows_per_block(shards[i]); r0 < shards[i].piece.rows; r0 += per) {
+              int b;
+              {
+                std::unique_lock lk(mu);
+                cv.wait(lk, [&] { return stop || !free.empty(); });
+                if (stop) {
+                  lk.unlock();
+                  reads_done();
+                  return;
+                }
+                b = free.back();
+                free.pop_back();
+              }
+              const int64_t n = std::min(per, shards[i].piece.rows - r0);
+              shard_rows(shards[i], r0, n, blocks_[size_t(b)].get());
+              {
+                std::lock_guard lk(mu);
+                full.push_back({i, r0, n, b});
+              }
+              cv.notify_all();
+            }
+        } catch (...) {
+          std::lock_guard lk(mu);
+          failed = std::current_exception();
+        }
+        cv.notify_all();
+        reads_done();  // the state may change now; the writer goes on from the blocks
+      });
+    } else {
+      reads_done();
+    }
+  } catch (...) {
+    reads_done();  // nothing will read: the state may change
+    throw;
+  }
   try {
     H5Writer out(path);
     for (size_t i = 0; i < shards.size(); ++i) {
@@ -99,7 +117,8 @@ void Stager::write(const std::string& path, std::vector<StagedShard>& shards, bo
         Staged st{i, r0, std::min(per, s.piece.rows - r0), 0};
         if (live) {
           std::unique_lock lk(mu);
-          cv.wait(lk, [&] { return !full.empty(); });
+          cv.wait(lk, [&] { return !full.empty() || failed; });
+          if (full.empty()) std::rethrow_exception(failed);
           st = full.front();
           full.pop_front();
           LOOM_ASSERT(st.shard == i && st.r0 == r0);

@@ -1,10 +1,11 @@
 // A rank's checkpoint file written through a bounded staging area. When the shards come from
 // the live training state, a reader thread copies them out a run of rows at a time into free
 // staging blocks and the writer hashes and writes the blocks in order: the state may change
-// (the next optimizer step) once the reader is done, while the writer still writes, and
-// staging holds a few of the largest shards, not the whole state. Shards from a private copy
-// (the state a CUDA rank downloaded) are written from it directly. Not here: which shards a
-// rank writes (the Checkpointer), the manifest and the commit.
+// (the next optimizer step) once the reader is done, which is when the writer has all but what
+// staging holds left to write; staging holds a few of the largest shards (at least two
+// blocks). Shards from a private copy (the state a CUDA rank downloaded) need no reader: the
+// writer gathers them through one block. Not here: which shards a rank writes (the
+// Checkpointer), the manifest and the commit.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -2,15 +2,20 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
+#include "launch/launch_env.h"
 #include "runtime/error.h"
 
 namespace loom {
@@ -52,36 +57,48 @@ std::string hosts_str(const std::vector<Host>& hosts) {
   return out;
 }
 
+std::vector<Host> slurm_slots(const std::vector<std::string>& names, const std::string& ntasks_per_node,
+                              const std::string& tasks_per_node) {
+  std::vector<Host> out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const int slots =
+        !ntasks_per_node.empty() ? std::atoi(ntasks_per_node.c_str()) : slurm_tasks_on_node(tasks_per_node, int(i));
+    LOOM_CHECK(slots >= 1,
+               "loom supervise: Slurm gives node {} ({}) no tasks (SLURM_NTASKS_PER_NODE '{}', "
+               "SLURM_TASKS_PER_NODE '{}')",
+               i, names[i], ntasks_per_node, tasks_per_node);
+    out.push_back({names[i], slots});
+  }
+  return out;
+}
+
 std::vector<Host> hosts_from_slurm() {
   const char* nodes = std::getenv("SLURM_JOB_NODELIST");
   LOOM_CHECK(nodes && *nodes,
              "loom supervise --ranks: no --hosts given and no Slurm allocation (SLURM_JOB_NODELIST) to take them from");
-  int slots = 1;
-  if (const char* n = std::getenv("SLURM_NTASKS_PER_NODE"); n && *n) {
-    slots = std::atoi(n);
-  } else if (const char* t = std::getenv("SLURM_TASKS_PER_NODE"); t && *t) {
-    slots = std::atoi(t);  // "2(x3),1": the first node's
-  }
-  LOOM_CHECK(slots >= 1, "loom supervise: the allocation's tasks per node are not a number");
   FILE* p = ::popen(fmt::format("scontrol show hostnames '{}'", nodes).c_str(), "r");
   LOOM_CHECK(p, "loom supervise: cannot run scontrol to list the allocation's hosts");
-  std::vector<Host> out;
+  std::vector<std::string> names;
   char line[1024];
   while (std::fgets(line, sizeof line, p)) {
     std::string name(line);
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    if (!name.empty()) out.push_back({name, slots});
+    if (!name.empty()) names.push_back(name);
   }
   const int rc = ::pclose(p);
-  LOOM_CHECK(rc == 0 && !out.empty(), "loom supervise: `scontrol show hostnames {}` failed", nodes);
-  return out;
+  LOOM_CHECK(rc == 0 && !names.empty(), "loom supervise: `scontrol show hostnames {}` failed", nodes);
+  auto env = [](const char* k) {
+    const char* v = std::getenv(k);
+    return std::string(v ? v : "");
+  };
+  return slurm_slots(names, env("SLURM_NTASKS_PER_NODE"), env("SLURM_TASKS_PER_NODE"));
 }
 
 void elastic_check(ElasticOptions& o, const std::vector<std::string>& command) {
   bool placeholders = false;
   for (const std::string& w : command)
-    placeholders = placeholders || w.find("{ranks}") != std::string::npos || w.find("{dp}") != std::string::npos ||
-                   w.find("{hosts}") != std::string::npos;
+    for (const char* p : {"{ranks}", "{dp}", "{hosts}", "{nodelist}"})
+      placeholders = placeholders || w.find(p) != std::string::npos;
   if (!o.enabled()) {
     LOOM_CHECK(
         !placeholders && o.hosts.empty() && o.probe.empty(),
@@ -96,23 +113,31 @@ void elastic_check(ElasticOptions& o, const std::vector<std::string>& command) {
   LOOM_CHECK(o.max_ranks >= o.replica && o.max_ranks / o.replica * o.replica >= o.min_ranks,
              "--ranks {}:{} holds no multiple of --replica {}", o.min_ranks, o.max_ranks, o.replica);
   LOOM_CHECK(placeholders,
-             "loom supervise --ranks: the command names no {{ranks}}, {{dp}} or {{hosts}}, so no relaunch could change "
+             "loom supervise --ranks: the command names no {{ranks}}, {{dp}}, {{hosts}} or {{nodelist}}, so no relaunch could change "
              "its layout; e.g. mpirun --host {{hosts}} -np {{ranks}} loom train --set parallel.dp={{dp}} ...");
   LOOM_CHECK(o.probe_s > 0, "--probe-s {} must be positive", o.probe_s);
   if (o.hosts.empty()) {
     o.hosts = hosts_from_slurm();
-    if (o.probe.empty()) o.probe = "srun --nodes=1 --ntasks=1 --nodelist={host} true";
+    // --overlap: the probe runs beside a step still ending on the host.
+    if (o.probe.empty()) o.probe = "srun --overlap --nodes=1 --ntasks=1 --nodelist={host} true";
   }
 }
 
 std::vector<std::string> command_fill(const std::vector<std::string>& command, int ranks, int dp,
-                                      const std::string& hosts) {
+                                      const std::string& hosts, const std::string& nodelist) {
   std::vector<std::string> out = command;
   for (std::string& w : out) {
     replace_all(w, "{ranks}", std::to_string(ranks));
     replace_all(w, "{dp}", std::to_string(dp));
     replace_all(w, "{hosts}", hosts);
+    replace_all(w, "{nodelist}", nodelist);
   }
+  return out;
+}
+
+std::string nodelist_str(const std::vector<Host>& hosts) {
+  std::string out;
+  for (const Host& h : hosts) out += (out.empty() ? "" : ",") + h.name;
   return out;
 }
 
@@ -126,14 +151,26 @@ std::vector<std::string> train_part(const std::vector<std::string>& command) {
 }
 
 namespace {
-// Runs argv with no input or output; its exit status, or -1 past timeout_s (then killed).
-int run_quiet(const std::vector<std::string>& argv, double timeout_s) {
+// Runs argv with no input (its output to `out`, or nowhere; launcher variables dropped where
+// `bare`, so that a loom it runs is one process whatever launched the supervisor); its exit
+// status, or -1 past timeout_s (then killed).
+int run_quiet(const std::vector<std::string>& argv, double timeout_s, const std::string& out = "", bool bare = false) {
   const pid_t pid = ::fork();
   if (pid < 0) return -1;
   if (pid == 0) {
     ::setpgid(0, 0);
     const int null = ::open("/dev/null", O_RDWR);
-    ::dup2(null, 0), ::dup2(null, 1), ::dup2(null, 2);
+    const int o = out.empty() ? null : ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(null, 0), ::dup2(o < 0 ? null : o, 1), ::dup2(null, 2);
+    if (bare) {
+      std::vector<std::string> drop;
+      for (char** e = environ; *e; ++e) {
+        const std::string kv = *e;
+        for (const char* p : {"OMPI_", "PMI_", "PMIX_", "SLURM_"})
+          if (kv.rfind(p, 0) == 0) drop.push_back(kv.substr(0, kv.find('=')));
+      }
+      for (const auto& k : drop) ::unsetenv(k.c_str());
+    }
     std::vector<char*> a;
     for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
     a.push_back(nullptr);
@@ -145,7 +182,7 @@ int run_quiet(const std::vector<std::string>& argv, double timeout_s) {
     int ws = 0;
     const pid_t r = ::waitpid(pid, &ws, WNOHANG);
     if (r == pid) return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    if (r < 0) return -1;
+    if (r < 0 && errno != EINTR) return -1;
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
       ::kill(-pid, SIGKILL);
       ::waitpid(pid, &ws, 0);
@@ -181,12 +218,40 @@ std::vector<Host> hosts_take(const std::vector<Host>& alive, int ranks) {
   return out;
 }
 
-// The trainer's own check of a layout: its config resolves with these ranks and dp.
+// The trainer's own check of a layout: the config resolves, and the mesh it describes is the
+// world and the replica asked for (dp x tp x pp = ranks, tp x pp = replica).
 bool elastic_fits(const std::vector<std::string>& command, int ranks, int dp, double timeout_s) {
-  std::vector<std::string> train = train_part(command_fill(command, ranks, dp, ""));
+  std::vector<std::string> train = train_part(command_fill(command, ranks, dp, "", ""));
   if (train.empty()) return true;  // nothing to ask: the launch will say
   train.push_back("--print-config");
-  return run_quiet(train, timeout_s) == 0;
+  char tmpl[] = "/tmp/loom-fit-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  if (fd >= 0) ::close(fd);
+  const int rc = run_quiet(train, timeout_s, tmpl, /*bare=*/true);
+  std::ifstream in(tmpl);
+  std::map<std::string, int> mesh = {{"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 1}};
+  std::string line;
+  bool parallel = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] == '[') parallel = line == "[parallel]";
+    for (auto& [k, v] : mesh)
+      if (parallel && line.rfind(k + " = ", 0) == 0) v = std::atoi(line.c_str() + k.size() + 3);
+  }
+  ::unlink(tmpl);
+  if (rc == 2) return false;  // the config refuses it (say, a global batch dp does not divide)
+  if (rc != 0) {
+    spdlog::warn("supervise: could not ask the run's config about {} ranks ({} exited {}); trusting the layout", ranks,
+                 train.front(), rc);
+    return true;
+  }
+  const int replica = mesh["tp"] * mesh["pp"] * mesh["cp"];
+  if (mesh["dp"] * replica != ranks) {
+    spdlog::warn(
+        "supervise: at {} ranks the run's config has dp {} x tp {} x pp {} x cp {}: give it parallel.dp={{dp}}", ranks,
+        mesh["dp"], mesh["tp"], mesh["pp"], mesh["cp"]);
+    return false;
+  }
+  return true;
 }
 
 }  // namespace loom

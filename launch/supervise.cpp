@@ -122,16 +122,81 @@ std::vector<std::string> command_now(const std::vector<std::string>& command, co
   }
   spdlog::info("supervise: {} ranks (dp {}) on {}; hosts lost: {}", ranks, ranks / e.replica,
                hosts_str(hosts_take(alive, ranks)), lost_list);
-  return command_fill(command, ranks, ranks / e.replica, hosts_str(hosts_take(alive, ranks)));
+  const std::vector<Host> used = hosts_take(alive, ranks);
+  return command_fill(command, ranks, ranks / e.replica, hosts_str(used), nodelist_str(used));
 }
 
-// Whether the job's hang verdict was written after `since` (its log.dir's flight directory).
-bool verdict_since(const std::string& log_dir, std::filesystem::file_time_type since) {
-  std::error_code ec;
-  const auto t = std::filesystem::last_write_time(log_dir + "/flight/verdict.txt", ec);
-  return !ec && t >= since;
+// Whether run `restart` of the job has written its hang verdict (in its log.dir's flight
+// directory, naming the run that judged).
+bool verdict_of(const std::string& log_dir, int restart) {
+  std::ifstream in(log_dir + "/flight/verdict.run");
+  int run = -1;
+  return in >> run && run == restart && std::filesystem::exists(log_dir + "/flight/verdict.txt");
 }
 }  // namespace
+
+// One run of the command: its status (4 where the supervisor ended a launcher that outlived its
+// job's hang verdict).
+int run_once(const std::vector<std::string>& run, const SuperviseOptions& opt, int restart) {
+  const auto t0 = std::chrono::steady_clock::now();
+  event_append(opt.log_dir, "start", fmt::format("\"restart\":{}", restart));
+  spdlog::info("supervise: run {} (LOOM_RESTART={}): {}", restart + 1, restart, fmt::join(run, " "));
+  // A signal before the child exists would reach no one: hold them until it does (a stop
+  // asked for meanwhile is passed on by the wait below).
+  sigset_t stop, old;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  sigprocmask(SIG_BLOCK, &stop, &old);
+  const pid_t pid = ::fork();
+  if (pid < 0) sigprocmask(SIG_SETMASK, &old, nullptr);
+  LOOM_CHECK(pid >= 0, "loom supervise: fork failed");
+  if (pid == 0) {
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    // Its own process group: a signal reaches the launcher and what stays in its group (Open
+    // MPI puts its ranks in groups of their own; it ends them itself).
+    ::setpgid(0, 0);
+    ::setenv("LOOM_RESTART", std::to_string(restart).c_str(), 1);
+    std::vector<char*> argv;
+    for (const auto& a : run) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "error: loom supervise: cannot run '%s'\n", argv[0]);
+    std::_Exit(127);
+  }
+  ::setpgid(pid, pid);
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+  int ws = 0;
+  bool passed = false, ended = false;
+  double verdict_at = -1;  // seconds into the run when its hang verdict was seen
+  for (;;) {
+    if (g_asked && !passed) {
+      stop_job(pid, int(g_asked));
+      passed = true;
+    }
+    const pid_t r = ::waitpid(pid, &ws, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) break;
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (verdict_at < 0 && !opt.log_dir.empty() && verdict_of(opt.log_dir, restart)) verdict_at = now;
+    if (verdict_at >= 0 && !ended && now - verdict_at > opt.verdict_grace_s && verdict_of(opt.log_dir, restart)) {
+      spdlog::warn(
+          "supervise: the launcher is still running {:.0f} s after its job's hang verdict (ranks it cannot "
+          "reach, or a dead link); ending it",
+          now - verdict_at);
+      stop_job(pid, SIGKILL);
+      ::kill(-pid, SIGKILL);
+      ended = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(-pid, SIGKILL);  // whatever the command left behind in its group
+  const int status = ended ? 4 : WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  event_append(opt.log_dir, "exit", fmt::format("\"restart\":{},\"status\":{}", restart, status));
+  spdlog::info("supervise: run {} ended with status {} ({}) after {:.1f} s", restart + 1, status,
+               status_meaning(status), took);
+  return status;
+}
 
 int supervise_run(const std::vector<std::string>& command, const SuperviseOptions& opt) {
   LOOM_CHECK(!command.empty(), "loom supervise: no command; usage: loom supervise [options] -- COMMAND...");
@@ -143,66 +208,14 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
   sigaction(SIGTERM, &sa, nullptr);
   int status = 0;
   for (int restart = 0;; ++restart) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto started = std::filesystem::file_time_type::clock::now();
     const std::vector<std::string> run = command_now(command, opt, restart);
     if (run.empty()) return restart == 0 ? 2 : status;
-    event_append(opt.log_dir, "start", fmt::format("\"restart\":{}", restart));
-    spdlog::info("supervise: run {} (LOOM_RESTART={}): {}", restart + 1, restart, fmt::join(run, " "));
-    // A signal before the child exists would reach no one: hold them until it does (a stop
-    // asked for meanwhile is passed on by the wait below).
-    sigset_t stop, old;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    sigprocmask(SIG_BLOCK, &stop, &old);
-    const pid_t pid = ::fork();
-    if (pid < 0) sigprocmask(SIG_SETMASK, &old, nullptr);
-    LOOM_CHECK(pid >= 0, "loom supervise: fork failed");
-    if (pid == 0) {
-      sigprocmask(SIG_SETMASK, &old, nullptr);
-      // Its own process group: a signal reaches the launcher and what stays in its group (Open
-      // MPI puts its ranks in groups of their own; it ends them itself).
-      ::setpgid(0, 0);
-      ::setenv("LOOM_RESTART", std::to_string(restart).c_str(), 1);
-      std::vector<char*> argv;
-      for (const auto& a : run) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execvp(argv[0], argv.data());
-      std::fprintf(stderr, "error: loom supervise: cannot run '%s'\n", argv[0]);
-      std::_Exit(127);
+    if (g_asked) return 75;  // stopped while the hosts were probed: a requeue will resume it
+    if (run.empty()) {
+      if (restart == 0) return 2;  // nothing ran, and nothing could
+    } else {
+      status = run_once(run, opt, restart);
     }
-    ::setpgid(pid, pid);
-    sigprocmask(SIG_SETMASK, &old, nullptr);
-    int ws = 0;
-    bool passed = false, ended = false;
-    double verdict_at = -1;  // seconds into the run when its hang verdict was seen
-    for (;;) {
-      if (g_asked && !passed) {
-        stop_job(pid, int(g_asked));
-        passed = true;
-      }
-      const pid_t r = ::waitpid(pid, &ws, WNOHANG);
-      if (r == pid || (r < 0 && errno != EINTR)) break;
-      const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (verdict_at < 0 && !opt.log_dir.empty() && verdict_since(opt.log_dir, started)) verdict_at = now;
-      if (verdict_at >= 0 && !ended && now - verdict_at > opt.verdict_grace_s) {
-        spdlog::warn(
-            "supervise: the launcher is still running {:.0f} s after its job's hang verdict (ranks it cannot "
-            "reach, or a dead link); ending it",
-            now - verdict_at);
-        stop_job(pid, SIGKILL);
-        ::kill(-pid, SIGKILL);
-        ended = true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ::kill(-pid, SIGKILL);  // whatever the command left behind in its group
-    status = ended ? 4 : WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    event_append(opt.log_dir, "exit", fmt::format("\"restart\":{},\"status\":{}", restart, status));
-    spdlog::info("supervise: run {} ended with status {} ({}) after {:.1f} s", restart + 1, status,
-                 status_meaning(status), took);
     if (g_asked) {
       // Stopped from outside (a preemption): ask for a requeue, whatever status the launcher
       // turned the ranks' 75 into (mpirun's is 1).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -137,6 +138,10 @@ void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
   std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
   std::ofstream(flight + "/verdict.txt") << line << "\n";
+  // Which run of a supervised job judged (loom supervise reads it: a late verdict from an
+  // earlier run's straggler must not end the run after it).
+  const char* restart = std::getenv("LOOM_RESTART");
+  std::ofstream(flight + "/verdict.run") << (restart ? restart : "0") << "\n";
 }
 
 std::string hang_verdict(const std::string& group, const std::vector<int>& members, int64_t seq, double waited,

@@ -148,8 +148,10 @@ TEST(CheckpointManifest, ProblemsAreFoundByName) {
 
 // The staged writer (checkpoint/stage.h) with tiny blocks: shards cut into runs of rows (2-D,
 // and 1-D ones held whole), hashed and written in order; the state is scribbled over the moment
-// the reader says it is done, and the file must hold the values as they were, each shard's
-// hash being that of its bytes. Staging stays a few of the largest shards, less than them all.
+// the reader says it is done, which must come before the writer is (staging holds 4 of the
+// largest shard, a fraction of 24), and the file must hold the values as they were, each
+// shard's hash that of its bytes. A private copy (no reader) writes the same file; a writer
+// that fails halfway, the reader stalled on full blocks, ends the reads and reports the error.
 TEST(CheckpointStage, WritesWhatTheStateWasWhenItsReadsWereDone) {
   char tmpl[] = "/tmp/loom-stage-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
@@ -161,7 +163,8 @@ TEST(CheckpointStage, WritesWhatTheStateWasWhenItsReadsWereDone) {
   for (size_t i = 0; i < bs.size(); ++i) bs[i] = -float(i);
   const std::vector<float> w0 = ws, b0 = bs;
   std::vector<StagedShard> shards;
-  for (int k = 0; k < 6; ++k) {  // the same tensors many times over, as params and moments are
+  int64_t total = 0;
+  for (int k = 0; k < 24; ++k) {  // the same tensors many times over, as params and moments are
     const ParamSpec& s = k % 3 == 2 ? b : w;
     for (const Piece& p : pieces_of(s, 0, s.numel())) {
       StagedShard sh;
@@ -170,32 +173,56 @@ TEST(CheckpointStage, WritesWhatTheStateWasWhenItsReadsWereDone) {
       sh.shard = {"f.h5", fmt::format("t{}/0", k), piece_offset(s, p), piece_shape(s, p), ""};
       sh.spec = &s, sh.piece = p, sh.src = (&s == &w ? ws : bs).data(), sh.f0 = 0;
       shards.push_back(sh);
+      total += p.numel();
     }
   }
+  auto check = [&](const std::string& path, const std::vector<StagedShard>& written) {
+    H5Reader in(path);
+    for (const StagedShard& sh : written) {
+      const std::vector<float> got = in.read(sh.shard.dataset, sh.shard.shape);
+      EXPECT_EQ(got, sh.spec == &w ? w0 : b0) << sh.shard.dataset;
+      EXPECT_EQ(sh.shard.xxh64, xxh64_hex(got.data(), int64_t(got.size()))) << sh.shard.dataset;
+    }
+  };
   Stager stager(12);  // 12 floats: two rows of w a block, b (11) alone
   stager.reserve(shards, true);
-  EXPECT_LT(stager.bytes(), int64_t(4 * (4 * 185 + 2 * 11))) << "staging holds less than the state";
-  std::vector<size_t> at;
-  bool done = false;
+  EXPECT_LE(stager.bytes(), int64_t(4 * 4 * (185 + 11))) << "4 of the largest shard, in whole blocks";
+  EXPECT_LT(stager.bytes(), 4 * total / 3) << "staging holds a fraction of the state";
+  size_t begun = 0, begun_at_reads_done = 0;
   stager.write(
       dir + "/f.h5", shards, true,
       [&] {
-        done = true;
+        begun_at_reads_done = begun;
         std::fill(ws.begin(), ws.end(), 99.0f);  // the next optimizer step
         std::fill(bs.begin(), bs.end(), 99.0f);
       },
-      [&](size_t i) { at.push_back(i); });
+      [&](size_t i) { begun = i + 1; });
+  EXPECT_EQ(begun, shards.size());
+  EXPECT_LT(begun_at_reads_done, shards.size()) << "the reads ended only when the writer had";
+  EXPECT_GT(begun_at_reads_done, 0u);
+  check(dir + "/f.h5", shards);
+
+  // A private copy: the same bytes, the reads done before anything is written.
+  std::copy(w0.begin(), w0.end(), ws.begin());
+  std::copy(b0.begin(), b0.end(), bs.begin());
+  Stager one(12);
+  one.reserve(shards, false);
+  EXPECT_EQ(one.bytes(), int64_t(12 * 4));
+  bool done = false;
+  one.write(dir + "/g.h5", shards, false, [&] { done = true; }, {});
   EXPECT_TRUE(done);
-  EXPECT_EQ(at.size(), shards.size());
-  H5Reader in(dir + "/f.h5");
-  for (const StagedShard& sh : shards) {
-    const std::vector<float> got = in.read(sh.shard.dataset, sh.shard.shape);
-    EXPECT_EQ(got, sh.spec == &w ? w0 : b0) << sh.shard.dataset;
-    EXPECT_EQ(sh.shard.xxh64, xxh64_hex(got.data(), int64_t(got.size()))) << sh.shard.dataset;
+  check(dir + "/g.h5", shards);
+
+  // A failure halfway (a full disk) while the reader waits for blocks, and a file that cannot
+  // be made: the error comes back, and the reads are over all the same.
+  for (const std::string& path : {dir + "/h.h5", dir + "/no/such/dir/f.h5"}) {
+    done = false;
+    EXPECT_THROW(stager.write(
+                     path, shards, true, [&] { done = true; },
+                     [&](size_t i) { LOOM_CHECK(i != shards.size() / 2, "no space left (test)"); }),
+                 Error)
+        << path;
+    EXPECT_TRUE(done) << path;
   }
-  // A file that cannot be made: the error comes back, and the reads are over all the same.
-  done = false;
-  EXPECT_THROW(stager.write(dir + "/no/such/dir/f.h5", shards, true, [&] { done = true; }, {}), Error);
-  EXPECT_TRUE(done);
   std::filesystem::remove_all(dir);
 }

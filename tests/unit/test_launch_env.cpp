@@ -114,7 +114,7 @@ TEST(Elastic, HostsLayoutsAndPlaceholders) {
 
   const std::vector<std::string> cmd = {"mpirun", "--host", "{hosts}",         "-np", "{ranks}", "/x/loom",
                                         "train",  "--set",  "parallel.dp={dp}"};
-  const auto filled = command_fill(cmd, 4, 2, "n0:2,n1:2");
+  const auto filled = command_fill(cmd, 4, 2, "n0:2,n1:2", "n0,n1");
   EXPECT_EQ(filled[2], "n0:2,n1:2");
   EXPECT_EQ(filled[4], "4");
   EXPECT_EQ(filled[8], "parallel.dp=2");
@@ -130,6 +130,14 @@ TEST(Elastic, HostsLayoutsAndPlaceholders) {
   EXPECT_EQ(elastic_ranks(o, {hosts[2]}, [](int) { return true; }), 0) << "1 slot holds no replica of 2";
   EXPECT_EQ(hosts_str(hosts_take(hosts, 3)), "n0:2,n1:1");
   EXPECT_EQ(hosts_str(hosts_take(hosts, 2)), "n0:2");
+  EXPECT_EQ(nodelist_str(hosts_take(hosts, 3)), "n0,n1");
+  EXPECT_EQ(command_fill({"srun", "-w", "{nodelist}"}, 3, 3, "", "n0,n1")[2], "n0,n1");
+
+  // Slurm's tasks per node: the same on each, or per node from the compressed list.
+  const std::vector<std::string> names = {"a", "b", "c", "d"};
+  EXPECT_EQ(hosts_str(slurm_slots(names, "2", "")), "a:2,b:2,c:2,d:2");
+  EXPECT_EQ(hosts_str(slurm_slots(names, "", "3(x2),1,2")), "a:3,b:3,c:1,d:2");
+  EXPECT_THROW(slurm_slots(names, "", "2(x2)"), Error) << "a node the list does not cover";
 
   // The probe: a host answers when the command exits 0 in time.
   o.probe = "test {host} = n1";
