@@ -3,6 +3,7 @@
 # builds into ./build. Re-running it only rebuilds what changed.
 #   ./setup.sh            install + build
 #   LOOM_CUDA=OFF ./setup.sh   build without looking for nvcc
+#   LOOM_WERROR=ON ./setup.sh  compiler warnings are errors (CI)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -22,5 +23,6 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DLOOM_CUDA="${LOOM_CUDA:-AUTO}" >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DLOOM_CUDA="${LOOM_CUDA:-AUTO}" \
+  -DLOOM_WERROR="${LOOM_WERROR:-OFF}" >/dev/null
 cmake --build build -j"$(nproc)"

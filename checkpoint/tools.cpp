@@ -6,6 +6,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/pieces.h"
 #include "checkpoint/safetensors.h"
+#include "model/decode.h"
 #include "model/flops.h"
 #include "model/layout.h"
 #include "runtime/config.h"
@@ -139,6 +140,12 @@ void ckpt_export(const std::string& dir, const std::string& out) {
   for (auto& [name, t] : tensors) views.push_back({name, t.shape, t.data.data()});
   Config cfg = config_defaults();
   config_load_string(cfg, m.config, dir + "/manifest.json (config)");
+  if (export_is_dir(out)) {
+    hf_dir_write(out, cfg, views);
+    fmt::print("exported {} tensors of step {} to {} (model.safetensors and config.json, as transformers loads them)\n",
+               views.size(), m.step, out);
+    return;
+  }
   safetensors_write(out, views, {{"loom.model", config_to_toml(cfg, "model")}});
   fmt::print("exported {} tensors of step {} to {}\n", views.size(), m.step, out);
 }

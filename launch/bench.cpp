@@ -106,8 +106,17 @@ double cpu_peak_flops(int threads, bool remeasure) {
   return cache[key]["peak"].get<double>() * threads;
 }
 
-void bench_train(const Config& cfg, const TrainOptions& where) {
-  LOOM_CHECK(cfg.train.steps >= 2, "loom bench train needs train.steps >= 2 (step 1 is a warm-up)");
+void bench_train(const Config& config, const TrainOptions& where) {
+  LOOM_CHECK(config.train.steps >= 2, "loom bench train needs train.steps >= 2 (step 1 is a warm-up)");
+  // A benchmark measures; it does not save: nothing goes into the training run's log.dir,
+  // checkpoints or exports, and it starts from the config's initial weights, not a checkpoint.
+  Config cfg = config;
+  cfg.log.dir.clear();
+  cfg.log.trace = cfg.log.grad_norms = false;
+  cfg.checkpoint.dir.clear();
+  cfg.checkpoint.every = 0;
+  cfg.checkpoint.resume = "none";
+  cfg.export_final.clear();
   TrainOptions opt = where;
   opt.quiet = true;
   TrainResult r = train_run(cfg, opt);

@@ -46,6 +46,7 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
   sets.insert(sets.end(), {"init.from=" + opt.from, "export.final=", "log.dir=", "log.trace=false",
                            // eval reads init.from only: a config's checkpointing would load or save
                            "checkpoint.resume=none", "checkpoint.every=0", "checkpoint.dir="});
+  if (opt.threads >= 0) sets.push_back(fmt::format("train.threads={}", opt.threads));
   if (!opt.data.empty()) {
     sets.insert(sets.end(), {"data.path=" + opt.data, "data.val_path=" + opt.data});
     // Data given to a config that had none: token shards by their look, anything else as text.
@@ -101,7 +102,7 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
   std::vector<int32_t> ids = bpe ? bpe->encode(opt.prompt) : tokenize_bytes(opt.prompt);
   auto decode = [&](int32_t id) { return bpe ? bpe->decode({id}) : std::string(1, char(uint8_t(id))); };
 
-  threads_set(cfg.train.threads);
+  threads_set(opt.threads > 0 ? opt.threads : cfg.train.threads);
   memory_fit_rough(cfg, DType::f32, 1, memory_available(DeviceKind::cpu, 1));  // before the Decoder allocates
   Decoder dec(cfg, opt.from);
   if (!dec.unused().empty())

@@ -15,6 +15,7 @@ struct EvalOptions {
   std::vector<std::string> sets;
   std::string data;      // a token shard, directory of shards, or text file: data.path and data.val_path
   int64_t batches = -1;  // -1: data.val_batches; 0: every whole batch the validation data holds
+  int threads = -1;      // per rank; -1: the config's train.threads
 };
 struct EvalResult {
   double loss = 0, perplexity = 0;
@@ -32,6 +33,9 @@ struct GenerateOptions {
   double temperature = 0.0;                       // 0: greedy
   int top_k = 0;
   uint64_t seed = 1;
+  // Decoding one token is a few small GEMVs: more threads only wait on each other (and spin
+  // against other processes on a busy machine). 0: the config's train.threads.
+  int threads = 1;
 };
 // Writes the prompt and its continuation to stdout as they come, the rate to stderr; returns
 // the generated token ids.

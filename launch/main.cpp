@@ -34,10 +34,51 @@ extern "C" char* openblas_get_config(void);
 
 namespace {
 
-loom::Config config_build(const std::string& path, const std::vector<std::string>& sets) {
+// `--section.key=value` and `--section.key value` (torchtitan's form) as `--set section.key=value`,
+// for the sections loom's config has; anything else is left for the parser to judge.
+std::vector<std::string> args_expand_sections(int argc, char** argv) {
+  static const std::vector<std::string> sections = {"model", "train", "data",   "parallel", "checkpoint",
+                                                    "fault", "init",  "export", "log"};
+  std::vector<std::string> out(argv, argv + argc);
+  for (size_t i = 1; i < out.size(); ++i) {
+    const std::string& a = out[i];
+    if (a.rfind("--", 0) != 0 || a == "--") {
+      if (a == "--") break;
+      continue;
+    }
+    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    const size_t dot = name.find('.');
+    if (dot == std::string::npos || std::find(sections.begin(), sections.end(), name.substr(0, dot)) == sections.end())
+      continue;
+    if (a.find('=') != std::string::npos) {
+      out[i] = a.substr(2);
+    } else if (i + 1 < out.size()) {
+      out[i] = name + "=" + out[i + 1];
+      out.erase(out.begin() + long(i) + 1);
+    } else {
+      continue;  // no value: the parser says so
+    }
+    out.insert(out.begin() + long(i), "--set");
+    ++i;
+  }
+  return out;
+}
+
+// The config of a file and --set overrides. Launched as `world` ranks without parallel.dp, the
+// ranks the other axes leave are data parallel (torchtitan's -1, Megatron's implicit dp); rank
+// 0 says so (`lead`).
+loom::Config config_build(const std::string& path, const std::vector<std::string>& sets, int world = 1,
+                          bool lead = false) {
   loom::Config cfg = loom::config_defaults();
   if (!path.empty()) loom::config_load_file(cfg, path);
   for (auto& s : sets) loom::config_set(cfg, s);
+  const int other = cfg.parallel.tp * cfg.parallel.pp;
+  if (world > 1 && !cfg.set_keys.count("parallel.dp") && other > 0 && world % other == 0) {
+    cfg.parallel.dp = world / other;
+    if (lead && cfg.parallel.dp > 1)
+      spdlog::info("parallel.dp = {}: the {} ranks over tp {} x pp {} (set parallel.dp to choose)", cfg.parallel.dp,
+                   world, cfg.parallel.tp, cfg.parallel.pp);
+  }
   loom::config_validate(cfg);
   return cfg;
 }
@@ -176,6 +217,8 @@ int run(int argc, char** argv) {
   eval->add_option("--data", eopt.data,
                    "token shard, directory of shards, or text file (default: the config's "
                    "validation data)");
+  eval->add_option("--threads", eopt.threads, "threads per rank (default: train.threads; 0: the node's cores shared)")
+      ->check(CLI::NonNegativeNumber);
   eval->add_option("--batches", eopt.batches,
                    "batches of train.global_batch sequences (default data.val_batches; "
                    "0: all)");
@@ -195,6 +238,10 @@ int run(int argc, char** argv) {
   gen->add_option("--temperature", gopt.temperature, "0: greedy (default); above 0: sampled");
   gen->add_option("--top-k", gopt.top_k, "sample among the k likeliest tokens (0: all)")->check(CLI::NonNegativeNumber);
   gen->add_option("--seed", gopt.seed, "sampling seed: the same seed, the same text");
+  gen->add_option("--threads", gopt.threads,
+                  "threads (default 1: decoding one token gains nothing from more; 0: "
+                  "train.threads)")
+      ->check(CLI::NonNegativeNumber);
 
   auto* bench = app.add_subcommand("bench", "measure kernels and training speed");
   bench->require_subcommand(1);
@@ -256,7 +303,10 @@ int run(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "supervise") return supervise_main(argc, argv);
 
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args = args_expand_sections(argc, argv);
+    std::vector<char*> ptrs;
+    for (auto& a : args) ptrs.push_back(a.data());
+    app.parse(int(ptrs.size()), ptrs.data());
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -274,6 +324,18 @@ int run(int argc, char** argv) {
   // Under mpirun or srun, MPI comes up before anything else and goes down last.
   const loom::LaunchEnv env = loom::launch_env_read();
   loom::TrainOptions topt;
+  for (int i = 0; i < argc; ++i) {  // as a shell would read it back
+    std::string a = argv[i];
+    const bool plain =
+        !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") ==
+                          std::string::npos;
+    if (!plain) {
+      std::string q = "'";
+      for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      a = q + "'";
+    }
+    topt.command += (i ? " " : "") + a;
+  }
 #if LOOM_HAVE_MPI
   std::unique_ptr<loom::MpiWorld> mpi;
   if (env.distributed() && (*train || *btrain || *bcomm || *eval)) mpi = std::make_unique<loom::MpiWorld>(&argc, &argv);
@@ -296,7 +358,7 @@ int run(int argc, char** argv) {
       if (!fault.empty()) sets.push_back("fault.exit=" + fault);
       if (!hang.empty()) sets.push_back("fault.hang=" + hang);
       if (!kill_in_save.empty()) sets.push_back("fault.kill=" + kill_in_save + ":checkpoint");
-      loom::Config cfg = config_build(config_path, sets);
+      loom::Config cfg = config_build(config_path, sets, topt.world_size, topt.world_rank == 0 && !print_config);
       if (print_config) {
         fmt::print("{}\n", loom::config_to_toml(cfg));
         return 0;
@@ -344,7 +406,7 @@ int run(int argc, char** argv) {
           "cores a run uses\n",
           loom::cpu_peak_flops(1, true) / 1e9);
     } else if (*btrain) {
-      loom::bench_train(config_build(config_path, sets), topt);
+      loom::bench_train(config_build(config_path, sets, topt.world_size, topt.world_rank == 0), topt);
     } else if (*bcomm) {
       loom::bench_comm(topt, comm_max_mb);
     } else if (*bkernels) {

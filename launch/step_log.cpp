@@ -1,7 +1,11 @@
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
+#include "launch/step_model.h"
 #include "launch/stop.h"
 #include "launch/trainer.h"
+#include "runtime/error.h"
 
 namespace loom {
 
@@ -13,6 +17,38 @@ StepLog::StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, Train
       has_val_(has_val && cfg.data.val_batches > 0),
       result_(result),
       metrics_(lead_ ? cfg.log.dir : "", opt.world_size) {}
+
+void StepLog::predict(const std::string& device, int world) {
+  // Said here, after the run's set-up: a refusal before it stays one line.
+  if (print_ && !metrics_.path().empty()) spdlog::info("metrics: {} (log.dir)", metrics_.path());
+  if (!lead_ || cfg_.log.cluster == "none") return;
+  std::string path = cfg_.log.cluster;
+  if (path == "auto") {
+    path = std::string(LOOM_SOURCE_DIR) + "/examples/clusters/this_machine.toml";
+    if (device != "cpu" || !std::filesystem::exists(path)) return;  // no cluster file describes this machine
+  }
+  try {
+    const Cluster cluster = cluster_load(path);
+    Config c = cfg_;
+    if (c.train.dtype == "auto") c.train.dtype = dtype_name(cluster.dtype);
+    LOOM_CHECK(world <= cluster.devices(), "the run's {} ranks are more than its {} devices", world, cluster.devices());
+    const StepPrediction p = step_predict(c, cluster);
+    predicted_ = StepSplit{1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.bubble, 1e3 * p.optimizer};
+    cluster_ = cluster.name;
+  } catch (const Error& e) {
+    // A prediction is a reading aid: a cluster file that does not describe this run is said,
+    // and the run goes on (only rank 0 predicts: an error here would leave the others waiting).
+    if (print_ && cfg_.log.cluster == "auto") spdlog::info("no step-time prediction from {}: {}", path, e.what());
+    if (print_ && cfg_.log.cluster != "auto") spdlog::warn("no step-time prediction from log.cluster: {}", e.what());
+    return;
+  }
+  if (print_)
+    spdlog::info(
+        "predicted on cluster {} ({}): {:.4g} ms per step (compute {:.4g}, communication {:.4g}, bubble {:.4g}, "
+        "optimizer {:.4g}); the end of the run compares",
+        cluster_, path, predicted_->step, predicted_->compute, predicted_->comm, predicted_->bubble,
+        predicted_->optimizer);
+}
 
 void StepLog::validation(int64_t step, const std::function<double()>& validate) {
   if (!has_val_) return;
@@ -28,10 +64,15 @@ void StepLog::after_step(const StepMetrics& m, const std::function<double()>& va
   result_.grad_norms.push_back(m.grad_norm);
   if (!m.moe.empty()) result_.aux_losses.push_back(m.aux_loss);
   result_.comm_exposed_ms += m.comm_exposed_ms;
-  if (++seen_ > 1) timed_ms_ += m.step_ms;  // this process's first step is a warm-up
+  if (++seen_ > 1) {  // this process's first step is a warm-up
+    timed_ms_ += m.step_ms;
+    measured_.step += m.step_ms, measured_.compute += m.compute_ms, measured_.comm += m.comm_exposed_ms;
+    measured_.bubble += m.bubble_ms, measured_.optimizer += m.optimizer_ms, measured_.data += m.data_ms;
+    measured_.ckpt += m.ckpt_block_ms;
+  }
   const double elapsed = ms_since(start_) / 1e3;
   if (print_ && (m.step % cfg_.log.every == 0 || m.step == 1 || m.step == m.steps))
-    spdlog::info("{}", progress_line(m, elapsed / double(m.step) * double(m.steps - m.step)));
+    spdlog::info("{}", progress_line(m, eta_seconds(elapsed, seen_, m.steps - m.step)));
   if (cfg_.data.val_every > 0 && m.step % cfg_.data.val_every == 0 && m.step != m.steps) validation(m.step, validate);
 }
 
@@ -43,6 +84,18 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
       spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done, cfg_.train.steps);
   } else {
     validation(cfg_.train.steps, validate);
+  }
+  if (predicted_ && seen_ > 1) {
+    StepSplit mean = measured_;
+    for (double* v : {&mean.step, &mean.compute, &mean.comm, &mean.bubble, &mean.optimizer, &mean.data, &mean.ckpt})
+      *v /= double(seen_ - 1);
+    metrics_.split(*predicted_, mean, cluster_);
+    if (print_) {
+      const std::string gap = split_gap(*predicted_, mean);
+      spdlog::info("predicted (cluster {}) vs measured, mean of {} steps:\n{}\n{}", cluster_, seen_ - 1,
+                   split_table(*predicted_, mean),
+                   gap.empty() ? "no term is off its prediction by both 1 ms and 10%" : "largest gap: " + gap);
+    }
   }
   metrics_.close();  // flushed and fsynced; a failed write is an error, not a lost file
   if (seen_ > 1) {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "launch/trainer_parts.h"
+#include "model/decode.h"
 #include "parallel/pipeline.h"
 #include "runtime/cuda_api.h"
 
@@ -334,6 +335,8 @@ void Trainer::init() {
   }
   if (p.resumed_from.empty()) p.dpar->weights_from(host.data());
   p.startup_log();  // after the weights: a bad init.from fails before the log
+  p.facts_write();
+  p.log->predict(p.device, p.mesh->world());
 }
 
 int64_t Trainer::steps() const {
@@ -349,6 +352,7 @@ StepMetrics Trainer::step(int64_t step) {
   FaultInjector& fi = *p.faults;
   const int64_t s1 = step + 1;  // 1-based, as the drills and metrics count
   p.next = s1;
+  if (p.trace.enabled()) p.trace.record(p.trace_from <= s1 && s1 <= p.trace_to);
   fi.at(s1, "");
   if (fi.hang(s1)) {
     fi.note("hang", s1, "stopping inside this step's next collective");
@@ -542,16 +546,33 @@ TrainResult Trainer::finish() {
   if (!p.cfg.export_final.empty() || p.opt.keep_params) hf = weights_hf();
   if (!p.cfg.export_final.empty()) {
     // The model's shape travels with its weights, so `loom generate` needs no config.
-    if (p.lead)
+    if (p.lead && export_is_dir(p.cfg.export_final)) {
+      std::vector<StView> views;
+      for (auto& s : p.whole.reg.all()) views.push_back({s.name, s.global_shape, hf.data() + s.global_offset});
+      hf_dir_write(p.cfg.export_final, p.cfg, views);
+    } else if (p.lead) {
       model_save(p.whole.reg, hf.data(), p.cfg.export_final, {{"loom.model", config_to_toml(p.cfg, "model")}});
+    }
     p.info("exported weights to {}", p.cfg.export_final);
   }
-  if (p.cfg.log.trace) {
+  if (p.trace.enabled()) {
+    // Each rank's own file, then on rank 0 all of them as one (a process per rank).
     std::filesystem::create_directories(p.cfg.log.dir);
-    std::string path =
-        p.cfg.log.dir + (p.mesh->world() == 1 ? "/trace.json" : fmt::format("/trace.rank{}.json", p.opt.world_rank));
-    p.trace.write(path);
-    p.info("wrote {} ({} events; open it in Perfetto)", path, p.trace.size());
+    const int world = p.mesh->world();
+    auto part = [&](int r) {
+      return p.cfg.log.dir + (world == 1 ? "/trace.json" : fmt::format("/trace.rank{}.json", r));
+    };
+    p.trace.write(part(p.opt.world_rank));
+    if (world > 1) {
+      p.mesh->world_group().barrier().wait();
+      if (p.lead) {
+        std::vector<std::string> parts;
+        for (int r = 0; r < world; ++r) parts.push_back(part(r));
+        trace_merge(parts, p.cfg.log.dir + "/trace.json");
+      }
+    }
+    p.info("wrote {}/trace.json ({} events on rank 0{}; open it in Perfetto)", p.cfg.log.dir, p.trace.size(),
+           p.trace_to < INT64_MAX ? fmt::format(", steps {} to {}", p.trace_from, p.trace_to) : "");
   }
   p.result.mem = p.alloc->ledger();
   p.result.threads = p.threads;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "runtime/config.h"
@@ -36,6 +37,7 @@ struct TrainOptions {
   // Where this process sits; use_mpi needs MPI initialized (MpiWorld) by the caller.
   int world_rank = 0, world_size = 1;
   bool use_mpi = false;
+  std::string command;  // the command line, for log.dir/run.json
 };
 
 // cfg must have passed config_validate.
@@ -60,6 +62,9 @@ inline double ms_since(Clock::time_point t) {
 class StepLog {
  public:
   StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result);
+  // The step-time model's split for this run (log.cluster), printed now and beside the
+  // measured one at the end.
+  void predict(const std::string& device, int world);
   // m as filled by step_rates; validate returns the validation loss.
   void after_step(const StepMetrics& m, const std::function<double()>& validate);
   // stopped: the run ends early on a signal (no final validation; the stop is recorded).
@@ -73,6 +78,9 @@ class StepLog {
   const bool lead_, print_, has_val_;
   TrainResult& result_;
   MetricsWriter metrics_;
+  StepSplit measured_;  // summed over this process's steps after its first
+  std::optional<StepSplit> predicted_;
+  std::string cluster_;
   double timed_ms_ = 0.0;
   int64_t seen_ = 0;  // steps this process ran (a resumed run starts past 0)
   Clock::time_point start_ = Clock::now();

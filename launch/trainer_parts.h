@@ -4,8 +4,10 @@
 #pragma once
 #include <spdlog/spdlog.h>
 
+#include <climits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "checkpoint/checkpointer.h"
@@ -48,6 +50,7 @@ struct Trainer::Parts {
   MemoryAvailable memory;  // what this rank may fill: its plan is checked against it
   DataStreams data;
   Trace trace;
+  int64_t trace_from = 1, trace_to = INT64_MAX;  // log.trace_steps, 1-based and inclusive
   std::unique_ptr<DeviceMesh> mesh;
   Stream stream;
   std::unique_ptr<Allocator> alloc;
@@ -78,7 +81,13 @@ struct Trainer::Parts {
   int64_t rolled_back_to = -1;  // the checkpoint step of the last rollback
 
   Parts(const Config& c, const TrainOptions& o)
-      : cfg(c), opt(o), trace(c.log.trace, o.world_rank), guard(c.fault), straggle(o.world_size) {}
+      : cfg(c),
+        opt(o),
+        trace(c.log.trace || !c.log.trace_steps.empty(), o.world_rank),
+        guard(c.fault),
+        straggle(o.world_size) {
+    if (!c.log.trace_steps.empty()) std::tie(trace_from, trace_to) = trace_steps_parse(c.log.trace_steps);
+  }
   ~Parts() {
     ckpt.reset();  // a write in flight finishes first (it reads nothing of the buffers below)
     dpar.reset();
@@ -157,6 +166,7 @@ struct Trainer::Parts {
     return data.val ? num_sequences(*data.val, cfg.model.seq_len) / cfg.train.global_batch : 0;
   }
   void startup_log();
+  void facts_write() const;  // config.toml and run.json into log.dir (rank 0)
   // Forward and backward over the step's micro-batches from zeroed gradients; reduce: the
   // last backward starts the gradient reductions (else reduce_grads() does); poison: the
   // fault.nan drill.

@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "model/flops.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
 
 namespace loom {
 
@@ -200,6 +201,70 @@ std::vector<std::string> hf_config_keys(const nlohmann::json& j, const std::stri
   return out;
 }
 }  // namespace
+
+std::string hf_config_json(const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  nlohmann::ordered_json j;
+  if (m.arch == "gpt2") {
+    j = {{"architectures", {"GPT2LMHeadModel"}},
+         {"model_type", "gpt2"},
+         {"n_embd", m.d_model},
+         {"n_head", m.n_head},
+         {"n_layer", m.n_layer},
+         {"n_positions", m.seq_len},
+         {"n_ctx", m.seq_len},
+         {"n_inner", m.d_ff},
+         {"vocab_size", m.vocab_size},
+         {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", m.norm_eps},
+         {"resid_pdrop", 0.0},
+         {"embd_pdrop", 0.0},
+         {"attn_pdrop", 0.0},
+         {"tie_word_embeddings", m.tie_embeddings}};
+  } else {
+    const bool moe = m.moe.num_experts > 0;
+    LOOM_CHECK(!moe || m.moe.every == 1,
+               "model.moe.every = {}: transformers' Mixtral makes every block sparse, so this model has no Hugging "
+               "Face directory form; export one .safetensors file instead",
+               m.moe.every);
+    j = {{"architectures", {moe ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", moe ? "mixtral" : "llama"},
+         {"hidden_size", m.d_model},
+         {"intermediate_size", m.d_ff},
+         {"num_attention_heads", m.n_head},
+         {"num_key_value_heads", cfg.kv_heads()},
+         {"num_hidden_layers", m.n_layer},
+         {"vocab_size", m.vocab_size},
+         {"max_position_embeddings", m.seq_len},
+         {"rms_norm_eps", m.norm_eps},
+         {"rope_theta", m.rope_theta},
+         {"hidden_act", "silu"},
+         {"tie_word_embeddings", m.tie_embeddings},
+         {"attention_bias", false}};
+    if (moe) {
+      j["num_local_experts"] = m.moe.num_experts;
+      j["num_experts_per_tok"] = m.moe.top_k;
+      j["router_aux_loss_coef"] = m.moe.aux_loss_coef;
+    } else {
+      j["mlp_bias"] = false;
+    }
+  }
+  j["torch_dtype"] = "float32";
+  return j.dump(2) + "\n";
+}
+
+bool export_is_dir(const std::string& out) {
+  return !out.empty() && (out.back() == '/' || std::filesystem::is_directory(out));
+}
+
+void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<StView>& tensors) {
+  const std::string config = hf_config_json(cfg);  // refuses before anything is written
+  std::filesystem::create_directories(dir);
+  safetensors_write(dir + "/model.safetensors", tensors,
+                    {{"format", "pt"}, {"loom.model", config_to_toml(cfg, "model")}});
+  const std::string path = dir + "/config.json";
+  file_write_atomic(path, [&](std::FILE* f) { file_write(f, config.data(), config.size(), path); });
+}
 
 Config model_config_find(const std::string& weights_path) {
   namespace fs = std::filesystem;

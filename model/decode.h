@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "model/layout.h"
 #include "runtime/config.h"
 
@@ -55,6 +56,16 @@ int32_t token_sample(const float* logits, int n, const SampleOptions& opt, std::
 // section loom's export writes into the file's metadata, else the config.json that Hugging
 // Face ships beside the weights. Throws, saying to pass --config, when neither is there.
 Config model_config_find(const std::string& weights_path);
+// The config.json that Hugging Face's transformers reads for this model (GPT2LMHeadModel,
+// LlamaForCausalLM, or MixtralForCausalLM where every block is sparse); the inverse of what
+// model_config_find reads. An Error says what transformers cannot describe.
+std::string hf_config_json(const Config& cfg);
+// Whether an export path names a Hugging Face directory (a trailing '/', or a directory that
+// exists) rather than one .safetensors file.
+bool export_is_dir(const std::string& out);
+// The weights as a directory transformers loads as it is: model.safetensors (metadata format
+// "pt", and loom.model) and config.json.
+void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<StView>& tensors);
 // Refuses, from the file's headers alone (before anything is allocated), a config describing
 // more parameters than `weights_path` holds; `origin` names where the config came from.
 void model_config_check_file(const Config& cfg, const std::string& weights_path, const std::string& origin);

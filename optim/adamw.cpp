@@ -77,10 +77,12 @@ double lr_at(const TrainConfig& t, int64_t step) {
   if (t.schedule == "constant") return t.lr;
   if (t.schedule == "cosine") return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
   if (t.schedule == "linear") return t.lr - (t.lr - t.min_lr) * progress;
-  // wsd: warmup, stable, then decay over the last 20% of all steps.
-  const int64_t decay_start = t.steps - std::max<int64_t>(1, t.steps / 5);
+  // wsd: warmup, stable, then linear decay over the last decay_frac of all steps, reaching
+  // min_lr at the last step (0-based steps - 1).
+  const int64_t decay = std::max<int64_t>(1, int64_t(std::llround(double(t.steps) * t.decay_frac)));
+  const int64_t decay_start = t.steps - decay;
   if (step < decay_start) return t.lr;
-  const double frac = std::min(1.0, double(step - decay_start) / std::max<int64_t>(1, t.steps - decay_start));
+  const double frac = std::min(1.0, double(step - decay_start + 1) / double(decay));
   return t.lr - (t.lr - t.min_lr) * frac;
 }
 

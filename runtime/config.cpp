@@ -52,6 +52,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train.min_lr", &t.min_lr, "learning rate at the end of the decay"},
       {"train.warmup_steps", &t.warmup_steps, "linear warmup steps"},
       {"train.schedule", &t.schedule, "constant | cosine | linear | wsd"},
+      {"train.decay_frac", &t.decay_frac, "wsd: the fraction of all steps that decays linearly to min_lr"},
       {"train.weight_decay", &t.weight_decay, "AdamW decay (tensors of two or more dims)"},
       {"train.beta1", &t.beta1, "AdamW beta1"},
       {"train.beta2", &t.beta2, "AdamW beta2"},
@@ -107,14 +108,24 @@ std::vector<Field> fields_of(Config& c) {
       {"log.dir", &c.log.dir, "where metrics.jsonl and traces go"},
       {"log.every", &c.log.every, "console progress line every N steps"},
       {"log.trace", &c.log.trace, "write a Chrome trace per rank"},
+      {"log.trace_steps", &c.log.trace_steps, "A:B: trace only steps A to B (1-based; turns log.trace on)"},
+      {"log.cluster", &c.log.cluster,
+       "cluster file predicting the step split printed beside the measured one: auto (CPU: "
+       "examples/clusters/this_machine.toml), none, or a path"},
       {"log.grad_norms", &c.log.grad_norms,
        "write each tensor's step-1 gradient norm (before clipping) to grad_norms.json; one rank"},
   };
 }
 
-// Names users bring from other trainers, by their last part.
-const std::vector<std::pair<const char*, const char*>>& synonyms() {
-  static const std::vector<std::pair<const char*, const char*>> s = {
+// Names users bring from other trainers, by their last part: the key they mean, or "" with what
+// to say instead (an idea loom does not have), and a note on the value.
+struct Synonym {
+  const char* alias;
+  const char* to;
+  const char* note = "";
+};
+const std::vector<Synonym>& synonyms() {
+  static const std::vector<Synonym> s = {
       {"learning_rate", "train.lr"},
       {"max_lr", "train.lr"},
       {"batch_size", "train.micro_batch"},
@@ -127,6 +138,14 @@ const std::vector<std::pair<const char*, const char*>>& synonyms() {
       {"warmup", "train.warmup_steps"},
       {"warmup_iters", "train.warmup_steps"},
       {"max_grad_norm", "train.grad_clip"},
+      {"max_norm", "train.grad_clip"},
+      {"gradient_clipping", "train.grad_clip"},
+      {"fsdp", "parallel.zero", " = 3 (FSDP's full sharding is ZeRO-3)"},
+      {"data_parallel_shard_degree", "parallel.zero", " = 3 with parallel.dp (FSDP's full sharding is ZeRO-3)"},
+      {"epochs", "train.steps", " (loom counts optimizer steps, not epochs)"},
+      {"num_epochs", "train.steps", " (loom counts optimizer steps, not epochs)"},
+      {"dropout", "", "loom's models have no dropout (pretraining runs without it); drop the key"},
+      {"attention_dropout", "", "loom's models have no dropout (pretraining runs without it); drop the key"},
       {"clip_grad", "train.grad_clip"},
       {"n_embd", "model.d_model"},
       {"hidden_size", "model.d_model"},
@@ -151,6 +170,8 @@ const std::vector<std::pair<const char*, const char*>>& synonyms() {
       {"dp_size", "parallel.dp"},
       {"zero_stage", "parallel.zero"},
       {"out_dir", "log.dir"},
+      {"gradient_accumulation_steps", "train.global_batch",
+       " (sequences per step; accumulation = global_batch / (micro_batch x dp))"},
   };
   return s;
 }
@@ -170,16 +191,17 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// The key a user most likely meant: the same name in another section; a synonym from another
-// trainer; else the nearest by edit distance within the key's own section (or overall, when
-// the section does not exist).
+// What a user most likely meant, as "did you mean 'KEY'?": the same name in another section; a
+// synonym from another trainer (or what to do where loom has no such thing); else the nearest
+// key by edit distance within the key's own section (or overall, when the section does not exist).
 std::string key_suggest(const std::vector<Field>& fields, const std::string& key) {
   auto last = [](const std::string& k) { return k.substr(k.rfind('.') + 1); };
   auto section = [](const std::string& k) { return k.substr(0, k.find('.')); };
+  auto mean = [](const std::string& k, const char* note = "") { return fmt::format("did you mean '{}'{}?", k, note); };
   for (auto& f : fields)
-    if (last(key) == last(f.key)) return f.key;
-  for (auto& [alias, to] : synonyms())
-    if (last(key) == alias) return to;
+    if (last(key) == last(f.key)) return mean(f.key);
+  for (auto& syn : synonyms())
+    if (last(key) == syn.alias) return *syn.to ? mean(syn.to, syn.note) : std::string(syn.note);
   bool known_section = false;
   for (auto& f : fields) known_section |= section(f.key) == section(key);
   std::string best = fields.front().key;
@@ -189,14 +211,13 @@ std::string key_suggest(const std::vector<Field>& fields, const std::string& key
     const size_t d = edit_distance(key, f.key);
     if (d < best_d) best_d = d, best = f.key;
   }
-  return best;
+  return mean(best);
 }
 
 Field& find_field(std::vector<Field>& fields, const std::string& key, const std::string& origin) {
   for (auto& f : fields)
     if (f.key == key) return f;
-  fail("{}: unknown config key '{}'; did you mean '{}'? (`loom train --list-keys` lists all)", origin, key,
-       key_suggest(fields, key));
+  fail("{}: unknown config key '{}'; {} (`loom train --list-keys` lists all)", origin, key, key_suggest(fields, key));
 }
 
 const char* short_type(const FieldPtr& p) {

@@ -2,6 +2,7 @@
 // `--set section.key=value`. Unknown keys and wrong types are errors that name the nearest
 // valid key; validate() checks the relations between keys before anything is allocated.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <set>
 #include <string>
@@ -40,6 +41,7 @@ struct TrainConfig {
   double min_lr = 3e-4;
   int warmup_steps = 20;
   std::string schedule = "cosine";  // constant | cosine | linear | wsd
+  double decay_frac = 0.2;          // wsd: the fraction of all steps that decays to min_lr
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -119,6 +121,10 @@ struct LogConfig {
   int every = 10;  // console progress line every N steps (metrics.jsonl gets every step)
   bool trace = false;
   bool grad_norms = false;  // each tensor's step-1 gradient norm into <dir>/grad_norms.json (one rank)
+  std::string trace_steps;  // "A:B": trace steps A to B (1-based, inclusive) only; turns tracing on
+  // The cluster file whose step-time prediction the run prints beside its measured split:
+  // auto (on the CPU, loom's examples/clusters/this_machine.toml), none, or a path.
+  std::string cluster = "auto";
 };
 
 struct Config {
@@ -147,6 +153,9 @@ struct Config {
     return (int64_t(model.vocab_size) + m - 1) / m * m;
   }
 };
+
+// log.trace_steps "A:B" as (A, B), 1 <= A <= B; an Error says the form.
+std::pair<int64_t, int64_t> trace_steps_parse(const std::string& spec);
 
 // Blocks per pipeline stage (parallel.pp_layers, or n_layer / pp each); an Error says what
 // does not fit.

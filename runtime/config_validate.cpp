@@ -2,6 +2,9 @@
 // one-line error that names the keys and the fix; and the parsers of the keys whose values have
 // a form of their own (parallel.pp_layers, the fault.* drills).
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
 
 #include "runtime/config.h"
 #include "runtime/error.h"
@@ -91,6 +94,9 @@ void config_validate(Config& cfg) {
              "make global_batch a multiple of {}",
              t.global_batch, t.micro_batch, cfg.parallel.dp, per_step, per_step);
   check_one_of("train.schedule", t.schedule, {"constant", "cosine", "linear", "wsd"});
+  LOOM_CHECK(t.decay_frac > 0 && t.decay_frac <= 1, "train.decay_frac = {} must be in (0, 1]", t.decay_frac);
+  LOOM_CHECK(t.decay_frac == TrainConfig{}.decay_frac || t.schedule == "wsd",
+             "train.decay_frac is set but train.schedule = \"{}\"; it shapes the wsd schedule only", t.schedule);
   check_one_of("train.device", t.device, {"auto", "cpu", "cuda", "cuda-emulated"});
   check_one_of("train.dtype", t.dtype, {"auto", "f32", "bf16"});
   check_one_of("train.recompute", t.recompute, {"none", "selective", "full"});
@@ -274,10 +280,38 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(k.every == 0 || !k.dir.empty(), "checkpoint.every = {} needs checkpoint.dir (where they go)", k.every);
   LOOM_CHECK(k.resume != "latest" || !k.dir.empty(),
              "checkpoint.resume = \"latest\" needs checkpoint.dir (where to look)");
-  LOOM_CHECK(k.dir.empty() || k.every > 0 || k.resume != "none",
+  // checkpoint.every = 0 given explicitly turns saving off over a config that sets a dir.
+  LOOM_CHECK(k.dir.empty() || k.every > 0 || k.resume != "none" || cfg.set_keys.count("checkpoint.every"),
              "checkpoint.dir is set but nothing saves or resumes; set checkpoint.every and/or checkpoint.resume = "
-             "\"latest\"");
+             "\"latest\" (checkpoint.every = 0 says to save nothing)");
   LOOM_CHECK(cfg.log.every > 0, "log.every = {} must be positive", cfg.log.every);
+  // Refused now, not after the run: a Hugging Face directory (a trailing '/') holds Mixtral only.
+  LOOM_CHECK(cfg.export_final.empty() || cfg.export_final.back() != '/' || cfg.model.moe.num_experts == 0 ||
+                 cfg.model.moe.every == 1,
+             "export.final = \"{}\" asks for a Hugging Face directory, but model.moe.every = {} has no transformers "
+             "form (Mixtral makes every block sparse); export one .safetensors file instead",
+             cfg.export_final, cfg.model.moe.every);
+  LOOM_CHECK(!(cfg.log.trace || cfg.log.grad_norms) || !cfg.log.dir.empty(),
+             "log.{} = true needs log.dir (where it goes)", cfg.log.trace ? "trace" : "grad_norms");
+  LOOM_CHECK(
+      cfg.log.cluster == "auto" || cfg.log.cluster == "none" || std::filesystem::is_regular_file(cfg.log.cluster),
+      "log.cluster = '{}' does not exist; name a cluster file (examples/clusters/), or auto, or none", cfg.log.cluster);
+  if (!cfg.log.trace_steps.empty()) {
+    const auto [a, b] = trace_steps_parse(cfg.log.trace_steps);
+    LOOM_CHECK(a <= cfg.train.steps, "log.trace_steps = \"{}\" starts after the run's last step ({})",
+               cfg.log.trace_steps, cfg.train.steps);
+    (void)b;
+    LOOM_CHECK(!cfg.log.dir.empty(), "log.trace_steps needs log.dir (where the trace goes)");
+  }
+}
+
+std::pair<int64_t, int64_t> trace_steps_parse(const std::string& spec) {
+  int64_t a = 0, b = 0;
+  char colon = 0, extra = 0;
+  const int n = std::sscanf(spec.c_str(), "%" SCNd64 "%c%" SCNd64 "%c", &a, &colon, &b, &extra);
+  LOOM_CHECK(n == 3 && colon == ':' && a >= 1 && b >= a,
+             "log.trace_steps = \"{}\": expected \"A:B\", steps A to B with 1 <= A <= B (e.g. \"10:12\")", spec);
+  return {a, b};
 }
 
 std::vector<int> pipeline_layers(const Config& cfg) {

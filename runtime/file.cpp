@@ -123,12 +123,12 @@ void DurableAppend::close() {
   close_checked(f, path_);
 }
 
-DirLock::DirLock(const std::string& dir) {
+DirLock::DirLock(const std::string& dir, const std::string& key, const std::string& name) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  const std::string path = dir + "/.lock";
+  const std::string path = dir + "/" + name;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd_ < 0) fail_io("cannot open '{}' to lock checkpoint.dir: {}", path, why());
+  if (fd_ < 0) fail_io("cannot open '{}' to lock {}: {}", path, key, why());
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char holder[256] = {0};
@@ -137,10 +137,11 @@ DirLock::DirLock(const std::string& dir) {
     fd_ = -1;
     std::string who = n > 0 ? std::string(holder, size_t(n)) : std::string("another process");
     while (!who.empty() && who.back() == '\n') who.pop_back();
+    const char* does = key == "checkpoint.dir" ? "saves and prunes there" : "writes its metrics there";
     LOOM_CHECK(err != EWOULDBLOCK,
-               "checkpoint.dir '{}' is in use by another run ({}), which saves and prunes there; give this run its "
-               "own checkpoint.dir, or wait for that run to end",
-               dir, who);
+               "{} '{}' is in use by another run ({}), which {}; give this run its own {}, or wait "
+               "for that run to end",
+               key, dir, who, does, key);
     fail_io("cannot lock '{}': {}", path, std::strerror(err));
   }
   char host[128] = {0};

@@ -27,13 +27,15 @@ void event_append(const std::string& dir, const std::string& event, const std::s
 // that must run the same binary compare it.
 std::string binary_digest();
 
-// An exclusive lock on DIR/.lock (flock), held while the object lives and released by the
+// An exclusive lock on DIR/NAME (flock), held while the object lives and released by the
 // kernel when the process ends however it ends. Taken by a job that saves into and prunes a
-// checkpoint directory; a second job gets an Error naming the holder (pid, host, start).
+// checkpoint directory (`key` checkpoint.dir), or writes a log.dir's metrics; a second job gets
+// an Error naming the holder (pid, host, start) and the key to change.
 class DirLock {
  public:
   DirLock() = default;
-  explicit DirLock(const std::string& dir);
+  explicit DirLock(const std::string& dir, const std::string& key = "checkpoint.dir",
+                   const std::string& name = ".lock");
   ~DirLock();
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;

@@ -3,23 +3,33 @@
 #include <cmath>
 #include <ctime>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace loom {
 
-MetricsWriter::MetricsWriter(const std::string& dir, int ranks) {
+MetricsWriter::MetricsWriter(const std::string& dir, int ranks) : ranks_(ranks) {
   if (dir.empty()) return;
-  const std::string path = dir + "/metrics.jsonl";
-  int run = 1;
-  {
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) run += line.rfind("{\"run\":", 0) == 0;
+  // Two runs appending to one file would interleave their steps: the second is refused.
+  lock_ = std::make_unique<DirLock>(dir, "log.dir", ".metrics.lock");
+  path_ = dir + "/metrics.jsonl";
+}
+
+void MetricsWriter::line(const std::string& text) {
+  if (path_.empty()) return;
+  if (!out_.open()) {  // the header with the first line: a run refused at start leaves none
+    int run = 1;
+    {
+      std::ifstream in(path_);
+      std::string l;
+      while (std::getline(in, l)) run += l.rfind("{\"run\":", 0) == 0;
+    }
+    out_ = DurableAppend(path_, "a");
+    const std::time_t now = std::time(nullptr);
+    char when[32];
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    out_.line(fmt::format("{{\"run\":{},\"started\":\"{}\",\"ranks\":{}}}", run, when, ranks_));
   }
-  out_ = DurableAppend(path, "a");
-  const std::time_t now = std::time(nullptr);
-  char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  out_.line(fmt::format("{{\"run\":{},\"started\":\"{}\",\"ranks\":{}}}", run, when, ranks));
+  out_.line(text);
 }
 
 MetricsWriter::~MetricsWriter() = default;
@@ -56,9 +66,9 @@ std::string fault_fields(const StepMetrics& m) {
 }  // namespace
 
 void MetricsWriter::step(const StepMetrics& m) {
-  if (!out_.open()) return;
+  if (path_.empty()) return;
   auto& L = m.mem;
-  out_.line(fmt::format(
+  line(fmt::format(
       "{{\"step\":{},\"loss\":{},\"grad_norm\":{},\"lr\":{},\"tokens\":{},\"step_ms\":{},\"tokens_per_s\":{},"
       "\"mfu\":{},\"hfu\":{},\"time\":{{\"compute_ms\":{},\"comm_exposed_ms\":{},\"bubble_ms\":{},"
       "\"optimizer_ms\":{},\"data_ms\":{},\"ckpt_block_ms\":{}}},\"mem\":{{\"params_b\":{},\"grads_b\":{},"
@@ -74,11 +84,68 @@ void MetricsWriter::step(const StepMetrics& m) {
 }
 
 void MetricsWriter::stopped(int64_t step, const char* signal) {
-  if (out_.open()) out_.line(fmt::format("{{\"step\":{},\"stopped\":\"{}\"}}", step, signal));
+  line(fmt::format("{{\"step\":{},\"stopped\":\"{}\"}}", step, signal));
+}
+
+namespace {
+struct Term {
+  const char* key;   // in metrics.jsonl
+  const char* name;  // in the log
+  double StepSplit::*ms;
+  bool modelled;
+};
+// Keys of their own (not a step line's "step_ms" or "bubble_ms"), so that readers picking step
+// lines by those keys pass this line by.
+constexpr Term kTerms[] = {{"total", "step", &StepSplit::step, true},
+                           {"compute", "compute", &StepSplit::compute, true},
+                           {"comm_exposed", "communication", &StepSplit::comm, true},
+                           {"bubble", "bubble", &StepSplit::bubble, true},
+                           {"optimizer", "optimizer", &StepSplit::optimizer, true},
+                           {"data", "data", &StepSplit::data, false},
+                           {"ckpt_block", "checkpoint", &StepSplit::ckpt, false}};
+
+std::string split_json(const StepSplit& s) {
+  std::string out;
+  for (const Term& t : kTerms) out += fmt::format("{}\"{}\":{}", out.empty() ? "" : ",", t.key, num(s.*t.ms));
+  return "{" + out + "}";
+}
+}  // namespace
+
+std::string split_gap(const StepSplit& predicted, const StepSplit& measured) {
+  const Term* worst = nullptr;
+  double worst_ms = 0;
+  for (const Term& t : kTerms) {
+    if (!t.modelled || &t == &kTerms[0]) continue;  // the step is the sum of the others
+    const double p = predicted.*t.ms, m = measured.*t.ms, d = std::abs(m - p);
+    if (d >= 1.0 && d >= 0.1 * std::max(p, m) && d > worst_ms) worst = &t, worst_ms = d;
+  }
+  if (!worst) return "";
+  const double p = predicted.*worst->ms, m = measured.*worst->ms;
+  return p > 0 ? fmt::format("{} {:.1f}x predicted", worst->name, m / p)
+               : fmt::format("{} {:.0f} ms where none was predicted", worst->name, m);
+}
+
+void MetricsWriter::split(const StepSplit& predicted, const StepSplit& measured, const std::string& cluster) {
+  const std::string gap = split_gap(predicted, measured);
+  line(fmt::format("{{\"split_ms\":{{\"predicted\":{},\"measured\":{}}},\"cluster\":{},\"gap\":{}}}",
+                   split_json(predicted), split_json(measured), nlohmann::json(cluster).dump(),
+                   nlohmann::json(gap).dump()));
+}
+
+std::string split_table(const StepSplit& predicted, const StepSplit& measured) {
+  std::string out;
+  for (const Term& t : kTerms) {
+    const double p = predicted.*t.ms, m = measured.*t.ms;
+    out += fmt::format("\n  {:<14} {:>10} {:>10.4g} {:>8}", t.name, t.modelled ? fmt::format("{:.4g}", p) : "-", m,
+                       !t.modelled ? "(not modelled)"
+                       : p > 0     ? fmt::format("{:.2f}x", m / p)
+                                   : std::string("-"));
+  }
+  return fmt::format("  {:<14} {:>10} {:>10} {:>8}", "ms per step", "predicted", "measured", "ratio") + out;
 }
 
 void MetricsWriter::validation(int64_t step, double val_loss) {
-  if (out_.open()) out_.line(fmt::format("{{\"step\":{},\"val_loss\":{}}}", step, num(val_loss)));
+  line(fmt::format("{{\"step\":{},\"val_loss\":{}}}", step, num(val_loss)));
 }
 
 void step_rates(StepMetrics& m, int64_t step, int64_t steps, int64_t tokens_per_step, double flops_model,
@@ -95,6 +162,10 @@ std::string format_duration(double s) {
   if (s < 60) return fmt::format("{:.0f}s", s);
   if (s < 3600) return fmt::format("{}m{:02d}s", int(s) / 60, int(s) % 60);
   return fmt::format("{}h{:02d}m", int(s) / 3600, int(s) % 3600 / 60);
+}
+
+double eta_seconds(double elapsed_s, int64_t steps_run, int64_t steps_left) {
+  return steps_run > 0 ? elapsed_s / double(steps_run) * double(steps_left) : 0.0;
 }
 
 std::string progress_line(const StepMetrics& m, double eta_s) {

@@ -1,11 +1,13 @@
 // metrics.jsonl (one JSON object per optimizer step, appended by rank 0) and the console
-// progress line. A run appends to the file it finds and opens its part with a header,
+// progress line. One run at a time writes a log.dir (a lock, .metrics.lock, refuses a second).
+// A run appends to the file it finds and opens its part, at its first line, with a header,
 // {"run": K, "started": ..., "ranks": N}: a second run in the same log.dir never overwrites the
 // first, and readers take the lines after the last header. Floats print with %.9g so that float32 values round-trip
 // exactly; a value that is not finite (a diverged loss) prints as null, so the file stays JSON. Each line is flushed as
 // it is written, and the file fsynced when the run closes it.
 #pragma once
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,17 @@ struct StepMetrics {
   int64_t host_syncs_compute = -1, host_syncs = -1;
 };
 
+// Milliseconds per step by where they went (the step-time model's terms, and what it does not
+// model: data and checkpoint blocking).
+struct StepSplit {
+  double step = 0, compute = 0, comm = 0, bubble = 0, optimizer = 0, data = 0, ckpt = 0;
+};
+// The modelled term whose measurement is furthest from its prediction, as
+// "communication 2.1x predicted" (or "" when no term differs by 1 ms and 10%).
+std::string split_gap(const StepSplit& predicted, const StepSplit& measured);
+// Both splits side by side, a term a line, with measured / predicted.
+std::string split_table(const StepSplit& predicted, const StepSplit& measured);
+
 class MetricsWriter {
  public:
   // dir empty: no file. ranks: for the run header.
@@ -52,9 +65,17 @@ class MetricsWriter {
   void step(const StepMetrics& m);
   void validation(int64_t step, double val_loss);
   void stopped(int64_t step, const char* signal);  // {"step": N, "stopped": "SIGTERM"}
-  void close() { out_.close(); }                   // flush, fsync, close; errors are raised
+  // {"split_ms": {"predicted": {...}, "measured": {...}}, "cluster": ..., "gap": ...}: the mean
+  // step's split (total, compute, comm_exposed, bubble, optimizer, data, ckpt_block)
+  void split(const StepSplit& predicted, const StepSplit& measured, const std::string& cluster);
+  void close() { out_.close(); }                     // flush, fsync, close; errors are raised
+  const std::string& path() const { return path_; }  // "" where nothing is written
 
  private:
+  void line(const std::string& text);
+  int ranks_ = 1;
+  std::string path_;
+  std::unique_ptr<DirLock> lock_;
   DurableAppend out_;
 };
 
@@ -63,6 +84,9 @@ class MetricsWriter {
 void step_rates(StepMetrics& m, int64_t step, int64_t steps, int64_t tokens_per_step, double flops_model,
                 double flops_hardware, double peak);
 std::string progress_line(const StepMetrics& m, double eta_s);
+// Seconds left at the pace of the steps this process ran (`steps_run` in `elapsed_s`), not the
+// step number: a resumed run starts past step 0.
+double eta_seconds(double elapsed_s, int64_t steps_run, int64_t steps_left);
 std::string format_duration(double seconds);
 
 }  // namespace loom

@@ -22,7 +22,7 @@ Trace::Scope::~Scope() {
 }
 
 void Trace::add(const char* name, Track track, double start_us, double dur_us) {
-  if (!enabled_) return;
+  if (!recording()) return;
   std::lock_guard lk(mu_);
   events_.push_back({name, track, start_us, dur_us});
 }
@@ -43,6 +43,24 @@ void Trace::write(const std::string& path) const {
     out << fmt::format(",\n{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}", e.name,
                        rank_, int(e.track), e.start_us, e.dur_us);
   out << "\n]}\n";
+}
+
+void trace_merge(const std::vector<std::string>& parts, const std::string& out) {
+  std::string events;
+  for (const std::string& path : parts) {
+    std::ifstream in(path);
+    LOOM_CHECK(in, "cannot read trace file '{}' to merge (is log.dir shared by every rank?)", path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t a = text.find('['), b = text.rfind(']');
+    LOOM_CHECK(a != std::string::npos && b != std::string::npos && a < b, "'{}' is not a loom trace", path);
+    const std::string body = text.substr(a + 1, b - a - 1);
+    if (body.find_first_not_of(" \n") == std::string::npos) continue;
+    events += (events.empty() ? "" : ",") + body;
+  }
+  std::ofstream o(out);
+  LOOM_CHECK(o, "cannot write trace file '{}'; check log.dir", out);
+  o << "{\"traceEvents\":[" << events << "]}\n";
+  LOOM_CHECK(o.flush(), "writing trace file '{}' failed; is the disk full?", out);
 }
 
 }  // namespace loom

@@ -5,7 +5,9 @@
 #           replicas to exit 0), a seed, a shape (a raw MPI truncation abort), checkpoint.dir (a
 #           checkpoint that failed verify); the same config on both runs;
 #   lock:   a second run saving into a checkpoint.dir that a running job holds is refused,
-#           naming the holder; once that job ends, the directory is free again.
+#           naming the holder; once that job ends, the directory is free again;
+#   dp:     launched without parallel.dp, the ranks the other axes leave are data parallel (and
+#           the log says so); a parallel.dp given that does not fill the world is refused.
 #   ranks_agree.sh LOOM "MPIRUN..."
 set -uo pipefail
 loom=$1 mpirun=$2
@@ -37,6 +39,22 @@ mpmd ckdir 'checkpoint.dir = "ck1" (rank 0: "ck0")' checkpoint.dir=ck1 \
   "--set checkpoint.every=2 --set checkpoint.dir=ck0"
 timeout 120 $mpirun -np 2 "$loom" train "${common[@]}" --set log.dir=same.run > same.log 2>&1 ||
   { fail "the same config on both ranks did not run"; tail -3 same.log; }
+
+echo "dp"
+args=()
+skip=0
+for a in "${common[@]}"; do  # common without its "--set parallel.dp=2"
+  if [ "$a" = --set ]; then skip=1; continue; fi
+  [ $skip = 1 ] && skip=0 && [ "$a" != parallel.dp=2 ] && args+=(--set "$a")
+done
+timeout 120 $mpirun -np 2 "$loom" train "${args[@]}" --set log.dir=inferred.run > inferred.log 2>&1 ||
+  { fail "2 ranks without parallel.dp did not run"; tail -3 inferred.log; }
+grep -q "parallel.dp = 2: the 2 ranks over tp 1 x pp 1" inferred.log || fail "the inferred dp is not said"
+grep -q '"dp": 2' inferred.run/run.json || fail "run.json does not record dp 2"
+timeout 120 $mpirun -np 2 "$loom" train "${args[@]}" --set parallel.dp=1 --set log.dir=given.run > given.log 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "does not match the 2 ranks launched" given.log ||
+  { fail "parallel.dp = 1 at 2 ranks exited $rc"; grep error given.log | head -2; }
 
 echo "lock"
 # A slow job that saves into ck; while it runs, a second one is refused.

@@ -262,7 +262,9 @@ TEST(Optim, AdamWMatchesTheFormulaInDouble) {
       for (int i = 0; i < 7; ++i) norm += double(g[i]) * g[i];
       norm = std::sqrt(norm);
       const double scale = max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
-      if (max_norm > 0) ASSERT_LT(scale, 0.5) << "the test must clip";
+      if (max_norm > 0) {
+        ASSERT_LT(scale, 0.5) << "the test must clip";
+      }
       for (int i = 0; i < 7; ++i) {
         double wd = i < 4 ? h.weight_decay : 0.0;
         const double gi = double(g[i]) * scale;
@@ -276,7 +278,9 @@ TEST(Optim, AdamWMatchesTheFormulaInDouble) {
     for (int i = 0; i < 7; ++i) {
       const float got = master ? opt.master()[i] : p[i];
       EXPECT_NEAR(got, P[i], 1e-6) << i << " max_norm " << max_norm;
-      if (master) EXPECT_EQ(low[size_t(i)].bits, f32_to_bf16(got)) << i;
+      if (master) {
+        EXPECT_EQ(low[size_t(i)].bits, f32_to_bf16(got)) << i;
+      }
     }
   }
 }
@@ -319,9 +323,18 @@ TEST(Optim, Schedules) {
   EXPECT_NEAR(lr_at(t, 60), 0.55, 1e-12);
   t.schedule = "constant";
   EXPECT_DOUBLE_EQ(lr_at(t, 100), 1.0);
-  t.schedule = "wsd";  // stable until step 88 (the last 20% decays)
+  t.schedule = "wsd";  // stable until step 88 (the last 20%, 22 steps, decays)
   EXPECT_DOUBLE_EQ(lr_at(t, 87), 1.0);
-  EXPECT_NEAR(lr_at(t, 99), 1.0 - 0.9 * 11.0 / 22.0, 1e-12);
+  EXPECT_NEAR(lr_at(t, 88), 1.0 - 0.9 * 1.0 / 22.0, 1e-12);
+  EXPECT_NEAR(lr_at(t, 98), 1.0 - 0.9 * 11.0 / 22.0, 1e-12);
+  EXPECT_DOUBLE_EQ(lr_at(t, 109), 0.1);  // the last step trains at min_lr
+  t.decay_frac = 0.5;                    // 55 steps decay
+  EXPECT_DOUBLE_EQ(lr_at(t, 54), 1.0);
+  EXPECT_NEAR(lr_at(t, 55), 1.0 - 0.9 / 55.0, 1e-12);
+  EXPECT_DOUBLE_EQ(lr_at(t, 109), 0.1);
+  t.steps = 3, t.warmup_steps = 0, t.decay_frac = 0.01;  // at least one step decays
+  EXPECT_DOUBLE_EQ(lr_at(t, 1), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(t, 2), 0.1);
 }
 
 // MFU's CPU peak is one per-core figure times the cores a run uses, so every layout divides

@@ -220,7 +220,9 @@ TEST(ActPlan, FullRecomputeKeepsOnlyBlockInputs) {
   EXPECT_EQ(full.buffers[0].copies, 13);
   EXPECT_EQ(full.buffers[0].numel, NC);
   for (size_t i = 1; i < full.buffers.size(); ++i)  // (the MoE buffers of a dense model are empty)
-    if (full.buffers[i].numel > 0) EXPECT_EQ(full.buffers[i].copies, 1) << full.buffers[i].name;
+    if (full.buffers[i].numel > 0) {
+      EXPECT_EQ(full.buffers[i].copies, 1) << full.buffers[i].name;
+    }
   EXPECT_GT(none.activation_bytes(), 5 * full.activation_bytes());
 }
 

@@ -28,8 +28,9 @@ TEST(PipelineSchedule, EveryScheduleChecksAndMatchesItsBubble) {
       for (const char* name : {"gpipe", "1f1b", "zb"}) {
         const PipeSchedule s = pipeline_schedule(name, p, 1, m);
         const PipeTiming t = pipeline_check(s, 1, 1, 1);
-        if (std::string(name) != "zb")  // unit F, B of 2: the closed form, on every stage
+        if (std::string(name) != "zb") {  // unit F, B of 2: the closed form, on every stage
           EXPECT_NEAR(t.bubble(), double(p - 1) / double(m + p - 1), 1e-12) << name << " p " << p << " m " << m;
+        }
       }
   for (int p : {2, 4})
     for (int v : {2, 3})
@@ -113,7 +114,9 @@ TEST(PipelineSchedule, EveryScheduleRunsUnderNcclsInOrderRules) {
         SCOPED_TRACE(fmt::format("interleaved p {} v {} m {}", p, v, m));
         const PipeSchedule s = pipeline_schedule("interleaved", p, v, m);
         EXPECT_NO_THROW(pipeline_check_in_order(pipeline_in_order(s)));
-        if (m > p) EXPECT_THROW(pipeline_check_in_order(s), Error);  // receives just ahead of their consumers
+        if (m > p) {
+          EXPECT_THROW(pipeline_check_in_order(s), Error);  // receives just ahead of their consumers
+        }
       }
 }
 
