@@ -146,7 +146,7 @@ void ckpt_export(const std::string& dir, const std::string& out) {
                views.size(), m.step, out);
     return;
   }
-  safetensors_write(out, views, {{"loom.model", config_to_toml(cfg, "model")}});
+  safetensors_write(out, views, export_metadata(cfg));
   fmt::print("exported {} tensors of step {} to {}\n", views.size(), m.step, out);
 }
 

@@ -47,10 +47,19 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
                            // eval reads init.from only: a config's checkpointing would load or save
                            "checkpoint.resume=none", "checkpoint.every=0", "checkpoint.dir="});
   if (opt.threads >= 0) sets.push_back(fmt::format("train.threads={}", opt.threads));
+  std::string what = "the synthetic corpus (no --data, and no data in the config)";
   if (!opt.data.empty()) {
-    sets.insert(sets.end(), {"data.path=" + opt.data, "data.val_path=" + opt.data});
-    // Data given to a config that had none: token shards by their look, anything else as text.
+    // The training file of the config (with no val_path of its own) is scored on its held-out
+    // part, as training validated on it; any other file whole.
     Config probe = config_for(opt.from, opt.config, opt.sets);
+    std::error_code ec;
+    const bool training_file = !probe.data.path.empty() && probe.data.val_path.empty() &&
+                               std::filesystem::equivalent(probe.data.path, opt.data, ec);
+    sets.push_back("data.path=" + opt.data);
+    if (!training_file) sets.push_back("data.val_path=" + opt.data);
+    what = training_file ? fmt::format("the held-out end of training file '{}', as training validated", opt.data)
+                         : fmt::format("'{}' from its start", opt.data);
+    // Data given to a config that had none: token shards by their look, anything else as text.
     if (probe.data.source == "synthetic") {
       namespace fs = std::filesystem;
       const bool tokens = fs::is_directory(opt.data) || fs::path(opt.data).extension() == ".bin";
@@ -58,6 +67,9 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
     }
   }
   const Config cfg = config_for(opt.from, opt.config, sets);
+  if (opt.data.empty() && cfg.data.source != "synthetic")
+    what = fmt::format("the config's validation data ({})",
+                       cfg.data.val_path.empty() ? "the held-out end of data.path" : "data.val_path");
   TrainOptions t = topt;
   t.quiet = true;
   Trainer trainer(cfg, t);
@@ -78,26 +90,64 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
   r.batches = batches;
   r.tokens = batches * cfg.train.global_batch * cfg.model.seq_len;
   if (t.world_rank == 0)
-    fmt::print("eval {}: loss {:.6f}, perplexity {:.4f} over {} tokens ({} batches of {} x {}) of {}\n", opt.from,
-               r.loss, r.perplexity, r.tokens, batches, cfg.train.global_batch, cfg.model.seq_len,
+    fmt::print("eval {}: loss {:.6f}, perplexity {:.4f} over {} tokens ({} batches of {} x {}) of {}: {}\n", opt.from,
+               r.loss, r.perplexity, r.tokens, batches, cfg.train.global_batch, cfg.model.seq_len, what,
                trainer.data_describe());
   return r;
+}
+
+TokenizerChoice tokenizer_choose(const GenerateOptions& opt) {
+  namespace fs = std::filesystem;
+  TokenizerChoice c{opt.tokenizer, opt.vocab, opt.merges, "--tokenizer"};
+  const fs::path dir = fs::is_directory(opt.from) ? fs::path(opt.from) : fs::path(opt.from).parent_path();
+  // GPT-2's files count only in a Hugging Face directory (the weights are one, or config.json is
+  // beside them), not in any folder that happens to hold a vocab.json.
+  const bool hf_dir = fs::is_directory(opt.from) || fs::is_regular_file(dir / "config.json");
+  const bool beside = hf_dir && fs::is_regular_file(dir / "vocab.json") && fs::is_regular_file(dir / "merges.txt");
+  const auto meta = weights_metadata(opt.from);
+  const auto recorded = meta.find("loom.tokenizer");
+  if (c.name.empty()) {
+    if (recorded != meta.end())
+      c.name = recorded->second, c.why = "recorded with the weights";
+    else if (beside)
+      c.name = "gpt2", c.why = "vocab.json and merges.txt beside the weights";
+    else
+      c.name = "byte", c.why = "none recorded";
+  }
+  LOOM_CHECK(c.name == "byte" || c.name == "gpt2", "tokenizer '{}' ({}) is not byte or gpt2", c.name, c.why);
+  if (c.name == "gpt2" && c.vocab.empty() && c.merges.empty()) {
+    if (beside) {
+      c.vocab = (dir / "vocab.json").string(), c.merges = (dir / "merges.txt").string();
+    } else if (auto d = meta.find("loom.tokenizer_dir"); d != meta.end()) {
+      c.vocab = d->second + "/vocab.json", c.merges = d->second + "/merges.txt";
+      LOOM_CHECK(fs::is_regular_file(c.vocab) && fs::is_regular_file(c.merges),
+                 "the weights were trained with GPT-2's tokenizer from '{}', which no longer holds vocab.json and "
+                 "merges.txt; pass --vocab and --merges",
+                 d->second);
+    }
+  }
+  LOOM_CHECK(c.name != "gpt2" || (!c.vocab.empty() && !c.merges.empty()),
+             "the gpt2 tokenizer ({}) needs --vocab vocab.json and --merges merges.txt", c.why);
+  return c;
 }
 
 std::vector<int32_t> generate_run(const GenerateOptions& opt) {
   LOOM_CHECK(std::isfinite(opt.temperature) && opt.temperature >= 0,
              "--temperature {} must be a finite number >= 0 (0: greedy)", opt.temperature);
   const Config cfg = config_for(opt.from, opt.config, opt.sets);
+  const TokenizerChoice tc = tokenizer_choose(opt);
   std::unique_ptr<Gpt2Bpe> bpe;
-  if (opt.tokenizer == "gpt2") {
-    LOOM_CHECK(!opt.vocab.empty() && !opt.merges.empty(),
-               "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
-    bpe = std::make_unique<Gpt2Bpe>(opt.vocab, opt.merges);
-  }
+  if (tc.name == "gpt2") bpe = std::make_unique<Gpt2Bpe>(tc.vocab, tc.merges);
   const int tok_vocab = bpe ? int(bpe->vocab_size()) : 256;
   LOOM_CHECK(tok_vocab <= cfg.model.vocab_size,
-             "the {} tokenizer has {} tokens but the model's vocabulary has {}; use the tokenizer it was trained with",
-             opt.tokenizer, tok_vocab, cfg.model.vocab_size);
+             "the {} tokenizer ({}) has {} tokens but the model's vocabulary has {}; use the tokenizer it was trained "
+             "with",
+             tc.name, tc.why, tok_vocab, cfg.model.vocab_size);
+  if (tc.why == "none recorded" && cfg.model.vocab_size > 512)
+    fmt::print(stderr,
+               "warning: no tokenizer is recorded with these weights and the model's vocabulary has {} tokens, so the "
+               "byte tokenizer (256) is likely not the one it learned; pass --tokenizer gpt2 --vocab --merges\n",
+               cfg.model.vocab_size);
   LOOM_CHECK(!opt.prompt.empty(), "--prompt is empty; give the text to continue");
   std::vector<int32_t> ids = bpe ? bpe->encode(opt.prompt) : tokenize_bytes(opt.prompt);
   auto decode = [&](int32_t id) { return bpe ? bpe->decode({id}) : std::string(1, char(uint8_t(id))); };
@@ -133,8 +183,8 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
   }
   std::fputc('\n', stdout);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print(stderr, "{} prompt + {} new tokens in {:.2f} s ({:.1f} tokens/s; {}, seed {})\n", ids.size(), out.size(),
-             s, double(out.size()) / s,
+  fmt::print(stderr, "{} prompt + {} new tokens in {:.2f} s ({:.1f} tokens/s; tokenizer {}, {}; {}, seed {})\n",
+             ids.size(), out.size(), s, double(out.size()) / s, tc.name, tc.why,
              opt.temperature > 0 ? fmt::format("temperature {}, top-k {}", opt.temperature, opt.top_k) : "greedy",
              opt.seed);
   return out;

@@ -28,9 +28,11 @@ struct GenerateOptions {
   std::string from, config;
   std::vector<std::string> sets;
   std::string prompt;
-  std::string tokenizer = "byte", vocab, merges;  // byte | gpt2 (with vocab.json and merges.txt)
-  int max_new = -1;                               // -1: 64, or what the context leaves
-  double temperature = 0.0;                       // 0: greedy
+  // byte | gpt2 (with vocab.json and merges.txt); "": what the weights record, else GPT-2's files
+  // beside them, else byte
+  std::string tokenizer, vocab, merges;
+  int max_new = -1;          // -1: 64, or what the context leaves
+  double temperature = 0.0;  // 0: greedy
   int top_k = 0;
   uint64_t seed = 1;
   // Decoding one token is a few small GEMVs: more threads only wait on each other (and spin
@@ -40,5 +42,11 @@ struct GenerateOptions {
 // Writes the prompt and its continuation to stdout as they come, the rate to stderr; returns
 // the generated token ids.
 std::vector<int32_t> generate_run(const GenerateOptions& opt);
+struct TokenizerChoice {
+  std::string name, vocab, merges, why;
+};
+// generate's tokenizer: --tokenizer; else loom.tokenizer in the weights' metadata (gpt2's files
+// from loom.tokenizer_dir); else vocab.json and merges.txt beside the weights; else bytes.
+TokenizerChoice tokenizer_choose(const GenerateOptions& opt);
 
 }  // namespace loom

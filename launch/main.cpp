@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -11,10 +12,12 @@
 #include "checkpoint/h5.h"
 #include "checkpoint/tools.h"
 #include "launch/bench.h"
+#include "launch/data_cmd.h"
 #include "launch/infer.h"
 #include "launch/launch_env.h"
 #include "launch/plan.h"
 #include "launch/plan_layout.h"
+#include "launch/report.h"
 #include "launch/stop.h"
 #include "launch/trainer.h"
 #if LOOM_HAVE_MPI
@@ -86,8 +89,9 @@ loom::Config config_build(const std::string& path, const std::vector<std::string
 // What this build has and what it sees, from the libraries themselves.
 void info_print() {
   fmt::print("loom {} ({} build)\n", LOOM_VERSION, LOOM_BUILD_TYPE);
-  fmt::print("CPU: {} cores visible; OpenBLAS: {}; OpenMP {} (max threads {})\n", omp_get_num_procs(),
-             openblas_get_config(), _OPENMP, omp_get_max_threads());
+  fmt::print("CPU: {} cores visible; OpenBLAS: {}; OpenMP {} (max threads {}, wait policy {})\n", omp_get_num_procs(),
+             openblas_get_config(), _OPENMP, omp_get_max_threads(),
+             std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "the runtime's default");
 #if LOOM_HAVE_CUDA
   fmt::print("CUDA kernels: in this build; {}\nNCCL: {}\n", loom::cuda_describe(), loom::nccl_version());
 #else
@@ -201,13 +205,25 @@ int run(int argc, char** argv) {
 
   app.add_subcommand("info", "build options, library versions and devices");
 
-  std::string data_in, data_out, tokenizer = "byte", vocab, merges;
-  auto* data = app.add_subcommand("data", "turn a text file into an llm.c token shard");
-  data->add_option("input", data_in, "text file")->required();
-  data->add_option("output", data_out, "output shard (.bin)")->required();
-  data->add_option("--tokenizer", tokenizer, "byte | gpt2")->check(CLI::IsMember({"byte", "gpt2"}));
-  data->add_option("--vocab", vocab, "GPT-2 vocab.json (tokenizer gpt2)");
-  data->add_option("--merges", merges, "GPT-2 merges.txt (tokenizer gpt2)");
+  std::vector<std::string> report_dirs;
+  std::string report_out = "report.html";
+  auto* report = app.add_subcommand(
+      "report", "one HTML page of runs: loss, throughput, MFU, step split, memory, config (several runs overlaid)");
+  report->add_option("dirs", report_dirs, "run directories (each run's log.dir)")->required();
+  report->add_option("--out", report_out, "the page to write (default report.html)");
+
+  std::vector<std::string> data_paths;
+  loom::DataOptions dopt;
+  auto* data = app.add_subcommand(
+      "data", "text files or directories to an llm.c token shard: one document per file, on every thread");
+  data->add_option("paths", data_paths, "INPUT... OUTPUT: text files or directories, then the shard (.bin)")
+      ->required();
+  data->add_option("--tokenizer", dopt.tokenizer, "byte | gpt2")->check(CLI::IsMember({"byte", "gpt2"}));
+  data->add_option("--vocab", dopt.vocab, "GPT-2 vocab.json (tokenizer gpt2)");
+  data->add_option("--merges", dopt.merges, "GPT-2 merges.txt (tokenizer gpt2)");
+  data->add_option("--val-fraction", dopt.val_fraction,
+                   "this share of the documents (of the tokens, for one) into OUTPUT's stem + _val (default 0: none)");
+  data->add_option("--threads", dopt.threads, "threads (0: every core)")->check(CLI::NonNegativeNumber);
 
   loom::EvalOptions eopt;
   auto* eval = app.add_subcommand("eval", "loss and perplexity of a weights file on a data set (any layout)");
@@ -229,7 +245,9 @@ int run(int argc, char** argv) {
   gen->add_option("--prompt", gopt.prompt, "the text to continue")->required();
   gen->add_option("--config", gopt.config, "TOML config (default: the model shape the weights carry)");
   gen->add_option("--set", gopt.sets, "override one key: section.key=value (repeatable)");
-  gen->add_option("--tokenizer", gopt.tokenizer, "byte | gpt2")->check(CLI::IsMember({"byte", "gpt2"}));
+  gen->add_option("--tokenizer", gopt.tokenizer,
+                  "byte | gpt2 (default: what the weights record, else vocab.json + merges.txt beside them, else byte)")
+      ->check(CLI::IsMember({"byte", "gpt2"}));
   gen->add_option("--vocab", gopt.vocab, "GPT-2 vocab.json (tokenizer gpt2)");
   gen->add_option("--merges", gopt.merges, "GPT-2 merges.txt (tokenizer gpt2)");
   gen->add_option("--max-new", gopt.max_new, "tokens to generate (default 64, or what the context leaves)")
@@ -378,22 +396,15 @@ int run(int argc, char** argv) {
       loom::ckpt_inspect(ckpt_dir);
     } else if (*cexport) {
       loom::ckpt_export(ckpt_dir, ckpt_out);
+    } else if (*report) {
+      loom::report_write(report_dirs, report_out);
     } else if (app.got_subcommand("info")) {
       info_print();
     } else if (*data) {
-      std::ifstream in(data_in, std::ios::binary);
-      LOOM_CHECK(in, "cannot open '{}'", data_in);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      std::vector<int32_t> tokens;
-      if (tokenizer == "byte") {
-        tokens = loom::tokenize_bytes(text);
-      } else {
-        LOOM_CHECK(!vocab.empty() && !merges.empty(),
-                   "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
-        tokens = loom::Gpt2Bpe(vocab, merges).encode(text);
-      }
-      loom::shard_write(data_out, tokens);
-      fmt::print("wrote {} tokens to {}\n", tokens.size(), data_out);
+      LOOM_CHECK(data_paths.size() >= 2, "loom data needs INPUT... OUTPUT: text files or directories, then the shard");
+      dopt.output = data_paths.back();
+      dopt.inputs.assign(data_paths.begin(), data_paths.end() - 1);
+      loom::data_run(dopt);
     } else if (*bgemm) {
       int threads = loom::threads_set(bench_threads);
       fmt::print("{:>6} {:>12}\n", "n", "GFLOP/s");
@@ -487,6 +498,12 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenMP threads that spin while they wait take the cores other processes need: on a busy
+  // 2-core machine 2 spinning threads ran 3.6x slower than 1 thread, and 1.2x with passive
+  // waits (README: Threads). libgomp reads the policy when it loads, before main, so a loom
+  // without one set runs itself again with it; OMP_WAIT_POLICY=active keeps the spinning.
+  if (!std::getenv("OMP_WAIT_POLICY") && ::setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+    ::execv("/proc/self/exe", argv);
   spdlog::set_pattern("[%H:%M:%S] %v");
   try {
     return run(argc, argv);

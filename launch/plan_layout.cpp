@@ -1,8 +1,10 @@
 #include "launch/plan_layout.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "runtime/error.h"
 
@@ -39,15 +41,17 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
   LayoutSearch out;
   const int world = cl.devices(), L = base.model.n_layer;
   const int E = base.model.moe.num_experts;
-  struct Schedule {
-    const char* name;
+  struct Candidate {
+    int tp, pp, dp, ep, mb, zero;
+    const char* schedule;
     int v;
   };
+  std::vector<Candidate> all;
   for (int tp : divisors(cl.devices_per_node, cl.devices_per_node))
     for (int pp : divisors(L, L)) {
       if (world % (tp * pp)) continue;
       const int dp = world / (tp * pp);
-      std::vector<Schedule> schedules = {{"1f1b", 1}};
+      std::vector<std::pair<const char*, int>> schedules = {{"1f1b", 1}};
       if (pp > 1) {
         schedules.push_back({"zb", 1});
         for (int v : divisors(L / pp, 8))  // Megatron's virtual stages: whole blocks per model chunk
@@ -56,74 +60,113 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
       for (int ep : E > 0 ? divisors(E, dp) : std::vector<int>{1})
         for (int mb : {1, 2, 4, 8})
           for (int zero = 0; zero <= 3; ++zero)
-            for (const Schedule& sch : schedules) {
-              if (dp % ep || E % ep) continue;
-              ++out.tried;
-              std::string refusal;
-              bool runnable = false, placed = false;
-              // Recompute only adds work: the first policy that fits is the one to rank.
-              for (const char* rc : {"none", "selective", "full"}) {
-                Config c = base;
-                c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.dp = dp, c.parallel.ep = ep;
-                c.parallel.sp = tp > 1;
-                c.parallel.zero = zero;
-                c.parallel.pp_schedule = sch.name, c.parallel.pp_virtual = sch.v;
-                c.train.micro_batch = mb;
-                c.train.recompute = rc;
-                try {
-                  config_validate(c);
-                } catch (const Error& e) {
-                  if (refusal.empty()) refusal = reason(e.what());
-                  continue;
-                }
-                runnable = true;
-                const StepPrediction pred = step_predict(c, cl);
-                if (pred.fits) {
-                  out.ranked.push_back({c, pred});
-                  placed = true;
-                  break;
-                }
-              }
-              if (placed) continue;
-              if (runnable) {
-                ++out.too_big;
-              } else {
-                std::string key = refusal;  // "global_batch = 128 ... 4 x 64" and "... 8 x 32" are one reason
-                std::replace_if(
-                    key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; }, '#');
-                auto& [n, example] = out.refused[key];
-                if (!n++) example = refusal;
-              }
-            }
+            for (auto [name, v] : schedules)
+              if (dp % ep == 0 && E % std::max(ep, 1) == 0) all.push_back({tp, pp, dp, ep, mb, zero, name, v});
     }
+  // Every candidate is judged on its own (embarrassingly parallel), then merged in order, so
+  // the ranking does not depend on the threads.
+  struct Verdict {
+    bool runnable = false, placed = false;
+    std::string refusal;
+    LayoutChoice choice;
+  };
+  std::vector<Verdict> verdicts(all.size());
+  const bool progress = ::isatty(2) && all.size() > 200;
+  std::atomic<size_t> done{0};
+#pragma omp parallel for schedule(dynamic, 4)
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Candidate& k = all[i];
+    Verdict& d = verdicts[i];
+    // Recompute only adds work: the first policy that fits is the one to rank.
+    for (const char* rc : {"none", "selective", "full"}) {
+      Config c = base;
+      c.parallel.tp = k.tp, c.parallel.pp = k.pp, c.parallel.dp = k.dp, c.parallel.ep = k.ep;
+      c.parallel.sp = k.tp > 1;
+      c.parallel.zero = k.zero;
+      c.parallel.pp_schedule = k.schedule, c.parallel.pp_virtual = k.v;
+      c.train.micro_batch = k.mb;
+      c.train.recompute = rc;
+      try {
+        config_validate(c);
+      } catch (const Error& e) {
+        if (d.refusal.empty()) d.refusal = reason(e.what());
+        continue;
+      }
+      d.runnable = true;
+      const StepPrediction pred = step_predict(c, cl);
+      if (pred.fits) {
+        d.choice = {c, pred};
+        d.placed = true;
+        break;
+      }
+    }
+    const size_t n = ++done;
+    if (progress && n % 100 == 0) fmt::print(stderr, "\rlayouts: {} of {} judged", n, all.size());
+  }
+  if (progress) fmt::print(stderr, "\r{:40}\r", "");
+  for (Verdict& d : verdicts) {
+    ++out.tried;
+    if (d.placed) {
+      out.ranked.push_back(std::move(d.choice));
+    } else if (d.runnable) {
+      ++out.too_big;
+    } else {
+      std::string key = d.refusal;  // "global_batch = 128 ... 4 x 64" and "... 8 x 32" are one reason
+      std::replace_if(
+          key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; }, '#');
+      auto& [n, example] = out.refused[key];
+      if (!n++) example = d.refusal;
+    }
+  }
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
     return a.pred.mfu != b.pred.mfu ? a.pred.mfu > b.pred.mfu : a.pred.memory_bytes < b.pred.memory_bytes;
   });
   return out;
 }
 
+namespace {
+// Bytes in the unit that shows them: MB below a GB.
+std::string bytes_text(double b) {
+  return b >= 1e9 ? fmt::format("{:.1f} GB", b / 1e9) : fmt::format("{:.1f} MB", b / 1e6);
+}
+std::string flops_text(double f) {
+  return f >= 1e12 ? fmt::format("{:.3g} TFLOP/s", f / 1e12) : fmt::format("{:.3g} GFLOP/s", f / 1e9);
+}
+// "4 devices", or where ranks share fewer physical ones (a CPU's cores), says so.
+std::string devices_text(const Cluster& cl) {
+  const int physical = cl.physical_devices > 0 ? cl.physical_devices : cl.devices();
+  return physical == cl.devices() ? fmt::format("{} nodes x {} {} devices", cl.nodes, cl.devices_per_node, cl.device)
+                                  : fmt::format("{} nodes x {} {} rank slots sharing {} physical devices", cl.nodes,
+                                                cl.devices_per_node, cl.device, physical);
+}
+}  // namespace
+
 std::string plan_layout_table(const LayoutSearch& s, const Config& base, const Cluster& cl, int top) {
   const auto& m = base.model;
   std::string out = fmt::format(
-      "{}: {} nodes x {} {} devices, peak {:.0f} TFLOP/s, GEMMs at {:.0f}%, {:.0f} GB each\n"
+      "{}: {}, peak {} each, GEMMs at {:.0f}%, {}\n"
       "model: {} L {} d_model {} heads {}/{} d_ff {} vocab {} seq {}, global batch {} sequences\n"
       "{} layouts tried: {} refused by loom, {} do not fit, {} ranked\n",
-      cl.name, cl.nodes, cl.devices_per_node, cl.device, cl.peak_flops / 1e12, 100 * cl.gemm_efficiency,
-      cl.memory_bytes / 1e9, m.arch, m.n_layer, m.d_model, m.n_head, base.kv_heads(), m.d_ff, m.vocab_size, m.seq_len,
-      base.train.global_batch, s.tried, s.tried - s.too_big - int(s.ranked.size()), s.too_big, s.ranked.size());
+      cl.name, devices_text(cl), flops_text(cl.peak_flops), 100 * cl.gemm_efficiency,
+      cl.memory_bytes > 0 ? bytes_text(cl.memory_bytes) + " each" : std::string("memory not checked (no memory_gb)"),
+      m.arch, m.n_layer, m.d_model, m.n_head, base.kv_heads(), m.d_ff, m.vocab_size, m.seq_len, base.train.global_batch,
+      s.tried, s.tried - s.too_big - int(s.ranked.size()), s.too_big, s.ranked.size());
   for (auto& [key, got] : s.refused)
     out += fmt::format("  refused {:>5}: {}{}\n", got.first, got.second, got.first > 1 ? " (and others like it)" : "");
-  out += fmt::format("{:>3}  {:<54} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}\n", "#", "layout", "MFU", "step s",
-                     "compute", "comm", "bubble", "optim", "tok/s/d", "mem GB");
+  out += fmt::format("{:>3}  {:<54} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n", "#", "layout", "MFU", "step s",
+                     "compute", "comm", "bubble", "optim", "tok/s/d", "memory");
   for (int i = 0; i < std::min<int>(top, int(s.ranked.size())); ++i) {
     const auto& c = s.ranked[size_t(i)];
     const StepPrediction& p = c.pred;
     const int world = c.cfg.parallel.dp * c.cfg.parallel.tp * c.cfg.parallel.pp;
-    out += fmt::format("{:>3}  {:<54} {:>5.1f}% {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.0f} {:>7.1f}\n",
-                       i + 1, layout_name(c.cfg), 100 * p.mfu, p.step, p.compute, p.comm_exposed, p.bubble, p.optimizer,
-                       p.tokens_per_s / world, double(p.memory_bytes) / 1e9);
+    out += fmt::format("{:>3}  {:<54} {:>5.1f}% {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.0f} {:>9}\n", i + 1,
+                       layout_name(c.cfg), 100 * p.mfu, p.step, p.compute, p.comm_exposed, p.bubble, p.optimizer,
+                       p.tokens_per_s / world, bytes_text(double(p.memory_bytes)));
   }
   if (s.ranked.empty()) out += "no layout fits: lower the global batch's micro-batches, or add devices\n";
+  out +=
+      "(mb: micro-batch. The model's GEMM rate does not depend on a GEMM's shape, so layouts that differ only in mb "
+      "are predicted alike in compute; mb changes their memory, bubble and communication counts.)\n";
   return out;
 }
 
@@ -150,13 +193,13 @@ std::string plan_layout_json(const LayoutSearch& s, int top) {
 std::string step_prediction_text(const Config& c, const Cluster& cl, const StepPrediction& p) {
   const int world = c.parallel.dp * c.parallel.tp * c.parallel.pp;
   return fmt::format(
-      "{} on {} ({} of {} devices)\npredicted step {:.4g} ms: compute {:.4g}, exposed comm {:.4g} (tp {:.4g}, ep "
+      "{} on {} ({} ranks of {})\npredicted step {:.4g} ms: compute {:.4g}, exposed comm {:.4g} (tp {:.4g}, ep "
       "{:.4g}, pp {:.4g}, dp {:.4g} of {:.4g} moved), bubble {:.4g}, optimizer {:.4g}\n"
-      "{:.1f} tokens/s, MFU {:.1f}%, memory {:.3g} GB on the fullest rank{}\n",
-      layout_name(c), cl.name, world, cl.devices(), 1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.tp,
+      "{:.1f} tokens/s, MFU {:.1f}%, memory {} on the fullest rank{}\n",
+      layout_name(c), cl.name, world, devices_text(cl), 1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.tp,
       1e3 * p.ep, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer, p.tokens_per_s,
-      100 * p.mfu, double(p.memory_bytes) / 1e9,
-      p.fits ? "" : fmt::format(" (does not fit in {:.3g} GB)", cl.memory_bytes / 1e9));
+      100 * p.mfu, bytes_text(double(p.memory_bytes)),
+      p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)));
 }
 
 }  // namespace loom

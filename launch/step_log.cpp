@@ -16,11 +16,16 @@ StepLog::StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, Train
       print_(lead_ && !opt.quiet),
       has_val_(has_val && cfg.data.val_batches > 0),
       result_(result),
-      metrics_(lead_ ? cfg.log.dir : "", opt.world_size) {}
+      metrics_(lead_ ? cfg.log.dir : "", opt.world_size) {
+  // After the log.dir lock: a second run is refused before it makes a file.
+  if (lead_ && cfg.log.tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(cfg.log.dir);
+}
 
 void StepLog::predict(const std::string& device, int world) {
   // Said here, after the run's set-up: a refusal before it stays one line.
-  if (print_ && !metrics_.path().empty()) spdlog::info("metrics: {} (log.dir)", metrics_.path());
+  if (print_ && !metrics_.path().empty())
+    spdlog::info("metrics: {} (log.dir){}", metrics_.path(),
+                 tensorboard_ ? "; TensorBoard: tensorboard --logdir " + cfg_.log.dir : "");
   if (!lead_ || cfg_.log.cluster == "none") return;
   std::string path = cfg_.log.cluster;
   if (path == "auto") {
@@ -55,11 +60,13 @@ void StepLog::validation(int64_t step, const std::function<double()>& validate) 
   const double v = validate();
   result_.val.push_back({step, v});
   metrics_.validation(step, v);
+  if (tensorboard_) tensorboard_->validation(step, v);
   if (print_) spdlog::info("step {} | val_loss {:.4f}", step, v);
 }
 
 void StepLog::after_step(const StepMetrics& m, const std::function<double()>& validate) {
   metrics_.step(m);
+  if (tensorboard_) tensorboard_->step(m);
   result_.losses.push_back(m.loss);
   result_.grad_norms.push_back(m.grad_norm);
   if (!m.moe.empty()) result_.aux_losses.push_back(m.aux_loss);
@@ -78,13 +85,7 @@ void StepLog::after_step(const StepMetrics& m, const std::function<double()>& va
 
 void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model, double peak,
                      int stopped_by, int64_t steps_done) {
-  if (stopped_by) {
-    metrics_.stopped(steps_done, stop_signal_name(stopped_by));
-    if (print_)
-      spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done, cfg_.train.steps);
-  } else {
-    validation(cfg_.train.steps, validate);
-  }
+  // The split first: a stopped run's stop record stays its last line.
   if (predicted_ && seen_ > 1) {
     StepSplit mean = measured_;
     for (double* v : {&mean.step, &mean.compute, &mean.comm, &mean.bubble, &mean.optimizer, &mean.data, &mean.ckpt})
@@ -97,10 +98,22 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
                    gap.empty() ? "no term is off its prediction by both 1 ms and 10%" : "largest gap: " + gap);
     }
   }
+  if (stopped_by) {
+    metrics_.stopped(steps_done, stop_signal_name(stopped_by));
+    if (print_)
+      spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done, cfg_.train.steps);
+  } else {
+    validation(cfg_.train.steps, validate);
+  }
   metrics_.close();  // flushed and fsynced; a failed write is an error, not a lost file
   if (seen_ > 1) {
     result_.tokens_per_s = double(tokens_per_step) * double(seen_ - 1) / (timed_ms_ / 1e3);
     result_.mfu = peak > 0 ? result_.tokens_per_s * flops_model / peak : 0.0;
+    if (print_ && result_.mfu > 1.0)
+      spdlog::warn(
+          "MFU {:.0f}%: this run did more than the peak it divides by, so that peak was measured low (on a "
+          "busy machine?); `loom bench gemm` on a quiet machine measures it again",
+          100 * result_.mfu);
   }
 }
 

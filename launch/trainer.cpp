@@ -302,8 +302,10 @@ void Trainer::Parts::startup_log() {
     }
     info("memory ledger per rank (MiB, {}):\n{}", device, table);
   }
-  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); peak {:.1f} GFLOP/s over all ranks", fpt.model, fpt.hardware,
-       peak / 1e9);
+  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); MFU divides by a peak of {:.1f} GFLOP/s over all ranks{}",
+       fpt.model, fpt.hardware, peak / 1e9,
+       device == "cuda" ? std::string(" (the GPU's bf16 dense rate)")
+                        : fmt::format(" ({} cores x {})", threads * mesh->world(), cpu_peak_describe()));
   if (peak == 0) info("this GPU is not in the peak table: MFU is reported as 0");
 }
 
@@ -445,6 +447,7 @@ StepMetrics Trainer::step(int64_t step) {
   m.ckpt_block_ms = t.of(Phase::ckpt) + commit_ms;
   step_rates(m, step, p.cfg.train.steps, p.tokens_per_step, p.fpt.model, p.fpt.hardware, p.peak);
   m.mem = p.alloc->ledger();
+  m.rss_peak_b = rss_peak_bytes();
   auto moved = [](const CommCounters& a, const CommCounters& b, CommOp op) {
     return b.bytes[int(op)] - a.bytes[int(op)];
   };
@@ -551,7 +554,7 @@ TrainResult Trainer::finish() {
       for (auto& s : p.whole.reg.all()) views.push_back({s.name, s.global_shape, hf.data() + s.global_offset});
       hf_dir_write(p.cfg.export_final, p.cfg, views);
     } else if (p.lead) {
-      model_save(p.whole.reg, hf.data(), p.cfg.export_final, {{"loom.model", config_to_toml(p.cfg, "model")}});
+      model_save(p.whole.reg, hf.data(), p.cfg.export_final, export_metadata(p.cfg));
     }
     p.info("exported weights to {}", p.cfg.export_final);
   }

@@ -10,6 +10,7 @@
 
 #include "runtime/config.h"
 #include "runtime/metrics.h"
+#include "runtime/tensorboard.h"
 
 namespace loom {
 
@@ -78,7 +79,8 @@ class StepLog {
   const bool lead_, print_, has_val_;
   TrainResult& result_;
   MetricsWriter metrics_;
-  StepSplit measured_;  // summed over this process's steps after its first
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // log.tensorboard, rank 0
+  StepSplit measured_;                              // summed over this process's steps after its first
   std::optional<StepSplit> predicted_;
   std::string cluster_;
   double timed_ms_ = 0.0;
@@ -132,7 +134,10 @@ int threads_set(int threads);
 // The fp32 GEMM peak of `threads` cores: this machine's per-core peak (cpu_peak_measure,
 // cached under ~/.cache/loom; a remeasurement replaces it only when higher) times threads.
 // Every layout divides by the same per-core figure times the cores it uses.
+// A figure measured at load 1 or more is measured again when the machine is quieter.
 double cpu_peak_flops(int threads, bool remeasure = false);
+// The cached per-core figure, when and at what load it was measured, and where it is kept.
+std::string cpu_peak_describe();
 // bf16 dense peak of the current GPU from a table (H100/H200 SXM 989 TFLOP/s, A100 312); 0 when
 // the GPU is not in the table, or there is none (MFU is then not reported).
 double cuda_peak_flops();

@@ -257,11 +257,24 @@ bool export_is_dir(const std::string& out) {
   return !out.empty() && (out.back() == '/' || std::filesystem::is_directory(out));
 }
 
+std::map<std::string, std::string> export_metadata(const Config& cfg) {
+  std::map<std::string, std::string> m = {{"loom.model", config_to_toml(cfg, "model")}};
+  const std::string tok = !cfg.data.tokenizer.empty() ? cfg.data.tokenizer : cfg.data.source == "text" ? "byte" : "";
+  if (!tok.empty()) m["loom.tokenizer"] = tok;
+  if (tok == "gpt2") m["loom.tokenizer_dir"] = std::filesystem::absolute(cfg.data.tokenizer_dir).string();
+  return m;
+}
+
 void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<StView>& tensors) {
   const std::string config = hf_config_json(cfg);  // refuses before anything is written
   std::filesystem::create_directories(dir);
-  safetensors_write(dir + "/model.safetensors", tensors,
-                    {{"format", "pt"}, {"loom.model", config_to_toml(cfg, "model")}});
+  auto meta = export_metadata(cfg);
+  meta["format"] = "pt";
+  safetensors_write(dir + "/model.safetensors", tensors, meta);
+  if (cfg.data.tokenizer == "gpt2")  // what transformers' GPT2Tokenizer reads
+    for (const char* f : {"vocab.json", "merges.txt"})
+      std::filesystem::copy_file(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f,
+                                 std::filesystem::copy_options::overwrite_existing);
   const std::string path = dir + "/config.json";
   file_write_atomic(path, [&](std::FILE* f) { file_write(f, config.data(), config.size(), path); });
 }

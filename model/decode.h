@@ -4,6 +4,7 @@
 // cache is its own loop because training's kernel assumes queries and keys start together.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -63,8 +64,13 @@ std::string hf_config_json(const Config& cfg);
 // Whether an export path names a Hugging Face directory (a trailing '/', or a directory that
 // exists) rather than one .safetensors file.
 bool export_is_dir(const std::string& out);
+// What an export records beside the weights: the [model] section (loom.model), and the
+// tokenizer the data was made with (loom.tokenizer: byte, or gpt2 with loom.tokenizer_dir)
+// where the config says it.
+std::map<std::string, std::string> export_metadata(const Config& cfg);
 // The weights as a directory transformers loads as it is: model.safetensors (metadata format
-// "pt", and loom.model) and config.json.
+// "pt", and export_metadata) and config.json, with GPT-2's vocab.json and merges.txt when the
+// data was made with them.
 void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<StView>& tensors);
 // Refuses, from the file's headers alone (before anything is allocated), a config describing
 // more parameters than `weights_path` holds; `origin` names where the config came from.

@@ -71,6 +71,8 @@ std::vector<Field> fields_of(Config& c) {
       {"data.val_every", &d.val_every, "validate every N steps (0: only at the end)"},
       {"data.val_batches", &d.val_batches, "global batches per validation (0: none)"},
       {"data.shuffle", &d.shuffle, "a seeded order per epoch"},
+      {"data.tokenizer", &d.tokenizer, "the data's tokenizer, recorded in exports: byte | gpt2 (\"\": byte for text)"},
+      {"data.tokenizer_dir", &d.tokenizer_dir, "gpt2: the directory with vocab.json and merges.txt"},
       {"parallel.dp", &p.dp, "data-parallel ranks"},
       {"parallel.tp", &p.tp, "tensor-parallel ranks"},
       {"parallel.pp", &p.pp, "pipeline stages"},
@@ -108,6 +110,7 @@ std::vector<Field> fields_of(Config& c) {
       {"log.dir", &c.log.dir, "where metrics.jsonl and traces go"},
       {"log.every", &c.log.every, "console progress line every N steps"},
       {"log.trace", &c.log.trace, "write a Chrome trace per rank"},
+      {"log.tensorboard", &c.log.tensorboard, "write TensorBoard event files (every step's scalars) into log.dir"},
       {"log.trace_steps", &c.log.trace_steps, "A:B: trace only steps A to B (1-based; turns log.trace on)"},
       {"log.cluster", &c.log.cluster,
        "cluster file predicting the step split printed beside the measured one: auto (CPU: "

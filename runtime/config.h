@@ -64,6 +64,11 @@ struct DataConfig {
   int val_every = 100;  // 0: only at the end
   int val_batches = 4;
   bool shuffle = false;
+  // The tokenizer the data was made with, recorded in exports for `loom generate`: "" (text:
+  // byte; tokens: not recorded), byte, or gpt2 with tokenizer_dir holding vocab.json and
+  // merges.txt.
+  std::string tokenizer;
+  std::string tokenizer_dir;
 };
 
 struct ParallelConfig {
@@ -120,8 +125,9 @@ struct LogConfig {
   std::string dir = "runs/default";
   int every = 10;  // console progress line every N steps (metrics.jsonl gets every step)
   bool trace = false;
-  bool grad_norms = false;  // each tensor's step-1 gradient norm into <dir>/grad_norms.json (one rank)
-  std::string trace_steps;  // "A:B": trace steps A to B (1-based, inclusive) only; turns tracing on
+  bool grad_norms = false;   // each tensor's step-1 gradient norm into <dir>/grad_norms.json (one rank)
+  bool tensorboard = false;  // TensorBoard event files in <dir>
+  std::string trace_steps;   // "A:B": trace steps A to B (1-based, inclusive) only; turns tracing on
   // The cluster file whose step-time prediction the run prints beside its measured split:
   // auto (on the CPU, loom's examples/clusters/this_machine.toml), none, or a path.
   std::string cluster = "auto";

@@ -134,6 +134,17 @@ void config_validate(Config& cfg) {
   auto& d = cfg.data;
   check_one_of("data.source", d.source, {"synthetic", "text", "tokens"});
   if (d.source != "synthetic") LOOM_CHECK(!d.path.empty(), "data.source = \"{}\" needs data.path", d.source);
+  if (!d.tokenizer.empty()) check_one_of("data.tokenizer", d.tokenizer, {"byte", "gpt2"});
+  LOOM_CHECK(d.source != "text" || d.tokenizer != "gpt2",
+             "data.tokenizer = \"gpt2\" with data.source = \"text\", which reads bytes; tokenize with `loom data "
+             "--tokenizer gpt2` and train on data.source = \"tokens\"");
+  LOOM_CHECK(d.tokenizer != "gpt2" || (std::filesystem::is_regular_file(d.tokenizer_dir + "/vocab.json") &&
+                                       std::filesystem::is_regular_file(d.tokenizer_dir + "/merges.txt")),
+             "data.tokenizer = \"gpt2\" needs data.tokenizer_dir, a directory with vocab.json and merges.txt (it is "
+             "'{}')",
+             d.tokenizer_dir);
+  LOOM_CHECK(d.tokenizer == "gpt2" || d.tokenizer_dir.empty(),
+             "data.tokenizer_dir is set but data.tokenizer = \"{}\"; it belongs to gpt2", d.tokenizer);
   LOOM_CHECK(d.val_every >= 0 && d.val_batches >= 0, "data.val_every and data.val_batches must be >= 0");
 
   auto& p = cfg.parallel;
@@ -291,8 +302,9 @@ void config_validate(Config& cfg) {
              "export.final = \"{}\" asks for a Hugging Face directory, but model.moe.every = {} has no transformers "
              "form (Mixtral makes every block sparse); export one .safetensors file instead",
              cfg.export_final, cfg.model.moe.every);
-  LOOM_CHECK(!(cfg.log.trace || cfg.log.grad_norms) || !cfg.log.dir.empty(),
-             "log.{} = true needs log.dir (where it goes)", cfg.log.trace ? "trace" : "grad_norms");
+  for (auto [key, on] :
+       {std::pair{"trace", cfg.log.trace}, {"grad_norms", cfg.log.grad_norms}, {"tensorboard", cfg.log.tensorboard}})
+    LOOM_CHECK(!on || !cfg.log.dir.empty(), "log.{} = true needs log.dir (where it goes)", key);
   LOOM_CHECK(
       cfg.log.cluster == "auto" || cfg.log.cluster == "none" || std::filesystem::is_regular_file(cfg.log.cluster),
       "log.cluster = '{}' does not exist; name a cluster file (examples/clusters/), or auto, or none", cfg.log.cluster);

@@ -1,5 +1,7 @@
 #include "runtime/metrics.h"
 
+#include <sys/resource.h>
+
 #include <cmath>
 #include <ctime>
 #include <fstream>
@@ -72,13 +74,13 @@ void MetricsWriter::step(const StepMetrics& m) {
       "{{\"step\":{},\"loss\":{},\"grad_norm\":{},\"lr\":{},\"tokens\":{},\"step_ms\":{},\"tokens_per_s\":{},"
       "\"mfu\":{},\"hfu\":{},\"time\":{{\"compute_ms\":{},\"comm_exposed_ms\":{},\"bubble_ms\":{},"
       "\"optimizer_ms\":{},\"data_ms\":{},\"ckpt_block_ms\":{}}},\"mem\":{{\"params_b\":{},\"grads_b\":{},"
-      "\"master_b\":{},\"optim_b\":{},\"act_b\":{},\"workspace_b\":{},\"comm_b\":{},\"peak_b\":{}}},"
+      "\"master_b\":{},\"optim_b\":{},\"act_b\":{},\"workspace_b\":{},\"comm_b\":{},\"peak_b\":{},\"rss_peak_b\":{}}},"
       "\"dp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{}}},"
       "\"tp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{}}}{}}}",
       m.step, num(m.loss), num(m.grad_norm), num(m.lr), m.tokens, num(m.step_ms), num(m.tokens_per_s), num(m.mfu),
       num(m.hfu), num(m.compute_ms), num(m.comm_exposed_ms), num(m.bubble_ms), num(m.optimizer_ms), num(m.data_ms),
       num(m.ckpt_block_ms), L.of(Mem::params), L.of(Mem::grads), L.of(Mem::master), L.of(Mem::optim),
-      L.of(Mem::activations), L.of(Mem::workspace), L.of(Mem::comm), L.peak_total, m.dp_all_reduce_b,
+      L.of(Mem::activations), L.of(Mem::workspace), L.of(Mem::comm), L.peak_total, m.rss_peak_b, m.dp_all_reduce_b,
       m.dp_reduce_scatter_b, m.dp_all_gather_b, m.tp_all_reduce_b, m.tp_reduce_scatter_b, m.tp_all_gather_b,
       fault_fields(m)));
 }
@@ -162,6 +164,11 @@ std::string format_duration(double s) {
   if (s < 60) return fmt::format("{:.0f}s", s);
   if (s < 3600) return fmt::format("{}m{:02d}s", int(s) / 60, int(s) % 60);
   return fmt::format("{}h{:02d}m", int(s) / 3600, int(s) % 3600 / 60);
+}
+
+int64_t rss_peak_bytes() {
+  struct rusage u {};
+  return ::getrusage(RUSAGE_SELF, &u) == 0 ? int64_t(u.ru_maxrss) * 1024 : 0;  // Linux: KiB
 }
 
 double eta_seconds(double elapsed_s, int64_t steps_run, int64_t steps_left) {

@@ -23,6 +23,7 @@ struct StepMetrics {
   double step_ms = 0, tokens_per_s = 0, mfu = 0, hfu = 0;
   double compute_ms = 0, comm_exposed_ms = 0, bubble_ms = 0, optimizer_ms = 0, data_ms = 0, ckpt_block_ms = 0;
   MemLedger mem;
+  int64_t rss_peak_b = 0;  // measured: this process's peak resident memory (getrusage), rank 0
   // Payload bytes the dp group moved during the step, per collective (see ProcessGroup).
   int64_t dp_all_reduce_b = 0, dp_reduce_scatter_b = 0, dp_all_gather_b = 0;
   int64_t tp_all_reduce_b = 0, tp_reduce_scatter_b = 0, tp_all_gather_b = 0;
@@ -84,6 +85,8 @@ class MetricsWriter {
 void step_rates(StepMetrics& m, int64_t step, int64_t steps, int64_t tokens_per_step, double flops_model,
                 double flops_hardware, double peak);
 std::string progress_line(const StepMetrics& m, double eta_s);
+// This process's peak resident set, bytes (what the ledger's host bytes are measured against).
+int64_t rss_peak_bytes();
 // Seconds left at the pace of the steps this process ran (`steps_run` in `elapsed_s`), not the
 // step number: a resumed run starts past step 0.
 double eta_seconds(double elapsed_s, int64_t steps_run, int64_t steps_left);

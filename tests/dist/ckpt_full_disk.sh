@@ -48,7 +48,8 @@ set -e
 grep -q "No space left on device" "$dir/one.log" || { echo "FAIL: the 1-rank error does not say why"; exit 1; }
 
 # Metrics on a full disk: 74, and the file ends on a whole line.
-mkdir -p "$dir/log" && mount -t tmpfs -o size=8k tmpfs "$dir/log"
+# 16k: a page each for the lock, config.toml and run.json, one for metrics.jsonl to fill
+mkdir -p "$dir/log" && mount -t tmpfs -o size=16k tmpfs "$dir/log"
 set +e
 "$loom" train "${tiny[@]}" --set train.steps=400 --set log.dir="$dir/log" > "$dir/log.log" 2>&1
 rc=$?

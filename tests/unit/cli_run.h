@@ -13,8 +13,9 @@ struct CliRun {
   std::string output;
 };
 
-inline CliRun loom_run(const std::string& args) {
-  std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>&1";
+// `env`: NAME=VALUE... set for this run only.
+inline CliRun loom_run(const std::string& args, const std::string& env = "") {
+  std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(LOOM_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];

@@ -193,7 +193,7 @@ TEST(Cli, ListKeysPrintConfigAndInfo) {
 // Every command-line mistake ends as one line and status 2, not CLI11's own codes (106, 114).
 TEST(Cli, CommandLineErrorsAreOneLineAndStatusTwo) {
   expect_one_line_error("train --config", "--config: 1 required TEXT missing");
-  expect_one_line_error("data", "input is required");
+  expect_one_line_error("data", "paths is required");
   expect_one_line_error("train --no-such-flag", "no-such-flag");
   expect_one_line_error("frobnicate", "A subcommand is required");
 }

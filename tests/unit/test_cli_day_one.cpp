@@ -12,7 +12,10 @@
 
 #include "checkpoint/safetensors.h"
 #include "cli_run.h"
+#include "launch/data_cmd.h"
+#include "runtime/data.h"
 #include "runtime/metrics.h"
+#include "runtime/tokenizer.h"
 #include "testing.h"
 
 namespace {
@@ -180,4 +183,110 @@ TEST(CliDayOne, HuggingFaceDirectoryExport) {
                             "--set model.n_layer=2 --set export.final=" +
                             dir,
                         "no transformers form");
+}
+
+// loom data: several files and directories, a document per file opened by GPT-2's end-of-text
+// token, a validation split into a shard of its own.
+TEST(CliDayOne, DataTakesFilesDirectoriesDocumentsAndASplit) {
+  const std::string dir = fresh("data_in");
+  std::filesystem::create_directories(dir + "/more");
+  std::ofstream(dir + "/a.txt") << "hello hello";
+  std::ofstream(dir + "/more/b.txt") << "hel";
+  std::ofstream(tmp("day1_c.txt")) << "hello";
+  std::ofstream(tmp("day1_vocab.json"))
+      << R"({"h":0,"e":1,"l":2,"o":3,"\u0120":4,"he":5,"hel":6,"hell":7,"hello":8,"\u0120hello":9})";
+  std::ofstream(tmp("day1_merges.txt")) << "#version: 0.2\nh e\nhe l\nhel l\nhell o\n\u0120 hello\n";
+  const std::string out = tmp("day1_data.bin");
+  CliRun r = loom_run("data " + dir + " " + tmp("day1_c.txt") + " " + out + " --tokenizer gpt2 --vocab " +
+                      tmp("day1_vocab.json") + " --merges " + tmp("day1_merges.txt") + " --val-fraction 0.3");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("from 3 documents"), std::string::npos) << r.output;
+  EXPECT_EQ(loom::shard_read(out, 65536), (std::vector<int32_t>{50256, 8, 9, 50256, 6}));          // a.txt, more/b.txt
+  EXPECT_EQ(loom::shard_read(tmp("day1_data_val.bin"), 65536), (std::vector<int32_t>{50256, 8}));  // c.txt
+  // Bytes: no end-of-text token; one document splits by tokens.
+  ASSERT_EQ(loom_run("data " + tmp("day1_c.txt") + " " + out + " --val-fraction 0.4").status, 0);
+  EXPECT_EQ(loom::shard_read(out, 256), (std::vector<int32_t>{'h', 'e', 'l'}));
+  EXPECT_EQ(loom::shard_read(tmp("day1_data_val.bin"), 256), (std::vector<int32_t>{'l', 'o'}));
+  expect_one_line_error("data " + out, "needs INPUT... OUTPUT");
+  expect_one_line_error("data /no/such.txt " + out, "'/no/such.txt' does not exist");
+}
+
+// Chunks cut where GPT-2's pre-tokenizer ends a piece anyway: tokenizing them apart (on
+// several threads) gives the ids of the whole, on real text.
+TEST(CliDayOne, TextChunksPretokenizeLikeTheWhole) {
+  std::string text;
+  for (const char* p : {"/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0",
+                        "/usr/share/common-licenses/Artistic"}) {
+    std::ifstream in(p);
+    text += std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(text.size(), 50000u);
+  const auto chunks = loom::text_chunks(text, 1024);
+  ASSERT_GT(chunks.size(), 20u);
+  std::string joined;
+  std::vector<std::string> apart;
+  for (auto& c : chunks) {
+    joined += c;
+    for (auto& w : loom::gpt2_pretokenize(c)) apart.push_back(w);
+  }
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(apart, loom::gpt2_pretokenize(text));
+  // Cut every 1024 bytes instead, the pieces differ: the check has teeth on this text.
+  std::vector<std::string> naive;
+  for (size_t at = 0; at < text.size(); at += 1024)
+    for (auto& w : loom::gpt2_pretokenize(text.substr(at, 1024))) naive.push_back(w);
+  EXPECT_NE(naive, apart);
+}
+
+// OpenMP threads wait without spinning unless the user says otherwise: loom runs itself again
+// with OMP_WAIT_POLICY=passive before the OpenMP runtime reads it.
+TEST(CliDayOne, ThreadsWaitPassivelyUnlessTold) {
+  CliRun plain = loom_run("info");
+  EXPECT_NE(plain.output.find("wait policy passive)"), std::string::npos) << plain.output;
+  CliRun told = loom_run("info", "OMP_WAIT_POLICY=active");
+  EXPECT_NE(told.output.find("wait policy active)"), std::string::npos) << told.output;
+}
+
+// An export records the tokenizer the data was made with, and generate uses it without being
+// told; weights that record none get a warning where bytes are unlikely to be right.
+TEST(CliDayOne, ExportsRecordTheTokenizerGenerateUsesIt) {
+  const std::string tok = fresh("tok");
+  std::filesystem::create_directories(tok);
+  std::ofstream(tok + "/vocab.json")
+      << R"({"h":0,"e":1,"l":2,"o":3,"\u0120":4,"he":5,"hel":6,"hell":7,"hello":8,"\u0120hello":9})";
+  std::ofstream(tok + "/merges.txt") << "#version: 0.2\nh e\nhe l\nhel l\nhell o\n\u0120 hello\n";
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 400; ++i) ids.push_back(i % 3 ? 9 : 8);
+  loom::shard_write(tmp("day1_tok.bin"), ids);
+  const std::string file = fresh("tok_w") + ".safetensors", dir = fresh("tok_hf") + "/";
+  for (const std::string& out : {file, dir}) {
+    CliRun r = loom_run(tiny() + "--set train.steps=2 --set data.source=tokens --set data.path=" + tmp("day1_tok.bin") +
+                        " --set data.tokenizer=gpt2 --set data.tokenizer_dir=" + tok + " --set export.final=" + out);
+    ASSERT_EQ(r.status, 0) << r.output;
+    CliRun g = loom_run("generate --from " + out + " --prompt hello --max-new 2");
+    ASSERT_EQ(g.status, 0) << g.output;
+    EXPECT_NE(g.output.find("tokenizer gpt2, recorded with the weights"), std::string::npos) << g.output;
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir + "vocab.json"));  // what transformers' tokenizer reads
+  EXPECT_TRUE(std::filesystem::exists(dir + "merges.txt"));
+  expect_one_line_error(tiny() + "--set data.tokenizer=gpt2", "needs data.tokenizer_dir");
+  // No tokenizer recorded, a vocabulary far beyond bytes: said.
+  const std::string big = fresh("big_w") + "/w.safetensors";
+  std::filesystem::create_directories(fresh("big_w"));
+  ASSERT_EQ(loom_run(tiny() + "--set train.steps=0 --set model.vocab_size=1024 --set export.final=" + big).status, 0);
+  CliRun g = loom_run("generate --from " + big + " --prompt ab --max-new 1");
+  EXPECT_NE(g.output.find("warning: no tokenizer is recorded"), std::string::npos) << g.output;
+}
+
+// loom plan layout on a small machine: rates and sizes in units that show them, shared devices
+// said, and why micro-batch sizes predict alike.
+TEST(CliDayOne, PlanLayoutReadsOnASmallMachine) {
+  CliRun r = loom_run(std::string("plan layout --top 2 --cluster ") + LOOM_SOURCE_DIR +
+                      "/examples/clusters/this_machine.toml");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* want : {"4 cpu rank slots sharing 2 physical devices", "peak 138 GFLOP/s each", "memory not checked",
+                           " MB\n", "predicted alike in compute"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << " in:\n" << r.output;
+  EXPECT_EQ(r.output.find("0 TFLOP/s"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(" 0.0 GB"), std::string::npos) << r.output;
 }

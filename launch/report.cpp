@@ -1,0 +1,298 @@
+#include "launch/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "runtime/error.h"
+#include "runtime/file.h"
+
+namespace loom {
+
+namespace {
+
+const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s)
+    out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '"' ? "&quot;" : std::string(1, c);
+  return out;
+}
+
+double num_or(const nlohmann::json& j, const char* key, double fallback = 0) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+}
+
+// About `n` round tick values covering [lo, hi] (steps of 1, 2 or 5 x 10^k).
+std::vector<double> ticks(double lo, double hi, int n = 5) {
+  const double raw = (hi - lo) / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
+  std::vector<double> out;
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step)
+    out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  return out;
+}
+
+std::string tick_label(double v) {
+  return std::abs(v) >= 1e4 || (v != 0 && std::abs(v) < 1e-2) ? fmt::format("{:.2g}", v) : fmt::format("{:g}", v);
+}
+
+struct Series {
+  std::string name;
+  std::vector<std::pair<double, double>> xy;
+};
+
+constexpr double W = 560, H = 300, L = 64, R = 16, T = 34, B = 40;
+
+// A line chart of several series over a shared x axis.
+std::string svg_lines(const std::string& title, const std::string& xlabel, const std::vector<Series>& series) {
+  std::string out = fmt::format(
+      "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='11'>"
+      "<text x='{}' y='18' font-size='13' font-weight='bold'>{}</text>",
+      W, H, L, escape(title));
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  for (auto& s : series)
+    for (auto [x, y] : s.xy)
+      if (std::isfinite(y)) x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+  if (!std::isfinite(x0)) return out + fmt::format("<text x='{}' y='{}'>no data</text></svg>", L, H / 2);
+  if (x1 == x0) x1 = x0 + 1;
+  const double pad = y1 > y0 ? 0.05 * (y1 - y0) : std::max(1e-9, 0.05 * std::abs(y0));
+  y0 -= pad, y1 += pad;
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
+  out +=
+      fmt::format("<rect x='{}' y='{}' width='{}' height='{}' fill='none' stroke='#999'/>", L, T, W - L - R, H - T - B);
+  for (double t : ticks(y0, y1))
+    out += fmt::format(
+        "<line x1='{0}' x2='{1}' y1='{2:.1f}' y2='{2:.1f}' stroke='#eee'/><text x='{3}' y='{4:.1f}' "
+        "text-anchor='end'>{5}</text>",
+        L, W - R, py(t), L - 4, py(t) + 4, tick_label(t));
+  for (double t : ticks(x0, x1))
+    out += fmt::format("<text x='{:.1f}' y='{}' text-anchor='middle'>{}</text>", px(t), H - B + 14, tick_label(t));
+  out += fmt::format("<text x='{}' y='{}' text-anchor='middle'>{}</text>", (L + W - R) / 2, H - 6, escape(xlabel));
+  for (size_t i = 0; i < series.size(); ++i) {
+    std::string pts;
+    for (auto [x, y] : series[i].xy)
+      if (std::isfinite(y)) pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+    const char* c = kColors[i % 8];
+    out += series[i].xy.size() == 1
+               ? fmt::format("<circle cx='{}' r='3' fill='{}' cy='{}'/>", pts.substr(0, pts.find(',')), c,
+                             pts.substr(pts.find(',') + 1))
+               : fmt::format("<polyline fill='none' stroke='{}' stroke-width='1.5' points='{}'/>", c, pts);
+    if (series.size() > 1)
+      out +=
+          fmt::format("<rect x='{}' y='{}' width='10' height='3' fill='{}'/><text x='{}' y='{}'>{}</text>", W - R - 150,
+                      T + 10 + 14 * double(i), c, W - R - 136, T + 14 + 14 * double(i), escape(series[i].name));
+  }
+  return out + "</svg>";
+}
+
+struct Bar {
+  std::string label;
+  std::vector<double> parts;  // one per part name; zeros are skipped
+};
+
+// Stacked bars: one per Bar, its parts stacked in the order of `parts`.
+std::string svg_stacked(const std::string& title, const std::string& unit, const std::vector<std::string>& parts,
+                        const std::vector<Bar>& bars) {
+  const double w = std::max(W, L + R + 150 + 90 * double(bars.size()));
+  std::string out = fmt::format(
+      "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='11'>"
+      "<text x='{}' y='18' font-size='13' font-weight='bold'>{}</text>",
+      w, H, L, escape(title));
+  double top = 0;
+  for (auto& b : bars) {
+    double s = 0;
+    for (double v : b.parts) s += std::max(0.0, v);
+    top = std::max(top, s);
+  }
+  if (top <= 0) return out + fmt::format("<text x='{}' y='{}'>no data</text></svg>", L, H / 2);
+  top *= 1.05;
+  auto py = [&](double y) { return H - B - y / top * (H - T - B); };
+  for (double t : ticks(0, top))
+    out += fmt::format(
+        "<line x1='{0}' x2='{1}' y1='{2:.1f}' y2='{2:.1f}' stroke='#eee'/><text x='{3}' y='{4:.1f}' "
+        "text-anchor='end'>{5}</text>",
+        L, w - R - 150, py(t), L - 4, py(t) + 4, tick_label(t));
+  out += fmt::format("<text x='12' y='{}' transform='rotate(-90 12 {})' text-anchor='middle'>{}</text>",
+                     (T + H - B) / 2, (T + H - B) / 2, escape(unit));
+  const double slot = (w - L - R - 150) / double(bars.size()), bw = std::min(60.0, slot * 0.6);
+  for (size_t i = 0; i < bars.size(); ++i) {
+    const double x = L + slot * (double(i) + 0.5) - bw / 2;
+    double acc = 0;
+    for (size_t k = 0; k < parts.size() && k < bars[i].parts.size(); ++k) {
+      const double v = std::max(0.0, bars[i].parts[k]);
+      if (v <= 0) continue;
+      out += fmt::format(
+          "<rect x='{:.1f}' y='{:.1f}' width='{:.1f}' height='{:.1f}' fill='{}'><title>{}: {:.4g} {}</title></rect>", x,
+          py(acc + v), bw, py(acc) - py(acc + v), kColors[k % 8], escape(parts[k]), v, escape(unit));
+      acc += v;
+    }
+    out += fmt::format("<text x='{:.1f}' y='{}' text-anchor='middle'>{}</text>", x + bw / 2, H - B + 14,
+                       escape(bars[i].label));
+    out += fmt::format("<text x='{:.1f}' y='{:.1f}' text-anchor='middle'>{:.4g}</text>", x + bw / 2, py(acc) - 3, acc);
+  }
+  for (size_t k = 0; k < parts.size(); ++k)
+    out +=
+        fmt::format("<rect x='{}' y='{}' width='10' height='10' fill='{}'/><text x='{}' y='{}'>{}</text>", w - R - 140,
+                    T + 14 * double(k), kColors[k % 8], w - R - 126, T + 9 + 14 * double(k), escape(parts[k]));
+  return out + "</svg>";
+}
+
+Series series_of(const RunRecord& r, const std::function<double(const nlohmann::json&)>& f) {
+  Series s{r.name, {}};
+  for (auto& [step, j] : r.steps) s.xy.push_back({double(step), f(j)});
+  return s;
+}
+
+}  // namespace
+
+RunRecord report_read(const std::string& dir) {
+  RunRecord r;
+  r.dir = dir;
+  r.name = std::filesystem::path(dir).lexically_normal().filename().string();
+  if (r.name.empty()) r.name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+  std::ifstream in(dir + "/metrics.jsonl");
+  LOOM_CHECK(in, "'{}' has no metrics.jsonl; give loom report the log.dir of a run", dir);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      continue;  // a line cut by a kill: the runs before and after it still read
+    }
+    if (j.contains("split_ms")) r.split = j;
+    if (!j.contains("step") || !j["step"].is_number_integer()) continue;
+    const int64_t step = j["step"].get<int64_t>();
+    if (j.contains("loss")) r.steps[step] = j;
+    if (j.contains("val_loss") && j["val_loss"].is_number()) r.val[step] = j["val_loss"].get<double>();
+  }
+  LOOM_CHECK(!r.steps.empty(), "'{}/metrics.jsonl' holds no step yet", dir);
+  r.config = text_of(dir + "/config.toml");
+  r.facts = text_of(dir + "/run.json");
+  return r;
+}
+
+std::string report_html(const std::vector<RunRecord>& runs) {
+  auto lines = [&](const char* title, const std::function<double(const nlohmann::json&)>& f) {
+    std::vector<Series> s;
+    for (auto& r : runs) s.push_back(series_of(r, f));
+    return svg_lines(title, "step", s);
+  };
+  std::vector<Series> val;
+  for (auto& r : runs) {
+    Series s{r.name, {}};
+    for (auto [step, v] : r.val) s.xy.push_back({double(step), v});
+    val.push_back(s);
+  }
+  // The mean step after each run's first (a warm-up), by where the time went.
+  const std::vector<std::string> parts = {"compute", "comm exposed",  "bubble", "optimizer",
+                                          "data",    "ckpt blocking", "other"};
+  const char* keys[] = {"compute_ms", "comm_exposed_ms", "bubble_ms", "optimizer_ms", "data_ms", "ckpt_block_ms"};
+  std::vector<Bar> split;
+  for (auto& r : runs) {
+    Bar b{r.name, std::vector<double>(parts.size(), 0.0)};
+    int n = 0;
+    double step_ms = 0;
+    for (auto it = std::next(r.steps.begin()); it != r.steps.end(); ++it, ++n) {
+      for (size_t k = 0; k < 6; ++k) b.parts[k] += num_or(it->second.value("time", nlohmann::json::object()), keys[k]);
+      step_ms += num_or(it->second, "step_ms");
+    }
+    if (n == 0) continue;
+    double sum = 0;
+    for (size_t k = 0; k < 6; ++k) sum += b.parts[k] /= n;
+    b.parts[6] = std::max(0.0, step_ms / n - sum);
+    split.push_back(b);
+    if (!r.split.is_null()) {
+      const auto& p = r.split["split_ms"]["predicted"];
+      split.push_back(
+          {r.name + " (predicted)",
+           {num_or(p, "compute"), num_or(p, "comm_exposed"), num_or(p, "bubble"), num_or(p, "optimizer"), 0, 0, 0}});
+    }
+  }
+  const std::vector<std::string> mem_parts = {"params",    "grads", "master",      "optim",        "activations",
+                                              "workspace", "comm",  "ledger peak", "resident peak"};
+  const char* mem_keys[] = {"params_b", "grads_b", "master_b", "optim_b", "act_b", "workspace_b", "comm_b"};
+  std::vector<Bar> mem;
+  for (auto& r : runs) {
+    const auto& m = r.steps.rbegin()->second.value("mem", nlohmann::json::object());
+    Bar live{r.name + " live", std::vector<double>(mem_parts.size(), 0.0)};
+    for (size_t k = 0; k < 7; ++k) live.parts[k] = num_or(m, mem_keys[k]) / 1048576.0;
+    mem.push_back(live);
+    Bar peak{r.name + " peak", std::vector<double>(mem_parts.size(), 0.0)};
+    peak.parts[7] = num_or(m, "peak_b") / 1048576.0;
+    mem.push_back(peak);
+    if (num_or(m, "rss_peak_b") > 0) {
+      Bar rss{r.name + " RSS", std::vector<double>(mem_parts.size(), 0.0)};
+      rss.parts[8] = num_or(m, "rss_peak_b") / 1048576.0;
+      mem.push_back(rss);
+    }
+  }
+  std::string names;
+  for (auto& r : runs) names += (names.empty() ? "" : ", ") + r.name;
+  std::string html = fmt::format(
+      "<!DOCTYPE html><html><head><meta charset='utf-8'><title>loom report: {}</title><style>"
+      "body{{font-family:sans-serif;margin:20px;color:#222}} .grid{{display:flex;flex-wrap:wrap;gap:12px}} "
+      "pre{{background:#f6f6f6;padding:8px;font-size:11px;max-height:320px;overflow:auto}} "
+      "td,th{{padding:2px 10px;text-align:right}} th{{background:#eee}}</style></head><body>"
+      "<h1>loom report</h1><p>{}</p>",
+      escape(names), escape(names));
+  // A table of each run's last step.
+  html +=
+      "<table><tr><th>run</th><th>steps</th><th>last loss</th><th>last val loss</th><th>tokens/s</th><th>MFU</th>"
+      "<th>gap to prediction</th></tr>";
+  for (auto& r : runs) {
+    const auto& last = r.steps.rbegin()->second;
+    html += fmt::format(
+        "<tr><td>{}</td><td>{}</td><td>{:.4f}</td><td>{}</td><td>{:.0f}</td><td>{:.2f}%</td><td>{}</td></tr>",
+        escape(r.name), r.steps.rbegin()->first, num_or(last, "loss", NAN),
+        r.val.empty() ? std::string("-") : fmt::format("{:.4f}", r.val.rbegin()->second), num_or(last, "tokens_per_s"),
+        100 * num_or(last, "mfu"),
+        r.split.is_null() ? std::string("-")
+                          : escape(r.split.value("gap", "").empty() ? std::string("none") : r.split.value("gap", "")));
+  }
+  html += "</table><div class='grid'>";
+  html += lines("train loss", [](const nlohmann::json& j) { return num_or(j, "loss", NAN); });
+  html += svg_lines("validation loss", "step", val);
+  html += lines("tokens/s", [](const nlohmann::json& j) { return num_or(j, "tokens_per_s", NAN); });
+  html += lines("MFU (%)", [](const nlohmann::json& j) { return 100 * num_or(j, "mfu", NAN); });
+  html += lines("learning rate", [](const nlohmann::json& j) { return num_or(j, "lr", NAN); });
+  html += lines("gradient norm", [](const nlohmann::json& j) { return num_or(j, "grad_norm", NAN); });
+  html += svg_stacked("mean step split (ms)", "ms", parts, split);
+  html += svg_stacked("memory, rank 0 (MiB): ledger at the last step, its peak, resident peak", "MiB", mem_parts, mem);
+  html += "</div>";
+  for (auto& r : runs)
+    html += fmt::format(
+        "<h2>{}</h2><p>{}</p><div class='grid'><div><h3>config.toml</h3><pre>{}</pre></div>"
+        "<div><h3>run.json</h3><pre>{}</pre></div></div>",
+        escape(r.name), escape(r.dir), escape(r.config.empty() ? "(none)" : r.config),
+        escape(r.facts.empty() ? "(none)" : r.facts));
+  return html + "</body></html>\n";
+}
+
+void report_write(const std::vector<std::string>& dirs, const std::string& out) {
+  LOOM_CHECK(!dirs.empty(), "loom report needs at least one run directory (a log.dir)");
+  std::vector<RunRecord> runs;
+  for (auto& d : dirs) runs.push_back(report_read(d));
+  // Runs with the same last path component (runs/a/x, runs/b/x) are named by their whole path.
+  std::map<std::string, int> named;
+  for (auto& r : runs) ++named[r.name];
+  for (auto& r : runs)
+    if (named[r.name] > 1) r.name = r.dir;
+  const std::string html = report_html(runs);
+  file_write_atomic(out, [&](std::FILE* f) { file_write(f, html.data(), html.size(), out); });
+  fmt::print("wrote {} ({} run{}, {:.0f} KB)\n", out, runs.size(), runs.size() == 1 ? "" : "s", html.size() / 1e3);
+}
+
+}  // namespace loom

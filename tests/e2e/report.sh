@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# loom report: two runs overlaid on one self-contained page (no scripts, nothing fetched), each
+# chart with both runs' curves, the step split with the step-time model's prediction beside the
+# measured bars, memory with the resident peak, both configs; headless Chromium renders it to a
+# PNG (kept as report.png in REPORT_OUT when set, for a person to look at). A directory that is
+# not a run is refused in one line.
+#   report.sh LOOM
+set -euo pipefail
+loom=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+common=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.seq_len=16
+        --set train.micro_batch=2 --set train.global_batch=2 --set train.threads=1 --set train.steps=30
+        --set data.val_every=10 --set data.val_batches=1)
+for lr in 0.003 0.0005; do
+  "$loom" train "${common[@]}" --set train.lr=$lr --set log.dir="$dir/lr$lr" > "$dir/lr$lr.log" 2>&1 ||
+    { cat "$dir/lr$lr.log"; exit 1; }
+done
+"$loom" report "$dir/lr0.003" "$dir/lr0.0005" --out "$dir/report.html" | grep -q "wrote $dir/report.html (2 runs" ||
+  { echo "FAIL: loom report did not say what it wrote"; exit 1; }
+python3 - "$dir/report.html" <<'PY'
+import re, sys
+h = open(sys.argv[1]).read()
+assert "<script" not in h and "http://" not in h.replace("http://www.w3.org/2000/svg", ""), "not self-contained"
+svgs = h.count("<svg")
+assert svgs == 8, f"{svgs} charts"
+# Each line chart overlays both runs: 6 line charts x 2 polylines.
+assert h.count("<polyline") == 12, h.count("<polyline")
+for want in ["lr0.003", "lr0.0005", "(predicted)", "resident peak", "lr = 0.003", "lr = 0.0005", "train loss",
+             "validation loss", "mean step split", "&quot;command&quot;"]:
+    assert want in h, want
+print(f"report: {svgs} charts, {len(h) // 1000} KB")
+PY
+chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,1900 \
+  --screenshot="$dir/report.png" "file://$dir/report.html" > "$dir/chromium.log" 2>&1 ||
+  { cat "$dir/chromium.log"; exit 1; }
+size=$(stat -c %s "$dir/report.png")
+# A blank or unstyled page compresses to a few KB; eight charts with text do not.
+[ "$size" -gt 40000 ] || { echo "FAIL: the screenshot is $size bytes: nothing rendered?"; exit 1; }
+[ -n "${REPORT_OUT:-}" ] && cp "$dir/report.png" "$dir/report.html" "$REPORT_OUT/"
+mkdir -p "$dir/empty"
+out=$("$loom" report "$dir/empty" 2>&1) && { echo "FAIL: an empty directory was reported"; exit 1; }
+[ "$(echo "$out" | wc -l)" = 1 ] && echo "$out" | grep -q "has no metrics.jsonl" ||
+  { echo "FAIL: the refusal is not one line naming the file: $out"; exit 1; }
+echo "report: ok ($size-byte screenshot)"
