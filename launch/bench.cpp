@@ -96,9 +96,10 @@ double cpu_peak_flops(int threads, bool remeasure) {
   double load = -1;
   ::getloadavg(&load, 1);
   // A figure measured while other processes ran (load 1 or more) is measured again once the
-  // machine is quieter: a busy measurement is low, and a low peak inflates every MFU.
+  // machine is quiet (load under 0.5): a busy measurement is low, and a low peak inflates every
+  // MFU. Only then: a measurement costs seconds, and a busy machine would pay it every run.
   const double then = cached ? cache[key].value("load", 99.0) : 99.0;
-  const bool quieter = cached && then >= 1.0 && load >= 0 && load < then - 0.5;
+  const bool quieter = cached && then >= 1.0 && load >= 0 && load < 0.5;
   if (cached && !remeasure && !quieter) return cache[key]["peak"].get<double>() * threads;
   const PeakMeasure m = cpu_peak_measure(8);
   const std::time_t now = std::time(nullptr);
@@ -125,7 +126,8 @@ void bench_train(const Config& config, const TrainOptions& where) {
   // checkpoints or exports, and it starts from the config's initial weights, not a checkpoint.
   Config cfg = config;
   cfg.log.dir.clear();
-  cfg.log.trace = cfg.log.grad_norms = false;
+  cfg.log.trace = cfg.log.grad_norms = cfg.log.tensorboard = false;
+  cfg.log.trace_steps.clear();
   cfg.checkpoint.dir.clear();
   cfg.checkpoint.every = 0;
   cfg.checkpoint.resume = "none";

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -19,9 +20,8 @@ namespace loom {
 
 namespace {
 
-constexpr int32_t kGpt2EndOfText = 50256;  // <|endoftext|>
-
-std::vector<std::string> files_of(const std::vector<std::string>& inputs) {
+// `skip`: the shards being written, which a directory of inputs may hold from an earlier run.
+std::vector<std::string> files_of(const std::vector<std::string>& inputs, const std::vector<std::string>& skip) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;
   for (const std::string& in : inputs) {
@@ -32,8 +32,13 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs) {
       continue;
     }
     std::vector<std::string> here;
-    for (auto& e : fs::recursive_directory_iterator(in))
-      if (e.is_regular_file() && e.path().filename().string()[0] != '.') here.push_back(e.path().string());
+    for (auto& e : fs::recursive_directory_iterator(in)) {
+      std::error_code ec;
+      const bool output = std::any_of(skip.begin(), skip.end(), [&](const std::string& s) {
+        return fs::exists(s) && fs::equivalent(e.path(), s, ec);
+      });
+      if (e.is_regular_file() && e.path().filename().string()[0] != '.' && !output) here.push_back(e.path().string());
+    }
     std::sort(here.begin(), here.end());
     LOOM_CHECK(!here.empty(), "directory '{}' holds no files", in);
     out.insert(out.end(), here.begin(), here.end());
@@ -82,7 +87,9 @@ void data_run(const DataOptions& opt) {
                "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
     bpe = std::make_unique<Gpt2Bpe>(opt.vocab, opt.merges);
   }
-  const std::vector<std::string> files = files_of(opt.inputs);
+  const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path_of(opt.output)});
+  // Documents are opened by the vocabulary's end-of-text token (llm.c's convention), where it has one.
+  const int32_t eot = bpe ? bpe->id_of("<|endoftext|>") : -1;
   const int threads = opt.threads > 0 ? opt.threads : omp_get_num_procs();
   const auto t0 = std::chrono::steady_clock::now();
 
@@ -102,12 +109,18 @@ void data_run(const DataOptions& opt) {
   }
   const bool progress = ::isatty(2);
   std::atomic<size_t> done_bytes{0};
+  std::vector<std::exception_ptr> errors(chunks.size());  // an exception must not leave the region
 #pragma omp parallel num_threads(threads)
   {
-    std::unique_ptr<Gpt2Bpe> mine = bpe ? std::make_unique<Gpt2Bpe>(*bpe) : nullptr;
+    std::unique_ptr<Gpt2Bpe> mine;
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < chunks.size(); ++i) {
-      chunks[i].ids = mine ? mine->encode(chunks[i].text) : tokenize_bytes(chunks[i].text);
+      try {
+        if (bpe && !mine) mine = std::make_unique<Gpt2Bpe>(*bpe);
+        chunks[i].ids = mine ? mine->encode(chunks[i].text) : tokenize_bytes(chunks[i].text);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
       const size_t now = done_bytes += chunks[i].text.size();
       if (progress && omp_get_thread_num() == 0) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -117,11 +130,13 @@ void data_run(const DataOptions& opt) {
     }
   }
   if (progress) fmt::print(stderr, "\r{:60}\r", "");
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
 
   // Documents in order, each opened by the end-of-text token (where the tokenizer has one).
   std::vector<std::vector<int32_t>> docs(files.size());
   for (size_t d = 0; d < files.size(); ++d)
-    if (bpe) docs[d].push_back(kGpt2EndOfText);
+    if (eot >= 0) docs[d].push_back(eot);
   for (Chunk& c : chunks) docs[c.doc].insert(docs[c.doc].end(), c.ids.begin(), c.ids.end());
   std::vector<int32_t> train, val;
   if (opt.val_fraction > 0 && docs.size() > 1) {
@@ -149,8 +164,9 @@ void data_run(const DataOptions& opt) {
              val.empty() ? "" : fmt::format(" and {} to {}", val.size(), val_path_of(opt.output)), files.size(),
              files.size() == 1 ? "" : "s", double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9), threads,
              threads == 1 ? "" : "s",
-             bpe ? "; each document opened by <|endoftext|> (50256)"
-                 : "; the byte tokenizer has no end-of-text token: documents are joined as they are");
+             eot >= 0 ? fmt::format("; each document opened by <|endoftext|> ({})", eot)
+                      : fmt::format("; the {} has no <|endoftext|> token: documents are joined as they are",
+                                    bpe ? "vocabulary" : "byte tokenizer"));
 }
 
 }  // namespace loom

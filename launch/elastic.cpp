@@ -113,7 +113,8 @@ void elastic_check(ElasticOptions& o, const std::vector<std::string>& command) {
   LOOM_CHECK(o.max_ranks >= o.replica && o.max_ranks / o.replica * o.replica >= o.min_ranks,
              "--ranks {}:{} holds no multiple of --replica {}", o.min_ranks, o.max_ranks, o.replica);
   LOOM_CHECK(placeholders,
-             "loom supervise --ranks: the command names no {{ranks}}, {{dp}}, {{hosts}} or {{nodelist}}, so no relaunch could change "
+             "loom supervise --ranks: the command names no {{ranks}}, {{dp}}, {{hosts}} or {{nodelist}}, so no "
+             "relaunch could change "
              "its layout; e.g. mpirun --host {{hosts}} -np {{ranks}} loom train --set parallel.dp={{dp}} ...");
   LOOM_CHECK(o.probe_s > 0, "--probe-s {} must be positive", o.probe_s);
   if (o.hosts.empty()) {

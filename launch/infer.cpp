@@ -44,6 +44,7 @@ Config config_for(const std::string& from, const std::string& config, std::vecto
 EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
   std::vector<std::string> sets = opt.sets;
   sets.insert(sets.end(), {"init.from=" + opt.from, "export.final=", "log.dir=", "log.trace=false",
+                           "log.trace_steps=", "log.tensorboard=false", "log.grad_norms=false",
                            // eval reads init.from only: a config's checkpointing would load or save
                            "checkpoint.resume=none", "checkpoint.every=0", "checkpoint.dir="});
   if (opt.threads >= 0) sets.push_back(fmt::format("train.threads={}", opt.threads));

@@ -55,11 +55,11 @@ std::vector<std::string> args_expand_sections(int argc, char** argv) {
       continue;
     if (a.find('=') != std::string::npos) {
       out[i] = a.substr(2);
-    } else if (i + 1 < out.size()) {
+    } else if (i + 1 < out.size() && out[i + 1].rfind("--", 0) != 0) {
       out[i] = name + "=" + out[i + 1];
       out.erase(out.begin() + long(i) + 1);
     } else {
-      continue;  // no value: the parser says so
+      out[i] = name + "=true";  // a bare flag, as torchtitan's booleans are given
     }
     out.insert(out.begin() + long(i), "--set");
     ++i;

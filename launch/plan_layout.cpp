@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 
 #include "runtime/error.h"
 
@@ -69,6 +70,7 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
     bool runnable = false, placed = false;
     std::string refusal;
     LayoutChoice choice;
+    std::exception_ptr error;  // raised inside the parallel loop, rethrown after it
   };
   std::vector<Verdict> verdicts(all.size());
   const bool progress = ::isatty(2) && all.size() > 200;
@@ -93,17 +95,27 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
         continue;
       }
       d.runnable = true;
-      const StepPrediction pred = step_predict(c, cl);
-      if (pred.fits) {
-        d.choice = {c, pred};
-        d.placed = true;
+      try {  // an exception must not leave an OpenMP region
+        const StepPrediction pred = step_predict(c, cl);
+        if (pred.fits) {
+          d.choice = {c, pred};
+          d.placed = true;
+          break;
+        }
+      } catch (...) {
+        d.error = std::current_exception();
         break;
       }
     }
     const size_t n = ++done;
-    if (progress && n % 100 == 0) fmt::print(stderr, "\rlayouts: {} of {} judged", n, all.size());
+    if (progress && n % 100 == 0) {
+#pragma omp critical(layout_progress)
+      fmt::print(stderr, "\rlayouts: {} of {} judged", n, all.size());
+    }
   }
   if (progress) fmt::print(stderr, "\r{:40}\r", "");
+  for (Verdict& d : verdicts)
+    if (d.error) std::rethrow_exception(d.error);  // the first in order: the same on any thread count
   for (Verdict& d : verdicts) {
     ++out.tried;
     if (d.placed) {

@@ -165,6 +165,7 @@ RunRecord report_read(const std::string& dir) {
   std::ifstream in(dir + "/metrics.jsonl");
   LOOM_CHECK(in, "'{}' has no metrics.jsonl; give loom report the log.dir of a run", dir);
   std::string line;
+  bool fresh_run = false;
   for (int n = 1; std::getline(in, line); ++n) {
     nlohmann::json j;
     try {
@@ -173,8 +174,17 @@ RunRecord report_read(const std::string& dir) {
       continue;  // a line cut by a kill: the runs before and after it still read
     }
     if (j.contains("split_ms")) r.split = j;
+    if (j.contains("run")) {  // a new run: from its first step on, the earlier run's steps are replaced
+      fresh_run = true;
+      continue;
+    }
     if (!j.contains("step") || !j["step"].is_number_integer()) continue;
     const int64_t step = j["step"].get<int64_t>();
+    if (fresh_run) {  // a rerun from step 1 replaces everything; a resume from step k keeps 1..k-1
+      r.steps.erase(r.steps.lower_bound(step), r.steps.end());
+      r.val.erase(r.val.lower_bound(step), r.val.end());
+      fresh_run = false;
+    }
     if (j.contains("loss")) r.steps[step] = j;
     if (j.contains("val_loss") && j["val_loss"].is_number()) r.val[step] = j["val_loss"].get<double>();
   }

@@ -571,7 +571,11 @@ TrainResult Trainer::finish() {
       if (p.lead) {
         std::vector<std::string> parts;
         for (int r = 0; r < world; ++r) parts.push_back(part(r));
-        trace_merge(parts, p.cfg.log.dir + "/trace.json");
+        try {  // the run has trained: a log.dir that is not shared costs only the merged file
+          trace_merge(parts, p.cfg.log.dir + "/trace.json");
+        } catch (const Error& e) {
+          if (!p.opt.quiet) spdlog::warn("traces not merged: {}", e.what());
+        }
       }
     }
     p.info("wrote {}/trace.json ({} events on rank 0{}; open it in Perfetto)", p.cfg.log.dir, p.trace.size(),

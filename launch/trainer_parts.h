@@ -86,7 +86,10 @@ struct Trainer::Parts {
         trace(c.log.trace || !c.log.trace_steps.empty(), o.world_rank),
         guard(c.fault),
         straggle(o.world_size) {
-    if (!c.log.trace_steps.empty()) std::tie(trace_from, trace_to) = trace_steps_parse(c.log.trace_steps);
+    if (!c.log.trace_steps.empty()) {
+      std::tie(trace_from, trace_to) = trace_steps_parse(c.log.trace_steps);
+      trace.record(false);  // the set-up is not one of the steps asked for
+    }
   }
   ~Parts() {
     ckpt.reset();  // a write in flight finishes first (it reads nothing of the buffers below)

@@ -272,9 +272,12 @@ void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<S
   meta["format"] = "pt";
   safetensors_write(dir + "/model.safetensors", tensors, meta);
   if (cfg.data.tokenizer == "gpt2")  // what transformers' GPT2Tokenizer reads
-    for (const char* f : {"vocab.json", "merges.txt"})
+    for (const char* f : {"vocab.json", "merges.txt"}) {
+      std::error_code ec;
+      if (std::filesystem::equivalent(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f, ec)) continue;
       std::filesystem::copy_file(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f,
                                  std::filesystem::copy_options::overwrite_existing);
+    }
   const std::string path = dir + "/config.json";
   file_write_atomic(path, [&](std::FILE* f) { file_write(f, config.data(), config.size(), path); });
 }

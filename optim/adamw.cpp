@@ -80,9 +80,9 @@ double lr_at(const TrainConfig& t, int64_t step) {
   // wsd: warmup, stable, then linear decay over the last decay_frac of all steps, reaching
   // min_lr at the last step (0-based steps - 1).
   const int64_t decay = std::max<int64_t>(1, int64_t(std::llround(double(t.steps) * t.decay_frac)));
-  const int64_t decay_start = t.steps - decay;
+  const int64_t decay_start = std::max<int64_t>(t.steps - decay, t.warmup_steps);  // never inside warmup
   if (step < decay_start) return t.lr;
-  const double frac = std::min(1.0, double(step - decay_start + 1) / double(decay));
+  const double frac = std::min(1.0, double(step - decay_start + 1) / double(t.steps - decay_start));
   return t.lr - (t.lr - t.min_lr) * frac;
 }
 

@@ -18,6 +18,10 @@ class Gpt2Bpe {
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   size_t vocab_size() const { return vocab_.size(); }
+  int32_t id_of(const std::string& token) const {  // -1 where the vocabulary lacks it
+    auto it = vocab_.find(token);
+    return it == vocab_.end() ? -1 : it->second;
+  }
 
  private:
   void encode_word(const std::string& word, std::vector<int32_t>& out) const;

@@ -46,6 +46,11 @@ TEST(CliDayOne, SectionKeyFormsAreSet) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(slurp(dir + "/metrics.jsonl"), "\"loss\":"), 3);
   expect_one_line_error(tiny() + "--train.stepz=3", "did you mean 'train.steps'");
+  // A bare flag is a boolean set true, not a swallowed next option.
+  const std::string flag = fresh("dotted_flag");
+  CliRun f = loom_run(tiny() + "--log.tensorboard --train.steps=2 --log.dir " + flag);
+  ASSERT_EQ(f.status, 0) << f.output;
+  EXPECT_NE(f.output.find("TensorBoard: tensorboard --logdir"), std::string::npos) << f.output;
   expect_one_line_error(tiny() + "--frobnicate.x=1", "frobnicate.x");  // not a section: the parser's error
 }
 
@@ -99,7 +104,8 @@ TEST(CliDayOne, BenchTrainSavesNothing) {
   std::string args = tiny();
   args.replace(0, 5, "bench train");
   CliRun r = loom_run(args + "--set train.steps=3 --set log.dir=" + dir + " --set checkpoint.dir=" + ck +
-                      " --set checkpoint.every=1 --set export.final=" + out + " --set log.trace=true");
+                      " --set checkpoint.every=1 --set export.final=" + out +
+                      " --set log.trace=true --set log.tensorboard=true --set log.trace_steps=1:2");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir)) << r.output;
@@ -193,16 +199,23 @@ TEST(CliDayOne, DataTakesFilesDirectoriesDocumentsAndASplit) {
   std::ofstream(dir + "/a.txt") << "hello hello";
   std::ofstream(dir + "/more/b.txt") << "hel";
   std::ofstream(tmp("day1_c.txt")) << "hello";
-  std::ofstream(tmp("day1_vocab.json"))
-      << R"({"h":0,"e":1,"l":2,"o":3,"\u0120":4,"he":5,"hel":6,"hell":7,"hello":8,"\u0120hello":9})";
+  std::ofstream(tmp("day1_vocab.json")) << R"({"h":0,"e":1,"l":2,"o":3,"\u0120":4,"he":5,"hel":6,"hell":7,"hello":8,)"
+                                        << R"("\u0120hello":9,"<|endoftext|>":10})";
   std::ofstream(tmp("day1_merges.txt")) << "#version: 0.2\nh e\nhe l\nhel l\nhell o\n\u0120 hello\n";
   const std::string out = tmp("day1_data.bin");
   CliRun r = loom_run("data " + dir + " " + tmp("day1_c.txt") + " " + out + " --tokenizer gpt2 --vocab " +
                       tmp("day1_vocab.json") + " --merges " + tmp("day1_merges.txt") + " --val-fraction 0.3");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("from 3 documents"), std::string::npos) << r.output;
-  EXPECT_EQ(loom::shard_read(out, 65536), (std::vector<int32_t>{50256, 8, 9, 50256, 6}));          // a.txt, more/b.txt
-  EXPECT_EQ(loom::shard_read(tmp("day1_data_val.bin"), 65536), (std::vector<int32_t>{50256, 8}));  // c.txt
+  EXPECT_EQ(loom::shard_read(out, 65536), (std::vector<int32_t>{10, 8, 9, 10, 6}));             // a.txt, more/b.txt
+  EXPECT_EQ(loom::shard_read(tmp("day1_data_val.bin"), 65536), (std::vector<int32_t>{10, 8}));  // c.txt
+  // Written into an input directory, the shards are not read back as documents next time.
+  for (int run = 0; run < 2; ++run) {
+    CliRun again = loom_run("data " + dir + " " + dir + "/out.bin --tokenizer gpt2 --vocab " + tmp("day1_vocab.json") +
+                            " --merges " + tmp("day1_merges.txt"));
+    ASSERT_EQ(again.status, 0) << again.output;
+    EXPECT_NE(again.output.find("from 2 documents"), std::string::npos) << again.output;
+  }
   // Bytes: no end-of-text token; one document splits by tokens.
   ASSERT_EQ(loom_run("data " + tmp("day1_c.txt") + " " + out + " --val-fraction 0.4").status, 0);
   EXPECT_EQ(loom::shard_read(out, 256), (std::vector<int32_t>{'h', 'e', 'l'}));
@@ -241,10 +254,12 @@ TEST(CliDayOne, TextChunksPretokenizeLikeTheWhole) {
 // OpenMP threads wait without spinning unless the user says otherwise: loom runs itself again
 // with OMP_WAIT_POLICY=passive before the OpenMP runtime reads it.
 TEST(CliDayOne, ThreadsWaitPassivelyUnlessTold) {
-  CliRun plain = loom_run("info");
+  // OMP_DISPLAY_ENV: the OpenMP runtime prints the policy it read when it loaded.
+  CliRun plain = loom_run("info", "OMP_DISPLAY_ENV=true");
+  EXPECT_NE(plain.output.find("OMP_WAIT_POLICY = 'PASSIVE'"), std::string::npos) << plain.output;
   EXPECT_NE(plain.output.find("wait policy passive)"), std::string::npos) << plain.output;
-  CliRun told = loom_run("info", "OMP_WAIT_POLICY=active");
-  EXPECT_NE(told.output.find("wait policy active)"), std::string::npos) << told.output;
+  CliRun told = loom_run("info", "OMP_DISPLAY_ENV=true OMP_WAIT_POLICY=active");
+  EXPECT_NE(told.output.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << told.output;
 }
 
 // An export records the tokenizer the data was made with, and generate uses it without being

@@ -332,6 +332,10 @@ TEST(Optim, Schedules) {
   EXPECT_DOUBLE_EQ(lr_at(t, 54), 1.0);
   EXPECT_NEAR(lr_at(t, 55), 1.0 - 0.9 / 55.0, 1e-12);
   EXPECT_DOUBLE_EQ(lr_at(t, 109), 0.1);
+  t.steps = 20, t.warmup_steps = 10, t.decay_frac = 0.8;  // the decay waits for the warmup to end
+  EXPECT_DOUBLE_EQ(lr_at(t, 9), 1.0);
+  EXPECT_NEAR(lr_at(t, 10), 1.0 - 0.9 / 10.0, 1e-12);
+  EXPECT_DOUBLE_EQ(lr_at(t, 19), 0.1);
   t.steps = 3, t.warmup_steps = 0, t.decay_frac = 0.01;  // at least one step decays
   EXPECT_DOUBLE_EQ(lr_at(t, 1), 1.0);
   EXPECT_DOUBLE_EQ(lr_at(t, 2), 0.1);
