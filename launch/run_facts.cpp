@@ -17,18 +17,13 @@ namespace loom {
 void Trainer::Parts::facts_write() const {
   if (!lead || cfg.log.dir.empty()) return;
   std::filesystem::create_directories(cfg.log.dir);
-  char host[128] = {0};
-  ::gethostname(host, sizeof host - 1);
-  const std::time_t now = std::time(nullptr);
-  char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   double load[3] = {0, 0, 0};
   if (::getloadavg(load, 3) < 0) load[0] = load[1] = load[2] = -1;
   const nlohmann::json facts = {
       {"command", opt.command},
-      {"started", when},
+      {"started", utc_now_text()},
       {"loom", {{"version", LOOM_VERSION}, {"build", LOOM_BUILD_TYPE}, {"binary_xxh64", binary_digest()}}},
-      {"host", {{"name", host}, {"cores", omp_get_num_procs()}, {"load_avg", {load[0], load[1], load[2]}}}},
+      {"host", {{"name", host_name()}, {"cores", omp_get_num_procs()}, {"load_avg", {load[0], load[1], load[2]}}}},
       {"world", mesh->world()},
       {"layout",
        {{"dp", cfg.parallel.dp},

@@ -144,18 +144,26 @@ DirLock::DirLock(const std::string& dir, const std::string& key, const std::stri
                key, dir, who, does, key);
     fail_io("cannot lock '{}': {}", path, std::strerror(err));
   }
-  char host[128] = {0};
-  ::gethostname(host, sizeof host - 1);
-  const std::time_t now = std::time(nullptr);
-  char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  const std::string me = fmt::format("pid {} on {}, since {}\n", ::getpid(), host, when);
+  const std::string me = fmt::format("pid {} on {}, since {}\n", ::getpid(), host_name(), utc_now_text());
   // The holder's description is a courtesy (the lock is what counts): a failed write is let be.
   if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
 }
 
 DirLock::~DirLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+std::string host_name() {
+  char host[128] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+std::string utc_now_text() {
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return when;
 }
 
 std::string binary_digest() {

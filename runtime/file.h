@@ -26,6 +26,10 @@ void event_append(const std::string& dir, const std::string& event, const std::s
 // xxh64 of this process's executable file, as 16 hex digits ("" where it cannot be read): ranks
 // that must run the same binary compare it.
 std::string binary_digest();
+// This machine's name, and the time now as UTC "YYYY-MM-DDTHH:MM:SSZ": what run headers, run
+// facts and lock holders say of themselves.
+std::string host_name();
+std::string utc_now_text();
 
 // An exclusive lock on DIR/NAME (flock), held while the object lives and released by the
 // kernel when the process ends however it ends. Taken by a job that saves into and prunes a

@@ -26,10 +26,7 @@ void MetricsWriter::line(const std::string& text) {
       while (std::getline(in, l)) run += l.rfind("{\"run\":", 0) == 0;
     }
     out_ = DurableAppend(path_, "a");
-    const std::time_t now = std::time(nullptr);
-    char when[32];
-    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    out_.line(fmt::format("{{\"run\":{},\"started\":\"{}\",\"ranks\":{}}}", run, when, ranks_));
+    out_.line(fmt::format("{{\"run\":{},\"started\":\"{}\",\"ranks\":{}}}", run, utc_now_text(), ranks_));
   }
   out_.line(text);
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "runtime/error.h"
+#include "runtime/file.h"
 #include "runtime/tb/event.pb.h"
 
 namespace loom {
@@ -44,9 +45,7 @@ uint32_t crc32c_masked(const void* data, size_t n) {
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   std::filesystem::create_directories(dir);
-  char host[128] = {0};
-  ::gethostname(host, sizeof host - 1);
-  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}", dir, int64_t(now_unix()), host, ::getpid());
+  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}", dir, int64_t(now_unix()), host_name(), ::getpid());
   f_ = std::fopen(path_.c_str(), "wb");
   if (!f_) fail_io("cannot create the TensorBoard file '{}': {}", path_, std::strerror(errno));
   tb::Event e;
