@@ -156,8 +156,10 @@ void data_run(const DataOptions& opt) {
       train.resize(train.size() - nval);
     }
   }
-  shard_write(opt.output, train);
-  if (!val.empty()) shard_write(val_path_of(opt.output), val);
+  // llm.c's GPT-2 format (uint16) where every id of the vocabulary fits, else LLaMA-3's (uint32).
+  const int width = bpe && bpe->vocab_size() > 65536 ? 4 : 2;
+  shard_write(opt.output, train, width);
+  if (!val.empty()) shard_write(val_path_of(opt.output), val, width);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("wrote {} tokens to {}{} from {} document{} ({:.1f} MB) in {:.2f} s: {:.1f} MB/s on {} thread{}{}\n",
              train.size(), opt.output,

@@ -434,6 +434,10 @@ StepMetrics Trainer::step(int64_t step) {
   m.loss = loss_sum / double(p.tokens_per_step);
   m.grad_norm = p.dpar->grad_norm();
   p.moe_metrics(m);
+  if (p.data.train->sources().size() > 1) {
+    const std::vector<int64_t> n = step_source_tokens(*p.data.train, p.cfg, step);
+    for (size_t j = 0; j < n.size(); ++j) m.source_tokens.push_back({p.data.train->sources()[j].name, n[j]});
+  }
   m.compute_ms = t.of(Phase::compute);
   m.comm_exposed_ms = t.of(Phase::comm);
   m.bubble_ms = t.of(Phase::bubble);
@@ -472,11 +476,11 @@ double Trainer::validate(int64_t batches) {
       const int pp = p.cfg.parallel.pp, s = p.mesh->coord().pp;
       p.pipe->run(
           pipeline_forward_ops(pp, p.cfg.parallel.pp_virtual, s, p.cfg.accum_steps()),
-          [&](int micro) { return p.stage(*p.data.val, vb, micro, false); }, 0.0f);
+          [&](int micro) { return p.stage(*p.data.val, vb, micro); }, 0.0f);
       continue;
     }
     for (int micro = 0; micro < p.cfg.accum_steps(); ++micro)
-      p.chunk->forward(p.stage(*p.data.val, vb, micro, false), 0.0f, *p.dpar);
+      p.chunk->forward(p.stage(*p.data.val, vb, micro), 0.0f, *p.dpar);
   }
   return p.loss_take() / (double(batches) * double(p.tokens_per_step));
 }

@@ -62,7 +62,7 @@ void Trainer::Parts::micro_batches(int64_t step, bool reduce, bool poison) {
   auto inputs = [&](int micro) {
     auto s = trace.scope("data", Trace::host);
     StepClock::Scope c(clock.get(), Phase::data);
-    return stage(*data.train, step, micro, cfg.data.shuffle);
+    return stage(*data.train, step, micro);
   };
   if (pipe) {
     faults->at(step + 1, "forward");  // (a pipeline stage's phases interleave: both fire first)

@@ -129,8 +129,8 @@ struct Trainer::Parts {
     if (!opt.quiet && lead) spdlog::info(f, std::forward<A>(a)...);
   }
   // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
-  Inputs stage(const TokenStream& s, int64_t step, int micro, bool shuffle) {
-    batch_read(s, cfg, step, dp().rank(), micro, inputs.data(), targets.data(), shuffle);
+  Inputs stage(const Sequences& s, int64_t step, int micro) {
+    batch_read(s, cfg, step, dp().rank(), micro, inputs.data(), targets.data());
     return backend->stage_inputs(inputs.data(), targets.data(), int(inputs.size()), chunk->vocab_lo(),
                                  chunk->vocab_rows());
   }
@@ -166,7 +166,7 @@ struct Trainer::Parts {
   }
   // Whole validation batches in the data (0: none).
   int64_t val_available() const {
-    return data.val ? num_sequences(*data.val, cfg.model.seq_len) / cfg.train.global_batch : 0;
+    return data.val ? data.val->epoch_sequences() / cfg.train.global_batch : 0;
   }
   void startup_log();
   void facts_write() const;  // config.toml and run.json into log.dir (rank 0)

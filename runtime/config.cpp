@@ -14,7 +14,7 @@
 namespace loom {
 namespace {
 
-using FieldPtr = std::variant<int*, int64_t*, double*, bool*, std::string*>;
+using FieldPtr = std::variant<int*, int64_t*, double*, bool*, std::string*, std::vector<DataSource>*>;
 struct Field {
   std::string key;
   FieldPtr ptr;
@@ -67,6 +67,8 @@ std::vector<Field> fields_of(Config& c) {
       {"train.threads", &t.threads, "threads per rank (0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores / ranks)"},
       {"data.source", &d.source, "synthetic | text | tokens"},
       {"data.path", &d.path, "a text file, or llm.c token shards (a file or a directory)"},
+      {"data.sources", &d.sources,
+       "a mixture in place of data.path: [[data.sources]] tables with path and weight (blended per sequence)"},
       {"data.val_path", &d.val_path, "validation data (empty: the last 10% of data.path)"},
       {"data.val_every", &d.val_every, "validate every N steps (0: only at the end)"},
       {"data.val_batches", &d.val_batches, "global batches per validation (0: none)"},
@@ -230,6 +232,7 @@ const char* short_type(const FieldPtr& p) {
         if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) return "int";
         if constexpr (std::is_same_v<T, double>) return "float";
         if constexpr (std::is_same_v<T, bool>) return "bool";
+        if constexpr (std::is_same_v<T, std::vector<DataSource>>) return "tables";
         return "string";
       },
       p);
@@ -242,9 +245,39 @@ const char* type_name(const FieldPtr& p) {
         if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) return "an integer";
         if constexpr (std::is_same_v<T, double>) return "a number";
         if constexpr (std::is_same_v<T, bool>) return "true or false";
+        if constexpr (std::is_same_v<T, std::vector<DataSource>>)
+          return "an array of tables with path and weight ([[data.sources]])";
         return "a string";
       },
       p);
+}
+
+// [[data.sources]]: each table exactly {path = "...", weight = number}.
+std::vector<DataSource> sources_from_node(const toml::node& node, const std::string& key, const std::string& origin) {
+  const toml::array* arr = node.as_array();
+  LOOM_CHECK(arr, "{}: {} must be an array of tables ([[data.sources]] with path and weight)", origin, key);
+  std::vector<DataSource> out;
+  for (const toml::node& el : *arr) {
+    const toml::table* t = el.as_table();
+    LOOM_CHECK(t, "{}: each entry of {} must be a table with path and weight", origin, key);
+    DataSource s;
+    bool has_path = false;
+    for (auto&& [k, v] : *t) {
+      if (k.str() == "path" && v.is_string()) {
+        s.path = *v.value<std::string>();
+        has_path = true;
+      } else if (k.str() == "weight" && v.is_number()) {
+        s.weight = *v.value<double>();
+      } else {
+        fail("{}: {} entry {}: '{}' is not a source's key or has the wrong type; a source is path = \"...\" and "
+             "weight = a number",
+             origin, key, out.size() + 1, std::string(k.str()));
+      }
+    }
+    LOOM_CHECK(has_path, "{}: {} entry {} has no path", origin, key, out.size() + 1);
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 void set_from_node(Field& f, const toml::node& node, const std::string& origin) {
@@ -271,6 +304,8 @@ void set_from_node(Field& f, const toml::node& node, const std::string& origin) 
         } else if constexpr (std::is_same_v<T, bool>) {
           if (!node.is_boolean()) wrong();
           *v = *node.value<bool>();
+        } else if constexpr (std::is_same_v<T, std::vector<DataSource>>) {
+          *v = sources_from_node(node, f.key, origin);
         } else {
           if (!node.is_string()) wrong();
           *v = *node.value<std::string>();
@@ -307,6 +342,14 @@ std::vector<std::string> config_keys() {
 }
 
 namespace {
+std::string toml_quote(const std::string& v) {
+  std::string out = "\"";
+  for (char ch : v) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
 // A value as TOML writes it: numbers in their shortest round-trip form (0.003, not
 // 0.0030000000000000001), strings quoted and escaped.
 std::string toml_value(const FieldPtr& p) {
@@ -320,12 +363,15 @@ std::string toml_value(const FieldPtr& p) {
           if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // a float stays a float
           return s;
         } else if constexpr (std::is_same_v<T, std::string>) {
-          std::string out = "\"";
-          for (char ch : *v) {
-            if (ch == '"' || ch == '\\') out += '\\';
-            out += ch;
+          return toml_quote(*v);
+        } else if constexpr (std::is_same_v<T, std::vector<DataSource>>) {
+          std::string out;
+          for (const DataSource& s : *v) {
+            std::string w = fmt::format("{}", s.weight);
+            if (w.find_first_of(".eEn") == std::string::npos) w += ".0";
+            out += fmt::format("{}{{path = {}, weight = {}}}", out.empty() ? "" : ", ", toml_quote(s.path), w);
           }
-          return out + "\"";
+          return "[" + out + "]";
         } else {
           return std::to_string(*v);
         }
@@ -388,6 +434,14 @@ void config_set(Config& cfg, const std::string& assignment) {
         } else if constexpr (std::is_same_v<T, bool>) {
           if (value != "true" && value != "false") wrong();
           *v = value == "true";
+        } else if constexpr (std::is_same_v<T, std::vector<DataSource>>) {
+          toml::table t;
+          try {
+            t = toml::parse("v = " + value, "--set " + key);
+          } catch (const toml::parse_error&) {
+            wrong();
+          }
+          *v = sources_from_node(*t.get("v"), key, "--set");
         } else {
           std::string s = value;
           if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front())

@@ -57,9 +57,17 @@ struct TrainConfig {
   int threads = 0;  // 0: OMP_NUM_THREADS if set, else the node's cores shared among its ranks
 };
 
+// One source of a mixture: its data (as data.path) and its share of the sequences.
+struct DataSource {
+  std::string path;
+  double weight = 1.0;
+  bool operator==(const DataSource& o) const { return path == o.path && weight == o.weight; }
+};
+
 struct DataConfig {
   std::string source = "synthetic";  // synthetic | text | tokens
   std::string path;
+  std::vector<DataSource> sources;  // [[data.sources]]: a weighted mixture in place of path
   std::string val_path;
   int val_every = 100;  // 0: only at the end
   int val_batches = 4;

@@ -3,6 +3,7 @@
 // a form of their own (parallel.pp_layers, the fault.* drills).
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -133,7 +134,26 @@ void config_validate(Config& cfg) {
 
   auto& d = cfg.data;
   check_one_of("data.source", d.source, {"synthetic", "text", "tokens"});
-  if (d.source != "synthetic") LOOM_CHECK(!d.path.empty(), "data.source = \"{}\" needs data.path", d.source);
+  if (d.source != "synthetic")
+    LOOM_CHECK(!d.path.empty() || !d.sources.empty(), "data.source = \"{}\" needs data.path (or [[data.sources]])",
+               d.source);
+  if (!d.sources.empty()) {
+    LOOM_CHECK(d.source != "synthetic",
+               "[[data.sources]] is a mixture of files; set data.source = \"tokens\" (or \"text\") for them");
+    LOOM_CHECK(d.path.empty(),
+               "data.path = '{}' and [[data.sources]] are both set; a run reads one or the other (put the path in a "
+               "source of its own)",
+               d.path);
+    double sum = 0;
+    for (size_t i = 0; i < d.sources.size(); ++i) {
+      const DataSource& s = d.sources[i];
+      LOOM_CHECK(!s.path.empty(), "data.sources entry {} has an empty path", i + 1);
+      LOOM_CHECK(s.weight >= 0 && std::isfinite(s.weight),
+                 "data.sources entry {} ('{}') has weight {}; weights are shares, >= 0", i + 1, s.path, s.weight);
+      sum += s.weight;
+    }
+    LOOM_CHECK(sum > 0, "the weights of [[data.sources]] sum to {}; give at least one source a positive weight", sum);
+  }
   if (!d.tokenizer.empty()) check_one_of("data.tokenizer", d.tokenizer, {"byte", "gpt2"});
   LOOM_CHECK(d.source != "text" || d.tokenizer != "gpt2",
              "data.tokenizer = \"gpt2\" with data.source = \"text\", which reads bytes; tokenize with `loom data "

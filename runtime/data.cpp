@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "runtime/error.h"
 #include "runtime/file.h"
@@ -104,85 +105,105 @@ void MemoryStream::read(int64_t start, int64_t count, int32_t* out) const {
   std::copy_n(tokens_->data() + begin_ + start, count, out);
 }
 
-std::vector<int32_t> shard_read(const std::string& path, int vocab_size) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK(in, "cannot open token shard '{}'; check data.path (make shards with `loom data`)", path);
-  int32_t header[256] = {};
-  in.read(reinterpret_cast<char*>(header), sizeof(header));
-  LOOM_CHECK(in.gcount() == sizeof(header), "token shard '{}' is shorter than its 1024-byte header", path);
-  LOOM_CHECK(header[0] == kShardMagic,
-             "'{}' is not an llm.c token shard: magic {} where {} was expected; make shards with `loom data`", path,
-             header[0], kShardMagic);
-  LOOM_CHECK(header[1] == 1, "token shard '{}' has version {}; loom reads version 1 (uint16 tokens)", path, header[1]);
-  const int64_t count = header[2];
-  LOOM_CHECK(count >= 0, "token shard '{}' has a negative token count {}", path, count);
-  // Checked against the file before anything is allocated for it.
-  const int64_t body = int64_t(std::filesystem::file_size(path)) - int64_t(sizeof(header));
-  LOOM_CHECK(count * 2 <= body,
-             "token shard '{}' is truncated: its header says {} tokens ({} bytes) but the body has {} bytes", path,
-             count, count * 2, body);
-  std::vector<uint16_t> raw(static_cast<size_t>(count));
-  in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(count * 2));
-  LOOM_CHECK(in.gcount() == count * 2,
-             "token shard '{}' is truncated: its header says {} tokens ({} bytes) but the body has {} bytes", path,
-             count, count * 2, int64_t(in.gcount()));
-  std::vector<int32_t> tokens(raw.begin(), raw.end());
-  for (size_t i = 0; i < tokens.size(); ++i)
-    LOOM_CHECK(tokens[i] < vocab_size,
-               "token shard '{}' holds token id {} at position {}, but model.vocab_size is {}; raise "
-               "model.vocab_size or re-tokenize",
-               path, tokens[i], i, vocab_size);
-  return tokens;
+void SliceStream::read(int64_t start, int64_t count, int32_t* out) const {
+  LOOM_ASSERT(start >= 0 && start + count <= num_tokens());
+  s_->read(begin_ + start, count, out);
 }
 
-void shard_write(const std::string& path, const std::vector<int32_t>& tokens) {
-  LOOM_CHECK(tokens.size() < (size_t(1) << 31), "a shard holds fewer than 2^31 tokens; split the input");
-  int32_t header[256] = {};
-  header[0] = kShardMagic;
-  header[1] = 1;
-  header[2] = int32_t(tokens.size());
-  std::vector<uint16_t> raw(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    LOOM_CHECK(tokens[i] >= 0 && tokens[i] < 65536, "token id {} does not fit a uint16 shard", tokens[i]);
-    raw[i] = uint16_t(tokens[i]);
+Sequences::Sequences(std::vector<Source> sources, int T, uint64_t seed, bool shuffle)
+    : src_(std::move(sources)), T_(T), seed_(seed), shuffle_(shuffle) {
+  LOOM_CHECK(!src_.empty(), "no data sources");
+  double sum = 0;
+  for (const Source& s : src_) {
+    nseq_.push_back(num_sequences(*s.stream, T));
+    LOOM_CHECK(nseq_.back() > 0, "data '{}' has {} tokens, fewer than model.seq_len + 1 = {}", s.name,
+               s.stream->num_tokens(), T + 1);
+    LOOM_CHECK(s.weight >= 0, "data source '{}' has a negative weight {}", s.name, s.weight);
+    sum += s.weight;
   }
-  file_write_atomic(path, [&](std::FILE* f) {
-    file_write(f, header, sizeof(header), path);
-    file_write(f, raw.data(), raw.size() * 2, path);
-  });
+  LOOM_CHECK(sum > 0, "the weights of the data sources sum to {}; give one a positive weight", sum);
+  if (src_.size() == 1) {
+    slots_ = {1};
+  } else {
+    // Slots in proportion to the weights, by largest remainder; a positive weight gets one at least.
+    block_ = kSlots;
+    std::vector<double> exact;
+    int64_t given = 0;
+    for (const Source& s : src_) {
+      exact.push_back(s.weight / sum * double(kSlots));
+      slots_.push_back(int64_t(std::floor(exact.back())));
+      given += slots_.back();
+    }
+    std::vector<size_t> order(src_.size());
+    for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return exact[a] - double(slots_[a]) > exact[b] - double(slots_[b]);
+    });
+    for (size_t i = 0; given < kSlots; ++i, ++given) ++slots_[order[i % order.size()]];
+    for (size_t j = 0; j < src_.size(); ++j)
+      if (src_[j].weight > 0 && slots_[j] == 0) {
+        ++slots_[j];
+        --*std::max_element(slots_.begin(), slots_.end());
+      }
+  }
+  // The block's positions walk its slots by a golden-ratio stride (coprime to kSlots), which
+  // spreads each source's run of slots evenly: any few consecutive sequences hold each source
+  // close to its share. Each position's source, and its rank among that source's positions.
+  std::vector<int64_t> begin, seen(src_.size(), 0);
+  int64_t at = 0;
+  for (int64_t n : slots_) begin.push_back(std::exchange(at, at + n));
+  for (int64_t p = 0; p < block_; ++p) {
+    const int64_t slot = p * 6181 % block_;
+    const int j = int(std::upper_bound(begin.begin(), begin.end(), slot) - begin.begin()) - 1;
+    source_.push_back(j);
+    rank_.push_back(seen[size_t(j)]++);
+  }
+}
+
+std::pair<int, int64_t> Sequences::locate(int64_t g) const {
+  const int64_t blk = g / block_, p = g % block_;
+  const int j = source_[size_t(p)];
+  return {j, blk * slots_[size_t(j)] + rank_[size_t(p)]};
+}
+
+void Sequences::read(int64_t g, int32_t* out) const {
+  const auto [j, i] = locate(g);
+  const int64_t n = nseq_[size_t(j)];
+  int64_t k = i % n;
+  // Source 0's key is the one-stream key of earlier versions: their runs read the same order.
+  if (shuffle_) k = sequence_permute(k, n, hash3(seed_, uint64_t(i / n), 0x5f1e + uint64_t(j)));
+  src_[size_t(j)].stream->read(k * T_, T_ + 1, out);
+}
+
+int64_t Sequences::epoch_sequences() const {
+  int64_t best = INT64_MAX;
+  for (size_t j = 0; j < src_.size(); ++j) {
+    if (slots_[j] == 0) continue;
+    // Source j asks for its sequence nseq (its second epoch) at this block's position of that rank.
+    const int64_t blk = nseq_[j] / slots_[j], rank = nseq_[j] % slots_[j];
+    for (int64_t p = 0; p < block_; ++p)
+      if (size_t(source_[size_t(p)]) == j && rank_[size_t(p)] == rank) best = std::min(best, blk * block_ + p);
+  }
+  return best;
 }
 
 namespace {
 
-std::shared_ptr<std::vector<int32_t>> load_tokens(const Config& cfg, const std::string& path) {
-  namespace fs = std::filesystem;
-  LOOM_CHECK(fs::exists(path), "data file '{}' does not exist; check data.path / data.val_path", path);
-  auto out = std::make_shared<std::vector<int32_t>>();
+std::shared_ptr<const TokenStream> stream_open(const Config& cfg, const std::string& path) {
   if (cfg.data.source == "text") {
+    LOOM_CHECK(std::filesystem::exists(path), "data file '{}' does not exist; check data.path / data.val_path / "
+               "data.sources", path);
     LOOM_CHECK(cfg.model.vocab_size >= 256,
                "data.source = \"text\" uses byte tokens (0..255); set model.vocab_size >= 256 (it is {})",
                cfg.model.vocab_size);
     std::ifstream in(path, std::ios::binary);
     LOOM_CHECK(in, "cannot read text file '{}'", path);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    out->assign(bytes.size(), 0);
+    auto out = std::make_shared<std::vector<int32_t>>(bytes.size(), 0);
     for (size_t i = 0; i < bytes.size(); ++i) (*out)[i] = int32_t(uint8_t(bytes[i]));
-    return out;
+    return std::make_shared<MemoryStream>(out, 0, int64_t(out->size()));
   }
-  std::vector<std::string> files;
-  if (fs::is_directory(path)) {
-    for (auto& e : fs::directory_iterator(path))
-      if (e.path().extension() == ".bin") files.push_back(e.path().string());
-    std::sort(files.begin(), files.end());
-    LOOM_CHECK(!files.empty(), "directory '{}' holds no .bin token shards", path);
-  } else {
-    files.push_back(path);
-  }
-  for (auto& f : files) {
-    auto t = shard_read(f, cfg.model.vocab_size);
-    out->insert(out->end(), t.begin(), t.end());
-  }
-  return out;
+  return std::make_shared<ShardStream>(shard_files(path), cfg.model.vocab_size);
 }
 
 }  // namespace
@@ -190,44 +211,66 @@ std::shared_ptr<std::vector<int32_t>> load_tokens(const Config& cfg, const std::
 DataStreams data_open(const Config& cfg) {
   DataStreams d;
   const int T = cfg.model.seq_len;
+  const uint64_t seed = uint64_t(cfg.train.seed);
   if (cfg.data.source == "synthetic") {
-    auto train = std::make_unique<SyntheticStream>(cfg.model.vocab_size, 0x10003);
+    auto train = std::make_shared<SyntheticStream>(cfg.model.vocab_size, 0x10003);
     d.describe = fmt::format("synthetic corpus: unigram entropy {:.3f} nats, entropy rate {:.3f} nats",
                              train->unigram_entropy(), train->entropy_rate());
-    d.train = std::move(train);
+    d.train = std::make_unique<Sequences>(std::vector<Sequences::Source>{{train, 1.0, "synthetic"}}, T, seed,
+                                          cfg.data.shuffle);
     // The same chain, read from far beyond anything training reaches.
-    struct Offset : TokenStream {
-      SyntheticStream s;
-      int64_t at;
-      Offset(int V, int64_t a) : s(V, 0x10003), at(a) {}
-      int64_t num_tokens() const override { return int64_t(1) << 30; }
-      void read(int64_t st, int64_t c, int32_t* o) const override { s.read(at + st, c, o); }
-    };
-    d.val = std::make_unique<Offset>(cfg.model.vocab_size, int64_t(1) << 39);
+    auto val = std::make_shared<SliceStream>(train, int64_t(1) << 39, (int64_t(1) << 39) + (int64_t(1) << 30));
+    d.val = std::make_unique<Sequences>(std::vector<Sequences::Source>{{val, 1.0, "synthetic"}}, T, seed, false);
     return d;
   }
-  auto train = load_tokens(cfg, cfg.data.path);
-  const int64_t n = int64_t(train->size());
-  if (!cfg.data.val_path.empty()) {
-    auto val = load_tokens(cfg, cfg.data.val_path);
-    LOOM_CHECK(int64_t(val->size()) > T, "validation data '{}' has {} tokens, fewer than seq_len + 1 = {}",
-               cfg.data.val_path, val->size(), T + 1);
-    d.val = std::make_unique<MemoryStream>(val, 0, int64_t(val->size()));
-    d.train = std::make_unique<MemoryStream>(train, 0, n);
-  } else {
-    int64_t split = n - n / 10;
-    if (n - split > T)
-      d.val = std::make_unique<MemoryStream>(train, split, n);
-    else
-      split = n;  // too small to hold out a sequence: no validation
-    d.train = std::make_unique<MemoryStream>(train, 0, split);
+  std::vector<DataSource> given = cfg.data.sources;
+  if (given.empty()) given.push_back({cfg.data.path, 1.0});
+  std::vector<Sequences::Source> train, val;
+  bool every_tail = true;
+  for (const DataSource& s : given) {
+    auto all = stream_open(cfg, s.path);
+    const int64_t n = all->num_tokens();
+    int64_t split = n;
+    if (cfg.data.val_path.empty() && n / 10 > T) {
+      split = n - n / 10;
+      val.push_back({std::make_shared<SliceStream>(all, split, n), s.weight, s.path});
+    } else if (cfg.data.val_path.empty() && s.weight > 0) {
+      every_tail = false;  // too small to hold out a sequence
+    }
+    LOOM_CHECK(split > T,
+               "training data '{}' has {} tokens, fewer than model.seq_len + 1 = {}; use more data or a shorter "
+               "seq_len",
+               s.path, split, T + 1);
+    train.push_back({split == n ? all : std::make_shared<SliceStream>(all, 0, split), s.weight, s.path});
   }
-  LOOM_CHECK(d.train->num_tokens() > T,
-             "training data '{}' has {} tokens, fewer than model.seq_len + 1 = {}; use more data or a "
-             "shorter seq_len",
-             cfg.data.path, d.train->num_tokens(), T + 1);
-  d.describe = fmt::format("{} '{}': {} training tokens, {} validation tokens", cfg.data.source, cfg.data.path,
-                           d.train->num_tokens(), d.val ? d.val->num_tokens() : 0);
+  if (!cfg.data.val_path.empty()) {
+    auto v = stream_open(cfg, cfg.data.val_path);
+    LOOM_CHECK(v->num_tokens() > T, "validation data '{}' has {} tokens, fewer than seq_len + 1 = {}",
+               cfg.data.val_path, v->num_tokens(), T + 1);
+    d.val = std::make_unique<Sequences>(std::vector<Sequences::Source>{{v, 1.0, cfg.data.val_path}}, T, seed, false);
+  } else if (every_tail && !val.empty()) {
+    d.val = std::make_unique<Sequences>(std::move(val), T, seed, false);
+  }
+  d.train = std::make_unique<Sequences>(std::move(train), T, seed, cfg.data.shuffle);
+  const int64_t val_tokens = [&] {
+    int64_t t = 0;
+    if (d.val)
+      for (auto& s : d.val->sources()) t += s.stream->num_tokens();
+    return t;
+  }();
+  if (d.train->sources().size() == 1) {
+    d.describe = fmt::format("{} '{}': {} training tokens, {} validation tokens", cfg.data.source,
+                             d.train->sources()[0].name, d.train->sources()[0].stream->num_tokens(), val_tokens);
+  } else {
+    std::string parts;
+    for (size_t j = 0; j < d.train->sources().size(); ++j) {
+      const auto& s = d.train->sources()[j];
+      parts += fmt::format("{}'{}' {:.2f}% ({} tokens)", parts.empty() ? "" : ", ", s.name, 100 * d.train->share(j),
+                           s.stream->num_tokens());
+    }
+    d.describe = fmt::format("{} mixture of {} sources: {}; {} validation tokens", cfg.data.source,
+                             d.train->sources().size(), parts, val_tokens);
+  }
   return d;
 }
 
@@ -250,20 +293,31 @@ int64_t sequence_permute(int64_t k, int64_t n, uint64_t key) {
   return int64_t(x);
 }
 
-void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
-                int32_t* targets, bool shuffle) {
+void batch_read(const Sequences& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
+                int32_t* targets) {
   const int T = cfg.model.seq_len, B = cfg.train.micro_batch, G = cfg.train.global_batch;
   const int per_rank = G / cfg.parallel.dp;
-  const int64_t nseq = num_sequences(s, T);
   std::vector<int32_t> buf(size_t(T) + 1);
   for (int b = 0; b < B; ++b) {
-    const int64_t g = step * G + int64_t(rank) * per_rank + int64_t(micro) * B + b;
-    int64_t k = g % nseq;
-    if (shuffle) k = sequence_permute(k, nseq, hash3(uint64_t(cfg.train.seed), uint64_t(g / nseq), 0x5f1e));
-    s.read(k * T, T + 1, buf.data());
+    s.read(step * G + int64_t(rank) * per_rank + int64_t(micro) * B + b, buf.data());
     std::copy_n(buf.data(), T, inputs + int64_t(b) * T);
     std::copy_n(buf.data() + 1, T, targets + int64_t(b) * T);
   }
+}
+
+void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
+                int32_t* targets, bool shuffle) {
+  // The caller owns the stream: a shared_ptr that does not.
+  std::shared_ptr<const TokenStream> view(std::shared_ptr<const TokenStream>{}, &s);
+  const Sequences one({{view, 1.0, "stream"}}, cfg.model.seq_len, uint64_t(cfg.train.seed), shuffle);
+  batch_read(one, cfg, step, rank, micro, inputs, targets);
+}
+
+std::vector<int64_t> step_source_tokens(const Sequences& s, const Config& cfg, int64_t step) {
+  std::vector<int64_t> out(s.sources().size(), 0);
+  const int64_t G = cfg.train.global_batch;
+  for (int64_t g = step * G; g < step * G + G; ++g) out[size_t(s.source_of(g))] += cfg.model.seq_len;
+  return out;
 }
 
 }  // namespace loom

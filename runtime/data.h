@@ -1,7 +1,8 @@
 // Token streams and the layout-independent batch order of DESIGN 5: sequence k covers
 // tokens [k*T, k*T + T] (inputs the first T, targets the last T) and the global batch of
 // step s holds sequences s*G .. s*G+G-1, split over dp ranks, then micro-batches, in order.
-// Sources: a built-in synthetic corpus, a text file (byte tokens), or llm.c token shards.
+// Sources: a built-in synthetic corpus, a text file (byte tokens), llm.c token shards
+// (runtime/shards.h, mapped and read lazily), or a weighted mixture of files.
 // With data.shuffle, each epoch visits the sequences in a seeded order that is a pure
 // function of (seed, epoch): any step's batch is known without replaying the ones before.
 // Not here: tokenizers.
@@ -11,16 +12,10 @@
 #include <vector>
 
 #include "runtime/config.h"
+#include "runtime/shards.h"
+#include "runtime/token_stream.h"
 
 namespace loom {
-
-class TokenStream {
- public:
-  virtual ~TokenStream() = default;
-  virtual int64_t num_tokens() const = 0;
-  // Tokens [start, start + count) into out.
-  virtual void read(int64_t start, int64_t count, int32_t* out) const = 0;
-};
 
 // An order-1 Markov source over V tokens: each token has four successors drawn by a seeded
 // hash, taken with probabilities 0.55, 0.25, 0.10, 0.05, and any token uniformly with 0.05.
@@ -56,24 +51,74 @@ class MemoryStream : public TokenStream {
   int64_t begin_, end_;
 };
 
-// llm.c token shards: 256 int32 header (magic 20240520, version 1, token count), then
-// uint16 tokens. Every id is checked against vocab_size.
-std::vector<int32_t> shard_read(const std::string& path, int vocab_size);
-void shard_write(const std::string& path, const std::vector<int32_t>& tokens);
-constexpr int32_t kShardMagic = 20240520;
+// Tokens [begin, end) of another stream (a held-out tail, say).
+class SliceStream : public TokenStream {
+ public:
+  SliceStream(std::shared_ptr<const TokenStream> s, int64_t begin, int64_t end)
+      : s_(std::move(s)), begin_(begin), end_(end) {}
+  int64_t num_tokens() const override { return end_ - begin_; }
+  void read(int64_t start, int64_t count, int32_t* out) const override;
+
+ private:
+  std::shared_ptr<const TokenStream> s_;
+  int64_t begin_, end_;
+};
+
+// The sequences a run reads, by global sequence index g (DESIGN 5): sequence k of a stream
+// covers tokens [k*T, k*T + T]. One stream: g wraps around its sequences (epochs), each
+// epoch in a seeded order with shuffle. A mixture: g's source comes from a block of kSlots
+// positions, each source holding a share of them in proportion to its weight, spread evenly
+// over the block (the same in every block); a source's own sequences follow as for one
+// stream, in its own seeded order per epoch, in the order the blend asks for them (each
+// sequence once per epoch). Every sequence is a function of (seed, g) alone.
+class Sequences {
+ public:
+  struct Source {
+    std::shared_ptr<const TokenStream> stream;
+    double weight = 1.0;
+    std::string name;
+  };
+  static constexpr int64_t kSlots = 10000;
+  Sequences(std::vector<Source> sources, int T, uint64_t seed, bool shuffle);
+  // Sequence g: T + 1 tokens into out.
+  void read(int64_t g, int32_t* out) const;
+  int source_of(int64_t g) const { return locate(g).first; }
+  // Sequences read before any source starts its second epoch.
+  int64_t epoch_sequences() const;
+  const std::vector<Source>& sources() const { return src_; }
+  // The share of sequences each source gets (its weight rounded to slots of kSlots).
+  double share(size_t j) const { return double(slots_[j]) / double(block_); }
+
+ private:
+  std::pair<int, int64_t> locate(int64_t g) const;  // (source, its sequence count before g)
+  std::vector<Source> src_;
+  std::vector<int64_t> nseq_, slots_;
+  std::vector<int> source_;     // by position in the block
+  std::vector<int64_t> rank_;   // by position: its rank among its source's positions
+  int64_t block_ = 1;
+  int T_;
+  uint64_t seed_;
+  bool shuffle_;
+};
 
 struct DataStreams {
-  std::unique_ptr<TokenStream> train, val;  // val may be null
+  std::unique_ptr<Sequences> train, val;  // val may be null
   std::string describe;
 };
-// Builds the streams of data.source. Without data.val_path, text and token sources hold out
-// their last 10% for validation.
+// Builds the sequences of data.source (data.path, or the mixture of data.sources). Without
+// data.val_path, text and token sources hold out their last 10% for validation (a mixture:
+// each source's, blended with the same weights).
 DataStreams data_open(const Config& cfg);
 
 // Reads micro-batch `micro` of dp rank `rank` for optimizer step `step`: inputs and targets
-// [B, T]. Sequence indices wrap around the stream (epochs); `shuffle` permutes each epoch.
+// [B, T].
+void batch_read(const Sequences& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
+                int32_t* targets);
+// One stream, as Sequences with train.seed: `shuffle` permutes each epoch.
 void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
                 int32_t* targets, bool shuffle = false);
+// Tokens of each source in step `step`'s global batch (inputs: T per sequence).
+std::vector<int64_t> step_source_tokens(const Sequences& s, const Config& cfg, int64_t step);
 // A keyed permutation of [0, n): a 4-round Feistel network on the smallest even number of
 // bits that holds n, walking cycles until the value falls below n. O(1), no tables.
 int64_t sequence_permute(int64_t k, int64_t n, uint64_t key);

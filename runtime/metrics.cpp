@@ -53,6 +53,13 @@ std::string fault_fields(const StepMetrics& m) {
   if (!m.sdc_ranks.empty()) out += ",\"sdc_ranks\":" + ranks_json(m.sdc_ranks);
   if (m.host_syncs >= 0)
     out += fmt::format(",\"host_syncs\":{{\"compute\":{},\"step\":{}}}", m.host_syncs_compute, m.host_syncs);
+  if (!m.source_tokens.empty()) {
+    out += ",\"source_tokens\":{";
+    for (size_t i = 0; i < m.source_tokens.size(); ++i)
+      out += fmt::format("{}{}:{}", i ? "," : "", nlohmann::json(m.source_tokens[i].first).dump(),
+                         m.source_tokens[i].second);
+    out += "}";
+  }
   if (!m.moe.empty()) {
     out += fmt::format(",\"aux_loss\":{},\"moe\":[", num(m.aux_loss));
     for (size_t i = 0; i < m.moe.size(); ++i)

@@ -43,6 +43,8 @@ struct StepMetrics {
   // The emulated device only (-1 elsewhere): host synchronizations with the device during the
   // forward and backward of the step's micro-batches, and during the whole step.
   int64_t host_syncs_compute = -1, host_syncs = -1;
+  // A mixture only: the step's input tokens from each source, by its path.
+  std::vector<std::pair<std::string, int64_t>> source_tokens;
 };
 
 // Milliseconds per step by where they went (the step-time model's terms, and what it does not
