@@ -165,9 +165,7 @@ struct Trainer::Parts {
     }
   }
   // Whole validation batches in the data (0: none).
-  int64_t val_available() const {
-    return data.val ? data.val->epoch_sequences() / cfg.train.global_batch : 0;
-  }
+  int64_t val_available() const { return data.val ? data.val->epoch_sequences() / cfg.train.global_batch : 0; }
   void startup_log();
   void facts_write() const;  // config.toml and run.json into log.dir (rank 0)
   // Forward and backward over the step's micro-batches from zeroed gradients; reduce: the

@@ -269,9 +269,10 @@ std::vector<DataSource> sources_from_node(const toml::node& node, const std::str
       } else if (k.str() == "weight" && v.is_number()) {
         s.weight = *v.value<double>();
       } else {
-        fail("{}: {} entry {}: '{}' is not a source's key or has the wrong type; a source is path = \"...\" and "
-             "weight = a number",
-             origin, key, out.size() + 1, std::string(k.str()));
+        fail(
+            "{}: {} entry {}: '{}' is not a source's key or has the wrong type; a source is path = \"...\" and "
+            "weight = a number",
+            origin, key, out.size() + 1, std::string(k.str()));
       }
     }
     LOOM_CHECK(has_path, "{}: {} entry {} has no path", origin, key, out.size() + 1);

@@ -136,9 +136,8 @@ Sequences::Sequences(std::vector<Source> sources, int T, uint64_t seed, bool shu
     }
     std::vector<size_t> order(src_.size());
     for (size_t j = 0; j < order.size(); ++j) order[j] = j;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return exact[a] - double(slots_[a]) > exact[b] - double(slots_[b]);
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return exact[a] - double(slots_[a]) > exact[b] - double(slots_[b]); });
     for (size_t i = 0; given < kSlots; ++i, ++given) ++slots_[order[i % order.size()]];
     for (size_t j = 0; j < src_.size(); ++j)
       if (src_[j].weight > 0 && slots_[j] == 0) {
@@ -191,8 +190,10 @@ namespace {
 
 std::shared_ptr<const TokenStream> stream_open(const Config& cfg, const std::string& path) {
   if (cfg.data.source == "text") {
-    LOOM_CHECK(std::filesystem::exists(path), "data file '{}' does not exist; check data.path / data.val_path / "
-               "data.sources", path);
+    LOOM_CHECK(std::filesystem::exists(path),
+               "data file '{}' does not exist; check data.path / data.val_path / "
+               "data.sources",
+               path);
     LOOM_CHECK(cfg.model.vocab_size >= 256,
                "data.source = \"text\" uses byte tokens (0..255); set model.vocab_size >= 256 (it is {})",
                cfg.model.vocab_size);

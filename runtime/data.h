@@ -93,8 +93,8 @@ class Sequences {
   std::pair<int, int64_t> locate(int64_t g) const;  // (source, its sequence count before g)
   std::vector<Source> src_;
   std::vector<int64_t> nseq_, slots_;
-  std::vector<int> source_;     // by position in the block
-  std::vector<int64_t> rank_;   // by position: its rank among its source's positions
+  std::vector<int> source_;    // by position in the block
+  std::vector<int64_t> rank_;  // by position: its rank among its source's positions
   int64_t block_ = 1;
   int T_;
   uint64_t seed_;

@@ -27,17 +27,18 @@ ShardHeader shard_header_read(const std::string& path) {
   LOOM_CHECK(in.gcount() == sizeof(header), "token shard '{}' is shorter than its 1024-byte header", path);
   ShardHeader h;
   if (header[0] == kShardMagic) {
-    LOOM_CHECK(header[1] == 1, "token shard '{}' has GPT-2's magic but version {}; loom reads version 1 (uint16)",
-               path, header[1]);
+    LOOM_CHECK(header[1] == 1, "token shard '{}' has GPT-2's magic but version {}; loom reads version 1 (uint16)", path,
+               header[1]);
     h.width = 2;
   } else if (header[0] == kShardMagicU32) {
     LOOM_CHECK(header[1] == 7, "token shard '{}' has LLaMA-3's magic but version {}; loom reads version 7 (uint32)",
                path, header[1]);
     h.width = 4;
   } else {
-    fail("'{}' is not an llm.c token shard: magic {} where {} (GPT-2, uint16) or {} (LLaMA-3, uint32) was expected; "
-         "make shards with `loom data`",
-         path, header[0], kShardMagic, kShardMagicU32);
+    fail(
+        "'{}' is not an llm.c token shard: magic {} where {} (GPT-2, uint16) or {} (LLaMA-3, uint32) was expected; "
+        "make shards with `loom data`",
+        path, header[0], kShardMagic, kShardMagicU32);
   }
   h.count = header[2];
   LOOM_CHECK(h.count >= 0, "token shard '{}' has a negative token count {}", path, h.count);
@@ -109,8 +110,8 @@ ShardStream::~ShardStream() {
 void ShardStream::read(int64_t start, int64_t count, int32_t* out) const {
   LOOM_ASSERT(start >= 0 && count >= 0 && start + count <= total_);
   // The shard holding `start`: the last whose first token is at or before it.
-  auto it = std::upper_bound(shards_.begin(), shards_.end(), start,
-                             [](int64_t at, const Shard& s) { return at < s.first; });
+  auto it =
+      std::upper_bound(shards_.begin(), shards_.end(), start, [](int64_t at, const Shard& s) { return at < s.first; });
   size_t i = size_t(it - shards_.begin()) - 1;
   while (count > 0) {
     const Shard& s = shards_[i++];

@@ -37,7 +37,7 @@ class ShardStream : public TokenStream {
  private:
   struct Shard {
     std::string path;
-    int64_t first = 0, count = 0;  // global index of its first token; its tokens
+    int64_t first = 0, count = 0;   // global index of its first token; its tokens
     const uint8_t* body = nullptr;  // the mapped tokens
     size_t map_bytes = 0;
     void* map = nullptr;
