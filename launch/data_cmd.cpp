@@ -81,15 +81,17 @@ std::vector<std::string> text_chunks(const std::string& text, size_t target) {
 
 void data_run(const DataOptions& opt) {
   LOOM_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "--val-fraction {} must be in [0, 1)", opt.val_fraction);
-  std::unique_ptr<Gpt2Bpe> bpe;
-  if (opt.tokenizer == "gpt2") {
-    LOOM_CHECK(!opt.vocab.empty() && !opt.merges.empty(),
-               "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
-    bpe = std::make_unique<Gpt2Bpe>(opt.vocab, opt.merges);
-  }
+  LOOM_CHECK(opt.tokenizer == "byte" || opt.tokenizer == "gpt2" || opt.tokenizer == "llama3",
+             "--tokenizer {}: loom has byte, gpt2 (--vocab vocab.json --merges merges.txt) and llama3 (--vocab "
+             "tokenizer.model)",
+             opt.tokenizer);
+  LOOM_CHECK(opt.tokenizer != "gpt2" || (!opt.vocab.empty() && !opt.merges.empty()),
+             "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
+  LOOM_CHECK(opt.tokenizer != "llama3" || !opt.vocab.empty(), "--tokenizer llama3 needs --vocab tokenizer.model");
+  const std::unique_ptr<Tokenizer> bpe = tokenizer_open(opt.tokenizer, opt.vocab, opt.merges);
   const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path_of(opt.output)});
-  // Documents are opened by the vocabulary's end-of-text token (llm.c's convention), where it has one.
-  const int32_t eot = bpe ? bpe->id_of("<|endoftext|>") : -1;
+  // Documents are opened by the tokenizer's document token (llm.c's convention), where it has one.
+  const int32_t eot = bpe ? bpe->doc_token() : -1;
   const int threads = opt.threads > 0 ? opt.threads : omp_get_num_procs();
   const auto t0 = std::chrono::steady_clock::now();
 
@@ -112,11 +114,11 @@ void data_run(const DataOptions& opt) {
   std::vector<std::exception_ptr> errors(chunks.size());  // an exception must not leave the region
 #pragma omp parallel num_threads(threads)
   {
-    std::unique_ptr<Gpt2Bpe> mine;
+    std::unique_ptr<Tokenizer> mine;
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < chunks.size(); ++i) {
       try {
-        if (bpe && !mine) mine = std::make_unique<Gpt2Bpe>(*bpe);
+        if (bpe && !mine) mine = bpe->clone();
         chunks[i].ids = mine ? mine->encode(chunks[i].text) : tokenize_bytes(chunks[i].text);
       } catch (...) {
         errors[i] = std::current_exception();
@@ -166,9 +168,9 @@ void data_run(const DataOptions& opt) {
              val.empty() ? "" : fmt::format(" and {} to {}", val.size(), val_path_of(opt.output)), files.size(),
              files.size() == 1 ? "" : "s", double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9), threads,
              threads == 1 ? "" : "s",
-             eot >= 0 ? fmt::format("; each document opened by <|endoftext|> ({})", eot)
-                      : fmt::format("; the {} has no <|endoftext|> token: documents are joined as they are",
-                                    bpe ? "vocabulary" : "byte tokenizer"));
+             eot >= 0 ? fmt::format("; each document opened by {} ({})", bpe->doc_token_text(), eot)
+                      : fmt::format("; the {} has no {} token: documents are joined as they are",
+                                    bpe ? "vocabulary" : "byte tokenizer", bpe ? bpe->doc_token_text() : "document"));
 }
 
 }  // namespace loom

@@ -112,10 +112,25 @@ TokenizerChoice tokenizer_choose(const GenerateOptions& opt) {
       c.name = recorded->second, c.why = "recorded with the weights";
     else if (beside)
       c.name = "gpt2", c.why = "vocab.json and merges.txt beside the weights";
+    else if (hf_dir && fs::is_regular_file(dir / "tokenizer.model"))
+      c.name = "llama3", c.why = "tokenizer.model beside the weights";
     else
       c.name = "byte", c.why = "none recorded";
   }
-  LOOM_CHECK(c.name == "byte" || c.name == "gpt2", "tokenizer '{}' ({}) is not byte or gpt2", c.name, c.why);
+  LOOM_CHECK(c.name == "byte" || c.name == "gpt2" || c.name == "llama3",
+             "tokenizer '{}' ({}) is not byte, gpt2 or llama3", c.name, c.why);
+  if (c.name == "llama3" && c.vocab.empty()) {
+    if (hf_dir && fs::is_regular_file(dir / "tokenizer.model")) {
+      c.vocab = (dir / "tokenizer.model").string();
+    } else if (auto d = meta.find("loom.tokenizer_dir"); d != meta.end()) {
+      c.vocab = d->second + "/tokenizer.model";
+      LOOM_CHECK(fs::is_regular_file(c.vocab),
+                 "the weights were trained with LLaMA-3's tokenizer from '{}', which no longer holds tokenizer.model; "
+                 "pass --vocab",
+                 d->second);
+    }
+  }
+  LOOM_CHECK(c.name != "llama3" || !c.vocab.empty(), "the llama3 tokenizer ({}) needs --vocab tokenizer.model", c.why);
   if (c.name == "gpt2" && c.vocab.empty() && c.merges.empty()) {
     if (beside) {
       c.vocab = (dir / "vocab.json").string(), c.merges = (dir / "merges.txt").string();
@@ -137,8 +152,7 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
              "--temperature {} must be a finite number >= 0 (0: greedy)", opt.temperature);
   const Config cfg = config_for(opt.from, opt.config, opt.sets);
   const TokenizerChoice tc = tokenizer_choose(opt);
-  std::unique_ptr<Gpt2Bpe> bpe;
-  if (tc.name == "gpt2") bpe = std::make_unique<Gpt2Bpe>(tc.vocab, tc.merges);
+  const std::unique_ptr<Tokenizer> bpe = tokenizer_open(tc.name, tc.vocab, tc.merges);
   const int tok_vocab = bpe ? int(bpe->vocab_size()) : 256;
   LOOM_CHECK(tok_vocab <= cfg.model.vocab_size,
              "the {} tokenizer ({}) has {} tokens but the model's vocabulary has {}; use the tokenizer it was trained "

@@ -218,8 +218,9 @@ int run(int argc, char** argv) {
       "data", "text files or directories to an llm.c token shard: one document per file, on every thread");
   data->add_option("paths", data_paths, "INPUT... OUTPUT: text files or directories, then the shard (.bin)")
       ->required();
-  data->add_option("--tokenizer", dopt.tokenizer, "byte | gpt2")->check(CLI::IsMember({"byte", "gpt2"}));
-  data->add_option("--vocab", dopt.vocab, "GPT-2 vocab.json (tokenizer gpt2)");
+  data->add_option("--tokenizer", dopt.tokenizer, "byte | gpt2 | llama3")
+      ->check(CLI::IsMember({"byte", "gpt2", "llama3"}));
+  data->add_option("--vocab", dopt.vocab, "GPT-2 vocab.json (gpt2), or LLaMA-3's tokenizer.model (llama3)");
   data->add_option("--merges", dopt.merges, "GPT-2 merges.txt (tokenizer gpt2)");
   data->add_option("--val-fraction", dopt.val_fraction,
                    "this share of the documents (of the tokens, for one) into OUTPUT's stem + _val (default 0: none)");
@@ -246,9 +247,10 @@ int run(int argc, char** argv) {
   gen->add_option("--config", gopt.config, "TOML config (default: the model shape the weights carry)");
   gen->add_option("--set", gopt.sets, "override one key: section.key=value (repeatable)");
   gen->add_option("--tokenizer", gopt.tokenizer,
-                  "byte | gpt2 (default: what the weights record, else vocab.json + merges.txt beside them, else byte)")
-      ->check(CLI::IsMember({"byte", "gpt2"}));
-  gen->add_option("--vocab", gopt.vocab, "GPT-2 vocab.json (tokenizer gpt2)");
+                  "byte | gpt2 | llama3 (default: what the weights record, else vocab.json + merges.txt beside them, "
+                  "else byte)")
+      ->check(CLI::IsMember({"byte", "gpt2", "llama3"}));
+  gen->add_option("--vocab", gopt.vocab, "GPT-2 vocab.json (gpt2), or LLaMA-3's tokenizer.model (llama3)");
   gen->add_option("--merges", gopt.merges, "GPT-2 merges.txt (tokenizer gpt2)");
   gen->add_option("--max-new", gopt.max_new, "tokens to generate (default 64, or what the context leaves)")
       ->check(CLI::NonNegativeNumber);

@@ -261,7 +261,8 @@ std::map<std::string, std::string> export_metadata(const Config& cfg) {
   std::map<std::string, std::string> m = {{"loom.model", config_to_toml(cfg, "model")}};
   const std::string tok = !cfg.data.tokenizer.empty() ? cfg.data.tokenizer : cfg.data.source == "text" ? "byte" : "";
   if (!tok.empty()) m["loom.tokenizer"] = tok;
-  if (tok == "gpt2") m["loom.tokenizer_dir"] = std::filesystem::absolute(cfg.data.tokenizer_dir).string();
+  if (tok == "gpt2" || tok == "llama3")
+    m["loom.tokenizer_dir"] = std::filesystem::absolute(cfg.data.tokenizer_dir).string();
   return m;
 }
 
@@ -271,13 +272,16 @@ void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<S
   auto meta = export_metadata(cfg);
   meta["format"] = "pt";
   safetensors_write(dir + "/model.safetensors", tensors, meta);
-  if (cfg.data.tokenizer == "gpt2")  // what transformers' GPT2Tokenizer reads
-    for (const char* f : {"vocab.json", "merges.txt"}) {
-      std::error_code ec;
-      if (std::filesystem::equivalent(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f, ec)) continue;
-      std::filesystem::copy_file(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f,
-                                 std::filesystem::copy_options::overwrite_existing);
-    }
+  // What transformers' GPT2Tokenizer reads; LLaMA-3's ranks file as Meta ships it.
+  std::vector<const char*> files;
+  if (cfg.data.tokenizer == "gpt2") files = {"vocab.json", "merges.txt"};
+  if (cfg.data.tokenizer == "llama3") files = {"tokenizer.model"};
+  for (const char* f : files) {
+    std::error_code ec;
+    if (std::filesystem::equivalent(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f, ec)) continue;
+    std::filesystem::copy_file(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
   const std::string path = dir + "/config.json";
   file_write_atomic(path, [&](std::FILE* f) { file_write(f, config.data(), config.size(), path); });
 }

@@ -154,17 +154,22 @@ void config_validate(Config& cfg) {
     }
     LOOM_CHECK(sum > 0, "the weights of [[data.sources]] sum to {}; give at least one source a positive weight", sum);
   }
-  if (!d.tokenizer.empty()) check_one_of("data.tokenizer", d.tokenizer, {"byte", "gpt2"});
-  LOOM_CHECK(d.source != "text" || d.tokenizer != "gpt2",
-             "data.tokenizer = \"gpt2\" with data.source = \"text\", which reads bytes; tokenize with `loom data "
-             "--tokenizer gpt2` and train on data.source = \"tokens\"");
+  if (!d.tokenizer.empty()) check_one_of("data.tokenizer", d.tokenizer, {"byte", "gpt2", "llama3"});
+  LOOM_CHECK(d.tokenizer != "llama3" || std::filesystem::is_regular_file(d.tokenizer_dir + "/tokenizer.model"),
+             "data.tokenizer = \"llama3\" needs data.tokenizer_dir, a directory with LLaMA-3's tokenizer.model (it is "
+             "'{}')",
+             d.tokenizer_dir);
+  LOOM_CHECK(d.source != "text" || d.tokenizer == "byte" || d.tokenizer.empty(),
+             "data.tokenizer = \"{0}\" with data.source = \"text\", which reads bytes; tokenize with `loom data "
+             "--tokenizer {0}` and train on data.source = \"tokens\"",
+             d.tokenizer);
   LOOM_CHECK(d.tokenizer != "gpt2" || (std::filesystem::is_regular_file(d.tokenizer_dir + "/vocab.json") &&
                                        std::filesystem::is_regular_file(d.tokenizer_dir + "/merges.txt")),
              "data.tokenizer = \"gpt2\" needs data.tokenizer_dir, a directory with vocab.json and merges.txt (it is "
              "'{}')",
              d.tokenizer_dir);
-  LOOM_CHECK(d.tokenizer == "gpt2" || d.tokenizer_dir.empty(),
-             "data.tokenizer_dir is set but data.tokenizer = \"{}\"; it belongs to gpt2", d.tokenizer);
+  LOOM_CHECK(d.tokenizer == "gpt2" || d.tokenizer == "llama3" || d.tokenizer_dir.empty(),
+             "data.tokenizer_dir is set but data.tokenizer = \"{}\"; it belongs to gpt2 and llama3", d.tokenizer);
   LOOM_CHECK(d.val_every >= 0 && d.val_batches >= 0, "data.val_every and data.val_batches must be >= 0");
 
   auto& p = cfg.parallel;
