@@ -65,19 +65,25 @@ void rmsnorm_backward(S* dinp, float* dweight, const S* dout, const S* inp, cons
 // defines: rope_table, rope_forward, rope_backward
 // cos/sin table [T, D/2], computed as Hugging Face does in fp32.
 void rope_table(float* cos, float* sin, int T, int D, float theta);
-// Rotates the q and k parts of qkv [B,T,(H+2KV)*D] in place (rotate-half form).
+// Rotates the q and k parts of qkv [B,T,(H+2KV)*D] in place (rotate-half form), token (b,t)
+// by the angle of pos[b,t] (null: t).
 template <class S>
-void rope_forward(S* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D);
+void rope_forward(S* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
+                  const int32_t* pos = nullptr);
 // The inverse rotation of the q and k gradients, in place.
 template <class S>
-void rope_backward(S* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D);
+void rope_backward(S* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
+                   const int32_t* pos = nullptr);
 
 // defines: attention_forward, attention_backward
 // Causal attention with grouped-query heads over packed qkv [B,T,(H+2KV)*D]:
 // q heads first, then KV k heads, then KV v heads; query head h reads kv head h/(H/KV).
 // out [B,T,H*D]; probs [B,H,T,T] keeps the softmax (the O(T^2) design: see attention.cpp).
+// pos [B,T] (data.doc_mask): query t attends to keys t - pos[b,t] .. t, its own document;
+// null: 0 .. t. Backward reads the masked probabilities and needs no mask of its own.
 template <class S>
-void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int KV, int D);
+void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int KV, int D,
+                       const int32_t* pos = nullptr);
 // dqkv overwritten.
 template <class S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, int B, int T, int H, int KV, int D);
@@ -104,15 +110,17 @@ void crossentropy_forward_backward(S* logits, float* losses, const int32_t* targ
                                    float dloss);
 
 // defines: embedding_forward, embedding_backward
-// out[b,t] = wte[tok[b,t]] + wpe[t]. Rows of wte cover token ids [v0, v0 + Vl) (the whole
-// vocabulary on one rank; a vocab-parallel shard otherwise); other tokens contribute zeros.
-// wpe may be null (llama; or every tensor-parallel rank but one).
+// out[b,t] = wte[tok[b,t]] + wpe[pos[b,t]]. Rows of wte cover token ids [v0, v0 + Vl) (the
+// whole vocabulary on one rank; a vocab-parallel shard otherwise); other tokens contribute
+// zeros. wpe may be null (llama; or every tensor-parallel rank but one). pos [B,T]: each
+// token's position in its document (data.doc_mask); null: t.
 template <class S>
-void embedding_forward(S* out, const int32_t* tokens, const S* wte, int v0, int Vl, const S* wpe, int B, int T, int C);
+void embedding_forward(S* out, const int32_t* tokens, const S* wte, int v0, int Vl, const S* wpe, int B, int T, int C,
+                       const int32_t* pos = nullptr);
 // dwte, dwpe +=; dwpe may be null.
 template <class S>
 void embedding_backward(float* dwte, int v0, int Vl, float* dwpe, const S* dout, const int32_t* tokens, int B, int T,
-                        int C);
+                        int C, const int32_t* pos = nullptr);
 
 // defines: crossentropy_shard_stats, crossentropy_shard_sumexp, crossentropy_shard_finish
 // Vocab-parallel cross-entropy over logits [N, Vl] holding ids [v0, v0 + Vl), of which the

@@ -67,6 +67,7 @@ struct Trainer::Parts {
   double peak = 0;
   int64_t tokens_per_step = 0;
   std::vector<int32_t> inputs, targets;
+  std::vector<int32_t> positions;  // data.doc_mask: each input's position in its document
   TrainResult result;
   std::unique_ptr<StepLog> log;
   std::unique_ptr<Checkpointer> ckpt;  // checkpoint.every > 0
@@ -131,8 +132,15 @@ struct Trainer::Parts {
   // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
   Inputs stage(const Sequences& s, int64_t step, int micro) {
     batch_read(s, cfg, step, dp().rank(), micro, inputs.data(), targets.data());
-    return backend->stage_inputs(inputs.data(), targets.data(), int(inputs.size()), chunk->vocab_lo(),
-                                 chunk->vocab_rows());
+    Inputs in = backend->stage_inputs(inputs.data(), targets.data(), int(inputs.size()), chunk->vocab_lo(),
+                                      chunk->vocab_rows());
+    if (cfg.data.doc_mask) {
+      positions.resize(inputs.size());
+      doc_positions(inputs.data(), cfg.model.seq_len, int(inputs.size()) / cfg.model.seq_len, cfg.doc_token(),
+                    positions.data());
+      in.pos = positions.data();
+    }
+    return in;
   }
   // The chunk's loss sum over the dp group, read on the host and reset.
   double loss_take() {

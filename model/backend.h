@@ -45,6 +45,7 @@ struct Inputs {
   const int32_t* targets = nullptr;  // [N]
   const int32_t* index = nullptr;    // CUDA: the token index the embedding gradient walks
   int unique = 0;                    // distinct token ids in the index
+  const int32_t* pos = nullptr;      // [N] data.doc_mask: each token's position in its document
 };
 
 // One piece of the optimizer's work, at most kOptChunk elements of one tensor: its place in
@@ -135,9 +136,12 @@ class Backend {
     linear_backward(dact, dw, db, dout, act, w, N, F, C, layout);
     act_backward(swiglu, dfc, fc, dact, N, F);
   }
-  virtual void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) = 0;
+  // pos: as Inputs::pos (null: each token's index in its sequence).
+  virtual void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
+                    const int32_t* pos) = 0;
   // stats: traits().attention_stats elements of attention_stats_dtype().
-  virtual void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D) = 0;
+  virtual void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D,
+                                 const int32_t* pos) = 0;
   // dqkv overwritten; scratch: B*H*T floats where the plan has them.
   virtual void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H,
                                   int KV, int D) = 0;

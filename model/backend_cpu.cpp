@@ -148,16 +148,16 @@ class CpuBackend final : public Backend {
 
   void embedding_forward(Ptr out, const Inputs& in, Ptr wte, int v0, int Vl, Ptr wpe, int B, int T, int C) override {
     if (is_bf16())
-      cpu::embedding_forward(out.as<bf16>(), in.tokens, wte.as<bf16>(), v0, Vl, wpe.as<bf16>(), B, T, C);
+      cpu::embedding_forward(out.as<bf16>(), in.tokens, wte.as<bf16>(), v0, Vl, wpe.as<bf16>(), B, T, C, in.pos);
     else
-      cpu::embedding_forward(out.as<float>(), in.tokens, wte.as<float>(), v0, Vl, wpe.as<float>(), B, T, C);
+      cpu::embedding_forward(out.as<float>(), in.tokens, wte.as<float>(), v0, Vl, wpe.as<float>(), B, T, C, in.pos);
   }
   void embedding_backward(float* dwte, float* dwpe, Ptr dout, const Inputs& in, int v0, int Vl, int B, int T,
                           int C) override {
     if (is_bf16())
-      cpu::embedding_backward(dwte, v0, Vl, dwpe, dout.as<bf16>(), in.tokens, B, T, C);
+      cpu::embedding_backward(dwte, v0, Vl, dwpe, dout.as<bf16>(), in.tokens, B, T, C, in.pos);
     else
-      cpu::embedding_backward(dwte, v0, Vl, dwpe, dout.as<float>(), in.tokens, B, T, C);
+      cpu::embedding_backward(dwte, v0, Vl, dwpe, dout.as<float>(), in.tokens, B, T, C, in.pos);
   }
   void norm_forward(bool rms, Ptr out, float* mean, float* rstd, Ptr inout, Ptr add, Ptr w, Ptr b, int N, int C,
                     float eps) override {
@@ -286,19 +286,20 @@ class CpuBackend final : public Backend {
   void column_sums(float* out, const float* probs, int N, int E) override {
     cpu::column_sums(out, probs, N, E);
   }
-  void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) override {
+  void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
+            const int32_t* pos) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;
       if (inverse)
-        cpu::rope_backward(qkv.as<S>(), cos, sin, B, T, H, KV, D);
+        cpu::rope_backward(qkv.as<S>(), cos, sin, B, T, H, KV, D, pos);
       else
-        cpu::rope_forward(qkv.as<S>(), cos, sin, B, T, H, KV, D);
+        cpu::rope_forward(qkv.as<S>(), cos, sin, B, T, H, KV, D, pos);
     });
   }
-  void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D) override {
+  void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D, const int32_t* pos) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;
-      cpu::attention_forward(out.as<S>(), stats.as<S>(), qkv.as<S>(), B, T, H, KV, D);
+      cpu::attention_forward(out.as<S>(), stats.as<S>(), qkv.as<S>(), B, T, H, KV, D, pos);
     });
   }
   void attention_backward(Ptr dqkv, Ptr dout, Ptr, Ptr qkv, Ptr stats, float*, int B, int T, int H, int KV,

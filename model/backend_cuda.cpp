@@ -126,6 +126,7 @@ class CudaBackend final : public Backend {
   void loss_accumulate(double* acc, const float* losses, int N) override { cuda::loss_accumulate(acc, losses, N, s_); }
 
   void embedding_forward(Ptr out, const Inputs& in, Ptr wte, int v0, int Vl, Ptr wpe, int B, int T, int C) override {
+    LOOM_CHECK(!in.pos, "data.doc_mask runs on the CPU backend only (its CUDA kernels are not built)");
     cuda::embedding_forward(B16(out), in.tokens, B16(wte), v0, Vl, B16(wpe), B, T, C, s_);
   }
   void embedding_backward(float* dwte, float* dwpe, Ptr dout, const Inputs& in, int, int, int B, int T,
@@ -204,13 +205,16 @@ class CudaBackend final : public Backend {
     linear_backward(Ptr(), dw, db, dout, act, w, N, F, C, layout);
     cuda::gemm_dgelu(*gemm_, false, true, N, F, C, B16(dout), C, B16(w), C, B16(dfc), F, B16(fc), s_);
   }
-  void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) override {
+  void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
+            const int32_t* pos) override {
+    LOOM_CHECK(!pos, "data.doc_mask runs on the CPU backend only (its CUDA kernels are not built)");
     if (inverse)
       cuda::rope_backward(B16(qkv), cos, sin, B, T, H, KV, D, s_);
     else
       cuda::rope_forward(B16(qkv), cos, sin, B, T, H, KV, D, s_);
   }
-  void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D) override {
+  void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D, const int32_t* pos) override {
+    LOOM_CHECK(!pos, "data.doc_mask runs on the CPU backend only (its CUDA kernels are not built)");
     cuda::attention_forward(B16(out), stats.as<float>(), B16(qkv), B, T, H, KV, D, s_);
   }
   void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H, int KV,

@@ -294,11 +294,11 @@ void Chunk::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr pending
   }
   if (llama_) {
     auto s = trace_.scope("rope_forward");
-    be_.rope(false, a.qkv, rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_);
+    be_.rope(false, a.qkv, rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_, pos_);
   }
   {
     auto s = trace_.scope("attention_forward");
-    be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_);
+    be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_, pos_);
   }
   {
     auto s = trace_.scope("attn_proj_forward");
@@ -387,7 +387,7 @@ void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, 
   }
   if (llama_) {
     auto s = trace_.scope("rope_backward");
-    be_.rope(true, dqkv, rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_);
+    be_.rope(true, dqkv, rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_, pos_);
   }
   {
     auto s = trace_.scope("qkv_backward");
@@ -490,6 +490,7 @@ void Chunk::head_forward(const Inputs& in, float dloss, Ptr pending, UnitAccess&
 }
 
 void Chunk::forward(const Inputs& in, float dloss, UnitAccess& acc) {
+  pos_ = in.pos;
   moe_training_ = dloss != 0.0f;  // validation's forward counts no MoE statistics
   if (emb_here_) embedding_forward(in, acc);
   // Each block's MLP branch is `pending` until the next norm adds it into the stream.
@@ -545,6 +546,7 @@ void Chunk::head_backward(UnitAccess& acc, Grads part) {
 }
 
 void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
+  pos_ = in.pos;
   const int N = B_ * T_;
   const Ptr dres = scr(D_RES);
   stash_used_ = 0;
@@ -566,7 +568,7 @@ void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
       block_forward(w, a, x, Ptr(), Ptr(), true);  // x already holds the summed stream
     } else if (policy_ == Recompute::selective) {
       auto s = trace_.scope("recompute_selective");
-      if (be_.traits().attention_probs) be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_);
+      if (be_.traits().attention_probs) be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_, pos_);
       // B does not read it (W recomputes it); a MoE block recomputes its experts' in moe_backward.
       if (part == Grads::all && a.moe < 0) be_.act_forward(llama_, a.act, a.fc, N, F_);
     }

@@ -69,6 +69,12 @@ std::vector<Field> fields_of(Config& c) {
       {"data.path", &d.path, "a text file, or llm.c token shards (a file or a directory)"},
       {"data.sources", &d.sources,
        "a mixture in place of data.path: [[data.sources]] tables with path and weight (blended per sequence)"},
+      {"data.doc_mask", &d.doc_mask,
+       "attention and positions stay inside each document of a packed sequence (CPU; documents opened by "
+       "data.doc_token)"},
+      {"data.doc_token", &d.doc_token,
+       "the token that opens a document (-1: data.tokenizer's: gpt2 <|endoftext|> 50256, llama3 "
+       "<|begin_of_text|> 128000)"},
       {"data.val_path", &d.val_path, "validation data (empty: the last 10% of data.path)"},
       {"data.val_every", &d.val_every, "validate every N steps (0: only at the end)"},
       {"data.val_batches", &d.val_batches, "global batches per validation (0: none)"},

@@ -68,6 +68,8 @@ struct DataConfig {
   std::string source = "synthetic";  // synthetic | text | tokens
   std::string path;
   std::vector<DataSource> sources;  // [[data.sources]]: a weighted mixture in place of path
+  bool doc_mask = false;            // attention and positions stay inside each document
+  int doc_token = -1;               // the token opening a document (-1: data.tokenizer's)
   std::string val_path;
   int val_every = 100;  // 0: only at the end
   int val_batches = 4;
@@ -159,6 +161,14 @@ struct Config {
   bool moe_block(int l) const { return model.moe.num_experts > 0 && (l + 1) % model.moe.every == 0; }
   int moe_layers() const { return model.moe.num_experts > 0 ? model.n_layer / model.moe.every : 0; }
   int kv_heads() const { return model.n_kv_head ? model.n_kv_head : model.n_head; }
+  // The token opening each document (data.doc_mask): data.doc_token, else data.tokenizer's
+  // (llm.c's conventions), else -1.
+  int doc_token() const {
+    if (data.doc_token >= 0) return data.doc_token;
+    if (data.tokenizer == "gpt2") return 50256;
+    if (data.tokenizer == "llama3") return 128000;
+    return -1;
+  }
   int accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
   // The vocabulary as loom holds it: padded to a multiple of tp x 64 (Megatron's
   // make-vocab-size-divisible-by), so it splits over tp and every shard's rows align.

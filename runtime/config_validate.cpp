@@ -171,6 +171,26 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(d.tokenizer == "gpt2" || d.tokenizer == "llama3" || d.tokenizer_dir.empty(),
              "data.tokenizer_dir is set but data.tokenizer = \"{}\"; it belongs to gpt2 and llama3", d.tokenizer);
   LOOM_CHECK(d.val_every >= 0 && d.val_batches >= 0, "data.val_every and data.val_batches must be >= 0");
+  LOOM_CHECK(d.doc_token >= -1 && d.doc_token < m.vocab_size,
+             "data.doc_token = {} is not a token of the vocabulary (0 .. model.vocab_size - 1 = {}; -1: the "
+             "tokenizer's)",
+             d.doc_token, m.vocab_size - 1);
+  if (d.doc_mask) {
+    LOOM_CHECK(cfg.doc_token() >= 0,
+               "data.doc_mask needs the token that opens each document: set data.tokenizer (gpt2, llama3) or "
+               "data.doc_token");
+    LOOM_CHECK(cfg.doc_token() < m.vocab_size,
+               "data.doc_mask: the document token {} (data.tokenizer = \"{}\") is outside model.vocab_size = {}; "
+               "set data.doc_token",
+               cfg.doc_token(), d.tokenizer, m.vocab_size);
+    LOOM_CHECK(t.device != "cuda" && t.device != "cuda-emulated",
+               "data.doc_mask runs on the CPU backend: its CUDA kernels are not built yet; use train.device = "
+               "\"cpu\"");
+    LOOM_CHECK(cfg.parallel.pp == 1,
+               "data.doc_mask with parallel.pp = {}: the pipeline's later stages do not receive the documents' "
+               "positions yet; use pp = 1",
+               cfg.parallel.pp);
+  }
 
   auto& p = cfg.parallel;
   check_positive("parallel.dp", p.dp);

@@ -314,6 +314,14 @@ void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank,
   batch_read(one, cfg, step, rank, micro, inputs, targets);
 }
 
+void doc_positions(const int32_t* tokens, int T, int B, int32_t doc, int32_t* pos) {
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const int64_t i = int64_t(b) * T + t;
+      pos[i] = t == 0 || tokens[i] == doc ? 0 : pos[i - 1] + 1;
+    }
+}
+
 std::vector<int64_t> step_source_tokens(const Sequences& s, const Config& cfg, int64_t step) {
   std::vector<int64_t> out(s.sources().size(), 0);
   const int64_t G = cfg.train.global_batch;

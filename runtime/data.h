@@ -114,6 +114,9 @@ DataStreams data_open(const Config& cfg);
 // [B, T].
 void batch_read(const Sequences& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
                 int32_t* targets);
+// Each token's position in its document, for [B, T] tokens where `doc` opens a document (the
+// sequence's first token is at 0 whatever it is): data.doc_mask's attention and positions.
+void doc_positions(const int32_t* tokens, int T, int B, int32_t doc, int32_t* pos);
 // One stream, as Sequences with train.seed: `shuffle` permutes each epoch.
 void batch_read(const TokenStream& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
                 int32_t* targets, bool shuffle = false);

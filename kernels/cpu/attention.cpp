@@ -30,14 +30,15 @@ void rope_table(float* cos, float* sin, int T, int D, float theta) {
 
 namespace {
 template <bool Inverse, class S>
-void rope_apply(S* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) {
+void rope_apply(S* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, const int32_t* pos) {
   int row = (H + 2 * KV) * D, half = D / 2;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       S* x = qkv + (int64_t(b) * T + t) * row;
-      const float* c = cos + t * half;
-      const float* s = sin + t * half;
+      const int at = pos ? pos[b * T + t] : t;
+      const float* c = cos + at * half;
+      const float* s = sin + at * half;
       for (int h = 0; h < H + KV; ++h) {  // q heads then k heads: contiguous
         S* xh = x + h * D;
         for (int i = 0; i < half; ++i) {
@@ -77,12 +78,13 @@ void store_slice(bf16* dst, const float* src, int rows, int D, int ld) {
 }  // namespace
 
 template <class S>
-void rope_forward(S* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) {
-  rope_apply<false>(qkv, cos, sin, B, T, H, KV, D);
+void rope_forward(S* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, const int32_t* pos) {
+  rope_apply<false>(qkv, cos, sin, B, T, H, KV, D, pos);
 }
 template <class S>
-void rope_backward(S* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D) {
-  rope_apply<true>(dqkv, cos, sin, B, T, H, KV, D);
+void rope_backward(S* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
+                   const int32_t* pos) {
+  rope_apply<true>(dqkv, cos, sin, B, T, H, KV, D, pos);
 }
 
 // Per (batch, head): S = Q K^T as one GEMM over the full T x T square (the masked half is
@@ -91,7 +93,7 @@ void rope_backward(S* dqkv, const float* cos, const float* sin, int B, int T, in
 // (batch, head) pairs and call single-threaded GEMMs inside the parallel region. bf16 storage
 // widens a pair's q, k, v (and P) into per-thread fp32 buffers and rounds P and O on store.
 template <class S>
-void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int KV, int D) {
+void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int KV, int D, const int32_t* pos) {
   constexpr bool wide = std::is_same_v<S, float>;
   const int row = (H + 2 * KV) * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -110,13 +112,15 @@ void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int 
         gemm(false, true, T, T, D, scale, q.p, q.ld, k.p, k.ld, 0.0f, P, T);
         for (int t = 0; t < T; ++t) {
           float* p = P + int64_t(t) * T;
-          float maxv = p[0];
-          for (int u = 1; u <= t; ++u) maxv = std::max(maxv, p[u]);
+          const int lo = pos ? t - pos[b * T + t] : 0;  // the first key of t's document
+          for (int u = 0; u < lo; ++u) p[u] = 0.0f;
+          float maxv = p[lo];
+          for (int u = lo + 1; u <= t; ++u) maxv = std::max(maxv, p[u]);
           float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-          for (int u = 0; u <= t; ++u) sum += (p[u] = exp_approx(p[u] - maxv));
+          for (int u = lo; u <= t; ++u) sum += (p[u] = exp_approx(p[u] - maxv));
           const float inv = 1.0f / sum;
-          for (int u = 0; u <= t; ++u) p[u] *= inv;
+          for (int u = lo; u <= t; ++u) p[u] *= inv;
           for (int u = t + 1; u < T; ++u) p[u] = 0.0f;
         }
         S* o = out + int64_t(b) * T * H * D + h * D;
@@ -181,10 +185,10 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, in
   }
 }
 
-#define LOOM_ATTENTION(S)                                                                  \
-  template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int);  \
-  template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int); \
-  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int);           \
+#define LOOM_ATTENTION(S)                                                                                  \
+  template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*);  \
+  template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*); \
+  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int, const int32_t*);           \
   template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);
 LOOM_ATTENTION(float)
 LOOM_ATTENTION(bf16)

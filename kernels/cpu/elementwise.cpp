@@ -116,13 +116,13 @@ void crossentropy_forward_backward(S* logits, float* losses, const int32_t* targ
 
 template <class S>
 void embedding_forward(S* out, const int32_t* tokens, const S* wte_local, int v0, int Vl, const S* wpe, int B, int T,
-                       int C) {
+                       int C, const int32_t* pos) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       S* o = out + (int64_t(b) * T + t) * C;
       const int id = tokens[b * T + t] - v0;
-      const S* p = wpe ? wpe + int64_t(t) * C : nullptr;
+      const S* p = wpe ? wpe + int64_t(pos ? pos[b * T + t] : t) * C : nullptr;
       for (int c = 0; c < C; ++c) {
         float e = id >= 0 && id < Vl ? ld(wte_local[int64_t(id) * C + c]) : 0.0f;
         st(o[c], p ? e + ld(p[c]) : e);
@@ -132,7 +132,7 @@ void embedding_forward(S* out, const int32_t* tokens, const S* wte_local, int v0
 
 template <class S>
 void embedding_backward(float* dwte_local, int v0, int Vl, float* dwpe, const S* dout, const int32_t* tokens, int B,
-                        int T, int C) {
+                        int T, int C, const int32_t* pos) {
 #pragma omp parallel
   {
     int nt = omp_get_num_threads(), tid = omp_get_thread_num();
@@ -146,7 +146,7 @@ void embedding_backward(float* dwte_local, int v0, int Vl, float* dwpe, const S*
           for (int c = lo; c < hi; ++c) e[c] += ld(d[c]);
         }
         if (dwpe) {
-          float* p = dwpe + int64_t(t) * C;
+          float* p = dwpe + int64_t(pos ? pos[b * T + t] : t) * C;
           for (int c = lo; c < hi; ++c) p[c] += ld(d[c]);
         }
       }
@@ -228,17 +228,18 @@ void narrow(bf16* out, const float* in, int64_t n) {
   });
 }
 
-#define LOOM_ELEMENTWISE(S)                                                                                \
-  template void gelu_forward<S>(S*, const S*, int64_t);                                                    \
-  template void gelu_backward<S>(S*, const S*, const S*, int64_t);                                         \
-  template void swiglu_forward<S>(S*, const S*, int, int);                                                 \
-  template void swiglu_backward<S>(S*, const S*, const S*, int, int);                                      \
-  template void crossentropy_forward_backward<S>(S*, float*, const int32_t*, int, int, int, float);        \
-  template void embedding_forward<S>(S*, const int32_t*, const S*, int, int, const S*, int, int, int);     \
-  template void embedding_backward<S>(float*, int, int, float*, const S*, const int32_t*, int, int, int);  \
-  template void crossentropy_shard_stats<S>(const S*, const int32_t*, int, int, int, int, float*, float*); \
-  template void crossentropy_shard_sumexp<S>(const S*, const float*, int, int, int, float*);               \
-  template void crossentropy_shard_finish<S>(S*, float*, const int32_t*, int, int, int, int, const float*, \
+#define LOOM_ELEMENTWISE(S)                                                                                            \
+  template void gelu_forward<S>(S*, const S*, int64_t);                                                                \
+  template void gelu_backward<S>(S*, const S*, const S*, int64_t);                                                     \
+  template void swiglu_forward<S>(S*, const S*, int, int);                                                             \
+  template void swiglu_backward<S>(S*, const S*, const S*, int, int);                                                  \
+  template void crossentropy_forward_backward<S>(S*, float*, const int32_t*, int, int, int, float);                    \
+  template void embedding_forward<S>(S*, const int32_t*, const S*, int, int, const S*, int, int, int, const int32_t*); \
+  template void embedding_backward<S>(float*, int, int, float*, const S*, const int32_t*, int, int, int,               \
+                                      const int32_t*);                                                                 \
+  template void crossentropy_shard_stats<S>(const S*, const int32_t*, int, int, int, int, float*, float*);             \
+  template void crossentropy_shard_sumexp<S>(const S*, const float*, int, int, int, float*);                           \
+  template void crossentropy_shard_finish<S>(S*, float*, const int32_t*, int, int, int, int, const float*,             \
                                              const float*, const float*, float);
 LOOM_ELEMENTWISE(float)
 LOOM_ELEMENTWISE(bf16)
