@@ -222,6 +222,9 @@ DataStreams data_open(const Config& cfg) {
     // The same chain, read from far beyond anything training reaches.
     auto val = std::make_shared<SliceStream>(train, int64_t(1) << 39, (int64_t(1) << 39) + (int64_t(1) << 30));
     d.val = std::make_unique<Sequences>(std::vector<Sequences::Source>{{val, 1.0, "synthetic"}}, T, seed, false);
+    if (cfg.data.doc_mask)
+      d.describe +=
+          fmt::format("; attention and positions kept inside documents (opened by token {})", cfg.doc_token());
     return d;
   }
   std::vector<DataSource> given = cfg.data.sources;
@@ -272,6 +275,8 @@ DataStreams data_open(const Config& cfg) {
     d.describe = fmt::format("{} mixture of {} sources: {}; {} validation tokens", cfg.data.source,
                              d.train->sources().size(), parts, val_tokens);
   }
+  if (cfg.data.doc_mask)
+    d.describe += fmt::format("; attention and positions kept inside documents (opened by token {})", cfg.doc_token());
   return d;
 }
 

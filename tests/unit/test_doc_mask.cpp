@@ -117,3 +117,19 @@ TEST(DocMask, PositionsRestartAtTheDocumentToken) {
   doc_positions(tok.data(), 5, 2, kDoc, pos.data());  // two sequences of 5
   EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 0, 1, 0, 0, 1, 2, 0, 1}));
 }
+
+TEST(DocMask, WhatCannotRunIsRefusedWithTheReason) {
+  auto refused = [](const std::string& sets) {
+    Config c = config_defaults();
+    config_load_string(c, sets, "t");
+    return test::error_of([&] { config_validate(c); });
+  };
+  EXPECT_NE(refused("[data]\ndoc_mask = true\n").find("needs the token that opens each document"), std::string::npos);
+  EXPECT_NE(refused("[data]\ndoc_mask = true\ndoc_token = 3\n[train]\ndevice = \"cuda-emulated\"\n")
+                .find("its CUDA kernels are not built yet"),
+            std::string::npos);
+  EXPECT_NE(refused("[data]\ndoc_mask = true\ndoc_token = 3\n[parallel]\npp = 2\n").find("use pp = 1"),
+            std::string::npos);
+  EXPECT_NE(refused("[data]\ndoc_mask = true\ndoc_token = 512\n").find("is not a token of the vocabulary"),
+            std::string::npos);
+}
