@@ -117,7 +117,8 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       }
       case PipeOp::B: {
         select(op.chunk, op.micro);
-        const Inputs in = op.chunk == 0 ? inputs(op.micro) : Inputs{};
+        // Every chunk's: data.doc_mask's positions drive RoPE's backward and recomputed attention.
+        const Inputs in = inputs(op.micro);
         if (chunk_sends(op.chunk, G)) {
           wait_in(grad_in[index(op.chunk, op.micro)]);
           be.copy(view(chunk_.grad_output()), act_buf(recv_grad_, out_block_[size_t(op.chunk / P)], op.micro));

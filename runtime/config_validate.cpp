@@ -186,10 +186,6 @@ void config_validate(Config& cfg) {
     LOOM_CHECK(t.device != "cuda" && t.device != "cuda-emulated",
                "data.doc_mask runs on the CPU backend: its CUDA kernels are not built yet; use train.device = "
                "\"cpu\"");
-    LOOM_CHECK(cfg.parallel.pp == 1,
-               "data.doc_mask with parallel.pp = {}: the pipeline's later stages do not receive the documents' "
-               "positions yet; use pp = 1",
-               cfg.parallel.pp);
   }
 
   auto& p = cfg.parallel;

@@ -128,8 +128,6 @@ TEST(DocMask, WhatCannotRunIsRefusedWithTheReason) {
   EXPECT_NE(refused("[data]\ndoc_mask = true\ndoc_token = 3\n[train]\ndevice = \"cuda-emulated\"\n")
                 .find("its CUDA kernels are not built yet"),
             std::string::npos);
-  EXPECT_NE(refused("[data]\ndoc_mask = true\ndoc_token = 3\n[parallel]\npp = 2\n").find("use pp = 1"),
-            std::string::npos);
   EXPECT_NE(refused("[data]\ndoc_mask = true\ndoc_token = 512\n").find("is not a token of the vocabulary"),
             std::string::npos);
 }
