@@ -197,6 +197,7 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
     if (i + 1 < max_new) logits = dec.forward(&next, 1);
   }
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // before the summary on stderr, where both go to one pipe
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(stderr, "{} prompt + {} new tokens in {:.2f} s ({:.1f} tokens/s; tokenizer {}, {}; {}, seed {})\n",
              ids.size(), out.size(), s, double(out.size()) / s, tc.name, tc.why,
