@@ -159,3 +159,13 @@ TEST(GemmPlan, RefusesWhatCublasLtWould) {
     EXPECT_NE(std::string(e.what()).find("4x12x3"), std::string::npos) << "the error names the shape";
   }
 }
+
+#if LOOM_HAVE_CUDA
+#include <cublasLt.h>
+// cuBLASLt is opened at its first call, not linked (kernels/cuda/cublaslt_lazy.cpp): a call that
+// needs no GPU reaches the real library through the stand-in.
+TEST(GemmPlan, CublasLtOpensAtItsFirstCall) {
+  EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+  EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+}
+#endif
