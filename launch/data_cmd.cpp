@@ -56,6 +56,10 @@ bool blank(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
 }
 
+bool ascii_solid(char c) {
+  return uint8_t(c) < 0x80 && !blank(c);
+}
+
 std::string val_path_of(const std::string& out) {
   const std::filesystem::path p(out);
   return (p.parent_path() / (p.stem().string() + "_val" + p.extension().string())).string();
@@ -69,7 +73,8 @@ std::vector<std::string> text_chunks(const std::string& text, size_t target) {
   while (begin < text.size()) {
     size_t cut = text.size();
     for (size_t i = begin + target; i + 1 < text.size(); ++i)
-      if (text[i - 1] == '\n' && !blank(text[i]) && i >= 2 && !blank(text[i - 2])) {
+      // ASCII on both sides: a byte of a multi-byte character may be white space's.
+      if (text[i - 1] == '\n' && i >= 2 && ascii_solid(text[i]) && ascii_solid(text[i - 2])) {
         cut = i;
         break;
       }

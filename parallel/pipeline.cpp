@@ -117,8 +117,9 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       }
       case PipeOp::B: {
         select(op.chunk, op.micro);
-        // Every chunk's: data.doc_mask's positions drive RoPE's backward and recomputed attention.
-        const Inputs in = inputs(op.micro);
+        // The embedding's chunk, and with data.doc_mask every chunk (its positions drive RoPE's
+        // backward and recomputed attention).
+        const Inputs in = op.chunk == 0 || chunk_.config().data.doc_mask ? inputs(op.micro) : Inputs{};
         if (chunk_sends(op.chunk, G)) {
           wait_in(grad_in[index(op.chunk, op.micro)]);
           be.copy(view(chunk_.grad_output()), act_buf(recv_grad_, out_block_[size_t(op.chunk / P)], op.micro));

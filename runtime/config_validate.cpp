@@ -152,7 +152,15 @@ void config_validate(Config& cfg) {
                  "data.sources entry {} ('{}') has weight {}; weights are shares, >= 0", i + 1, s.path, s.weight);
       sum += s.weight;
     }
-    LOOM_CHECK(sum > 0, "the weights of [[data.sources]] sum to {}; give at least one source a positive weight", sum);
+    LOOM_CHECK(sum > 0 && std::isfinite(sum),
+               "the weights of [[data.sources]] sum to {}; give at least one source a positive weight (and keep "
+               "them finite)",
+               sum);
+    for (size_t i = 0; i < d.sources.size(); ++i)
+      for (size_t j = i + 1; j < d.sources.size(); ++j)
+        LOOM_CHECK(d.sources[i].path != d.sources[j].path,
+                   "data.sources entries {} and {} are both '{}'; give a source once, with the sum of the weights",
+                   i + 1, j + 1, d.sources[i].path);
   }
   if (!d.tokenizer.empty()) check_one_of("data.tokenizer", d.tokenizer, {"byte", "gpt2", "llama3"});
   LOOM_CHECK(d.tokenizer != "llama3" || std::filesystem::is_regular_file(d.tokenizer_dir + "/tokenizer.model"),

@@ -105,6 +105,11 @@ void MemoryStream::read(int64_t start, int64_t count, int32_t* out) const {
   std::copy_n(tokens_->data() + begin_ + start, count, out);
 }
 
+SliceStream::SliceStream(std::shared_ptr<const TokenStream> s, int64_t begin, int64_t end)
+    : s_(std::move(s)), begin_(begin), end_(end) {
+  LOOM_ASSERT(0 <= begin && begin <= end && end <= s_->num_tokens());
+}
+
 void SliceStream::read(int64_t start, int64_t count, int32_t* out) const {
   LOOM_ASSERT(start >= 0 && start + count <= num_tokens());
   s_->read(begin_ + start, count, out);
@@ -121,7 +126,8 @@ Sequences::Sequences(std::vector<Source> sources, int T, uint64_t seed, bool shu
     LOOM_CHECK(s.weight >= 0, "data source '{}' has a negative weight {}", s.name, s.weight);
     sum += s.weight;
   }
-  LOOM_CHECK(sum > 0, "the weights of the data sources sum to {}; give one a positive weight", sum);
+  LOOM_CHECK(sum > 0 && std::isfinite(sum), "the weights of the data sources sum to {}; give one a positive weight",
+             sum);
   if (src_.size() == 1) {
     slots_ = {1};
   } else {
@@ -230,16 +236,23 @@ DataStreams data_open(const Config& cfg) {
   std::vector<DataSource> given = cfg.data.sources;
   if (given.empty()) given.push_back({cfg.data.path, 1.0});
   std::vector<Sequences::Source> train, val;
-  bool every_tail = true;
+  std::string no_val;  // sources too small to hold out a sequence
   for (const DataSource& s : given) {
     auto all = stream_open(cfg, s.path);
     const int64_t n = all->num_tokens();
     int64_t split = n;
-    if (cfg.data.val_path.empty() && n / 10 > T) {
+    // A directory's own validation shards (llm.c's layout), else the last 10%.
+    const std::vector<std::string> held = cfg.data.source == "tokens" && cfg.data.val_path.empty()
+                                              ? shard_files(s.path, true)
+                                              : std::vector<std::string>{};
+    if (!held.empty()) {
+      val.push_back(
+          {std::make_shared<ShardStream>(held, cfg.model.vocab_size), s.weight, s.path + " (its _val shards)"});
+    } else if (cfg.data.val_path.empty() && n / 10 > T) {
       split = n - n / 10;
       val.push_back({std::make_shared<SliceStream>(all, split, n), s.weight, s.path});
     } else if (cfg.data.val_path.empty() && s.weight > 0) {
-      every_tail = false;  // too small to hold out a sequence
+      no_val += fmt::format("{}'{}'", no_val.empty() ? "" : ", ", s.path);
     }
     LOOM_CHECK(split > T,
                "training data '{}' has {} tokens, fewer than model.seq_len + 1 = {}; use more data or a shorter "
@@ -252,8 +265,10 @@ DataStreams data_open(const Config& cfg) {
     LOOM_CHECK(v->num_tokens() > T, "validation data '{}' has {} tokens, fewer than seq_len + 1 = {}",
                cfg.data.val_path, v->num_tokens(), T + 1);
     d.val = std::make_unique<Sequences>(std::vector<Sequences::Source>{{v, 1.0, cfg.data.val_path}}, T, seed, false);
-  } else if (every_tail && !val.empty()) {
-    d.val = std::make_unique<Sequences>(std::move(val), T, seed, false);
+  } else if (!val.empty()) {
+    double w = 0;
+    for (auto& v : val) w += v.weight;
+    if (w > 0) d.val = std::make_unique<Sequences>(std::move(val), T, seed, false);
   }
   d.train = std::make_unique<Sequences>(std::move(train), T, seed, cfg.data.shuffle);
   const int64_t val_tokens = [&] {
@@ -275,6 +290,7 @@ DataStreams data_open(const Config& cfg) {
     d.describe = fmt::format("{} mixture of {} sources: {}; {} validation tokens", cfg.data.source,
                              d.train->sources().size(), parts, val_tokens);
   }
+  if (!no_val.empty()) d.describe += fmt::format("; no validation from {} (too small to hold out a sequence)", no_val);
   if (cfg.data.doc_mask)
     d.describe += fmt::format("; attention and positions kept inside documents (opened by token {})", cfg.doc_token());
   return d;

@@ -54,8 +54,7 @@ class MemoryStream : public TokenStream {
 // Tokens [begin, end) of another stream (a held-out tail, say).
 class SliceStream : public TokenStream {
  public:
-  SliceStream(std::shared_ptr<const TokenStream> s, int64_t begin, int64_t end)
-      : s_(std::move(s)), begin_(begin), end_(end) {}
+  SliceStream(std::shared_ptr<const TokenStream> s, int64_t begin, int64_t end);
   int64_t num_tokens() const override { return end_ - begin_; }
   void read(int64_t start, int64_t count, int32_t* out) const override;
 

@@ -19,12 +19,14 @@ namespace {
 constexpr int64_t kHeaderBytes = 256 * 4;
 }
 
-ShardHeader shard_header_read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK(in, "cannot open token shard '{}'; check data.path (make shards with `loom data`)", path);
+namespace {
+
+// The header of the shard open on `fd`, checked against the file's size on that same descriptor
+// (what is mapped next is what was checked).
+ShardHeader header_of(int fd, const std::string& path) {
   int32_t header[256] = {};
-  in.read(reinterpret_cast<char*>(header), sizeof(header));
-  LOOM_CHECK(in.gcount() == sizeof(header), "token shard '{}' is shorter than its 1024-byte header", path);
+  const ssize_t got = ::pread(fd, header, sizeof(header), 0);
+  LOOM_CHECK(got == ssize_t(sizeof(header)), "token shard '{}' is shorter than its 1024-byte header", path);
   ShardHeader h;
   if (header[0] == kShardMagic) {
     LOOM_CHECK(header[1] == 1, "token shard '{}' has GPT-2's magic but version {}; loom reads version 1 (uint16)", path,
@@ -42,8 +44,9 @@ ShardHeader shard_header_read(const std::string& path) {
   }
   h.count = header[2];
   LOOM_CHECK(h.count >= 0, "token shard '{}' has a negative token count {}", path, h.count);
-  // Checked against the file before anything is read or allocated for it.
-  const int64_t body = int64_t(std::filesystem::file_size(path)) - kHeaderBytes;
+  struct stat st {};
+  LOOM_CHECK(::fstat(fd, &st) == 0, "cannot stat token shard '{}': {}", path, std::strerror(errno));
+  const int64_t body = int64_t(st.st_size) - kHeaderBytes;
   LOOM_CHECK(h.count * h.width <= body,
              "token shard '{}' is truncated: its header says {} tokens ({} bytes) but the body has {} bytes", path,
              h.count, h.count * h.width, body);
@@ -54,15 +57,40 @@ ShardHeader shard_header_read(const std::string& path) {
   return h;
 }
 
-std::vector<std::string> shard_files(const std::string& path) {
+int shard_open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  LOOM_CHECK(fd >= 0, "cannot open token shard '{}' ({}); check data.path (make shards with `loom data`)", path,
+             std::strerror(errno));
+  return fd;
+}
+
+}  // namespace
+
+ShardHeader shard_header_read(const std::string& path) {
+  const int fd = shard_open(path);
+  try {
+    const ShardHeader h = header_of(fd, path);
+    ::close(fd);
+    return h;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+std::vector<std::string> shard_files(const std::string& path, bool val) {
   namespace fs = std::filesystem;
   LOOM_CHECK(fs::exists(path), "data file '{}' does not exist; check data.path / data.val_path / data.sources", path);
-  if (!fs::is_directory(path)) return {path};
+  if (!fs::is_directory(path)) return val ? std::vector<std::string>{} : std::vector<std::string>{path};
   std::vector<std::string> files;
-  for (auto& e : fs::directory_iterator(path))
-    if (e.path().extension() == ".bin") files.push_back(e.path().string());
+  for (auto& e : fs::directory_iterator(path)) {
+    const std::string stem = e.path().stem().string();
+    const bool is_val =
+        stem.size() >= 4 && (stem.compare(stem.size() - 4, 4, "_val") == 0 || stem.find("_val_") != std::string::npos);
+    if (e.path().extension() == ".bin" && is_val == val) files.push_back(e.path().string());
+  }
   std::sort(files.begin(), files.end());
-  LOOM_CHECK(!files.empty(), "directory '{}' holds no .bin token shards", path);
+  LOOM_CHECK(val || !files.empty(), "directory '{}' holds no .bin token shards (but validation ones)", path);
   return files;
 }
 
@@ -70,23 +98,30 @@ ShardStream::ShardStream(std::vector<std::string> files, int vocab_size) : vocab
   LOOM_CHECK(!files.empty(), "no token shards given");
   try {
     for (std::string& path : files) {
-      const ShardHeader h = shard_header_read(path);
+      const int fd = shard_open(path);
+      ShardHeader h;
+      try {
+        h = header_of(fd, path);
+        LOOM_CHECK(shards_.empty() || h.width == width_,
+                   "token shards '{}' ({}) and '{}' ({}) are of different formats; one source holds one format "
+                   "(remake them with one `loom data` tokenizer)",
+                   shards_.empty() ? "" : shards_.front().path, width_ == 2 ? "uint16, GPT-2" : "uint32, LLaMA-3", path,
+                   h.width == 2 ? "uint16, GPT-2" : "uint32, LLaMA-3");
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
       if (shards_.empty()) width_ = h.width;
-      LOOM_CHECK(h.width == width_,
-                 "token shards '{}' ({}) and '{}' ({}) are of different formats; one source holds one format (remake "
-                 "them with one `loom data` tokenizer)",
-                 shards_.front().path, width_ == 2 ? "uint16, GPT-2" : "uint32, LLaMA-3", path,
-                 h.width == 2 ? "uint16, GPT-2" : "uint32, LLaMA-3");
       Shard s;
       s.path = std::move(path);
       s.first = total_;
       s.count = h.count;
       if (h.count > 0) {
-        const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
-        LOOM_CHECK(fd >= 0, "cannot open token shard '{}': {}", s.path, std::strerror(errno));
         s.map_bytes = size_t(kHeaderBytes + h.count * h.width);
         s.map = ::mmap(nullptr, s.map_bytes, PROT_READ, MAP_SHARED, fd, 0);
-        ::close(fd);
+      }
+      ::close(fd);
+      if (h.count > 0) {
         LOOM_CHECK(s.map != MAP_FAILED, "cannot map token shard '{}': {}", s.path, std::strerror(errno));
         // Sequences are read at random: no read-ahead past the pages a sequence needs.
         ::madvise(s.map, s.map_bytes, MADV_RANDOM);

@@ -48,8 +48,10 @@ class ShardStream : public TokenStream {
   int64_t total_ = 0;
 };
 
-// The .bin files of a directory (sorted), or the one file given.
-std::vector<std::string> shard_files(const std::string& path);
+// The .bin files of a directory (sorted), or the one file given. `val`: a directory's
+// validation shards instead, those named *_val.bin or *_val_*.bin (`loom data`'s and llm.c's
+// names), which training never reads.
+std::vector<std::string> shard_files(const std::string& path, bool val = false);
 
 // A whole shard into memory (tests and tools).
 std::vector<int32_t> shard_read(const std::string& path, int vocab_size);

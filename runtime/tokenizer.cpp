@@ -326,11 +326,13 @@ Llama3Bpe::Llama3Bpe(const std::string& ranks_path) {
   int64_t lines = 0;
   while (std::getline(in, line)) {
     ++lines;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // a copy with Windows line ends
     if (line.empty()) continue;
     const size_t sp = line.find(' ');
     char* end = nullptr;
     const long rank = sp == std::string::npos ? -1 : std::strtol(line.c_str() + sp + 1, &end, 10);
-    LOOM_CHECK(sp != std::string::npos && end && *end == 0 && base64_decode(line.substr(0, sp), bytes),
+    LOOM_CHECK(sp != std::string::npos && end && end != line.c_str() + sp + 1 && *end == 0 &&
+                   base64_decode(line.substr(0, sp), bytes),
                "'{}' line {} is not 'base64 rank': it is not a tiktoken ranks file (LLaMA-3's tokenizer.model)",
                ranks_path, lines);
     LOOM_CHECK(rank >= 0 && rank < kRegular && !seen[size_t(rank)],

@@ -75,6 +75,19 @@ TEST(Shards, ACountThatDisagreesWithTheSizeIsRefusedBeforeReading) {
     extra << "zz";  // one token more than the header says
   }
   EXPECT_TRUE(has(error_of([&] { ShardStream({tmp("ok.bin")}, 100); }), "has 22 bytes after its header"));
+  std::filesystem::resize_file(tmp("ok.bin"), 1024 + 18);  // one token short
+  EXPECT_TRUE(has(error_of([&] { ShardStream({tmp("ok.bin")}, 100); }), "is truncated: its header says 10 tokens"));
+}
+
+TEST(Shards, ADirectorysValidationShardsAreNotTrainedOn) {
+  namespace fs = std::filesystem;
+  const std::string dir = tmp("with_val/");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"corpus.bin", "corpus_val.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin"})
+    shard_write(dir + f, iota(8));
+  EXPECT_EQ(shard_files(dir), (std::vector<std::string>{dir + "corpus.bin", dir + "fineweb_train_000001.bin"}));
+  EXPECT_EQ(shard_files(dir, true), (std::vector<std::string>{dir + "corpus_val.bin", dir + "fineweb_val_000000.bin"}));
 }
 
 TEST(Shards, OneSourceHoldsOneFormat) {
@@ -233,4 +246,12 @@ TEST(Sources, OneSourceReadsAsBefore) {
   one.read(23, seq.data());
   EXPECT_EQ(seq[0], 3 * T);
   EXPECT_EQ(one.epoch_sequences(), 10);
+  // Shuffled, the order earlier versions read (one seeded permutation per epoch): a golden list.
+  Sequences shuffled({{numbered(10 * T + 1, 0), 1.0, "a"}}, T, 5, true);
+  std::vector<int32_t> order;
+  for (int64_t g = 0; g < 12; ++g) {
+    shuffled.read(g, seq.data());
+    order.push_back(seq[0] / T);
+  }
+  EXPECT_EQ(order, (std::vector<int32_t>{7, 9, 0, 1, 2, 4, 5, 8, 6, 3, 5, 3}));
 }

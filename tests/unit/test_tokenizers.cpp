@@ -2,6 +2,7 @@
 // in e2e.tokenizers_reference covers real text), and tokenizer files that do not parse.
 #include <fstream>
 
+#include "launch/data_cmd.h"
 #include "runtime/error.h"
 #include "runtime/tokenizer.h"
 #include "testing.h"
@@ -87,4 +88,23 @@ TEST(Tokenizer, FilesThatDoNotParseAreRefusedWithWhatTheyShouldBe) {
             std::string::npos);
   EXPECT_NE(error_of([&] { tokenizer_open("sentencepiece", "", ""); }).find("loom has byte, gpt2 and llama3"),
             std::string::npos);
+}
+
+TEST(Tokenizer, ThreadsCutTextOnlyBetweenAsciiLines) {
+  // After "\n" only between two ASCII non-blank characters: not after U+00A0 (white space whose
+  // last byte is not blank), which the pre-tokenizers join differently.
+  EXPECT_EQ(text_chunks("ab\xc2\xa0\nYZ\nQR", 1), (Words{"ab\xc2\xa0\nYZ\n", "QR"}));
+}
+
+TEST(Tokenizer, RanksFilesWithWindowsLineEndsReadAndARanklessLineDoesNot) {
+  ranks_write(tmp("crlf.model"));
+  {
+    std::ifstream in(tmp("crlf.model"));
+    std::string line, all;
+    while (std::getline(in, line)) all += line + "\r\n";
+    std::ofstream(tmp("crlf.model")) << all;
+  }
+  EXPECT_EQ(Llama3Bpe(tmp("crlf.model")).encode("hello"), (std::vector<int32_t>{3}));
+  ranks_write(tmp("rankless.model"), "IQ== ");
+  EXPECT_NE(error_of([&] { Llama3Bpe b(tmp("rankless.model")); }).find("is not 'base64 rank'"), std::string::npos);
 }
