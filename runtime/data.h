@@ -89,7 +89,7 @@ class Sequences {
   double share(size_t j) const { return double(slots_[j]) / double(block_); }
 
  private:
-  std::pair<int, int64_t> locate(int64_t g) const;  // (source, its sequence count before g)
+  std::pair<int, int64_t> locate(int64_t g) const;  // (source, g's index among that source's reads)
   std::vector<Source> src_;
   std::vector<int64_t> nseq_, slots_;
   std::vector<int> source_;    // by position in the block
@@ -105,8 +105,8 @@ struct DataStreams {
   std::string describe;
 };
 // Builds the sequences of data.source (data.path, or the mixture of data.sources). Without
-// data.val_path, text and token sources hold out their last 10% for validation (a mixture:
-// each source's, blended with the same weights).
+// data.val_path, a directory's *_val shards validate, else text and token sources hold out
+// their last 10% (a mixture: each source's, blended with the same weights).
 DataStreams data_open(const Config& cfg);
 
 // Reads micro-batch `micro` of dp rank `rank` for optimizer step `step`: inputs and targets
