@@ -283,6 +283,19 @@ TEST(CliDayOne, ExportsRecordTheTokenizerGenerateUsesIt) {
     EXPECT_NE(g.output.find("tokenizer gpt2, recorded with the weights"), std::string::npos) << g.output;
   }
   EXPECT_TRUE(std::filesystem::exists(dir + "vocab.json"));  // what transformers' tokenizer reads
+  // LLaMA-3's: tokenizer.model recorded, copied into a Hugging Face directory, and used.
+  const std::string l3 = fresh("tok_l3");
+  std::filesystem::create_directories(l3);
+  loom::test::ranks_write(l3 + "/tokenizer.model");
+  const std::string l3dir = fresh("tok_l3_hf") + "/";
+  CliRun trained =
+      loom_run(tiny() + "--set model.arch=llama --set model.vocab_size=128256 --set train.steps=1 " +
+               "--set data.tokenizer=llama3 --set data.tokenizer_dir=" + l3 + " --set export.final=" + l3dir);
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  EXPECT_TRUE(std::filesystem::exists(l3dir + "tokenizer.model"));
+  CliRun l3g = loom_run("generate --from " + l3dir + " --prompt hello --max-new 2");
+  ASSERT_EQ(l3g.status, 0) << l3g.output;
+  EXPECT_NE(l3g.output.find("tokenizer llama3, recorded with the weights"), std::string::npos) << l3g.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "merges.txt"));
   expect_one_line_error(tiny() + "--set data.tokenizer=gpt2", "needs data.tokenizer_dir");
   // No tokenizer recorded, a vocabulary far beyond bytes: said.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -88,4 +89,33 @@ std::string error_of(F&& f) {
   return "";
 }
 
+// Base64 (RFC 4648, padded).
+inline std::string b64(const std::string& raw) {
+  static const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < raw.size(); i += 3) {
+    const uint32_t v = uint32_t(uint8_t(raw[i])) << 16 | uint32_t(uint8_t(raw[i + 1])) << 8 | uint8_t(raw[i + 2]);
+    for (int s = 18; s >= 0; s -= 6) out += a[(v >> s) & 63];
+  }
+  if (raw.size() - i == 1) {
+    const uint32_t v = uint32_t(uint8_t(raw[i])) << 16;
+    out += std::string{a[v >> 18], a[(v >> 12) & 63], '=', '='};
+  } else if (raw.size() - i == 2) {
+    const uint32_t v = uint32_t(uint8_t(raw[i])) << 16 | uint32_t(uint8_t(raw[i + 1])) << 8;
+    out += std::string{a[v >> 18], a[(v >> 12) & 63], a[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+// A tiktoken ranks file of LLaMA-3's size (128000 ranks): "he", "ll", "hell", "hello" at ranks
+// 0-3, the 256 bytes at 4-259, then filler; `bad_line` goes after the bytes.
+inline void ranks_write(const std::string& path, const std::string& bad_line = "") {
+  std::ofstream out(path);
+  int rank = 0;
+  for (const std::string& t : {std::string("he"), std::string("ll"), std::string("hell"), std::string("hello")})
+    out << b64(t) << ' ' << rank++ << '\n';
+  for (int b = 0; b < 256; ++b) out << b64(std::string(1, char(b))) << ' ' << rank++ << '\n';
+  if (!bad_line.empty()) out << bad_line << '\n';
+  for (int i = 0; rank < 128000; ++i) out << b64("\x01\x02" + std::to_string(i)) << ' ' << rank++ << '\n';
+}
 }  // namespace loom::test
