@@ -52,7 +52,9 @@ case $scenario in
   bitflip) fault=(--set fault.bitflip=$r:$at --set fault.sdc_every=1) ;;
   bitflip_unchecked) fault=(--set fault.bitflip=$r:$at) ;;
   slow) fault=(--set fault.slow=$r:40) ;;
-  ckpt_corrupt) fault=(--set fault.ckpt_corrupt=10 --set fault.kill=$r:13) ;;
+  # A synchronous save: step 10 is committed (and damaged) before the kill at 13, whatever
+  # the disk's speed (an async one may still be writing then, and nothing is damaged).
+  ckpt_corrupt) fault=(--set fault.ckpt_corrupt=10 --set fault.kill=$r:13 --set checkpoint.async=false) ;;
   enospc) fault=(--set fault.enospc=10) ;;
   *) echo "error: unknown scenario '$scenario'" >&2; exit 2 ;;
 esac
