@@ -101,8 +101,10 @@ void bench_kernels(const Config& cfg) {
   }
   if (const int E = cfg.model.moe.num_experts; E > 0) {
     // A MoE layer's experts: their two forward GEMMs as one strided batch each (the padded
-    // layout of a capacity) against one GEMM per expert (dropless), at the rows an expert gets:
-    // its slot from every ep rank, or an even share of the assignments.
+    // layout of a capacity), as runs sized on the device (dropless: kernels/cuda/gemm_ragged.cu)
+    // and as one cuBLASLt GEMM per expert (what dropless would be with its sizes on the host),
+    // at the rows an expert gets: its slot from every ep rank, or an even share of the
+    // assignments.
     const int P = cfg.parallel.ep, El = E / P, N = B * T, C = cfg.model.d_model, F = cfg.model.d_ff;
     const int64_t slot = moe_slot(cfg, N);
     const int M = int(slot ? P * slot : std::max<int64_t>(1, int64_t(N) * cfg.model.moe.top_k * P / E));
@@ -125,11 +127,20 @@ void bench_kernels(const Config& cfg) {
         cuda::gemm(ctx, false, true, M, C, F, act + int64_t(e) * M * F, F, w + e * wstride + 2 * int64_t(F) * C, F,
                    0.0f, y + int64_t(e) * M * C, C, nullptr, s);
     });
+    const std::vector<int32_t> even(static_cast<size_t>(El), M);
+    int32_t* counts = device_zeros<int32_t>(even.size());
+    LOOM_CUDA_CHECK(cudaMemcpy(counts, even.data(), even.size() * 4, cudaMemcpyHostToDevice));
+    const double ragged = time_ms(s, 10, [&] {
+      cuda::gemm_ragged_rows(fc, x, w, wstride, true, counts, 1, El, int64_t(El) * M, C, 2 * F, s);
+      cuda::gemm_ragged_rows(y, act, w + 2 * int64_t(F) * C, wstride, true, counts, 1, El, int64_t(El) * M, F, C, s);
+    });
     const std::string shape = fmt::format("{} x {}x{}x{}", El, M, 2 * F, C);
     fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", "moe experts batched " + shape, batched, flops / batched / 1e9);
     fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", "moe experts per expert " + shape, loop, flops / loop / 1e9);
-    fmt::print("MoE experts: one batched GEMM per matrix {:.2f}x the per-expert loop\n", loop / batched);
-    for (void* p : {(void*)x, (void*)w, (void*)fc, (void*)act, (void*)y}) cudaFree(p);
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", "moe experts ragged " + shape, ragged, flops / ragged / 1e9);
+    fmt::print("MoE experts: one batched GEMM per matrix {:.2f}x the per-expert loop; ragged (device-sized) {:.2f}x\n",
+               loop / batched, loop / ragged);
+    for (void* p : {(void*)x, (void*)w, (void*)fc, (void*)act, (void*)y, (void*)counts}) cudaFree(p);
   }
   const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D, ns = size_t(B) * H * T;
   bf16 *qkv = device_zeros<bf16>(nq), *out = device_zeros<bf16>(no), *dout = device_zeros<bf16>(no),

@@ -17,7 +17,7 @@
 #                  pp 2 with 1f1b, gpipe and zb, tp 2 + sp under full recompute, ZeRO-3 under
 #                  selective, MoE at ep 2) against one CUDA rank; with two GPUs, pp 2 over
 #                  real NCCL, bitwise against the staged pp 2;
-#   bench          kernel rates (MoE's batched expert GEMMs against one per expert too), GPT-2
+#   bench          kernel rates (MoE's expert GEMMs batched, ragged and one per expert too), GPT-2
 #                  124M (B=16, T=1024) next to PyTorch, LLaMA-shaped 1.1B;
 #   sanitizers     last, being slowest: compute-sanitizer memcheck and racecheck.
 # Every stage runs under one global deadline (DEADLINE_S, default 540 s: a 10-minute call
@@ -194,7 +194,7 @@ stage_parity() {
     recompute+="$policy: $(verdict small_cuda_$policy small_cuda --loss-rtol 0 --norm-rtol 0 --weight-atol 0 | sed 's/.*: //')  "
   done
   # LLaMA (RMSNorm, RoPE, SwiGLU, grouped-query heads 2/1) and its MoE (Mixtral blocks: the
-  # routing, plan, permutation and combination kernels; dropless with per-expert GEMMs, and
+  # routing, plan, permutation and combination kernels; dropless with device-sized GEMMs, and
   # with a capacity: padded slots, batched GEMMs): CUDA against CPU bf16.
   run llama_cuda $loom train "${small[@]}" "${llama[@]}" --set train.device=cuda
   parity_llama=$(verdict llama_cuda llama_cpu_bf16 "${bf[@]}")
@@ -292,7 +292,7 @@ stage_bench() {
   need_build || return 1
   tmo 120 $loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$work/kernels_gpt2.log" 2>&1
   tmo 120 $loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$work/kernels_llama1b.log" 2>&1
-  # The experts' GEMMs batched (a capacity) against one per expert (dropless), Mixtral-shaped.
+  # The experts' GEMMs batched (a capacity), ragged (dropless) and one per expert, Mixtral-shaped.
   tmo 60 $loom bench kernels --config examples/configs/llama_1b_gpu.toml --set model.moe.num_experts=8 \
     --set model.moe.capacity_factor=1.25 > "$work/kernels_moe.log" 2>&1
   tmo 180 $loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$work/bench_gpt2.log" 2>&1

@@ -247,8 +247,11 @@ void Trainer::Parts::startup_log() {
                           "slot of {} rows padded with zeros: every shape fixed, the host never waits for the device",
                           moe_capacity(cfg, N), moe.capacity_factor, moe_slot(cfg, N))
             : fmt::format("dropless: the experts' buffers hold the worst case, {} rows ({:.2f} MiB saved per MoE "
-                          "layer and micro-batch in flight), and each layer's forward reads its counts on the host{}",
-                          Rr, mib, cfg.parallel.ep > 1 ? " (exchanged over the ep group on the device first)" : ""),
+                          "layer and micro-batch in flight); the experts' GEMMs are sized on the device{}",
+                          Rr, mib,
+                          cfg.parallel.ep > 1 ? ", and each layer's forward reads its counts on the host to size "
+                                                "the all-to-all (exchanged over the ep group on the device first)"
+                                              : " and the host never waits for it"),
         double(active_param_count(cfg)) / 1e6, double(param_count(cfg)) / 1e6);
   }
   info("device: {} ({}); {} threads per rank ({}); data: {}", device, dtype_name(dtype), threads, threads_why,

@@ -66,6 +66,13 @@ struct AdamScalars {
   float lr_step, bc2_sqrt, beta1, beta2, eps, decay_factor;
 };
 
+// Run g's rows in a ragged layout (Backend::linear_forward_ragged), from counts in host memory.
+inline int64_t ragged_rows(const int32_t* counts, int sources, int G, int g) {
+  int64_t n = 0;
+  for (int s = 0; s < sources; ++s) n += counts[s * G + g];
+  return n;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -126,6 +133,14 @@ class Backend {
       linear_backward(dinp + int64_t(g) * M * K, dw ? dw + g * w_stride : nullptr, nullptr, dout + int64_t(g) * M * N,
                       inp + int64_t(g) * M * K, w + g * w_stride, M, K, N, layout);
   }
+  // G linears over runs of rows whose lengths stay on the device (a dropless MoE layer's
+  // experts): run g is the next sum_s counts[s * G + g] rows of R in all (`sources` tables of G
+  // counts, on the backend's device), through the out_in weights at w + g*w_stride (their
+  // gradients at dw + g*w_stride). Nothing waits for the host.
+  virtual void linear_forward_ragged(Ptr out, Ptr inp, Ptr w, int G, int64_t w_stride, const int32_t* counts,
+                                     int sources, int64_t R, int K, int N) = 0;
+  virtual void linear_backward_ragged(Ptr dinp, float* dw, Ptr dout, Ptr inp, Ptr w, int G, int64_t w_stride,
+                                      const int32_t* counts, int sources, int64_t R, int K, int N) = 0;
   // swiglu: act[N,F] = silu(fc[:, :F]) * fc[:, F:]; else act = gelu(fc), fc [N, F].
   virtual void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) = 0;
   virtual void act_backward(bool swiglu, Ptr dfc, Ptr fc, Ptr dact, int N, int F) = 0;

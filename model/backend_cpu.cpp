@@ -214,6 +214,29 @@ class CpuBackend final : public Backend {
       if (dx) cpu::narrow((dinp + int64_t(r0) * K).as<bf16>(), dx, int64_t(R) * K);
     }
   }
+  // The counts are in host memory here: one linear per run, as the padded layout's experts.
+  void linear_forward_ragged(Ptr out, Ptr inp, Ptr w, int G, int64_t w_stride, const int32_t* counts, int sources,
+                             int64_t R, int K, int N) override {
+    int64_t r0 = 0;
+    for (int g = 0; g < G; ++g) {
+      const int64_t n = ragged_rows(counts, sources, G, g);
+      if (n > 0) linear_forward(out + r0 * N, inp + r0 * K, w + g * w_stride, Ptr(), int(n), K, N, WLayout::out_in);
+      r0 += n;
+    }
+    LOOM_ASSERT(r0 == R);
+  }
+  void linear_backward_ragged(Ptr dinp, float* dw, Ptr dout, Ptr inp, Ptr w, int G, int64_t w_stride,
+                              const int32_t* counts, int sources, int64_t R, int K, int N) override {
+    int64_t r0 = 0;
+    for (int g = 0; g < G; ++g) {
+      const int64_t n = ragged_rows(counts, sources, G, g);
+      if (n > 0)
+        linear_backward(dinp ? dinp + r0 * K : Ptr(), dw ? dw + g * w_stride : nullptr, nullptr, dout + r0 * N,
+                        inp + r0 * K, w + g * w_stride, int(n), K, N, WLayout::out_in);
+      r0 += n;
+    }
+    LOOM_ASSERT(r0 == R);
+  }
   void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;

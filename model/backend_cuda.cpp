@@ -182,6 +182,17 @@ class CudaBackend final : public Backend {
       cuda::gemm_batched_f32out(*gemm_, true, false, N, K, M, B16(dout), N, B16(inp), K, 1.0f, dw, K,
                                 {G, int64_t(M) * N, int64_t(M) * K, w_stride}, s_);
   }
+  // Sized on the device (kernels/cuda/gemm_ragged.cu): no wait for the counts.
+  void linear_forward_ragged(Ptr out, Ptr inp, Ptr w, int G, int64_t w_stride, const int32_t* counts, int sources,
+                             int64_t R, int K, int N) override {
+    cuda::gemm_ragged_rows(B16(out), B16(inp), B16(w), w_stride, true, counts, sources, G, R, K, N, s_);
+  }
+  void linear_backward_ragged(Ptr dinp, float* dw, Ptr dout, Ptr inp, Ptr w, int G, int64_t w_stride,
+                              const int32_t* counts, int sources, int64_t R, int K, int N) override {
+    // W [N, K]: dinp = dout W, dW += dout^T inp
+    if (dinp) cuda::gemm_ragged_rows(B16(dinp), B16(dout), B16(w), w_stride, false, counts, sources, G, R, N, K, s_);
+    if (dw) cuda::gemm_ragged_wgrad(dw, B16(dout), B16(inp), w_stride, counts, sources, G, N, K, s_);
+  }
   void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) override {
     if (swiglu)
       cuda::swiglu_forward(B16(act), B16(fc), N, F, s_);

@@ -183,22 +183,26 @@ class Chunk {
   bool sp_;
   int Ns_;  // rows of the norm and residual regions on this rank (N / tp with sp)
   // The shapes of a MoE layer's pass, on the host: the rows of the expert-sorted buffer
-  // (`rows`), those sent to and received from each ep rank, and the runs of this rank's experts
-  // over the expert-major rows they compute on (each expert's rows from every source in turn).
-  // Padded (a capacity): fixed, every expert a slot; dropless: from the plan's counts.
+  // (`rows`), those sent to and received from each ep rank, and the expert-major rows this
+  // rank's experts compute on (each expert's rows from every source in turn). Padded (a
+  // capacity): fixed, every expert a slot; dropless: every assignment without ep, and under ep
+  // from the plan's counts. Each expert's own run stays on the device (moe_expert_counts).
   struct MoeRoute {
-    int64_t rows = 0;
-    std::vector<int64_t> sent, received, runs;
+    int64_t rows = 0, expert_rows = 0;
+    std::vector<int64_t> sent, received;
   };
   MoeRoute moe_route_padded() const;
-  MoeRoute moe_route_counted(const int32_t* counts);  // reads the counts: the host waits
+  MoeRoute moe_route_local() const;                   // dropless without ep
+  MoeRoute moe_route_counted(const int32_t* counts);  // dropless under ep: the host waits for the counts
+  // The counts of rows per local expert and source (ep rank) that the dropless GEMMs read.
+  const int32_t* moe_expert_counts(int mi);
   // Expert parallel: local rows [R, C] (sorted by expert, `in`) to the ranks holding their
   // experts, arriving expert-major in `out` (through `recv`), and back (`back`: from
   // expert-major rows to local order).
   void moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out);
   void moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out);
   // The experts' two GEMMs forward, and backward (the weight gradients accumulated): one
-  // grouped call each over padded slots, one per expert over counted runs.
+  // grouped call each, over padded slots or over runs sized on the device.
   void moe_experts_forward(const MoeRoute& r, const LayerW& lw, const LayerA& a);
   void moe_experts_backward(const MoeRoute& r, const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr dye, Ptr dxe);
   struct Piece {

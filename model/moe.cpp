@@ -6,9 +6,11 @@
 //  - with a capacity (capacity_factor > 0) every expert owns a slot of min(capacity, N) rows,
 //    padded with zero rows, so every GEMM, gather and all-to-all has a fixed shape: the layer
 //    never waits for its device (the experts' GEMMs run as one batched call each);
-//  - dropless, the experts' rows are packed and their counts (under ep, exchanged over the ep
-//    group on the device first) come to the host once per layer and forward, to size the
-//    GEMMs and the all-to-all; backward and a recompute reuse them.
+//  - dropless, the experts' rows are packed, N * top_k of them, and the experts' GEMMs find
+//    their runs from the counts on the device (Backend::linear_forward_ragged): the layer never
+//    waits either. Under ep the all-to-all's sizes are host arguments (NCCL's and MPI's), so
+//    the counts, exchanged over the ep group on the device first, come to the host once per
+//    layer and forward; backward and a recompute reuse them.
 // The statistics (load-balancing loss, load, dropped fraction) add up on the device until the
 // step reads them. Full recompute repeats the forward's plan, bitwise.
 // Under tensor parallelism the experts are whole on every tp rank, which runs the layer on
@@ -36,7 +38,15 @@ Chunk::MoeRoute Chunk::moe_route_padded() const {
   r.rows = int64_t(P) * El * slot;
   r.sent.assign(size_t(P), El * slot);
   r.received = r.sent;
-  for (int j = 0; j <= El; ++j) r.runs.push_back(int64_t(j) * P * slot);
+  r.expert_rows = r.rows;
+  return r;
+}
+
+Chunk::MoeRoute Chunk::moe_route_local() const {
+  MoeRoute r;
+  r.rows = moe_rows(cfg_, int64_t(B_) * T_);  // dropless: every assignment
+  r.sent = r.received = {r.rows};
+  r.expert_rows = r.rows;
   return r;
 }
 
@@ -49,15 +59,13 @@ Chunk::MoeRoute Chunk::moe_route_counted(const int32_t* counts) {
   MoeRoute r;
   r.sent.assign(size_t(P), 0);
   r.received.assign(size_t(P), 0);
-  r.runs.assign(size_t(El) + 1, 0);
   for (int s = 0; s < P; ++s)
     for (int j = 0; j < El; ++j) {
       r.sent[size_t(s)] += kept[s * El + j];
       r.received[size_t(s)] += from[s * El + j];
-      r.runs[size_t(j) + 1] += from[s * El + j];
     }
-  for (int j = 0; j < El; ++j) r.runs[size_t(j) + 1] += r.runs[size_t(j)];
   for (int64_t n : r.sent) r.rows += n;
+  for (int64_t n : r.received) r.expert_rows += n;
   return r;
 }
 
@@ -93,7 +101,8 @@ void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool 
         .wait_on(be_.stream());
   }
   MoeRoute& route = pieces_[size_t(piece_)].routes[size_t(slot_ * pieces_[size_t(piece_)].moe + mi)];
-  if (!recomputing) route = slot ? moe_route_padded() : moe_route_counted(counts);  // a recompute's are the same
+  if (!recomputing)  // a recompute's are the same
+    route = slot ? moe_route_padded() : P > 1 ? moe_route_counted(counts) : moe_route_local();
   if (P > 1)
     be_.moe_ep_maps(act(MOE_MAP_IN, mi).as<int32_t>(), act(MOE_MAP_OUT, mi).as<int32_t>(),
                     slot ? nullptr : counts + 2 * E, P, El, int(slot));
@@ -120,54 +129,51 @@ void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool 
   be_.moe_stats_add(moe_stats_.data<double>() + 4 * ((a.layer + 1) / mc.every - 1), counts, sums, N, E, k);
 }
 
+const int32_t* Chunk::moe_expert_counts(int mi) {
+  const int E = cfg_.model.moe.num_experts;
+  // kept [E] per expert without ep; with it, what each rank sends each of my experts [P x El]
+  return act(MOE_COUNTS, mi).as<int32_t>() + (ep_size_ > 1 ? 2 * E : E);
+}
+
 void Chunk::moe_experts_forward(const MoeRoute& r, const LayerW& lw, const LayerA& a) {
-  const int C = C_, Fe = cfg_.model.d_ff, El = int(r.runs.size()) - 1;
+  const int C = C_, Fe = cfg_.model.d_ff, P = ep_size_, El = cfg_.model.moe.num_experts / P;
   const Ptr xr = act(MOE_X, a.moe), fc = act(MOE_FC, a.moe), ac = act(MOE_ACT, a.moe);
-  const Ptr ye = ep_size_ > 1 ? scr(MOE_RECV) : act(MOE_Y, a.moe);
+  const Ptr ye = P > 1 ? scr(MOE_RECV) : act(MOE_Y, a.moe);
   const Ptr w = lw.w[MOE_EXPERTS];
-  const int64_t Rr = r.runs.back(), stride = w13_at(1, Fe, C);
-  if (moe_slot(cfg_, int64_t(B_) * T_)) {
-    const int M = int(r.runs[1]);
+  const int64_t Rr = r.expert_rows, stride = w13_at(1, Fe, C);
+  if (const int64_t slot = moe_slot(cfg_, int64_t(B_) * T_)) {
+    const int M = int(P * slot);
     be_.linear_forward_grouped(fc, xr, w, El, stride, M, C, 2 * Fe, WLayout::out_in);
     be_.act_forward(true, ac, fc, int(Rr), Fe);
     be_.linear_forward_grouped(ye, ac, w + w2_at(0, Fe, C), El, stride, M, Fe, C, WLayout::out_in);
     return;
   }
-  for (int e = 0; e < El; ++e)
-    if (const int64_t r0 = r.runs[size_t(e)], n = r.runs[size_t(e) + 1] - r0; n > 0)
-      be_.linear_forward(fc + r0 * 2 * Fe, xr + r0 * C, w + w13_at(e, Fe, C), Ptr(), int(n), C, 2 * Fe,
-                         WLayout::out_in);
+  const int32_t* counts = moe_expert_counts(a.moe);
+  be_.linear_forward_ragged(fc, xr, w, El, stride, counts, P, Rr, C, 2 * Fe);
   if (Rr) be_.act_forward(true, ac, fc, int(Rr), Fe);
-  for (int e = 0; e < El; ++e)
-    if (const int64_t r0 = r.runs[size_t(e)], n = r.runs[size_t(e) + 1] - r0; n > 0)
-      be_.linear_forward(ye + r0 * C, ac + r0 * Fe, w + w2_at(e, Fe, C), Ptr(), int(n), Fe, C, WLayout::out_in);
+  be_.linear_forward_ragged(ye, ac, w + w2_at(0, Fe, C), El, stride, counts, P, Rr, Fe, C);
 }
 
 void Chunk::moe_experts_backward(const MoeRoute& r, const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr dye,
                                  Ptr dxe) {
-  const int C = C_, Fe = cfg_.model.d_ff, El = int(r.runs.size()) - 1;
+  const int C = C_, Fe = cfg_.model.d_ff, P = ep_size_, El = cfg_.model.moe.num_experts / P;
   const Ptr xr = act(MOE_X, a.moe), fc = act(MOE_FC, a.moe), ac = act(MOE_ACT, a.moe);
   const Ptr dfc = scr(MOE_DFC), dact = scr(MOE_DACT), w = lw.w[MOE_EXPERTS];
   float* g = lg.g[MOE_EXPERTS];
-  const int64_t Rr = r.runs.back(), stride = w13_at(1, Fe, C);
+  const int64_t Rr = r.expert_rows, stride = w13_at(1, Fe, C);
   if (policy_ == Recompute::selective && Rr) be_.act_forward(true, ac, fc, int(Rr), Fe);
-  if (moe_slot(cfg_, int64_t(B_) * T_)) {
-    const int M = int(r.runs[1]);
+  if (const int64_t slot = moe_slot(cfg_, int64_t(B_) * T_)) {
+    const int M = int(P * slot);
     be_.linear_backward_grouped(dact, g + w2_at(0, Fe, C), dye, ac, w + w2_at(0, Fe, C), El, stride, M, Fe, C,
                                 WLayout::out_in);
     be_.act_backward(true, dfc, fc, dact, int(Rr), Fe);
     be_.linear_backward_grouped(dxe, g, dfc, xr, w, El, stride, M, C, 2 * Fe, WLayout::out_in);
     return;
   }
-  for (int e = 0; e < El; ++e)
-    if (const int64_t r0 = r.runs[size_t(e)], n = r.runs[size_t(e) + 1] - r0; n > 0)
-      be_.linear_backward(dact + r0 * Fe, g + w2_at(e, Fe, C), nullptr, dye + r0 * C, ac + r0 * Fe, w + w2_at(e, Fe, C),
-                          int(n), Fe, C, WLayout::out_in);
+  const int32_t* counts = moe_expert_counts(a.moe);
+  be_.linear_backward_ragged(dact, g + w2_at(0, Fe, C), dye, ac, w + w2_at(0, Fe, C), El, stride, counts, P, Rr, Fe, C);
   if (Rr) be_.act_backward(true, dfc, fc, dact, int(Rr), Fe);
-  for (int e = 0; e < El; ++e)  // the rows' input gradients
-    if (const int64_t r0 = r.runs[size_t(e)], n = r.runs[size_t(e) + 1] - r0; n > 0)
-      be_.linear_backward(dxe + r0 * C, g + w13_at(e, Fe, C), nullptr, dfc + r0 * 2 * Fe, xr + r0 * C,
-                          w + w13_at(e, Fe, C), int(n), C, 2 * Fe, WLayout::out_in);
+  be_.linear_backward_ragged(dxe, g, dfc, xr, w, El, stride, counts, P, Rr, C, 2 * Fe);  // the rows' input gradients
 }
 
 void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr x, Ptr dout, Ptr dx) {
@@ -213,7 +219,7 @@ void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Pt
 
 void Chunk::moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out) {
   const int C = C_;
-  const int64_t Rr = r.runs.back();
+  const int64_t Rr = r.expert_rows;
   std::vector<int64_t> sc(r.sent), rc(r.received);
   for (auto& v : sc) v *= C;
   for (auto& v : rc) v *= C;
@@ -227,7 +233,7 @@ void Chunk::moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, P
 
 void Chunk::moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out) {
   const int C = C_;
-  const int64_t Rr = r.runs.back();
+  const int64_t Rr = r.expert_rows;
   be_.moe_gather(send, in, act(MOE_MAP_OUT, a.moe).as<int32_t>(), int(Rr), C);
   std::vector<int64_t> sc(r.received), rc(r.sent);
   for (auto& v : sc) v *= C;

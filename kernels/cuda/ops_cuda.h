@@ -67,6 +67,19 @@ void gemm_batched(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int
 void gemm_batched_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
                          int lda, const bf16* B, int ldb, float beta, float* C, int ldc, const GemmBatch& batch,
                          cudaStream_t s);
+// defines: gemm_ragged_tiles, gemm_ragged_rows, gemm_ragged_wgrad (kernels/cuda/gemm_ragged.cu)
+// The experts' GEMMs over runs of rows whose lengths stay on the device (a dropless MoE
+// layer): expert e (of El) owns the next sum_s counts[s * El + e] rows of R in all.
+// out[r, :N] = a[r, :K] @ B_e for each run, B_e read at w + e * w_stride as W [N, K]
+// transposed (w_nk) or as W [K, N]; out is overwritten (rows past the runs are not written).
+void gemm_ragged_rows(bf16* out, const bf16* a, const bf16* w, int64_t w_stride, bool w_nk, const int32_t* counts,
+                      int sources, int El, int64_t R, int K, int N, cudaStream_t s);
+// dw_e [N, K] (fp32, at dw + e * w_stride) += dy_e^T @ x_e over each run's rows.
+void gemm_ragged_wgrad(float* dw, const bf16* dy, const bf16* x, int64_t w_stride, const int32_t* counts, int sources,
+                       int El, int N, int K, cudaStream_t s);
+// The blocks gemm_ragged_rows launches per 64 output columns: the most 64-row tiles R rows
+// can make over El runs.
+int gemm_ragged_tiles(int64_t R, int El);
 // C = gelu(op(A) @ op(B) + bias) with GELU's argument kept in pre[M, N] (stride ldc, a
 // multiple of 8): the fused bias + GELU epilogue. bias may be null. The model does not use it
 // (its GELU on the fp32 accumulator could not be recomputed to the bit from pre); loom bench

@@ -60,6 +60,9 @@ int call_every_kernel(const ModelShape& s) {
     cuda::moe_ep_maps(i32, i32, i32, 8, s.E / 8, 0, nullptr), ++n;
     cuda::moe_stats_add(f64, i32, f, N, s.E, s.k, nullptr), ++n;
     cuda::moe_aux_grad(f, i32, 1.0, N, s.E, s.k, nullptr), ++n;
+    // Dropless experts, d_ff per expert: the up projection (2F wide) and its weight gradient.
+    cuda::gemm_ragged_rows(x, x, x, 3 * int64_t(s.F) * s.C, true, i32, 1, s.E, R, s.C, 2 * s.F, nullptr), ++n;
+    cuda::gemm_ragged_wgrad(f, x, x, 3 * int64_t(s.F) * s.C, i32, 1, s.E, 2 * s.F, s.C, nullptr), ++n;
   }
   return n;
 }

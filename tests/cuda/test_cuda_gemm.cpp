@@ -124,3 +124,52 @@ TEST_F(Cuda, GemmStridedBatchOfExperts) {
   for (int g = 0; g + 1 < G; ++g)
     for (int64_t i = int64_t(M) * N; i < sc; ++i) ASSERT_EQ(got[size_t(g * sc + i)], 0.0f) << "a gap was written";
 }
+
+// A dropless MoE layer's expert GEMMs, sized on the device: runs of rows from two sources'
+// counts, an expert with none, runs longer than a tile and not a multiple of it, K and N past
+// a tile's edge; against double sums. Rows past the runs are not written; an expert with no
+// rows keeps its gradient; a second call is bitwise the first.
+TEST_F(Cuda, GemmRaggedRunsSizedOnTheDevice) {
+  const int El = 4, S = 2, K = 40, N = 72;
+  // [S x El]: runs of 8, 0, 130 and 65 rows (8, 0, 70 and 15 under a sanitizer)
+  const std::vector<int32_t> counts =
+      kSanitized ? std::vector<int32_t>{5, 0, 40, 1, 3, 0, 30, 14} : std::vector<int32_t>{5, 0, 70, 1, 3, 0, 60, 64};
+  std::vector<int64_t> r0(El + 1, 0);
+  for (int e = 0; e < El; ++e) r0[e + 1] = r0[e] + counts[e] + counts[El + e];
+  const int64_t R = r0[El], pad = 3;  // rows past R hold a sentinel
+  const int64_t sw = int64_t(N) * K + 16;
+  auto x = randn(size_t((R + pad) * K), 30), w = randn(size_t(sw * El), 31), dy = randn(size_t((R + pad) * N), 32);
+  auto dw0 = randn(size_t(sw * El), 33);
+  std::vector<double> y(size_t((R + pad) * N), 7.0), dx(size_t((R + pad) * K), 7.0);
+  std::vector<double> dw(dw0.begin(), dw0.end());
+  for (int e = 0; e < El; ++e)
+    for (int64_t r = r0[e]; r < r0[e + 1]; ++r) {
+      const float *xr = x.data() + r * K, *dyr = dy.data() + r * N, *we = w.data() + e * sw;
+      for (int n = 0; n < N; ++n) {
+        double s = 0;
+        for (int k = 0; k < K; ++k) s += double(xr[k]) * we[n * K + k];
+        y[size_t(r * N + n)] = s;
+      }
+      for (int k = 0; k < K; ++k) {
+        double s = 0;
+        for (int n = 0; n < N; ++n) s += double(dyr[n]) * we[n * K + k];
+        dx[size_t(r * K + k)] = s;
+      }
+      for (int n = 0; n < N; ++n)
+        for (int k = 0; k < K; ++k) dw[size_t(e * sw + n * K + k)] += double(dyr[n]) * xr[k];
+    }
+  Dev X(x), W(w), Dy(dy), Y(std::vector<float>(y.size(), 7.0f)), Dx(std::vector<float>(dx.size(), 7.0f));
+  DevRaw<float> Dw(dw0);
+  DevRaw<int32_t> Counts(counts);
+  cuda::gemm_ragged_rows(Y.p, X.p, W.p, sw, true, Counts.p, S, El, R, K, N, nullptr);
+  cuda::gemm_ragged_rows(Dx.p, Dy.p, W.p, sw, false, Counts.p, S, El, R, N, K, nullptr);
+  cuda::gemm_ragged_wgrad(Dw.p, Dy.p, X.p, sw, Counts.p, S, El, N, K, nullptr);
+  const std::vector<float> got_y = Y.get(), got_dw = Dw.get();
+  EXPECT_TRUE(close(got_y, y, 3e-2, 8e-3)) << "forward";
+  EXPECT_TRUE(close(Dx.get(), dx, 3e-2, 8e-3)) << "input gradient";
+  EXPECT_TRUE(close(got_dw, dw, 1e-4, 1e-5)) << "fp32 weight gradient (+=)";
+  for (int64_t i = 0; i < sw; ++i) ASSERT_EQ(got_dw[size_t(sw + i)], dw0[size_t(sw + i)]) << "expert 1 has no rows";
+  // Again over the same outputs: overwritten, bitwise the same.
+  cuda::gemm_ragged_rows(Y.p, X.p, W.p, sw, true, Counts.p, S, El, R, K, N, nullptr);
+  EXPECT_EQ(Y.get(), got_y);
+}
