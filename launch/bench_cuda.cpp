@@ -153,15 +153,15 @@ void bench_kernels(const Config& cfg) {
   for (bool tc : {true, false}) {
     const double f = time_ms(s, 5, [&] {
       if (tc)
-        cuda::attention_forward(out, lse, qkv, B, T, H, KV, D, s);
+        cuda::attention_forward(out, lse, qkv, B, T, H, KV, D, nullptr, s);
       else
-        cuda::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, s);
+        cuda::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, nullptr, s);
     });
     const double bw = time_ms(s, 5, [&] {
       if (tc)
-        cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, s);
+        cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
       else
-        cuda::attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, s);
+        cuda::attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
     });
     const char* name = tc ? "tensor-core" : "row-wise";
     fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("attention fwd {} {}", name, shape), f, fwd / f / 1e9);

@@ -132,15 +132,13 @@ struct Trainer::Parts {
   // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
   Inputs stage(const Sequences& s, int64_t step, int micro) {
     batch_read(s, cfg, step, dp().rank(), micro, inputs.data(), targets.data());
-    Inputs in = backend->stage_inputs(inputs.data(), targets.data(), int(inputs.size()), chunk->vocab_lo(),
-                                      chunk->vocab_rows());
     if (cfg.data.doc_mask) {
       positions.resize(inputs.size());
       doc_positions(inputs.data(), cfg.model.seq_len, int(inputs.size()) / cfg.model.seq_len, cfg.doc_token(),
                     positions.data());
-      in.pos = positions.data();
     }
-    return in;
+    return backend->stage_inputs(inputs.data(), targets.data(), cfg.data.doc_mask ? positions.data() : nullptr,
+                                 int(inputs.size()), cfg.model.seq_len, chunk->vocab_lo(), chunk->vocab_rows());
   }
   // The chunk's loss sum over the dp group, read on the host and reset.
   double loss_take() {

@@ -41,11 +41,12 @@ inline Ptr ptr_of(const Tensor& t) {
 
 // A micro-batch's token ids where the backend reads them (its device).
 struct Inputs {
-  const int32_t* tokens = nullptr;   // [N]
-  const int32_t* targets = nullptr;  // [N]
-  const int32_t* index = nullptr;    // CUDA: the token index the embedding gradient walks
-  int unique = 0;                    // distinct token ids in the index
-  const int32_t* pos = nullptr;      // [N] data.doc_mask: each token's position in its document
+  const int32_t* tokens = nullptr;     // [N]
+  const int32_t* targets = nullptr;    // [N]
+  const int32_t* index = nullptr;      // CUDA: the token index the embedding gradient walks
+  int unique = 0;                      // distinct token ids in the index
+  const int32_t* pos = nullptr;        // [N] data.doc_mask: each token's position in its document
+  const int32_t* pos_index = nullptr;  // CUDA, doc_mask: the rows at each position (cuda::position_index)
 };
 
 // One piece of the optimizer's work, at most kOptChunk elements of one tensor: its place in
@@ -91,8 +92,10 @@ class Backend {
   virtual void download(void* host, Buf src) = 0;      // waits for the stream
   // A micro-batch's inputs staged where the ops read them, valid until two more have been
   // staged (a micro-batch's forward and backward run before the one after next is staged);
-  // v0, Vl: the vocabulary rows this rank holds (the embedding gradient's index covers those).
-  virtual Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) = 0;
+  // v0, Vl: the vocabulary rows this rank holds (the embedding gradient's index covers those);
+  // pos: each token's position in its document (data.doc_mask), or null; T: the sequence length.
+  virtual Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, const int32_t* pos, int N, int T, int v0,
+                              int Vl) = 0;
 
   // Optimizer. *out = sum of squares of the chunks with norm set (fixed order).
   virtual void grad_sum_squares(double* out, const float* grads, const OptTable& t) = 0;
@@ -157,9 +160,9 @@ class Backend {
   // stats: traits().attention_stats elements of attention_stats_dtype().
   virtual void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D,
                                  const int32_t* pos) = 0;
-  // dqkv overwritten; scratch: B*H*T floats where the plan has them.
+  // dqkv overwritten; scratch: B*H*T floats where the plan has them; pos as forward's.
   virtual void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H,
-                                  int KV, int D) = 0;
+                                  int KV, int D, const int32_t* pos) = 0;
   virtual void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) = 0;
   // Mixture of experts (kernels/ops.h, moe_*): index arrays are i32 on the backend's device.
   virtual void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) = 0;

@@ -88,8 +88,8 @@ class CpuBackend final : public Backend {
   }
   void upload(Buf dst, const void* host) override { std::memcpy(dst.data, host, dst.bytes()); }
   void download(void* host, Buf src) override { std::memcpy(host, src.data, src.bytes()); }
-  Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, int, int, int) override {
-    return {tokens, targets, nullptr, 0};
+  Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, const int32_t* pos, int, int, int, int) override {
+    return {tokens, targets, nullptr, 0, pos};
   }
 
   // Each chunk's sum by one thread in double, then the chunks in table order: the result does
@@ -325,8 +325,9 @@ class CpuBackend final : public Backend {
       cpu::attention_forward(out.as<S>(), stats.as<S>(), qkv.as<S>(), B, T, H, KV, D, pos);
     });
   }
-  void attention_backward(Ptr dqkv, Ptr dout, Ptr, Ptr qkv, Ptr stats, float*, int B, int T, int H, int KV,
-                          int D) override {
+  // The probabilities forward kept are zero outside each document: no mask here.
+  void attention_backward(Ptr dqkv, Ptr dout, Ptr, Ptr qkv, Ptr stats, float*, int B, int T, int H, int KV, int D,
+                          const int32_t*) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;
       cpu::attention_backward(dqkv.as<S>(), dout.as<S>(), qkv.as<S>(), stats.as<S>(), B, T, H, KV, D);

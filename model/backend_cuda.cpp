@@ -93,7 +93,8 @@ class CudaBackend final : public Backend {
   // end reads the loss, so a step's uploads never wait), else waited for; a GPU has long passed
   // it. (The device slot is free by then too: the stream ran that micro-batch's backward
   // before this upload.)
-  Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, int N, int v0, int Vl) override {
+  Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, const int32_t* pos, int N, int T, int v0,
+                      int Vl) override {
     LOOM_CHECK(N <= N_, "the CUDA backend stages micro-batches of up to {} tokens, not {}", N_, N);
     const int k = next_slot_;
     next_slot_ = (next_slot_ + 1) % int(staged_.size());
@@ -104,11 +105,24 @@ class CudaBackend final : public Backend {
     std::memcpy(host, tokens, size_t(N) * 4);
     std::memcpy(host + N, targets, size_t(N) * 4);
     std::memcpy(host + 2 * int64_t(N), index.data(), index.size() * 4);
+    size_t used = 2 * size_t(N) + index.size();
+    if (pos) {  // data.doc_mask: the positions [N], then the rows at each position
+      const auto by_pos = cuda::position_index(pos, N, T);
+      std::memcpy(host + used, pos, size_t(N) * 4);
+      std::memcpy(host + used + N, by_pos.data(), by_pos.size() * 4);
+      used += size_t(N) + by_pos.size();
+    }
+    LOOM_CHECK(int64_t(used) <= slot_elems_, "staged inputs need {} words, a slot holds {}", used, slot_elems_);
     int32_t* dev = ws_[1].data<int32_t>() + k * slot_elems_;
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(dev, host, (2 * size_t(N) + index.size()) * 4, cudaMemcpyHostToDevice, s_));
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(dev, host, used * 4, cudaMemcpyHostToDevice, s_));
     LOOM_CUDA_CHECK(cudaEventRecord(staged_[size_t(k)].done, s_));
     staged_[size_t(k)].upload = ++uploads_;
-    return {dev, dev + N, dev + 2 * int64_t(N), unique};
+    Inputs in{dev, dev + N, dev + 2 * int64_t(N), unique};
+    if (pos) {
+      in.pos = dev + 2 * int64_t(N) + int64_t(index.size());
+      in.pos_index = in.pos + N;
+    }
+    return in;
   }
 
   void grad_sum_squares(double* out, const float* grads, const OptTable& t) override {
@@ -126,12 +140,11 @@ class CudaBackend final : public Backend {
   void loss_accumulate(double* acc, const float* losses, int N) override { cuda::loss_accumulate(acc, losses, N, s_); }
 
   void embedding_forward(Ptr out, const Inputs& in, Ptr wte, int v0, int Vl, Ptr wpe, int B, int T, int C) override {
-    LOOM_CHECK(!in.pos, "data.doc_mask runs on the CPU backend only (its CUDA kernels are not built)");
-    cuda::embedding_forward(B16(out), in.tokens, B16(wte), v0, Vl, B16(wpe), B, T, C, s_);
+    cuda::embedding_forward(B16(out), in.tokens, B16(wte), v0, Vl, B16(wpe), B, T, C, in.pos, s_);
   }
   void embedding_backward(float* dwte, float* dwpe, Ptr dout, const Inputs& in, int, int, int B, int T,
                           int C) override {
-    cuda::embedding_backward(dwte, dwpe, B16(dout), in.index, in.unique, B, T, C, s_);
+    cuda::embedding_backward(dwte, dwpe, B16(dout), in.index, in.unique, B, T, C, in.pos_index, s_);
   }
   void norm_forward(bool rms, Ptr out, float* mean, float* rstd, Ptr inout, Ptr add, Ptr w, Ptr b, int N, int C,
                     float eps) override {
@@ -218,19 +231,18 @@ class CudaBackend final : public Backend {
   }
   void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
             const int32_t* pos) override {
-    LOOM_CHECK(!pos, "data.doc_mask runs on the CPU backend only (its CUDA kernels are not built)");
     if (inverse)
-      cuda::rope_backward(B16(qkv), cos, sin, B, T, H, KV, D, s_);
+      cuda::rope_backward(B16(qkv), cos, sin, B, T, H, KV, D, pos, s_);
     else
-      cuda::rope_forward(B16(qkv), cos, sin, B, T, H, KV, D, s_);
+      cuda::rope_forward(B16(qkv), cos, sin, B, T, H, KV, D, pos, s_);
   }
   void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D, const int32_t* pos) override {
-    LOOM_CHECK(!pos, "data.doc_mask runs on the CPU backend only (its CUDA kernels are not built)");
-    cuda::attention_forward(B16(out), stats.as<float>(), B16(qkv), B, T, H, KV, D, s_);
+    cuda::attention_forward(B16(out), stats.as<float>(), B16(qkv), B, T, H, KV, D, pos, s_);
   }
   void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H, int KV,
-                          int D) override {
-    cuda::attention_backward(B16(dqkv), B16(dout), B16(out), B16(qkv), stats.as<float>(), scratch, B, T, H, KV, D, s_);
+                          int D, const int32_t* pos) override {
+    cuda::attention_backward(B16(dqkv), B16(dout), B16(out), B16(qkv), stats.as<float>(), scratch, B, T, H, KV, D, pos,
+                             s_);
   }
   void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) override {
     cuda::moe_route(probs, idx, w, B16(logits), N, E, k, s_);

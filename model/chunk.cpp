@@ -383,7 +383,7 @@ void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, 
   if (keep) stash_keep(dout, int64_t(N) * C_);
   {
     auto s = trace_.scope("attention_backward");
-    be_.attention_backward(dqkv, datty, a.atty, a.qkv, a.stats, scrf(ATTN_SCRATCH), B_, T_, H_, KV_, D_);
+    be_.attention_backward(dqkv, datty, a.atty, a.qkv, a.stats, scrf(ATTN_SCRATCH), B_, T_, H_, KV_, D_, pos_);
   }
   if (llama_) {
     auto s = trace_.scope("rope_backward");

@@ -191,9 +191,6 @@ void config_validate(Config& cfg) {
                "data.doc_mask: the document token {} (data.tokenizer = \"{}\") is outside model.vocab_size = {}; "
                "set data.doc_token",
                cfg.doc_token(), d.tokenizer, m.vocab_size);
-    LOOM_CHECK(t.device != "cuda" && t.device != "cuda-emulated",
-               "data.doc_mask runs on the CPU backend: its CUDA kernels are not built yet; use train.device = "
-               "\"cpu\"");
   }
 
   auto& p = cfg.parallel;

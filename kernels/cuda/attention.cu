@@ -14,8 +14,15 @@ namespace {
 
 constexpr int kWarps = 4;
 
+// The first key query t of sequence bi attends to: its document's first token (pos, for
+// data.doc_mask), or the sequence's. Documents are contiguous, so it never decreases with t.
+__device__ __forceinline__ int first_key(const int32_t* pos, int bi, int T, int t) {
+  return pos ? t - pos[int64_t(bi) * T + t] : 0;
+}
+
 template <int D>
-__global__ void attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, float scale) {
+__global__ void attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* pos, int T, int H,
+                                         int KV, float scale) {
   constexpr int E = D / 32;
   const int t = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
   if (t >= T) return;
@@ -24,7 +31,7 @@ __global__ void attention_forward_kernel(bf16* out, float* lse, const bf16* qkv,
   float q[E], acc[E];
   for (int e = 0; e < E; ++e) q[e] = f(base[int64_t(t) * row + h * D + lane + 32 * e]) * scale, acc[e] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  for (int j = 0; j <= t; ++j) {
+  for (int j = first_key(pos, bi, T, t); j <= t; ++j) {
     const bf16* k = base + int64_t(j) * row + (H + kvh) * D;
     const bf16* v = base + int64_t(j) * row + (H + KV + kvh) * D;
     float s = 0.0f;
@@ -55,7 +62,7 @@ __global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf1
 
 template <int D>
 __global__ void attention_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
-                                    int T, int H, int KV, float scale) {
+                                    const int32_t* pos, int T, int H, int KV, float scale) {
   constexpr int E = D / 32;
   const int t = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
   if (t >= T) return;
@@ -67,7 +74,7 @@ __global__ void attention_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qk
   const bf16* go = dout + (int64_t(bi) * T + t) * H * D + h * D;
   for (int e = 0; e < E; ++e)
     q[e] = f(base[int64_t(t) * row + h * D + lane + 32 * e]) * scale, dy[e] = f(go[lane + 32 * e]), dq[e] = 0.0f;
-  for (int j = 0; j <= t; ++j) {
+  for (int j = first_key(pos, bi, T, t); j <= t; ++j) {
     const bf16* k = base + int64_t(j) * row + (H + kvh) * D;
     const bf16* v = base + int64_t(j) * row + (H + KV + kvh) * D;
     float s = 0.0f, dp = 0.0f;
@@ -83,7 +90,7 @@ __global__ void attention_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qk
 
 template <int D>
 __global__ void attention_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                                     const float* delta, int T, int H, int KV, float scale) {
+                                     const float* delta, const int32_t* pos, int T, int H, int KV, float scale) {
   constexpr int E = D / 32;
   const int j = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, kvh = blockIdx.y, bi = blockIdx.z;
   if (j >= T) return;
@@ -96,7 +103,7 @@ __global__ void attention_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* q
     dk[e] = dv[e] = 0.0f;
   }
   for (int h = kvh * group; h < (kvh + 1) * group; ++h)
-    for (int t = j; t < T; ++t) {
+    for (int t = j; t < T && first_key(pos, bi, T, t) <= j; ++t) {  // past j's document: no later query
       const bf16* q = base + int64_t(t) * row + h * D;
       const bf16* dy = dout + (int64_t(bi) * T + t) * H * D + h * D;
       const int64_t stat = (int64_t(bi) * H + h) * T + t;
@@ -118,40 +125,43 @@ __global__ void attention_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* q
 }
 
 template <int D>
-void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, cudaStream_t s) {
+void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, const int32_t* pos,
+               cudaStream_t s) {
   dim3 grid(blocks_for(T, kWarps), H, B);
-  LOOM_LAUNCH(attention_forward_kernel<D>, grid, 32 * kWarps, 0, s)(out, lse, qkv, T, H, KV, 1.0f / sqrtf(float(D)));
+  LOOM_LAUNCH(attention_forward_kernel<D>, grid, 32 * kWarps, 0, s)
+  (out, lse, qkv, pos, T, H, KV, 1.0f / sqrtf(float(D)));
   LOOM_CUDA_LAUNCHED();
 }
 
 template <int D>
 void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, float* delta, int B,
-                int T, int H, int KV, cudaStream_t s) {
+                int T, int H, int KV, const int32_t* pos, cudaStream_t s) {
   const float scale = 1.0f / sqrtf(float(D));
   dim3 grid(blocks_for(T, kWarps), H, B), kv_grid(blocks_for(T, kWarps), KV, B);
   LOOM_LAUNCH(attention_delta_kernel<D>, grid, 32 * kWarps, 0, s)(delta, dout, out, T, H);
   LOOM_CUDA_LAUNCHED();
-  LOOM_LAUNCH(attention_dq_kernel<D>, grid, 32 * kWarps, 0, s)(dqkv, dout, qkv, lse, delta, T, H, KV, scale);
+  LOOM_LAUNCH(attention_dq_kernel<D>, grid, 32 * kWarps, 0, s)(dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
-  LOOM_LAUNCH(attention_dkv_kernel<D>, kv_grid, 32 * kWarps, 0, s)(dqkv, dout, qkv, lse, delta, T, H, KV, scale);
+  LOOM_LAUNCH(attention_dkv_kernel<D>, kv_grid, 32 * kWarps, 0, s)(dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
 }
 
 }  // namespace
 
 void attention_forward_rowwise(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D,
-                               cudaStream_t s) {
-  if (D == 64) return forward_d<64>(out, lse, qkv, B, T, H, KV, s);
-  if (D == 128) return forward_d<128>(out, lse, qkv, B, T, H, KV, s);
-  if (D == 32) return forward_d<32>(out, lse, qkv, B, T, H, KV, s);
+                               const int32_t* pos, cudaStream_t s) {
+  if (D == 64) return forward_d<64>(out, lse, qkv, B, T, H, KV, pos, s);
+  if (D == 128) return forward_d<128>(out, lse, qkv, B, T, H, KV, pos, s);
+  if (D == 32) return forward_d<32>(out, lse, qkv, B, T, H, KV, pos, s);
   fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
 }
 
 void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                                float* scratch, int B, int T, int H, int KV, int D, cudaStream_t s) {
-  if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
-  if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
-  if (D == 32) return backward_d<32>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
+                                float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos,
+                                cudaStream_t s) {
+  if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
+  if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
+  if (D == 32) return backward_d<32>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
   fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
 }
 

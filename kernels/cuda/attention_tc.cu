@@ -8,6 +8,9 @@
 // tiles; it also writes delta = rowsum(dO * O)) and then dK/dV (a block per key tile, walking
 // query tiles of every query head in its group, in order). Probabilities and dS are rounded
 // to bf16 for the products, as in FlashAttention; row sums and statistics stay fp32.
+// With data.doc_mask (pos) a query's keys start at its document's first token: scores before
+// it are masked, and key tiles wholly before a query tile's first document are skipped (a
+// document start never decreases along the sequence, so the tile's first row has the least).
 #include <mma.h>
 
 #include <cstdint>
@@ -47,9 +50,9 @@ struct Tiles {
   // forward: q, k, v, s, p, o
   static constexpr size_t forward = 3 * kv + s + p + o;
   // dq: q, do, k, v, s, dp, ds, lse, delta (the output tile reuses q and do)
-  // dkv: k, v, q, do, s^T, dp^T, p^T, ds^T, lse, delta (the output tile reuses k and v)
+  // dkv: k, v, q, do, s^T, dp^T, p^T, ds^T, lse, delta, first keys (the output tile reuses k and v)
   static constexpr size_t dq = 4 * kv + 2 * s + p + 2 * stats;
-  static constexpr size_t dkv = 4 * kv + 2 * s + 2 * p + 2 * stats;
+  static constexpr size_t dkv = 4 * kv + 2 * s + 2 * p + 3 * stats;
   static_assert(o <= 2 * kv, "the output tile must fit where two input tiles were");
 };
 
@@ -63,6 +66,15 @@ struct Carve {
     return p;
   }
 };
+
+// The first key query t of sequence bi attends to (see the top).
+__device__ __forceinline__ int first_key(const int32_t* pos, int bi, int T, int t) {
+  return pos ? t - pos[int64_t(bi) * T + t] : 0;
+}
+// Where a query tile's key tiles start: the tile holding its first row's first key.
+__device__ __forceinline__ int first_key_tile(const int32_t* pos, int bi, int T, int q0) {
+  return pos ? first_key(pos, bi, T, q0) / kTile * kTile : 0;
+}
 
 // Rows [r0, r0 + 64) of a bf16 matrix with row stride `stride` (D columns) into a [64][LD]
 // tile; rows at or past T are zero, which keeps every score in the padding finite.
@@ -134,7 +146,8 @@ __device__ void warp_store_rows(bf16* dst, int64_t stride, int r0, int T, FragC 
 
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_tc(bf16* out, float* lse, const bf16* qkv, int T, int H, int KV, float scale) {
+    attention_forward_tc(bf16* out, float* lse, const bf16* qkv, const int32_t* pos, int T, int H, int KV,
+                         float scale) {
   using L = Tiles<D>;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   Carve cv{smem};
@@ -154,7 +167,7 @@ __global__ void __launch_bounds__(kThreads)
   float m[16], l[16];  // the warp's 16 rows' running max and sum, the same in every lane
 #pragma unroll
   for (int r = 0; r < 16; ++r) m[r] = -INFINITY, l[r] = 0.0f;
-  for (int k0 = 0; k0 <= q0; k0 += kTile) {
+  for (int k0 = first_key_tile(pos, bi, T, q0); k0 <= q0; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous K and V
     tile_load<D>(ks, base + (H + kvh) * D, row, k0, T);
     tile_load<D>(vs, base + (H + KV + kvh) * D, row, k0, T);
@@ -165,8 +178,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < 16; ++r) {
       const int tq = q0 + wr + r;
       float* srow = ss + (wr + r) * kLS;
-      const float s0 = k0 + lane <= tq ? srow[lane] * scale : -INFINITY;
-      const float s1 = k0 + lane + 32 <= tq ? srow[lane + 32] * scale : -INFINITY;
+      const int f0 = tq < T ? first_key(pos, bi, T, tq) : 0;
+      const float s0 = k0 + lane <= tq && k0 + lane >= f0 ? srow[lane] * scale : -INFINITY;
+      const float s1 = k0 + lane + 32 <= tq && k0 + lane + 32 >= f0 ? srow[lane + 32] * scale : -INFINITY;
       const float mn = fmaxf(m[r], warp_max(fmaxf(s0, s1)));
       const float ms = mn == -INFINITY ? 0.0f : mn;  // a row with no key yet stays all zero
       const float p0 = __expf(s0 - ms), p1 = __expf(s1 - ms), corr = __expf(m[r] - ms);
@@ -210,7 +224,7 @@ __device__ void stats_load(float* lse_s, float* delta_s, const float* lse, const
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_tc(bf16* dqkv, float* delta, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                    int T, int H, int KV, float scale) {
+                    const int32_t* pos, int T, int H, int KV, float scale) {
   using L = Tiles<D>;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   Carve cv{smem};
@@ -245,7 +259,7 @@ __global__ void __launch_bounds__(kThreads)
   FragC dq[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
-  for (int k0 = 0; k0 <= q0; k0 += kTile) {
+  for (int k0 = first_key_tile(pos, bi, T, q0); k0 <= q0; k0 += kTile) {
     __syncthreads();
     tile_load<D>(ks, base + (H + kvh) * D, row, k0, T);
     tile_load<D>(vs, base + (H + KV + kvh) * D, row, k0, T);
@@ -254,9 +268,9 @@ __global__ void __launch_bounds__(kThreads)
     warp_abt<D>(dps + wr * kLS, dos + wr * L::LD, vs);
     __syncwarp();
     for (int r = 0; r < 16; ++r) {
-      const int tq = q0 + wr + r;
+      const int tq = q0 + wr + r, f0 = tq < T ? first_key(pos, bi, T, tq) : 0;
       for (int c = lane; c < kTile; c += 32) {
-        const float p = k0 + c <= tq ? __expf(ss[(wr + r) * kLS + c] * scale - lse_s[wr + r]) : 0.0f;
+        const float p = k0 + c <= tq && k0 + c >= f0 ? __expf(ss[(wr + r) * kLS + c] * scale - lse_s[wr + r]) : 0.0f;
         dss[(wr + r) * kLP + c] = b(p * (dps[(wr + r) * kLS + c] - delta_s[wr + r]));
       }
     }
@@ -269,8 +283,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkv_tc(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta, int T, int H,
-                     int KV, float scale) {
+    attention_dkv_tc(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
+                     const int32_t* pos, int T, int H, int KV, float scale) {
   using L = Tiles<D>;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   Carve cv{smem};
@@ -284,6 +298,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* dsts = cv.take<bf16>(L::p);
   float* lse_s = cv.take<float>(L::stats);
   float* delta_s = cv.take<float>(L::stats);
+  int* first_s = cv.take<int>(L::stats);
   // The first key tiles see the most queries: start them first.
   const int k0 = blockIdx.x * kTile, kvh = blockIdx.y, bi = blockIdx.z;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, wr = w * 16;
@@ -299,8 +314,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     const int64_t stat0 = (int64_t(bi) * H + h) * T;
-    for (int q0 = k0; q0 < T; q0 += kTile) {
+    // Past the query tile whose first row starts a document after this key tile, no query
+    // attends to it.
+    for (int q0 = k0; q0 < T && first_key(pos, bi, T, q0) < k0 + kTile; q0 += kTile) {
       __syncthreads();  // every warp is done with the previous Q and dO
+      for (int i = threadIdx.x; i < kTile; i += kThreads) first_s[i] = q0 + i < T ? first_key(pos, bi, T, q0 + i) : 0;
       tile_load<D>(qs, base + h * D, row, q0, T);
       tile_load<D>(dos, dout + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, q0, T);
       stats_load(lse_s, delta_s, lse + stat0, delta + stat0, q0, T);
@@ -313,7 +331,8 @@ __global__ void __launch_bounds__(kThreads)
         const int tk = k0 + wr + r;
         for (int c = lane; c < kTile; c += 32) {
           const int tq = q0 + c;
-          const float p = tk <= tq && tq < T ? __expf(sts[(wr + r) * kLS + c] * scale - lse_s[c]) : 0.0f;
+          const float p =
+              tk <= tq && tq < T && tk >= first_s[c] ? __expf(sts[(wr + r) * kLS + c] * scale - lse_s[c]) : 0.0f;
           pts[(wr + r) * kLP + c] = b(p);
           dsts[(wr + r) * kLP + c] = b(p * (dpts[(wr + r) * kLS + c] - delta_s[c]));
         }
@@ -342,44 +361,47 @@ void smem_allow(Kernel kernel, size_t bytes) {
 }
 
 template <int D>
-void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, cudaStream_t s) {
+void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, const int32_t* pos,
+               cudaStream_t s) {
   const size_t bytes = Tiles<D>::forward;
   check_aligned(qkv, "qkv");
   smem_allow(attention_forward_tc<D>, bytes);
   const dim3 grid(blocks_for(T, kTile), H, B);
-  LOOM_LAUNCH(attention_forward_tc<D>, grid, kThreads, bytes, s)(out, lse, qkv, T, H, KV, 1.0f / sqrtf(float(D)));
+  LOOM_LAUNCH(attention_forward_tc<D>, grid, kThreads, bytes, s)
+  (out, lse, qkv, pos, T, H, KV, 1.0f / sqrtf(float(D)));
   LOOM_CUDA_LAUNCHED();
 }
 
 template <int D>
 void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, float* delta, int B,
-                int T, int H, int KV, cudaStream_t s) {
+                int T, int H, int KV, const int32_t* pos, cudaStream_t s) {
   const float scale = 1.0f / sqrtf(float(D));
   check_aligned(qkv, "qkv");
   check_aligned(dout, "dout");
   smem_allow(attention_dq_tc<D>, Tiles<D>::dq);
   smem_allow(attention_dkv_tc<D>, Tiles<D>::dkv);
   LOOM_LAUNCH(attention_dq_tc<D>, dim3(blocks_for(T, kTile), H, B), kThreads, Tiles<D>::dq, s)
-  (dqkv, delta, dout, out, qkv, lse, T, H, KV, scale);
+  (dqkv, delta, dout, out, qkv, lse, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
   LOOM_LAUNCH(attention_dkv_tc<D>, dim3(blocks_for(T, kTile), KV, B), kThreads, Tiles<D>::dkv, s)
-  (dqkv, dout, qkv, lse, delta, T, H, KV, scale);
+  (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
 }
 
 }  // namespace
 
-void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, cudaStream_t s) {
-  if (D == 64) return forward_d<64>(out, lse, qkv, B, T, H, KV, s);
-  if (D == 128) return forward_d<128>(out, lse, qkv, B, T, H, KV, s);
-  attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, s);
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, const int32_t* pos,
+                       cudaStream_t s) {
+  if (D == 64) return forward_d<64>(out, lse, qkv, B, T, H, KV, pos, s);
+  if (D == 128) return forward_d<128>(out, lse, qkv, B, T, H, KV, pos, s);
+  attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, pos, s);
 }
 
 void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                        float* scratch, int B, int T, int H, int KV, int D, cudaStream_t s) {
-  if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
-  if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, s);
-  attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, s);
+                        float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s) {
+  if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
+  if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
+  attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, pos, s);
 }
 
 }  // namespace loom::cuda

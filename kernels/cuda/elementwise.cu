@@ -28,11 +28,11 @@ struct BiasGrad {
 };
 
 __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl,
-                                         const bf16* wpe, int T, int C, int64_t total) {
+                                         const bf16* wpe, const int32_t* pos, int T, int C, int64_t total) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   int64_t row = i / C;
-  int c = int(i % C), t = int(row % T), id = tokens[row] - v0;
+  int c = int(i % C), t = pos ? pos[row] : int(row % T), id = tokens[row] - v0;
   float e = id >= 0 && id < Vl ? f(wte[int64_t(id) * C + c]) : 0.0f;
   if (wpe) e += f(wpe[int64_t(t) * C + c]);
   out[i] = b(e);
@@ -51,17 +51,26 @@ __global__ void embedding_wte_backward_kernel(float* dwte, const bf16* dout, con
   }
 }
 
-// One thread per (t, c): the B rows at position t summed in order.
-__global__ void embedding_wpe_backward_kernel(float* dwpe, const bf16* dout, int B, int T, int C) {
+// One thread per (t, c): the rows at position t summed in order, added once: the B rows at
+// index t of their sequence, or (pos_index, data.doc_mask) the rows position_index lists.
+__global__ void embedding_wpe_backward_kernel(float* dwpe, const bf16* dout, const int32_t* pos_index, int B, int T,
+                                              int C) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(T) * C) return;
   float d = 0.0f;
-  for (int bi = 0; bi < B; ++bi) d += f(dout[int64_t(bi) * T * C + i]);
+  if (pos_index) {
+    const int t = int(i / C), c = int(i % C);
+    const int32_t* rows = pos_index + T + 1;
+    for (int k = pos_index[t]; k < pos_index[t + 1]; ++k) d += f(dout[int64_t(rows[k]) * C + c]);
+  } else {
+    for (int bi = 0; bi < B; ++bi) d += f(dout[int64_t(bi) * T * C + i]);
+  }
   dwpe[i] += d;
 }
 
 template <bool Inverse>
-__global__ void rope_kernel(bf16* qkv, const float* cos, const float* sin, int T, int H, int KV, int D, int64_t total) {
+__global__ void rope_kernel(bf16* qkv, const float* cos, const float* sin, const int32_t* pos, int T, int H, int KV,
+                            int D, int64_t total) {
   // One thread per (row, head of q or k, pair index i < D/2).
   int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total) return;
@@ -70,7 +79,7 @@ __global__ void rope_kernel(bf16* qkv, const float* cos, const float* sin, int T
   int64_t rest = idx / half;
   int h = int(rest % (H + KV));
   int64_t row = rest / (H + KV);
-  int t = int(row % T);
+  int t = pos ? pos[row] : int(row % T);
   bf16* x = qkv + row * (H + 2 * KV) * D + h * D;
   float x1 = f(x[i]), x2 = f(x[i + half]), c = cos[t * half + i], sn = Inverse ? -sin[t * half + i] : sin[t * half + i];
   x[i] = b(x1 * c - x2 * sn);
@@ -150,10 +159,10 @@ void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials
   column_sums_2stage<true>(dbias, nullptr, BiasGrad{dout, N}, M, N, partials, s);
 }
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
-                       int C, cudaStream_t s) {
+                       int C, const int32_t* pos, cudaStream_t s) {
   const int64_t total = int64_t(B) * T * C;
   LOOM_LAUNCH(embedding_forward_kernel, blocks_for(total, kThreads), kThreads, 0, s)
-  (out, tokens, wte, v0, Vl, wpe, T, C, total);
+  (out, tokens, wte, v0, Vl, wpe, pos, T, C, total);
   LOOM_CUDA_LAUNCHED();
 }
 std::vector<int32_t> token_index(const int32_t* tokens, int N, int v0, int Vl, int* unique) {
@@ -174,26 +183,40 @@ std::vector<int32_t> token_index(const int32_t* tokens, int N, int v0, int Vl, i
   *unique = U;
   return index;
 }
+std::vector<int32_t> position_index(const int32_t* pos, int N, int T) {
+  std::vector<int32_t> index(size_t(T) + 1 + size_t(N), 0);
+  int32_t *starts = index.data(), *rows = starts + T + 1;
+  for (int n = 0; n < N; ++n) {
+    LOOM_CHECK(pos[n] >= 0 && pos[n] < T, "token {}'s position {} is outside [0, {})", n, pos[n], T);
+    ++starts[pos[n] + 1];
+  }
+  for (int t = 0; t < T; ++t) starts[t + 1] += starts[t];
+  std::vector<int32_t> next(starts, starts + T);
+  for (int n = 0; n < N; ++n) rows[next[size_t(pos[n])]++] = n;
+  return index;
+}
 void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* index, int U, int B, int T, int C,
-                        cudaStream_t s) {
+                        const int32_t* pos_index, cudaStream_t s) {
   if (U > 0) {
     LOOM_LAUNCH(embedding_wte_backward_kernel, U, kThreads, 0, s)(dwte, dout, index, U, C);
     LOOM_CUDA_LAUNCHED();
   }
   if (dwpe) {
     LOOM_LAUNCH(embedding_wpe_backward_kernel, blocks_for(int64_t(T) * C, kThreads), kThreads, 0, s)
-    (dwpe, dout, B, T, C);
+    (dwpe, dout, pos_index, B, T, C);
     LOOM_CUDA_LAUNCHED();
   }
 }
-void rope_forward(bf16* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s) {
+void rope_forward(bf16* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, const int32_t* pos,
+                  cudaStream_t s) {
   const int64_t total = int64_t(B) * T * (H + KV) * (D / 2);
-  LOOM_LAUNCH(rope_kernel<false>, blocks_for(total, kThreads), kThreads, 0, s)(qkv, cos, sin, T, H, KV, D, total);
+  LOOM_LAUNCH(rope_kernel<false>, blocks_for(total, kThreads), kThreads, 0, s)(qkv, cos, sin, pos, T, H, KV, D, total);
   LOOM_CUDA_LAUNCHED();
 }
-void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s) {
+void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
+                   const int32_t* pos, cudaStream_t s) {
   const int64_t total = int64_t(B) * T * (H + KV) * (D / 2);
-  LOOM_LAUNCH(rope_kernel<true>, blocks_for(total, kThreads), kThreads, 0, s)(dqkv, cos, sin, T, H, KV, D, total);
+  LOOM_LAUNCH(rope_kernel<true>, blocks_for(total, kThreads), kThreads, 0, s)(dqkv, cos, sin, pos, T, H, KV, D, total);
   LOOM_CUDA_LAUNCHED();
 }
 void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s) {

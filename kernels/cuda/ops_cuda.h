@@ -106,21 +106,30 @@ void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const b
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
                       const float* rstd, int N, int C, float* partials, cudaStream_t s);
 
-// defines: embedding_forward, embedding_backward
+// defines: embedding_forward, embedding_backward, position_index, token_index
+// pos [B*T] (data.doc_mask): each token's position in its document, which picks its wpe row
+// (null: its index in its sequence).
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
-                       int C, cudaStream_t s);
+                       int C, const int32_t* pos, cudaStream_t s);
 // The batch's positions grouped by token id, built on the host where the tokens come from:
 // packed as ids[U] (local, ascending), starts[U + 1], then the positions of each id in order.
 // Tokens outside [v0, v0 + Vl) are left out (vocab shards). *unique = U.
 std::vector<int32_t> token_index(const int32_t* tokens, int N, int v0, int Vl, int* unique);
+// The batch's rows grouped by position (data.doc_mask), built on the host: starts[T + 1],
+// then the rows at each position in order. A position outside [0, T) is refused.
+std::vector<int32_t> position_index(const int32_t* pos, int N, int T);
 // dwte += (fp32, over the index's ids, each token's rows summed in order), dwpe += (if not
-// null). index: token_index's array on the device.
+// null). index: token_index's array on the device; pos_index: position_index's (null: the
+// rows at index t of their sequences are position t's).
 void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* index, int U, int B, int T, int C,
-                        cudaStream_t s);
+                        const int32_t* pos_index, cudaStream_t s);
 
 // defines: rope_forward, rope_backward (cos/sin tables [T, D/2] in fp32, as cpu::rope_table)
-void rope_forward(bf16* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s);
-void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, cudaStream_t s);
+// Token (b, t) turns by the angle of pos[b * T + t] (data.doc_mask; null: t).
+void rope_forward(bf16* qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D, const int32_t* pos,
+                  cudaStream_t s);
+void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
+                   const int32_t* pos, cudaStream_t s);
 
 // defines: gelu_forward, gelu_backward, swiglu_forward, swiglu_backward, add_bf16, add_f32
 void add_bf16(bf16* acc, const bf16* x, int64_t n, cudaStream_t s);  // acc += x, rounded once
@@ -135,16 +144,19 @@ void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F
 // online softmax over key tiles, never a T x T matrix. lse [B,H,T] (fp32) is kept for
 // backward, which recomputes the probabilities. Head dims 64 and 128 run on tensor cores
 // (attention_tc.cu), 32 on the row-wise kernels (attention.cu); others are refused.
-void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, cudaStream_t s);
+// pos [B*T] (data.doc_mask): query t attends to keys t - pos[b*T + t] .. t, its own document,
+// and key tiles wholly before it are skipped (null: 0 .. t); backward takes the same pos.
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, const int32_t* pos,
+                       cudaStream_t s);
 // dqkv overwritten; scratch: B*H*T floats.
 void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                        float* scratch, int B, int T, int H, int KV, int D, cudaStream_t s);
+                        float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s);
 // The row-wise kernels (a warp per query or key row, CUDA cores) for any of D = 32, 64, 128:
 // the reference the tensor-core path is tested and benchmarked against.
 void attention_forward_rowwise(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D,
-                               cudaStream_t s);
+                               const int32_t* pos, cudaStream_t s);
 void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                                float* scratch, int B, int T, int H, int KV, int D, cudaStream_t s);
+                                float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s);
 
 // defines: crossentropy_forward_backward, crossentropy_shard_stats, crossentropy_shard_sumexp,
 //          crossentropy_shard_finish, loss_accumulate

@@ -173,8 +173,8 @@ TEST_F(Cuda, EmbeddingWholeAndVocabShard) {
     DevRaw<int32_t> Tok(tok), Index(cuda::token_index(tok.data(), B * T, v0, Vl, &U));
     Dev Wte(wte), Wpe(wpe), Dy(dy), O(size_t(B) * T * C);
     DevRaw<float> Dwte(dwte0), Dwpe(dwpe0);
-    cuda::embedding_forward(O.p, Tok.p, Wte.p, v0, Vl, positions ? Wpe.p : nullptr, B, T, C, nullptr);
-    cuda::embedding_backward(Dwte.p, positions ? Dwpe.p : nullptr, Dy.p, Index.p, U, B, T, C, nullptr);
+    cuda::embedding_forward(O.p, Tok.p, Wte.p, v0, Vl, positions ? Wpe.p : nullptr, B, T, C, nullptr, nullptr);
+    cuda::embedding_backward(Dwte.p, positions ? Dwpe.p : nullptr, Dy.p, Index.p, U, B, T, C, nullptr, nullptr);
     EXPECT_TRUE(close(O.get(), out, 1e-3, 1e-2)) << "v0 " << v0;
     EXPECT_TRUE(close(Dwte.get(), dwte, 1e-5, 1e-5)) << "dwte (+=), v0 " << v0;
     EXPECT_TRUE(close(Dwpe.get(), dwpe, 1e-5, 1e-5)) << "dwpe (+=, untouched without positions), v0 " << v0;
@@ -207,8 +207,8 @@ TEST_F(Cuda, RopeForwardAndBackward) {
     cpu::rope_backward(bwd.data(), cs.data(), sn.data(), B, T, H, KV, D);
     Dev Q(qkv), G(qkv);
     DevRaw<float> Cs(cs), Sn(sn);
-    cuda::rope_forward(Q.p, Cs.p, Sn.p, B, T, H, KV, D, nullptr);
-    cuda::rope_backward(G.p, Cs.p, Sn.p, B, T, H, KV, D, nullptr);
+    cuda::rope_forward(Q.p, Cs.p, Sn.p, B, T, H, KV, D, nullptr, nullptr);
+    cuda::rope_backward(G.p, Cs.p, Sn.p, B, T, H, KV, D, nullptr, nullptr);
     EXPECT_TRUE(close(Q.get(), fwd, 1e-3, 1e-2)) << "KV " << KV << " D " << D;
     EXPECT_TRUE(close(G.get(), bwd, 1e-3, 1e-2)) << "backward, KV " << KV << " D " << D;
   }
@@ -237,21 +237,21 @@ TEST_P(CudaAttention, MatchesTheCpuTwin) {
   cpu::attention_backward(dqkv.data(), dy.data(), qkv.data(), probs.data(), B, T, H, KV, D);
   Dev Q(qkv), Dy(dy), O(no), DQ(std::vector<float>(nq, 7.0f));  // dqkv is overwritten
   DevRaw<float> L(size_t(B) * H * T), S(size_t(B) * H * T);
-  cuda::attention_forward(O.p, L.p, Q.p, B, T, H, KV, D, nullptr);
+  cuda::attention_forward(O.p, L.p, Q.p, B, T, H, KV, D, nullptr, nullptr);
   LOOM_CUDA_CHECK(cudaGetLastError());
   auto o = O.get();
   EXPECT_TRUE(close(o, out, 1e-2, 1e-2)) << "forward";
   // Backward reads the bf16 output the forward wrote; the CPU twin used fp32; P and dS are
   // rounded to bf16 before their products (as FlashAttention does).
-  cuda::attention_backward(DQ.p, Dy.p, O.p, Q.p, L.p, S.p, B, T, H, KV, D, nullptr);
+  cuda::attention_backward(DQ.p, Dy.p, O.p, Q.p, L.p, S.p, B, T, H, KV, D, nullptr, nullptr);
   LOOM_CUDA_CHECK(cudaGetLastError());
   auto dq = DQ.get();
   EXPECT_TRUE(close(dq, dqkv, 3e-2, 3e-2)) << "backward";
   if (D == 32 || int64_t(B) * H * T > 2048) return;  // the row-wise kernels cost T^2 warp shuffles
   Dev RO(no), RDQ(nq);
   DevRaw<float> RL(size_t(B) * H * T);
-  cuda::attention_forward_rowwise(RO.p, RL.p, Q.p, B, T, H, KV, D, nullptr);
-  cuda::attention_backward_rowwise(RDQ.p, Dy.p, O.p, Q.p, RL.p, S.p, B, T, H, KV, D, nullptr);
+  cuda::attention_forward_rowwise(RO.p, RL.p, Q.p, B, T, H, KV, D, nullptr, nullptr);
+  cuda::attention_backward_rowwise(RDQ.p, Dy.p, O.p, Q.p, RL.p, S.p, B, T, H, KV, D, nullptr, nullptr);
   EXPECT_TRUE(close(o, RO.get(), 1e-2, 1e-2)) << "tensor-core forward vs row-wise";
   EXPECT_TRUE(close(dq, RDQ.get(), 3e-2, 3e-2)) << "tensor-core backward vs row-wise";
   EXPECT_TRUE(close(L.get(), RL.get(), 1e-3, 1e-3)) << "lse";

@@ -6,7 +6,9 @@
 #           norm, every tensor's step-1 gradient norm, weights, within bf16's tolerances; the
 #           weights' 5e-2 is about what 4 Adam steps can move a weight, so the losses and the
 #           per-tensor gradient norms are what catch a wrong result), gpt2 against
-#           the CPU fp32 run too; each
+#           the CPU fp32 run too; data.doc_mask (gpt2: learned positions and the row-wise
+#           attention; llama at head dim 64: RoPE and the tensor-core attention) against the
+#           CPU bf16 run with the mask, and unlike the run without it; each
 #           recompute policy bitwise against none (MoE's full recompute too); the host
 #           synchronizations per step (none from MoE layers, dropless or with a capacity).
 #   layouts LAUNCHER: dp 2, dp 2 + ZeRO-3, tp 2 + sp, pp 2 and MoE at ep 2 (dropless, and with a
@@ -57,6 +59,27 @@ if [ "$mode" = single ]; then
     echo "$arch: cuda-emulated against the CPU bf16 run"
     "$compare" "$dir/${arch}_emu" "$dir/${arch}_cpu" "${bf16_tol[@]}"
     "$compare" --grad-norms "$dir/${arch}_emu" "$dir/${arch}_cpu" 5e-2
+  done
+  # Documents packed into 128-token sequences, kept apart (data.doc_mask; token 5 opens one).
+  doc=(--set model.seq_len=128 --set data.doc_mask=true --set data.doc_token=5)
+  for arch in gpt2 llama; do
+    case $arch in
+      gpt2) model=("${gpt2[@]}") ;;
+      llama) model=("${llama[@]}" --set model.n_head=2 --set model.n_kv_head=1) ;;  # head dim 64
+    esac
+    run "${arch}_doc_cpu" "${model[@]}" "${doc[@]}" --set train.device=cpu --set log.grad_norms=true
+    run "${arch}_doc_emu" "${model[@]}" "${doc[@]}" --set train.device=cuda-emulated --set log.grad_norms=true
+    run "${arch}_nodoc_emu" "${model[@]}" "${doc[@]}" --set data.doc_mask=false --set train.device=cuda-emulated \
+      --set log.grad_norms=true
+    echo "$arch, data.doc_mask: cuda-emulated against the CPU bf16 run"
+    "$compare" "$dir/${arch}_doc_emu" "$dir/${arch}_doc_cpu" "${bf16_tol[@]}"
+    "$compare" --grad-norms "$dir/${arch}_doc_emu" "$dir/${arch}_doc_cpu" 5e-2
+    # The check above catches a device that ignores the mask: without it the attention
+    # weights' gradient norms move by far more than its tolerance (0.81 and 0.24 here).
+    if "$compare" --grad-norms "$dir/${arch}_doc_emu" "$dir/${arch}_nodoc_emu" 5e-2 > "$dir/${arch}_nodoc.cmp" 2>&1; then
+      echo "FAIL: $arch: the unmasked run's gradient norms are within 5e-2 of the masked run's"; exit 1
+    fi
+    echo "without the mask: $(tail -1 "$dir/${arch}_nodoc.cmp")"
   done
   # And against the CPU's fp32 run (bf16 against fp32: a rounding of 2^-9 per step of every sum).
   run gpt2_cpu_f32 "${gpt2[@]}" --set train.device=cpu --set train.dtype=f32 --set log.grad_norms=true
