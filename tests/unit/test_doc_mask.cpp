@@ -98,7 +98,43 @@ void packed_equals_apart(const std::string& arch, const std::string& recompute) 
   const double plain = whole.loss_and_grads(packed, tpacked, false, gplain);
   EXPECT_GT(std::abs(plain - lw), 1e-4 * std::abs(lw)) << arch;  // 20x the tolerance above
 }
+// The masked model's gradient of every tensor against finite differences of its masked loss
+// (directional, in float32 as test_model.cpp's check): three documents, one a single token,
+// the first cut off at the sequence's start.
+void gradient_matches_finite_differences(const std::string& arch) {
+  threads_set(1);
+  const std::vector<int32_t> tok = {5, 8, kDoc, 4, 9, 1, kDoc, kDoc, 7, 1, 15, 3};
+  std::vector<int32_t> tgt(tok.size());
+  for (size_t i = 0; i < tok.size(); ++i) tgt[i] = int32_t((i * 5 + 2) % 22);
+  Run r(doc_cfg(arch, int(tok.size())));
+  registry_init(r.chunk->registry(), r.params(), 13);
+  std::map<std::string, std::vector<float>> grads, unused;
+  r.loss_and_grads(tok, tgt, true, grads);
+  for (auto& s : r.chunk->registry().all()) {
+    double rms = 0;
+    for (int64_t i = 0; i < s.numel(); ++i) rms += double(r.params()[s.offset + i]) * r.params()[s.offset + i];
+    rms = std::sqrt(rms / double(s.numel()));
+    auto dir = test::randn(size_t(s.numel()), std::hash<std::string>{}(s.name), float(std::max(rms, 0.05)));
+    for (int64_t i = s.global_numel(); i < s.numel(); ++i) dir[size_t(i)] = 0.0f;  // padded rows
+    double analytic = 0;
+    for (int64_t i = 0; i < s.numel(); ++i) analytic += double(grads[s.name][size_t(i)]) * dir[size_t(i)];
+    const float h = 2e-2f;
+    std::vector<float> keep(r.params() + s.offset, r.params() + s.offset + s.numel());
+    auto loss_at = [&](float sign) {
+      for (int64_t i = 0; i < s.numel(); ++i) r.params()[s.offset + i] = keep[size_t(i)] + sign * h * dir[size_t(i)];
+      return r.loss_and_grads(tok, tgt, true, unused);
+    };
+    const double numeric = (loss_at(1) - loss_at(-1)) / (2 * h);
+    std::copy(keep.begin(), keep.end(), r.params() + s.offset);
+    EXPECT_NEAR(analytic, numeric, 2e-2 * std::abs(numeric) + 2e-4) << arch << " " << s.name;
+  }
+}
 }  // namespace
+
+TEST(DocMask, GradientMatchesFiniteDifferences) {
+  gradient_matches_finite_differences("gpt2");
+  gradient_matches_finite_differences("llama");
+}
 
 TEST(DocMask, PackedDocumentsComputeWhatEachDoesAloneGpt2) {
   packed_equals_apart("gpt2", "none");
