@@ -1,6 +1,7 @@
 #include "parallel/pipeline.h"
 
 #include <chrono>
+#include <map>
 
 #include "runtime/error.h"
 #include "runtime/trace.h"
@@ -16,18 +17,70 @@ bool chunk_receives(int g) {
 bool chunk_sends(int g, int chunks) {
   return g + 1 < chunks;
 }
-// Of a stage's pieces, those that need a kind of buffer: per piece its block index among
-// them (-1: none), and how many.
-std::vector<int> pieces_needing(int stage, int stages, int pieces, bool sends, int* count) {
-  std::vector<int> at(static_cast<size_t>(pieces), -1);
-  *count = 0;
-  for (int j = 0; j < pieces; ++j) {
-    const int g = stage + j * stages;
-    if (sends ? chunk_sends(g, stages * pieces) : chunk_receives(g)) at[size_t(j)] = (*count)++;
+PipeSlots::Buffer buffer_of(PipeOp::Kind k) {
+  switch (k) {
+    case PipeOp::recv_act:
+      return PipeSlots::recv_act;
+    case PipeOp::send_act:
+      return PipeSlots::send_act;
+    case PipeOp::recv_grad:
+      return PipeSlots::recv_grad;
+    default:
+      return PipeSlots::send_grad;
   }
-  return at;
 }
 }  // namespace
+
+PipeSlots pipeline_slots(const std::vector<PipeOp>& ops) {
+  PipeSlots ps;
+  ps.slot.assign(ops.size(), -1);
+  std::array<std::vector<bool>, 4> busy;
+  auto take = [&](int b) {
+    auto& v = busy[size_t(b)];
+    size_t k = 0;
+    while (k < v.size() && v[k]) ++k;
+    if (k == v.size()) v.push_back(true);
+    v[k] = true;
+    ps.count[size_t(b)] = std::max(ps.count[size_t(b)], int(v.size()));
+    return int(k);
+  };
+  std::array<std::map<std::pair<int, int>, int>, 2> held;  // receives by (chunk, micro): activations, gradients
+  auto release = [&](int h, const PipeOp& op) {
+    auto it = held[size_t(h)].find({op.chunk, op.micro});
+    if (it == held[size_t(h)].end()) return;
+    busy[size_t(h == 0 ? PipeSlots::recv_act : PipeSlots::recv_grad)][size_t(it->second)] = false;
+    held[size_t(h)].erase(it);
+  };
+  for (const std::vector<size_t>& batch : pipeline_comm_batches(ops)) {
+    const PipeOp& first = ops[batch[0]];
+    if (!pipe_op_is_comm(first.kind)) {  // a compute op frees the receive it reads
+      if (first.kind == PipeOp::F) release(0, first);
+      if (first.kind == PipeOp::B) release(1, first);
+      continue;
+    }
+    std::vector<std::pair<int, int>> sent;
+    for (size_t i : batch) {
+      const PipeOp& op = ops[i];
+      const int b = buffer_of(op.kind);
+      ps.slot[i] = take(b);
+      if (op.kind == PipeOp::recv_act || op.kind == PipeOp::recv_grad)
+        held[op.kind == PipeOp::recv_act ? 0 : 1][{op.chunk, op.micro}] = ps.slot[i];
+      else
+        sent.push_back({b, ps.slot[i]});
+    }
+    for (auto [b, k] : sent) busy[size_t(b)][size_t(k)] = false;
+  }
+  return ps;
+}
+
+std::array<int, 4> pipeline_stage_slots(const Config& cfg, int stage) {
+  const int pp = cfg.parallel.pp, v = cfg.parallel.pp_virtual, m = cfg.accum_steps();
+  const PipeSchedule sched = pipeline_schedule(cfg.parallel.pp_schedule, pp, v, m);
+  std::array<int, 4> n = pipeline_slots(pipeline_in_order(sched).ops[size_t(stage)]).count;
+  const std::array<int, 4> fwd = pipeline_slots(pipeline_forward_ops(pp, v, stage, m)).count;
+  for (size_t b = 0; b < n.size(); ++b) n[b] = std::max(n[b], fwd[b]);
+  return n;
+}
 
 PipelineStage::PipelineStage(Chunk& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches, StepClock* clock,
                              Trace& trace)
@@ -37,26 +90,21 @@ PipelineStage::PipelineStage(Chunk& chunk, DataParallel& dp, ProcessGroup& pp, i
   const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
   rows_ = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model;
   if (pp.size() == 1) return;
-  int n_in = 0, n_out = 0;
-  in_block_ = pieces_needing(pp.rank(), pp.size(), chunk.pieces(), false, &n_in);
-  out_block_ = pieces_needing(pp.rank(), pp.size(), chunk.pieces(), true, &n_out);
+  LOOM_CHECK(micro_batches == cfg.accum_steps(), "pipeline: {} micro-batches, but the config's step has {}",
+             micro_batches, cfg.accum_steps());
+  const std::array<int, 4> n = pipeline_stage_slots(cfg, pp.rank());
   Allocator& a = chunk.backend().alloc();
   const DType dt = chunk.backend().dtype();
-  if (n_in) {
-    recv_act_ = a.empty({rows_ * micro_batches * n_in}, dt, Mem::comm);
-    send_grad_ = a.empty({rows_ * micro_batches * n_in}, dt, Mem::comm);
-  }
-  if (n_out) {
-    send_act_ = a.empty({rows_ * micro_batches * n_out}, dt, Mem::comm);
-    recv_grad_ = a.empty({rows_ * micro_batches * n_out}, dt, Mem::comm);
-  }
+  Tensor* bufs[4] = {&recv_act_, &send_act_, &recv_grad_, &send_grad_};  // PipeSlots::Buffer order
+  for (size_t b = 0; b < n.size(); ++b)
+    if (n[b]) *bufs[b] = a.empty({rows_ * n[b]}, dt, Mem::comm);
 }
 
 PipelineStage::~PipelineStage() = default;
 
-Buf PipelineStage::act_buf(Tensor& t, int block, int micro) const {
-  LOOM_ASSERT(block >= 0);
-  return Buf(t).slice(rows_ * (int64_t(block) * micro_ + micro), rows_);
+Buf PipelineStage::slot_buf(const Tensor& t, int slot) const {
+  LOOM_ASSERT(slot >= 0 && rows_ * (slot + 1) <= t.numel());
+  return Buf(t).slice(rows_ * slot, rows_);
 }
 
 void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inputs(int)>& inputs, float dloss) {
@@ -76,7 +124,16 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   // a send waits for its receive, so a receive posted early would block the sends behind it.
   const size_t slots_n = static_cast<size_t>(micro_ * chunk_.pieces());
   std::vector<Work> act_in(slots_n), grad_in(slots_n);
+  std::vector<int> act_at(slots_n, -1), grad_at(slots_n, -1);  // the slot each receive landed in
   auto index = [&](int g, int micro) { return size_t((g / P) * micro_ + micro); };
+  const PipeSlots ps = pipeline_slots(ops);
+  const Tensor* bufs[4] = {&recv_act_, &send_act_, &recv_grad_, &send_grad_};
+  for (size_t b = 0; b < 4; ++b)
+    LOOM_CHECK(rows_ * ps.count[b] <= bufs[b]->numel(),
+               "pipeline: this op list needs {} slots of buffer {}, {} were made", ps.count[b], b,
+               bufs[b]->defined() ? bufs[b]->numel() / rows_ : 0);
+  // The send last issued from each slot: a send into the slot waits for it first.
+  std::vector<Work> act_sent(size_t(ps.count[PipeSlots::send_act])), grad_sent(size_t(ps.count[PipeSlots::send_grad]));
   std::vector<Work> sends;
   auto tag = [&](int g, int micro, bool grad) { return (g * micro_ + micro) * 2 + (grad ? 1 : 0); };
   // The ops that finish a piece's gradients: its last W under a split backward, else its last
@@ -110,7 +167,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
         const Inputs in = inputs(op.micro);
         if (chunk_receives(op.chunk)) {
           wait_in(act_in[index(op.chunk, op.micro)]);
-          be.copy(view(chunk_.input()), act_buf(recv_act_, in_block_[size_t(op.chunk / P)], op.micro));
+          be.copy(view(chunk_.input()), slot_buf(recv_act_, act_at[index(op.chunk, op.micro)]));
         }
         chunk_.forward(in, dloss, dp_);
         break;
@@ -122,7 +179,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
         const Inputs in = op.chunk == 0 || chunk_.config().data.doc_mask ? inputs(op.micro) : Inputs{};
         if (chunk_sends(op.chunk, G)) {
           wait_in(grad_in[index(op.chunk, op.micro)]);
-          be.copy(view(chunk_.grad_output()), act_buf(recv_grad_, out_block_[size_t(op.chunk / P)], op.micro));
+          be.copy(view(chunk_.grad_output()), slot_buf(recv_grad_, grad_at[index(op.chunk, op.micro)]));
         }
         dp_.set_last(int(i) == last[size_t(op.chunk / P)]);  // DDP's buckets go with a piece's last backward
         chunk_.backward(in, dp_, split ? Grads::input : Grads::all);
@@ -141,22 +198,27 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
         try {
           for (; i < ops.size() && pipe_op_is_comm(ops[i].kind); ++i) {
             const PipeOp& c = ops[i];
+            const int k = ps.slot[i];
             if (c.kind == PipeOp::send_act) {  // of chunk c.chunk - 1, computed here, to c.chunk
               select(c.chunk - 1, c.micro);
-              const Buf b = act_buf(send_act_, out_block_[size_t((c.chunk - 1) / P)], c.micro);
+              const Buf b = slot_buf(send_act_, k);
+              act_sent[size_t(k)].wait_on(s);  // the slot's last send has left it
               be.copy(b, view(chunk_.output()));
-              sends.push_back(pp_.send(b, c.peer, tag(c.chunk, c.micro, false), s));
+              sends.push_back(act_sent[size_t(k)] = pp_.send(b, c.peer, tag(c.chunk, c.micro, false), s));
             } else if (c.kind == PipeOp::send_grad) {  // of chunk c.chunk + 1's input, to c.chunk
               select(c.chunk + 1, c.micro);
-              const Buf b = act_buf(send_grad_, in_block_[size_t((c.chunk + 1) / P)], c.micro);
+              const Buf b = slot_buf(send_grad_, k);
+              grad_sent[size_t(k)].wait_on(s);
               be.copy(b, view(chunk_.grad_input()));
-              sends.push_back(pp_.send(b, c.peer, tag(c.chunk, c.micro, true), s));
+              sends.push_back(grad_sent[size_t(k)] = pp_.send(b, c.peer, tag(c.chunk, c.micro, true), s));
             } else if (c.kind == PipeOp::recv_act) {
-              act_in[index(c.chunk, c.micro)] = pp_.recv(act_buf(recv_act_, in_block_[size_t(c.chunk / P)], c.micro),
-                                                         c.peer, tag(c.chunk, c.micro, false), s);
+              act_at[index(c.chunk, c.micro)] = k;
+              act_in[index(c.chunk, c.micro)] =
+                  pp_.recv(slot_buf(recv_act_, k), c.peer, tag(c.chunk, c.micro, false), s);
             } else {
-              grad_in[index(c.chunk, c.micro)] = pp_.recv(act_buf(recv_grad_, out_block_[size_t(c.chunk / P)], c.micro),
-                                                          c.peer, tag(c.chunk, c.micro, true), s);
+              grad_at[index(c.chunk, c.micro)] = k;
+              grad_in[index(c.chunk, c.micro)] =
+                  pp_.recv(slot_buf(recv_grad_, k), c.peer, tag(c.chunk, c.micro, true), s);
             }
           }
         } catch (...) {  // close the group, so no later op is batched into it silently
@@ -211,20 +273,15 @@ ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedu
 
 std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, int stage, DType dtype) {
   std::vector<PlanItem> items;
-  const int pp = cfg.parallel.pp, v = cfg.parallel.pp_virtual;
+  const int pp = cfg.parallel.pp;
   if (pp == 1) return items;
   const int tp = cfg.parallel.tp;
   const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
-  const int64_t n = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model * cfg.accum_steps();
-  int n_in = 0, n_out = 0;
-  pieces_needing(stage, pp, v, false, &n_in);
-  pieces_needing(stage, pp, v, true, &n_out);
-  if (n_in)
-    items.insert(items.end(),
-                 {{"pp_recv_act", n * n_in, dtype, Mem::comm}, {"pp_send_grad", n * n_in, dtype, Mem::comm}});
-  if (n_out)
-    items.insert(items.end(),
-                 {{"pp_send_act", n * n_out, dtype, Mem::comm}, {"pp_recv_grad", n * n_out, dtype, Mem::comm}});
+  const int64_t rows = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model;
+  const std::array<int, 4> n = pipeline_stage_slots(cfg, stage);
+  const char* names[4] = {"pp_recv_act", "pp_send_act", "pp_recv_grad", "pp_send_grad"};  // PipeSlots::Buffer order
+  for (size_t b = 0; b < n.size(); ++b)
+    if (n[b]) items.push_back({names[b], rows * n[b], dtype, Mem::comm});
   return items;
 }
 

@@ -1,10 +1,13 @@
 // The pipeline executor: one stage's op list of a schedule (parallel/pipeline_schedule.h, as
 // pipeline_in_order() reorders it), walked in order over the pp group. Each run of consecutive
 // sends and receives goes out as one group (group_start/group_end: NCCL's group call), each
-// receive at the boundary where the schedule's timing has its send, into a buffer per
-// micro-batch; sends go from a copy per micro-batch, so compute never waits for them; the time
-// a stage spends waiting for a receive is its bubble (the step clock's bubble phase). Activations of the micro-batches in
-// flight live in the chunk's slots (micro-batch k in slot k mod slots: the schedules finish
+// receive at the boundary where the schedule's timing has its send; sends go from a copy, so
+// compute never waits for them; the time a stage spends waiting for a receive is its bubble
+// (the step clock's bubble phase). Transfers take slots of four buffers (activations and
+// gradients, in and out) only while they are in flight (pipeline_slots): a receive's from its
+// group until the op that reads it, a send's for its group (a later send into the slot first
+// waits for it), so the buffers hold what the schedule has in flight, not every micro-batch. Activations of the
+// micro-batches in flight live in the chunk's slots (micro-batch k in slot k mod slots: the schedules finish
 // micro-batches in order, and the checker's peak bounds how many are in flight). Under the
 // interleaved schedule a stage holds several model chunks, the chunk's pieces, each with its
 // own activations and slots. A schedule with W ops splits each backward: B computes the input
@@ -12,6 +15,7 @@
 // gradients B kept in the slot. With one stage, the op list is the accumulation loop and
 // nothing is sent.
 #pragma once
+#include <array>
 #include <functional>
 #include <vector>
 
@@ -33,7 +37,7 @@ class PipelineStage {
   double bubble_ms() const { return bubble_ms_; }  // waiting in receives during the last run
 
  private:
-  Buf act_buf(Tensor& t, int block, int micro) const;  // block: the piece's among those needing t
+  Buf slot_buf(const Tensor& t, int slot) const;
   Chunk& chunk_;
   DataParallel& dp_;
   ProcessGroup& pp_;
@@ -41,12 +45,23 @@ class PipelineStage {
   Trace& trace_;
   int micro_;
   int64_t rows_;  // elements of one activation or gradient between stages
-  // One [rows] block per micro-batch and piece that needs it: pieces receiving activations
-  // (and sending their gradients), and pieces sending them (and receiving gradients).
+  // [slots x rows] each: pipeline_slots' counts for this stage's training and forward lists.
   Tensor recv_act_, recv_grad_, send_act_, send_grad_;
-  std::vector<int> in_block_, out_block_;  // per piece: its block index in those, or -1
   double bubble_ms_ = 0;
 };
+
+// The slots of the executor's four buffers for one stage's op list (in issue order): each send's
+// and receive's slot (per op; -1 for compute ops) and how many slots each buffer needs. A
+// receive holds its slot from its group to the F (activations) or B (gradients) that reads
+// it; a send holds its slot for its group.
+struct PipeSlots {
+  enum Buffer { recv_act, send_act, recv_grad, send_grad };
+  std::array<int, 4> count{};
+  std::vector<int> slot;
+};
+PipeSlots pipeline_slots(const std::vector<PipeOp>& ops);
+// The most slots each buffer needs on `stage` over its training and forward-only lists.
+std::array<int, 4> pipeline_stage_slots(const Config& cfg, int stage);
 
 // Stage `stage`'s chunk under cfg.parallel.pp: its units (the embedding on the first stage, the
 // head on the last, parallel.pp_layers' blocks; under the interleaved schedule one piece per

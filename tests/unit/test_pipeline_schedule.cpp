@@ -178,3 +178,54 @@ TEST(PipelineSchedule, BadSettingsSayWhatToChange) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+
+// The executor's buffers hold the transfers in flight: at p = 4 their slots do not grow with m
+// under any schedule (every receive is posted where its send is and read soon after), and
+// the planner's items, which the executor allocates, say the same.
+TEST(PipelineSchedule, ExecutorBuffersHoldWhatIsInFlightNotEveryMicroBatch) {
+  for (const char* name : {"gpipe", "1f1b", "interleaved", "zb"}) {
+    const int v = std::string(name) == "interleaved" ? 2 : 1;
+    std::array<int, 4> at8{}, at16{};
+    for (int m : {8, 16}) {
+      const PipeSchedule s = pipeline_in_order(pipeline_schedule(name, 4, v, m));
+      for (int st = 0; st < 4; ++st) {
+        const std::array<int, 4> n = pipeline_slots(s.ops[size_t(st)]).count;
+        for (size_t b = 0; b < 4; ++b) (m == 8 ? at8 : at16)[b] = std::max((m == 8 ? at8 : at16)[b], n[b]);
+      }
+    }
+    EXPECT_EQ(at8, at16) << name;
+    for (int n : at16) EXPECT_LE(n, 2 * v) << name;
+  }
+  // A stage in the middle receives and sends both ways; the first receives no activation.
+  Config c = config_defaults();
+  c.model.n_layer = 4;
+  c.parallel.pp = 4;
+  c.train.global_batch = 16;
+  c.train.micro_batch = 1;
+  for (int steps_m : {8, 16}) {
+    c.train.global_batch = steps_m;
+    const auto items = pipeline_stage_plan(c, 1, DType::f32), first = pipeline_stage_plan(c, 0, DType::f32);
+    int64_t bytes = 0;
+    for (const auto& it : items) bytes += it.numel * 4;
+    EXPECT_EQ(items.size(), 4u);
+    EXPECT_EQ(first.size(), 2u);  // pp_send_act, pp_recv_grad
+    EXPECT_LE(bytes, 4 * 2 * int64_t(c.model.seq_len) * c.model.d_model * 4) << "m " << steps_m;
+  }
+}
+
+// Slots are reused once free: a receive read by its F frees the slot for the next receive;
+// a send's slot is free after its group.
+TEST(PipelineSchedule, SlotsAreReusedOnceFree) {
+  const std::vector<PipeOp> ops = {{PipeOp::recv_act, 0, 1, 0}, {PipeOp::F, 0, 1},
+                                   {PipeOp::send_act, 0, 2, 2}, {PipeOp::recv_act, 1, 1, 0},
+                                   {PipeOp::F, 1, 1},           {PipeOp::send_act, 1, 2, 2},
+                                   {PipeOp::recv_act, 2, 1, 0}, {PipeOp::recv_act, 3, 1, 0},
+                                   {PipeOp::F, 2, 1},           {PipeOp::F, 3, 1}};
+  const PipeSlots ps = pipeline_slots(ops);
+  EXPECT_EQ(ps.slot, (std::vector<int>{0, -1, 0, 0, -1, 0, 0, 1, -1, -1}));
+  EXPECT_EQ(ps.count, (std::array<int, 4>{2, 1, 0, 0}));
+}
+
+}  // namespace loom
