@@ -61,8 +61,8 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
       stage == 0 ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
                  : zero_plan(layout,
                              {cfg.parallel.dp, at.dp, cfg.parallel.ep > 1 ? cfg.parallel.dp / cfg.parallel.ep : 0,
-                              at.dp / cfg.parallel.ep},
-                             stage, at.tp, dtype, grad_reduce_dtype(cfg), kind);
+                              at.dp / cfg.parallel.ep, zero_tied(cfg)},
+                             stage, at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
   items.insert(items.end(), dp_items.begin(), dp_items.end());
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);

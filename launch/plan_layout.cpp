@@ -35,7 +35,9 @@ std::string layout_name(const Config& c) {
   if (p.pp > 1) s += p.pp_virtual > 1 ? fmt::format(" {} v{}", p.pp_schedule, p.pp_virtual) : " " + p.pp_schedule;
   s += fmt::format(" dp {}", p.dp);
   if (p.ep > 1) s += fmt::format(" ep {}", p.ep);
-  return s + fmt::format(" zero {} mb {} rc {}", p.zero, c.train.micro_batch, c.train.recompute);
+  s += fmt::format(" zero {}", p.zero);
+  if (p.zero == 3 && p.zero3_reshard == "after_step") s += " kept";  // gathered until the step
+  return s + fmt::format(" mb {} rc {}", c.train.micro_batch, c.train.recompute);
 }
 
 LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
@@ -46,6 +48,7 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
     int tp, pp, dp, ep, mb, zero;
     const char* schedule;
     int v;
+    const char* reshard;  // ZeRO-3's: after_forward | after_step
   };
   std::vector<Candidate> all;
   for (int tp : divisors(cl.devices_per_node, cl.devices_per_node))
@@ -62,7 +65,9 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
         for (int mb : {1, 2, 4, 8})
           for (int zero = 0; zero <= 3; ++zero)
             for (auto [name, v] : schedules)
-              if (dp % ep == 0 && E % std::max(ep, 1) == 0) all.push_back({tp, pp, dp, ep, mb, zero, name, v});
+              for (const char* reshard : {"after_forward", "after_step"})
+                if (dp % ep == 0 && E % std::max(ep, 1) == 0 && (zero == 3 || reshard[6] == 'f'))
+                  all.push_back({tp, pp, dp, ep, mb, zero, name, v, reshard});
     }
   // Every candidate is judged on its own (embarrassingly parallel), then merged in order, so
   // the ranking does not depend on the threads.
@@ -85,6 +90,7 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
       c.parallel.tp = k.tp, c.parallel.pp = k.pp, c.parallel.dp = k.dp, c.parallel.ep = k.ep;
       c.parallel.sp = k.tp > 1;
       c.parallel.zero = k.zero;
+      c.parallel.zero3_reshard = k.reshard;
       c.parallel.pp_schedule = k.schedule, c.parallel.pp_virtual = k.v;
       c.train.micro_batch = k.mb;
       c.train.recompute = rc;
@@ -184,12 +190,14 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
 
 std::string step_prediction_json(const Config& c, const StepPrediction& p) {
   return fmt::format(
-      "{{\"layout\":\"{}\",\"dp\":{},\"tp\":{},\"pp\":{},\"ep\":{},\"zero\":{},\"micro_batch\":{},"
+      "{{\"layout\":\"{}\",\"dp\":{},\"tp\":{},\"pp\":{},\"ep\":{},\"zero\":{},\"zero3_reshard\":\"{}\","
+      "\"micro_batch\":{},"
       "\"schedule\":\"{}\",\"virtual\":{},\"recompute\":\"{}\",\"step_ms\":{:.6g},\"compute_ms\":{:.6g},"
       "\"comm_exposed_ms\":{:.6g},\"bubble_ms\":{:.6g},\"optimizer_ms\":{:.6g},\"tp_ms\":{:.6g},\"ep_ms\":{:.6g},"
       "\"pp_ms\":{:.6g},\"dp_ms\":{:.6g},\"dp_total_ms\":{:.6g},\"tokens_per_s\":{:.6g},\"mfu\":{:.6g},"
       "\"memory_b\":{},\"fits\":{}}}",
-      layout_name(c), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.ep, c.parallel.zero, c.train.micro_batch,
+      layout_name(c), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.ep, c.parallel.zero,
+      c.parallel.zero3_reshard, c.train.micro_batch,
       c.parallel.pp_schedule, c.parallel.pp_virtual, c.train.recompute, 1e3 * p.step, 1e3 * p.compute,
       1e3 * p.comm_exposed, 1e3 * p.bubble, 1e3 * p.optimizer, 1e3 * p.tp, 1e3 * p.ep, 1e3 * p.pp, 1e3 * p.dp,
       1e3 * p.dp_total, p.tokens_per_s, p.mfu, p.memory_bytes, p.fits);

@@ -345,6 +345,11 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
       s.dp_b = std::max(rs - window, rs / units);
       s.dp_end = ag;
       s.dp_total = m * rs + ag;
+    } else if (p.zero3_reshard == "after_step") {  // and the weights gathered once, in the first forward
+      // (the schedule's costs are per micro-batch: the gathers' exposed part is spread over m)
+      s.dp_f = std::max(ag - cl.overlap * s.f, ag / units) / m;
+      s.dp_b = std::max(rs - window, rs / units);
+      s.dp_total = ag + m * rs;
     } else {  // and the weights gathered before each forward and backward
       s.dp_f = std::max(ag - cl.overlap * s.f, ag / units);
       s.dp_b = std::max(ag + rs - window, (ag + rs) / units);

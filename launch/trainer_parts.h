@@ -105,18 +105,16 @@ struct Trainer::Parts {
   ProcessGroup& tp() const { return mesh->group(Axis::tp); }
   ProcessGroup& pp() const { return mesh->group(Axis::pp); }
   // The step's gradient reductions: over dp (DDP or ZeRO); with pipeline stages, the tied
-  // embedding's two copies summed over the first and last stage, and the squared norm over all
-  // stages, so that clipping and the guard see the whole model's norm.
+  // embedding's two copies summed over the first and last stage (after dp: the whole tensor
+  // under DDP, each rank's shard under ZeRO), and the squared norm over all stages, so that
+  // clipping and the guard see the whole model's norm.
   void reduce_grads() {
     const Stream& st = backend->stream();
-    std::function<void()> tied;
+    std::function<void(Buf)> tied;
     if (pipe && cfg.model.tie_embeddings && (chunk->has_embedding() || chunk->holds_tied_copy())) {
-      tied = [this, &st] {
-        const ParamSpec& w = chunk->registry().at(head_names(cfg).wte);
+      tied = [this, &st](Buf g) {
         StepClock::Scope c(clock.get(), Phase::comm);
-        mesh->group(Axis::embed)
-            .all_reduce(Buf(chunk->grads() + w.offset, w.numel(), DType::f32, backend->device()), ReduceOp::sum, st)
-            .wait_on(st);
+        mesh->group(Axis::embed).all_reduce(g, ReduceOp::sum, st).wait_on(st);
       };
     }
     dpar->reduce_grads(tied);

@@ -539,7 +539,10 @@ void Chunk::head_backward(UnitAccess& acc, Grads part) {
     be_.norm_backward(llama_, input ? dres : Ptr(), gw, gb, dlnf, act(RESIDUAL, b1_ - b0_),
                       input ? at(hw, head, names_.norm_w) : Ptr(), actf(LNF_MEAN), actf(LNF_RSTD), Ns_, C_);
   }
-  if (!weight) return;
+  if (!weight) {
+    if (lm_unit_ != head) acc.weights_done(lm_unit_);
+    return acc.weights_done(head);
+  }
   if (sp_ && llama_) sp_param_grads_reduce(normw, {at(hg, head, names_.norm_w)}, C_);
   if (sp_ && !llama_) sp_param_grads_reduce(normw, {at(hg, head, names_.norm_w), at(hg, head, names_.norm_b)}, C_);
   acc.backward_done(head);  // the final norm and an untied lm_head sit after every block
@@ -574,7 +577,8 @@ void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
     }
     const bool keep = part == Grads::input;
     block_backward(w, keep ? LayerW{} : layer_g(acc.grads(l + 1), l), a, x, dres, keep);
-    if (!keep) acc.backward_done(l + 1);
+    if (keep) acc.weights_done(l + 1);
+    else acc.backward_done(l + 1);
   }
   if (!emb_here_) return;  // grad_input() holds d(input)
   Ptr demb;

@@ -35,6 +35,8 @@ class UnitAccess {
   virtual float* grads(int unit) = 0;  // accumulate (+=) here
   virtual void forward_done(int unit) { (void)unit; }
   virtual void backward_done(int unit) { (void)unit; }  // this micro-batch's grads are final
+  // A split backward's input half is done with the unit's weights (its W half reads none).
+  virtual void weights_done(int unit) { (void)unit; }
 };
 
 // Units [unit_lo, unit_hi) of the model: 0 is the embedding, 1..L the blocks, L+1 the head.

@@ -50,9 +50,11 @@ class DataParallel : public UnitAccess {
   // reduce_grads() finishes the gradient reductions and computes the norm; then either
   // apply() clips by it and updates, or discard() drops the step's gradients. Waits for
   // communication are charged to the clock's comm phase.
-  // between(): runs once the gradients are reduced over dp and before their norm (the
-  // pipeline's reduction of a tied embedding's two copies).
-  virtual void reduce_grads(const std::function<void()>& between = {}) = 0;
+  // tied(g): runs once the gradients are reduced over dp and before their norm, on the part of
+  // the tied embedding's reduced gradient this rank holds (the whole tensor under DDP, the
+  // rank's shard under ZeRO, the same elements on the first and the last pipeline stage), for
+  // the pipeline to sum the two stages' copies.
+  virtual void reduce_grads(const std::function<void(Buf)>& tied = {}) = 0;
   // f64 [1] on the device: the squared gradient norm reduce_grads() leaves for apply(); the
   // pipeline sums it over the stages in between.
   virtual Tensor& grad_sum_squares() = 0;

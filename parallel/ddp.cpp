@@ -94,7 +94,7 @@ void Ddp::weights_to(float* host) {
     be_.download(host, Buf(chunk_.params_tensor()));
 }
 
-void Ddp::reduce_grads(const std::function<void()>& between) {
+void Ddp::reduce_grads(const std::function<void(Buf)>& tied) {
   const Stream& s = be_.stream();
   grads_ready_from(0);
   {
@@ -106,7 +106,10 @@ void Ddp::reduce_grads(const std::function<void()>& between) {
       if (b.group->size() > 1)
         be_.copy(Buf(chunk_.grads_tensor()).slice(b.lo, b.hi - b.lo), Buf(low_).slice(b.lo, b.hi - b.lo));
   next_ = 0;
-  if (between) between();
+  if (tied) {
+    const ParamSpec& w = chunk_.registry().at(head_names(chunk_.config()).wte);
+    tied(Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()));
+  }
   adam_->norm_squares(chunk_.grads());
   if (tp_.size() > 1) {
     StepClock::Scope c(clock_, Phase::comm);

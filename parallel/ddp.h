@@ -31,7 +31,7 @@ class Ddp final : public DataParallel {
   void set_last(bool last) override { last_ = last; }
   void weights_from(const float* host) override;
   void weights_to(float* host) override;
-  void reduce_grads(const std::function<void()>& between = {}) override;
+  void reduce_grads(const std::function<void(Buf)>& tied = {}) override;
   Tensor& grad_sum_squares() override { return adam_->sum_squares(); }
   void apply(const AdamWHyper& h, int64_t step, double max_norm) override;
   void discard() override;

@@ -6,25 +6,34 @@ namespace loom {
 
 namespace {
 
-// A run of a unit sharded over one group: the whole unit over dp, or (expert parallel) a MoE
-// block's experts, the tail of its unit, over expert-dp and the rest over dp.
+// A run of a unit sharded over one group: the whole unit over dp; or its dense part over dp
+// and a tail split off its end: a MoE block's experts over expert-dp (expert parallel), or a
+// pipeline's tied embedding over dp (see ZeroRanks; on the first stage it opens unit 0, so
+// there the embedding is the dense part and what follows it the tail).
 struct Part {
   int64_t lo, len;
   int n, r;
-  bool expert;
+  bool expert, tail;
 };
 
 std::vector<Part> parts_of(const ModelLayout& layout, const ZeroRanks& z) {
+  const ParamSpec* tied = z.tied.empty() ? nullptr : layout.reg.find(z.tied);
   std::vector<Part> parts;
   for (int u = 0; u < layout.num_units(); ++u) {
     const int64_t lo = layout.unit_lo(u), hi = lo + layout.unit_len(u);
-    int64_t x = hi;  // where the unit's experts start
+    int64_t x = hi;  // where the unit's tail starts
+    bool expert = false;
     if (z.edp > 0)
       for (auto& spec : layout.reg.all())
         if (int64_t(spec.offset) >= lo && int64_t(spec.offset) < hi && expert_param(spec.name))
-          x = std::min(x, int64_t(spec.offset));
-    if (x > lo || x == hi) parts.push_back({lo, x - lo, z.dp, z.rank, false});
-    if (x < hi) parts.push_back({x, hi - x, z.edp, z.edp_rank, true});
+          x = std::min(x, int64_t(spec.offset)), expert = true;
+    if (tied && int64_t(tied->offset) >= lo && int64_t(tied->offset) < hi) {
+      const int64_t t0 = int64_t(tied->offset), t1 = t0 + tied->numel();
+      LOOM_ASSERT(!expert && (t0 == lo || t1 == hi));
+      x = t0 == lo ? t1 : t0;
+    }
+    if (x > lo || x == hi) parts.push_back({lo, x - lo, z.dp, z.rank, false, false});
+    if (x < hi) parts.push_back({x, hi - x, expert ? z.edp : z.dp, expert ? z.edp_rank : z.rank, expert, true});
   }
   return parts;
 }
@@ -66,10 +75,10 @@ std::vector<SlotSize> slot_sizes(const ModelLayout& layout, const Geometry& g) {
   for (size_t i = 0, k = 0; k < g.parts.size(); ++i) {
     const Part& d = g.parts[k];
     const int64_t len = layout.unit_len(int(i));
-    LOOM_ASSERT(!d.expert);  // every unit starts with its dense part
+    LOOM_ASSERT(!d.tail);  // every unit starts with its dense part
     SlotSize z{std::max(len, g.s[k] * d.n), 0, g.s[k]};
     ++k;
-    if (k < g.parts.size() && g.parts[k].expert) {  // the same unit's expert tail
+    if (k < g.parts.size() && g.parts[k].tail) {  // the same unit's tail
       z.aux = g.s[k] * g.parts[k].n;
       z.result += g.s[k];
       ++k;
@@ -86,6 +95,10 @@ std::vector<SlotSize> slot_sizes(const ModelLayout& layout, const Geometry& g) {
 }
 
 }  // namespace
+
+std::string zero_tied(const Config& cfg) {
+  return cfg.parallel.pp > 1 && cfg.model.tie_embeddings ? head_names(cfg).wte : "";
+}
 
 std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z) {
   const Geometry g = geometry(layout, z);
@@ -104,20 +117,27 @@ std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks
   return runs;
 }
 
-std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank) {
+std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank,
+                                      const char* uncounted) {
   std::vector<OptChunk> chunks;
   for (const StateRun& run : zero_state_runs(layout, z))
     opt_chunks_add(chunks, run.state, stage >= 3 ? run.state : run.flat, stage >= 2 ? run.state : run.flat, run.n,
-                   run.spec->decay, !run.spec->replicated() || tp_rank == 0);
+                   run.spec->decay,
+                   (!run.spec->replicated() || tp_rank == 0) && !(uncounted && run.spec->name == uncounted));
   return chunks;
 }
 
+bool zero_keeps_gathered(const Config& cfg) {
+  return cfg.parallel.zero == 3 && cfg.parallel.zero3_reshard == "after_step";
+}
+
 std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int /*tp_rank*/, DType dtype,
-                                DType reduce, DeviceKind device) {
+                                DType reduce, DeviceKind device, bool keep_gathered) {
   const Geometry g = geometry(layout, z);
   const bool low = reduce == DType::bf16;
   std::vector<PlanItem> p;
   if (stage >= 3) p.push_back({"zero_shard_params", g.shard, dtype, Mem::params});
+  if (stage >= 3 && keep_gathered) p.push_back({"zero_param_full", int64_t(layout.reg.numel()), dtype, Mem::params});
   if (stage >= 2) p.push_back({"zero_shard_grads", g.shard, DType::f32, Mem::grads});
   if (stage == 1) {  // a padded unit, and the rank's reduced shard after it
     p.push_back({"zero_grad_bounce", g.max_unit + g.max_s, DType::f32, Mem::comm});
@@ -179,7 +199,7 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
       r_(groups.dp.rank()),
       edp_(groups.edp),
       host_edp_(groups.host_edp ? groups.host_edp : groups.edp),
-      ranks_{n_, r_, edp_ ? edp_->size() : 0, edp_ ? edp_->rank() : 0},
+      ranks_{n_, r_, edp_ ? edp_->size() : 0, edp_ ? edp_->rank() : 0, zero_tied(cfg)},
       dtype_(be_.dtype()),
       reduce_(grad_reduce_dtype(cfg)) {
   LOOM_CHECK(stage_ >= 1 && stage_ <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage_);
@@ -188,18 +208,21 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
   int64_t off = 0;
   for (size_t u = 0; u < g.parts.size(); ++u) {
     const Part& p = g.parts[u];
-    if (!p.expert) first_part_.push_back(int(u));
-    units_.push_back({p.lo, p.len, g.s[u], off, p.r, p.n, p.expert});
+    if (!p.tail) first_part_.push_back(int(u));
+    units_.push_back({p.lo, p.len, g.s[u], off, p.r, p.n, p.expert, p.tail});
     off += g.s[u];
   }
   LOOM_ASSERT(int(first_part_.size()) == layout.num_units());
   shard_ = g.shard;
   max_unit_ = g.max_unit;
-  adam_ =
-      std::make_unique<AdamW>(be_, zero_opt_chunks(layout, ranks_, stage_, tp_.rank()), g.shard, dtype_ != DType::f32);
+  const char* copy = chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr;  // counted on the first stage
+  adam_ = std::make_unique<AdamW>(be_, zero_opt_chunks(layout, ranks_, stage_, tp_.rank(), copy), g.shard,
+                                  dtype_ != DType::f32);
   // Everything else zero_plan lists (AdamW allocated its own part).
   std::map<std::string, std::vector<Tensor>> got;
-  for (auto& item : zero_plan(layout, ranks_, stage_, tp_.rank(), dtype_, reduce_, be_.device())) {
+  keep_ = zero_keeps_gathered(cfg);
+  gathered_.assign(size_t(layout.num_units()), 0);
+  for (auto& item : zero_plan(layout, ranks_, stage_, tp_.rank(), dtype_, reduce_, be_.device(), keep_)) {
     if (item.name.rfind("zero_", 0) != 0) continue;
     got[item.name].push_back(be_.alloc().empty(item));
   }
@@ -209,6 +232,7 @@ Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, St
   grad_bounce_ = take("zero_grad_bounce");
   grad_bounce_low_ = take("zero_grad_bounce_bf16");
   param_bounce_ = take("zero_param_bounce");
+  param_full_ = take("zero_param_full");
   for (size_t i = 0; i < got["zero_grad_slot"].size(); ++i) {
     auto s = std::make_unique<Slot>();
     s->buf = take("zero_grad_slot", i);
@@ -241,7 +265,8 @@ Zero::~Zero() {
 }
 
 std::string Zero::describe() const {
-  return fmt::format("dp {}, ZeRO stage {}, gradients reduced in {}", n_, stage_, dtype_name(reduce_));
+  return fmt::format("dp {}, ZeRO stage {}{}, gradients reduced in {}", n_, stage_,
+                     keep_ ? " (weights kept gathered until the step)" : "", dtype_name(reduce_));
 }
 
 void Zero::wait(const Work& w) {
@@ -255,6 +280,7 @@ void Zero::weights_from(const float* host) {
   std::vector<float> shard(static_cast<size_t>(shard_), 0.0f);
   for (const auto& u : units_) std::copy(host + u.lo + u.a(), host + u.lo + u.b(), shard.begin() + u.shard_off);
   if (float* master = adam_->master()) be_.upload(dev(master, shard_, DType::f32), shard.data());
+  std::fill(gathered_.begin(), gathered_.end(), 0);
   const Buf host_buf(const_cast<float*>(host), int64_t(chunk_.num_params()));
   if (stage_ >= 3) {
     if (dtype_ == DType::f32) {
@@ -324,21 +350,27 @@ float* Zero::grads(int u) {
   return s.buf.f32();
 }
 
+void Zero::weights_done(int u) {
+  if (stage_ < 3) return;
+  Slot& p = slot_of(param_slots_, u);
+  if (p.unit == u) p.in_use = false;
+}
+
 void Zero::backward_done(int u) {
-  if (stage_ >= 3) slot_of(param_slots_, u).in_use = false;
+  weights_done(u);
   if (stage_ < 2) return;
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) return;  // no gradients were asked for
   const Unit& d = unit(u);
   const bool low = s.buf_low.defined();
   if (const Unit* e = tail(u)) {
-    // The expert tail moves to its own padded buffer, reduced over expert-dp; the dense
-    // part's padding, where the tail was, is zeroed for dp.
+    // The tail moves to its own padded buffer, reduced over its group; the dense part's
+    // padding, where the tail was, is zeroed for dp.
     Buf aux = Buf(low ? s.aux_low : s.aux).slice(0, e->s * e->n);
     be_.zero(aux);
     be_.copy(aux.slice(0, e->len), Buf(s.buf).slice(d.len, e->len));
     be_.zero(Buf(s.buf).slice(d.len, padded(u) - d.len));
-    s.tail = edp_->reduce_scatter(aux, Buf(low ? s.result_low : s.result).slice(d.s, e->s), be_.stream());
+    s.tail = group(*e).reduce_scatter(aux, Buf(low ? s.result_low : s.result).slice(d.s, e->s), be_.stream());
   }
   Buf in = Buf(s.buf).slice(0, d.s * d.n), out = Buf(s.result).slice(0, d.s);
   if (low) {
@@ -362,12 +394,15 @@ void Zero::gather_into(Slot& slot, int u, Pass pass) {
   const Unit* e = tail(u);
   slot.fixup = e != nullptr;
   if (e)  // into its own buffer: the dense part's padding overlaps where it goes
-    slot.tail = edp_->all_gather(Buf(shard_params_).slice(e->shard_off, e->s), Buf(slot.aux).slice(0, e->s * e->n),
-                                 be_.stream());
+    slot.tail = group(*e).all_gather(Buf(shard_params_).slice(e->shard_off, e->s),
+                                     Buf(slot.aux).slice(0, e->s * e->n), be_.stream());
 }
 
 Ptr Zero::params(int u, Pass pass) {
-  if (stage_ < 3) return chunk_.params() + chunk_.layout().unit_lo(chunk_.layout().local(u));
+  const ModelLayout& layout = chunk_.layout();
+  const int i = layout.local(u), last = layout.num_units() - 1;
+  if (stage_ < 3) return chunk_.params() + layout.unit_lo(i);
+  if (keep_ && gathered_[size_t(i)]) return ptr_of(param_full_) + layout.unit_lo(i);
   Slot& s = slot_of(param_slots_, u);
   if (!(s.unit == u && s.pass == pass)) {  // not prefetched: gather now
     LOOM_ASSERT(!s.in_use);
@@ -388,10 +423,8 @@ Ptr Zero::params(int u, Pass pass) {
   // Prefetch the unit that comes next while this one computes (the embeddings and the head
   // have slots of their own, so the first block gathers during the embeddings too); a second
   // read of a unit in the same pass is out of sequence and prefetches nothing.
-  const ModelLayout& layout = chunk_.layout();
-  const int i = layout.local(u), last = layout.num_units() - 1;
   const int next = pass == Pass::forward ? i + 1 : i - 1;
-  if (first_read && next >= 0 && next <= last) {
+  if (first_read && next >= 0 && next <= last && !(keep_ && gathered_[size_t(next)])) {
     const int nu = layout.unit_ids[size_t(next)];
     Slot& nx = slot_of(param_slots_, nu);
     if (!nx.in_use && !(nx.unit == nu && nx.pass == pass)) {
@@ -400,15 +433,31 @@ Ptr Zero::params(int u, Pass pass) {
       gather_into(nx, nu, pass);
     }
   }
+  if (keep_) {  // into the whole-chunk buffer, where it stays until the step; the slot is free
+    const Buf whole(param_full_);
+    be_.copy(whole.slice(layout.unit_lo(i), layout.unit_len(i)), Buf(s.buf).slice(0, layout.unit_len(i)));
+    gathered_[size_t(i)] = 1;
+    s.in_use = false;
+    s.unit = -1;
+    return ptr_of(param_full_) + layout.unit_lo(i);
+  }
   return ptr_of(s.buf);
 }
 
 void Zero::forward_done(int u) {
-  if (stage_ >= 3) slot_of(param_slots_, u).in_use = false;
+  weights_done(u);
 }
 
-void Zero::reduce_grads(const std::function<void()>& between) {
-  LOOM_CHECK(!between, "ZeRO with a tied embedding split over pipeline stages is not supported");
+const Zero::Unit* Zero::tied_part() const {
+  const ParamSpec* w = ranks_.tied.empty() ? nullptr : chunk_.registry().find(ranks_.tied);
+  if (w)
+    for (const Unit& u : units_)
+      if (u.lo == int64_t(w->offset)) return &u;
+  LOOM_CHECK(false, "internal error: ZeRO holds no part for the tied embedding '{}'", ranks_.tied);
+  return nullptr;
+}
+
+void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
   const Stream& st = be_.stream();
   float* grads = nullptr;
   if (stage_ == 1) {
@@ -435,6 +484,11 @@ void Zero::reduce_grads(const std::function<void()>& between) {
   } else {
     for (auto& s : grad_slots_) drain(*s);
     grads = shard_grads_.f32();
+  }
+  if (tied) {  // this rank's reduced slice of the tied embedding, where the table reads it
+    const Unit& t = *tied_part();
+    tied(stage_ == 1 ? dev(grads + t.lo + t.a(), t.b() - t.a(), DType::f32)
+                     : dev(grads + t.shard_off, t.b() - t.a(), DType::f32));
   }
   adam_->norm_squares(grads);
   wait(dp_.all_reduce(Buf(adam_->sum_squares()), ReduceOp::sum, st));
@@ -464,6 +518,7 @@ void Zero::apply(const AdamWHyper& h, int64_t step, double max_norm) {
     }
   }
   if (stage_ >= 2) be_.zero(Buf(shard_grads_));
+  std::fill(gathered_.begin(), gathered_.end(), 0);
   for (auto& slot : param_slots_) {  // gathered weights are stale now
     wait(slot->work);
     wait(slot->tail);
@@ -480,8 +535,12 @@ std::vector<StateRun> Zero::state_runs(StateUse use) const {
       runs.push_back({&spec, int64_t(spec.offset), int64_t(spec.offset), spec.numel()});
     return runs;
   }
-  for (const StateRun& run : zero_state_runs(layout, ranks_))
-    if (use != StateUse::write || !run.spec->replicated() || tp_.rank() == 0) runs.push_back(run);
+  const char* copy = chunk_.holds_tied_copy() ? head_names(chunk_.config()).wte : nullptr;
+  for (const StateRun& run : zero_state_runs(layout, ranks_)) {
+    if (use == StateUse::write && run.spec->replicated() && tp_.rank() != 0) continue;
+    if (use == StateUse::write && copy && run.spec->name == copy) continue;  // the first stage writes it
+    runs.push_back(run);
+  }
   return runs;
 }
 

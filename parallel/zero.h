@@ -10,7 +10,10 @@
 //            into the fp32 gradient shard.
 //   stage 3: no full weights either: a unit is all-gathered right before its forward and
 //            again before its backward, the next block prefetched while this one computes,
-//            and the buffer reused once the unit is done.
+//            and the buffer reused once the unit is done (zero3_reshard = "after_forward");
+//            or, "after_step", gathered once into a whole-chunk buffer where it stays for the
+//            step's other passes and micro-batches (one gather per step, the chunk's weights
+//            whole meanwhile: FSDP's reshard_after_forward = False).
 // Communication per step of A micro-batches, in elements per rank: stage 1 reduce-scatters N
 // and all-gathers N once (2N, like DDP's all-reduce); stage 2 reduce-scatters N per
 // micro-batch and all-gathers N once ((A+1)N); stage 3 all-gathers N before each micro-batch's
@@ -29,18 +32,29 @@ namespace loom {
 struct ZeroRanks {
   int dp, rank;
   int edp = 0, edp_rank = 0;
+  // A pipeline's tied embedding (its name; empty: none): the first stage's and the last
+  // stage's copy are each sharded over dp as a part of their own, so that rank r's shard
+  // covers the same elements on both stages and the two can be summed shard to shard.
+  std::string tied;
 };
+// ZeroRanks::tied for a run of `cfg`.
+std::string zero_tied(const Config& cfg);
 // The rank's slice of every unit, cut at tensor boundaries, as state runs: `state` indexes
 // the rank's shard space.
 std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z);
 // The rank's optimizer table: its slice of every unit, cut at tensor boundaries. Moments (and
 // master weights) index the shard space; weights the full buffer below stage 3, gradients
-// below stage 2. Replicated tensors count in the norm on tp rank 0 only.
-std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank);
+// below stage 2. Replicated tensors count in the norm on tp rank 0 only, and `uncounted` (the
+// last stage's copy of a tied embedding) nowhere.
+std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank,
+                                      const char* uncounted = nullptr);
 // What Zero allocates (its optimizer's state included) on that rank for a chunk of `layout`,
-// at `stage`, weights in `dtype`, gradients reduced in `reduce`.
+// at `stage`, weights in `dtype`, gradients reduced in `reduce`; `keep_gathered`: stage 3
+// keeps gathered weights until the step (parallel.zero3_reshard = "after_step").
 std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank, DType dtype,
-                                DType reduce, DeviceKind device);
+                                DType reduce, DeviceKind device, bool keep_gathered = false);
+// parallel.zero3_reshard = "after_step" at stage 3.
+bool zero_keeps_gathered(const Config& cfg);
 
 class Zero final : public DataParallel {
  public:
@@ -51,9 +65,10 @@ class Zero final : public DataParallel {
   float* grads(int u) override;
   void forward_done(int u) override;
   void backward_done(int u) override;
+  void weights_done(int u) override;
   void weights_from(const float* host) override;
   void weights_to(float* host) override;
-  void reduce_grads(const std::function<void()>& between = {}) override;
+  void reduce_grads(const std::function<void(Buf)>& tied = {}) override;
   Tensor& grad_sum_squares() override { return adam_->sum_squares(); }
   void apply(const AdamWHyper& h, int64_t step, double max_norm) override;
   void discard() override;
@@ -71,6 +86,7 @@ class Zero final : public DataParallel {
     int64_t b() const;
     int r, n;
     bool expert;  // sharded over expert-dp
+    bool tail;    // split off the end of its unit (a MoE block's experts, a tied embedding's part)
   };
   ProcessGroup& group(const Unit& u) { return u.expert ? *edp_ : dp_; }
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight
@@ -85,8 +101,9 @@ class Zero final : public DataParallel {
   const Unit& unit(int u) const { return units_[size_t(first_part_[size_t(chunk_.layout().local(u))])]; }
   const Unit* tail(int u) const {
     const size_t k = size_t(first_part_[size_t(chunk_.layout().local(u))]) + 1;
-    return k < units_.size() && units_[k].expert ? &units_[k] : nullptr;
+    return k < units_.size() && units_[k].tail ? &units_[k] : nullptr;
   }
+  const Unit* tied_part() const;  // the part that is the tied embedding (see ZeroRanks)
   int64_t padded(int u) const {
     const Unit* e = tail(u);
     return std::max(unit(u).s * unit(u).n, unit(u).len + (e ? e->len : 0));
@@ -109,6 +126,9 @@ class Zero final : public DataParallel {
   std::unique_ptr<AdamW> adam_;
   Tensor shard_params_, shard_grads_, grad_bounce_, grad_bounce_low_, param_bounce_;
   std::vector<std::unique_ptr<Slot>> grad_slots_, param_slots_;
+  bool keep_ = false;          // after_step: gathered units stay in param_full_ until apply()
+  Tensor param_full_;          // the chunk's weights, unit by unit as they are gathered
+  std::vector<char> gathered_;  // per local unit: in param_full_ since the last update
   int64_t max_unit_ = 0, shard_ = 0;
 };
 

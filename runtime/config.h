@@ -85,6 +85,9 @@ struct ParallelConfig {
   int dp = 1, tp = 1, pp = 1, ep = 1;
   bool sp = false;
   int zero = 0;
+  // ZeRO-3: after_forward gathers a unit's weights again for its backward; after_step keeps
+  // them gathered until the optimizer step (the stage's weights whole, one gather per step)
+  std::string zero3_reshard = "after_forward";
   double bucket_mb = 25.0;
   std::string pp_schedule = "1f1b";
   int pp_virtual = 1;

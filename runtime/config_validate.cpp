@@ -211,6 +211,11 @@ void config_validate(Config& cfg) {
         "divisors of dp",
         p.ep, p.dp);
   }
+  check_one_of("parallel.zero3_reshard", p.zero3_reshard, {"after_forward", "after_step"});
+  LOOM_CHECK(p.zero == 3 || p.zero3_reshard == "after_forward",
+             "parallel.zero3_reshard = \"after_step\" but parallel.zero = {}, so it would do nothing; set "
+             "parallel.zero = 3 or remove it",
+             p.zero);
   check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb"});
   LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);
   LOOM_CHECK(p.pp_virtual == 1 || p.pp_schedule == "interleaved",
@@ -237,14 +242,6 @@ void config_validate(Config& cfg) {
     LOOM_CHECK(p.pp_schedule != "zb" || cfg.train.recompute != "full",
                "parallel.pp_schedule = \"zb\" with train.recompute = \"full\" would recompute every block twice (once "
                "for each half of the split backward); use train.recompute = \"selective\" or \"none\"");
-    LOOM_CHECK(p.zero <= 2,
-               "parallel.zero = 3 with parallel.pp > 1 is not supported (ZeRO-3 would gather every "
-               "stage's weights per micro-batch); use zero <= 2 with pipelines");
-    LOOM_CHECK(p.zero == 0 || !m.tie_embeddings,
-               "parallel.zero = {} with parallel.pp > 1 and tied embeddings is not supported (the two copies of the "
-               "embedding are reduced between DDP's and the optimizer's steps); set model.tie_embeddings = false or "
-               "parallel.zero = 0",
-               p.zero);
     LOOM_CHECK(cfg.fault.sdc_every == 0, "fault.sdc_every with parallel.pp > 1 is not supported; set it to 0");
   }
   if (p.tp > 1) {  // tensor parallel splits heads, KV heads, MLP width and vocabulary

@@ -26,10 +26,14 @@ for layout in "dp4:--set parallel.dp=4" "dp2tp2:--set parallel.dp=2 --set parall
   done
 done
 # Pipeline stages (rank 0 is stage 0): its blocks, its activation slots (the schedule's peak)
-# and the executor's per-micro-batch buffers.
+# and the executor's per-micro-batch buffers; ZeRO with the tied embedding sharded on both
+# stages, ZeRO-3 with both reshard policies.
 for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --set parallel.pp_schedule=gpipe" \
   "--set parallel.pp=2 --set parallel.tp=2 --set parallel.sp=true --set train.dtype=bf16" \
   "--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2 --set model.tie_embeddings=false" \
+  "--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=1" \
+  "--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3 --set train.dtype=bf16" \
+  "--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3 --set parallel.zero3_reshard=after_step" \
   "--set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=zb" \
   "--set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=interleaved --set parallel.pp_virtual=2" \
   "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.dp=4 --set parallel.ep=2" \
@@ -55,6 +59,31 @@ for z in 0 1 2; do
   "$compare" --ledger "$run.plan.json" "$run"
 done
 "$loom" plan memory "${common[@]}" --set parallel.dp=4
+# ZeRO-3's reshard policies at pp 2 x dp 2: the same bits; after_step gathers each unit once a
+# step, whatever the micro-batches (4, and 1 with a smaller batch), keeping the stage's weights
+# whole (its ledger's params grow by them), and after_forward at least once per micro-batch.
+for run in "after_forward 8" "after_step 8" "after_step 2"; do
+  read -r policy batch <<< "$run"
+  $mpirun -np 4 "$loom" train "${common[@]}" --set train.micro_batch=1 --set train.global_batch=$batch \
+    --set train.steps=3 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3 \
+    --set parallel.zero3_reshard=$policy --set log.dir="$dir/${policy}_$batch" \
+    --set export.final="$dir/${policy}_$batch/final.safetensors" > "$dir/$policy.log" 2>&1 || { cat "$dir/$policy.log"; exit 1; }
+done
+"$compare" "$dir/after_step_8" "$dir/after_forward_8" --loss-rtol 0 --norm-rtol 0 --weight-atol 0 --min-steps 3
+python3 - "$dir" <<'PY'
+import json, sys
+def steps(p):
+    return [json.loads(l) for l in open(f"{sys.argv[1]}/{p}/metrics.jsonl") if '"loss"' in l]
+a, b, one = steps("after_forward_8"), steps("after_step_8"), steps("after_step_2")
+for x, y, z in zip(a, b, one):
+    ga, gb, g1 = (r["dp_comm"]["all_gather_b"] for r in (x, y, z))
+    print(f"step {x['step']}: all-gather bytes: after_forward {ga}, after_step {gb} (4 micro-batches), {g1} (1)")
+    assert gb > 0 and gb == g1, "after_step must gather each unit once a step, whatever the micro-batches"
+    assert ga >= 4 * gb, "after_forward gathers every unit for each micro-batch's forward"
+pa, pb = a[-1]["mem"]["params_b"], b[-1]["mem"]["params_b"]
+print(f"params: after_forward {pa} B, after_step {pb} B")
+assert abs((pb - pa) - b[-1]["dp_comm"]["all_gather_b"]) <= 4096, "after_step keeps the stage's weights whole (what a step gathers)"
+PY
 # Overlap needs blocks whose gathers take a while: a wider model, two ranks, a few steps.
 $mpirun -np 2 "$loom" train --set model.n_layer=6 --set model.d_model=256 --set model.n_head=4 \
   --set model.seq_len=64 --set train.micro_batch=4 --set train.global_batch=8 --set train.steps=3 \

@@ -246,7 +246,7 @@ TEST(Config, EveryKeyRoundTripsThroughToml) {
   config_load_string(b, config_to_toml(a), "roundtrip");
   config_validate(b);
   EXPECT_EQ(config_to_toml(a), config_to_toml(b));
-  EXPECT_EQ(config_keys().size(), 85u);
+  EXPECT_EQ(config_keys().size(), 86u);
 }
 
 // The example configs' opening comments state their shapes ("22 layers", "d_model 2048",
