@@ -197,10 +197,9 @@ std::string step_prediction_json(const Config& c, const StepPrediction& p) {
       "\"pp_ms\":{:.6g},\"dp_ms\":{:.6g},\"dp_total_ms\":{:.6g},\"tokens_per_s\":{:.6g},\"mfu\":{:.6g},"
       "\"memory_b\":{},\"fits\":{}}}",
       layout_name(c), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.ep, c.parallel.zero,
-      c.parallel.zero3_reshard, c.train.micro_batch,
-      c.parallel.pp_schedule, c.parallel.pp_virtual, c.train.recompute, 1e3 * p.step, 1e3 * p.compute,
-      1e3 * p.comm_exposed, 1e3 * p.bubble, 1e3 * p.optimizer, 1e3 * p.tp, 1e3 * p.ep, 1e3 * p.pp, 1e3 * p.dp,
-      1e3 * p.dp_total, p.tokens_per_s, p.mfu, p.memory_bytes, p.fits);
+      c.parallel.zero3_reshard, c.train.micro_batch, c.parallel.pp_schedule, c.parallel.pp_virtual, c.train.recompute,
+      1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.bubble, 1e3 * p.optimizer, 1e3 * p.tp, 1e3 * p.ep,
+      1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, p.tokens_per_s, p.mfu, p.memory_bytes, p.fits);
 }
 
 std::string plan_layout_json(const LayoutSearch& s, int top) {

@@ -577,8 +577,10 @@ void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
     }
     const bool keep = part == Grads::input;
     block_backward(w, keep ? LayerW{} : layer_g(acc.grads(l + 1), l), a, x, dres, keep);
-    if (keep) acc.weights_done(l + 1);
-    else acc.backward_done(l + 1);
+    if (keep)
+      acc.weights_done(l + 1);
+    else
+      acc.backward_done(l + 1);
   }
   if (!emb_here_) return;  // grad_input() holds d(input)
   Ptr demb;

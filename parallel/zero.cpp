@@ -394,8 +394,8 @@ void Zero::gather_into(Slot& slot, int u, Pass pass) {
   const Unit* e = tail(u);
   slot.fixup = e != nullptr;
   if (e)  // into its own buffer: the dense part's padding overlaps where it goes
-    slot.tail = group(*e).all_gather(Buf(shard_params_).slice(e->shard_off, e->s),
-                                     Buf(slot.aux).slice(0, e->s * e->n), be_.stream());
+    slot.tail = group(*e).all_gather(Buf(shard_params_).slice(e->shard_off, e->s), Buf(slot.aux).slice(0, e->s * e->n),
+                                     be_.stream());
 }
 
 Ptr Zero::params(int u, Pass pass) {

@@ -126,8 +126,8 @@ class Zero final : public DataParallel {
   std::unique_ptr<AdamW> adam_;
   Tensor shard_params_, shard_grads_, grad_bounce_, grad_bounce_low_, param_bounce_;
   std::vector<std::unique_ptr<Slot>> grad_slots_, param_slots_;
-  bool keep_ = false;          // after_step: gathered units stay in param_full_ until apply()
-  Tensor param_full_;          // the chunk's weights, unit by unit as they are gathered
+  bool keep_ = false;           // after_step: gathered units stay in param_full_ until apply()
+  Tensor param_full_;           // the chunk's weights, unit by unit as they are gathered
   std::vector<char> gathered_;  // per local unit: in param_full_ since the last update
   int64_t max_unit_ = 0, shard_ = 0;
 };
