@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reshard on load: a checkpoint written at dp 2 x tp 2 with ZeRO-1 (4 ranks) loads at 1 rank,
-# at tp 4 and at dp 4 with ZeRO-3 (and at 1 rank in bf16). Loaded and saved again at once,
+# at tp 4, at dp 4 with ZeRO-3 and at pp 2 x dp 2 with ZeRO-3 (the last stage's tied copy
+# loaded, never written) (and at 1 rank in bf16). Loaded and saved again at once,
 # each holds the same tensors bitwise (weights, both moments) and verifies; continued to step
 # 20, each stays within 1e-4 of the run that kept the original layout. Another model shape is
 # refused by name. `loom ckpt export` equals the run's export, and an independent reader
@@ -24,7 +25,8 @@ run orig 4 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1 --set c
 grep -E "layout|committed" "$dir/orig.log"
 src=$dir/orig_ckpt/step-00000010
 "$loom" ckpt verify "$src"
-for layout in "rank1:1" "tp4:4:--set parallel.tp=4" "dp4_zero3:4:--set parallel.dp=4 --set parallel.zero=3"; do
+for layout in "rank1:1" "tp4:4:--set parallel.tp=4" "dp4_zero3:4:--set parallel.dp=4 --set parallel.zero=3" \
+  "pp2_dp2_zero3:4:--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3"; do
   IFS=: read -r name np sets <<< "$layout"
   read -r -a lay <<< "$sets"
   # Loaded and saved at once: nothing left to run, so the end state is the loaded one.
