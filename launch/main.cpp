@@ -288,8 +288,8 @@ int run(int argc, char** argv) {
   ppipe->add_option("--config", config_path, "TOML config (parallel.pp, pp_schedule, pp_virtual; the micro-batches)");
   ppipe->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   ppipe->add_option("--pp", pipe_pp, "stages (default: parallel.pp)");
-  ppipe->add_option("--schedule", pipe_schedule, "gpipe | 1f1b | interleaved | zb (default: parallel.pp_schedule)");
-  ppipe->add_option("--virtual", pipe_virtual, "chunks per stage, interleaved (default: parallel.pp_virtual)");
+  ppipe->add_option("--schedule", pipe_schedule, "gpipe | 1f1b | interleaved | zb | zbv | dualpipev (default: parallel.pp_schedule)");
+  ppipe->add_option("--virtual", pipe_virtual, "chunks per stage, interleaved (default: parallel.pp_virtual; 2 for zbv, dualpipev)");
   ppipe->add_option("--micro", pipe_micro, "micro-batches per step (default: the config's accumulation steps)");
   auto* pmem =
       plan->add_subcommand("memory", "per-rank bytes of a run (any layout, dtype, device), or of the ZeRO paper");
@@ -430,8 +430,8 @@ int run(int argc, char** argv) {
       if (!config_path.empty()) loom::config_load_file(cfg, config_path);
       for (auto& a : sets) loom::config_set(cfg, a);
       const int p = pipe_pp > 0 ? pipe_pp : cfg.parallel.pp;
-      const int v = pipe_virtual > 0 ? pipe_virtual : cfg.parallel.pp_virtual;
       const std::string name = pipe_schedule.empty() ? cfg.parallel.pp_schedule : pipe_schedule;
+      const int v = pipe_virtual > 0 ? pipe_virtual : loom::pipeline_v_shape(name) ? 2 : cfg.parallel.pp_virtual;
       const int dp = std::max(1, cfg.parallel.dp);
       const int m = pipe_micro > 0 ? pipe_micro : cfg.train.global_batch / (cfg.train.micro_batch * dp);
       LOOM_CHECK(m >= 1, "no micro-batches: train.global_batch {} < train.micro_batch {} x parallel.dp {}",

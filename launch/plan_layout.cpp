@@ -32,7 +32,8 @@ std::string reason(const std::string& what) {
 std::string layout_name(const Config& c) {
   const auto& p = c.parallel;
   std::string s = fmt::format("tp {} pp {}", p.tp, p.pp);
-  if (p.pp > 1) s += p.pp_virtual > 1 ? fmt::format(" {} v{}", p.pp_schedule, p.pp_virtual) : " " + p.pp_schedule;
+  if (p.pp > 1)
+    s += p.pp_virtual > 1 && !c.pp_v_shape() ? fmt::format(" {} v{}", p.pp_schedule, p.pp_virtual) : " " + p.pp_schedule;
   s += fmt::format(" dp {}", p.dp);
   if (p.ep > 1) s += fmt::format(" ep {}", p.ep);
   s += fmt::format(" zero {}", p.zero);
@@ -58,6 +59,8 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
       std::vector<std::pair<const char*, int>> schedules = {{"1f1b", 1}};
       if (pp > 1) {
         schedules.push_back({"zb", 1});
+        schedules.push_back({"zbv", 2});  // two chunks a stage, in a V
+        schedules.push_back({"dualpipev", 2});
         for (int v : divisors(L / pp, 8))  // Megatron's virtual stages: whole blocks per model chunk
           if (v > 1) schedules.push_back({"interleaved", v});
       }

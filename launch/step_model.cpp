@@ -197,7 +197,7 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   const double act = double(dtype_size(cl.dtype));
   const double rate = cl.peak_flops * cl.gemm_efficiency * share;
   const std::string& rc = cfg.train.recompute;
-  const bool zb = p.pp_schedule == "zb" && p.pp > 1;
+  const bool zb = cfg.pp_split_backward();
   const LinkTier tl = group_link(cl, tp, 1);
   const double row = tokens * C * act;  // the residual stream of a micro-batch
   // Under sp a block's all-reduce is an all-gather and a reduce-scatter of the same rows.
@@ -296,7 +296,8 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   for (int st = 0; st < P; ++st) {
     Stage& s = stages[size_t(st)];
     int units = 0, moe_units = 0;
-    for (int g = st; g < G; g += P) {
+    for (int g = 0; g < G; ++g) {
+      if (pipe_stage_of(g, P, cfg.pp_v_shape()) != st) continue;
       const ChunkCost& c = chunks[size_t(g)];
       s.f += c.f, s.b += c.b, s.w += c.w, s.tp += c.tp_f + c.tp_b, s.ep += c.ep_f + c.ep_b;
       units += c.blocks + (g == 0) + (g == G - 1);
@@ -363,7 +364,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   std::vector<double> tf(nG), tb(nG), tw(nG);
   for (int g = 0; g < G; ++g) {
     const ChunkCost& c = chunks[size_t(g)];
-    const Stage& s = stages[size_t(g % P)];
+    const Stage& s = stages[size_t(pipe_stage_of(g, P, cfg.pp_v_shape()))];
     const double part = double(c.blocks + 1) / s.weight;
     tf[size_t(g)] = c.f + c.tp_f + c.ep_f + s.dp_f * part;
     tb[size_t(g)] = c.b + c.tp_b + c.ep_b + s.dp_b * part;
@@ -372,7 +373,8 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   std::vector<double> finish(stages.size(), 0), finish_hop(stages.size(), 0);
   if (P > 1) {
     const PipeSchedule sched = pipeline_schedule(p.pp_schedule, P, v, m);
-    // Boundary b hands stage b's rows to stage b + 1 (and, interleaved, stage p-1's to 0); its
+    // Boundary b hands stage b's rows to stage b + 1 (and, interleaved, stage p-1's to 0; a V
+    // crosses each boundary both ways and never wraps); its
     // slowest pair sets its time, the pairs crossing a node sharing that node's link.
     const double rows = tokens * cfg.model.d_model * act / (p.sp ? p.tp : 1);
     const int S = p.dp * p.tp, R = cl.devices_per_node;

@@ -478,7 +478,7 @@ double Trainer::validate(int64_t batches) {
     if (p.pipe) {  // forward only, through the stages
       const int pp = p.cfg.parallel.pp, s = p.mesh->coord().pp;
       p.pipe->run(
-          pipeline_forward_ops(pp, p.cfg.parallel.pp_virtual, s, p.cfg.accum_steps()),
+          pipeline_forward_ops(pp, p.cfg.parallel.pp_virtual, s, p.cfg.accum_steps(), p.cfg.pp_v_shape()),
           [&](int micro) { return p.stage(*p.data.val, vb, micro); }, 0.0f);
       continue;
     }
@@ -535,7 +535,7 @@ TrainResult Trainer::finish() {
   Parts& p = *p_;
   p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak, p.result.stopped_by,
                 p.result.steps_done);
-  if (p.pipe && p.cfg.model.tie_embeddings) p.tied_copies_check();
+  if (p.pipe && p.cfg.pp_tied_across()) p.tied_copies_check();
   if (p.ckpt) {
     // The state a run ends in is always checkpointed: where it stopped on a signal, or where
     // it was resumed when there was nothing left to run (which reshards a checkpoint).

@@ -111,7 +111,7 @@ struct Trainer::Parts {
   void reduce_grads() {
     const Stream& st = backend->stream();
     std::function<void(Buf)> tied;
-    if (pipe && cfg.model.tie_embeddings && (chunk->has_embedding() || chunk->holds_tied_copy())) {
+    if (pipe && cfg.pp_tied_across() && (chunk->has_embedding() || chunk->holds_tied_copy())) {
       tied = [this, &st](Buf g) {
         StepClock::Scope c(clock.get(), Phase::comm);
         mesh->group(Axis::embed).all_reduce(g, ReduceOp::sum, st).wait_on(st);

@@ -59,11 +59,11 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   // The attention's saved statistics: probabilities go with selective recompute, a
   // log-sum-exp stays with every policy but full.
   const int keep_stats = bt.attention_probs ? keep_sel : keep;
-  // A split backward (the zb schedule) keeps each linear's and norm's output gradient from the
+  // A split backward (zb, zbv, dualpipev) keeps each linear's and norm's output gradient from the
   // input-gradient pass B until the weight-gradient pass W; the inputs stay where they are
   // (selective recompute's activation output is recomputed in W, sequence parallel gathers
   // again in W).
-  const bool split = cfg.parallel.pp > 1 && cfg.parallel.pp_schedule == "zb";
+  const bool split = cfg.pp_split_backward();
   const int64_t stash_block = N * C + N * fc + Ns * C + N * C + N * qkv + Ns * C;
   const int64_t stash = split ? L * stash_block + head * Ns * C + (unit_lo == 0 ? N * C : 0) : 0;
   ActPlan p;

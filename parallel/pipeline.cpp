@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <map>
+#include <set>
+#include <tuple>
 
 #include "runtime/error.h"
 #include "runtime/trace.h"
@@ -34,7 +36,7 @@ PipeSlots::Buffer buffer_of(PipeOp::Kind k) {
 PipeSlots pipeline_slots(const std::vector<PipeOp>& ops) {
   PipeSlots ps;
   ps.slot.assign(ops.size(), -1);
-  std::array<std::vector<bool>, 4> busy;
+  std::array<std::vector<bool>, PipeSlots::kBuffers> busy;
   auto take = [&](int b) {
     auto& v = busy[size_t(b)];
     size_t k = 0;
@@ -51,11 +53,25 @@ PipeSlots pipeline_slots(const std::vector<PipeOp>& ops) {
     busy[size_t(h == 0 ? PipeSlots::recv_act : PipeSlots::recv_grad)][size_t(it->second)] = false;
     held[size_t(h)].erase(it);
   };
+  // Local hand-offs (a V): which F's and B's are on this list, and the slots taken for them.
+  std::set<std::tuple<int, int, int>> here;
+  for (const PipeOp& op : ops) here.insert({int(op.kind), op.chunk, op.micro});
+  std::array<std::map<std::pair<int, int>, int>, 2> local;  // by the reader's (chunk, micro)
   for (const std::vector<size_t>& batch : pipeline_comm_batches(ops)) {
     const PipeOp& first = ops[batch[0]];
     if (!pipe_op_is_comm(first.kind)) {  // a compute op frees the receive it reads
       if (first.kind == PipeOp::F) release(0, first);
       if (first.kind == PipeOp::B) release(1, first);
+      if (first.kind != PipeOp::F && first.kind != PipeOp::B) continue;
+      const int h = first.kind == PipeOp::F ? 0 : 1, b = h == 0 ? PipeSlots::local_act : PipeSlots::local_grad;
+      auto it = local[size_t(h)].find({first.chunk, first.micro});  // read, then free
+      if (it != local[size_t(h)].end()) {
+        busy[size_t(b)][size_t(it->second)] = false;
+        local[size_t(h)].erase(it);
+      }
+      const int to = h == 0 ? first.chunk + 1 : first.chunk - 1;  // the chunk it hands to
+      if (here.count({int(first.kind), to, first.micro}))
+        local[size_t(h)][{to, first.micro}] = ps.slot[batch[0]] = take(b);
       continue;
     }
     std::vector<std::pair<int, int>> sent;
@@ -73,11 +89,11 @@ PipeSlots pipeline_slots(const std::vector<PipeOp>& ops) {
   return ps;
 }
 
-std::array<int, 4> pipeline_stage_slots(const Config& cfg, int stage) {
+std::array<int, PipeSlots::kBuffers> pipeline_stage_slots(const Config& cfg, int stage) {
   const int pp = cfg.parallel.pp, v = cfg.parallel.pp_virtual, m = cfg.accum_steps();
   const PipeSchedule sched = pipeline_schedule(cfg.parallel.pp_schedule, pp, v, m);
-  std::array<int, 4> n = pipeline_slots(pipeline_in_order(sched).ops[size_t(stage)]).count;
-  const std::array<int, 4> fwd = pipeline_slots(pipeline_forward_ops(pp, v, stage, m)).count;
+  auto n = pipeline_slots(pipeline_in_order(sched).ops[size_t(stage)]).count;
+  const auto fwd = pipeline_slots(pipeline_forward_ops(pp, v, stage, m, sched.v_shape)).count;
   for (size_t b = 0; b < n.size(); ++b) n[b] = std::max(n[b], fwd[b]);
   return n;
 }
@@ -92,10 +108,11 @@ PipelineStage::PipelineStage(Chunk& chunk, DataParallel& dp, ProcessGroup& pp, i
   if (pp.size() == 1) return;
   LOOM_CHECK(micro_batches == cfg.accum_steps(), "pipeline: {} micro-batches, but the config's step has {}",
              micro_batches, cfg.accum_steps());
-  const std::array<int, 4> n = pipeline_stage_slots(cfg, pp.rank());
+  const auto n = pipeline_stage_slots(cfg, pp.rank());
   Allocator& a = chunk.backend().alloc();
   const DType dt = chunk.backend().dtype();
-  Tensor* bufs[4] = {&recv_act_, &send_act_, &recv_grad_, &send_grad_};  // PipeSlots::Buffer order
+  Tensor* bufs[PipeSlots::kBuffers] = {&recv_act_,  &send_act_,  &recv_grad_,
+                                       &send_grad_, &local_act_, &local_grad_};  // PipeSlots::Buffer order
   for (size_t b = 0; b < n.size(); ++b)
     if (n[b]) *bufs[b] = a.empty({rows_ * n[b]}, dt, Mem::comm);
 }
@@ -125,10 +142,11 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   const size_t slots_n = static_cast<size_t>(micro_ * chunk_.pieces());
   std::vector<Work> act_in(slots_n), grad_in(slots_n);
   std::vector<int> act_at(slots_n, -1), grad_at(slots_n, -1);  // the slot each receive landed in
+  std::vector<int> act_local(slots_n, -1), grad_local(slots_n, -1);  // the local slot of a V's hand-off
   auto index = [&](int g, int micro) { return size_t((g / P) * micro_ + micro); };
   const PipeSlots ps = pipeline_slots(ops);
-  const Tensor* bufs[4] = {&recv_act_, &send_act_, &recv_grad_, &send_grad_};
-  for (size_t b = 0; b < 4; ++b)
+  const Tensor* bufs[PipeSlots::kBuffers] = {&recv_act_, &send_act_, &recv_grad_, &send_grad_, &local_act_, &local_grad_};
+  for (size_t b = 0; b < PipeSlots::kBuffers; ++b)
     LOOM_CHECK(rows_ * ps.count[b] <= bufs[b]->numel(),
                "pipeline: this op list needs {} slots of buffer {}, {} were made", ps.count[b], b,
                bufs[b]->defined() ? bufs[b]->numel() / rows_ : 0);
@@ -165,11 +183,17 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       case PipeOp::F: {
         select(op.chunk, op.micro);
         const Inputs in = inputs(op.micro);
-        if (chunk_receives(op.chunk)) {
+        if (chunk_receives(op.chunk) && act_local[index(op.chunk, op.micro)] >= 0) {
+          be.copy(view(chunk_.input()), slot_buf(local_act_, act_local[index(op.chunk, op.micro)]));
+        } else if (chunk_receives(op.chunk)) {
           wait_in(act_in[index(op.chunk, op.micro)]);
           be.copy(view(chunk_.input()), slot_buf(recv_act_, act_at[index(op.chunk, op.micro)]));
         }
         chunk_.forward(in, dloss, dp_);
+        if (ps.slot[i] >= 0) {  // the next chunk is here too (a V): its input, kept until its F
+          be.copy(slot_buf(local_act_, ps.slot[i]), view(chunk_.output()));
+          act_local[index(op.chunk + 1, op.micro)] = ps.slot[i];
+        }
         break;
       }
       case PipeOp::B: {
@@ -177,12 +201,18 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
         // The embedding's chunk, and with data.doc_mask every chunk (its positions drive RoPE's
         // backward and recomputed attention).
         const Inputs in = op.chunk == 0 || chunk_.config().data.doc_mask ? inputs(op.micro) : Inputs{};
-        if (chunk_sends(op.chunk, G)) {
+        if (chunk_sends(op.chunk, G) && grad_local[index(op.chunk, op.micro)] >= 0) {
+          be.copy(view(chunk_.grad_output()), slot_buf(local_grad_, grad_local[index(op.chunk, op.micro)]));
+        } else if (chunk_sends(op.chunk, G)) {
           wait_in(grad_in[index(op.chunk, op.micro)]);
           be.copy(view(chunk_.grad_output()), slot_buf(recv_grad_, grad_at[index(op.chunk, op.micro)]));
         }
         dp_.set_last(int(i) == last[size_t(op.chunk / P)]);  // DDP's buckets go with a piece's last backward
         chunk_.backward(in, dp_, split ? Grads::input : Grads::all);
+        if (ps.slot[i] >= 0) {  // the previous chunk is here too (a V): its output gradient
+          be.copy(slot_buf(local_grad_, ps.slot[i]), view(chunk_.grad_input()));
+          grad_local[index(op.chunk - 1, op.micro)] = ps.slot[i];
+        }
         break;
       }
       case PipeOp::W:
@@ -239,13 +269,22 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   chunk_.set_slot(0);
 }
 
+// The model chunks on `stage`, in model order.
+std::vector<int> stage_chunks(const Config& cfg, int stage) {
+  std::vector<int> out;
+  const int pp = cfg.parallel.pp, G = pp * cfg.parallel.pp_virtual;
+  for (int g = 0; g < G; ++g)
+    if (pipe_stage_of(g, pp, cfg.pp_v_shape()) == stage) out.push_back(g);
+  return out;
+}
+
 std::vector<std::pair<int, int>> pipeline_stage_runs(const Config& cfg, int stage) {
   const int pp = cfg.parallel.pp;
   if (pp == 1) return chunk_runs(ChunkSpec{});  // the whole model
   const int G = pp * cfg.parallel.pp_virtual;
   const std::vector<int> blocks = pipeline_layers(cfg);  // per model chunk
   std::vector<std::pair<int, int>> runs;
-  for (int g = stage; g < G; g += pp) {
+  for (int g : stage_chunks(cfg, stage)) {
     int b0 = 0;
     for (int i = 0; i < g; ++i) b0 += blocks[size_t(i)];
     runs.push_back({g == 0 ? 0 : b0 + 1, g == G - 1 ? -1 : b0 + blocks[size_t(g)] + 1});
@@ -262,11 +301,10 @@ ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedu
   const PipeTiming t = pipeline_check(sched);
   pipeline_check_in_order(pipeline_in_order(sched));  // the executor's groups, as NCCL runs them
   spec.pieces.clear();
-  int g = stage;  // the model chunk of each run, with its peak in flight
-  for (auto [lo, hi] : pipeline_stage_runs(cfg, stage)) {
-    spec.pieces.push_back({lo, hi, t.peak_in_flight_chunk[size_t(g)]});
-    g += pp;
-  }
+  const std::vector<int> chunks = stage_chunks(cfg, stage);  // each run's, with its peak in flight
+  const std::vector<std::pair<int, int>> runs = pipeline_stage_runs(cfg, stage);
+  for (size_t k = 0; k < runs.size(); ++k)
+    spec.pieces.push_back({runs[k].first, runs[k].second, t.peak_in_flight_chunk[size_t(chunks[k])]});
   if (schedule) *schedule = sched;
   return spec;
 }
@@ -278,22 +316,25 @@ std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, int stage, DType dt
   const int tp = cfg.parallel.tp;
   const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
   const int64_t rows = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model;
-  const std::array<int, 4> n = pipeline_stage_slots(cfg, stage);
-  const char* names[4] = {"pp_recv_act", "pp_send_act", "pp_recv_grad", "pp_send_grad"};  // PipeSlots::Buffer order
+  const auto n = pipeline_stage_slots(cfg, stage);
+  const char* names[PipeSlots::kBuffers] = {"pp_recv_act",  "pp_send_act",  "pp_recv_grad",
+                                            "pp_send_grad", "pp_local_act", "pp_local_grad"};  // PipeSlots::Buffer order
   for (size_t b = 0; b < n.size(); ++b)
     if (n[b]) items.push_back({names[b], rows * n[b], dtype, Mem::comm});
   return items;
 }
 
-std::vector<PipeOp> pipeline_forward_ops(int stages, int virtual_chunks, int stage, int micro_batches) {
+std::vector<PipeOp> pipeline_forward_ops(int stages, int virtual_chunks, int stage, int micro_batches,
+                                         bool v_shape) {
   std::vector<PipeOp> ops;
   const int G = stages * virtual_chunks;
-  auto stage_of = [&](int g) { return g % stages; };
+  auto stage_of = [&](int g) { return pipe_stage_of(g, stages, v_shape); };
   for (int m = 0; m < micro_batches; ++m)
-    for (int g = stage; g < G; g += stages) {
-      if (chunk_receives(g)) ops.push_back({PipeOp::recv_act, m, g, stage_of(g - 1)});
+    for (int g = 0; g < G; ++g) {
+      if (stage_of(g) != stage) continue;
+      if (chunk_receives(g) && stage_of(g - 1) != stage) ops.push_back({PipeOp::recv_act, m, g, stage_of(g - 1)});
       ops.push_back({PipeOp::F, m, g});
-      if (chunk_sends(g, G)) ops.push_back({PipeOp::send_act, m, g + 1, stage_of(g + 1)});
+      if (chunk_sends(g, G) && stage_of(g + 1) != stage) ops.push_back({PipeOp::send_act, m, g + 1, stage_of(g + 1)});
     }
   return ops;
 }

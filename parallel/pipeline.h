@@ -46,7 +46,7 @@ class PipelineStage {
   int micro_;
   int64_t rows_;  // elements of one activation or gradient between stages
   // [slots x rows] each: pipeline_slots' counts for this stage's training and forward lists.
-  Tensor recv_act_, recv_grad_, send_act_, send_grad_;
+  Tensor recv_act_, recv_grad_, send_act_, send_grad_, local_act_, local_grad_;
   double bubble_ms_ = 0;
 };
 
@@ -54,14 +54,19 @@ class PipelineStage {
 // and receive's slot (per op; -1 for compute ops) and how many slots each buffer needs. A
 // receive holds its slot from its group to the F (activations) or B (gradients) that reads
 // it; a send holds its slot for its group.
+// Under a V-shaped schedule the stage holding chunks p-1 and p hands activations and
+// gradients from one to the other itself: an F whose next chunk is here puts its output in a
+// local_act slot until that chunk's F reads it, a B whose previous chunk is here its input
+// gradient in a local_grad slot until that chunk's B (slot: per F or B, the one it fills).
 struct PipeSlots {
-  enum Buffer { recv_act, send_act, recv_grad, send_grad };
-  std::array<int, 4> count{};
+  enum Buffer { recv_act, send_act, recv_grad, send_grad, local_act, local_grad };
+  static constexpr size_t kBuffers = 6;
+  std::array<int, kBuffers> count{};
   std::vector<int> slot;
 };
 PipeSlots pipeline_slots(const std::vector<PipeOp>& ops);
 // The most slots each buffer needs on `stage` over its training and forward-only lists.
-std::array<int, 4> pipeline_stage_slots(const Config& cfg, int stage);
+std::array<int, PipeSlots::kBuffers> pipeline_stage_slots(const Config& cfg, int stage);
 
 // Stage `stage`'s chunk under cfg.parallel.pp: its units (the embedding on the first stage, the
 // head on the last, parallel.pp_layers' blocks; under the interleaved schedule one piece per
@@ -74,7 +79,8 @@ std::vector<std::pair<int, int>> pipeline_stage_runs(const Config& cfg, int stag
 std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, int stage, DType dtype);
 
 // The forward-only list of a stage (validation): per micro-batch, through each of its model
-// chunks: receive, forward, send.
-std::vector<PipeOp> pipeline_forward_ops(int stages, int virtual_chunks, int stage, int micro_batches);
+// chunks: receive, forward, send (a V's hand-off between its chunks p-1 and p stays local).
+std::vector<PipeOp> pipeline_forward_ops(int stages, int virtual_chunks, int stage, int micro_batches,
+                                         bool v_shape = false);
 
 }  // namespace loom

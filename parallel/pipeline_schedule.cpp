@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <deque>
 #include <limits>
 #include <map>
 #include <set>
@@ -120,6 +122,104 @@ Compute zb_h1(int p, int m) {
   return out;
 }
 
+// ZB-V (zero bubble in a V): stage s holds chunks s (down the V) and 2p-1-s (back up), every
+// backward split. On a clock with unit costs, a stage that is free runs the first of: a B whose
+// output gradient is there (the oldest micro-batch; the later chunk first, whose B feeds the
+// earlier's), an F whose input is there while fewer than 2p chunk micro-batches wait for their
+// W (1F1B's peak, counted in the V's half-size chunks; the later chunk first, so micro-batches
+// finish sooner), the oldest pending W; else it waits for one.
+Compute zb_v(int p, int m) {
+  const int G = 2 * p;
+  const double inf = std::numeric_limits<double>::infinity();
+  const size_t P = static_cast<size_t>(p);
+  std::vector<std::vector<double>> f_end(size_t(G), std::vector<double>(size_t(m), inf)), b_end = f_end;
+  std::vector<std::array<int, 2>> next_f(P, {0, 0}), next_b(P, {0, 0});
+  std::vector<std::deque<std::pair<int, int>>> w(P);  // (micro, chunk) of B's whose W waits
+  std::vector<int> held(P, 0);
+  Compute out(P);
+  size_t left = size_t(3 * G * m);
+  for (double t = 0; left > 0; t += 1) {
+    LOOM_ASSERT(t < 12.0 * G * m);  // every op is ready eventually: a stall is a bug here
+    for (int st = 0; st < p; ++st) {
+      const size_t s = size_t(st);
+      const int c[2] = {st, G - 1 - st};
+      PipeOp op{PipeOp::W, -1, -1};
+      for (int k : {1, 0}) {  // B: the oldest ready micro-batch, the later chunk on a tie
+        const int i = next_b[s][size_t(k)], g = c[k];
+        if (i < m && f_end[size_t(g)][size_t(i)] <= t && (g == G - 1 || b_end[size_t(g + 1)][size_t(i)] <= t) &&
+            (op.micro < 0 || i < op.micro))
+          op = {PipeOp::B, i, g};
+      }
+      if (op.micro < 0 && held[s] < G)
+        for (int k : {1, 0}) {
+          const int i = next_f[s][size_t(k)], g = c[k];
+          if (op.micro < 0 && i < m && (g == 0 || f_end[size_t(g - 1)][size_t(i)] <= t)) op = {PipeOp::F, i, g};
+        }
+      if (op.micro < 0 && !w[s].empty()) {
+        op = {PipeOp::W, w[s].front().first, w[s].front().second};
+        w[s].pop_front();
+      }
+      if (op.micro < 0) continue;  // nothing ready: idle for a unit
+      const int k = op.chunk == c[0] ? 0 : 1;
+      if (op.kind == PipeOp::F) f_end[size_t(op.chunk)][size_t(op.micro)] = t + 1, ++next_f[s][size_t(k)], ++held[s];
+      if (op.kind == PipeOp::B)
+        b_end[size_t(op.chunk)][size_t(op.micro)] = t + 1, ++next_b[s][size_t(k)], w[s].push_back({op.micro, op.chunk});
+      if (op.kind == PipeOp::W) --held[s];
+      out[s].push_back(op);
+      --left;
+    }
+  }
+  return out;
+}
+
+// DualPipeV (DeepSeek's DualPipe folded into a V, as its reference implementation orders it):
+// stage s holds chunk s (phase 0, down) and 2p-1-s (phase 1, up); each phase takes its
+// micro-batches in order. Eight runs per stage: F0 x 2(p-s-1); (F0 F1) x (s+1); (B1 W F1) x
+// (p-s-1); (F0 B1 F1 B0) x (m-2p+s+1), each F and B a pair the reference overlaps (one's
+// communication behind the other's compute); (B1 F1 B0) x (p-s-1); (B1 B0) x (s+1), from the
+// middle on with W deferred; (W B0) x (p-s-1); W x (s+1). A B whose W is not deferred is
+// followed by it at once; deferred W's run oldest first. Needs m >= 2p.
+Compute dual_pipe_v(int p, int m) {
+  const int G = 2 * p;
+  Compute out(static_cast<size_t>(p));
+  for (int st = 0; st < p; ++st) {
+    std::vector<PipeOp>& o = out[size_t(st)];
+    const int c[2] = {st, G - 1 - st};
+    int nf[2] = {0, 0}, nb[2] = {0, 0};
+    std::deque<PipeOp> w;
+    auto F = [&](int ph) { o.push_back({PipeOp::F, nf[ph]++, c[ph]}); };
+    auto B = [&](int ph, bool defer) {
+      o.push_back({PipeOp::B, nb[ph], c[ph]});
+      const PipeOp wop{PipeOp::W, nb[ph]++, c[ph]};
+      if (defer)
+        w.push_back(wop);
+      else
+        o.push_back(wop);
+    };
+    auto W = [&] {
+      o.push_back(w.front());
+      w.pop_front();
+    };
+    const int rest = p - st - 1;
+    for (int i = 0; i < 2 * rest; ++i) F(0);
+    for (int i = 0; i < st + 1; ++i) F(0), F(1);
+    for (int i = 0; i < rest; ++i) B(1, true), W(), F(1);
+    for (int i = 0; i < m - 2 * p + st + 1; ++i) F(0), B(1, false), F(1), B(0, false);
+    for (int i = 0; i < rest; ++i) B(1, false), F(1), B(0, false);
+    bool defer = false;
+    for (int i = 0; i < st + 1; ++i) {
+      if (i == (st + 1) / 2 && st % 2 == 1) defer = true;
+      B(1, defer);
+      if (i == (st + 1) / 2 && st % 2 == 0) defer = true;
+      B(0, defer);
+    }
+    for (int i = 0; i < rest; ++i) W(), B(0, true);
+    for (int i = 0; i < st + 1; ++i) W();
+    LOOM_ASSERT(w.empty() && nf[0] == m && nf[1] == m && nb[0] == m && nb[1] == m);
+  }
+  return out;
+}
+
 // The compute lists with the sends and receives they need.
 std::vector<std::vector<PipeOp>> with_comm(const PipeSchedule& s, const Compute& compute) {
   const int G = s.chunks();
@@ -145,20 +245,32 @@ std::vector<std::vector<PipeOp>> with_comm(const PipeSchedule& s, const Compute&
 
 }  // namespace
 
+bool pipeline_v_shape(const std::string& name) {
+  return name == "zbv" || name == "dualpipev";
+}
+
 PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m) {
   LOOM_CHECK(p >= 1 && v >= 1 && m >= 1, "pipeline schedule: stages {}, chunks per stage {}, micro-batches {}", p, v,
              m);
-  LOOM_CHECK(name == "gpipe" || name == "1f1b" || name == "interleaved" || name == "zb",
-             "parallel.pp_schedule = \"{}\" is not one of gpipe | 1f1b | interleaved | zb", name);
-  LOOM_CHECK(v == 1 || name == "interleaved",
+  LOOM_CHECK(name == "gpipe" || name == "1f1b" || name == "interleaved" || name == "zb" || pipeline_v_shape(name),
+             "parallel.pp_schedule = \"{}\" is not one of gpipe | 1f1b | interleaved | zb | zbv | dualpipev", name);
+  LOOM_CHECK(v == 1 || name == "interleaved" || pipeline_v_shape(name),
              "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\" (it is \"{}\"); set pp_virtual = 1",
              v, name);
+  LOOM_CHECK(v == 2 || !pipeline_v_shape(name),
+             "parallel.pp_schedule = \"{}\" places two model chunks on each stage; set pp_virtual = 2 (or leave it unset)",
+             name);
+  LOOM_CHECK(name != "dualpipev" || m >= 2 * p,
+             "parallel.pp_schedule = \"dualpipev\" needs at least 2 x pp = {} micro-batches per step (it has {}); raise "
+             "train.global_batch or lower train.micro_batch",
+             2 * p, m);
   PipeSchedule s;
   s.name = name;
   s.stages = p;
   s.virtual_chunks = v;
   s.micro = m;
-  s.split_backward = name == "zb";
+  s.split_backward = name == "zb" || pipeline_v_shape(name);
+  s.v_shape = pipeline_v_shape(name);
   Compute compute(static_cast<size_t>(p));
   if (name == "gpipe") {
     for (int st = 0; st < p; ++st) {
@@ -185,8 +297,12 @@ PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m) {
             return PipeOp{PipeOp::B, micro(k), (v - 1 - (k / p) % v) * p + st};
           });
     }
-  } else {
+  } else if (name == "zb") {
     compute = zb_h1(p, m);
+  } else if (name == "zbv") {
+    compute = zb_v(p, m);
+  } else {
+    compute = dual_pipe_v(p, m);
   }
   s.ops = with_comm(s, compute);
   return s;
@@ -327,7 +443,7 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
           const int consumer = op.kind == PipeOp::send_act ? op.chunk : op.chunk;
           LOOM_CHECK(s.stage_of(consumer) == op.peer, "schedule {}: stage {} sends {} of chunk {} to stage {}, not {}",
                      s.name, st, pipe_op_name(op.kind), op.chunk, op.peer, s.stage_of(consumer));
-          const int boundary = op.kind == PipeOp::send_act ? st : op.peer;
+          const int boundary = s.v_shape ? std::min(st, op.peer) : op.kind == PipeOp::send_act ? st : op.peer;
           const double delay = hop.empty() ? 0 : hop[size_t(boundary)];
           LOOM_CHECK(sent.emplace(std::make_tuple(int(op.kind), op.micro, op.chunk, op.peer), end + delay).second,
                      "schedule {}: stage {} sends {} of micro-batch {} chunk {} twice", s.name, st,
@@ -362,7 +478,7 @@ double pipeline_bubble_predicted(const PipeSchedule& s) {
 
 const char* pipeline_bubble_formula(const PipeSchedule& s) {
   if (s.name == "interleaved") return "(p-1)/(v*m+p-1)";
-  if (s.name == "zb") return "simulated, F = B = W";
+  if (s.split_backward) return "simulated, F = B = W";
   return "(p-1)/(m+p-1)";
 }
 

@@ -4,7 +4,10 @@
 // backward; with a split backward only the input gradient), W (the weight gradient of a
 // split backward), and the sends and receives of activations and gradients between stages.
 // Model chunk g (0 .. p*v-1, in layer order) lives on stage g % p as its local chunk g / p
-// (Megatron's interleaving; with v = 1, chunk g is stage g).
+// (Megatron's interleaving; with v = 1, chunk g is stage g); under the V-shaped schedules (zbv,
+// dualpipev: v = 2) the chunks fold back, chunk g on stage g for g < p and 2p-1-g after, so the
+// first stage holds the embedding and the head, and the last stage hands chunk p-1's output
+// to chunk p itself (the local chunk is still g / p).
 //
 // pipeline_check() proves a table sound before anything runs: every op once, on the right
 // stage, in dependency order, every send paired with the receive that consumes it, and no
@@ -29,17 +32,26 @@ inline bool pipe_op_is_comm(PipeOp::Kind k) {
   return k > PipeOp::W;
 }
 
+// Where model chunk g of a schedule lives (see the file comment).
+inline int pipe_stage_of(int chunk, int stages, bool v_shape) {
+  return v_shape && chunk >= stages ? 2 * stages - 1 - chunk : chunk % stages;
+}
+// zbv and dualpipev: two chunks per stage, placed in a V.
+bool pipeline_v_shape(const std::string& name);
+
 struct PipeSchedule {
-  std::string name;  // gpipe | 1f1b | interleaved | zb
+  std::string name;  // gpipe | 1f1b | interleaved | zb | zbv | dualpipev
   int stages = 1, virtual_chunks = 1, micro = 1;
-  bool split_backward = false;           // B is the input gradient and W the weight gradient (zb)
+  bool split_backward = false;           // B is the input gradient and W the weight gradient (zb, V)
+  bool v_shape = false;                  // chunks placed in a V (zbv, dualpipev)
   std::vector<std::vector<PipeOp>> ops;  // per stage
   int chunks() const { return stages * virtual_chunks; }
-  int stage_of(int chunk) const { return chunk % stages; }
+  int stage_of(int chunk) const { return pipe_stage_of(chunk, stages, v_shape); }
 };
 
 // The schedule `name` for p stages, v chunks per stage and m micro-batches. An Error names
-// what does not fit (interleaved needs m a multiple of p; v > 1 only with interleaved).
+// what does not fit (interleaved needs m a multiple of p; v > 1 only with interleaved, where
+// the V-shaped schedules need v = 2; dualpipev needs m >= 2p).
 PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m);
 
 struct PipeTiming {
@@ -77,8 +89,8 @@ void pipeline_check_in_order(const PipeSchedule& s);
 // run of consecutive sends and receives.
 std::vector<std::vector<size_t>> pipeline_comm_batches(const std::vector<PipeOp>& ops);
 
-// The closed forms: (p-1)/(m+p-1) (gpipe, 1f1b), (p-1)/(v*m+p-1) (interleaved); zb: the
-// simulated value at tf = tb = tw.
+// The closed forms: (p-1)/(m+p-1) (gpipe, 1f1b), (p-1)/(v*m+p-1) (interleaved); zb, zbv and
+// dualpipev: the simulated value at tf = tb = tw.
 double pipeline_bubble_predicted(const PipeSchedule& s);
 const char* pipeline_bubble_formula(const PipeSchedule& s);  // which of them, in words
 

@@ -97,7 +97,7 @@ std::vector<SlotSize> slot_sizes(const ModelLayout& layout, const Geometry& g) {
 }  // namespace
 
 std::string zero_tied(const Config& cfg) {
-  return cfg.parallel.pp > 1 && cfg.model.tie_embeddings ? head_names(cfg).wte : "";
+  return cfg.pp_tied_across() ? head_names(cfg).wte : "";
 }
 
 std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z) {

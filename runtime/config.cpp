@@ -92,7 +92,7 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel.zero3_reshard", &p.zero3_reshard,
        "after_forward | after_step: ZeRO-3 gathers weights again for the backward, or keeps them until the step"},
       {"parallel.bucket_mb", &p.bucket_mb, "DDP gradient bucket size"},
-      {"parallel.pp_schedule", &p.pp_schedule, "gpipe | 1f1b | interleaved | zb (loom plan pipeline shows them)"},
+      {"parallel.pp_schedule", &p.pp_schedule, "gpipe | 1f1b | interleaved | zb | zbv | dualpipev (loom plan pipeline shows them)"},
       {"parallel.pp_virtual", &p.pp_virtual, "model chunks per stage (interleaved)"},
       {"parallel.pp_layers", &p.pp_layers, "blocks per stage, e.g. \"5,6,6,5\" (empty: n_layer / pp each)"},
       {"parallel.timeout_s", &p.timeout_s, "a collective pending this long ends the job (0: never)"},

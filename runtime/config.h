@@ -173,6 +173,14 @@ struct Config {
     return -1;
   }
   int accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
+  // The pipeline schedules whose backward is split into B (input gradient) and W (weights):
+  // zb, and the V-shaped zbv and dualpipev (two chunks a stage, folded back: see
+  // parallel/pipeline_schedule.h).
+  bool pp_v_shape() const { return parallel.pp_schedule == "zbv" || parallel.pp_schedule == "dualpipev"; }
+  bool pp_split_backward() const { return parallel.pp > 1 && (parallel.pp_schedule == "zb" || pp_v_shape()); }
+  // A tied embedding whose two copies live on different stages (the first and the last; a V
+  // keeps both ends on stage 0).
+  bool pp_tied_across() const { return parallel.pp > 1 && model.tie_embeddings && !pp_v_shape(); }
   // The vocabulary as loom holds it: padded to a multiple of tp x 64 (Megatron's
   // make-vocab-size-divisible-by), so it splits over tp and every shard's rows align.
   int64_t vocab_padded() const {

@@ -216,9 +216,14 @@ void config_validate(Config& cfg) {
              "parallel.zero3_reshard = \"after_step\" but parallel.zero = {}, so it would do nothing; set "
              "parallel.zero = 3 or remove it",
              p.zero);
-  check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb"});
+  check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev"});
   LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);
-  LOOM_CHECK(p.pp_virtual == 1 || p.pp_schedule == "interleaved",
+  if (cfg.pp_v_shape() && !cfg.set_keys.count("parallel.pp_virtual")) p.pp_virtual = 2;  // the V's two chunks
+  LOOM_CHECK(p.pp_virtual == 2 || !cfg.pp_v_shape(),
+             "parallel.pp_schedule = \"{}\" places two model chunks on each stage (a V); set parallel.pp_virtual = 2 "
+             "or leave it unset",
+             p.pp_schedule);
+  LOOM_CHECK(p.pp_virtual == 1 || p.pp_schedule == "interleaved" || cfg.pp_v_shape(),
              "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\"; set it, or set pp_virtual = 1",
              p.pp_virtual);
   // Set away from their defaults without stages, they would do nothing (a printed config,
@@ -236,12 +241,19 @@ void config_validate(Config& cfg) {
                "(train.micro_batch x parallel.dp)) to be a multiple of parallel.pp = {}; change train.global_batch or "
                "train.micro_batch",
                cfg.accum_steps(), p.pp);
-    LOOM_CHECK(p.pp_schedule != "zb" || m.moe.num_experts == 0,
-               "parallel.pp_schedule = \"zb\" with MoE layers is not supported yet (the split backward of a MoE "
-               "layer is not written); use 1f1b or interleaved");
-    LOOM_CHECK(p.pp_schedule != "zb" || cfg.train.recompute != "full",
-               "parallel.pp_schedule = \"zb\" with train.recompute = \"full\" would recompute every block twice (once "
-               "for each half of the split backward); use train.recompute = \"selective\" or \"none\"");
+    LOOM_CHECK(!cfg.pp_split_backward() || m.moe.num_experts == 0,
+               "parallel.pp_schedule = \"{}\" with MoE layers is not supported yet (the split backward of a MoE "
+               "layer is not written); use 1f1b or interleaved",
+               p.pp_schedule);
+    LOOM_CHECK(!cfg.pp_split_backward() || cfg.train.recompute != "full",
+               "parallel.pp_schedule = \"{}\" with train.recompute = \"full\" would recompute every block twice "
+               "(once for each half of the split backward); use train.recompute = \"selective\" or \"none\"",
+               p.pp_schedule);
+    LOOM_CHECK(p.pp_schedule != "dualpipev" || cfg.accum_steps() >= 2 * p.pp,
+               "parallel.pp_schedule = \"dualpipev\" needs at least 2 x parallel.pp = {} micro-batches per step ({} = "
+               "train.global_batch / (train.micro_batch x parallel.dp)); raise train.global_batch or lower "
+               "train.micro_batch",
+               2 * p.pp, cfg.accum_steps());
     LOOM_CHECK(cfg.fault.sdc_every == 0, "fault.sdc_every with parallel.pp > 1 is not supported; set it to 0");
   }
   if (p.tp > 1) {  // tensor parallel splits heads, KV heads, MLP width and vocabulary
@@ -308,13 +320,13 @@ void config_validate(Config& cfg) {
              "fault.bitflip flips a weight of the full parameter buffer, which ZeRO-3 does not hold; use parallel.zero "
              "<= 2");
   LOOM_CHECK(f.grace_s >= 0, "fault.grace_s = {} must be >= 0 (0: no limit)", f.grace_s);
-  if (p.pp > 1 && !f.nan.empty()) {  // the NaN seeds the head's backward: only the last stage has one
+  if (p.pp > 1 && !f.nan.empty()) {  // the NaN seeds the head's backward: only the head's stage has one
     const FaultAt at = fault_parse("fault.nan", f.nan);
-    const int first_last = (p.pp - 1) * p.dp * p.tp;
-    LOOM_CHECK(at.rank >= first_last,
-               "fault.nan = \"{}\": rank {} is not on the last pipeline stage (ranks {}..{}), whose loss seeds the "
-               "NaN; pick one of those",
-               f.nan, at.rank, first_last, world - 1);
+    const int stage = cfg.pp_v_shape() ? 0 : p.pp - 1, lo = stage * p.dp * p.tp, hi = lo + p.dp * p.tp - 1;
+    LOOM_CHECK(at.rank >= lo && at.rank <= hi,
+               "fault.nan = \"{}\": rank {} is not on the pipeline stage with the head (ranks {}..{}), whose loss "
+               "seeds the NaN; pick one of those",
+               f.nan, at.rank, lo, hi);
   }
   LOOM_CHECK(f.hang.empty() || p.timeout_s > 0,
              "fault.hang = \"{}\" with parallel.timeout_s = 0: the watchdog is off, so the hang would never be "

@@ -36,6 +36,8 @@ for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --s
   "--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3 --set parallel.zero3_reshard=after_step" \
   "--set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=zb" \
   "--set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=interleaved --set parallel.pp_virtual=2" \
+  "--set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=zbv" \
+  "--set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=dualpipev --set train.micro_batch=1 --set parallel.zero=1" \
   "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.dp=4 --set parallel.ep=2" \
   "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.dp=4 --set parallel.ep=2 --set parallel.zero=1" \
   "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.dp=4 --set parallel.ep=2 --set parallel.zero=2" \

@@ -163,7 +163,60 @@ TEST(PipelineSchedule, ForwardOnlyListsRunUnderNcclsInOrderRules) {
         s.stages = p, s.virtual_chunks = v, s.micro = m;
         for (int st = 0; st < p; ++st) s.ops.push_back(pipeline_forward_ops(p, v, st, m));
         EXPECT_NO_THROW(pipeline_check_in_order(s)) << "p " << p << " v " << v << " m " << m;
+        if (v != 2) continue;
+        s.v_shape = true;  // a V: the last stage hands chunk p-1 to chunk p itself
+        s.ops.clear();
+        for (int st = 0; st < p; ++st) s.ops.push_back(pipeline_forward_ops(p, v, st, m, true));
+        EXPECT_NO_THROW(pipeline_check_in_order(s)) << "V, p " << p << " m " << m;
+        for (const PipeOp& op : s.ops.back()) EXPECT_FALSE(pipe_op_is_comm(op.kind) && op.peer == p - 1);
       }
+}
+
+// The V-shaped schedules: chunk g on stage g and 2p-1-g, so stage 0 holds the embedding's
+// chunk and the head's; sound (every op once, in order, no deadlock, and under NCCL's in-order
+// rules as the executor issues it) for every p and m tried; ZB-V's bubble at F = B = W is below
+// zb's and 1F1B's and near zero once m covers the V, at no more than 1F1B's activation peak (p
+// micro-batches of a stage, 2p of the V's half-size chunks; DualPipeV one chunk more); DualPipeV
+// follows its eight runs.
+TEST(PipelineSchedule, VShapesAreSoundAndZbvNearlyFillsTheBubble) {
+  EXPECT_EQ(pipe_stage_of(0, 4, true), 0);
+  EXPECT_EQ(pipe_stage_of(3, 4, true), 3);
+  EXPECT_EQ(pipe_stage_of(4, 4, true), 3);
+  EXPECT_EQ(pipe_stage_of(7, 4, true), 0);
+  for (const char* name : {"zbv", "dualpipev"})
+    for (int p : {2, 3, 4, 8})
+      for (int m : {2 * p, 2 * p + 1, 3 * p, 4 * p}) {
+        const PipeSchedule s = pipeline_schedule(name, p, 2, m);
+        EXPECT_TRUE(s.v_shape && s.split_backward);
+        PipeTiming t;
+        ASSERT_NO_THROW(t = pipeline_check(s)) << name << " p " << p << " m " << m;
+        EXPECT_NO_THROW(pipeline_check_in_order(pipeline_in_order(s))) << name << " p " << p << " m " << m;
+        const bool dual = std::string(name) == "dualpipev";  // one chunk more: DualPipe's p + 1
+        for (int st = 0; st < p; ++st) EXPECT_LE(t.peak_in_flight[size_t(st)], 2 * p + dual) << name << " p " << p;
+        if (dual) continue;
+        const double zbv = t.bubble_mean(), zb = pipeline_check(pipeline_schedule("zb", p, 1, m), 1, 1, 1).bubble_mean();
+        const double f1b = pipeline_check(pipeline_schedule("1f1b", p, 1, m), 1, 1, 1).bubble_mean();
+        EXPECT_LT(zbv, zb) << "p " << p << " m " << m;
+        EXPECT_LT(zbv, f1b) << "p " << p << " m " << m;
+      }
+  const double zbv = pipeline_check(pipeline_schedule("zbv", 8, 2, 32), 1, 1, 1).bubble_mean();
+  EXPECT_LT(zbv, 0.05);
+  // DualPipeV at p 4: stage 0 opens with 6 forwards of its first chunk, stage 3 with chunk 3
+  // then chunk 4 (its own hand-off), and both end on weight gradients.
+  const PipeSchedule d = pipeline_schedule("dualpipev", 4, 2, 8);
+  std::vector<PipeOp> c0, c3;
+  for (const PipeOp& op : d.ops[0])
+    if (!pipe_op_is_comm(op.kind)) c0.push_back(op);
+  for (const PipeOp& op : d.ops[3])
+    if (!pipe_op_is_comm(op.kind)) c3.push_back(op);
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(c0[size_t(i)].kind == PipeOp::F && c0[size_t(i)].chunk == 0);
+  EXPECT_EQ(c0[6].chunk, 0);
+  EXPECT_EQ(c0[7].chunk, 7);  // the head, on stage 0
+  EXPECT_TRUE(c3[0].kind == PipeOp::F && c3[0].chunk == 3 && c3[1].kind == PipeOp::F && c3[1].chunk == 4);
+  EXPECT_EQ(c0.back().kind, PipeOp::W);
+  EXPECT_EQ(c3.back().kind, PipeOp::W);
+  expect_refused([] { pipeline_schedule("dualpipev", 4, 2, 7); }, "needs at least 2 x pp = 8 micro-batches");
+  expect_refused([] { pipeline_schedule("zbv", 4, 3, 8); }, "places two model chunks on each stage");
 }
 
 TEST(PipelineSchedule, BadSettingsSayWhatToChange) {
@@ -185,14 +238,14 @@ namespace loom {
 // under any schedule (every receive is posted where its send is and read soon after), and
 // the planner's items, which the executor allocates, say the same.
 TEST(PipelineSchedule, ExecutorBuffersHoldWhatIsInFlightNotEveryMicroBatch) {
-  for (const char* name : {"gpipe", "1f1b", "interleaved", "zb"}) {
-    const int v = std::string(name) == "interleaved" ? 2 : 1;
-    std::array<int, 4> at8{}, at16{};
+  for (const char* name : {"gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev"}) {
+    const int v = std::string(name) == "interleaved" || pipeline_v_shape(name) ? 2 : 1;
+    std::array<int, PipeSlots::kBuffers> at8{}, at16{};
     for (int m : {8, 16}) {
       const PipeSchedule s = pipeline_in_order(pipeline_schedule(name, 4, v, m));
       for (int st = 0; st < 4; ++st) {
-        const std::array<int, 4> n = pipeline_slots(s.ops[size_t(st)]).count;
-        for (size_t b = 0; b < 4; ++b) (m == 8 ? at8 : at16)[b] = std::max((m == 8 ? at8 : at16)[b], n[b]);
+        const auto n = pipeline_slots(s.ops[size_t(st)]).count;
+        for (size_t b = 0; b < n.size(); ++b) (m == 8 ? at8 : at16)[b] = std::max((m == 8 ? at8 : at16)[b], n[b]);
       }
     }
     EXPECT_EQ(at8, at16) << name;
@@ -225,7 +278,7 @@ TEST(PipelineSchedule, SlotsAreReusedOnceFree) {
                                    {PipeOp::F, 2, 1},           {PipeOp::F, 3, 1}};
   const PipeSlots ps = pipeline_slots(ops);
   EXPECT_EQ(ps.slot, (std::vector<int>{0, -1, 0, 0, -1, 0, 0, 1, -1, -1}));
-  EXPECT_EQ(ps.count, (std::array<int, 4>{2, 1, 0, 0}));
+  EXPECT_EQ(ps.count, (std::array<int, PipeSlots::kBuffers>{2, 1, 0, 0, 0, 0}));
 }
 
 }  // namespace loom
