@@ -288,8 +288,10 @@ int run(int argc, char** argv) {
   ppipe->add_option("--config", config_path, "TOML config (parallel.pp, pp_schedule, pp_virtual; the micro-batches)");
   ppipe->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   ppipe->add_option("--pp", pipe_pp, "stages (default: parallel.pp)");
-  ppipe->add_option("--schedule", pipe_schedule, "gpipe | 1f1b | interleaved | zb | zbv | dualpipev (default: parallel.pp_schedule)");
-  ppipe->add_option("--virtual", pipe_virtual, "chunks per stage, interleaved (default: parallel.pp_virtual; 2 for zbv, dualpipev)");
+  ppipe->add_option("--schedule", pipe_schedule,
+                    "gpipe | 1f1b | interleaved | zb | zbv | dualpipev (default: parallel.pp_schedule)");
+  ppipe->add_option("--virtual", pipe_virtual,
+                    "chunks per stage, interleaved (default: parallel.pp_virtual; 2 for zbv, dualpipev)");
   ppipe->add_option("--micro", pipe_micro, "micro-batches per step (default: the config's accumulation steps)");
   auto* pmem =
       plan->add_subcommand("memory", "per-rank bytes of a run (any layout, dtype, device), or of the ZeRO paper");

@@ -33,7 +33,8 @@ std::string layout_name(const Config& c) {
   const auto& p = c.parallel;
   std::string s = fmt::format("tp {} pp {}", p.tp, p.pp);
   if (p.pp > 1)
-    s += p.pp_virtual > 1 && !c.pp_v_shape() ? fmt::format(" {} v{}", p.pp_schedule, p.pp_virtual) : " " + p.pp_schedule;
+    s +=
+        p.pp_virtual > 1 && !c.pp_v_shape() ? fmt::format(" {} v{}", p.pp_schedule, p.pp_virtual) : " " + p.pp_schedule;
   s += fmt::format(" dp {}", p.dp);
   if (p.ep > 1) s += fmt::format(" ep {}", p.ep);
   s += fmt::format(" zero {}", p.zero);

@@ -141,11 +141,12 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   // a send waits for its receive, so a receive posted early would block the sends behind it.
   const size_t slots_n = static_cast<size_t>(micro_ * chunk_.pieces());
   std::vector<Work> act_in(slots_n), grad_in(slots_n);
-  std::vector<int> act_at(slots_n, -1), grad_at(slots_n, -1);  // the slot each receive landed in
+  std::vector<int> act_at(slots_n, -1), grad_at(slots_n, -1);        // the slot each receive landed in
   std::vector<int> act_local(slots_n, -1), grad_local(slots_n, -1);  // the local slot of a V's hand-off
   auto index = [&](int g, int micro) { return size_t((g / P) * micro_ + micro); };
   const PipeSlots ps = pipeline_slots(ops);
-  const Tensor* bufs[PipeSlots::kBuffers] = {&recv_act_, &send_act_, &recv_grad_, &send_grad_, &local_act_, &local_grad_};
+  const Tensor* bufs[PipeSlots::kBuffers] = {&recv_act_,  &send_act_,  &recv_grad_,
+                                             &send_grad_, &local_act_, &local_grad_};
   for (size_t b = 0; b < PipeSlots::kBuffers; ++b)
     LOOM_CHECK(rows_ * ps.count[b] <= bufs[b]->numel(),
                "pipeline: this op list needs {} slots of buffer {}, {} were made", ps.count[b], b,
@@ -317,15 +318,14 @@ std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, int stage, DType dt
   const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
   const int64_t rows = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model;
   const auto n = pipeline_stage_slots(cfg, stage);
-  const char* names[PipeSlots::kBuffers] = {"pp_recv_act",  "pp_send_act",  "pp_recv_grad",
-                                            "pp_send_grad", "pp_local_act", "pp_local_grad"};  // PipeSlots::Buffer order
+  const char* names[PipeSlots::kBuffers] = {"pp_recv_act",  "pp_send_act",  "pp_recv_grad", "pp_send_grad",
+                                            "pp_local_act", "pp_local_grad"};  // PipeSlots::Buffer order
   for (size_t b = 0; b < n.size(); ++b)
     if (n[b]) items.push_back({names[b], rows * n[b], dtype, Mem::comm});
   return items;
 }
 
-std::vector<PipeOp> pipeline_forward_ops(int stages, int virtual_chunks, int stage, int micro_batches,
-                                         bool v_shape) {
+std::vector<PipeOp> pipeline_forward_ops(int stages, int virtual_chunks, int stage, int micro_batches, bool v_shape) {
   std::vector<PipeOp> ops;
   const int G = stages * virtual_chunks;
   auto stage_of = [&](int g) { return pipe_stage_of(g, stages, v_shape); };

@@ -122,52 +122,37 @@ Compute zb_h1(int p, int m) {
   return out;
 }
 
-// ZB-V (zero bubble in a V): stage s holds chunks s (down the V) and 2p-1-s (back up), every
-// backward split. On a clock with unit costs, a stage that is free runs the first of: a B whose
-// output gradient is there (the oldest micro-batch; the later chunk first, whose B feeds the
-// earlier's), an F whose input is there while fewer than 2p chunk micro-batches wait for their
-// W (1F1B's peak, counted in the V's half-size chunks; the later chunk first, so micro-batches
-// finish sooner), the oldest pending W; else it waits for one.
+// ZB-V (the zero-bubble paper's V schedule, in the order torch's pipelining lays it out):
+// stage s holds chunks s (down the V) and 2p-1-s (back up), every backward split. Warm-up:
+// 2(p-s)-1 forwards of the first chunk, then s pairs (F1, F0), then p-s triples (F1, B1, W1);
+// steady: (F0, B0, W0, F1, B1, W1) until every forward has run; cool-down: s pairs (B0, B1),
+// p-s pairs (B0, W0), then the remaining W's of the second chunk and of the first. Laid out for
+// at least 2p-1 micro-batches; the ops of micro-batches beyond m are dropped. Activations peak
+// at 2p of the V's half-size chunks, 1F1B's p micro-batches of a stage.
 Compute zb_v(int p, int m) {
-  const int G = 2 * p;
-  const double inf = std::numeric_limits<double>::infinity();
-  const size_t P = static_cast<size_t>(p);
-  std::vector<std::vector<double>> f_end(size_t(G), std::vector<double>(size_t(m), inf)), b_end = f_end;
-  std::vector<std::array<int, 2>> next_f(P, {0, 0}), next_b(P, {0, 0});
-  std::vector<std::deque<std::pair<int, int>>> w(P);  // (micro, chunk) of B's whose W waits
-  std::vector<int> held(P, 0);
-  Compute out(P);
-  size_t left = size_t(3 * G * m);
-  for (double t = 0; left > 0; t += 1) {
-    LOOM_ASSERT(t < 12.0 * G * m);  // every op is ready eventually: a stall is a bug here
-    for (int st = 0; st < p; ++st) {
-      const size_t s = size_t(st);
-      const int c[2] = {st, G - 1 - st};
-      PipeOp op{PipeOp::W, -1, -1};
-      for (int k : {1, 0}) {  // B: the oldest ready micro-batch, the later chunk on a tie
-        const int i = next_b[s][size_t(k)], g = c[k];
-        if (i < m && f_end[size_t(g)][size_t(i)] <= t && (g == G - 1 || b_end[size_t(g + 1)][size_t(i)] <= t) &&
-            (op.micro < 0 || i < op.micro))
-          op = {PipeOp::B, i, g};
-      }
-      if (op.micro < 0 && held[s] < G)
-        for (int k : {1, 0}) {
-          const int i = next_f[s][size_t(k)], g = c[k];
-          if (op.micro < 0 && i < m && (g == 0 || f_end[size_t(g - 1)][size_t(i)] <= t)) op = {PipeOp::F, i, g};
-        }
-      if (op.micro < 0 && !w[s].empty()) {
-        op = {PipeOp::W, w[s].front().first, w[s].front().second};
-        w[s].pop_front();
-      }
-      if (op.micro < 0) continue;  // nothing ready: idle for a unit
-      const int k = op.chunk == c[0] ? 0 : 1;
-      if (op.kind == PipeOp::F) f_end[size_t(op.chunk)][size_t(op.micro)] = t + 1, ++next_f[s][size_t(k)], ++held[s];
-      if (op.kind == PipeOp::B)
-        b_end[size_t(op.chunk)][size_t(op.micro)] = t + 1, ++next_b[s][size_t(k)], w[s].push_back({op.micro, op.chunk});
-      if (op.kind == PipeOp::W) --held[s];
-      out[s].push_back(op);
-      --left;
+  const int n = std::max(2 * p - 1, m), G = 2 * p;
+  Compute out(static_cast<size_t>(p));
+  for (int st = 0; st < p; ++st) {
+    std::vector<PipeOp> o;
+    const int c0 = st, c1 = G - 1 - st;
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    auto add = [&](PipeOp::Kind k, int micro, int chunk) { o.push_back({k, micro, chunk}); };
+    for (int i = 0; i < 2 * (p - st) - 1; ++i) add(PipeOp::F, f0++, c0);
+    for (int i = 0; i < st; ++i) add(PipeOp::F, f1++, c1), add(PipeOp::F, f0++, c0);
+    for (int i = 0; i < p - st; ++i) add(PipeOp::F, f1++, c1), add(PipeOp::B, b1, c1), add(PipeOp::W, b1++, c1);
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) add(PipeOp::F, f0++, c0);
+      add(PipeOp::B, b0, c0), add(PipeOp::W, b0++, c0);
+      add(PipeOp::F, f1++, c1), add(PipeOp::B, b1, c1), add(PipeOp::W, b1++, c1);
     }
+    int w0 = b0, w1 = b1;
+    for (int i = 0; i < st; ++i) add(PipeOp::B, b0++, c0), add(PipeOp::B, b1++, c1);
+    for (int i = 0; i < p - st; ++i) add(PipeOp::B, b0++, c0), add(PipeOp::W, w0++, c0);
+    while (w1 < b1) add(PipeOp::W, w1++, c1);
+    while (w0 < b0) add(PipeOp::W, w0++, c0);
+    LOOM_ASSERT(f0 == n && f1 == n && b0 == n && b1 == n && w0 == n && w1 == n);
+    for (const PipeOp& op : o)
+      if (op.micro < m) out[size_t(st)].push_back(op);
   }
   return out;
 }
@@ -257,13 +242,15 @@ PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m) {
   LOOM_CHECK(v == 1 || name == "interleaved" || pipeline_v_shape(name),
              "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\" (it is \"{}\"); set pp_virtual = 1",
              v, name);
-  LOOM_CHECK(v == 2 || !pipeline_v_shape(name),
-             "parallel.pp_schedule = \"{}\" places two model chunks on each stage; set pp_virtual = 2 (or leave it unset)",
-             name);
-  LOOM_CHECK(name != "dualpipev" || m >= 2 * p,
-             "parallel.pp_schedule = \"dualpipev\" needs at least 2 x pp = {} micro-batches per step (it has {}); raise "
-             "train.global_batch or lower train.micro_batch",
-             2 * p, m);
+  LOOM_CHECK(
+      v == 2 || !pipeline_v_shape(name),
+      "parallel.pp_schedule = \"{}\" places two model chunks on each stage; set pp_virtual = 2 (or leave it unset)",
+      name);
+  LOOM_CHECK(
+      name != "dualpipev" || m >= 2 * p,
+      "parallel.pp_schedule = \"dualpipev\" needs at least 2 x pp = {} micro-batches per step (it has {}); raise "
+      "train.global_batch or lower train.micro_batch",
+      2 * p, m);
   PipeSchedule s;
   s.name = name;
   s.stages = p;

@@ -3,13 +3,14 @@
 # one thread each): the mean over steps 3.. of bubble_ms / step_ms (bubble_ms: the waiting of
 # the stage that waits most), next to `loom plan pipeline`'s prediction. Prints a Markdown table.
 #   examples/pipeline/bubble.sh [SCHEDULE:MICRO ...]   (default: each schedule at m 4 and 8;
-#   interleaved with two model chunks per stage, two blocks each)
+#   interleaved with two model chunks per stage, two blocks each; zbv and dualpipev in a V)
 #   env: LOOM (build/loom), LAUNCH ("launch/mpirun.sh -np"), STEPS (20), ARGS (extra --set ...)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 loom=${LOOM:-build/loom} launch=${LAUNCH:-launch/mpirun.sh -np} steps=${STEPS:-20}
 points=("$@")
-[ ${#points[@]} -gt 0 ] || points=(gpipe:4 1f1b:4 interleaved:4 zb:4 gpipe:8 1f1b:8 interleaved:8 zb:8)
+[ ${#points[@]} -gt 0 ] ||
+  points=(gpipe:4 1f1b:4 interleaved:4 zb:4 zbv:4 dualpipev:4 gpipe:8 1f1b:8 interleaved:8 zb:8 zbv:8 dualpipev:8)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 # Two equal stages: a small vocabulary keeps the head from outweighing the blocks.
@@ -19,9 +20,9 @@ echo "| schedule | m | predicted | measured |"
 echo "| --- | ---: | ---: | ---: |"
 for point in "${points[@]}"; do
   s=${point%%:*} m=${point##*:}
-  v=1
-  [ "$s" = interleaved ] && v=2
-  set -- --set train.global_batch=$((2 * m)) --set parallel.pp_schedule="$s" --set parallel.pp_virtual=$v
+  v=()
+  [ "$s" = interleaved ] && v=(--set parallel.pp_virtual=2)  # zbv and dualpipev take their V's 2 themselves
+  set -- --set train.global_batch=$((2 * m)) --set parallel.pp_schedule="$s" "${v[@]}"
   # shellcheck disable=SC2086
   $launch 2 "$loom" train "${model[@]}" "$@" --set train.steps="$steps" ${ARGS:-} --set log.dir="$dir/$s$m" \
     > "$dir/$s$m.log" 2>&1 || { cat "$dir/$s$m.log"; exit 1; }

@@ -194,7 +194,8 @@ TEST(PipelineSchedule, VShapesAreSoundAndZbvNearlyFillsTheBubble) {
         const bool dual = std::string(name) == "dualpipev";  // one chunk more: DualPipe's p + 1
         for (int st = 0; st < p; ++st) EXPECT_LE(t.peak_in_flight[size_t(st)], 2 * p + dual) << name << " p " << p;
         if (dual) continue;
-        const double zbv = t.bubble_mean(), zb = pipeline_check(pipeline_schedule("zb", p, 1, m), 1, 1, 1).bubble_mean();
+        const double zbv = t.bubble_mean(),
+                     zb = pipeline_check(pipeline_schedule("zb", p, 1, m), 1, 1, 1).bubble_mean();
         const double f1b = pipeline_check(pipeline_schedule("1f1b", p, 1, m), 1, 1, 1).bubble_mean();
         EXPECT_LT(zbv, zb) << "p " << p << " m " << m;
         EXPECT_LT(zbv, f1b) << "p " << p << " m " << m;
