@@ -446,6 +446,7 @@ int run(int argc, char** argv) {
           "deadlock)\npredicted bubble {:.3f} ({}); simulated: worst stage {:.3f}, mean {:.3f}\n{}",
           name, p, v, m, loom::pipeline_bubble_predicted(sched), loom::pipeline_bubble_formula(sched), t.bubble(),
           t.bubble_mean(), loom::pipeline_timeline(sched, t));
+      fmt::print("{}", loom::pipeline_stages_text(cfg, p, v, name, m));
     } else if (*play) {
       const loom::Cluster cluster = loom::cluster_load(cluster_path);
       const loom::Config cfg = config_build(config_path, sets);

@@ -1,12 +1,16 @@
 #include "launch/plan_layout.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <filesystem>
 
+#include "launch/plan.h"
+#include "parallel/pipeline_schedule.h"
 #include "runtime/error.h"
 
 namespace loom {
@@ -223,6 +227,50 @@ std::string step_prediction_text(const Config& c, const Cluster& cl, const StepP
       1e3 * p.ep, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer, p.tokens_per_s,
       100 * p.mfu, bytes_text(double(p.memory_bytes)),
       p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)));
+}
+
+}  // namespace loom
+
+namespace loom {
+
+std::string pipeline_stages_text(const Config& given, int p, int v, const std::string& name, int m) {
+  if (p < 2) return "";
+  Config c = given;
+  c.parallel.pp = p, c.parallel.pp_schedule = name, c.parallel.pp_virtual = v;
+  c.set_keys.insert("parallel.pp_virtual");
+  c.train.global_batch = m * c.train.micro_batch * std::max(1, c.parallel.dp);
+  if (c.train.dtype == "auto") c.train.dtype = "f32";  // the CPU's
+  try {
+    config_validate(c);
+  } catch (const Error& e) {
+    return fmt::format("per stage: not predicted: {}\n", e.what());
+  }
+  const std::vector<int> blocks = pipeline_layers(c);
+  std::string out = fmt::format("blocks per model chunk: {}{}\n", fmt::join(blocks, ","),
+                                c.parallel.pp_layers == "auto" ? " (parallel.pp_layers = auto)" : "");
+  // The step-time model on this machine's cluster file, where it holds the run's ranks.
+  std::vector<double> compute;
+  const std::string path = std::string(LOOM_SOURCE_DIR) + "/examples/clusters/this_machine.toml";
+  try {
+    if (std::filesystem::exists(path)) compute = step_predict(c, cluster_load(path)).stage_compute;
+  } catch (const Error&) {
+    // a layout wider than this machine: memory only
+  }
+  const DType dtype = c.train.dtype == "bf16" ? DType::bf16 : DType::f32;
+  const int G = p * v;
+  for (int st = 0; st < p; ++st) {
+    std::vector<int> chunks;
+    int n = 0;
+    for (int g = 0; g < G; ++g)
+      if (pipe_stage_of(g, p, c.pp_v_shape()) == st) chunks.push_back(g), n += blocks[size_t(g)];
+    const int64_t bytes = plan_memory(c, "cpu", dtype, st * c.parallel.dp * c.parallel.tp).total();
+    out += fmt::format(
+        "stage {:>2}: chunks {:<8} {:>3} blocks{}{}, memory {:.1f} MiB (rank {})\n", st,
+        fmt::format("{}", fmt::join(chunks, ",")), n, st == 0 ? " + embedding" : "",
+        std::string(compute.empty() ? "" : fmt::format(", compute {:.1f} ms a step", 1e3 * compute[size_t(st)])),
+        double(bytes) / 1048576.0, st * c.parallel.dp * c.parallel.tp);
+  }
+  return out;
 }
 
 }  // namespace loom

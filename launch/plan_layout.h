@@ -29,6 +29,11 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
 std::string plan_layout_json(const LayoutSearch& s, int top);
 // One layout's prediction, every term (`loom plan layout --predict`).
 std::string step_prediction_text(const Config& cfg, const Cluster& cluster, const StepPrediction& p);
+// `loom plan pipeline`'s per-stage lines for cfg at p stages, v chunks each, schedule `name`
+// and m micro-batches: each stage's model chunks and blocks (parallel.pp_layers, or "auto"'s
+// choice), its compute in the step on this machine's cluster file (the step-time model) and
+// its memory (the planner); or why they cannot be said (a config that does not validate).
+std::string pipeline_stages_text(const Config& cfg, int p, int v, const std::string& name, int m);
 std::string step_prediction_json(const Config& cfg, const StepPrediction& p);
 
 }  // namespace loom

@@ -398,6 +398,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   }
   for (int st = 0; st < P; ++st) {
     const Stage& s = stages[size_t(st)];
+    out.stage_compute.push_back(m * (s.f + s.b + s.w));
     const double step = finish_hop[size_t(st)] + s.dp_end + s.optimizer;
     if (step <= out.step) continue;
     out.step = step;

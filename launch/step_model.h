@@ -58,6 +58,7 @@ struct StepPrediction {
   double tokens_per_s = 0, mfu = 0;
   int64_t memory_bytes = 0;  // the fullest rank's plan (first and last stage checked)
   bool fits = true;
+  std::vector<double> stage_compute;  // per pipeline stage: its own F, B and W work in the step
 };
 // cfg must have passed config_validate; its world (dp x tp x pp) must fit on the cluster.
 StepPrediction step_predict(const Config& cfg, const Cluster& cluster);

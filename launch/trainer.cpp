@@ -444,10 +444,13 @@ StepMetrics Trainer::step(int64_t step) {
   m.compute_ms = t.of(Phase::compute);
   m.comm_exposed_ms = t.of(Phase::comm);
   m.bubble_ms = t.of(Phase::bubble);
-  if (p.pipe) {  // the stage that waited most (each stage's own is on its trace track)
-    double worst = m.bubble_ms;
-    p.mesh->host_group(Axis::pp).all_reduce(Buf(&worst, 1), ReduceOp::max).wait();
+  if (p.pipe) {  // the stage that waited most (each stage's own is on its trace track), and each one's compute
+    double worst = m.bubble_ms, mine = m.compute_ms;
+    ProcessGroup& pp = p.mesh->host_group(Axis::pp);
+    pp.all_reduce(Buf(&worst, 1), ReduceOp::max).wait();
     m.bubble_ms = worst;
+    m.stage_compute_ms.resize(size_t(pp.size()));
+    pp.all_gather(Buf(&mine, 1), Buf(m.stage_compute_ms.data(), pp.size())).wait();
   }
   m.optimizer_ms = t.of(Phase::optimizer);
   m.data_ms = t.of(Phase::data);

@@ -94,7 +94,7 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel.bucket_mb", &p.bucket_mb, "DDP gradient bucket size"},
       {"parallel.pp_schedule", &p.pp_schedule, "gpipe | 1f1b | interleaved | zb | zbv | dualpipev (loom plan pipeline shows them)"},
       {"parallel.pp_virtual", &p.pp_virtual, "model chunks per stage (interleaved)"},
-      {"parallel.pp_layers", &p.pp_layers, "blocks per stage, e.g. \"5,6,6,5\" (empty: n_layer / pp each)"},
+      {"parallel.pp_layers", &p.pp_layers, "blocks per stage, e.g. \"5,6,6,5\" (empty: n_layer / pp each; auto: balanced by FLOPs, head included)"},
       {"parallel.timeout_s", &p.timeout_s, "a collective pending this long ends the job (0: never)"},
       {"parallel.grad_reduce_dtype", &p.grad_reduce_dtype, "f32 | bf16: what gradients are reduced in"},
       {"parallel.comm", &p.comm, "auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)"},

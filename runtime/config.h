@@ -192,9 +192,14 @@ struct Config {
 // log.trace_steps "A:B" as (A, B), 1 <= A <= B; an Error says the form.
 std::pair<int64_t, int64_t> trace_steps_parse(const std::string& spec);
 
-// Blocks per pipeline stage (parallel.pp_layers, or n_layer / pp each); an Error says what
-// does not fit.
+// Blocks per pipeline model chunk (a stage's, or under interleaved and V schedules pp x
+// pp_virtual chunks): parallel.pp_layers, n_layer / chunks each, or with "auto" the split
+// whose costliest chunk (forward FLOPs per token, the head's on the last) costs least; an Error
+// says what does not fit.
 std::vector<int> pipeline_layers(const Config& cfg);
+// Forward FLOPs per token of each block, and of the head and loss: the costs "auto" splits.
+std::vector<double> pipeline_block_flops(const Config& cfg);
+double pipeline_head_flops(const Config& cfg);
 
 Config config_defaults();
 // Reads a TOML file into `cfg` (keys absent from the file keep their values).

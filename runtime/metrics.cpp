@@ -50,6 +50,11 @@ std::string fault_fields(const StepMetrics& m) {
   std::string out = fmt::format(",\"t\":{:.3f}", m.t_unix);
   if (!m.skipped.empty()) out += fmt::format(",\"skipped\":\"{}\"", m.skipped);
   if (!m.stragglers.empty()) out += ",\"stragglers\":" + ranks_json(m.stragglers);
+  if (!m.stage_compute_ms.empty()) {
+    out += ",\"stage_compute_ms\":[";
+    for (size_t i = 0; i < m.stage_compute_ms.size(); ++i) out += (i ? "," : "") + num(m.stage_compute_ms[i]);
+    out += "]";
+  }
   if (!m.sdc_ranks.empty()) out += ",\"sdc_ranks\":" + ranks_json(m.sdc_ranks);
   if (m.host_syncs >= 0)
     out += fmt::format(",\"host_syncs\":{{\"compute\":{},\"step\":{}}}", m.host_syncs_compute, m.host_syncs);

@@ -27,10 +27,11 @@ struct StepMetrics {
   // Payload bytes the dp group moved during the step, per collective (see ProcessGroup).
   int64_t dp_all_reduce_b = 0, dp_reduce_scatter_b = 0, dp_all_gather_b = 0;
   int64_t tp_all_reduce_b = 0, tp_reduce_scatter_b = 0, tp_all_gather_b = 0;
-  double t_unix = 0;            // wall clock at the step's end (seconds since the epoch): drill reports
-  std::string skipped;          // why the update was skipped (non-finite, spike, sdc), or empty
-  std::vector<int> stragglers;  // ranks slower than their peers for several steps in a row
-  std::vector<int> sdc_ranks;   // ranks whose gradients differed from their recomputation
+  double t_unix = 0;                     // wall clock at the step's end (seconds since the epoch): drill reports
+  std::string skipped;                   // why the update was skipped (non-finite, spike, sdc), or empty
+  std::vector<int> stragglers;           // ranks slower than their peers for several steps in a row
+  std::vector<double> stage_compute_ms;  // pipelines: each stage's compute in the step (its dp rank 0's)
+  std::vector<int> sdc_ranks;            // ranks whose gradients differed from their recomputation
   // MoE: the load-balancing loss (mean over MoE layers and micro-batches; not in `loss`) and
   // per MoE layer the expert load (most assignments on one expert over the mean) and the
   // fraction of assignments dropped by capacity.

@@ -284,3 +284,76 @@ TEST(Config, ExampleConfigCommentsMatchTheirValues) {
   }
   EXPECT_GE(checked, 8);
 }
+
+namespace loom {
+namespace {
+
+// The largest chunk cost of a split (the head's FLOPs on the last chunk), as "auto" scores it.
+double split_worst(const Config& c, const std::vector<int>& split) {
+  const std::vector<double> f = pipeline_block_flops(c);
+  double worst = 0;
+  for (size_t g = 0, b = 0; g < split.size(); b += size_t(split[g]), ++g) {
+    double own = g + 1 == split.size() ? pipeline_head_flops(c) : 0;
+    for (size_t l = b; l < b + size_t(split[g]); ++l) own += f[l];
+    worst = std::max(worst, own);
+  }
+  return worst;
+}
+
+// Every split of L blocks into G chunks of at least one block (brute force).
+void splits(int L, int G, std::vector<int>& at, std::vector<std::vector<int>>& out) {
+  if (G == 1) {
+    at.push_back(L);
+    out.push_back(at);
+    at.pop_back();
+    return;
+  }
+  for (int n = 1; n <= L - (G - 1); ++n) {
+    at.push_back(n);
+    splits(L - n, G - 1, at, out);
+    at.pop_back();
+  }
+}
+
+}  // namespace
+
+// parallel.pp_layers = "auto": the split whose costliest chunk costs least (against every split,
+// brute force), the head's FLOPs on the last chunk, MoE blocks' experts on theirs; the even split
+// where the head is light; fewer blocks on the head's chunk where it is heavy; interleaved and V
+// chunks too; and a count of chunks the blocks cannot cover refused.
+TEST(Config, PipelineLayersAutoBalancesTheHead) {
+  auto with = [](const std::string& toml) { return loaded("[parallel]\npp_layers = \"auto\"\n" + toml); };
+  for (int vocab : {512, 8192, 50257})
+    for (int pp : {2, 3, 4}) {
+      const Config c = with(fmt::format("pp = {}\n[model]\nn_layer = 9\nd_model = 128\nvocab_size = {}\n", pp, vocab));
+      const std::vector<int> got = pipeline_layers(c);
+      std::vector<int> at;
+      std::vector<std::vector<int>> all;
+      splits(9, pp, at, all);
+      double least = 1e300;
+      for (auto& s : all) least = std::min(least, split_worst(c, s));
+      EXPECT_NEAR(split_worst(c, got), least, 1e-9 * least) << "vocab " << vocab << " pp " << pp;
+    }
+  EXPECT_EQ(pipeline_layers(with("pp = 4\n[model]\nn_layer = 8\nd_model = 512\nvocab_size = 512\n")),
+            (std::vector<int>{2, 2, 2, 2}));
+  const std::vector<int> heavy =
+      pipeline_layers(with("pp = 2\n[model]\nn_layer = 8\nd_model = 256\nvocab_size = 16384\n"));
+  EXPECT_EQ(heavy, (std::vector<int>{6, 2}));
+  // MoE blocks (every second one, 8 experts of top 2) cost more than dense ones: a split that
+  // counts blocks alone is not the least.
+  const Config moe = with(
+      "pp = 2\n[model]\narch = \"llama\"\nn_layer = 6\nd_model = 128\nvocab_size = 512\n"
+      "[model.moe]\nnum_experts = 8\nevery = 3\n");
+  EXPECT_LE(split_worst(moe, pipeline_layers(moe)), split_worst(moe, {3, 3}));
+  EXPECT_GT(pipeline_block_flops(moe)[2], 1.5 * pipeline_block_flops(moe)[0]);
+  // Interleaved and V: a count per model chunk.
+  EXPECT_EQ(pipeline_layers(with("pp = 2\npp_schedule = \"zbv\"\n[model]\nn_layer = 8\n")).size(), 4u);
+  EXPECT_EQ(pipeline_layers(with("pp = 2\npp_schedule = \"interleaved\"\npp_virtual = 2\n[model]\nn_layer = 8\n"
+                                 "[train]\nglobal_batch = 16\nmicro_batch = 8\n"))
+                .size(),
+            4u);
+  EXPECT_NE(error_of([&] { with("pp = 4\n[model]\nn_layer = 3\n"); }).find("every chunk needs a block"),
+            std::string::npos);
+}
+
+}  // namespace loom
