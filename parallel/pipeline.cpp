@@ -233,13 +233,13 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
             if (c.kind == PipeOp::send_act) {  // of chunk c.chunk - 1, computed here, to c.chunk
               select(c.chunk - 1, c.micro);
               const Buf b = slot_buf(send_act_, k);
-              act_sent[size_t(k)].wait_on(s);  // the slot's last send has left it
+              wait_in(act_sent[size_t(k)]);  // the slot's last send has left it (its peer's wait is ours)
               be.copy(b, view(chunk_.output()));
               sends.push_back(act_sent[size_t(k)] = pp_.send(b, c.peer, tag(c.chunk, c.micro, false), s));
             } else if (c.kind == PipeOp::send_grad) {  // of chunk c.chunk + 1's input, to c.chunk
               select(c.chunk + 1, c.micro);
               const Buf b = slot_buf(send_grad_, k);
-              grad_sent[size_t(k)].wait_on(s);
+              wait_in(grad_sent[size_t(k)]);
               be.copy(b, view(chunk_.grad_input()));
               sends.push_back(grad_sent[size_t(k)] = pp_.send(b, c.peer, tag(c.chunk, c.micro, true), s));
             } else if (c.kind == PipeOp::recv_act) {
@@ -265,7 +265,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       }
     }
   }
-  for (auto& w : sends) w.wait();
+  for (auto& w : sends) wait_in(w);  // waiting for a peer, not computing
   chunk_.set_piece(0);
   chunk_.set_slot(0);
 }

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config.h"
+
 namespace loom {
 
 struct PipeOp {
@@ -32,10 +34,7 @@ inline bool pipe_op_is_comm(PipeOp::Kind k) {
   return k > PipeOp::W;
 }
 
-// Where model chunk g of a schedule lives (see the file comment).
-inline int pipe_stage_of(int chunk, int stages, bool v_shape) {
-  return v_shape && chunk >= stages ? 2 * stages - 1 - chunk : chunk % stages;
-}
+// Where model chunk g of a schedule lives: pipe_stage_of (runtime/config.h; see the file comment).
 // zbv and dualpipev: two chunks per stage, placed in a V.
 bool pipeline_v_shape(const std::string& name);
 

@@ -192,6 +192,12 @@ struct Config {
 // log.trace_steps "A:B" as (A, B), 1 <= A <= B; an Error says the form.
 std::pair<int64_t, int64_t> trace_steps_parse(const std::string& spec);
 
+// Where pipeline model chunk g of p x v lives: stage g % p (interleaving), or under a V-shaped
+// schedule (v = 2) stage g for g < p and 2p-1-g after.
+inline int pipe_stage_of(int chunk, int stages, bool v_shape) {
+  return v_shape && chunk >= stages ? 2 * stages - 1 - chunk : chunk % stages;
+}
+
 // Blocks per pipeline model chunk (a stage's, or under interleaved and V schedules pp x
 // pp_virtual chunks): parallel.pp_layers, n_layer / chunks each, or with "auto" the split
 // whose costliest chunk (forward FLOPs per token, the head's on the last) costs least; an Error

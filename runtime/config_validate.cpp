@@ -438,6 +438,38 @@ std::vector<int> pipeline_layers_auto(const Config& cfg, int G) {
       }
   std::vector<int> out;
   for (int g = 0, b = 0; g < G; b += out.back(), ++g) out.push_back(take[size_t(g)][size_t(b)]);
+  if (G == cfg.parallel.pp) return out;
+  // Several chunks a stage (interleaved, a V): a stage costs its chunks' sum, which the chunks'
+  // balance only approximates (a V's stage 0 holds the first chunk and the head's). From that
+  // split, move one block across a chunk boundary while the stages' (largest cost, sum of
+  // squares) strictly falls.
+  const int p = cfg.parallel.pp;
+  const auto stages = [&](const std::vector<int>& split) {
+    std::vector<double> st(size_t(p), 0);
+    for (int g = 0, b = 0; g < G; b += split[size_t(g)], ++g)
+      st[size_t(pipe_stage_of(g, p, cfg.pp_v_shape()))] +=
+          sum[size_t(b + split[size_t(g)])] - sum[size_t(b)] + (g == G - 1 ? head : 0);
+    Cost c{0, 0};
+    for (double x : st) c.worst = std::max(c.worst, x), c.squares += x * x;
+    return c;
+  };
+  const auto fewer = [](const Cost& a, const Cost& b) {
+    return a.worst < b.worst * (1 - 1e-9) || (a.worst <= b.worst * (1 + 1e-9) && a.squares < b.squares * (1 - 1e-9));
+  };
+  Cost now = stages(out);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int g = 0; g + 1 < G; ++g)
+      for (int d : {1, -1}) {  // chunk g takes a block from chunk g + 1, or gives one
+        if (out[size_t(d > 0 ? g + 1 : g)] == 1) continue;
+        out[size_t(g)] += d, out[size_t(g + 1)] -= d;
+        const Cost c = stages(out);
+        if (fewer(c, now))
+          now = c, moved = true;
+        else
+          out[size_t(g)] -= d, out[size_t(g + 1)] += d;
+      }
+  }
   return out;
 }
 }  // namespace

@@ -317,9 +317,9 @@ void splits(int L, int G, std::vector<int>& at, std::vector<std::vector<int>>& o
 
 }  // namespace
 
-// parallel.pp_layers = "auto": the split whose costliest chunk costs least (against every split,
-// brute force), the head's FLOPs on the last chunk, MoE blocks' experts on theirs; the even split
-// where the head is light; fewer blocks on the head's chunk where it is heavy; interleaved and V
+// parallel.pp_layers = "auto": the split whose costliest chunk (stage, with several chunks a
+// stage) costs least (against every split, brute force), the head's FLOPs on the last chunk, MoE blocks' experts on
+// theirs; the even split where the head is light; fewer blocks on the head's chunk where it is heavy; interleaved and V
 // chunks too; and a count of chunks the blocks cannot cover refused.
 TEST(Config, PipelineLayersAutoBalancesTheHead) {
   auto with = [](const std::string& toml) { return loaded("[parallel]\npp_layers = \"auto\"\n" + toml); };
@@ -346,6 +346,34 @@ TEST(Config, PipelineLayersAutoBalancesTheHead) {
       "[model.moe]\nnum_experts = 8\nevery = 3\n");
   EXPECT_LE(split_worst(moe, pipeline_layers(moe)), split_worst(moe, {3, 3}));
   EXPECT_GT(pipeline_block_flops(moe)[2], 1.5 * pipeline_block_flops(moe)[0]);
+  // Interleaved and V: a stage costs the sum of its chunks (a V's stage 0 holds the head's
+  // chunk too): the split's costliest stage against every split (brute force).
+  auto stage_worst = [](const Config& c, const std::vector<int>& split) {
+    const std::vector<double> f = pipeline_block_flops(c);
+    const int p = c.parallel.pp, G = int(split.size());
+    std::vector<double> st(size_t(p), 0);
+    for (int g = 0, b = 0; g < G; b += split[size_t(g)], ++g) {
+      double own = g + 1 == G ? pipeline_head_flops(c) : 0;
+      for (int l = b; l < b + split[size_t(g)]; ++l) own += f[size_t(l)];
+      st[size_t(pipe_stage_of(g, p, c.pp_v_shape()))] += own;
+    }
+    return *std::max_element(st.begin(), st.end());
+  };
+  for (const char* sched : {"zbv", "interleaved"})
+    for (int vocab : {512, 4096, 16384})
+      for (int pp : {2, 3}) {
+        const Config c =
+            with(fmt::format("pp = {}\npp_schedule = \"{}\"\npp_virtual = 2\n[model]\nn_layer = 10\n"
+                             "d_model = 256\nvocab_size = {}\n[train]\nglobal_batch = 48\nmicro_batch = 8\n",
+                             pp, sched, vocab));
+        std::vector<int> at;
+        std::vector<std::vector<int>> all;
+        splits(10, 2 * pp, at, all);
+        double least = 1e300;
+        for (auto& x : all) least = std::min(least, stage_worst(c, x));
+        EXPECT_NEAR(stage_worst(c, pipeline_layers(c)), least, 1e-9 * least)
+            << sched << " vocab " << vocab << " pp " << pp;
+      }
   // Interleaved and V: a count per model chunk.
   EXPECT_EQ(pipeline_layers(with("pp = 2\npp_schedule = \"zbv\"\n[model]\nn_layer = 8\n")).size(), 4u);
   EXPECT_EQ(pipeline_layers(with("pp = 2\npp_schedule = \"interleaved\"\npp_virtual = 2\n[model]\nn_layer = 8\n"

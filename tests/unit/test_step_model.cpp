@@ -274,8 +274,17 @@ TEST(StepModel, SearchRanksWhatFitsAndRuns) {
     EXPECT_NO_THROW(config_validate(again));
     EXPECT_LE(l.cfg.parallel.tp, c.devices_per_node);
   }
-  // ZeRO-3 runs with pipelines (either reshard policy): tried, never refused.
-  EXPECT_EQ(s.refused.count("parallel.zero = # with parallel.pp > # is not supported"), 0u);
+  // ZeRO-3 runs with pipelines, with either reshard policy, and the V schedules are tried:
+  // each shows up among the ranked layouts.
+  bool z3_pp = false, kept = false, v = false;
+  for (const LayoutChoice& l : s.ranked) {
+    z3_pp = z3_pp || (l.cfg.parallel.zero == 3 && l.cfg.parallel.pp > 1);
+    kept = kept || (l.cfg.parallel.zero == 3 && l.cfg.parallel.zero3_reshard == "after_step");
+    v = v || l.cfg.pp_v_shape();
+  }
+  EXPECT_TRUE(z3_pp);
+  EXPECT_TRUE(kept);
+  EXPECT_TRUE(v);
   int refused = 0;
   for (auto& [key, got] : s.refused) refused += got.first;
   EXPECT_EQ(s.tried, refused + s.too_big + int(s.ranked.size()));
