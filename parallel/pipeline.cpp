@@ -178,6 +178,16 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
     }
     bubble_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
+  // A send slot's earlier send, before the slot is written again: idle time where the host
+  // waits for it (the CPU, MPI), and never a host synchronization inside a group (NCCL).
+  auto wait_sent = [&](Work& w) {
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      StepClock::Scope c(clock_, Phase::bubble);
+      w.wait_on(s);
+    }
+    bubble_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
   for (size_t i = 0; i < ops.size(); ++i) {
     const PipeOp& op = ops[i];
     switch (op.kind) {
@@ -233,13 +243,13 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
             if (c.kind == PipeOp::send_act) {  // of chunk c.chunk - 1, computed here, to c.chunk
               select(c.chunk - 1, c.micro);
               const Buf b = slot_buf(send_act_, k);
-              wait_in(act_sent[size_t(k)]);  // the slot's last send has left it (its peer's wait is ours)
+              wait_sent(act_sent[size_t(k)]);  // the slot's last send has left it
               be.copy(b, view(chunk_.output()));
               sends.push_back(act_sent[size_t(k)] = pp_.send(b, c.peer, tag(c.chunk, c.micro, false), s));
             } else if (c.kind == PipeOp::send_grad) {  // of chunk c.chunk + 1's input, to c.chunk
               select(c.chunk + 1, c.micro);
               const Buf b = slot_buf(send_grad_, k);
-              wait_in(grad_sent[size_t(k)]);
+              wait_sent(grad_sent[size_t(k)]);
               be.copy(b, view(chunk_.grad_input()));
               sends.push_back(grad_sent[size_t(k)] = pp_.send(b, c.peer, tag(c.chunk, c.micro, true), s));
             } else if (c.kind == PipeOp::recv_act) {
@@ -265,7 +275,10 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       }
     }
   }
-  for (auto& w : sends) wait_in(w);  // waiting for a peer, not computing
+  {  // waiting for peers, not computing
+    StepClock::Scope c(clock_, Phase::bubble);
+    for (auto& w : sends) w.wait();
+  }
   chunk_.set_piece(0);
   chunk_.set_slot(0);
 }
