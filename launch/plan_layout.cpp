@@ -10,7 +10,7 @@
 #include <filesystem>
 
 #include "launch/plan.h"
-#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline.h"
 #include "runtime/error.h"
 
 namespace loom {
@@ -74,7 +74,7 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
           for (int zero = 0; zero <= 3; ++zero)
             for (auto [name, v] : schedules)
               for (const char* reshard : {"after_forward", "after_step"})
-                if (dp % ep == 0 && E % std::max(ep, 1) == 0 && (zero == 3 || reshard[6] == 'f'))
+                if (dp % ep == 0 && E % std::max(ep, 1) == 0 && (zero == 3 || std::string(reshard) == "after_forward"))
                   all.push_back({tp, pp, dp, ep, mb, zero, name, v, reshard});
     }
   // Every candidate is judged on its own (embarrassingly parallel), then merged in order, so
@@ -229,10 +229,6 @@ std::string step_prediction_text(const Config& c, const Cluster& cl, const StepP
       p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)));
 }
 
-}  // namespace loom
-
-namespace loom {
-
 std::string pipeline_stages_text(const Config& given, int p, int v, const std::string& name, int m) {
   if (p < 2) return "";
   Config c = given;
@@ -250,23 +246,22 @@ std::string pipeline_stages_text(const Config& given, int p, int v, const std::s
                                 c.parallel.pp_layers == "auto" ? " (parallel.pp_layers = auto)" : "");
   // The step-time model on this machine's cluster file, where it holds the run's ranks.
   std::vector<double> compute;
-  const std::string path = std::string(LOOM_SOURCE_DIR) + "/examples/clusters/this_machine.toml";
+  const std::string path = cluster_this_machine_path();
   try {
     if (std::filesystem::exists(path)) compute = step_predict(c, cluster_load(path)).stage_compute;
   } catch (const Error&) {
     // a layout wider than this machine: memory only
   }
   const DType dtype = c.train.dtype == "bf16" ? DType::bf16 : DType::f32;
-  const int G = p * v;
   for (int st = 0; st < p; ++st) {
-    std::vector<int> chunks;
+    const std::vector<int> chunks = pipeline_stage_chunks(c, st);
     int n = 0;
-    for (int g = 0; g < G; ++g)
-      if (pipe_stage_of(g, p, c.pp_v_shape()) == st) chunks.push_back(g), n += blocks[size_t(g)];
+    for (int g : chunks) n += blocks[size_t(g)];
     const int64_t bytes = plan_memory(c, "cpu", dtype, st * c.parallel.dp * c.parallel.tp).total();
     out += fmt::format(
         "stage {:>2}: chunks {:<8} {:>3} blocks{}{}, memory {:.1f} MiB (rank {})\n", st,
-        fmt::format("{}", fmt::join(chunks, ",")), n, st == 0 ? " + embedding" : "",
+        fmt::format("{}", fmt::join(chunks, ",")), n,
+        std::string(chunks.front() == 0 ? " + embedding" : "") + (chunks.back() == p * v - 1 ? " + head" : ""),
         std::string(compute.empty() ? "" : fmt::format(", compute {:.1f} ms a step", 1e3 * compute[size_t(st)])),
         double(bytes) / 1048576.0, st * c.parallel.dp * c.parallel.tp);
   }

@@ -21,6 +21,10 @@ StepLog::StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, Train
   if (lead_ && cfg.log.tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(cfg.log.dir);
 }
 
+std::string cluster_this_machine_path() {
+  return std::string(LOOM_SOURCE_DIR) + "/examples/clusters/this_machine.toml";
+}
+
 void StepLog::predict(const std::string& device, int world) {
   // Said here, after the run's set-up: a refusal before it stays one line.
   if (print_ && !metrics_.path().empty())
@@ -29,7 +33,7 @@ void StepLog::predict(const std::string& device, int world) {
   if (!lead_ || cfg_.log.cluster == "none") return;
   std::string path = cfg_.log.cluster;
   if (path == "auto") {
-    path = std::string(LOOM_SOURCE_DIR) + "/examples/clusters/this_machine.toml";
+    path = cluster_this_machine_path();
     if (device != "cpu" || !std::filesystem::exists(path)) return;  // no cluster file describes this machine
   }
   try {

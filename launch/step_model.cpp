@@ -296,8 +296,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   for (int st = 0; st < P; ++st) {
     Stage& s = stages[size_t(st)];
     int units = 0, moe_units = 0;
-    for (int g = 0; g < G; ++g) {
-      if (pipe_stage_of(g, P, cfg.pp_v_shape()) != st) continue;
+    for (int g : pipeline_stage_chunks(cfg, st)) {
       const ChunkCost& c = chunks[size_t(g)];
       s.f += c.f, s.b += c.b, s.w += c.w, s.tp += c.tp_f + c.tp_b, s.ep += c.ep_f + c.ep_b;
       units += c.blocks + (g == 0) + (g == G - 1);

@@ -44,6 +44,8 @@ struct Cluster {
   int devices() const { return nodes * devices_per_node; }
 };
 Cluster cluster_load(const std::string& path);
+// This source tree's examples/clusters/this_machine.toml (log.cluster = "auto").
+std::string cluster_this_machine_path();
 Cluster cluster_parse(const std::string& toml_text, const std::string& origin);
 
 // One layout's predicted step, seconds; every term is per optimizer step on the slowest stage.

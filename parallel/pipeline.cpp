@@ -283,8 +283,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   chunk_.set_slot(0);
 }
 
-// The model chunks on `stage`, in model order.
-std::vector<int> stage_chunks(const Config& cfg, int stage) {
+std::vector<int> pipeline_stage_chunks(const Config& cfg, int stage) {
   std::vector<int> out;
   const int pp = cfg.parallel.pp, G = pp * cfg.parallel.pp_virtual;
   for (int g = 0; g < G; ++g)
@@ -298,7 +297,7 @@ std::vector<std::pair<int, int>> pipeline_stage_runs(const Config& cfg, int stag
   const int G = pp * cfg.parallel.pp_virtual;
   const std::vector<int> blocks = pipeline_layers(cfg);  // per model chunk
   std::vector<std::pair<int, int>> runs;
-  for (int g : stage_chunks(cfg, stage)) {
+  for (int g : pipeline_stage_chunks(cfg, stage)) {
     int b0 = 0;
     for (int i = 0; i < g; ++i) b0 += blocks[size_t(i)];
     runs.push_back({g == 0 ? 0 : b0 + 1, g == G - 1 ? -1 : b0 + blocks[size_t(g)] + 1});
@@ -315,7 +314,7 @@ ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedu
   const PipeTiming t = pipeline_check(sched);
   pipeline_check_in_order(pipeline_in_order(sched));  // the executor's groups, as NCCL runs them
   spec.pieces.clear();
-  const std::vector<int> chunks = stage_chunks(cfg, stage);  // each run's, with its peak in flight
+  const std::vector<int> chunks = pipeline_stage_chunks(cfg, stage);  // each run's, with its peak in flight
   const std::vector<std::pair<int, int>> runs = pipeline_stage_runs(cfg, stage);
   for (size_t k = 0; k < runs.size(); ++k)
     spec.pieces.push_back({runs[k].first, runs[k].second, t.peak_in_flight_chunk[size_t(chunks[k])]});

@@ -73,6 +73,8 @@ std::array<int, PipeSlots::kBuffers> pipeline_stage_slots(const Config& cfg, int
 // model chunk stage + k * pp) and each piece's activation slots, the schedule's peak in flight
 // on that model chunk (the schedule is checked on the way; *schedule, if given, gets it).
 ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule = nullptr);
+// The model chunks on `stage` (pipe_stage_of), in model order.
+std::vector<int> pipeline_stage_chunks(const Config& cfg, int stage);
 // Just its units, one run per piece, without timing the schedule.
 std::vector<std::pair<int, int>> pipeline_stage_runs(const Config& cfg, int stage);
 // What PipelineStage allocates for that stage (the memory planner's items).
