@@ -288,16 +288,18 @@ TEST(Config, ExampleConfigCommentsMatchTheirValues) {
 namespace loom {
 namespace {
 
-// The largest chunk cost of a split (the head's FLOPs on the last chunk), as "auto" scores it.
-double split_worst(const Config& c, const std::vector<int>& split) {
+// The costliest stage of a split, as "auto" scores it: a stage the sum of its model chunks
+// (pipe_stage_of), a chunk its blocks' FLOPs and the last chunk the head's too.
+double stage_worst(const Config& c, const std::vector<int>& split) {
   const std::vector<double> f = pipeline_block_flops(c);
-  double worst = 0;
-  for (size_t g = 0, b = 0; g < split.size(); b += size_t(split[g]), ++g) {
-    double own = g + 1 == split.size() ? pipeline_head_flops(c) : 0;
-    for (size_t l = b; l < b + size_t(split[g]); ++l) own += f[l];
-    worst = std::max(worst, own);
+  const int p = c.parallel.pp, G = int(split.size());
+  std::vector<double> st(size_t(p), 0);
+  for (int g = 0, b = 0; g < G; b += split[size_t(g)], ++g) {
+    double own = g + 1 == G ? pipeline_head_flops(c) : 0;
+    for (int l = b; l < b + split[size_t(g)]; ++l) own += f[size_t(l)];
+    st[size_t(pipe_stage_of(g, p, c.pp_v_shape()))] += own;
   }
-  return worst;
+  return *std::max_element(st.begin(), st.end());
 }
 
 // Every split of L blocks into G chunks of at least one block (brute force).
@@ -331,8 +333,8 @@ TEST(Config, PipelineLayersAutoBalancesTheHead) {
       std::vector<std::vector<int>> all;
       splits(9, pp, at, all);
       double least = 1e300;
-      for (auto& s : all) least = std::min(least, split_worst(c, s));
-      EXPECT_NEAR(split_worst(c, got), least, 1e-9 * least) << "vocab " << vocab << " pp " << pp;
+      for (auto& s : all) least = std::min(least, stage_worst(c, s));
+      EXPECT_NEAR(stage_worst(c, got), least, 1e-9 * least) << "vocab " << vocab << " pp " << pp;
     }
   EXPECT_EQ(pipeline_layers(with("pp = 4\n[model]\nn_layer = 8\nd_model = 512\nvocab_size = 512\n")),
             (std::vector<int>{2, 2, 2, 2}));
@@ -344,21 +346,10 @@ TEST(Config, PipelineLayersAutoBalancesTheHead) {
   const Config moe = with(
       "pp = 2\n[model]\narch = \"llama\"\nn_layer = 6\nd_model = 128\nvocab_size = 512\n"
       "[model.moe]\nnum_experts = 8\nevery = 3\n");
-  EXPECT_LE(split_worst(moe, pipeline_layers(moe)), split_worst(moe, {3, 3}));
+  EXPECT_LE(stage_worst(moe, pipeline_layers(moe)), stage_worst(moe, {3, 3}));
   EXPECT_GT(pipeline_block_flops(moe)[2], 1.5 * pipeline_block_flops(moe)[0]);
   // Interleaved and V: a stage costs the sum of its chunks (a V's stage 0 holds the head's
   // chunk too): the split's costliest stage against every split (brute force).
-  auto stage_worst = [](const Config& c, const std::vector<int>& split) {
-    const std::vector<double> f = pipeline_block_flops(c);
-    const int p = c.parallel.pp, G = int(split.size());
-    std::vector<double> st(size_t(p), 0);
-    for (int g = 0, b = 0; g < G; b += split[size_t(g)], ++g) {
-      double own = g + 1 == G ? pipeline_head_flops(c) : 0;
-      for (int l = b; l < b + split[size_t(g)]; ++l) own += f[size_t(l)];
-      st[size_t(pipe_stage_of(g, p, c.pp_v_shape()))] += own;
-    }
-    return *std::max_element(st.begin(), st.end());
-  };
   for (const char* sched : {"zbv", "interleaved"})
     for (int vocab : {512, 4096, 16384})
       for (int pp : {2, 3}) {
