@@ -75,12 +75,12 @@ loom::Config config_build(const std::string& path, const std::vector<std::string
   loom::Config cfg = loom::config_defaults();
   if (!path.empty()) loom::config_load_file(cfg, path);
   for (auto& s : sets) loom::config_set(cfg, s);
-  const int other = cfg.parallel.tp * cfg.parallel.pp;
+  const int other = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp;
   if (world > 1 && !cfg.set_keys.count("parallel.dp") && other > 0 && world % other == 0) {
     cfg.parallel.dp = world / other;
     if (lead && cfg.parallel.dp > 1)
-      spdlog::info("parallel.dp = {}: the {} ranks over tp {} x pp {} (set parallel.dp to choose)", cfg.parallel.dp,
-                   world, cfg.parallel.tp, cfg.parallel.pp);
+      spdlog::info("parallel.dp = {}: the {} ranks over tp {} x cp {} x pp {} (set parallel.dp to choose)",
+                   cfg.parallel.dp, world, cfg.parallel.tp, cfg.parallel.cp, cfg.parallel.pp);
   }
   loom::config_validate(cfg);
   return cfg;

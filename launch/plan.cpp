@@ -29,15 +29,17 @@ int64_t MemoryPlan::total() const {
 }
 
 MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank, const ChunkSpec* given) {
-  const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
+  const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp, cfg.parallel.ep};
   const MeshCoord at = mesh_coord(dims, rank);
+  // dp x cp hold the same weights: ZeRO shards over them, ep is carved from them.
+  const int dcp = cfg.parallel.dp * cfg.parallel.cp, dcp_rank = at.dp * cfg.parallel.cp + at.cp;
   const bool cuda = device == "cuda" || device == "cuda-emulated";
   const DeviceKind kind = device == "cuda-emulated" ? DeviceKind::cuda_emulated
                           : cuda                    ? DeviceKind::cuda
                                                     : DeviceKind::cpu;
   const BackendTraits traits = backend_traits(kind, dtype, cfg);
   const ChunkSpec spec = given ? *given : pipeline_chunk_spec(cfg, at.pp);  // the whole model without stages
-  const ModelLayout layout = model_layout(cfg, at.tp, chunk_runs(spec), at.dp % cfg.parallel.ep);
+  const ModelLayout layout = model_layout(cfg, at.tp, chunk_runs(spec), dcp_rank % cfg.parallel.ep);
   const int64_t n = int64_t(layout.reg.numel());
   const int stage = cfg.parallel.zero;
   std::vector<PlanItem> items = cuda ? cuda_backend_plan(cfg) : cpu_backend_plan(cfg, dtype);
@@ -60,8 +62,8 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
   const auto dp_items =
       stage == 0 ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
                  : zero_plan(layout,
-                             {cfg.parallel.dp, at.dp, cfg.parallel.ep > 1 ? cfg.parallel.dp / cfg.parallel.ep : 0,
-                              at.dp / cfg.parallel.ep, zero_tied(cfg)},
+                             {dcp, dcp_rank, cfg.parallel.ep > 1 ? dcp / cfg.parallel.ep : 0,
+                              dcp_rank / cfg.parallel.ep, zero_tied(cfg)},
                              stage, at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
   items.insert(items.end(), dp_items.begin(), dp_items.end());
   MemoryPlan p;
@@ -158,11 +160,11 @@ std::string plan_memory_table(const Config& cfg, const std::string& device, DTyp
 }
 
 std::string plan_memory_json(const Config& cfg, const std::string& device, DType dtype) {
-  const int world = cfg.parallel.pp * cfg.parallel.dp * cfg.parallel.tp;
+  const int world = cfg.world();
   std::string out = fmt::format(
-      "{{\"device\":\"{}\",\"dtype\":\"{}\",\"zero\":{},\"dp\":{},\"tp\":{},\"n_params\":{},"
+      "{{\"device\":\"{}\",\"dtype\":\"{}\",\"zero\":{},\"dp\":{},\"cp\":{},\"tp\":{},\"n_params\":{},"
       "\"ranks\":[",
-      device, dtype_name(dtype), cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.tp,
+      device, dtype_name(dtype), cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp,
       model_layout(cfg).reg.global_numel());
   for (int r = 0; r < world; ++r) {
     const MemoryPlan p = plan_memory(cfg, device, dtype, r);

@@ -183,6 +183,7 @@ struct ChunkCost {
   double f = 0, b = 0, w = 0;
   double tp_f = 0, tp_b = 0;  // tensor-parallel collectives
   double ep_f = 0, ep_b = 0;  // expert all-to-alls
+  double cp_f = 0, cp_b = 0;  // context parallel's key/value transfers, what compute does not hide
   int blocks = 0, moe_blocks = 0;
 };
 
@@ -193,7 +194,7 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   const int tp = p.tp;
   const double C = m.d_model, F = m.d_ff, T = m.seq_len, V = m.vocab_size;
   const double kvd = double(cfg.kv_heads()) * cfg.head_dim();
-  const double tokens = double(cfg.train.micro_batch) * T;
+  const double tokens = double(cfg.train.micro_batch) * cfg.local_seq();  // this rank's (T / cp a sequence)
   const double act = double(dtype_size(cl.dtype));
   const double rate = cl.peak_flops * cl.gemm_efficiency * share;
   const std::string& rc = cfg.train.recompute;
@@ -204,6 +205,28 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   const double tp_one = p.sp ? collective_time("all_gather", tp, row, tl, cl.tree) +
                                    collective_time("reduce_scatter", tp, row, tl, cl.tree)
                              : collective_time("all_reduce", tp, row, tl, cl.tree);
+  // Context parallel, per block: the ring's cp - 1 key/value transfers forward, each behind
+  // the attention of one block (1 / cp of the core); backward the blocks again and their f32
+  // gradients (cp sends, the last one home unhidden). All-gather: the gather forward, again
+  // backward, and the gradients' reduce-scatter, none hidden.
+  double cp_fwd = 0, cp_bwd = 0;
+  if (p.cp > 1) {
+    const LinkTier cl_cp = group_link(cl, p.cp, tp);
+    const double kv_bytes = tokens * 2 * kvd / tp * act, dkv_bytes = kv_bytes / act * 4;
+    const double core_block = 4.0 * C * T / tp * tokens / rate / p.cp;  // one block's forward attention
+    if (p.cp_attention == "ring") {
+      const double hop = collective_time("send", 2, kv_bytes, cl_cp, false);
+      const double hop_grad = collective_time("send", 2, dkv_bytes, cl_cp, false);
+      const bool hide = p.cp_overlap;
+      cp_fwd = (p.cp - 1) * (hide ? std::max(0.0, hop - core_block) : hop);
+      cp_bwd = (p.cp - 1) * (hide ? std::max(0.0, std::max(hop, hop_grad) - 2 * core_block) : hop + hop_grad) +
+               hop_grad;
+    } else {
+      const double gather = collective_time("all_gather", p.cp, kv_bytes * p.cp, cl_cp, cl.tree);
+      cp_fwd = gather;
+      cp_bwd = gather + collective_time("reduce_scatter", p.cp, dkv_bytes * p.cp, cl_cp, cl.tree);
+    }
+  }
   ChunkCost c;
   c.blocks = blocks;
   for (int l = block0; l < block0 + blocks; ++l) {
@@ -220,7 +243,7 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
     const double fwd = (mm + core) * tokens / rate + ew;
     double re = 0;                                                              // the forward work recompute repeats
     if (rc == "full") re = fwd - (moe ? 0 : 2.0 * C * F / tp) * tokens / rate;  // all but the down projection
-    if (rc == "selective" && cl.device != "cuda") re = core * tokens / rate;    // flash attention keeps nothing
+    if (rc == "selective" && cl.device != "cuda" && p.cp == 1) re = core * tokens / rate;  // flash, cp keep no P
     c.f += fwd;
     // Under zb, loom's selective policy recomputes in W (the split backward keeps the output
     // gradients, not the activation); zb with full recompute is refused.
@@ -229,6 +252,8 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
     // tp: two collectives of the residual stream forward, two backward, two more to recompute.
     c.tp_f += 2 * tp_one;
     c.tp_b += (2 + (rc == "full" ? 2 : 0)) * tp_one;
+    c.cp_f += cp_fwd;
+    c.cp_b += cp_bwd + (rc == "full" ? cp_fwd : 0);
     if (moe && p.ep > 1) {  // dispatch and return each way, the counts first
       const LinkTier el = group_link(cl, p.ep, tp);
       const double a2a = collective_time("all_to_all", p.ep, tokens * k * C * act, el, false);
@@ -252,9 +277,10 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
 
 StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   const auto& p = cfg.parallel;
-  const int world = p.dp * p.tp * p.pp;
-  LOOM_CHECK(world <= given.devices(), "the layout needs {} ranks (dp {} x tp {} x pp {}), the cluster has {} devices",
-             world, p.dp, p.tp, p.pp, given.devices());
+  const int world = cfg.world();
+  LOOM_CHECK(world <= given.devices(),
+             "the layout needs {} ranks (pp {} x dp {} x cp {} x tp {}), the cluster has {} devices", world, p.pp, p.dp,
+             p.cp, p.tp, given.devices());
   LOOM_CHECK(cfg.train.dtype == "auto" || cfg.train.dtype == dtype_name(given.dtype),
              "train.dtype = \"{}\" but the cluster file trains in {}; set train.dtype = \"auto\" or change the "
              "cluster's dtype",
@@ -276,8 +302,9 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   for (double& bw : cl.intra.op_bw) bw *= share;
   const int P = p.pp, v = P > 1 ? p.pp_virtual : 1, G = P * v, m = cfg.accum_steps();
   const double act = double(dtype_size(cl.dtype));
-  const double tokens = double(cfg.train.micro_batch) * cfg.model.seq_len;
-  const LinkTier dl = group_link(cl, p.dp, p.tp);
+  const double tokens = double(cfg.train.micro_batch) * cfg.local_seq();
+  const int dcp = p.dp * p.cp;  // the ranks holding the same weights: dp reduces over them
+  const LinkTier dl = group_link(cl, dcp, p.tp);
   const double reduce_bytes = p.grad_reduce_dtype == "bf16" ? 2 : 4;
 
   std::vector<ChunkCost> chunks;
@@ -287,7 +314,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
 
   // Per stage: its parameters (from the layout), what dp or ZeRO moves of them, and where.
   struct Stage {
-    double f = 0, b = 0, w = 0, tp = 0, ep = 0;  // per micro-batch
+    double f = 0, b = 0, w = 0, tp = 0, ep = 0, cp = 0;  // per micro-batch
     double dp_f = 0, dp_b = 0, dp_end = 0, dp_total = 0, optimizer = 0;
     int weight = 0;  // its chunks' blocks + 1 each: how its per-micro-batch ZeRO traffic splits over them
   };
@@ -298,7 +325,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     int units = 0, moe_units = 0;
     for (int g : pipeline_stage_chunks(cfg, st)) {
       const ChunkCost& c = chunks[size_t(g)];
-      s.f += c.f, s.b += c.b, s.w += c.w, s.tp += c.tp_f + c.tp_b, s.ep += c.ep_f + c.ep_b;
+      s.f += c.f, s.b += c.b, s.w += c.w, s.tp += c.tp_f + c.tp_b, s.ep += c.ep_f + c.ep_b, s.cp += c.cp_f + c.cp_b;
       units += c.blocks + (g == 0) + (g == G - 1);
       moe_units += c.moe_blocks;
       s.weight += c.blocks + 1;
@@ -308,7 +335,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     if (st == 0 || st == P - 1) {  // the first holds the most activations, the last the head
       const ChunkSpec spec = pipeline_chunk_spec(cfg, st);
       out.memory_bytes =
-          std::max(out.memory_bytes, plan_memory(cfg, cl.device, cl.dtype, st * p.dp * p.tp, &spec).total());
+          std::max(out.memory_bytes, plan_memory(cfg, cl.device, cl.dtype, st * dcp * p.tp, &spec).total());
     }
     // What dp moves: the dense parameters over dp; under ep the experts (a rank's E / ep of
     // them) over expert-dp, the ranks holding the same experts (dp / ep of them, ep apart).
@@ -320,9 +347,9 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     double experts = 0;
     for (auto& spec : layout.reg.all())
       if (p.ep > 1 && expert_param(spec.name)) experts += double(spec.numel());
-    std::vector<Group> groups = {{double(layout.reg.numel()) - experts, p.dp, units, dl}};
+    std::vector<Group> groups = {{double(layout.reg.numel()) - experts, dcp, units, dl}};
     if (experts > 0)
-      groups.push_back({experts, p.dp / p.ep, std::max(1, moe_units), group_link(cl, p.dp / p.ep, p.tp * p.ep)});
+      groups.push_back({experts, dcp / p.ep, std::max(1, moe_units), group_link(cl, dcp / p.ep, p.tp * p.ep)});
     const double bucket = p.bucket_mb * 1048576.0 / 4 * reduce_bytes;  // bucket_mb of fp32 gradients
     double rs = 0, ag = 0, all = 0, shard = 0;
     for (const Group& q : groups) {
@@ -337,7 +364,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     const double window = cl.overlap * (s.b + s.w);  // one micro-batch's backward hides this much
     if (p.zero == 0) {  // buckets all-reduced during the last micro-batch's backward, the embedding's last
       const double dense = groups[0].params * reduce_bytes, rest = dense - std::floor(dense / bucket) * bucket;
-      s.dp_end = std::max(all - window, collective_time("all_reduce", p.dp, rest > 0 ? rest : bucket, dl, cl.tree));
+      s.dp_end = std::max(all - window, collective_time("all_reduce", dcp, rest > 0 ? rest : bucket, dl, cl.tree));
       s.dp_total = all;
     } else if (p.zero == 1) {  // reduce-scatter and all-gather at the step's end
       s.dp_end = s.dp_total = rs + ag;
@@ -365,8 +392,8 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     const ChunkCost& c = chunks[size_t(g)];
     const Stage& s = stages[size_t(pipe_stage_of(g, P, cfg.pp_v_shape()))];
     const double part = double(c.blocks + 1) / s.weight;
-    tf[size_t(g)] = c.f + c.tp_f + c.ep_f + s.dp_f * part;
-    tb[size_t(g)] = c.b + c.tp_b + c.ep_b + s.dp_b * part;
+    tf[size_t(g)] = c.f + c.tp_f + c.ep_f + c.cp_f + s.dp_f * part;
+    tb[size_t(g)] = c.b + c.tp_b + c.ep_b + c.cp_b + s.dp_b * part;
     tw[size_t(g)] = c.w;
   }
   std::vector<double> finish(stages.size(), 0), finish_hop(stages.size(), 0);
@@ -376,7 +403,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     // crosses each boundary both ways and never wraps); its
     // slowest pair sets its time, the pairs crossing a node sharing that node's link.
     const double rows = tokens * cfg.model.d_model * act / (p.sp ? p.tp : 1);
-    const int S = p.dp * p.tp, R = cl.devices_per_node;
+    const int S = dcp * p.tp, R = cl.devices_per_node;
     std::vector<double> hop(stages.size());
     for (int b = 0; b < P; ++b) {
       const int next = (b + 1) % P;
@@ -404,13 +431,14 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     out.compute = m * (s.f + s.b + s.w);
     out.tp = m * s.tp;
     out.ep = m * s.ep;
+    out.cp = m * s.cp;
     out.dp = m * (s.dp_f + s.dp_b) + s.dp_end;
     out.dp_total = s.dp_total;
     out.pp = finish_hop[size_t(st)] - finish[size_t(st)];
-    out.bubble = finish[size_t(st)] - m * (s.f + s.b + s.w + s.tp + s.ep + s.dp_f + s.dp_b);
+    out.bubble = finish[size_t(st)] - m * (s.f + s.b + s.w + s.tp + s.ep + s.cp + s.dp_f + s.dp_b);
     if (std::abs(out.bubble) < 1e-9 * step) out.bubble = 0;  // no pipeline: rounding, not idling
     out.optimizer = s.optimizer;
-    out.comm_exposed = out.tp + out.ep + out.pp + out.dp;
+    out.comm_exposed = out.tp + out.ep + out.cp + out.pp + out.dp;
   }
   out.fits = cl.memory_bytes <= 0 || double(out.memory_bytes) <= cl.memory_bytes;
   const double step_tokens = double(cfg.train.global_batch) * cfg.model.seq_len;

@@ -52,17 +52,17 @@ Cluster cluster_parse(const std::string& toml_text, const std::string& origin);
 struct StepPrediction {
   double step = 0;
   double compute = 0;       // the stage's own F, B and W work (recompute included)
-  double comm_exposed = 0;  // tp, ep, pp hand-offs and the dp/ZeRO part no compute hides
+  double comm_exposed = 0;  // tp, ep, cp, pp hand-offs and the dp/ZeRO part no compute hides
   double bubble = 0;        // the schedule's idle time on the busiest stage
   double optimizer = 0;
-  double tp = 0, ep = 0, pp = 0, dp = 0;  // comm_exposed by axis
+  double tp = 0, ep = 0, pp = 0, dp = 0, cp = 0;  // comm_exposed by axis
   double dp_total = 0;                    // the dp/ZeRO traffic before overlap
   double tokens_per_s = 0, mfu = 0;
   int64_t memory_bytes = 0;  // the fullest rank's plan (first and last stage checked)
   bool fits = true;
   std::vector<double> stage_compute;  // per pipeline stage: its own F, B and W work in the step
 };
-// cfg must have passed config_validate; its world (dp x tp x pp) must fit on the cluster.
+// cfg must have passed config_validate; its world (pp x dp x cp x tp) must fit on the cluster.
 StepPrediction step_predict(const Config& cfg, const Cluster& cluster);
 
 // Alpha-beta(-gamma) time of one collective of `bytes` (an all-reduce's buffer, a

@@ -140,7 +140,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
           "(for checking layouts, not for speed); launch one rank per GPU for NCCL",
           local, gpus);
   }
-  const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, 1, cfg.parallel.tp, cfg.parallel.ep};
+  const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp, cfg.parallel.ep};
   p.mesh = std::make_unique<DeviceMesh>(dims, opt.world_rank, opt.world_size, mo);
 
   const DeviceKind kind = p.device == "cuda"            ? DeviceKind::cuda
@@ -157,7 +157,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     p.backend = cpu_backend(cfg, p.dtype, *p.alloc);
 #endif
   }
-  for (Axis a : {Axis::dp, Axis::tp, Axis::pp, Axis::embed})
+  for (Axis a : {Axis::dcp, Axis::cp, Axis::tp, Axis::pp, Axis::embed})
     LOOM_CHECK(p.mesh->group(a).carries(kind), "the {} group cannot carry {} buffers", axis_name(a),
                device_is_cuda(kind) ? cuda_api(kind).name : "host");
   p.clock = std::make_unique<StepClock>(p.backend->stream());
@@ -172,9 +172,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   const bool ep = cfg.parallel.ep > 1;
   p.chunk = std::make_unique<Chunk>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
                                     /*full_params=*/stage < 3, /*full_grads=*/stage < 2,
-                                    ep ? &p.mesh->group(Axis::ep) : nullptr);
+                                    ep ? &p.mesh->group(Axis::ep) : nullptr,
+                                    cfg.parallel.cp > 1 ? &p.mesh->group(Axis::cp) : nullptr);
   p.dpar = data_parallel_make(cfg, *p.chunk,
-                              {p.dp(), p.tp(), p.mesh->host_group(Axis::dp), ep ? &p.mesh->group(Axis::ep) : nullptr,
+                              {p.dp(), p.tp(), p.mesh->host_group(Axis::dcp), ep ? &p.mesh->group(Axis::ep) : nullptr,
                                ep ? &p.mesh->group(Axis::edp) : nullptr, ep ? &p.mesh->host_group(Axis::edp) : nullptr},
                               p.clock.get());
   p.schedule = schedule_one_stage(cfg.accum_steps());
@@ -191,7 +192,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   p.faults = std::make_unique<FaultInjector>(cfg, opt.world_rank, run_restarted());
   if (cfg.checkpoint.every > 0) {
     const nlohmann::json layout = {{"world", p.mesh->world()},     {"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp},
-                                   {"pp", cfg.parallel.pp},        {"ep", cfg.parallel.ep}, {"zero", cfg.parallel.zero},
+                                   {"pp", cfg.parallel.pp},        {"ep", cfg.parallel.ep}, {"cp", cfg.parallel.cp}, {"zero", cfg.parallel.zero},
                                    {"dtype", dtype_name(p.dtype)}, {"device", p.device}};
     p.ckpt = std::make_unique<Checkpointer>(p.cfg, p.mesh->world_group(), layout, opt.quiet);
     FaultInjector* fi = p.faults.get();
@@ -281,9 +282,13 @@ void Trainer::Parts::startup_log() {
         pipeline_bubble_formula(pipe_schedule), held);
   }
   info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
-       cfg.train.global_batch, T, cfg.accum_steps(), B, dp().size(), cfg.train.recompute);
+       cfg.train.global_batch, T, cfg.accum_steps(), B, cfg.parallel.dp, cfg.train.recompute);
+  if (cfg.parallel.cp > 1)
+    info("context parallel: each sequence over {} ranks, {} tokens each (chunks i and {} - i of {}), attention {}{}",
+         cfg.parallel.cp, cfg.local_seq(), 2 * cfg.parallel.cp - 1, 2 * cfg.parallel.cp, cfg.parallel.cp_attention,
+         cfg.parallel.cp_attention == "ring" && !cfg.parallel.cp_overlap ? " (transfers not overlapped)" : "");
   for (int j = 0; j < chunk->pieces(); ++j)  // a stage of the interleaved schedule holds several
-    info("activation plan (B={}, T={}{}):\n{}", B, T, chunk->pieces() > 1 ? fmt::format(", model chunk {}", j) : "",
+    info("activation plan (B={}, T={}{}):\n{}", B, cfg.local_seq(), chunk->pieces() > 1 ? fmt::format(", model chunk {}", j) : "",
          chunk->plan(j).table());
   {
     // Every rank's ledger, tabled by rank 0: ZeRO padding and tensor-parallel shards differ.

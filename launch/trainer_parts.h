@@ -68,6 +68,7 @@ struct Trainer::Parts {
   int64_t tokens_per_step = 0;
   std::vector<int32_t> inputs, targets;
   std::vector<int32_t> positions;  // data.doc_mask: each input's position in its document
+  std::vector<int32_t> cp_inputs, cp_targets;  // parallel.cp: this rank's tokens of inputs, targets
   TrainResult result;
   std::unique_ptr<StepLog> log;
   std::unique_ptr<Checkpointer> ckpt;  // checkpoint.every > 0
@@ -101,7 +102,9 @@ struct Trainer::Parts {
     alloc.reset();
     if (device_is_cuda(stream.kind)) cuda_stream_destroy(stream);
   }
-  ProcessGroup& dp() const { return mesh->group(Axis::dp); }
+  // The ranks that hold the same weights, dp x cp (dp alone without context parallel): the
+  // gradients, the loss and ZeRO's shards go over it.
+  ProcessGroup& dp() const { return mesh->group(Axis::dcp); }
   ProcessGroup& tp() const { return mesh->group(Axis::tp); }
   ProcessGroup& pp() const { return mesh->group(Axis::pp); }
   // The step's gradient reductions: over dp (DDP or ZeRO); with pipeline stages, the tied
@@ -129,7 +132,16 @@ struct Trainer::Parts {
   }
   // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
   Inputs stage(const Sequences& s, int64_t step, int micro) {
-    batch_read(s, cfg, step, dp().rank(), micro, inputs.data(), targets.data());
+    batch_read(s, cfg, step, mesh->coord().dp, micro, inputs.data(), targets.data());
+    if (const ContextParallel* cp = chunk->context_parallel()) {  // this rank's 2 chunks of each sequence
+      const int B = cfg.train.micro_batch;
+      cp_inputs.resize(inputs.size() / size_t(cfg.parallel.cp));
+      cp_targets.resize(cp_inputs.size());
+      cp_select(cp_inputs.data(), inputs.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
+      cp_select(cp_targets.data(), targets.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
+      return backend->stage_inputs(cp_inputs.data(), cp_targets.data(), cp->token_positions().data(),
+                                   int(cp_inputs.size()), cfg.local_seq(), chunk->vocab_lo(), chunk->vocab_rows());
+    }
     if (cfg.data.doc_mask) {
       positions.resize(inputs.size());
       doc_positions(inputs.data(), cfg.model.seq_len, int(inputs.size()) / cfg.model.seq_len, cfg.doc_token(),
@@ -138,7 +150,7 @@ struct Trainer::Parts {
     return backend->stage_inputs(inputs.data(), targets.data(), cfg.data.doc_mask ? positions.data() : nullptr,
                                  int(inputs.size()), cfg.model.seq_len, chunk->vocab_lo(), chunk->vocab_rows());
   }
-  // The chunk's loss sum over the dp group, read on the host and reset.
+  // The chunk's loss sum over dp x cp, read on the host and reset.
   double loss_take() {
     Tensor& sum = chunk->loss_sum();
     if (dp().size() > 1) {
@@ -159,7 +171,7 @@ struct Trainer::Parts {
   void moe_metrics(StepMetrics& m) {
     std::vector<double> st = chunk->moe_stats_take();
     if (st.empty()) return;
-    mesh->host_group(Axis::dp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
+    mesh->host_group(Axis::dcp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
     if (pipe) mesh->host_group(Axis::pp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
     m.aux_loss = 0;
     for (size_t i = 0; i < st.size() / 4; ++i) {

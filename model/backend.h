@@ -75,6 +75,11 @@ inline int64_t ragged_rows(const int32_t* counts, int sources, int G, int g) {
 }
 
 class Backend {
+  [[noreturn]] static void cp_unsupported() {
+    fail("context parallel's attention runs on the CPU backend only so far; set parallel.cp = 1 or train.device = "
+         "\"cpu\"");
+  }
+
  public:
   virtual ~Backend() = default;
   virtual const BackendTraits& traits() const = 0;
@@ -163,6 +168,39 @@ class Backend {
   // dqkv overwritten; scratch: B*H*T floats where the plan has them; pos as forward's.
   virtual void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H,
                                   int KV, int D, const int32_t* pos) = 0;
+  // Context parallel's attention over blocks of keys (kernels/ops.h, attention_block_*;
+  // qpos, kpos on the host). Written for the CPU; other backends refuse.
+  virtual void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) {
+    (void)kv, (void)qkv, (void)B, (void)T, (void)H, (void)KV, (void)D;
+    cp_unsupported();
+  }
+  virtual void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos,
+                                       const int32_t* kpos, int B, int Tq, int Tk, int H, int KV, int D, bool first) {
+    (void)acc, (void)ml, (void)qkv, (void)kv, (void)qpos, (void)kpos, (void)B, (void)Tq, (void)Tk, (void)H, (void)KV,
+        (void)D, (void)first;
+    cp_unsupported();
+  }
+  virtual void attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq, int H,
+                                      int D) {
+    (void)out, (void)lse, (void)acc, (void)ml, (void)B, (void)Tq, (void)H, (void)D;
+    cp_unsupported();
+  }
+  virtual void attention_block_delta(float* delta, Ptr dout, Ptr out, int B, int Tq, int H, int D) {
+    (void)delta, (void)dout, (void)out, (void)B, (void)Tq, (void)H, (void)D;
+    cp_unsupported();
+  }
+  virtual void attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse,
+                                        const float* delta, const int32_t* qpos, const int32_t* kpos, int B, int Tq,
+                                        int Tk, int H, int KV, int D) {
+    (void)dq, (void)dkv, (void)dout, (void)qkv, (void)kv, (void)lse, (void)delta, (void)qpos, (void)kpos, (void)B,
+        (void)Tq, (void)Tk, (void)H, (void)KV, (void)D;
+    cp_unsupported();
+  }
+  virtual void attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV,
+                                           int D) {
+    (void)dqkv, (void)dq, (void)dkv, (void)B, (void)T, (void)H, (void)KV, (void)D;
+    cp_unsupported();
+  }
   virtual void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) = 0;
   // Mixture of experts (kernels/ops.h, moe_*): index arrays are i32 on the backend's device.
   virtual void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) = 0;

@@ -44,7 +44,7 @@ GemmDims gemm_dims(const Config& cfg) {
 std::vector<PlanItem> cpu_backend_plan(const Config& cfg, DType dtype) {
   if (dtype == DType::f32) return {};
   const GemmDims g = gemm_dims(cfg);
-  const int64_t rows = std::min<int64_t>(kRowBlock, int64_t(cfg.train.micro_batch) * cfg.model.seq_len);
+  const int64_t rows = std::min<int64_t>(kRowBlock, int64_t(cfg.train.micro_batch) * cfg.local_seq());
   // A block of rows of a GEMM's input (x), its output or output gradient (y), and its input
   // gradient (dx); the weight; the bias.
   return {{"gemm_wide_w", g.wmax, DType::f32, Mem::workspace},
@@ -331,6 +331,48 @@ class CpuBackend final : public Backend {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;
       cpu::attention_backward(dqkv.as<S>(), dout.as<S>(), qkv.as<S>(), stats.as<S>(), B, T, H, KV, D);
+    });
+  }
+  void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::attention_kv_extract(kv.as<S>(), qkv.as<S>(), B, T, H, KV, D);
+    });
+  }
+  void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos, const int32_t* kpos, int B,
+                               int Tq, int Tk, int H, int KV, int D, bool first) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::attention_block_forward(acc, ml, qkv.as<S>(), kv.as<S>(), qpos, kpos, B, Tq, Tk, H, KV, D, first);
+    });
+  }
+  void attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq, int H,
+                              int D) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::attention_block_finish(out.as<S>(), lse, acc, ml, B, Tq, H, D);
+    });
+  }
+  void attention_block_delta(float* delta, Ptr dout, Ptr out, int B, int Tq, int H, int D) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::attention_block_delta(delta, dout.as<S>(), out.as<S>(), B, Tq, H, D);
+    });
+  }
+  void attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse, const float* delta,
+                                const int32_t* qpos, const int32_t* kpos, int B, int Tq, int Tk, int H, int KV,
+                                int D) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::attention_block_backward(dq, dkv, dout.as<S>(), qkv.as<S>(), kv.as<S>(), lse, delta, qpos, kpos, B, Tq, Tk,
+                                    H, KV, D);
+    });
+  }
+  void attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV,
+                                   int D) override {
+    dispatch([&](auto* tag) {
+      using S = std::remove_pointer_t<decltype(tag)>;
+      cpu::attention_block_grads_store(dqkv.as<S>(), dq, dkv, B, T, H, KV, D);
     });
   }
   void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) override {

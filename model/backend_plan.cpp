@@ -11,7 +11,7 @@ int cuda_input_slots(const Config& cfg) {
 }
 
 std::vector<PlanItem> cuda_backend_plan(const Config& cfg) {
-  const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
+  const int64_t N = int64_t(cfg.train.micro_batch) * cfg.local_seq();
   const int C = cfg.model.d_model, E = cfg.model.moe.num_experts;
   constexpr int64_t kMaxColumnChunks = 64;  // kernels/cuda/ops_cuda.h's kMaxRowChunks
   return {{"cublaslt_workspace", int64_t(32) << 18, DType::i32,

@@ -19,7 +19,7 @@ class Chunk::FlatAccess final : public UnitAccess {
 };
 
 Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
-             StepClock* clock, bool full_params, bool full_grads, ProcessGroup* ep)
+             StepClock* clock, bool full_params, bool full_grads, ProcessGroup* ep, ProcessGroup* cp)
     : cfg_(cfg),
       be_(backend),
       tp_(tp),
@@ -27,7 +27,7 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
       clock_(clock),
       llama_(cfg.model.arch == "llama"),
       B_(cfg.train.micro_batch),
-      T_(cfg.model.seq_len),
+      T_(cfg.local_seq()),
       C_(cfg.model.d_model),
       H_(cfg.model.n_head / cfg.parallel.tp),
       KV_(cfg.kv_heads() / cfg.parallel.tp),
@@ -77,12 +77,16 @@ Chunk::Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, Process
   for (auto& b : plan.scratch) scratch_.push_back(alloc.empty({b.numel}, b.dtype, b.comm ? Mem::comm : Mem::workspace));
   set_piece(0);
   if (llama_) {
-    std::vector<float> cs(size_t(T_) * D_ / 2), sn(cs.size());
-    cpu::rope_table(cs.data(), sn.data(), T_, D_, float(cfg.model.rope_theta));
+    std::vector<float> cs(size_t(cfg.model.seq_len) * D_ / 2), sn(cs.size());  // every global position
+    cpu::rope_table(cs.data(), sn.data(), cfg.model.seq_len, D_, float(cfg.model.rope_theta));
     rope_cos_ = alloc.empty({int64_t(cs.size())}, DType::f32, Mem::workspace);
     rope_sin_ = alloc.empty({int64_t(sn.size())}, DType::f32, Mem::workspace);
     be_.upload(Buf(rope_cos_), cs.data());
     be_.upload(Buf(rope_sin_), sn.data());
+  }
+  if (cfg.parallel.cp > 1) {
+    LOOM_CHECK(cp, "parallel.cp = {} but the chunk was given no cp group", cfg.parallel.cp);
+    cp_ = std::make_unique<ContextParallel>(cfg, be_, *cp, trace_, clock_);
   }
   loss_sum_ = alloc.empty({1}, DType::f64, Mem::workspace);
   if (cfg.moe_layers()) {
@@ -296,7 +300,9 @@ void Chunk::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr pending
     auto s = trace_.scope("rope_forward");
     be_.rope(false, a.qkv, rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_, pos_);
   }
-  {
+  if (cp_) {
+    cp_->forward(a.atty, a.stats.as<float>(), a.qkv, cp_buffers(), H_, KV_, D_);
+  } else {
     auto s = trace_.scope("attention_forward");
     be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_, pos_);
   }
@@ -326,6 +332,8 @@ void Chunk::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr pending
   }
   row_parallel_exit(partial, out);
 }
+
+CpBuffers Chunk::cp_buffers() { return {scr(CP_KV), scrf(CP_ACC), scrf(CP_ML), scrf(CP_DKV)}; }
 
 void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr in, Ptr dres, bool keep) {
   const int N = B_ * T_, qkv = (H_ + 2 * KV_) * D_;
@@ -381,7 +389,9 @@ void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, 
     be_.linear_backward(datty, G[PROJ_W], G[PROJ_B], dout, a.atty, W[PROJ_W], N, H_ * D_, C_, lay);
   }
   if (keep) stash_keep(dout, int64_t(N) * C_);
-  {
+  if (cp_) {
+    cp_->backward(dqkv, datty, a.atty, a.qkv, a.stats.as<float>(), cp_buffers(), H_, KV_, D_);
+  } else {
     auto s = trace_.scope("attention_backward");
     be_.attention_backward(dqkv, datty, a.atty, a.qkv, a.stats, scrf(ATTN_SCRATCH), B_, T_, H_, KV_, D_, pos_);
   }
@@ -491,6 +501,7 @@ void Chunk::head_forward(const Inputs& in, float dloss, Ptr pending, UnitAccess&
 
 void Chunk::forward(const Inputs& in, float dloss, UnitAccess& acc) {
   pos_ = in.pos;
+  LOOM_CHECK(!cp_ || pos_, "context parallel: the inputs carry no positions (stage them with the cp positions)");
   moe_training_ = dloss != 0.0f;  // validation's forward counts no MoE statistics
   if (emb_here_) embedding_forward(in, acc);
   // Each block's MLP branch is `pending` until the next norm adds it into the stream.
@@ -550,6 +561,7 @@ void Chunk::head_backward(UnitAccess& acc, Grads part) {
 
 void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
   pos_ = in.pos;
+  LOOM_CHECK(!cp_ || pos_ || part == Grads::weight, "context parallel: the inputs carry no positions (stage them with the cp positions)");
   const int N = B_ * T_;
   const Ptr dres = scr(D_RES);
   stash_used_ = 0;

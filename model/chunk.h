@@ -12,6 +12,7 @@
 
 #include "model/backend.h"
 #include "model/layout.h"
+#include "parallel/context_parallel.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/step_clock.h"
 #include "runtime/trace.h"
@@ -68,9 +69,12 @@ class Chunk {
   // and -2 do not; they bring their own UnitAccess). tp: the tensor-parallel group, its size
   // cfg.parallel.tp. clock (may be null) is charged with the blocking tp collectives. ep: the
   // expert-parallel group (cfg.parallel.ep > 1), which holds the experts between its ranks and
-  // carries the tokens (and, dropless, their counts) to them in the backend's buffers.
+  // carries the tokens (and, dropless, their counts) to them in the backend's buffers. cp: the
+  // context-parallel group (cfg.parallel.cp > 1): the chunk holds T / cp tokens of each
+  // sequence, whose global positions come with the inputs (ContextParallel::token_positions).
   Chunk(const Config& cfg, const ChunkSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
-        StepClock* clock = nullptr, bool full_params = true, bool full_grads = true, ProcessGroup* ep = nullptr);
+        StepClock* clock = nullptr, bool full_params = true, bool full_grads = true, ProcessGroup* ep = nullptr,
+        ProcessGroup* cp = nullptr);
   ~Chunk();
 
   const Config& config() const { return cfg_; }
@@ -97,6 +101,7 @@ class Chunk {
   void set_slot(int slot) { slot_ = slot; }
   int vocab_lo() const { return v0_; }   // the first vocabulary row this rank holds
   int vocab_rows() const { return V_; }  // how many (padded)
+  const ContextParallel* context_parallel() const { return cp_.get(); }  // null without cp
   void zero_grad();
 
   // Forward of one micro-batch: from the tokens (with the embedding) or from input(); to the
@@ -196,6 +201,9 @@ class Chunk {
   MoeRoute moe_route_padded() const;
   MoeRoute moe_route_local() const;                   // dropless without ep
   MoeRoute moe_route_counted(const int32_t* counts);  // dropless under ep: the host waits for the counts
+  // A micro-batch's first n expert counts (and `sums`, E probability sums, in place, if set)
+  // summed over the cp ranks, who each route their own tokens; without cp, counts itself.
+  const int32_t* moe_counts_over_cp(const int32_t* counts, int n, float* sums);
   // The counts of rows per local expert and source (ep rank) that the dropless GEMMs read.
   const int32_t* moe_expert_counts(int mi);
   // Expert parallel: local rows [R, C] (sorted by expert, `in`) to the ranks holding their
@@ -236,6 +244,8 @@ class Chunk {
   ProcessGroup* ep_;
   int ep_size_, ep_rank_;
   std::unique_ptr<UnitAccess> flat_;
+  std::unique_ptr<ContextParallel> cp_;
+  CpBuffers cp_buffers();
 };
 
 }  // namespace loom

@@ -63,6 +63,11 @@ enum Scr {
   MOE_DX,
   MOE_SEND,
   MOE_RECV,
+  CP_KV,
+  CP_ACC,
+  CP_ML,
+  CP_DKV,
+  MOE_CP_COUNTS,
   NUM_SCR
 };
 

@@ -18,7 +18,8 @@ BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg) 
   BackendTraits t;
   t.device = device;
   t.dtype = dtype;
-  t.attention_probs = device == DeviceKind::cpu;
+  // Context parallel's attention keeps a log-sum-exp and recomputes P block by block.
+  t.attention_probs = device == DeviceKind::cpu && cfg.parallel.cp == 1;
   // cuBLASLt's GELU epilogue reads its aux matrix with a stride that must be a multiple of 8.
   t.fused_dgelu = device_is_cuda(device) && cfg.model.arch == "gpt2" && cfg.train.gelu_epilogue == "fused" &&
                   (cfg.model.d_ff / cfg.parallel.tp) % 8 == 0;
@@ -30,10 +31,13 @@ BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg) 
 ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits& bt, int unit_lo, int unit_hi) {
   const int tp = cfg.parallel.tp, ep = cfg.parallel.ep;
   const bool sp = cfg.parallel.sp;
-  const int64_t T = cfg.model.seq_len, C = cfg.model.d_model, H = cfg.model.n_head / tp, KV = cfg.kv_heads() / tp;
+  // T: the tokens of a sequence this rank holds (its share under context parallel).
+  const int64_t T = cfg.local_seq(), C = cfg.model.d_model, H = cfg.model.n_head / tp, KV = cfg.kv_heads() / tp;
   const int64_t D = C / cfg.model.n_head, F = cfg.model.d_ff / tp, V = cfg.vocab_padded() / tp, N = B * T;
   const int64_t Ns = sp ? N / tp : N;  // rows of the norm and residual regions on this rank
   const int L_all = cfg.model.n_layer;
+  const int64_t cp = cfg.parallel.cp, kvblock = N * 2 * KV * D;
+  const bool ring = cfg.parallel.cp_attention == "ring";
   if (unit_hi < 0) unit_hi = L_all + 2;
   // This chunk's blocks, and whether it ends with the head.
   const int L = std::max(0, std::min(unit_hi, L_all + 1) - std::max(unit_lo, 1));
@@ -130,7 +134,19 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
                {"moe_aux", nm ? 2 * E : 0, 1, f32},  // the aux gradient per expert, then the probabilities' sums
                {"moe_dx", nm ? N * C : 0, 1, x},
                {"moe_send", ep > 1 ? Rx * C : 0, 1, x, true},  // the all_to_all_v buffers
-               {"moe_recv", ep > 1 ? Rx * C : 0, 1, x, true}};
+               {"moe_recv", ep > 1 ? Rx * C : 0, 1, x, true},
+               // Context parallel (parallel/context_parallel.h): key/value blocks (the ring's
+               // held and incoming ones, or all cp gathered and this rank's own), the running
+               // output (backward: dq), max and sum (backward: delta), and the key/value
+               // gradients (ring: one block's part and the two accumulators in flight; all-gather:
+               // every block's, and this rank's reduced).
+               {"cp_kv", cp > 1 ? (ring ? 2 : cp + 1) * kvblock : 0, 1, x, true},
+               {"cp_acc", cp > 1 ? N * H * D : 0, 1, f32},
+               {"cp_ml", cp > 1 ? 2 * B * H * T : 0, 1, f32},
+               {"cp_dkv", cp > 1 ? (ring ? 3 : cp + 1) * kvblock : 0, 1, f32, true},
+               // MoE under cp: a micro-batch's expert counts summed over the cp ranks (the
+               // load-balancing loss is the whole sequence's)
+               {"moe_cp_counts", nm && cp > 1 ? 2 * E : 0, 1, DType::i32, true}};
   return p;
 }
 

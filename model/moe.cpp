@@ -126,7 +126,23 @@ void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool 
   if (!count) return;
   float* sums = scrf(MOE_AUX) + E;
   be_.column_sums(sums, probs, N, E);
-  be_.moe_stats_add(moe_stats_.data<double>() + 4 * ((a.layer + 1) / mc.every - 1), counts, sums, N, E, k);
+  const int32_t* all = moe_counts_over_cp(counts, 2 * E, sums);
+  be_.moe_stats_add(moe_stats_.data<double>() + 4 * ((a.layer + 1) / mc.every - 1), all, sums,
+                    N * cfg_.parallel.cp, E, k);
+}
+
+const int32_t* Chunk::moe_counts_over_cp(const int32_t* counts, int n, float* sums) {
+  if (!cp_) return counts;
+  const DeviceKind d = be_.device();
+  const Stream& st = be_.stream();
+  int32_t* c = scr(MOE_CP_COUNTS).as<int32_t>();
+  be_.copy(Buf(c, n, DType::i32, d), Buf(const_cast<int32_t*>(counts), n, DType::i32, d));
+  auto s = trace_.scope("moe_cp_all_reduce");
+  StepClock::Scope sc(clock_, Phase::comm);
+  cp_->group().all_reduce(Buf(c, n, DType::i32, d), ReduceOp::sum, st).wait_on(st);
+  if (sums)
+    cp_->group().all_reduce(Buf(sums, cfg_.model.moe.num_experts, DType::f32, d), ReduceOp::sum, st).wait_on(st);
+  return c;
 }
 
 const int32_t* Chunk::moe_expert_counts(int mi) {
@@ -206,10 +222,13 @@ void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Pt
   {
     auto s = trace_.scope("moe_router_backward");
     // The load-balancing term: coef times the mean over MoE layers and over the step's
-    // micro-batches (all dp ranks) of E sum_e f_e P_e, P_e the mean of probs[:, e].
-    const double scale = mc.aux_loss_coef / (double(cfg_.moe_layers()) * cfg_.accum_steps() * cfg_.parallel.dp) * E / N;
+    // micro-batches (all dp ranks) of E sum_e f_e P_e, P_e the mean of probs[:, e]; under cp
+    // over the whole sequences' Nt tokens, of which this rank holds N.
+    const int Nt = N * cfg_.parallel.cp;
+    const double scale =
+        mc.aux_loss_coef / (double(cfg_.moe_layers()) * cfg_.accum_steps() * cfg_.parallel.dp) * E / Nt;
     float* g_aux = scrf(MOE_AUX);
-    be_.moe_aux_grad(g_aux, counts, scale, N, E, k);
+    be_.moe_aux_grad(g_aux, moe_counts_over_cp(counts, E, nullptr), scale, Nt, E, k);
     be_.moe_router_backward(scr(MOE_LOGITS), probs, idx, w, dw, g_aux, N, E, k);
     be_.linear_backward(scr(MOE_DX), lg.g[MOE_GATE], nullptr, scr(MOE_LOGITS), x, lw.w[MOE_GATE], N, C, E,
                         WLayout::out_in);

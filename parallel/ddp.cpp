@@ -12,7 +12,7 @@ std::vector<PlanItem> Ddp::plan(const Config& cfg, const ParamRegistry& reg, int
                                 DeviceKind device) {
   const int64_t n = int64_t(reg.numel());
   std::vector<PlanItem> p;
-  if (cfg.parallel.dp > 1 && grad_reduce_dtype(cfg) == DType::bf16)
+  if (cfg.parallel.dp * cfg.parallel.cp > 1 && grad_reduce_dtype(cfg) == DType::bf16)
     p.push_back({"grad_reduce_bf16", n, DType::bf16, Mem::comm});
   size_t n_chunks = 0;
   for (auto& spec : reg.all()) n_chunks += opt_chunks_count(int64_t(spec.numel()));

@@ -103,7 +103,7 @@ PipelineStage::PipelineStage(Chunk& chunk, DataParallel& dp, ProcessGroup& pp, i
     : chunk_(chunk), dp_(dp), pp_(pp), clock_(clock), trace_(trace), micro_(micro_batches) {
   const Config& cfg = chunk.config();
   const int tp = cfg.parallel.tp;
-  const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
+  const int64_t N = int64_t(cfg.train.micro_batch) * cfg.local_seq();
   rows_ = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model;
   if (pp.size() == 1) return;
   LOOM_CHECK(micro_batches == cfg.accum_steps(), "pipeline: {} micro-batches, but the config's step has {}",
@@ -209,9 +209,10 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       }
       case PipeOp::B: {
         select(op.chunk, op.micro);
-        // The embedding's chunk, and with data.doc_mask every chunk (its positions drive RoPE's
-        // backward and recomputed attention).
-        const Inputs in = op.chunk == 0 || chunk_.config().data.doc_mask ? inputs(op.micro) : Inputs{};
+        // The embedding's chunk, and with data.doc_mask or context parallel every chunk (its
+        // positions drive RoPE's backward and recomputed attention).
+        const Config& cfg = chunk_.config();
+        const Inputs in = op.chunk == 0 || cfg.data.doc_mask || cfg.parallel.cp > 1 ? inputs(op.micro) : Inputs{};
         if (chunk_sends(op.chunk, G) && grad_local[index(op.chunk, op.micro)] >= 0) {
           be.copy(view(chunk_.grad_output()), slot_buf(local_grad_, grad_local[index(op.chunk, op.micro)]));
         } else if (chunk_sends(op.chunk, G)) {
@@ -327,7 +328,7 @@ std::vector<PlanItem> pipeline_stage_plan(const Config& cfg, int stage, DType dt
   const int pp = cfg.parallel.pp;
   if (pp == 1) return items;
   const int tp = cfg.parallel.tp;
-  const int64_t N = int64_t(cfg.train.micro_batch) * cfg.model.seq_len;
+  const int64_t N = int64_t(cfg.train.micro_batch) * cfg.local_seq();
   const int64_t rows = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model;
   const auto n = pipeline_stage_slots(cfg, stage);
   const char* names[PipeSlots::kBuffers] = {"pp_recv_act",  "pp_send_act",  "pp_recv_grad", "pp_send_grad",

@@ -83,6 +83,12 @@ struct DataConfig {
 
 struct ParallelConfig {
   int dp = 1, tp = 1, pp = 1, ep = 1;
+  // Context parallel: each sequence split over cp ranks in 2 x cp load-balanced chunks;
+  // attention over the other ranks' keys by a ring of sends (its transfers overlapped with
+  // the attention of the block held, unless cp_overlap is false) or one all-gather.
+  int cp = 1;
+  std::string cp_attention = "ring";
+  bool cp_overlap = true;
   bool sp = false;
   int zero = 0;
   // ZeRO-3: after_forward gathers a unit's weights again for its backward; after_step keeps
@@ -172,6 +178,9 @@ struct Config {
     if (data.tokenizer == "llama3") return 128000;
     return -1;
   }
+  int world() const { return parallel.pp * parallel.dp * parallel.cp * parallel.tp; }
+  // The tokens of a sequence one rank holds: model.seq_len, or its share under context parallel.
+  int local_seq() const { return model.seq_len / parallel.cp; }
   int accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
   // The pipeline schedules whose backward is split into B (input gradient) and W (weights):
   // zb, and the V-shaped zbv and dualpipev (two chunks a stage, folded back: see

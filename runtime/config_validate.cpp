@@ -206,11 +206,32 @@ void config_validate(Config& cfg) {
                "parallel.ep = {} does not divide model.moe.num_experts = {}; each ep rank holds num_experts / ep "
                "experts",
                p.ep, m.moe.num_experts);
-    LOOM_CHECK(
-        p.dp % p.ep == 0,
-        "parallel.ep = {} does not divide parallel.dp = {}; the ep group is carved from dp, so pick ep among the "
-        "divisors of dp",
-        p.ep, p.dp);
+    LOOM_CHECK((p.dp * p.cp) % p.ep == 0,
+               "parallel.ep = {} does not divide parallel.dp x parallel.cp = {} x {}; the ep group is carved from dp "
+               "x cp, so pick ep among the divisors of {}",
+               p.ep, p.dp, p.cp, p.dp * p.cp);
+  }
+  check_positive("parallel.cp", p.cp);
+  check_one_of("parallel.cp_attention", p.cp_attention, {"ring", "allgather"});
+  if (p.cp > 1) {
+    LOOM_CHECK(m.seq_len % (2 * p.cp) == 0,
+               "parallel.cp = {} cuts each sequence into 2 x cp = {} chunks, which model.seq_len = {} does not "
+               "divide; pick seq_len a multiple of {}",
+               p.cp, 2 * p.cp, m.seq_len, 2 * p.cp);
+    LOOM_CHECK(t.device == "cpu" || t.device == "auto",
+               "parallel.cp = {} runs on the CPU backend so far (train.device = \"{}\"); the CUDA attention "
+               "kernels take no context-parallel blocks yet; use train.device = \"cpu\" or parallel.cp = 1",
+               p.cp, t.device);
+    LOOM_CHECK(!d.doc_mask,
+               "data.doc_mask with parallel.cp = {} is not supported yet (a document may cross the chunks of "
+               "different ranks); set data.doc_mask = false or parallel.cp = 1",
+               p.cp);
+  } else {
+    const ParallelConfig plain;
+    for (auto [key, differs] : {std::pair{"parallel.cp_attention", p.cp_attention != plain.cp_attention},
+                                {"parallel.cp_overlap", p.cp_overlap != plain.cp_overlap}})
+      LOOM_CHECK(!differs, "{} is set but parallel.cp = 1, so it would do nothing; set parallel.cp or remove it",
+                 key);
   }
   check_one_of("parallel.zero3_reshard", p.zero3_reshard, {"after_forward", "after_step"});
   LOOM_CHECK(p.zero == 3 || p.zero3_reshard == "after_forward",
@@ -270,9 +291,9 @@ void config_validate(Config& cfg) {
   }
   if (p.sp) {
     LOOM_CHECK(p.tp > 1, "parallel.sp = true needs tensor parallelism (parallel.tp > 1)");
-    LOOM_CHECK(int64_t(t.micro_batch) * m.seq_len % p.tp == 0,
-               "parallel.sp: micro_batch x seq_len = {} tokens do not split over tp = {}", t.micro_batch * m.seq_len,
-               p.tp);
+    LOOM_CHECK(int64_t(t.micro_batch) * cfg.local_seq() % p.tp == 0,
+               "parallel.sp: micro_batch x seq_len{} = {} tokens do not split over tp = {}", p.cp > 1 ? " / cp" : "",
+               t.micro_batch * cfg.local_seq(), p.tp);
   }
   LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
   LOOM_CHECK(p.timeout_s >= 0, "parallel.timeout_s = {} must be >= 0 (0 turns the watchdog off)", p.timeout_s);
@@ -280,9 +301,9 @@ void config_validate(Config& cfg) {
   check_one_of("parallel.grad_reduce_dtype", p.grad_reduce_dtype, {"f32", "bf16"});
   check_one_of("parallel.comm", p.comm, {"auto", "nccl", "mpi", "nccl-emulated"});
   const FaultConfig& f = cfg.fault;
-  const int world = p.dp * p.tp * p.pp;
+  const int world = cfg.world();
   LOOM_CHECK(!cfg.log.grad_norms || world == 1,
-             "log.grad_norms writes the whole model's gradients from one rank; run it with dp = tp = pp = 1 "
+             "log.grad_norms writes the whole model's gradients from one rank; run it with dp = cp = tp = pp = 1 "
              "(the layout has {} ranks)",
              world);
   // Each drill parses, names a rank of the job, and could fire: its step is run, and a
@@ -303,7 +324,7 @@ void config_validate(Config& cfg) {
         Drill{"fault.enospc", &f.enospc, false, false, true, true}}) {
     const FaultAt at = fault_parse(d.key, *d.value, d.ranked, d.phased);
     if (!at.set()) continue;
-    LOOM_CHECK(!d.ranked || at.rank < world, "{} = \"{}\" names rank {}, but the job has {} ranks (dp x tp x pp)",
+    LOOM_CHECK(!d.ranked || at.rank < world, "{} = \"{}\" names rank {}, but the job has {} ranks (pp x dp x cp x tp)",
                d.key, *d.value, at.rank, world);
     if (!d.stepped) continue;
     LOOM_CHECK(at.step >= 1 && at.step <= cfg.train.steps,
@@ -323,7 +344,8 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(f.grace_s >= 0, "fault.grace_s = {} must be >= 0 (0: no limit)", f.grace_s);
   if (p.pp > 1 && !f.nan.empty()) {  // the NaN seeds the head's backward: only the head's stage has one
     const FaultAt at = fault_parse("fault.nan", f.nan);
-    const int stage = cfg.pp_v_shape() ? 0 : p.pp - 1, lo = stage * p.dp * p.tp, hi = lo + p.dp * p.tp - 1;
+    const int stage = cfg.pp_v_shape() ? 0 : p.pp - 1, lo = stage * p.dp * p.cp * p.tp,
+              hi = lo + p.dp * p.cp * p.tp - 1;
     LOOM_CHECK(at.rank >= lo && at.rank <= hi,
                "fault.nan = \"{}\": rank {} is not on the pipeline stage with the head (ranks {}..{}), whose loss "
                "seeds the NaN; pick one of those",

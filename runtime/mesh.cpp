@@ -12,7 +12,7 @@
 namespace loom {
 
 const char* axis_name(Axis a) {
-  static const char* names[] = {"pp", "dp", "cp", "tp", "ep", "edp", "embed"};
+  static const char* names[] = {"pp", "dp", "cp", "tp", "ep", "edp", "embed", "dcp"};
   return names[int(a)];
 }
 
@@ -79,6 +79,9 @@ MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank) {
       }
       break;
     }
+    case Axis::dcp:
+      for (int f = 0; f < d.dp * d.cp; ++f) g.ranks.push_back(with([&](MeshCoord& c) { c.dp = f / d.cp, c.cp = f % d.cp; }));
+      break;
     case Axis::embed:  // first and last pipeline stage, for tied embeddings
       g.ranks.push_back(with([&](MeshCoord& c) { c.pp = 0; }));
       if (d.pp > 1) g.ranks.push_back(with([&](MeshCoord& c) { c.pp = d.pp - 1; }));

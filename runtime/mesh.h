@@ -22,8 +22,10 @@ namespace loom {
 
 class Trace;
 
-enum class Axis { pp, dp, cp, tp, ep, edp, embed };
-constexpr int kAxes = 7;
+// dcp: dp and cp together (the ranks that hold the same weights: gradients reduce and ZeRO
+// shards over it, as Megatron folds cp into dp), in the order (dp, cp).
+enum class Axis { pp, dp, cp, tp, ep, edp, embed, dcp };
+constexpr int kAxes = 8;
 const char* axis_name(Axis a);
 
 struct MeshDims {

@@ -8,6 +8,7 @@
 // heads share are summed by one thread in a fixed order.
 // Scores and weighted sums are GEMMs through OpenBLAS; inside the parallel region OpenBLAS's
 // OpenMP build runs each call on the calling thread alone.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -185,11 +186,157 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, in
   }
 }
 
+// Context parallel's blocks (ops.h): one thread per (batch, head) forward, per (batch, kv
+// head) backward, as above. Nothing of P is kept: backward recomputes it from the
+// log-sum-exp, block by block, as the blocks come round again.
+namespace {
+// Whether key u of the block is visible to query t.
+inline bool visible(const int32_t* qpos, const int32_t* kpos, int t, int u) { return kpos[u] <= qpos[t]; }
+}  // namespace
+
+template <class S>
+void attention_kv_extract(S* kv, const S* qkv, int B, int T, int H, int KV, int D) {
+  const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < int64_t(B) * T; ++i)
+    for (int c = 0; c < kvrow; ++c) kv[i * kvrow + c] = qkv[i * row + H * D + c];
+}
+
+template <class S>
+void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const int32_t* qpos,
+                             const int32_t* kpos, int B, int Tq, int Tk, int H, int KV, int D, bool first) {
+  const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
+  const float scale = 1.0f / std::sqrt(float(D));
+#pragma omp parallel
+  {
+    std::vector<float> qb, kb, vb, P(size_t(Tq) * Tk);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const F32View q = f32_view(qkv + int64_t(b) * Tq * row + h * D, Tq, D, row, qb);
+        const S* kvb = kv + int64_t(b) * Tk * kvrow;
+        const F32View k = f32_view(kvb + (h / group) * D, Tk, D, kvrow, kb);
+        const F32View v = f32_view(kvb + (KV + h / group) * D, Tk, D, kvrow, vb);
+        float* o = acc + int64_t(b) * Tq * H * D + h * D;
+        gemm(false, true, Tq, Tk, D, scale, q.p, q.ld, k.p, k.ld, 0.0f, P.data(), Tk);
+        for (int t = 0; t < Tq; ++t) {
+          float* p = P.data() + int64_t(t) * Tk;
+          float* st = ml + ((int64_t(b) * H + h) * Tq + t) * 2;
+          float* ot = o + int64_t(t) * H * D;
+          if (first) {
+            st[0] = -INFINITY, st[1] = 0.0f;
+            for (int d = 0; d < D; ++d) ot[d] = 0.0f;
+          }
+          float mb = -INFINITY;
+          for (int u = 0; u < Tk; ++u)
+            if (visible(qpos, kpos, t, u)) mb = std::max(mb, p[u]);
+          if (mb == -INFINITY) {  // nothing of this block is before t
+            for (int u = 0; u < Tk; ++u) p[u] = 0.0f;
+            continue;
+          }
+          const float m = std::max(st[0], mb), alpha = st[0] == -INFINITY ? 0.0f : exp_approx(st[0] - m);
+          float sum = 0.0f;
+          for (int u = 0; u < Tk; ++u) sum += (p[u] = visible(qpos, kpos, t, u) ? exp_approx(p[u] - m) : 0.0f);
+          st[0] = m, st[1] = st[1] * alpha + sum;
+          for (int d = 0; d < D; ++d) ot[d] *= alpha;
+        }
+        gemm(false, false, Tq, D, Tk, 1.0f, P.data(), Tk, v.p, v.ld, 1.0f, o, H * D);
+      }
+  }
+}
+
+template <class S>
+void attention_block_finish(S* out, float* lse, const float* acc, const float* ml, int B, int Tq, int H, int D) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < Tq; ++t) {
+        const int64_t i = (int64_t(b) * H + h) * Tq + t, at = (int64_t(b) * Tq + t) * H * D + h * D;
+        const float inv = 1.0f / ml[2 * i + 1];
+        for (int d = 0; d < D; ++d) st(out[at + d], acc[at + d] * inv);
+        lse[i] = ml[2 * i] + std::log(ml[2 * i + 1]);
+      }
+}
+
+template <class S>
+void attention_block_delta(float* delta, const S* dout, const S* out, int B, int Tq, int H, int D) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < Tq; ++t) {
+        const int64_t at = (int64_t(b) * Tq + t) * H * D + h * D;
+        float s = 0.0f;
+        for (int d = 0; d < D; ++d) s += ld(dout[at + d]) * ld(out[at + d]);
+        delta[(int64_t(b) * H + h) * Tq + t] = s;
+      }
+}
+
+template <class S>
+void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const float* lse,
+                              const float* delta, const int32_t* qpos, const int32_t* kpos, int B, int Tq, int Tk,
+                              int H, int KV, int D) {
+  const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
+  const float scale = 1.0f / std::sqrt(float(D));
+#pragma omp parallel
+  {
+    std::vector<float> qb, kb, vb, dyb, P(size_t(Tq) * Tk), dS(size_t(Tq) * Tk);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int kvh = 0; kvh < KV; ++kvh) {
+        const S* kvb = kv + int64_t(b) * Tk * kvrow;
+        const F32View k = f32_view(kvb + kvh * D, Tk, D, kvrow, kb);
+        const F32View v = f32_view(kvb + (KV + kvh) * D, Tk, D, kvrow, vb);
+        float* dk = dkv + int64_t(b) * Tk * kvrow + kvh * D;
+        float* dv = dk + KV * D;
+        for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const F32View q = f32_view(qkv + int64_t(b) * Tq * row + h * D, Tq, D, row, qb);
+          const F32View dy = f32_view(dout + int64_t(b) * Tq * H * D + h * D, Tq, D, H * D, dyb);
+          const float* ls = lse + (int64_t(b) * H + h) * Tq;
+          const float* dl = delta + (int64_t(b) * H + h) * Tq;
+          gemm(false, true, Tq, Tk, D, scale, q.p, q.ld, k.p, k.ld, 0.0f, P.data(), Tk);
+          for (int t = 0; t < Tq; ++t) {
+            float* p = P.data() + int64_t(t) * Tk;
+            for (int u = 0; u < Tk; ++u) p[u] = visible(qpos, kpos, t, u) ? exp_approx(p[u] - ls[t]) : 0.0f;
+          }
+          gemm(true, false, Tk, D, Tq, 1.0f, P.data(), Tk, dy.p, dy.ld, 1.0f, dv, kvrow);
+          gemm(false, true, Tq, Tk, D, 1.0f, dy.p, dy.ld, v.p, v.ld, 0.0f, dS.data(), Tk);
+          for (int t = 0; t < Tq; ++t) {
+            const float* p = P.data() + int64_t(t) * Tk;
+            float* ds = dS.data() + int64_t(t) * Tk;
+            for (int u = 0; u < Tk; ++u) ds[u] = p[u] * (ds[u] - dl[t]) * scale;
+          }
+          gemm(false, false, Tq, D, Tk, 1.0f, dS.data(), Tk, k.p, k.ld, 1.0f, dq + int64_t(b) * Tq * H * D + h * D,
+               H * D);
+          gemm(true, false, Tk, D, Tq, 1.0f, dS.data(), Tk, q.p, q.ld, 1.0f, dk, kvrow);
+        }
+      }
+  }
+}
+
+template <class S>
+void attention_block_grads_store(S* dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV, int D) {
+  const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < int64_t(B) * T; ++i) {
+    for (int c = 0; c < H * D; ++c) st(dqkv[i * row + c], dq[i * H * D + c]);
+    for (int c = 0; c < kvrow; ++c) st(dqkv[i * row + H * D + c], dkv[i * kvrow + c]);
+  }
+}
+
 #define LOOM_ATTENTION(S)                                                                                  \
   template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*);  \
   template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*); \
   template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int, const int32_t*);           \
-  template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);
+  template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);            \
+  template void attention_kv_extract<S>(S*, const S*, int, int, int, int, int);                            \
+  template void attention_block_forward<S>(float*, float*, const S*, const S*, const int32_t*, const int32_t*, \
+                                           int, int, int, int, int, int, bool);                             \
+  template void attention_block_finish<S>(S*, float*, const float*, const float*, int, int, int, int);      \
+  template void attention_block_delta<S>(float*, const S*, const S*, int, int, int, int);                   \
+  template void attention_block_backward<S>(float*, float*, const S*, const S*, const S*, const float*,     \
+                                            const float*, const int32_t*, const int32_t*, int, int, int, int, \
+                                            int, int);                                                      \
+  template void attention_block_grads_store<S>(S*, const float*, const float*, int, int, int, int, int);
 LOOM_ATTENTION(float)
 LOOM_ATTENTION(bf16)
 
