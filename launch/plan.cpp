@@ -141,8 +141,11 @@ void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& a
 }
 
 std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype) {
-  std::string out = fmt::format("per-rank memory on {} ({}), dp {}, tp {} (MiB)\n{:<12}", device, dtype_name(dtype),
-                                cfg.parallel.dp, cfg.parallel.tp, "");
+  std::string out = fmt::format("per-rank memory on {} ({}), dp {}, tp {}{}{} (MiB)\n{:<12}", device, dtype_name(dtype),
+                                cfg.parallel.dp, cfg.parallel.tp,
+                                cfg.parallel.cp > 1 ? fmt::format(", cp {}", cfg.parallel.cp) : "",
+                                cfg.parallel.pp > 1 ? fmt::format(", pp {} (rank 0, the first stage)", cfg.parallel.pp) : "",
+                                "");
   MemoryPlan p[4];
   for (int s = 0; s < 4; ++s) {
     Config c = cfg;

@@ -39,6 +39,7 @@ std::string layout_name(const Config& c) {
   if (p.pp > 1)
     s +=
         p.pp_virtual > 1 && !c.pp_v_shape() ? fmt::format(" {} v{}", p.pp_schedule, p.pp_virtual) : " " + p.pp_schedule;
+  if (p.cp > 1) s += fmt::format(" cp {}{}", p.cp, p.cp_attention == "ring" ? "" : " " + p.cp_attention);
   s += fmt::format(" dp {}", p.dp);
   if (p.ep > 1) s += fmt::format(" ep {}", p.ep);
   s += fmt::format(" zero {}", p.zero);
@@ -51,16 +52,17 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
   const int world = cl.devices(), L = base.model.n_layer;
   const int E = base.model.moe.num_experts;
   struct Candidate {
-    int tp, pp, dp, ep, mb, zero;
+    int tp, pp, cp, dp, ep, mb, zero;
     const char* schedule;
     int v;
     const char* reshard;  // ZeRO-3's: after_forward | after_step
   };
   std::vector<Candidate> all;
   for (int tp : divisors(cl.devices_per_node, cl.devices_per_node))
-    for (int pp : divisors(L, L)) {
-      if (world % (tp * pp)) continue;
-      const int dp = world / (tp * pp);
+    for (int pp : divisors(L, L))
+      for (int cp : {1, 2, 4, 8}) {  // context parallel: each sequence over cp ranks
+      if (world % (tp * pp * cp) || base.model.seq_len % (2 * cp)) continue;
+      const int dp = world / (tp * pp * cp);
       std::vector<std::pair<const char*, int>> schedules = {{"1f1b", 1}};
       if (pp > 1) {
         schedules.push_back({"zb", 1});
@@ -69,13 +71,14 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
         for (int v : divisors(L / pp, 8))  // Megatron's virtual stages: whole blocks per model chunk
           if (v > 1) schedules.push_back({"interleaved", v});
       }
-      for (int ep : E > 0 ? divisors(E, dp) : std::vector<int>{1})
+      for (int ep : E > 0 ? divisors(E, dp * cp) : std::vector<int>{1})
         for (int mb : {1, 2, 4, 8})
           for (int zero = 0; zero <= 3; ++zero)
             for (auto [name, v] : schedules)
               for (const char* reshard : {"after_forward", "after_step"})
-                if (dp % ep == 0 && E % std::max(ep, 1) == 0 && (zero == 3 || std::string(reshard) == "after_forward"))
-                  all.push_back({tp, pp, dp, ep, mb, zero, name, v, reshard});
+                if ((dp * cp) % ep == 0 && E % std::max(ep, 1) == 0 &&
+                    (zero == 3 || std::string(reshard) == "after_forward"))
+                  all.push_back({tp, pp, cp, dp, ep, mb, zero, name, v, reshard});
     }
   // Every candidate is judged on its own (embarrassingly parallel), then merged in order, so
   // the ranking does not depend on the threads.
@@ -95,7 +98,7 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
     // Recompute only adds work: the first policy that fits is the one to rank.
     for (const char* rc : {"none", "selective", "full"}) {
       Config c = base;
-      c.parallel.tp = k.tp, c.parallel.pp = k.pp, c.parallel.dp = k.dp, c.parallel.ep = k.ep;
+      c.parallel.tp = k.tp, c.parallel.pp = k.pp, c.parallel.cp = k.cp, c.parallel.dp = k.dp, c.parallel.ep = k.ep;
       c.parallel.sp = k.tp > 1;
       c.parallel.zero = k.zero;
       c.parallel.zero3_reshard = k.reshard;
@@ -179,13 +182,13 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
       s.tried, s.tried - s.too_big - int(s.ranked.size()), s.too_big, s.ranked.size());
   for (auto& [key, got] : s.refused)
     out += fmt::format("  refused {:>5}: {}{}\n", got.first, got.second, got.first > 1 ? " (and others like it)" : "");
-  out += fmt::format("{:>3}  {:<54} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n", "#", "layout", "MFU", "step s",
+  out += fmt::format("{:>3}  {:<64} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n", "#", "layout", "MFU", "step s",
                      "compute", "comm", "bubble", "optim", "tok/s/d", "memory");
   for (int i = 0; i < std::min<int>(top, int(s.ranked.size())); ++i) {
     const auto& c = s.ranked[size_t(i)];
     const StepPrediction& p = c.pred;
-    const int world = c.cfg.parallel.dp * c.cfg.parallel.tp * c.cfg.parallel.pp;
-    out += fmt::format("{:>3}  {:<54} {:>5.1f}% {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.0f} {:>9}\n", i + 1,
+    const int world = c.cfg.world();
+    out += fmt::format("{:>3}  {:<64} {:>5.1f}% {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.0f} {:>9}\n", i + 1,
                        layout_name(c.cfg), 100 * p.mfu, p.step, p.compute, p.comm_exposed, p.bubble, p.optimizer,
                        p.tokens_per_s / world, bytes_text(double(p.memory_bytes)));
   }
@@ -198,16 +201,16 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
 
 std::string step_prediction_json(const Config& c, const StepPrediction& p) {
   return fmt::format(
-      "{{\"layout\":\"{}\",\"dp\":{},\"tp\":{},\"pp\":{},\"ep\":{},\"zero\":{},\"zero3_reshard\":\"{}\","
+      "{{\"layout\":\"{}\",\"dp\":{},\"tp\":{},\"pp\":{},\"ep\":{},\"cp\":{},\"zero\":{},\"zero3_reshard\":\"{}\","
       "\"micro_batch\":{},"
       "\"schedule\":\"{}\",\"virtual\":{},\"recompute\":\"{}\",\"step_ms\":{:.6g},\"compute_ms\":{:.6g},"
       "\"comm_exposed_ms\":{:.6g},\"bubble_ms\":{:.6g},\"optimizer_ms\":{:.6g},\"tp_ms\":{:.6g},\"ep_ms\":{:.6g},"
-      "\"pp_ms\":{:.6g},\"dp_ms\":{:.6g},\"dp_total_ms\":{:.6g},\"tokens_per_s\":{:.6g},\"mfu\":{:.6g},"
+      "\"cp_ms\":{:.6g},\"pp_ms\":{:.6g},\"dp_ms\":{:.6g},\"dp_total_ms\":{:.6g},\"tokens_per_s\":{:.6g},\"mfu\":{:.6g},"
       "\"memory_b\":{},\"fits\":{}}}",
-      layout_name(c), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.ep, c.parallel.zero,
+      layout_name(c), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.ep, c.parallel.cp, c.parallel.zero,
       c.parallel.zero3_reshard, c.train.micro_batch, c.parallel.pp_schedule, c.parallel.pp_virtual, c.train.recompute,
       1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.bubble, 1e3 * p.optimizer, 1e3 * p.tp, 1e3 * p.ep,
-      1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, p.tokens_per_s, p.mfu, p.memory_bytes, p.fits);
+      1e3 * p.cp, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, p.tokens_per_s, p.mfu, p.memory_bytes, p.fits);
 }
 
 std::string plan_layout_json(const LayoutSearch& s, int top) {
@@ -218,13 +221,13 @@ std::string plan_layout_json(const LayoutSearch& s, int top) {
 }
 
 std::string step_prediction_text(const Config& c, const Cluster& cl, const StepPrediction& p) {
-  const int world = c.parallel.dp * c.parallel.tp * c.parallel.pp;
+  const int world = c.world();
   return fmt::format(
       "{} on {} ({} ranks of {})\npredicted step {:.4g} ms: compute {:.4g}, exposed comm {:.4g} (tp {:.4g}, ep "
-      "{:.4g}, pp {:.4g}, dp {:.4g} of {:.4g} moved), bubble {:.4g}, optimizer {:.4g}\n"
+      "{:.4g}, cp {:.4g}, pp {:.4g}, dp {:.4g} of {:.4g} moved), bubble {:.4g}, optimizer {:.4g}\n"
       "{:.1f} tokens/s, MFU {:.1f}%, memory {} on the fullest rank{}\n",
       layout_name(c), cl.name, world, devices_text(cl), 1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.tp,
-      1e3 * p.ep, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer, p.tokens_per_s,
+      1e3 * p.ep, 1e3 * p.cp, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer, p.tokens_per_s,
       100 * p.mfu, bytes_text(double(p.memory_bytes)),
       p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)));
 }

@@ -56,7 +56,8 @@ Ddp::Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, Step
 }
 
 std::string Ddp::describe() const {
-  return fmt::format("dp {}, {} gradient buckets of {} MB, reduced in {}", dp_.size(), buckets_.size(), bucket_mb_,
+  return fmt::format("{} {}, {} gradient buckets of {} MB, reduced in {}",
+                     chunk_.config().parallel.cp > 1 ? "dp x cp" : "dp", dp_.size(), buckets_.size(), bucket_mb_,
                      low_.defined() ? "bf16" : "f32");
 }
 

@@ -265,7 +265,8 @@ Zero::~Zero() {
 }
 
 std::string Zero::describe() const {
-  return fmt::format("dp {}, ZeRO stage {}{}, gradients reduced in {}", n_, stage_,
+  return fmt::format("{} {}, ZeRO stage {}{}, gradients reduced in {}",
+                     chunk_.config().parallel.cp > 1 ? "dp x cp" : "dp", n_, stage_,
                      keep_ ? " (weights kept gathered until the step)" : "", dtype_name(reduce_));
 }
 

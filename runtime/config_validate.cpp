@@ -218,10 +218,6 @@ void config_validate(Config& cfg) {
                "parallel.cp = {} cuts each sequence into 2 x cp = {} chunks, which model.seq_len = {} does not "
                "divide; pick seq_len a multiple of {}",
                p.cp, 2 * p.cp, m.seq_len, 2 * p.cp);
-    LOOM_CHECK(t.device == "cpu" || t.device == "auto",
-               "parallel.cp = {} runs on the CPU backend so far (train.device = \"{}\"); the CUDA attention "
-               "kernels take no context-parallel blocks yet; use train.device = \"cpu\" or parallel.cp = 1",
-               p.cp, t.device);
     LOOM_CHECK(!d.doc_mask,
                "data.doc_mask with parallel.cp = {} is not supported yet (a document may cross the chunks of "
                "different ranks); set data.doc_mask = false or parallel.cp = 1",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reshard on load: a checkpoint written at dp 2 x tp 2 with ZeRO-1 (4 ranks) loads at 1 rank,
-# at tp 4, at dp 4 with ZeRO-3 and at pp 2 x dp 2 with ZeRO-3 (the last stage's tied copy
-# loaded, never written) (and at 1 rank in bf16). Loaded and saved again at once,
+# at tp 4, at dp 4 with ZeRO-3, at pp 2 x dp 2 with ZeRO-3 (the last stage's tied copy
+# loaded, never written) and at cp 2 x dp 2 with ZeRO-2 (and at 1 rank in bf16); one written at
+# cp 2 x dp 2 with ZeRO-1 loads at 1 rank. Loaded and saved again at once,
 # each holds the same tensors bitwise (weights, both moments) and verifies; continued to step
 # 20, each stays within 1e-4 of the run that kept the original layout. Another model shape is
 # refused by name. `loom ckpt export` equals the run's export, and an independent reader
@@ -26,7 +27,8 @@ grep -E "layout|committed" "$dir/orig.log"
 src=$dir/orig_ckpt/step-00000010
 "$loom" ckpt verify "$src"
 for layout in "rank1:1" "tp4:4:--set parallel.tp=4" "dp4_zero3:4:--set parallel.dp=4 --set parallel.zero=3" \
-  "pp2_dp2_zero3:4:--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3"; do
+  "pp2_dp2_zero3:4:--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3" \
+  "cp2_dp2_zero2:4:--set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=2"; do
   IFS=: read -r name np sets <<< "$layout"
   read -r -a lay <<< "$sets"
   # Loaded and saved at once: nothing left to run, so the end state is the loaded one.
@@ -38,6 +40,15 @@ for layout in "rank1:1" "tp4:4:--set parallel.tp=4" "dp4_zero3:4:--set parallel.
   grep -E "layout" "$dir/${name}_on.log"
   "$compare" --resumed "$dir/orig" "$dir/${name}_on" 1e-4 1e-4
 done
+# The other way: a checkpoint written at cp 2 x dp 2 with ZeRO-1 (shards over dp x cp) loads
+# at 1 rank and saves the same tensors; continued, it stays with the cp run.
+run cp_orig 4 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=1 --set checkpoint.dir="$dir/cp_ckpt"
+"$loom" ckpt verify "$dir/cp_ckpt/step-00000010"
+run cp_rank1_same 1 --set train.steps=10 --set checkpoint.resume="$dir/cp_ckpt/step-00000010" \
+  --set checkpoint.dir="$dir/cp_rank1_ckpt"
+"$compare" --ckpt-equal "$dir/cp_ckpt/step-00000010" "$dir/cp_rank1_ckpt/step-00000010"
+run cp_rank1_on 1 --set checkpoint.resume="$dir/cp_ckpt/step-00000010" --set checkpoint.dir="$dir/cp_rank1_on_ckpt"
+"$compare" --resumed "$dir/cp_orig" "$dir/cp_rank1_on" 1e-4 1e-4
 # And across dtypes: the fp32 checkpoint loaded by a bf16 run is its master weights and
 # moments, bitwise.
 run bf16_same 1 --set train.dtype=bf16 --set train.steps=10 --set checkpoint.resume="$src" \
