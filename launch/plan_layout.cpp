@@ -60,7 +60,7 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
   std::vector<Candidate> all;
   for (int tp : divisors(cl.devices_per_node, cl.devices_per_node))
     for (int pp : divisors(L, L))
-      for (int cp : {1, 2, 4, 8}) {  // context parallel: each sequence over cp ranks
+      for (int cp : {1, 2}) {  // context parallel: each sequence over cp ranks
       if (world % (tp * pp * cp) || base.model.seq_len % (2 * cp)) continue;
       const int dp = world / (tp * pp * cp);
       std::vector<std::pair<const char*, int>> schedules = {{"1f1b", 1}};

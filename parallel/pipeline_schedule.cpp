@@ -319,8 +319,12 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
   LOOM_CHECK(hop.empty() || hop.size() == size_t(p), "schedule {}: hand-off times for {} boundaries, {} expected",
              s.name, hop.size(), p);
   LOOM_CHECK(int(s.ops.size()) == p, "schedule {}: {} op lists for {} stages", s.name, s.ops.size(), p);
+  // Flat tables indexed by (kind, micro, chunk): the planner checks schedules of thousands of
+  // micro-batches for every layout it tries.
+  auto key = [&](int kind, int micro, int chunk) { return (size_t(kind) * size_t(m) + size_t(micro)) * G + chunk; };
+  const size_t keys = size_t(PipeOp::recv_grad + 1) * size_t(m) * size_t(G);
   // Every compute op once, on its chunk's stage; W exactly when the backward is split.
-  std::map<std::tuple<int, int, int>, int> seen;  // (kind, micro, chunk) -> count
+  std::vector<int> seen(keys, 0);
   for (int st = 0; st < p; ++st)
     for (const PipeOp& op : s.ops[size_t(st)]) {
       LOOM_CHECK(op.micro >= 0 && op.micro < m && op.chunk >= 0 && op.chunk < G,
@@ -330,15 +334,15 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
         LOOM_CHECK(s.stage_of(op.chunk) == st, "schedule {}: {} of chunk {} on stage {}, not its stage {}", s.name,
                    pipe_op_name(op.kind), op.chunk, st, s.stage_of(op.chunk));
         LOOM_CHECK(op.kind != PipeOp::W || s.split_backward, "schedule {}: W without a split backward", s.name);
-        ++seen[{int(op.kind), op.micro, op.chunk}];
+        ++seen[key(int(op.kind), op.micro, op.chunk)];
       }
     }
   for (int k = 0; k < (s.split_backward ? 3 : 2); ++k)
     for (int i = 0; i < m; ++i)
       for (int g = 0; g < G; ++g) {
-        auto it = seen.find({k, i, g});
-        LOOM_CHECK(it != seen.end() && it->second == 1, "schedule {}: {} of micro-batch {} chunk {} appears {} times",
-                   s.name, pipe_op_name(PipeOp::Kind(k)), i, g, it == seen.end() ? 0 : it->second);
+        const int n = seen[key(k, i, g)];
+        LOOM_CHECK(n == 1, "schedule {}: {} of micro-batch {} chunk {} appears {} times", s.name,
+                   pipe_op_name(PipeOp::Kind(k)), i, g, n);
       }
   // Simulate: each stage runs its list in order; a compute op needs its inputs (the previous
   // chunk's F, the next chunk's B, its own F before B before W), local or received; a
@@ -348,9 +352,10 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
   t.peak_in_flight.assign(size_t(p), 0);
   t.start.resize(size_t(p));
   t.end.resize(size_t(p));
-  std::map<std::tuple<int, int, int>, double> done;       // (kind, micro, chunk) -> end time
-  std::map<std::tuple<int, int, int, int>, double> sent;  // (kind, micro, chunk, to) -> time
-  std::set<std::tuple<int, int, int, int>> received;
+  std::vector<double> done(keys, -1);  // compute ops: end time (-1: not yet)
+  std::vector<double> sent(keys, -1);  // sends: when the value arrives at sent_to
+  std::vector<int> sent_to(keys, -1), received_at(keys, -1);
+  size_t sends = 0, receives = 0;
   const size_t P = static_cast<size_t>(p);
   std::vector<size_t> pc(P, 0);
   std::vector<double> clock(P, 0);
@@ -362,13 +367,13 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
   }
   auto ready = [&](int st, const PipeOp& op, double* at) {
     auto need = [&](int kind, int micro, int chunk) {
-      auto it = done.find({kind, micro, chunk});
-      if (it == done.end()) return false;
+      const double end = done[key(kind, micro, chunk)];
+      if (end < 0) return false;
       // Across stages the value must have been received here.
-      *at = std::max(*at, it->second);
+      *at = std::max(*at, end);
       return true;
     };
-    auto got = [&](int kind, int micro, int chunk) { return received.count({kind, micro, chunk, st}) > 0; };
+    auto got = [&](int kind, int micro, int chunk) { return received_at[key(kind, micro, chunk)] == st; };
     *at = clock[size_t(st)];
     switch (op.kind) {
       case PipeOp::F:
@@ -389,9 +394,9 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
       case PipeOp::recv_act:
       case PipeOp::recv_grad: {
         const int kind = op.kind == PipeOp::recv_act ? PipeOp::send_act : PipeOp::send_grad;
-        auto it = sent.find({kind, op.micro, op.chunk, st});
-        if (it == sent.end()) return false;
-        *at = std::max(*at, it->second);
+        const size_t k = key(kind, op.micro, op.chunk);
+        if (sent[k] < 0 || sent_to[k] != st) return false;
+        *at = std::max(*at, sent[k]);
         return true;
       }
     }
@@ -415,7 +420,7 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
         t.end[size_t(st)][pc[size_t(st)]] = end;
         clock[size_t(st)] = end;
         t.busy[size_t(st)] += cost;
-        if (op.kind <= PipeOp::W) done[{int(op.kind), op.micro, op.chunk}] = end;
+        if (op.kind <= PipeOp::W) done[key(int(op.kind), op.micro, op.chunk)] = end;
         if (op.kind == PipeOp::F) {
           t.peak_in_flight[size_t(st)] = std::max(t.peak_in_flight[size_t(st)], ++in_flight[size_t(st)]);
           int& c = t.peak_in_flight_chunk[size_t(op.chunk)];
@@ -431,13 +436,16 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
                      s.name, st, pipe_op_name(op.kind), op.chunk, op.peer, s.stage_of(consumer));
           const int boundary = s.v_shape ? std::min(st, op.peer) : op.kind == PipeOp::send_act ? st : op.peer;
           const double delay = hop.empty() ? 0 : hop[size_t(boundary)];
-          LOOM_CHECK(sent.emplace(std::make_tuple(int(op.kind), op.micro, op.chunk, op.peer), end + delay).second,
-                     "schedule {}: stage {} sends {} of micro-batch {} chunk {} twice", s.name, st,
+          const size_t k = key(int(op.kind), op.micro, op.chunk);
+          LOOM_CHECK(sent_to[k] < 0, "schedule {}: stage {} sends {} of micro-batch {} chunk {} twice", s.name, st,
                      pipe_op_name(op.kind), op.micro, op.chunk);
+          sent[k] = end + delay, sent_to[k] = op.peer, ++sends;
         }
-        if (op.kind == PipeOp::recv_act || op.kind == PipeOp::recv_grad)
-          received.insert(
-              {op.kind == PipeOp::recv_act ? int(PipeOp::send_act) : int(PipeOp::send_grad), op.micro, op.chunk, st});
+        if (op.kind == PipeOp::recv_act || op.kind == PipeOp::recv_grad) {
+          int& r = received_at[key(op.kind == PipeOp::recv_act ? PipeOp::send_act : PipeOp::send_grad, op.micro,
+                                   op.chunk)];
+          if (r < 0) r = st, ++receives;
+        }
         ++pc[size_t(st)];
         progress = true;
       }
@@ -449,8 +457,7 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
       fail("schedule {} deadlocks: stage {} waits forever at op {} ({} of micro-batch {} chunk {})", s.name, st,
            pc[size_t(st)], pipe_op_name(op.kind), op.micro, op.chunk);
     }
-  LOOM_CHECK(received.size() == sent.size(), "schedule {}: {} sends but {} receives", s.name, sent.size(),
-             received.size());
+  LOOM_CHECK(receives == sends, "schedule {}: {} sends but {} receives", s.name, sends, receives);
   for (double c : clock) t.makespan = std::max(t.makespan, c);
   return t;
 }

@@ -265,7 +265,7 @@ TEST(StepModel, SearchRanksWhatFitsAndRuns) {
   EXPECT_GT(s.too_big, 0);
   for (size_t i = 0; i < s.ranked.size(); ++i) {
     const LayoutChoice& l = s.ranked[i];
-    EXPECT_EQ(l.cfg.parallel.dp * l.cfg.parallel.tp * l.cfg.parallel.pp, c.devices());
+    EXPECT_EQ(l.cfg.world(), c.devices());
     EXPECT_LE(double(l.pred.memory_bytes), c.memory_bytes) << layout_name(l.cfg);
     if (i) {
       EXPECT_LE(l.pred.mfu, s.ranked[i - 1].pred.mfu);
@@ -276,15 +276,18 @@ TEST(StepModel, SearchRanksWhatFitsAndRuns) {
   }
   // ZeRO-3 runs with pipelines, with either reshard policy, and the V schedules are tried:
   // each shows up among the ranked layouts.
-  bool z3_pp = false, kept = false, v = false;
+  // Context parallel too, with pipelines.
+  bool z3_pp = false, kept = false, v = false, cp_pp = false;
   for (const LayoutChoice& l : s.ranked) {
     z3_pp = z3_pp || (l.cfg.parallel.zero == 3 && l.cfg.parallel.pp > 1);
     kept = kept || (l.cfg.parallel.zero == 3 && l.cfg.parallel.zero3_reshard == "after_step");
     v = v || l.cfg.pp_v_shape();
+    cp_pp = cp_pp || (l.cfg.parallel.cp > 1 && l.cfg.parallel.pp > 1);
   }
   EXPECT_TRUE(z3_pp);
   EXPECT_TRUE(kept);
   EXPECT_TRUE(v);
+  EXPECT_TRUE(cp_pp);
   int refused = 0;
   for (auto& [key, got] : s.refused) refused += got.first;
   EXPECT_EQ(s.tried, refused + s.too_big + int(s.ranked.size()));
@@ -323,6 +326,41 @@ TEST(StepModel, ClusterFilesSayWhatIsWrong) {
   std::string bad_tier = ok;
   bad_tier += "fast = 1\n";  // inside [intra]
   fails(bad_tier, "unknown key `intra.fast`");
+}
+
+// Context parallel: each rank computes T / cp tokens; the ring's transfers hide behind block
+// attention unless cp_overlap is false; the all-gather's gather (twice) and reduce-scatter are
+// exposed, per block and micro-batch, to the byte.
+TEST(StepModel, ContextParallelTransfersAndTheirOverlap) {
+  Cluster c = cluster_small();
+  Config base = model_small();
+  base.model.seq_len = 256;
+  base.parallel.cp = 2, base.parallel.dp = 4;
+  config_validate(base);
+  const StepPrediction ring = step_predict(base, c);
+  Config off = base;
+  off.parallel.cp_overlap = false;
+  config_validate(off);
+  const StepPrediction exposed = step_predict(off, c);
+  const double kvd = double(base.kv_heads()) * base.head_dim(), tokens = 2.0 * 128, act = 4;
+  const double kv = tokens * 2 * kvd * act, hop = collective_time("send", 2, kv, c.intra, false),
+               hop_grad = collective_time("send", 2, kv, c.intra, false);  // f32 both here
+  const int L = base.model.n_layer, m = base.accum_steps();
+  // forward one hop; backward one hop and one gradient, and the gradient's last hop home
+  EXPECT_NEAR(exposed.cp, m * L * (2 * hop + 2 * hop_grad), 1e-12);
+  EXPECT_LT(ring.cp, exposed.cp);
+  EXPECT_GT(ring.cp, 0);  // the gradient's last hop home is never hidden
+  Config ag = base;
+  ag.parallel.cp_attention = "allgather";
+  config_validate(ag);
+  const double gather = collective_time("all_gather", 2, 2 * kv, c.intra, c.tree);
+  const double rs = collective_time("reduce_scatter", 2, 2 * kv, c.intra, c.tree);
+  EXPECT_NEAR(step_predict(ag, c).cp, m * L * (2 * gather + rs), 1e-12);
+  // half the tokens a rank: less memory than the same layout without cp
+  Config one = base;
+  one.parallel.cp = 1;
+  config_validate(one);
+  EXPECT_LT(step_predict(base, c).memory_bytes, step_predict(one, c).memory_bytes);
 }
 
 }  // namespace
