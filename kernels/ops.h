@@ -88,7 +88,7 @@ void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int 
 template <class S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, int B, int T, int H, int KV, int D);
 
-// defines: attention_kv_extract, attention_block_forward, attention_block_finish,
+// defines: attention_kv_extract, attention_block_scratch, attention_block_forward, attention_block_finish,
 // attention_block_delta, attention_block_backward, attention_block_grads_store
 // Context parallel (parallel/context_parallel.h): this rank's queries, rows of qkv
 // [B,Tq,(H+2KV)*D] at global positions qpos [Tq], attend to keys and values that arrive in
@@ -97,11 +97,13 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, in
 // kv_extract: a rank's own block, kv [B,T,2*KV*D] from its qkv.
 template <class S>
 void attention_kv_extract(S* kv, const S* qkv, int B, int T, int H, int KV, int D);
+// The scores scratch the block kernels work in: f32 elements for B x H tasks.
+int64_t attention_block_scratch(int B, int Tq, int Tk, int H);
 // Merges one block into the running output acc f32 [B,Tq,H*D] and the running max and sum
 // ml f32 [B,H,Tq,2] (online softmax); `first` starts them.
 template <class S>
-void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const int32_t* qpos,
-                             const int32_t* kpos, int B, int Tq, int Tk, int H, int KV, int D, bool first);
+void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const int32_t* qpos, const int32_t* kpos,
+                             int B, int Tq, int Tk, int H, int KV, int D, bool first, float* scratch);
 // out [B,Tq,H*D] = acc / sum; lse f32 [B,H,Tq] = max + log(sum).
 template <class S>
 void attention_block_finish(S* out, float* lse, const float* acc, const float* ml, int B, int Tq, int H, int D);
@@ -112,7 +114,7 @@ void attention_block_delta(float* delta, const S* dout, const S* out, int B, int
 template <class S>
 void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const float* lse,
                               const float* delta, const int32_t* qpos, const int32_t* kpos, int B, int Tq, int Tk,
-                              int H, int KV, int D);
+                              int H, int KV, int D, float* scratch);
 // dqkv [B,T,(H+2KV)*D] (overwritten) from dq f32 [B,T,H*D] and this rank's dkv f32 [B,T,2*KV*D].
 template <class S>
 void attention_block_grads_store(S* dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV, int D);

@@ -59,12 +59,12 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
   if (cfg.moe_layers()) items.push_back({"moe_stats", 4 * cfg.moe_layers(), DType::f64, Mem::workspace});
   for (auto& it : pipeline_stage_plan(cfg, at.pp, dtype)) items.push_back(it);
   // The data-parallel side and its optimizer.
-  const auto dp_items =
-      stage == 0 ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
-                 : zero_plan(layout,
-                             {dcp, dcp_rank, cfg.parallel.ep > 1 ? dcp / cfg.parallel.ep : 0,
-                              dcp_rank / cfg.parallel.ep, zero_tied(cfg)},
-                             stage, at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
+  const auto dp_items = stage == 0
+                            ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
+                            : zero_plan(layout,
+                                        {dcp, dcp_rank, cfg.parallel.ep > 1 ? dcp / cfg.parallel.ep : 0,
+                                         dcp_rank / cfg.parallel.ep, zero_tied(cfg)},
+                                        stage, at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
   items.insert(items.end(), dp_items.begin(), dp_items.end());
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);
@@ -141,11 +141,10 @@ void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& a
 }
 
 std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype) {
-  std::string out = fmt::format("per-rank memory on {} ({}), dp {}, tp {}{}{} (MiB)\n{:<12}", device, dtype_name(dtype),
-                                cfg.parallel.dp, cfg.parallel.tp,
-                                cfg.parallel.cp > 1 ? fmt::format(", cp {}", cfg.parallel.cp) : "",
-                                cfg.parallel.pp > 1 ? fmt::format(", pp {} (rank 0, the first stage)", cfg.parallel.pp) : "",
-                                "");
+  std::string out =
+      fmt::format("per-rank memory on {} ({}), dp {}, tp {}{}{} (MiB)\n{:<12}", device, dtype_name(dtype),
+                  cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.cp > 1 ? fmt::format(", cp {}", cfg.parallel.cp) : "",
+                  cfg.parallel.pp > 1 ? fmt::format(", pp {} (rank 0, the first stage)", cfg.parallel.pp) : "", "");
   MemoryPlan p[4];
   for (int s = 0; s < 4; ++s) {
     Config c = cfg;

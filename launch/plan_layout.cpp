@@ -60,26 +60,26 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
   std::vector<Candidate> all;
   for (int tp : divisors(cl.devices_per_node, cl.devices_per_node))
     for (int pp : divisors(L, L))
-      for (int cp : {1, 2}) {  // context parallel: each sequence over cp ranks
-      if (world % (tp * pp * cp) || base.model.seq_len % (2 * cp)) continue;
-      const int dp = world / (tp * pp * cp);
-      std::vector<std::pair<const char*, int>> schedules = {{"1f1b", 1}};
-      if (pp > 1) {
-        schedules.push_back({"zb", 1});
-        schedules.push_back({"zbv", 2});  // two chunks a stage, in a V
-        schedules.push_back({"dualpipev", 2});
-        for (int v : divisors(L / pp, 8))  // Megatron's virtual stages: whole blocks per model chunk
-          if (v > 1) schedules.push_back({"interleaved", v});
+      for (int cp : {1, 2, 4, 8}) {  // context parallel: each sequence over cp ranks
+        if (world % (tp * pp * cp) || base.model.seq_len % (2 * cp)) continue;
+        const int dp = world / (tp * pp * cp);
+        std::vector<std::pair<const char*, int>> schedules = {{"1f1b", 1}};
+        if (pp > 1) {
+          schedules.push_back({"zb", 1});
+          schedules.push_back({"zbv", 2});  // two chunks a stage, in a V
+          schedules.push_back({"dualpipev", 2});
+          for (int v : divisors(L / pp, 8))  // Megatron's virtual stages: whole blocks per model chunk
+            if (v > 1) schedules.push_back({"interleaved", v});
+        }
+        for (int ep : E > 0 ? divisors(E, dp * cp) : std::vector<int>{1})
+          for (int mb : {1, 2, 4, 8})
+            for (int zero = 0; zero <= 3; ++zero)
+              for (auto [name, v] : schedules)
+                for (const char* reshard : {"after_forward", "after_step"})
+                  if ((dp * cp) % ep == 0 && E % std::max(ep, 1) == 0 &&
+                      (zero == 3 || std::string(reshard) == "after_forward"))
+                    all.push_back({tp, pp, cp, dp, ep, mb, zero, name, v, reshard});
       }
-      for (int ep : E > 0 ? divisors(E, dp * cp) : std::vector<int>{1})
-        for (int mb : {1, 2, 4, 8})
-          for (int zero = 0; zero <= 3; ++zero)
-            for (auto [name, v] : schedules)
-              for (const char* reshard : {"after_forward", "after_step"})
-                if ((dp * cp) % ep == 0 && E % std::max(ep, 1) == 0 &&
-                    (zero == 3 || std::string(reshard) == "after_forward"))
-                  all.push_back({tp, pp, cp, dp, ep, mb, zero, name, v, reshard});
-    }
   // Every candidate is judged on its own (embarrassingly parallel), then merged in order, so
   // the ranking does not depend on the threads.
   struct Verdict {
@@ -205,7 +205,8 @@ std::string step_prediction_json(const Config& c, const StepPrediction& p) {
       "\"micro_batch\":{},"
       "\"schedule\":\"{}\",\"virtual\":{},\"recompute\":\"{}\",\"step_ms\":{:.6g},\"compute_ms\":{:.6g},"
       "\"comm_exposed_ms\":{:.6g},\"bubble_ms\":{:.6g},\"optimizer_ms\":{:.6g},\"tp_ms\":{:.6g},\"ep_ms\":{:.6g},"
-      "\"cp_ms\":{:.6g},\"pp_ms\":{:.6g},\"dp_ms\":{:.6g},\"dp_total_ms\":{:.6g},\"tokens_per_s\":{:.6g},\"mfu\":{:.6g},"
+      "\"cp_ms\":{:.6g},\"pp_ms\":{:.6g},\"dp_ms\":{:.6g},\"dp_total_ms\":{:.6g},\"tokens_per_s\":{:.6g},\"mfu\":{:.6g}"
+      ","
       "\"memory_b\":{},\"fits\":{}}}",
       layout_name(c), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.ep, c.parallel.cp, c.parallel.zero,
       c.parallel.zero3_reshard, c.train.micro_batch, c.parallel.pp_schedule, c.parallel.pp_virtual, c.train.recompute,
@@ -227,8 +228,8 @@ std::string step_prediction_text(const Config& c, const Cluster& cl, const StepP
       "{:.4g}, cp {:.4g}, pp {:.4g}, dp {:.4g} of {:.4g} moved), bubble {:.4g}, optimizer {:.4g}\n"
       "{:.1f} tokens/s, MFU {:.1f}%, memory {} on the fullest rank{}\n",
       layout_name(c), cl.name, world, devices_text(cl), 1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.tp,
-      1e3 * p.ep, 1e3 * p.cp, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer, p.tokens_per_s,
-      100 * p.mfu, bytes_text(double(p.memory_bytes)),
+      1e3 * p.ep, 1e3 * p.cp, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer,
+      p.tokens_per_s, 100 * p.mfu, bytes_text(double(p.memory_bytes)),
       p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)));
 }
 
@@ -260,13 +261,13 @@ std::string pipeline_stages_text(const Config& given, int p, int v, const std::s
     const std::vector<int> chunks = pipeline_stage_chunks(c, st);
     int n = 0;
     for (int g : chunks) n += blocks[size_t(g)];
-    const int64_t bytes = plan_memory(c, "cpu", dtype, st * c.parallel.dp * c.parallel.tp).total();
+    const int64_t bytes = plan_memory(c, "cpu", dtype, st * c.parallel.dp * c.parallel.cp * c.parallel.tp).total();
     out += fmt::format(
         "stage {:>2}: chunks {:<8} {:>3} blocks{}{}, memory {:.1f} MiB (rank {})\n", st,
         fmt::format("{}", fmt::join(chunks, ",")), n,
         std::string(chunks.front() == 0 ? " + embedding" : "") + (chunks.back() == p * v - 1 ? " + head" : ""),
         std::string(compute.empty() ? "" : fmt::format(", compute {:.1f} ms a step", 1e3 * compute[size_t(st)])),
-        double(bytes) / 1048576.0, st * c.parallel.dp * c.parallel.tp);
+        double(bytes) / 1048576.0, st * c.parallel.dp * c.parallel.cp * c.parallel.tp);
   }
   return out;
 }

@@ -30,6 +30,7 @@ void Trainer::Parts::facts_write() const {
         {"tp", cfg.parallel.tp},
         {"pp", cfg.parallel.pp},
         {"ep", cfg.parallel.ep},
+        {"cp", cfg.parallel.cp},
         {"sp", cfg.parallel.sp},
         {"zero", cfg.parallel.zero},
         {"comm", mesh->comm_name()}}},

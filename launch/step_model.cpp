@@ -207,7 +207,7 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
                              : collective_time("all_reduce", tp, row, tl, cl.tree);
   // Context parallel, per block: the ring's cp - 1 key/value transfers forward, each behind
   // the attention of one block (1 / cp of the core); backward the blocks again and their f32
-  // gradients (cp sends, the last one home unhidden). All-gather: the gather forward, again
+  // gradients, behind twice that (cp sends, the last one home unhidden). All-gather: the gather forward, again
   // backward, and the gradients' reduce-scatter, none hidden.
   double cp_fwd = 0, cp_bwd = 0;
   if (p.cp > 1) {
@@ -217,10 +217,11 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
     if (p.cp_attention == "ring") {
       const double hop = collective_time("send", 2, kv_bytes, cl_cp, false);
       const double hop_grad = collective_time("send", 2, dkv_bytes, cl_cp, false);
-      const bool hide = p.cp_overlap;
-      cp_fwd = (p.cp - 1) * (hide ? std::max(0.0, hop - core_block) : hop);
-      cp_bwd = (p.cp - 1) * (hide ? std::max(0.0, std::max(hop, hop_grad) - 2 * core_block) : hop + hop_grad) +
-               hop_grad;
+      // What the cluster's overlap lets compute hide (none where a rank's communication thread
+      // shares its core, as on this machine).
+      const double hide = p.cp_overlap ? cl.overlap : 0.0;
+      cp_fwd = (p.cp - 1) * std::max(0.0, hop - hide * core_block);
+      cp_bwd = (p.cp - 1) * std::max(0.0, hop + hop_grad - hide * 2 * core_block) + hop_grad;
     } else {
       const double gather = collective_time("all_gather", p.cp, kv_bytes * p.cp, cl_cp, cl.tree);
       cp_fwd = gather;

@@ -56,7 +56,7 @@ struct StepPrediction {
   double bubble = 0;        // the schedule's idle time on the busiest stage
   double optimizer = 0;
   double tp = 0, ep = 0, pp = 0, dp = 0, cp = 0;  // comm_exposed by axis
-  double dp_total = 0;                    // the dp/ZeRO traffic before overlap
+  double dp_total = 0;                            // the dp/ZeRO traffic before overlap
   double tokens_per_s = 0, mfu = 0;
   int64_t memory_bytes = 0;  // the fullest rank's plan (first and last stage checked)
   bool fits = true;

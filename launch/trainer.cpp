@@ -196,9 +196,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   p.log = std::make_unique<StepLog>(p.cfg, p.opt, val_batches_available() > 0, p.result);
   p.faults = std::make_unique<FaultInjector>(cfg, opt.world_rank, run_restarted());
   if (cfg.checkpoint.every > 0) {
-    const nlohmann::json layout = {{"world", p.mesh->world()},     {"dp", cfg.parallel.dp}, {"tp", cfg.parallel.tp},
-                                   {"pp", cfg.parallel.pp},        {"ep", cfg.parallel.ep}, {"cp", cfg.parallel.cp}, {"zero", cfg.parallel.zero},
-                                   {"dtype", dtype_name(p.dtype)}, {"device", p.device}};
+    const nlohmann::json layout = {{"world", p.mesh->world()},  {"dp", cfg.parallel.dp},        {"tp", cfg.parallel.tp},
+                                   {"pp", cfg.parallel.pp},     {"ep", cfg.parallel.ep},        {"cp", cfg.parallel.cp},
+                                   {"zero", cfg.parallel.zero}, {"dtype", dtype_name(p.dtype)}, {"device", p.device}};
     p.ckpt = std::make_unique<Checkpointer>(p.cfg, p.mesh->world_group(), layout, opt.quiet);
     FaultInjector* fi = p.faults.get();
     p.ckpt->fault_in_write = [fi](int64_t step) { fi->at(step, "checkpoint"); };
@@ -293,8 +293,8 @@ void Trainer::Parts::startup_log() {
          cfg.parallel.cp, cfg.local_seq(), 2 * cfg.parallel.cp - 1, 2 * cfg.parallel.cp, cfg.parallel.cp_attention,
          cfg.parallel.cp_attention == "ring" && !cfg.parallel.cp_overlap ? " (transfers not overlapped)" : "");
   for (int j = 0; j < chunk->pieces(); ++j)  // a stage of the interleaved schedule holds several
-    info("activation plan (B={}, T={}{}):\n{}", B, cfg.local_seq(), chunk->pieces() > 1 ? fmt::format(", model chunk {}", j) : "",
-         chunk->plan(j).table());
+    info("activation plan (B={}, T={}{}):\n{}", B, cfg.local_seq(),
+         chunk->pieces() > 1 ? fmt::format(", model chunk {}", j) : "", chunk->plan(j).table());
   {
     // Every rank's ledger, tabled by rank 0: ZeRO padding and tensor-parallel shards differ.
     const MemLedger& L = alloc->ledger();

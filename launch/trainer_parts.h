@@ -67,7 +67,7 @@ struct Trainer::Parts {
   double peak = 0;
   int64_t tokens_per_step = 0;
   std::vector<int32_t> inputs, targets;
-  std::vector<int32_t> positions;  // data.doc_mask: each input's position in its document
+  std::vector<int32_t> positions;              // data.doc_mask: each input's position in its document
   std::vector<int32_t> cp_inputs, cp_targets;  // parallel.cp: this rank's tokens of inputs, targets
   TrainResult result;
   std::unique_ptr<StepLog> log;

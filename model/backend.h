@@ -76,8 +76,9 @@ inline int64_t ragged_rows(const int32_t* counts, int sources, int G, int g) {
 
 class Backend {
   [[noreturn]] static void cp_unsupported() {
-    fail("context parallel's attention runs on the CPU backend only so far; set parallel.cp = 1 or train.device = "
-         "\"cpu\"");
+    fail(
+        "context parallel's attention runs on the CPU backend only so far; set parallel.cp = 1 or train.device = "
+        "\"cpu\"");
   }
 
  public:
@@ -174,10 +175,11 @@ class Backend {
     (void)kv, (void)qkv, (void)B, (void)T, (void)H, (void)KV, (void)D;
     cp_unsupported();
   }
-  virtual void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos,
-                                       const int32_t* kpos, int B, int Tq, int Tk, int H, int KV, int D, bool first) {
+  // scratch: attention_block_scratch(B, Tq, Tk, H) floats.
+  virtual void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos, const int32_t* kpos,
+                                       int B, int Tq, int Tk, int H, int KV, int D, bool first, float* scratch) {
     (void)acc, (void)ml, (void)qkv, (void)kv, (void)qpos, (void)kpos, (void)B, (void)Tq, (void)Tk, (void)H, (void)KV,
-        (void)D, (void)first;
+        (void)D, (void)first, (void)scratch;
     cp_unsupported();
   }
   virtual void attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq, int H,
@@ -191,9 +193,9 @@ class Backend {
   }
   virtual void attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse,
                                         const float* delta, const int32_t* qpos, const int32_t* kpos, int B, int Tq,
-                                        int Tk, int H, int KV, int D) {
+                                        int Tk, int H, int KV, int D, float* scratch) {
     (void)dq, (void)dkv, (void)dout, (void)qkv, (void)kv, (void)lse, (void)delta, (void)qpos, (void)kpos, (void)B,
-        (void)Tq, (void)Tk, (void)H, (void)KV, (void)D;
+        (void)Tq, (void)Tk, (void)H, (void)KV, (void)D, (void)scratch;
     cp_unsupported();
   }
   virtual void attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV,

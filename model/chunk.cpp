@@ -333,7 +333,9 @@ void Chunk::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr pending
   row_parallel_exit(partial, out);
 }
 
-CpBuffers Chunk::cp_buffers() { return {scr(CP_KV), scrf(CP_ACC), scrf(CP_ML), scrf(CP_DKV)}; }
+CpBuffers Chunk::cp_buffers() {
+  return {scr(CP_KV), scrf(CP_ACC), scrf(CP_ML), scrf(CP_DKV), scrf(CP_SCORES)};
+}
 
 void Chunk::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr in, Ptr dres, bool keep) {
   const int N = B_ * T_, qkv = (H_ + 2 * KV_) * D_;
@@ -561,7 +563,8 @@ void Chunk::head_backward(UnitAccess& acc, Grads part) {
 
 void Chunk::backward(const Inputs& in, UnitAccess& acc, Grads part) {
   pos_ = in.pos;
-  LOOM_CHECK(!cp_ || pos_ || part == Grads::weight, "context parallel: the inputs carry no positions (stage them with the cp positions)");
+  LOOM_CHECK(!cp_ || pos_ || part == Grads::weight,
+             "context parallel: the inputs carry no positions (stage them with the cp positions)");
   const int N = B_ * T_;
   const Ptr dres = scr(D_RES);
   stash_used_ = 0;

@@ -99,8 +99,8 @@ class Chunk {
   int slots(int piece) const { return pieces_[size_t(piece)].slots; }
   int slots() const { return slots(piece_); }  // of the current piece
   void set_slot(int slot) { slot_ = slot; }
-  int vocab_lo() const { return v0_; }   // the first vocabulary row this rank holds
-  int vocab_rows() const { return V_; }  // how many (padded)
+  int vocab_lo() const { return v0_; }                                   // the first vocabulary row this rank holds
+  int vocab_rows() const { return V_; }                                  // how many (padded)
   const ContextParallel* context_parallel() const { return cp_.get(); }  // null without cp
   void zero_grad();
 

@@ -67,6 +67,7 @@ enum Scr {
   CP_ACC,
   CP_ML,
   CP_DKV,
+  CP_SCORES,
   MOE_CP_COUNTS,
   NUM_SCR
 };

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/moe_row.h"
+#include "kernels/ops.h"
 
 namespace loom {
 
@@ -111,42 +112,46 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"moe_map_in", ep > 1 ? Rr : 0, kept(nm, false), DType::i32},
       {"moe_map_out", ep > 1 ? Rr : 0, kept(nm, false), DType::i32},
   };
-  p.scratch = {{"d_residual", Ns * C, 1, x},
-               {"d_norm", N * C, 1, x},
-               {"d_atty", N * H * D, 1, x},
-               {"d_qkv", N * qkv, 1, x},
-               {"d_fc", N * fc, 1, x},
-               {"d_act", bt.fused_dgelu ? 0 : N * F, 1, x},
-               {"attn_scratch", bt.attention_probs ? 0 : B * H * T, 1, f32},
-               // Tensor-parallel communication buffers: gathered rows, reduced shards, the
-               // sequence-parallel norm gradients and the vocab-parallel loss statistics.
-               {"full_a", sp ? N * C : 0, 1, x, true},
-               {"full_b", sp ? N * C : 0, 1, x, true},
-               {"d_shard", sp ? Ns * C : 0, 1, x, true},
-               {"d_normw", sp ? 4 * C : 0, 1, f32, true},
-               {"ce_stats", tp > 1 ? head * 3 * N : 0, 1, f32, true},
-               {"moe_logits", nm ? N * E : 0, 1, x},  // and their gradient
-               {"moe_plan", nm ? moe_row::plan_scratch_ints(N * k, int(E)) : 0, 1, DType::i32},
-               {"moe_drows", Rx * C, 1, x},
-               {"moe_dfc", Rr * 2 * Fe, 1, x},
-               {"moe_dact", Rr * Fe, 1, x},
-               {"moe_dw", nm ? N * k : 0, 1, f32},
-               {"moe_aux", nm ? 2 * E : 0, 1, f32},  // the aux gradient per expert, then the probabilities' sums
-               {"moe_dx", nm ? N * C : 0, 1, x},
-               {"moe_send", ep > 1 ? Rx * C : 0, 1, x, true},  // the all_to_all_v buffers
-               {"moe_recv", ep > 1 ? Rx * C : 0, 1, x, true},
-               // Context parallel (parallel/context_parallel.h): key/value blocks (the ring's
-               // held and incoming ones, or all cp gathered and this rank's own), the running
-               // output (backward: dq), max and sum (backward: delta), and the key/value
-               // gradients (ring: one block's part and the two accumulators in flight; all-gather:
-               // every block's, and this rank's reduced).
-               {"cp_kv", cp > 1 ? (ring ? 2 : cp + 1) * kvblock : 0, 1, x, true},
-               {"cp_acc", cp > 1 ? N * H * D : 0, 1, f32},
-               {"cp_ml", cp > 1 ? 2 * B * H * T : 0, 1, f32},
-               {"cp_dkv", cp > 1 ? (ring ? 3 : cp + 1) * kvblock : 0, 1, f32, true},
-               // MoE under cp: a micro-batch's expert counts summed over the cp ranks (the
-               // load-balancing loss is the whole sequence's)
-               {"moe_cp_counts", nm && cp > 1 ? 2 * E : 0, 1, DType::i32, true}};
+  p.scratch = {
+      {"d_residual", Ns * C, 1, x},
+      {"d_norm", N * C, 1, x},
+      {"d_atty", N * H * D, 1, x},
+      {"d_qkv", N * qkv, 1, x},
+      {"d_fc", N * fc, 1, x},
+      {"d_act", bt.fused_dgelu ? 0 : N * F, 1, x},
+      {"attn_scratch", bt.attention_probs ? 0 : B * H * T, 1, f32},
+      // Tensor-parallel communication buffers: gathered rows, reduced shards, the
+      // sequence-parallel norm gradients and the vocab-parallel loss statistics.
+      {"full_a", sp ? N * C : 0, 1, x, true},
+      {"full_b", sp ? N * C : 0, 1, x, true},
+      {"d_shard", sp ? Ns * C : 0, 1, x, true},
+      {"d_normw", sp ? 4 * C : 0, 1, f32, true},
+      {"ce_stats", tp > 1 ? head * 3 * N : 0, 1, f32, true},
+      {"moe_logits", nm ? N * E : 0, 1, x},  // and their gradient
+      {"moe_plan", nm ? moe_row::plan_scratch_ints(N * k, int(E)) : 0, 1, DType::i32},
+      {"moe_drows", Rx * C, 1, x},
+      {"moe_dfc", Rr * 2 * Fe, 1, x},
+      {"moe_dact", Rr * Fe, 1, x},
+      {"moe_dw", nm ? N * k : 0, 1, f32},
+      {"moe_aux", nm ? 2 * E : 0, 1, f32},  // the aux gradient per expert, then the probabilities' sums
+      {"moe_dx", nm ? N * C : 0, 1, x},
+      {"moe_send", ep > 1 ? Rx * C : 0, 1, x, true},  // the all_to_all_v buffers
+      {"moe_recv", ep > 1 ? Rx * C : 0, 1, x, true},
+      // Context parallel (parallel/context_parallel.h): key/value blocks (the ring's
+      // held and incoming ones, or all cp gathered and this rank's own), the running
+      // output (backward: dq), max and sum (backward: delta), and the key/value
+      // gradients (ring: one block's part and the two accumulators in flight; all-gather:
+      // every block's, and this rank's reduced).
+      {"cp_kv", cp > 1 ? (ring ? 2 : cp + 1) * kvblock : 0, 1, x, true},
+      {"cp_acc", cp > 1 ? N * H * D : 0, 1, f32},
+      {"cp_ml", cp > 1 ? 2 * B * H * T : 0, 1, f32},
+      {"cp_dkv", cp > 1 ? (ring ? 3 : cp + 1) * kvblock : 0, 1, f32, true},
+      // the CPU block kernels' scores, a (query run, key run) pair at a time per (b, head)
+      {"cp_scores",
+       cp > 1 && bt.device == DeviceKind::cpu ? cpu::attention_block_scratch(B, int(T), int(T), int(H)) : 0, 1, f32},
+      // MoE under cp: a micro-batch's expert counts summed over the cp ranks (the
+      // load-balancing loss is the whole sequence's)
+      {"moe_cp_counts", nm && cp > 1 ? 2 * E : 0, 1, DType::i32, true}};
   return p;
 }
 

@@ -127,8 +127,8 @@ void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool 
   float* sums = scrf(MOE_AUX) + E;
   be_.column_sums(sums, probs, N, E);
   const int32_t* all = moe_counts_over_cp(counts, 2 * E, sums);
-  be_.moe_stats_add(moe_stats_.data<double>() + 4 * ((a.layer + 1) / mc.every - 1), all, sums,
-                    N * cfg_.parallel.cp, E, k);
+  be_.moe_stats_add(moe_stats_.data<double>() + 4 * ((a.layer + 1) / mc.every - 1), all, sums, N * cfg_.parallel.cp, E,
+                    k);
 }
 
 const int32_t* Chunk::moe_counts_over_cp(const int32_t* counts, int n, float* sums) {

@@ -49,7 +49,8 @@ void ContextParallel::forward(Ptr out, float* lse, Ptr qkv, const CpBuffers& buf
   auto kvbuf = [&](int i) { return Buf(kv(i).p, kvn, be_.dtype(), be_.device()); };
   auto block = [&](Ptr blk, int src, bool first) {
     auto s = trace_.scope("attention_block_forward");
-    be_.attention_block_forward(buf.acc, buf.ml, qkv, blk, pos_of(rank_), pos_of(src), B_, Tl_, Tl_, H, KV, D, first);
+    be_.attention_block_forward(buf.acc, buf.ml, qkv, blk, pos_of(rank_), pos_of(src), B_, Tl_, Tl_, H, KV, D, first,
+                                buf.scores);
   };
   const int next = (rank_ + 1) % N_, prev = (rank_ + N_ - 1) % N_;
   if (ring_) {
@@ -97,7 +98,7 @@ void ContextParallel::backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float
   auto block = [&](float* dkv_blk, Ptr blk, int src) {
     auto s = trace_.scope("attention_block_backward");
     be_.attention_block_backward(dq, dkv_blk, dout, qkv, blk, lse, delta, pos_of(rank_), pos_of(src), B_, Tl_, Tl_, H,
-                                 KV, D);
+                                 KV, D, buf.scores);
   };
   const int next = (rank_ + 1) % N_, prev = (rank_ + N_ - 1) % N_;
   float* own;  // this rank's key/value gradient, summed over every rank's queries
@@ -127,7 +128,7 @@ void ContextParallel::backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float
         be_.add(dkvbuf(a), Buf(part, kvn, DType::f32, dev));
       }
       const int into = s + 1 < N_ ? (s + 1) % 2 : 2;  // the next step's accumulator, or home
-      if (into < 2) wait({&acc_sent[into]});           // sent from there a step ago
+      if (into < 2) wait({&acc_sent[into]});          // sent from there a step ago
       {
         auto sc = trace_.scope("cp_ring_send_grad");
         cp_.group_start();

@@ -30,10 +30,11 @@ void cp_select(int32_t* out, const int32_t* in, int B, int T, int cp, int rank);
 
 // Where attention works: the chunk's cp_* scratch (model/layout.cpp plans their sizes).
 struct CpBuffers {
-  Ptr kv;      // key/value blocks [B, T/cp, 2 KV D]: ring 2, allgather cp + 1
-  float* acc;  // [B, T/cp, H D]: the running output; backward: dq
-  float* ml;   // [B, H, T/cp, 2]: running max and sum; backward: delta
-  float* dkv;  // key/value gradient blocks: ring 3, allgather cp + 1
+  Ptr kv;         // key/value blocks [B, T/cp, 2 KV D]: ring 2, allgather cp + 1
+  float* acc;     // [B, T/cp, H D]: the running output; backward: dq
+  float* ml;      // [B, H, T/cp, 2]: running max and sum; backward: delta
+  float* dkv;     // key/value gradient blocks: ring 3, allgather cp + 1
+  float* scores;  // the kernels' scores, attention_block_scratch(B, T/cp, T/cp, H)
 };
 
 class ContextParallel {

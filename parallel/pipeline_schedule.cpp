@@ -442,8 +442,8 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
           sent[k] = end + delay, sent_to[k] = op.peer, ++sends;
         }
         if (op.kind == PipeOp::recv_act || op.kind == PipeOp::recv_grad) {
-          int& r = received_at[key(op.kind == PipeOp::recv_act ? PipeOp::send_act : PipeOp::send_grad, op.micro,
-                                   op.chunk)];
+          int& r =
+              received_at[key(op.kind == PipeOp::recv_act ? PipeOp::send_act : PipeOp::send_grad, op.micro, op.chunk)];
           if (r < 0) r = st, ++receives;
         }
         ++pc[size_t(st)];

@@ -226,8 +226,7 @@ void config_validate(Config& cfg) {
     const ParallelConfig plain;
     for (auto [key, differs] : {std::pair{"parallel.cp_attention", p.cp_attention != plain.cp_attention},
                                 {"parallel.cp_overlap", p.cp_overlap != plain.cp_overlap}})
-      LOOM_CHECK(!differs, "{} is set but parallel.cp = 1, so it would do nothing; set parallel.cp or remove it",
-                 key);
+      LOOM_CHECK(!differs, "{} is set but parallel.cp = 1, so it would do nothing; set parallel.cp or remove it", key);
   }
   check_one_of("parallel.zero3_reshard", p.zero3_reshard, {"after_forward", "after_step"});
   LOOM_CHECK(p.zero == 3 || p.zero3_reshard == "after_forward",

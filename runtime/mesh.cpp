@@ -80,7 +80,8 @@ MeshGroup mesh_group(const MeshDims& d, Axis axis, int rank) {
       break;
     }
     case Axis::dcp:
-      for (int f = 0; f < d.dp * d.cp; ++f) g.ranks.push_back(with([&](MeshCoord& c) { c.dp = f / d.cp, c.cp = f % d.cp; }));
+      for (int f = 0; f < d.dp * d.cp; ++f)
+        g.ranks.push_back(with([&](MeshCoord& c) { c.dp = f / d.cp, c.cp = f % d.cp; }));
       break;
     case Axis::embed:  // first and last pipeline stage, for tied embeddings
       g.ranks.push_back(with([&](MeshCoord& c) { c.pp = 0; }));

@@ -187,11 +187,34 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, in
 }
 
 // Context parallel's blocks (ops.h): one thread per (batch, head) forward, per (batch, kv
-// head) backward, as above. Nothing of P is kept: backward recomputes it from the
-// log-sum-exp, block by block, as the blocks come round again.
+// head) backward, as above. Positions come in runs (a rank's chunks), so the mask of a (query
+// run, key run) pair is nothing, everything or a causal edge: GEMMs run per pair, those wholly
+// masked are skipped, and each row's visible keys in a run are a prefix. Nothing of P is
+// kept: backward recomputes it from the log-sum-exp, block by block, as blocks come round.
 namespace {
-// Whether key u of the block is visible to query t.
-inline bool visible(const int32_t* qpos, const int32_t* kpos, int t, int u) { return kpos[u] <= qpos[t]; }
+struct Run {
+  int at, pos, n;  // rows [at, at + n) at positions pos, pos + 1, ...
+};
+// Runs of consecutive positions, none longer than half the rows (a rank's two chunks, also
+// where they are neighbours): what a task's scores scratch holds at once.
+std::vector<Run> runs_of(const int32_t* pos, int n) {
+  const int most = (n + 1) / 2;
+  std::vector<Run> r;
+  for (int i = 0; i < n; ++i)
+    if (r.empty() || pos[i] != r.back().pos + r.back().n || r.back().n == most)
+      r.push_back({i, pos[i], 1});
+    else
+      ++r.back().n;
+  return r;
+}
+// Keys of run k visible to the query at position qp: a prefix of the run.
+inline int visible(const Run& k, int qp) {
+  return std::clamp(qp - k.pos + 1, 0, k.n);
+}
+// Whether any key of run k is visible to any query of run q.
+inline bool meets(const Run& q, const Run& k) {
+  return k.pos <= q.pos + q.n - 1;
+}
 }  // namespace
 
 template <class S>
@@ -202,14 +225,20 @@ void attention_kv_extract(S* kv, const S* qkv, int B, int T, int H, int KV, int 
     for (int c = 0; c < kvrow; ++c) kv[i * kvrow + c] = qkv[i * row + H * D + c];
 }
 
+int64_t attention_block_scratch(int B, int Tq, int Tk, int H) {
+  return int64_t(B) * H * 2 * ((Tq + 1) / 2) * ((Tk + 1) / 2);
+}
+
 template <class S>
-void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const int32_t* qpos,
-                             const int32_t* kpos, int B, int Tq, int Tk, int H, int KV, int D, bool first) {
+void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const int32_t* qpos, const int32_t* kpos,
+                             int B, int Tq, int Tk, int H, int KV, int D, bool first, float* scratch) {
   const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
+  const std::vector<Run> qr = runs_of(qpos, Tq), kr = runs_of(kpos, Tk);
+  const int64_t each = attention_block_scratch(1, Tq, Tk, 1);
 #pragma omp parallel
   {
-    std::vector<float> qb, kb, vb, P(size_t(Tq) * Tk);
+    std::vector<float> qb, kb, vb;
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h) {
@@ -218,29 +247,41 @@ void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, c
         const F32View k = f32_view(kvb + (h / group) * D, Tk, D, kvrow, kb);
         const F32View v = f32_view(kvb + (KV + h / group) * D, Tk, D, kvrow, vb);
         float* o = acc + int64_t(b) * Tq * H * D + h * D;
-        gemm(false, true, Tq, Tk, D, scale, q.p, q.ld, k.p, k.ld, 0.0f, P.data(), Tk);
-        for (int t = 0; t < Tq; ++t) {
-          float* p = P.data() + int64_t(t) * Tk;
-          float* st = ml + ((int64_t(b) * H + h) * Tq + t) * 2;
-          float* ot = o + int64_t(t) * H * D;
-          if (first) {
-            st[0] = -INFINITY, st[1] = 0.0f;
-            for (int d = 0; d < D; ++d) ot[d] = 0.0f;
+        float* st0 = ml + (int64_t(b) * H + h) * Tq * 2;
+        float* P = scratch + (int64_t(b) * H + h) * each;
+        if (first)
+          for (int t = 0; t < Tq; ++t) {
+            st0[2 * t] = -INFINITY, st0[2 * t + 1] = 0.0f;
+            for (int d = 0; d < D; ++d) o[int64_t(t) * H * D + d] = 0.0f;
           }
-          float mb = -INFINITY;
-          for (int u = 0; u < Tk; ++u)
-            if (visible(qpos, kpos, t, u)) mb = std::max(mb, p[u]);
-          if (mb == -INFINITY) {  // nothing of this block is before t
-            for (int u = 0; u < Tk; ++u) p[u] = 0.0f;
-            continue;
+        // Each (query run, key run) pair merges into the running max, sum and output in turn.
+        for (const Run& x : qr)
+          for (const Run& y : kr) {
+            if (!meets(x, y)) continue;
+            gemm(false, true, x.n, y.n, D, scale, q.p + int64_t(x.at) * q.ld, q.ld, k.p + int64_t(y.at) * k.ld, k.ld,
+                 0.0f, P, y.n);
+            for (int i = 0; i < x.n; ++i) {
+              const int t = x.at + i, n = visible(y, qpos[t]);
+              float* p = P + int64_t(i) * y.n;
+              float* st = st0 + 2 * t;
+              if (n == 0) {  // nothing of this run is before t
+                for (int u = 0; u < y.n; ++u) p[u] = 0.0f;
+                continue;
+              }
+              float mb = p[0];
+              for (int u = 1; u < n; ++u) mb = std::max(mb, p[u]);
+              const float m = std::max(st[0], mb), alpha = st[0] == -INFINITY ? 0.0f : exp_approx(st[0] - m);
+              float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+              for (int u = 0; u < n; ++u) sum += (p[u] = exp_approx(p[u] - m));
+              for (int u = n; u < y.n; ++u) p[u] = 0.0f;
+              st[0] = m, st[1] = st[1] * alpha + sum;
+              float* ot = o + int64_t(t) * H * D;
+              for (int d = 0; d < D; ++d) ot[d] *= alpha;
+            }
+            gemm(false, false, x.n, D, y.n, 1.0f, P, y.n, v.p + int64_t(y.at) * v.ld, v.ld, 1.0f,
+                 o + int64_t(x.at) * H * D, H * D);
           }
-          const float m = std::max(st[0], mb), alpha = st[0] == -INFINITY ? 0.0f : exp_approx(st[0] - m);
-          float sum = 0.0f;
-          for (int u = 0; u < Tk; ++u) sum += (p[u] = visible(qpos, kpos, t, u) ? exp_approx(p[u] - m) : 0.0f);
-          st[0] = m, st[1] = st[1] * alpha + sum;
-          for (int d = 0; d < D; ++d) ot[d] *= alpha;
-        }
-        gemm(false, false, Tq, D, Tk, 1.0f, P.data(), Tk, v.p, v.ld, 1.0f, o, H * D);
       }
   }
 }
@@ -274,12 +315,14 @@ void attention_block_delta(float* delta, const S* dout, const S* out, int B, int
 template <class S>
 void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const float* lse,
                               const float* delta, const int32_t* qpos, const int32_t* kpos, int B, int Tq, int Tk,
-                              int H, int KV, int D) {
+                              int H, int KV, int D, float* scratch) {
   const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
+  const std::vector<Run> qr = runs_of(qpos, Tq), kr = runs_of(kpos, Tk);
+  const int64_t each = attention_block_scratch(1, Tq, Tk, 1);
 #pragma omp parallel
   {
-    std::vector<float> qb, kb, vb, dyb, P(size_t(Tq) * Tk), dS(size_t(Tq) * Tk);
+    std::vector<float> qb, kb, vb, dyb;
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int kvh = 0; kvh < KV; ++kvh) {
@@ -288,26 +331,37 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
         const F32View v = f32_view(kvb + (KV + kvh) * D, Tk, D, kvrow, vb);
         float* dk = dkv + int64_t(b) * Tk * kvrow + kvh * D;
         float* dv = dk + KV * D;
+        float* Pxy = scratch + (int64_t(b) * KV + kvh) * each;  // one pair's P and dS
+        float* dSxy = Pxy + each / 2;
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
           const F32View q = f32_view(qkv + int64_t(b) * Tq * row + h * D, Tq, D, row, qb);
           const F32View dy = f32_view(dout + int64_t(b) * Tq * H * D + h * D, Tq, D, H * D, dyb);
           const float* ls = lse + (int64_t(b) * H + h) * Tq;
           const float* dl = delta + (int64_t(b) * H + h) * Tq;
-          gemm(false, true, Tq, Tk, D, scale, q.p, q.ld, k.p, k.ld, 0.0f, P.data(), Tk);
-          for (int t = 0; t < Tq; ++t) {
-            float* p = P.data() + int64_t(t) * Tk;
-            for (int u = 0; u < Tk; ++u) p[u] = visible(qpos, kpos, t, u) ? exp_approx(p[u] - ls[t]) : 0.0f;
-          }
-          gemm(true, false, Tk, D, Tq, 1.0f, P.data(), Tk, dy.p, dy.ld, 1.0f, dv, kvrow);
-          gemm(false, true, Tq, Tk, D, 1.0f, dy.p, dy.ld, v.p, v.ld, 0.0f, dS.data(), Tk);
-          for (int t = 0; t < Tq; ++t) {
-            const float* p = P.data() + int64_t(t) * Tk;
-            float* ds = dS.data() + int64_t(t) * Tk;
-            for (int u = 0; u < Tk; ++u) ds[u] = p[u] * (ds[u] - dl[t]) * scale;
-          }
-          gemm(false, false, Tq, D, Tk, 1.0f, dS.data(), Tk, k.p, k.ld, 1.0f, dq + int64_t(b) * Tq * H * D + h * D,
-               H * D);
-          gemm(true, false, Tk, D, Tq, 1.0f, dS.data(), Tk, q.p, q.ld, 1.0f, dk, kvrow);
+          float* dqh = dq + int64_t(b) * Tq * H * D + h * D;
+          for (const Run& x : qr)
+            for (const Run& y : kr) {
+              if (!meets(x, y)) continue;
+              const float *qx = q.p + int64_t(x.at) * q.ld, *dyx = dy.p + int64_t(x.at) * dy.ld;
+              const float *ky = k.p + int64_t(y.at) * k.ld, *vy = v.p + int64_t(y.at) * v.ld;
+              gemm(false, true, x.n, y.n, D, scale, qx, q.ld, ky, k.ld, 0.0f, Pxy, y.n);
+              gemm(false, true, x.n, y.n, D, 1.0f, dyx, dy.ld, vy, v.ld, 0.0f, dSxy, y.n);
+              for (int i = 0; i < x.n; ++i) {
+                const int t = x.at + i, n = visible(y, qpos[t]);
+                float* p = Pxy + int64_t(i) * y.n;
+                float* ds = dSxy + int64_t(i) * y.n;
+                const float l = ls[t], dlt = dl[t];
+#pragma omp simd
+                for (int u = 0; u < n; ++u) {
+                  p[u] = exp_approx(p[u] - l);
+                  ds[u] = p[u] * (ds[u] - dlt) * scale;
+                }
+                for (int u = n; u < y.n; ++u) p[u] = 0.0f, ds[u] = 0.0f;
+              }
+              gemm(true, false, y.n, D, x.n, 1.0f, Pxy, y.n, dyx, dy.ld, 1.0f, dv + int64_t(y.at) * kvrow, kvrow);
+              gemm(false, false, x.n, D, y.n, 1.0f, dSxy, y.n, ky, k.ld, 1.0f, dqh + int64_t(x.at) * H * D, H * D);
+              gemm(true, false, y.n, D, x.n, 1.0f, dSxy, y.n, qx, q.ld, 1.0f, dk + int64_t(y.at) * kvrow, kvrow);
+            }
         }
       }
   }
@@ -323,19 +377,18 @@ void attention_block_grads_store(S* dqkv, const float* dq, const float* dkv, int
   }
 }
 
-#define LOOM_ATTENTION(S)                                                                                  \
-  template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*);  \
-  template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*); \
-  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int, const int32_t*);           \
-  template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);            \
-  template void attention_kv_extract<S>(S*, const S*, int, int, int, int, int);                            \
-  template void attention_block_forward<S>(float*, float*, const S*, const S*, const int32_t*, const int32_t*, \
-                                           int, int, int, int, int, int, bool);                             \
-  template void attention_block_finish<S>(S*, float*, const float*, const float*, int, int, int, int);      \
-  template void attention_block_delta<S>(float*, const S*, const S*, int, int, int, int);                   \
-  template void attention_block_backward<S>(float*, float*, const S*, const S*, const S*, const float*,     \
-                                            const float*, const int32_t*, const int32_t*, int, int, int, int, \
-                                            int, int);                                                      \
+#define LOOM_ATTENTION(S)                                                                                             \
+  template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*);             \
+  template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*);            \
+  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int, const int32_t*);                      \
+  template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);                     \
+  template void attention_kv_extract<S>(S*, const S*, int, int, int, int, int);                                       \
+  template void attention_block_forward<S>(float*, float*, const S*, const S*, const int32_t*, const int32_t*, int,   \
+                                           int, int, int, int, int, bool, float*);                                    \
+  template void attention_block_finish<S>(S*, float*, const float*, const float*, int, int, int, int);                \
+  template void attention_block_delta<S>(float*, const S*, const S*, int, int, int, int);                             \
+  template void attention_block_backward<S>(float*, float*, const S*, const S*, const S*, const float*, const float*, \
+                                            const int32_t*, const int32_t*, int, int, int, int, int, int, float*);    \
   template void attention_block_grads_store<S>(S*, const float*, const float*, int, int, int, int, int);
 LOOM_ATTENTION(float)
 LOOM_ATTENTION(bf16)

@@ -67,6 +67,7 @@ CpResult attention_as_cp(const std::vector<float>& qkv, const std::vector<float>
   }
   auto order = [&](int r, int s) { return ring ? (r + N - s) % N : s; };
   std::vector<std::vector<float>> dkv(ranks, std::vector<float>(size_t(B) * Tl * kvrow, 0.0f));
+  std::vector<float> scores(size_t(cpu::attention_block_scratch(B, Tl, Tl, H)), NAN);  // what is read is written first
   CpResult res{std::vector<float>(size_t(B) * T * H * D), std::vector<float>(qkv.size())};
   for (int r = 0; r < N; ++r) {
     std::vector<float> acc(size_t(B) * Tl * H * D), ml(size_t(B) * H * Tl * 2);
@@ -75,16 +76,17 @@ CpResult attention_as_cp(const std::vector<float>& qkv, const std::vector<float>
     for (int s = 0; s < N; ++s) {
       const int j = order(r, s);
       cpu::attention_block_forward(acc.data(), ml.data(), local[size_t(r)].data(), kv[size_t(j)].data(),
-                                   pos[size_t(r)].data(), pos[size_t(j)].data(), B, Tl, Tl, H, KV, D, s == 0);
+                                   pos[size_t(r)].data(), pos[size_t(j)].data(), B, Tl, Tl, H, KV, D, s == 0,
+                                   scores.data());
     }
     cpu::attention_block_finish(outl[size_t(r)].data(), lse[size_t(r)].data(), acc.data(), ml.data(), B, Tl, H, D);
     std::vector<float> delta(size_t(B) * H * Tl), dq(acc.size(), 0.0f);
     cpu::attention_block_delta(delta.data(), dlocal[size_t(r)].data(), outl[size_t(r)].data(), B, Tl, H, D);
     for (int s = 0; s < N; ++s) {
       const int j = order(r, s);
-      cpu::attention_block_backward(dq.data(), dkv[size_t(j)].data(), dlocal[size_t(r)].data(),
-                                    local[size_t(r)].data(), kv[size_t(j)].data(), lse[size_t(r)].data(), delta.data(),
-                                    pos[size_t(r)].data(), pos[size_t(j)].data(), B, Tl, Tl, H, KV, D);
+      cpu::attention_block_backward(dq.data(), dkv[size_t(j)].data(), dlocal[size_t(r)].data(), local[size_t(r)].data(),
+                                    kv[size_t(j)].data(), lse[size_t(r)].data(), delta.data(), pos[size_t(r)].data(),
+                                    pos[size_t(j)].data(), B, Tl, Tl, H, KV, D, scores.data());
     }
     // The block's kv gradient is complete only once every rank has added to it: store after.
     for (int b = 0; b < B; ++b)

@@ -333,6 +333,7 @@ TEST(StepModel, ClusterFilesSayWhatIsWrong) {
 // exposed, per block and micro-batch, to the byte.
 TEST(StepModel, ContextParallelTransfersAndTheirOverlap) {
   Cluster c = cluster_small();
+  c.overlap = 1;
   Config base = model_small();
   base.model.seq_len = 256;
   base.parallel.cp = 2, base.parallel.dp = 4;
