@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Long sequences on a tiny model, split over cp ranks: per rank, the activations the ledger
-# holds (what `loom plan memory` plans, byte for byte), the attention's share of them, the
-# measured peak resident memory, and tokens/s, for T = 1K .. 16K at cp 1, 2 and 4 (ring); then
+# holds (what `loom plan memory` plans, byte for byte), the measured peak resident memory, and tokens/s, for T = 1K .. 16K at cp 1, 2 and 4 (ring); then
 # the step against the step-time model's prediction on this machine's cluster file (the run
 # prints it); then the ring's exposed communication with its transfers overlapped against the
 # same run with parallel.cp_overlap = false. Rank 0's figures, the median of the steps after
@@ -27,7 +26,7 @@ run() {  # NAME CP T ARGS...
   $launch "$cp" "$loom" train "${model[@]}" --set model.seq_len="$T" --set parallel.cp="$cp" "$@" \
     --set log.dir="$dir/$name" > "$dir/$name.log" 2>&1 || { tail -20 "$dir/$name.log"; exit 1; }
 }
-summary() {  # NAME -> "act_MiB attn_MiB rss_MiB tok/s comm_ms step_ms predicted_ms"
+summary() {  # NAME -> "act_MiB rss_MiB tok/s comm_ms step_ms predicted_ms"
   python3 - "$dir/$1/metrics.jsonl" "$dir/$1.log" <<'PY'
 import json, re, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
@@ -35,26 +34,22 @@ later = rows[1:] or rows
 med = lambda k: statistics.median(r[k] for r in later)
 med_t = lambda k: statistics.median(r["time"][k] for r in later)
 mem = rows[-1]["mem"]
-# the activation plan's attention rows (probabilities or log-sum-exp), from the run's table
-attn, predicted = 0.0, float("nan")
+predicted = float("nan")
 for line in open(sys.argv[2]):
-    m = re.match(r".*?\s+attn_stats\s+\d+\s+\w+\s+([\d.]+)", line)
-    if m and not attn:
-        attn = float(m.group(1))
     m = re.search(r"predicted on cluster .*?: ([\d.e+-]+) ms per step", line)
     if m:
         predicted = float(m.group(1))
-print(f"{mem['act_b'] / 2**20:.1f} {attn:.2f} {rows[-1]['mem']['rss_peak_b'] / 2**20:.0f} "
-      f"{med('tokens_per_s'):.0f} {med_t('comm_exposed_ms'):.1f} {med('step_ms'):.0f} {predicted:.0f}")
+print(f"{mem['act_b'] / 2**20:.1f} {mem['rss_peak_b'] / 2**20:.0f} {med('tokens_per_s'):.0f} "
+      f"{med_t('comm_exposed_ms'):.1f} {med('step_ms'):.0f} {predicted:.0f}")
 PY
 }
-echo "| T | cp | activations / rank (ledger) | of which attention | peak RSS / rank | tokens/s | step | predicted |"
-echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| T | cp | activations / rank (ledger) | peak RSS / rank | tokens/s | step | predicted |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for T in "${lengths[@]}"; do
   for cp in 1 2 4; do
     run "t${T}_cp$cp" "$cp" "$T"
-    read -r act attn rss tps _ step pred <<< "$(summary "t${T}_cp$cp")"
-    echo "| $T | $cp | $act MiB | $attn MiB | $rss MiB | $tps | $step ms | $pred ms |"
+    read -r act rss tps _ step pred <<< "$(summary "t${T}_cp$cp")"
+    echo "| $T | $cp | $act MiB | $rss MiB | $tps | $step ms | $pred ms |"
   done
 done
 echo
@@ -63,7 +58,7 @@ echo "| --- | ---: | ---: | ---: | ---: | ---: |"
 for cp in 2 4; do
   run "ov_on_$cp" "$cp" "$overlap_t"
   run "ov_off_$cp" "$cp" "$overlap_t" --set parallel.cp_overlap=false
-  read -r _ _ _ _ on_comm on_step _ <<< "$(summary "ov_on_$cp")"
-  read -r _ _ _ _ off_comm off_step _ <<< "$(summary "ov_off_$cp")"
+  read -r _ _ _ on_comm on_step _ <<< "$(summary "ov_on_$cp")"
+  read -r _ _ _ off_comm off_step _ <<< "$(summary "ov_off_$cp")"
   echo "| | $cp | $on_comm ms | $off_comm ms | $on_step ms | $off_step ms |"
 done
