@@ -79,8 +79,9 @@ loom::Config config_build(const std::string& path, const std::vector<std::string
   if (world > 1 && !cfg.set_keys.count("parallel.dp") && other > 0 && world % other == 0) {
     cfg.parallel.dp = world / other;
     if (lead && cfg.parallel.dp > 1)
-      spdlog::info("parallel.dp = {}: the {} ranks over tp {} x cp {} x pp {} (set parallel.dp to choose)",
-                   cfg.parallel.dp, world, cfg.parallel.tp, cfg.parallel.cp, cfg.parallel.pp);
+      spdlog::info("parallel.dp = {}: the {} ranks over tp {}{} x pp {} (set parallel.dp to choose)", cfg.parallel.dp,
+                   world, cfg.parallel.tp, cfg.parallel.cp > 1 ? fmt::format(" x cp {}", cfg.parallel.cp) : "",
+                   cfg.parallel.pp);
   }
   loom::config_validate(cfg);
   return cfg;

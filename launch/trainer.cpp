@@ -162,7 +162,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     p.backend = cpu_backend(cfg, p.dtype, *p.alloc);
 #endif
   }
-  for (Axis a : {Axis::dcp, Axis::cp, Axis::tp, Axis::pp, Axis::embed})
+  for (Axis a : {p.dp_axis(), Axis::cp, Axis::tp, Axis::pp, Axis::embed})
     LOOM_CHECK(p.mesh->group(a).carries(kind), "the {} group cannot carry {} buffers", axis_name(a),
                device_is_cuda(kind) ? cuda_api(kind).name : "host");
   p.clock = std::make_unique<StepClock>(p.backend->stream());
@@ -180,7 +180,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
                                     ep ? &p.mesh->group(Axis::ep) : nullptr,
                                     cfg.parallel.cp > 1 ? &p.mesh->group(Axis::cp) : nullptr);
   p.dpar = data_parallel_make(cfg, *p.chunk,
-                              {p.dp(), p.tp(), p.mesh->host_group(Axis::dcp), ep ? &p.mesh->group(Axis::ep) : nullptr,
+                              {p.dp(), p.tp(), p.mesh->host_group(p.dp_axis()), ep ? &p.mesh->group(Axis::ep) : nullptr,
                                ep ? &p.mesh->group(Axis::edp) : nullptr, ep ? &p.mesh->host_group(Axis::edp) : nullptr},
                               p.clock.get());
   p.schedule = schedule_one_stage(cfg.accum_steps());

@@ -102,9 +102,11 @@ struct Trainer::Parts {
     alloc.reset();
     if (device_is_cuda(stream.kind)) cuda_stream_destroy(stream);
   }
-  // The ranks that hold the same weights, dp x cp (dp alone without context parallel): the
-  // gradients, the loss and ZeRO's shards go over it.
-  ProcessGroup& dp() const { return mesh->group(Axis::dcp); }
+  // The ranks that hold the same weights, dp x cp (the dp group itself without context
+  // parallel, so that flight records and verdicts name it "dp"): the gradients, the loss and
+  // ZeRO's shards go over it.
+  Axis dp_axis() const { return cfg.parallel.cp > 1 ? Axis::dcp : Axis::dp; }
+  ProcessGroup& dp() const { return mesh->group(dp_axis()); }
   ProcessGroup& tp() const { return mesh->group(Axis::tp); }
   ProcessGroup& pp() const { return mesh->group(Axis::pp); }
   // The step's gradient reductions: over dp (DDP or ZeRO); with pipeline stages, the tied
@@ -171,7 +173,7 @@ struct Trainer::Parts {
   void moe_metrics(StepMetrics& m) {
     std::vector<double> st = chunk->moe_stats_take();
     if (st.empty()) return;
-    mesh->host_group(Axis::dcp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
+    mesh->host_group(dp_axis()).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
     if (pipe) mesh->host_group(Axis::pp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
     m.aux_loss = 0;
     for (size_t i = 0; i < st.size() / 4; ++i) {

@@ -114,7 +114,13 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const 
   std::vector<int> all(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) all[size_t(r)] = r;
   world_ = o.use_mpi ? mpi_group("world", 0, all, o.trace, o.timeout_s) : local_group("world", world_rank);
+  // Without context parallel dp x cp is dp: the same group, not a second communicator.
+  const auto alias = [&](int a) { return Axis(a) == Axis::dcp && d.cp == 1; };
   for (int a = 0; a < kAxes; ++a) {
+    if (alias(a)) {
+      host_.push_back(host_[size_t(Axis::dp)]);
+      continue;
+    }
     MeshGroup g = mesh_group(d, Axis(a), world_rank);
     // Every rank takes part in every split, even where its group has one member.
     host_owned_.push_back(o.use_mpi ? mpi_group(axis_name(Axis(a)), g.id, g.ranks, o.trace, o.timeout_s)
@@ -126,6 +132,10 @@ DeviceMesh::DeviceMesh(const MeshDims& d, int world_rank, int world_size, const 
   auto device_groups = [&](const auto& make) {
     groups_.clear();
     for (int a = 0; a < kAxes; ++a) {
+      if (alias(a)) {
+        groups_.push_back(groups_[size_t(Axis::dp)]);
+        continue;
+      }
       device_owned_.push_back(make(Axis(a), mesh_group(d, Axis(a), world_rank)));
       groups_.push_back(device_owned_.back().get());
     }

@@ -163,7 +163,7 @@ TEST(Cli, PlanLayoutRanksAndPredicts) {
   expect_one_line_error("plan layout --cluster /no/such.toml", "cannot open the cluster file '/no/such.toml'");
   expect_one_line_error("plan layout --predict --cluster " + src +
                             "/examples/clusters/this_machine.toml --set parallel.dp=8 --set train.micro_batch=2",
-                        "the layout needs 8 ranks (dp 8 x tp 1 x pp 1), the cluster has 4 devices");
+                        "the layout needs 8 ranks (pp 1 x dp 8 x cp 1 x tp 1), the cluster has 4 devices");
 }
 
 // --list-keys gives each key's type, default and meaning; --print-config prints numbers as
