@@ -97,8 +97,9 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, in
 // kv_extract: a rank's own block, kv [B,T,2*KV*D] from its qkv.
 template <class S>
 void attention_kv_extract(S* kv, const S* qkv, int B, int T, int H, int KV, int D);
-// The scores scratch the block kernels work in: f32 elements for B x H tasks.
-int64_t attention_block_scratch(int B, int Tq, int Tk, int H);
+// The scores scratch the block kernels work in, f32 elements: one pair of runs' P per (b, head)
+// forward, its P and dS per (b, kv head) backward.
+int64_t attention_block_scratch(int B, int Tq, int Tk, int H, int KV);
 // Merges one block into the running output acc f32 [B,Tq,H*D] and the running max and sum
 // ml f32 [B,H,Tq,2] (online softmax); `first` starts them.
 template <class S>

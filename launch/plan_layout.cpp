@@ -193,6 +193,8 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
                        p.tokens_per_s / world, bytes_text(double(p.memory_bytes)));
   }
   if (s.ranked.empty()) out += "no layout fits: lower the global batch's micro-batches, or add devices\n";
+  if (cl.device == "cuda")
+    out += "(cp: loom trains context parallel on the CPU backend only so far; its layouts here are predictions.)\n";
   out +=
       "(mb: micro-batch. The model's GEMM rate does not depend on a GEMM's shape, so layouts that differ only in mb "
       "are predicted alike in compute; mb changes their memory, bubble and communication counts.)\n";

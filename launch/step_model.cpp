@@ -213,7 +213,8 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   if (p.cp > 1) {
     const LinkTier cl_cp = group_link(cl, p.cp, tp);
     const double kv_bytes = tokens * 2 * kvd / tp * act, dkv_bytes = kv_bytes / act * 4;
-    const double core_block = 4.0 * C * T / tp * tokens / rate / p.cp;  // one block's forward attention
+    // one block's forward attention: the causal half of a full block, on average over the blocks
+    const double core_block = 0.5 * 4.0 * C * T / tp * tokens / rate / p.cp;
     if (p.cp_attention == "ring") {
       const double hop = collective_time("send", 2, kv_bytes, cl_cp, false);
       const double hop_grad = collective_time("send", 2, dkv_bytes, cl_cp, false);

@@ -240,7 +240,7 @@ void Trainer::Parts::startup_log() {
   if (const auto& moe = cfg.model.moe; moe.num_experts > 0) {
     // The rows a MoE layer saves: its experts' inputs, fc and activation outputs (Rr rows
     // received), and the outputs back in token order (R rows), per activation slot.
-    const int64_t N = int64_t(B) * T, R = moe_rows(cfg, N), Rr = moe_rows_received(cfg, N);
+    const int64_t N = int64_t(B) * cfg.local_seq(), R = moe_rows(cfg, N), Rr = moe_rows_received(cfg, N);
     const double mib =
         double(Rr * (cfg.model.d_model + 3 * cfg.model.d_ff) + R * cfg.model.d_model) * dtype_size(dtype) / 1048576.0;
     info(
@@ -265,7 +265,7 @@ void Trainer::Parts::startup_log() {
   info("layout: {} ranks over {}; {}{}", mesh->world(), mesh->comm_name(),
        cfg.parallel.pp > 1 ? fmt::format("pp {} x ", cfg.parallel.pp) : std::string(), dpar->describe());
   if (tp().size() > 1) {
-    const double nc = double(B) * T * cfg.model.d_model * dtype_size(dtype) / 1048576.0;
+    const double nc = double(B) * cfg.local_seq() * cfg.model.d_model * dtype_size(dtype) / 1048576.0;
     info("tensor parallel: tp {}{}; per block and micro-batch {}", tp().size(),
          cfg.parallel.sp ? " with sequence parallel" : "",
          cfg.parallel.sp

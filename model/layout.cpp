@@ -119,7 +119,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"d_qkv", N * qkv, 1, x},
       {"d_fc", N * fc, 1, x},
       {"d_act", bt.fused_dgelu ? 0 : N * F, 1, x},
-      {"attn_scratch", bt.attention_probs ? 0 : B * H * T, 1, f32},
+      {"attn_scratch", bt.attention_probs || (cp > 1 && bt.device == DeviceKind::cpu) ? 0 : B * H * T, 1, f32},
       // Tensor-parallel communication buffers: gathered rows, reduced shards, the
       // sequence-parallel norm gradients and the vocab-parallel loss statistics.
       {"full_a", sp ? N * C : 0, 1, x, true},
@@ -146,9 +146,10 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"cp_acc", cp > 1 ? N * H * D : 0, 1, f32},
       {"cp_ml", cp > 1 ? 2 * B * H * T : 0, 1, f32},
       {"cp_dkv", cp > 1 ? (ring ? 3 : cp + 1) * kvblock : 0, 1, f32, true},
-      // the CPU block kernels' scores, a (query run, key run) pair at a time per (b, head)
+      // the CPU block kernels' scores: one (query run, key run) pair's P (and dS) at a time
       {"cp_scores",
-       cp > 1 && bt.device == DeviceKind::cpu ? cpu::attention_block_scratch(B, int(T), int(T), int(H)) : 0, 1, f32},
+       cp > 1 && bt.device == DeviceKind::cpu ? cpu::attention_block_scratch(B, int(T), int(T), int(H), int(KV)) : 0, 1,
+       f32},
       // MoE under cp: a micro-batch's expert counts summed over the cp ranks (the
       // load-balancing loss is the whole sequence's)
       {"moe_cp_counts", nm && cp > 1 ? 2 * E : 0, 1, DType::i32, true}};

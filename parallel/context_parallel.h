@@ -34,7 +34,7 @@ struct CpBuffers {
   float* acc;     // [B, T/cp, H D]: the running output; backward: dq
   float* ml;      // [B, H, T/cp, 2]: running max and sum; backward: delta
   float* dkv;     // key/value gradient blocks: ring 3, allgather cp + 1
-  float* scores;  // the kernels' scores, attention_block_scratch(B, T/cp, T/cp, H)
+  float* scores;  // the kernels' scores, attention_block_scratch(B, T/cp, T/cp, H, KV)
 };
 
 class ContextParallel {

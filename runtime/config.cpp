@@ -90,7 +90,7 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel.cp_attention", &p.cp_attention,
        "ring | allgather: keys and values passed around the cp ring, or gathered at once"},
       {"parallel.cp_overlap", &p.cp_overlap, "ring: each block's transfer overlapped with the attention of the last"},
-      {"parallel.ep", &p.ep, "expert-parallel ranks, carved from dp (each holds num_experts / ep experts)"},
+      {"parallel.ep", &p.ep, "expert-parallel ranks, carved from dp x cp (each holds num_experts / ep experts)"},
       {"parallel.sp", &p.sp, "sequence parallel (needs tp > 1)"},
       {"parallel.zero", &p.zero, "ZeRO stage 0 | 1 | 2 | 3"},
       {"parallel.zero3_reshard", &p.zero3_reshard,

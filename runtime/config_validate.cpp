@@ -218,6 +218,9 @@ void config_validate(Config& cfg) {
                "parallel.cp = {} cuts each sequence into 2 x cp = {} chunks, which model.seq_len = {} does not "
                "divide; pick seq_len a multiple of {}",
                p.cp, 2 * p.cp, m.seq_len, 2 * p.cp);
+    LOOM_CHECK(p.cp_overlap || p.cp_attention == "ring",
+               "parallel.cp_overlap = false applies to the ring; parallel.cp_attention = \"allgather\" overlaps "
+               "nothing; remove it or use the ring");
     LOOM_CHECK(!d.doc_mask,
                "data.doc_mask with parallel.cp = {} is not supported yet (a document may cross the chunks of "
                "different ranks); set data.doc_mask = false or parallel.cp = 1",

@@ -225,8 +225,9 @@ void attention_kv_extract(S* kv, const S* qkv, int B, int T, int H, int KV, int 
     for (int c = 0; c < kvrow; ++c) kv[i * kvrow + c] = qkv[i * row + H * D + c];
 }
 
-int64_t attention_block_scratch(int B, int Tq, int Tk, int H) {
-  return int64_t(B) * H * 2 * ((Tq + 1) / 2) * ((Tk + 1) / 2);
+int64_t attention_block_scratch(int B, int Tq, int Tk, int H, int KV) {
+  // forward: one pair's P per (b, head); backward: one pair's P and dS per (b, kv head)
+  return int64_t(B) * std::max(H, 2 * KV) * ((Tq + 1) / 2) * ((Tk + 1) / 2);
 }
 
 template <class S>
@@ -235,7 +236,7 @@ void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, c
   const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
   const std::vector<Run> qr = runs_of(qpos, Tq), kr = runs_of(kpos, Tk);
-  const int64_t each = attention_block_scratch(1, Tq, Tk, 1);
+  const int64_t pair = int64_t((Tq + 1) / 2) * ((Tk + 1) / 2);  // the scores of one (query run, key run) pair
 #pragma omp parallel
   {
     std::vector<float> qb, kb, vb;
@@ -248,7 +249,7 @@ void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, c
         const F32View v = f32_view(kvb + (KV + h / group) * D, Tk, D, kvrow, vb);
         float* o = acc + int64_t(b) * Tq * H * D + h * D;
         float* st0 = ml + (int64_t(b) * H + h) * Tq * 2;
-        float* P = scratch + (int64_t(b) * H + h) * each;
+        float* P = scratch + (int64_t(b) * H + h) * pair;
         if (first)
           for (int t = 0; t < Tq; ++t) {
             st0[2 * t] = -INFINITY, st0[2 * t + 1] = 0.0f;
@@ -319,7 +320,7 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
   const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
   const std::vector<Run> qr = runs_of(qpos, Tq), kr = runs_of(kpos, Tk);
-  const int64_t each = attention_block_scratch(1, Tq, Tk, 1);
+  const int64_t pair = int64_t((Tq + 1) / 2) * ((Tk + 1) / 2);
 #pragma omp parallel
   {
     std::vector<float> qb, kb, vb, dyb;
@@ -331,8 +332,8 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
         const F32View v = f32_view(kvb + (KV + kvh) * D, Tk, D, kvrow, vb);
         float* dk = dkv + int64_t(b) * Tk * kvrow + kvh * D;
         float* dv = dk + KV * D;
-        float* Pxy = scratch + (int64_t(b) * KV + kvh) * each;  // one pair's P and dS
-        float* dSxy = Pxy + each / 2;
+        float* Pxy = scratch + (int64_t(b) * KV + kvh) * 2 * pair;  // one pair's P and dS
+        float* dSxy = Pxy + pair;
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
           const F32View q = f32_view(qkv + int64_t(b) * Tq * row + h * D, Tq, D, row, qb);
           const F32View dy = f32_view(dout + int64_t(b) * Tq * H * D + h * D, Tq, D, H * D, dyb);

@@ -34,7 +34,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 tol=()
 [ "$dtype" = bf16 ] && tol=(--loss-rtol 2e-3 --norm-rtol 5e-3 --weight-atol 5e-2)
-# Context parallel: losses within 1e-5 (what its issue asks; measured 1.5e-8 at most).
+# Context parallel: losses within 1e-5 (what its issue asks; measured 2.0e-8 at most).
 [ "$dtype" = f32 ] && [[ " $* " == *parallel.cp=* ]] && tol=(--loss-rtol 1e-5)
 # MoE: the load-balancing loss and the capacity count per micro-batch, so the reference routes
 # the same groups of sequences (it accumulates micro-batches where the layout has dp ranks).

@@ -67,7 +67,8 @@ CpResult attention_as_cp(const std::vector<float>& qkv, const std::vector<float>
   }
   auto order = [&](int r, int s) { return ring ? (r + N - s) % N : s; };
   std::vector<std::vector<float>> dkv(ranks, std::vector<float>(size_t(B) * Tl * kvrow, 0.0f));
-  std::vector<float> scores(size_t(cpu::attention_block_scratch(B, Tl, Tl, H)), NAN);  // what is read is written first
+  std::vector<float> scores(size_t(cpu::attention_block_scratch(B, Tl, Tl, H, KV)),
+                            NAN);  // what is read is written first
   CpResult res{std::vector<float>(size_t(B) * T * H * D), std::vector<float>(qkv.size())};
   for (int r = 0; r < N; ++r) {
     std::vector<float> acc(size_t(B) * Tl * H * D), ml(size_t(B) * H * Tl * 2);
@@ -136,7 +137,7 @@ class CpAttention : public ::testing::TestWithParam<std::tuple<int, int, bool>> 
 // each rank's queries and the key/value gradients summed over every rank's.
 TEST_P(CpAttention, BlocksAsRanksRunThemMatchTheWholeSequence) {
   const auto [N, KV, ring] = GetParam();
-  const int B = 2, T = 8, H = 4, D = 4, row = (H + 2 * KV) * D;
+  const int B = 2, T = 16, H = 4, D = 4, row = (H + 2 * KV) * D;  // cp 4: runs of 2, partial prefixes
   const auto qkv = randn(size_t(B) * T * row, 300), r = randn(size_t(B) * T * H * D, 301);
   const CpResult got = attention_as_cp(qkv, r, B, T, H, KV, D, N, ring);
   EXPECT_LT(rel_err(got.out, attention_whole(to_double(qkv), B, T, H, KV, D)), 1e-5);

@@ -334,6 +334,7 @@ TEST(StepModel, ClusterFilesSayWhatIsWrong) {
 TEST(StepModel, ContextParallelTransfersAndTheirOverlap) {
   Cluster c = cluster_small();
   c.overlap = 1;
+  c.dtype = DType::bf16;  // keys and values travel in bf16, their gradients in f32
   Config base = model_small();
   base.model.seq_len = 256;
   base.parallel.cp = 2, base.parallel.dp = 4;
@@ -343,19 +344,25 @@ TEST(StepModel, ContextParallelTransfersAndTheirOverlap) {
   off.parallel.cp_overlap = false;
   config_validate(off);
   const StepPrediction exposed = step_predict(off, c);
-  const double kvd = double(base.kv_heads()) * base.head_dim(), tokens = 2.0 * 128, act = 4;
+  const double kvd = double(base.kv_heads()) * base.head_dim(), tokens = 2.0 * 128, act = 2;
   const double kv = tokens * 2 * kvd * act, hop = collective_time("send", 2, kv, c.intra, false),
-               hop_grad = collective_time("send", 2, kv, c.intra, false);  // f32 both here
+               hop_grad = collective_time("send", 2, 2 * kv, c.intra, false);
   const int L = base.model.n_layer, m = base.accum_steps();
   // forward one hop; backward one hop and one gradient, and the gradient's last hop home
   EXPECT_NEAR(exposed.cp, m * L * (2 * hop + 2 * hop_grad), 1e-12);
+  // overlapped: each hop behind the causal half of one block's attention (two blocks' worth
+  // backward), the gradient's last hop home never hidden
+  const double rate = c.peak_flops * c.gemm_efficiency, C = base.model.d_model;
+  const double core_block = 0.5 * 4.0 * C * 256 * tokens / rate / 2;
+  const double hidden = std::max(0.0, hop - core_block) + std::max(0.0, hop + hop_grad - 2 * core_block) + hop_grad;
+  EXPECT_NEAR(ring.cp, m * L * hidden, 1e-12);
   EXPECT_LT(ring.cp, exposed.cp);
-  EXPECT_GT(ring.cp, 0);  // the gradient's last hop home is never hidden
+  EXPECT_GT(ring.cp, 0);
   Config ag = base;
   ag.parallel.cp_attention = "allgather";
   config_validate(ag);
   const double gather = collective_time("all_gather", 2, 2 * kv, c.intra, c.tree);
-  const double rs = collective_time("reduce_scatter", 2, 2 * kv, c.intra, c.tree);
+  const double rs = collective_time("reduce_scatter", 2, 2 * 2 * kv, c.intra, c.tree);  // f32 gradients
   EXPECT_NEAR(step_predict(ag, c).cp, m * L * (2 * gather + rs), 1e-12);
   // half the tokens a rank: less memory than the same layout without cp
   Config one = base;
