@@ -42,6 +42,15 @@ void ContextParallel::wait(std::initializer_list<Work*> works) {
   for (Work* w : works) w->wait_on(be_.stream());
 }
 
+void ContextParallel::ring_pass(const char* name, Buf send, Buf recv, int tag, Work* sent, Work* got) {
+  auto s = trace_.scope(name);
+  const Stream& st = be_.stream();
+  cp_.group_start();
+  *sent = cp_.send(send, (rank_ + 1) % N_, tag, st);
+  *got = cp_.recv(recv, (rank_ + N_ - 1) % N_, tag, st);
+  cp_.group_end();
+}
+
 void ContextParallel::forward(Ptr out, float* lse, Ptr qkv, const CpBuffers& buf, int H, int KV, int D) {
   const int64_t kvn = int64_t(B_) * Tl_ * 2 * KV * D;
   const Stream& st = be_.stream();
@@ -52,17 +61,12 @@ void ContextParallel::forward(Ptr out, float* lse, Ptr qkv, const CpBuffers& buf
     be_.attention_block_forward(buf.acc, buf.ml, qkv, blk, pos_of(rank_), pos_of(src), B_, Tl_, Tl_, H, KV, D, first,
                                 buf.scores);
   };
-  const int next = (rank_ + 1) % N_, prev = (rank_ + N_ - 1) % N_;
   if (ring_) {
     be_.attention_kv_extract(kv(0), qkv, B_, Tl_, H, KV, D);
     for (int s = 0; s < N_; ++s) {
       Work sent, got;
       if (s + 1 < N_) {  // the next block comes in while this one is computed on
-        auto sc = trace_.scope("cp_ring_send");
-        cp_.group_start();
-        sent = cp_.send(kvbuf(s % 2), next, 0, st);
-        got = cp_.recv(kvbuf((s + 1) % 2), prev, 0, st);
-        cp_.group_end();
+        ring_pass("cp_ring_send", kvbuf(s % 2), kvbuf((s + 1) % 2), 0, &sent, &got);
         if (!overlap_) wait({&sent, &got});
       }
       block(kv(s % 2), (rank_ + N_ - s) % N_, s == 0);
@@ -100,7 +104,6 @@ void ContextParallel::backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float
     be_.attention_block_backward(dq, dkv_blk, dout, qkv, blk, lse, delta, pos_of(rank_), pos_of(src), B_, Tl_, Tl_, H,
                                  KV, D, buf.scores);
   };
-  const int next = (rank_ + 1) % N_, prev = (rank_ + N_ - 1) % N_;
   float* own;  // this rank's key/value gradient, summed over every rank's queries
   if (ring_) {
     // Step s holds rank (rank - s)'s block, whose gradient so far arrives from prev (into
@@ -113,11 +116,7 @@ void ContextParallel::backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float
       const int a = s % 2;
       Work sent, got;
       if (s + 1 < N_) {
-        auto sc = trace_.scope("cp_ring_send");
-        cp_.group_start();
-        sent = cp_.send(kvbuf(s % 2), next, 0, st);
-        got = cp_.recv(kvbuf((s + 1) % 2), prev, 0, st);
-        cp_.group_end();
+        ring_pass("cp_ring_send", kvbuf(s % 2), kvbuf((s + 1) % 2), 0, &sent, &got);
         if (!overlap_) wait({&sent, &got, &acc_got});
       }
       float* part = s == 0 ? dkv(0) : dkv(2);
@@ -129,13 +128,7 @@ void ContextParallel::backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float
       }
       const int into = s + 1 < N_ ? (s + 1) % 2 : 2;  // the next step's accumulator, or home
       if (into < 2) wait({&acc_sent[into]});          // sent from there a step ago
-      {
-        auto sc = trace_.scope("cp_ring_send_grad");
-        cp_.group_start();
-        acc_sent[a] = cp_.send(dkvbuf(a), next, 1, st);
-        acc_got = cp_.recv(dkvbuf(into), prev, 1, st);
-        cp_.group_end();
-      }
+      ring_pass("cp_ring_send_grad", dkvbuf(a), dkvbuf(into), 1, &acc_sent[a], &acc_got);
       if (s + 1 < N_) wait({&sent, &got});
     }
     wait({&acc_sent[0], &acc_sent[1], &acc_got});

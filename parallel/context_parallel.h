@@ -53,6 +53,9 @@ class ContextParallel {
 
  private:
   const int32_t* pos_of(int rank) const { return pos_.data() + size_t(rank) * Tl_; }
+  // Sends `send` to the next rank of the ring and receives `recv` from the previous one, paired
+  // in one group (NCCL completes a send only once its peer has started the receive).
+  void ring_pass(const char* name, Buf send, Buf recv, int tag, Work* sent, Work* got);
   // Waits for transfers; the time is exposed communication.
   void wait(std::initializer_list<Work*> works);
   Backend& be_;

@@ -1,7 +1,8 @@
 // Context parallel's pieces on one process: the load-balanced split, the block attention
 // kernels run as cp ranks would run them (every rank's queries against every rank's block, in
-// ring order or gathered order) against causal attention of the whole sequence in double and
-// its finite-difference gradient, the dp x cp group, and the refusals.
+// ring order or gathered order) against causal attention of the whole sequence in double
+// (testing.h's attention_ref) and its finite-difference gradient, the dp x cp group, and the
+// refusals.
 #include <numeric>
 
 #include "kernels/ops.h"
@@ -15,31 +16,6 @@ using namespace loom::test;
 using V = std::vector<double>;
 
 namespace {
-// Causal attention of the whole sequence in double (qkv [B,T,(H+2KV)D] -> out [B,T,HD]).
-V attention_whole(const V& qkv, int B, int T, int H, int KV, int D) {
-  const int row = (H + 2 * KV) * D, group = H / KV;
-  V out(size_t(B) * T * H * D, 0.0);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int t = 0; t < T; ++t) {
-        const double* q = &qkv[size_t((b * T + t) * row + h * D)];
-        V s(size_t(t) + 1);
-        double mx = -1e300, sum = 0;
-        for (int u = 0; u <= t; ++u) {
-          const double* k = &qkv[size_t((b * T + u) * row + (H + h / group) * D)];
-          double a = 0;
-          for (int d = 0; d < D; ++d) a += q[d] * k[d];
-          mx = std::max(mx, s[size_t(u)] = a / std::sqrt(double(D)));
-        }
-        for (auto& x : s) sum += (x = std::exp(x - mx));
-        for (int u = 0; u <= t; ++u)
-          for (int d = 0; d < D; ++d)
-            out[size_t((b * T + t) * H * D + h * D + d)] +=
-                s[size_t(u)] / sum * qkv[size_t((b * T + u) * row + (H + KV + h / group) * D + d)];
-      }
-  return out;
-}
-
 // The whole sequence's out and dqkv computed as N cp ranks would: rank r holds rows
 // cp_positions(T, N, r), meets the blocks in ring order (r, r-1, ...) or gathered order
 // (0, 1, ...), and the key/value gradients of each block are summed over every rank's queries.
@@ -140,8 +116,8 @@ TEST_P(CpAttention, BlocksAsRanksRunThemMatchTheWholeSequence) {
   const int B = 2, T = 16, H = 4, D = 4, row = (H + 2 * KV) * D;  // cp 4: runs of 2, partial prefixes
   const auto qkv = randn(size_t(B) * T * row, 300), r = randn(size_t(B) * T * H * D, 301);
   const CpResult got = attention_as_cp(qkv, r, B, T, H, KV, D, N, ring);
-  EXPECT_LT(rel_err(got.out, attention_whole(to_double(qkv), B, T, H, KV, D)), 1e-5);
-  const V g = fd_grad([&](const V& x) { return dot(attention_whole(x, B, T, H, KV, D), r); }, to_double(qkv));
+  EXPECT_LT(rel_err(got.out, attention_ref(to_double(qkv), B, T, H, KV, D)), 1e-5);
+  const V g = fd_grad([&](const V& x) { return dot(attention_ref(x, B, T, H, KV, D), r); }, to_double(qkv));
   EXPECT_LT(rel_err(got.dqkv, g), 1e-4);
 }
 INSTANTIATE_TEST_SUITE_P(RanksHeadsOrder, CpAttention,

@@ -193,33 +193,6 @@ TEST(Kernels, Rope) {
   EXPECT_LT(rel_err(d, g), 1e-5);
 }
 
-namespace {
-V attention_ref(const V& qkv, int B, int T, int H, int KV, int D) {
-  const int row = (H + 2 * KV) * D, group = H / KV;
-  V out(size_t(B) * T * H * D, 0.0);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int t = 0; t < T; ++t) {
-        const double* q = &qkv[size_t((b * T + t) * row + h * D)];
-        std::vector<double> s(size_t(t) + 1);
-        double mx = -1e300, sum = 0;
-        for (int u = 0; u <= t; ++u) {
-          const double* k = &qkv[size_t((b * T + u) * row + (H + h / group) * D)];
-          double a = 0;
-          for (int d = 0; d < D; ++d) a += q[d] * k[d];
-          s[size_t(u)] = a / std::sqrt(double(D));
-          mx = std::max(mx, s[size_t(u)]);
-        }
-        for (auto& x : s) sum += (x = std::exp(x - mx));
-        for (int u = 0; u <= t; ++u) {
-          const double* v = &qkv[size_t((b * T + u) * row + (H + KV + h / group) * D)];
-          for (int d = 0; d < D; ++d) out[size_t((b * T + t) * H * D + h * D + d)] += s[size_t(u)] / sum * v[d];
-        }
-      }
-  return out;
-}
-}  // namespace
-
 class AttentionTest : public ::testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(AttentionTest, ForwardAndBackward) {

@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -60,6 +61,33 @@ double rel_err(const A& got, const B& want) {
     den = std::max(den, std::abs(w));
   }
   return num / std::max(den, 1e-3);
+}
+
+// Causal attention with grouped-query heads in double, the kernels' reference: packed qkv
+// [B,T,(H+2KV)*D] (q heads, then KV k heads, then KV v heads) -> out [B,T,H*D].
+inline std::vector<double> attention_ref(const std::vector<double>& qkv, int B, int T, int H, int KV, int D) {
+  const int row = (H + 2 * KV) * D, group = H / KV;
+  std::vector<double> out(size_t(B) * T * H * D, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < T; ++t) {
+        const double* q = &qkv[size_t((b * T + t) * row + h * D)];
+        std::vector<double> s(size_t(t) + 1);
+        double mx = -1e300, sum = 0;
+        for (int u = 0; u <= t; ++u) {
+          const double* k = &qkv[size_t((b * T + u) * row + (H + h / group) * D)];
+          double a = 0;
+          for (int d = 0; d < D; ++d) a += q[d] * k[d];
+          s[size_t(u)] = a / std::sqrt(double(D));
+          mx = std::max(mx, s[size_t(u)]);
+        }
+        for (auto& x : s) sum += (x = std::exp(x - mx));
+        for (int u = 0; u <= t; ++u) {
+          const double* v = &qkv[size_t((b * T + u) * row + (H + KV + h / group) * D)];
+          for (int d = 0; d < D; ++d) out[size_t((b * T + t) * H * D + h * D + d)] += s[size_t(u)] / sum * v[d];
+        }
+      }
+  return out;
 }
 
 // Values rounded to bf16 and back: inputs both storage types hold exactly.
