@@ -12,6 +12,8 @@ cd .deps/debs
 apt-get download libfmt-dev libfmt9 libspdlog-dev libspdlog1.10 libtomlplusplus-dev libtomlplusplus3 libcli11-dev \
   nlohmann-json3-dev libgtest-dev googletest libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev \
   libgfortran5 libquadmath0
+# TensorBoard's event files: protobuf and its compiler.
+apt-get download libprotobuf-dev libprotobuf32 libprotobuf-lite32 protobuf-compiler libprotoc32
 # Checkpoints: HDF5 (serial) and xxHash (libhdf5's libcurl is assumed present on the GPU host).
 apt-get download libhdf5-dev libhdf5-103-1 libhdf5-hl-100 libaec0 libsz2 libxxhash-dev libxxhash0
 apt-get download openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libhwloc15 libevent-core-2.1-7 \

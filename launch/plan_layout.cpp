@@ -194,7 +194,9 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
   }
   if (s.ranked.empty()) out += "no layout fits: lower the global batch's micro-batches, or add devices\n";
   if (cl.device == "cuda")
-    out += "(cp: loom trains context parallel on the CPU backend only so far; its layouts here are predictions.)\n";
+    out +=
+        "(cp: on CUDA, loom's context-parallel attention runs row-wise on CUDA cores, not on tensor cores; its "
+        "layouts here are predicted at the tensor-core rate.)\n";
   out +=
       "(mb: micro-batch. The model's GEMM rate does not depend on a GEMM's shape, so layouts that differ only in mb "
       "are predicted alike in compute; mb changes their memory, bubble and communication counts.)\n";

@@ -140,11 +140,6 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
           "(for checking layouts, not for speed); launch one rank per GPU for NCCL",
           local, gpus);
   }
-  // The planner and the step-time model take cp on any device; training runs it on the CPU.
-  LOOM_CHECK(cfg.parallel.cp == 1 || p.device == "cpu",
-             "parallel.cp = {} trains on the CPU backend so far (train.device resolves to \"{}\"): the CUDA "
-             "attention kernels take no context-parallel blocks yet; use train.device = \"cpu\" or parallel.cp = 1",
-             cfg.parallel.cp, p.device);
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp, cfg.parallel.ep};
   p.mesh = std::make_unique<DeviceMesh>(dims, opt.world_rank, opt.world_size, mo);
 

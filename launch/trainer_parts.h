@@ -142,7 +142,7 @@ struct Trainer::Parts {
       cp_select(cp_inputs.data(), inputs.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
       cp_select(cp_targets.data(), targets.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
       return backend->stage_inputs(cp_inputs.data(), cp_targets.data(), cp->token_positions().data(),
-                                   int(cp_inputs.size()), cfg.local_seq(), chunk->vocab_lo(), chunk->vocab_rows());
+                                   int(cp_inputs.size()), cfg.model.seq_len, chunk->vocab_lo(), chunk->vocab_rows());
     }
     if (cfg.data.doc_mask) {
       positions.resize(inputs.size());

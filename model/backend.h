@@ -46,7 +46,8 @@ struct Inputs {
   const int32_t* index = nullptr;      // CUDA: the token index the embedding gradient walks
   int unique = 0;                      // distinct token ids in the index
   const int32_t* pos = nullptr;        // [N] data.doc_mask: each token's position in its document
-  const int32_t* pos_index = nullptr;  // CUDA, doc_mask: the rows at each position (cuda::position_index)
+  const int32_t* pos_index = nullptr;  // CUDA, pos set: the rows at each position (cuda::position_index)
+  int pos_range = 0;                   // CUDA, pos set: positions lie in [0, pos_range)
 };
 
 // One piece of the optimizer's work, at most kOptChunk elements of one tensor: its place in
@@ -75,12 +76,6 @@ inline int64_t ragged_rows(const int32_t* counts, int sources, int G, int g) {
 }
 
 class Backend {
-  [[noreturn]] static void cp_unsupported() {
-    fail(
-        "context parallel's attention runs on the CPU backend only so far; set parallel.cp = 1 or train.device = "
-        "\"cpu\"");
-  }
-
  public:
   virtual ~Backend() = default;
   virtual const BackendTraits& traits() const = 0;
@@ -99,7 +94,8 @@ class Backend {
   // A micro-batch's inputs staged where the ops read them, valid until two more have been
   // staged (a micro-batch's forward and backward run before the one after next is staged);
   // v0, Vl: the vocabulary rows this rank holds (the embedding gradient's index covers those);
-  // pos: each token's position in its document (data.doc_mask), or null; T: the sequence length.
+  // pos: each token's position in its document (data.doc_mask) or in the whole sequence (cp),
+  // or null; T: the sequence length (positions lie below it).
   virtual Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, const int32_t* pos, int N, int T, int v0,
                               int Vl) = 0;
 
@@ -169,40 +165,22 @@ class Backend {
   // dqkv overwritten; scratch: B*H*T floats where the plan has them; pos as forward's.
   virtual void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H,
                                   int KV, int D, const int32_t* pos) = 0;
-  // Context parallel's attention over blocks of keys (kernels/ops.h, attention_block_*;
-  // qpos, kpos on the host). Written for the CPU; other backends refuse.
-  virtual void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) {
-    (void)kv, (void)qkv, (void)B, (void)T, (void)H, (void)KV, (void)D;
-    cp_unsupported();
-  }
-  // scratch: attention_block_scratch(B, Tq, Tk, H) floats.
+  // Context parallel's attention over blocks of keys (kernels/ops.h, attention_block_*), qpos
+  // and kpos where the kernels read them: rows of cp_position_table(), or host memory where
+  // that is null (the CPU).
+  virtual const int32_t* cp_position_table() const { return nullptr; }  // [cp, T / cp]
+  virtual void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) = 0;
+  // scratch: attention_block_scratch(B, Tq, Tk, H, KV) floats where the plan has them (the CPU).
   virtual void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos, const int32_t* kpos,
-                                       int B, int Tq, int Tk, int H, int KV, int D, bool first, float* scratch) {
-    (void)acc, (void)ml, (void)qkv, (void)kv, (void)qpos, (void)kpos, (void)B, (void)Tq, (void)Tk, (void)H, (void)KV,
-        (void)D, (void)first, (void)scratch;
-    cp_unsupported();
-  }
+                                       int B, int Tq, int Tk, int H, int KV, int D, bool first, float* scratch) = 0;
   virtual void attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq, int H,
-                                      int D) {
-    (void)out, (void)lse, (void)acc, (void)ml, (void)B, (void)Tq, (void)H, (void)D;
-    cp_unsupported();
-  }
-  virtual void attention_block_delta(float* delta, Ptr dout, Ptr out, int B, int Tq, int H, int D) {
-    (void)delta, (void)dout, (void)out, (void)B, (void)Tq, (void)H, (void)D;
-    cp_unsupported();
-  }
+                                      int D) = 0;
+  virtual void attention_block_delta(float* delta, Ptr dout, Ptr out, int B, int Tq, int H, int D) = 0;
   virtual void attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse,
                                         const float* delta, const int32_t* qpos, const int32_t* kpos, int B, int Tq,
-                                        int Tk, int H, int KV, int D, float* scratch) {
-    (void)dq, (void)dkv, (void)dout, (void)qkv, (void)kv, (void)lse, (void)delta, (void)qpos, (void)kpos, (void)B,
-        (void)Tq, (void)Tk, (void)H, (void)KV, (void)D, (void)scratch;
-    cp_unsupported();
-  }
+                                        int Tk, int H, int KV, int D, float* scratch) = 0;
   virtual void attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV,
-                                           int D) {
-    (void)dqkv, (void)dq, (void)dkv, (void)B, (void)T, (void)H, (void)KV, (void)D;
-    cp_unsupported();
-  }
+                                           int D) = 0;
   virtual void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) = 0;
   // Mixture of experts (kernels/ops.h, moe_*): index arrays are i32 on the backend's device.
   virtual void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) = 0;

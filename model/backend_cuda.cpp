@@ -15,6 +15,7 @@
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "model/backend.h"
+#include "parallel/context_parallel.h"
 #include "runtime/cuda_api.h"
 
 namespace loom {
@@ -47,11 +48,21 @@ class CudaBackend final : public Backend {
                "the {} backend needs an allocator and a stream of its device", cuda_api(kDevice).name);
     for (auto& item : cuda_backend_plan(cfg)) ws_.push_back(alloc.empty(item));
     gemm_ = std::make_unique<cuda::GemmContext>(ws_[0].data<char>(), ws_[0].nbytes());
-    N_ = cfg.train.micro_batch * cfg.model.seq_len;
+    N_ = cfg.train.micro_batch * cfg.local_seq();
     staged_.resize(size_t(cuda_input_slots(cfg)));
     slot_elems_ = ws_[1].numel() / int64_t(staged_.size());
     LOOM_CUDA_CHECK(cudaMallocHost(&staging_, size_t(ws_[1].numel()) * 4));
     for (Staged& st : staged_) LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
+    if (const int cp = cfg.parallel.cp; cp > 1) {  // the block kernels' masks, uploaded once
+      std::vector<int32_t> table;
+      for (int r = 0; r < cp; ++r) {
+        const std::vector<int32_t> p = cp_positions(cfg.model.seq_len, cp, r);
+        table.insert(table.end(), p.begin(), p.end());
+      }
+      LOOM_CHECK(int64_t(table.size()) == ws_[4].numel(), "cp_positions planned {} words, {} needed", ws_[4].numel(),
+                 table.size());
+      upload(Buf(ws_[4]), table.data());  // on the stream: after the allocator's zeroing, queued there
+    }
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(s_);
@@ -106,7 +117,7 @@ class CudaBackend final : public Backend {
     std::memcpy(host + N, targets, size_t(N) * 4);
     std::memcpy(host + 2 * int64_t(N), index.data(), index.size() * 4);
     size_t used = 2 * size_t(N) + index.size();
-    if (pos) {  // data.doc_mask: the positions [N], then the rows at each position
+    if (pos) {  // data.doc_mask or cp: the positions [N], then the rows at each position
       const auto by_pos = cuda::position_index(pos, N, T);
       std::memcpy(host + used, pos, size_t(N) * 4);
       std::memcpy(host + used + N, by_pos.data(), by_pos.size() * 4);
@@ -121,6 +132,7 @@ class CudaBackend final : public Backend {
     if (pos) {
       in.pos = dev + 2 * int64_t(N) + int64_t(index.size());
       in.pos_index = in.pos + N;
+      in.pos_range = T;
     }
     return in;
   }
@@ -144,7 +156,9 @@ class CudaBackend final : public Backend {
   }
   void embedding_backward(float* dwte, float* dwpe, Ptr dout, const Inputs& in, int, int, int B, int T,
                           int C) override {
-    cuda::embedding_backward(dwte, dwpe, B16(dout), in.index, in.unique, B, T, C, in.pos_index, s_);
+    // By position (doc_mask, cp): every position the index covers, the sequence's under cp.
+    cuda::embedding_backward(dwte, dwpe, B16(dout), in.index, in.unique, B, in.pos_index ? in.pos_range : T, C,
+                             in.pos_index, s_);
   }
   void norm_forward(bool rms, Ptr out, float* mean, float* rstd, Ptr inout, Ptr add, Ptr w, Ptr b, int N, int C,
                     float eps) override {
@@ -243,6 +257,33 @@ class CudaBackend final : public Backend {
                           int D, const int32_t* pos) override {
     cuda::attention_backward(B16(dqkv), B16(dout), B16(out), B16(qkv), stats.as<float>(), scratch, B, T, H, KV, D, pos,
                              s_);
+  }
+  const int32_t* cp_position_table() const override {
+    return ws_.size() > 4 && ws_[4].numel() ? ws_[4].data<int32_t>() : nullptr;
+  }
+  void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) override {
+    cuda::attention_kv_extract(B16(kv), B16(qkv), B, T, H, KV, D, s_);
+  }
+  void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos, const int32_t* kpos, int B,
+                               int Tq, int Tk, int H, int KV, int D, bool first, float*) override {
+    cuda::attention_block_forward(acc, ml, B16(qkv), B16(kv), qpos, kpos, B, Tq, Tk, H, KV, D, first, s_);
+  }
+  void attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq, int H,
+                              int D) override {
+    cuda::attention_block_finish(B16(out), lse, acc, ml, B, Tq, H, D, s_);
+  }
+  void attention_block_delta(float* delta, Ptr dout, Ptr out, int B, int Tq, int H, int D) override {
+    cuda::attention_block_delta(delta, B16(dout), B16(out), B, Tq, H, D, s_);
+  }
+  void attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse, const float* delta,
+                                const int32_t* qpos, const int32_t* kpos, int B, int Tq, int Tk, int H, int KV, int D,
+                                float*) override {
+    cuda::attention_block_backward(dq, dkv, B16(dout), B16(qkv), B16(kv), lse, delta, qpos, kpos, B, Tq, Tk, H, KV, D,
+                                   s_);
+  }
+  void attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV,
+                                   int D) override {
+    cuda::attention_block_grads_store(B16(dqkv), dq, dkv, B, T, H, KV, D, s_);
   }
   void moe_route(float* probs, int32_t* idx, float* w, Ptr logits, int N, int E, int k) override {
     cuda::moe_route(probs, idx, w, B16(logits), N, E, k, s_);

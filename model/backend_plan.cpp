@@ -18,14 +18,19 @@ std::vector<PlanItem> cuda_backend_plan(const Config& cfg) {
            Mem::workspace},  // 32 MiB
                              // a slot per micro-batch of a step (cuda_input_slots) of tokens [N], targets [N] and
                              // the embedding gradient's token index [up to 3N + 1]
-          // (data.doc_mask: and the positions [N] with the rows at each position [T + 1 + N])
-          {"inputs", cuda_input_slots(cfg) * (5 * N + 1 + (cfg.data.doc_mask ? 2 * N + cfg.model.seq_len + 1 : 0)),
+          // (data.doc_mask or cp: and the positions [N] with the rows at each position [T + 1 + N])
+          {"inputs",
+           cuda_input_slots(cfg) *
+               (5 * N + 1 + (cfg.data.doc_mask || cfg.parallel.cp > 1 ? 2 * N + cfg.model.seq_len + 1 : 0)),
            DType::i32, Mem::workspace},
           {"norm_partials", 1024, DType::f64, Mem::workspace},
           // the column sums' partials (weight, bias and router gradients), for the widest
           // column count: a bias of 3C or F, a norm's C, the experts
           {"column_partials", 2 * kMaxColumnChunks * std::max({3 * int64_t(C), int64_t(cfg.model.d_ff), int64_t(E)}),
-           DType::f32, Mem::workspace}};
+           DType::f32, Mem::workspace},
+          // context parallel: every cp rank's token positions, the block kernels' masks
+          {"cp_positions", cfg.parallel.cp > 1 ? int64_t(cfg.parallel.cp) * cfg.local_seq() : 0, DType::i32,
+           Mem::workspace}};
 }
 
 }  // namespace loom

@@ -119,7 +119,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"d_qkv", N * qkv, 1, x},
       {"d_fc", N * fc, 1, x},
       {"d_act", bt.fused_dgelu ? 0 : N * F, 1, x},
-      {"attn_scratch", bt.attention_probs || (cp > 1 && bt.device == DeviceKind::cpu) ? 0 : B * H * T, 1, f32},
+      {"attn_scratch", bt.attention_probs || cp > 1 ? 0 : B * H * T, 1, f32},
       // Tensor-parallel communication buffers: gathered rows, reduced shards, the
       // sequence-parallel norm gradients and the vocab-parallel loss statistics.
       {"full_a", sp ? N * C : 0, 1, x, true},

@@ -27,13 +27,15 @@ ContextParallel::ContextParallel(const Config& cfg, Backend& be, ProcessGroup& c
       N_(cp.size()),
       rank_(cp.rank()),
       B_(cfg.train.micro_batch),
-      Tl_(cfg.local_seq()) {
+      Tl_(cfg.local_seq()),
+      table_(be.cp_position_table()) {
   LOOM_CHECK(N_ == cfg.parallel.cp, "the cp group has {} ranks but parallel.cp = {}", N_, cfg.parallel.cp);
   for (int r = 0; r < N_; ++r) {
     const std::vector<int32_t> p = cp_positions(cfg.model.seq_len, N_, r);
     pos_.insert(pos_.end(), p.begin(), p.end());
   }
-  for (int b = 0; b < B_; ++b) token_pos_.insert(token_pos_.end(), pos_of(rank_), pos_of(rank_) + Tl_);
+  const int32_t* own = pos_.data() + size_t(rank_) * Tl_;
+  for (int b = 0; b < B_; ++b) token_pos_.insert(token_pos_.end(), own, own + Tl_);
 }
 
 void ContextParallel::wait(std::initializer_list<Work*> works) {

@@ -52,7 +52,8 @@ class ContextParallel {
   void backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float* lse, const CpBuffers& buf, int H, int KV, int D);
 
  private:
-  const int32_t* pos_of(int rank) const { return pos_.data() + size_t(rank) * Tl_; }
+  // Rank `rank`'s positions where the block kernels read them.
+  const int32_t* pos_of(int rank) const { return (table_ ? table_ : pos_.data()) + size_t(rank) * Tl_; }
   // Sends `send` to the next rank of the ring and receives `recv` from the previous one, paired
   // in one group (NCCL completes a send only once its peer has started the receive).
   void ring_pass(const char* name, Buf send, Buf recv, int tag, Work* sent, Work* got);
@@ -66,6 +67,7 @@ class ContextParallel {
   int N_, rank_, B_, Tl_;
   std::vector<int32_t> pos_;        // every rank's positions, [N, Tl]
   std::vector<int32_t> token_pos_;  // this rank's, for each of the B sequences
+  const int32_t* table_;            // pos_ in the backend's memory, or null (the host's serves)
 };
 
 }  // namespace loom

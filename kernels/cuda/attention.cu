@@ -156,6 +156,20 @@ void attention_forward_rowwise(bf16* out, float* lse, const bf16* qkv, int B, in
   fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
 }
 
+void attention_block_delta(float* delta, const bf16* dout, const bf16* out, int B, int Tq, int H, int D,
+                           cudaStream_t s) {
+  const dim3 grid(blocks_for(Tq, kWarps), H, B);
+  if (D == 64)
+    LOOM_LAUNCH(attention_delta_kernel<64>, grid, 32 * kWarps, 0, s)(delta, dout, out, Tq, H);
+  else if (D == 128)
+    LOOM_LAUNCH(attention_delta_kernel<128>, grid, 32 * kWarps, 0, s)(delta, dout, out, Tq, H);
+  else if (D == 32)
+    LOOM_LAUNCH(attention_delta_kernel<32>, grid, 32 * kWarps, 0, s)(delta, dout, out, Tq, H);
+  else
+    fail("CUDA attention supports head dims 32, 64 and 128, not {}", D);
+  LOOM_CUDA_LAUNCHED();
+}
+
 void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
                                 float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos,
                                 cudaStream_t s) {

@@ -158,6 +158,27 @@ void attention_forward_rowwise(bf16* out, float* lse, const bf16* qkv, int B, in
 void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
                                 float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s);
 
+// defines: attention_kv_extract, attention_block_forward, attention_block_finish,
+//          attention_block_backward, attention_block_grads_store (attention_block.cu);
+//          attention_block_delta (attention.cu's delta kernel)
+// Context parallel's attention over blocks of keys, the CPU's attention_block_* of
+// kernels/ops.h with the same shapes and semantics: key u of a block is visible to query t
+// where kpos[u] <= qpos[t]; qpos [Tq] and kpos [Tk] in device memory. Row-wise kernels (CUDA
+// cores), D = 32, 64 or 128; no scratch.
+void attention_kv_extract(bf16* kv, const bf16* qkv, int B, int T, int H, int KV, int D, cudaStream_t s);
+void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
+                             const int32_t* kpos, int B, int Tq, int Tk, int H, int KV, int D, bool first,
+                             cudaStream_t s);
+void attention_block_finish(bf16* out, float* lse, const float* acc, const float* ml, int B, int Tq, int H, int D,
+                            cudaStream_t s);
+void attention_block_delta(float* delta, const bf16* dout, const bf16* out, int B, int Tq, int H, int D,
+                           cudaStream_t s);
+void attention_block_backward(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv,
+                              const float* lse, const float* delta, const int32_t* qpos, const int32_t* kpos, int B,
+                              int Tq, int Tk, int H, int KV, int D, cudaStream_t s);
+void attention_block_grads_store(bf16* dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV, int D,
+                                 cudaStream_t s);
+
 // defines: crossentropy_forward_backward, crossentropy_shard_stats, crossentropy_shard_sumexp,
 //          crossentropy_shard_finish, loss_accumulate
 // logits: N rows of V columns, of which the first `valid` are the vocabulary (the rest is

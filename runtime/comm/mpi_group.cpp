@@ -200,7 +200,9 @@ class MpiGroup final : public ProcessGroup {
   // for checking multi-rank layouts on one GPU, where NCCL refuses two ranks per device) are
   // copied into pinned host memory once `after` has produced them (the host waits for that),
   // and results are copied back when the Work lands (the host waits again): correct, and slow
-  // by design; NCCL is the path for real runs.
+  // by design; NCCL is the path for real runs. The host waits for `after` before an op that
+  // only writes too: the copy back runs outside the device's streams, and work queued before
+  // the op may still read the old contents (a pipeline's receive slot, reused under 1f1b).
   struct Staging {
     MpiGroup& g;
     const Stream& after;
@@ -230,10 +232,8 @@ class MpiGroup final : public ProcessGroup {
       producer_check(g.name(), after, b);
       void* h = g.pinned_take(b.device, b.bytes());
       held.push_back({b.device, b.bytes(), h});
-      if (read) {
-        if (!synced) after.synchronize(), synced = true;
-        cuda_api(b.device).memcpy(h, b.data, b.bytes());
-      }
+      if (!synced) after.synchronize(), synced = true;
+      if (read) cuda_api(b.device).memcpy(h, b.data, b.bytes());
       if (write) back.push_back({b.device, b.data, h, b.bytes()});
       return Buf(h, b.count, b.dtype, DeviceKind::cpu);
     }

@@ -63,19 +63,22 @@ ncclConfig_t nonblocking_config(const char* name) {
   c.commName = name;
   return c;
 }
+// Past the deadline: names the call, aborts the communicator, ends the job.
+void stall_exit(ncclComm_t comm, const char* call, const std::string& where, double waited, const char* why,
+                const NcclOptions& o) {
+  std::fprintf(stderr, "error: rank %d: %s%s has not completed after %.0f s: %s (parallel.timeout_s = %.0f)\n",
+               o.world_rank, call, where.c_str(), waited, why, o.timeout_s);
+  std::fflush(stderr);
+  ncclCommAbort(comm);
+  if (o.end_job) o.end_job();
+  std::_Exit(4);
+}
 void settle(ncclComm_t comm, ncclResult_t r, const char* call, const std::string& where, const NcclOptions& o,
             const char* why) {
   const auto t0 = std::chrono::steady_clock::now();
   while (r == ncclInProgress) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (o.timeout_s > 0 && waited >= o.timeout_s) {
-      std::fprintf(stderr, "error: rank %d: %s%s has not completed after %.0f s: %s (parallel.timeout_s = %.0f)\n",
-                   o.world_rank, call, where.c_str(), waited, why, o.timeout_s);
-      std::fflush(stderr);
-      ncclCommAbort(comm);
-      if (o.end_job) o.end_job();
-      std::_Exit(4);
-    }
+    if (o.timeout_s > 0 && waited >= o.timeout_s) stall_exit(comm, call, where, waited, why, o);
     std::this_thread::yield();
     if (const ncclResult_t q = ncclCommGetAsyncError(comm, &r); q != ncclSuccess) r = q;
   }
@@ -420,11 +423,22 @@ std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world
   if (name == "world") return std::make_unique<NcclGroup>(world, name, world->comm, false, ranks, options);
   ncclComm_t sub = nullptr;
   ncclConfig_t config = nonblocking_config(world->names.emplace_back(name).c_str());
-  const ncclResult_t r = ncclCommSplit(world->comm, color, world->rank, &sub, &config);
-  // The split is collective over the world; its progress shows on the new communicator (on the
-  // parent while NCCL has not made one yet).
-  settle(sub ? sub : world->comm, r, "ncclCommSplit", " of group '" + name + "'", options, kNotJoined);
-  LOOM_CHECK(sub, "ncclCommSplit of group '{}' returned no communicator", name);
+  ncclResult_t r = ncclCommSplit(world->comm, color, world->rank, &sub, &config);
+  // The split is collective over the world. A nonblocking split returns first; NCCL stores the
+  // new communicator only once it is made (seen on a GPU: read at once, it was still null).
+  const std::string where = " of group '" + name + "'";
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((r == ncclSuccess || r == ncclInProgress) && !__atomic_load_n(&sub, __ATOMIC_ACQUIRE)) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (options.timeout_s > 0 && waited >= options.timeout_s)
+      stall_exit(world->comm, "ncclCommSplit", where, waited, kNotJoined, options);
+    std::this_thread::yield();
+    if (ncclResult_t q = ncclSuccess; ncclCommGetAsyncError(world->comm, &q) == ncclSuccess && q != ncclInProgress)
+      r = q == ncclSuccess ? r : q;
+  }
+  if (sub) r = ncclInProgress;  // made: settle on the child's own state
+  settle(sub ? sub : world->comm, r, "ncclCommSplit", where, options, kNotJoined);
+  LOOM_CHECK(sub, "ncclCommSplit{} returned no communicator", where);
   return std::make_unique<NcclGroup>(world, name, sub, true, ranks, options);
 }
 

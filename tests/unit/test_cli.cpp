@@ -161,9 +161,6 @@ TEST(Cli, PlanLayoutRanksAndPredicts) {
     EXPECT_NE(p.output.find("\"layout\":\"tp 2 pp 1 dp 2 zero 0"), std::string::npos) << p.output;
   }
   expect_one_line_error("plan layout --cluster /no/such.toml", "cannot open the cluster file '/no/such.toml'");
-  // context parallel plans on GPUs but trains on the CPU only: refused at start, by name
-  expect_one_line_error("train --set parallel.cp=2 --set train.device=cuda-emulated --set train.steps=1 --set log.dir=",
-                        "parallel.cp = 2 trains on the CPU backend so far");
   expect_one_line_error("plan layout --predict --cluster " + src +
                             "/examples/clusters/this_machine.toml --set parallel.dp=8 --set train.micro_batch=2",
                         "the layout needs 8 ranks (pp 1 x dp 8 x cp 1 x tp 1), the cluster has 4 devices");

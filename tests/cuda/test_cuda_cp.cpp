@@ -1,0 +1,108 @@
+// Context parallel's CUDA block kernels (attention_block.cu) against their CPU twins
+// (kernels/cpu/attention.cpp, themselves tested against the whole sequence's attention in
+// double), as one rank of a cp group runs them: its queries against every rank's key/value
+// block in ring order (its own first), then the backward over the same blocks, each block's
+// fp32 key/value gradient separately and the rank's own dqkv stored. The positions are
+// cp_positions' load-balanced chunks, so blocks are wholly visible, wholly masked or masked
+// in part; GQA groups of 2 and of 1.
+#include <gtest/gtest.h>
+
+#include "kernels/ops.h"
+#include "parallel/context_parallel.h"
+#include "tests/cuda/cuda_testing.h"
+
+using namespace loom;
+using namespace loom::testing_cuda;
+
+namespace {
+
+struct CpShape {
+  int B, H, KV, D, T, cp, rank;
+};
+void PrintTo(const CpShape& s, std::ostream* os) {
+  *os << "B" << s.B << "_H" << s.H << "_KV" << s.KV << "_D" << s.D << "_T" << s.T << "_cp" << s.cp << "_rank" << s.rank;
+}
+class CudaCp : public Cuda, public ::testing::WithParamInterface<CpShape> {};
+
+}  // namespace
+
+TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
+  const auto [B, H, KV, D, T, cp, rank] = GetParam();
+  const int Tl = T / cp;
+  const size_t nq = size_t(B) * Tl * (H + 2 * KV) * D, no = size_t(B) * Tl * H * D, nkv = size_t(B) * Tl * 2 * KV * D;
+  std::vector<int32_t> table;
+  for (int r = 0; r < cp; ++r) {
+    const auto p = cp_positions(T, cp, r);
+    table.insert(table.end(), p.begin(), p.end());
+  }
+  auto pos = [&](const int32_t* base, int r) { return base + size_t(r) * Tl; };
+  // Every rank's qkv; this rank's queries, every rank's keys and values.
+  std::vector<std::vector<float>> qkv;
+  std::vector<std::vector<float>> kv(static_cast<size_t>(cp), std::vector<float>(nkv));
+  for (int r = 0; r < cp; ++r) {
+    qkv.push_back(randn(nq, 60 + uint64_t(r)));
+    cpu::attention_kv_extract(kv[size_t(r)].data(), qkv[size_t(r)].data(), B, Tl, H, KV, D);
+  }
+  const auto dy = randn(no, 70);
+  const std::vector<float>& q = qkv[size_t(rank)];
+  std::vector<int> order;  // ring order: own block first
+  for (int s = 0; s < cp; ++s) order.push_back((rank + cp - s) % cp);
+
+  // CPU twin.
+  std::vector<float> acc(no), ml(size_t(B) * H * Tl * 2), out(no), lse(size_t(B) * H * Tl), delta(lse.size());
+  std::vector<float> scratch(size_t(cpu::attention_block_scratch(B, Tl, Tl, H, KV)));
+  for (int s = 0; s < cp; ++s)
+    cpu::attention_block_forward(acc.data(), ml.data(), q.data(), kv[size_t(order[size_t(s)])].data(),
+                                 pos(table.data(), rank), pos(table.data(), order[size_t(s)]), B, Tl, Tl, H, KV, D,
+                                 s == 0, scratch.data());
+  cpu::attention_block_finish(out.data(), lse.data(), acc.data(), ml.data(), B, Tl, H, D);
+  const auto out_b = rounded(out);  // what the CUDA path keeps (bf16), for both backwards
+  cpu::attention_block_delta(delta.data(), dy.data(), out_b.data(), B, Tl, H, D);
+  std::vector<float> dq(no, 0.0f), dqkv(nq);
+  std::vector<std::vector<float>> dkv(static_cast<size_t>(cp), std::vector<float>(nkv, 0.0f));
+  for (int src : order)
+    cpu::attention_block_backward(dq.data(), dkv[size_t(src)].data(), dy.data(), q.data(), kv[size_t(src)].data(),
+                                  lse.data(), delta.data(), pos(table.data(), rank), pos(table.data(), src), B, Tl, Tl,
+                                  H, KV, D, scratch.data());
+  cpu::attention_block_grads_store(dqkv.data(), dq.data(), dkv[size_t(rank)].data(), B, Tl, H, KV, D);
+
+  // CUDA: the same calls, the key/value blocks extracted on the device.
+  DevRaw<int32_t> Table(table);
+  Dev Q(q), Dy(dy), O(out_b.size()), Ob(out_b), DQKV(std::vector<float>(nq, 7.0f));
+  std::vector<std::unique_ptr<Dev>> Qr, KVr;
+  for (int r = 0; r < cp; ++r) {
+    Qr.push_back(std::make_unique<Dev>(qkv[size_t(r)]));
+    KVr.push_back(std::make_unique<Dev>(nkv));
+    cuda::attention_kv_extract(KVr.back()->p, Qr.back()->p, B, Tl, H, KV, D, nullptr);
+  }
+  EXPECT_TRUE(close(KVr[size_t(rank)]->get(), kv[size_t(rank)], 0, 0)) << "kv_extract";
+  DevRaw<float> Acc(std::vector<float>(no, NAN)), Ml(std::vector<float>(ml.size(), NAN)), L(lse.size()),
+      Delta(lse.size()), DQ(std::vector<float>(no, 0.0f));
+  for (int s = 0; s < cp; ++s)
+    cuda::attention_block_forward(Acc.p, Ml.p, Q.p, KVr[size_t(order[size_t(s)])]->p, pos(Table.p, rank),
+                                  pos(Table.p, order[size_t(s)]), B, Tl, Tl, H, KV, D, s == 0, nullptr);
+  cuda::attention_block_finish(O.p, L.p, Acc.p, Ml.p, B, Tl, H, D, nullptr);
+  EXPECT_TRUE(close(O.get(), out, 1e-2, 1e-2)) << "forward";
+  EXPECT_TRUE(close(L.get(), lse, 1e-4, 1e-4)) << "lse";
+  // Backward from the CPU's forward (bf16 output, its lse): the gradients' own error only.
+  DevRaw<float> Lc(lse);
+  cuda::attention_block_delta(Delta.p, Dy.p, Ob.p, B, Tl, H, D, nullptr);
+  EXPECT_TRUE(close(Delta.get(), delta, 1e-4, 1e-4)) << "delta";
+  std::vector<std::unique_ptr<DevRaw<float>>> DKV;
+  for (int r = 0; r < cp; ++r) DKV.push_back(std::make_unique<DevRaw<float>>(nkv));
+  for (int src : order)
+    cuda::attention_block_backward(DQ.p, DKV[size_t(src)]->p, Dy.p, Q.p, KVr[size_t(src)]->p, Lc.p, Delta.p,
+                                   pos(Table.p, rank), pos(Table.p, src), B, Tl, Tl, H, KV, D, nullptr);
+  EXPECT_TRUE(close(DQ.get(), dq, 2e-3, 2e-3)) << "dq";
+  for (int r = 0; r < cp; ++r)
+    EXPECT_TRUE(close(DKV[size_t(r)]->get(), dkv[size_t(r)], 2e-3, 2e-3)) << "dkv of rank " << r;
+  cuda::attention_block_grads_store(DQKV.p, DQ.p, DKV[size_t(rank)]->p, B, Tl, H, KV, D, nullptr);
+  EXPECT_TRUE(close(DQKV.get(), dqkv, 1e-2, 1e-2)) << "dqkv";
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, CudaCp,
+                         ::testing::ValuesIn(kSanitized ? std::vector<CpShape>{{2, 2, 1, 32, 16, 2, 0},
+                                                                               {2, 2, 2, 64, 16, 2, 1}}
+                                                        : std::vector<CpShape>{{2, 4, 2, 32, 64, 2, 0},
+                                                                               {2, 4, 2, 32, 64, 2, 1},
+                                                                               {2, 2, 1, 64, 96, 4, 1},
+                                                                               {1, 2, 2, 128, 64, 4, 3}}));
