@@ -21,6 +21,11 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/tests" "$stage/lib"
 cp "$build/loom" "$stage/"
 cp "$build/tests/loom_cuda_tests" "$build/tests/loom_compare_runs" "$build/tests/loom_dist_nccl" "$stage/tests/"
+if ldd "${bins[@]}" | grep -q "not found"; then
+  echo "device_bundle: a library the binaries load is not found here:" >&2
+  ldd "${bins[@]}" | grep "not found" >&2
+  exit 2
+fi
 skip='/(libc|libm|libdl|libpthread|librt|libutil|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libnccl|libcublas(Lt)?)\.so'
 ldd "${bins[@]}" | awk '$3 ~ /^\// {print $3}' | sort -u | grep -vE "$skip" | while read -r lib; do
   cp -L "$lib" "$stage/lib/"

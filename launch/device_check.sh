@@ -153,7 +153,7 @@ stage_probe() {
     fi
   done
   echo "bundle: $([ $bundled -eq 1 ] && echo ".devbuild ($(head -1 .devbuild/bin/commit.txt | cut -c1-12)), libraries from ${LD_LIBRARY_PATH%%:/usr*}" || echo "none (builds here)")" >> "$work/probe.txt"
-  echo "nccl/cublas loaded by loom: $(ldd "$loom" 2> /dev/null | grep -E "nccl|cudart|not found" | awk '{print $1 "=" $3}' | paste -sd ' ')" >> "$work/probe.txt"
+  echo "nccl and cudart linked by loom: $(ldd "$loom" 2> /dev/null | grep -E "nccl|cudart|not found" | awk '{print $1 "=" $3}' | paste -sd ' ')" >> "$work/probe.txt"
   echo "pytorch: $py ($(LD_LIBRARY_PATH=$orig_ld "$py" -c 'import torch; print(torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))" \
     >> "$work/probe.txt"
   # Open MPI's shared memory wants room in /dev/shm; a small one (containers) moves it to /tmp.
@@ -186,11 +186,11 @@ stage_kernels() {
     tests="$(grep -E "tests passed" "$work/cuda_tests.log" || echo "see cuda_tests.log");"
     tests+=" skipped: $(grep -c '\*\*\*Skipped' "$work/cuda_tests.log" || true)"
   else  # a bundle: the test binaries themselves (ctest's files name the paths of the build)
-    tmo 200 "$build_dir/tests/loom_cuda_tests" --gtest_brief=1 > "$work/cuda_tests.log" 2>&1 || rc=1
+    tmo 200 "$build_dir/tests/loom_cuda_tests" --gtest_brief=1 --gtest_color=no > "$work/cuda_tests.log" 2>&1 || rc=1
     tests="kernels: $(grep -E "PASSED|FAILED  \]|SKIPPED" "$work/cuda_tests.log" | grep -v "^\[  FAILED  \] [A-Z]" | paste -sd ' ' || echo "see cuda_tests.log")"
     for np in 1 2; do
       [ ${#mpirun[@]} -gt 0 ] || break
-      tmo 90 "${mpirun[@]}" -np $np "$build_dir/tests/loom_dist_nccl" --gtest_brief=1 > "$work/device_groups_np$np.log" 2>&1 || rc=1
+      tmo 90 "${mpirun[@]}" -np $np "$build_dir/tests/loom_dist_nccl" --gtest_brief=1 --gtest_color=no > "$work/device_groups_np$np.log" 2>&1 || rc=1
       tests+="; device groups np $np: $(grep -E "PASSED|FAILED  \]|SKIPPED|skipped" "$work/device_groups_np$np.log" | head -3 | paste -sd ' ')"
     done
   fi
@@ -237,7 +237,7 @@ stage_parity() {
   run moe_cap_cuda $loom train "${small[@]}" "${llama[@]}" "${moe[@]}" "${cap[@]}" --set train.device=cuda
   parity_llama+="; MoE with a capacity: $(verdict moe_cap_cuda moe_cap_cpu_bf16 "${bf[@]}")"
   for v in "$parity_bf16" "$grads" "$parity_f32" "$repeat" "$recompute" "$parity_llama"; do
-    [[ $v == *FAIL* || -z $v ]] && return 1
+    [[ $v == *FAIL* || $v == *error* || -z $v ]] && return 1
   done
   return 0
 }
@@ -329,7 +329,7 @@ stage_layouts() {
     layouts+="nccl pp2: not run (one GPU; NCCL takes one rank per GPU)
   "
   fi
-  [[ $layouts != *FAIL* ]]
+  [[ $layouts != *FAIL* && $layouts != *error* ]]
 }
 
 # 6. Kernel rates, GPT-2 124M (B=16, T=1024) next to PyTorch, a LLaMA-shaped 1.1B model.

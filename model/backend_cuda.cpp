@@ -341,7 +341,7 @@ class CudaBackend final : public Backend {
   Allocator& alloc_;
   Stream stream_;
   cudaStream_t s_;
-  std::vector<Tensor> ws_;  // cuda_backend_plan: GEMM workspace, inputs, norm partials, column partials
+  std::vector<Tensor> ws_;  // cuda_backend_plan: GEMM workspace, inputs, norm partials, column partials, cp positions
   // The column sums' scratch (one stream: a call's stages finish before the next call's start).
   float* partials(int rows, int cols) {
     LOOM_CHECK(cuda::column_partials_floats(rows, cols) <= ws_[3].numel(),

@@ -50,6 +50,8 @@ __global__ void block_forward_kernel(float* acc, float* ml, const bf16* qkv, con
     m = mn;
   }
   for (int e = 0; e < E; ++e) a[lane + 32 * e] = o[e];
+  // Every lane read st above; with no visible key no shuffle has ordered those reads yet.
+  __syncwarp();
   if (lane == 0) st[0] = m, st[1] = l;
 }
 

@@ -425,7 +425,8 @@ std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world
   ncclConfig_t config = nonblocking_config(world->names.emplace_back(name).c_str());
   ncclResult_t r = ncclCommSplit(world->comm, color, world->rank, &sub, &config);
   // The split is collective over the world. A nonblocking split returns first; NCCL stores the
-  // new communicator only once it is made (seen on a GPU: read at once, it was still null).
+  // new communicator when its init job ends (seen on a GPU: read at once, it was null), and
+  // the split's result is the parent's state, not the child's.
   const std::string where = " of group '" + name + "'";
   const auto t0 = std::chrono::steady_clock::now();
   while ((r == ncclSuccess || r == ncclInProgress) && !__atomic_load_n(&sub, __ATOMIC_ACQUIRE)) {
@@ -433,12 +434,15 @@ std::unique_ptr<ProcessGroup> nccl_group(const std::shared_ptr<NcclWorld>& world
     if (options.timeout_s > 0 && waited >= options.timeout_s)
       stall_exit(world->comm, "ncclCommSplit", where, waited, kNotJoined, options);
     std::this_thread::yield();
-    if (ncclResult_t q = ncclSuccess; ncclCommGetAsyncError(world->comm, &q) == ncclSuccess && q != ncclInProgress)
-      r = q == ncclSuccess ? r : q;
+    ncclResult_t state = ncclSuccess;
+    if (const ncclResult_t q = ncclCommGetAsyncError(world->comm, &state); q != ncclSuccess)
+      r = q;
+    else if (state != ncclSuccess && state != ncclInProgress)
+      r = state;
   }
-  if (sub) r = ncclInProgress;  // made: settle on the child's own state
-  settle(sub ? sub : world->comm, r, "ncclCommSplit", where, options, kNotJoined);
+  settle(world->comm, r == ncclSuccess ? ncclInProgress : r, "ncclCommSplit", where, options, kNotJoined);
   LOOM_CHECK(sub, "ncclCommSplit{} returned no communicator", where);
+  settle(sub, ncclInProgress, "ncclCommSplit", where, options, kNotJoined);  // the child's own state
   return std::make_unique<NcclGroup>(world, name, sub, true, ranks, options);
 }
 

@@ -16,18 +16,22 @@ using namespace loom::testing_cuda;
 
 namespace {
 
+// own_first: the ring's order (this rank's block first); else the others' first, own last, so
+// that rank 0's first block leaves its first chunk's rows with no visible key (max -inf).
 struct CpShape {
   int B, H, KV, D, T, cp, rank;
+  bool own_first;
 };
 void PrintTo(const CpShape& s, std::ostream* os) {
-  *os << "B" << s.B << "_H" << s.H << "_KV" << s.KV << "_D" << s.D << "_T" << s.T << "_cp" << s.cp << "_rank" << s.rank;
+  *os << "B" << s.B << "_H" << s.H << "_KV" << s.KV << "_D" << s.D << "_T" << s.T << "_cp" << s.cp << "_rank" << s.rank
+      << (s.own_first ? "_ring" : "_own_last");
 }
 class CudaCp : public Cuda, public ::testing::WithParamInterface<CpShape> {};
 
 }  // namespace
 
 TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
-  const auto [B, H, KV, D, T, cp, rank] = GetParam();
+  const auto [B, H, KV, D, T, cp, rank, own_first] = GetParam();
   const int Tl = T / cp;
   const size_t nq = size_t(B) * Tl * (H + 2 * KV) * D, no = size_t(B) * Tl * H * D, nkv = size_t(B) * Tl * 2 * KV * D;
   std::vector<int32_t> table;
@@ -45,8 +49,8 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
   }
   const auto dy = randn(no, 70);
   const std::vector<float>& q = qkv[size_t(rank)];
-  std::vector<int> order;  // ring order: own block first
-  for (int s = 0; s < cp; ++s) order.push_back((rank + cp - s) % cp);
+  std::vector<int> order;
+  for (int s = 0; s < cp; ++s) order.push_back(own_first ? (rank + cp - s) % cp : (rank + 1 + s) % cp);
 
   // CPU twin.
   std::vector<float> acc(no), ml(size_t(B) * H * Tl * 2), out(no), lse(size_t(B) * H * Tl), delta(lse.size());
@@ -59,7 +63,8 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
   const auto out_b = rounded(out);  // what the CUDA path keeps (bf16), for both backwards
   cpu::attention_block_delta(delta.data(), dy.data(), out_b.data(), B, Tl, H, D);
   std::vector<float> dq(no, 0.0f), dqkv(nq);
-  std::vector<std::vector<float>> dkv(static_cast<size_t>(cp), std::vector<float>(nkv, 0.0f));
+  std::vector<std::vector<float>> dkv;  // nonzero to start with: backward adds into them
+  for (int r = 0; r < cp; ++r) dkv.push_back(randn(nkv, 80 + uint64_t(r), 0.1f));
   for (int src : order)
     cpu::attention_block_backward(dq.data(), dkv[size_t(src)].data(), dy.data(), q.data(), kv[size_t(src)].data(),
                                   lse.data(), delta.data(), pos(table.data(), rank), pos(table.data(), src), B, Tl, Tl,
@@ -89,7 +94,7 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
   cuda::attention_block_delta(Delta.p, Dy.p, Ob.p, B, Tl, H, D, nullptr);
   EXPECT_TRUE(close(Delta.get(), delta, 1e-4, 1e-4)) << "delta";
   std::vector<std::unique_ptr<DevRaw<float>>> DKV;
-  for (int r = 0; r < cp; ++r) DKV.push_back(std::make_unique<DevRaw<float>>(nkv));
+  for (int r = 0; r < cp; ++r) DKV.push_back(std::make_unique<DevRaw<float>>(randn(nkv, 80 + uint64_t(r), 0.1f)));
   for (int src : order)
     cuda::attention_block_backward(DQ.p, DKV[size_t(src)]->p, Dy.p, Q.p, KVr[size_t(src)]->p, Lc.p, Delta.p,
                                    pos(Table.p, rank), pos(Table.p, src), B, Tl, Tl, H, KV, D, nullptr);
@@ -100,9 +105,10 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
   EXPECT_TRUE(close(DQKV.get(), dqkv, 1e-2, 1e-2)) << "dqkv";
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, CudaCp,
-                         ::testing::ValuesIn(kSanitized ? std::vector<CpShape>{{2, 2, 1, 32, 16, 2, 0},
-                                                                               {2, 2, 2, 64, 16, 2, 1}}
-                                                        : std::vector<CpShape>{{2, 4, 2, 32, 64, 2, 0},
-                                                                               {2, 4, 2, 32, 64, 2, 1},
-                                                                               {2, 2, 1, 64, 96, 4, 1},
-                                                                               {1, 2, 2, 128, 64, 4, 3}}));
+                         ::testing::ValuesIn(kSanitized ? std::vector<CpShape>{{2, 2, 1, 32, 16, 2, 0, false},
+                                                                               {2, 2, 2, 64, 16, 2, 1, true}}
+                                                        : std::vector<CpShape>{{2, 4, 2, 32, 64, 2, 0, true},
+                                                                               {2, 4, 2, 32, 64, 2, 0, false},
+                                                                               {2, 4, 2, 32, 64, 2, 1, true},
+                                                                               {2, 2, 1, 64, 96, 4, 1, true},
+                                                                               {1, 2, 2, 128, 64, 4, 3, false}}));
