@@ -5,6 +5,7 @@
 // Backward recomputes the probabilities from the saved log-sum-exp in two kernels, one for
 // dQ (a warp per query row) and one for dK and dV (a warp per key row, summing the query
 // heads of its group in order), so nothing is accumulated with atomics.
+#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -34,13 +35,7 @@ __global__ void attention_forward_kernel(bf16* out, float* lse, const bf16* qkv,
   for (int j = first_key(pos, bi, T, t); j <= t; ++j) {
     const bf16* k = base + int64_t(j) * row + (H + kvh) * D;
     const bf16* v = base + int64_t(j) * row + (H + KV + kvh) * D;
-    float s = 0.0f;
-    for (int e = 0; e < E; ++e) s += q[e] * f(k[lane + 32 * e]);
-    s = warp_sum(s);
-    const float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
-    l = l * corr + p;
-    for (int e = 0; e < E; ++e) acc[e] = acc[e] * corr + p * f(v[lane + 32 * e]);
-    m = mn;
+    row_merge_key<E>(q, k, v, lane, m, l, acc);
   }
   bf16* o = out + (int64_t(bi) * T + t) * H * D + h * D;
   for (int e = 0; e < E; ++e) o[lane + 32 * e] = b(acc[e] / l);
@@ -77,12 +72,7 @@ __global__ void attention_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qk
   for (int j = first_key(pos, bi, T, t); j <= t; ++j) {
     const bf16* k = base + int64_t(j) * row + (H + kvh) * D;
     const bf16* v = base + int64_t(j) * row + (H + KV + kvh) * D;
-    float s = 0.0f, dp = 0.0f;
-    for (int e = 0; e < E; ++e) s += q[e] * f(k[lane + 32 * e]), dp += dy[e] * f(v[lane + 32 * e]);
-    s = warp_sum(s);
-    dp = warp_sum(dp);
-    const float ds = __expf(s - L) * (dp - dl);
-    for (int e = 0; e < E; ++e) dq[e] += ds * f(k[lane + 32 * e]);
+    row_dq_key<E>(q, dy, k, v, L, dl, lane, dq);
   }
   bf16* out = dqkv + (int64_t(bi) * T + t) * row + h * D;
   for (int e = 0; e < E; ++e) out[lane + 32 * e] = b(dq[e] * scale);
@@ -107,15 +97,7 @@ __global__ void attention_dkv_kernel(bf16* dqkv, const bf16* dout, const bf16* q
       const bf16* q = base + int64_t(t) * row + h * D;
       const bf16* dy = dout + (int64_t(bi) * T + t) * H * D + h * D;
       const int64_t stat = (int64_t(bi) * H + h) * T + t;
-      float s = 0.0f, dp = 0.0f;
-      for (int e = 0; e < E; ++e) s += f(q[lane + 32 * e]) * k[e], dp += f(dy[lane + 32 * e]) * v[e];
-      s = warp_sum(s) * scale;
-      dp = warp_sum(dp);
-      const float p = __expf(s - lse[stat]), ds = p * (dp - delta[stat]);
-      for (int e = 0; e < E; ++e) {
-        dv[e] += p * f(dy[lane + 32 * e]);
-        dk[e] += ds * f(q[lane + 32 * e]);
-      }
+      row_dkv_query<E>(q, dy, k, v, lse[stat], delta[stat], scale, lane, dk, dv);
     }
   bf16* out = dqkv + (int64_t(bi) * T + j) * row;
   for (int e = 0; e < E; ++e) {

@@ -5,6 +5,7 @@
 // running output and (max, sum) by the online softmax; backward recomputes P from the saved
 // log-sum-exp and adds into fp32 gradients, each row written by one warp: no atomics, the same
 // bits on every run. Blocks that a query row cannot see cost one position test per key.
+#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -40,14 +41,7 @@ __global__ void block_forward_kernel(float* acc, float* ml, const bf16* qkv, con
   for (int u = 0; u < Tk; ++u) {
     if (kpos[u] > qp) continue;
     const bf16* k = blk + int64_t(u) * kvw + kvh * D;
-    const bf16* v = k + KV * D;
-    float s = 0.0f;
-    for (int e = 0; e < E; ++e) s += qv[e] * f(k[lane + 32 * e]);
-    s = warp_sum(s);
-    const float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
-    l = l * corr + p;
-    for (int e = 0; e < E; ++e) o[e] = o[e] * corr + p * f(v[lane + 32 * e]);
-    m = mn;
+    row_merge_key<E>(qv, k, k + KV * D, lane, m, l, o);
   }
   for (int e = 0; e < E; ++e) a[lane + 32 * e] = o[e];
   // Every lane read st above; with no visible key no shuffle has ordered those reads yet.
@@ -84,13 +78,7 @@ __global__ void block_dq_kernel(float* dq, const bf16* dout, const bf16* qkv, co
   for (int u = 0; u < Tk; ++u) {
     if (kpos[u] > qp) continue;
     const bf16* k = blk + int64_t(u) * kvw + kvh * D;
-    const bf16* v = k + KV * D;
-    float s = 0.0f, dp = 0.0f;
-    for (int e = 0; e < E; ++e) s += qv[e] * f(k[lane + 32 * e]), dp += g[e] * f(v[lane + 32 * e]);
-    s = warp_sum(s);
-    dp = warp_sum(dp);
-    const float ds = __expf(s - L) * (dp - dl);
-    for (int e = 0; e < E; ++e) d[e] += ds * f(k[lane + 32 * e]);
+    row_dq_key<E>(qv, g, k, k + KV * D, L, dl, lane, d);
   }
   float* out = dq + (int64_t(bi) * Tq + t) * H * D + h * D;
   for (int e = 0; e < E; ++e) out[lane + 32 * e] += d[e] * scale;
@@ -114,15 +102,7 @@ __global__ void block_dkv_kernel(float* dkv, const bf16* dout, const bf16* qkv, 
       const bf16* q = qkv + (int64_t(bi) * Tq + t) * row + h * D;
       const bf16* dy = dout + (int64_t(bi) * Tq + t) * H * D + h * D;
       const int64_t stat = (int64_t(bi) * H + h) * Tq + t;
-      float s = 0.0f, dp = 0.0f;
-      for (int e = 0; e < E; ++e) s += f(q[lane + 32 * e]) * kr[e], dp += f(dy[lane + 32 * e]) * vr[e];
-      s = warp_sum(s) * scale;
-      dp = warp_sum(dp);
-      const float p = __expf(s - lse[stat]), ds = p * (dp - delta[stat]);
-      for (int e = 0; e < E; ++e) {
-        dv[e] += p * f(dy[lane + 32 * e]);
-        dk[e] += ds * f(q[lane + 32 * e]);
-      }
+      row_dkv_query<E>(q, dy, kr, vr, lse[stat], delta[stat], scale, lane, dk, dv);
     }
   float* out = dkv + (int64_t(bi) * Tk + u) * kvw;
   for (int e = 0; e < E; ++e) {
