@@ -1,11 +1,11 @@
-// Checkpoints of a training run (DESIGN 8). A save: every rank copies the state it writes
+// Checkpoints of a training run (docs/checkpoints.md). A save: every rank copies the state it writes
 // (DataParallel::state_runs(write): each element of the model's state once over dp and tp, no
 // gather) and writes it into its own HDF5 file of <checkpoint.dir>/step-N/; once every rank's
 // file is on disk, rank 0 commits manifest.json (tmp, fsync, rename, directory fsync) and
 // removes what checkpoint.keep no longer keeps. With checkpoint.async the write runs on a
 // thread while training goes on, and the commit comes at a later step boundary (settle), at
 // the next save, or at the end (flush). On the CPU a reader copies the live state through a
-// bounded staging area the writer writes from (checkpoint/stage.h), so the next optimizer
+// bounded staging area the writer writes from (checkpoint/staged_writer.h), so the next optimizer
 // step waits only until it has read it all (wait_reads); on CUDA the state is first
 // downloaded. Collective: every rank calls the same methods at the same steps.
 #pragma once
@@ -22,7 +22,7 @@
 
 #include "checkpoint/manifest.h"
 #include "checkpoint/pieces.h"
-#include "checkpoint/stage.h"
+#include "checkpoint/staged_writer.h"
 #include "parallel/data_parallel.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/config.h"
@@ -58,7 +58,7 @@ class Checkpointer {
   // follows a commit charges them to ckpt_block_ms.
   double take_commit_ms();
 
-  // Fault drills (launch/fault.h), unset when none. in_write: called by the writer halfway
+  // Fault drills (train/fault.h), unset when none. in_write: called by the writer halfway
   // through this rank's file of `step` (a kill or an exit there); enospc: whether the write
   // of `step` fails as on a full disk; after_commit: on rank 0, once `step` committed in `dir`.
   std::function<void(int64_t step)> fault_in_write;

@@ -1,4 +1,4 @@
-// A checkpoint's manifest.json (DESIGN 8): written last, its presence marks the directory
+// A checkpoint's manifest.json (docs/checkpoints.md): written last, its presence marks the directory
 // complete. It names every tensor of the state ("params/<HF name>", "exp_avg/<HF name>",
 // "exp_avg_sq/<HF name>") with its global shape and the shards that hold it: a shard is the
 // hyperslab [offset, offset + shape) of the global tensor, stored as a dataset of one of the

@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <map>
 
+#include "checkpoint/hf_export.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/pieces.h"
 #include "checkpoint/safetensors.h"
-#include "model/decode.h"
 #include "model/flops.h"
 #include "model/layout.h"
 #include "runtime/config.h"

@@ -90,7 +90,7 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, in
 
 // defines: attention_kv_extract, attention_block_scratch, attention_block_forward, attention_block_finish,
 // attention_block_delta, attention_block_backward, attention_block_grads_store
-// Context parallel (parallel/context_parallel.h): this rank's queries, rows of qkv
+// Context parallel (model/context_parallel.h): this rank's queries, rows of qkv
 // [B,Tq,(H+2KV)*D] at global positions qpos [Tq], attend to keys and values that arrive in
 // blocks, kv [B,Tk,2*KV*D] (k heads, then v heads) at global positions kpos [Tk]; key u is
 // visible to query t where kpos[u] <= qpos[t]. Blocks may come in any order.

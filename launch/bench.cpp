@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "launch/trainer.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 #include "runtime/mesh.h"
 #include "runtime/trace.h"
+#include "train/trainer.h"
 
 namespace loom {
 

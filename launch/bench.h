@@ -1,8 +1,8 @@
 // `loom bench`: the fp32 GEMM peak of this machine (the MFU denominator on the CPU) and a
 // timed training run of any config.
 #pragma once
-#include "launch/trainer.h"
 #include "runtime/config.h"
+#include "train/trainer.h"
 
 namespace loom {
 

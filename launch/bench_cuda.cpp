@@ -11,11 +11,11 @@
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "model/layout.h"
 #include "runtime/comm/nccl_group.h"
+#include "runtime/cuda_check.h"
 #endif
 
 namespace loom {

@@ -15,8 +15,8 @@
 #include <sstream>
 #include <thread>
 
-#include "launch/launch_env.h"
 #include "runtime/error.h"
+#include "runtime/launch_env.h"
 
 namespace loom {
 

@@ -8,10 +8,11 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "launch/plan.h"
-#include "model/decode.h"
+#include "checkpoint/hf_export.h"
+#include "data/tokenizer.h"
+#include "model/cached_decoder.h"
+#include "plan/memory.h"
 #include "runtime/error.h"
-#include "runtime/tokenizer.h"
 
 namespace loom {
 
@@ -168,8 +169,8 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
   auto decode = [&](int32_t id) { return bpe ? bpe->decode({id}) : std::string(1, char(uint8_t(id))); };
 
   threads_set(opt.threads > 0 ? opt.threads : cfg.train.threads);
-  memory_fit_rough(cfg, DType::f32, 1, memory_available(DeviceKind::cpu, 1));  // before the Decoder allocates
-  Decoder dec(cfg, opt.from);
+  memory_fit_rough(cfg, DType::f32, 1, memory_available(DeviceKind::cpu, 1));  // before the CachedDecoder allocates
+  CachedDecoder dec(cfg, [&](const ParamRegistry& reg, float* w) { return model_load(reg, w, opt.from); });
   if (!dec.unused().empty())
     fmt::print(stderr, "{} tensors in {} unused (first: {})\n", dec.unused().size(), opt.from, dec.unused().front());
   const int room = dec.context() - int(ids.size());

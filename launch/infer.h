@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/trainer.h"
+#include "train/trainer.h"
 
 namespace loom {
 

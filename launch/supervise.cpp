@@ -15,9 +15,9 @@
 #include <sstream>
 #include <thread>
 
-#include "launch/fault.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "train/fault.h"
 
 namespace loom {
 

@@ -1,5 +1,5 @@
 // A device backend: the ops the decoder is written in, and the device memory ops that parallel
-// code, the optimizer and the trainer use. The decoder is written once (model/chunk.cpp) over
+// code, the optimizer and the trainer use. The decoder is written once (model/decoder_part.cpp) over
 // this interface; backends are CPU (fp32, or bf16 storage with fp32 arithmetic) and CUDA (bf16
 // with fp32 accumulation). Ops have the same shapes and the same overwrite / += semantics on
 // every backend (kernels/ops.h documents them); a backend may fuse (the residual add into the

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/clip.h"
 #include "model/backend.h"
-#include "optim/clip.h"
 
 namespace loom {
 

@@ -11,12 +11,12 @@
 
 #include <cstring>
 
-#include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "model/backend.h"
-#include "parallel/context_parallel.h"
+#include "model/context_parallel.h"
 #include "runtime/cuda_api.h"
+#include "runtime/cuda_check.h"
 
 namespace loom {
 

@@ -56,4 +56,21 @@ FlopsPerToken flops_per_token(const Config& cfg, bool attention_probs) {
   return f;
 }
 
+BlockFlops block_flops(const Config& cfg, int layer) {
+  const auto& m = cfg.model;
+  const double C = m.d_model, T = m.seq_len, D = cfg.head_dim(), H = m.n_head, KV = cfg.kv_heads();
+  const double F = m.d_ff > 0 ? m.d_ff : 4 * C;
+  const bool moe = cfg.moe_block(layer);
+  BlockFlops b;
+  b.attn_proj = 2 * C * (H + 2 * KV) * D + 2 * H * D * C;
+  b.core = 4 * T * H * D;
+  b.mlp = 2 * C * F * (m.arch == "llama" ? 3 : 2) * (moe ? m.moe.top_k : 1);
+  b.router = moe ? 2 * C * m.moe.num_experts : 0;
+  return b;
+}
+
+double head_flops(const Config& cfg) {
+  return 2.0 * cfg.model.d_model * double(cfg.vocab_padded()) + 5.0 * double(cfg.vocab_padded());
+}
+
 }  // namespace loom

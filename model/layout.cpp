@@ -95,7 +95,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"logits", head * N * V, 1, x},
       {"losses", head * N, 1, f32},
       {"wgrad_stash", stash, 1, x},
-      // MoE layers (model/chunk.h): the router's probabilities, choices and weights, where
+      // MoE layers (model/decoder_part.h): the router's probabilities, choices and weights, where
       // each assignment went, and the expert-sorted rows through the experts.
       {"moe_probs", N * E, kept(nm, false), f32},
       {"moe_idx", N * k, kept(nm, false), DType::i32},
@@ -137,7 +137,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
       {"moe_dx", nm ? N * C : 0, 1, x},
       {"moe_send", ep > 1 ? Rx * C : 0, 1, x, true},  // the all_to_all_v buffers
       {"moe_recv", ep > 1 ? Rx * C : 0, 1, x, true},
-      // Context parallel (parallel/context_parallel.h): key/value blocks (the ring's
+      // Context parallel (model/context_parallel.h): key/value blocks (the ring's
       // held and incoming ones, or all cp gathered and this rank's own), the running
       // output (backward: dq), max and sum (backward: delta), and the key/value
       // gradients (ring: one block's part and the two accumulators in flight; all-gather:

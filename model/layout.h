@@ -19,7 +19,7 @@ namespace loom {
 enum class Recompute { none, selective, full };
 Recompute recompute_from(const std::string& s);
 
-// How a backend's ops shape the plan (DESIGN 2: the decoder is one, its ops are the
+// How a backend's ops shape the plan (docs/design.md, core abstractions: the decoder is one, its ops are the
 // backend's). Pure data, the same for a device that is not there.
 struct BackendTraits {
   DeviceKind device = DeviceKind::cpu;

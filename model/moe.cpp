@@ -17,7 +17,7 @@
 // every row of the micro-batch (sequence parallel gathers them) and keeps its own rows.
 #include <algorithm>
 
-#include "model/chunk_bufs.h"
+#include "model/decoder_part_bufs.h"
 
 namespace loom {
 
@@ -31,7 +31,7 @@ int64_t w2_at(int64_t e, int64_t F, int64_t C) {
 }
 }  // namespace
 
-Chunk::MoeRoute Chunk::moe_route_padded() const {
+DecoderPart::MoeRoute DecoderPart::moe_route_padded() const {
   const int P = ep_size_, El = cfg_.model.moe.num_experts / P;
   const int64_t slot = moe_slot(cfg_, int64_t(B_) * T_);
   MoeRoute r;
@@ -42,7 +42,7 @@ Chunk::MoeRoute Chunk::moe_route_padded() const {
   return r;
 }
 
-Chunk::MoeRoute Chunk::moe_route_local() const {
+DecoderPart::MoeRoute DecoderPart::moe_route_local() const {
   MoeRoute r;
   r.rows = moe_rows(cfg_, int64_t(B_) * T_);  // dropless: every assignment
   r.sent = r.received = {r.rows};
@@ -50,7 +50,7 @@ Chunk::MoeRoute Chunk::moe_route_local() const {
   return r;
 }
 
-Chunk::MoeRoute Chunk::moe_route_counted(const int32_t* counts) {
+DecoderPart::MoeRoute DecoderPart::moe_route_counted(const int32_t* counts) {
   const int P = ep_size_, E = cfg_.model.moe.num_experts, El = E / P;
   // routed [E], kept [E] and (ep) the rows each rank sends my experts [P x El]: the one wait.
   std::vector<int32_t> h(size_t((P > 1 ? 3 : 2) * E));
@@ -69,7 +69,7 @@ Chunk::MoeRoute Chunk::moe_route_counted(const int32_t* counts) {
   return r;
 }
 
-void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool count, bool recomputing) {
+void DecoderPart::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool count, bool recomputing) {
   const int N = B_ * T_, C = C_;
   const auto& mc = cfg_.model.moe;
   const int E = mc.num_experts, k = mc.top_k, mi = a.moe, P = ep_size_, El = E / P;
@@ -131,7 +131,7 @@ void Chunk::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool 
                     k);
 }
 
-const int32_t* Chunk::moe_counts_over_cp(const int32_t* counts, int n, float* sums) {
+const int32_t* DecoderPart::moe_counts_over_cp(const int32_t* counts, int n, float* sums) {
   if (!cp_) return counts;
   const DeviceKind d = be_.device();
   const Stream& st = be_.stream();
@@ -145,13 +145,13 @@ const int32_t* Chunk::moe_counts_over_cp(const int32_t* counts, int n, float* su
   return c;
 }
 
-const int32_t* Chunk::moe_expert_counts(int mi) {
+const int32_t* DecoderPart::moe_expert_counts(int mi) {
   const int E = cfg_.model.moe.num_experts;
   // kept [E] per expert without ep; with it, what each rank sends each of my experts [P x El]
   return act(MOE_COUNTS, mi).as<int32_t>() + (ep_size_ > 1 ? 2 * E : E);
 }
 
-void Chunk::moe_experts_forward(const MoeRoute& r, const LayerW& lw, const LayerA& a) {
+void DecoderPart::moe_experts_forward(const MoeRoute& r, const LayerW& lw, const LayerA& a) {
   const int C = C_, Fe = cfg_.model.d_ff, P = ep_size_, El = cfg_.model.moe.num_experts / P;
   const Ptr xr = act(MOE_X, a.moe), fc = act(MOE_FC, a.moe), ac = act(MOE_ACT, a.moe);
   const Ptr ye = P > 1 ? scr(MOE_RECV) : act(MOE_Y, a.moe);
@@ -170,8 +170,8 @@ void Chunk::moe_experts_forward(const MoeRoute& r, const LayerW& lw, const Layer
   be_.linear_forward_ragged(ye, ac, w + w2_at(0, Fe, C), El, stride, counts, P, Rr, Fe, C);
 }
 
-void Chunk::moe_experts_backward(const MoeRoute& r, const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr dye,
-                                 Ptr dxe) {
+void DecoderPart::moe_experts_backward(const MoeRoute& r, const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr dye,
+                                       Ptr dxe) {
   const int C = C_, Fe = cfg_.model.d_ff, P = ep_size_, El = cfg_.model.moe.num_experts / P;
   const Ptr xr = act(MOE_X, a.moe), fc = act(MOE_FC, a.moe), ac = act(MOE_ACT, a.moe);
   const Ptr dfc = scr(MOE_DFC), dact = scr(MOE_DACT), w = lw.w[MOE_EXPERTS];
@@ -192,7 +192,7 @@ void Chunk::moe_experts_backward(const MoeRoute& r, const LayerW& lw, const Laye
   be_.linear_backward_ragged(dxe, g, dfc, xr, w, El, stride, counts, P, Rr, C, 2 * Fe);  // the rows' input gradients
 }
 
-void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr x, Ptr dout, Ptr dx) {
+void DecoderPart::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr x, Ptr dout, Ptr dx) {
   const int N = B_ * T_, C = C_;
   const auto& mc = cfg_.model.moe;
   const int E = mc.num_experts, k = mc.top_k, mi = a.moe;
@@ -236,7 +236,7 @@ void Chunk::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Pt
   }
 }
 
-void Chunk::moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out) {
+void DecoderPart::moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out) {
   const int C = C_;
   const int64_t Rr = r.expert_rows;
   std::vector<int64_t> sc(r.sent), rc(r.received);
@@ -250,7 +250,7 @@ void Chunk::moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, P
   be_.moe_gather(out, recv, act(MOE_MAP_IN, a.moe).as<int32_t>(), int(Rr), C);
 }
 
-void Chunk::moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out) {
+void DecoderPart::moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out) {
   const int C = C_;
   const int64_t Rr = r.expert_rows;
   be_.moe_gather(send, in, act(MOE_MAP_OUT, a.moe).as<int32_t>(), int(Rr), C);
@@ -262,7 +262,7 @@ void Chunk::moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr
   ep_->all_to_all_v(rows(send, Rr * C), sc, rows(out, r.rows * C), rc, be_.stream()).wait_on(be_.stream());
 }
 
-std::vector<double> Chunk::moe_stats_take() {
+std::vector<double> DecoderPart::moe_stats_take() {
   if (!moe_stats_.defined()) return {};
   std::vector<double> out(static_cast<size_t>(moe_stats_.numel()));
   be_.download(out.data(), Buf(moe_stats_));

@@ -8,9 +8,9 @@
 // dims only. Also: the learning-rate schedules.
 // Not here: which slice of the model a rank owns (DDP: all of it; ZeRO: its shard).
 #pragma once
+#include "kernels/clip.h"
 #include "model/backend.h"
 #include "model/registry.h"
-#include "optim/clip.h"
 #include "runtime/config.h"
 
 namespace loom {

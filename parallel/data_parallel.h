@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "model/chunk.h"
+#include "model/decoder_part.h"
 #include "optim/adamw.h"
 #include "runtime/step_clock.h"
 
@@ -90,8 +90,8 @@ struct DataParallelGroups {
 };
 
 // DDP at parallel.zero = 0, else ZeRO of that stage; the optimizer over what this rank owns.
-std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups,
-                                                 StepClock* clock);
+std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, DecoderPart& chunk,
+                                                 const DataParallelGroups& groups, StepClock* clock);
 
 // The reduction dtype of parallel.grad_reduce_dtype.
 DType grad_reduce_dtype(const Config& cfg);

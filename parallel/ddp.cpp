@@ -20,7 +20,7 @@ std::vector<PlanItem> Ddp::plan(const Config& cfg, const ParamRegistry& reg, int
   return p;
 }
 
-Ddp::Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, StepClock* clock)
+Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock)
     : chunk_(chunk),
       be_(chunk.backend()),
       dp_(groups.dp),
@@ -128,8 +128,8 @@ void Ddp::apply(const AdamWHyper& h, int64_t step, double max_norm) {
 
 void Ddp::discard() {}  // the next step's zero_grad clears the full gradient buffer
 
-std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups,
-                                                 StepClock* clock) {
+std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, DecoderPart& chunk,
+                                                 const DataParallelGroups& groups, StepClock* clock) {
   if (cfg.parallel.zero == 0) return std::make_unique<Ddp>(cfg, chunk, groups, clock);
   return std::make_unique<Zero>(cfg, chunk, groups, clock);
 }

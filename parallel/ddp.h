@@ -18,7 +18,7 @@ namespace loom {
 
 class Ddp final : public DataParallel {
  public:
-  Ddp(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, StepClock* clock);
+  Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock);
   // What it allocates (its optimizer's state included) for a chunk of `reg`.
   static std::vector<PlanItem> plan(const Config& cfg, const ParamRegistry& reg, int tp_rank, DType dtype,
                                     DeviceKind device);
@@ -53,7 +53,7 @@ class Ddp final : public DataParallel {
   // Gradients [offset, numel) are final for this step.
   void grads_ready_from(int64_t offset);
 
-  Chunk& chunk_;
+  DecoderPart& chunk_;
   Backend& be_;
   ProcessGroup& dp_;
   ProcessGroup& tp_;

@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "parallel/pipeline_split.h"
 #include "runtime/error.h"
 #include "runtime/trace.h"
 
@@ -98,8 +99,8 @@ std::array<int, PipeSlots::kBuffers> pipeline_stage_slots(const Config& cfg, int
   return n;
 }
 
-PipelineStage::PipelineStage(Chunk& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches, StepClock* clock,
-                             Trace& trace)
+PipelineStage::PipelineStage(DecoderPart& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches,
+                             StepClock* clock, Trace& trace)
     : chunk_(chunk), dp_(dp), pp_(pp), clock_(clock), trace_(trace), micro_(micro_batches) {
   const Config& cfg = chunk.config();
   const int tp = cfg.parallel.tp;
@@ -294,7 +295,7 @@ std::vector<int> pipeline_stage_chunks(const Config& cfg, int stage) {
 
 std::vector<std::pair<int, int>> pipeline_stage_runs(const Config& cfg, int stage) {
   const int pp = cfg.parallel.pp;
-  if (pp == 1) return chunk_runs(ChunkSpec{});  // the whole model
+  if (pp == 1) return chunk_runs(PartSpec{});  // the whole model
   const int G = pp * cfg.parallel.pp_virtual;
   const std::vector<int> blocks = pipeline_layers(cfg);  // per model chunk
   std::vector<std::pair<int, int>> runs;
@@ -306,8 +307,8 @@ std::vector<std::pair<int, int>> pipeline_stage_runs(const Config& cfg, int stag
   return runs;
 }
 
-ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule) {
-  ChunkSpec spec;
+PartSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule) {
+  PartSpec spec;
   const int pp = cfg.parallel.pp;
   if (pp == 1) return spec;
   const PipeSchedule sched =

@@ -19,7 +19,7 @@
 #include <functional>
 #include <vector>
 
-#include "model/chunk.h"
+#include "model/decoder_part.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -28,7 +28,8 @@ namespace loom {
 class PipelineStage {
  public:
   // pp: the pipeline group (this rank is stage pp.rank()).
-  PipelineStage(Chunk& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches, StepClock* clock, Trace& trace);
+  PipelineStage(DecoderPart& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches, StepClock* clock,
+                Trace& trace);
   ~PipelineStage();
   // One step's (or one validation batch's) ops. inputs(micro) stages that micro-batch's tokens
   // and targets where the stage needs them (the embedding, the head); dloss seeds the head's
@@ -38,7 +39,7 @@ class PipelineStage {
 
  private:
   Buf slot_buf(const Tensor& t, int slot) const;
-  Chunk& chunk_;
+  DecoderPart& chunk_;
   DataParallel& dp_;
   ProcessGroup& pp_;
   StepClock* clock_;
@@ -72,7 +73,7 @@ std::array<int, PipeSlots::kBuffers> pipeline_stage_slots(const Config& cfg, int
 // head on the last, parallel.pp_layers' blocks; under the interleaved schedule one piece per
 // model chunk stage + k * pp) and each piece's activation slots, the schedule's peak in flight
 // on that model chunk (the schedule is checked on the way; *schedule, if given, gets it).
-ChunkSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule = nullptr);
+PartSpec pipeline_chunk_spec(const Config& cfg, int stage, PipeSchedule* schedule = nullptr);
 // The model chunks on `stage` (pipe_stage_of), in model order.
 std::vector<int> pipeline_stage_chunks(const Config& cfg, int stage);
 // Just its units, one run per piece, without timing the schedule.

@@ -187,7 +187,7 @@ int64_t Zero::Unit::b() const {
   return std::min(len, int64_t(r + 1) * s);
 }
 
-Zero::Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, StepClock* clock)
+Zero::Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock)
     : stage_(cfg.parallel.zero),
       chunk_(chunk),
       be_(chunk.backend()),

@@ -58,7 +58,7 @@ bool zero_keeps_gathered(const Config& cfg);
 
 class Zero final : public DataParallel {
  public:
-  Zero(const Config& cfg, Chunk& chunk, const DataParallelGroups& groups, StepClock* clock);
+  Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock);
   ~Zero() override;
 
   Ptr params(int u, Pass pass) override;
@@ -110,7 +110,7 @@ class Zero final : public DataParallel {
   }
 
   int stage_;
-  Chunk& chunk_;
+  DecoderPart& chunk_;
   Backend& be_;
   ProcessGroup& dp_;
   ProcessGroup& tp_;

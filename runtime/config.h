@@ -207,14 +207,9 @@ inline int pipe_stage_of(int chunk, int stages, bool v_shape) {
   return v_shape && chunk >= stages ? 2 * stages - 1 - chunk : chunk % stages;
 }
 
-// Blocks per pipeline model chunk (a stage's, or under interleaved and V schedules pp x
-// pp_virtual chunks): parallel.pp_layers, n_layer / chunks each, or with "auto" the split
-// whose costliest chunk (forward FLOPs per token, the head's on the last) costs least; an Error
-// says what does not fit.
-std::vector<int> pipeline_layers(const Config& cfg);
-// Forward FLOPs per token of each block, and of the head and loss: the costs "auto" splits.
-std::vector<double> pipeline_block_flops(const Config& cfg);
-double pipeline_head_flops(const Config& cfg);
+// parallel.pp_layers as given: the counts listed, or n_layer / chunks each when empty; {} for
+// "auto" (parallel/pipeline_split.h balances it). An Error says what does not fit.
+std::vector<int> pipeline_layers_given(const Config& cfg);
 
 Config config_defaults();
 // Reads a TOML file into `cfg` (keys absent from the file keep their values).

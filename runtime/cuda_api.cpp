@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/check.h"
+#include "runtime/cuda_check.h"
 
 namespace loom {
 

@@ -6,7 +6,7 @@
 #include "runtime/cuda_api.h"
 
 #if LOOM_HAVE_CUDA
-#include "kernels/cuda/check.h"
+#include "runtime/cuda_check.h"
 #endif
 
 namespace loom {
@@ -17,8 +17,9 @@ const CudaApi& cuda_api(DeviceKind kind) {
 #if LOOM_HAVE_CUDA
   return cuda_api_real();
 #else
-  fail("this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON), or train on the emulated device "
-       "(train.device = \"cuda-emulated\")");
+  fail(
+      "this build has no CUDA; rebuild with the CUDA toolkit (LOOM_CUDA=ON), or train on the emulated device "
+      "(train.device = \"cuda-emulated\")");
 #endif
 }
 

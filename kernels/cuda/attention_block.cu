@@ -1,4 +1,4 @@
-// Context parallel's attention over blocks of keys (parallel/context_parallel.h), on CUDA
+// Context parallel's attention over blocks of keys (model/context_parallel.h), on CUDA
 // cores: the row-wise pattern of attention.cu (a warp per query row forward and for dQ, a warp
 // per key row for dK and dV, lanes holding D/32 of the head dim), with the causal mask given by
 // global positions, kpos[u] <= qpos[t], instead of indices. Forward merges each block into a

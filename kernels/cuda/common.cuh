@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/check.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "runtime/cuda_check.h"
 
 #if !defined(LOOM_CUDA_EMULATION)
 // LOOM_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...)

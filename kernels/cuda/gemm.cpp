@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "runtime/cuda_check.h"
 
 #define LOOM_CUBLAS_CHECK(call)                                                                   \
   do {                                                                                            \

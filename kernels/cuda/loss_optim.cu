@@ -5,9 +5,9 @@
 // the clipping factor from device memory, so an optimizer step never waits on the host.
 #include <algorithm>
 
+#include "kernels/clip.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
-#include "optim/clip.h"
 
 namespace loom::cuda {
 

@@ -1,10 +1,10 @@
 // Mixture-of-experts routing, its plan, permutation and combination: the twins of
 // kernels/cpu/moe.cpp, one thread per token (or row), each doing its own row's work in a fixed
 // order (no atomics), so no launch needs a count from the host.
-#include "kernels/cuda/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/moe_row.h"
+#include "runtime/cuda_check.h"
 
 namespace loom::cuda {
 

@@ -9,8 +9,8 @@
 #include <mutex>
 #include <thread>
 
-#include "kernels/cuda/check.h"
 #include "runtime/comm/hang_report.h"
+#include "runtime/cuda_check.h"
 #include "runtime/trace.h"
 
 #define LOOM_NCCL_CHECK(call)                                                                                   \

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/check.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "runtime/cuda_check.h"
 #include "runtime/tensor.h"
 
 namespace loom::testing_cuda {

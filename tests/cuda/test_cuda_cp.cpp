@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/ops.h"
-#include "parallel/context_parallel.h"
+#include "model/context_parallel.h"
 #include "tests/cuda/cuda_testing.h"
 
 using namespace loom;

@@ -12,9 +12,9 @@
 
 #include <cstring>
 
+#include "kernels/clip.h"
 #include "kernels/moe_row.h"
 #include "kernels/ops.h"
-#include "optim/clip.h"
 #include "tests/cuda/cuda_testing.h"
 
 using namespace loom;

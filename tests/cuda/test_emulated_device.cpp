@@ -12,9 +12,9 @@
 #include <future>
 #include <vector>
 
-#include "kernels/cuda/check.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda_api.h"
+#include "runtime/cuda_check.h"
 
 namespace {
 
@@ -138,12 +138,11 @@ TEST(EmulatedDeviceDeathTest, AFaultInQueuedWorkIsSticky) {
         cudaMemsetAsync(later, 0xff, 4, s);  // queued behind the fault: a device never runs it
         const cudaError_t first = cudaStreamSynchronize(s);
         const std::string said = cudaGetErrorString(first);
-        const bool sticky = cudaStreamSynchronize(s) == first && cudaGetLastError() == first &&
-                            cudaMemsetAsync(out, 0, 4, s) == first;
+        const bool sticky =
+            cudaStreamSynchronize(s) == first && cudaGetLastError() == first && cudaMemsetAsync(out, 0, 4, s) == first;
         std::fprintf(stderr, "%s\n", said.c_str());
         const bool skipped = *later == 0.0f;
-        std::exit(first == cudaErrorLaunchFailure && sticky && skipped && said.find("queued work failed") == 0 ? 0
-                                                                                                           : 1);
+        std::exit(first == cudaErrorLaunchFailure && sticky && skipped && said.find("queued work failed") == 0 ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "barrier");
 }
@@ -277,14 +276,14 @@ TEST(EmulatedCublasLt, MisalignedOperandsFailUnlessThePreferencesSaySo) {
   EXPECT_EQ(cublasLtMatmul(lt.h, lt.op, &one, a + 1, lt.la, b, lt.lb, &zero, c, lt.lc, c, lt.lc, &r.algo, nullptr, 0,
                            nullptr),
             CUBLAS_STATUS_INVALID_VALUE);
-  EXPECT_EQ(cublasLtMatmul(lt.h, lt.op, &one, a, lt.la, b, lt.lb, &zero, c, lt.lc, c, lt.lc, &r.algo, nullptr, 0,
-                           nullptr),
-            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(
+      cublasLtMatmul(lt.h, lt.op, &one, a, lt.la, b, lt.lb, &zero, c, lt.lc, c, lt.lc, &r.algo, nullptr, 0, nullptr),
+      CUBLAS_STATUS_SUCCESS);
   using bf = loom::cuda::bf16;
   loom::cuda::GemmContext ctx(size_t(1) << 20);
   const uint64_t before = cublaslt_emulated_matmuls();
-  loom::cuda::gemm(ctx, false, false, m, n, k, reinterpret_cast<const bf*>(a + 1), k, reinterpret_cast<const bf*>(b),
-                   n, 0.0f, reinterpret_cast<bf*>(c), n, nullptr, nullptr);
+  loom::cuda::gemm(ctx, false, false, m, n, k, reinterpret_cast<const bf*>(a + 1), k, reinterpret_cast<const bf*>(b), n,
+                   0.0f, reinterpret_cast<bf*>(c), n, nullptr, nullptr);
   EXPECT_EQ(cublaslt_emulated_matmuls(), before + 1);
   // On a created stream, behind a gate: the call's descriptors are gone when the GEMM runs.
   std::vector<uint16_t> ones(size_t(m * k + 8), 0x3f80), got(size_t(m * n));  // bf16 1.0
@@ -294,8 +293,8 @@ TEST(EmulatedCublasLt, MisalignedOperandsFailUnlessThePreferencesSaySo) {
   LOOM_CUDA_CHECK(cudaStreamCreate(&s));
   Gate gate;
   gate.hold(s);
-  loom::cuda::gemm(ctx, false, false, m, n, k, reinterpret_cast<const bf*>(a + 1), k, reinterpret_cast<const bf*>(b),
-                   n, 0.0f, reinterpret_cast<bf*>(c), n, nullptr, s);
+  loom::cuda::gemm(ctx, false, false, m, n, k, reinterpret_cast<const bf*>(a + 1), k, reinterpret_cast<const bf*>(b), n,
+                   0.0f, reinterpret_cast<bf*>(c), n, nullptr, s);
   gate.release();
   LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
   LOOM_CUDA_CHECK(cudaMemcpy(got.data(), c, got.size() * 2, cudaMemcpyDeviceToHost));

@@ -5,7 +5,7 @@
 
 #include <numeric>
 
-#include "parallel/tensor_parallel.h"
+#include "model/tensor_parallel.h"
 #include "runtime/comm/mpi_group.h"
 #include "runtime/mesh.h"
 #include "runtime/trace.h"

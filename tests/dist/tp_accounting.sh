@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallel at tp=4, sequence parallel off and on: per-step tp communication from the
 # group's counters against the analytic count, the activation bytes sequence parallelism
-# saves against the formula (both stated in tests/dist/compare_runs.cpp), and the step-time
+# saves against the formula (both stated in tools/compare_runs.cpp), and the step-time
 # split (phases add up, blocking tp collectives charged as exposed communication).
 #   tp_accounting.sh LOOM COMPARE "MPIRUN..." ARCH
 set -euo pipefail

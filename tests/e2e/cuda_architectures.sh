@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The configure step builds the CUDA code for exactly the architectures it is given: a fresh
-# configure with -DCMAKE_CUDA_ARCHITECTURES=90 (as launch/device_check.sh passes) must generate
+# configure with -DCMAKE_CUDA_ARCHITECTURES=90 (as tools/device_check.sh passes) must generate
 # sm_90 code only, and one without it sm_80 and sm_90. Nothing is compiled.
 #   cuda_architectures.sh SOURCE_DIR
 set -euo pipefail

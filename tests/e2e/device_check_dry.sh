@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# launch/device_check.sh without a GPU (--dry-run: the stages that need one are stubbed, each
+# tools/device_check.sh without a GPU (--dry-run: the stages that need one are stubbed, each
 # taking DRY_STAGE_S): under a 45 s deadline with 10 s stubs the last stages must be cut or not
 # started, the script must end by the deadline with a non-zero status, and after every stage
-# the summary, the stage list and the log tarball must be there; then launch/device_rerun.sh
+# the summary, the stage list and the log tarball must be there; then tools/device_rerun.sh
 # must rerun only what failed, and pass.
 #   device_check_dry.sh REPO BUILD_DIR
 set -uo pipefail
@@ -11,7 +11,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 export OUT=$dir/out WORK=$dir/work SKIP_BUILD=1 BUILD_DIR=$build
 start=$(date +%s)
-DEADLINE_S=45 DRY_STAGE_S=10 "$repo/launch/device_check.sh" --dry-run \
+DEADLINE_S=45 DRY_STAGE_S=10 "$repo/tools/device_check.sh" --dry-run \
   --only probe,build,kernels,parity,ckpt_drills,layouts,bench,sanitizers > "$dir/first.log" 2>&1
 status=$?
 elapsed=$(( $(date +%s) - start ))
@@ -30,7 +30,7 @@ grep -q "dry run" "$OUT/summary.txt" && grep -q "sanitizers: deadline" "$OUT/sum
 listing=$(tar tzf "$OUT/logs.tar.gz")  # not piped into grep -q: under pipefail tar's SIGPIPE would fail it
 grep -q probe.txt <<< "$listing" || fail "the tarball lacks the probe's log"
 [ "$(ls "$OUT" | wc -l)" -le 8 ] || fail "more than 8 files in \$OUT: $(ls "$OUT")"
-DRY_STAGE_S=0 "$repo/launch/device_rerun.sh" --dry-run > "$dir/rerun.log" 2>&1 || { cat "$dir/rerun.log"; fail "the rerun failed"; }
+DRY_STAGE_S=0 "$repo/tools/device_rerun.sh" --dry-run > "$dir/rerun.log" 2>&1 || { cat "$dir/rerun.log"; fail "the rerun failed"; }
 cat "$OUT/stages.txt"
 grep -q "^kernels" "$OUT/stages.txt" && fail "the rerun ran a stage that had passed"
 grep -q "^sanitizers: stubbed" "$OUT/stages.txt" || fail "the rerun did not run the stages that were cut"

@@ -10,7 +10,7 @@
 #include "checkpoint/h5.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/pieces.h"
-#include "checkpoint/stage.h"
+#include "checkpoint/staged_writer.h"
 #include "model/layout.h"
 #include "testing.h"
 
@@ -146,7 +146,7 @@ TEST(CheckpointManifest, ProblemsAreFoundByName) {
   EXPECT_TRUE(named) << (problems.empty() ? "no problems" : problems[0]);
 }
 
-// The staged writer (checkpoint/stage.h) with tiny blocks: shards cut into runs of rows (2-D,
+// The staged writer (checkpoint/staged_writer.h) with tiny blocks: shards cut into runs of rows (2-D,
 // and 1-D ones held whole), hashed and written in order; the state is scribbled over the moment
 // the reader says it is done, which must come before the writer is (staging holds 4 of the
 // largest shard, a fraction of 24), and the file must hold the values as they were, each

@@ -8,7 +8,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "cli_run.h"
-#include "runtime/data.h"
+#include "data/batches.h"
 #include "testing.h"
 
 TEST(Cli, UnknownKey) {

@@ -12,10 +12,10 @@
 
 #include "checkpoint/safetensors.h"
 #include "cli_run.h"
-#include "launch/data_cmd.h"
-#include "runtime/data.h"
+#include "data/batches.h"
+#include "data/shard_writer.h"
+#include "data/tokenizer.h"
 #include "runtime/metrics.h"
-#include "runtime/tokenizer.h"
 #include "testing.h"
 
 namespace {

@@ -4,11 +4,12 @@
 #include <fstream>
 #include <regex>
 
-#include "launch/trainer.h"
 #include "model/flops.h"
+#include "parallel/pipeline_split.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "testing.h"
+#include "train/trainer.h"
 
 using namespace loom;
 using loom::test::error_of;

@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "kernels/ops.h"
-#include "parallel/context_parallel.h"
+#include "model/context_parallel.h"
 #include "runtime/config.h"
 #include "runtime/mesh.h"
 #include "testing.h"

@@ -7,14 +7,14 @@
 #include <set>
 
 #include "checkpoint/safetensors.h"
-#include "launch/trainer.h"
+#include "data/batches.h"
+#include "data/tokenizer.h"
 #include "model/backend.h"
 #include "optim/adamw.h"
-#include "runtime/data.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
-#include "runtime/tokenizer.h"
 #include "testing.h"
+#include "train/trainer.h"
 
 using namespace loom;
 using loom::test::error_of;

@@ -10,8 +10,8 @@
 #include <map>
 #include <set>
 
+#include "data/batches.h"
 #include "runtime/config.h"
-#include "runtime/data.h"
 #include "runtime/error.h"
 #include "testing.h"
 

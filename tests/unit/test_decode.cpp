@@ -6,9 +6,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/hf_export.h"
 #include "checkpoint/safetensors.h"
-#include "model/decode.h"
-#include "runtime/data.h"
+#include "data/batches.h"
+#include "model/cached_decoder.h"
 #include "testing.h"
 
 using namespace loom;
@@ -45,7 +46,9 @@ class DecodeFixture : public ::testing::TestWithParam<const char*> {};
 // rope rows, a norm without its bias) misses it by far more than 1e-5.
 TEST_P(DecodeFixture, ForwardMatchesPyTorch) {
   const Config cfg = fixture_config(GetParam());
-  Decoder dec(cfg, fixture(GetParam()) + "init.safetensors");
+  CachedDecoder dec(cfg, [](const ParamRegistry& reg, float* w) {
+    return model_load(reg, w, fixture(GetParam()) + "init.safetensors");
+  });
   std::ifstream in(fixture(GetParam()) + "losses.json");
   const double want = nlohmann::json::parse(in)["losses"][0].get<double>();
   const int T = cfg.model.seq_len, G = cfg.train.global_batch;
@@ -63,7 +66,9 @@ TEST_P(DecodeFixture, ForwardMatchesPyTorch) {
 // cache written at the wrong position or read past the query's own position breaks this.
 TEST_P(DecodeFixture, CachedPiecesMatchOnePass) {
   const Config cfg = fixture_config(GetParam());
-  Decoder dec(cfg, fixture(GetParam()) + "init.safetensors");
+  CachedDecoder dec(cfg, [](const ParamRegistry& reg, float* w) {
+    return model_load(reg, w, fixture(GetParam()) + "init.safetensors");
+  });
   const int T = cfg.model.seq_len, V = cfg.model.vocab_size;
   const std::vector<int32_t> tokens = shard_read(fixture(GetParam()) + "tokens.bin", V);
   const auto whole = dec.forward(tokens.data(), T, true);

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <map>
 
-#include "launch/trainer.h"
-#include "model/chunk.h"
-#include "runtime/data.h"
+#include "data/batches.h"
+#include "model/decoder_part.h"
 #include "testing.h"
+#include "train/trainer.h"
 
 using namespace loom;
 
@@ -39,15 +39,15 @@ struct Run {
   std::unique_ptr<Backend> be;
   std::unique_ptr<ProcessGroup> tp = local_group("tp", 0);
   Trace trace;
-  std::unique_ptr<Chunk> chunk;
+  std::unique_ptr<DecoderPart> chunk;
   explicit Run(const Config& cfg) : be(cpu_backend(cfg, DType::f32, alloc)) {
-    chunk = std::make_unique<Chunk>(cfg, ChunkSpec{}, *be, *tp, trace);
+    chunk = std::make_unique<DecoderPart>(cfg, PartSpec{}, *be, *tp, trace);
   }
   float* params() { return chunk->params().as<float>(); }
   // The loss summed over the tokens, and the gradients by tensor name.
   double loss_and_grads(const std::vector<int32_t>& tok, const std::vector<int32_t>& tgt, bool mask,
                         std::map<std::string, std::vector<float>>& grads) {
-    Chunk& c = *chunk;
+    DecoderPart& c = *chunk;
     std::vector<int32_t> pos(tok.size());
     doc_positions(tok.data(), int(tok.size()), 1, kDoc, pos.data());
     Inputs in{tok.data(), tgt.data()};

@@ -2,11 +2,11 @@
 // straggler watch, the fault.* keys' validation, and the supervisor's restart rule.
 #include <gtest/gtest.h>
 
-#include "launch/fault.h"
 #include "launch/supervise.h"
 #include "runtime/comm/hang_report.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
+#include "train/fault.h"
 
 namespace loom {
 namespace {

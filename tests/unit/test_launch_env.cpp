@@ -3,7 +3,7 @@
 #include <map>
 
 #include "launch/elastic.h"
-#include "launch/launch_env.h"
+#include "runtime/launch_env.h"
 #include "testing.h"
 
 using namespace loom;

@@ -3,10 +3,10 @@
 // and a model split into chunks that computes what the whole one does, to the bit.
 #include <cstring>
 
-#include "launch/trainer.h"
-#include "model/chunk.h"
+#include "model/decoder_part.h"
 #include "model/flops.h"
 #include "testing.h"
+#include "train/trainer.h"
 
 using namespace loom;
 
@@ -49,9 +49,9 @@ struct Built {
   std::unique_ptr<Backend> be;
   std::unique_ptr<ProcessGroup> tp = local_group("tp", 0);
   Trace trace;
-  std::unique_ptr<Chunk> chunk;
-  Built(const Config& cfg, ChunkSpec spec = {}, DType dtype = DType::f32)
-      : be(cpu_backend(cfg, dtype, alloc)), chunk(std::make_unique<Chunk>(cfg, spec, *be, *tp, trace)) {}
+  std::unique_ptr<DecoderPart> chunk;
+  Built(const Config& cfg, PartSpec spec = {}, DType dtype = DType::f32)
+      : be(cpu_backend(cfg, dtype, alloc)), chunk(std::make_unique<DecoderPart>(cfg, spec, *be, *tp, trace)) {}
   float* params() { return chunk->params().as<float>(); }
   double loss_take() {
     double v = *chunk->loss_sum().data<double>();
@@ -68,7 +68,7 @@ TEST_P(ModelTest, GradientMatchesFiniteDifferences) {
   threads_set(1);
   const int B = 2, T = cfg.model.seq_len, N = B * T;
   Built m(cfg);
-  Chunk& c = *m.chunk;
+  DecoderPart& c = *m.chunk;
   registry_init(c.registry(), m.params(), 7);
   // Norm gains and biases off their defaults, so their gradients are not degenerate.
   auto noise = test::randn(c.num_params(), 8, 0.05f);
@@ -257,7 +257,7 @@ TEST(ActPlan, TensorParallelQuartersTheLogitsAndSequenceParallelTheNormRegions) 
   }
 }
 
-// MFU's numerator (DESIGN 9) for GPT-2 124M, and what each recompute policy adds to HFU's on
+// MFU's numerator (docs/metrics-and-reports.md) for GPT-2 124M, and what each recompute policy adds to HFU's on
 // each path. The 124M count is the published one less the position table and the tied lm_head.
 TEST(Flops, ModelFlopsAndRecomputeOnEachPath) {
   Config cfg = config_defaults();
@@ -289,7 +289,7 @@ TEST(Moe, CapacityDropsWhatAFullExpertCannotTake) {
     config_validate(cfg);
     threads_set(1);
     Built m(cfg);
-    Chunk& c = *m.chunk;
+    DecoderPart& c = *m.chunk;
     registry_init(c.registry(), m.params(), 7);
     for (auto& s : c.registry().all())
       if (s.name.find("gate.weight") != std::string::npos) std::fill_n(m.params() + s.offset, s.numel(), 0.0f);

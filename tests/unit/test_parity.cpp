@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
-#include "launch/trainer.h"
 #include "testing.h"
+#include "train/trainer.h"
 
 using namespace loom;
 

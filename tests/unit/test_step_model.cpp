@@ -6,12 +6,12 @@
 
 #include <cmath>
 
-#include "launch/plan_layout.h"
-#include "launch/step_model.h"
 #include "model/flops.h"
 #include "model/layout.h"
 #include "model/registry.h"
 #include "parallel/pipeline_schedule.h"
+#include "plan/layout_search.h"
+#include "plan/step_model.h"
 #include "runtime/error.h"
 
 namespace loom {

@@ -2,9 +2,9 @@
 // in e2e.tokenizers_reference covers real text), and tokenizer files that do not parse.
 #include <fstream>
 
-#include "launch/data_cmd.h"
+#include "data/shard_writer.h"
+#include "data/tokenizer.h"
 #include "runtime/error.h"
-#include "runtime/tokenizer.h"
 #include "testing.h"
 
 using namespace loom;

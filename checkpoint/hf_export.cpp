@@ -1,0 +1,183 @@
+// Hugging Face's side of loom's weights: the config.json transformers reads (both ways), the
+// metadata an export records, a directory transformers loads as it is, and the check of a
+// config against a weights file's headers.
+#include "checkpoint/hf_export.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+#include "model/flops.h"
+#include "runtime/error.h"
+#include "runtime/file.h"
+
+namespace loom {
+
+namespace {
+// A Hugging Face config.json as loom keys; refuses what loom's forward does not compute.
+std::vector<std::string> hf_config_keys(const nlohmann::json& j, const std::string& path) {
+  const std::string type = j.value("model_type", "");
+  auto num = [&](const char* k) {
+    LOOM_CHECK(j.contains(k) && j[k].is_number(), "'{}' has no number '{}'", path, k);
+    return j[k].dump();
+  };
+  std::vector<std::string> out;
+  if (type == "gpt2") {
+    const std::string act = j.value("activation_function", "gelu_new");
+    LOOM_CHECK(act == "gelu_new", "'{}': activation_function '{}'; loom's GPT-2 computes gelu_new", path, act);
+    out = {"model.arch=gpt2",
+           "model.d_model=" + num("n_embd"),
+           "model.n_head=" + num("n_head"),
+           "model.n_layer=" + num("n_layer"),
+           "model.vocab_size=" + num("vocab_size"),
+           "model.seq_len=" + num("n_positions"),
+           "model.tie_embeddings=true"};
+    if (j.contains("n_inner") && j["n_inner"].is_number()) out.push_back("model.d_ff=" + num("n_inner"));
+    if (j.contains("layer_norm_epsilon")) out.push_back("model.norm_eps=" + num("layer_norm_epsilon"));
+  } else if (type == "llama") {
+    LOOM_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
+               "'{}' sets rope_scaling, which loom's RoPE does not compute", path);
+    const std::string act = j.value("hidden_act", "silu");
+    LOOM_CHECK(act == "silu", "'{}': hidden_act '{}'; loom's LLaMA computes silu", path, act);
+    out = {"model.arch=llama",
+           "model.d_model=" + num("hidden_size"),
+           "model.n_head=" + num("num_attention_heads"),
+           "model.n_kv_head=" +
+               (j.contains("num_key_value_heads") ? num("num_key_value_heads") : num("num_attention_heads")),
+           "model.n_layer=" + num("num_hidden_layers"),
+           "model.d_ff=" + num("intermediate_size"),
+           "model.vocab_size=" + num("vocab_size"),
+           "model.seq_len=" + num("max_position_embeddings"),
+           fmt::format("model.tie_embeddings={}", j.value("tie_word_embeddings", false))};
+    if (j.contains("rms_norm_eps")) out.push_back("model.norm_eps=" + num("rms_norm_eps"));
+    if (j.contains("rope_theta")) out.push_back("model.rope_theta=" + num("rope_theta"));
+  } else {
+    fail("'{}': model_type '{}'; loom runs gpt2 and llama", path, type);
+  }
+  return out;
+}
+}  // namespace
+
+std::string hf_config_json(const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  nlohmann::ordered_json j;
+  if (m.arch == "gpt2") {
+    j = {{"architectures", {"GPT2LMHeadModel"}},
+         {"model_type", "gpt2"},
+         {"n_embd", m.d_model},
+         {"n_head", m.n_head},
+         {"n_layer", m.n_layer},
+         {"n_positions", m.seq_len},
+         {"n_ctx", m.seq_len},
+         {"n_inner", m.d_ff},
+         {"vocab_size", m.vocab_size},
+         {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", m.norm_eps},
+         {"resid_pdrop", 0.0},
+         {"embd_pdrop", 0.0},
+         {"attn_pdrop", 0.0},
+         {"tie_word_embeddings", m.tie_embeddings}};
+  } else {
+    const bool moe = m.moe.num_experts > 0;
+    LOOM_CHECK(!moe || m.moe.every == 1,
+               "model.moe.every = {}: transformers' Mixtral makes every block sparse, so this model has no Hugging "
+               "Face directory form; export one .safetensors file instead",
+               m.moe.every);
+    j = {{"architectures", {moe ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", moe ? "mixtral" : "llama"},
+         {"hidden_size", m.d_model},
+         {"intermediate_size", m.d_ff},
+         {"num_attention_heads", m.n_head},
+         {"num_key_value_heads", cfg.kv_heads()},
+         {"num_hidden_layers", m.n_layer},
+         {"vocab_size", m.vocab_size},
+         {"max_position_embeddings", m.seq_len},
+         {"rms_norm_eps", m.norm_eps},
+         {"rope_theta", m.rope_theta},
+         {"hidden_act", "silu"},
+         {"tie_word_embeddings", m.tie_embeddings},
+         {"attention_bias", false}};
+    if (moe) {
+      j["num_local_experts"] = m.moe.num_experts;
+      j["num_experts_per_tok"] = m.moe.top_k;
+      j["router_aux_loss_coef"] = m.moe.aux_loss_coef;
+    } else {
+      j["mlp_bias"] = false;
+    }
+  }
+  j["torch_dtype"] = "float32";
+  return j.dump(2) + "\n";
+}
+
+bool export_is_dir(const std::string& out) {
+  return !out.empty() && (out.back() == '/' || std::filesystem::is_directory(out));
+}
+
+std::map<std::string, std::string> export_metadata(const Config& cfg) {
+  std::map<std::string, std::string> m = {{"loom.model", config_to_toml(cfg, "model")}};
+  const std::string tok = !cfg.data.tokenizer.empty() ? cfg.data.tokenizer : cfg.data.source == "text" ? "byte" : "";
+  if (!tok.empty()) m["loom.tokenizer"] = tok;
+  if (tok == "gpt2" || tok == "llama3")
+    m["loom.tokenizer_dir"] = std::filesystem::absolute(cfg.data.tokenizer_dir).string();
+  return m;
+}
+
+void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<StView>& tensors) {
+  const std::string config = hf_config_json(cfg);  // refuses before anything is written
+  std::filesystem::create_directories(dir);
+  auto meta = export_metadata(cfg);
+  meta["format"] = "pt";
+  safetensors_write(dir + "/model.safetensors", tensors, meta);
+  // What transformers' GPT2Tokenizer reads; LLaMA-3's ranks file as Meta ships it.
+  std::vector<const char*> files;
+  if (cfg.data.tokenizer == "gpt2") files = {"vocab.json", "merges.txt"};
+  if (cfg.data.tokenizer == "llama3") files = {"tokenizer.model"};
+  for (const char* f : files) {
+    std::error_code ec;
+    if (std::filesystem::equivalent(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f, ec)) continue;
+    std::filesystem::copy_file(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  const std::string path = dir + "/config.json";
+  file_write_atomic(path, [&](std::FILE* f) { file_write(f, config.data(), config.size(), path); });
+}
+
+Config model_config_find(const std::string& weights_path) {
+  namespace fs = std::filesystem;
+  Config cfg = config_defaults();
+  const auto meta = weights_metadata(weights_path);
+  if (auto it = meta.find("loom.model"); it != meta.end()) {
+    config_load_string(cfg, it->second, weights_path + " (its loom.model metadata)");
+  } else {
+    const fs::path dir = fs::is_directory(weights_path) ? fs::path(weights_path) : fs::path(weights_path).parent_path();
+    const std::string json = (dir / "config.json").string();
+    LOOM_CHECK(fs::exists(json),
+               "'{}' does not say the model's shape (no loom.model metadata, no config.json beside it); pass "
+               "--config with the [model] section it was trained with",
+               weights_path);
+    std::ifstream in(json);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      fail("'{}' is not JSON: {}", json, e.what());
+    }
+    for (auto& s : hf_config_keys(j, json)) config_set(cfg, s);
+  }
+  config_validate(cfg);
+  return cfg;
+}
+
+void model_config_check_file(const Config& cfg, const std::string& weights_path, const std::string& origin) {
+  // Checked from the headers before anything is allocated: metadata describing a larger model
+  // than the file holds would be built whole before a tensor is compared.
+  double held = 0;
+  for (auto& [name, shape] : weights_shapes(weights_path)) held += double(shape_numel(shape));  // each fits the file
+  LOOM_CHECK(param_count_f64(cfg) <= held,
+             "'{}' holds {:.4g} parameters and the model its {} describe has {:.4g}; correct the description, or "
+             "pass --config with the [model] section the weights were trained with",
+             weights_path, held, origin, param_count_f64(cfg));
+}
+
+}  // namespace loom

@@ -1,0 +1,181 @@
+#include "data/shard_writer.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "data/batches.h"
+#include "data/tokenizer.h"
+#include "runtime/error.h"
+
+namespace loom {
+
+namespace {
+
+// `skip`: the shards being written, which a directory of inputs may hold from an earlier run.
+std::vector<std::string> files_of(const std::vector<std::string>& inputs, const std::vector<std::string>& skip) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  for (const std::string& in : inputs) {
+    LOOM_CHECK(fs::exists(in), "'{}' does not exist", in);
+    if (!fs::is_directory(in)) {
+      LOOM_CHECK(fs::is_regular_file(in), "'{}' is not a regular file", in);
+      out.push_back(in);
+      continue;
+    }
+    std::vector<std::string> here;
+    for (auto& e : fs::recursive_directory_iterator(in)) {
+      std::error_code ec;
+      const bool output = std::any_of(skip.begin(), skip.end(), [&](const std::string& s) {
+        return fs::exists(s) && fs::equivalent(e.path(), s, ec);
+      });
+      if (e.is_regular_file() && e.path().filename().string()[0] != '.' && !output) here.push_back(e.path().string());
+    }
+    std::sort(here.begin(), here.end());
+    LOOM_CHECK(!here.empty(), "directory '{}' holds no files", in);
+    out.insert(out.end(), here.begin(), here.end());
+  }
+  return out;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK(in, "cannot open '{}'", path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+bool blank(char c) {
+  return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+bool ascii_solid(char c) {
+  return uint8_t(c) < 0x80 && !blank(c);
+}
+
+std::string val_path_of(const std::string& out) {
+  const std::filesystem::path p(out);
+  return (p.parent_path() / (p.stem().string() + "_val" + p.extension().string())).string();
+}
+
+}  // namespace
+
+std::vector<std::string> text_chunks(const std::string& text, size_t target) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t cut = text.size();
+    for (size_t i = begin + target; i + 1 < text.size(); ++i)
+      // ASCII on both sides: a byte of a multi-byte character may be white space's.
+      if (text[i - 1] == '\n' && i >= 2 && ascii_solid(text[i]) && ascii_solid(text[i - 2])) {
+        cut = i;
+        break;
+      }
+    out.push_back(text.substr(begin, cut - begin));
+    begin = cut;
+  }
+  return out;
+}
+
+void data_run(const DataOptions& opt) {
+  LOOM_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "--val-fraction {} must be in [0, 1)", opt.val_fraction);
+  LOOM_CHECK(opt.tokenizer == "byte" || opt.tokenizer == "gpt2" || opt.tokenizer == "llama3",
+             "--tokenizer {}: loom has byte, gpt2 (--vocab vocab.json --merges merges.txt) and llama3 (--vocab "
+             "tokenizer.model)",
+             opt.tokenizer);
+  LOOM_CHECK(opt.tokenizer != "gpt2" || (!opt.vocab.empty() && !opt.merges.empty()),
+             "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
+  LOOM_CHECK(opt.tokenizer != "llama3" || !opt.vocab.empty(), "--tokenizer llama3 needs --vocab tokenizer.model");
+  const std::unique_ptr<Tokenizer> bpe = tokenizer_open(opt.tokenizer, opt.vocab, opt.merges);
+  const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path_of(opt.output)});
+  // Documents are opened by the tokenizer's document token (llm.c's convention), where it has one.
+  const int32_t eot = bpe ? bpe->doc_token() : -1;
+  const int threads = opt.threads > 0 ? opt.threads : omp_get_num_procs();
+  const auto t0 = std::chrono::steady_clock::now();
+
+  // Each document's chunks, tokenized by whichever thread is free; a thread keeps its own
+  // tokenizer (the BPE's word cache is not shared).
+  struct Chunk {
+    size_t doc;
+    std::string text;
+    std::vector<int32_t> ids;
+  };
+  std::vector<Chunk> chunks;
+  size_t bytes = 0;
+  for (size_t d = 0; d < files.size(); ++d) {
+    const std::string text = read_all(files[d]);
+    bytes += text.size();
+    for (std::string& c : text_chunks(text, size_t(1) << 20)) chunks.push_back({d, std::move(c), {}});
+  }
+  const bool progress = ::isatty(2);
+  std::atomic<size_t> done_bytes{0};
+  std::vector<std::exception_ptr> errors(chunks.size());  // an exception must not leave the region
+#pragma omp parallel num_threads(threads)
+  {
+    std::unique_ptr<Tokenizer> mine;
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      try {
+        if (bpe && !mine) mine = bpe->clone();
+        chunks[i].ids = mine ? mine->encode(chunks[i].text) : tokenize_bytes(chunks[i].text);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+      const size_t now = done_bytes += chunks[i].text.size();
+      if (progress && omp_get_thread_num() == 0) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        fmt::print(stderr, "\rtokenizing: {:3.0f}% of {:.1f} MB, {:.1f} MB/s", 100.0 * double(now) / double(bytes),
+                   double(bytes) / 1e6, double(now) / 1e6 / std::max(s, 1e-9));
+      }
+    }
+  }
+  if (progress) fmt::print(stderr, "\r{:60}\r", "");
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+
+  // Documents in order, each opened by the end-of-text token (where the tokenizer has one).
+  std::vector<std::vector<int32_t>> docs(files.size());
+  for (size_t d = 0; d < files.size(); ++d)
+    if (eot >= 0) docs[d].push_back(eot);
+  for (Chunk& c : chunks) docs[c.doc].insert(docs[c.doc].end(), c.ids.begin(), c.ids.end());
+  std::vector<int32_t> train, val;
+  if (opt.val_fraction > 0 && docs.size() > 1) {
+    const size_t nval =
+        std::clamp<size_t>(size_t(std::ceil(opt.val_fraction * double(docs.size()))), 1, docs.size() - 1);
+    for (size_t d = 0; d < docs.size(); ++d) {
+      auto& to = d + nval >= docs.size() ? val : train;
+      to.insert(to.end(), docs[d].begin(), docs[d].end());
+    }
+  } else {
+    for (auto& d : docs) train.insert(train.end(), d.begin(), d.end());
+    if (opt.val_fraction > 0) {  // one document: its last tokens
+      const size_t nval = size_t(std::ceil(opt.val_fraction * double(train.size())));
+      LOOM_CHECK(nval > 0 && nval < train.size(), "--val-fraction {} of {} tokens leaves nothing to split",
+                 opt.val_fraction, train.size());
+      val.assign(train.end() - long(nval), train.end());
+      train.resize(train.size() - nval);
+    }
+  }
+  // llm.c's GPT-2 format (uint16) where every id of the vocabulary fits, else LLaMA-3's (uint32).
+  const int width = bpe && bpe->vocab_size() > 65536 ? 4 : 2;
+  shard_write(opt.output, train, width);
+  if (!val.empty()) shard_write(val_path_of(opt.output), val, width);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("wrote {} tokens to {}{} from {} document{} ({:.1f} MB) in {:.2f} s: {:.1f} MB/s on {} thread{}{}\n",
+             train.size(), opt.output,
+             val.empty() ? "" : fmt::format(" and {} to {}", val.size(), val_path_of(opt.output)), files.size(),
+             files.size() == 1 ? "" : "s", double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9), threads,
+             threads == 1 ? "" : "s",
+             eot >= 0 ? fmt::format("; each document opened by {} ({})", bpe->doc_token_text(), eot)
+                      : fmt::format("; the {} has no {} token: documents are joined as they are",
+                                    bpe ? "vocabulary" : "byte tokenizer", bpe ? bpe->doc_token_text() : "document"));
+}
+
+}  // namespace loom

@@ -1,0 +1,213 @@
+#include "data/shards.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/error.h"
+#include "runtime/file.h"
+
+namespace loom {
+
+namespace {
+constexpr int64_t kHeaderBytes = 256 * 4;
+}
+
+namespace {
+
+// The header of the shard open on `fd`, checked against the file's size on that same descriptor
+// (what is mapped next is what was checked).
+ShardHeader header_of(int fd, const std::string& path) {
+  int32_t header[256] = {};
+  const ssize_t got = ::pread(fd, header, sizeof(header), 0);
+  LOOM_CHECK(got == ssize_t(sizeof(header)), "token shard '{}' is shorter than its 1024-byte header", path);
+  ShardHeader h;
+  if (header[0] == kShardMagic) {
+    LOOM_CHECK(header[1] == 1, "token shard '{}' has GPT-2's magic but version {}; loom reads version 1 (uint16)", path,
+               header[1]);
+    h.width = 2;
+  } else if (header[0] == kShardMagicU32) {
+    LOOM_CHECK(header[1] == 7, "token shard '{}' has LLaMA-3's magic but version {}; loom reads version 7 (uint32)",
+               path, header[1]);
+    h.width = 4;
+  } else {
+    fail(
+        "'{}' is not an llm.c token shard: magic {} where {} (GPT-2, uint16) or {} (LLaMA-3, uint32) was expected; "
+        "make shards with `loom data`",
+        path, header[0], kShardMagic, kShardMagicU32);
+  }
+  h.count = header[2];
+  LOOM_CHECK(h.count >= 0, "token shard '{}' has a negative token count {}", path, h.count);
+  struct stat st {};
+  LOOM_CHECK(::fstat(fd, &st) == 0, "cannot stat token shard '{}': {}", path, std::strerror(errno));
+  const int64_t body = int64_t(st.st_size) - kHeaderBytes;
+  LOOM_CHECK(h.count * h.width <= body,
+             "token shard '{}' is truncated: its header says {} tokens ({} bytes) but the body has {} bytes", path,
+             h.count, h.count * h.width, body);
+  LOOM_CHECK(h.count * h.width == body,
+             "token shard '{}' has {} bytes after its header but its header says {} tokens ({} bytes); it is damaged "
+             "or was written by something else: remake it with `loom data`",
+             path, body, h.count, h.count * h.width);
+  return h;
+}
+
+int shard_open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  LOOM_CHECK(fd >= 0, "cannot open token shard '{}' ({}); check data.path (make shards with `loom data`)", path,
+             std::strerror(errno));
+  return fd;
+}
+
+}  // namespace
+
+ShardHeader shard_header_read(const std::string& path) {
+  const int fd = shard_open(path);
+  try {
+    const ShardHeader h = header_of(fd, path);
+    ::close(fd);
+    return h;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+std::vector<std::string> shard_files(const std::string& path, bool val) {
+  namespace fs = std::filesystem;
+  LOOM_CHECK(fs::exists(path), "data file '{}' does not exist; check data.path / data.val_path / data.sources", path);
+  if (!fs::is_directory(path)) return val ? std::vector<std::string>{} : std::vector<std::string>{path};
+  std::vector<std::string> files;
+  for (auto& e : fs::directory_iterator(path)) {
+    const std::string stem = e.path().stem().string();
+    const bool is_val =
+        stem.size() >= 4 && (stem.compare(stem.size() - 4, 4, "_val") == 0 || stem.find("_val_") != std::string::npos);
+    if (e.path().extension() == ".bin" && is_val == val) files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  LOOM_CHECK(val || !files.empty(), "directory '{}' holds no .bin token shards (but validation ones)", path);
+  return files;
+}
+
+ShardStream::ShardStream(std::vector<std::string> files, int vocab_size) : vocab_(vocab_size) {
+  LOOM_CHECK(!files.empty(), "no token shards given");
+  try {
+    for (std::string& path : files) {
+      const int fd = shard_open(path);
+      ShardHeader h;
+      try {
+        h = header_of(fd, path);
+        LOOM_CHECK(shards_.empty() || h.width == width_,
+                   "token shards '{}' ({}) and '{}' ({}) are of different formats; one source holds one format "
+                   "(remake them with one `loom data` tokenizer)",
+                   shards_.empty() ? "" : shards_.front().path, width_ == 2 ? "uint16, GPT-2" : "uint32, LLaMA-3", path,
+                   h.width == 2 ? "uint16, GPT-2" : "uint32, LLaMA-3");
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      if (shards_.empty()) width_ = h.width;
+      Shard s;
+      s.path = std::move(path);
+      s.first = total_;
+      s.count = h.count;
+      if (h.count > 0) {
+        s.map_bytes = size_t(kHeaderBytes + h.count * h.width);
+        s.map = ::mmap(nullptr, s.map_bytes, PROT_READ, MAP_SHARED, fd, 0);
+      }
+      ::close(fd);
+      if (h.count > 0) {
+        LOOM_CHECK(s.map != MAP_FAILED, "cannot map token shard '{}': {}", s.path, std::strerror(errno));
+        // Sequences are read at random: no read-ahead past the pages a sequence needs.
+        ::madvise(s.map, s.map_bytes, MADV_RANDOM);
+        s.body = static_cast<const uint8_t*>(s.map) + kHeaderBytes;
+      }
+      total_ += h.count;
+      shards_.push_back(std::move(s));
+    }
+  } catch (...) {
+    for (Shard& s : shards_)
+      if (s.map) ::munmap(s.map, s.map_bytes);
+    throw;
+  }
+}
+
+ShardStream::~ShardStream() {
+  for (Shard& s : shards_)
+    if (s.map) ::munmap(s.map, s.map_bytes);
+}
+
+void ShardStream::read(int64_t start, int64_t count, int32_t* out) const {
+  LOOM_ASSERT(start >= 0 && count >= 0 && start + count <= total_);
+  // The shard holding `start`: the last whose first token is at or before it.
+  auto it =
+      std::upper_bound(shards_.begin(), shards_.end(), start, [](int64_t at, const Shard& s) { return at < s.first; });
+  size_t i = size_t(it - shards_.begin()) - 1;
+  while (count > 0) {
+    const Shard& s = shards_[i++];
+    const int64_t off = start - s.first, n = std::min(count, s.count - off);
+    if (n <= 0) continue;  // an empty shard
+    for (int64_t j = 0; j < n; ++j) {
+      uint32_t id;
+      if (width_ == 2) {
+        uint16_t v;
+        std::memcpy(&v, s.body + (off + j) * 2, 2);
+        id = v;
+      } else {
+        std::memcpy(&id, s.body + (off + j) * 4, 4);
+      }
+      LOOM_CHECK(id < uint32_t(vocab_),
+                 "token shard '{}' holds token id {} at position {}, but model.vocab_size is {}; raise "
+                 "model.vocab_size or re-tokenize",
+                 s.path, id, off + j, vocab_);
+      out[j] = int32_t(id);
+    }
+    out += n;
+    start += n;
+    count -= n;
+  }
+}
+
+std::vector<int32_t> shard_read(const std::string& path, int vocab_size) {
+  ShardStream s({path}, vocab_size);
+  std::vector<int32_t> out(size_t(s.num_tokens()));
+  s.read(0, s.num_tokens(), out.data());
+  return out;
+}
+
+void shard_write(const std::string& path, const std::vector<int32_t>& tokens, int width) {
+  LOOM_CHECK(tokens.size() < (size_t(1) << 31), "a shard holds fewer than 2^31 tokens; split the input");
+  int32_t top = 0;
+  for (int32_t t : tokens) {
+    LOOM_CHECK(t >= 0, "token id {} is negative", t);
+    top = std::max(top, t);
+  }
+  if (width == 0) width = top < 65536 ? 2 : 4;
+  LOOM_CHECK(width == 2 || width == 4, "a shard's tokens take 2 or 4 bytes, not {}", width);
+  LOOM_CHECK(width == 4 || top < 65536, "token id {} does not fit a uint16 shard", top);
+  int32_t header[256] = {};
+  header[0] = width == 2 ? kShardMagic : kShardMagicU32;
+  header[1] = width == 2 ? 1 : 7;
+  header[2] = int32_t(tokens.size());
+  std::vector<uint8_t> raw(tokens.size() * size_t(width));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (width == 2) {
+      const uint16_t v = uint16_t(tokens[i]);
+      std::memcpy(raw.data() + i * 2, &v, 2);
+    } else {
+      const uint32_t v = uint32_t(tokens[i]);
+      std::memcpy(raw.data() + i * 4, &v, 4);
+    }
+  }
+  file_write_atomic(path, [&](std::FILE* f) {
+    file_write(f, header, sizeof(header), path);
+    file_write(f, raw.data(), raw.size(), path);
+  });
+}
+
+}  // namespace loom

@@ -1,0 +1,430 @@
+#include "data/tokenizer.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace loom {
+
+std::vector<int32_t> tokenize_bytes(const std::string& text) {
+  std::vector<int32_t> out(text.size());
+  for (size_t i = 0; i < text.size(); ++i) out[i] = int32_t(uint8_t(text[i]));
+  return out;
+}
+
+namespace {
+
+std::string utf8_encode(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else if (cp < 0x800) {
+    s += char(0xc0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    s += char(0xe0 | (cp >> 12));
+    s += char(0x80 | ((cp >> 6) & 0x3f));
+    s += char(0x80 | (cp & 0x3f));
+  } else {
+    s += char(0xf0 | (cp >> 18));
+    s += char(0x80 | ((cp >> 12) & 0x3f));
+    s += char(0x80 | ((cp >> 6) & 0x3f));
+    s += char(0x80 | (cp & 0x3f));
+  }
+  return s;
+}
+
+// Code points with their byte spans; a byte that does not start valid UTF-8 stands alone as
+// U+FFFD (punctuation to the pre-tokenizers: what a decoder reading the text would see).
+struct Cp {
+  uint32_t cp;
+  size_t begin, end;
+};
+std::vector<Cp> utf8_decode(const std::string& s) {
+  std::vector<Cp> out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const uint8_t c = uint8_t(s[i]);
+    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (i + size_t(len) > s.size()) len = 0;
+    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+    for (int k = 1; k < len; ++k) {
+      const uint8_t d = uint8_t(s[i + size_t(k)]);
+      if ((d >> 6) != 2) len = 0;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    if (len == 0) {
+      out.push_back({0xfffd, i, i + 1});
+      ++i;
+      continue;
+    }
+    out.push_back({cp, i, i + size_t(len)});
+    i += size_t(len);
+  }
+  return out;
+}
+
+struct CpRange {
+  uint32_t lo, hi;
+};
+#include "data/unicode_ranges.inc"
+
+template <size_t N>
+bool in_ranges(const CpRange (&r)[N], uint32_t cp) {
+  const CpRange* it = std::upper_bound(r, r + N, cp, [](uint32_t c, const CpRange& x) { return c < x.lo; });
+  return it != r && cp <= (it - 1)->hi;
+}
+
+// The classes of the pre-tokenizers' expressions: \s, \p{L}, \p{N}, and none of them.
+// Bytes that are not UTF-8 decode to themselves (below 0x100, so never letters but Latin-1's).
+enum Cls { SPACE, LETTER, NUMBER, OTHER };
+Cls classify(uint32_t cp) {
+  if (cp < 0x80) {  // ASCII first: most of any text
+    if (cp == ' ' || (cp >= '\t' && cp <= '\r')) return SPACE;
+    if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return LETTER;
+    if (cp >= '0' && cp <= '9') return NUMBER;
+    return OTHER;
+  }
+  if (in_ranges(k_letter, cp)) return LETTER;
+  if (in_ranges(k_number, cp)) return NUMBER;
+  if (in_ranges(k_space, cp)) return SPACE;
+  return OTHER;
+}
+
+}  // namespace
+
+std::vector<std::string> gpt2_pretokenize(const std::string& text) {
+  auto cps = utf8_decode(text);
+  const size_t n = cps.size();
+  std::vector<std::string> out;
+  auto emit = [&](size_t a, size_t b) { out.push_back(text.substr(cps[a].begin, cps[b - 1].end - cps[a].begin)); };
+  auto run = [&](size_t i, Cls c) {
+    while (i < n && classify(cps[i].cp) == c) ++i;
+    return i;
+  };
+  size_t i = 0;
+  while (i < n) {
+    uint32_t c = cps[i].cp;
+    if (c == '\'' && i + 1 < n) {  // contractions: 's 't 'm 'd 're 've 'll
+      uint32_t a = cps[i + 1].cp, b = i + 2 < n ? cps[i + 2].cp : 0;
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
+        emit(i, i + 2);
+        i += 2;
+        continue;
+      }
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
+        emit(i, i + 3);
+        i += 3;
+        continue;
+      }
+    }
+    Cls cls = classify(c);
+    if (c == ' ' && i + 1 < n && classify(cps[i + 1].cp) != SPACE) {  // " ?X+"
+      size_t j = run(i + 1, classify(cps[i + 1].cp));
+      emit(i, j);
+      i = j;
+    } else if (cls != SPACE) {
+      size_t j = run(i, cls);
+      emit(i, j);
+      i = j;
+    } else {
+      size_t j = run(i, SPACE);
+      // "\s+(?!\S)": leave the last space for the word that follows it.
+      if (j < n && j - i >= 2) j -= 1;
+      emit(i, j);
+      i = j;
+    }
+  }
+  return out;
+}
+
+Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path) {
+  // GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to 256+n.
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    byte_to_unicode_[b] = utf8_encode(printable ? uint32_t(b) : uint32_t(256 + extra++));
+    unicode_to_byte_[byte_to_unicode_[b]] = uint8_t(b);
+  }
+  std::ifstream vin(vocab_path);
+  LOOM_CHECK(vin, "cannot open GPT-2 vocab '{}' (Hugging Face vocab.json)", vocab_path);
+  nlohmann::json j;
+  try {
+    vin >> j;
+  } catch (const std::exception& e) {
+    fail("'{}' is not valid JSON: {}", vocab_path, e.what());
+  }
+  for (auto& [tok, id] : j.items()) {
+    int32_t i = id.get<int32_t>();
+    vocab_[tok] = i;
+    if (size_t(i) >= id_to_token_.size()) id_to_token_.resize(size_t(i) + 1);
+    id_to_token_[size_t(i)] = tok;
+  }
+  std::ifstream min(merges_path);
+  LOOM_CHECK(min, "cannot open GPT-2 merges '{}' (Hugging Face merges.txt)", merges_path);
+  std::string line;
+  int rank = 0;
+  while (std::getline(min, line)) {
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    auto sp = line.find(' ');
+    LOOM_CHECK(sp != std::string::npos, "'{}': merge line '{}' is not 'a b'", merges_path, line);
+    ranks_[{line.substr(0, sp), line.substr(sp + 1)}] = rank++;
+  }
+}
+
+void Gpt2Bpe::encode_word(const std::string& word, std::vector<int32_t>& out) const {
+  auto hit = cache_.find(word);
+  if (hit != cache_.end()) {
+    out.insert(out.end(), hit->second.begin(), hit->second.end());
+    return;
+  }
+  std::vector<std::string> sym;
+  for (unsigned char b : word) sym.push_back(byte_to_unicode_[b]);
+  while (sym.size() > 1) {
+    int best = INT32_MAX;
+    size_t at = 0;
+    for (size_t k = 0; k + 1 < sym.size(); ++k) {
+      auto r = ranks_.find({sym[k], sym[k + 1]});
+      if (r != ranks_.end() && r->second < best) best = r->second, at = k;
+    }
+    if (best == INT32_MAX) break;
+    const std::string a = sym[at], b = sym[at + 1];
+    std::vector<std::string> merged;
+    for (size_t k = 0; k < sym.size(); ++k) {
+      if (k + 1 < sym.size() && sym[k] == a && sym[k + 1] == b) {
+        merged.push_back(a + b);
+        ++k;
+      } else {
+        merged.push_back(sym[k]);
+      }
+    }
+    sym.swap(merged);
+  }
+  std::vector<int32_t> ids;
+  for (auto& s : sym) {
+    auto it = vocab_.find(s);
+    LOOM_CHECK(it != vocab_.end(), "GPT-2 vocab has no token for '{}'; vocab.json and merges.txt disagree", s);
+    ids.push_back(it->second);
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  cache_.emplace(word, std::move(ids));
+}
+
+std::vector<int32_t> Gpt2Bpe::encode(const std::string& text) const {
+  std::vector<int32_t> out;
+  for (auto& w : gpt2_pretokenize(text)) encode_word(w, out);
+  return out;
+}
+
+std::string Gpt2Bpe::decode(const std::vector<int32_t>& ids) const {
+  std::string s;
+  for (int32_t id : ids) {
+    for (auto& cp : utf8_decode(id_to_token_.at(size_t(id)))) {
+      auto it = unicode_to_byte_.find(id_to_token_[size_t(id)].substr(cp.begin, cp.end - cp.begin));
+      if (it != unicode_to_byte_.end()) s += char(it->second);
+    }
+  }
+  return s;
+}
+
+std::vector<std::string> llama3_pretokenize(const std::string& text) {
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+  // \s*[\r\n]+|\s+(?!\S)|\s+ : the first alternative that matches at each position.
+  const auto cps = utf8_decode(text);
+  const size_t n = cps.size();
+  std::vector<Cls> cls(n);
+  for (size_t i = 0; i < n; ++i) cls[i] = classify(cps[i].cp);
+  auto newline = [&](size_t i) { return cps[i].cp == '\r' || cps[i].cp == '\n'; };
+  auto lower = [&](size_t i) { return i < n && cps[i].cp < 0x80 ? cps[i].cp | 0x20 : 0u; };
+  std::vector<std::string> out;
+  auto emit = [&](size_t a, size_t b) { out.push_back(text.substr(cps[a].begin, cps[b - 1].end - cps[a].begin)); };
+  auto run = [&](size_t i, Cls c) {
+    while (i < n && cls[i] == c) ++i;
+    return i;
+  };
+  size_t i = 0;
+  while (i < n) {
+    if (cps[i].cp == '\'') {
+      const uint32_t a = lower(i + 1), b = lower(i + 2);
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
+        emit(i, i + 2);
+        i += 2;
+        continue;
+      }
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
+        emit(i, i + 3);
+        i += 3;
+        continue;
+      }
+    }
+    size_t j;
+    if (cls[i] == LETTER) {
+      j = run(i, LETTER);
+    } else if (cls[i] != NUMBER && !newline(i) && i + 1 < n && cls[i + 1] == LETTER) {
+      j = run(i + 1, LETTER);  // one mark, space or tab before the letters
+    } else if (cls[i] == NUMBER) {
+      j = i + 1;
+      while (j < n && j < i + 3 && cls[j] == NUMBER) ++j;
+    } else if (cls[i] == OTHER || (cps[i].cp == ' ' && i + 1 < n && cls[i + 1] == OTHER)) {
+      j = run(cls[i] == OTHER ? i : i + 1, OTHER);
+      while (j < n && newline(j)) ++j;
+    } else {  // white space
+      const size_t end = run(i, SPACE);
+      size_t last_newline = n;
+      for (size_t k = i; k < end; ++k)
+        if (newline(k)) last_newline = k;
+      if (last_newline != n)
+        j = last_newline + 1;  // \s*[\r\n]+
+      else if (end < n && end - i >= 2)
+        j = end - 1;  // \s+(?!\S): the last one goes with what follows
+      else
+        j = end;
+    }
+    emit(i, j);
+    i = j;
+  }
+  return out;
+}
+
+namespace {
+int base64_value(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+bool base64_decode(const std::string& in, std::string& out) {
+  out.clear();
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    const int v = base64_value(c);
+    if (v < 0) return false;
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += char((acc >> bits) & 0xff);
+    }
+  }
+  return !out.empty();
+}
+}  // namespace
+
+Llama3Bpe::Llama3Bpe(const std::string& ranks_path) {
+  std::ifstream in(ranks_path);
+  LOOM_CHECK(in, "cannot open the LLaMA-3 tokenizer '{}' (Meta's tokenizer.model: a line 'base64 rank' per token)",
+             ranks_path);
+  id_to_bytes_.resize(kRegular);
+  std::vector<bool> seen(kRegular, false);
+  std::string line, bytes;
+  int64_t lines = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // a copy with Windows line ends
+    if (line.empty()) continue;
+    const size_t sp = line.find(' ');
+    char* end = nullptr;
+    const long rank = sp == std::string::npos ? -1 : std::strtol(line.c_str() + sp + 1, &end, 10);
+    LOOM_CHECK(sp != std::string::npos && end && end != line.c_str() + sp + 1 && *end == 0 &&
+                   base64_decode(line.substr(0, sp), bytes),
+               "'{}' line {} is not 'base64 rank': it is not a tiktoken ranks file (LLaMA-3's tokenizer.model)",
+               ranks_path, lines);
+    LOOM_CHECK(rank >= 0 && rank < kRegular && !seen[size_t(rank)],
+               "'{}' line {}: rank {} is out of 0..{} or repeated; LLaMA-3's tokenizer.model ranks 128000 tokens",
+               ranks_path, lines, rank, kRegular - 1);
+    seen[size_t(rank)] = true;
+    ranks_[bytes] = int32_t(rank);
+    id_to_bytes_[size_t(rank)] = bytes;
+  }
+  LOOM_CHECK(ranks_.size() == size_t(kRegular),
+             "'{}' ranks {} tokens; LLaMA-3's tokenizer.model ranks {} (is it another tokenizer's file?)", ranks_path,
+             ranks_.size(), kRegular);
+  for (int b = 0; b < 256; ++b)
+    LOOM_CHECK(ranks_.count(std::string(1, char(b))), "'{}' has no token for byte {}: it cannot encode every text",
+               ranks_path, b);
+  const char* named[] = {"<|begin_of_text|>",
+                         "<|end_of_text|>",
+                         "<|reserved_special_token_0|>",
+                         "<|reserved_special_token_1|>",
+                         "<|reserved_special_token_2|>",
+                         "<|reserved_special_token_3|>",
+                         "<|start_header_id|>",
+                         "<|end_header_id|>",
+                         "<|reserved_special_token_4|>",
+                         "<|eot_id|>"};
+  for (const char* s : named) id_to_bytes_.push_back(s);
+  for (int i = 5; id_to_bytes_.size() < size_t(kRegular + kSpecial); ++i)
+    id_to_bytes_.push_back(fmt::format("<|reserved_special_token_{}|>", i));
+}
+
+// tiktoken's merge: from single bytes, merge the adjacent pair whose bytes rank lowest (the
+// leftmost on a tie) until no pair is a token.
+void Llama3Bpe::encode_piece(const std::string& piece, std::vector<int32_t>& out) const {
+  if (auto whole = ranks_.find(piece); whole != ranks_.end()) {
+    out.push_back(whole->second);
+    return;
+  }
+  if (auto hit = cache_.find(piece); hit != cache_.end()) {
+    out.insert(out.end(), hit->second.begin(), hit->second.end());
+    return;
+  }
+  std::vector<size_t> cut(piece.size() + 1);  // part k is piece[cut[k], cut[k+1])
+  for (size_t k = 0; k <= piece.size(); ++k) cut[k] = k;
+  auto rank_of = [&](size_t k) {  // of parts k and k+1 merged
+    if (k + 2 >= cut.size()) return INT32_MAX;
+    auto it = ranks_.find(piece.substr(cut[k], cut[k + 2] - cut[k]));
+    return it == ranks_.end() ? INT32_MAX : it->second;
+  };
+  std::vector<int32_t> rank(cut.size());
+  for (size_t k = 0; k < cut.size(); ++k) rank[k] = rank_of(k);
+  while (cut.size() > 2) {
+    const size_t k = size_t(std::min_element(rank.begin(), rank.end() - 2) - rank.begin());
+    if (rank[k] == INT32_MAX) break;
+    cut.erase(cut.begin() + long(k) + 1);
+    rank.erase(rank.begin() + long(k) + 1);
+    rank[k] = rank_of(k);
+    if (k > 0) rank[k - 1] = rank_of(k - 1);
+  }
+  std::vector<int32_t> ids;
+  for (size_t k = 0; k + 1 < cut.size(); ++k) ids.push_back(ranks_.at(piece.substr(cut[k], cut[k + 1] - cut[k])));
+  out.insert(out.end(), ids.begin(), ids.end());
+  cache_.emplace(piece, std::move(ids));
+}
+
+std::vector<int32_t> Llama3Bpe::encode(const std::string& text) const {
+  std::vector<int32_t> out;
+  for (const std::string& piece : llama3_pretokenize(text)) encode_piece(piece, out);
+  return out;
+}
+
+std::string Llama3Bpe::decode(const std::vector<int32_t>& ids) const {
+  std::string s;
+  for (int32_t id : ids) {
+    LOOM_CHECK(id >= 0 && size_t(id) < id_to_bytes_.size(), "token id {} is outside LLaMA-3's {} tokens", id,
+               id_to_bytes_.size());
+    s += id_to_bytes_[size_t(id)];
+  }
+  return s;
+}
+
+std::unique_ptr<Tokenizer> tokenizer_open(const std::string& name, const std::string& vocab,
+                                          const std::string& merges) {
+  if (name == "byte") return nullptr;
+  if (name == "gpt2") {
+    LOOM_CHECK(!vocab.empty() && !merges.empty(), "the gpt2 tokenizer needs vocab.json and merges.txt");
+    return std::make_unique<Gpt2Bpe>(vocab, merges);
+  }
+  if (name == "llama3") {
+    LOOM_CHECK(!vocab.empty(), "the llama3 tokenizer needs its tokenizer.model (--vocab)");
+    return std::make_unique<Llama3Bpe>(vocab);
+  }
+  fail("unknown tokenizer '{}'; loom has byte, gpt2 and llama3", name);
+}
+
+}  // namespace loom

@@ -1,0 +1,37 @@
+// `loom data`: text files or directories to an llm.c token shard (data/shard_writer.h).
+#include <memory>
+
+#include "data/shard_writer.h"
+#include "launch/command.h"
+#include "runtime/error.h"
+
+namespace loom {
+
+void cmd_data_add(CLI::App& app, Commands& out) {
+  struct Args {
+    std::vector<std::string> paths;
+    DataOptions opt;
+  };
+  auto a = std::make_shared<Args>();
+  auto* data = app.add_subcommand(
+      "data", "text files or directories to an llm.c token shard: one document per file, on every thread");
+  data->add_option("paths", a->paths, "INPUT... OUTPUT: text files or directories, then the shard (.bin)")->required();
+  data->add_option("--tokenizer", a->opt.tokenizer, "byte | gpt2 | llama3")
+      ->check(CLI::IsMember({"byte", "gpt2", "llama3"}));
+  data->add_option("--vocab", a->opt.vocab, "GPT-2 vocab.json (gpt2), or LLaMA-3's tokenizer.model (llama3)");
+  data->add_option("--merges", a->opt.merges, "GPT-2 merges.txt (tokenizer gpt2)");
+  data->add_option("--val-fraction", a->opt.val_fraction,
+                   "this share of the documents (of the tokens, for one) into OUTPUT's stem + _val (default 0: none)");
+  data->add_option("--threads", a->opt.threads, "threads (0: every core)")->check(CLI::NonNegativeNumber);
+  out.push_back({data, false, [a](const CommandContext&) {
+                   LOOM_CHECK(a->paths.size() >= 2,
+                              "loom data needs INPUT... OUTPUT: text files or directories, then the shard");
+                   DataOptions opt = a->opt;
+                   opt.output = a->paths.back();
+                   opt.inputs.assign(a->paths.begin(), a->paths.end() - 1);
+                   data_run(opt);
+                   return 0;
+                 }});
+}
+
+}  // namespace loom

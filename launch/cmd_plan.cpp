@@ -1,0 +1,127 @@
+// `loom plan pipeline | memory | layout`: predictions made before anything runs.
+#include <memory>
+
+#include "launch/command.h"
+#include "parallel/pipeline_schedule.h"
+#include "plan/layout_search.h"
+#include "plan/memory.h"
+#include "runtime/error.h"
+#if LOOM_HAVE_CUDA
+#include "runtime/comm/nccl_group.h"
+#endif
+
+namespace loom {
+
+namespace {
+struct PlanArgs {
+  ConfigArgs pipe_config, mem_config, layout_config;
+  int pipe_pp = 0, pipe_virtual = 0, pipe_micro = 0;
+  std::string pipe_schedule;
+  double params = 0;
+  int dp = 0;
+  std::string precision = "mixed";
+  bool mem_json = false, layout_json = false;
+  std::string cluster;
+  int top = 10;
+  bool predict = false;
+};
+
+int plan_pipeline(const PlanArgs& a) {
+  // The config's keys, read without the checks that refuse pipeline keys in training.
+  Config cfg = config_defaults();
+  if (!a.pipe_config.path.empty()) config_load_file(cfg, a.pipe_config.path);
+  for (auto& s : a.pipe_config.sets) config_set(cfg, s);
+  const int p = a.pipe_pp > 0 ? a.pipe_pp : cfg.parallel.pp;
+  const std::string name = a.pipe_schedule.empty() ? cfg.parallel.pp_schedule : a.pipe_schedule;
+  const int v = a.pipe_virtual > 0 ? a.pipe_virtual : pipeline_v_shape(name) ? 2 : cfg.parallel.pp_virtual;
+  const int dp = std::max(1, cfg.parallel.dp);
+  const int m = a.pipe_micro > 0 ? a.pipe_micro : cfg.train.global_batch / (cfg.train.micro_batch * dp);
+  LOOM_CHECK(m >= 1, "no micro-batches: train.global_batch {} < train.micro_batch {} x parallel.dp {}",
+             cfg.train.global_batch, cfg.train.micro_batch, dp);
+  const PipeSchedule sched = pipeline_schedule(name, p, v, m);
+  // Unit costs: F 1 and B 2 (a split B 1 and W 1), as a backward costs about two forwards.
+  const PipeTiming t = pipeline_check(sched, 1, 1, 1);
+  fmt::print(
+      "pipeline {}: {} stages x {} chunks, {} micro-batches; checked (every send has its receive, no "
+      "deadlock)\npredicted bubble {:.3f} ({}); simulated: worst stage {:.3f}, mean {:.3f}\n{}",
+      name, p, v, m, pipeline_bubble_predicted(sched), pipeline_bubble_formula(sched), t.bubble(), t.bubble_mean(),
+      pipeline_timeline(sched, t));
+  fmt::print("{}", pipeline_stages_text(cfg, p, v, name, m));
+  return 0;
+}
+
+int plan_memory(const PlanArgs& a) {
+  if (a.params > 0) {
+    LOOM_CHECK(a.dp > 0, "loom plan memory --params needs --dp");
+    const bool mixed = a.precision == "mixed";
+    auto gb = plan_zero_paper(a.params, a.dp, mixed ? 2 : 4, mixed ? 2 : 4, mixed ? 12 : 8);
+    fmt::print("{:.3g} parameters, dp {}, {} precision (K = {}): GB per rank\n", a.params, a.dp, a.precision,
+               mixed ? 12 : 8);
+    for (int s = 0; s < 4; ++s) fmt::print("zero {}: {:>10.1f}\n", s, gb[size_t(s)] / 1e9);
+    return 0;
+  }
+  std::vector<std::string> sets = a.mem_config.sets;
+  if (a.dp > 0) sets.push_back(fmt::format("parallel.dp={}", a.dp));
+  const Config cfg = config_build(a.mem_config.path, sets);
+#if LOOM_HAVE_CUDA
+  const int gpus = cuda_device_count();
+#else
+  const int gpus = 0;
+#endif
+  const std::string device = device_resolve(cfg, gpus, nullptr);
+  const DType dtype = dtype_resolve(cfg, device);
+  fmt::print("{}\n", a.mem_json ? plan_memory_json(cfg, device, dtype) : plan_memory_table(cfg, device, dtype));
+  return 0;
+}
+
+int plan_layout(const PlanArgs& a) {
+  const Cluster cluster = cluster_load(a.cluster);
+  const Config cfg = config_build(a.layout_config.path, a.layout_config.sets);
+  if (a.predict) {
+    const StepPrediction p = step_predict(cfg, cluster);
+    fmt::print("{}\n", a.layout_json ? step_prediction_json(cfg, p) : step_prediction_text(cfg, cluster, p));
+  } else {
+    const LayoutSearch s = layouts_rank(cfg, cluster);
+    fmt::print("{}\n", a.layout_json ? plan_layout_json(s, a.top) : plan_layout_table(s, cfg, cluster, a.top));
+  }
+  return 0;
+}
+}  // namespace
+
+void cmd_plan_add(CLI::App& app, Commands& out) {
+  auto a = std::make_shared<PlanArgs>();
+  auto* plan = app.add_subcommand("plan", "predict before launch");
+  plan->require_subcommand(1);
+  auto* pipe = plan->add_subcommand(
+      "pipeline", "a pipeline schedule as a per-stage timeline, with its bubble and micro-batches in flight");
+  a->pipe_config.add_to(pipe, "TOML config (parallel.pp, pp_schedule, pp_virtual; the micro-batches)");
+  pipe->add_option("--pp", a->pipe_pp, "stages (default: parallel.pp)");
+  pipe->add_option("--schedule", a->pipe_schedule,
+                   "gpipe | 1f1b | interleaved | zb | zbv | dualpipev (default: parallel.pp_schedule)");
+  pipe->add_option("--virtual", a->pipe_virtual,
+                   "chunks per stage, interleaved (default: parallel.pp_virtual; 2 for zbv, dualpipev)");
+  pipe->add_option("--micro", a->pipe_micro, "micro-batches per step (default: the config's accumulation steps)");
+
+  auto* mem =
+      plan->add_subcommand("memory", "per-rank bytes of a run (any layout, dtype, device), or of the ZeRO paper");
+  mem->add_option("--params", a->params, "parameter count (the ZeRO paper's setting; no config needed)");
+  mem->add_option("--dp", a->dp, "data-parallel ranks (overrides parallel.dp)");
+  mem->add_option("--precision", a->precision, "mixed (2+2+12 bytes/param) | fp32 (4+4+8)")
+      ->check(CLI::IsMember({"mixed", "fp32"}));
+  a->mem_config.add_to(mem, "TOML config of a loom run");
+  mem->add_flag("--json", a->mem_json, "every rank's bytes at the config's stage, as JSON (loom runs)");
+
+  auto* layout = plan->add_subcommand(
+      "layout", "rank the layouts of a model on a cluster by predicted MFU (the step-time model), or predict one");
+  layout->add_option("--cluster", a->cluster, "cluster description (TOML; examples/clusters/)")->required();
+  a->layout_config.add_to(layout, "TOML config: the model, global batch and dtypes");
+  layout->add_option("--top", a->top, "layouts to print")->check(CLI::PositiveNumber);
+  layout->add_flag("--predict", a->predict, "predict the config's own layout (parallel.*, train.*) instead");
+  layout->add_flag("--json", a->layout_json, "as JSON");
+
+  out.push_back({pipe, false, [a](const CommandContext&) { return plan_pipeline(*a); }});
+  out.push_back({mem, false, [a](const CommandContext&) { return plan_memory(*a); }});
+  out.push_back({layout, false, [a](const CommandContext&) { return plan_layout(*a); }});
+}
+
+}  // namespace loom

@@ -1,0 +1,25 @@
+// `loom report`: one self-contained HTML page of one run or several overlaid.
+#include <memory>
+
+#include "launch/command.h"
+#include "launch/report.h"
+
+namespace loom {
+
+void cmd_report_add(CLI::App& app, Commands& out) {
+  struct Args {
+    std::vector<std::string> dirs;
+    std::string out = "report.html";
+  };
+  auto a = std::make_shared<Args>();
+  auto* report = app.add_subcommand(
+      "report", "one HTML page of runs: loss, throughput, MFU, step split, memory, config (several runs overlaid)");
+  report->add_option("dirs", a->dirs, "run directories (each run's log.dir)")->required();
+  report->add_option("--out", a->out, "the page to write (default report.html)");
+  out.push_back({report, false, [a](const CommandContext&) {
+                   report_write(a->dirs, a->out);
+                   return 0;
+                 }});
+}
+
+}  // namespace loom

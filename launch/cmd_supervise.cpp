@@ -1,0 +1,77 @@
+// `loom supervise [options] -- COMMAND...`: runs COMMAND again when it fails for a reason a
+// restart cures (launch/supervise.h), optionally elastic over the hosts that answer a probe.
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "launch/command.h"
+#include "launch/supervise.h"
+#include "runtime/error.h"
+
+namespace loom {
+
+// Parsed by hand: everything after "--" is the command, options and all.
+int cmd_supervise_main(int argc, char** argv) {
+  SuperviseOptions o;
+  std::vector<std::string> command;
+  int i = 2;
+  auto value = [&](const std::string& flag) -> std::string {
+    LOOM_CHECK(i + 1 < argc, "loom supervise: {} needs a value", flag);
+    return argv[++i];
+  };
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    try {
+      if (a == "--max-restarts")
+        o.max_restarts = std::stoi(value(a));
+      else if (a == "--backoff-s")
+        o.backoff_s = std::stod(value(a));
+      else if (a == "--log-dir")
+        o.log_dir = value(a);
+      else if (a == "--verdict-grace-s")
+        o.verdict_grace_s = std::stod(value(a));
+      else if (a == "--ranks") {
+        const std::string r = value(a);
+        const size_t colon = r.find(':');
+        LOOM_CHECK(colon != std::string::npos, "--ranks takes MIN:MAX (e.g. 2:4), not '{}'", r);
+        o.elastic.min_ranks = std::stoi(r.substr(0, colon));
+        o.elastic.max_ranks = std::stoi(r.substr(colon + 1));
+      } else if (a == "--hosts")
+        o.elastic.hosts = hosts_parse(value(a));
+      else if (a == "--probe")
+        o.elastic.probe = value(a);
+      else if (a == "--probe-s")
+        o.elastic.probe_s = std::stod(value(a));
+      else if (a == "--replica")
+        o.elastic.replica = std::stoi(value(a));
+      else if (a == "-h" || a == "--help") {
+        fmt::print(
+            "loom supervise [--max-restarts N (3)] [--backoff-s S (1, doubling up to 60)] [--log-dir DIR]\n"
+            "               [--verdict-grace-s S (30)] [--ranks MIN:MAX [--hosts H:SLOTS,... (else the Slurm\n"
+            "               allocation's)] [--probe 'CMD {{host}}'] [--probe-s S (10)] [--replica K (1)]] -- "
+            "COMMAND...\n"
+            "  runs COMMAND and runs it again (with LOOM_RESTART=k) when it fails for a reason a restart can cure;\n"
+            "  not after status 0, 2 (usage or config error), or a SIGINT/SIGTERM to the supervisor.\n"
+            "  --ranks: before each run, the hosts that answer the probe take the largest world size from MIN to MAX\n"
+            "  (a multiple of K ranks per replica) that the run's config accepts; COMMAND names it with {{ranks}},\n"
+            "  {{dp}} (ranks / K) and {{hosts}} (H:SLOTS,... of the hosts used), and resumes its last checkpoint.\n");
+        return 0;
+      } else
+        fail(
+            "loom supervise: unknown option '{}'; usage: loom supervise [--max-restarts N] [--backoff-s S] "
+            "[--log-dir DIR] [--ranks MIN:MAX --hosts LIST --probe CMD --replica K] -- COMMAND... (--help says more)",
+            a);
+    } catch (const std::invalid_argument&) {
+      fail("loom supervise: {} takes a number", a);
+    }
+  }
+  for (; i < argc; ++i) command.push_back(argv[i]);
+  elastic_check(o.elastic, command);
+  return supervise_run(command, o);
+}
+
+}  // namespace loom

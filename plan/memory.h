@@ -1,0 +1,47 @@
+// `loom plan memory`: each rank's bytes before launch, for any layout, dtype and device. For
+// loom's own runs it adds up the very lists the components allocate from (model/layout.h's
+// activation plan, the backends', the optimizer's and ZeRO's PlanItems), so it equals the
+// ledger of a real run to the byte; and, for the ZeRO paper's setting, its closed form.
+#pragma once
+#include <array>
+#include <string>
+
+#include "runtime/allocator.h"
+#include "runtime/config.h"
+
+namespace loom {
+
+struct PartSpec;
+
+// ZeRO paper, Figure 1: bytes per rank for stages 0..3 with psi parameters, dp ranks and
+// `bytes_param`, `bytes_grad`, `k` bytes per parameter (mixed precision: 2, 2, 12).
+std::array<double, 4> plan_zero_paper(double psi, int dp, double bytes_param, double bytes_grad, double k);
+
+struct MemoryPlan {
+  std::array<int64_t, kMemCategories> bytes{};
+  int64_t of(Mem m) const { return bytes[size_t(m)]; }
+  int64_t total() const;
+};
+// What world rank `rank` of cfg holds while training on `device` ("cpu" or "cuda") in `dtype`
+// (`spec`: its stage's pipeline_chunk_spec, when the caller has it already).
+MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank = 0,
+                       const PartSpec* spec = nullptr);
+// The memory one rank may fill: `sharing` ranks divide the host's available memory (its
+// MemAvailable, or what the cgroup's limit leaves when less) or, on a GPU, its free memory.
+struct MemoryAvailable {
+  int64_t bytes = -1;  // -1: unknown (nothing is refused)
+  std::string from;    // "18.2 GiB available on this host, shared by 4 ranks"
+};
+MemoryAvailable memory_available(DeviceKind kind, int sharing);
+// Refuses, before anything is laid out, a model whose weights alone (in `dtype`, spread over
+// all `world` ranks) exceed `avail`: a billion-layer model must not be built to be measured.
+void memory_fit_rough(const Config& cfg, DType dtype, int world, const MemoryAvailable& avail);
+// Refuses a rank whose plan exceeds `avail`, with the plan's numbers and what to change.
+void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& avail);
+
+// The four ZeRO stages side by side for rank 0, MiB.
+std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype);
+// Every rank's plan at cfg's stage, bytes, as JSON.
+std::string plan_memory_json(const Config& cfg, const std::string& device, DType dtype);
+
+}  // namespace loom
