@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The docs stay true to the tree: every relative link in README.md and docs/*.md resolves (the
-# file, and the #anchor by GitHub's heading-slug rule), and every key `loom train --list-keys`
+# file, and the #anchor by the usual Markdown heading-anchor rule), and every key `loom train --list-keys`
 # prints is named in docs/configuration.md.
 #   docs_check.sh SOURCE_DIR LOOM
 set -euo pipefail
@@ -30,8 +30,8 @@ def strip_code(text):
     return out
 
 def slug(heading):
-    """GitHub's anchor for a heading: markup dropped, lower case, punctuation but - and _
-    removed, each space a hyphen."""
+    """A heading's anchor: markup dropped, lower case, punctuation but - and _ removed, each
+    space a hyphen."""
     s = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
     s = s.replace("`", "").strip().lower()
     s = re.sub(r"[^\w\- ]", "", s)
@@ -39,7 +39,7 @@ def slug(heading):
 
 anchor_cache = {}
 def anchors(path):
-    """Every heading's anchor in a page; a repeated heading gets -1, -2, ... as on GitHub."""
+    """Every heading's anchor in a page; a repeated heading gets -1, -2, ... appended."""
     if path not in anchor_cache:
         seen, found, fenced = {}, set(), False
         for line in open(path, encoding="utf-8").read().split("\n"):
