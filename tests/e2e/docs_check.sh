@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The docs stay true to the tree: every relative link in README.md and docs/*.md resolves (the
-# file, and the #anchor by the usual Markdown heading-anchor rule), and every key `loom train --list-keys`
-# prints is named in docs/configuration.md.
+# file, and the #anchor by the usual Markdown heading-anchor rule), and every key that
+# `loom train --list-keys` prints is named in docs/configuration.md.
 #   docs_check.sh SOURCE_DIR LOOM
 set -euo pipefail
 src=${1:?usage: docs_check.sh SOURCE_DIR LOOM}
