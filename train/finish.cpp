@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/hf_export.h"
+#include "parallel/pipeline_split.h"
 #include "train/trainer_parts.h"
 
 namespace loom {
