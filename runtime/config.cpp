@@ -70,7 +70,7 @@ std::vector<Field> fields_of(Config& c) {
       {"data.sources", &d.sources,
        "a mixture in place of data.path: [[data.sources]] tables with path and weight (blended per sequence)"},
       {"data.doc_mask", &d.doc_mask,
-       "attention and positions stay inside each document of a packed sequence (CPU; documents opened by "
+       "attention and positions stay inside each document of a packed sequence (documents opened by "
        "data.doc_token)"},
       {"data.doc_token", &d.doc_token,
        "the token that opens a document (-1: data.tokenizer's: gpt2 <|endoftext|> 50256, llama3 "
@@ -103,7 +103,9 @@ std::vector<Field> fields_of(Config& c) {
        "blocks per stage, e.g. \"5,6,6,5\" (empty: n_layer / pp each; auto: balanced by FLOPs, head included)"},
       {"parallel.timeout_s", &p.timeout_s, "a collective pending this long ends the job (0: never)"},
       {"parallel.grad_reduce_dtype", &p.grad_reduce_dtype, "f32 | bf16: what gradients are reduced in"},
-      {"parallel.comm", &p.comm, "auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host)"},
+      {"parallel.comm", &p.comm,
+       "auto | nccl | mpi | nccl-emulated: what carries CUDA buffers (mpi: staged through the host; "
+       "nccl-emulated: NCCL's rules over MPI, host buffers)"},
       {"checkpoint.dir", &k.dir, "where checkpoints go: DIR/step-N/, one HDF5 file per rank + manifest.json"},
       {"checkpoint.every", &k.every, "save every N steps and at the last (0: never)"},
       {"checkpoint.keep", &k.keep, "complete checkpoints kept; older ones go once a newer one commits"},
