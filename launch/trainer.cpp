@@ -16,6 +16,7 @@
 #include "model/decode.h"
 #include "parallel/pipeline.h"
 #include "runtime/cuda_api.h"
+#include "runtime/shared_view.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -99,6 +100,14 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
                                                                LOOM_BUILD_TYPE, binary_digest());
     const std::string bad = config_disagreement(mpi_all_gather_text(mine));
     LOOM_CHECK(bad.empty(), "{}", bad);
+    // The same config may still name places that are not shared (per-rank working
+    // directories, node-local disks): rank 0 leaves a probe in checkpoint.dir for the others
+    // to find, and every rank describes the data files it sees.
+    const std::string probe = mpi_all_gather_text(p.lead ? dir_probe_create(cfg) : "")[0];
+    const std::vector<std::string> views = mpi_all_gather_text(dir_probe_view(cfg, probe) + data_view(cfg));
+    if (p.lead) dir_probe_remove(cfg, probe);
+    const std::string apart = shared_view_disagreement(views, cfg);
+    LOOM_CHECK(apart.empty(), "{}", apart);
   }
 #endif
   p.data = data_open(cfg);  // before allocating: a bad file fails fast
@@ -221,8 +230,9 @@ void Trainer::Parts::grad_norms_write() const {
     j[spec.name] = std::sqrt(ss);
   }
   if (cfg.log.dir.empty()) return;
-  std::filesystem::create_directories(cfg.log.dir);
-  std::ofstream(cfg.log.dir + "/grad_norms.json") << j.dump(1) << "\n";
+  const std::string path = cfg.log.dir + "/grad_norms.json", text = j.dump(1) + "\n";
+  file_write_atomic(
+      path, [&](std::FILE* f) { file_write(f, text.data(), text.size(), path); }, "log.dir");
 }
 
 void Trainer::Parts::startup_log() {
