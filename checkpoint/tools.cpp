@@ -130,6 +130,8 @@ void ckpt_export(const std::string& dir, const std::string& out) {
       for (auto& s : t.shards) files.insert(s.file);
     }
     for (const std::string& f : files) {
+      if (const std::string bad = ckpt_file_check(dir + "/" + f); !bad.empty())
+        fail("checkpoint '{}': file {} {}", dir, f, bad);
       std::error_code ec;
       const auto size = fs::file_size(dir + "/" + f, ec);
       held += ec ? 0 : int64_t(size);

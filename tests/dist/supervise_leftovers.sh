@@ -17,7 +17,8 @@ timeout 280 "$loom" supervise --backoff-s 0 --max-restarts 2 -- $mpirun -np 2 "$
   --set log.dir=log > sup.log 2>&1 &
 sup=$!
 for _ in $(seq 900); do [ -e ck/step-00000025/manifest.json ] && break; sleep 0.1; done
-launcher=$(pgrep -P $sup | head -1)
+supervisor=$(pgrep -P $sup | head -1)  # $sup is timeout's
+launcher=$(pgrep -P "$supervisor" | head -1)
 [ -n "$launcher" ] || { echo "FAIL: no launcher under the supervisor"; cat sup.log; exit 1; }
 kill -9 "$launcher"
 wait $sup
