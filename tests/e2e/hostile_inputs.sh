@@ -34,7 +34,7 @@ refused() {
   local name=$1 want=$2
   shift 2
   n=$((n + 1))
-  timeout 60 "${wrap[@]}" "$loom" "$@" > "out$n.log" 2>&1 < /dev/null
+  timeout -k 5 "${HOSTILE_TIMEOUT:-60}" "${wrap[@]}" "$loom" "$@" > "out$n.log" 2>&1 < /dev/null
   local rc=$?
   if [ $rc = 124 ]; then fail "$name: hung"; return; fi
   [ $rc = 2 ] || { fail "$name: exit $rc, not 2"; tail -3 "out$n.log"; return; }
@@ -62,7 +62,7 @@ mkfifo fifo.bin
 refused "data.path FIFO" "is a FIFO" train "${common[@]}" --set data.source=tokens --set data.path="$dir/fifo.bin" \
   --set train.steps=1 --set log.dir=r8a
 mkdir shards && cp shard.bin shards/a.bin && mkfifo shards/b.bin && mkdir shards/c.bin
-timeout 60 "$loom" train "${common[@]}" --set data.source=tokens --set data.path="$dir/shards" --set train.steps=1 \
+timeout -k 5 60 "$loom" train "${common[@]}" --set data.source=tokens --set data.path="$dir/shards" --set train.steps=1 \
   --set log.dir=r8b > r8b.log 2>&1 || { fail "a FIFO and a directory among the shards: not skipped"; tail -3 r8b.log; }
 refused "data.val_path FIFO" "is a FIFO" train "${common[@]}" "${tokens[@]}" --set data.val_path="$dir/fifo.bin" \
   --set data.val_batches=1 --set train.steps=1 --set log.dir=r8c
@@ -98,13 +98,13 @@ echo "12 report"
 for r in ra rb; do mkdir -p $r; done
 echo '{"run":1}' > ra/metrics.jsonl && echo '{"step":1,"loss":2.0,"lr":0.001}' >> ra/metrics.jsonl
 echo '{"run":1}' > rb/metrics.jsonl && echo '{"step":1,"loss":2.0,"lr":0.0010000000000000002}' >> rb/metrics.jsonl
-timeout 60 "$loom" report ra rb --out ulp.html > ulp.log 2>&1 || { fail "report: lrs an ulp apart: exit $?"; tail -3 ulp.log; }
+timeout -k 5 60 "$loom" report ra rb --out ulp.html > ulp.log 2>&1 || { fail "report: lrs an ulp apart: exit $?"; tail -3 ulp.log; }
 mkdir rf && mkfifo rf/metrics.jsonl
 refused "report: FIFO metrics" "is a FIFO" report rf --out f.html
 mkdir ro
 printf '%s\n' '{"run":1}' '[1,2]' '"text"' '{"step":1,"loss":"x","time":5,"mem":"big","lr":null}' \
   '{"step":2,"loss":1.5,"split_ms":{"measured":3},"gap":7}' '{"split_ms":4}' > ro/metrics.jsonl
-timeout 60 "$loom" report ro --out odd.html > odd.log 2>&1 || { fail "report: odd types: exit $?"; tail -3 odd.log; }
+timeout -k 5 60 "$loom" report ro --out odd.html > odd.log 2>&1 || { fail "report: odd types: exit $?"; tail -3 odd.log; }
 
 echo "13 ckpt export of a forged shape"
 "$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir=ck13 \
@@ -136,7 +136,7 @@ done
 kill $writer && wait $writer 2> /dev/null
 writer=
 ls -d ck14/*.unusable* > /dev/null 2>&1 && fail "a resume-only run set checkpoints aside: $(ls ck14)"
-timeout 60 "$loom" train "${common[@]}" --set train.steps=1 --set checkpoint.every=0 \
+timeout -k 5 60 "$loom" train "${common[@]}" --set train.steps=1 --set checkpoint.every=0 \
   --set checkpoint.resume=latest --set checkpoint.dir=ck14 --set log.dir=r14z > r14z.log 2>&1
 grep -q "resumed from" r14z.log || { fail "resume-only after the writer ended did not resume"; tail -3 r14z.log; }
 
@@ -168,7 +168,7 @@ mkdir dirbin && mkdir dirbin/x.bin
 refused "a directory named x.bin" "holds no .bin token shards" train "${common[@]}" --set data.source=tokens \
   --set data.path="$dir/dirbin" --set train.steps=1 --set log.dir=r16c
 refused "max-restarts huge" "takes a whole number" supervise --max-restarts 99999999999 -- true
-timeout 60 "$loom" supervise --max-restarts 3 --backoff-s 0 -- /nonexistent/cmd > r16e.log 2>&1
+timeout -k 5 60 "$loom" supervise --max-restarts 3 --backoff-s 0 -- /nonexistent/cmd > r16e.log 2>&1
 rc=$?
 [ $rc = 127 ] && ! grep -q "restarting" r16e.log || { fail "command not found: exit $rc or restarted"; tail -3 r16e.log; }
 touch afile
