@@ -42,6 +42,20 @@ void no_link(const std::string& path, const std::string& root) {
       path, to.string(), root);
 }
 
+// Complete as far as can be seen without reading it whole: its manifest reads and every file it
+// names is there, a regular file.
+bool checkpoint_sound(const std::string& dir) {
+  try {
+    const Manifest m = manifest_read(dir);
+    for (auto& [name, t] : m.tensors)
+      for (const ShardRef& s : t.shards)
+        if (!ckpt_file_check(dir + "/" + s.file).empty()) return false;
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(const Config& cfg, ProcessGroup& world, nlohmann::json layout, bool quiet)
@@ -200,6 +214,10 @@ void Checkpointer::commit() {
   nlohmann::json mine = nlohmann::json::array();
   for (const StagedShard& it : items_)
     mine.push_back({{"tensor", it.tensor}, {"shape", it.global_shape}, {"shard", shard_to_json(it.shard)}});
+  // What this rank wrote, as it sees it: rank 0 commits only a directory where it sees the same.
+  const std::string step_dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(saved_step_);
+  mine.push_back(
+      {{"file", rank_file(world_.rank())}, {"sketch", file_sketch(step_dir + "/" + rank_file(world_.rank()))}});
   items_.clear();
   std::string text = mine.dump();
   std::vector<std::string> all{text};
@@ -227,8 +245,18 @@ void Checkpointer::commit() {
   m.config = config_to_toml(cfg_);
   int64_t bytes = 0;
   std::set<std::string> files;
-  for (const std::string& t : all)
-    for (auto& j : nlohmann::json::parse(t)) {
+  for (size_t r = 0; r < all.size(); ++r)
+    for (auto& j : nlohmann::json::parse(all[r])) {
+      if (j.contains("sketch")) {
+        const std::string file = j["file"].get<std::string>(), wrote = j["sketch"].get<std::string>();
+        const std::string seen = file_sketch(dir + "/" + file);
+        LOOM_CHECK(seen == wrote,
+                   "checkpoint step {} not committed: rank {} wrote {} ({}) but rank 0 sees {} in '{}'; every rank "
+                   "must save into one shared checkpoint.dir (a filesystem every node mounts at the same path): set "
+                   "checkpoint.dir to such a path",
+                   saved_step_, r, file, wrote, seen == "missing" ? "no such file" : seen, dir);
+        continue;
+      }
       TensorEntry& e = m.tensors[j["tensor"].get<std::string>()];
       e.shape = j["shape"].get<std::vector<int64_t>>();
       e.shards.push_back(shard_from_json(j["shard"]));
@@ -243,8 +271,10 @@ void Checkpointer::commit() {
       file_write(f, text_manifest.data(), text_manifest.size(), dir + "/manifest.json");
     });
     dir_fsync(cfg_.checkpoint.dir);  // the step directory's own entry
-  } catch (const Error& e) {
+  } catch (const IoError& e) {
     fail_io("checkpoint step {} not committed: rank 0 could not write its manifest: {}", saved_step_, e.what());
+  } catch (const Error& e) {  // something in checkpoint.dir that loom refuses to write through
+    fail("checkpoint step {} not committed: {}", saved_step_, e.what());
   }
   std::error_code ec;
   no_link(dir, cfg_.checkpoint.dir);               // the clean-up below stays inside it
@@ -254,11 +284,13 @@ void Checkpointer::commit() {
   // checkpoint.keep: this one and the newest others stay; older ones, and unfinished ones
   // older than this, go, now that a newer one is committed. (Resume sees to it that no
   // complete checkpoint is newer than the one a run continues from.)
+  // Only sound checkpoints count toward checkpoint.keep and only they are pruned: one whose
+  // manifest or files are damaged is left as it is, for whoever investigates.
   std::vector<std::string> partial;
   const std::vector<std::string> done = checkpoints_complete(cfg_.checkpoint.dir, &partial);
   size_t kept = 1;  // this one
   for (const std::string& d : done) {
-    if (checkpoint_step_of(d) == saved_step_) continue;
+    if (checkpoint_step_of(d) == saved_step_ || !checkpoint_sound(d)) continue;
     if (kept < size_t(cfg_.checkpoint.keep)) {
       ++kept;
       continue;
@@ -297,10 +329,11 @@ void runs_fill(const std::string& dir, const Manifest& m, const char* kind, cons
     const std::string tensor = std::string(kind) + "/" + name;
     auto it = m.tensors.find(tensor);
     LOOM_CHECK(it != m.tensors.end(), "checkpoint '{}' has no tensor {}, which this model needs", dir, tensor);
-    LOOM_CHECK(it->second.shape == spec->global_shape,
-               "checkpoint '{}': tensor {} has shape {} but this model's is {}; the model.* keys must match the run "
-               "that wrote it",
-               dir, tensor, shape_str(it->second.shape), shape_str(spec->global_shape));
+    if (it->second.shape != spec->global_shape)
+      throw OtherModel(fmt::format(
+          "checkpoint '{}': tensor {} has shape {} but this model's is {}; the model.* keys must match the run that "
+          "wrote it (nothing in checkpoint.dir was changed)",
+          dir, tensor, shape_str(it->second.shape), shape_str(spec->global_shape)));
     int64_t want = 0, got = 0;
     for (const Need& n : needs) want += n.p.numel();
     for (const ShardRef& s : it->second.shards) {
@@ -335,9 +368,11 @@ int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRe
   const auto saved = config_flat(m.config), now = config_flat(config_to_toml(cfg));
   std::vector<ConfigDiff> shape = config_diff(saved, now);
   std::erase_if(shape, [](const ConfigDiff& d) { return d.key.rfind("model.", 0) != 0; });
-  LOOM_CHECK(shape.empty(),
-             "checkpoint '{}' holds another model: {}; the model.* keys must match the run that wrote it", dir,
-             joined(shape));
+  if (!shape.empty())
+    throw OtherModel(fmt::format(
+        "checkpoint '{}' holds another model: {}; the model.* keys must match the run that wrote it (nothing in "
+        "checkpoint.dir was changed): set them as they were, or give this run another checkpoint.dir",
+        dir, joined(shape)));
   const std::vector<ConfigDiff> course =
       config_diff(saved, now,
                   {"train.global_batch", "train.steps", "train.lr", "train.min_lr", "train.warmup_steps",
@@ -363,6 +398,17 @@ int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamReg
   if (resume == "none") return 0;
   const bool latest = resume == "latest";
   const bool lead = world.rank() == 0 && !quiet;
+  // Readers and the writer of one checkpoint directory take turns: a run that resumes from a
+  // directory it does not itself save into (and prune) holds a reader's lock while it reads.
+  fs::path step_path = fs::path(resume).lexically_normal();
+  if (step_path.filename().empty()) step_path = step_path.parent_path();  // "…/step-00000010/"
+  const std::string from_dir = latest ? cfg.checkpoint.dir : step_path.parent_path().string();
+  std::error_code same_ec;
+  const bool own = cfg.checkpoint.every > 0 && fs::exists(from_dir, same_ec) &&
+                   fs::equivalent(from_dir.empty() ? "." : from_dir, cfg.checkpoint.dir, same_ec);
+  std::unique_ptr<DirLock> reading;
+  if (world.rank() == 0 && !own)
+    reading = std::make_unique<DirLock>(from_dir.empty() ? "." : from_dir, "checkpoint.dir", ".lock", true);
   std::vector<std::string> candidates = latest ? checkpoints_complete(cfg.checkpoint.dir) : std::vector{resume};
   if (candidates.empty()) {
     if (lead)
@@ -384,13 +430,23 @@ int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamReg
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::string err;
     int64_t step = 0;
+    int32_t bad = 0;  // 1: damaged, 2: another model's (the worst over the ranks)
     try {
       step = checkpoint_load(candidates[i], cfg, reg, dp, lead);
+    } catch (const OtherModel& e) {
+      err = e.what();
+      bad = 2;
     } catch (const Error& e) {
       err = e.what();
+      bad = 1;
     }
-    int32_t bad = !err.empty();
+    const int32_t mine = bad;
     if (world.size() > 1) world.all_reduce(Buf(&bad, 1), ReduceOp::max).wait();
+    // The config is what is wrong, not the checkpoint: refused, and nothing is moved.
+    if (bad == 2)
+      fail("{}", mine == 2 ? err
+                           : fmt::format("another rank found that checkpoint '{}' holds another model (see its error)",
+                                         candidates[i]));
     if (!bad) {
       if (from) *from = candidates[i];
       if (world.rank() == 0) event_append(cfg.log.dir, "resume", fmt::format("\"step\":{}", step));
@@ -403,8 +459,9 @@ int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamReg
       // Set aside, not deleted: it is no longer "complete" for later resumes and pruning, and
       // whoever investigates still finds it.
       std::error_code ec;
-      const std::string aside = candidates[i] + ".unusable";
-      fs::remove_all(aside, ec);
+      std::string aside = candidates[i] + ".unusable";
+      for (int n = 2; fs::exists(fs::symlink_status(aside, ec)); ++n)  // an earlier one stays as it is
+        aside = fmt::format("{}.unusable-{}", candidates[i], n);
       fs::rename(candidates[i], aside, ec);
       event_append(cfg.log.dir, "fallback", fmt::format("\"step\":{}", checkpoint_step_of(candidates[i])));
       spdlog::warn("checkpoint {} is unusable (moved to {}); {}", candidates[i],

@@ -94,13 +94,19 @@ class Checkpointer {
 // read as this rank's layout needs them whatever layout wrote them, every shard it reads
 // verified. The model.* keys must equal those of the run that wrote it (an Error names the
 // ones that differ); train.* and data.* keys that change the data order or the schedule are
-// named in a warning. Returns the step. An Error names the tensor, shard or shape that is wrong.
+// named in a warning. Returns the step. An Error names the tensor, shard or shape that is wrong;
+// a checkpoint of another model is an OtherModel (a config error, not damage).
+struct OtherModel : Error {
+  using Error::Error;
+};
 int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRegistry& reg, DataParallel& dp,
                         bool warn);
 
 // checkpoint.resume: none (0); a checkpoint directory (its step; an Error if it does not load);
-// latest: the newest under checkpoint.dir that loads on every rank, falling back past ones
-// that do not with a warning naming the problem, and 0 when there is none yet. Collective.
+// latest: the newest under checkpoint.dir that loads on every rank, falling back past damaged
+// ones (set aside as STEP.unusable, never deleted) with a warning naming the damage, and 0
+// when there is none yet. A checkpoint of another model (OtherModel) is refused at once and
+// nothing is moved: the config is what is wrong. Collective.
 // *from gets the directory loaded.
 int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamRegistry& reg, DataParallel& dp,
                           bool quiet, std::string* from);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "runtime/error.h"
+#include "runtime/file.h"
 #include "runtime/tensor.h"
 
 namespace loom {
@@ -58,6 +59,7 @@ struct Closer {
 
 H5Writer::H5Writer(const std::string& path) : path_(path) {
   h5_quiet();
+  output_check(path, "checkpoint.dir's");  // H5Fcreate would write through a link or into a device
   file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   LOOM_CHECK(file_ >= 0, "cannot create checkpoint file '{}': {}", path, h5_reason());
 }
@@ -145,8 +147,36 @@ H5Reader::~H5Reader() {
 }
 
 std::vector<float> H5Reader::read(const std::string& name, const std::vector<int64_t>& shape) const {
+  // Every step of the name a link inside this file: an external or soft link would have the
+  // library open another file (or a FIFO) in the checkpoint's name.
+  for (size_t at = name.find('/', 1);; at = name.find('/', at + 1)) {
+    const std::string part = name.substr(0, at);
+    H5L_info_t info{};
+    LOOM_CHECK(
+        H5Lexists(file_, part.c_str(), H5P_DEFAULT) > 0 && H5Lget_info(file_, part.c_str(), &info, H5P_DEFAULT) >= 0,
+        "'{}' has no dataset '{}'", path_, name);
+    LOOM_CHECK(info.type == H5L_TYPE_HARD,
+               "'{}': '{}' is a link ({}), not data stored in this file; loom reads only data stored inside the "
+               "checkpoint's own files",
+               path_, part,
+               info.type == H5L_TYPE_EXTERNAL ? "external"
+               : info.type == H5L_TYPE_SOFT   ? "soft"
+                                              : "user-defined");
+    if (at == std::string::npos) break;
+  }
   Closer set{H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose};
   LOOM_CHECK(set.id >= 0, "'{}' has no dataset '{}': {}", path_, name, h5_reason());
+  {
+    Closer dcpl{H5Dget_create_plist(set.id), H5Pclose};
+    const H5D_layout_t layout = dcpl.id >= 0 ? H5Pget_layout(dcpl.id) : H5D_LAYOUT_ERROR;
+    LOOM_CHECK(layout == H5D_CONTIGUOUS || layout == H5D_CHUNKED || layout == H5D_COMPACT,
+               "'{}': dataset '{}' is {}; loom reads only data stored inside the checkpoint's own files", path_, name,
+               layout == H5D_VIRTUAL ? "a virtual dataset (its data is in other files)" : "of an unknown layout");
+    LOOM_CHECK(H5Pget_external_count(dcpl.id) == 0,
+               "'{}': dataset '{}' keeps its data in external files; loom reads only data stored inside the "
+               "checkpoint's own files",
+               path_, name);
+  }
   Closer space{H5Dget_space(set.id), H5Sclose};
   const int rank = H5Sget_simple_extent_ndims(space.id);
   std::vector<hsize_t> dims(size_t(std::max(rank, 0)));
@@ -156,6 +186,12 @@ std::vector<float> H5Reader::read(const std::string& name, const std::vector<int
              shape_str(shape));
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
+  // Checked before the buffer is allocated: forged dimensions must not ask for gigabytes the
+  // file does not hold.
+  const hsize_t stored = H5Dget_storage_size(set.id);
+  LOOM_CHECK(n == 0 || stored >= hsize_t(n) * sizeof(float),
+             "'{}': dataset '{}' holds {} bytes, not the {} its shape {} needs; the file is corrupt", path_, name,
+             uint64_t(stored), n * int64_t(sizeof(float)), shape_str(shape));
   std::vector<float> out(static_cast<size_t>(n));
   LOOM_CHECK(n == 0 || H5Dread(set.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0,
              "'{}': cannot read dataset '{}': {}", path_, name, h5_reason());

@@ -135,9 +135,10 @@ void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<S
   if (cfg.data.tokenizer == "llama3") files = {"tokenizer.model"};
   for (const char* f : files) {
     std::error_code ec;
-    if (std::filesystem::equivalent(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f, ec)) continue;
-    std::filesystem::copy_file(cfg.data.tokenizer_dir + "/" + f, dir + "/" + f,
-                               std::filesystem::copy_options::overwrite_existing);
+    const std::string from = cfg.data.tokenizer_dir + "/" + f, to = dir + "/" + f;
+    if (std::filesystem::equivalent(from, to, ec)) continue;
+    const std::string text = input_read_all(from, "data.tokenizer_dir's", int64_t(1) << 30);
+    file_write_atomic(to, [&](std::FILE* o) { file_write(o, text.data(), text.size(), to); });
   }
   const std::string path = dir + "/config.json";
   file_write_atomic(path, [&](std::FILE* f) { file_write(f, config.data(), config.size(), path); });

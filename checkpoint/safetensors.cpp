@@ -1,6 +1,7 @@
 #include "checkpoint/safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -217,18 +218,25 @@ std::vector<std::string> weights_files(const std::string& path) {
   }
   if (index.size() < 5 || index.compare(index.size() - 5, 5, ".json") != 0) return {path};
   // A checkpoint split over several files: the index maps every tensor to its file.
-  std::ifstream in(index);
-  LOOM_CHECK(in, "cannot open '{}'; check init.from", index);
+  const std::string text = input_read_all(index, "the safetensors index", int64_t(256) << 20);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     fail("'{}' is not a safetensors index: {}", index, e.what());
   }
-  LOOM_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
+  LOOM_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
              "'{}' has no weight_map; it is not a safetensors index", index);
   std::set<std::string> files;
-  for (auto& [name, file] : j["weight_map"].items()) files.insert(file.get<std::string>());
+  for (auto& [name, file] : j["weight_map"].items()) {
+    LOOM_CHECK(file.is_string() && !file.get<std::string>().empty() &&
+                   file.get<std::string>().find('/') == std::string::npos && file.get<std::string>() != "..",
+               "'{}': weight_map gives tensor '{}' the file {}, not a file name beside the index; the index is "
+               "corrupt",
+               index, name, file.dump());
+    files.insert(file.get<std::string>());
+  }
+  LOOM_CHECK(!files.empty(), "'{}' has an empty weight_map: it names no file of weights; the index is corrupt", index);
   const fs::path dir = fs::path(index).parent_path();
   std::vector<std::string> out;
   for (auto& f : files) out.push_back((dir / f).string());
@@ -285,6 +293,11 @@ std::vector<std::string> model_load(const ParamRegistry& reg, float* params, con
     LOOM_CHECK(it != file.end(), "'{}' has no tensor '{}' (shape {}) that this model needs", path, s.name,
                shape_str(s.global_shape));
     const Shape& fs = it->second.shape;
+    // Non-finite weights train to nothing (every update skipped) and generate nothing.
+    const auto bad =
+        std::count_if(it->second.data.begin(), it->second.data.end(), [](float v) { return !std::isfinite(v); });
+    LOOM_CHECK(bad == 0, "'{}': tensor '{}' holds {} values that are NaN or infinite; these weights cannot be used",
+               path, it->first, bad);
     const bool positions = s.name == "transformer.wpe.weight";
     if (positions && fs.size() == 2 && fs[1] == s.shape[1] && fs[0] != s.shape[0]) {
       LOOM_CHECK(fs[0] > s.shape[0],

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "checkpoint/hf_export.h"
 #include "checkpoint/manifest.h"
@@ -119,6 +120,27 @@ void ckpt_inspect(const std::string& dir) {
 
 void ckpt_export(const std::string& dir, const std::string& out) {
   const Manifest m = manifest_read(dir);
+  {
+    // The weights are assembled whole before they are written: what the manifest claims must
+    // fit in its files before anything is allocated.
+    int64_t claimed = 0, held = 0;
+    std::set<std::string> files;
+    for (auto& [name, t] : m.tensors) {
+      if (name.rfind("params/", 0) == 0) claimed += 4 * shape_numel(t.shape);
+      for (auto& s : t.shards) files.insert(s.file);
+    }
+    for (const std::string& f : files) {
+      if (const std::string bad = ckpt_file_check(dir + "/" + f); !bad.empty())
+        fail("checkpoint '{}': file {} {}", dir, f, bad);
+      std::error_code ec;
+      const auto size = fs::file_size(dir + "/" + f, ec);
+      held += ec ? 0 : int64_t(size);
+    }
+    LOOM_CHECK(claimed <= held,
+               "checkpoint '{}': its manifest claims {} bytes of weights but its files hold {} bytes in all; the "
+               "manifest is corrupt",
+               dir, claimed, held);
+  }
   std::vector<std::pair<std::string, StTensor>> tensors;
   for (auto& [name, t] : m.tensors) {
     if (name.rfind("params/", 0) != 0) continue;

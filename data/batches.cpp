@@ -196,16 +196,12 @@ namespace {
 
 std::shared_ptr<const TokenStream> stream_open(const Config& cfg, const std::string& path) {
   if (cfg.data.source == "text") {
-    LOOM_CHECK(std::filesystem::exists(path),
-               "data file '{}' does not exist; check data.path / data.val_path / "
-               "data.sources",
-               path);
+    input_check(path, "data file (data.path, data.val_path or data.sources)");
     LOOM_CHECK(cfg.model.vocab_size >= 256,
                "data.source = \"text\" uses byte tokens (0..255); set model.vocab_size >= 256 (it is {})",
                cfg.model.vocab_size);
-    std::ifstream in(path, std::ios::binary);
-    LOOM_CHECK(in, "cannot read text file '{}'", path);
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // Four bytes of tokens per byte of text: a text source is for small data (make shards of more).
+    const std::string bytes = input_read_all(path, "data file", int64_t(4) << 30);
     auto out = std::make_shared<std::vector<int32_t>>(bytes.size(), 0);
     for (size_t i = 0; i < bytes.size(); ++i) (*out)[i] = int32_t(uint8_t(bytes[i]));
     return std::make_shared<MemoryStream>(out, 0, int64_t(out->size()));

@@ -15,6 +15,7 @@
 #include "data/batches.h"
 #include "data/tokenizer.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
 
 namespace loom {
 
@@ -25,9 +26,9 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
   namespace fs = std::filesystem;
   std::vector<std::string> out;
   for (const std::string& in : inputs) {
-    LOOM_CHECK(fs::exists(in), "'{}' does not exist", in);
-    if (!fs::is_directory(in)) {
-      LOOM_CHECK(fs::is_regular_file(in), "'{}' is not a regular file", in);
+    std::error_code ec;
+    if (!fs::is_directory(in, ec)) {
+      input_check(in, "input");
       out.push_back(in);
       continue;
     }
@@ -47,9 +48,7 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
 }
 
 std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK(in, "cannot open '{}'", path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return input_read_all(path, "input", int64_t(1) << 40);  // regular files only: their size is their own
 }
 
 bool blank(char c) {
@@ -95,6 +94,10 @@ void data_run(const DataOptions& opt) {
   LOOM_CHECK(opt.tokenizer != "llama3" || !opt.vocab.empty(), "--tokenizer llama3 needs --vocab tokenizer.model");
   const std::unique_ptr<Tokenizer> bpe = tokenizer_open(opt.tokenizer, opt.vocab, opt.merges);
   const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path_of(opt.output)});
+  for (const std::string& out : {opt.output, val_path_of(opt.output)}) {
+    output_check(out, "the output");
+    output_not_input(out, files, "the output");
+  }
   // Documents are opened by the tokenizer's document token (llm.c's convention), where it has one.
   const int32_t eot = bpe ? bpe->doc_token() : -1;
   const int threads = opt.threads > 0 ? opt.threads : omp_get_num_procs();

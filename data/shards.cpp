@@ -1,6 +1,8 @@
 #include "data/shards.h"
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "runtime/error.h"
 #include "runtime/file.h"
@@ -17,7 +20,54 @@ namespace loom {
 
 namespace {
 constexpr int64_t kHeaderBytes = 256 * 4;
+
+// A mapped shard cut shorter while a run reads it raises SIGBUS on the pages that are gone: the
+// handler returns to the copy that touched them (this thread's, if any), which then fails with
+// loom's error naming the shard; any other SIGBUS goes to the handler before (MPI's, say), or
+// ends the process as it would have.
+// volatile: the stores around the copy must stay (the copy itself never reads it).
+thread_local sigjmp_buf* volatile t_mapped_copy = nullptr;
+struct sigaction g_sigbus_before {};  // written once, before the handler that reads it is set
+
+void on_sigbus(int sig, siginfo_t* info, void* ctx) {
+  if (sigjmp_buf* j = t_mapped_copy) siglongjmp(*j, 1);
+  if ((g_sigbus_before.sa_flags & SA_SIGINFO) && g_sigbus_before.sa_sigaction) {
+    g_sigbus_before.sa_sigaction(sig, info, ctx);
+    return;
+  }
+  if (g_sigbus_before.sa_handler != SIG_DFL && g_sigbus_before.sa_handler != SIG_IGN &&
+      g_sigbus_before.sa_handler != nullptr) {
+    g_sigbus_before.sa_handler(sig);
+    return;
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
 }
+
+void sigbus_catch() {
+  static std::once_flag once;  // one handler per process: signals are the process's
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_sigbus_before);
+  });
+}
+
+// memcpy from a mapping; false where its pages are gone (the file was cut).
+[[gnu::noinline]] bool mapped_copy(void* dst, const void* src, size_t n) {
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 1) != 0) {
+    t_mapped_copy = nullptr;
+    return false;
+  }
+  t_mapped_copy = &jump;
+  std::memcpy(dst, src, n);
+  t_mapped_copy = nullptr;
+  return true;
+}
+}  // namespace
 
 namespace {
 
@@ -58,7 +108,8 @@ ShardHeader header_of(int fd, const std::string& path) {
 }
 
 int shard_open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  input_check(path, "token shard");  // a FIFO would hang, a directory read as "too short"
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   LOOM_CHECK(fd >= 0, "cannot open token shard '{}' ({}); check data.path (make shards with `loom data`)", path,
              std::strerror(errno));
   return fd;
@@ -80,10 +131,15 @@ ShardHeader shard_header_read(const std::string& path) {
 
 std::vector<std::string> shard_files(const std::string& path, bool val) {
   namespace fs = std::filesystem;
-  LOOM_CHECK(fs::exists(path), "data file '{}' does not exist; check data.path / data.val_path / data.sources", path);
-  if (!fs::is_directory(path)) return val ? std::vector<std::string>{} : std::vector<std::string>{path};
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    input_check(path, "data file (data.path, data.val_path or data.sources)");
+    return val ? std::vector<std::string>{} : std::vector<std::string>{path};
+  }
   std::vector<std::string> files;
   for (auto& e : fs::directory_iterator(path)) {
+    // Only regular files (or links to them) are shards: a FIFO or a directory named x.bin is not.
+    if (e.path().extension() == ".bin" && !e.is_regular_file(ec)) continue;
     const std::string stem = e.path().stem().string();
     const bool is_val =
         stem.size() >= 4 && (stem.compare(stem.size() - 4, 4, "_val") == 0 || stem.find("_val_") != std::string::npos);
@@ -96,6 +152,7 @@ std::vector<std::string> shard_files(const std::string& path, bool val) {
 
 ShardStream::ShardStream(std::vector<std::string> files, int vocab_size) : vocab_(vocab_size) {
   LOOM_CHECK(!files.empty(), "no token shards given");
+  sigbus_catch();
   try {
     for (std::string& path : files) {
       const int fd = shard_open(path);
@@ -152,14 +209,20 @@ void ShardStream::read(int64_t start, int64_t count, int32_t* out) const {
     const Shard& s = shards_[i++];
     const int64_t off = start - s.first, n = std::min(count, s.count - off);
     if (n <= 0) continue;  // an empty shard
+    std::vector<uint8_t> raw(size_t(n * width_));
+    LOOM_CHECK(mapped_copy(raw.data(), s.body + off * width_, raw.size()),
+               "token shard '{}' became shorter while this run read it (the file changed under the run); loom reads "
+               "its shards in place and needs them unchanged until it ends: restore the file, or write new shards "
+               "under other names and resume",
+               s.path);
     for (int64_t j = 0; j < n; ++j) {
       uint32_t id;
       if (width_ == 2) {
         uint16_t v;
-        std::memcpy(&v, s.body + (off + j) * 2, 2);
+        std::memcpy(&v, raw.data() + j * 2, 2);
         id = v;
       } else {
-        std::memcpy(&id, s.body + (off + j) * 4, 4);
+        std::memcpy(&id, raw.data() + j * 4, 4);
       }
       LOOM_CHECK(id < uint32_t(vocab_),
                  "token shard '{}' holds token id {} at position {}, but model.vocab_size is {}; raise "

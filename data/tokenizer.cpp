@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/file.h"
 
 namespace loom {
 
@@ -148,28 +150,41 @@ Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path) 
     byte_to_unicode_[b] = utf8_encode(printable ? uint32_t(b) : uint32_t(256 + extra++));
     unicode_to_byte_[byte_to_unicode_[b]] = uint8_t(b);
   }
-  std::ifstream vin(vocab_path);
-  LOOM_CHECK(vin, "cannot open GPT-2 vocab '{}' (Hugging Face vocab.json)", vocab_path);
+  // GPT-2's files are about 1 MB and 0.5 MB: a limit far above, so that an endless or wrong
+  // file is refused before it fills the memory.
+  constexpr int64_t kMaxBytes = int64_t(256) << 20;
+  constexpr int32_t kMaxId = 1 << 24;  // ids index a table: far above any GPT-2 style vocabulary
   nlohmann::json j;
   try {
-    vin >> j;
-  } catch (const std::exception& e) {
+    j = nlohmann::json::parse(input_read_all(vocab_path, "GPT-2 vocab", kMaxBytes));
+  } catch (const nlohmann::json::exception& e) {
     fail("'{}' is not valid JSON: {}", vocab_path, e.what());
   }
+  LOOM_CHECK(j.is_object(), "'{}' is not a GPT-2 vocab: Hugging Face's vocab.json is an object of token: id",
+             vocab_path);
   for (auto& [tok, id] : j.items()) {
-    int32_t i = id.get<int32_t>();
-    vocab_[tok] = i;
-    if (size_t(i) >= id_to_token_.size()) id_to_token_.resize(size_t(i) + 1);
-    id_to_token_[size_t(i)] = tok;
+    LOOM_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < kMaxId,
+               "'{}': token {} has id {}, not a whole number from 0 to {}; it is not a GPT-2 vocab", vocab_path,
+               nlohmann::json(tok).dump(), id.dump(), kMaxId - 1);
+    const auto i = size_t(id.get<int64_t>());
+    vocab_[tok] = int32_t(i);
+    if (i >= id_to_token_.size()) id_to_token_.resize(i + 1);
+    LOOM_CHECK(id_to_token_[i].empty(), "'{}': id {} is given to both {} and {}; every token needs its own id",
+               vocab_path, i, nlohmann::json(id_to_token_[i]).dump(), nlohmann::json(tok).dump());
+    id_to_token_[i] = tok;
   }
-  std::ifstream min(merges_path);
-  LOOM_CHECK(min, "cannot open GPT-2 merges '{}' (Hugging Face merges.txt)", merges_path);
+  std::istringstream min(input_read_all(merges_path, "GPT-2 merges", kMaxBytes));
   std::string line;
   int rank = 0;
+  int64_t lines = 0;
   while (std::getline(min, line)) {
+    ++lines;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
-    auto sp = line.find(' ');
-    LOOM_CHECK(sp != std::string::npos, "'{}': merge line '{}' is not 'a b'", merges_path, line);
+    const auto sp = line.find(' ');
+    LOOM_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size() && line.find(' ', sp + 1) == std::string::npos,
+               "'{}' line {}: '{}' is not one merge 'a b' (two symbols and one space); it is not a GPT-2 merges.txt",
+               merges_path, lines, line.substr(0, 80));
     ranks_[{line.substr(0, sp), line.substr(sp + 1)}] = rank++;
   }
 }
@@ -317,9 +332,8 @@ bool base64_decode(const std::string& in, std::string& out) {
 }  // namespace
 
 Llama3Bpe::Llama3Bpe(const std::string& ranks_path) {
-  std::ifstream in(ranks_path);
-  LOOM_CHECK(in, "cannot open the LLaMA-3 tokenizer '{}' (Meta's tokenizer.model: a line 'base64 rank' per token)",
-             ranks_path);
+  // Meta's file is about 2 MB.
+  std::istringstream in(input_read_all(ranks_path, "the LLaMA-3 tokenizer", int64_t(256) << 20));
   id_to_bytes_.resize(kRegular);
   std::vector<bool> seen(kRegular, false);
   std::string line, bytes;

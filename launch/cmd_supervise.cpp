@@ -2,6 +2,7 @@
 // restart cures (launch/supervise.h), optionally elastic over the hosts that answer a probe.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <stdexcept>
 
 #include "launch/command.h"
@@ -19,6 +20,30 @@ int cmd_supervise_main(int argc, char** argv) {
     LOOM_CHECK(i + 1 < argc, "loom supervise: {} needs a value", flag);
     return argv[++i];
   };
+  // The whole text a number, finite and at least 0 (std::stod alone takes "1x", nan and inf).
+  auto seconds = [&](const std::string& flag) {
+    const std::string v = value(flag);
+    size_t used = 0;
+    double d = -1;
+    try {
+      d = std::stod(v, &used);
+    } catch (const std::exception&) {
+    }
+    LOOM_CHECK(used == v.size() && std::isfinite(d) && d >= 0 && d <= 86400,
+               "loom supervise: {} takes seconds from 0 to 86400, not '{}'", flag, v);
+    return d;
+  };
+  auto count = [&](const std::string& flag, const std::string& v, int least) {
+    size_t used = 0;
+    long long n = -1;
+    try {
+      n = std::stoll(v, &used);
+    } catch (const std::exception&) {
+    }
+    LOOM_CHECK(used == v.size() && n >= least && n <= 1000000,
+               "loom supervise: {} takes a whole number from {} to 1000000, not '{}'", flag, least, v);
+    return int(n);
+  };
   for (; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--") {
@@ -27,27 +52,27 @@ int cmd_supervise_main(int argc, char** argv) {
     }
     try {
       if (a == "--max-restarts")
-        o.max_restarts = std::stoi(value(a));
+        o.max_restarts = count(a, value(a), 0);
       else if (a == "--backoff-s")
-        o.backoff_s = std::stod(value(a));
+        o.backoff_s = seconds(a);
       else if (a == "--log-dir")
         o.log_dir = value(a);
       else if (a == "--verdict-grace-s")
-        o.verdict_grace_s = std::stod(value(a));
+        o.verdict_grace_s = seconds(a);
       else if (a == "--ranks") {
         const std::string r = value(a);
         const size_t colon = r.find(':');
         LOOM_CHECK(colon != std::string::npos, "--ranks takes MIN:MAX (e.g. 2:4), not '{}'", r);
-        o.elastic.min_ranks = std::stoi(r.substr(0, colon));
-        o.elastic.max_ranks = std::stoi(r.substr(colon + 1));
+        o.elastic.min_ranks = count(a, r.substr(0, colon), 1);
+        o.elastic.max_ranks = count(a, r.substr(colon + 1), 1);
       } else if (a == "--hosts")
         o.elastic.hosts = hosts_parse(value(a));
       else if (a == "--probe")
         o.elastic.probe = value(a);
       else if (a == "--probe-s")
-        o.elastic.probe_s = std::stod(value(a));
+        o.elastic.probe_s = seconds(a);
       else if (a == "--replica")
-        o.elastic.replica = std::stoi(value(a));
+        o.elastic.replica = count(a, value(a), 1);
       else if (a == "-h" || a == "--help") {
         fmt::print(
             "loom supervise [--max-restarts N (3)] [--backoff-s S (1, doubling up to 60)] [--log-dir DIR]\n"

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 
 #include "runtime/error.h"
 #include "runtime/file.h"
@@ -17,9 +18,17 @@ namespace {
 
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 
+// The page shows a run's config.toml and run.json as they are: "" where missing or refused.
 std::string text_of(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    return input_read_all(path, "", int64_t(16) << 20);
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+std::string text_or(const nlohmann::json& j, const char* key, const std::string& fallback = "") {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
 }
 
 std::string escape(const std::string& s) {
@@ -30,7 +39,7 @@ std::string escape(const std::string& s) {
 }
 
 double num_or(const nlohmann::json& j, const char* key, double fallback = 0) {
-  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
 }
 
 // About `n` round tick values covering [lo, hi] (steps of 1, 2 or 5 x 10^k).
@@ -38,8 +47,13 @@ std::vector<double> ticks(double lo, double hi, int n = 5) {
   const double raw = (hi - lo) / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
   const double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
   std::vector<double> out;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step)
-    out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  if (!(std::isfinite(step) && step > 0)) return {lo, hi};
+  // Counted, not accumulated: a step below the values' resolution must not stall the loop.
+  const double k0 = std::ceil(lo / step), k1 = std::floor(hi / step + 1e-9);
+  for (double k = k0; k <= k1 && out.size() <= size_t(4 * n); ++k) {
+    const double t = std::abs(k) < 1e-9 ? 0 : k * step;
+    if (out.empty() || t > out.back()) out.push_back(t);
+  }
   return out;
 }
 
@@ -66,7 +80,9 @@ std::string svg_lines(const std::string& title, const std::string& xlabel, const
       if (std::isfinite(y)) x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
   if (!std::isfinite(x0)) return out + fmt::format("<text x='{}' y='{}'>no data</text></svg>", L, H / 2);
   if (x1 == x0) x1 = x0 + 1;
-  const double pad = y1 > y0 ? 0.05 * (y1 - y0) : std::max(1e-9, 0.05 * std::abs(y0));
+  // Values that differ in their last digits only (learning rates an ulp apart) chart as flat.
+  const bool flat = y1 - y0 <= 1e-9 * std::max(std::abs(y0), std::abs(y1));
+  const double pad = !flat ? 0.05 * (y1 - y0) : std::max(1e-9, 0.05 * std::abs(y0));
   y0 -= pad, y1 += pad;
   auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
@@ -162,8 +178,11 @@ RunRecord report_read(const std::string& dir) {
   r.dir = dir;
   r.name = std::filesystem::path(dir).lexically_normal().filename().string();
   if (r.name.empty()) r.name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
-  std::ifstream in(dir + "/metrics.jsonl");
-  LOOM_CHECK(in, "'{}' has no metrics.jsonl; give loom report the log.dir of a run", dir);
+  const std::string metrics = dir + "/metrics.jsonl";
+  std::error_code ec;
+  LOOM_CHECK(std::filesystem::exists(metrics, ec) || std::filesystem::is_symlink(metrics, ec),
+             "'{}' has no metrics.jsonl; give loom report the log.dir of a run", dir);
+  std::istringstream in(input_read_all(metrics, "the run's metrics", int64_t(4) << 30));
   std::string line;
   bool fresh_run = false;
   for (int n = 1; std::getline(in, line); ++n) {
@@ -173,7 +192,8 @@ RunRecord report_read(const std::string& dir) {
     } catch (const std::exception&) {
       continue;  // a line cut by a kill: the runs before and after it still read
     }
-    if (j.contains("split_ms")) r.split = j;
+    if (!j.is_object()) continue;  // not a line loom wrote
+    if (j.contains("split_ms") && j["split_ms"].is_object()) r.split = j;
     if (j.contains("run")) {  // a new run: from its first step on, the earlier run's steps are replaced
       fresh_run = true;
       continue;
@@ -225,7 +245,8 @@ std::string report_html(const std::vector<RunRecord>& runs) {
     b.parts[6] = std::max(0.0, step_ms / n - sum);
     split.push_back(b);
     if (!r.split.is_null()) {
-      const auto& p = r.split["split_ms"]["predicted"];
+      const nlohmann::json& s = r.split["split_ms"];
+      const nlohmann::json p = s.contains("predicted") ? s["predicted"] : nlohmann::json::object();
       split.push_back(
           {r.name + " (predicted)",
            {num_or(p, "compute"), num_or(p, "comm_exposed"), num_or(p, "bubble"), num_or(p, "optimizer"), 0, 0, 0}});
@@ -269,8 +290,9 @@ std::string report_html(const std::vector<RunRecord>& runs) {
         escape(r.name), r.steps.rbegin()->first, num_or(last, "loss", NAN),
         r.val.empty() ? std::string("-") : fmt::format("{:.4f}", r.val.rbegin()->second), num_or(last, "tokens_per_s"),
         100 * num_or(last, "mfu"),
-        r.split.is_null() ? std::string("-")
-                          : escape(r.split.value("gap", "").empty() ? std::string("none") : r.split.value("gap", "")));
+        r.split.is_null()                 ? std::string("-")
+        : text_or(r.split, "gap").empty() ? std::string("none")
+                                          : escape(text_or(r.split, "gap")));
   }
   html += "</table><div class='grid'>";
   html += lines("train loss", [](const nlohmann::json& j) { return num_or(j, "loss", NAN); });
@@ -301,7 +323,8 @@ void report_write(const std::vector<std::string>& dirs, const std::string& out) 
   for (auto& r : runs)
     if (named[r.name] > 1) r.name = r.dir;
   const std::string html = report_html(runs);
-  file_write_atomic(out, [&](std::FILE* f) { file_write(f, html.data(), html.size(), out); });
+  file_write_atomic(
+      out, [&](std::FILE* f) { file_write(f, html.data(), html.size(), out); }, "--out");
   fmt::print("wrote {} ({} run{}, {:.0f} KB)\n", out, runs.size(), runs.size() == 1 ? "" : "s", html.size() / 1e3);
 }
 

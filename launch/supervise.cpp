@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,7 +89,9 @@ std::string status_meaning(int status) {
 }  // namespace
 
 bool status_restartable(int status) {
-  return status != 0 && status != 2;
+  // 126/127: the shell could not run the command (not executable, not found): a restart runs
+  // the same nothing.
+  return status != 0 && status != 2 && status != 126 && status != 127;
 }
 
 namespace {
@@ -134,6 +137,25 @@ bool verdict_of(const std::string& log_dir, int restart) {
   return in >> run && run == restart && std::filesystem::exists(log_dir + "/flight/verdict.txt");
 }
 }  // namespace
+
+// What is left of a run once its launcher is gone (a launcher killed outright leaves its ranks
+// running, holding log.dir's lock and saving checkpoints): the supervisor is their subreaper,
+// so they are its descendants; each is killed and reaped before the next run starts.
+void end_leftovers() {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    const std::vector<pid_t> left = descendants(::getpid());
+    if (left.empty()) return;
+    if (std::chrono::steady_clock::now() > until) {
+      spdlog::warn("supervise: {} processes of the previous run do not end (pid {}, ...)", left.size(), left.front());
+      return;
+    }
+    for (pid_t p : left) ::kill(p, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
 
 // One run of the command: its status (4 where the supervisor ended a launcher that outlived its
 // job's hang verdict).
@@ -190,6 +212,7 @@ int run_once(const std::vector<std::string>& run, const SuperviseOptions& opt, i
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ::kill(-pid, SIGKILL);  // whatever the command left behind in its group
+  end_leftovers();        // and outside it (Open MPI's ranks have groups of their own)
   const int status = ended ? 4 : WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   event_append(opt.log_dir, "exit", fmt::format("\"restart\":{},\"status\":{}", restart, status));
@@ -201,6 +224,9 @@ int run_once(const std::vector<std::string>& run, const SuperviseOptions& opt, i
 int supervise_run(const std::vector<std::string>& command, const SuperviseOptions& opt) {
   LOOM_CHECK(!command.empty(), "loom supervise: no command; usage: loom supervise [options] -- COMMAND...");
   LOOM_CHECK(opt.max_restarts >= 0, "--max-restarts {} must be >= 0", opt.max_restarts);
+  // Processes a run leaves behind when its launcher is killed become the supervisor's children,
+  // for it to end before the next run (otherwise init's, out of reach).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   struct sigaction sa {};
   sa.sa_handler = note_signal;  // no SA_RESTART: waitpid returns, and the loop passes the stop on
   sigemptyset(&sa.sa_mask);

@@ -431,7 +431,25 @@ void config_load_file(Config& cfg, const std::string& path) {
   config_load_string(cfg, ss.str(), path);
 }
 
+namespace {
+bool utf8_valid(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = uint8_t(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((uint8_t(s[i + k]) >> 6) != 2) return false;
+    i += n;
+  }
+  return true;
+}
+}  // namespace
+
 void config_set(Config& cfg, const std::string& assignment) {
+  // Settings are text (written to config.toml and JSON records): a path of other bytes would
+  // fail there, late and in a library's words.
+  LOOM_CHECK(utf8_valid(assignment), "--set {}: not UTF-8 text; loom's settings, paths among them, must be UTF-8",
+             assignment.substr(0, assignment.find('=')));
   auto eq = assignment.find('=');
   LOOM_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected section.key=value", assignment);
   std::string key = assignment.substr(0, eq), value = assignment.substr(eq + 1);

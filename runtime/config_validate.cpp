@@ -104,6 +104,10 @@ void config_validate(Config& cfg) {
   check_one_of("train.recompute", t.recompute, {"none", "selective", "full"});
   check_one_of("train.gelu_epilogue", t.gelu_epilogue, {"fused", "separate"});
   LOOM_CHECK(t.lr >= 0 && t.min_lr >= 0, "train.lr and train.min_lr must be >= 0");
+  LOOM_CHECK(t.schedule == "constant" || t.min_lr <= t.lr,
+             "train.min_lr = {} is above train.lr = {}: the {} schedule would raise the learning rate as it decays; "
+             "set train.min_lr to at most train.lr{}",
+             t.min_lr, t.lr, t.schedule, cfg.set_keys.count("train.min_lr") ? "" : " (it was left at its default)");
   LOOM_CHECK(t.warmup_steps >= 0, "train.warmup_steps = {} must be >= 0", t.warmup_steps);
   LOOM_CHECK(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1,
              "train.beta1 and train.beta2 must be in [0, 1)");

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -43,29 +44,180 @@ void file_write(std::FILE* f, const void* data, size_t bytes, const std::string&
     fail_io("writing '{}' failed ({}); is the disk full?", path, why());
 }
 
-void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write) {
+std::string file_kind_if_not_regular(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return "";
+  if (S_ISREG(st.st_mode)) return "";
+  if (S_ISLNK(st.st_mode)) return "a symbolic link";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "not a regular file";
+}
+
+namespace {
+std::string named(const std::string& what) {
+  return what.empty() ? "" : what + " ";
+}
+[[noreturn]] void refuse_output(const std::string& path, const std::string& kind, const std::string& what) {
+  fail(
+      "{}'{}' is {}; loom writes its outputs only as regular files and never replaces or writes through anything "
+      "else: choose another path",
+      named(what), path, kind);
+}
+void parent_create(const std::string& path) {
   const std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::error_code ec;
+  if (!p.has_parent_path()) return;
+  std::filesystem::create_directories(p.parent_path(), ec);
+  // Something that is not a directory in the way is the path's fault, not the machine's.
+  if (ec && ec != std::errc::not_a_directory && ec != std::errc::file_exists)
+    fail_io("cannot create the directory of '{}': {}", path, ec.message());
+  if (ec || !std::filesystem::is_directory(p.parent_path()))
+    fail("'{}' cannot be written: '{}' is not a directory; choose another path", path, p.parent_path().string());
+}
+// A new temporary at `tmp`: never an existing file, never through a link. A regular file left
+// there by an attempt that was killed is unlinked (its name only: a file it shares an inode
+// with keeps its bytes); anything else there is refused.
+int temporary_create(const std::string& tmp, const std::string& what) {
+  for (int attempt = 0;; ++attempt) {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0) return fd;
+    const int err = errno;
+    if (err != EEXIST) fail_io("cannot write '{}' ({})", tmp, std::strerror(err));
+    const std::string kind = file_kind_if_not_regular(tmp);
+    if (!kind.empty())
+      fail("{}'{}' is {}; loom creates its temporary file there itself and never writes through one: remove it",
+           named(what), tmp, kind);
+    if (attempt > 0 || ::unlink(tmp.c_str()) != 0) fail_io("cannot replace the stale temporary '{}'", tmp);
+  }
+}
+}  // namespace
+
+void output_check(const std::string& path, const std::string& what) {
+  if (const std::string kind = file_kind_if_not_regular(path); !kind.empty()) refuse_output(path, kind, what);
+}
+
+void output_not_input(const std::string& out, const std::vector<std::string>& inputs, const std::string& what) {
+  struct stat o {};
+  if (::stat(out.c_str(), &o) != 0) return;
+  for (const std::string& in : inputs) {
+    struct stat i {};
+    if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino)
+      fail("{}'{}' is the input '{}' (the same file); writing it would replace what is read: choose another output",
+           named(what), out, in);
+  }
+}
+
+int output_open(const std::string& path, bool truncate, const std::string& what) {
+  output_check(path, what);
+  parent_create(path);
+  const int flags = O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (truncate ? 0 : O_APPEND);
+  const int fd = ::open(path.c_str(), flags, 0666);
+  if (fd < 0) {
+    const int err = errno;
+    if (const std::string kind = file_kind_if_not_regular(path); !kind.empty()) refuse_output(path, kind, what);
+    fail_io("cannot write '{}' ({})", path, std::strerror(err));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    refuse_output(path, "not a regular file", what);
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  if (truncate && ::ftruncate(fd, 0) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail_io("cannot write '{}' ({})", path, std::strerror(err));
+  }
+  return fd;
+}
+
+void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write, const std::string& what) {
+  output_check(path, what);
+  parent_create(path);
   const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  LOOM_CHECK(f, "cannot write '{}' ({})", tmp, why());
+  const int fd = temporary_create(tmp, what);
+  std::FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    fail_io("cannot write '{}' ({})", tmp, why());
+  }
   try {
     write(f);
     close_checked(f, tmp);
   } catch (...) {
-    std::remove(tmp.c_str());
+    ::unlink(tmp.c_str());
     throw;
   }
+  // rename replaces the name itself: a link put there since the check is replaced, not followed.
   LOOM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '{}' to '{}' ({})", tmp, path, why());
-  dir_fsync(p.parent_path().string());
+  dir_fsync(std::filesystem::path(path).parent_path().string());
+}
+
+int64_t input_check(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ELOOP) fail("{}'{}' is a loop of symbolic links; give the file itself", named(what), path);
+    if (err == ENOENT) fail("{}'{}' does not exist", named(what), path);
+    fail("{}cannot read '{}' ({})", named(what), path, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    std::string kind = file_kind_if_not_regular(path);
+    if (kind == "a symbolic link") {
+      if (S_ISDIR(st.st_mode))
+        kind = "a link to a directory";
+      else if (S_ISFIFO(st.st_mode))
+        kind = "a link to a FIFO";
+      else
+        kind = "a link to a device or other special file";
+    }
+    fail("{}'{}' is {}, not a regular file; loom reads its inputs only from regular files", named(what), path,
+         kind.empty() ? "not a regular file" : kind);
+  }
+  return int64_t(st.st_size);
+}
+
+std::string input_read_all(const std::string& path, const std::string& what, int64_t max_bytes) {
+  input_check(path, what);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail("{}cannot read '{}' ({})", named(what), path, why());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{}'{}' is not a regular file; loom reads its inputs only from regular files", named(what), path);
+  }
+  if (st.st_size > max_bytes) {
+    ::close(fd);
+    fail("{}'{}' is {} bytes, more than the {} loom reads whole for it; is it the right file?", named(what), path,
+         int64_t(st.st_size), max_bytes);
+  }
+  std::string out(size_t(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  ::close(fd);
+  out.resize(done);  // a file cut while read: what was there
+  return out;
 }
 
 DurableAppend::DurableAppend(const std::string& path, const char* mode) : path_(path) {
-  const std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  // Appends open for reading too ("a+"), to look at the last line; writes still go to the end.
-  f_ = std::fopen(path.c_str(), std::strcmp(mode, "a") == 0 ? "a+" : mode);
-  LOOM_CHECK(f_, "cannot write '{}' ({}); check log.dir", path, why());
+  const bool append = std::strcmp(mode, "a") == 0;
+  // Opened for reading too, to look at the last line; appended writes still go to the end.
+  const int fd0 = output_open(path, !append, "log.dir");
+  f_ = ::fdopen(fd0, append ? "a+" : "w+");
+  if (!f_) {
+    ::close(fd0);
+    fail_io("cannot write '{}' ({}); check log.dir", path, why());
+  }
   // A last line without its newline was cut by a write that failed (a full disk, a kill): it
   // would glue onto the first line appended now, so it goes.
   const int fd = fileno(f_);
@@ -123,13 +275,24 @@ void DurableAppend::close() {
   close_checked(f, path_);
 }
 
-DirLock::DirLock(const std::string& dir, const std::string& key, const std::string& name) {
+DirLock::DirLock(const std::string& dir, const std::string& key, const std::string& name, bool shared) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  if (!shared) std::filesystem::create_directories(dir, ec);
+  if (shared && !std::filesystem::exists(dir, ec)) return;  // nothing there to read, nor to guard
+  LOOM_CHECK(std::filesystem::is_directory(dir, ec), "{} '{}' is not a directory (a file is there); choose another {}",
+             key, dir, key);
   const std::string path = dir + "/" + name;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd_ < 0 && shared) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd_ < 0 && shared) return;
   if (fd_ < 0) fail_io("cannot open '{}' to lock {}: {}", path, key, why());
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    fail("'{}' is not a regular file; it is {}'s lock file: remove it", path, key);
+  }
+  if (::flock(fd_, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
     const int err = errno;
     char holder[256] = {0};
     const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
@@ -137,13 +300,16 @@ DirLock::DirLock(const std::string& dir, const std::string& key, const std::stri
     fd_ = -1;
     std::string who = n > 0 ? std::string(holder, size_t(n)) : std::string("another process");
     while (!who.empty() && who.back() == '\n') who.pop_back();
-    const char* does = key == "checkpoint.dir" ? "saves and prunes there" : "writes its metrics there";
+    const char* does = key != "checkpoint.dir" ? "writes its metrics there"
+                       : shared                ? "saves and prunes there"
+                                               : "saves there or resumes from there";
     LOOM_CHECK(err != EWOULDBLOCK,
                "{} '{}' is in use by another run ({}), which {}; give this run its own {}, or wait "
                "for that run to end",
                key, dir, who, does, key);
     fail_io("cannot lock '{}': {}", path, std::strerror(err));
   }
+  if (shared) return;  // readers leave the writer's description be
   const std::string me = fmt::format("pid {} on {}, since {}\n", ::getpid(), host_name(), utc_now_text());
   // The holder's description is a courtesy (the lock is what counts): a failed write is let be.
   if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
@@ -166,6 +332,29 @@ std::string utc_now_text() {
   return when;
 }
 
+std::string file_sketch(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fd >= 0) ::close(fd);
+    return "missing";
+  }
+  const int64_t size = st.st_size;
+  std::vector<char> head(4096), tail(65536);
+  const ssize_t h = ::pread(fd, head.data(), head.size(), 0);
+  const off_t at = size > int64_t(tail.size()) ? off_t(size - int64_t(tail.size())) : 0;
+  const ssize_t t = ::pread(fd, tail.data(), tail.size(), at);
+  ::close(fd);
+  XXH64_state_t* s = XXH64_createState();
+  XXH64_reset(s, 0);
+  XXH64_update(s, &size, sizeof size);
+  if (h > 0) XXH64_update(s, head.data(), size_t(h));
+  if (t > 0) XXH64_update(s, tail.data(), size_t(t));
+  const uint64_t x = XXH64_digest(s);
+  XXH64_freeState(s);
+  return fmt::format("{} bytes, xxh64 {:016x}", size, x);
+}
+
 std::string binary_digest() {
   std::FILE* f = std::fopen("/proc/self/exe", "rb");
   if (!f) return "";
@@ -186,9 +375,11 @@ void event_append(const std::string& dir, const std::string& event, const std::s
   const double t = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string line =
       fmt::format("{{\"event\":\"{}\",\"t\":{:.3f}{}{}}}\n", event, t, fields.empty() ? "" : ",", fields);
-  if (std::FILE* f = std::fopen((dir + "/faults.jsonl").c_str(), "a")) {
-    std::fwrite(line.data(), 1, line.size(), f);
-    std::fclose(f);
+  try {
+    const int fd = output_open(dir + "/faults.jsonl", false, "log.dir");
+    (void)!::write(fd, line.data(), line.size());
+    ::close(fd);
+  } catch (const Error&) {  // best effort: a log.dir that refuses it is reported by the metrics
   }
 }
 

@@ -2,15 +2,43 @@
 // then renamed over PATH and the directory fsynced, so PATH is either the old file or the
 // whole new one, never a torn or unflushed write (a full disk is an error naming the file).
 // Streams (metrics.jsonl) append through DurableAppend: every line flushed, fsynced on close.
+// Every file loom writes goes through here: an output is only ever a regular file (a device,
+// FIFO, directory or symbolic link at its name is refused, never replaced or followed), and a
+// temporary is created new (O_CREAT|O_EXCL|O_NOFOLLOW), never opened through a link.
+// Every file loom reads whole goes through input_read_all: a regular file only, of bounded size.
 #pragma once
+#include <sys/types.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace loom {
 
-// `write` gets the open temporary file; return normally when done.
-void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write);
+// What stands at `path` without following a link: "" for a regular file or nothing, else its
+// kind ("a symbolic link", "a character device", "a FIFO", "a directory", ...).
+std::string file_kind_if_not_regular(const std::string& path);
+// Refuses (exit 2) an output path whose name holds anything but a regular file; `what` names the
+// setting or argument that gave it ("export.final", "--out").
+void output_check(const std::string& path, const std::string& what);
+// Refuses an output that is one of the inputs (the same file by device and inode, whatever the
+// names): writing it would replace what is being read.
+void output_not_input(const std::string& out, const std::vector<std::string>& inputs, const std::string& what);
+// An fd for writing `path` in place (appended to, or truncated where `truncate`): created if
+// absent, opened without following a link and without blocking, refused unless a regular file.
+int output_open(const std::string& path, bool truncate, const std::string& what);
+
+// `write` gets the open temporary file; return normally when done. `what` as for output_check.
+void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write,
+                       const std::string& what = "");
+
+// The whole of `path`, which must be a regular file (a FIFO, device, directory or link to one is
+// refused without opening it for long) of at most max_bytes; `what` names where it came from.
+std::string input_read_all(const std::string& path, const std::string& what, int64_t max_bytes);
+// Refuses (exit 2) an input that is not a regular file; returns its size.
+int64_t input_check(const std::string& path, const std::string& what);
 // fsync of a directory (its entries: a renamed or created file's name is on disk); a failure
 // is an error naming it.
 void dir_fsync(const std::string& dir);
@@ -23,6 +51,10 @@ void file_write(std::FILE* f, const void* data, size_t bytes, const std::string&
 // O_APPEND: lines of several ranks never interleave. Best effort: it never fails the run.
 void event_append(const std::string& dir, const std::string& event, const std::string& fields);
 
+// A file as far as cheaply seen: "N bytes, xxh64 H" of its size, first 4 KiB and last 64 KiB;
+// "missing" where it cannot be read. Ranks compare what each wrote with what rank 0 sees.
+std::string file_sketch(const std::string& path);
+
 // xxh64 of this process's executable file, as 16 hex digits ("" where it cannot be read): ranks
 // that must run the same binary compare it.
 std::string binary_digest();
@@ -34,12 +66,14 @@ std::string utc_now_text();
 // An exclusive lock on DIR/NAME (flock), held while the object lives and released by the
 // kernel when the process ends however it ends. Taken by a job that saves into and prunes a
 // checkpoint directory (`key` checkpoint.dir), or writes a log.dir's metrics; a second job gets
-// an Error naming the holder (pid, host, start) and the key to change.
+// an Error naming the holder (pid, host, start) and the key to change. `shared`: a reader's lock
+// (a run that resumes from a directory it does not save into): readers together, never beside
+// the writer; taken where the lock file can be opened (a read-only directory has no writer).
 class DirLock {
  public:
   DirLock() = default;
-  explicit DirLock(const std::string& dir, const std::string& key = "checkpoint.dir",
-                   const std::string& name = ".lock");
+  explicit DirLock(const std::string& dir, const std::string& key = "checkpoint.dir", const std::string& name = ".lock",
+                   bool shared = false);
   ~DirLock();
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;

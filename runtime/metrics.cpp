@@ -18,14 +18,14 @@ MetricsWriter::MetricsWriter(const std::string& dir, int ranks) : ranks_(ranks) 
 
 void MetricsWriter::line(const std::string& text) {
   if (path_.empty()) return;
-  if (!out_.open()) {  // the header with the first line: a run refused at start leaves none
+  if (!out_.open()) {                  // the header with the first line: a run refused at start leaves none
+    out_ = DurableAppend(path_, "a");  // first: it refuses what is not a regular file, unread
     int run = 1;
     {
       std::ifstream in(path_);
       std::string l;
       while (std::getline(in, l)) run += l.rfind("{\"run\":", 0) == 0;
     }
-    out_ = DurableAppend(path_, "a");
     out_.line(fmt::format("{{\"run\":{},\"started\":\"{}\",\"ranks\":{}}}", run, utc_now_text(), ranks_));
   }
   out_.line(text);

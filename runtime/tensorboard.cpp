@@ -46,8 +46,12 @@ uint32_t crc32c_masked(const void* data, size_t n) {
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   std::filesystem::create_directories(dir);
   path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}", dir, int64_t(now_unix()), host_name(), ::getpid());
-  f_ = std::fopen(path_.c_str(), "wb");
-  if (!f_) fail_io("cannot create the TensorBoard file '{}': {}", path_, std::strerror(errno));
+  const int fd = output_open(path_, true, "log.dir");
+  f_ = ::fdopen(fd, "wb");
+  if (!f_) {
+    ::close(fd);
+    fail_io("cannot create the TensorBoard file '{}': {}", path_, std::strerror(errno));
+  }
   tb::Event e;
   e.set_wall_time(now_unix());
   e.set_file_version("brain.Event:2");

@@ -1,8 +1,10 @@
 #include "runtime/trace.h"
 
-#include <fstream>
+#include <filesystem>
+#include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/file.h"
 
 namespace loom {
 
@@ -28,8 +30,7 @@ void Trace::add(const char* name, Track track, double start_us, double dur_us) {
 }
 
 void Trace::write(const std::string& path) const {
-  std::ofstream out(path);
-  LOOM_CHECK(out, "cannot write trace file '{}'; check log.dir", path);
+  std::ostringstream out;
   static const char* tracks[] = {"compute", "comm", "host"};
   std::lock_guard lk(mu_);
   out << "{\"traceEvents\":[\n";
@@ -43,24 +44,26 @@ void Trace::write(const std::string& path) const {
     out << fmt::format(",\n{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}", e.name,
                        rank_, int(e.track), e.start_us, e.dur_us);
   out << "\n]}\n";
+  const std::string text = out.str();
+  file_write_atomic(
+      path, [&](std::FILE* f) { file_write(f, text.data(), text.size(), path); }, "log.dir");
 }
 
 void trace_merge(const std::vector<std::string>& parts, const std::string& out) {
   std::string events;
   for (const std::string& path : parts) {
-    std::ifstream in(path);
-    LOOM_CHECK(in, "cannot read trace file '{}' to merge (is log.dir shared by every rank?)", path);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    LOOM_CHECK(std::filesystem::exists(path), "cannot read trace file '{}' to merge (is log.dir shared by every rank?)",
+               path);
+    const std::string text = input_read_all(path, "log.dir's trace", int64_t(1) << 32);
     const size_t a = text.find('['), b = text.rfind(']');
     LOOM_CHECK(a != std::string::npos && b != std::string::npos && a < b, "'{}' is not a loom trace", path);
     const std::string body = text.substr(a + 1, b - a - 1);
     if (body.find_first_not_of(" \n") == std::string::npos) continue;
     events += (events.empty() ? "" : ",") + body;
   }
-  std::ofstream o(out);
-  LOOM_CHECK(o, "cannot write trace file '{}'; check log.dir", out);
-  o << "{\"traceEvents\":[" << events << "]}\n";
-  LOOM_CHECK(o.flush(), "writing trace file '{}' failed; is the disk full?", out);
+  const std::string text = "{\"traceEvents\":[" + events + "]}\n";
+  file_write_atomic(
+      out, [&](std::FILE* f) { file_write(f, text.data(), text.size(), out); }, "log.dir");
 }
 
 }  // namespace loom

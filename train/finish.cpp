@@ -25,8 +25,9 @@ void Trainer::Parts::grad_norms_write() const {
     j[spec.name] = std::sqrt(ss);
   }
   if (cfg.log.dir.empty()) return;
-  std::filesystem::create_directories(cfg.log.dir);
-  std::ofstream(cfg.log.dir + "/grad_norms.json") << j.dump(1) << "\n";
+  const std::string path = cfg.log.dir + "/grad_norms.json", text = j.dump(1) + "\n";
+  file_write_atomic(
+      path, [&](std::FILE* f) { file_write(f, text.data(), text.size(), path); }, "log.dir");
 }
 
 void Trainer::Parts::startup_log() {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "checkpoint/hf_export.h"
+#include "data/shared_view.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_split.h"
 #include "runtime/cuda_api.h"
@@ -89,6 +90,14 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
                                                                LOOM_BUILD_TYPE, binary_digest());
     const std::string bad = config_disagreement(mpi_all_gather_text(mine));
     LOOM_CHECK(bad.empty(), "{}", bad);
+    // The same config may still name places that are not shared (per-rank working
+    // directories, node-local disks): rank 0 leaves a probe in checkpoint.dir for the others
+    // to find, and every rank describes the data files it sees.
+    const std::string probe = mpi_all_gather_text(p.lead ? dir_probe_create(cfg) : "")[0];
+    const std::vector<std::string> views = mpi_all_gather_text(dir_probe_view(cfg, probe) + data_view(cfg));
+    if (p.lead) dir_probe_remove(cfg, probe);
+    const std::string apart = shared_view_disagreement(views, cfg);
+    LOOM_CHECK(apart.empty(), "{}", apart);
   }
 #endif
   p.data = data_open(cfg);  // before allocating: a bad file fails fast

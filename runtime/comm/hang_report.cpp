@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "runtime/error.h"
+#include "runtime/file.h"
 
 namespace loom {
 
@@ -53,6 +54,16 @@ std::string waiting_in(const nlohmann::json& dump) {
     if (g["name"] == t["group"] && same_backend(g, backend)) op = op_at(g, t["seq"].get<int64_t>());
   return fmt::format("itself waiting in {} #{} on '{}'", op.empty() ? "op" : op, t["seq"].get<int64_t>(),
                      t["group"].get<std::string>());
+}
+// Flight records are best effort (the verdict on stderr is what counts): a log.dir that
+// refuses one loses that record only.
+void record_write(const std::string& path, const std::string& text) {
+  try {
+    file_write_atomic(
+        path, [&](std::FILE* f) { file_write(f, text.data(), text.size(), path); }, "log.dir");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "warning: %s\n", e.what());
+  }
 }
 }  // namespace
 
@@ -99,8 +110,9 @@ void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
   std::error_code ec;
   fs::create_directories(flight, ec);
   {
-    const std::string tmp = rank_path(flight, rank_) + "." + g.name() + ".tmp";  // two groups may time out at once
-    std::ofstream(tmp) << dump(&g, seq, waited).dump(1) << "\n";
+    // Two groups may time out at once: each writes its own temporary.
+    const std::string tmp = rank_path(flight, rank_) + "." + g.name();
+    record_write(tmp, dump(&g, seq, waited).dump(1) + "\n");
     fs::rename(tmp, rank_path(flight, rank_), ec);
   }
   using clock = std::chrono::steady_clock;
@@ -137,11 +149,11 @@ void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
                            " (records: " + flight + ")";
   std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
-  std::ofstream(flight + "/verdict.txt") << line << "\n";
+  record_write(flight + "/verdict.txt", line + "\n");
   // Which run of a supervised job judged (loom supervise reads it: a late verdict from an
   // earlier run's straggler must not end the run after it).
   const char* restart = std::getenv("LOOM_RESTART");
-  std::ofstream(flight + "/verdict.run") << (restart ? restart : "0") << "\n";
+  record_write(flight + "/verdict.run", std::string(restart ? restart : "0") + "\n");
 }
 
 std::string hang_verdict(const std::string& group, const std::vector<int>& members, int64_t seq, double waited,

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Hostile inputs through the binary as a user runs it: each ends quickly with loom's one-line
+# error and status 2 (never a crash, a hang, a raw library message or a restartable status):
+#    7 a shard cut shorter while a run reads it (was SIGBUS, status 135);
+#    8 FIFOs and endless files as inputs: data.path, a FIFO among the shards, data.val_path, a
+#      text source, tokenizer files, /dev/zero as text;
+#    9 an empty weight_map, a number in it (eval, generate);
+#   10 vocab.json ids -1 and 2^31-1 (loom data);
+#   12 report: learning rates one ulp apart (looped), a FIFO as metrics.jsonl, odd types;
+#   13 ckpt export of a manifest that claims more than its files hold (allocated first);
+#   14 a run that only resumes beside a run that saves and prunes the directory;
+#   15 train.min_lr above train.lr, NaN weights from init.from (train, generate), a vocab.json
+#      that is an array, duplicate ids, a merges line of three fields, --merges /dev/zero,
+#      supervise --backoff-s nan;
+#   16 non-UTF-8 log.dir, a symlink loop as data.path, a directory named x.bin, a string id in
+#      vocab.json, supervise --max-restarts 99999999999, a command not found (127, not
+#      restarted), a log.dir that is a file.
+#   hostile_inputs.sh LOOM
+set -uo pipefail
+loom=$1
+dir=$(mktemp -d)
+writer=
+trap 'kill $writer 2>/dev/null; rm -rf "$dir"' EXIT
+cd "$dir"
+common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=256
+        --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=2 --set train.threads=1
+        --set train.device=cpu --set data.val_batches=0)
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+n=0
+wrap=()  # what runs loom: nothing, or a shell that limits it first
+# refused CASE WANT LOOM-ARGS...: status 2 within 60 s, one line saying WANT.
+refused() {
+  local name=$1 want=$2
+  shift 2
+  n=$((n + 1))
+  timeout -k 5 "${HOSTILE_TIMEOUT:-60}" "${wrap[@]}" "$loom" "$@" > "out$n.log" 2>&1 < /dev/null
+  local rc=$?
+  if [ $rc = 124 ]; then fail "$name: hung"; return; fi
+  [ $rc = 2 ] || { fail "$name: exit $rc, not 2"; tail -3 "out$n.log"; return; }
+  grep -q -- "$want" "out$n.log" || { fail "$name: did not say '$want'"; tail -3 "out$n.log"; }
+  grep -q "terminate called\|what():\|\[json.exception" "out$n.log" && fail "$name: a raw library message"
+}
+python3 -c "print('the quick brown fox jumps over the lazy dog. ' * 60000)" > text.txt
+"$loom" data text.txt shard.bin > data.log 2>&1 || { cat data.log; exit 1; }
+tokens=(--set data.source=tokens --set data.path="$dir/shard.bin")
+
+echo "7 a shard cut under the run"
+cp shard.bin cut.bin
+timeout 120 "$loom" train "${common[@]}" --set data.source=tokens --set data.path="$dir/cut.bin" \
+  --set train.steps=1000000 --set log.dir=r7 > r7.log 2>&1 &
+run=$!
+for _ in $(seq 600); do [ -s r7/metrics.jsonl ] && break; sleep 0.1; done
+truncate -s 1024 cut.bin
+wait $run
+rc=$?
+[ $rc = 2 ] && grep -q "token shard '$dir/cut.bin' became shorter while this run read it" r7.log ||
+  { fail "cut shard: exit $rc"; tail -3 r7.log; }
+
+echo "8 FIFOs and endless inputs"
+mkfifo fifo.bin
+refused "data.path FIFO" "is a FIFO" train "${common[@]}" --set data.source=tokens --set data.path="$dir/fifo.bin" \
+  --set train.steps=1 --set log.dir=r8a
+mkdir shards && cp shard.bin shards/a.bin && mkfifo shards/b.bin && mkdir shards/c.bin
+timeout -k 5 60 "$loom" train "${common[@]}" --set data.source=tokens --set data.path="$dir/shards" --set train.steps=1 \
+  --set log.dir=r8b > r8b.log 2>&1 || { fail "a FIFO and a directory among the shards: not skipped"; tail -3 r8b.log; }
+refused "data.val_path FIFO" "is a FIFO" train "${common[@]}" "${tokens[@]}" --set data.val_path="$dir/fifo.bin" \
+  --set data.val_batches=1 --set train.steps=1 --set log.dir=r8c
+refused "text source FIFO" "is a FIFO" train "${common[@]}" --set data.source=text --set data.path="$dir/fifo.bin" \
+  --set train.steps=1 --set log.dir=r8d
+echo '{"a": 0}' > v.json
+printf '#version: 0.2\n' > m.txt
+refused "vocab FIFO" "is a FIFO" data --tokenizer gpt2 --vocab fifo.bin --merges m.txt text.txt o.bin
+refused "merges FIFO" "is a FIFO" data --tokenizer gpt2 --vocab v.json --merges fifo.bin text.txt o.bin
+refused "/dev/zero as text" "is a character device" data /dev/zero o.bin
+
+echo "9 index weight_map"
+"$loom" train "${common[@]}" --set train.steps=1 --set export.final="$dir/w.safetensors" --set log.dir=r9 \
+  > r9.log 2>&1 || { cat r9.log; exit 1; }
+mkdir idx && cp w.safetensors idx/
+echo '{"weight_map": {}}' > idx/model.safetensors.index.json
+refused "empty weight_map: eval" "empty weight_map" eval --from idx/model.safetensors.index.json --data text.txt
+refused "empty weight_map: generate" "empty weight_map" generate --from idx/model.safetensors.index.json --prompt hi
+echo '{"weight_map": {"lm_head.weight": 5}}' > idx/model.safetensors.index.json
+refused "number in weight_map" "not a file name" eval --from idx/model.safetensors.index.json --data text.txt
+
+echo "10, 15, 16 vocab and merges"
+gpt2() { refused "$1" "$2" data --tokenizer gpt2 --vocab "$3" --merges "$4" text.txt o.bin; }
+echo '{"a": -1, "b": 1}' > v1.json && gpt2 "vocab id -1" "has id -1" v1.json m.txt
+echo '{"a": 2147483647}' > v2.json && gpt2 "vocab id 2^31-1" "has id 2147483647" v2.json m.txt
+echo '["a", "b"]' > v3.json && gpt2 "vocab array" "is not a GPT-2 vocab" v3.json m.txt
+echo '{"a": 0, "b": 0}' > v4.json && gpt2 "duplicate ids" "id 0 is given to both" v4.json m.txt
+echo '{"a": "0"}' > v5.json && gpt2 "string id" "has id \"0\"" v5.json m.txt
+printf '#version: 0.2\na b c\n' > m3.txt && gpt2 "merges of three" "is not one merge" v.json m3.txt
+gpt2 "merges /dev/zero" "is a character device" v.json /dev/zero
+
+echo "12 report"
+for r in ra rb; do mkdir -p $r; done
+echo '{"run":1}' > ra/metrics.jsonl && echo '{"step":1,"loss":2.0,"lr":0.001}' >> ra/metrics.jsonl
+echo '{"run":1}' > rb/metrics.jsonl && echo '{"step":1,"loss":2.0,"lr":0.0010000000000000002}' >> rb/metrics.jsonl
+timeout -k 5 60 "$loom" report ra rb --out ulp.html > ulp.log 2>&1 || { fail "report: lrs an ulp apart: exit $?"; tail -3 ulp.log; }
+mkdir rf && mkfifo rf/metrics.jsonl
+refused "report: FIFO metrics" "is a FIFO" report rf --out f.html
+mkdir ro
+printf '%s\n' '{"run":1}' '[1,2]' '"text"' '{"step":1,"loss":"x","time":5,"mem":"big","lr":null}' \
+  '{"step":2,"loss":1.5,"split_ms":{"measured":3},"gap":7}' '{"split_ms":4}' > ro/metrics.jsonl
+timeout -k 5 60 "$loom" report ro --out odd.html > odd.log 2>&1 || { fail "report: odd types: exit $?"; tail -3 odd.log; }
+
+echo "13 ckpt export of a forged shape"
+"$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir=ck13 \
+  --set log.dir=r13 > r13.log 2>&1 || { cat r13.log; exit 1; }
+python3 - ck13/step-00000002/manifest.json <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+name = next(k for k, t in m["tensors"].items() if k.startswith("params/") and len(t["shards"]) == 1
+            and len(t["shape"]) == 2)
+t = m["tensors"][name]
+t["shape"] = [40000, 40000]  # 6.4 GB of floats
+t["shards"][0]["shape"] = [40000, 40000]
+json.dump(m, open(sys.argv[1], "w"))
+PY
+# Under 4 GB of address space: allocated before it is read, the claim ends in std::bad_alloc.
+wrap=(bash -c 'ulimit -v 4000000 && exec "$@"' limited)
+refused "forged shape" "its manifest claims" ckpt export ck13/step-00000002 forged.safetensors
+wrap=()
+
+echo "14 a resume-only run beside a saving run"
+timeout 300 "$loom" train "${common[@]}" --set train.steps=1000000 --set checkpoint.every=1 --set checkpoint.keep=1 \
+  --set checkpoint.dir=ck14 --set log.dir=r14w > r14w.log 2>&1 &
+writer=$!
+for _ in $(seq 600); do ls ck14/step-*/manifest.json > /dev/null 2>&1 && break; sleep 0.1; done
+for k in 1 2 3; do
+  refused "resume-only beside a writer ($k)" "in use by another run" train "${common[@]}" --set train.steps=1 \
+    --set checkpoint.every=0 --set checkpoint.resume=latest --set checkpoint.dir=ck14 --set log.dir=r14r$k
+done
+kill $writer && wait $writer 2> /dev/null
+writer=
+ls -d ck14/*.unusable* > /dev/null 2>&1 && fail "a resume-only run set checkpoints aside: $(ls ck14)"
+timeout -k 5 60 "$loom" train "${common[@]}" --set train.steps=1 --set checkpoint.every=0 \
+  --set checkpoint.resume=latest --set checkpoint.dir=ck14 --set log.dir=r14z > r14z.log 2>&1
+grep -q "resumed from" r14z.log || { fail "resume-only after the writer ended did not resume"; tail -3 r14z.log; }
+
+echo "15 accepted silently"
+refused "min_lr above lr" "train.min_lr = 0.01 is above train.lr = 0.001" train "${common[@]}" --set train.lr=0.001 \
+  --set train.min_lr=0.01 --set train.steps=1 --set log.dir=r15a
+python3 - w.safetensors nan.safetensors <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+t = next(v for k, v in h.items() if k != "__metadata__")
+at = 8 + n + t["data_offsets"][0]
+b[at:at + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[2], "wb").write(b)
+PY
+refused "NaN weights: train" "NaN or infinite" train "${common[@]}" --set init.from="$dir/nan.safetensors" \
+  --set train.steps=1 --set log.dir=r15b
+refused "NaN weights: generate" "NaN or infinite" generate --from nan.safetensors --prompt hi
+refused "backoff nan" "takes seconds" supervise --backoff-s nan -- true
+refused "backoff inf" "takes seconds" supervise --backoff-s inf -- true
+
+echo "16 wrong messages"
+refused "non-UTF-8 log.dir" "not UTF-8" train "${common[@]}" --set train.steps=1 --set log.dir=$'r16\xff'
+ln -s loop1 loop2 && ln -s loop2 loop1
+refused "symlink loop data.path" "loop of symbolic links" train "${common[@]}" --set data.source=tokens \
+  --set data.path="$dir/loop1" --set train.steps=1 --set log.dir=r16b
+mkdir dirbin && mkdir dirbin/x.bin
+refused "a directory named x.bin" "holds no .bin token shards" train "${common[@]}" --set data.source=tokens \
+  --set data.path="$dir/dirbin" --set train.steps=1 --set log.dir=r16c
+refused "max-restarts huge" "takes a whole number" supervise --max-restarts 99999999999 -- true
+timeout -k 5 60 "$loom" supervise --max-restarts 3 --backoff-s 0 -- /nonexistent/cmd > r16e.log 2>&1
+rc=$?
+[ $rc = 127 ] && ! grep -q "restarting" r16e.log || { fail "command not found: exit $rc or restarted"; tail -3 r16e.log; }
+touch afile
+refused "log.dir a file" "is not a directory" train "${common[@]}" --set train.steps=1 --set log.dir="$dir/afile"
+
+[ $fails = 0 ] && echo "hostile inputs: all held" || { echo "$fails failures"; exit 1; }

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Nothing lost, nothing written outside the given places, through the binary as a user runs it:
+#   1 model: a checkpoint of another model (model.* differs) with resume = latest is a config
+#     error: exit 2 naming the keys, every checkpoint where it was, none set aside; the right
+#     config then resumes it. Damage sets a checkpoint aside, and a second set-aside of the same
+#     step keeps the first (nothing deleted);
+#   4 links: a link at a temporary's name (manifest.json.tmp, *.safetensors.tmp, config.toml.tmp)
+#     or at metrics.jsonl is refused, the file it points to untouched;
+#   2 devices: outputs (export.final, loom data's, ckpt export, report --out) that name a device
+#     or a FIFO are refused, which stays what it was;
+#   5 inputs: loom data with its output one of its inputs (the same name, or a hard link) is
+#     refused and the input is untouched.
+#   hostile_writes.sh LOOM
+set -uo pipefail
+loom=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64
+        --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=2 --set train.threads=1
+        --set train.device=cpu --set data.val_batches=0)
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# Runs loom; the status in $rc, the output in $dir/last.log.
+run() { timeout 120 "$loom" "$@" > "$dir/last.log" 2>&1; rc=$?; }
+refused() {  # CASE WANT: exit 2, one line naming WANT
+  [ "$rc" = 2 ] || { fail "$1: exit $rc, not 2"; tail -3 "$dir/last.log"; return; }
+  grep -q -- "$2" "$dir/last.log" || { fail "$1: did not say '$2'"; tail -3 "$dir/last.log"; }
+}
+# A special file that must stay what it is: a character device where this user may make one.
+special() {
+  rm -f "$1"
+  mknod "$1" c 1 3 2> /dev/null || mkfifo "$1"
+}
+is_special() { [ -c "$1" ] || [ -p "$1" ]; }
+
+echo "1 model"
+ck=$dir/ck
+run train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir="$ck" \
+  --set log.dir="$dir/r1"
+[ $rc = 0 ] || { cat "$dir/last.log"; exit 1; }
+before=$(cd "$ck" && find . | sort)
+run train "${common[@]}" --set model.n_layer=2 --set train.steps=4 --set checkpoint.every=2 \
+  --set checkpoint.dir="$ck" --set checkpoint.resume=latest --set log.dir="$dir/r2"
+refused "other model" "model.n_layer = 1 there, 2 here"
+[ "$(cd "$ck" && find . | sort)" = "$before" ] || fail "other model: checkpoint.dir changed: $(ls "$ck")"
+run train "${common[@]}" --set train.steps=4 --set checkpoint.every=2 --set checkpoint.dir="$ck" \
+  --set checkpoint.resume=latest --set log.dir="$dir/r3"
+[ $rc = 0 ] && grep -q "resum.*step-00000002" "$dir/last.log" || { fail "the right config did not resume"; tail -5 "$dir/last.log"; }
+# Damage: step 4's shard cut twice over; each is set aside under its own name.
+for n in 1 2; do
+  truncate -s 3000 "$ck/step-00000004/rank-00000.h5"
+  run train "${common[@]}" --set train.steps=4 --set checkpoint.every=2 --set checkpoint.dir="$ck" \
+    --set checkpoint.resume=latest --set log.dir="$dir/r4$n"
+  [ $rc = 0 ] || { fail "damage $n: exit $rc"; tail -3 "$dir/last.log"; }
+done
+[ -d "$ck/step-00000004.unusable" ] && [ -d "$ck/step-00000004.unusable-2" ] ||
+  fail "damage: a set-aside checkpoint was deleted: $(ls "$ck")"
+
+echo "4 links"
+echo "outside, not loom's" > "$dir/outside"
+cp "$dir/outside" "$dir/outside.orig"
+ck4=$dir/ck4
+mkdir -p "$ck4/step-00000002"
+ln -s "$dir/outside" "$ck4/step-00000002/manifest.json.tmp"
+run train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir="$ck4" \
+  --set log.dir="$dir/r5"
+refused "manifest.json.tmp link" "manifest.json.tmp' is a symbolic link"
+mkdir -p "$dir/exp"
+ln -s "$dir/outside" "$dir/exp/m.safetensors.tmp"
+run train "${common[@]}" --set train.steps=1 --set export.final="$dir/exp/m.safetensors" --set log.dir="$dir/r6"
+refused "safetensors.tmp link" "m.safetensors.tmp' is a symbolic link"
+mkdir -p "$dir/r7"
+ln -s "$dir/outside" "$dir/r7/config.toml.tmp"
+run train "${common[@]}" --set train.steps=1 --set log.dir="$dir/r7"
+refused "config.toml.tmp link" "config.toml.tmp' is a symbolic link"
+mkdir -p "$dir/r8"
+printf 'cut last line without newline' >> "$dir/outside"
+cp "$dir/outside" "$dir/outside.orig"
+ln -s "$dir/outside" "$dir/r8/metrics.jsonl"
+run train "${common[@]}" --set train.steps=1 --set log.dir="$dir/r8"
+refused "metrics.jsonl link" "metrics.jsonl' is a symbolic link"
+cmp -s "$dir/outside" "$dir/outside.orig" || fail "links: the file outside was written"
+
+echo "2 devices"
+special "$dir/dev"
+run train "${common[@]}" --set train.steps=1 --set export.final="$dir/dev" --set log.dir="$dir/r9"
+refused "export.final device" "is a \(character device\|FIFO\)"
+is_special "$dir/dev" || fail "export.final replaced the device"
+printf 'some text to make a shard of\n' > "$dir/in.txt"
+special "$dir/dev"
+run data "$dir/in.txt" "$dir/dev"
+refused "data output device" "is a \(character device\|FIFO\)"
+is_special "$dir/dev" || fail "loom data replaced the device"
+special "$dir/dev"
+run ckpt export "$ck/step-00000002" "$dir/dev"
+refused "ckpt export device" "is a \(character device\|FIFO\)"
+is_special "$dir/dev" || fail "ckpt export replaced the device"
+special "$dir/dev"
+run report "$dir/r1" --out "$dir/dev"
+refused "report --out device" "is a \(character device\|FIFO\)"
+is_special "$dir/dev" || fail "report --out replaced the device"
+
+echo "5 inputs"
+cp "$dir/in.txt" "$dir/in.orig"
+run data "$dir/in.txt" "$dir/in.txt"
+refused "data in = out" "is the input"
+ln "$dir/in.txt" "$dir/hard.bin"
+run data "$dir/in.txt" "$dir/hard.bin"
+refused "data out = hard link of in" "is the input"
+cmp -s "$dir/in.txt" "$dir/in.orig" || fail "loom data replaced its input"
+
+[ $fails = 0 ] && echo "hostile writes: all held" || { echo "$fails failures"; exit 1; }
