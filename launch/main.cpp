@@ -272,6 +272,12 @@ int run(int argc, char** argv) {
   auto* btrain = bench->add_subcommand("train", "time a training run of a config");
   btrain->add_option("--config", config_path, "TOML config file");
   btrain->add_option("--set", sets, "override one key: section.key=value (repeatable)");
+  loom::BenchTrainOptions btopt;
+  btrain->add_flag("--profile", btopt.profile,
+                   "time every op of steps 2 on and print the roofline table (log.profile_steps)");
+  btrain->add_option("--write-cluster", btopt.write_cluster,
+                     "with --profile: write the measured per-op rates into this cluster file (a new one, or "
+                     "update an existing one's rates)");
   auto* bkernels = bench->add_subcommand("kernels", "GPU bf16 GEMM and attention rates (tensor-core vs row-wise)");
   bkernels->add_option("--config", config_path, "TOML config file (its model and micro_batch set the shapes)");
   bkernels->add_option("--set", sets, "override one key: section.key=value (repeatable)");
@@ -422,7 +428,8 @@ int run(int argc, char** argv) {
           "cores a run uses\n",
           loom::cpu_peak_flops(1, true) / 1e9);
     } else if (*btrain) {
-      loom::bench_train(config_build(config_path, sets, topt.world_size, topt.world_rank == 0), topt);
+      LOOM_CHECK(btopt.write_cluster.empty() || btopt.profile, "--write-cluster needs --profile (the rates it writes)");
+      loom::bench_train(config_build(config_path, sets, topt.world_size, topt.world_rank == 0), topt, btopt);
     } else if (*bcomm) {
       loom::bench_comm(topt, comm_max_mb);
     } else if (*bkernels) {

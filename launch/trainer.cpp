@@ -157,6 +157,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     p.backend = cpu_backend(cfg, p.dtype, *p.alloc);
 #endif
   }
+  if (!cfg.log.profile_steps.empty()) {  // every op through the timing wrapper; else no wrapper at all
+    std::tie(p.profile_from, p.profile_to) = steps_range_parse("log.profile_steps", cfg.log.profile_steps);
+    auto wrapped = std::make_unique<ProfiledBackend>(std::move(p.backend));
+    p.profiler = wrapped.get();
+    p.backend = std::move(wrapped);
+  }
   for (Axis a : {p.dp_axis(), Axis::cp, Axis::tp, Axis::pp, Axis::embed})
     LOOM_CHECK(p.mesh->group(a).carries(kind), "the {} group cannot carry {} buffers", axis_name(a),
                device_is_cuda(kind) ? cuda_api(kind).name : "host");
@@ -363,6 +369,7 @@ StepMetrics Trainer::step(int64_t step) {
   const int64_t s1 = step + 1;  // 1-based, as the drills and metrics count
   p.next = s1;
   if (p.trace.enabled()) p.trace.record(p.trace_from <= s1 && s1 <= p.trace_to);
+  if (p.profiler && p.profile_from <= s1 && s1 <= p.profile_to) p.profiler->step_begin(&p.trace);
   fi.at(s1, "");
   if (fi.hang(s1)) {
     fi.note("hang", s1, "stopping inside this step's next collective");
@@ -473,6 +480,7 @@ StepMetrics Trainer::step(int64_t step) {
   m.tp_all_reduce_b = moved(tp0, tp1, CommOp::all_reduce);
   m.tp_reduce_scatter_b = moved(tp0, tp1, CommOp::reduce_scatter);
   m.tp_all_gather_b = moved(tp0, tp1, CommOp::all_gather);
+  if (p.profiler) p.profiler->step_end();  // after the step's end synchronized: no wait added
   return m;
 }
 
@@ -595,6 +603,12 @@ TrainResult Trainer::finish() {
     }
     p.info("wrote {}/trace.json ({} events on rank 0{}; open it in Perfetto)", p.cfg.log.dir, p.trace.size(),
            p.trace_to < INT64_MAX ? fmt::format(", steps {} to {}", p.trace_from, p.trace_to) : "");
+  }
+  if (p.profiler) {
+    p.result.profile = p.profiler->profile();
+    p.result.roofline = roofline_rates(p.alloc->device(), p.threads);
+    p.info("roofline profile of steps {} to {} ({}):\n{}", p.profile_from, std::min(p.profile_to, p.result.steps_done),
+           p.device, profile_table(p.result.profile, p.result.roofline));
   }
   p.result.mem = p.alloc->ledger();
   p.result.threads = p.threads;
