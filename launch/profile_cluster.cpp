@@ -34,7 +34,7 @@ double model_work(const Cluster& base, const Config& cfg, Term term) {
   Cluster c = base;
   c.nodes = 1, c.devices_per_node = std::max(1, cfg.world()), c.physical_devices = 0, c.memory_bytes = 0;
   const double free = 1e30;
-  c.peak_flops = 1, c.gemm_efficiency = term == Term::matmul ? 1 : 1e-30;
+  c.peak_flops = term == Term::matmul ? 1 : free, c.gemm_efficiency = 1;
   c.attention_flops = term == Term::attention ? 1 : free;
   c.cp_attention_flops = term == Term::cp_attention ? 1 : free;
   c.mem_bw = term == Term::elementwise ? 1 : free;
@@ -65,7 +65,8 @@ Cluster profile_cluster_fit(const Cluster& base, const Config& cfg, const OpProf
 }
 
 void profile_cluster_write(const std::string& path, const Config& cfg, const TrainResult& r) {
-  const bool gpu = r.device == "cuda";
+  // The emulated device runs the CUDA backend's kernels (bf16, flash attention) on the host.
+  const bool gpu = r.device == "cuda" || r.device == "cuda-emulated";
   Cluster base;
   toml::table t;
   const bool exists = std::filesystem::exists(path);
@@ -74,10 +75,11 @@ void profile_cluster_write(const std::string& path, const Config& cfg, const Tra
     t = toml::parse_file(path);
   } else {
     // A one-device file: the rates are this run's; the links are not measured by it.
-    base.name = gpu ? cuda_device_name() : r.device;
+    base.name = r.device == "cuda" ? cuda_device_name() : r.device;
     base.device = gpu ? "cuda" : "cpu";
     base.dtype = gpu ? DType::bf16 : DType::f32;
-    base.peak_flops = gpu && cuda_peak_flops() > 0 ? cuda_peak_flops() : r.roofline.gemm_flops;
+    const double table = r.device == "cuda" ? cuda_peak_flops() : 0.0;  // the MFU denominator where known
+    base.peak_flops = table > 0 ? table : r.roofline.gemm_flops;
     base.gemm_efficiency = 1, base.mem_bw = r.roofline.copy_bw;
     t.insert("name", base.name);
     t.insert("nodes", 1);
