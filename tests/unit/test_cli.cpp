@@ -175,6 +175,7 @@ TEST(Cli, ListKeysPrintConfigAndInfo) {
             std::string::npos)
       << keys.output;
   EXPECT_NE(keys.output.find("parallel.timeout_s "), std::string::npos);
+  EXPECT_NE(keys.output.find("log.profile_steps "), std::string::npos);
   CliRun cfg = loom_run("train --print-config --set model.n_layer=7 --set train.lr=0.003 --set train.min_lr=3e-5");
   ASSERT_EQ(cfg.status, 0);
   EXPECT_NE(cfg.output.find("n_layer = 7\n"), std::string::npos);

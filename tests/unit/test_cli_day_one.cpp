@@ -13,6 +13,7 @@
 #include "checkpoint/safetensors.h"
 #include "cli_run.h"
 #include "launch/data_cmd.h"
+#include "launch/step_model.h"
 #include "runtime/data.h"
 #include "runtime/metrics.h"
 #include "runtime/tokenizer.h"
@@ -157,6 +158,22 @@ TEST(CliDayOne, EtaCountsTheStepsThisProcessRan) {
   EXPECT_DOUBLE_EQ(loom::eta_seconds(10.0, 0, 5), 0.0);
 }
 
+// bench train --profile prints the roofline table and writes the rates it measured into a
+// cluster file that the step model reads; --write-cluster alone is refused.
+TEST(CliDayOne, BenchTrainProfilePrintsTheTableAndWritesACluster) {
+  const std::string file = fresh("profile") + ".toml";
+  std::filesystem::remove(file);
+  CliRun r = loom_run("bench " + tiny() + "--set train.steps=3 --profile --write-cluster " + file);
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* s : {"roofline profile, steps 2 to 3", "op family", "linear fwd", "layernorm bwd", "idle",
+                        "roofline: copy", "wrote the measured rates into"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << " in\n" << r.output;
+  const loom::Cluster c = loom::cluster_load(file);
+  EXPECT_GT(c.attention_flops, 0);
+  EXPECT_GT(c.optimizer_bw, 0);
+  expect_one_line_error("bench " + tiny() + "--write-cluster " + file, "--write-cluster needs --profile");
+}
+
 // log.trace_steps traces a range of steps only.
 TEST(CliDayOne, TraceStepsKeepsOnlyThoseSteps) {
   const std::string all = fresh("trace_all"), some = fresh("trace_some");
@@ -167,6 +184,8 @@ TEST(CliDayOne, TraceStepsKeepsOnlyThoseSteps) {
   EXPECT_EQ(count(slurp(some + "/trace.json"), "\"name\":\"optimizer\""), 2);
   expect_one_line_error(tiny() + "--set log.trace_steps=3", "expected \"A:B\"");
   expect_one_line_error(tiny() + "--set train.steps=4 --set log.trace_steps=5:6", "starts after the run's last step");
+  expect_one_line_error(tiny() + "--set log.profile_steps=2", "log.profile_steps = \"2\": expected \"A:B\"");
+  expect_one_line_error(tiny() + "--set train.steps=4 --set log.profile_steps=5:6", "starts after the run's last step");
 }
 
 // export.final = "DIR/" writes what transformers loads: config.json and model.safetensors with
