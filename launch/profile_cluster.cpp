@@ -3,10 +3,9 @@
 // prediction with that term's rate at 1 and every other free) over the time the profile measured
 // for the ops of that term. The model then predicts the profiled run's terms as measured, and
 // other shapes on the same device from the same rates.
-#include <toml++/toml.h>
-
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "launch/bench.h"
 #include "launch/step_model.h"
@@ -64,50 +63,65 @@ Cluster profile_cluster_fit(const Cluster& base, const Config& cfg, const OpProf
   return c;
 }
 
+namespace {
+
+// text with `key = value` set at the top level: the key's line replaced (its comment with it),
+// or a new line before the first table; every other line as it was.
+std::string key_set(const std::string& text, const std::string& key, double value, const std::string& why) {
+  const std::string line = fmt::format("{} = {:.4g}  # {}", key, value, why);
+  std::istringstream in(text);
+  std::string out, l;
+  bool done = false, tables = false;
+  while (std::getline(in, l)) {
+    tables = tables || (!l.empty() && l[0] == '[');
+    const bool is_key = !tables && l.rfind(key, 0) == 0 && l.find_first_not_of(" \t", key.size()) != std::string::npos &&
+                        l[l.find_first_not_of(" \t", key.size())] == '=';
+    if (!done && tables) out += line + "\n", done = true;
+    if (is_key && !done) {
+      out += line + "\n", done = true;
+      continue;
+    }
+    out += l + "\n";
+  }
+  if (!done) out += line + "\n";
+  return out;
+}
+
+}  // namespace
+
 void profile_cluster_write(const std::string& path, const Config& cfg, const TrainResult& r) {
   // The emulated device runs the CUDA backend's kernels (bf16, flash attention) on the host.
   const bool gpu = r.device == "cuda" || r.device == "cuda-emulated";
-  Cluster base;
-  toml::table t;
-  const bool exists = std::filesystem::exists(path);
-  if (exists) {
-    base = cluster_load(path);
-    t = toml::parse_file(path);
+  std::string text;
+  if (std::filesystem::exists(path)) {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   } else {
     // A one-device file: the rates are this run's; the links are not measured by it.
-    base.name = r.device == "cuda" ? cuda_device_name() : r.device;
-    base.device = gpu ? "cuda" : "cpu";
-    base.dtype = gpu ? DType::bf16 : DType::f32;
     const double table = r.device == "cuda" ? cuda_peak_flops() : 0.0;  // the MFU denominator where known
-    base.peak_flops = table > 0 ? table : r.roofline.gemm_flops;
-    base.gemm_efficiency = 1, base.mem_bw = r.roofline.copy_bw;
-    t.insert("name", base.name);
-    t.insert("nodes", 1);
-    t.insert("devices_per_node", 1);
-    t.insert("device", base.device);
-    t.insert("dtype", gpu ? "bf16" : "f32");
-    t.insert("peak_tflops", base.peak_flops / 1e12);
-    toml::table intra;
-    intra.insert("alpha_us", 1.5);  // not measured here: a placeholder for one device
-    intra.insert("bw_gbs", 370.0);
-    t.insert("intra", std::move(intra));
+    text = fmt::format(
+        "# One {} as loom's own kernels ran it (`loom bench train --profile --write-cluster`).\n"
+        "name = \"{}\"\nnodes = 1\ndevices_per_node = 1\ndevice = \"{}\"\ndtype = \"{}\"\npeak_tflops = {:.4g}\n"
+        "gemm_efficiency = 1\nmem_bw_gbs = {:.4g}\n\n"
+        "[intra]  # a placeholder, not measured (one device): edit it for the machine's links\n"
+        "alpha_us = 1.5\nbw_gbs = 370\n",
+        r.device, r.device == "cuda" ? cuda_device_name() : r.device, gpu ? "cuda" : "cpu", gpu ? "bf16" : "f32",
+        (table > 0 ? table : r.roofline.gemm_flops) / 1e12, r.roofline.copy_bw / 1e9);
   }
+  const Cluster base = cluster_parse(text, path);
   LOOM_CHECK(base.device == (gpu ? "cuda" : "cpu"), "{} describes a {} cluster; this run trained on {}", path,
              base.device, r.device);
   const Cluster fit = profile_cluster_fit(base, cfg, r.profile);
-  t.insert_or_assign("gemm_efficiency", fit.gemm_efficiency);
-  t.insert_or_assign("mem_bw_gbs", fit.mem_bw / 1e9);
-  if (fit.attention_flops > 0) t.insert_or_assign("attention_tflops", fit.attention_flops / 1e12);
-  if (fit.cp_attention_flops > 0) t.insert_or_assign("cp_attention_tflops", fit.cp_attention_flops / 1e12);
-  if (fit.optimizer_bw > 0) t.insert_or_assign("optimizer_gbs", fit.optimizer_bw / 1e9);
-  std::stringstream text;
-  text << "# Per-op rates fitted by `loom bench train --profile --write-cluster` from a run of " << cfg.model.arch
-       << " d_model " << cfg.model.d_model << " L " << cfg.model.n_layer << " B " << cfg.train.micro_batch << " T "
-       << cfg.model.seq_len << " on " << r.device << "\n"
-       << (exists ? "" : "# [intra] is a placeholder (one device measured): edit it for the machine's links\n") << t
-       << "\n";
-  const std::string out = text.str();
-  file_write_atomic(path, [&](std::FILE* f) { file_write(f, out.data(), out.size(), path); });
+  const std::string from = fmt::format("fitted: {} d_model {} L {} B {} T {}, {} steps profiled", cfg.model.arch,
+                                       cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch,
+                                       cfg.model.seq_len, r.profile.steps);
+  text = key_set(text, "gemm_efficiency", fit.gemm_efficiency, from);
+  text = key_set(text, "mem_bw_gbs", fit.mem_bw / 1e9, from);
+  if (fit.attention_flops > 0) text = key_set(text, "attention_tflops", fit.attention_flops / 1e12, from);
+  if (fit.cp_attention_flops > 0) text = key_set(text, "cp_attention_tflops", fit.cp_attention_flops / 1e12, from);
+  if (fit.optimizer_bw > 0) text = key_set(text, "optimizer_gbs", fit.optimizer_bw / 1e9, from);
+  cluster_parse(text, path);  // what is written reads back
+  file_write_atomic(path, [&](std::FILE* f) { file_write(f, text.data(), text.size(), path); });
 }
 
 }  // namespace loom

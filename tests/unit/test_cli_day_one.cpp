@@ -171,6 +171,12 @@ TEST(CliDayOne, BenchTrainProfilePrintsTheTableAndWritesACluster) {
   const loom::Cluster c = loom::cluster_load(file);
   EXPECT_GT(c.attention_flops, 0);
   EXPECT_GT(c.optimizer_bw, 0);
+  // Written again: the rates replaced in place, the file's other lines and comments kept.
+  ASSERT_EQ(loom_run("bench " + tiny() + "--set train.steps=3 --profile --write-cluster " + file).status, 0);
+  const std::string text = slurp(file);
+  EXPECT_EQ(count(text, "\ngemm_efficiency = "), 1) << text;
+  EXPECT_EQ(count(text, "\nattention_tflops = "), 1) << text;
+  EXPECT_NE(text.find("[intra]  # a placeholder"), std::string::npos) << text;
   expect_one_line_error("bench " + tiny() + "--write-cluster " + file, "--write-cluster needs --profile");
 }
 
