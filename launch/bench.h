@@ -42,6 +42,9 @@ RooflineRates cuda_roofline_measure();
 // gemm_efficiency, mem_bw, attention, cp attention and optimizer rates replaced by the model's
 // work of each term over the time the profile measured for its ops (rank 0's).
 Cluster profile_cluster_fit(const Cluster& base, const Config& cfg, const OpProfile& prof);
+// Each term of the step model on `cluster` (its work over the cluster's rate for it) beside the
+// time the profile measured for its ops, ms per step, and the rates assumed.
+std::string profile_prediction_compare(const Cluster& cluster, const Config& cfg, const OpProfile& prof);
 // Writes the fit into `path`: a new one-device file, or an existing file's rates replaced
 // (its comments are not kept).
 void profile_cluster_write(const std::string& path, const Config& cfg, const TrainResult& r);

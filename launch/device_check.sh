@@ -344,14 +344,19 @@ stage_bench() {
     --set model.moe.capacity_factor=1.25 > "$work/kernels_moe.log" 2>&1
   tmo 120 $loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$work/bench_gpt2.log" 2>&1
   # The roofline profile of the same run (its tokens/s beside the plain run's: the profiler's
-  # overhead), its rates fitted into a one-GPU cluster file (examples/clusters/h200.toml's source).
+  # overhead), each term predicted by examples/clusters/h200.toml beside the measured one, and
+  # the rates refitted into a copy of that file (to bring back as examples/clusters/h200.toml).
+  cp examples/clusters/h200.toml "$work/cluster_gpt2.toml"
+  cp examples/clusters/h200.toml "$work/cluster_llama1b.toml"
   tmo 120 $loom bench train --config examples/configs/gpt2_124m_gpu.toml --profile \
-    --write-cluster "$work/cluster_gpt2.toml" > "$work/profile_gpt2.log" 2>&1
+    --set log.cluster=examples/clusters/h200.toml --write-cluster "$work/cluster_gpt2.toml" \
+    > "$work/profile_gpt2.log" 2>&1
   # PyTorch eager, then torch.compile (the anchor), same shape, same process.
   LD_LIBRARY_PATH=$orig_ld tmo 150 "$py" examples/bench_pytorch.py 8 10 cuda --compile > "$work/bench_gpt2_torch.log" 2>&1
   tmo 120 $loom bench train --config examples/configs/llama_1b_gpu.toml > "$work/bench_llama1b.log" 2>&1
   tmo 120 $loom bench train --config examples/configs/llama_1b_gpu.toml --profile \
-    --write-cluster "$work/cluster_llama1b.toml" > "$work/profile_llama1b.log" 2>&1
+    --set log.cluster=examples/clusters/h200.toml --write-cluster "$work/cluster_llama1b.toml" \
+    > "$work/profile_llama1b.log" 2>&1
   LD_LIBRARY_PATH=$orig_ld tmo 150 "$py" examples/bench_pytorch.py 8 6 cuda --compile --llama1b \
     > "$work/bench_llama1b_torch.log" 2>&1
 }
@@ -369,6 +374,7 @@ bench_lines() {
       (l > 0 && e > 0) ? sprintf("%.3f", l / e) : "n/a", (l > 0 && c > 0) ? sprintf("%.3f", l / c) : "n/a",
       (l > 0 && p > 0) ? sprintf("%.3f", p / l) : "n/a" }'
   sed -n '/^roofline profile/,/^roofline:/p' "$profile_log" 2> /dev/null
+  grep -hA1 "^predicted on" "$profile_log" 2> /dev/null
 }
 
 # 7. Last, being the slowest: the kernels' memory accesses (memcheck) and shared-memory hazards

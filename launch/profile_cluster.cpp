@@ -63,6 +63,26 @@ Cluster profile_cluster_fit(const Cluster& base, const Config& cfg, const OpProf
   return c;
 }
 
+std::string profile_prediction_compare(const Cluster& cl, const Config& cfg, const OpProfile& prof) {
+  LOOM_CHECK(prof.steps > 0, "no step was profiled: nothing to compare");
+  double t[6] = {};
+  for (const ProfileRow& r : prof.rows) t[int(term_of(r.family))] += r.ms / double(prof.steps);
+  const ClusterRates rates = cluster_rates(cl);
+  const double rate[5] = {rates.matmul, rates.attention, rates.cp_attention, rates.elementwise, rates.optimizer};
+  const char* names[5] = {"matmuls", "attention", "cp attention", "element-wise", "optimizer"};
+  std::string out = fmt::format("predicted on {} against measured, ms per step:", cl.name);
+  double sum_p = 0, sum_m = 0;
+  for (int i = 0; i < 5; ++i) {
+    const double predicted = 1e3 * model_work(cl, cfg, Term(i)) / rate[i];
+    if (predicted == 0 && t[i] == 0) continue;
+    sum_p += predicted, sum_m += t[i];
+    out += fmt::format(" {} {:.3f} vs {:.3f} ({:+.1f}%);", names[i], predicted, t[i],
+                       t[i] > 0 ? 100.0 * (predicted / t[i] - 1) : 0.0);
+  }
+  out += fmt::format(" ops {:.3f} vs {:.3f} ({:+.1f}%)\n", sum_p, sum_m, sum_m > 0 ? 100.0 * (sum_p / sum_m - 1) : 0.0);
+  return out + cluster_rates(cl).describe + "\n";
+}
+
 namespace {
 
 // text with `key = value` set at the top level: the key's line replaced (its comment with it),
@@ -74,7 +94,8 @@ std::string key_set(const std::string& text, const std::string& key, double valu
   bool done = false, tables = false;
   while (std::getline(in, l)) {
     tables = tables || (!l.empty() && l[0] == '[');
-    const bool is_key = !tables && l.rfind(key, 0) == 0 && l.find_first_not_of(" \t", key.size()) != std::string::npos &&
+    const bool is_key = !tables && l.rfind(key, 0) == 0 &&
+                        l.find_first_not_of(" \t", key.size()) != std::string::npos &&
                         l[l.find_first_not_of(" \t", key.size())] == '=';
     if (!done && tables) out += line + "\n", done = true;
     if (is_key && !done) {
@@ -112,9 +133,9 @@ void profile_cluster_write(const std::string& path, const Config& cfg, const Tra
   LOOM_CHECK(base.device == (gpu ? "cuda" : "cpu"), "{} describes a {} cluster; this run trained on {}", path,
              base.device, r.device);
   const Cluster fit = profile_cluster_fit(base, cfg, r.profile);
-  const std::string from = fmt::format("fitted: {} d_model {} L {} B {} T {}, {} steps profiled", cfg.model.arch,
-                                       cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch,
-                                       cfg.model.seq_len, r.profile.steps);
+  const std::string from =
+      fmt::format("fitted: {} d_model {} L {} B {} T {}, {} steps profiled", cfg.model.arch, cfg.model.d_model,
+                  cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len, r.profile.steps);
   text = key_set(text, "gemm_efficiency", fit.gemm_efficiency, from);
   text = key_set(text, "mem_bw_gbs", fit.mem_bw / 1e9, from);
   if (fit.attention_flops > 0) text = key_set(text, "attention_tflops", fit.attention_flops / 1e12, from);

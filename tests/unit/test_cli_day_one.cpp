@@ -172,7 +172,12 @@ TEST(CliDayOne, BenchTrainProfilePrintsTheTableAndWritesACluster) {
   EXPECT_GT(c.attention_flops, 0);
   EXPECT_GT(c.optimizer_bw, 0);
   // Written again: the rates replaced in place, the file's other lines and comments kept.
-  ASSERT_EQ(loom_run("bench " + tiny() + "--set train.steps=3 --profile --write-cluster " + file).status, 0);
+  // ... with each term the file predicts beside the measured one.
+  const CliRun again = loom_run("bench " + tiny() + "--set train.steps=3 --profile --set log.cluster=" + file +
+                                " --write-cluster " + file);
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("against measured, ms per step: matmuls "), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("rates assumed: "), std::string::npos) << again.output;
   const std::string text = slurp(file);
   EXPECT_EQ(count(text, "\ngemm_efficiency = "), 1) << text;
   EXPECT_EQ(count(text, "\nattention_tflops = "), 1) << text;
