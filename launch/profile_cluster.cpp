@@ -74,7 +74,7 @@ std::string profile_prediction_compare(const Cluster& cl, const Config& cfg, con
   double sum_p = 0, sum_m = 0;
   for (int i = 0; i < 5; ++i) {
     const double predicted = 1e3 * model_work(cl, cfg, Term(i)) / rate[i];
-    if (predicted == 0 && t[i] == 0) continue;
+    if (t[i] == 0 && predicted < 1e-9) continue;  // a term this run has not (cp attention without cp)
     sum_p += predicted, sum_m += t[i];
     out += fmt::format(" {} {:.3f} vs {:.3f} ({:+.1f}%);", names[i], predicted, t[i],
                        t[i] > 0 ? 100.0 * (predicted / t[i] - 1) : 0.0);
