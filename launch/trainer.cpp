@@ -606,7 +606,7 @@ TrainResult Trainer::finish() {
   }
   if (p.profiler) {
     p.result.profile = p.profiler->profile();
-    p.result.roofline = roofline_rates(p.alloc->device(), p.threads);
+    if (p.lead) p.result.roofline = roofline_rates(p.alloc->device(), p.threads);  // one rank measures
     p.info("roofline profile of steps {} to {} ({}):\n{}", p.profile_from, std::min(p.profile_to, p.result.steps_done),
            p.device, profile_table(p.result.profile, p.result.roofline));
   }

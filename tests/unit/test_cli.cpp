@@ -154,7 +154,7 @@ TEST(Cli, PlanLayoutRanksAndPredicts) {
   EXPECT_NE(r.output.find("\n  1  tp "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\n  3  tp "), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("\n  4  tp "), std::string::npos) << r.output;
-  for (const char* cluster : {"this_machine", "nodes2_1gbit", "nodes2_100mbit", "h100_1024"}) {
+  for (const char* cluster : {"this_machine", "nodes2_1gbit", "nodes2_100mbit", "h100_1024", "h200"}) {
     CliRun p = loom_run("plan layout --predict --json --cluster " + src + "/examples/clusters/" + cluster +
                         ".toml --set parallel.dp=2 --set parallel.tp=2");
     ASSERT_EQ(p.status, 0) << cluster << ": " << p.output;
