@@ -225,8 +225,13 @@ void bench_train(const Config& config, const TrainOptions& where, const BenchTra
   fmt::print("{{\"tokens_per_s\": {:.6g}, \"mfu\": {:.6g}}}\n", r.tokens_per_s, r.mfu);
   if (!b.profile) return;
   fmt::print("roofline profile, steps 2 to {} ({}):\n{}", r.steps_done, r.device, profile_table(r.profile, r.roofline));
-  if (cfg.log.cluster != "auto" && cfg.log.cluster != "none")  // the prediction's terms beside the measured ones
-    fmt::print("{}", profile_prediction_compare(cluster_load(cfg.log.cluster), cfg, r.profile));
+  if (cfg.log.cluster != "auto" && cfg.log.cluster != "none") {  // the prediction's terms beside the measured ones
+    try {
+      fmt::print("{}", profile_prediction_compare(cluster_load(cfg.log.cluster), cfg, r.profile));
+    } catch (const Error& e) {  // the run has measured: a file that cannot predict it is said, not fatal
+      fmt::print("no prediction from log.cluster: {}\n", e.what());
+    }
+  }
   if (!b.write_cluster.empty()) {
     profile_cluster_write(b.write_cluster, cfg, r);
     fmt::print("wrote the measured rates into {}\n", b.write_cluster);
