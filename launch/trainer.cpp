@@ -162,6 +162,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     auto wrapped = std::make_unique<ProfiledBackend>(std::move(p.backend));
     p.profiler = wrapped.get();
     p.backend = std::move(wrapped);
+    // The roofline, measured (once per machine, then cached) before the model takes the memory;
+    // one rank measures.
+    if (p.lead) p.result.roofline = roofline_rates(kind, p.threads);
   }
   for (Axis a : {p.dp_axis(), Axis::cp, Axis::tp, Axis::pp, Axis::embed})
     LOOM_CHECK(p.mesh->group(a).carries(kind), "the {} group cannot carry {} buffers", axis_name(a),
@@ -606,7 +609,6 @@ TrainResult Trainer::finish() {
   }
   if (p.profiler) {
     p.result.profile = p.profiler->profile();
-    if (p.lead) p.result.roofline = roofline_rates(p.alloc->device(), p.threads);  // one rank measures
     p.info("roofline profile of steps {} to {} ({}):\n{}", p.profile_from, std::min(p.profile_to, p.result.steps_done),
            p.device, profile_table(p.result.profile, p.result.roofline));
   }
