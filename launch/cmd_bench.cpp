@@ -2,8 +2,8 @@
 // training run, the GPU's kernel rates, and each collective's bus bandwidth.
 #include <memory>
 
-#include "launch/bench.h"
 #include "launch/command.h"
+#include "train/bench.h"
 
 namespace loom {
 

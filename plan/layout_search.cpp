@@ -194,10 +194,7 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
                        p.tokens_per_s / world, bytes_text(double(p.memory_bytes)));
   }
   if (s.ranked.empty()) out += "no layout fits: lower the global batch's micro-batches, or add devices\n";
-  if (cl.device == "cuda")
-    out +=
-        "(cp: on CUDA, loom's context-parallel attention runs row-wise on CUDA cores, not on tensor cores; its "
-        "layouts here are predicted at the tensor-core rate.)\n";
+  out += cluster_rates(cl).describe + "\n";
   out +=
       "(mb: micro-batch. The model's GEMM rate does not depend on a GEMM's shape, so layouts that differ only in mb "
       "are predicted alike in compute; mb changes their memory, bubble and communication counts.)\n";
@@ -231,11 +228,11 @@ std::string step_prediction_text(const Config& c, const Cluster& cl, const StepP
   return fmt::format(
       "{} on {} ({} ranks of {})\npredicted step {:.4g} ms: compute {:.4g}, exposed comm {:.4g} (tp {:.4g}, ep "
       "{:.4g}, cp {:.4g}, pp {:.4g}, dp {:.4g} of {:.4g} moved), bubble {:.4g}, optimizer {:.4g}\n"
-      "{:.1f} tokens/s, MFU {:.1f}%, memory {} on the fullest rank{}\n",
+      "{:.1f} tokens/s, MFU {:.1f}%, memory {} on the fullest rank{}\n{}\n",
       layout_name(c), cl.name, world, devices_text(cl), 1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.tp,
       1e3 * p.ep, 1e3 * p.cp, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer,
       p.tokens_per_s, 100 * p.mfu, bytes_text(double(p.memory_bytes)),
-      p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)));
+      p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)), cluster_rates(cl).describe);
 }
 
 std::string pipeline_stages_text(const Config& given, int p, int v, const std::string& name, int m) {

@@ -68,15 +68,16 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   } catch (const toml::parse_error& e) {
     fail("{}: {}", origin, std::string(e.description()));
   }
-  static const char* keys[] = {"name",       "nodes",     "devices_per_node", "physical_devices",
-                               "device",     "dtype",     "peak_tflops",      "gemm_efficiency",
-                               "mem_bw_gbs", "memory_gb", "overlap",          "tree",
-                               "intra",      "inter"};
+  static const char* keys[] = {
+      "name",        "nodes",           "devices_per_node", "physical_devices",    "device",       "dtype",
+      "peak_tflops", "gemm_efficiency", "mem_bw_gbs",       "memory_gb",           "overlap",      "tree",
+      "intra",       "inter",           "attention_tflops", "cp_attention_tflops", "optimizer_gbs"};
   for (auto&& [k, v] : t) {
     const std::string key(k.str());
     LOOM_CHECK(std::any_of(std::begin(keys), std::end(keys), [&](const char* s) { return key == s; }),
                "{}: unknown key `{}`; a cluster file has name, nodes, devices_per_node, physical_devices, device, "
-               "dtype, peak_tflops, gemm_efficiency, mem_bw_gbs, memory_gb, overlap, tree, [intra] and [inter]",
+               "dtype, peak_tflops, gemm_efficiency, mem_bw_gbs, attention_tflops, cp_attention_tflops, optimizer_gbs, "
+               "memory_gb, overlap, tree, [intra] and [inter]",
                origin, key);
   }
   auto count = [&](const char* key, int64_t fallback) {
@@ -112,7 +113,10 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   LOOM_CHECK(c.gemm_efficiency <= 1, "{}: gemm_efficiency = {} is a share of the peak, at most 1", origin,
              c.gemm_efficiency);
   c.mem_bw = need_positive(t, "mem_bw_gbs", origin) * 1e9;
-  c.memory_bytes = need_positive(t, "memory_gb", origin, 0) * 1e9;  // absent: memory not checked
+  c.memory_bytes = need_positive(t, "memory_gb", origin, 0) * 1e9;             // absent: memory not checked
+  c.attention_flops = need_positive(t, "attention_tflops", origin, 0) * 1e12;  // absent: 0, the fallback's
+  c.cp_attention_flops = need_positive(t, "cp_attention_tflops", origin, 0) * 1e12;
+  c.optimizer_bw = need_positive(t, "optimizer_gbs", origin, 0) * 1e9;
   c.overlap = t["overlap"] ? t["overlap"].value<double>().value_or(-1) : 1.0;
   LOOM_CHECK(c.overlap >= 0 && c.overlap <= 1, "{}: `overlap` must be a number in [0, 1]", origin);
   if (t["tree"]) {
@@ -123,6 +127,27 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   c.intra = tier_parse(t, "intra", origin);
   c.inter = c.nodes > 1 || t.contains("inter") ? tier_parse(t, "inter", origin) : c.intra;
   return c;
+}
+
+ClusterRates cluster_rates(const Cluster& c) {
+  ClusterRates r;
+  r.matmul = c.peak_flops * c.gemm_efficiency;
+  r.attention = c.attention_flops > 0 ? c.attention_flops : r.matmul;
+  // loom's context-parallel block attention runs row-wise on CUDA cores on a GPU (about 3
+  // TFLOP/s measured on an H200): without a measured rate, that, not the tensor cores'.
+  r.cp_attention = c.cp_attention_flops > 0 ? c.cp_attention_flops : c.device == "cuda" ? 3e12 : r.attention;
+  r.elementwise = c.mem_bw;
+  r.optimizer = c.optimizer_bw > 0 ? c.optimizer_bw : c.mem_bw;
+  r.describe = fmt::format(
+      "rates assumed: matmuls {:.4g} TFLOP/s (peak_tflops x gemm_efficiency); attention {:.4g} TFLOP/s ({}); "
+      "cp attention {:.4g} TFLOP/s ({}); element-wise {:.4g} GB/s (mem_bw_gbs); optimizer {:.4g} GB/s ({})",
+      r.matmul / 1e12, r.attention / 1e12, c.attention_flops > 0 ? "attention_tflops" : "the matmuls' rate",
+      r.cp_attention / 1e12,
+      c.cp_attention_flops > 0 ? "cp_attention_tflops"
+      : c.device == "cuda"     ? "CUDA cores, assumed: no cp_attention_tflops"
+                               : "the attention rate",
+      r.elementwise / 1e9, r.optimizer / 1e9, c.optimizer_bw > 0 ? "optimizer_gbs" : "mem_bw_gbs");
+  return r;
 }
 
 Cluster cluster_load(const std::string& path) {
@@ -197,7 +222,10 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   const double kvd = double(cfg.kv_heads()) * cfg.head_dim();
   const double tokens = double(cfg.train.micro_batch) * cfg.local_seq();  // this rank's (T / cp a sequence)
   const double act = double(dtype_size(cl.dtype));
-  const double rate = cl.peak_flops * cl.gemm_efficiency * share;
+  const ClusterRates rates = cluster_rates(cl);
+  const double rate = rates.matmul * share;
+  // attention's scores and values: the whole sequence's kernels, or context parallel's blocks
+  const double att_rate = (p.cp > 1 ? rates.cp_attention : rates.attention) * share;
   const std::string& rc = cfg.train.recompute;
   const bool zb = cfg.pp_split_backward();
   const LinkTier tl = group_link(cl, tp, 1);
@@ -215,7 +243,7 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
     const LinkTier cl_cp = group_link(cl, p.cp, tp);
     const double kv_bytes = tokens * 2 * kvd / tp * act, dkv_bytes = kv_bytes / act * 4;
     // one block's forward attention: the causal half of a full block, on average over the blocks
-    const double core_block = 0.5 * 4.0 * C * T / tp * tokens / rate / p.cp;
+    const double core_block = 0.5 * 4.0 * C * T / tp * tokens / att_rate / p.cp;
     if (p.cp_attention == "ring") {
       const double hop = collective_time("send", 2, kv_bytes, cl_cp, false);
       const double hop_grad = collective_time("send", 2, dkv_bytes, cl_cp, false);
@@ -243,14 +271,14 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
     const double core = bf.core / tp;  // attention scores and values
     const double ew = (12.0 * C / (p.sp ? tp : 1) + 4.0 * F * k / (moe ? 1 : tp)) * act * tokens /
                       (cl.mem_bw * share);  // norms, SwiGLU, residual adds
-    const double fwd = (mm + core) * tokens / rate + ew;
+    const double fwd = mm * tokens / rate + core * tokens / att_rate + ew;
     double re = 0;                                                              // the forward work recompute repeats
     if (rc == "full") re = fwd - (moe ? 0 : 2.0 * C * F / tp) * tokens / rate;  // all but the down projection
-    if (rc == "selective" && cl.device != "cuda" && p.cp == 1) re = core * tokens / rate;  // flash, cp keep no P
+    if (rc == "selective" && cl.device != "cuda" && p.cp == 1) re = core * tokens / att_rate;  // flash, cp keep no P
     c.f += fwd;
     // Under zb, loom's selective policy recomputes in W (the split backward keeps the output
     // gradients, not the activation); zb with full recompute is refused.
-    c.b += (mm + 2 * core) * tokens / rate + 2 * ew + (zb ? 0 : re);
+    c.b += mm * tokens / rate + 2 * core * tokens / att_rate + 2 * ew + (zb ? 0 : re);
     c.w += mm * tokens / rate + (zb ? re : 0);
     // tp: two collectives of the residual stream forward, two backward, two more to recompute.
     c.tp_f += 2 * tp_one;
@@ -385,7 +413,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
       s.dp_b = std::max(ag + rs - window, (ag + rs) / units);
       s.dp_total = m * (2 * ag + rs);
     }
-    s.optimizer = shard * (cl.dtype == DType::bf16 ? 34.0 : 32.0) / (cl.mem_bw * share);
+    s.optimizer = shard * (cl.dtype == DType::bf16 ? 34.0 : 32.0) / (cluster_rates(cl).optimizer * share);
   }
 
   // Each stage's ops in the schedule's order, with its own costs; hand-offs take `hop`.

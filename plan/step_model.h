@@ -35,18 +35,31 @@ struct Cluster {
   DType dtype = DType::bf16;
   double peak_flops = 0;       // per device: the MFU denominator
   double gemm_efficiency = 0;  // achieved / peak over a model's matmuls
-  double mem_bw = 0;           // bytes/s per device: element-wise ops and the optimizer
-  double memory_bytes = 0;     // per device, usable by loom (0: memory not checked)
-  double overlap = 1;          // share of overlappable communication that does hide
-  bool tree = false;           // all-reduces may take the tree's log2(n) latency (NCCL)
-  LinkTier intra;              // within a node, per flow
-  LinkTier inter;              // between nodes: a node's link, shared by its concurrent flows
+  double mem_bw = 0;           // bytes/s per device: element-wise ops (and the optimizer, unless optimizer_bw)
+  // Per-op rates where the file has them (0: absent; a profiled run writes them, `loom bench
+  // train --profile --write-cluster`): whole-sequence attention and context parallel's block
+  // attention in model FLOPs per second (4 C T per token and layer forward, as MFU counts),
+  // and the optimizer's bytes per second.
+  double attention_flops = 0, cp_attention_flops = 0, optimizer_bw = 0;
+  double memory_bytes = 0;  // per device, usable by loom (0: memory not checked)
+  double overlap = 1;       // share of overlappable communication that does hide
+  bool tree = false;        // all-reduces may take the tree's log2(n) latency (NCCL)
+  LinkTier intra;           // within a node, per flow
+  LinkTier inter;           // between nodes: a node's link, shared by its concurrent flows
   int devices() const { return nodes * devices_per_node; }
 };
 Cluster cluster_load(const std::string& path);
 // This source tree's examples/clusters/this_machine.toml (log.cluster = "auto").
 std::string cluster_this_machine_path();
 Cluster cluster_parse(const std::string& toml_text, const std::string& origin);
+
+// The rates a prediction on `cluster` assumes, each with where it comes from (the file's key,
+// or the fallback the file leaves it to).
+struct ClusterRates {
+  double matmul = 0, attention = 0, cp_attention = 0, elementwise = 0, optimizer = 0;
+  std::string describe;  // one line
+};
+ClusterRates cluster_rates(const Cluster& cluster);
 
 // One layout's predicted step, seconds; every term is per optimizer step on the slowest stage.
 struct StepPrediction {

@@ -132,6 +132,8 @@ std::vector<Field> fields_of(Config& c) {
       {"log.trace", &c.log.trace, "write a Chrome trace per rank"},
       {"log.tensorboard", &c.log.tensorboard, "write TensorBoard event files (every step's scalars) into log.dir"},
       {"log.trace_steps", &c.log.trace_steps, "A:B: trace only steps A to B (1-based; turns log.trace on)"},
+      {"log.profile_steps", &c.log.profile_steps,
+       "A:B: time every op of steps A to B on the device; print the roofline table (the trace gets a gpu track)"},
       {"log.cluster", &c.log.cluster,
        "cluster file predicting the step split printed beside the measured one: auto (CPU: "
        "examples/clusters/this_machine.toml), none, or a path"},

@@ -147,6 +147,9 @@ struct LogConfig {
   bool grad_norms = false;   // each tensor's step-1 gradient norm into <dir>/grad_norms.json (one rank)
   bool tensorboard = false;  // TensorBoard event files in <dir>
   std::string trace_steps;   // "A:B": trace steps A to B (1-based, inclusive) only; turns tracing on
+  // "A:B": time every op of steps A to B on the device and print the roofline table at the end
+  // (model/backend_profile.h); "" is off.
+  std::string profile_steps;
   // The cluster file whose step-time prediction the run prints beside its measured split:
   // auto (on the CPU, loom's examples/clusters/this_machine.toml), none, or a path.
   std::string cluster = "auto";
@@ -200,6 +203,8 @@ struct Config {
 
 // log.trace_steps "A:B" as (A, B), 1 <= A <= B; an Error says the form.
 std::pair<int64_t, int64_t> trace_steps_parse(const std::string& spec);
+// A key's "A:B" steps (1-based, 1 <= A <= B) as (A, B); an Error names the key and the form.
+std::pair<int64_t, int64_t> steps_range_parse(const char* key, const std::string& spec);
 
 // Where pipeline model chunk g of p x v lives: stage g % p (interleaving), or under a V-shaped
 // schedule (v = 2) stage g for g < p and 2p-1-g after.

@@ -395,14 +395,24 @@ void config_validate(Config& cfg) {
     (void)b;
     LOOM_CHECK(!cfg.log.dir.empty(), "log.trace_steps needs log.dir (where the trace goes)");
   }
+  if (!cfg.log.profile_steps.empty()) {
+    const auto [a, b] = steps_range_parse("log.profile_steps", cfg.log.profile_steps);
+    (void)b;
+    LOOM_CHECK(a <= cfg.train.steps, "log.profile_steps = \"{}\" starts after the run's last step ({})",
+               cfg.log.profile_steps, cfg.train.steps);
+  }
 }
 
 std::pair<int64_t, int64_t> trace_steps_parse(const std::string& spec) {
+  return steps_range_parse("log.trace_steps", spec);
+}
+
+std::pair<int64_t, int64_t> steps_range_parse(const char* key, const std::string& spec) {
   int64_t a = 0, b = 0;
   char colon = 0, extra = 0;
   const int n = std::sscanf(spec.c_str(), "%" SCNd64 "%c%" SCNd64 "%c", &a, &colon, &b, &extra);
   LOOM_CHECK(n == 3 && colon == ':' && a >= 1 && b >= a,
-             "log.trace_steps = \"{}\": expected \"A:B\", steps A to B with 1 <= A <= B (e.g. \"10:12\")", spec);
+             "{} = \"{}\": expected \"A:B\", steps A to B with 1 <= A <= B (e.g. \"10:12\")", key, spec);
   return {a, b};
 }
 

@@ -31,10 +31,10 @@ void Trace::add(const char* name, Track track, double start_us, double dur_us) {
 
 void Trace::write(const std::string& path) const {
   std::ostringstream out;
-  static const char* tracks[] = {"compute", "comm", "host"};
+  static const char* tracks[] = {"compute", "comm", "host", "gpu"};
   std::lock_guard lk(mu_);
   out << "{\"traceEvents\":[\n";
-  for (int t = 0; t < 3; ++t)
+  for (int t = 0; t < 4; ++t)
     out << fmt::format(
         "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"{}\"}}}},\n", rank_, t,
         tracks[t]);

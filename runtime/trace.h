@@ -1,7 +1,7 @@
 // Chrome trace (Perfetto-viewable): one complete event per op, on a compute track per rank
-// (communication gets its own track when it exists). Events are buffered in memory and
-// written as JSON at the end of the run. A disabled Trace records nothing and costs one branch.
-// Thread-safe: communication threads record on their own track.
+// (communication gets its own track when it exists; a profiled run adds the device's timeline). Events are buffered in
+// memory and written as JSON at the end of the run. A disabled Trace records nothing and costs one branch. Thread-safe:
+// communication threads record on their own track.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -13,7 +13,8 @@ namespace loom {
 
 class Trace {
  public:
-  enum Track { compute = 0, comm = 1, host = 2 };
+  // gpu: the device's own timeline of each op (the roofline profile, log.profile_steps).
+  enum Track { compute = 0, comm = 1, host = 2, gpu = 3 };
   explicit Trace(bool enabled = false, int rank = 0);
 
   class Scope {

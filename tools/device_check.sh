@@ -18,7 +18,9 @@
 #                  selective, MoE at ep 2, cp 2 ring and all-gather) against one CUDA rank; with two GPUs, pp 2 over
 #                  real NCCL, bitwise against the staged pp 2;
 #   bench          kernel rates (MoE's expert GEMMs batched, ragged and one per expert too), GPT-2
-#                  124M (B=16, T=1024) next to PyTorch, LLaMA-shaped 1.1B;
+#                  124M (B=16, T=1024) and LLaMA-shaped 1.1B, each plain and with its roofline
+#                  profile (rates fitted into a cluster file), next to PyTorch eager and
+#                  torch.compile on the same shape;
 #   sanitizers     last, being slowest: compute-sanitizer memcheck and racecheck.
 # Every stage runs under one global deadline (DEADLINE_S, default 540 s: a 10-minute call
 # with room to pack); after each, summary.txt and stages.txt are rewritten and every log is
@@ -340,9 +342,39 @@ stage_bench() {
   # The experts' GEMMs batched (a capacity), ragged (dropless) and one per expert, Mixtral-shaped.
   tmo 60 $loom bench kernels --config examples/configs/llama_1b_gpu.toml --set model.moe.num_experts=8 \
     --set model.moe.capacity_factor=1.25 > "$work/kernels_moe.log" 2>&1
-  tmo 180 $loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$work/bench_gpt2.log" 2>&1
-  LD_LIBRARY_PATH=$orig_ld tmo 180 "$py" examples/bench_pytorch.py 8 10 cuda > "$work/bench_gpt2_torch.log" 2>&1
-  tmo 180 $loom bench train --config examples/configs/llama_1b_gpu.toml > "$work/bench_llama1b.log" 2>&1
+  tmo 120 $loom bench train --config examples/configs/gpt2_124m_gpu.toml > "$work/bench_gpt2.log" 2>&1
+  # The roofline profile of the same run (its tokens/s beside the plain run's: the profiler's
+  # overhead), each term predicted by examples/clusters/h200.toml beside the measured one, and
+  # the rates refitted into a copy of that file (to bring back as examples/clusters/h200.toml).
+  cp examples/clusters/h200.toml "$work/cluster_gpt2.toml"
+  cp examples/clusters/h200.toml "$work/cluster_llama1b.toml"
+  tmo 120 $loom bench train --config examples/configs/gpt2_124m_gpu.toml --profile \
+    --set log.cluster=examples/clusters/h200.toml --write-cluster "$work/cluster_gpt2.toml" \
+    > "$work/profile_gpt2.log" 2>&1
+  # PyTorch eager, then torch.compile (the anchor), same shape, same process.
+  LD_LIBRARY_PATH=$orig_ld tmo 150 "$py" examples/bench_pytorch.py 8 10 cuda --compile > "$work/bench_gpt2_torch.log" 2>&1
+  tmo 120 $loom bench train --config examples/configs/llama_1b_gpu.toml > "$work/bench_llama1b.log" 2>&1
+  tmo 120 $loom bench train --config examples/configs/llama_1b_gpu.toml --profile \
+    --set log.cluster=examples/clusters/h200.toml --write-cluster "$work/cluster_llama1b.toml" \
+    > "$work/profile_llama1b.log" 2>&1
+  LD_LIBRARY_PATH=$orig_ld tmo 150 "$py" examples/bench_pytorch.py 8 6 cuda --compile --llama1b \
+    > "$work/bench_llama1b_torch.log" 2>&1
+}
+
+# tokens_per_s of a log's JSON line (loom's bench train, or bench_pytorch.py's run in MODE).
+tps() { grep -h "\"tokens_per_s\"" "$1" 2> /dev/null | grep -- "${2:-}" | tail -1 | sed 's/.*"tokens_per_s": \([0-9.e+]*\).*/\1/'; }
+# loom's tokens/s against PyTorch's eager and compiled runs, and the profile's table.
+bench_lines() {
+  local name=$1 loom_log=$2 torch_log=$3 profile_log=$4 l e c p
+  l=$(tps "$loom_log") e=$(tps "$torch_log" '"eager"') c=$(tps "$torch_log" '"compile"') p=$(tps "$profile_log")
+  echo "$name loom:    $(grep -h "bench train" "$loom_log" 2> /dev/null || tail -1 "$loom_log" 2> /dev/null)"
+  echo "$name PyTorch: $(grep -h tokens_per_s "$torch_log" 2> /dev/null | tr '\n' ' ' || true)$(tail -1 "$torch_log" 2> /dev/null | grep -v tokens_per_s)"
+  awk -v l="${l:-0}" -v e="${e:-0}" -v c="${c:-0}" -v p="${p:-0}" -v n="$name" 'BEGIN {
+    printf "%s loom / PyTorch eager %s, loom / torch.compile %s; profiled run %s of the plain run'"'"'s tokens/s\n", n,
+      (l > 0 && e > 0) ? sprintf("%.3f", l / e) : "n/a", (l > 0 && c > 0) ? sprintf("%.3f", l / c) : "n/a",
+      (l > 0 && p > 0) ? sprintf("%.3f", p / l) : "n/a" }'
+  sed -n '/^roofline profile/,/^roofline:/p' "$profile_log" 2> /dev/null
+  grep -hA1 "^predicted on" "$profile_log" 2> /dev/null
 }
 
 # 7. Last, being the slowest: the kernels' memory accesses (memcheck) and shared-memory hazards
@@ -387,9 +419,9 @@ summary() {
     echo "2 ranks on one GPU (MPI-staged) vs 1 rank: ${layouts:-not run}"
     grep -hE "gemm bf16 8192|attention|speedup|error" "$work/kernels_gpt2.log" "$work/kernels_llama1b.log" 2> /dev/null
     grep -hE "moe experts|MoE experts|error" "$work/kernels_moe.log" 2> /dev/null
-    echo "GPT-2 124M loom:    $(grep -h "bench train" "$work/bench_gpt2.log" 2> /dev/null || tail -1 "$work/bench_gpt2.log" 2> /dev/null)"
-    echo "GPT-2 124M PyTorch: $(tail -1 "$work/bench_gpt2_torch.log" 2> /dev/null)"
-    echo "LLaMA 1.1B loom:    $(grep -h "bench train" "$work/bench_llama1b.log" 2> /dev/null || tail -1 "$work/bench_llama1b.log" 2> /dev/null)"
+    bench_lines "GPT-2 124M" "$work/bench_gpt2.log" "$work/bench_gpt2_torch.log" "$work/profile_gpt2.log"
+    bench_lines "LLaMA 1.1B" "$work/bench_llama1b.log" "$work/bench_llama1b_torch.log" "$work/profile_llama1b.log"
+    cat "$work/cluster_gpt2.toml" 2> /dev/null
   } > "$out/summary.txt"
   cp "$work/stages.txt" "$out/stages.txt"
 }

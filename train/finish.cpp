@@ -214,6 +214,11 @@ TrainResult Trainer::finish() {
     p.info("wrote {}/trace.json ({} events on rank 0{}; open it in Perfetto)", p.cfg.log.dir, p.trace.size(),
            p.trace_to < INT64_MAX ? fmt::format(", steps {} to {}", p.trace_from, p.trace_to) : "");
   }
+  if (p.profiler) {
+    p.result.profile = p.profiler->profile();
+    p.info("roofline profile of steps {} to {} ({}):\n{}", p.profile_from, std::min(p.profile_to, p.result.steps_done),
+           p.device, profile_table(p.result.profile, p.result.roofline));
+  }
   p.result.mem = p.alloc->ledger();
   p.result.threads = p.threads;
   p.result.device = p.device;

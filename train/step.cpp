@@ -20,6 +20,7 @@ StepMetrics Trainer::step(int64_t step) {
   const int64_t s1 = step + 1;  // 1-based, as the drills and metrics count
   p.next = s1;
   if (p.trace.enabled()) p.trace.record(p.trace_from <= s1 && s1 <= p.trace_to);
+  if (p.profiler && p.profile_from <= s1 && s1 <= p.profile_to) p.profiler->step_begin(&p.trace);
   fi.at(s1, "");
   if (fi.hang(s1)) {
     fi.note("hang", s1, "stopping inside this step's next collective");
@@ -130,6 +131,7 @@ StepMetrics Trainer::step(int64_t step) {
   m.tp_all_reduce_b = moved(tp0, tp1, CommOp::all_reduce);
   m.tp_reduce_scatter_b = moved(tp0, tp1, CommOp::reduce_scatter);
   m.tp_all_gather_b = moved(tp0, tp1, CommOp::all_gather);
+  if (p.profiler) p.profiler->step_end();  // after the step's end synchronized: no wait added
   return m;
 }
 

@@ -44,6 +44,7 @@ void StepLog::predict(const std::string& device, int world) {
     const StepPrediction p = step_predict(c, cluster);
     predicted_ = StepSplit{1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.bubble, 1e3 * p.optimizer};
     cluster_ = cluster.name;
+    rates_ = cluster_rates(cluster).describe;
   } catch (const Error& e) {
     // A prediction is a reading aid: a cluster file that does not describe this run is said,
     // and the run goes on (only rank 0 predicts: an error here would leave the others waiting).
@@ -54,9 +55,9 @@ void StepLog::predict(const std::string& device, int world) {
   if (print_)
     spdlog::info(
         "predicted on cluster {} ({}): {:.4g} ms per step (compute {:.4g}, communication {:.4g}, bubble {:.4g}, "
-        "optimizer {:.4g}); the end of the run compares",
+        "optimizer {:.4g}); the end of the run compares; {}",
         cluster_, path, predicted_->step, predicted_->compute, predicted_->comm, predicted_->bubble,
-        predicted_->optimizer);
+        predicted_->optimizer, rates_);
 }
 
 void StepLog::validation(int64_t step, const std::function<double()>& validate) {

@@ -156,6 +156,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     p.backend = cpu_backend(cfg, p.dtype, *p.alloc);
 #endif
   }
+  if (!cfg.log.profile_steps.empty()) {  // every op through the timing wrapper; else no wrapper at all
+    std::tie(p.profile_from, p.profile_to) = steps_range_parse("log.profile_steps", cfg.log.profile_steps);
+    auto wrapped = std::make_unique<ProfiledBackend>(std::move(p.backend));
+    p.profiler = wrapped.get();
+    p.backend = std::move(wrapped);
+    // The roofline, measured (once per machine, then cached) before the model takes the memory;
+    // one rank measures.
+    if (p.lead) p.result.roofline = roofline_rates(kind, p.threads);
+  }
   for (Axis a : {p.dp_axis(), Axis::cp, Axis::tp, Axis::pp, Axis::embed})
     LOOM_CHECK(p.mesh->group(a).carries(kind), "the {} group cannot carry {} buffers", axis_name(a),
                device_is_cuda(kind) ? cuda_api(kind).name : "host");

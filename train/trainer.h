@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "model/backend_profile.h"
 #include "runtime/config.h"
 #include "runtime/device_policy.h"
 #include "runtime/metrics.h"
@@ -30,6 +31,8 @@ struct TrainResult {
   int threads = 0;             // per rank, as chosen
   std::string device;          // cpu | cuda, as resolved
   int64_t steps_done = 0;
+  OpProfile profile;       // log.profile_steps: every op family's totals over those steps
+  RooflineRates roofline;  // and the device's rates it is judged against
   int64_t activation_bytes() const { return mem.of(Mem::activations); }
 };
 
@@ -76,7 +79,7 @@ class StepLog {
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // log.tensorboard, rank 0
   StepSplit measured_;                              // summed over this process's steps after its first
   std::optional<StepSplit> predicted_;
-  std::string cluster_;
+  std::string cluster_, rates_;  // the prediction's cluster and the rates it assumed
   double timed_ms_ = 0.0;
   int64_t seen_ = 0;  // steps this process ran (a resumed run starts past 0)
   Clock::time_point start_ = Clock::now();
@@ -135,5 +138,10 @@ std::string cpu_peak_describe();
 // bf16 dense peak of the current GPU from a table (H100/H200 SXM 989 TFLOP/s, A100 312); 0 when
 // the GPU is not in the table, or there is none (MFU is then not reported).
 double cuda_peak_flops();
+// The roofline of a device kind: its copy bandwidth and GEMM rate in the compute dtype (on a
+// GPU bf16 cuBLASLt, measured once per GPU model; on the CPU and the emulated device, which
+// runs on the host, the cores' copy bandwidth over `threads` and cpu_peak_flops), cached in
+// ~/.cache/loom/roofline.json like the CPU peak.
+RooflineRates roofline_rates(DeviceKind kind, int threads);
 
 }  // namespace loom

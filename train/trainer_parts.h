@@ -16,6 +16,7 @@
 #include "checkpoint/safetensors.h"
 #include "data/batches.h"
 #include "model/backend.h"
+#include "model/backend_profile.h"
 #include "model/decoder_part.h"
 #include "model/flops.h"
 #include "parallel/data_parallel.h"
@@ -56,6 +57,8 @@ struct Trainer::Parts {
   Stream stream;
   std::unique_ptr<Allocator> alloc;
   std::unique_ptr<Backend> backend;
+  ProfiledBackend* profiler = nullptr;               // log.profile_steps: the backend, wrapped
+  int64_t profile_from = 1, profile_to = INT64_MAX;  // its steps, 1-based and inclusive
   std::unique_ptr<StepClock> clock;
   ModelLayout whole;  // the whole model (this tp rank's shards): names and places for export
   std::unique_ptr<DecoderPart> chunk;

@@ -154,7 +154,7 @@ TEST(Cli, PlanLayoutRanksAndPredicts) {
   EXPECT_NE(r.output.find("\n  1  tp "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\n  3  tp "), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("\n  4  tp "), std::string::npos) << r.output;
-  for (const char* cluster : {"this_machine", "nodes2_1gbit", "nodes2_100mbit", "h100_1024"}) {
+  for (const char* cluster : {"this_machine", "nodes2_1gbit", "nodes2_100mbit", "h100_1024", "h200"}) {
     CliRun p = loom_run("plan layout --predict --json --cluster " + src + "/examples/clusters/" + cluster +
                         ".toml --set parallel.dp=2 --set parallel.tp=2");
     ASSERT_EQ(p.status, 0) << cluster << ": " << p.output;
@@ -175,6 +175,7 @@ TEST(Cli, ListKeysPrintConfigAndInfo) {
             std::string::npos)
       << keys.output;
   EXPECT_NE(keys.output.find("parallel.timeout_s "), std::string::npos);
+  EXPECT_NE(keys.output.find("log.profile_steps "), std::string::npos);
   CliRun cfg = loom_run("train --print-config --set model.n_layer=7 --set train.lr=0.003 --set train.min_lr=3e-5");
   ASSERT_EQ(cfg.status, 0);
   EXPECT_NE(cfg.output.find("n_layer = 7\n"), std::string::npos);

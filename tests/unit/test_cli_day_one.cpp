@@ -15,6 +15,7 @@
 #include "data/batches.h"
 #include "data/shard_writer.h"
 #include "data/tokenizer.h"
+#include "plan/step_model.h"
 #include "runtime/metrics.h"
 #include "testing.h"
 
@@ -157,6 +158,33 @@ TEST(CliDayOne, EtaCountsTheStepsThisProcessRan) {
   EXPECT_DOUBLE_EQ(loom::eta_seconds(10.0, 0, 5), 0.0);
 }
 
+// bench train --profile prints the roofline table and writes the rates it measured into a
+// cluster file that the step model reads; --write-cluster alone is refused.
+TEST(CliDayOne, BenchTrainProfilePrintsTheTableAndWritesACluster) {
+  const std::string file = fresh("profile") + ".toml";
+  std::filesystem::remove(file);
+  CliRun r = loom_run("bench " + tiny() + "--set train.steps=3 --profile --write-cluster " + file);
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* s : {"roofline profile, steps 2 to 3", "op family", "linear fwd", "layernorm bwd", "idle",
+                        "roofline: copy", "wrote the measured rates into"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << " in\n" << r.output;
+  const loom::Cluster c = loom::cluster_load(file);
+  EXPECT_GT(c.attention_flops, 0);
+  EXPECT_GT(c.optimizer_bw, 0);
+  // Written again: the rates replaced in place, the file's other lines and comments kept.
+  // ... with each term the file predicts beside the measured one.
+  const CliRun again = loom_run("bench " + tiny() + "--set train.steps=3 --profile --set log.cluster=" + file +
+                                " --write-cluster " + file);
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("against measured, ms per step: matmuls "), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("rates assumed: "), std::string::npos) << again.output;
+  const std::string text = slurp(file);
+  EXPECT_EQ(count(text, "\ngemm_efficiency = "), 1) << text;
+  EXPECT_EQ(count(text, "\nattention_tflops = "), 1) << text;
+  EXPECT_NE(text.find("[intra]  # a placeholder"), std::string::npos) << text;
+  expect_one_line_error("bench " + tiny() + "--write-cluster " + file, "--write-cluster needs --profile");
+}
+
 // log.trace_steps traces a range of steps only.
 TEST(CliDayOne, TraceStepsKeepsOnlyThoseSteps) {
   const std::string all = fresh("trace_all"), some = fresh("trace_some");
@@ -167,6 +195,8 @@ TEST(CliDayOne, TraceStepsKeepsOnlyThoseSteps) {
   EXPECT_EQ(count(slurp(some + "/trace.json"), "\"name\":\"optimizer\""), 2);
   expect_one_line_error(tiny() + "--set log.trace_steps=3", "expected \"A:B\"");
   expect_one_line_error(tiny() + "--set train.steps=4 --set log.trace_steps=5:6", "starts after the run's last step");
+  expect_one_line_error(tiny() + "--set log.profile_steps=2", "log.profile_steps = \"2\": expected \"A:B\"");
+  expect_one_line_error(tiny() + "--set train.steps=4 --set log.profile_steps=5:6", "starts after the run's last step");
 }
 
 // export.final = "DIR/" writes what transformers loads: config.json and model.safetensors with

@@ -1,4 +1,4 @@
-#include "launch/bench.h"
+#include "train/bench.h"
 
 #include <omp.h>
 #include <spdlog/spdlog.h>
@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -31,11 +32,60 @@ std::string cpu_model() {
   return "unknown cpu";
 }
 
-std::string cache_path() {
+std::string cache_dir() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
   std::string base = xdg ? xdg : home ? std::string(home) + "/.cache" : "/tmp";
-  return base + "/loom/cpu_peak.json";
+  return base + "/loom";
+}
+std::string cache_path() {
+  return cache_dir() + "/cpu_peak.json";
+}
+
+nlohmann::json json_read_or_empty(const std::string& path) {
+  nlohmann::json j = nlohmann::json::object();
+  std::ifstream in(path);
+  if (in) try {
+      in >> j;
+    } catch (...) {
+      j = nlohmann::json::object();  // an unreadable cache is remeasured, not fatal
+    }
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+void json_write(const std::string& path, const nlohmann::json& j) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  file_write_atomic(path, [&](std::FILE* f) {
+    const std::string text = j.dump(2) + "\n";
+    file_write(f, text.data(), text.size(), path);
+  });
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M", std::gmtime(&now));
+  return when;
+}
+
+// The host's copy bandwidth over `threads` cores: the best of 5 copies of 256 MiB, each core
+// its own slice, counting the bytes read and written.
+double cpu_copy_bandwidth(int threads) {
+  const size_t n = size_t(64) << 20;  // floats
+  std::vector<float> a(n, 1.0f), b(n, 0.0f);
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; ++t) {
+      const size_t lo = n * size_t(t) / size_t(threads), hi = n * size_t(t + 1) / size_t(threads);
+      std::memcpy(b.data() + lo, a.data() + lo, (hi - lo) * 4);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::max(best, 2.0 * double(n) * 4 / s);  // the first one faults the pages in
+  }
+  return best;
 }
 
 // The GEMM rate of `reps` timed runs of an n x n x n fp32 GEMM, after a warm-up.
@@ -120,7 +170,37 @@ double cpu_peak_flops(int threads, bool remeasure) {
   return cache[key]["peak"].get<double>() * threads;
 }
 
-void bench_train(const Config& config, const TrainOptions& where) {
+RooflineRates roofline_rates(DeviceKind kind, int threads) {
+  const std::string path = cache_dir() + "/roofline.json";
+  nlohmann::json cache = json_read_or_empty(path);
+  RooflineRates r;
+  if (kind == DeviceKind::cuda) {
+    const std::string key = cuda_device_name() + " | bf16";
+    if (!cache.contains(key) || !cache[key].is_object() || !cache[key].contains("copy_bw")) {
+      const RooflineRates m = cuda_roofline_measure();
+      cache[key] = {{"copy_bw", m.copy_bw}, {"gemm_flops", m.gemm_flops}, {"when", utc_now()}};
+      json_write(path, cache);
+    }
+    r.copy_bw = cache[key]["copy_bw"].get<double>();
+    r.gemm_flops = cache[key]["gemm_flops"].get<double>();
+    r.source = fmt::format("{}: device-to-device copy and a bf16 GEMM of 8192^3, measured {} ({})", key,
+                           cache[key].value("when", std::string("earlier")), path);
+    return r;
+  }
+  // The CPU, and the emulated device, whose kernels run on the host's cores.
+  const std::string key = fmt::format("{} | copy, {} threads", cpu_model(), threads);
+  if (!cache.contains(key) || !cache[key].is_object() || !cache[key].contains("copy_bw")) {
+    cache[key] = {{"copy_bw", cpu_copy_bandwidth(threads)}, {"when", utc_now()}};
+    json_write(path, cache);
+  }
+  r.copy_bw = cache[key]["copy_bw"].get<double>();
+  r.gemm_flops = cpu_peak_flops(threads);
+  r.source = fmt::format("{} cores: memcpy measured {} ({}); fp32 GEMM peak {}", threads,
+                         cache[key].value("when", std::string("earlier")), path, cpu_peak_describe());
+  return r;
+}
+
+void bench_train(const Config& config, const TrainOptions& where, const BenchTrainOptions& b) {
   LOOM_CHECK(config.train.steps >= 2, "loom bench train needs train.steps >= 2 (step 1 is a warm-up)");
   // A benchmark measures; it does not save: nothing goes into the training run's log.dir,
   // checkpoints or exports, and it starts from the config's initial weights, not a checkpoint.
@@ -132,6 +212,7 @@ void bench_train(const Config& config, const TrainOptions& where) {
   cfg.checkpoint.every = 0;
   cfg.checkpoint.resume = "none";
   cfg.export_final.clear();
+  cfg.log.profile_steps = b.profile ? fmt::format("2:{}", cfg.train.steps) : "";  // step 1 warms up
   TrainOptions opt = where;
   opt.quiet = true;
   TrainResult r = train_run(cfg, opt);
@@ -142,6 +223,19 @@ void bench_train(const Config& config, const TrainOptions& where) {
       cfg.model.arch, cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len, r.device,
       where.world_size, r.threads, r.tokens_per_s, 100.0 * r.mfu);
   fmt::print("{{\"tokens_per_s\": {:.6g}, \"mfu\": {:.6g}}}\n", r.tokens_per_s, r.mfu);
+  if (!b.profile) return;
+  fmt::print("roofline profile, steps 2 to {} ({}):\n{}", r.steps_done, r.device, profile_table(r.profile, r.roofline));
+  if (cfg.log.cluster != "auto" && cfg.log.cluster != "none") {  // the prediction's terms beside the measured ones
+    try {
+      fmt::print("{}", profile_prediction_compare(cluster_load(cfg.log.cluster), cfg, r.profile));
+    } catch (const Error& e) {  // the run has measured: a file that cannot predict it is said, not fatal
+      fmt::print("no prediction from log.cluster: {}\n", e.what());
+    }
+  }
+  if (!b.write_cluster.empty()) {
+    profile_cluster_write(b.write_cluster, cfg, r);
+    fmt::print("wrote the measured rates into {}\n", b.write_cluster);
+  }
 }
 
 std::string cpu_peak_describe() {

@@ -5,8 +5,8 @@
 // on a shared machine). CUDA events time each one.
 #include <fmt/core.h>
 
-#include "launch/bench.h"
 #include "runtime/error.h"
+#include "train/bench.h"
 
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -175,7 +175,49 @@ void bench_kernels(const Config& cfg) {
   for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
   cudaStreamDestroy(s);
 }
+
+RooflineRates cuda_roofline_measure() {
+  LOOM_CHECK(cuda_device_count() > 0, "measuring the GPU's roofline needs a CUDA device; none is visible");
+  using cuda::bf16;
+  cudaStream_t s;
+  LOOM_CUDA_CHECK(cudaStreamCreate(&s));
+  RooflineRates r;
+  {
+    const size_t bytes = size_t(1) << 30;
+    char *a = device_zeros<char>(bytes), *b = device_zeros<char>(bytes);
+    const double ms =
+        time_ms(s, 10, [&] { LOOM_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s)); });
+    r.copy_bw = 2.0 * double(bytes) / (ms / 1e3);
+    cudaFree(a), cudaFree(b);
+  }
+  {
+    const int n = 8192;
+    cuda::GemmContext ctx;
+    bf16 *a = device_zeros<bf16>(size_t(n) * n), *b = device_zeros<bf16>(size_t(n) * n),
+         *c = device_zeros<bf16>(size_t(n) * n);
+    const double ms =
+        time_ms(s, 10, [&] { cuda::gemm(ctx, false, false, n, n, n, a, n, b, n, 0.0f, c, n, nullptr, s); });
+    r.gemm_flops = 2.0 * double(n) * n * n / (ms / 1e3);
+    cudaFree(a), cudaFree(b), cudaFree(c);
+  }
+  LOOM_CUDA_CHECK(cudaStreamDestroy(s));
+  return r;
+}
+
+std::string cuda_device_name() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  return prop.name;
+}
 #else
+RooflineRates cuda_roofline_measure() {
+  fail("measuring the GPU's roofline needs a build with CUDA");
+}
+std::string cuda_device_name() {
+  return "no CUDA";
+}
 void bench_kernels(const Config&) {
   fail("loom bench kernels times CUDA kernels; this build has no CUDA (rebuild with LOOM_CUDA=ON)");
 }
