@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "launch/command.h"
+#include "runtime/error.h"
 #include "train/bench.h"
 
 namespace loom {
@@ -11,6 +12,7 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
   struct Args {
     int threads = 0;
     ConfigArgs train, kernels;
+    BenchTrainOptions train_opt;
     double comm_max_mb = 64;
   };
   auto a = std::make_shared<Args>();
@@ -20,6 +22,11 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
   gemm->add_option("--threads", a->threads, "threads (0: every core)");
   auto* train = bench->add_subcommand("train", "time a training run of a config");
   a->train.add_to(train);
+  train->add_flag("--profile", a->train_opt.profile,
+                  "time every op of steps 2 on and print the roofline table (log.profile_steps)");
+  train->add_option("--write-cluster", a->train_opt.write_cluster,
+                    "with --profile: write the measured per-op rates into this cluster file (a new one, or "
+                    "update an existing one's rates)");
   auto* kernels = bench->add_subcommand("kernels", "GPU bf16 GEMM and attention rates (tensor-core vs row-wise)");
   a->kernels.add_to(kernels, "TOML config file (its model and micro_batch set the shapes)");
   auto* comm =
@@ -41,9 +48,11 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
                    return 0;
                  }});
   out.push_back({train, true, [a](const CommandContext& ctx) {
+                   LOOM_CHECK(a->train_opt.write_cluster.empty() || a->train_opt.profile,
+                              "--write-cluster needs --profile (the rates it writes)");
                    bench_train(
                        config_build(a->train.path, a->train.sets, ctx.topt.world_size, ctx.topt.world_rank == 0),
-                       ctx.topt);
+                       ctx.topt, a->train_opt);
                    return 0;
                  }});
   out.push_back({kernels, false, [a](const CommandContext&) {
