@@ -10,6 +10,7 @@
 
 #include "checkpoint/hf_export.h"
 #include "parallel/pipeline_split.h"
+#include "runtime/cuda_api.h"
 #include "train/trainer_parts.h"
 
 namespace loom {
