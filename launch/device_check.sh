@@ -17,7 +17,8 @@
 #                  pp 2 with 1f1b, gpipe and zb, tp 2 + sp under full recompute, ZeRO-3 under
 #                  selective, MoE at ep 2, cp 2 ring and all-gather) against one CUDA rank; with two GPUs, pp 2 over
 #                  real NCCL, bitwise against the staged pp 2;
-#   bench          kernel rates (MoE's expert GEMMs batched, ragged and one per expert too), GPT-2
+#   bench          kernel rates (MoE's expert GEMMs batched, ragged and one per expert too; attention
+#                  beside PyTorch's flash and cuDNN, examples/attention_vs_torch.py), GPT-2
 #                  124M (B=16, T=1024) next to PyTorch, LLaMA-shaped 1.1B;
 #   sanitizers     last, being slowest: compute-sanitizer memcheck and racecheck.
 # Every stage runs under one global deadline (DEADLINE_S, default 540 s: a 10-minute call
@@ -337,6 +338,9 @@ stage_bench() {
   need_build || return 1
   tmo 120 $loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$work/kernels_gpt2.log" 2>&1
   tmo 120 $loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$work/kernels_llama1b.log" 2>&1
+  # loom's attention at the reference shapes (in the GPT-2 run's log) beside PyTorch's flash and cuDNN.
+  LD_LIBRARY_PATH=$orig_ld tmo 120 "$py" examples/attention_vs_torch.py "$work/kernels_gpt2.log" \
+    > "$work/attention_torch.log" 2>&1
   # The experts' GEMMs batched (a capacity), ragged (dropless) and one per expert, Mixtral-shaped.
   tmo 60 $loom bench kernels --config examples/configs/llama_1b_gpu.toml --set model.moe.num_experts=8 \
     --set model.moe.capacity_factor=1.25 > "$work/kernels_moe.log" 2>&1
@@ -386,6 +390,7 @@ summary() {
     echo "fault drills on CUDA (| drill | fault | detect | recover | restarts | lost | goodput | bitwise |): ${drills:-not run}"
     echo "2 ranks on one GPU (MPI-staged) vs 1 rank: ${layouts:-not run}"
     grep -hE "gemm bf16 8192|attention|speedup|error" "$work/kernels_gpt2.log" "$work/kernels_llama1b.log" 2> /dev/null
+    cat "$work/attention_torch.log" 2> /dev/null | tail -8
     grep -hE "moe experts|MoE experts|error" "$work/kernels_moe.log" 2> /dev/null
     echo "GPT-2 124M loom:    $(grep -h "bench train" "$work/bench_gpt2.log" 2> /dev/null || tail -1 "$work/bench_gpt2.log" 2> /dev/null)"
     echo "GPT-2 124M PyTorch: $(tail -1 "$work/bench_gpt2_torch.log" 2> /dev/null)"

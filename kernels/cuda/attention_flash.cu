@@ -147,6 +147,17 @@ __device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, in
   }
 }
 
+// Tile shapes per head dim: forward CTAs of 128 query rows (8 warps) up to D = 64, 64 rows
+// (4 warps) at 128, where a warp's O accumulators take 64 registers; the backward keeps its
+// operands in shared memory at 128, and walks 32-query tiles there.
+template <int D>
+struct Plan {
+  static constexpr int kFwdWarps = D <= 64 ? 8 : 4;
+  static constexpr int kFwdBlocksPerSm = 2;  // 8 warps of 128 registers, or 4 of 255
+  static constexpr bool kARegs = D <= 64;
+  static constexpr int kBq = D <= 64 ? 64 : 32;
+};
+
 template <int D, int Warps>
 struct FwdShape {
   static constexpr int kRows = 16 * Warps;
@@ -154,11 +165,11 @@ struct FwdShape {
   static constexpr size_t kSmem = size_t(kRows + 4 * kKeys) * row_ld<D>() * 2;  // Q, K[2], V[2]
 };
 
-template <int D, int Warps>
-__global__ void __launch_bounds__(32 * Warps)
+template <int D>
+__global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPerSm)
     attention_forward_flash_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* pos, int T, int H, int KV,
                                    float scale) {
-  using S = FwdShape<D, Warps>;
+  using S = FwdShape<D, Plan<D>::kFwdWarps>;
   constexpr int LD = row_ld<D>(), BR = S::kRows;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -278,10 +289,11 @@ struct DqShape {
   static constexpr size_t kSmem = size_t(2 * 64 + 4 * kKeys) * row_ld<D>() * 2;  // Q, dO, K[2], V[2]
 };
 
-template <int D, bool ARegs>
+template <int D>
 __global__ void __launch_bounds__(128)
     attention_dq_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
                               const int32_t* pos, int T, int H, int KV, float scale) {
+  constexpr bool ARegs = Plan<D>::kARegs;
   constexpr int LD = row_ld<D>(), BR = 64, NT = DqShape<D, ARegs>::kThreads;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -382,11 +394,12 @@ struct DkvShape {
   static constexpr size_t kSmem = size_t(2 * 64 + 4 * BQ) * row_ld<D>() * 2 + size_t(2 * 3 * BQ) * 4;
 };
 
-template <int D, int BQ, bool ARegs>
+template <int D>
 __global__ void __launch_bounds__(128)
     attention_dkv_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
                                const int32_t* pos, int T, int H, int KV, float scale) {
-  constexpr int LD = row_ld<D>(), BK = 64, NT = DkvShape<D, BQ, ARegs>::kThreads;
+  constexpr bool ARegs = Plan<D>::kARegs;
+  constexpr int BQ = Plan<D>::kBq, LD = row_ld<D>(), BK = 64, NT = DkvShape<D, BQ, ARegs>::kThreads;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* ks = reinterpret_cast<bf16*>(smem);
   bf16* vs = ks + BK * LD;
@@ -503,16 +516,6 @@ void smem_allow(Kernel kernel, size_t bytes) {
   LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-// Tile shapes per head dim: forward CTAs of 128 query rows (8 warps) up to D = 64, 64 rows
-// (4 warps) at 128, where a warp's O accumulators take 64 registers; the backward keeps its
-// operands in shared memory at 128, and walks 32-query tiles there.
-template <int D>
-struct Plan {
-  static constexpr int kFwdWarps = D <= 64 ? 8 : 4;
-  static constexpr bool kARegs = D <= 64;
-  static constexpr int kBq = D <= 64 ? 64 : 32;
-};
-
 template <int D>
 void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, const int32_t* pos,
                cudaStream_t s) {
@@ -520,10 +523,10 @@ void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int 
   using S = FwdShape<D, W>;
   check_aligned(qkv, "qkv");
   check_aligned(out, "out");
-  auto kernel = attention_forward_flash_kernel<D, W>;
-  smem_allow(kernel, S::kSmem);
+  smem_allow(attention_forward_flash_kernel<D>, S::kSmem);
   const dim3 grid(blocks_for(int64_t(B) * H, 1), blocks_for(T, S::kRows));
-  LOOM_LAUNCH(kernel, grid, S::kThreads, S::kSmem, s)(out, lse, qkv, pos, T, H, KV, 1.0f / sqrtf(float(D)));
+  LOOM_LAUNCH(attention_forward_flash_kernel<D>, grid, S::kThreads, S::kSmem, s)
+  (out, lse, qkv, pos, T, H, KV, 1.0f / sqrtf(float(D)));
   LOOM_CUDA_LAUNCHED();
 }
 
@@ -537,15 +540,13 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
   check_aligned(dout, "dout");
   check_aligned(dqkv, "dqkv");
   attention_block_delta(delta, dout, out, B, T, H, D, s);
-  auto dq = attention_dq_flash_kernel<D, A>;
-  auto dkv = attention_dkv_flash_kernel<D, BQ, A>;
   constexpr size_t dq_smem = DqShape<D, A>::kSmem, dkv_smem = DkvShape<D, BQ, A>::kSmem;
-  smem_allow(dq, dq_smem);
-  smem_allow(dkv, dkv_smem);
-  LOOM_LAUNCH(dq, dim3(blocks_for(int64_t(B) * H, 1), blocks_for(T, 64)), 128, dq_smem, s)
+  smem_allow(attention_dq_flash_kernel<D>, dq_smem);
+  smem_allow(attention_dkv_flash_kernel<D>, dkv_smem);
+  LOOM_LAUNCH(attention_dq_flash_kernel<D>, dim3(blocks_for(int64_t(B) * H, 1), blocks_for(T, 64)), 128, dq_smem, s)
   (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
-  LOOM_LAUNCH(dkv, dim3(blocks_for(int64_t(B) * KV, 1), blocks_for(T, 64)), 128, dkv_smem, s)
+  LOOM_LAUNCH(attention_dkv_flash_kernel<D>, dim3(blocks_for(int64_t(B) * KV, 1), blocks_for(T, 64)), 128, dkv_smem, s)
   (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
 }
