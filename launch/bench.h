@@ -24,8 +24,8 @@ void bench_train(const Config& cfg, const TrainOptions& opt = {});
 // bandwidth and bus bandwidth with the nccl-tests conventions. Rank 0 prints the table.
 void bench_comm(const TrainOptions& where, double max_mb);
 // The GPU's bf16 GEMM rate, the MLP GEMM with GELU separate and fused, and causal attention
-// at cfg's shape (micro_batch, seq_len, heads), tensor-core and row-wise side by side. Needs
-// a CUDA build and device.
+// at three reference shapes and cfg's (micro_batch, seq_len, heads): the flash kernels beside
+// the WMMA ones and (cfg's shape only) the row-wise ones. Needs a CUDA build and device.
 void bench_kernels(const Config& cfg);
 
 }  // namespace loom

@@ -272,7 +272,7 @@ int run(int argc, char** argv) {
   auto* btrain = bench->add_subcommand("train", "time a training run of a config");
   btrain->add_option("--config", config_path, "TOML config file");
   btrain->add_option("--set", sets, "override one key: section.key=value (repeatable)");
-  auto* bkernels = bench->add_subcommand("kernels", "GPU bf16 GEMM and attention rates (tensor-core vs row-wise)");
+  auto* bkernels = bench->add_subcommand("kernels", "GPU bf16 GEMM and attention rates (flash vs WMMA vs row-wise)");
   bkernels->add_option("--config", config_path, "TOML config file (its model and micro_batch set the shapes)");
   bkernels->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   double comm_max_mb = 64;

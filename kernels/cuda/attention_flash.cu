@@ -147,13 +147,14 @@ __device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, in
   }
 }
 
-// Tile shapes per head dim: forward CTAs of 128 query rows (8 warps) up to D = 64, 64 rows
-// (4 warps) at 128, where a warp's O accumulators take 64 registers; the backward keeps its
-// operands in shared memory at 128, and walks 32-query tiles there.
+// Tile shapes per head dim: forward CTAs of 128 query rows (8 warps) at D = 32, 64 rows (4
+// warps) at 64 and 128, at least two CTAs per SM (at D = 64, 8 warps under the 128 registers
+// two such CTAs allow would spill); the backward keeps its operands in shared memory at 128,
+// and walks 32-query tiles there.
 template <int D>
 struct Plan {
-  static constexpr int kFwdWarps = D <= 64 ? 8 : 4;
-  static constexpr int kFwdBlocksPerSm = 2;  // 8 warps of 128 registers, or 4 of 255
+  static constexpr int kFwdWarps = D <= 32 ? 8 : 4;
+  static constexpr int kFwdBlocksPerSm = 2;
   static constexpr bool kARegs = D <= 64;
   static constexpr int kBq = D <= 64 ? 64 : 32;
 };
@@ -198,6 +199,7 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
   const int wq = q0 + 16 * w;  // the warp's first row
   const int r0 = wq + g, r1 = wq + g + 8;
   const int f0 = first_key(pos, bi, T, r0), f1 = first_key(pos, bi, T, r1);
+  const int fw = first_key(pos, bi, T, wq);  // the warp's earliest document start
   uint32_t qf[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qs + 16 * w * LD, kk);
@@ -219,7 +221,7 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
     const bf16* vt_s = vs + buf * kKeys * LD;
     // A warp whose rows all precede the tile's keys (causal), or whose documents all start
     // past it, skips it (the condition is the warp's: document starts never decrease).
-    if (k0 <= wq + 15 && k0 + kKeys > first_key(pos, bi, T, wq)) {
+    if (k0 <= wq + 15 && k0 + kKeys > fw) {
       float s[kKeys / 8][4];
       gemm_abt<D, kKeys>(
           s,
@@ -319,7 +321,7 @@ __global__ void __launch_bounds__(128)
   __syncthreads();
 
   const int wq = q0 + 16 * w, r0 = wq + g, r1 = wq + g + 8;
-  const int f0 = first_key(pos, bi, T, r0), f1 = first_key(pos, bi, T, r1);
+  const int f0 = first_key(pos, bi, T, r0), f1 = first_key(pos, bi, T, r1), fw = first_key(pos, bi, T, wq);
   const int64_t stat0 = (int64_t(bi) * H + h) * T;
   const float l0 = r0 < T ? lse[stat0 + r0] * kLog2e : 0.0f, l1 = r1 < T ? lse[stat0 + r1] * kLog2e : 0.0f;
   const float d0 = r0 < T ? delta[stat0 + r0] : 0.0f, d1 = r1 < T ? delta[stat0 + r1] : 0.0f;
@@ -345,7 +347,7 @@ __global__ void __launch_bounds__(128)
     cp_async_commit();
     const bf16* kt_s = ks + buf * kKeys * LD;
     const bf16* vt_s = vs + buf * kKeys * LD;
-    if (k0 <= wq + 15 && k0 + kKeys > first_key(pos, bi, T, wq)) {
+    if (k0 <= wq + 15 && k0 + kKeys > fw) {
       float sc[kKeys / 8][4], dp[kKeys / 8][4];
       gemm_abt<D, kKeys>(
           sc,

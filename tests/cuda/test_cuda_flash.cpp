@@ -2,6 +2,7 @@
 // forward against tests/unit/testing.h's attention_ref, backward against a double-precision
 // backward that is itself checked by central differences; head dims 32, 64 and 128,
 // grouped-query ratios 1, 2, 4 and 8, ragged last tiles; and two runs give the same bits.
+// The WMMA kernels they replaced are held to the same references.
 // The same file runs on a GPU and on the CPU emulation (shapes stay small there: a warp's
 // mma.sync is a fiber exchange).
 #include <gtest/gtest.h>
@@ -113,6 +114,15 @@ TEST_P(FlashAttention, MatchesDoublePrecisionAndRepeatsBitwise) {
     EXPECT_TRUE(close(dqkv, want_dqkv, 3e-2, 3e-2)) << "backward";
     first_out = out, first_dqkv = dqkv, first_lse = lse;
   }
+  if (D == 32) return;
+  // The WMMA kernels the flash ones replaced (kept for the benchmark) against the same.
+  Dev O(no), DQ(std::vector<float>(nq, 7.0f));
+  DevRaw<float> L(size_t(B) * H * T), S(size_t(B) * H * T);
+  cuda::attention_forward_wmma(O.p, L.p, Q.p, B, T, H, KV, D, nullptr, nullptr);
+  cuda::attention_backward_wmma(DQ.p, Dy.p, O.p, Q.p, L.p, S.p, B, T, H, KV, D, nullptr, nullptr);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+  EXPECT_TRUE(close(O.get(), want_out, 1e-2, 1e-2)) << "WMMA forward";
+  EXPECT_TRUE(close(DQ.get(), want_dqkv, 3e-2, 3e-2)) << "WMMA backward";
 }
 
 // One tile and several with a ragged last one; GQA 1:1, 2:1, 4:1 and 8:1; every head dim.
