@@ -27,7 +27,7 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
   train->add_option("--write-cluster", a->train_opt.write_cluster,
                     "with --profile: write the measured per-op rates into this cluster file (a new one, or "
                     "update an existing one's rates)");
-  auto* kernels = bench->add_subcommand("kernels", "GPU bf16 GEMM and attention rates (tensor-core vs row-wise)");
+  auto* kernels = bench->add_subcommand("kernels", "GPU bf16 GEMM and attention rates (flash vs WMMA vs row-wise)");
   a->kernels.add_to(kernels, "TOML config file (its model and micro_batch set the shapes)");
   auto* comm =
       bench->add_subcommand("comm", "time, algorithm and bus bandwidth of each collective (under mpirun/srun)");

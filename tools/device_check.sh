@@ -20,7 +20,8 @@
 #   bench          kernel rates (MoE's expert GEMMs batched, ragged and one per expert too), GPT-2
 #                  124M (B=16, T=1024) and LLaMA-shaped 1.1B, each plain and with its roofline
 #                  profile (rates fitted into a cluster file), next to PyTorch eager and
-#                  torch.compile on the same shape;
+#                  torch.compile on the same shape; attention beside PyTorch's flash and cuDNN
+#                  (examples/attention_vs_torch.py);
 #   sanitizers     last, being slowest: compute-sanitizer memcheck and racecheck.
 # Every stage runs under one global deadline (DEADLINE_S, default 540 s: a 10-minute call
 # with room to pack); after each, summary.txt and stages.txt are rewritten and every log is
@@ -339,6 +340,9 @@ stage_bench() {
   need_build || return 1
   tmo 120 $loom bench kernels --config examples/configs/gpt2_124m_gpu.toml > "$work/kernels_gpt2.log" 2>&1
   tmo 120 $loom bench kernels --config examples/configs/llama_1b_gpu.toml > "$work/kernels_llama1b.log" 2>&1
+  # loom's attention at the reference shapes (in the GPT-2 run's log) beside PyTorch's flash and cuDNN.
+  LD_LIBRARY_PATH=$orig_ld tmo 120 "$py" examples/attention_vs_torch.py "$work/kernels_gpt2.log" \
+    > "$work/attention_torch.log" 2>&1
   # The experts' GEMMs batched (a capacity), ragged (dropless) and one per expert, Mixtral-shaped.
   tmo 60 $loom bench kernels --config examples/configs/llama_1b_gpu.toml --set model.moe.num_experts=8 \
     --set model.moe.capacity_factor=1.25 > "$work/kernels_moe.log" 2>&1
@@ -418,6 +422,7 @@ summary() {
     echo "fault drills on CUDA (| drill | fault | detect | recover | restarts | lost | goodput | bitwise |): ${drills:-not run}"
     echo "2 ranks on one GPU (MPI-staged) vs 1 rank: ${layouts:-not run}"
     grep -hE "gemm bf16 8192|attention|speedup|error" "$work/kernels_gpt2.log" "$work/kernels_llama1b.log" 2> /dev/null
+    cat "$work/attention_torch.log" 2> /dev/null | tail -8
     grep -hE "moe experts|MoE experts|error" "$work/kernels_moe.log" 2> /dev/null
     bench_lines "GPT-2 124M" "$work/bench_gpt2.log" "$work/bench_gpt2_torch.log" "$work/profile_gpt2.log"
     bench_lines "LLaMA 1.1B" "$work/bench_llama1b.log" "$work/bench_llama1b_torch.log" "$work/profile_llama1b.log"

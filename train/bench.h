@@ -31,8 +31,8 @@ void bench_train(const Config& cfg, const TrainOptions& opt = {}, const BenchTra
 // bandwidth and bus bandwidth with the nccl-tests conventions. Rank 0 prints the table.
 void bench_comm(const TrainOptions& where, double max_mb);
 // The GPU's bf16 GEMM rate, the MLP GEMM with GELU separate and fused, and causal attention
-// at cfg's shape (micro_batch, seq_len, heads), tensor-core and row-wise side by side. Needs
-// a CUDA build and device.
+// at three reference shapes and cfg's (micro_batch, seq_len, heads): the flash kernels beside
+// the WMMA ones and (cfg's shape only) the row-wise ones. Needs a CUDA build and device.
 void bench_kernels(const Config& cfg);
 // The current GPU's roofline, measured now: the copy bandwidth of a 1 GiB device-to-device copy
 // (bytes read + written per second) and the bf16 cuBLASLt rate of an 8192^3 GEMM; its name.

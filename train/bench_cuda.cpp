@@ -1,8 +1,8 @@
 // `loom bench kernels`: the GPU's bf16 GEMM rate (cuBLASLt), the MLP GEMM with GELU separate
 // and fused into its epilogue, a MoE layer's experts batched against one GEMM each, and causal
-// attention forward and backward at a config's shape,
-// the tensor-core kernels next to the row-wise ones (ratios in one run are the numbers to trust
-// on a shared machine). CUDA events time each one.
+// attention forward and backward at three reference shapes and the config's, the flash
+// kernels next to the WMMA and row-wise ones (ratios in one run are the numbers to trust on a
+// shared machine). CUDA events time each one.
 #include <fmt/core.h>
 
 #include "runtime/error.h"
@@ -47,6 +47,46 @@ X* device_zeros(size_t n) {
   LOOM_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(X)));
   LOOM_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(X)));
   return p;
+}
+
+// Causal attention forward and backward at one shape, TFLOP/s with the causal half of the
+// scores: forward 2 B H T^T D (two products), backward 2.5 times that. Prints one line per
+// kernel and a summary line `attention loom ...: fwd X bwd Y TFLOP/s` that
+// examples/attention_vs_torch.py reads to set PyTorch's flash and cuDNN beside it.
+void bench_attention(int B, int T, int H, int KV, int D, bool rowwise, cudaStream_t s) {
+  using cuda::bf16;
+  const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D, ns = size_t(B) * H * T;
+  bf16 *qkv = device_zeros<bf16>(nq), *out = device_zeros<bf16>(no), *dout = device_zeros<bf16>(no),
+       *dqkv = device_zeros<bf16>(nq);
+  float *lse = device_zeros<float>(ns), *scratch = device_zeros<float>(ns);
+  const double fwd = 2.0 * B * H * double(T) * T * D, bwd = 2.5 * fwd;
+  const std::string shape = fmt::format("B{} T{} H{} KV{} D{}", B, T, H, KV, D);
+  enum Kind { flash, wmma, rows };
+  double flash_f = 0, flash_b = 0;
+  for (Kind k : {flash, wmma, rows}) {
+    if (k == wmma && D != 64 && D != 128) continue;
+    if (k == rows && !rowwise) continue;
+    const double f = time_ms(s, 5, [&] {
+      if (k == flash) cuda::attention_forward(out, lse, qkv, B, T, H, KV, D, nullptr, s);
+      if (k == wmma) cuda::attention_forward_wmma(out, lse, qkv, B, T, H, KV, D, nullptr, s);
+      if (k == rows) cuda::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, nullptr, s);
+    });
+    const double bw = time_ms(s, 5, [&] {
+      if (k == flash) cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
+      if (k == wmma) cuda::attention_backward_wmma(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
+      if (k == rows) cuda::attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
+    });
+    const char* name = k == flash ? "flash" : k == wmma ? "wmma" : "row-wise";
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("attention fwd {} {}", name, shape), f, fwd / f / 1e9);
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("attention bwd {} {}", name, shape), bw, bwd / bw / 1e9);
+    if (k == flash)
+      flash_f = f, flash_b = bw;
+    else
+      fmt::print("flash speedup over {} {}: forward {:.1f}x, backward {:.1f}x\n", name, shape, f / flash_f,
+                 bw / flash_b);
+  }
+  fmt::print("attention loom {}: fwd {:.1f} bwd {:.1f} TFLOP/s\n", shape, fwd / flash_f / 1e9, bwd / flash_b / 1e9);
+  for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
 }
 
 }  // namespace
@@ -142,37 +182,14 @@ void bench_kernels(const Config& cfg) {
                loop / batched, loop / ragged);
     for (void* p : {(void*)x, (void*)w, (void*)fc, (void*)act, (void*)y, (void*)counts}) cudaFree(p);
   }
-  const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D, ns = size_t(B) * H * T;
-  bf16 *qkv = device_zeros<bf16>(nq), *out = device_zeros<bf16>(no), *dout = device_zeros<bf16>(no),
-       *dqkv = device_zeros<bf16>(nq);
-  float *lse = device_zeros<float>(ns), *scratch = device_zeros<float>(ns);
-  // Causal: half of the T x T scores; forward two products, backward five (S recomputed).
-  const double fwd = 2.0 * B * H * double(T) * T * D, bwd = 2.5 * fwd;
-  const std::string shape = fmt::format("B{} T{} H{} KV{} D{}", B, T, H, KV, D);
-  double tc_f = 0, tc_b = 0;
-  for (bool tc : {true, false}) {
-    const double f = time_ms(s, 5, [&] {
-      if (tc)
-        cuda::attention_forward(out, lse, qkv, B, T, H, KV, D, nullptr, s);
-      else
-        cuda::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, nullptr, s);
-    });
-    const double bw = time_ms(s, 5, [&] {
-      if (tc)
-        cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
-      else
-        cuda::attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
-    });
-    const char* name = tc ? "tensor-core" : "row-wise";
-    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("attention fwd {} {}", name, shape), f, fwd / f / 1e9);
-    fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("attention bwd {} {}", name, shape), bw, bwd / bw / 1e9);
-    if (tc) {
-      tc_f = f, tc_b = bw;
-    } else {
-      fmt::print("tensor-core speedup: forward {:.1f}x, backward {:.1f}x\n", f / tc_f, bw / tc_b);
-    }
-  }
-  for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
+  // Attention at the three reference shapes (GPT-2 124M, the 1.1B GQA model, an 8B-class long
+  // sequence) and the config's: the flash kernels, the WMMA ones beside them, and the
+  // row-wise ones at the config's shape only (they are slow at the long one).
+  struct AttnShape {
+    int B, T, H, KV, D;
+  };
+  const AttnShape shapes[] = {{16, 1024, 12, 12, 64}, {4, 2048, 32, 4, 64}, {2, 8192, 32, 8, 128}, {B, T, H, KV, D}};
+  for (const AttnShape& a : shapes) bench_attention(a.B, a.T, a.H, a.KV, a.D, &a == &shapes[3], s);
   cudaStreamDestroy(s);
 }
 

@@ -390,18 +390,18 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
 
 }  // namespace
 
-void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, const int32_t* pos,
-                       cudaStream_t s) {
+void attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D,
+                            const int32_t* pos, cudaStream_t s) {
   if (D == 64) return forward_d<64>(out, lse, qkv, B, T, H, KV, pos, s);
   if (D == 128) return forward_d<128>(out, lse, qkv, B, T, H, KV, pos, s);
-  attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, pos, s);
+  fail("the WMMA attention kernels support head dims 64 and 128, not {}", D);
 }
 
-void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                        float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s) {
+void attention_backward_wmma(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
+                             float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s) {
   if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
   if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
-  attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, pos, s);
+  fail("the WMMA attention kernels support head dims 64 and 128, not {}", D);
 }
 
 }  // namespace loom::cuda

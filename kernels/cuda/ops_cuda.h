@@ -139,18 +139,26 @@ void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cud
 void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s);
 void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s);
 
-// defines: attention_forward, attention_backward, attention_forward_rowwise, attention_backward_rowwise
+// defines: attention_forward, attention_backward (attention_flash.cu), attention_forward_wmma,
+//          attention_backward_wmma (attention_tc.cu), attention_forward_rowwise,
+//          attention_backward_rowwise (attention.cu)
 // Flash-style causal attention over packed qkv [B,T,(H+2KV)*D] with grouped-query heads: an
 // online softmax over key tiles, never a T x T matrix. lse [B,H,T] (fp32) is kept for
-// backward, which recomputes the probabilities. Head dims 64 and 128 run on tensor cores
-// (attention_tc.cu), 32 on the row-wise kernels (attention.cu); others are refused.
+// backward, which recomputes the probabilities. Head dims 32, 64 and 128 run on the
+// FlashAttention-2-class kernels (mma.sync, attention_flash.cu); others are refused.
 // pos [B*T] (data.doc_mask): query t attends to keys t - pos[b*T + t] .. t, its own document,
 // and key tiles wholly before it are skipped (null: 0 .. t); backward takes the same pos.
 void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, const int32_t* pos,
                        cudaStream_t s);
-// dqkv overwritten; scratch: B*H*T floats.
+// dqkv overwritten, deterministically (no atomics); scratch: B*H*T floats.
 void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
                         float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s);
+// The earlier tensor-core kernels (WMMA through shared memory), D = 64 and 128: kept to
+// compare against (tests, loom bench kernels).
+void attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D,
+                            const int32_t* pos, cudaStream_t s);
+void attention_backward_wmma(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
+                             float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s);
 // The row-wise kernels (a warp per query or key row, CUDA cores) for any of D = 32, 64, 128:
 // the reference the tensor-core path is tested and benchmarked against.
 void attention_forward_rowwise(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D,

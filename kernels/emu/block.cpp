@@ -139,7 +139,7 @@ struct Fiber {
 };
 
 enum class Wait : uint8_t { none, barrier, warp, done };
-enum class WarpOp : uint8_t { shuffle, vote, syncwarp, mma };
+enum class WarpOp : uint8_t { shuffle, vote, syncwarp, mma, gather };
 const char* op_name(WarpOp op) {
   switch (op) {
     case WarpOp::shuffle:
@@ -150,6 +150,8 @@ const char* op_name(WarpOp op) {
       return "__syncwarp";
     case WarpOp::mma:
       return "wmma::mma_sync";
+    case WarpOp::gather:
+      return "mma.sync or ldmatrix";
   }
   return "?";
 }
@@ -164,6 +166,7 @@ struct Warp {
   int cur = 0;  // which half of the tables the pending operation uses
   uint64_t value[2][32];
   float a[2][256], b[2][256];
+  uint64_t words[2][32 * 8];
 };
 
 struct Executor {
@@ -649,6 +652,16 @@ unsigned warp_ballot(unsigned mask, bool pred, int line) {
   for (int l = 0; l < 32; ++l)
     if ((mask >> l & 1u) && values[l]) bits |= 1u << l;
   return bits;
+}
+
+const uint64_t* warp_gather(const uint64_t* words, int n, int line) {
+  Executor& ex = executor();
+  const int t = current_thread->linear, lane = t % 32;
+  Warp& w = ex.warps[size_t(t / 32)];
+  const int half = w.cur;
+  for (int i = 0; i < n; ++i) w.words[half][lane * 8 + i] = words[i];
+  warp_arrive(ex, 0xffffffffu, WarpOp::gather, line, half);
+  return w.words[half];
 }
 
 void warp_mma(float* d, const float* c, const float* a, const float* b, int line) {

@@ -56,9 +56,20 @@ namespace loom::emu {
 
 // The emulated thread a fiber runs now, and its block: set by the block scheduler each time
 // it switches to a fiber.
+// A 16-byte cp.async in flight: done at the cp.async.wait_group that covers its group (src
+// null: zero fill), so shared memory read before that wait holds the old bytes.
+struct CpAsync {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  unsigned group = 0;
+};
 struct ThreadState {
   uint3 idx;
   int linear = 0;  // x + y * blockDim.x + z * blockDim.x * blockDim.y
+  static constexpr int kCpAsyncSlots = 64;
+  CpAsync cp_async[kCpAsyncSlots];
+  int cp_async_pending = 0;
+  unsigned cp_async_committed = 0;  // groups closed by cp.async.commit_group
 };
 struct BlockState {
   uint3 idx;
@@ -75,6 +86,10 @@ void syncwarp(unsigned mask, int line);
 // the mask). The value table of a vote: all 32 slots, lanes outside the mask zero.
 uint64_t warp_shuffle(unsigned mask, uint64_t value, int src, int line);
 unsigned warp_ballot(unsigned mask, bool pred, int line);
+// Every lane of the (full) warp publishes n <= 8 words; returns the table of all lanes' words,
+// lane l's word i at [l * 8 + i], valid until this lane's next warp operation. The exchange
+// behind the emulated mma.sync and ldmatrix (kernels/emu/ptx.h).
+const uint64_t* warp_gather(const uint64_t* words, int n, int line);
 
 template <class T>
 uint64_t to_bits(T v) {

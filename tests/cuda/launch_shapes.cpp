@@ -35,9 +35,15 @@ int call_every_kernel(const ModelShape& s) {
   cuda::gelu_backward(x, x, x, NF, nullptr), ++n;
   cuda::swiglu_forward(x, x, N, s.F, nullptr), ++n;
   cuda::swiglu_backward(x, x, x, N, s.F, nullptr), ++n;
-  const bool tensor_cores = s.D == 64 || s.D == 128;
   cuda::attention_forward(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
-  cuda::attention_backward(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += tensor_cores ? 2 : 3;
+  cuda::attention_backward(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 3;
+  // The kernels attention_forward replaced, kept as references and in the benchmark.
+  cuda::attention_forward_rowwise(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
+  cuda::attention_backward_rowwise(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 3;
+  if (s.D == 64 || s.D == 128) {
+    cuda::attention_forward_wmma(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
+    cuda::attention_backward_wmma(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 2;
+  }
   // Context parallel at cp 2: blocks of T/2 keys for T/2 queries.
   const int Tl = s.T / 2;
   cuda::attention_kv_extract(x, x, s.B, Tl, s.H, s.KV, s.D, nullptr), ++n;

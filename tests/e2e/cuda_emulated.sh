@@ -6,8 +6,8 @@
 #           norm, every tensor's step-1 gradient norm, weights, within bf16's tolerances; the
 #           weights' 5e-2 is about what 4 Adam steps can move a weight, so the losses and the
 #           per-tensor gradient norms are what catch a wrong result), gpt2 against
-#           the CPU fp32 run too; data.doc_mask (gpt2: learned positions and the row-wise
-#           attention; llama at head dim 64: RoPE and the tensor-core attention) against the
+#           the CPU fp32 run too; data.doc_mask (gpt2: learned positions, head dim 32; llama
+#           at head dim 64: RoPE; both on the flash attention kernels) against the
 #           CPU bf16 run with the mask, and unlike the run without it; each
 #           recompute policy bitwise against none (MoE's full recompute too); the host
 #           synchronizations per step (none from MoE layers, dropless or with a capacity).

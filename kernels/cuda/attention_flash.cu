@@ -1,0 +1,575 @@
+// Causal attention in the FlashAttention-2 structure on mma.sync m16n8k16 (bf16 operands,
+// fp32 accumulators; kernels/cuda/mma.cuh), head dims 32, 64 and 128, grouped-query heads by
+// head mapping (kv head = h / (H / KV), no copies), data.doc_mask's document starts (pos).
+// Forward: a block of query rows per CTA, a warp per 16 rows with its Q fragments in
+// registers, K/V tiles of 64 keys streamed through shared memory by cp.async into two buffers
+// (the next tile lands while this one is used), S = QK^T and O += PV with the online softmax
+// in registers (P goes from the S accumulators straight into A fragments), log-sum-exp
+// written for the backward and context parallel; key tiles above the diagonal are skipped and
+// the CTAs with the longest rows start first. Backward, deterministic without atomics: delta =
+// rowsum(dO * O), then dQ (a CTA per query tile walking its key tiles) and dK/dV (a CTA per
+// key tile, dK and dV in registers, walking every query tile of every head in its group, in
+// order); S and dP are computed in both, the price of no atomics. P and dS are rounded to bf16
+// for their products, as in FlashAttention. Shared-memory rows are padded by 16 bytes, so the
+// eight 16-byte rows an ldmatrix or cp.async phase touches fall in distinct banks.
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kKeys = 64;  // keys per tile (forward and dQ), queries per CTA (dQ)
+
+template <int D>
+__host__ __device__ constexpr int row_ld() {  // padded shared-memory row, in bf16
+  return D + 8;
+}
+
+__device__ __forceinline__ int imin(int a, int b) {
+  return a < b ? a : b;
+}
+__device__ __forceinline__ int imax(int a, int b) {
+  return a > b ? a : b;
+}
+
+// The first key query t of sequence bi attends to: its document's first token (pos = null:
+// the sequence's).
+__device__ __forceinline__ int first_key(const int32_t* pos, int bi, int T, int t) {
+  return pos && t < T ? t - pos[int64_t(bi) * T + t] : 0;
+}
+
+// Rows [r0, r0 + R) of a bf16 matrix (row stride `stride`, D columns) into a padded shared
+// tile by cp.async; rows at or past T are zero filled (and not read).
+template <int D, int R, int Threads>
+__device__ __forceinline__ void tile_async(bf16* dst, const bf16* src, int64_t stride, int r0, int T) {
+  constexpr int V = D / 8;
+  static_assert(R * V % Threads == 0, "every thread copies as many vectors");
+#pragma unroll
+  for (int j = 0; j < R * V / Threads; ++j) {
+    const int i = threadIdx.x + j * Threads, r = i / V, c = (i % V) * 8;
+    const bool ok = r0 + r < T;
+    cp_async16(dst + r * row_ld<D>() + c, src + int64_t(ok ? r0 + r : 0) * stride + c, ok);
+  }
+}
+
+// A fragments (16 rows x 16 columns, column block kk) of a warp's 16 padded rows.
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* rows, int kk) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix<4>(a, rows + (lane % 16) * row_ld<D>() + kk * 16 + 8 * (lane / 16));
+}
+
+// B fragments of two 8-column blocks of X^T, where X is the padded tile `rows` (row n, column
+// k): keys n0..n0+15 at dims k0..k0+15 (S = Q K^T, dP = dO V^T). b[0..1] block n0, b[2..3] n0+8.
+template <int D>
+__device__ __forceinline__ void load_bt(uint32_t (&b)[4], const bf16* rows, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix<4>(b, rows + (n0 + lane % 8 + 8 * (lane / 16)) * row_ld<D>() + k0 + 8 * ((lane / 8) % 2));
+}
+
+// B fragments of two 8-column blocks of X itself (row k, column n): rows k0..k0+15, columns
+// n0..n0+15 (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q).
+template <int D>
+__device__ __forceinline__ void load_b(uint32_t (&b)[4], const bf16* rows, int k0, int n0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix<4, true>(b, rows + (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * row_ld<D>() + n0 + 8 * (lane / 16));
+}
+
+__device__ __forceinline__ void mma2(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+  const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+  mma_16816(d0, a, b0, d0);
+  mma_16816(d1, a, b1, d1);
+}
+
+// acc[N/8] = A (16 x D, from `a_frag(kk)`) @ X^T for the N rows of the padded tile `xt`.
+template <int D, int N, class AFrag>
+__device__ __forceinline__ void gemm_abt(float (&acc)[N / 8][4], AFrag a_frag, const bf16* xt) {
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    a_frag(a, kk);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t b[4];
+      load_bt<D>(b, xt, np * 16, kk * 16);
+      mma2(acc[2 * np], acc[2 * np + 1], a, b);
+    }
+  }
+}
+
+// acc[D/8] += P (16 x N, fp32 accumulators rounded to bf16 A fragments) @ X (N x D).
+template <int D, int N>
+__device__ __forceinline__ void gemm_pb(float (&acc)[D / 8][4], const float (&p)[N / 8][4], const bf16* x) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    const uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                           pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                           pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      load_b<D>(b, x, kk * 16, dp * 16);
+      mma2(acc[2 * dp], acc[2 * dp + 1], a, b);
+    }
+  }
+}
+
+// A warp's 16 accumulated rows (times `scale`) as bf16 rows r0.. of a strided matrix, staged
+// through the warp's own 16 padded shared rows for 16-byte stores.
+template <int D>
+__device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, int T, const float (&acc)[D / 8][4],
+                                           float scale0, float scale1, bf16* stage) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    *reinterpret_cast<uint32_t*>(stage + g * row_ld<D>() + 8 * n + 2 * t) =
+        pack_bf16(acc[n][0] * scale0, acc[n][1] * scale0);
+    *reinterpret_cast<uint32_t*>(stage + (g + 8) * row_ld<D>() + 8 * n + 2 * t) =
+        pack_bf16(acc[n][2] * scale1, acc[n][3] * scale1);
+  }
+  __syncwarp();
+  constexpr int V = D / 8;
+#pragma unroll
+  for (int j = 0; j < V / 2; ++j) {
+    const int i = lane + 32 * j, r = i / V, c = (i % V) * 8;
+    if (r0 + r < T)
+      *reinterpret_cast<int4*>(dst + int64_t(r0 + r) * stride + c) =
+          *reinterpret_cast<const int4*>(stage + r * row_ld<D>() + c);
+  }
+}
+
+// Tile shapes per head dim: forward CTAs of 128 query rows (8 warps) at D = 32, 64 rows (4
+// warps) at 64 and 128, at least two CTAs per SM (at D = 64, 8 warps under the 128 registers
+// two such CTAs allow would spill); the backward keeps its operands in shared memory at 128,
+// and walks 32-query tiles there.
+template <int D>
+struct Plan {
+  static constexpr int kFwdWarps = D <= 32 ? 8 : 4;
+  static constexpr int kFwdBlocksPerSm = 2;
+  static constexpr bool kARegs = D <= 64;
+  static constexpr int kBq = D <= 64 ? 64 : 32;
+};
+
+template <int D, int Warps>
+struct FwdShape {
+  static constexpr int kRows = 16 * Warps;
+  static constexpr int kThreads = 32 * Warps;
+  static constexpr size_t kSmem = size_t(kRows + 4 * kKeys) * row_ld<D>() * 2;  // Q, K[2], V[2]
+};
+
+template <int D>
+__global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPerSm)
+    attention_forward_flash_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* pos, int T, int H, int KV,
+                                   float scale) {
+  using S = FwdShape<D, Plan<D>::kFwdWarps>;
+  constexpr int LD = row_ld<D>(), BR = S::kRows;
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* ks = qs + BR * LD;  // [2][kKeys][LD]
+  bf16* vs = ks + 2 * kKeys * LD;
+  // x: head and sequence; y: query tiles, the last (longest rows) first.
+  const int h = blockIdx.x % H, bi = blockIdx.x / H;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
+  const bf16* base = qkv + int64_t(bi) * T * row;
+  const bf16* kbase = base + (H + kvh) * D;
+  const bf16* vbase = base + (H + KV + kvh) * D;
+  const float sl2 = scale * kLog2e;
+
+  // Key tiles [kt0, kt1): from the first row's document start to the last row's diagonal.
+  const int kt0 = first_key(pos, bi, T, q0) / kKeys;
+  const int kt1 = (imin(q0 + BR, T) + kKeys - 1) / kKeys;
+  tile_async<D, BR, S::kThreads>(qs, base + h * D, row, q0, T);
+  tile_async<D, kKeys, S::kThreads>(ks, kbase, row, kt0 * kKeys, T);
+  tile_async<D, kKeys, S::kThreads>(vs, vbase, row, kt0 * kKeys, T);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int wq = q0 + 16 * w;  // the warp's first row
+  const int r0 = wq + g, r1 = wq + g + 8;
+  const int f0 = first_key(pos, bi, T, r0), f1 = first_key(pos, bi, T, r1);
+  const int fw = first_key(pos, bi, T, wq);  // the warp's earliest document start
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qs + 16 * w * LD, kk);
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[n][i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sum
+
+  for (int kt = kt0; kt < kt1; ++kt) {
+    const int buf = (kt - kt0) % 2, k0 = kt * kKeys;
+    if (kt + 1 < kt1) {
+      tile_async<D, kKeys, S::kThreads>(ks + (buf ^ 1) * kKeys * LD, kbase, row, k0 + kKeys, T);
+      tile_async<D, kKeys, S::kThreads>(vs + (buf ^ 1) * kKeys * LD, vbase, row, k0 + kKeys, T);
+    }
+    cp_async_commit();
+    const bf16* kt_s = ks + buf * kKeys * LD;
+    const bf16* vt_s = vs + buf * kKeys * LD;
+    // A warp whose rows all precede the tile's keys (causal), or whose documents all start
+    // past it, skips it (the condition is the warp's: document starts never decrease).
+    if (k0 <= wq + 15 && k0 + kKeys > fw) {
+      float s[kKeys / 8][4];
+      gemm_abt<D, kKeys>(
+          s,
+          [&](uint32_t(&a)[4], int kk) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
+          },
+          kt_s);
+      const bool edge = k0 + kKeys - 1 > wq || k0 < imax(f0, f1);
+      if (edge) {
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int key = k0 + 8 * n + 2 * t + i % 2, r = i < 2 ? r0 : r1, f = i < 2 ? f0 : f1;
+            if (key > r || key < f) s[n][i] = -INFINITY;
+          }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float mx = m[half];
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float ms = mx == -INFINITY ? 0.0f : mx * sl2;  // a row with no key yet stays zero
+        const float corr = exp2_approx(m[half] * sl2 - ms);
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+          for (int j = 2 * half; j < 2 * half + 2; ++j) {
+            s[n][j] = exp2_approx(s[n][j] * sl2 - ms);
+            sum += s[n][j];
+          }
+        l[half] = l[half] * corr + sum;
+        m[half] = mx;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) o[n][2 * half] *= corr, o[n][2 * half + 1] *= corr;
+      }
+      gemm_pb<D, kKeys>(o, s, vt_s);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the next tile has landed; every warp is done with this one
+  }
+  float inv[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+    inv[half] = 1.0f / l[half];
+  }
+  store_rows<D>(out + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, wq, T, o, inv[0], inv[1], qs + 16 * w * LD);
+  if (t == 0) {
+    float* ls = lse + (int64_t(bi) * H + h) * T;
+    if (r0 < T) ls[r0] = m[0] * scale + logf(l[0]);
+    if (r1 < T) ls[r1] = m[1] * scale + logf(l[1]);
+  }
+}
+
+// dQ: a CTA of 4 warps per 64 query rows, walking the key tiles as the forward does. With
+// ARegs the warp's Q and dO fragments stay in registers, else they are read from shared
+// memory at each use (head dim 128, where registers would spill).
+template <int D, bool ARegs>
+struct DqShape {
+  static constexpr int kThreads = 128;
+  static constexpr size_t kSmem = size_t(2 * 64 + 4 * kKeys) * row_ld<D>() * 2;  // Q, dO, K[2], V[2]
+};
+
+template <int D>
+__global__ void __launch_bounds__(128)
+    attention_dq_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
+                              const int32_t* pos, int T, int H, int KV, float scale) {
+  constexpr bool ARegs = Plan<D>::kARegs;
+  constexpr int LD = row_ld<D>(), BR = 64, NT = DqShape<D, ARegs>::kThreads;
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* dos = qs + BR * LD;
+  bf16* ks = dos + BR * LD;  // [2][kKeys][LD]
+  bf16* vs = ks + 2 * kKeys * LD;
+  const int h = blockIdx.x % H, bi = blockIdx.x / H;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
+  const bf16* base = qkv + int64_t(bi) * T * row;
+  const bf16* kbase = base + (H + kvh) * D;
+  const bf16* vbase = base + (H + KV + kvh) * D;
+  const float sl2 = scale * kLog2e;
+  const int kt0 = first_key(pos, bi, T, q0) / kKeys;
+  const int kt1 = (imin(q0 + BR, T) + kKeys - 1) / kKeys;
+  tile_async<D, BR, NT>(qs, base + h * D, row, q0, T);
+  tile_async<D, BR, NT>(dos, dout + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, q0, T);
+  tile_async<D, kKeys, NT>(ks, kbase, row, kt0 * kKeys, T);
+  tile_async<D, kKeys, NT>(vs, vbase, row, kt0 * kKeys, T);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int wq = q0 + 16 * w, r0 = wq + g, r1 = wq + g + 8;
+  const int f0 = first_key(pos, bi, T, r0), f1 = first_key(pos, bi, T, r1), fw = first_key(pos, bi, T, wq);
+  const int64_t stat0 = (int64_t(bi) * H + h) * T;
+  const float l0 = r0 < T ? lse[stat0 + r0] * kLog2e : 0.0f, l1 = r1 < T ? lse[stat0 + r1] * kLog2e : 0.0f;
+  const float d0 = r0 < T ? delta[stat0 + r0] : 0.0f, d1 = r1 < T ? delta[stat0 + r1] : 0.0f;
+  const bf16* qw = qs + 16 * w * LD;
+  const bf16* dow = dos + 16 * w * LD;
+  uint32_t qf[ARegs ? D / 16 : 1][4], dof[ARegs ? D / 16 : 1][4];
+  if constexpr (ARegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qw, kk), load_a<D>(dof[kk], dow, kk);
+  }
+  float dq[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dq[n][i] = 0.0f;
+
+  for (int kt = kt0; kt < kt1; ++kt) {
+    const int buf = (kt - kt0) % 2, k0 = kt * kKeys;
+    if (kt + 1 < kt1) {
+      tile_async<D, kKeys, NT>(ks + (buf ^ 1) * kKeys * LD, kbase, row, k0 + kKeys, T);
+      tile_async<D, kKeys, NT>(vs + (buf ^ 1) * kKeys * LD, vbase, row, k0 + kKeys, T);
+    }
+    cp_async_commit();
+    const bf16* kt_s = ks + buf * kKeys * LD;
+    const bf16* vt_s = vs + buf * kKeys * LD;
+    if (k0 <= wq + 15 && k0 + kKeys > fw) {
+      float sc[kKeys / 8][4], dp[kKeys / 8][4];
+      gemm_abt<D, kKeys>(
+          sc,
+          [&](uint32_t(&a)[4], int kk) {
+            if constexpr (ARegs) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
+            } else {
+              load_a<D>(a, qw, kk);
+            }
+          },
+          kt_s);
+      gemm_abt<D, kKeys>(
+          dp,
+          [&](uint32_t(&a)[4], int kk) {
+            if constexpr (ARegs) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) a[i] = dof[kk][i];
+            } else {
+              load_a<D>(a, dow, kk);
+            }
+          },
+          vt_s);
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = k0 + 8 * n + 2 * t + i % 2, r = i < 2 ? r0 : r1, f = i < 2 ? f0 : f1;
+          const float p = key <= r && key >= f ? exp2_approx(sc[n][i] * sl2 - (i < 2 ? l0 : l1)) : 0.0f;
+          sc[n][i] = p * (dp[n][i] - (i < 2 ? d0 : d1));  // dS
+        }
+      gemm_pb<D, kKeys>(dq, sc, kt_s);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  store_rows<D>(dqkv + int64_t(bi) * T * row + h * D, row, wq, T, dq, scale, scale, qs + 16 * w * LD);
+}
+
+// dK and dV: a CTA of 4 warps per 64 keys of one kv head, a warp per 16 keys with its dK and
+// dV accumulators in registers, walking the query tiles (BQ rows) of every query head of the
+// group in order; Q, dO and the tiles' lse, delta and document starts double-buffered.
+template <int D, int BQ, bool ARegs>
+struct DkvShape {
+  static constexpr int kThreads = 128;
+  static constexpr size_t kSmem = size_t(2 * 64 + 4 * BQ) * row_ld<D>() * 2 + size_t(2 * 3 * BQ) * 4;
+};
+
+template <int D>
+__global__ void __launch_bounds__(128)
+    attention_dkv_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
+                               const int32_t* pos, int T, int H, int KV, float scale) {
+  constexpr bool ARegs = Plan<D>::kARegs;
+  constexpr int BQ = Plan<D>::kBq, LD = row_ld<D>(), BK = 64, NT = DkvShape<D, BQ, ARegs>::kThreads;
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
+  bf16* ks = reinterpret_cast<bf16*>(smem);
+  bf16* vs = ks + BK * LD;
+  bf16* qs = vs + BK * LD;  // [2][BQ][LD]
+  bf16* dos = qs + 2 * BQ * LD;
+  float* lse_s = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ], times log2 e
+  float* delta_s = lse_s + 2 * BQ;
+  int* first_s = reinterpret_cast<int*>(delta_s + 2 * BQ);
+  // x: kv head and sequence; y: key tiles, the first (seen by the most queries) first.
+  const int kvh = blockIdx.x % KV, bi = blockIdx.x / KV, k0 = blockIdx.y * BK;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row = (H + 2 * KV) * D, group = H / KV;
+  const bf16* base = qkv + int64_t(bi) * T * row;
+  const float sl2 = scale * kLog2e;
+  // Query tiles from the diagonal on, up to the first whose document starts past these keys.
+  const int qt0 = k0 / BQ;
+  int qt1 = qt0;
+  while (qt1 * BQ < T && first_key(pos, bi, T, qt1 * BQ) < k0 + BK) ++qt1;
+  const int per_head = qt1 - qt0, steps = group * per_head;
+  auto load = [&](int step, int buf) {
+    const int h = kvh * group + step / per_head, q0 = (qt0 + step % per_head) * BQ;
+    tile_async<D, BQ, NT>(qs + buf * BQ * LD, base + h * D, row, q0, T);
+    tile_async<D, BQ, NT>(dos + buf * BQ * LD, dout + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, q0, T);
+    const int64_t stat0 = (int64_t(bi) * H + h) * T;
+    for (int i = threadIdx.x; i < BQ; i += NT) {
+      const bool ok = q0 + i < T;
+      lse_s[buf * BQ + i] = ok ? lse[stat0 + q0 + i] * kLog2e : 0.0f;
+      delta_s[buf * BQ + i] = ok ? delta[stat0 + q0 + i] : 0.0f;
+      first_s[buf * BQ + i] = first_key(pos, bi, T, q0 + i);
+    }
+  };
+  tile_async<D, BK, NT>(ks, base + (H + kvh) * D, row, k0, T);
+  tile_async<D, BK, NT>(vs, base + (H + KV + kvh) * D, row, k0, T);
+  if (steps > 0) load(0, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int wk = k0 + 16 * w, key0 = wk + g, key1 = wk + g + 8;
+  const bf16* kw = ks + 16 * w * LD;
+  const bf16* vw = vs + 16 * w * LD;
+  uint32_t kf[ARegs ? D / 16 : 1][4], vf[ARegs ? D / 16 : 1][4];
+  if constexpr (ARegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a<D>(kf[kk], kw, kk), load_a<D>(vf[kk], vw, kk);
+  }
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[n][i] = dv[n][i] = 0.0f;
+
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step % 2, q0 = (qt0 + step % per_head) * BQ;
+    if (step + 1 < steps) load(step + 1, buf ^ 1);
+    cp_async_commit();
+    const bf16* qt_s = qs + buf * BQ * LD;
+    const bf16* dot_s = dos + buf * BQ * LD;
+    const float* ls = lse_s + buf * BQ;
+    const float* ds = delta_s + buf * BQ;
+    const int* fs = first_s + buf * BQ;
+    // Skipped where every query precedes the warp's keys, or every document starts after them.
+    if (q0 + BQ - 1 >= wk && fs[0] < wk + 16) {
+      float st[BQ / 8][4], dpt[BQ / 8][4];  // S^T and dP^T: the warp's keys x the tile's queries
+      gemm_abt<D, BQ>(
+          st,
+          [&](uint32_t(&a)[4], int kk) {
+            if constexpr (ARegs) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) a[i] = kf[kk][i];
+            } else {
+              load_a<D>(a, kw, kk);
+            }
+          },
+          qt_s);
+      gemm_abt<D, BQ>(
+          dpt,
+          [&](uint32_t(&a)[4], int kk) {
+            if constexpr (ARegs) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) a[i] = vf[kk][i];
+            } else {
+              load_a<D>(a, vw, kk);
+            }
+          },
+          dot_s);
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = 8 * n + 2 * t + i % 2, q = q0 + c, key = i < 2 ? key0 : key1;
+          const float p = key <= q && q < T && key >= fs[c] ? exp2_approx(st[n][i] * sl2 - ls[c]) : 0.0f;
+          st[n][i] = p;
+          dpt[n][i] = p * (dpt[n][i] - ds[c]);  // dS^T
+        }
+      gemm_pb<D, BQ>(dv, st, dot_s);
+      gemm_pb<D, BQ>(dk, dpt, qt_s);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  bf16* drows = dqkv + int64_t(bi) * T * row;
+  store_rows<D>(drows + (H + kvh) * D, row, wk, T, dk, scale, scale, ks + 16 * w * LD);
+  store_rows<D>(drows + (H + KV + kvh) * D, row, wk, T, dv, 1.0f, 1.0f, vs + 16 * w * LD);
+}
+
+// The tiles load 16-byte vectors: every row must start on a 16-byte boundary.
+void check_aligned(const void* p, const char* what) {
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "flash attention needs {} 16-byte aligned", what);
+}
+
+template <class Kernel>
+void smem_allow(Kernel kernel, size_t bytes) {
+  LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+template <int D>
+void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, const int32_t* pos,
+               cudaStream_t s) {
+  constexpr int W = Plan<D>::kFwdWarps;
+  using S = FwdShape<D, W>;
+  check_aligned(qkv, "qkv");
+  check_aligned(out, "out");
+  smem_allow(attention_forward_flash_kernel<D>, S::kSmem);
+  const dim3 grid(blocks_for(int64_t(B) * H, 1), blocks_for(T, S::kRows));
+  LOOM_LAUNCH(attention_forward_flash_kernel<D>, grid, S::kThreads, S::kSmem, s)
+  (out, lse, qkv, pos, T, H, KV, 1.0f / sqrtf(float(D)));
+  LOOM_CUDA_LAUNCHED();
+}
+
+template <int D>
+void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, float* delta, int B,
+                int T, int H, int KV, const int32_t* pos, cudaStream_t s) {
+  constexpr bool A = Plan<D>::kARegs;
+  constexpr int BQ = Plan<D>::kBq;
+  const float scale = 1.0f / sqrtf(float(D));
+  check_aligned(qkv, "qkv");
+  check_aligned(dout, "dout");
+  check_aligned(dqkv, "dqkv");
+  attention_block_delta(delta, dout, out, B, T, H, D, s);
+  constexpr size_t dq_smem = DqShape<D, A>::kSmem, dkv_smem = DkvShape<D, BQ, A>::kSmem;
+  smem_allow(attention_dq_flash_kernel<D>, dq_smem);
+  smem_allow(attention_dkv_flash_kernel<D>, dkv_smem);
+  LOOM_LAUNCH(attention_dq_flash_kernel<D>, dim3(blocks_for(int64_t(B) * H, 1), blocks_for(T, 64)), 128, dq_smem, s)
+  (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
+  LOOM_CUDA_LAUNCHED();
+  LOOM_LAUNCH(attention_dkv_flash_kernel<D>, dim3(blocks_for(int64_t(B) * KV, 1), blocks_for(T, 64)), 128, dkv_smem, s)
+  (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
+  LOOM_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, const int32_t* pos,
+                       cudaStream_t s) {
+  LOOM_CHECK(KV > 0 && H % KV == 0, "attention needs n_head ({}) a multiple of n_kv_head ({})", H, KV);
+  if (D == 64) return forward_d<64>(out, lse, qkv, B, T, H, KV, pos, s);
+  if (D == 128) return forward_d<128>(out, lse, qkv, B, T, H, KV, pos, s);
+  if (D == 32) return forward_d<32>(out, lse, qkv, B, T, H, KV, pos, s);
+  fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
+}
+
+void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
+                        float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s) {
+  if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
+  if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
+  if (D == 32) return backward_d<32>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
+  fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
+}
+
+}  // namespace loom::cuda
