@@ -182,7 +182,8 @@ TEST_P(Widths, PointwiseConversionsAndBiasBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, Widths,
-                         kSanitized ? ::testing::Values(96, 200, 37) : ::testing::Values(768, 4096, 771, 4100));
+                         ::testing::ValuesIn(kSanitized ? std::vector<int>{96, 200, 37}
+                                                        : std::vector<int>{768, 4096, 771, 4100}));
 
 // The token embedding over the whole vocabulary and over a shard that starts past 0, with
 // and without positions; gradients (+=) against the CPU's, summed in the same order.
