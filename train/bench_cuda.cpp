@@ -2,7 +2,8 @@
 // and fused into its epilogue, a MoE layer's experts batched against one GEMM each, and causal
 // attention forward and backward at three reference shapes and the config's, the flash
 // kernels next to the WMMA and row-wise ones (ratios in one run are the numbers to trust on a
-// shared machine). CUDA events time each one.
+// shared machine), and the memory-bound kernels of a step against the device copy rate. CUDA events
+// time each one.
 #include <fmt/core.h>
 
 #include "runtime/error.h"
@@ -13,6 +14,7 @@
 
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "model/flops.h"
 #include "model/layout.h"
 #include "runtime/comm/nccl_group.h"
 #include "runtime/cuda_check.h"
@@ -89,6 +91,86 @@ void bench_attention(int B, int T, int H, int KV, int D, bool rowwise, cudaStrea
   for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
 }
 
+// The memory-bound kernels of a step at the config's shape: achieved TB/s over the bytes each
+// must move, and its fraction of the device-to-device copy rate measured first.
+void bench_memory_kernels(const Config& cfg, cudaStream_t s) {
+  using cuda::bf16;
+  const int N = cfg.train.micro_batch * cfg.model.seq_len, C = cfg.model.d_model, F = cfg.model.d_ff,
+            V = cfg.model.vocab_size;
+  const int64_t NC = int64_t(N) * C, NF = int64_t(N) * F;
+  const int64_t big = std::max<int64_t>({2 * NC, 2 * NF, int64_t(N) * V});  // bf16 elements
+  bf16 *x = device_zeros<bf16>(size_t(big)), *y = device_zeros<bf16>(size_t(big)), *z = device_zeros<bf16>(size_t(big)),
+       *w = device_zeros<bf16>(size_t(C)), *bias = device_zeros<bf16>(size_t(C));
+  float *mean = device_zeros<float>(size_t(N)), *rstd = device_zeros<float>(size_t(N)),
+        *dw = device_zeros<float>(size_t(C)), *db = device_zeros<float>(size_t(C)),
+        *part = device_zeros<float>(size_t(cuda::column_partials_floats(N, std::max(C, 4 * C)))),
+        *losses = device_zeros<float>(size_t(N));
+  int32_t* targets = device_zeros<int32_t>(size_t(N));
+  std::vector<float> ones(size_t(C), 1.0f);
+  {
+    std::vector<uint16_t> one_bf16(size_t(C), 0x3f80);  // the weight 1: LayerNorm's rows stay finite
+    LOOM_CUDA_CHECK(cudaMemcpy(w, one_bf16.data(), size_t(C) * 2, cudaMemcpyHostToDevice));
+  }
+  const double copy_bytes = 2.0 * double(big) * 2;
+  const double copy =
+      time_ms(s, 10, [&] { LOOM_CUDA_CHECK(cudaMemcpyAsync(y, x, size_t(big) * 2, cudaMemcpyDeviceToDevice, s)); });
+  const double peak = copy_bytes / copy / 1e9;  // TB/s
+  fmt::print("\n{:<44} {:>9} {:>9} {:>8} {:>7}\n", "memory-bound kernel", "ms", "MB moved", "TB/s", "copy");
+  auto row = [&](const std::string& name, double bytes, double ms) {
+    const double tbs = bytes / ms / 1e9;
+    fmt::print("{:<44} {:>9.4f} {:>9.1f} {:>8.2f} {:>6.0f}%\n", name, ms, bytes / 1e6, tbs, 100.0 * tbs / peak);
+  };
+  row(fmt::format("device copy {} MB", int64_t(big) * 2 / 1000000), copy_bytes, copy);
+  const std::string nc = fmt::format(" {}x{}", N, C);
+  row("layernorm fwd" + nc, 4.0 * NC + 8.0 * N,
+      time_ms(s, 20, [&] { cuda::layernorm_forward(z, mean, rstd, x, nullptr, w, bias, N, C, 1e-5f, s); }));
+  row("layernorm fwd + residual add" + nc, 8.0 * NC + 8.0 * N,
+      time_ms(s, 20, [&] { cuda::layernorm_forward(z, mean, rstd, x, y, w, bias, N, C, 1e-5f, s); }));
+  row("layernorm dinp" + nc, 8.0 * NC + 8.0 * N,
+      time_ms(s, 20, [&] { cuda::layernorm_backward(z, nullptr, nullptr, y, x, w, mean, rstd, N, C, part, s); }));
+  row("layernorm dweight+dbias" + nc, 4.0 * NC + 8.0 * N,
+      time_ms(s, 20, [&] { cuda::layernorm_backward(nullptr, dw, db, y, x, w, mean, rstd, N, C, part, s); }));
+  row("rmsnorm fwd + residual add" + nc, 8.0 * NC + 4.0 * N,
+      time_ms(s, 20, [&] { cuda::rmsnorm_forward(z, rstd, x, y, w, N, C, 1e-5f, s); }));
+  row("rmsnorm dinp" + nc, 8.0 * NC + 4.0 * N,
+      time_ms(s, 20, [&] { cuda::rmsnorm_backward(z, nullptr, y, x, w, rstd, N, C, part, s); }));
+  row("rmsnorm dweight" + nc, 4.0 * NC + 4.0 * N,
+      time_ms(s, 20, [&] { cuda::rmsnorm_backward(nullptr, dw, y, x, w, rstd, N, C, part, s); }));
+  row("bias backward" + nc, 2.0 * NC, time_ms(s, 20, [&] { cuda::bias_backward(dw, y, N, C, part, s); }));
+  row("residual add bf16" + nc, 6.0 * NC, time_ms(s, 20, [&] { cuda::add_bf16(z, x, NC, s); }));
+  const std::string nf = fmt::format(" {}x{}", N, F);
+  row("gelu fwd" + nf, 4.0 * NF, time_ms(s, 20, [&] { cuda::gelu_forward(z, x, NF, s); }));
+  row("gelu bwd" + nf, 6.0 * NF, time_ms(s, 20, [&] { cuda::gelu_backward(z, x, y, NF, s); }));
+  row("swiglu fwd" + nf, 6.0 * NF, time_ms(s, 20, [&] { cuda::swiglu_forward(z, x, N, F, s); }));
+  row("swiglu bwd" + nf, 10.0 * NF, time_ms(s, 20, [&] { cuda::swiglu_backward(z, x, y, N, F, s); }));
+  row("to_f32" + nc, 6.0 * NC, time_ms(s, 20, [&] { cuda::to_f32(reinterpret_cast<float*>(z), x, NC, s); }));
+  row("to_bf16" + nc, 6.0 * NC, time_ms(s, 20, [&] { cuda::to_bf16(z, reinterpret_cast<const float*>(y), NC, s); }));
+  // The loss rewrites its logits with their gradient: a fresh copy before each call would be
+  // timed too, so the same buffer is reused (a gradient of zeros is as costly to compute).
+  row(fmt::format("crossentropy fwd+bwd {}x{}", N, V), 4.0 * N * double(V) + 8.0 * N,
+      time_ms(s, 10, [&] { cuda::crossentropy_forward_backward(z, losses, targets, N, V, V, 1.0f / N, s); }));
+  {
+    // AdamW over the model's parameters (a flat table of 8192-element chunks).
+    const int64_t P = param_count(cfg);
+    std::vector<cuda::OptChunkDev> table;
+    for (int64_t k = 0; k < P; k += 8192) table.push_back({k, k, k, int32_t(std::min<int64_t>(8192, P - k)), 1, 1});
+    auto* chunks = device_zeros<cuda::OptChunkDev>(table.size());
+    LOOM_CUDA_CHECK(cudaMemcpy(chunks, table.data(), table.size() * sizeof(cuda::OptChunkDev), cudaMemcpyHostToDevice));
+    float *master = device_zeros<float>(size_t(P)), *g = device_zeros<float>(size_t(P)),
+          *m = device_zeros<float>(size_t(P)), *v = device_zeros<float>(size_t(P)), *one = device_zeros<float>(1);
+    LOOM_CUDA_CHECK(cudaMemcpy(one, ones.data(), 4, cudaMemcpyHostToDevice));
+    bf16* params = device_zeros<bf16>(size_t(P));
+    row(fmt::format("adamw {}M params", P / 1000000), 30.0 * double(P), time_ms(s, 10, [&] {
+          cuda::adamw_multi(master, params, g, m, v, chunks, int(table.size()), 1e-3f, 1.0f, 0.9f, 0.95f, 1e-8f, 1.0f,
+                            one, s);
+        }));
+    for (void* p : {(void*)chunks, (void*)master, (void*)g, (void*)m, (void*)v, (void*)one, (void*)params}) cudaFree(p);
+  }
+  for (void* p : {(void*)x, (void*)y, (void*)z, (void*)w, (void*)bias, (void*)mean, (void*)rstd, (void*)dw, (void*)db,
+                  (void*)part, (void*)losses, (void*)targets})
+    cudaFree(p);
+}
+
 }  // namespace
 
 void bench_kernels(const Config& cfg) {
@@ -96,8 +178,9 @@ void bench_kernels(const Config& cfg) {
   using cuda::bf16;
   cudaStream_t s;
   LOOM_CUDA_CHECK(cudaStreamCreate(&s));
+  bench_memory_kernels(cfg, s);
   cuda::GemmContext ctx;
-  fmt::print("{:<34} {:>10} {:>10}\n", "kernel", "ms", "TFLOP/s");
+  fmt::print("\n{:<34} {:>10} {:>10}\n", "kernel", "ms", "TFLOP/s");
   for (int n : {1024, 2048, 4096, 8192}) {
     bf16 *a = device_zeros<bf16>(size_t(n) * n), *b = device_zeros<bf16>(size_t(n) * n),
          *c = device_zeros<bf16>(size_t(n) * n);

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
+#include <initializer_list>
 
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda_check.h"
@@ -34,6 +36,71 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// 128-bit words of 8 bf16: the unit the memory-bound kernels load and store. The emulation
+// copies bytes (no aliasing assumptions for the host compiler) and traps where the GPU would
+// fault on a misaligned word.
+constexpr int kPack = 8;
+__device__ __forceinline__ int4 load128(const void* p) {
+#if defined(LOOM_CUDA_EMULATION)
+  if (reinterpret_cast<uintptr_t>(p) % 16) __builtin_trap();
+  int4 r;
+  std::memcpy(&r, p, 16);
+  return r;
+#else
+  return *reinterpret_cast<const int4*>(p);
+#endif
+}
+__device__ __forceinline__ void store128(void* p, int4 v) {
+#if defined(LOOM_CUDA_EMULATION)
+  if (reinterpret_cast<uintptr_t>(p) % 16) __builtin_trap();
+  std::memcpy(p, &v, 16);
+#else
+  *reinterpret_cast<int4*>(p) = v;
+#endif
+}
+__device__ __forceinline__ void unpack8(float (&x)[kPack], int4 w) {
+  bf16 h[kPack];
+  std::memcpy(h, &w, 16);
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) x[k] = f(h[k]);
+}
+__device__ __forceinline__ int4 pack8(const float (&x)[kPack]) {
+  bf16 h[kPack];
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) h[k] = b(x[k]);
+  int4 w;
+  std::memcpy(&w, h, 16);
+  return w;
+}
+// Columns [c, c + 8) of a row of C, zeros past C: one word where `aligned` (the row starts on
+// 16 bytes and C % 8 == 0, so a word is wholly inside or outside), else element by element.
+__device__ __forceinline__ int4 load_cols(const bf16* __restrict__ row, int c, int C, bool aligned) {
+  if (aligned) return c < C ? load128(row + c) : int4{0, 0, 0, 0};
+  bf16 h[kPack];
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) h[k] = c + k < C ? row[c + k] : b(0.0f);
+  int4 w;
+  std::memcpy(&w, h, 16);
+  return w;
+}
+__device__ __forceinline__ void store_cols(bf16* __restrict__ row, int c, int C, bool aligned, int4 w) {
+  if (aligned) {
+    if (c < C) store128(row + c, w);
+    return;
+  }
+  bf16 h[kPack];
+  std::memcpy(h, &w, 16);
+#pragma unroll
+  for (int k = 0; k < kPack; ++k)
+    if (c + k < C) row[c + k] = h[k];
+}
+// True where every pointer is on 16 bytes (null ones count as aligned).
+inline bool aligned16(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (reinterpret_cast<uintptr_t>(p) % 16) return false;
+  return true;
 }
 
 // A grid past 2^31 - 1 blocks is refused here, before the int wraps into a valid-looking one.
@@ -83,6 +150,39 @@ __global__ void column_finish_kernel(float* out, const float* part, int chunks, 
   out[c] = Accumulate ? out[c] + t : t;
 }
 
+// Stage one over 128-bit words (C % 8 == 0, every row on 16 bytes): `value.word(n, c, a, b)`
+// gives row n's contributions to columns [c, c + 8). Each thread takes 8 columns, so a block of
+// (kWordsPerBlock, kColPhases) covers 128 columns with kColPhases row phases, added in order;
+// the grid, (C / 128) x chunks, fills the device (768 columns over 8192 rows: 6 x 64 blocks).
+// Bytes: the rows' bf16 operands read once, 4 C (8 C with b) written a chunk: at DRAM bandwidth.
+constexpr int kWordsPerBlock = 16;
+template <class Value>
+__global__ void __launch_bounds__(kWordsPerBlock* kColPhases)
+    column_word_partials_kernel(float* __restrict__ part_a, float* __restrict__ part_b, Value value, int N, int C,
+                                int rows) {
+  constexpr int kCols = kWordsPerBlock * kPack;
+  __shared__ float sa[kColPhases][kCols], sb[kColPhases][kCols];
+  const int c = (blockIdx.x * kWordsPerBlock + threadIdx.x) * kPack, n0 = blockIdx.y * rows,
+            n1 = n0 + rows < N ? n0 + rows : N;
+  float a[kPack] = {}, b[kPack] = {};
+  if (c < C)
+    for (int n = n0 + threadIdx.y; n < n1; n += kColPhases) value.word(n, c, a, b);
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) {
+    sa[threadIdx.y][threadIdx.x * kPack + k] = a[k];
+    sb[threadIdx.y][threadIdx.x * kPack + k] = b[k];
+  }
+  __syncthreads();
+  // Threads [0, 128) finish the a columns, [128, 256) the b ones.
+  const int t = threadIdx.y * kWordsPerBlock + threadIdx.x, col = t % kCols, out = blockIdx.x * kCols + col;
+  if (t >= 2 * kCols || out >= C) return;
+  const bool is_b = t >= kCols;
+  if (is_b && !part_b) return;
+  float sum = 0.0f;
+  for (int p = 0; p < kColPhases; ++p) sum += is_b ? sb[p][col] : sa[p][col];
+  (is_b ? part_b : part_a)[int64_t(blockIdx.y) * C + out] = sum;
+}
+
 // Both stages on stream s; partials: 2 * row_chunks(N) * C floats (one half without part_b).
 template <bool Accumulate, class Value>
 void column_sums_2stage(float* out_a, float* out_b, Value value, int N, int C, float* partials, cudaStream_t s) {
@@ -90,6 +190,26 @@ void column_sums_2stage(float* out_a, float* out_b, Value value, int N, int C, f
   float* pa = partials;
   float* pb = out_b ? partials + int64_t(chunks) * C : nullptr;
   LOOM_LAUNCH(column_partials_kernel<Value>, dim3(blocks_for(C, 32), chunks), dim3(32, kColPhases), 0, s)
+  (pa, pb, value, N, C, chunk_rows(N));
+  LOOM_CUDA_LAUNCHED();
+  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_a, pa, chunks, C);
+  LOOM_CUDA_LAUNCHED();
+  if (!out_b) return;
+  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_b, pb, chunks, C);
+  LOOM_CUDA_LAUNCHED();
+}
+
+// The same with stage one over words where `aligned` (C % 8 == 0 and the value's rows on 16
+// bytes); Value gives both operator() and word().
+template <bool Accumulate, class Value>
+void column_sums_2stage_words(float* out_a, float* out_b, Value value, int N, int C, bool aligned, float* partials,
+                              cudaStream_t s) {
+  if (!aligned) return column_sums_2stage<Accumulate>(out_a, out_b, value, N, C, partials, s);
+  const int chunks = row_chunks(N);
+  float* pa = partials;
+  float* pb = out_b ? partials + int64_t(chunks) * C : nullptr;
+  LOOM_LAUNCH(column_word_partials_kernel<Value>, dim3(blocks_for(C, kWordsPerBlock * kPack), chunks),
+              dim3(kWordsPerBlock, kColPhases), 0, s)
   (pa, pb, value, N, C, chunk_rows(N));
   LOOM_CUDA_LAUNCHED();
   LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_a, pa, chunks, C);

@@ -1,7 +1,7 @@
-// Pointwise and column-reduction kernels. Column reductions (bias, embedding gradients) sum in
-// a fixed order without atomics: the bias gradient in two stages over row chunks (common.cuh);
-// the token embedding gradient gives each distinct token of the batch one block that walks
-// that token's positions in order.
+// Pointwise and column-reduction kernels. The pointwise ones move 128-bit words (see below). Column reductions (bias,
+// embedding gradients) sum in a fixed order without atomics: the bias gradient in two stages over row chunks
+// (common.cuh); the token embedding gradient gives each distinct token of the batch one block that walks that token's
+// positions in order.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -11,13 +11,68 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void to_bf16_kernel(bf16* out, const float* in, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = b(in[i]);
+// Pointwise kernels: thread t owns elements [8t, 8t + 8), one 128-bit word per bf16 operand
+// (two per fp32 one) where every pointer is on 16 bytes (`vec`); the last n % 8 elements, and
+// all of them where a pointer is not aligned, go element by element. Each reads and writes
+// every element once: DRAM bandwidth bounds them all (bytes per element beside each).
+__device__ __forceinline__ int64_t pack_start() {
+  return (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kPack;
 }
-__global__ void to_f32_kernel(float* out, const bf16* in, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = f(in[i]);
+inline int pack_blocks(int64_t n) {
+  return blocks_for((n + kPack - 1) / kPack, kThreads);
+}
+__device__ __forceinline__ void load8(float (&x)[kPack], const bf16* __restrict__ p, int64_t i, int64_t n, bool vec) {
+  if (vec) return unpack8(x, load128(p + i));
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) x[k] = i + k < n ? f(p[i + k]) : 0.0f;
+}
+__device__ __forceinline__ void load8(float (&x)[kPack], const float* __restrict__ p, int64_t i, int64_t n, bool vec) {
+  if (vec) {
+    const int4 lo = load128(p + i), hi = load128(p + i + 4);
+    std::memcpy(x, &lo, 16);
+    std::memcpy(x + 4, &hi, 16);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) x[k] = i + k < n ? p[i + k] : 0.0f;
+}
+__device__ __forceinline__ void store8(bf16* __restrict__ p, const float (&x)[kPack], int64_t i, int64_t n, bool vec) {
+  if (vec) return store128(p + i, pack8(x));
+#pragma unroll
+  for (int k = 0; k < kPack; ++k)
+    if (i + k < n) p[i + k] = b(x[k]);
+}
+__device__ __forceinline__ void store8(float* __restrict__ p, const float (&x)[kPack], int64_t i, int64_t n, bool vec) {
+  if (vec) {
+    int4 lo, hi;
+    std::memcpy(&lo, x, 16);
+    std::memcpy(&hi, x + 4, 16);
+    store128(p + i, lo);
+    store128(p + i + 4, hi);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kPack; ++k)
+    if (i + k < n) p[i + k] = x[k];
+}
+
+// 4 bytes read, 2 written per element.
+__global__ void to_bf16_kernel(bf16* __restrict__ out, const float* __restrict__ in, int64_t n, bool aligned) {
+  const int64_t i = pack_start();
+  if (i >= n) return;
+  const bool vec = aligned && i + kPack <= n;
+  float x[kPack];
+  load8(x, in, i, n, vec);
+  store8(out, x, i, n, vec);
+}
+// 2 bytes read, 4 written per element.
+__global__ void to_f32_kernel(float* __restrict__ out, const bf16* __restrict__ in, int64_t n, bool aligned) {
+  const int64_t i = pack_start();
+  if (i >= n) return;
+  const bool vec = aligned && i + kPack <= n;
+  float x[kPack];
+  load8(x, in, i, n, vec);
+  store8(out, x, i, n, vec);
 }
 
 // Row m's contribution to column c of the bias gradient.
@@ -25,6 +80,12 @@ struct BiasGrad {
   const bf16* dout;
   int N;
   __device__ void operator()(int m, int c, float& a, float&) const { a += f(dout[int64_t(m) * N + c]); }
+  __device__ void word(int m, int c, float (&a)[kPack], float (&)[kPack]) const {
+    float dy[kPack];
+    unpack8(dy, load128(dout + int64_t(m) * N + c));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) a[k] += dy[k];
+  }
 };
 
 __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl,
@@ -88,75 +149,150 @@ __global__ void rope_kernel(bf16* qkv, const float* cos, const float* sin, const
 
 constexpr float kGeluScale = 0.7978845608028654f;
 
-__global__ void add_bf16_kernel(bf16* acc, const bf16* x, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) acc[i] = b(f(acc[i]) + f(x[i]));
-}
-__global__ void add_f32_kernel(float* acc, const float* x, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) acc[i] += x[i];
-}
-
-__global__ void gelu_forward_kernel(bf16* out, const bf16* inp, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+// 4 bytes read, 2 written per element (acc += x, rounded once).
+__global__ void add_bf16_kernel(bf16* __restrict__ acc, const bf16* __restrict__ x, int64_t n, bool aligned) {
+  const int64_t i = pack_start();
   if (i >= n) return;
-  float x = f(inp[i]);
-  out[i] = b(0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x))));
+  const bool vec = aligned && i + kPack <= n;
+  float a[kPack], v[kPack];
+  load8(a, acc, i, n, vec);
+  load8(v, x, i, n, vec);
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) a[k] += v[k];
+  store8(acc, a, i, n, vec);
 }
-
-__global__ void gelu_backward_kernel(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+// 8 bytes read, 4 written per element.
+__global__ void add_f32_kernel(float* __restrict__ acc, const float* __restrict__ x, int64_t n, bool aligned) {
+  const int64_t i = pack_start();
   if (i >= n) return;
-  float x = f(inp[i]);
-  float th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
-  float g = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-  dinp[i] = b(g * f(dout[i]));
+  const bool vec = aligned && i + kPack <= n;
+  float a[kPack], v[kPack];
+  load8(a, acc, i, n, vec);
+  load8(v, x, i, n, vec);
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) a[k] += v[k];
+  store8(acc, a, i, n, vec);
 }
 
-__global__ void swiglu_forward_kernel(bf16* out, const bf16* inp, int F, int64_t total) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  int64_t n = i / F;
-  int j = int(i % F);
-  float g = f(inp[n * 2 * F + j]), u = f(inp[n * 2 * F + F + j]);
-  out[i] = b(g / (1.0f + __expf(-g)) * u);
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-__global__ void swiglu_backward_kernel(bf16* dinp, const bf16* inp, const bf16* dout, int F, int64_t total) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+// 2 bytes read, 2 written per element.
+__global__ void gelu_forward_kernel(bf16* __restrict__ out, const bf16* __restrict__ inp, int64_t n, bool aligned) {
+  const int64_t i = pack_start();
+  if (i >= n) return;
+  const bool vec = aligned && i + kPack <= n;
+  float x[kPack];
+  load8(x, inp, i, n, vec);
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) x[k] = gelu(x[k]);
+  store8(out, x, i, n, vec);
+}
+
+// 4 bytes read (inp, dout), 2 written per element.
+__global__ void gelu_backward_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ inp,
+                                     const bf16* __restrict__ dout, int64_t n, bool aligned) {
+  const int64_t i = pack_start();
+  if (i >= n) return;
+  const bool vec = aligned && i + kPack <= n;
+  float x[kPack], dy[kPack];
+  load8(x, inp, i, n, vec);
+  load8(dy, dout, i, n, vec);
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) x[k] = gelu_grad(x[k]) * dy[k];
+  store8(dinp, x, i, n, vec);
+}
+
+// SwiGLU over inp [N, 2F] (gate | up) to out [N, F]: thread t owns output elements [8t, 8t + 8),
+// inside one row when F % 8 == 0 (then in words); else element by element.
+// Forward: 4 bytes read (gate, up), 2 written per output element.
+__global__ void swiglu_forward_kernel(bf16* __restrict__ out, const bf16* __restrict__ inp, int F, int64_t total,
+                                      bool aligned) {
+  const int64_t i = pack_start();
   if (i >= total) return;
-  int64_t n = i / F;
-  int j = int(i % F);
-  float g = f(inp[n * 2 * F + j]), u = f(inp[n * 2 * F + F + j]), dy = f(dout[i]);
-  float sig = 1.0f / (1.0f + __expf(-g));
-  dinp[n * 2 * F + j] = b(dy * u * sig * (1.0f + g * (1.0f - sig)));
-  dinp[n * 2 * F + F + j] = b(dy * g * sig);
+  if (aligned) {  // F % 8 == 0: the 8 are in row i / F
+    const int64_t n = i / F;
+    const int j = int(i % F);
+    float g[kPack], u[kPack];
+    unpack8(g, load128(inp + n * 2 * F + j));
+    unpack8(u, load128(inp + n * 2 * F + F + j));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) g[k] = g[k] / (1.0f + __expf(-g[k])) * u[k];
+    store128(out + i, pack8(g));
+    return;
+  }
+  for (int64_t e = i; e < i + kPack && e < total; ++e) {
+    const int64_t n = e / F;
+    const int j = int(e % F);
+    const float g = f(inp[n * 2 * F + j]), u = f(inp[n * 2 * F + F + j]);
+    out[e] = b(g / (1.0f + __expf(-g)) * u);
+  }
+}
+
+__device__ __forceinline__ void swiglu_grad(float g, float u, float dy, float& dg, float& du) {
+  const float sig = 1.0f / (1.0f + __expf(-g));
+  dg = dy * u * sig * (1.0f + g * (1.0f - sig));
+  du = dy * g * sig;
+}
+
+// Backward: 6 bytes read (gate, up, dout), 4 written (dgate, dup) per output element.
+__global__ void swiglu_backward_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ inp,
+                                       const bf16* __restrict__ dout, int F, int64_t total, bool aligned) {
+  const int64_t i = pack_start();
+  if (i >= total) return;
+  if (aligned) {
+    const int64_t n = i / F;
+    const int j = int(i % F);
+    float g[kPack], u[kPack], dy[kPack];
+    unpack8(g, load128(inp + n * 2 * F + j));
+    unpack8(u, load128(inp + n * 2 * F + F + j));
+    unpack8(dy, load128(dout + i));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) swiglu_grad(g[k], u[k], dy[k], g[k], u[k]);
+    store128(dinp + n * 2 * F + j, pack8(g));
+    store128(dinp + n * 2 * F + F + j, pack8(u));
+    return;
+  }
+  for (int64_t e = i; e < i + kPack && e < total; ++e) {
+    const int64_t n = e / F;
+    const int j = int(e % F);
+    float dg, du;
+    swiglu_grad(f(inp[n * 2 * F + j]), f(inp[n * 2 * F + F + j]), f(dout[e]), dg, du);
+    dinp[n * 2 * F + j] = b(dg);
+    dinp[n * 2 * F + F + j] = b(du);
+  }
 }
 
 }  // namespace
 
 void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  LOOM_LAUNCH(to_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, s)(out, in, n);
+  LOOM_LAUNCH(to_bf16_kernel, pack_blocks(n), kThreads, 0, s)(out, in, n, aligned16({out, in}));
   LOOM_CUDA_LAUNCHED();
 }
 void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  LOOM_LAUNCH(to_f32_kernel, blocks_for(n, kThreads), kThreads, 0, s)(out, in, n);
+  LOOM_LAUNCH(to_f32_kernel, pack_blocks(n), kThreads, 0, s)(out, in, n, aligned16({out, in}));
   LOOM_CUDA_LAUNCHED();
 }
 void add_bf16(bf16* acc, const bf16* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  LOOM_LAUNCH(add_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, s)(acc, x, n);
+  LOOM_LAUNCH(add_bf16_kernel, pack_blocks(n), kThreads, 0, s)(acc, x, n, aligned16({acc, x}));
   LOOM_CUDA_LAUNCHED();
 }
 void add_f32(float* acc, const float* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  LOOM_LAUNCH(add_f32_kernel, blocks_for(n, kThreads), kThreads, 0, s)(acc, x, n);
+  LOOM_LAUNCH(add_f32_kernel, pack_blocks(n), kThreads, 0, s)(acc, x, n, aligned16({acc, x}));
   LOOM_CUDA_LAUNCHED();
 }
 void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials, cudaStream_t s) {
-  column_sums_2stage<true>(dbias, nullptr, BiasGrad{dout, N}, M, N, partials, s);
+  column_sums_2stage_words<true>(dbias, nullptr, BiasGrad{dout, N}, M, N, N % kPack == 0 && aligned16({dout}), partials,
+                                 s);
 }
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
                        int C, const int32_t* pos, cudaStream_t s) {
@@ -220,21 +356,27 @@ void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T,
   LOOM_CUDA_LAUNCHED();
 }
 void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s) {
-  LOOM_LAUNCH(gelu_forward_kernel, blocks_for(n, kThreads), kThreads, 0, s)(out, inp, n);
+  if (n == 0) return;
+  LOOM_LAUNCH(gelu_forward_kernel, pack_blocks(n), kThreads, 0, s)(out, inp, n, aligned16({out, inp}));
   LOOM_CUDA_LAUNCHED();
 }
 void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t s) {
-  LOOM_LAUNCH(gelu_backward_kernel, blocks_for(n, kThreads), kThreads, 0, s)(dinp, inp, dout, n);
+  if (n == 0) return;
+  LOOM_LAUNCH(gelu_backward_kernel, pack_blocks(n), kThreads, 0, s)(dinp, inp, dout, n, aligned16({dinp, inp, dout}));
   LOOM_CUDA_LAUNCHED();
 }
 void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s) {
   const int64_t total = int64_t(N) * F;
-  LOOM_LAUNCH(swiglu_forward_kernel, blocks_for(total, kThreads), kThreads, 0, s)(out, inp, F, total);
+  if (total == 0) return;
+  const bool aligned = F % kPack == 0 && aligned16({out, inp});
+  LOOM_LAUNCH(swiglu_forward_kernel, pack_blocks(total), kThreads, 0, s)(out, inp, F, total, aligned);
   LOOM_CUDA_LAUNCHED();
 }
 void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s) {
   const int64_t total = int64_t(N) * F;
-  LOOM_LAUNCH(swiglu_backward_kernel, blocks_for(total, kThreads), kThreads, 0, s)(dinp, inp, dout, F, total);
+  if (total == 0) return;
+  const bool aligned = F % kPack == 0 && aligned16({dinp, inp, dout});
+  LOOM_LAUNCH(swiglu_backward_kernel, pack_blocks(total), kThreads, 0, s)(dinp, inp, dout, F, total, aligned);
   LOOM_CUDA_LAUNCHED();
 }
 

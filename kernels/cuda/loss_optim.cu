@@ -35,23 +35,55 @@ __device__ X block_reduce(X v) {
   return v;
 }
 
-// One pass of an online softmax (each thread keeps its running max and the sum scaled to it,
-// merged across the block), then one pass writing the gradient: two reads and one write of
-// the row, the least a V-wide softmax with its gradient can do. Columns from `valid` on are
-// padding: out of the softmax, gradient 0.
-__global__ void crossentropy_kernel(bf16* logits, float* losses, const int32_t* targets, int V, int valid,
-                                    float dloss) {
+// A row of bf16 as its elements before the first 16-byte boundary (`head`), whole 128-bit words
+// from there, and the tail after them: every row of a vocabulary that is no multiple of 8
+// starts at another offset within a word.
+struct RowWords {
+  int head, words;
+};
+__device__ __forceinline__ RowWords row_words(const bf16* p, int len) {
+  int head = int((16 - reinterpret_cast<uintptr_t>(p) % 16) % 16 / 2);
+  head = head < len ? head : len;
+  return {head, (len - head) / kPack};
+}
+
+// One thread's running max m and sum s of exp(x - m) over the values it has seen.
+__device__ __forceinline__ void softmax_add(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * __expf(m - x) + 1.0f;
+    m = x;
+  } else {
+    s += __expf(x - m);
+  }
+}
+
+// The fused classifier: one block per row, an online softmax in one pass (each thread keeps its
+// running max and the sum scaled to it, merged across the block), then one pass writing the
+// gradient over the logits; no probabilities are stored. Bytes per row: reads 2V (the logits)
+// + 4 (target), writes 2V (their gradient) + 4 (loss); the second read of the row comes from L2
+// (a row is 2V = 100 KB at GPT-2's vocabulary), so DRAM moves 4V: bound by DRAM bandwidth.
+// Columns from `valid` on are padding: out of the softmax, gradient 0.
+__global__ void __launch_bounds__(kThreads)
+    crossentropy_kernel(bf16* __restrict__ logits, float* __restrict__ losses, const int32_t* __restrict__ targets,
+                        int V, int valid, float dloss) {
   bf16* l = logits + int64_t(blockIdx.x) * V;
   float m = -INFINITY, s = 0.0f;
-  for (int v = threadIdx.x; v < valid; v += kThreads) {
-    const float x = f(l[v]);
-    if (x > m) {
-      s = s * __expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      s += __expf(x - m);
+  const RowWords in = row_words(l, valid);
+  for (int c = threadIdx.x; c < in.head; c += kThreads) softmax_add(m, s, f(l[c]));
+  for (int w = threadIdx.x; w < in.words; w += kThreads) {
+    float x[kPack];
+    unpack8(x, load128(l + in.head + w * kPack));
+    float mx = x[0];
+#pragma unroll
+    for (int k = 1; k < kPack; ++k) mx = fmaxf(mx, x[k]);
+    if (mx > m) {
+      s *= __expf(m - mx);
+      m = mx;
     }
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) s += __expf(x[k] - m);
   }
+  for (int c = in.head + in.words * kPack + threadIdx.x; c < valid; c += kThreads) softmax_add(m, s, f(l[c]));
   const float M = block_reduce<true>(m);
   const float S = block_reduce<false>(m == -INFINITY ? 0.0f : s * __expf(m - M));
   const int y = targets[blockIdx.x];
@@ -60,8 +92,19 @@ __global__ void crossentropy_kernel(bf16* logits, float* losses, const int32_t* 
   if (threadIdx.x == 0) losses[blockIdx.x] = logf(S) + M - target;
   if (dloss == 0.0f) return;
   const float scale = dloss / S;
-  for (int v = threadIdx.x; v < V; v += kThreads)
-    l[v] = v < valid ? b(__expf(f(l[v]) - M) * scale - (v == y ? dloss : 0.0f)) : b(0.0f);
+  auto grad = [&](int c, float x) { return c < valid ? __expf(x - M) * scale - (c == y ? dloss : 0.0f) : 0.0f; };
+  const RowWords out = row_words(l, V);
+  for (int c = threadIdx.x; c < out.head; c += kThreads) l[c] = b(grad(c, f(l[c])));
+  for (int w = threadIdx.x; w < out.words; w += kThreads) {
+    bf16* p = l + out.head + w * kPack;
+    const int c0 = out.head + w * kPack;
+    float x[kPack];
+    unpack8(x, load128(p));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) x[k] = grad(c0 + k, x[k]);
+    store128(p, pack8(x));
+  }
+  for (int c = out.head + out.words * kPack + threadIdx.x; c < V; c += kThreads) l[c] = b(grad(c, f(l[c])));
 }
 
 // Vocab-parallel phases, one block per row of a shard.
@@ -98,7 +141,9 @@ __global__ void ce_finish_kernel(bf16* logits, float* losses, const int32_t* tar
     l[v] = v < valid ? b(__expf(f(l[v]) - m) * scale - (v == id ? dloss : 0.0f)) : b(0.0f);
 }
 
-// One block per chunk; decay_factor (1 - lr * weight_decay) applies where the chunk says so.
+// One block per chunk; bytes per element: reads 4 each of master, m, v and the gradient, writes
+// 4 each of master, m, v and 2 of the bf16 weight: 30, at DRAM bandwidth. decay_factor (1 - lr * weight_decay) applies
+// where the chunk says so.
 __global__ void adamw_multi_kernel(float* master, bf16* params, const float* grads, float* m, float* v,
                                    const OptChunkDev* chunks, float lr_step, float bc2_sqrt, float beta1, float beta2,
                                    float eps, float decay_factor, const float* grad_scale) {

@@ -1,6 +1,12 @@
-// LayerNorm and RMSNorm: one warp per row for the row statistics and the input gradient; the
-// weight and bias gradients are column sums in two deterministic stages (common.cuh). The forward kernels can first add
-// the residual branch into their input in place (the fused residual + norm of each block).
+// LayerNorm and RMSNorm. The row kernels give each row one warp and hold the row in registers
+// (lane l keeps columns 8 (l + 32 j) .. + 7, j < V, as packed bf16), so every input is read
+// from memory once, in 128-bit words where the rows are aligned; rows wider than
+// kMaxRowVecs * 256 take the scalar kernels, which read the row again from cache. The weight
+// and bias gradients are column sums in two deterministic stages (common.cuh). The forward
+// kernels can first add the residual branch into their input in place (the fused residual +
+// norm of each block).
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -8,8 +14,204 @@ namespace loom::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;  // rows per block
+constexpr int kWarps = 4;        // rows per block
+constexpr int kMaxRowVecs = 16;  // the widest row kept in registers: 16 words a lane, C = 4096
 
+// Word j of the lane's share of a row: its first column.
+__device__ __forceinline__ int lane_col(int lane, int j) {
+  return (lane + 32 * j) * kPack;
+}
+
+// Loads the lane's share of row x into raw (zeros past C), first adding add's row into x in
+// place (rounded to bf16, as the norm then reads it) when add is not null.
+template <int V>
+__device__ __forceinline__ void load_row(int4 (&raw)[V], bf16* __restrict__ x, const bf16* __restrict__ add, int C,
+                                         bool aligned, int lane) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) raw[j] = load_cols(x, lane_col(lane, j), C, aligned);
+  if (!add) return;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float v[kPack], a[kPack];
+    unpack8(v, raw[j]);
+    unpack8(a, load_cols(add, lane_col(lane, j), C, aligned));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) v[k] += a[k];
+    raw[j] = pack8(v);
+    store_cols(x, lane_col(lane, j), C, aligned, raw[j]);
+  }
+}
+
+// Forward, bytes per row: reads C * 2 (inp) [+ C * 2 (add) + writes C * 2 (the sum)], writes
+// C * 2 (out) + 8 (mean, rstd); the weight and bias come from L1/L2. Bound by DRAM bandwidth:
+// 4C bytes a row, 8C with the residual add.
+template <int V>
+__global__ void __launch_bounds__(32 * kWarps)
+    layernorm_forward_kernel(bf16* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                             bf16* __restrict__ inp, const bf16* __restrict__ add, const bf16* __restrict__ weight,
+                             const bf16* __restrict__ bias, int N, int C, float eps, bool aligned) {
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;
+  int4 raw[V];
+  load_row(raw, inp + int64_t(n) * C, add ? add + int64_t(n) * C : nullptr, C, aligned, lane);
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float v[kPack];
+    unpack8(v, raw[j]);
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) s += v[k];  // zeros past C add nothing
+  }
+  const float m = warp_sum(s) / C;
+  float q = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float v[kPack];
+    unpack8(v, raw[j]);
+#pragma unroll
+    for (int k = 0; k < kPack; ++k)
+      if (lane_col(lane, j) + k < C) q += (v[k] - m) * (v[k] - m);
+  }
+  const float r = rsqrtf(warp_sum(q) / C + eps);
+  bf16* o = out + int64_t(n) * C;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int c = lane_col(lane, j);
+    float v[kPack], w[kPack], bb[kPack];
+    unpack8(v, raw[j]);
+    unpack8(w, load_cols(weight, c, C, aligned));
+    unpack8(bb, load_cols(bias, c, C, aligned));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) v[k] = (v[k] - m) * r * w[k] + bb[k];
+    store_cols(o, c, C, aligned, pack8(v));
+  }
+  if (lane == 0) mean[n] = m, rstd[n] = r;
+}
+
+// Input gradient, bytes per row: reads C * 2 each of dout, inp and dinp (+=), writes C * 2
+// (dinp), reads 8 (mean, rstd): 8C bytes a row at DRAM bandwidth.
+template <int V>
+__global__ void __launch_bounds__(32 * kWarps)
+    layernorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
+                          const bf16* __restrict__ weight, const float* __restrict__ mean,
+                          const float* __restrict__ rstd, int N, int C, bool aligned) {
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;
+  int4 xr[V], dyr[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    xr[j] = load_cols(inp + int64_t(n) * C, lane_col(lane, j), C, aligned);
+    dyr[j] = load_cols(dout + int64_t(n) * C, lane_col(lane, j), C, aligned);
+  }
+  const float m = mean[n], r = rstd[n];
+  float a = 0.0f, bb = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float x[kPack], dy[kPack], w[kPack];
+    unpack8(x, xr[j]);
+    unpack8(dy, dyr[j]);
+    unpack8(w, load_cols(weight, lane_col(lane, j), C, aligned));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {  // zeros past C: dy = 0 adds nothing
+      const float dn = w[k] * dy[k];
+      a += dn;
+      bb += dn * (x[k] - m) * r;
+    }
+  }
+  a = warp_sum(a) / C;
+  bb = warp_sum(bb) / C;
+  bf16* dx = dinp + int64_t(n) * C;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int c = lane_col(lane, j);
+    float x[kPack], dy[kPack], w[kPack], d[kPack];
+    unpack8(x, xr[j]);
+    unpack8(dy, dyr[j]);
+    unpack8(w, load_cols(weight, c, C, aligned));
+    unpack8(d, load_cols(dx, c, C, aligned));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) d[k] += (w[k] * dy[k] - a - (x[k] - m) * r * bb) * r;
+    store_cols(dx, c, C, aligned, pack8(d));
+  }
+}
+
+// RMSNorm forward, bytes per row: as LayerNorm's less the bias and the mean: 4C (8C with the
+// residual add) + 4, at DRAM bandwidth.
+template <int V>
+__global__ void __launch_bounds__(32 * kWarps)
+    rmsnorm_forward_kernel(bf16* __restrict__ out, float* __restrict__ rstd, bf16* __restrict__ inp,
+                           const bf16* __restrict__ add, const bf16* __restrict__ weight, int N, int C, float eps,
+                           bool aligned) {
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;
+  int4 raw[V];
+  load_row(raw, inp + int64_t(n) * C, add ? add + int64_t(n) * C : nullptr, C, aligned, lane);
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float v[kPack];
+    unpack8(v, raw[j]);
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) ss += v[k] * v[k];
+  }
+  const float r = rsqrtf(warp_sum(ss) / C + eps);
+  bf16* o = out + int64_t(n) * C;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int c = lane_col(lane, j);
+    float v[kPack], w[kPack];
+    unpack8(v, raw[j]);
+    unpack8(w, load_cols(weight, c, C, aligned));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) v[k] = v[k] * r * w[k];
+    store_cols(o, c, C, aligned, pack8(v));
+  }
+  if (lane == 0) rstd[n] = r;
+}
+
+// RMSNorm input gradient, bytes per row: 8C + 4 (dout, inp, dinp read, dinp written), at DRAM
+// bandwidth.
+template <int V>
+__global__ void __launch_bounds__(32 * kWarps)
+    rmsnorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
+                        const bf16* __restrict__ weight, const float* __restrict__ rstd, int N, int C, bool aligned) {
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (n >= N) return;
+  int4 xr[V], dyr[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    xr[j] = load_cols(inp + int64_t(n) * C, lane_col(lane, j), C, aligned);
+    dyr[j] = load_cols(dout + int64_t(n) * C, lane_col(lane, j), C, aligned);
+  }
+  const float r = rstd[n];
+  float dot = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float x[kPack], dy[kPack], w[kPack];
+    unpack8(x, xr[j]);
+    unpack8(dy, dyr[j]);
+    unpack8(w, load_cols(weight, lane_col(lane, j), C, aligned));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) dot += w[k] * dy[k] * x[k] * r;
+  }
+  dot = warp_sum(dot) / C;
+  bf16* dx = dinp + int64_t(n) * C;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int c = lane_col(lane, j);
+    float x[kPack], dy[kPack], w[kPack], d[kPack];
+    unpack8(x, xr[j]);
+    unpack8(dy, dyr[j]);
+    unpack8(w, load_cols(weight, c, C, aligned));
+    unpack8(d, load_cols(dx, c, C, aligned));
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) d[k] += (w[k] * dy[k] - x[k] * r * dot) * r;
+    store_cols(dx, c, C, aligned, pack8(d));
+  }
+}
+
+// Rows wider than the register kernels hold: a warp per row, scalar, each pass reading the row
+// again (from L1/L2).
 // Row n of inp, after inp += add when add is not null: the lane's columns are summed and
 // stored in place, and the passes after the first read the stored (bf16-rounded) sums.
 __device__ __forceinline__ float row_value(bf16* x, const bf16* add, int c) {
@@ -19,8 +221,8 @@ __device__ __forceinline__ float row_value(bf16* x, const bf16* add, int c) {
   return f(v);
 }
 
-__global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add,
-                                         const bf16* weight, const bf16* bias, int N, int C, float eps) {
+__global__ void layernorm_forward_wide_kernel(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add,
+                                              const bf16* weight, const bf16* bias, int N, int C, float eps) {
   const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return;
   bf16* x = inp + int64_t(n) * C;
@@ -35,8 +237,8 @@ __global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, bf
   if (lane == 0) mean[n] = m, rstd[n] = r;
 }
 
-__global__ void layernorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* weight,
-                                      const float* mean, const float* rstd, int N, int C) {
+__global__ void layernorm_dinp_wide_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* weight,
+                                           const float* mean, const float* rstd, int N, int C) {
   const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return;
   const bf16* x = inp + int64_t(n) * C;
@@ -70,10 +272,21 @@ struct NormGrad {
     a += (f(inp[int64_t(n) * C + c]) - (mean ? mean[n] : 0.0f)) * rstd[n] * dy;
     b += dy;
   }
+  __device__ void word(int n, int c, float (&a)[kPack], float (&b)[kPack]) const {
+    float dy[kPack], x[kPack];
+    unpack8(dy, load128(dout + int64_t(n) * C + c));
+    unpack8(x, load128(inp + int64_t(n) * C + c));
+    const float m = mean ? mean[n] : 0.0f, r = rstd[n];
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      a[k] += (x[k] - m) * r * dy[k];
+      b[k] += dy[k];
+    }
+  }
 };
 
-__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N,
-                                       int C, float eps) {
+__global__ void rmsnorm_forward_wide_kernel(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
+                                            int N, int C, float eps) {
   const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return;
   bf16* x = inp + int64_t(n) * C;
@@ -88,8 +301,8 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* inp, const 
   if (lane == 0) rstd[n] = r;
 }
 
-__global__ void rmsnorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* weight,
-                                    const float* rstd, int N, int C) {
+__global__ void rmsnorm_dinp_wide_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* weight,
+                                         const float* rstd, int N, int C) {
   const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return;
   const bf16* x = inp + int64_t(n) * C;
@@ -102,11 +315,38 @@ __global__ void rmsnorm_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* in
   for (int c = lane; c < C; c += 32) dx[c] = b(f(dx[c]) + (f(weight[c]) * f(dy[c]) - f(x[c]) * r * dot) * r);
 }
 
+// Calls fn(integral_constant<V>) with the fewest words a lane of the register kernels (1, 2, 3,
+// 4, 8 or 16) that hold a row of C; false where C is wider (the scalar kernels' rows).
+template <class Fn>
+bool with_row_vecs(int C, Fn fn) {
+  const int need = (C + 32 * kPack - 1) / (32 * kPack);
+  if (need <= 1)
+    fn(std::integral_constant<int, 1>{});
+  else if (need <= 2)
+    fn(std::integral_constant<int, 2>{});
+  else if (need <= 3)
+    fn(std::integral_constant<int, 3>{});
+  else if (need <= 4)
+    fn(std::integral_constant<int, 4>{});
+  else if (need <= 8)
+    fn(std::integral_constant<int, 8>{});
+  else if (need <= kMaxRowVecs)
+    fn(std::integral_constant<int, kMaxRowVecs>{});
+  else
+    return false;
+  return true;
+}
+
 }  // namespace
 
 void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
                        const bf16* bias, int N, int C, float eps, cudaStream_t s) {
-  LOOM_LAUNCH(layernorm_forward_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+  const bool aligned = C % kPack == 0 && aligned16({out, inp, add, weight, bias});
+  const bool fits = with_row_vecs(C, [&](auto v) {
+    LOOM_LAUNCH(layernorm_forward_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+    (out, mean, rstd, inp, add, weight, bias, N, C, eps, aligned);
+  });
+  if (!fits) LOOM_LAUNCH(layernorm_forward_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
   (out, mean, rstd, inp, add, weight, bias, N, C, eps);
   LOOM_CUDA_LAUNCHED();
 }
@@ -114,28 +354,47 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf1
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
                         const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s) {
   if (dinp) {
-    LOOM_LAUNCH(layernorm_dinp_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+    const bool aligned = C % kPack == 0 && aligned16({dinp, dout, inp, weight});
+    const bool fits = with_row_vecs(C, [&](auto v) {
+      LOOM_LAUNCH(layernorm_dinp_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+      (dinp, dout, inp, weight, mean, rstd, N, C, aligned);
+    });
+    if (!fits) LOOM_LAUNCH(layernorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (dinp, dout, inp, weight, mean, rstd, N, C);
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  column_sums_2stage<true>(dweight, dbias, NormGrad{dout, inp, mean, rstd, C}, N, C, partials, s);
+  column_sums_2stage_words<true>(dweight, dbias, NormGrad{dout, inp, mean, rstd, C}, N, C,
+                                 C % kPack == 0 && aligned16({dout, inp}), partials, s);
 }
 
 void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
                      cudaStream_t s) {
-  LOOM_LAUNCH(rmsnorm_forward_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)(out, rstd, inp, add, weight, N, C, eps);
+  const bool aligned = C % kPack == 0 && aligned16({out, inp, add, weight});
+  const bool fits = with_row_vecs(C, [&](auto v) {
+    LOOM_LAUNCH(rmsnorm_forward_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+    (out, rstd, inp, add, weight, N, C, eps, aligned);
+  });
+  if (!fits) LOOM_LAUNCH(rmsnorm_forward_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+  (out, rstd, inp, add, weight, N, C, eps);
   LOOM_CUDA_LAUNCHED();
 }
 
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
                       const float* rstd, int N, int C, float* partials, cudaStream_t s) {
   if (dinp) {
-    LOOM_LAUNCH(rmsnorm_dinp_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)(dinp, dout, inp, weight, rstd, N, C);
+    const bool aligned = C % kPack == 0 && aligned16({dinp, dout, inp, weight});
+    const bool fits = with_row_vecs(C, [&](auto v) {
+      LOOM_LAUNCH(rmsnorm_dinp_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+      (dinp, dout, inp, weight, rstd, N, C, aligned);
+    });
+    if (!fits) LOOM_LAUNCH(rmsnorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+    (dinp, dout, inp, weight, rstd, N, C);
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  column_sums_2stage<true>(dweight, nullptr, NormGrad{dout, inp, nullptr, rstd, C}, N, C, partials, s);
+  column_sums_2stage_words<true>(dweight, nullptr, NormGrad{dout, inp, nullptr, rstd, C}, N, C,
+                                 C % kPack == 0 && aligned16({dout, inp}), partials, s);
 }
 
 }  // namespace loom::cuda

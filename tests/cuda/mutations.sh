@@ -21,6 +21,14 @@ mutations=(
   "tile row bound off by one (r0 + r <= T)|kernels/cuda/attention_tc.cu|if (r0 + r < T) v =|if (r0 + r <= T) v =|*CudaAttention*"
   "stored row bound off by one (t > T)|kernels/cuda/attention_tc.cu|if (t >= T) break;|if (t > T) break;|*CudaAttention*"
   "the column sums' += turned into = (weight and bias gradients)|kernels/cuda/common.cuh|out[c] = Accumulate ? out[c] + t : t;|out[c] = t;|*Norms*:*BiasBackward*"
+  "memory-bound: a warp sum missing its last lane exchange|kernels/cuda/common.cuh|for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync|for (int o = 16; o > 1; o >>= 1) v += __shfl_xor_sync|*Norms*"
+  "memory-bound: a row's last column dropped where C % 8 != 0|kernels/cuda/common.cuh|    if (c + k < C) row[c + k] = h[k];|    if (c + k < C - 1) row[c + k] = h[k];|*Norms*"
+  "memory-bound: a register row one word short|kernels/cuda/norm.cu|else if (need <= 2)\n    fn(std::integral_constant<int, 2>{});|else if (need <= 2)\n    fn(std::integral_constant<int, 1>{});|*Norms*"
+  "memory-bound: LayerNorm's variance counts the columns past C|kernels/cuda/norm.cu|      if (lane_col(lane, j) + k < C) q +=|      q +=|*Norms*"
+  "memory-bound: a pointwise tail's last element dropped|kernels/cuda/elementwise.cu|    if (i + k < n) p[i + k] = b(x[k]);|    if (i + k < n - 1) p[i + k] = b(x[k]);|*Pointwise*"
+  "memory-bound: SwiGLU's words read the gate twice|kernels/cuda/elementwise.cu|    unpack8(u, load128(inp + n * 2 * F + F + j));|    unpack8(u, load128(inp + n * 2 * F + j));|*Pointwise*"
+  "memory-bound: the loss skips a row's unaligned head|kernels/cuda/loss_optim.cu|for (int c = threadIdx.x; c < in.head; c += kThreads) softmax_add|for (int c = threadIdx.x; c < 0; c += kThreads) softmax_add|*CrossEntropy*"
+  "memory-bound: the word column sums drop a row phase|kernels/cuda/common.cuh|for (int p = 0; p < kColPhases; ++p) sum += is_b|for (int p = 1; p < kColPhases; ++p) sum += is_b|*Norms*:*BiasBackward*"
 )
 
 for m in "${mutations[@]}"; do

@@ -37,10 +37,12 @@ class Widths : public Cuda, public ::testing::WithParamInterface<int> {};
 
 }  // namespace
 
-// LayerNorm and RMSNorm, forward (with and without the fused residual add) and backward, at
-// the widths of GPT-2 small and LLaMA-7B.
-TEST_P(Widths, NormsForwardAndBackward) {
-  const int N = kRows, C = GetParam();
+namespace {
+
+// LayerNorm and RMSNorm over N rows of C, forward (with and without the fused residual add)
+// and backward, against the CPU's.
+void norms_match_cpu(int N, int C) {
+  SCOPED_TRACE(::testing::Message() << N << " rows of " << C);
   const float* none = nullptr;
   auto x = randn(size_t(N) * C, 10), w = randn(C, 11), bb = randn(C, 12), dy = randn(size_t(N) * C, 13);
   auto dx0 = randn(size_t(N) * C, 17), dw0 = randn(C, 15), db0 = randn(C, 16);
@@ -91,6 +93,24 @@ TEST_P(Widths, NormsForwardAndBackward) {
   EXPECT_TRUE(close(FO.get(), fout, 2e-2, 1e-2)) << "rmsnorm after the residual add";
 }
 
+}  // namespace
+
+// At the widths of GPT-2 small and LLaMA-7B (rows in registers, 128-bit words), at a width that
+// is no multiple of 8 (element by element, columns past C masked), and past the widest row the
+// registers hold (the scalar kernels).
+TEST_P(Widths, NormsForwardAndBackward) {
+  norms_match_cpu(kRows, GetParam());
+}
+
+// Fewer rows than a block's warps, and rows narrower than a warp's first words: lanes and warps
+// with nothing to do.
+TEST_F(Cuda, NormsOverFewNarrowRows) {
+  norms_match_cpu(3, 40);
+  norms_match_cpu(2, 13);
+  norms_match_cpu(5, 264);   // a second word for the first lane only
+  norms_match_cpu(3, 4104);  // past the register rows (the scalar kernels), aligned words
+}
+
 // Pointwise kernels over a length that is no multiple of the block size, the conversions, the
 // adds, and the bias gradient (+=) over columns that are no multiple of its 32-column blocks.
 TEST_P(Widths, PointwiseConversionsAndBiasBackward) {
@@ -106,16 +126,19 @@ TEST_P(Widths, PointwiseConversionsAndBiasBackward) {
   EXPECT_TRUE(close(GO.get(), go, 1e-3, 1e-2)) << "gelu";
   EXPECT_TRUE(close(GD.get(), gd, 1e-3, 1e-2)) << "gelu backward";
 
-  const int N = kN, F = C / 2 + 3;  // swiglu's input is [N, 2F], its output [N, F]
-  auto gu = randn(size_t(N) * 2 * F, 28, 2.0f), dgu = randn(size_t(N) * F, 29);
-  std::vector<float> so(size_t(N) * F), sd(size_t(N) * 2 * F);
-  cpu::swiglu_forward(so.data(), gu.data(), N, F);
-  cpu::swiglu_backward(sd.data(), gu.data(), dgu.data(), N, F);
-  Dev GU(gu), DGU(dgu), SO(so.size()), SD(std::vector<float>(sd.size(), 5.0f));  // overwritten, not added to
-  cuda::swiglu_forward(SO.p, GU.p, N, F, nullptr);
-  cuda::swiglu_backward(SD.p, GU.p, DGU.p, N, F, nullptr);
-  EXPECT_TRUE(close(SO.get(), so, 1e-3, 1e-2)) << "swiglu";
-  EXPECT_TRUE(close(SD.get(), sd, 1e-3, 1e-2)) << "swiglu backward";
+  // swiglu's input is [N, 2F], its output [N, F]: F a multiple of 8 (128-bit words) or not.
+  for (const int F : {C / 2 + 3, C / 16 * 8}) {
+    const int N = kN;
+    auto gu = randn(size_t(N) * 2 * F, 28, 2.0f), dgu = randn(size_t(N) * F, 29);
+    std::vector<float> so(size_t(N) * F), sd(size_t(N) * 2 * F);
+    cpu::swiglu_forward(so.data(), gu.data(), N, F);
+    cpu::swiglu_backward(sd.data(), gu.data(), dgu.data(), N, F);
+    Dev GU(gu), DGU(dgu), SO(so.size()), SD(std::vector<float>(sd.size(), 5.0f));  // overwritten, not added to
+    cuda::swiglu_forward(SO.p, GU.p, N, F, nullptr);
+    cuda::swiglu_backward(SD.p, GU.p, DGU.p, N, F, nullptr);
+    EXPECT_TRUE(close(SO.get(), so, 1e-3, 1e-2)) << "swiglu, F " << F;
+    EXPECT_TRUE(close(SD.get(), sd, 1e-3, 1e-2)) << "swiglu backward, F " << F;
+  }
 
   // The residual add (bf16, rounded once) and the fp32 add: bitwise.
   std::vector<float> sum(static_cast<size_t>(n)), f32sum(static_cast<size_t>(n)), g3(static_cast<size_t>(n));
@@ -144,18 +167,23 @@ TEST_P(Widths, PointwiseConversionsAndBiasBackward) {
   EXPECT_EQ(Narrow.get(), want);
   EXPECT_EQ(Back.get(), want);
 
-  // dbias += column sums over M rows; N columns, no multiple of 32.
-  const int M = kRows, Nc = C + 5;
-  auto dout = randn(size_t(M) * Nc, 26), db0 = randn(size_t(Nc), 27);
-  std::vector<float> db = db0;
-  cpu::bias_backward(db.data(), dout.data(), M, Nc);
-  Dev Dout(dout);
-  DevRaw<float> Db(db0), Part(static_cast<size_t>(cuda::column_partials_floats(M, Nc)));
-  cuda::bias_backward(Db.p, Dout.p, M, Nc, Part.p, nullptr);
-  EXPECT_TRUE(close(Db.get(), db, 1e-4, 1e-5)) << "bias_backward (+=)";
+  // dbias += column sums over M rows; N columns, no multiple of 32: a multiple of 8 (128-bit
+  // words) or not (element by element).
+  for (const int Nc : {C + 5, (C / 8 + 1) * 8}) {
+    const int M = kRows;
+    auto dout = randn(size_t(M) * Nc, 26), db0 = randn(size_t(Nc), 27);
+    std::vector<float> db = db0;
+    cpu::bias_backward(db.data(), dout.data(), M, Nc);
+    Dev Dout(dout);
+    DevRaw<float> Db(db0), Part(static_cast<size_t>(cuda::column_partials_floats(M, Nc)));
+    cuda::bias_backward(Db.p, Dout.p, M, Nc, Part.p, nullptr);
+    EXPECT_TRUE(close(Db.get(), db, 1e-4, 1e-5)) << "bias_backward (+=), " << Nc << " columns";
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cuda, Widths, kSanitized ? ::testing::Values(96, 200) : ::testing::Values(768, 4096));
+INSTANTIATE_TEST_SUITE_P(Cuda, Widths,
+                         ::testing::ValuesIn(kSanitized ? std::vector<int>{96, 200, 37}
+                                                        : std::vector<int>{768, 4096, 771, 4100}));
 
 // The token embedding over the whole vocabulary and over a shard that starts past 0, with
 // and without positions; gradients (+=) against the CPU's, summed in the same order.

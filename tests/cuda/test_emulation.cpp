@@ -292,7 +292,8 @@ TEST(LaunchShapes, AGridPastTheLimitIsRefusedNotWrapped) {
   loom::emu::LaunchRecorder rec;
   auto* x = reinterpret_cast<BF*>(uintptr_t(1) << 12);
   auto* f = reinterpret_cast<float*>(uintptr_t(1) << 12);
-  EXPECT_THROW(loom::cuda::to_bf16(x, f, (int64_t(1) << 31) * 256 + 1, nullptr), loom::Error);
+  // 256 threads a block, 8 elements a thread.
+  EXPECT_THROW(loom::cuda::to_bf16(x, f, (int64_t(1) << 31) * 256 * 8 + 1, nullptr), loom::Error);
   EXPECT_TRUE(rec.records().empty());
 }
 
@@ -316,7 +317,7 @@ TEST(LaunchShapes, ColumnSumsFillTheDevice) {
   ASSERT_EQ(last_error(), "");
   unsigned long long norm_blocks = 0, router_blocks = 0;
   for (const auto& r : rec.records())
-    if (r.kernel.rfind("column_partials_kernel", 0) == 0) {
+    if (r.kernel.rfind("column_partials_kernel", 0) == 0 || r.kernel.rfind("column_word_partials_kernel", 0) == 0) {
       const unsigned long long b = 1ull * r.grid.x * r.grid.y * r.grid.z;
       (norm_blocks ? router_blocks : norm_blocks) = b;
     }
