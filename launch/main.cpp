@@ -69,12 +69,14 @@ std::vector<std::string> args_expand_sections(int argc, char** argv) {
 
 // The config of a file and --set overrides. Launched as `world` ranks without parallel.dp, the
 // ranks the other axes leave are data parallel (torchtitan's -1, Megatron's implicit dp); rank
-// 0 says so (`lead`).
+// 0 says so (`lead`). Commands that read the data (`reads_data`) take data.source from the files
+// the config names when it does not set it.
 loom::Config config_build(const std::string& path, const std::vector<std::string>& sets, int world = 1,
-                          bool lead = false) {
+                          bool lead = false, bool reads_data = false) {
   loom::Config cfg = loom::config_defaults();
   if (!path.empty()) loom::config_load_file(cfg, path);
   for (auto& s : sets) loom::config_set(cfg, s);
+  if (reads_data) loom::data_source_infer(cfg);
   const int other = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp;
   if (world > 1 && !cfg.set_keys.count("parallel.dp") && other > 0 && world % other == 0) {
     cfg.parallel.dp = world / other;
@@ -381,7 +383,7 @@ int run(int argc, char** argv) {
       if (!fault.empty()) sets.push_back("fault.exit=" + fault);
       if (!hang.empty()) sets.push_back("fault.hang=" + hang);
       if (!kill_in_save.empty()) sets.push_back("fault.kill=" + kill_in_save + ":checkpoint");
-      loom::Config cfg = config_build(config_path, sets, topt.world_size, topt.world_rank == 0 && !print_config);
+      loom::Config cfg = config_build(config_path, sets, topt.world_size, topt.world_rank == 0 && !print_config, true);
       if (print_config) {
         fmt::print("{}\n", loom::config_to_toml(cfg));
         return 0;
@@ -422,7 +424,7 @@ int run(int argc, char** argv) {
           "cores a run uses\n",
           loom::cpu_peak_flops(1, true) / 1e9);
     } else if (*btrain) {
-      loom::bench_train(config_build(config_path, sets, topt.world_size, topt.world_rank == 0), topt);
+      loom::bench_train(config_build(config_path, sets, topt.world_size, topt.world_rank == 0, true), topt);
     } else if (*bcomm) {
       loom::bench_comm(topt, comm_max_mb);
     } else if (*bkernels) {

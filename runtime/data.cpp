@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -196,16 +197,26 @@ namespace {
 
 std::shared_ptr<const TokenStream> stream_open(const Config& cfg, const std::string& path) {
   if (cfg.data.source == "text") {
-    LOOM_CHECK(std::filesystem::exists(path),
-               "data file '{}' does not exist; check data.path / data.val_path / "
-               "data.sources",
-               path);
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    LOOM_CHECK(fs::exists(st), "data file '{}' does not exist; check data.path / data.val_path / data.sources", path);
+    LOOM_CHECK(fs::is_regular_file(st), "data.source = \"text\" reads one text file, and '{}' is {}; {}", path,
+               fs::is_directory(st) ? "a directory" : "not a regular file",
+               fs::is_directory(st) ? "tokenize a directory with `loom data DIR OUT.bin` and train on the shard"
+                                    : "give a regular file");
     LOOM_CHECK(cfg.model.vocab_size >= 256,
                "data.source = \"text\" uses byte tokens (0..255); set model.vocab_size >= 256 (it is {})",
                cfg.model.vocab_size);
     std::ifstream in(path, std::ios::binary);
-    LOOM_CHECK(in, "cannot read text file '{}'", path);
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    LOOM_CHECK(in, "cannot read text file '{}': {}", path, std::strerror(errno));
+    std::string bytes;
+    try {
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } catch (const std::exception& e) {  // a read error surfaces as an exception from the stream buffer
+      fail("cannot read text file '{}': {}", path, e.what());
+    }
+    LOOM_CHECK(!in.bad(), "cannot read text file '{}'", path);
     auto out = std::make_shared<std::vector<int32_t>>(bytes.size(), 0);
     for (size_t i = 0; i < bytes.size(); ++i) (*out)[i] = int32_t(uint8_t(bytes[i]));
     return std::make_shared<MemoryStream>(out, 0, int64_t(out->size()));
@@ -294,6 +305,46 @@ DataStreams data_open(const Config& cfg) {
   if (cfg.data.doc_mask)
     d.describe += fmt::format("; attention and positions kept inside documents (opened by token {})", cfg.doc_token());
   return d;
+}
+
+std::string data_source_of(const std::string& path, const std::string& key) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  LOOM_CHECK(fs::exists(st), "data file '{}' does not exist; check {}", path, key);
+  if (fs::is_directory(st)) return "tokens";
+  LOOM_CHECK(fs::is_regular_file(st), "data file '{}' is not a regular file or a directory; check {}", path, key);
+  if (fs::path(path).extension() == ".bin") return "tokens";
+  int32_t magic = 0;
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(&magic), sizeof(magic));
+  return in && (magic == kShardMagic || magic == kShardMagicU32) ? "tokens" : "text";
+}
+
+void data_source_infer(Config& cfg) {
+  DataConfig& d = cfg.data;
+  std::vector<std::pair<std::string, std::string>> named;  // (path, key)
+  if (!d.path.empty()) named.push_back({d.path, "data.path"});
+  for (auto& s : d.sources) named.push_back({s.path, "[[data.sources]]"});
+  if (named.empty()) return;
+  if (cfg.set_keys.count("data.source")) {
+    LOOM_CHECK(d.source != "synthetic",
+               "{} = '{}' is set but data.source = \"synthetic\" would ignore it; remove data.source (loom tells "
+               "token shards from text by the file) or the path",
+               named[0].second, named[0].first);
+    return;
+  }
+  std::string kind;
+  for (auto& [path, key] : named) {
+    const std::string k = data_source_of(path, key);
+    LOOM_CHECK(kind.empty() || k == kind,
+               "the data files are of two kinds: '{}' holds {} and '{}' {}; one run reads one kind (set "
+               "data.source, or make shards of all of them with `loom data`)",
+               named[0].first, kind, path, k);
+    kind = k;
+  }
+  d.source = kind;
+  cfg.set_keys.insert("data.source");
 }
 
 int64_t num_sequences(const TokenStream& s, int T) {
