@@ -185,6 +185,10 @@ int run(int argc, char** argv) {
   train->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   train->add_flag("--list-keys", list_keys, "list every config key and exit");
   train->add_flag("--print-config", print_config, "print the resolved config and exit");
+  bool verbose = false;
+  train->add_flag("--verbose", verbose,
+                  "also print the activation plan, every rank's memory ledger, FLOPs per token and the step-time "
+                  "prediction at the start");
   std::string fault, hang;
   train->add_option("--fault-exit", fault,
                     "fault drill: rank RANK exits with status 3 at step STEP (RANK:STEP; fault.exit)");
@@ -389,6 +393,7 @@ int run(int argc, char** argv) {
         return 0;
       }
       loom::stop_signals_install(cfg.fault.grace_s);  // SIGINT / SIGTERM: stop at the next step boundary
+      topt.verbose = verbose;
       const loom::TrainResult r = loom::train_run(cfg, topt);
       if (r.stopped_by) return loom::kExitStopped;
     } else if (*eval) {

@@ -1,5 +1,6 @@
 #include "launch/step_model.h"
 
+#include <sched.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -70,13 +71,14 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   static const char* keys[] = {"name",       "nodes",     "devices_per_node", "physical_devices",
                                "device",     "dtype",     "peak_tflops",      "gemm_efficiency",
                                "mem_bw_gbs", "memory_gb", "overlap",          "tree",
-                               "intra",      "inter"};
+                               "intra",      "inter",     "fitted_on"};
   for (auto&& [k, v] : t) {
     const std::string key(k.str());
-    LOOM_CHECK(std::any_of(std::begin(keys), std::end(keys), [&](const char* s) { return key == s; }),
-               "{}: unknown key `{}`; a cluster file has name, nodes, devices_per_node, physical_devices, device, "
-               "dtype, peak_tflops, gemm_efficiency, mem_bw_gbs, memory_gb, overlap, tree, [intra] and [inter]",
-               origin, key);
+    LOOM_CHECK(
+        std::any_of(std::begin(keys), std::end(keys), [&](const char* s) { return key == s; }),
+        "{}: unknown key `{}`; a cluster file has name, nodes, devices_per_node, physical_devices, device, "
+        "dtype, peak_tflops, gemm_efficiency, mem_bw_gbs, memory_gb, overlap, tree, fitted_on, [intra] and [inter]",
+        origin, key);
   }
   auto count = [&](const char* key, int64_t fallback) {
     const toml::node_view<toml::node> v = t[key];
@@ -97,6 +99,7 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   };
   Cluster c;
   c.name = word("name", origin);
+  c.fitted_on = word("fitted_on", "");
   c.nodes = count("nodes", -1);
   c.devices_per_node = count("devices_per_node", -1);
   c.physical_devices = count("physical_devices", 0);
@@ -122,6 +125,21 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   c.intra = tier_parse(t, "intra", origin);
   c.inter = c.nodes > 1 || t.contains("inter") ? tier_parse(t, "inter", origin) : c.intra;
   return c;
+}
+
+std::string machine_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      model = line.substr(line.find(':') + 1);
+      model.erase(0, model.find_first_not_of(" \t"));
+      break;
+    }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  return fmt::format("{}, {} cores", model, cores);
 }
 
 Cluster cluster_load(const std::string& path) {
