@@ -313,6 +313,9 @@ int run(int argc, char** argv) {
   pmem->add_option("--config", config_path, "TOML config of a loom run");
   pmem->add_option("--set", sets, "override one key: section.key=value (repeatable)");
   pmem->add_flag("--json", plan_json, "every rank's bytes at the config's stage, as JSON (loom runs)");
+  std::string mem_cluster;
+  pmem->add_option("--cluster", mem_cluster,
+                   "plan for this cluster file's device and dtype (examples/clusters/; default: train.device)");
 
   auto* play = plan->add_subcommand(
       "layout", "rank the layouts of a model on a cluster by predicted MFU (the step-time model), or predict one");
@@ -483,10 +486,32 @@ int run(int argc, char** argv) {
 #else
         const int gpus = 0;
 #endif
-        const std::string device = loom::device_resolve(cfg, gpus, nullptr);
+        // The device planned for, and why: a plan for a CPU where GPUs were meant must say so.
+        std::string device, why;
+        if (!mem_cluster.empty()) {
+          const loom::Cluster cluster = loom::cluster_load(mem_cluster);
+          device = cluster.device;
+          if (!cfg.set_keys.count("train.dtype")) cfg.train.dtype = loom::dtype_name(cluster.dtype);
+          why = fmt::format("the device of cluster {} (--cluster)", cluster.name);
+        } else if (cfg.train.device != "auto") {
+          device = cfg.train.device;
+          why = "train.device";
+        } else {
+          std::string no_gpu;
+          device = loom::device_resolve(cfg, gpus, &no_gpu);
+          why = device == "cpu" ? fmt::format(
+                                      "train.device = auto on this machine: {}; --cluster FILE or --set "
+                                      "train.device=cuda plans for GPUs",
+                                      no_gpu.empty() ? "no GPU here" : no_gpu)
+                                : "train.device = auto on this machine";
+        }
         const loom::DType dtype = loom::dtype_resolve(cfg, device);
-        fmt::print("{}\n", plan_json ? loom::plan_memory_json(cfg, device, dtype)
-                                     : loom::plan_memory_table(cfg, device, dtype));
+        if (plan_json) {
+          fmt::print("{}\n", loom::plan_memory_json(cfg, device, dtype));
+        } else {
+          fmt::print("planned for {} ({}): {}\n{}\n", device, loom::dtype_name(dtype), why,
+                     loom::plan_memory_table(cfg, device, dtype));
+        }
       }
     }
     return 0;
