@@ -213,11 +213,12 @@ int run(int argc, char** argv) {
   app.add_subcommand("info", "build options, library versions and devices");
 
   std::vector<std::string> report_dirs;
-  std::string report_out = "report.html";
+  std::string report_out;
   auto* report = app.add_subcommand(
       "report", "one HTML page of runs: loss, throughput, MFU, step split, memory, config (several runs overlaid)");
   report->add_option("dirs", report_dirs, "run directories (each run's log.dir)")->required();
-  report->add_option("--out", report_out, "the page to write (default report.html)");
+  report->add_option("--out", report_out,
+                     "the page to write (default report.html, numbered report-2.html, ... where one exists)");
 
   std::vector<std::string> data_paths;
   loom::DataOptions dopt;
