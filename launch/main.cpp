@@ -31,6 +31,7 @@
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/error.h"
+#include "runtime/mesh.h"
 #include "runtime/tokenizer.h"
 
 extern "C" char* openblas_get_config(void);
@@ -391,7 +392,36 @@ int run(int argc, char** argv) {
       if (!fault.empty()) sets.push_back("fault.exit=" + fault);
       if (!hang.empty()) sets.push_back("fault.hang=" + hang);
       if (!kill_in_save.empty()) sets.push_back("fault.kill=" + kill_in_save + ":checkpoint");
-      loom::Config cfg = config_build(config_path, sets, topt.world_size, topt.world_rank == 0 && !print_config, true);
+      // A config or layout error is found alike by every rank (building the config talks to no
+      // peer): the ranks agree on it, the first that failed says it once, and all end with
+      // status 2 (no abort, and no copy of the message per rank).
+      loom::Config cfg;
+      std::exception_ptr refused;
+      try {
+        cfg = config_build(config_path, sets, topt.world_size, topt.world_rank == 0 && !print_config, true);
+        if (!print_config)
+          loom::mesh_validate({cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp, cfg.parallel.ep},
+                              topt.world_size);
+      } catch (const loom::Error&) {
+        refused = std::current_exception();
+      }
+#if LOOM_HAVE_MPI
+      if (mpi && mpi->size() > 1) {
+        int mine = refused ? mpi->rank() : mpi->size(), first = mpi->size();
+        MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (first < mpi->size()) {
+          if (mpi->rank() == first) {
+            try {
+              std::rethrow_exception(refused);
+            } catch (const loom::Error& e) {
+              fmt::print(stderr, "error: {}\n", e.what());
+            }
+          }
+          return 2;
+        }
+      }
+#endif
+      if (refused) std::rethrow_exception(refused);
       if (print_config) {
         fmt::print("{}\n", loom::config_to_toml(cfg));
         return 0;
