@@ -295,7 +295,8 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   }
   if (first) c.tp_f += tp_one;  // the vocabulary-parallel embedding's sum
   if (last) {                   // lm_head and the loss
-    const double head = head_flops(cfg) / tp * tokens / rate;
+    // The logits: the matmul over the real vocabulary, as MFU counts it (6N).
+    const double head = 2.0 * double(m.vocab_size) * C / tp * tokens / rate;
     c.f += head, c.b += head, c.w += head;
     c.tp_f += tp_one + 2 * collective_time("all_reduce", tp, tokens * 4, tl, cl.tree);
     c.tp_b += tp_one;
