@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -196,6 +197,11 @@ namespace {
 
 std::shared_ptr<const TokenStream> stream_open(const Config& cfg, const std::string& path) {
   if (cfg.data.source == "text") {
+    std::error_code dir_ec;
+    LOOM_CHECK(!std::filesystem::is_directory(path, dir_ec),
+               "data.source = \"text\" reads one text file, and '{}' is a directory; tokenize a directory "
+               "with `loom data DIR OUT.bin` and train on the shard",
+               path);
     input_check(path, "data file (data.path, data.val_path or data.sources)");
     LOOM_CHECK(cfg.model.vocab_size >= 256,
                "data.source = \"text\" uses byte tokens (0..255); set model.vocab_size >= 256 (it is {})",
@@ -290,6 +296,46 @@ DataStreams data_open(const Config& cfg) {
   if (cfg.data.doc_mask)
     d.describe += fmt::format("; attention and positions kept inside documents (opened by token {})", cfg.doc_token());
   return d;
+}
+
+std::string data_source_of(const std::string& path, const std::string& key) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  LOOM_CHECK(fs::exists(st), "data file '{}' does not exist; check {}", path, key);
+  if (fs::is_directory(st)) return "tokens";
+  LOOM_CHECK(fs::is_regular_file(st), "data file '{}' is not a regular file or a directory; check {}", path, key);
+  if (fs::path(path).extension() == ".bin") return "tokens";
+  int32_t magic = 0;
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(&magic), sizeof(magic));
+  return in && (magic == kShardMagic || magic == kShardMagicU32) ? "tokens" : "text";
+}
+
+void data_source_infer(Config& cfg) {
+  DataConfig& d = cfg.data;
+  std::vector<std::pair<std::string, std::string>> named;  // (path, key)
+  if (!d.path.empty()) named.push_back({d.path, "data.path"});
+  for (auto& s : d.sources) named.push_back({s.path, "[[data.sources]]"});
+  if (named.empty()) return;
+  if (cfg.set_keys.count("data.source")) {
+    LOOM_CHECK(d.source != "synthetic",
+               "{} = '{}' is set but data.source = \"synthetic\" would ignore it; remove data.source (loom tells "
+               "token shards from text by the file) or the path",
+               named[0].second, named[0].first);
+    return;
+  }
+  std::string kind;
+  for (auto& [path, key] : named) {
+    const std::string k = data_source_of(path, key);
+    LOOM_CHECK(kind.empty() || k == kind,
+               "the data files are of two kinds: '{}' holds {} and '{}' {}; one run reads one kind (set "
+               "data.source, or make shards of all of them with `loom data`)",
+               named[0].first, kind, path, k);
+    kind = k;
+  }
+  d.source = kind;
+  cfg.set_keys.insert("data.source");
 }
 
 int64_t num_sequences(const TokenStream& s, int T) {

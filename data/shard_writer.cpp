@@ -90,8 +90,11 @@ void data_run(const DataOptions& opt) {
              "tokenizer.model)",
              opt.tokenizer);
   LOOM_CHECK(opt.tokenizer != "gpt2" || (!opt.vocab.empty() && !opt.merges.empty()),
-             "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
-  LOOM_CHECK(opt.tokenizer != "llama3" || !opt.vocab.empty(), "--tokenizer llama3 needs --vocab tokenizer.model");
+             "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt (GPT-2's files; "
+             "`tools/tokenizer_files.sh DIR` writes them into DIR)");
+  LOOM_CHECK(opt.tokenizer != "llama3" || !opt.vocab.empty(),
+             "--tokenizer llama3 needs --vocab tokenizer.model (`tools/tokenizer_files.sh DIR llama3` writes it into "
+             "DIR)");
   const std::unique_ptr<Tokenizer> bpe = tokenizer_open(opt.tokenizer, opt.vocab, opt.merges);
   const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path_of(opt.output)});
   for (const std::string& out : {opt.output, val_path_of(opt.output)}) {

@@ -1,6 +1,7 @@
 #include "data/tokenizer.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -142,7 +143,23 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text) {
   return out;
 }
 
+namespace {
+// A tokenizer file must be a regular file: a directory opens as a stream that reads nothing.
+void tokenizer_file_check(const std::string& path, const char* what) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  LOOM_CHECK(std::filesystem::exists(st),
+             "{} '{}' does not exist (`tools/tokenizer_files.sh DIR [gpt2|llama3]` writes loom's tokenizer files "
+             "into DIR)",
+             what, path);
+  LOOM_CHECK(std::filesystem::is_regular_file(st), "{} '{}' is {}, not a file", what, path,
+             std::filesystem::is_directory(st) ? "a directory" : "not a regular file");
+}
+}  // namespace
+
 Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path) {
+  tokenizer_file_check(vocab_path, "GPT-2 vocab (Hugging Face vocab.json)");
+  tokenizer_file_check(merges_path, "GPT-2 merges (Hugging Face merges.txt)");
   // GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to 256+n.
   int extra = 0;
   for (int b = 0; b < 256; ++b) {
@@ -332,6 +349,7 @@ bool base64_decode(const std::string& in, std::string& out) {
 }  // namespace
 
 Llama3Bpe::Llama3Bpe(const std::string& ranks_path) {
+  tokenizer_file_check(ranks_path, "the LLaMA-3 tokenizer (Meta's tokenizer.model)");
   // Meta's file is about 2 MB.
   std::istringstream in(input_read_all(ranks_path, "the LLaMA-3 tokenizer", int64_t(256) << 20));
   id_to_bytes_.resize(kRegular);

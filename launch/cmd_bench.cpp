@@ -51,7 +51,7 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
                    LOOM_CHECK(a->train_opt.write_cluster.empty() || a->train_opt.profile,
                               "--write-cluster needs --profile (the rates it writes)");
                    bench_train(
-                       config_build(a->train.path, a->train.sets, ctx.topt.world_size, ctx.topt.world_rank == 0),
+                       config_build(a->train.path, a->train.sets, ctx.topt.world_size, ctx.topt.world_rank == 0, true),
                        ctx.topt, a->train_opt);
                    return 0;
                  }});

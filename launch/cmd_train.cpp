@@ -36,7 +36,7 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                    if (!a->hang.empty()) sets.push_back("fault.hang=" + a->hang);
                    if (!a->kill_in_save.empty()) sets.push_back("fault.kill=" + a->kill_in_save + ":checkpoint");
                    const Config cfg =
-                       config_build(a->config.path, sets, topt.world_size, topt.world_rank == 0 && !a->print_config);
+                       config_build(a->config.path, sets, topt.world_size, topt.world_rank == 0 && !a->print_config, true);
                    if (a->print_config) {
                      fmt::print("{}\n", config_to_toml(cfg));
                      return 0;

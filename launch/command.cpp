@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "data/batches.h"
+
 namespace loom {
 
 void ConfigArgs::add_to(CLI::App* app, const std::string& config_help) {
@@ -13,10 +15,12 @@ void ConfigArgs::add_to(CLI::App* app, const std::string& config_help) {
   app->add_option("--set", sets, "override one key: section.key=value (repeatable)");
 }
 
-Config config_build(const std::string& path, const std::vector<std::string>& sets, int world, bool lead) {
+Config config_build(const std::string& path, const std::vector<std::string>& sets, int world, bool lead,
+                    bool reads_data) {
   Config cfg = config_defaults();
   if (!path.empty()) config_load_file(cfg, path);
   for (auto& s : sets) config_set(cfg, s);
+  if (reads_data) data_source_infer(cfg);
   const int other = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp;
   if (world > 1 && !cfg.set_keys.count("parallel.dp") && other > 0 && world % other == 0) {
     cfg.parallel.dp = world / other;

@@ -46,8 +46,10 @@ struct ConfigArgs {
 };
 // The config of a file and --set overrides. Launched as `world` ranks without parallel.dp, the
 // ranks the other axes leave are data parallel (torchtitan's -1, Megatron's implicit dp); rank
-// 0 says so (`lead`).
-Config config_build(const std::string& path, const std::vector<std::string>& sets, int world = 1, bool lead = false);
+// 0 says so (`lead`). Commands that read the data (`reads_data`) take data.source from the files
+// the config names when it does not set it.
+Config config_build(const std::string& path, const std::vector<std::string>& sets, int world = 1, bool lead = false,
+                    bool reads_data = false);
 // `--section.key=value` and `--section.key value` (torchtitan's form) as `--set section.key=value`,
 // for the sections loom's config has; anything else is left for the parser to judge.
 std::vector<std::string> args_expand_sections(int argc, char** argv);

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "checkpoint/hf_export.h"
+#include "data/batches.h"
 #include "data/tokenizer.h"
 #include "model/cached_decoder.h"
 #include "plan/memory.h"
@@ -18,8 +19,10 @@ namespace loom {
 
 namespace {
 // The config of a weights file: the shape the file carries (required without --config), then
-// --config over it, then --set (for eval, with the data to read).
-Config config_for(const std::string& from, const std::string& config, std::vector<std::string> sets) {
+// --config over it, then --set (for eval, with the data to read: `reads_data` takes data.source
+// from the files when the config names data but no source).
+Config config_for(const std::string& from, const std::string& config, std::vector<std::string> sets,
+                  bool reads_data = false) {
   LOOM_CHECK(std::filesystem::exists(from), "--from '{}' does not exist", from);
   Config cfg = config_defaults();
   if (config.empty()) {
@@ -33,6 +36,7 @@ Config config_for(const std::string& from, const std::string& config, std::vecto
     config_load_file(cfg, config);
   }
   for (auto& s : sets) config_set(cfg, s);
+  if (reads_data) data_source_infer(cfg);
   config_validate(cfg);
   const bool model_sets = std::any_of(sets.begin(), sets.end(), [](auto& s) { return s.rfind("model.", 0) == 0; });
   model_config_check_file(
@@ -61,14 +65,10 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
     if (!training_file) sets.push_back("data.val_path=" + opt.data);
     what = training_file ? fmt::format("the held-out end of training file '{}', as training validated", opt.data)
                          : fmt::format("'{}' from its start", opt.data);
-    // Data given to a config that had none: token shards by their look, anything else as text.
-    if (probe.data.source == "synthetic") {
-      namespace fs = std::filesystem;
-      const bool tokens = fs::is_directory(opt.data) || fs::path(opt.data).extension() == ".bin";
-      sets.push_back(std::string("data.source=") + (tokens ? "tokens" : "text"));
-    }
+    // Data given to a config that had none: token shards or text, by the file's look.
+    if (probe.data.source == "synthetic") sets.push_back("data.source=" + data_source_of(opt.data, "--data"));
   }
-  const Config cfg = config_for(opt.from, opt.config, sets);
+  const Config cfg = config_for(opt.from, opt.config, sets, true);
   if (opt.data.empty() && cfg.data.source != "synthetic")
     what = fmt::format("the config's validation data ({})",
                        cfg.data.val_path.empty() ? "the held-out end of data.path" : "data.val_path");

@@ -170,7 +170,7 @@ void config_validate(Config& cfg) {
   if (!d.tokenizer.empty()) check_one_of("data.tokenizer", d.tokenizer, {"byte", "gpt2", "llama3"});
   LOOM_CHECK(d.tokenizer != "llama3" || std::filesystem::is_regular_file(d.tokenizer_dir + "/tokenizer.model"),
              "data.tokenizer = \"llama3\" needs data.tokenizer_dir, a directory with LLaMA-3's tokenizer.model (it is "
-             "'{}')",
+             "'{}'; `tools/tokenizer_files.sh DIR llama3` writes it)",
              d.tokenizer_dir);
   LOOM_CHECK(d.source != "text" || d.tokenizer == "byte" || d.tokenizer.empty(),
              "data.tokenizer = \"{0}\" with data.source = \"text\", which reads bytes; tokenize with `loom data "
@@ -179,7 +179,7 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(d.tokenizer != "gpt2" || (std::filesystem::is_regular_file(d.tokenizer_dir + "/vocab.json") &&
                                        std::filesystem::is_regular_file(d.tokenizer_dir + "/merges.txt")),
              "data.tokenizer = \"gpt2\" needs data.tokenizer_dir, a directory with vocab.json and merges.txt (it is "
-             "'{}')",
+             "'{}'; `tools/tokenizer_files.sh DIR` writes them)",
              d.tokenizer_dir);
   LOOM_CHECK(d.tokenizer == "gpt2" || d.tokenizer == "llama3" || d.tokenizer_dir.empty(),
              "data.tokenizer_dir is set but data.tokenizer = \"{}\"; it belongs to gpt2 and llama3", d.tokenizer);

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A new user's first hour, through the binary as they run it: a data path is never ignored (its
+# kind is read from the file), a file error is one line and status 2, `plan memory` says which
+# device it planned for, and a run starts and ends briefly.
+#   first_hour.sh LOOM
+set -uo pipefail
+loom=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cd "$dir"
+fail() { echo "FAIL: $*"; exit 1; }
+quick=(--set train.device=cpu --set train.threads=1 --set train.steps=2 --set data.val_batches=1
+       --set model.n_layer=1 --set model.d_model=64 --set model.n_head=2 --set model.seq_len=32)
+# expect_error STATUS PATTERN COMMAND...: the command fails with STATUS and one line on stderr
+# that matches PATTERN, and no raw C++ exception text.
+expect_error() {
+  local want=$1 pattern=$2
+  shift 2
+  "$@" > out.log 2> err.log
+  local status=$?
+  [ "$status" -eq "$want" ] || { cat out.log err.log; fail "'$*' exited $status, not $want"; }
+  grep -q -- "$pattern" err.log || { cat err.log; fail "'$*': no '$pattern' on stderr"; }
+  [ "$(grep -c . err.log)" -eq 1 ] || { cat err.log; fail "'$*': more than one line on stderr"; }
+  ! grep -q "basic_filebuf\|what()" err.log || fail "'$*': a raw exception"
+}
+
+# Data: a text file and its llm.c shard, each named by data.path alone.
+python3 -c "print(' '.join(['the cat sat on the mat and the dog ran'] * 2000))" > corpus.txt
+"$loom" data corpus.txt corpus.bin > /dev/null || fail "loom data"
+"$loom" train "${quick[@]}" --set data.path=corpus.bin --set log.dir=r1 > r1.log 2>&1 || { cat r1.log; fail "train on corpus.bin"; }
+grep -q "data: tokens 'corpus.bin'" r1.log || { cat r1.log; fail "corpus.bin was not read as token shards"; }
+"$loom" train "${quick[@]}" --set data.path=corpus.txt --set log.dir=r2 > r2.log 2>&1 || { cat r2.log; fail "train on corpus.txt"; }
+grep -q "data: text 'corpus.txt'" r2.log || { cat r2.log; fail "corpus.txt was not read as text"; }
+grep -q "synthetic" r1.log r2.log && fail "a run with data.path trained on the synthetic corpus"
+expect_error 2 'data.source = "synthetic" would ignore it' "$loom" train "${quick[@]}" --set data.source=synthetic \
+  --set data.path=corpus.bin --set log.dir=r3
+expect_error 2 "data file 'missing.bin' does not exist" "$loom" train "${quick[@]}" --set data.path=missing.bin \
+  --set log.dir=r3
+
+# File errors: one line, status 2.
+mkdir texts
+expect_error 2 "'texts' is a directory" "$loom" train "${quick[@]}" --set data.source=text --set data.path=texts \
+  --set log.dir=r4
+expect_error 2 "'texts' is a directory" "$loom" train "${quick[@]}" --set data.path=corpus.txt \
+  --set data.val_path=texts --set data.source=text --set log.dir=r4
+expect_error 2 "is a directory, not a file" "$loom" data --tokenizer gpt2 --vocab texts --merges texts corpus.txt o.bin
+expect_error 2 "tools/tokenizer_files.sh" "$loom" data --tokenizer gpt2 corpus.txt o.bin
+echo "ok"
