@@ -24,6 +24,7 @@ extern "C" void on_signal(int sig) {
 void stop_signals_install(double grace_s) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  std::signal(SIGUSR1, on_signal);
   if (grace_s <= 0) return;
   // The scheduler kills a preempted job after its grace period anyway: end on our terms, with
   // the status that asks for a requeue (a save not yet committed leaves the last one intact).
@@ -44,7 +45,7 @@ int stop_signal() {
 }
 
 const char* stop_signal_name(int sig) {
-  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
 }
 
 }  // namespace loom

@@ -1,7 +1,9 @@
-// Clean stops: SIGINT or SIGTERM asks training to end at the next step boundary (every rank at
-// the same one), with the weights exported and metrics and trace flushed; a second signal ends
-// the process at once. The flag a handler may touch is necessarily process-wide: this is the
-// one piece of global state, and only the handler writes it.
+// Clean stops: SIGINT, SIGTERM or SIGUSR1 asks training to end at the next step boundary (every
+// rank at the same one), with the weights exported and metrics and trace flushed; a second
+// signal ends the process at once. SIGUSR1 is the one launchers pass on to every rank: Open
+// MPI's mpirun answers SIGINT/SIGTERM by killing its ranks (SIGTERM, SIGKILL a second later) but
+// forwards SIGUSR1, which launch/mpirun.sh sends it on Ctrl-C. The flag a handler may touch is necessarily
+// process-wide: this is the one piece of global state, and only the handler writes it.
 #pragma once
 
 namespace loom {
@@ -10,10 +12,10 @@ namespace loom {
 // again later, e.g. after preemption).
 constexpr int kExitStopped = 75;
 
-// Installs the handlers for SIGINT and SIGTERM. grace_s > 0 (fault.grace_s): a run still going
+// Installs the handlers for SIGINT, SIGTERM and SIGUSR1. grace_s > 0 (fault.grace_s): a run still going
 // that long after the signal exits with kExitStopped at once.
 void stop_signals_install(double grace_s = 0);
-// The signal that asked for a stop (SIGINT, SIGTERM), or 0.
+// The signal that asked for a stop (SIGINT, SIGTERM, SIGUSR1), or 0.
 int stop_signal();
 const char* stop_signal_name(int sig);
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Ctrl-C as users send it, to the launcher: the terminal's SIGINT to the whole foreground process
+# group of launch/mpirun.sh, and SIGUSR1 to a plain mpirun. Either way every rank stops at a step
+# boundary, export.final is written and loads, and the launcher exits 75. (A plain mpirun given
+# SIGINT/SIGTERM kills its ranks within two seconds and exits 1: Open MPI's own behaviour.)
+#   stop_launcher.sh LOOM SOURCE_DIR "MPIRUN..."
+set -uo pipefail
+loom=$1 src=$2 mpirun=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+marker="stop-launcher-$$"
+args=(train --set train.device=cpu --set train.threads=1 --set train.steps=100000 --set data.val_batches=0
+      --set parallel.dp=2 --set train.micro_batch=8)
+wait_steps() {  # wait_steps LOG_DIR N
+  for _ in $(seq 300); do
+    [ "$(grep -c '"loss"' "$1/metrics.jsonl" 2> /dev/null || echo 0)" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+check_stop() {  # check_stop NAME STATUS LOG_DIR EXPORT LOG
+  local name=$1 status=$2 log_dir=$3 export=$4 log=$5
+  echo "$name: status $status"
+  [ "$status" -eq 75 ] || { cat "$log"; echo "FAIL: $name: exit status $status, not 75"; exit 1; }
+  tail -1 "$log_dir/metrics.jsonl" | grep -q '"stopped":"SIG' || { echo "FAIL: $name: no stop record"; exit 1; }
+  "$loom" train --set train.device=cpu --set train.steps=1 --set data.val_batches=0 --set train.threads=1 \
+    --set init.from="$export" --set log.dir="$dir/again" > "$dir/again.log" 2>&1 ||
+    { cat "$dir/again.log"; echo "FAIL: $name: the export does not load"; exit 1; }
+  sleep 0.5
+  pgrep -f "$marker" > /dev/null && { echo "FAIL: $name: processes left"; pkill -9 -f "$marker"; exit 1; }
+}
+
+# 1. launch/mpirun.sh in a process group of its own with SIGINT not ignored, as an interactive
+#    shell starts a foreground job (job control on); the terminal's Ctrl-C is SIGINT to that group.
+set -m
+"$src/launch/mpirun.sh" -np 2 "$loom" "${args[@]}" --set log.dir="$dir/$marker-a" \
+  --set export.final="$dir/a.safetensors" > "$dir/a.log" 2>&1 &
+job=$!
+wait_steps "$dir/$marker-a" 3 || { cat "$dir/a.log"; echo "FAIL: no steps"; kill -9 -- -$job; exit 1; }
+kill -INT -- -"$job"
+wait $job
+check_stop "Ctrl-C to launch/mpirun.sh" $? "$dir/$marker-a" "$dir/a.safetensors" "$dir/a.log"
+set +m
+
+# 2. A plain mpirun, given SIGUSR1 (which it forwards to every rank).
+$mpirun -np 2 "$loom" "${args[@]}" --set log.dir="$dir/$marker-b" --set export.final="$dir/b.safetensors" \
+  > "$dir/b.log" 2>&1 &
+job=$!
+wait_steps "$dir/$marker-b" 3 || { cat "$dir/b.log"; echo "FAIL: no steps"; kill -9 $job; exit 1; }
+kill -USR1 "$job"
+wait $job
+check_stop "SIGUSR1 to mpirun" $? "$dir/$marker-b" "$dir/b.safetensors" "$dir/b.log"
+echo "ok"
