@@ -9,7 +9,7 @@ namespace loom {
 void cmd_train_add(CLI::App& app, Commands& out) {
   struct Args {
     ConfigArgs config;
-    bool list_keys = false, print_config = false;
+    bool list_keys = false, print_config = false, verbose = false;
     std::string fault, hang, kill_in_save;
   };
   auto a = std::make_shared<Args>();
@@ -17,6 +17,9 @@ void cmd_train_add(CLI::App& app, Commands& out) {
   a->config.add_to(train);
   train->add_flag("--list-keys", a->list_keys, "list every config key and exit");
   train->add_flag("--print-config", a->print_config, "print the resolved config and exit");
+  train->add_flag("--verbose", a->verbose,
+                  "also print the activation plan, every rank's memory ledger, FLOPs per token and the step-time "
+                  "prediction at the start");
   train->add_option("--fault-exit", a->fault,
                     "fault drill: rank RANK exits with status 3 at step STEP (RANK:STEP; fault.exit)");
   train->add_option("--fault-hang", a->hang,
@@ -42,7 +45,9 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                      return 0;
                    }
                    stop_signals_install(cfg.fault.grace_s);  // SIGINT / SIGTERM: stop at the next step boundary
-                   const TrainResult r = train_run(cfg, topt);
+                   TrainOptions run_opt = topt;
+                   run_opt.verbose = a->verbose;
+                   const TrainResult r = train_run(cfg, run_opt);
                    return r.stopped_by ? kExitStopped : 0;
                  }});
 }

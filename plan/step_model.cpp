@@ -1,5 +1,6 @@
 #include "plan/step_model.h"
 
+#include <sched.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -71,13 +72,14 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   static const char* keys[] = {
       "name",        "nodes",           "devices_per_node", "physical_devices",    "device",       "dtype",
       "peak_tflops", "gemm_efficiency", "mem_bw_gbs",       "memory_gb",           "overlap",      "tree",
-      "intra",       "inter",           "attention_tflops", "cp_attention_tflops", "optimizer_gbs"};
+      "intra",       "inter",           "attention_tflops", "cp_attention_tflops", "optimizer_gbs",
+      "fitted_on"};
   for (auto&& [k, v] : t) {
     const std::string key(k.str());
     LOOM_CHECK(std::any_of(std::begin(keys), std::end(keys), [&](const char* s) { return key == s; }),
                "{}: unknown key `{}`; a cluster file has name, nodes, devices_per_node, physical_devices, device, "
                "dtype, peak_tflops, gemm_efficiency, mem_bw_gbs, attention_tflops, cp_attention_tflops, optimizer_gbs, "
-               "memory_gb, overlap, tree, [intra] and [inter]",
+               "memory_gb, overlap, tree, fitted_on, [intra] and [inter]",
                origin, key);
   }
   auto count = [&](const char* key, int64_t fallback) {
@@ -99,6 +101,7 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   };
   Cluster c;
   c.name = word("name", origin);
+  c.fitted_on = word("fitted_on", "");
   c.nodes = count("nodes", -1);
   c.devices_per_node = count("devices_per_node", -1);
   c.physical_devices = count("physical_devices", 0);
@@ -148,6 +151,21 @@ ClusterRates cluster_rates(const Cluster& c) {
                                : "the attention rate",
       r.elementwise / 1e9, r.optimizer / 1e9, c.optimizer_bw > 0 ? "optimizer_gbs" : "mem_bw_gbs");
   return r;
+}
+
+std::string machine_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      model = line.substr(line.find(':') + 1);
+      model.erase(0, model.find_first_not_of(" \t"));
+      break;
+    }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  return fmt::format("{}, {} cores", model, cores);
 }
 
 Cluster cluster_load(const std::string& path) {

@@ -46,11 +46,15 @@ struct Cluster {
   bool tree = false;        // all-reduces may take the tree's log2(n) latency (NCCL)
   LinkTier intra;           // within a node, per flow
   LinkTier inter;           // between nodes: a node's link, shared by its concurrent flows
+  std::string fitted_on;  // the machine a fitted file was measured on (machine_name()), or ""
   int devices() const { return nodes * devices_per_node; }
 };
 Cluster cluster_load(const std::string& path);
 // This source tree's examples/clusters/this_machine.toml (log.cluster = "auto").
 std::string cluster_this_machine_path();
+// This machine as a fitted cluster file names it (`fitted_on`): "<CPU model>, <N> cores" (the
+// cores this process may run on), as examples/scaling/calibrate.py writes it.
+std::string machine_name();
 Cluster cluster_parse(const std::string& toml_text, const std::string& origin);
 
 // The rates a prediction on `cluster` assumes, each with where it comes from (the file's key,

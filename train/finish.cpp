@@ -43,7 +43,7 @@ void Trainer::Parts::startup_log() {
     const int64_t N = int64_t(B) * cfg.local_seq(), R = moe_rows(cfg, N), Rr = moe_rows_received(cfg, N);
     const double mib =
         double(Rr * (cfg.model.d_model + 3 * cfg.model.d_ff) + R * cfg.model.d_model) * dtype_size(dtype) / 1048576.0;
-    info(
+    detail(
         "MoE: {} of {} blocks, {} experts ({} per rank over ep {}), top {}; {}; {:.2f}M of {:.2f}M parameters active "
         "per token",
         cfg.moe_layers(), cfg.model.n_layer, moe.num_experts, moe.num_experts / cfg.parallel.ep, cfg.parallel.ep,
@@ -62,17 +62,21 @@ void Trainer::Parts::startup_log() {
   }
   info("device: {} ({}); {} threads per rank ({}); data: {}", device, dtype_name(dtype), threads, threads_why,
        data.describe);
-  info("layout: {} ranks over {}; {}{}", mesh->world(), mesh->comm_name(),
-       cfg.parallel.pp > 1 ? fmt::format("pp {} x ", cfg.parallel.pp) : std::string(), dpar->describe());
+  // Every axis above one, outermost first, then data parallel's own description (dp ...).
+  std::string axes;
+  for (auto [name, n] : {std::pair{"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp}, {"cp", cfg.parallel.cp}})
+    if (n > 1) axes += fmt::format("{} {} x ", name, n);
+  info("layout: {} ranks over {}; {}{}{}", mesh->world(), mesh->comm_name(), axes, dpar->describe(),
+       cfg.parallel.ep > 1 ? fmt::format("; experts over ep {}", cfg.parallel.ep) : std::string());
   if (tp().size() > 1) {
     const double nc = double(B) * cfg.local_seq() * cfg.model.d_model * dtype_size(dtype) / 1048576.0;
-    info("tensor parallel: tp {}{}; per block and micro-batch {}", tp().size(),
-         cfg.parallel.sp ? " with sequence parallel" : "",
-         cfg.parallel.sp
-             ? fmt::format("all-gather 2 x {:.2f} MiB and reduce-scatter 2 x {:.2f} MiB forward, all-gather 4 x, "
-                           "reduce-scatter 2 x backward",
-                           nc, nc)
-             : fmt::format("all-reduce 2 x {:.2f} MiB forward and 2 x backward", nc));
+    detail("tensor parallel: tp {}{}; per block and micro-batch {}", tp().size(),
+           cfg.parallel.sp ? " with sequence parallel" : "",
+           cfg.parallel.sp
+               ? fmt::format("all-gather 2 x {:.2f} MiB and reduce-scatter 2 x {:.2f} MiB forward, all-gather 4 x, "
+                             "reduce-scatter 2 x backward",
+                             nc, nc)
+               : fmt::format("all-reduce 2 x {:.2f} MiB forward and 2 x backward", nc));
   }
   if (const int64_t have = val_available(); have > 0 && have < cfg.data.val_batches)
     info("validation: {} batches, all the validation data holds (data.val_batches = {})", have, cfg.data.val_batches);
@@ -86,15 +90,18 @@ void Trainer::Parts::startup_log() {
         cfg.parallel.pp, split, cfg.parallel.pp_schedule, cfg.accum_steps(), pipeline_bubble_predicted(pipe_schedule),
         pipeline_bubble_formula(pipe_schedule), held);
   }
-  info("batch: {} sequences x {} tokens per step = {} micro-batches of {} on each of {} dp ranks; recompute {}",
-       cfg.train.global_batch, T, cfg.accum_steps(), B, cfg.parallel.dp, cfg.train.recompute);
+  info(
+      "batch: {} sequences x {} tokens = {} tokens per step, {} micro-batches of {} on each of {} dp ranks; "
+      "recompute {}",
+      cfg.train.global_batch, T, int64_t(cfg.train.global_batch) * T, cfg.accum_steps(), B, cfg.parallel.dp,
+      cfg.train.recompute);
   if (cfg.parallel.cp > 1)
-    info("context parallel: each sequence over {} ranks, {} tokens each (chunks i and {} - i of {}), attention {}{}",
-         cfg.parallel.cp, cfg.local_seq(), 2 * cfg.parallel.cp - 1, 2 * cfg.parallel.cp, cfg.parallel.cp_attention,
-         cfg.parallel.cp_attention == "ring" && !cfg.parallel.cp_overlap ? " (transfers not overlapped)" : "");
+    detail("context parallel: each sequence over {} ranks, {} tokens each (chunks i and {} - i of {}), attention {}{}",
+           cfg.parallel.cp, cfg.local_seq(), 2 * cfg.parallel.cp - 1, 2 * cfg.parallel.cp, cfg.parallel.cp_attention,
+           cfg.parallel.cp_attention == "ring" && !cfg.parallel.cp_overlap ? " (transfers not overlapped)" : "");
   for (int j = 0; j < chunk->pieces(); ++j)  // a stage of the interleaved schedule holds several
-    info("activation plan (B={}, T={}{}):\n{}", B, cfg.local_seq(),
-         chunk->pieces() > 1 ? fmt::format(", model chunk {}", j) : "", chunk->plan(j).table());
+    detail("activation plan (B={}, T={}{}):\n{}", B, cfg.local_seq(),
+           chunk->pieces() > 1 ? fmt::format(", model chunk {}", j) : "", chunk->plan(j).table());
   {
     // Every rank's ledger, tabled by rank 0: ZeRO padding and tensor-parallel shards differ.
     const MemLedger& L = alloc->ledger();
@@ -113,13 +120,37 @@ void Trainer::Parts::startup_log() {
       table += fmt::format("\n{:<6}", r);
       for (int i = 0; i < K; ++i) table += fmt::format(" {:>11.2f}", all[size_t(K * r + i)] / 1048576.0);
     }
-    info("memory ledger per rank (MiB, {}):\n{}", device, table);
+    detail("memory ledger per rank (MiB, {}):\n{}", device, table);
+    double worst = 0;
+    for (int r = 0; r < world; ++r) worst = std::max(worst, all[size_t(K * r + kMemCategories)]);
+    info(
+        "memory: {:.1f} MiB peak on the fullest rank ({}); --verbose prints the activation plan, every rank's "
+        "ledger and the FLOPs",
+        worst / 1048576.0, device);
   }
-  info("FLOPs/token {:.3g} (model), {:.3g} (hardware); MFU divides by a peak of {:.1f} GFLOP/s over all ranks{}",
-       fpt.model, fpt.hardware, peak / 1e9,
-       device == "cuda" ? std::string(" (the GPU's bf16 dense rate)")
-                        : fmt::format(" ({} cores x {})", threads * mesh->world(), cpu_peak_describe()));
+  detail("FLOPs/token {:.3g} (model), {:.3g} (hardware); MFU divides by a peak of {:.1f} GFLOP/s over all ranks{}",
+         fpt.model, fpt.hardware, peak / 1e9,
+         device == "cuda" ? std::string(" (the GPU's bf16 dense rate)")
+                          : fmt::format(" ({} cores x {})", threads * mesh->world(), cpu_peak_describe()));
   if (peak == 0) info("this GPU is not in the peak table: MFU is reported as 0");
+}
+
+std::string Trainer::Parts::summary() const {
+  const TrainResult& r = result;
+  std::string out = fmt::format("run summary: {} of {} steps in {:.1f} s{}", r.steps_done, cfg.train.steps, r.seconds,
+                                r.stopped_by ? fmt::format(" (stopped by {})", stop_signal_name(r.stopped_by)) : "");
+  if (!r.losses.empty()) {
+    out += fmt::format("\n  loss        train {:.4f}", r.losses.back());
+    if (!r.val.empty()) out += fmt::format(", validation {:.4f} (step {})", r.val.back().second, r.val.back().first);
+  }
+  out += fmt::format("\n  tokens      {} ({} a step)", tokens_per_step * (r.steps_done - start_step), tokens_per_step);
+  if (r.tokens_per_s > 0) out += fmt::format(", {:.0f} tokens/s, MFU {:.1f}%", r.tokens_per_s, 100 * r.mfu);
+  if (ckpt && ckpt->last_saved() > 0)
+    out += fmt::format("\n  checkpoint  {}/{}", cfg.checkpoint.dir, checkpoint_dir_name(ckpt->last_saved()));
+  out += "\n  export      " + (cfg.export_final.empty() ? std::string("none (set export.final)") : cfg.export_final);
+  if (!cfg.log.dir.empty())
+    out += fmt::format("\n  logs        {}/: metrics.jsonl, config.toml, run.json", cfg.log.dir);
+  return out;
 }
 
 std::vector<float> Trainer::weights_hf() {
@@ -189,7 +220,6 @@ TrainResult Trainer::finish() {
     } else if (p.lead) {
       model_save(p.whole.reg, hf.data(), p.cfg.export_final, export_metadata(p.cfg));
     }
-    p.info("exported weights to {}", p.cfg.export_final);
   }
   if (p.trace.enabled()) {
     // Each rank's own file, then on rank 0 all of them as one (a process per rank).
@@ -219,6 +249,7 @@ TrainResult Trainer::finish() {
     p.info("roofline profile of steps {} to {} ({}):\n{}", p.profile_from, std::min(p.profile_to, p.result.steps_done),
            p.device, profile_table(p.result.profile, p.result.roofline));
   }
+  if (p.lead && !p.opt.quiet) spdlog::info("{}", p.summary());
   p.result.mem = p.alloc->ledger();
   p.result.threads = p.threads;
   p.result.device = p.device;

@@ -38,6 +38,16 @@ void StepLog::predict(const std::string& device, int world) {
   }
   try {
     const Cluster cluster = cluster_load(path);
+    // The file loom ships describes the machine it was fitted on: compared elsewhere, its
+    // gaps would measure the machines' difference, not the model's.
+    if (cfg_.log.cluster == "auto" && cluster.fitted_on != machine_name()) {
+      if (print_ && opt_.verbose)
+        spdlog::info(
+            "no step-time prediction: {} was fitted on '{}', this is '{}' (name a cluster file with "
+            "log.cluster to compare)",
+            path, cluster.fitted_on, machine_name());
+      return;
+    }
     Config c = cfg_;
     if (c.train.dtype == "auto") c.train.dtype = dtype_name(cluster.dtype);
     LOOM_CHECK(world <= cluster.devices(), "the run's {} ranks are more than its {} devices", world, cluster.devices());
@@ -48,11 +58,12 @@ void StepLog::predict(const std::string& device, int world) {
   } catch (const Error& e) {
     // A prediction is a reading aid: a cluster file that does not describe this run is said,
     // and the run goes on (only rank 0 predicts: an error here would leave the others waiting).
-    if (print_ && cfg_.log.cluster == "auto") spdlog::info("no step-time prediction from {}: {}", path, e.what());
+    if (print_ && opt_.verbose && cfg_.log.cluster == "auto")
+      spdlog::info("no step-time prediction from {}: {}", path, e.what());
     if (print_ && cfg_.log.cluster != "auto") spdlog::warn("no step-time prediction from log.cluster: {}", e.what());
     return;
   }
-  if (print_)
+  if (print_ && opt_.verbose)
     spdlog::info(
         "predicted on cluster {} ({}): {:.4g} ms per step (compute {:.4g}, communication {:.4g}, bubble {:.4g}, "
         "optimizer {:.4g}); the end of the run compares; {}",
@@ -90,7 +101,8 @@ void StepLog::after_step(const StepMetrics& m, const std::function<double()>& va
 
 void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per_step, double flops_model, double peak,
                      int stopped_by, int64_t steps_done) {
-  // The split first: a stopped run's stop record stays its last line.
+  // The last validation, then the split; a stopped run's stop record stays its last line.
+  if (!stopped_by) validation(cfg_.train.steps, validate);
   if (predicted_ && seen_ > 1) {
     StepSplit mean = measured_;
     for (double* v : {&mean.step, &mean.compute, &mean.comm, &mean.bubble, &mean.optimizer, &mean.data, &mean.ckpt})
@@ -107,10 +119,9 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
     metrics_.stopped(steps_done, stop_signal_name(stopped_by));
     if (print_)
       spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done, cfg_.train.steps);
-  } else {
-    validation(cfg_.train.steps, validate);
   }
   metrics_.close();  // flushed and fsynced; a failed write is an error, not a lost file
+  result_.seconds = ms_since(start_) / 1e3;
   if (seen_ > 1) {
     result_.tokens_per_s = double(tokens_per_step) * double(seen_ - 1) / (timed_ms_ / 1e3);
     result_.mfu = peak > 0 ? result_.tokens_per_s * flops_model / peak : 0.0;

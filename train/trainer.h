@@ -24,7 +24,8 @@ struct TrainResult {
   std::vector<float> params;                    // final weights, Hugging Face layout
   std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> names;  // name -> (offset, numel) in params
   MemLedger mem;                                                           // this rank's ledger at the end
-  double tokens_per_s = 0;                                                 // mean over steps after the first
+  double seconds = 0;       // the training loop's wall time, first step to the last validation
+  double tokens_per_s = 0;  // mean over steps after the first
   double mfu = 0;
   double comm_exposed_ms = 0;  // summed over steps
   int stopped_by = 0;          // the signal that stopped the run early, or 0
@@ -37,7 +38,8 @@ struct TrainResult {
 };
 
 struct TrainOptions {
-  bool quiet = false;  // no console output (tests)
+  bool quiet = false;    // no console output (tests)
+  bool verbose = false;  // the start-up's activation plan, memory ledger, FLOPs and step-time prediction
   bool keep_params = false;
   // Where this process sits; use_mpi needs MPI initialized (MpiWorld) by the caller.
   int world_rank = 0, world_size = 1;

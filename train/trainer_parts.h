@@ -136,6 +136,13 @@ struct Trainer::Parts {
   void info(fmt::format_string<A...> f, A&&... a) const {
     if (!opt.quiet && lead) spdlog::info(f, std::forward<A>(a)...);
   }
+  // The block that closes a run: steps, losses, tokens and rates, and where its files went.
+  std::string summary() const;
+  // What only `loom train --verbose` prints.
+  template <class... A>
+  void detail(fmt::format_string<A...> f, A&&... a) const {
+    if (opt.verbose) info(f, std::forward<A>(a)...);
+  }
   // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
   Inputs stage(const Sequences& s, int64_t step, int micro) {
     batch_read(s, cfg, step, mesh->coord().dp, micro, inputs.data(), targets.data());

@@ -23,7 +23,7 @@ model=(--set model.arch=llama --set model.n_layer=2 --set model.d_model=64 --set
 run() {  # NAME CP T ARGS...
   local name=$1 cp=$2 T=$3
   shift 3
-  $launch "$cp" "$loom" train "${model[@]}" --set model.seq_len="$T" --set parallel.cp="$cp" "$@" \
+  $launch "$cp" "$loom" train --verbose "${model[@]}" --set model.seq_len="$T" --set parallel.cp="$cp" "$@" \
     --set log.dir="$dir/$name" > "$dir/$name.log" 2>&1 || { tail -20 "$dir/$name.log"; exit 1; }
 }
 summary() {  # NAME -> "act_MiB rss_MiB tok/s comm_ms step_ms predicted_ms"

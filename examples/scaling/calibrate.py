@@ -118,8 +118,19 @@ def measured(log, skip=2):
     return mean("compute_ms") * 1e-3, mean("optimizer_ms") * 1e-3
 
 
+def machine_name():
+    """This machine as loom's machine_name() says it: the runs log.cluster = "auto" compares."""
+    model = "unknown CPU"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {len(os.sched_getaffinity(0))} cores"
+
+
 def toml(c):
-    out = [f"# {c['comment']}", f'name = "{c["name"]}"']
+    out = [f"# {c['comment']}", f'name = "{c["name"]}"', f'fitted_on = "{machine_name()}"']
     for k in ("nodes", "devices_per_node", "physical_devices"):
         out.append(f"{k} = {c[k]}")
     out += ['device = "cpu"', 'dtype = "f32"']

@@ -54,7 +54,7 @@ if [ "$mode" = single ]; then
     esac
     run "${arch}_cpu" "${model[@]}" --set train.device=cpu --set log.grad_norms=true
     run "${arch}_emu" "${model[@]}" --set train.device=cuda-emulated --set log.grad_norms=true
-    grep -q "memory ledger per rank (MiB, cuda-emulated)" "$dir/${arch}_emu.log" ||
+    grep -q "peak on the fullest rank (cuda-emulated)" "$dir/${arch}_emu.log" ||
       { echo "FAIL: $arch did not train on the emulated device"; cat "$dir/${arch}_emu.log"; exit 1; }
     echo "$arch: cuda-emulated against the CPU bf16 run"
     "$compare" "$dir/${arch}_emu" "$dir/${arch}_cpu" "${bf16_tol[@]}"

@@ -45,4 +45,30 @@ expect_error 2 "'texts' is a directory" "$loom" train "${quick[@]}" --set data.p
   --set data.val_path=texts --set data.source=text --set log.dir=r4
 expect_error 2 "is a directory, not a file" "$loom" data --tokenizer gpt2 --vocab texts --merges texts corpus.txt o.bin
 expect_error 2 "tools/tokenizer_files.sh" "$loom" data --tokenizer gpt2 corpus.txt o.bin
+
+# A short start (model, device and data, layout, batch, memory, where the logs go) and one closing
+# summary; the rest behind --verbose.
+"$loom" train "${quick[@]}" --set train.steps=3 --set log.dir=r5 --set export.final=r5.safetensors > r5.log 2>&1 ||
+  { cat r5.log; fail "the short run"; }
+before=$(sed -n '/step *1\//q;p' r5.log | wc -l)
+[ "$before" -le 8 ] || { cat r5.log; fail "$before lines before step 1 (at most 8)"; }
+for word in "parameters" "layout:" "tokens per step" "metrics: r5/metrics.jsonl"; do
+  grep -q "$word" r5.log || { cat r5.log; fail "the start does not say '$word'"; }
+done
+grep -q "activation plan (B=\|memory ledger per rank\|FLOPs/token" r5.log && { cat r5.log; fail "the plan tables without --verbose"; }
+summary=$(sed -n '/run summary: 3 of 3 steps/,$p' r5.log)
+for word in "loss        train" "validation" "tokens/s, MFU" "export      r5.safetensors" "logs        r5/"; do
+  grep -q "$word" <<< "$summary" || { cat r5.log; fail "the summary does not say '$word'"; }
+done
+"$loom" train "${quick[@]}" --verbose --set log.dir=r6 > r6.log 2>&1 || { cat r6.log; fail "--verbose"; }
+grep -q "activation plan (B=" r6.log && grep -q "memory ledger per rank" r6.log || { cat r6.log; fail "--verbose"; }
+# The shipped cluster file compares only on the machine it was fitted on (one core here is
+# another machine); named with log.cluster, it compares anywhere.
+cluster=$(dirname "$loom")/../examples/clusters/this_machine.toml
+[ -f "$cluster" ] || cluster=$(cd "$(dirname "$0")/../.." && pwd)/examples/clusters/this_machine.toml
+taskset -c 0 "$loom" train "${quick[@]}" --set log.dir=r7 > r7.log 2>&1 || { cat r7.log; fail "one core"; }
+grep -q "predicted" r7.log && { cat r7.log; fail "a prediction from a file fitted on another machine"; }
+taskset -c 0 "$loom" train "${quick[@]}" --set log.dir=r8 --set log.cluster="$cluster" > r8.log 2>&1 ||
+  { cat r8.log; fail "named cluster"; }
+grep -q "predicted (cluster this_machine) vs measured" r8.log || { cat r8.log; fail "no comparison with log.cluster"; }
 echo "ok"
