@@ -15,6 +15,7 @@ namespace loom {
 namespace {
 struct PlanArgs {
   ConfigArgs pipe_config, mem_config, layout_config;
+  std::string mem_cluster;
   int pipe_pp = 0, pipe_virtual = 0, pipe_micro = 0;
   std::string pipe_schedule;
   double params = 0;
@@ -62,15 +63,35 @@ int plan_memory(const PlanArgs& a) {
   }
   std::vector<std::string> sets = a.mem_config.sets;
   if (a.dp > 0) sets.push_back(fmt::format("parallel.dp={}", a.dp));
-  const Config cfg = config_build(a.mem_config.path, sets);
+  Config cfg = config_build(a.mem_config.path, sets);
 #if LOOM_HAVE_CUDA
   const int gpus = cuda_device_count();
 #else
   const int gpus = 0;
 #endif
-  const std::string device = device_resolve(cfg, gpus, nullptr);
+  // The device planned for, and why: a plan for a CPU where GPUs were meant must say so.
+  std::string device, why;
+  if (!a.mem_cluster.empty()) {
+    const Cluster cluster = cluster_load(a.mem_cluster);
+    device = cluster.device;
+    if (!cfg.set_keys.count("train.dtype")) cfg.train.dtype = dtype_name(cluster.dtype);
+    why = fmt::format("the device of cluster {} (--cluster)", cluster.name);
+  } else if (cfg.train.device != "auto") {
+    device = cfg.train.device;
+    why = "train.device";
+  } else {
+    std::string no_gpu;
+    device = device_resolve(cfg, gpus, &no_gpu);
+    why = device == "cpu" ? fmt::format("train.device = auto on this machine: {}; --cluster FILE or --set "
+                                        "train.device=cuda plans for GPUs",
+                                        no_gpu.empty() ? "no GPU here" : no_gpu)
+                          : "train.device = auto on this machine";
+  }
   const DType dtype = dtype_resolve(cfg, device);
-  fmt::print("{}\n", a.mem_json ? plan_memory_json(cfg, device, dtype) : plan_memory_table(cfg, device, dtype));
+  if (a.mem_json)
+    fmt::print("{}\n", plan_memory_json(cfg, device, dtype));
+  else
+    fmt::print("planned for {} ({}): {}\n{}\n", device, dtype_name(dtype), why, plan_memory_table(cfg, device, dtype));
   return 0;
 }
 
@@ -110,6 +131,8 @@ void cmd_plan_add(CLI::App& app, Commands& out) {
       ->check(CLI::IsMember({"mixed", "fp32"}));
   a->mem_config.add_to(mem, "TOML config of a loom run");
   mem->add_flag("--json", a->mem_json, "every rank's bytes at the config's stage, as JSON (loom runs)");
+  mem->add_option("--cluster", a->mem_cluster,
+                  "plan for this cluster file's device and dtype (examples/clusters/; default: train.device)");
 
   auto* layout = plan->add_subcommand(
       "layout", "rank the layouts of a model on a cluster by predicted MFU (the step-time model), or predict one");

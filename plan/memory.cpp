@@ -142,7 +142,7 @@ void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& a
 
 std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype) {
   std::string out =
-      fmt::format("per-rank memory on {} ({}), dp {}, tp {}{}{} (MiB)\n{:<12}", device, dtype_name(dtype),
+      fmt::format("per-rank memory on {} ({}), dp {}, tp {}{}{} (GB)\n{:<12}", device, dtype_name(dtype),
                   cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.cp > 1 ? fmt::format(", cp {}", cfg.parallel.cp) : "",
                   cfg.parallel.pp > 1 ? fmt::format(", pp {} (rank 0, the first stage)", cfg.parallel.pp) : "", "");
   MemoryPlan p[4];
@@ -154,10 +154,10 @@ std::string plan_memory_table(const Config& cfg, const std::string& device, DTyp
   }
   for (int m = 0; m < kMemCategories; ++m) {
     out += fmt::format("\n{:<12}", mem_name(Mem(m)));
-    for (auto& x : p) out += fmt::format(" {:>10.2f}", double(x.bytes[size_t(m)]) / 1048576.0);
+    for (auto& x : p) out += fmt::format(" {:>10.3f}", double(x.bytes[size_t(m)]) / 1e9);
   }
   out += fmt::format("\n{:<12}", "total");
-  for (auto& x : p) out += fmt::format(" {:>10.2f}", double(x.total()) / 1048576.0);
+  for (auto& x : p) out += fmt::format(" {:>10.3f}", double(x.total()) / 1e9);
   return out;
 }
 

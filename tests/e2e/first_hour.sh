@@ -5,6 +5,7 @@
 #   first_hour.sh LOOM
 set -uo pipefail
 loom=$1
+src=$(cd "$(dirname "$0")/../.." && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
@@ -46,6 +47,17 @@ expect_error 2 "'texts' is a directory" "$loom" train "${quick[@]}" --set data.p
 expect_error 2 "is a directory, not a file" "$loom" data --tokenizer gpt2 --vocab texts --merges texts corpus.txt o.bin
 expect_error 2 "tools/tokenizer_files.sh" "$loom" data --tokenizer gpt2 corpus.txt o.bin
 
+# plan memory says in its first line what it planned for, and plans for a --cluster's device; GB
+# as plan layout.
+CUDA_VISIBLE_DEVICES=-1 "$loom" plan memory --config "$src/examples/configs/llama3_8b.toml" --dp 64 > plan.log 2>&1 ||
+  { cat plan.log; fail "plan memory"; }
+head -1 plan.log | grep -q "^planned for cpu (f32): train.device = auto on this machine.*--cluster" ||
+  { cat plan.log; fail "plan memory's first line does not say it planned for the CPU and why"; }
+"$loom" plan memory --config "$src/examples/configs/llama3_8b.toml" --dp 64 \
+  --cluster "$src/examples/clusters/h100_1024.toml" > plan2.log 2>&1 || { cat plan2.log; fail "plan memory --cluster"; }
+head -1 plan2.log | grep -q "^planned for cuda (bf16): the device of cluster" || { cat plan2.log; fail "--cluster"; }
+grep -q "(GB)" plan2.log || { cat plan2.log; fail "plan memory not in GB"; }
+
 # A short start (model, device and data, layout, batch, memory, where the logs go) and one closing
 # summary; the rest behind --verbose.
 "$loom" train "${quick[@]}" --set train.steps=3 --set log.dir=r5 --set export.final=r5.safetensors > r5.log 2>&1 ||
@@ -64,8 +76,7 @@ done
 grep -q "activation plan (B=" r6.log && grep -q "memory ledger per rank" r6.log || { cat r6.log; fail "--verbose"; }
 # The shipped cluster file compares only on the machine it was fitted on (one core here is
 # another machine); named with log.cluster, it compares anywhere.
-cluster=$(dirname "$loom")/../examples/clusters/this_machine.toml
-[ -f "$cluster" ] || cluster=$(cd "$(dirname "$0")/../.." && pwd)/examples/clusters/this_machine.toml
+cluster=$src/examples/clusters/this_machine.toml
 taskset -c 0 "$loom" train "${quick[@]}" --set log.dir=r7 > r7.log 2>&1 || { cat r7.log; fail "one core"; }
 grep -q "predicted" r7.log && { cat r7.log; fail "a prediction from a file fitted on another machine"; }
 taskset -c 0 "$loom" train "${quick[@]}" --set log.dir=r8 --set log.cluster="$cluster" > r8.log 2>&1 ||
