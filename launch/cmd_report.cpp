@@ -9,13 +9,14 @@ namespace loom {
 void cmd_report_add(CLI::App& app, Commands& out) {
   struct Args {
     std::vector<std::string> dirs;
-    std::string out = "report.html";
+    std::string out;  // none: report.html, numbered where one exists
   };
   auto a = std::make_shared<Args>();
   auto* report = app.add_subcommand(
       "report", "one HTML page of runs: loss, throughput, MFU, step split, memory, config (several runs overlaid)");
   report->add_option("dirs", a->dirs, "run directories (each run's log.dir)")->required();
-  report->add_option("--out", a->out, "the page to write (default report.html)");
+  report->add_option("--out", a->out,
+                     "the page to write (default report.html, numbered report-2.html, ... where one exists)");
   out.push_back({report, false, [a](const CommandContext&) {
                    report_write(a->dirs, a->out);
                    return 0;

@@ -16,7 +16,17 @@ namespace loom {
 
 namespace {
 
-const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+// Ten distinct colours: the memory chart's nine parts each get their own.
+constexpr int kNumColors = 10;
+const char* kColors[kNumColors] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                   "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
+// An SVG that scales down to the page's width (never wider than drawn).
+std::string svg_open(double w, double h) {
+  return fmt::format(
+      "<svg xmlns='http://www.w3.org/2000/svg' width='{0}' height='{1}' viewBox='0 0 {0} {1}' "
+      "style='max-width:100%;height:auto' font-family='sans-serif' font-size='11'>",
+      w, h);
+}
 
 // The page shows a run's config.toml and run.json as they are: "" where missing or refused.
 std::string text_of(const std::string& path) {
@@ -70,10 +80,12 @@ constexpr double W = 560, H = 300, L = 64, R = 16, T = 34, B = 40;
 
 // A line chart of several series over a shared x axis.
 std::string svg_lines(const std::string& title, const std::string& xlabel, const std::vector<Series>& series) {
-  std::string out = fmt::format(
-      "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='11'>"
-      "<text x='{}' y='18' font-size='13' font-weight='bold'>{}</text>",
-      W, H, L, escape(title));
+  // Several series: their legend in rows of three under the chart, off the data.
+  constexpr int kPerRow = 3;
+  const int legend_rows = series.size() > 1 ? int((series.size() + kPerRow - 1) / kPerRow) : 0;
+  const double height = H + 16 * legend_rows + (legend_rows ? 6 : 0);
+  std::string out = svg_open(W, height) +
+                    fmt::format("<text x='{}' y='18' font-size='13' font-weight='bold'>{}</text>", L, escape(title));
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
   for (auto& s : series)
     for (auto [x, y] : s.xy)
@@ -100,15 +112,16 @@ std::string svg_lines(const std::string& title, const std::string& xlabel, const
     std::string pts;
     for (auto [x, y] : series[i].xy)
       if (std::isfinite(y)) pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
-    const char* c = kColors[i % 8];
+    const char* c = kColors[i % kNumColors];
     out += series[i].xy.size() == 1
                ? fmt::format("<circle cx='{}' r='3' fill='{}' cy='{}'/>", pts.substr(0, pts.find(',')), c,
                              pts.substr(pts.find(',') + 1))
                : fmt::format("<polyline fill='none' stroke='{}' stroke-width='1.5' points='{}'/>", c, pts);
-    if (series.size() > 1)
-      out +=
-          fmt::format("<rect x='{}' y='{}' width='10' height='3' fill='{}'/><text x='{}' y='{}'>{}</text>", W - R - 150,
-                      T + 10 + 14 * double(i), c, W - R - 136, T + 14 + 14 * double(i), escape(series[i].name));
+    if (series.size() > 1) {
+      const double lx = L + double(i % kPerRow) * (W - L - R) / kPerRow, ly = H + 8 + 16 * double(i / kPerRow);
+      out += fmt::format("<rect x='{}' y='{}' width='10' height='3' fill='{}'/><text x='{}' y='{}'>{}</text>", lx,
+                         ly - 4, c, lx + 14, ly, escape(series[i].name));
+    }
   }
   return out + "</svg>";
 }
@@ -122,10 +135,8 @@ struct Bar {
 std::string svg_stacked(const std::string& title, const std::string& unit, const std::vector<std::string>& parts,
                         const std::vector<Bar>& bars) {
   const double w = std::max(W, L + R + 150 + 90 * double(bars.size()));
-  std::string out = fmt::format(
-      "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='11'>"
-      "<text x='{}' y='18' font-size='13' font-weight='bold'>{}</text>",
-      w, H, L, escape(title));
+  std::string out =
+      svg_open(w, H) + fmt::format("<text x='{}' y='18' font-size='13' font-weight='bold'>{}</text>", L, escape(title));
   double top = 0;
   for (auto& b : bars) {
     double s = 0;
@@ -151,7 +162,7 @@ std::string svg_stacked(const std::string& title, const std::string& unit, const
       if (v <= 0) continue;
       out += fmt::format(
           "<rect x='{:.1f}' y='{:.1f}' width='{:.1f}' height='{:.1f}' fill='{}'><title>{}: {:.4g} {}</title></rect>", x,
-          py(acc + v), bw, py(acc) - py(acc + v), kColors[k % 8], escape(parts[k]), v, escape(unit));
+          py(acc + v), bw, py(acc) - py(acc + v), kColors[k % kNumColors], escape(parts[k]), v, escape(unit));
       acc += v;
     }
     out += fmt::format("<text x='{:.1f}' y='{}' text-anchor='middle'>{}</text>", x + bw / 2, H - B + 14,
@@ -161,7 +172,7 @@ std::string svg_stacked(const std::string& title, const std::string& unit, const
   for (size_t k = 0; k < parts.size(); ++k)
     out +=
         fmt::format("<rect x='{}' y='{}' width='10' height='10' fill='{}'/><text x='{}' y='{}'>{}</text>", w - R - 140,
-                    T + 14 * double(k), kColors[k % 8], w - R - 126, T + 9 + 14 * double(k), escape(parts[k]));
+                    T + 14 * double(k), kColors[k % kNumColors], w - R - 126, T + 9 + 14 * double(k), escape(parts[k]));
   return out + "</svg>";
 }
 
@@ -323,9 +334,16 @@ void report_write(const std::vector<std::string>& dirs, const std::string& out) 
   for (auto& r : runs)
     if (named[r.name] > 1) r.name = r.dir;
   const std::string html = report_html(runs);
+  // No --out: report.html, or report-2.html, -3, ... where it exists (an earlier report stays).
+  std::string path = out;
+  for (int n = 2; path.empty(); ++n) {
+    const std::string name = n == 2 ? "report.html" : fmt::format("report-{}.html", n - 1);
+    std::error_code ec;
+    if (!std::filesystem::exists(std::filesystem::symlink_status(name, ec))) path = name;
+  }
   file_write_atomic(
-      out, [&](std::FILE* f) { file_write(f, html.data(), html.size(), out); }, "--out");
-  fmt::print("wrote {} ({} run{}, {:.0f} KB)\n", out, runs.size(), runs.size() == 1 ? "" : "s", html.size() / 1e3);
+      path, [&](std::FILE* f) { file_write(f, html.data(), html.size(), path); }, "--out");
+  fmt::print("wrote {} ({} run{}, {:.0f} KB)\n", path, runs.size(), runs.size() == 1 ? "" : "s", html.size() / 1e3);
 }
 
 }  // namespace loom

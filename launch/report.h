@@ -23,7 +23,8 @@ struct RunRecord {
 // Reads a log.dir; an Error when it holds no metrics.jsonl with a step in it.
 RunRecord report_read(const std::string& dir);
 std::string report_html(const std::vector<RunRecord>& runs);
-// Reads every directory, writes the page to `out` atomically, and says where.
+// Reads every directory, writes the page to `out` atomically (empty: report.html, or the first
+// free report-N.html, N = 2, 3, ...: an earlier page is never overwritten), and says where.
 void report_write(const std::vector<std::string>& dirs, const std::string& out);
 
 }  // namespace loom

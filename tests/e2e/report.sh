@@ -29,9 +29,24 @@ assert h.count("<polyline") == 12, h.count("<polyline")
 for want in ["lr0.003", "lr0.0005", "(predicted)", "resident peak", "lr = 0.003", "lr = 0.0005", "train loss",
              "validation loss", "mean step split", "&quot;command&quot;"]:
     assert want in h, want
+# Each chart scales to the page (the memory chart fits 1400 px), its parts each in a colour of their
+# own, and the line charts' legends sit under the plot, not over the data.
+assert h.count("viewBox=") == svgs and h.count("max-width:100%") == svgs, "charts that do not scale"
+mem = h[h.index("memory, rank 0"):]
+fills = re.findall(r"<rect x='[0-9.]+' y='[0-9.]+' width='10' height='10' fill='(#[0-9a-f]+)'", mem)
+assert len(fills) == 9 and len(set(fills)) == 9, f"memory legend colours {fills}"
+for y in re.findall(r"<rect x='[0-9.]+' y='([0-9.]+)' width='10' height='3'", h):
+    assert float(y) > 300 - 40, f"a legend at y {y}, inside the plot"
 print(f"report: {svgs} charts, {len(h) // 1000} KB")
 PY
-chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,1900 \
+# Without --out, an existing report.html is kept and the next page numbered.
+mkdir "$dir/pages"
+(cd "$dir/pages" && "$loom" report ../lr0.003 > first.txt && "$loom" report ../lr0.0005 > second.txt) ||
+  { echo "FAIL: loom report without --out"; exit 1; }
+grep -q "wrote report.html" "$dir/pages/first.txt" && grep -q "wrote report-2.html" "$dir/pages/second.txt" &&
+  grep -q "lr0.003" "$dir/pages/report.html" && ! grep -q "lr0.0005" "$dir/pages/report.html" ||
+  { echo "FAIL: report.html overwritten or not numbered"; cat "$dir/pages/"*.txt; exit 1; }
+chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1900 \
   --screenshot="$dir/report.png" "file://$dir/report.html" > "$dir/chromium.log" 2>&1 ||
   { cat "$dir/chromium.log"; exit 1; }
 size=$(stat -c %s "$dir/report.png")
