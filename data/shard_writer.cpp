@@ -152,9 +152,11 @@ void data_run(const DataOptions& opt) {
     if (eot >= 0) docs[d].push_back(eot);
   for (Chunk& c : chunks) docs[c.doc].insert(docs[c.doc].end(), c.ids.begin(), c.ids.end());
   std::vector<int32_t> train, val;
+  size_t val_docs = 0;
   if (opt.val_fraction > 0 && docs.size() > 1) {
     const size_t nval =
         std::clamp<size_t>(size_t(std::ceil(opt.val_fraction * double(docs.size()))), 1, docs.size() - 1);
+    val_docs = nval;
     for (size_t d = 0; d < docs.size(); ++d) {
       auto& to = d + nval >= docs.size() ? val : train;
       to.insert(to.end(), docs[d].begin(), docs[d].end());
@@ -182,6 +184,13 @@ void data_run(const DataOptions& opt) {
              eot >= 0 ? fmt::format("; each document opened by {} ({})", bpe->doc_token_text(), eot)
                       : fmt::format("; the {} has no {} token: documents are joined as they are",
                                     bpe ? "vocabulary" : "byte tokenizer", bpe ? bpe->doc_token_text() : "document"));
+  // Whole documents are held out: their share of the tokens can be far from --val-fraction.
+  if (!val.empty())
+    fmt::print("validation: {}, {:.2f}% of the tokens (--val-fraction {} holds out {})\n",
+               val_docs > 0 ? fmt::format("the last {} of {} documents", val_docs, docs.size())
+                            : std::string("the last tokens of the one document"),
+               100.0 * double(val.size()) / double(val.size() + train.size()), opt.val_fraction,
+               val_docs > 0 ? "whole documents" : "tokens when there is one document");
 }
 
 }  // namespace loom

@@ -1,10 +1,52 @@
 // `loom train`: a training run of a config (none: the default job), or its keys / resolved config.
 #include <memory>
+#include <optional>
 
 #include "launch/command.h"
+#include "runtime/mesh.h"
 #include "train/stop.h"
+#if LOOM_HAVE_MPI
+#include <mpi.h>
+#endif
 
 namespace loom {
+
+namespace {
+// A config or layout error is found alike by every rank (building the config talks to no peer):
+// the ranks agree on it, the first that failed says it once, and all end with status 2 (no
+// abort, and no copy of the message per rank): nullopt where another rank said it.
+std::optional<Config> config_agreed(const std::string& path, const std::vector<std::string>& sets, const TrainOptions& topt,
+                     bool print_only) {
+  Config cfg;
+  std::exception_ptr refused;
+  try {
+    cfg = config_build(path, sets, topt.world_size, topt.world_rank == 0 && !print_only, true);
+    if (!print_only)
+      mesh_validate({cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp, cfg.parallel.ep},
+                    topt.world_size);
+  } catch (const Error&) {
+    refused = std::current_exception();
+  }
+#if LOOM_HAVE_MPI
+  if (topt.use_mpi && topt.world_size > 1) {
+    int mine = refused ? topt.world_rank : topt.world_size, first = topt.world_size;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first < topt.world_size) {
+      if (topt.world_rank == first) {
+        try {
+          std::rethrow_exception(refused);
+        } catch (const Error& e) {
+          fmt::print(stderr, "error: {}\n", e.what());
+        }
+      }
+      return std::nullopt;
+    }
+  }
+#endif
+  if (refused) std::rethrow_exception(refused);
+  return cfg;
+}
+}  // namespace
 
 void cmd_train_add(CLI::App& app, Commands& out) {
   struct Args {
@@ -38,8 +80,9 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                    if (!a->fault.empty()) sets.push_back("fault.exit=" + a->fault);
                    if (!a->hang.empty()) sets.push_back("fault.hang=" + a->hang);
                    if (!a->kill_in_save.empty()) sets.push_back("fault.kill=" + a->kill_in_save + ":checkpoint");
-                   const Config cfg =
-                       config_build(a->config.path, sets, topt.world_size, topt.world_rank == 0 && !a->print_config, true);
+                   const std::optional<Config> agreed = config_agreed(a->config.path, sets, topt, a->print_config);
+                   if (!agreed) return 2;
+                   const Config& cfg = *agreed;
                    if (a->print_config) {
                      fmt::print("{}\n", config_to_toml(cfg));
                      return 0;

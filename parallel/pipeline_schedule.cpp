@@ -268,9 +268,9 @@ PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m) {
   } else if (name == "interleaved") {
     LOOM_CHECK(p > 1, "parallel.pp_schedule = \"interleaved\" needs parallel.pp > 1");
     LOOM_CHECK(m % p == 0,
-               "parallel.pp_schedule = \"interleaved\" needs the micro-batches per step ({}) to be a multiple of "
-               "parallel.pp ({}); change train.global_batch or train.micro_batch",
-               m, p);
+               "parallel.pp_schedule = \"interleaved\" needs a multiple of parallel.pp = {} micro-batches per step, "
+               "not {}; change train.global_batch or train.micro_batch",
+               p, m);
     const int total = m * v;
     for (int st = 0; st < p; ++st) {
       auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };

@@ -261,10 +261,10 @@ void config_validate(Config& cfg) {
   pipeline_layers_given(cfg);  // the split must work
   if (p.pp > 1) {
     LOOM_CHECK(p.pp_schedule != "interleaved" || cfg.accum_steps() % p.pp == 0,
-               "parallel.pp_schedule = \"interleaved\" needs the micro-batches per step ({} = train.global_batch / "
-               "(train.micro_batch x parallel.dp)) to be a multiple of parallel.pp = {}; change train.global_batch or "
+               "parallel.pp_schedule = \"interleaved\" needs a multiple of parallel.pp = {} micro-batches per step, "
+               "not {} (train.global_batch / (train.micro_batch x parallel.dp)); change train.global_batch or "
                "train.micro_batch",
-               cfg.accum_steps(), p.pp);
+               p.pp, cfg.accum_steps());
     LOOM_CHECK(!cfg.pp_split_backward() || m.moe.num_experts == 0,
                "parallel.pp_schedule = \"{}\" with MoE layers is not supported yet (the split backward of a MoE "
                "layer is not written); use 1f1b or interleaved",

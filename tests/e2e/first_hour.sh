@@ -2,9 +2,9 @@
 # A new user's first hour, through the binary as they run it: a data path is never ignored (its
 # kind is read from the file), a file error is one line and status 2, `plan memory` says which
 # device it planned for, and a run starts and ends briefly.
-#   first_hour.sh LOOM
+#   first_hour.sh LOOM ["MPIRUN..."]
 set -uo pipefail
-loom=$1
+loom=$1 mpirun=${2:-}
 src=$(cd "$(dirname "$0")/../.." && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -82,4 +82,22 @@ grep -q "predicted" r7.log && { cat r7.log; fail "a prediction from a file fitte
 taskset -c 0 "$loom" train "${quick[@]}" --set log.dir=r8 --set log.cluster="$cluster" > r8.log 2>&1 ||
   { cat r8.log; fail "named cluster"; }
 grep -q "predicted (cluster this_machine) vs measured" r8.log || { cat r8.log; fail "no comparison with log.cluster"; }
+
+# Small ones: --val-fraction says the tokens it held out; the interleaved refusal is a sentence;
+# a layout the ranks launched cannot hold is said once (rank 0), status 2.
+mkdir docs
+for i in $(seq 20); do head -c $((i * 500)) corpus.txt > "docs/d$(printf %02d "$i").txt"; done
+"$loom" data --val-fraction 0.05 docs docs.bin > docs.log 2>&1 || { cat docs.log; fail "loom data docs"; }
+grep -q "^validation: the last 1 of 20 documents, [0-9.]*% of the tokens" docs.log || { cat docs.log; fail "val share"; }
+expect_error 2 'needs a multiple of parallel.pp = 2 micro-batches per step, not 1' "$loom" train "${quick[@]}" \
+  --set model.n_layer=4 --set parallel.pp=2 --set parallel.pp_schedule=interleaved --set train.global_batch=8 \
+  --set log.dir=r9
+if [ -n "$mpirun" ]; then
+  $mpirun -np 2 "$loom" train "${quick[@]}" --set parallel.dp=4 --set train.global_batch=32 --set log.dir=r10 \
+    > mpi.log 2>&1
+  status=$?
+  [ "$status" -eq 2 ] || { cat mpi.log; fail "a layout mismatch under mpirun exited $status, not 2"; }
+  [ "$(grep -c "does not match the 2 ranks launched" mpi.log)" -eq 1 ] && ! grep -q "MPI_ABORT" mpi.log ||
+    { cat mpi.log; fail "the layout mismatch is not said once, without an abort"; }
+fi
 echo "ok"

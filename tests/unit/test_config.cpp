@@ -92,7 +92,7 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
             std::string::npos);
   EXPECT_NE(error_of([] {
               loaded("[parallel]\npp = 3\npp_layers = \"1,2,1\"\npp_schedule = \"interleaved\"\n");
-            }).find("micro-batches per step (2 = train.global_batch"),
+            }).find("needs a multiple of parallel.pp = 3 micro-batches per step, not 2"),
             std::string::npos);
   EXPECT_NE(error_of([] {
               loaded("[parallel]\npp = 2\npp_virtual = 4\npp_schedule = \"interleaved\"\n");
