@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -29,7 +30,8 @@ extern "C" void note_signal(int sig) {
   g_asked = sig;
 }
 
-// The processes below `root` (from /proc).
+// The processes below `root` that started none of their own (from /proc): the ranks, and not
+// a launcher between (a wrapper's mpirun kills its ranks when signalled).
 std::vector<pid_t> descendants(pid_t root) {
   std::map<pid_t, pid_t> parent;
   std::error_code ec;
@@ -47,8 +49,11 @@ std::vector<pid_t> descendants(pid_t root) {
     rest >> state >> ppid;
     parent[pid_t(std::stol(name))] = ppid;
   }
+  std::set<pid_t> parents;
+  for (auto [pid, ppid] : parent) parents.insert(ppid);
   std::vector<pid_t> out;
   for (auto [pid, ppid] : parent) {
+    if (parents.count(pid)) continue;
     for (pid_t up = ppid; up > 1; up = parent.count(up) ? parent[up] : 0)
       if (up == root) {
         out.push_back(pid);
