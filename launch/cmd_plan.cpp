@@ -82,9 +82,10 @@ int plan_memory(const PlanArgs& a) {
   } else {
     std::string no_gpu;
     device = device_resolve(cfg, gpus, &no_gpu);
-    why = device == "cpu" ? fmt::format("train.device = auto on this machine: {}; --cluster FILE or --set "
-                                        "train.device=cuda plans for GPUs",
-                                        no_gpu.empty() ? "no GPU here" : no_gpu)
+    why = device == "cpu" ? fmt::format(
+                                "train.device = auto on this machine: {}; --cluster FILE or --set "
+                                "train.device=cuda plans for GPUs",
+                                no_gpu.empty() ? "no GPU here" : no_gpu)
                           : "train.device = auto on this machine";
   }
   const DType dtype = dtype_resolve(cfg, device);

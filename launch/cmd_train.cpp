@@ -15,8 +15,8 @@ namespace {
 // A config or layout error is found alike by every rank (building the config talks to no peer):
 // the ranks agree on it, the first that failed says it once, and all end with status 2 (no
 // abort, and no copy of the message per rank): nullopt where another rank said it.
-std::optional<Config> config_agreed(const std::string& path, const std::vector<std::string>& sets, const TrainOptions& topt,
-                     bool print_only) {
+std::optional<Config> config_agreed(const std::string& path, const std::vector<std::string>& sets,
+                                    const TrainOptions& topt, bool print_only) {
   Config cfg;
   std::exception_ptr refused;
   try {

@@ -1,5 +1,5 @@
-// A step's micro-batch passes on one stage (the accumulation loop at pp 1, the pipeline's
-// table otherwise) with the drills that fire inside them.
+// A step's micro-batch passes on one stage (its list of ops: the accumulation loop at pp 1,
+// the pipeline's table otherwise) with the drills that fire inside them.
 #include <spdlog/spdlog.h>
 
 #include "train/trainer_parts.h"
@@ -22,17 +22,18 @@ void Trainer::Parts::micro_batches(int64_t step, bool reduce, bool poison) {
     return;
   }
   Inputs in;
-  for (const Action& a : schedule) {
-    if (a.kind == Action::forward) {
-      if (a.micro == 0) faults->at(step + 1, "forward");
-      in = inputs(a.micro);
+  for (const PipeOp& op : pipe_ops) {
+    LOOM_ASSERT(op.kind == PipeOp::F || op.kind == PipeOp::B);
+    if (op.kind == PipeOp::F) {
+      if (op.micro == 0) faults->at(step + 1, "forward");
+      in = inputs(op.micro);
       // fault.nan: this rank's last micro-batch seeds its backward with NaN.
-      chunk->forward(in, poison && a.micro + 1 == accum ? std::nanf("") : dloss, *dpar);
+      chunk->forward(in, poison && op.micro + 1 == accum ? std::nanf("") : dloss, *dpar);
     } else {
-      if (a.micro == 0) faults->at(step + 1, "backward");
+      if (op.micro == 0) faults->at(step + 1, "backward");
       // Accumulation micro-batches do not communicate; with !reduce none does, and the
       // reductions wait for reduce_grads().
-      dpar->set_last(reduce && a.micro + 1 == accum);
+      dpar->set_last(reduce && op.micro + 1 == accum);
       chunk->backward(in, *dpar);
     }
   }

@@ -1,14 +1,55 @@
-// Recovery (train/fault.h): the SDC check, skipped updates and rollback, and the step boundary
-// (stop signals, checkpoint commits, the straggler watch).
+// Recovery and drills (train/fault.h): the drills around a step's gradients, the SDC check,
+// skipped updates and rollback, and the step boundary (stop signals, checkpoint commits, the
+// straggler watch).
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
+#include "runtime/cuda_api.h"
 #include "train/trainer_parts.h"
 
 namespace loom {
+
+void Trainer::Parts::drills_step_begin(int64_t s1) {
+  faults->at(s1, "");
+  if (faults->hang(s1)) {
+    faults->note("hang", s1, "stopping inside this step's next collective");
+    mesh->hang_next_op();
+  }
+}
+
+void Trainer::Parts::grads_compute(int64_t step, StepMetrics& m, uint64_t syncs0, bool* sdc_unresolved) {
+  FaultInjector& fi = *faults;
+  const int64_t s1 = step + 1;
+  if (const double ms = fi.slow_ms(); ms > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+  const bool poison = fi.nan(s1), flip = fi.bitflip(s1);
+  if (poison) fi.note("nan", s1, "a NaN into this rank's gradients");
+  if (flip) fi.note("bitflip", s1, "a flipped bit in one weight while this step computes");
+  if (cfg.fault.sdc_every > 0 && s1 % cfg.fault.sdc_every == 0) {
+    m.sdc_ranks = sdc_check(step, flip, poison, sdc_unresolved);
+    if (!m.sdc_ranks.empty() && lead) {
+      std::string names;
+      for (int r : m.sdc_ranks) names += (names.empty() ? "" : ", ") + std::to_string(r);
+      spdlog::error("step {}: silent data corruption: rank {}'s gradients differ from its own recomputation; {}", s1,
+                    names,
+                    *sdc_unresolved ? "no two of three agree, the update is skipped"
+                                    : "a third computation agrees with one of them and the update uses it");
+      event_append(cfg.log.dir, "sdc",
+                   fmt::format("\"step\":{},\"ranks\":[{}],\"resolved\":{}", s1, names, !*sdc_unresolved));
+    }
+    return;
+  }
+  const int64_t at = int64_t(chunk->num_params() / 2);
+  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
+  micro_batches(step, true, poison);
+  if (alloc->device() == DeviceKind::cuda_emulated) m.host_syncs_compute = int64_t(cuda_emulated_host_syncs() - syncs0);
+  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
+}
 
 void Trainer::Parts::skipped(int64_t s1, const std::string& why) {
   if (lead)

@@ -1,5 +1,6 @@
-// One training step as the user sees it (Trainer::step): data, the micro-batch passes (a
-// schedule, or the pipeline's), the gradient guard, the update, metrics; and validation.
+// One training step as the user sees it (Trainer::step): the gradients (grads_compute, with
+// the drills around them, in recovery.cpp), the gradient guard, the update, the checkpoint,
+// metrics; and validation.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -22,11 +23,7 @@ StepMetrics Trainer::step(int64_t step) {
   p.next = s1;
   if (p.trace.enabled()) p.trace.record(p.trace_from <= s1 && s1 <= p.trace_to);
   if (p.profiler && p.profile_from <= s1 && s1 <= p.profile_to) p.profiler->step_begin(&p.trace);
-  fi.at(s1, "");
-  if (fi.hang(s1)) {
-    fi.note("hang", s1, "stopping inside this step's next collective");
-    p.mesh->hang_next_op();
-  }
+  p.drills_step_begin(s1);
   const CommCounters dp0 = p.dp().counters(), tp0 = p.tp().counters();
   StepMetrics m;
   const bool emulated = p.alloc->device() == DeviceKind::cuda_emulated;
@@ -34,31 +31,8 @@ StepMetrics Trainer::step(int64_t step) {
   StepClock& clock = *p.clock;
   const Clock::time_point wall = Clock::now();  // step_ms: the host's clock, apart from the marks
   clock.begin(Phase::compute);
-  if (const double ms = fi.slow_ms(); ms > 0)
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
-  const bool poison = fi.nan(s1), flip = fi.bitflip(s1);
-  if (poison) fi.note("nan", s1, "a NaN into this rank's gradients");
-  if (flip) fi.note("bitflip", s1, "a flipped bit in one weight while this step computes");
   bool sdc_unresolved = false;
-  if (p.cfg.fault.sdc_every > 0 && s1 % p.cfg.fault.sdc_every == 0) {
-    m.sdc_ranks = p.sdc_check(step, flip, poison, &sdc_unresolved);
-    if (!m.sdc_ranks.empty() && p.lead) {
-      std::string names;
-      for (int r : m.sdc_ranks) names += (names.empty() ? "" : ", ") + std::to_string(r);
-      spdlog::error("step {}: silent data corruption: rank {}'s gradients differ from its own recomputation; {}", s1,
-                    names,
-                    sdc_unresolved ? "no two of three agree, the update is skipped"
-                                   : "a third computation agrees with one of them and the update uses it");
-      event_append(p.cfg.log.dir, "sdc",
-                   fmt::format("\"step\":{},\"ranks\":[{}],\"resolved\":{}", s1, names, !sdc_unresolved));
-    }
-  } else {
-    const int64_t at = int64_t(p.chunk->num_params() / 2);
-    if (flip) tensor_bit_flip(*p.backend, p.chunk->params_tensor(), at);
-    p.micro_batches(step, true, poison);
-    if (emulated) m.host_syncs_compute = int64_t(cuda_emulated_host_syncs() - syncs0);
-    if (flip) tensor_bit_flip(*p.backend, p.chunk->params_tensor(), at);
-  }
+  p.grads_compute(step, m, syncs0, &sdc_unresolved);
   const AdamWHyper hyper{lr_at(p.cfg.train, step), p.cfg.train.beta1, p.cfg.train.beta2, p.cfg.train.eps,
                          p.cfg.train.weight_decay};
   m.lr = hyper.lr;

@@ -175,7 +175,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   // Checks the schedule: a broken table stops here, before any send.
   const PartSpec spec = pipeline_chunk_spec(cfg, p.mesh->coord().pp, &p.pipe_schedule);
   memory_fit_check(plan_memory(cfg, p.device, p.dtype, opt.world_rank, &spec), opt.world_rank, p.memory);
-  if (cfg.parallel.pp > 1) p.pipe_ops = pipeline_in_order(p.pipe_schedule).ops[size_t(p.mesh->coord().pp)];
+  // Every pp degree runs a list of ops; at pp 1 it is 1F1B on one stage, F0 B0 F1 B1 ...: the
+  // accumulation loop, one micro-batch's activations at a time.
+  p.pipe_ops = cfg.parallel.pp > 1 ? pipeline_in_order(p.pipe_schedule).ops[size_t(p.mesh->coord().pp)]
+                                   : pipeline_schedule("1f1b", 1, 1, cfg.accum_steps()).ops[0];
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   const bool ep = cfg.parallel.ep > 1;
   p.chunk = std::make_unique<DecoderPart>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
@@ -186,7 +189,6 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
                               {p.dp(), p.tp(), p.mesh->host_group(p.dp_axis()), ep ? &p.mesh->group(Axis::ep) : nullptr,
                                ep ? &p.mesh->group(Axis::edp) : nullptr, ep ? &p.mesh->host_group(Axis::edp) : nullptr},
                               p.clock.get());
-  p.schedule = schedule_one_stage(cfg.accum_steps());
   if (cfg.parallel.pp > 1)
     p.pipe = std::make_unique<PipelineStage>(*p.chunk, *p.dpar, p.mesh->group(Axis::pp), cfg.accum_steps(),
                                              p.clock.get(), p.trace);

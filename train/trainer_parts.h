@@ -1,7 +1,7 @@
 // The parts of one rank's Trainer (train/trainer.h), shared by the files that implement it:
 // trainer.cpp (state and construction, init), step.cpp (the step, validation),
-// micro_batches.cpp (the passes of a step), recovery.cpp (the SDC check, skipped updates and
-// rollback, the step boundary) and finish.cpp (start-up log, export, summary). Internal.
+// micro_batches.cpp (the passes of a step), recovery.cpp (the drills around the gradients, the
+// SDC check, skipped updates and rollback, the step boundary) and finish.cpp (start-up log, export, summary). Internal.
 #pragma once
 #include <spdlog/spdlog.h>
 
@@ -22,7 +22,6 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_schedule.h"
-#include "parallel/schedule.h"
 #include "plan/memory.h"
 #include "runtime/file.h"
 #include "runtime/launch_env.h"
@@ -63,9 +62,8 @@ struct Trainer::Parts {
   ModelLayout whole;  // the whole model (this tp rank's shards): names and places for export
   std::unique_ptr<DecoderPart> chunk;
   std::unique_ptr<DataParallel> dpar;
-  std::vector<Action> schedule;
   PipeSchedule pipe_schedule;           // parallel.pp > 1
-  std::vector<PipeOp> pipe_ops;         // this stage's list
+  std::vector<PipeOp> pipe_ops;         // this stage's list (at pp 1: F0 B0 F1 B1 ...)
   std::unique_ptr<PipelineStage> pipe;  // parallel.pp > 1
   FlopsPerToken fpt{};
   double peak = 0;
@@ -197,6 +195,11 @@ struct Trainer::Parts {
   int64_t val_available() const { return data.val ? data.val->epoch_sequences() / cfg.train.global_batch : 0; }
   void startup_log();
   void facts_write() const;  // config.toml and run.json into log.dir (rank 0)
+  // The drills at a step's start: fault.exit/kill at (1-based) s1, and fault.hang.
+  void drills_step_begin(int64_t s1);
+  // The step's gradients, with the drills that fire around them (fault.slow_ms, nan, bitflip)
+  // and fault.sdc_every's recomputation (*sdc_unresolved: no two of three agreed).
+  void grads_compute(int64_t step, StepMetrics& m, uint64_t syncs0, bool* sdc_unresolved);
   // Forward and backward over the step's micro-batches from zeroed gradients; reduce: the
   // last backward starts the gradient reductions (else reduce_grads() does); poison: the
   // fault.nan drill.

@@ -41,6 +41,16 @@ TEST(PipelineSchedule, EveryScheduleChecksAndMatchesItsBubble) {
       }
 }
 
+// At pp 1 the trainer runs 1F1B's one-stage list as its accumulation loop: each micro-batch's
+// backward right after its forward (one micro-batch's activations live), no transfers.
+TEST(PipelineSchedule, OneStageIsTheAccumulationLoop) {
+  const PipeSchedule s = pipeline_schedule("1f1b", 1, 1, 3);
+  ASSERT_EQ(s.ops.size(), 1u);
+  std::string seq;
+  for (const PipeOp& op : s.ops[0]) seq += fmt::format("{}{} ", pipe_op_name(op.kind), op.micro);
+  EXPECT_EQ(seq, "F0 B0 F1 B1 F2 B2 ");
+}
+
 TEST(PipelineSchedule, ZeroBubbleBeatsOneFOneBAtTheSamePeak) {
   for (int p : {2, 4, 8})
     for (int m : {2 * p, 4 * p}) {
