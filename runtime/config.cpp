@@ -65,7 +65,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train.gelu_epilogue", &t.gelu_epilogue,
        "fused | separate (CUDA gpt2: GELU's backward in the GEMM epilogue or not)"},
       {"train.threads", &t.threads, "threads per rank (0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores / ranks)"},
-      {"data.source", &d.source, "synthetic | text | tokens"},
+      {"data.source", &d.source, "synthetic | text | tokens (unset with a data path: read from the files)"},
       {"data.path", &d.path, "a text file, or llm.c token shards (a file or a directory)"},
       {"data.sources", &d.sources,
        "a mixture in place of data.path: [[data.sources]] tables with path and weight (blended per sequence)"},
