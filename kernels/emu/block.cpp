@@ -17,8 +17,6 @@
 // Shuffles and mma_sync move values through tables here that the sanitizer does not see, as
 // registers move on a device.
 #include <fmt/format.h>
-#include <pthread.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -32,25 +30,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/emu/fiber.h"
 #include "kernels/emu/runtime.h"
-
-#if defined(LOOM_EMU_TSAN)
-extern "C" {
-void* __tsan_get_current_fiber();
-void* __tsan_create_fiber(unsigned flags);
-void __tsan_destroy_fiber(void* fiber);
-void __tsan_switch_to_fiber(void* fiber, unsigned flags);
-void __tsan_acquire(void* addr);
-void __tsan_release(void* addr);
-}
-#endif
-#if defined(LOOM_EMU_ASAN)
-extern "C" {
-void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
-void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
-void __asan_unpoison_memory_region(const volatile void* addr, size_t size);
-}
-#endif
 
 // A sanitizer build of the emulation stops at its first report, whatever the environment says:
 // a race or an overrun is a failed test, not a warning in a log.
@@ -73,70 +54,12 @@ thread_local BlockState* current_block = nullptr;
 namespace {
 
 // Under TSan a fiber runs one emulated thread per start, each fiber with a sanitizer context of
-// its own (tsan_fiber below).
+// its own (tsan_fiber, kernels/emu/fiber.h).
 #if defined(LOOM_EMU_TSAN)
 constexpr bool kOneThreadPerStart = true;
-constexpr size_t kStackBytes = size_t(32) << 10;
 #else
 constexpr bool kOneThreadPerStart = false;
-constexpr size_t kStackBytes = size_t(256) << 10;
 #endif
-
-// Saves the callee-saved registers and the floating-point control words on the current
-// stack, stores its pointer in *save and continues on `next` (System V x86-64).
-extern "C" void loom_emu_switch(void** save, void* next);
-extern "C" void loom_emu_trampoline();
-#if defined(__x86_64__)
-asm(R"(
-  .pushsection .text
-  .globl loom_emu_switch
-  .type loom_emu_switch,@function
-loom_emu_switch:
-  pushq %rbp
-  pushq %rbx
-  pushq %r12
-  pushq %r13
-  pushq %r14
-  pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
-  movq %rsp, (%rdi)
-  movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
-  popq %r15
-  popq %r14
-  popq %r13
-  popq %r12
-  popq %rbx
-  popq %rbp
-  ret
-  .size loom_emu_switch,.-loom_emu_switch
-  .globl loom_emu_trampoline
-  .type loom_emu_trampoline,@function
-loom_emu_trampoline:
-  movq %r12, %rdi
-  callq *%r13
-  ud2
-  .size loom_emu_trampoline,.-loom_emu_trampoline
-  .popsection
-)");
-#else
-#error "the CUDA emulation's fibers are written for x86-64"
-#endif
-
-constexpr size_t kGuardBytes = size_t(4) << 10;
-
-struct Fiber {
-  void* sp = nullptr;
-  char* map = nullptr;  // guard page, then the stack
-  const void* lo = nullptr;
-  size_t size = 0;
-  int thread = -1;       // the emulated thread it runs; -1 when idle
-  void* tsan = nullptr;  // the sanitizer context of that thread
-};
 
 enum class Wait : uint8_t { none, barrier, warp, done };
 enum class WarpOp : uint8_t { shuffle, vote, syncwarp, mma, gather };
@@ -199,7 +122,6 @@ struct Executor {
   unsigned char* dyn_ptr = nullptr;
   ~Executor();
 };
-void fiber_unmap(Fiber* f);
 Executor::~Executor() {
   for (auto& f : fibers) fiber_unmap(f.get());
 #if defined(LOOM_EMU_TSAN)
@@ -226,20 +148,6 @@ Executor& executor() {
   throw std::runtime_error(where + what);
 }
 
-void switch_fiber(Fiber& from, Fiber& to) {
-#if defined(LOOM_EMU_TSAN)
-  __tsan_switch_to_fiber(to.tsan, 1 /* __tsan_switch_to_fiber_no_sync */);
-#endif
-#if defined(LOOM_EMU_ASAN)
-  void* fake = nullptr;
-  __sanitizer_start_switch_fiber(&fake, to.lo, to.size);
-#endif
-  loom_emu_switch(&from.sp, to.sp);
-#if defined(LOOM_EMU_ASAN)
-  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#endif
-}
-
 void thread_exit(Executor& ex, int t);
 void run_threads(Executor& ex, Fiber* self);
 
@@ -259,63 +167,9 @@ void fiber_entry(void* arg) {
   }
 }
 
-// The first switch to a fiber pops the control words and six registers (r13 the entry, r12
-// its argument) and returns into the trampoline, 16-byte aligned as a call expects.
-void fiber_frame(Fiber* f) {
-  uintptr_t top = (uintptr_t(f->map) + kStackBytes) & ~uintptr_t(15);
-  auto* sp = reinterpret_cast<uint64_t*>(top - 64 - 16);
-  uint32_t csr[2] = {0, 0};
-  asm volatile("stmxcsr %0" : "=m"(csr[0]));
-  asm volatile("fnstcw %0" : "=m"(csr[1]));
-  sp[0] = uint64_t(csr[0]) | (uint64_t(csr[1] & 0xffff) << 32);
-  sp[1] = sp[2] = 0;                                 // r15, r14
-  sp[3] = reinterpret_cast<uint64_t>(&fiber_entry);  // r13
-  sp[4] = reinterpret_cast<uint64_t>(f);             // r12
-  sp[5] = sp[6] = 0;                                 // rbx, rbp
-  sp[7] = reinterpret_cast<uint64_t>(&loom_emu_trampoline);
-  f->sp = sp;
-  f->thread = -1;
-}
-
-std::unique_ptr<Fiber> fiber_make() {
-  auto f = std::make_unique<Fiber>();
-  void* m = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) throw std::runtime_error("the CUDA emulation could not map a fiber stack");
-  mprotect(m, kGuardBytes, PROT_NONE);  // a stack overflow faults instead of corrupting
-  f->map = static_cast<char*>(m);
-  f->lo = f->map + kGuardBytes;
-  f->size = kStackBytes - kGuardBytes;
-  fiber_frame(f.get());
-#if defined(LOOM_EMU_TSAN)
-  f->tsan = __tsan_create_fiber(0);
-#endif
-  return f;
-}
-
 [[maybe_unused]] Fiber* fiber_new(Executor& ex) {
-  ex.fibers.push_back(fiber_make());
+  ex.fibers.push_back(fiber_make(&fiber_entry));
   return ex.fibers.back().get();
-}
-
-#if defined(LOOM_EMU_TSAN)
-// Fiber k mod 4096, each with its own stack and sanitizer context, made once (a context costs
-// about a millisecond): thread i of block b runs on fiber (b n + i) mod 4096, so a stack is
-// reused only by threads its context already orders, and only threads that far apart are.
-Fiber* tsan_fiber(uint64_t k) {
-  static std::mutex m;
-  static std::vector<std::unique_ptr<Fiber>> pool(4096);
-  std::lock_guard<std::mutex> lock(m);
-  auto& f = pool[k % pool.size()];
-  if (!f) f = fiber_make();
-  return f.get();
-}
-#endif
-
-void fiber_unmap(Fiber* f) {
-#if defined(LOOM_EMU_ASAN)
-  __asan_unpoison_memory_region(f->lo, f->size);  // frames left behind by an aborted block
-#endif
-  munmap(f->map, kStackBytes);
 }
 
 [[maybe_unused]] void fiber_free(Executor& ex, Fiber* f) {
@@ -327,27 +181,6 @@ void fiber_unmap(Fiber* f) {
       break;
     }
 }
-
-#if defined(LOOM_EMU_TSAN)
-// Runs `body` on a new OS thread with a small stack (the sanitizer writes its shadow for the
-// whole stack when a thread starts) and waits for it.
-template <class F>
-void run_on_fresh_thread(F&& body) {
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, size_t(256) << 10);
-  pthread_t t;
-  auto call = [](void* p) -> void* {
-    (*static_cast<F*>(p))();
-    return nullptr;
-  };
-  if (pthread_create(&t, &attr, call, &body) != 0)
-    throw std::runtime_error("the CUDA emulation could not start a thread");
-  pthread_join(t, nullptr);
-  pthread_attr_destroy(&attr);
-}
-
-#endif
 
 void resume(Executor& ex, Fiber* f) {
   current_thread = f->thread >= 0 ? &ex.threads[size_t(f->thread)] : nullptr;
@@ -501,7 +334,7 @@ void run_block(Executor& ex, uint3 idx) {
     } else if (ex.next < ex.n) {
       Fiber* f = nullptr;
 #if defined(LOOM_EMU_TSAN)
-      f = tsan_fiber(ex.block_linear * uint64_t(ex.n) + uint64_t(ex.next));
+      f = tsan_fiber(ex.block_linear * uint64_t(ex.n) + uint64_t(ex.next), &fiber_entry);
 #else
       if (!ex.idle.empty()) {
         f = ex.idle.back();
@@ -527,7 +360,7 @@ void run_block(Executor& ex, uint3 idx) {
       __tsan_switch_to_fiber(f->tsan, 1);
       __tsan_release(ex.done_token);
       __tsan_switch_to_fiber(ex.main.tsan, 1);
-      fiber_frame(f);
+      fiber_frame(f, &fiber_entry);
     }
 #else
     for (Fiber* f : busy) fiber_free(ex, f);

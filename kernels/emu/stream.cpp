@@ -6,15 +6,15 @@
 // synchronizations wait for markers or for an empty queue. The first failure of queued work (a
 // kernel fault) becomes the device's sticky error, and queued work after it is skipped (markers
 // and waits still pass, so synchronizations return the error instead of hanging).
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
-#include <atomic>
-#include <cstring>
 #include <vector>
 
 #include "kernels/emu/runtime.h"
@@ -272,8 +272,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (!bytes) return emu::device_fault();
   if (!s) {  // the legacy stream: at once, but as blind to other streams' queued work as cudaMemcpy
     if (const std::string w = emu::pending_writer(src); !w.empty()) {
-      emu::set_last_error(cudaErrorInvalidValue, "cudaMemcpyAsync on the legacy stream reads device memory that "
-                                                 "queued work (" + w + ") is still to write");
+      emu::set_last_error(cudaErrorInvalidValue,
+                          "cudaMemcpyAsync on the legacy stream reads device memory that "
+                          "queued work (" +
+                              w + ") is still to write");
       return cudaErrorInvalidValue;
     }
     std::memmove(dst, src, bytes);
@@ -354,7 +356,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   if (!e) return cudaErrorInvalidResourceHandle;
   std::shared_ptr<emu::Marker> m = latest_of(e);
   if (!s) emu::count_host_sync();  // the legacy stream runs here: the host waits
-  emu::enqueue(s, [m] { emu::marker_wait(m); }, true);
+  emu::enqueue(
+      s, [m] { emu::marker_wait(m); }, true);
   return emu::device_fault();
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
