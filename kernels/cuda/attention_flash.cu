@@ -86,6 +86,26 @@ __device__ __forceinline__ void mma2(float (&d0)[4], float (&d1)[4], const uint3
   mma_16816(d1, a, b1, d1);
 }
 
+// gemm_abt's A operand: fragment kk of the warp's 16 rows, from registers loaded once (InRegs)
+// or read again from the rows in shared memory.
+template <int D, bool InRegs, int K>
+struct AFragments {
+  const uint32_t (&regs)[K][4];
+  const bf16* rows;
+  __device__ __forceinline__ void operator()(uint32_t (&a)[4], int kk) const {
+    if constexpr (InRegs) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = regs[kk][i];
+    } else {
+      load_a<D>(a, rows, kk);
+    }
+  }
+};
+template <int D, bool InRegs, int K>
+__device__ __forceinline__ AFragments<D, InRegs, K> a_fragments(const uint32_t (&regs)[K][4], const bf16* rows) {
+  return {regs, rows};
+}
+
 // acc[N/8] = A (16 x D, from `a_frag(kk)`) @ X^T for the N rows of the padded tile `xt`.
 template <int D, int N, class AFrag>
 __device__ __forceinline__ void gemm_abt(float (&acc)[N / 8][4], AFrag a_frag, const bf16* xt) {
@@ -223,13 +243,7 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
     // past it, skips it (the condition is the warp's: document starts never decrease).
     if (k0 <= wq + 15 && k0 + kKeys > fw) {
       float s[kKeys / 8][4];
-      gemm_abt<D, kKeys>(
-          s,
-          [&](uint32_t(&a)[4], int kk) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
-          },
-          kt_s);
+      gemm_abt<D, kKeys>(s, a_fragments<D, true>(qf, nullptr), kt_s);
       const bool edge = k0 + kKeys - 1 > wq || k0 < imax(f0, f1);
       if (edge) {
 #pragma unroll
@@ -349,28 +363,8 @@ __global__ void __launch_bounds__(128)
     const bf16* vt_s = vs + buf * kKeys * LD;
     if (k0 <= wq + 15 && k0 + kKeys > fw) {
       float sc[kKeys / 8][4], dp[kKeys / 8][4];
-      gemm_abt<D, kKeys>(
-          sc,
-          [&](uint32_t(&a)[4], int kk) {
-            if constexpr (ARegs) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
-            } else {
-              load_a<D>(a, qw, kk);
-            }
-          },
-          kt_s);
-      gemm_abt<D, kKeys>(
-          dp,
-          [&](uint32_t(&a)[4], int kk) {
-            if constexpr (ARegs) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) a[i] = dof[kk][i];
-            } else {
-              load_a<D>(a, dow, kk);
-            }
-          },
-          vt_s);
+      gemm_abt<D, kKeys>(sc, a_fragments<D, ARegs>(qf, qw), kt_s);
+      gemm_abt<D, kKeys>(dp, a_fragments<D, ARegs>(dof, dow), vt_s);
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
@@ -466,28 +460,8 @@ __global__ void __launch_bounds__(128)
     // Skipped where every query precedes the warp's keys, or every document starts after them.
     if (q0 + BQ - 1 >= wk && fs[0] < wk + 16) {
       float st[BQ / 8][4], dpt[BQ / 8][4];  // S^T and dP^T: the warp's keys x the tile's queries
-      gemm_abt<D, BQ>(
-          st,
-          [&](uint32_t(&a)[4], int kk) {
-            if constexpr (ARegs) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) a[i] = kf[kk][i];
-            } else {
-              load_a<D>(a, kw, kk);
-            }
-          },
-          qt_s);
-      gemm_abt<D, BQ>(
-          dpt,
-          [&](uint32_t(&a)[4], int kk) {
-            if constexpr (ARegs) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) a[i] = vf[kk][i];
-            } else {
-              load_a<D>(a, vw, kk);
-            }
-          },
-          dot_s);
+      gemm_abt<D, BQ>(st, a_fragments<D, ARegs>(kf, kw), qt_s);
+      gemm_abt<D, BQ>(dpt, a_fragments<D, ARegs>(vf, vw), dot_s);
 #pragma unroll
       for (int n = 0; n < BQ / 8; ++n)
 #pragma unroll
@@ -508,23 +482,13 @@ __global__ void __launch_bounds__(128)
   store_rows<D>(drows + (H + KV + kvh) * D, row, wk, T, dv, 1.0f, 1.0f, vs + 16 * w * LD);
 }
 
-// The tiles load 16-byte vectors: every row must start on a 16-byte boundary.
-void check_aligned(const void* p, const char* what) {
-  LOOM_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "flash attention needs {} 16-byte aligned", what);
-}
-
-template <class Kernel>
-void smem_allow(Kernel kernel, size_t bytes) {
-  LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 template <int D>
 void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, const int32_t* pos,
                cudaStream_t s) {
   constexpr int W = Plan<D>::kFwdWarps;
   using S = FwdShape<D, W>;
-  check_aligned(qkv, "qkv");
-  check_aligned(out, "out");
+  aligned16_check(qkv, "flash attention", "qkv");
+  aligned16_check(out, "flash attention", "out");
   smem_allow(attention_forward_flash_kernel<D>, S::kSmem);
   const dim3 grid(blocks_for(int64_t(B) * H, 1), blocks_for(T, S::kRows));
   LOOM_LAUNCH(attention_forward_flash_kernel<D>, grid, S::kThreads, S::kSmem, s)
@@ -538,9 +502,9 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
   constexpr bool A = Plan<D>::kARegs;
   constexpr int BQ = Plan<D>::kBq;
   const float scale = 1.0f / sqrtf(float(D));
-  check_aligned(qkv, "qkv");
-  check_aligned(dout, "dout");
-  check_aligned(dqkv, "dqkv");
+  aligned16_check(qkv, "flash attention", "qkv");
+  aligned16_check(dout, "flash attention", "dout");
+  aligned16_check(dqkv, "flash attention", "dqkv");
   attention_block_delta(delta, dout, out, B, T, H, D, s);
   constexpr size_t dq_smem = DqShape<D, A>::kSmem, dkv_smem = DkvShape<D, BQ, A>::kSmem;
   smem_allow(attention_dq_flash_kernel<D>, dq_smem);

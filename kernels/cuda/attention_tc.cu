@@ -350,21 +350,11 @@ __global__ void __launch_bounds__(kThreads)
   warp_store_rows<D>(drows + (H + KV + kvh) * D, row, k0, T, dv, stage, 1.0f);
 }
 
-// The tiles load 16-byte vectors: every row must start on a 16-byte boundary.
-void check_aligned(const void* p, const char* what) {
-  LOOM_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "tensor-core attention needs {} 16-byte aligned", what);
-}
-
-template <class Kernel>
-void smem_allow(Kernel kernel, size_t bytes) {
-  LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 template <int D>
 void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, const int32_t* pos,
                cudaStream_t s) {
   const size_t bytes = Tiles<D>::forward;
-  check_aligned(qkv, "qkv");
+  aligned16_check(qkv, "tensor-core attention", "qkv");
   smem_allow(attention_forward_tc<D>, bytes);
   const dim3 grid(blocks_for(T, kTile), H, B);
   LOOM_LAUNCH(attention_forward_tc<D>, grid, kThreads, bytes, s)
@@ -376,8 +366,8 @@ template <int D>
 void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, float* delta, int B,
                 int T, int H, int KV, const int32_t* pos, cudaStream_t s) {
   const float scale = 1.0f / sqrtf(float(D));
-  check_aligned(qkv, "qkv");
-  check_aligned(dout, "dout");
+  aligned16_check(qkv, "tensor-core attention", "qkv");
+  aligned16_check(dout, "tensor-core attention", "dout");
   smem_allow(attention_dq_tc<D>, Tiles<D>::dq);
   smem_allow(attention_dkv_tc<D>, Tiles<D>::dkv);
   LOOM_LAUNCH(attention_dq_tc<D>, dim3(blocks_for(T, kTile), H, B), kThreads, Tiles<D>::dq, s)

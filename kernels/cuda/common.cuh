@@ -103,6 +103,17 @@ inline bool aligned16(std::initializer_list<const void*> ps) {
   return true;
 }
 
+// Kernels that load 16-byte vectors from every row: `what` must start on a 16-byte boundary.
+inline void aligned16_check(const void* p, const char* kernel, const char* what) {
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "{} needs {} 16-byte aligned", kernel, what);
+}
+
+// Lets `kernel` take `bytes` of dynamic shared memory (past the 48 KB default).
+template <class Kernel>
+void smem_allow(Kernel kernel, size_t bytes) {
+  LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
 // A grid past 2^31 - 1 blocks is refused here, before the int wraps into a valid-looking one.
 inline int blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
@@ -183,6 +194,16 @@ __global__ void __launch_bounds__(kWordsPerBlock* kColPhases)
   (is_b ? part_b : part_a)[int64_t(blockIdx.y) * C + out] = sum;
 }
 
+// Stage two on stream s: each column's partials summed in chunk order, into out_a (and out_b).
+template <bool Accumulate>
+void column_finish(float* out_a, float* out_b, const float* pa, const float* pb, int chunks, int C, cudaStream_t s) {
+  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_a, pa, chunks, C);
+  LOOM_CUDA_LAUNCHED();
+  if (!out_b) return;
+  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_b, pb, chunks, C);
+  LOOM_CUDA_LAUNCHED();
+}
+
 // Both stages on stream s; partials: 2 * row_chunks(N) * C floats (one half without part_b).
 template <bool Accumulate, class Value>
 void column_sums_2stage(float* out_a, float* out_b, Value value, int N, int C, float* partials, cudaStream_t s) {
@@ -192,11 +213,7 @@ void column_sums_2stage(float* out_a, float* out_b, Value value, int N, int C, f
   LOOM_LAUNCH(column_partials_kernel<Value>, dim3(blocks_for(C, 32), chunks), dim3(32, kColPhases), 0, s)
   (pa, pb, value, N, C, chunk_rows(N));
   LOOM_CUDA_LAUNCHED();
-  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_a, pa, chunks, C);
-  LOOM_CUDA_LAUNCHED();
-  if (!out_b) return;
-  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_b, pb, chunks, C);
-  LOOM_CUDA_LAUNCHED();
+  column_finish<Accumulate>(out_a, out_b, pa, pb, chunks, C, s);
 }
 
 // The same with stage one over words where `aligned` (C % 8 == 0 and the value's rows on 16
@@ -212,11 +229,7 @@ void column_sums_2stage_words(float* out_a, float* out_b, Value value, int N, in
               dim3(kWordsPerBlock, kColPhases), 0, s)
   (pa, pb, value, N, C, chunk_rows(N));
   LOOM_CUDA_LAUNCHED();
-  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_a, pa, chunks, C);
-  LOOM_CUDA_LAUNCHED();
-  if (!out_b) return;
-  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_b, pb, chunks, C);
-  LOOM_CUDA_LAUNCHED();
+  column_finish<Accumulate>(out_a, out_b, pa, pb, chunks, C, s);
 }
 
 }  // namespace loom::cuda

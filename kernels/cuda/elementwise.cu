@@ -149,20 +149,9 @@ __global__ void rope_kernel(bf16* qkv, const float* cos, const float* sin, const
 
 constexpr float kGeluScale = 0.7978845608028654f;
 
-// 4 bytes read, 2 written per element (acc += x, rounded once).
-__global__ void add_bf16_kernel(bf16* __restrict__ acc, const bf16* __restrict__ x, int64_t n, bool aligned) {
-  const int64_t i = pack_start();
-  if (i >= n) return;
-  const bool vec = aligned && i + kPack <= n;
-  float a[kPack], v[kPack];
-  load8(a, acc, i, n, vec);
-  load8(v, x, i, n, vec);
-#pragma unroll
-  for (int k = 0; k < kPack; ++k) a[k] += v[k];
-  store8(acc, a, i, n, vec);
-}
-// 8 bytes read, 4 written per element.
-__global__ void add_f32_kernel(float* __restrict__ acc, const float* __restrict__ x, int64_t n, bool aligned) {
+// acc += x, rounded once: 4 bytes read and 2 written per element in bf16, 8 and 4 in fp32.
+template <class T>
+__global__ void add_kernel(T* __restrict__ acc, const T* __restrict__ x, int64_t n, bool aligned) {
   const int64_t i = pack_start();
   if (i >= n) return;
   const bool vec = aligned && i + kPack <= n;
@@ -282,12 +271,12 @@ void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s) {
 }
 void add_bf16(bf16* acc, const bf16* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  LOOM_LAUNCH(add_bf16_kernel, pack_blocks(n), kThreads, 0, s)(acc, x, n, aligned16({acc, x}));
+  LOOM_LAUNCH(add_kernel<bf16>, pack_blocks(n), kThreads, 0, s)(acc, x, n, aligned16({acc, x}));
   LOOM_CUDA_LAUNCHED();
 }
 void add_f32(float* acc, const float* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  LOOM_LAUNCH(add_f32_kernel, pack_blocks(n), kThreads, 0, s)(acc, x, n, aligned16({acc, x}));
+  LOOM_LAUNCH(add_kernel<float>, pack_blocks(n), kThreads, 0, s)(acc, x, n, aligned16({acc, x}));
   LOOM_CUDA_LAUNCHED();
 }
 void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials, cudaStream_t s) {

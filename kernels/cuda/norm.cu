@@ -88,53 +88,6 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (lane == 0) mean[n] = m, rstd[n] = r;
 }
 
-// Input gradient, bytes per row: reads C * 2 each of dout, inp and dinp (+=), writes C * 2
-// (dinp), reads 8 (mean, rstd): 8C bytes a row at DRAM bandwidth.
-template <int V>
-__global__ void __launch_bounds__(32 * kWarps)
-    layernorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
-                          const bf16* __restrict__ weight, const float* __restrict__ mean,
-                          const float* __restrict__ rstd, int N, int C, bool aligned) {
-  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (n >= N) return;
-  int4 xr[V], dyr[V];
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    xr[j] = load_cols(inp + int64_t(n) * C, lane_col(lane, j), C, aligned);
-    dyr[j] = load_cols(dout + int64_t(n) * C, lane_col(lane, j), C, aligned);
-  }
-  const float m = mean[n], r = rstd[n];
-  float a = 0.0f, bb = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float x[kPack], dy[kPack], w[kPack];
-    unpack8(x, xr[j]);
-    unpack8(dy, dyr[j]);
-    unpack8(w, load_cols(weight, lane_col(lane, j), C, aligned));
-#pragma unroll
-    for (int k = 0; k < kPack; ++k) {  // zeros past C: dy = 0 adds nothing
-      const float dn = w[k] * dy[k];
-      a += dn;
-      bb += dn * (x[k] - m) * r;
-    }
-  }
-  a = warp_sum(a) / C;
-  bb = warp_sum(bb) / C;
-  bf16* dx = dinp + int64_t(n) * C;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int c = lane_col(lane, j);
-    float x[kPack], dy[kPack], w[kPack], d[kPack];
-    unpack8(x, xr[j]);
-    unpack8(dy, dyr[j]);
-    unpack8(w, load_cols(weight, c, C, aligned));
-    unpack8(d, load_cols(dx, c, C, aligned));
-#pragma unroll
-    for (int k = 0; k < kPack; ++k) d[k] += (w[k] * dy[k] - a - (x[k] - m) * r * bb) * r;
-    store_cols(dx, c, C, aligned, pack8(d));
-  }
-}
-
 // RMSNorm forward, bytes per row: as LayerNorm's less the bias and the mean: 4C (8C with the
 // residual add) + 4, at DRAM bandwidth.
 template <int V>
@@ -169,12 +122,15 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (lane == 0) rstd[n] = r;
 }
 
-// RMSNorm input gradient, bytes per row: 8C + 4 (dout, inp, dinp read, dinp written), at DRAM
-// bandwidth.
-template <int V>
-__global__ void __launch_bounds__(32 * kWarps)
-    rmsnorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
-                        const bf16* __restrict__ weight, const float* __restrict__ rstd, int N, int C, bool aligned) {
+// A row's input gradient, LayerNorm's (kCentered) or RMSNorm's (the same formula less the mean and
+// the mean of w*dy, written out so that each compiles to its own expression). Bytes per
+// row: reads C * 2 each of dout, inp and dinp (+=), writes C * 2 (dinp), reads 4 or 8 (rstd,
+// mean): 8C bytes a row at DRAM bandwidth.
+template <int V, bool kCentered>
+__device__ __forceinline__ void norm_dinp_row(bf16* __restrict__ dinp, const bf16* __restrict__ dout,
+                                              const bf16* __restrict__ inp, const bf16* __restrict__ weight,
+                                              const float* __restrict__ mean, const float* __restrict__ rstd, int N,
+                                              int C, bool aligned) {
   const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (n >= N) return;
   int4 xr[V], dyr[V];
@@ -183,8 +139,8 @@ __global__ void __launch_bounds__(32 * kWarps)
     xr[j] = load_cols(inp + int64_t(n) * C, lane_col(lane, j), C, aligned);
     dyr[j] = load_cols(dout + int64_t(n) * C, lane_col(lane, j), C, aligned);
   }
-  const float r = rstd[n];
-  float dot = 0.0f;
+  const float m = kCentered ? mean[n] : 0.0f, r = rstd[n];
+  float a = 0.0f, bb = 0.0f;  // the means of w*dy (LayerNorm only) and of w*dy*xhat
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     float x[kPack], dy[kPack], w[kPack];
@@ -192,9 +148,18 @@ __global__ void __launch_bounds__(32 * kWarps)
     unpack8(dy, dyr[j]);
     unpack8(w, load_cols(weight, lane_col(lane, j), C, aligned));
 #pragma unroll
-    for (int k = 0; k < kPack; ++k) dot += w[k] * dy[k] * x[k] * r;
+    for (int k = 0; k < kPack; ++k) {  // zeros past C: dy = 0 adds nothing
+      const float dn = w[k] * dy[k];
+      if constexpr (kCentered) {
+        a += dn;
+        bb += dn * (x[k] - m) * r;
+      } else {
+        bb += dn * x[k] * r;
+      }
+    }
   }
-  dot = warp_sum(dot) / C;
+  if constexpr (kCentered) a = warp_sum(a) / C;
+  bb = warp_sum(bb) / C;
   bf16* dx = dinp + int64_t(n) * C;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -205,9 +170,29 @@ __global__ void __launch_bounds__(32 * kWarps)
     unpack8(w, load_cols(weight, c, C, aligned));
     unpack8(d, load_cols(dx, c, C, aligned));
 #pragma unroll
-    for (int k = 0; k < kPack; ++k) d[k] += (w[k] * dy[k] - x[k] * r * dot) * r;
+    for (int k = 0; k < kPack; ++k) {
+      if constexpr (kCentered)
+        d[k] += (w[k] * dy[k] - a - (x[k] - m) * r * bb) * r;
+      else
+        d[k] += (w[k] * dy[k] - x[k] * r * bb) * r;
+    }
     store_cols(dx, c, C, aligned, pack8(d));
   }
+}
+
+template <int V>
+__global__ void __launch_bounds__(32 * kWarps)
+    layernorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
+                          const bf16* __restrict__ weight, const float* __restrict__ mean,
+                          const float* __restrict__ rstd, int N, int C, bool aligned) {
+  norm_dinp_row<V, true>(dinp, dout, inp, weight, mean, rstd, N, C, aligned);
+}
+
+template <int V>
+__global__ void __launch_bounds__(32 * kWarps)
+    rmsnorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
+                        const bf16* __restrict__ weight, const float* __restrict__ rstd, int N, int C, bool aligned) {
+  norm_dinp_row<V, false>(dinp, dout, inp, weight, nullptr, rstd, N, C, aligned);
 }
 
 // Rows wider than the register kernels hold: a warp per row, scalar, each pass reading the row
