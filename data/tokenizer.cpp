@@ -96,6 +96,14 @@ Cls classify(uint32_t cp) {
   return OTHER;
 }
 
+// The length of the English contraction an apostrophe followed by a, b opens ('s 't 'm 'd: 2;
+// 're 've 'll: 3), or 0: both tokenizers' patterns split these off first.
+size_t contraction_length(uint32_t a, uint32_t b) {
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  return 0;
+}
+
 }  // namespace
 
 std::vector<std::string> gpt2_pretokenize(const std::string& text) {
@@ -110,16 +118,10 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text) {
   size_t i = 0;
   while (i < n) {
     uint32_t c = cps[i].cp;
-    if (c == '\'' && i + 1 < n) {  // contractions: 's 't 'm 'd 're 've 'll
-      uint32_t a = cps[i + 1].cp, b = i + 2 < n ? cps[i + 2].cp : 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
-        emit(i, i + 2);
-        i += 2;
-        continue;
-      }
-      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
-        emit(i, i + 3);
-        i += 3;
+    if (c == '\'' && i + 1 < n) {  // contractions, as written
+      if (const size_t len = contraction_length(cps[i + 1].cp, i + 2 < n ? cps[i + 2].cp : 0)) {
+        emit(i, i + len);
+        i += len;
         continue;
       }
     }
@@ -144,16 +146,13 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text) {
 }
 
 namespace {
-// A tokenizer file must be a regular file: a directory opens as a stream that reads nothing.
+// A missing tokenizer file: the error names the script that writes them (a file of the wrong
+// kind is refused where it is read).
 void tokenizer_file_check(const std::string& path, const char* what) {
   std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  LOOM_CHECK(std::filesystem::exists(st),
-             "{} '{}' does not exist (`tools/tokenizer_files.sh DIR [gpt2|llama3]` writes loom's tokenizer files "
-             "into DIR)",
-             what, path);
-  LOOM_CHECK(std::filesystem::is_regular_file(st), "{} '{}' is {}, not a file", what, path,
-             std::filesystem::is_directory(st) ? "a directory" : "not a regular file");
+  if (std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return;  // its kind: input_check's
+  fail("{} '{}' does not exist (`tools/tokenizer_files.sh DIR [gpt2|llama3]` writes loom's tokenizer files into DIR)",
+       what, path);
 }
 }  // namespace
 
@@ -278,16 +277,10 @@ std::vector<std::string> llama3_pretokenize(const std::string& text) {
   };
   size_t i = 0;
   while (i < n) {
-    if (cps[i].cp == '\'') {
-      const uint32_t a = lower(i + 1), b = lower(i + 2);
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
-        emit(i, i + 2);
-        i += 2;
-        continue;
-      }
-      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
-        emit(i, i + 3);
-        i += 3;
+    if (cps[i].cp == '\'') {  // contractions, in any case
+      if (const size_t len = contraction_length(lower(i + 1), lower(i + 2))) {
+        emit(i, i + len);
+        i += len;
         continue;
       }
     }
