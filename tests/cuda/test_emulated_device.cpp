@@ -93,6 +93,8 @@ TEST(EmulatedDevice, EventsTimeTheirStreamAndOutliveTheirDestruction) {
   float ms = 0;
   EXPECT_EQ(cudaEventElapsedTime(&ms, t0, t1), cudaErrorNotReady);
   LOOM_CUDA_CHECK(cudaEventDestroy(pending));  // its marker is still queued
+  // t0 has run before the 30 ms start (the stream's thread may reach it late under load).
+  LOOM_CUDA_CHECK(cudaEventSynchronize(t0));
   std::this_thread::sleep_for(30ms);
   gate.release();
   LOOM_CUDA_CHECK(cudaEventSynchronize(t1));

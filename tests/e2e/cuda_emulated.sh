@@ -34,7 +34,7 @@ run() {  # NAME [LAUNCHER NP] ARGS...: one training run into $dir/NAME
   shift
   local pre=()
   if [ "${1:-}" = "-np" ]; then pre=($launch "$2"); shift 2; fi
-  "${pre[@]}" "$loom" train "${common[@]}" "$@" --set log.dir="$dir/$name" \
+  "${pre[@]}" "$loom" train --verbose "${common[@]}" "$@" --set log.dir="$dir/$name" \
     --set export.final="$dir/$name/final.safetensors" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
 }
 syncs() {  # RUN FIELD: the host synchronizations of its last step
