@@ -4,11 +4,13 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "checkpoint/h5.h"
@@ -40,6 +42,51 @@ void no_link(const std::string& path, const std::string& root) {
       "checkpoint: '{}' is a symbolic link (to '{}'); loom writes and deletes only inside checkpoint.dir '{}', never "
       "through a link: remove the link, or choose another checkpoint.dir",
       path, to.string(), root);
+}
+
+// The names loom writes in a step directory: the manifest and the ranks' files, and their
+// temporaries. Anything else there is someone else's and is never deleted.
+bool loom_step_file(const std::string& name) {
+  static const std::regex re(R"((manifest\.json|rank-[0-9]{5,}\.h5)(\.tmp)?)");
+  return std::regex_match(name, re);
+}
+
+// What step directory `dir` holds that loom did not write.
+std::vector<std::string> step_dir_foreign(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!loom_step_file(name) || !e.is_regular_file(ec)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string names_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 3; ++i) out += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > 3) out += fmt::format(" and {} more", names.size() - 3);
+  return out;
+}
+
+// Removes loom's files from a step directory, but for `keep`, and the directory itself once
+// nothing is left: the manifest first (it stops being a checkpoint before its files go). What
+// loom did not write stays, and a warning names it.
+void step_dir_clear(const std::string& dir, const std::set<std::string>& keep, bool quiet) {
+  std::error_code ec;
+  if (!keep.count("manifest.json")) fs::remove(dir + "/manifest.json", ec);
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (loom_step_file(name) && !keep.count(name) && e.is_regular_file(ec)) fs::remove(e.path(), ec);
+  }
+  if (!keep.empty()) return;
+  const std::vector<std::string> left = step_dir_foreign(dir);
+  if (left.empty()) {
+    fs::remove(dir, ec);
+  } else if (!quiet) {
+    spdlog::warn("checkpoint: left '{}' in place: it holds {}, which loom did not write", dir, names_list(left));
+  }
 }
 
 // Complete as far as can be seen without reading it whole: its manifest reads and every file it
@@ -84,6 +131,18 @@ void Checkpointer::save(int64_t steps_done, DataParallel& dp) {
   no_link(dir, cfg_.checkpoint.dir);
   no_link(dir + "/" + rank_file(world_.rank()), cfg_.checkpoint.dir);
   std::error_code ec;
+  // A step directory that holds what loom did not write is not loom's to write into (its
+  // clean-up and pruning would touch it): the ranks agree, and all refuse.
+  const std::vector<std::string> foreign =
+      fs::is_directory(dir, ec) ? step_dir_foreign(dir) : std::vector<std::string>{};
+  float refuse = foreign.empty() ? 0.0f : 1.0f;
+  world_.all_reduce(Buf(&refuse, 1), ReduceOp::max).wait();
+  if (refuse > 0)
+    fail(
+        "checkpoint step {}: '{}' {}, which loom did not write; loom saves a step only into a directory of its "
+        "own: move {} out of checkpoint.dir, or choose another checkpoint.dir",
+        steps_done, dir, foreign.empty() ? "holds files on another rank" : "holds " + names_list(foreign),
+        foreign.size() == 1 ? "it" : "them");
   fs::create_directories(dir, ec);
   if (ec) fail_io("cannot create checkpoint directory '{}': {}", dir, ec.message());
   // Saving over a committed checkpoint of the same step (a rerun): it stops being one before
@@ -276,11 +335,10 @@ void Checkpointer::commit() {
   } catch (const Error& e) {  // something in checkpoint.dir that loom refuses to write through
     fail("checkpoint step {} not committed: {}", saved_step_, e.what());
   }
-  std::error_code ec;
-  no_link(dir, cfg_.checkpoint.dir);               // the clean-up below stays inside it
-  for (auto& e : fs::directory_iterator(dir, ec))  // files of an earlier, failed attempt
-    if (e.path().filename() != "manifest.json" && !files.count(e.path().filename().string()))
-      fs::remove_all(e.path(), ec);
+  no_link(dir, cfg_.checkpoint.dir);   // the clean-up below stays inside it
+  std::set<std::string> step_files = files;  // and loom's files of an earlier, failed attempt go
+  step_files.insert("manifest.json");
+  step_dir_clear(dir, step_files, quiet_);
   // checkpoint.keep: this one and the newest others stay; older ones, and unfinished ones
   // older than this, go, now that a newer one is committed. (Resume sees to it that no
   // complete checkpoint is newer than the one a run continues from.)
@@ -295,10 +353,10 @@ void Checkpointer::commit() {
       ++kept;
       continue;
     }
-    fs::remove_all(d, ec);
+    step_dir_clear(d, {}, quiet_);
   }
   for (auto& p : partial)
-    if (checkpoint_step_of(p) < saved_step_) fs::remove_all(p, ec);
+    if (checkpoint_step_of(p) < saved_step_) step_dir_clear(p, {}, quiet_);
   commit_ms_ += seconds_since(t0) * 1e3;
   if (fault_after_commit) fault_after_commit(saved_step_, dir);
   if (!quiet_)
@@ -395,7 +453,18 @@ int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRe
 int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamRegistry& reg, DataParallel& dp,
                           bool quiet, std::string* from) {
   const std::string& resume = cfg.checkpoint.resume;
-  if (resume == "none") return 0;
+  if (resume == "none") {
+    // A fresh run that saves into a directory of another run's checkpoints would mix its
+    // steps with them, and its pruning would delete them.
+    const std::vector<std::string> there =
+        cfg.checkpoint.every > 0 ? checkpoints_complete(cfg.checkpoint.dir) : std::vector<std::string>{};
+    LOOM_CHECK(there.empty(),
+               "checkpoint.dir '{}' holds checkpoints of an earlier run (the newest: {}) and checkpoint.resume = "
+               "\"none\": this run's saves would be mixed with them and its pruning would delete them; resume from "
+               "them (checkpoint.resume = \"latest\"), or save into another checkpoint.dir",
+               cfg.checkpoint.dir, there.empty() ? "" : there.front());
+    return 0;
+  }
   const bool latest = resume == "latest";
   const bool lead = world.rank() == 0 && !quiet;
   // Readers and the writer of one checkpoint directory take turns: a run that resumes from a

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -178,8 +179,23 @@ std::map<std::string, StTensor> safetensors_read(const std::string& path) {
   return out;
 }
 
+bool safetensors_like(const std::string& head) {
+  if (head.size() < 9) return false;
+  uint64_t n = 0;
+  std::memcpy(&n, head.data(), 8);
+  return n > 0 && head[8] == '{';
+}
+
+void safetensors_output_check(const std::string& path, const std::vector<std::string>& inputs,
+                              const std::string& what) {
+  output_check(path, what);
+  output_kind_check(path, "a safetensors file", &safetensors_like, what);
+  output_not_input(path, inputs, what);
+}
+
 void safetensors_write(const std::string& path, const std::vector<StView>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  safetensors_output_check(path, {}, "");
   nlohmann::ordered_json j;
   uint64_t at = 0;
   for (auto& t : tensors) {

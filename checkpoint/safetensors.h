@@ -23,6 +23,11 @@ struct StView {
   const float* data;
 };
 // metadata: string pairs for the header's __metadata__ (beside "format": "pt").
+// Whether a file's first bytes open a safetensors file (a header length, then its JSON).
+bool safetensors_like(const std::string& head);
+// Refuses (exit 2) a weights output that is not a regular file's name, that names an existing
+// file which is not safetensors (a text, a config, a run's metrics), or that is one of `inputs`.
+void safetensors_output_check(const std::string& path, const std::vector<std::string>& inputs, const std::string& what);
 void safetensors_write(const std::string& path, const std::vector<StView>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 // The __metadata__ of a weights file (for an index or directory, of its first file); empty

@@ -12,6 +12,7 @@
 #include "model/layout.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
 #include "runtime/tensor.h"
 
 namespace loom {
@@ -21,8 +22,8 @@ namespace fs = std::filesystem;
 namespace {
 // What keeps a sound set of files from resuming: the manifest's config must describe a model
 // whose every parameter is there with its moments, at its global shape, and nothing else; the
-// step must lie within that run.
-std::vector<std::string> model_problems(const std::string& dir, const Manifest& m) {
+// step must lie within that run. `params_only`: what an export needs, the weights alone.
+std::vector<std::string> model_problems(const std::string& dir, const Manifest& m, bool params_only = false) {
   const std::string path = dir + "/manifest.json";
   Config cfg = config_defaults();
   try {
@@ -32,7 +33,7 @@ std::vector<std::string> model_problems(const std::string& dir, const Manifest& 
     return {fmt::format("'{}': its config does not describe a run loom can resume: {}", path, e.what())};
   }
   std::vector<std::string> bad;
-  if (m.step > cfg.train.steps)
+  if (!params_only && m.step > cfg.train.steps)
     bad.push_back(fmt::format("'{}': step {} is beyond its run's train.steps = {}", path, m.step, cfg.train.steps));
   // Counted before the model is laid out: a config describing a huge model must not be built.
   double held = 0;
@@ -48,7 +49,7 @@ std::vector<std::string> model_problems(const std::string& dir, const Manifest& 
   const ModelLayout layout = model_layout(cfg);
   for (const ParamSpec& s : layout.reg.all())
     for (const char* kind : {"params", "exp_avg", "exp_avg_sq"})
-      want[std::string(kind) + "/" + s.name] = s.global_shape;
+      if (!params_only || kind == std::string("params")) want[std::string(kind) + "/" + s.name] = s.global_shape;
   for (auto& [name, shape] : want) {
     auto it = m.tensors.find(name);
     if (it == m.tensors.end())
@@ -58,17 +59,40 @@ std::vector<std::string> model_problems(const std::string& dir, const Manifest& 
                                 shape_str(it->second.shape), shape_str(shape)));
   }
   for (auto& [name, t] : m.tensors)
-    if (!want.count(name))
+    if (!want.count(name) && (!params_only || name.rfind("params/", 0) == 0))
       bad.push_back(fmt::format("'{}': tensor {} is not of the model its config describes", path, name));
   return bad;
 }
-}  // namespace
 
-int ckpt_verify(const std::string& dir) {
+// A checkpoint that failed to read while the run saving into its directory pruned it (its
+// manifest, which pruning removes first, is gone now, and a run holds the directory's lock):
+// what to say instead of calling it damaged ("" where that is not what happened).
+std::string pruned_while_read(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "manifest.json", ec)) return "";
+  const std::string holder = dir_lock_holder(fs::path(dir).lexically_normal().parent_path().string());
+  if (holder.empty()) return "";
+  return fmt::format(
+      "'{}' was removed while it was read: the run that saves into its checkpoint.dir ({}) pruned it "
+      "(checkpoint.keep); nothing says it was damaged. Read a newer one, or keep more (checkpoint.keep)",
+      dir, holder);
+}
+
+// Runs a reader of checkpoint `dir`; an Error it raises while a running job prunes `dir` says so.
+template <class F>
+auto read_beside_pruning(const std::string& dir, F&& read) {
+  try {
+    return read();
+  } catch (const Error& e) {
+    if (const std::string why = pruned_while_read(dir); !why.empty()) fail("{}", why);
+    throw;
+  }
+}
+
+int ckpt_verify_now(const std::string& dir) {
   const Manifest m = manifest_read(dir);
   std::vector<std::string> bad = checkpoint_problems(dir, m);
   for (auto& b : model_problems(dir, m)) bad.push_back(b);
-  for (auto& b : bad) fmt::print(stderr, "error: {}\n", b);
   size_t shards = 0;
   int64_t bytes = 0;
   for (auto& [name, t] : m.tensors)
@@ -79,6 +103,8 @@ int ckpt_verify(const std::string& dir) {
       bytes += 4 * n;
     }
   if (!bad.empty()) {
+    if (const std::string why = pruned_while_read(dir); !why.empty()) fail("{}", why);
+    for (auto& b : bad) fmt::print(stderr, "error: {}\n", b);
     fmt::print("{}: {} problem(s) in {} shards; do not resume from it\n", dir, bad.size(), shards);
     return 1;
   }
@@ -89,7 +115,7 @@ int ckpt_verify(const std::string& dir) {
   return 0;
 }
 
-void ckpt_inspect(const std::string& dir) {
+void ckpt_inspect_now(const std::string& dir) {
   const Manifest m = manifest_read(dir);
   fmt::print("checkpoint {}\nstep: {}\nlayout: {}\n", dir, m.step, m.layout.dump());
   std::map<std::string, std::pair<int, int64_t>> kinds;
@@ -118,8 +144,13 @@ void ckpt_inspect(const std::string& dir) {
   }
 }
 
-void ckpt_export(const std::string& dir, const std::string& out) {
+void ckpt_export_now(const std::string& dir, const std::string& out) {
+  safetensors_output_check(export_is_dir(out) ? out + "/model.safetensors" : out, {}, "the output");
   const Manifest m = manifest_read(dir);
+  // The weights of the whole model its config describes, or no export: part of a model is not one.
+  if (const std::vector<std::string> bad = model_problems(dir, m, true); !bad.empty())
+    fail("{}{}; `loom ckpt verify {}` lists what is wrong", bad.front(),
+         bad.size() > 1 ? fmt::format(" (and {} more problems)", bad.size() - 1) : "", dir);
   {
     // The weights are assembled whole before they are written: what the manifest claims must
     // fit in its files before anything is allocated.
@@ -170,6 +201,19 @@ void ckpt_export(const std::string& dir, const std::string& out) {
   }
   safetensors_write(out, views, export_metadata(cfg));
   fmt::print("exported {} tensors of step {} to {}\n", views.size(), m.step, out);
+}
+}  // namespace
+
+int ckpt_verify(const std::string& dir) {
+  return read_beside_pruning(dir, [&] { return ckpt_verify_now(dir); });
+}
+
+void ckpt_inspect(const std::string& dir) {
+  read_beside_pruning(dir, [&] { ckpt_inspect_now(dir); });
+}
+
+void ckpt_export(const std::string& dir, const std::string& out) {
+  read_beside_pruning(dir, [&] { ckpt_export_now(dir, out); });
 }
 
 }  // namespace loom

@@ -7,12 +7,14 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 
 #include "data/batches.h"
+#include "data/shards.h"
 #include "data/tokenizer.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
@@ -59,6 +61,14 @@ bool ascii_solid(char c) {
   return uint8_t(c) < 0x80 && !blank(c);
 }
 
+// An llm.c token shard opens with its magic: what `loom data` may replace.
+bool shard_like(const std::string& head) {
+  int32_t magic = 0;
+  if (head.size() < sizeof magic) return false;
+  std::memcpy(&magic, head.data(), sizeof magic);
+  return magic == kShardMagic || magic == kShardMagicU32;
+}
+
 std::string val_path_of(const std::string& out) {
   const std::filesystem::path p(out);
   return (p.parent_path() / (p.stem().string() + "_val" + p.extension().string())).string();
@@ -100,6 +110,8 @@ void data_run(const DataOptions& opt) {
   for (const std::string& out : {opt.output, val_path_of(opt.output)}) {
     output_check(out, "the output");
     output_not_input(out, files, "the output");
+    output_kind_check(out, "a token shard (the last argument of loom data is the shard it writes)", &shard_like,
+                      "the output");
   }
   // Documents are opened by the tokenizer's document token (llm.c's convention), where it has one.
   const int32_t eot = bpe ? bpe->doc_token() : -1;

@@ -111,6 +111,22 @@ void output_not_input(const std::string& out, const std::vector<std::string>& in
   }
 }
 
+void output_kind_check(const std::string& path, const std::string& kind, bool (*looks_like)(const std::string& head),
+                       const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;  // what cannot be read is refused where it is written
+  char head[64];
+  const ssize_t n = ::pread(fd, head, sizeof head, 0);
+  ::close(fd);
+  if (n <= 0 || looks_like(std::string(head, size_t(n)))) return;
+  fail(
+      "{}'{}' exists and is not {}; loom replaces only a file of the kind it writes there: choose another path, "
+      "or move that file away first",
+      named(what), path, kind);
+}
+
 int output_open(const std::string& path, bool truncate, const std::string& what) {
   output_check(path, what);
   parent_create(path);
@@ -313,6 +329,22 @@ DirLock::DirLock(const std::string& dir, const std::string& key, const std::stri
   const std::string me = fmt::format("pid {} on {}, since {}\n", ::getpid(), host_name(), utc_now_text());
   // The holder's description is a courtesy (the lock is what counts): a failed write is let be.
   if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
+}
+
+std::string dir_lock_holder(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return "";
+  struct stat st {};
+  std::string who;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    char holder[256] = {0};
+    const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+    who = n > 0 ? std::string(holder, size_t(n)) : std::string("another process");
+    while (!who.empty() && who.back() == '\n') who.pop_back();
+  }
+  ::close(fd);  // and with it a shared lock it may have taken
+  return who;
 }
 
 DirLock::~DirLock() {

@@ -26,6 +26,11 @@ void output_check(const std::string& path, const std::string& what);
 // Refuses an output that is one of the inputs (the same file by device and inode, whatever the
 // names): writing it would replace what is being read.
 void output_not_input(const std::string& out, const std::vector<std::string>& inputs, const std::string& what);
+// Refuses to replace an existing, non-empty `path` that is not of the kind loom writes there:
+// `looks_like` judges its first bytes (up to 64), and `kind` names the kind ("a safetensors
+// file"). A text, a config or a run's metrics given as an output by mistake stays as it was.
+void output_kind_check(const std::string& path, const std::string& kind, bool (*looks_like)(const std::string& head),
+                       const std::string& what);
 // An fd for writing `path` in place (appended to, or truncated where `truncate`): created if
 // absent, opened without following a link and without blocking, refused unless a regular file.
 int output_open(const std::string& path, bool truncate, const std::string& what);
@@ -81,6 +86,10 @@ class DirLock {
  private:
   int fd_ = -1;
 };
+
+// Who holds DIR/NAME's exclusive lock (a DirLock's holder description, or "another process"),
+// or "" where nobody does; takes no lock and creates nothing.
+std::string dir_lock_holder(const std::string& dir, const std::string& name = ".lock");
 
 class DurableAppend {
  public:

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "checkpoint/hf_export.h"
+#include "checkpoint/safetensors.h"
 #include "data/shared_view.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_split.h"
@@ -70,6 +71,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
              "train.device = \"cuda\" but no CUDA device is visible; use train.device = \"cpu\" or \"auto\"");
   if (!p.why.empty() && !opt.quiet && p.lead)
     spdlog::warn("train.device = \"auto\" trains on the CPU: {}; set train.device = \"cpu\" to say so", p.why);
+  if (!cfg.export_final.empty()) {
+    // Refused now, not after the run: an export that would replace a file of another kind (the
+    // training text, a config, the run's metrics) or the weights it starts from.
+    std::vector<std::string> inputs = {cfg.init_from, cfg.data.path, cfg.data.val_path};
+    for (const auto& src : cfg.data.sources) inputs.push_back(src.path);
+    safetensors_output_check(
+        export_is_dir(cfg.export_final) ? cfg.export_final + "/model.safetensors" : cfg.export_final, inputs,
+        "export.final");
+  }
   {
     const EnvGet get = [](const char* k) { return std::getenv(k); };
     const LaunchEnv env = launch_env_read(get);

@@ -9,7 +9,12 @@
 #   2 devices: outputs (export.final, loom data's, ckpt export, report --out) that name a device
 #     or a FIFO are refused, which stays what it was;
 #   5 inputs: loom data with its output one of its inputs (the same name, or a hard link) is
-#     refused and the input is untouched.
+#     refused and the input is untouched;
+#   6 not loom's: a step directory holding a user's file is not saved into (exit 2) and pruning
+#     leaves such a file where it is; a fresh run into a directory of another run's checkpoints
+#     is refused; an output that exists and is not of the kind loom writes there (export.final,
+#     ckpt export, report --out, loom data's shard) or that is the run's init.from is refused;
+#     ckpt export of a checkpoint missing a tensor of its model is refused.
 #   hostile_writes.sh LOOM
 set -uo pipefail
 loom=$1
@@ -108,5 +113,62 @@ ln "$dir/in.txt" "$dir/hard.bin"
 run data "$dir/in.txt" "$dir/hard.bin"
 refused "data out = hard link of in" "is the input"
 cmp -s "$dir/in.txt" "$dir/in.orig" || fail "loom data replaced its input"
+
+echo "6 not loom's"
+ck6=$dir/ck6
+mkdir -p "$ck6/step-00000001"
+echo "the user's" > "$ck6/step-00000001/notes.txt"
+run train "${common[@]}" --set train.steps=1 --set checkpoint.every=1 --set checkpoint.dir="$ck6" --set log.dir="$dir/r61"
+refused "a user's file in a step directory" "notes.txt', which loom did not write"
+[ -f "$ck6/step-00000001/notes.txt" ] || fail "a user's file in a step directory was deleted"
+ck6b=$dir/ck6b
+run train "${common[@]}" --set train.steps=2 --set checkpoint.every=1 --set checkpoint.keep=5 \
+  --set checkpoint.dir="$ck6b" --set log.dir="$dir/r62"
+[ $rc = 0 ] || { fail "two checkpoints: exit $rc"; tail -3 "$dir/last.log"; }
+echo "the user's" > "$ck6b/step-00000001/notes.txt"
+mkdir -p "$ck6b/step-00000000/sub" && echo "the user's" > "$ck6b/step-00000000/sub/file"
+run train "${common[@]}" --set train.steps=3 --set checkpoint.every=1 --set checkpoint.keep=1 \
+  --set checkpoint.dir="$ck6b" --set checkpoint.resume=latest --set log.dir="$dir/r63"
+[ $rc = 0 ] || { fail "prune beside a user's file: exit $rc"; tail -3 "$dir/last.log"; }
+[ -f "$ck6b/step-00000001/notes.txt" ] && [ -f "$ck6b/step-00000000/sub/file" ] ||
+  fail "pruning deleted a user's file: $(cd "$ck6b" && find . | sort | tr '\n' ' ')"
+[ ! -e "$ck6b/step-00000001/manifest.json" ] && [ ! -e "$ck6b/step-00000002" ] ||
+  fail "pruning kept an old checkpoint: $(cd "$ck6b" && find . | sort | tr '\n' ' ')"
+before=$(cd "$ck6b" && find . | sort)
+run train "${common[@]}" --set train.steps=2 --set checkpoint.every=1 --set checkpoint.dir="$ck6b" \
+  --set log.dir="$dir/r64"
+refused "a fresh run into another run's checkpoints" "holds checkpoints of an earlier run"
+[ "$(cd "$ck6b" && find . | sort)" = "$before" ] || fail "a refused fresh run changed checkpoint.dir"
+echo "the user's text" > "$dir/text.txt"
+cp "$dir/text.txt" "$dir/text.orig"
+run train "${common[@]}" --set train.steps=1 --set export.final="$dir/text.txt" --set log.dir="$dir/r65"
+refused "export.final over a text" "is not a safetensors file"
+run train "${common[@]}" --set train.steps=1 --set export.final="$dir/w.safetensors" --set log.dir="$dir/r66"
+[ $rc = 0 ] || fail "export into a new file: exit $rc"
+cp "$dir/w.safetensors" "$dir/w.orig"
+run train "${common[@]}" --set train.steps=1 --set init.from="$dir/w.safetensors" \
+  --set export.final="$dir/w.safetensors" --set log.dir="$dir/r67"
+refused "export.final over init.from" "is the input"
+cmp -s "$dir/w.safetensors" "$dir/w.orig" || fail "export.final replaced init.from"
+run ckpt export "$ck6b/step-00000003" "$ck6b/step-00000003/rank-00000.h5"
+refused "ckpt export over a rank file" "is not a safetensors file"
+run ckpt verify "$ck6b/step-00000003"
+[ $rc = 0 ] || fail "ckpt export damaged the checkpoint it read"
+run report "$dir/r66" --out "$dir/r66/metrics.jsonl"
+refused "report --out over metrics" "is not an HTML page"
+run data "$dir/text.orig" "$dir/text.txt"
+refused "loom data over a text" "is not a token shard"
+cmp -s "$dir/text.txt" "$dir/text.orig" || fail "an output that is not loom's was replaced"
+cp -r "$ck6b/step-00000003" "$dir/partial"
+python3 - "$dir/partial/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+for name in [k for k in m["tensors"] if k.startswith("params/") and k.endswith("c_fc.weight")]:
+    del m["tensors"][name]
+json.dump(m, open(sys.argv[1], "w"))
+PY
+run ckpt export "$dir/partial" "$dir/partial.safetensors"
+refused "ckpt export of part of a model" "its params/ tensors hold"
+[ ! -e "$dir/partial.safetensors" ] || fail "ckpt export wrote part of a model"
 
 [ $fails = 0 ] && echo "hostile writes: all held" || { echo "$fails failures"; exit 1; }
