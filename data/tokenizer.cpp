@@ -152,8 +152,11 @@ void tokenizer_file_check(const std::string& path, const char* what) {
              "{} '{}' does not exist (`tools/tokenizer_files.sh DIR [gpt2|llama3]` writes loom's tokenizer files "
              "into DIR)",
              what, path);
+  const std::string kind = file_kind_if_not_regular(path);
   LOOM_CHECK(std::filesystem::is_regular_file(st), "{} '{}' is {}, not a file", what, path,
-             std::filesystem::is_directory(st) ? "a directory" : "not a regular file");
+             std::filesystem::is_directory(st)            ? "a directory"
+             : !kind.empty() && kind != "a symbolic link" ? kind
+                                                          : "not a regular file");
 }
 }  // namespace
 
