@@ -227,7 +227,7 @@ void bench_train(const Config& config, const TrainOptions& where, const BenchTra
   fmt::print("roofline profile, steps 2 to {} ({}):\n{}", r.steps_done, r.device, profile_table(r.profile, r.roofline));
   if (cfg.log.cluster != "auto" && cfg.log.cluster != "none") {  // the prediction's terms beside the measured ones
     try {
-      fmt::print("{}", profile_prediction_compare(cluster_load(cfg.log.cluster), cfg, r.profile));
+      fmt::print("{}", profile_prediction_compare(cluster_load(cfg.log.cluster, "log.cluster"), cfg, r.profile));
     } catch (const Error& e) {  // the run has measured: a file that cannot predict it is said, not fatal
       fmt::print("no prediction from log.cluster: {}\n", e.what());
     }

@@ -15,6 +15,9 @@
 #   16 non-UTF-8 log.dir, a symlink loop as data.path, a directory named x.bin, a string id in
 #      vocab.json, supervise --max-restarts 99999999999, a command not found (127, not
 #      restarted), a log.dir that is a file.
+#   and A to J of the third pass:
+#   A --config and --cluster that are a directory, a FIFO, /dev/zero or a sparse 20 GB file
+#     (train, bench train, eval, plan layout, plan memory);
 #   hostile_inputs.sh LOOM
 set -uo pipefail
 loom=$1
@@ -173,5 +176,21 @@ rc=$?
 [ $rc = 127 ] && ! grep -q "restarting" r16e.log || { fail "command not found: exit $rc or restarted"; tail -3 r16e.log; }
 touch afile
 refused "log.dir a file" "is not a directory" train "${common[@]}" --set train.steps=1 --set log.dir="$dir/afile"
+
+echo "A config and cluster files that are not regular files, or too big"
+truncate -s 20G sparse.toml
+refused "train --config ." "is a directory, not a regular file" train --config .
+refused "train --config FIFO" "is a FIFO" train --config fifo.bin
+refused "train --config sparse" "more than the 4194304 loom reads whole" train --config sparse.toml
+refused "bench train --config ." "is a directory, not a regular file" bench train --config .
+refused "eval --config FIFO" "is a FIFO" eval --from w.safetensors --config fifo.bin --data text.txt
+refused "plan layout --cluster FIFO" "is a FIFO" plan layout --cluster fifo.bin
+refused "plan memory --cluster FIFO" "is a FIFO" plan memory --cluster fifo.bin
+refused "plan memory --cluster sparse" "more than the 4194304" plan memory --cluster sparse.toml
+# Under 4 GB of address space: read whole, /dev/zero ends in std::bad_alloc, not in a hang.
+wrap=(bash -c 'ulimit -v 4000000 && exec "$@"' limited)
+refused "train --config /dev/zero" "is a character device" train --config /dev/zero
+refused "plan layout --cluster /dev/zero" "is a character device" plan layout --cluster /dev/zero
+wrap=()
 
 [ $fails = 0 ] && echo "hostile inputs: all held" || { echo "$fails failures"; exit 1; }
