@@ -18,6 +18,8 @@
 #   and A to J of the third pass:
 #   A --config and --cluster that are a directory, a FIFO, /dev/zero or a sparse 20 GB file
 #     (train, bench train, eval, plan layout, plan memory);
+#   B supervise: SIGHUP and SIGUSR1 go on to the job (not an orphaned job), SIGTERM ends a
+#     back-off, --log-dir FILE, --backoff-s 0x10;
 #   hostile_inputs.sh LOOM
 set -uo pipefail
 loom=$1
@@ -192,5 +194,37 @@ wrap=(bash -c 'ulimit -v 4000000 && exec "$@"' limited)
 refused "train --config /dev/zero" "is a character device" train --config /dev/zero
 refused "plan layout --cluster /dev/zero" "is a character device" plan layout --cluster /dev/zero
 wrap=()
+
+echo "B supervise"
+touch logfile
+refused "supervise --log-dir FILE" "is a regular file, not a directory" supervise --log-dir logfile -- true
+refused "supervise --backoff-s 0x10" "takes seconds" supervise --backoff-s 0x10 -- true
+refused "supervise --max-restarts 0x3" "takes a whole number" supervise --max-restarts 0x3 -- true
+# A stop signal to the supervisor goes on to the job, which ends; the supervisor exits 75.
+for sig in HUP USR1; do
+  rm -f job.pid
+  "$loom" supervise --backoff-s 0 -- bash -c 'echo $$ > job.pid; exec sleep 60' > sup$sig.log 2>&1 &
+  sup=$!
+  for _ in $(seq 100); do [ -s job.pid ] && break; sleep 0.1; done
+  sleep 0.3
+  kill -$sig $sup
+  for _ in $(seq 100); do kill -0 $sup 2> /dev/null || break; sleep 0.1; done
+  kill -0 $sup 2> /dev/null && { fail "SIG$sig: the supervisor did not end"; kill $sup; }
+  wait $sup
+  rc=$?
+  [ $rc = 75 ] || fail "SIG$sig to the supervisor: exit $rc, not 75"
+  job=$(cat job.pid 2> /dev/null)
+  for _ in $(seq 50); do kill -0 "$job" 2> /dev/null || break; sleep 0.1; done
+  if [ -n "$job" ] && kill -0 "$job" 2> /dev/null; then fail "SIG$sig to the supervisor left the job running"; kill "$job"; fi
+done
+# SIGTERM during a 30 s back-off ends the wait at once.
+"$loom" supervise --backoff-s 30 --max-restarts 2 -- false > supwait.log 2>&1 &
+sup=$!
+for _ in $(seq 100); do grep -q "restarting in" supwait.log && break; sleep 0.1; done
+t0=$(date +%s)
+kill -TERM $sup
+wait $sup
+rc=$?
+[ $rc = 75 ] && [ $(($(date +%s) - t0)) -lt 10 ] || fail "SIGTERM in a back-off: exit $rc after $(($(date +%s) - t0)) s"
 
 [ $fails = 0 ] && echo "hostile inputs: all held" || { echo "$fails failures"; exit 1; }
