@@ -20,6 +20,7 @@
 #     (train, bench train, eval, plan layout, plan memory);
 #   B supervise: SIGHUP and SIGUSR1 go on to the job (not an orphaned job), SIGTERM ends a
 #     back-off, --log-dir FILE, --backoff-s 0x10;
+#   C report: steps above 2^53 (the axis ticks looped);
 #   hostile_inputs.sh LOOM
 set -uo pipefail
 loom=$1
@@ -226,5 +227,11 @@ kill -TERM $sup
 wait $sup
 rc=$?
 [ $rc = 75 ] && [ $(($(date +%s) - t0)) -lt 10 ] || fail "SIGTERM in a back-off: exit $rc after $(($(date +%s) - t0)) s"
+
+echo "C report on steps above 2^53"
+mkdir rbig
+printf '%s\n' '{"run":1}' '{"step": 1000000000000000000, "loss": 1}' '{"step": 1000000000000000256, "loss": 2}' \
+  > rbig/metrics.jsonl
+timeout -k 5 60 "$loom" report rbig --out big.html > big.log 2>&1 || { fail "report: steps above 2^53: exit $?"; tail -3 big.log; }
 
 [ $fails = 0 ] && echo "hostile inputs: all held" || { echo "$fails failures"; exit 1; }
