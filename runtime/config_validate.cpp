@@ -114,7 +114,7 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
   LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
   // Far past any machine's cores: OpenMP would try to start them all and the run never would.
-  LOOM_CHECK(t.threads <= 4096,
+  LOOM_CHECK(t.threads <= kThreadsMax,
              "train.threads = {} is more threads than any node has cores; use 0 (every core) or the "
              "cores each rank should use",
              t.threads);

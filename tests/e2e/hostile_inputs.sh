@@ -21,6 +21,10 @@
 #   B supervise: SIGHUP and SIGUSR1 go on to the job (not an orphaned job), SIGTERM ends a
 #     back-off, --log-dir FILE, --backoff-s 0x10;
 #   C report: steps above 2^53 (the axis ticks looped);
+#   D plan pipeline --pp/--virtual/--micro out of range or past the model's blocks, plan
+#     memory --dp 0 and --params nan, bench comm --max-mb -1|nan|huge;
+#   H generate --seed -1, --threads 99999;
+#   J range errors in a short message (not DBL_MAX in 300 digits).
 #   hostile_inputs.sh LOOM
 set -uo pipefail
 loom=$1
@@ -233,5 +237,38 @@ mkdir rbig
 printf '%s\n' '{"run":1}' '{"step": 1000000000000000000, "loss": 1}' '{"step": 1000000000000000256, "loss": 2}' \
   > rbig/metrics.jsonl
 timeout -k 5 60 "$loom" report rbig --out big.html > big.log 2>&1 || { fail "report: steps above 2^53: exit $?"; tail -3 big.log; }
+
+echo "D plan and bench numbers"
+refused "pipeline --pp 100000" "takes a whole number from 1 to 256" plan pipeline --pp 100000
+refused "pipeline --pp 200" "more than the model's 4 blocks" plan pipeline --pp 200
+refused "pipeline --micro 2e9" "takes a whole number from 1 to 65536" plan pipeline --pp 2 --micro 2000000000
+refused "pipeline --virtual 1e6" "takes a whole number from 1 to 256" plan pipeline --pp 2 --virtual 1000000 \
+  --schedule interleaved
+refused "pipeline --virtual 128" "more than the model's 4 blocks" plan pipeline --pp 2 --virtual 128 \
+  --schedule interleaved
+refused "pipeline --pp 0" "takes a whole number from 1" plan pipeline --pp 0
+refused "pipeline --pp -2" "takes a whole number from 1" plan pipeline --pp -2 --micro -4
+refused "pipeline --micro 0" "takes a whole number from 1" plan pipeline --micro 0
+refused "pipeline global_batch 2e9" "more than loom plan pipeline simulates" plan pipeline --pp 2 \
+  --set train.global_batch=2000000000 --set train.micro_batch=1
+refused "memory --dp 0" "takes a whole number from 1" plan memory --dp 0
+refused "memory --dp -3" "takes a whole number from 1" plan memory --dp -3
+refused "memory --params -5" "takes a number above 0" plan memory --params -5 --dp 2
+refused "memory --params nan" "takes a number above 0" plan memory --params nan --dp 2
+for mb in -1 nan 1000000000; do
+  refused "bench comm --max-mb $mb" "takes a number above 0" bench comm --max-mb $mb
+done
+
+echo "H generate --seed, --threads"
+refused "generate --seed -1" "takes a whole number from 0" generate --from w.safetensors --prompt hi --seed -1
+refused "generate --threads 99999" "takes a whole number from 0 to 4096" generate --from w.safetensors --prompt hi \
+  --threads 99999
+
+echo "J short range messages"
+refused "eval --threads -5" "takes a whole number from 0 to 4096" eval --from w.safetensors --data text.txt --threads -5
+grep -q 17976931348 "out$n.log" && fail "eval --threads -5: DBL_MAX written out"
+refused "generate --top-k -1" "takes a whole number from 0" generate --from w.safetensors --prompt hi --top-k -1
+refused "data --threads -2" "takes a whole number from 0 to 4096" data --threads -2 text.txt o.bin
+refused "plan layout --top 0" "takes a whole number from 1" plan layout --top 0 --cluster x.toml
 
 [ $fails = 0 ] && echo "hostile inputs: all held" || { echo "$fails failures"; exit 1; }
