@@ -23,6 +23,7 @@
 #   C report: steps above 2^53 (the axis ticks looped);
 #   D plan pipeline --pp/--virtual/--micro out of range or past the model's blocks, plan
 #     memory --dp 0 and --params nan, bench comm --max-mb -1|nan|huge;
+#   E a safetensors header length of 30 GiB (eval, generate, init.from);
 #   H generate --seed -1, --threads 99999;
 #   J range errors in a short message (not DBL_MAX in 300 digits).
 #   hostile_inputs.sh LOOM
@@ -258,6 +259,20 @@ refused "memory --params nan" "takes a number above 0" plan memory --params nan 
 for mb in -1 nan 1000000000; do
   refused "bench comm --max-mb $mb" "takes a number above 0" bench comm --max-mb $mb
 done
+
+echo "E a safetensors header length of 30 GiB"
+python3 -c "
+import struct
+with open('hdr.safetensors', 'wb') as f:
+    f.write(struct.pack('<Q', 30 * 2**30 - 8))
+    f.truncate(30 * 2**30)"
+wrap=(bash -c 'ulimit -v 4000000 && exec "$@"' limited)
+refused "header: eval" "more than the 100000000 a safetensors header" eval --from hdr.safetensors --data text.txt
+refused "header: generate" "more than the 100000000 a safetensors header" generate --from hdr.safetensors --prompt hi
+refused "header: init.from" "more than the 100000000 a safetensors header" train "${common[@]}" \
+  --set init.from="$dir/hdr.safetensors" --set train.steps=1 --set log.dir=rE
+wrap=()
+rm -f hdr.safetensors
 
 echo "H generate --seed, --threads"
 refused "generate --seed -1" "takes a whole number from 0" generate --from w.safetensors --prompt hi --seed -1
