@@ -24,6 +24,7 @@
 #   D plan pipeline --pp/--virtual/--micro out of range or past the model's blocks, plan
 #     memory --dp 0 and --params nan, bench comm --max-mb -1|nan|huge;
 #   E a safetensors header length of 30 GiB (eval, generate, init.from);
+#   F loom data: a sparse 100 GB input, a symlink loop in an input directory (skipped);
 #   H generate --seed -1, --threads 99999;
 #   J range errors in a short message (not DBL_MAX in 300 digits).
 #   hostile_inputs.sh LOOM
@@ -273,6 +274,16 @@ refused "header: init.from" "more than the 100000000 a safetensors header" train
   --set init.from="$dir/hdr.safetensors" --set train.steps=1 --set log.dir=rE
 wrap=()
 rm -f hdr.safetensors
+
+echo "F loom data: a sparse 100 GB input, a symlink loop in a directory"
+truncate -s 100G huge.txt
+wrap=(bash -c 'ulimit -v 4000000 && exec "$@"' limited)
+refused "data: sparse 100 GB" "loom data reads its inputs whole" data huge.txt o.bin
+wrap=()
+rm -f huge.txt
+mkdir loopdir && cp text.txt loopdir/ && ln -s l1 loopdir/l2 && ln -s l2 loopdir/l1
+timeout -k 5 60 "$loom" data loopdir loop.bin > loopdir.log 2>&1 && grep -q "warning: skipping '.*l1'.*loop" loopdir.log ||
+  { fail "data: a symlink loop in a directory: exit $? or no warning"; tail -3 loopdir.log; }
 
 echo "H generate --seed, --threads"
 refused "generate --seed -1" "takes a whole number from 0" generate --from w.safetensors --prompt hi --seed -1
