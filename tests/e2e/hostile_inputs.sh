@@ -25,6 +25,7 @@
 #     memory --dp 0 and --params nan, bench comm --max-mb -1|nan|huge;
 #   E a safetensors header length of 30 GiB (eval, generate, init.from);
 #   F loom data: a sparse 100 GB input, a symlink loop in an input directory (skipped);
+#   G fault drill numbers past int64 and a rank of 2^32;
 #   H generate --seed -1, --threads 99999;
 #   J range errors in a short message (not DBL_MAX in 300 digits).
 #   hostile_inputs.sh LOOM
@@ -284,6 +285,19 @@ rm -f huge.txt
 mkdir loopdir && cp text.txt loopdir/ && ln -s l1 loopdir/l2 && ln -s l2 loopdir/l1
 timeout -k 5 60 "$loom" data loopdir loop.bin > loopdir.log 2>&1 && grep -q "warning: skipping '.*l1'.*loop" loopdir.log ||
   { fail "data: a symlink loop in a directory: exit $? or no warning"; tail -3 loopdir.log; }
+
+echo "G fault drill numbers"
+big=99999999999999999999
+for k in exit hang; do
+  refused "fault.$k step $big" "fault.$k = \"0:$big\": step $big is more than" train "${common[@]}" \
+    --set fault.$k=0:$big --set train.steps=1 --set log.dir=rG$k
+done
+refused "fault.slow $big" "fault.slow = \"0:$big\": delay in ms $big is more than" train "${common[@]}" \
+  --set fault.slow=0:$big --set train.steps=1 --set log.dir=rGs
+refused "--fault-exit rank $big" "rank $big is more than" train "${common[@]}" --fault-exit $big:1 \
+  --set train.steps=1 --set log.dir=rGr
+refused "--fault-exit rank 2^32" "rank 4294967296 is more than" train "${common[@]}" --fault-exit 4294967296:2 \
+  --set train.steps=2 --set log.dir=rGw
 
 echo "H generate --seed, --threads"
 refused "generate --seed -1" "takes a whole number from 0" generate --from w.safetensors --prompt hi --seed -1
