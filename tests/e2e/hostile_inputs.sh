@@ -27,6 +27,7 @@
 #   F loom data: a sparse 100 GB input, a symlink loop in an input directory (skipped);
 #   G fault drill numbers past int64 and a rank of 2^32;
 #   H generate --seed -1, --threads 99999;
+#   I manifests with fields of the wrong JSON type, a fractional shape, a step of 1e30;
 #   J range errors in a short message (not DBL_MAX in 300 digits).
 #   hostile_inputs.sh LOOM
 set -uo pipefail
@@ -303,6 +304,33 @@ echo "H generate --seed, --threads"
 refused "generate --seed -1" "takes a whole number from 0" generate --from w.safetensors --prompt hi --seed -1
 refused "generate --threads 99999" "takes a whole number from 0 to 4096" generate --from w.safetensors --prompt hi \
   --threads 99999
+
+echo "I forged manifest types"
+forge() {  # forge NAME PYTHON: a copy of ckI's step 2 with m (the manifest), t (a tensor) edited
+  rm -rf "f$1" && mkdir -p "f$1" && cp -r ckI/step-00000002 "f$1/" || return
+  python3 - "f$1/step-00000002/manifest.json" "$2" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+name = next(k for k, t in m["tensors"].items() if k.startswith("params/") and len(t["shape"]) == 2
+            and t["shape"] == t["shards"][0]["shape"])
+t = m["tensors"][name]
+exec(sys.argv[2])
+open(sys.argv[1], "w").write(m if isinstance(m, str) else json.dumps(m))
+PY
+}
+"$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir=ckI \
+  --set log.dir=rI > rI.log 2>&1 || { cat rI.log; exit 1; }
+manifest() {
+  forge "$1" "$2"
+  refused "manifest $1" "$3" ckpt verify "f$1/step-00000002"
+}
+manifest xxh "t['shards'][0]['xxh64'] = 5" "shard 0's \"xxh64\" is number 5, not a string"
+manifest version "m['version'] = '1'" "\"version\" is string \"1\", not a whole number"
+manifest config "m['config'] = 5" "\"config\" is number 5, not a string"
+manifest shape_text "t['shape'] = 'big'" "\"shape\" is string \"big\", not an array"
+manifest array "m = '[1, 2]'" "the manifest is array \[1,2\], not a JSON object"
+manifest fraction "t['shape'][0] += 0.5; t['shards'][0]['shape'][0] += 0.5" "is number .*\.5, not a whole number"
+manifest step "m['step'] = 1e30" "\"step\" is number 1e+30, not a whole number"
 
 echo "J short range messages"
 refused "eval --threads -5" "takes a whole number from 0 to 4096" eval --from w.safetensors --data text.txt --threads -5
