@@ -114,6 +114,52 @@ std::string coverage_problem(const std::string& name, const TensorEntry& t) {
   return fmt::format("tensor {}: {} elements in no shard, {} in more than one", name, none, twice);
 }
 
+// The manifest's fields, each of the type loom writes: a forged or damaged manifest is refused
+// naming the field and what it holds instead (not in the JSON library's words), and a number
+// that is not a whole one in range (384.5, 1e30) is refused, not truncated or wrapped.
+struct Fields {
+  const std::string& path;
+
+  [[noreturn]] void wrong(const std::string& what, const nlohmann::json& v, const std::string& want) const {
+    std::string shown = v.dump();
+    if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+    fail("'{}' is not a valid manifest: {} is {} {}, not {}", path, what, v.type_name(), shown, want);
+  }
+  const nlohmann::json& at(const nlohmann::json& j, const std::string& where, const char* key) const {
+    if (!j.is_object()) wrong(where.empty() ? "the manifest" : where, j, "a JSON object");
+    const auto it = j.find(key);
+    if (it == j.end()) fail("'{}' is not a valid manifest: {} has no \"{}\"", path, where.empty() ? "it" : where, key);
+    return *it;
+  }
+  static std::string name(const std::string& where, const char* key) {
+    return where.empty() ? fmt::format("\"{}\"", key) : fmt::format("{}'s \"{}\"", where, key);
+  }
+  std::string text(const nlohmann::json& j, const std::string& where, const char* key) const {
+    const nlohmann::json& v = at(j, where, key);
+    if (!v.is_string()) wrong(name(where, key), v, "a string");
+    return v.get<std::string>();
+  }
+  int64_t whole(const nlohmann::json& v, const std::string& what, int64_t lo, int64_t hi) const {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
+        v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+      wrong(what, v,
+            lo == INT64_MIN && hi == INT64_MAX ? "a whole number of 64 bits"
+                                               : fmt::format("a whole number from {} to {}", lo, hi));
+    return v.get<int64_t>();
+  }
+  int64_t whole(const nlohmann::json& j, const std::string& where, const char* key, int64_t lo, int64_t hi) const {
+    return whole(at(j, where, key), name(where, key), lo, hi);
+  }
+  std::vector<int64_t> wholes(const nlohmann::json& j, const std::string& where, const char* key) const {
+    const nlohmann::json& v = at(j, where, key);
+    if (!v.is_array()) wrong(name(where, key), v, "an array of whole numbers");
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < v.size(); ++i)
+      out.push_back(whole(v[i], fmt::format("{}[{}]", name(where, key), i), INT64_MIN, INT64_MAX));
+    return out;
+  }
+};
+
 }  // namespace
 
 std::string ckpt_file_check(const std::string& path) {
@@ -130,10 +176,10 @@ nlohmann::json shard_to_json(const ShardRef& s) {
   return {{"file", s.file}, {"dataset", s.dataset}, {"offset", s.offset}, {"shape", s.shape}, {"xxh64", s.xxh64}};
 }
 
-ShardRef shard_from_json(const nlohmann::json& j) {
-  return {j.at("file").get<std::string>(), j.at("dataset").get<std::string>(),
-          j.at("offset").get<std::vector<int64_t>>(), j.at("shape").get<std::vector<int64_t>>(),
-          j.at("xxh64").get<std::string>()};
+ShardRef shard_from_json(const nlohmann::json& j, const std::string& path, const std::string& where) {
+  const Fields f{path};
+  return {f.text(j, where, "file"), f.text(j, where, "dataset"), f.wholes(j, where, "offset"),
+          f.wholes(j, where, "shape"), f.text(j, where, "xxh64")};
 }
 
 std::string manifest_dump(const Manifest& m) {
@@ -162,24 +208,33 @@ Manifest manifest_read(const std::string& dir) {
   std::ifstream in(path);
   LOOM_CHECK(in, "'{}' has no manifest.json: not a complete checkpoint", dir);
   Manifest m;
+  nlohmann::json j;
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    m.version = j.at("version").get<int>();
-    LOOM_CHECK(m.version == Manifest::kVersion, "'{}' is checkpoint format version {}; this loom reads version {}",
-               path, m.version, Manifest::kVersion);
-    m.step = j.at("step").get<int64_t>();
-    m.layout = j.at("layout");
-    m.config = j.at("config").get<std::string>();
-    for (auto& [name, t] : j.at("tensors").items()) {
-      TensorEntry e;
-      e.shape = t.at("shape").get<std::vector<int64_t>>();
-      LOOM_CHECK(t.value("dtype", "float32") == "float32", "'{}': tensor {} has dtype {}; loom writes float32", path,
-                 name, t.value("dtype", ""));
-      for (auto& s : t.at("shards")) e.shards.push_back(shard_from_json(s));
-      m.tensors.emplace(name, std::move(e));
-    }
+    j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     fail("'{}' is not a valid manifest: {}", path, e.what());
+  }
+  const Fields f{path};
+  m.version = int(f.whole(j, "", "version", 0, INT32_MAX));
+  LOOM_CHECK(m.version == Manifest::kVersion, "'{}' is checkpoint format version {}; this loom reads version {}", path,
+             m.version, Manifest::kVersion);
+  m.step = f.whole(j, "", "step", INT64_MIN, INT64_MAX);  // a negative one is refused below
+  m.layout = f.at(j, "", "layout");
+  if (!m.layout.is_object()) f.wrong("\"layout\"", m.layout, "a JSON object");
+  m.config = f.text(j, "", "config");
+  const nlohmann::json& tensors = f.at(j, "", "tensors");
+  if (!tensors.is_object()) f.wrong("\"tensors\"", tensors, "a JSON object");
+  for (auto& [name, t] : tensors.items()) {
+    const std::string where = fmt::format("tensor {}", name);
+    TensorEntry e;
+    e.shape = f.wholes(t, where, "shape");
+    const std::string dtype = t.contains("dtype") ? f.text(t, where, "dtype") : "float32";
+    LOOM_CHECK(dtype == "float32", "'{}': tensor {} has dtype {}; loom writes float32", path, name, dtype);
+    const nlohmann::json& shards = f.at(t, where, "shards");
+    if (!shards.is_array()) f.wrong(Fields::name(where, "shards"), shards, "an array of shards");
+    for (size_t i = 0; i < shards.size(); ++i)
+      e.shards.push_back(shard_from_json(shards[i], path, fmt::format("tensor {}'s shard {}", name, i)));
+    m.tensors.emplace(name, std::move(e));
   }
   std::vector<std::string> bad = manifest_problems(path, m);
   // The step names the directory, so the two must agree (a renamed copy keeps its name's).

@@ -31,7 +31,10 @@ struct Manifest {
 };
 
 nlohmann::json shard_to_json(const ShardRef& s);
-ShardRef shard_from_json(const nlohmann::json& j);
+// A shard's entry; an Error names `path` (the manifest or the rank's record) and `where` (which
+// shard) where a field is missing or of another type.
+ShardRef shard_from_json(const nlohmann::json& j, const std::string& path = "a rank's shard record",
+                         const std::string& where = "the shard");
 std::string manifest_dump(const Manifest& m);
 // DIR/manifest.json; an Error names the file and what is wrong with it. Checked here for every
 // reader: shard files are bare names inside DIR; shapes and boxes are in bounds (without

@@ -113,6 +113,9 @@ StEntry entry_parse(const std::string& path, const std::string& name, const nloh
   return t;
 }
 
+// The most a safetensors header may hold (Hugging Face's limit).
+constexpr uint64_t kHeaderMaxBytes = 100'000'000;
+
 // The header of a safetensors file, every entry checked against the file's size and the others;
 // `in` is left open.
 StHeader header_read(const std::string& path, std::ifstream& in) {
@@ -129,6 +132,11 @@ StHeader header_read(const std::string& path, std::ifstream& in) {
   LOOM_CHECK(file_size >= 8 && in.gcount() == 8 && header_size <= file_size - 8,
              "'{}' is not a safetensors file: its header size {} does not fit its {} bytes", path, header_size,
              file_size);
+  // Hugging Face's own readers refuse a header above 100 MB: a (sparse) file can claim any size.
+  LOOM_CHECK(header_size <= kHeaderMaxBytes,
+             "'{}' is not a safetensors file loom reads: its header claims {} bytes, more than the {} a safetensors "
+             "header may have (the file is corrupt, or not a weights file)",
+             path, header_size, kHeaderMaxBytes);
   std::string text(header_size, '\0');
   in.read(text.data(), std::streamsize(header_size));
   const nlohmann::json j = json_parse_unique(text, path);

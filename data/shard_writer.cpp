@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -35,12 +36,30 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
       continue;
     }
     std::vector<std::string> here;
-    for (auto& e : fs::recursive_directory_iterator(in)) {
-      std::error_code ec;
+    // With error codes throughout: an entry that cannot be looked at (a loop of symbolic links,
+    // a link to nothing) is skipped with a warning, not a filesystem error that ends the run.
+    fs::recursive_directory_iterator it(in, fs::directory_options::skip_permission_denied, ec);
+    LOOM_CHECK(!ec, "input directory '{}' cannot be read ({})", in, ec.message());
+    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      LOOM_CHECK(!ec, "input directory '{}' cannot be read ({})", in, ec.message());
+      const fs::directory_entry& e = *it;
+      if (e.path().filename().string()[0] == '.') continue;
+      std::error_code kind;
+      const bool regular = e.is_regular_file(kind), dir = !kind && e.is_directory(kind);
+      if (dir) continue;
+      if (!regular) {
+        const std::string why = kind.value() == ELOOP ? "a loop of symbolic links"
+                                : kind                ? kind.message()
+                                : e.is_symlink(kind)  ? "a link to nothing or to something not a file"
+                                                      : "not a regular file";
+        fmt::print(stderr, "warning: skipping '{}' in input directory '{}': {}\n", e.path().string(), in, why);
+        continue;
+      }
       const bool output = std::any_of(skip.begin(), skip.end(), [&](const std::string& s) {
-        return fs::exists(s) && fs::equivalent(e.path(), s, ec);
+        std::error_code same;
+        return fs::exists(s, same) && fs::equivalent(e.path(), s, same);
       });
-      if (e.is_regular_file() && e.path().filename().string()[0] != '.' && !output) here.push_back(e.path().string());
+      if (!output) here.push_back(e.path().string());
     }
     std::sort(here.begin(), here.end());
     LOOM_CHECK(!here.empty(), "directory '{}' holds no files", in);
@@ -107,6 +126,22 @@ void data_run(const DataOptions& opt) {
              "DIR)");
   const std::unique_ptr<Tokenizer> bpe = tokenizer_open(opt.tokenizer, opt.vocab, opt.merges);
   const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path_of(opt.output)});
+  // Every input is read whole and kept, with its tokens (4 bytes each) beside it: refused up front
+  // when that cannot fit (a file's size is its own: a sparse file claims any).
+  int64_t total = 0, largest = 0;
+  for (const std::string& f : files) {
+    const int64_t size = input_check(f, "input");
+    total += size;
+    largest = std::max(largest, size);
+  }
+  const double need = double(total) * (bpe ? 2.5 : 5.0) + double(largest);
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  LOOM_CHECK(opt.memory_bytes < 0 || need <= double(opt.memory_bytes),
+             "loom data reads its inputs whole: {} file{} of {:.1f} GiB{} need{} about {:.1f} GiB with their tokens, "
+             "and this machine has {:.1f} GiB ({}); give fewer or smaller files at a time (or split the file)",
+             files.size(), files.size() == 1 ? "" : "s", double(total) / kGiB,
+             files.size() == 1 ? fmt::format(" ('{}')", files.front()) : "", files.size() == 1 ? "s" : "", need / kGiB,
+             double(opt.memory_bytes) / kGiB, opt.memory_from);
   for (const std::string& out : {opt.output, val_path_of(opt.output)}) {
     output_check(out, "the output");
     output_not_input(out, files, "the output");
@@ -128,9 +163,16 @@ void data_run(const DataOptions& opt) {
   std::vector<Chunk> chunks;
   size_t bytes = 0;
   for (size_t d = 0; d < files.size(); ++d) {
-    const std::string text = read_all(files[d]);
-    bytes += text.size();
-    for (std::string& c : text_chunks(text, size_t(1) << 20)) chunks.push_back({d, std::move(c), {}});
+    try {
+      const std::string text = read_all(files[d]);
+      bytes += text.size();
+      for (std::string& c : text_chunks(text, size_t(1) << 20)) chunks.push_back({d, std::move(c), {}});
+    } catch (const std::bad_alloc&) {
+      fail(
+          "loom data reads its inputs whole, and '{}' ({} bytes) does not fit in memory beside the {} bytes "
+          "before it; give fewer or smaller files at a time (or split the file)",
+          files[d], input_check(files[d], "input"), bytes);
+    }
   }
   const bool progress = ::isatty(2);
   std::atomic<size_t> done_bytes{0};

@@ -3,6 +3,7 @@
 // convention), tokenized on every thread, with an optional validation split into a shard of
 // its own.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,10 @@ struct DataOptions {
   std::string tokenizer = "byte", vocab, merges;
   double val_fraction = 0;  // 0: no split; else this share of the documents (of the tokens, for one)
   int threads = 0;          // 0: every core
+  // The memory the inputs may take (they are read whole, with their tokens beside them): -1 for
+  // unknown; `memory_from` says where the number came from.
+  int64_t memory_bytes = -1;
+  std::string memory_from;
 };
 
 // The pieces of `text` that tokenize alike apart or together, cut only where the GPT-2

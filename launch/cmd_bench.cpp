@@ -8,6 +8,11 @@
 
 namespace loom {
 
+namespace {
+// Each rank holds two buffers of the largest message.
+constexpr double kCommMaxMb = 16384;
+}  // namespace
+
 void cmd_bench_add(CLI::App& app, Commands& out) {
   struct Args {
     int threads = 0;
@@ -19,7 +24,7 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
   auto* bench = app.add_subcommand("bench", "measure kernels and training speed");
   bench->require_subcommand(1);
   auto* gemm = bench->add_subcommand("gemm", "fp32 GEMM rate; caches the CPU peak used for MFU");
-  gemm->add_option("--threads", a->threads, "threads (0: every core)");
+  gemm->add_option("--threads", a->threads, "threads (0: every core)")->check(whole_in(0, kThreadsMax));
   auto* train = bench->add_subcommand("train", "time a training run of a config");
   a->train.add_to(train);
   train->add_flag("--profile", a->train_opt.profile,
@@ -31,7 +36,7 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
   a->kernels.add_to(kernels, "TOML config file (its model and micro_batch set the shapes)");
   auto* comm =
       bench->add_subcommand("comm", "time, algorithm and bus bandwidth of each collective (under mpirun/srun)");
-  comm->add_option("--max-mb", a->comm_max_mb, "largest message in MB");
+  comm->add_option("--max-mb", a->comm_max_mb, "largest message in MB")->check(positive_up_to(kCommMaxMb));
 
   out.push_back({gemm, false, [a](const CommandContext&) {
                    const int threads = threads_set(a->threads);

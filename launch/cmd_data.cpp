@@ -3,6 +3,7 @@
 
 #include "data/shard_writer.h"
 #include "launch/command.h"
+#include "plan/memory.h"
 #include "runtime/error.h"
 
 namespace loom {
@@ -22,13 +23,16 @@ void cmd_data_add(CLI::App& app, Commands& out) {
   data->add_option("--merges", a->opt.merges, "GPT-2 merges.txt (tokenizer gpt2)");
   data->add_option("--val-fraction", a->opt.val_fraction,
                    "this share of the documents (of the tokens, for one) into OUTPUT's stem + _val (default 0: none)");
-  data->add_option("--threads", a->opt.threads, "threads (0: every core)")->check(CLI::NonNegativeNumber);
+  data->add_option("--threads", a->opt.threads, "threads (0: every core)")->check(whole_in(0, kThreadsMax));
   out.push_back({data, false, [a](const CommandContext&) {
                    LOOM_CHECK(a->paths.size() >= 2,
                               "loom data needs INPUT... OUTPUT: text files or directories, then the shard");
                    DataOptions opt = a->opt;
                    opt.output = a->paths.back();
                    opt.inputs.assign(a->paths.begin(), a->paths.end() - 1);
+                   const MemoryAvailable m = memory_available(DeviceKind::cpu, 1);
+                   opt.memory_bytes = m.bytes;
+                   opt.memory_from = m.from;
                    data_run(opt);
                    return 0;
                  }});

@@ -18,7 +18,7 @@ void cmd_infer_add(CLI::App& app, Commands& out) {
                    "token shard, directory of shards, or text file (default: the config's "
                    "validation data)");
   eval->add_option("--threads", eopt->threads, "threads per rank (default: train.threads; 0: the node's cores shared)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_in(0, kThreadsMax));
   eval->add_option("--batches", eopt->batches,
                    "batches of train.global_batch sequences (default data.val_batches; "
                    "0: all)");
@@ -40,16 +40,17 @@ void cmd_infer_add(CLI::App& app, Commands& out) {
   gen->add_option("--vocab", gopt->vocab, "GPT-2 vocab.json (gpt2), or LLaMA-3's tokenizer.model (llama3)");
   gen->add_option("--merges", gopt->merges, "GPT-2 merges.txt (tokenizer gpt2)");
   gen->add_option("--max-new", gopt->max_new, "tokens to generate (default 64, or what the context leaves)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_in(0, INT32_MAX));
   // Checked by generate_run: finite and >= 0.
   gen->add_option("--temperature", gopt->temperature, "0: greedy (default); above 0: sampled");
   gen->add_option("--top-k", gopt->top_k, "sample among the k likeliest tokens (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  gen->add_option("--seed", gopt->seed, "sampling seed: the same seed, the same text");
+      ->check(whole_in(0, INT32_MAX));
+  gen->add_option("--seed", gopt->seed, "sampling seed: the same seed, the same text")
+      ->check(whole_in(0, INT64_MAX));  // not -1 read as 2^64 - 1
   gen->add_option("--threads", gopt->threads,
                   "threads (default 1: decoding one token gains nothing from more; 0: "
                   "train.threads)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_in(0, kThreadsMax));
   out.push_back({gen, false, [gopt](const CommandContext& ctx) {
                    LOOM_CHECK(
                        !ctx.env.distributed() || ctx.env.world == 1,

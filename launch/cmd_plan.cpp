@@ -13,6 +13,12 @@
 namespace loom {
 
 namespace {
+// The largest pipeline plan pipeline simulates, a few seconds' work: stages (and chunks per
+// stage), micro-batches, the chunk micro-batches it times and draws, and those times the stages
+// (each stage's plan looks at the others).
+constexpr int kPipeStagesMax = 256, kPipeMicroMax = 65536;
+constexpr int64_t kPipeOpsMax = int64_t(1) << 17, kPipeWorkMax = int64_t(1) << 21;
+
 struct PlanArgs {
   ConfigArgs pipe_config, mem_config, layout_config;
   std::string mem_cluster;
@@ -36,9 +42,28 @@ int plan_pipeline(const PlanArgs& a) {
   const std::string name = a.pipe_schedule.empty() ? cfg.parallel.pp_schedule : a.pipe_schedule;
   const int v = a.pipe_virtual > 0 ? a.pipe_virtual : pipeline_v_shape(name) ? 2 : cfg.parallel.pp_virtual;
   const int dp = std::max(1, cfg.parallel.dp);
+  LOOM_CHECK(a.pipe_micro > 0 || cfg.train.micro_batch >= 1, "train.micro_batch = {} must be at least 1",
+             cfg.train.micro_batch);
   const int m = a.pipe_micro > 0 ? a.pipe_micro : cfg.train.global_batch / (cfg.train.micro_batch * dp);
   LOOM_CHECK(m >= 1, "no micro-batches: train.global_batch {} < train.micro_batch {} x parallel.dp {}",
              cfg.train.global_batch, cfg.train.micro_batch, dp);
+  // Checked before anything is simulated: each model chunk holds at least one block.
+  const char* pp_from = a.pipe_pp > 0 ? "--pp" : "parallel.pp";
+  const char* v_from = a.pipe_virtual > 0 ? "--virtual" : "parallel.pp_virtual";
+  LOOM_CHECK(p >= 1 && p <= kPipeStagesMax, "{} = {} must be from 1 to {}", pp_from, p, kPipeStagesMax);
+  LOOM_CHECK(v >= 1 && v <= kPipeStagesMax, "{} = {} must be from 1 to {}", v_from, v, kPipeStagesMax);
+  LOOM_CHECK(int64_t(p) * v <= cfg.model.n_layer,
+             "{} {} stages x {} {} chunks each = {} model chunks, more than the model's {} blocks (model.n_layer): "
+             "each chunk holds at least one; lower {} or {}, or plan a deeper model (--set model.n_layer=N)",
+             pp_from, p, v_from, v, int64_t(p) * v, cfg.model.n_layer, pp_from, v_from);
+  const int64_t ops = int64_t(p) * v * m;
+  LOOM_CHECK(m <= kPipeMicroMax && ops <= kPipeOpsMax && ops * p <= kPipeWorkMax,
+             "{} micro-batches{} over {} stages x {} chunks is more than loom plan pipeline simulates in a few "
+             "seconds (at most {} micro-batches, {} chunk micro-batches, and {} times the stages); lower {} or the "
+             "stages (--pp)",
+             m, a.pipe_micro > 0 ? "" : " (train.global_batch / (train.micro_batch x parallel.dp))", p, v,
+             kPipeMicroMax, kPipeOpsMax, kPipeWorkMax,
+             a.pipe_micro > 0 ? "--micro" : "train.global_batch (or give --micro)");
   const PipeSchedule sched = pipeline_schedule(name, p, v, m);
   // Unit costs: F 1 and B 2 (a split B 1 and W 1), as a backward costs about two forwards.
   const PipeTiming t = pipeline_check(sched, 1, 1, 1);
@@ -117,17 +142,20 @@ void cmd_plan_add(CLI::App& app, Commands& out) {
   auto* pipe = plan->add_subcommand(
       "pipeline", "a pipeline schedule as a per-stage timeline, with its bubble and micro-batches in flight");
   a->pipe_config.add_to(pipe, "TOML config (parallel.pp, pp_schedule, pp_virtual; the micro-batches)");
-  pipe->add_option("--pp", a->pipe_pp, "stages (default: parallel.pp)");
+  pipe->add_option("--pp", a->pipe_pp, "stages (default: parallel.pp)")->check(whole_in(1, kPipeStagesMax));
   pipe->add_option("--schedule", a->pipe_schedule,
                    "gpipe | 1f1b | interleaved | zb | zbv | dualpipev (default: parallel.pp_schedule)");
   pipe->add_option("--virtual", a->pipe_virtual,
-                   "chunks per stage, interleaved (default: parallel.pp_virtual; 2 for zbv, dualpipev)");
-  pipe->add_option("--micro", a->pipe_micro, "micro-batches per step (default: the config's accumulation steps)");
+                   "chunks per stage, interleaved (default: parallel.pp_virtual; 2 for zbv, dualpipev)")
+      ->check(whole_in(1, kPipeStagesMax));
+  pipe->add_option("--micro", a->pipe_micro, "micro-batches per step (default: the config's accumulation steps)")
+      ->check(whole_in(1, kPipeMicroMax));
 
   auto* mem =
       plan->add_subcommand("memory", "per-rank bytes of a run (any layout, dtype, device), or of the ZeRO paper");
-  mem->add_option("--params", a->params, "parameter count (the ZeRO paper's setting; no config needed)");
-  mem->add_option("--dp", a->dp, "data-parallel ranks (overrides parallel.dp)");
+  mem->add_option("--params", a->params, "parameter count (the ZeRO paper's setting; no config needed)")
+      ->check(positive_up_to(1e15));
+  mem->add_option("--dp", a->dp, "data-parallel ranks (overrides parallel.dp)")->check(whole_in(1, 1 << 24));
   mem->add_option("--precision", a->precision, "mixed (2+2+12 bytes/param) | fp32 (4+4+8)")
       ->check(CLI::IsMember({"mixed", "fp32"}));
   a->mem_config.add_to(mem, "TOML config of a loom run");
@@ -139,7 +167,7 @@ void cmd_plan_add(CLI::App& app, Commands& out) {
       "layout", "rank the layouts of a model on a cluster by predicted MFU (the step-time model), or predict one");
   layout->add_option("--cluster", a->cluster, "cluster description (TOML; examples/clusters/)")->required();
   a->layout_config.add_to(layout, "TOML config: the model, global batch and dtypes");
-  layout->add_option("--top", a->top, "layouts to print")->check(CLI::PositiveNumber);
+  layout->add_option("--top", a->top, "layouts to print")->check(whole_in(1, 1000000));
   layout->add_flag("--predict", a->predict, "predict the config's own layout (parallel.*, train.*) instead");
   layout->add_flag("--json", a->layout_json, "as JSON");
 

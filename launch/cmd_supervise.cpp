@@ -20,13 +20,26 @@ int cmd_supervise_main(int argc, char** argv) {
     LOOM_CHECK(i + 1 < argc, "loom supervise: {} needs a value", flag);
     return argv[++i];
   };
-  // The whole text a number, finite and at least 0 (std::stod alone takes "1x", nan and inf).
+  // Decimal digits with at most one point, nothing else (std::stod alone takes "1x", " 1", nan,
+  // inf and hexadecimal: "0x10" would be 16).
+  auto decimal = [](const std::string& v, bool point) {
+    int digits = 0, points = 0;
+    for (char c : v) {
+      if (c >= '0' && c <= '9')
+        ++digits;
+      else if (c == '.' && point)
+        ++points;
+      else
+        return false;
+    }
+    return digits > 0 && points <= 1;
+  };
   auto seconds = [&](const std::string& flag) {
     const std::string v = value(flag);
     size_t used = 0;
     double d = -1;
     try {
-      d = std::stod(v, &used);
+      if (decimal(v, true)) d = std::stod(v, &used);
     } catch (const std::exception&) {
     }
     LOOM_CHECK(used == v.size() && std::isfinite(d) && d >= 0 && d <= 86400,
@@ -37,7 +50,7 @@ int cmd_supervise_main(int argc, char** argv) {
     size_t used = 0;
     long long n = -1;
     try {
-      n = std::stoll(v, &used);
+      if (decimal(v, false)) n = std::stoll(v, &used);
     } catch (const std::exception&) {
     }
     LOOM_CHECK(used == v.size() && n >= least && n <= 1000000,
@@ -80,7 +93,7 @@ int cmd_supervise_main(int argc, char** argv) {
             "               allocation's)] [--probe 'CMD {{host}}'] [--probe-s S (10)] [--replica K (1)]] -- "
             "COMMAND...\n"
             "  runs COMMAND and runs it again (with LOOM_RESTART=k) when it fails for a reason a restart can cure;\n"
-            "  not after status 0, 2 (usage or config error), or a SIGINT/SIGTERM to the supervisor.\n"
+            "  not after status 0, 2 (usage or config error), or a SIGINT/SIGTERM/SIGHUP/SIGUSR1 to the supervisor.\n"
             "  --ranks: before each run, the hosts that answer the probe take the largest world size from MIN to MAX\n"
             "  (a multiple of K ranks per replica) that the run's config accepts; COMMAND names it with {{ranks}},\n"
             "  {{dp}} (ranks / K) and {{hosts}} (H:SLOTS,... of the hosts used), and resumes its last checkpoint.\n");

@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 
 #include "data/batches.h"
 
@@ -31,6 +33,35 @@ Config config_build(const std::string& path, const std::vector<std::string>& set
   }
   config_validate(cfg);
   return cfg;
+}
+
+CLI::Validator whole_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& v) -> std::string {
+        const size_t sign = !v.empty() && v[0] == '-' ? 1 : 0;
+        const bool digits = v.size() > sign && std::all_of(v.begin() + long(sign), v.end(), ::isdigit);
+        int64_t n = 0;
+        const auto r = std::from_chars(v.data(), v.data() + v.size(), n);
+        if (!digits || r.ec != std::errc() || r.ptr != v.data() + v.size() || n < lo || n > hi)
+          return fmt::format("takes a whole number from {} to {}, not '{}'", lo, hi, v);
+        return "";
+      },
+      fmt::format("INT in [{} - {}]", lo, hi), "whole_in");
+}
+
+CLI::Validator positive_up_to(double hi) {
+  return CLI::Validator(
+      [hi](std::string& v) -> std::string {
+        const bool text = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
+          return std::isdigit(uint8_t(c)) || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+';
+        });
+        double d = NAN;
+        const auto r = std::from_chars(v.data(), v.data() + v.size(), d);
+        if (!text || r.ec != std::errc() || r.ptr != v.data() + v.size() || !(d > 0 && d <= hi))
+          return fmt::format("takes a number above 0 and at most {:g}, not '{}'", hi, v);
+        return "";
+      },
+      fmt::format("NUMBER in (0 - {:g}]", hi), "positive_up_to");
 }
 
 std::vector<std::string> args_expand_sections(int argc, char** argv) {

@@ -50,6 +50,13 @@ struct ConfigArgs {
 // the config names when it does not set it.
 Config config_build(const std::string& path, const std::vector<std::string>& sets, int world = 1, bool lead = false,
                     bool reads_data = false);
+// Checks for numeric options that refuse in a short message (CLI::Range, PositiveNumber and
+// NonNegativeNumber write DBL_MAX out in 300 digits when they refuse): a whole decimal number
+// from lo to hi (no sign unless lo < 0, no fraction, no hexadecimal) ...
+CLI::Validator whole_in(int64_t lo, int64_t hi);
+// ... and a finite decimal number above 0 and at most hi (nan, inf and hexadecimal refused).
+CLI::Validator positive_up_to(double hi);
+
 // `--section.key=value` and `--section.key value` (torchtitan's form) as `--set section.key=value`,
 // for the sections loom's config has; anything else is left for the parser to judge.
 std::vector<std::string> args_expand_sections(int argc, char** argv);

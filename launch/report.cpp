@@ -58,9 +58,12 @@ std::vector<double> ticks(double lo, double hi, int n = 5) {
   const double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
   std::vector<double> out;
   if (!(std::isfinite(step) && step > 0)) return {lo, hi};
-  // Counted, not accumulated: a step below the values' resolution must not stall the loop.
+  // Bounded by a count of iterations, not by values: above 2^53 neither k + 1 nor t + step need
+  // differ from what it was, and a loop on them would never end.
   const double k0 = std::ceil(lo / step), k1 = std::floor(hi / step + 1e-9);
-  for (double k = k0; k <= k1 && out.size() <= size_t(4 * n); ++k) {
+  for (int i = 0; i <= 4 * n; ++i) {
+    const double k = k0 + i;
+    if (k > k1) break;
     const double t = std::abs(k) < 1e-9 ? 0 : k * step;
     if (out.empty() || t > out.back()) out.push_back(t);
   }

@@ -25,6 +25,8 @@ namespace loom {
 
 namespace {
 volatile std::sig_atomic_t g_asked = 0;  // the signal the supervisor got
+// The signals that stop the supervisor, each passed on to the job.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
 extern "C" void note_signal(int sig) {
   g_asked = sig;
@@ -172,8 +174,7 @@ int run_once(const std::vector<std::string>& run, const SuperviseOptions& opt, i
   // asked for meanwhile is passed on by the wait below).
   sigset_t stop, old;
   sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
+  for (int sig : kStopSignals) sigaddset(&stop, sig);
   sigprocmask(SIG_BLOCK, &stop, &old);
   const pid_t pid = ::fork();
   if (pid < 0) sigprocmask(SIG_SETMASK, &old, nullptr);
@@ -198,7 +199,8 @@ int run_once(const std::vector<std::string>& run, const SuperviseOptions& opt, i
   double verdict_at = -1;  // seconds into the run when its hang verdict was seen
   for (;;) {
     if (g_asked && !passed) {
-      stop_job(pid, int(g_asked));
+      // The ranks stop cleanly on INT, TERM and USR1; a hangup goes on as TERM.
+      stop_job(pid, g_asked == SIGHUP ? SIGTERM : int(g_asked));
       passed = true;
     }
     const pid_t r = ::waitpid(pid, &ws, WNOHANG);
@@ -229,14 +231,25 @@ int run_once(const std::vector<std::string>& run, const SuperviseOptions& opt, i
 int supervise_run(const std::vector<std::string>& command, const SuperviseOptions& opt) {
   LOOM_CHECK(!command.empty(), "loom supervise: no command; usage: loom supervise [options] -- COMMAND...");
   LOOM_CHECK(opt.max_restarts >= 0, "--max-restarts {} must be >= 0", opt.max_restarts);
+  if (!opt.log_dir.empty()) {
+    // Its events go to <dir>/faults.jsonl: a file there would drop every one of them unseen.
+    std::error_code ec;
+    const auto st = std::filesystem::status(opt.log_dir, ec);
+    LOOM_CHECK(!std::filesystem::exists(st) || std::filesystem::is_directory(st),
+               "loom supervise: --log-dir '{}' is {}, not a directory; give the run's log.dir (a directory, or a "
+               "name not yet taken)",
+               opt.log_dir, std::filesystem::is_regular_file(st) ? "a regular file" : "not a directory");
+  }
   // Processes a run leaves behind when its launcher is killed become the supervisor's children,
   // for it to end before the next run (otherwise init's, out of reach).
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   struct sigaction sa {};
   sa.sa_handler = note_signal;  // no SA_RESTART: waitpid returns, and the loop passes the stop on
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  // A hangup (the terminal or ssh session gone) and SIGUSR1 (a scheduler's warning) stop the job
+  // as SIGTERM does: by default either would end the supervisor at once and leave the job, in a
+  // process group of its own, running without it.
+  for (int sig : kStopSignals) sigaction(sig, &sa, nullptr);
   int status = 0;
   for (int restart = 0;; ++restart) {
     const std::vector<std::string> run = command_now(command, opt, restart);
@@ -261,7 +274,12 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
     }
     const double wait = std::min(60.0, opt.backoff_s * std::pow(2.0, restart));
     spdlog::info("supervise: restarting in {:.1f} s ({} of {})", wait, restart + 1, opt.max_restarts);
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    // In short naps, so that a stop ends the wait (sleep_for resumes after a signal).
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point until =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait));
+    while (!g_asked && Clock::now() < until)
+      std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(50)));
     if (g_asked) return 75;  // stopped while waiting to restart: a requeue will resume it
   }
 }

@@ -3,7 +3,7 @@
 // COMMAND (mpirun/srun ... loom train ...) and runs it again when it fails for a reason a
 // restart can cure: a rank died or exited with an error, a collective timed out, a
 // preemption ended it (status 75). Not: success (0), a usage or config error (2), or a stop
-// the supervisor itself was asked for (SIGINT/SIGTERM reach COMMAND, and the supervisor
+// the supervisor itself was asked for (SIGINT/SIGTERM/SIGUSR1 reach COMMAND, SIGHUP as SIGTERM, and the supervisor
 // exits with its status). Each run gets LOOM_RESTART=<restarts so far>, which turns the fault
 // drills off (they fire once per job); with checkpoint.resume = "latest" the job resumes from
 // its newest good checkpoint. Back-off doubles from S seconds, up to 60. Elastic (--ranks,

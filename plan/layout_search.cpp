@@ -254,7 +254,8 @@ std::string pipeline_stages_text(const Config& given, int p, int v, const std::s
   std::vector<double> compute;
   const std::string path = cluster_this_machine_path();
   try {
-    if (std::filesystem::exists(path)) compute = step_predict(c, cluster_load(path)).stage_compute;
+    if (std::filesystem::exists(path))
+      compute = step_predict(c, cluster_load(path, "this machine's cluster file")).stage_compute;
   } catch (const Error&) {
     // a layout wider than this machine: memory only
   }

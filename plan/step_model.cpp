@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -17,6 +18,7 @@
 #include "parallel/pipeline_split.h"
 #include "plan/memory.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
 #include "runtime/mesh.h"
 
 namespace loom {
@@ -168,12 +170,11 @@ std::string machine_name() {
   return fmt::format("{}, {} cores", model, cores);
 }
 
-Cluster cluster_load(const std::string& path) {
-  std::ifstream in(path);
-  LOOM_CHECK(in, "cannot open the cluster file '{}' (examples/clusters/ has examples)", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return cluster_parse(text.str(), path);
+Cluster cluster_load(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  LOOM_CHECK(std::filesystem::exists(path, ec) || ec,
+             "cannot open the cluster file '{}' (examples/clusters/ has examples)", path);
+  return cluster_parse(input_read_all(path, what, kConfigMaxBytes), path);
 }
 
 double collective_time(const char* op, int n, double bytes, const LinkTier& link, bool tree) {

@@ -46,10 +46,11 @@ struct Cluster {
   bool tree = false;        // all-reduces may take the tree's log2(n) latency (NCCL)
   LinkTier intra;           // within a node, per flow
   LinkTier inter;           // between nodes: a node's link, shared by its concurrent flows
-  std::string fitted_on;  // the machine a fitted file was measured on (machine_name()), or ""
+  std::string fitted_on;    // the machine a fitted file was measured on (machine_name()), or ""
   int devices() const { return nodes * devices_per_node; }
 };
-Cluster cluster_load(const std::string& path);
+// A regular file of at most kConfigMaxBytes; `what` names where its path came from.
+Cluster cluster_load(const std::string& path, const std::string& what = "--cluster");
 // This source tree's examples/clusters/this_machine.toml (log.cluster = "auto").
 std::string cluster_this_machine_path();
 // This machine as a fitted cluster file names it (`fitted_on`): "<CPU model>, <N> cores" (the

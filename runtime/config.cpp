@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <variant>
 
 #include "runtime/error.h"
+#include "runtime/file.h"
 
 namespace loom {
 namespace {
@@ -426,11 +428,12 @@ void config_load_string(Config& cfg, const std::string& text, const std::string&
 }
 
 void config_load_file(Config& cfg, const std::string& path) {
-  std::ifstream in(path);
-  LOOM_CHECK(in, "cannot open config file '{}'; check the path given to --config", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  config_load_string(cfg, ss.str(), path);
+  std::error_code ec;
+  LOOM_CHECK(std::filesystem::exists(path, ec) || ec, "cannot open config file '{}'; check the path given to --config",
+             path);
+  // A regular file of bounded size: a directory, FIFO or device (/dev/zero) is refused, not
+  // read as an empty config or read forever.
+  config_load_string(cfg, input_read_all(path, "--config", kConfigMaxBytes), path);
 }
 
 namespace {

@@ -217,7 +217,13 @@ inline int pipe_stage_of(int chunk, int stages, bool v_shape) {
 std::vector<int> pipeline_layers_given(const Config& cfg);
 
 Config config_defaults();
-// Reads a TOML file into `cfg` (keys absent from the file keep their values).
+// The most threads a rank may ask for (train.threads, --threads): far past any machine's cores,
+// where OpenMP would try to start them all and the run never would.
+inline constexpr int kThreadsMax = 4096;
+// The most loom reads of a config or cluster file: a regular file of at most this size.
+inline constexpr int64_t kConfigMaxBytes = int64_t(4) << 20;
+// Reads a TOML file into `cfg` (keys absent from the file keep their values); a path that is not
+// a regular file of at most kConfigMaxBytes is refused.
 void config_load_file(Config& cfg, const std::string& path);
 void config_load_string(Config& cfg, const std::string& toml_text, const std::string& origin);
 // `key=value`, value parsed by the key's type.

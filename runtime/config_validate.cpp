@@ -2,6 +2,7 @@
 // one-line error that names the keys and the fix; and the parsers of the keys whose values have
 // a form of their own (parallel.pp_layers, the fault.* drills).
 #include <algorithm>
+#include <charconv>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -114,7 +115,7 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(t.grad_clip >= 0, "train.grad_clip = {} must be >= 0 (0 turns clipping off)", t.grad_clip);
   LOOM_CHECK(t.threads >= 0, "train.threads = {} must be >= 0 (0 uses every core)", t.threads);
   // Far past any machine's cores: OpenMP would try to start them all and the run never would.
-  LOOM_CHECK(t.threads <= 4096,
+  LOOM_CHECK(t.threads <= kThreadsMax,
              "train.threads = {} is more threads than any node has cores; use 0 (every core) or the "
              "cores each rank should use",
              t.threads);
@@ -481,13 +482,18 @@ FaultAt fault_parse(const std::string& key, const std::string& value, bool rank,
              !rank    ? "7"
              : phases ? "1:7:backward"
                       : "1:7");
-  auto number = [&](const std::string& p) {
+  // Range-checked: a rank of 2^32 must not wrap to 0, nor a step past int64 end in stoll's words.
+  auto number = [&](const std::string& p, const char* what, int64_t most) {
     LOOM_CHECK(!p.empty() && std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; }),
                "{} = \"{}\": '{}' is not a non-negative number ({})", key, value, p, form);
-    return std::stoll(p);
+    int64_t n = -1;
+    const auto r = std::from_chars(p.data(), p.data() + p.size(), n);
+    LOOM_CHECK(r.ec == std::errc() && n <= most, "{} = \"{}\": {} {} is more than {}; give a {} from 0 to {}", key,
+               value, what, p, most, what, most);
+    return n;
   };
-  if (rank) f.rank = int(number(parts[0]));
-  f.step = number(parts[rank ? 1 : 0]);
+  if (rank) f.rank = int(number(parts[0], "rank", INT32_MAX));
+  f.step = number(parts[rank ? 1 : 0], key == "fault.slow" ? "delay in ms" : "step", INT64_MAX);
   if (parts.size() == 3) {
     f.phase = parts[2];
     check_one_of(key + " phase", f.phase, {"forward", "backward", "optimizer", "checkpoint"});

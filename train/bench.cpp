@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -227,7 +229,7 @@ void bench_train(const Config& config, const TrainOptions& where, const BenchTra
   fmt::print("roofline profile, steps 2 to {} ({}):\n{}", r.steps_done, r.device, profile_table(r.profile, r.roofline));
   if (cfg.log.cluster != "auto" && cfg.log.cluster != "none") {  // the prediction's terms beside the measured ones
     try {
-      fmt::print("{}", profile_prediction_compare(cluster_load(cfg.log.cluster), cfg, r.profile));
+      fmt::print("{}", profile_prediction_compare(cluster_load(cfg.log.cluster, "log.cluster"), cfg, r.profile));
     } catch (const Error& e) {  // the run has measured: a file that cannot predict it is said, not fatal
       fmt::print("no prediction from log.cluster: {}\n", e.what());
     }
@@ -271,8 +273,16 @@ void bench_comm(const TrainOptions& where, double max_mb) {
   if (g.rank() == 0)
     fmt::print("{} ranks, MPI backend, f32\n{:<15} {:>10} {:>12} {:>12} {:>12}\n", n, "collective", "bytes", "time us",
                "algbw GB/s", "busbw GB/s");
+  LOOM_CHECK(std::isfinite(max_mb) && max_mb > 0 && max_mb <= 16384,
+             "--max-mb {} must be above 0 and at most 16384 (each rank holds two buffers of it)", max_mb);
   const int64_t max_bytes = int64_t(max_mb * 1024 * 1024);
-  std::vector<float> a(size_t(max_bytes / 4) + size_t(n)), b(a.size());
+  std::vector<float> a, b;
+  try {
+    a.resize(size_t(max_bytes / 4) + size_t(n));
+    b.resize(a.size());
+  } catch (const std::bad_alloc&) {
+    fail("--max-mb {}: this rank cannot hold two buffers of {} MB; lower --max-mb", max_mb, max_mb);
+  }
   for (CommOp op :
        {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::all_to_all, CommOp::broadcast}) {
     for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {

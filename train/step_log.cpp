@@ -37,7 +37,7 @@ void StepLog::predict(const std::string& device, int world) {
     if (device != "cpu" || !std::filesystem::exists(path)) return;  // no cluster file describes this machine
   }
   try {
-    const Cluster cluster = cluster_load(path);
+    const Cluster cluster = cluster_load(path, "log.cluster");
     // The file loom ships describes the machine it was fitted on: compared elsewhere, its
     // gaps would measure the machines' difference, not the model's.
     if (cfg_.log.cluster == "auto" && cluster.fitted_on != machine_name()) {

@@ -15,6 +15,20 @@
 #   16 non-UTF-8 log.dir, a symlink loop as data.path, a directory named x.bin, a string id in
 #      vocab.json, supervise --max-restarts 99999999999, a command not found (127, not
 #      restarted), a log.dir that is a file.
+#   and A to J of the third pass:
+#   A --config and --cluster that are a directory, a FIFO, /dev/zero or a sparse 20 GB file
+#     (train, bench train, eval, plan layout, plan memory);
+#   B supervise: SIGHUP and SIGUSR1 go on to the job (not an orphaned job), SIGTERM ends a
+#     back-off, --log-dir FILE, --backoff-s 0x10;
+#   C report: steps above 2^53 (the axis ticks looped);
+#   D plan pipeline --pp/--virtual/--micro out of range or past the model's blocks, plan
+#     memory --dp 0 and --params nan, bench comm --max-mb -1|nan|huge;
+#   E a safetensors header length of 30 GiB (eval, generate, init.from);
+#   F loom data: a sparse 100 GB input, a symlink loop in an input directory (skipped);
+#   G fault drill numbers past int64 and a rank of 2^32;
+#   H generate --seed -1, --threads 99999;
+#   I manifests with fields of the wrong JSON type, a fractional shape, a step of 1e30;
+#   J range errors in a short message (not DBL_MAX in 300 digits).
 #   hostile_inputs.sh LOOM
 set -uo pipefail
 loom=$1
@@ -173,5 +187,157 @@ rc=$?
 [ $rc = 127 ] && ! grep -q "restarting" r16e.log || { fail "command not found: exit $rc or restarted"; tail -3 r16e.log; }
 touch afile
 refused "log.dir a file" "is not a directory" train "${common[@]}" --set train.steps=1 --set log.dir="$dir/afile"
+
+echo "A config and cluster files that are not regular files, or too big"
+truncate -s 20G sparse.toml
+refused "train --config ." "is a directory, not a regular file" train --config .
+refused "train --config FIFO" "is a FIFO" train --config fifo.bin
+refused "bench train --config ." "is a directory, not a regular file" bench train --config .
+refused "eval --config FIFO" "is a FIFO" eval --from w.safetensors --config fifo.bin --data text.txt
+refused "plan layout --cluster FIFO" "is a FIFO" plan layout --cluster fifo.bin
+refused "plan memory --cluster FIFO" "is a FIFO" plan memory --cluster fifo.bin
+# Under 4 GB of address space: read whole, /dev/zero and the sparse file end in std::bad_alloc,
+# not in a hang or all of the machine's memory.
+wrap=(bash -c 'ulimit -v 4000000 && exec "$@"' limited)
+refused "train --config sparse" "more than the 4194304 loom reads whole" train --config sparse.toml
+refused "plan memory --cluster sparse" "more than the 4194304" plan memory --cluster sparse.toml
+refused "train --config /dev/zero" "is a character device" train --config /dev/zero
+refused "plan layout --cluster /dev/zero" "is a character device" plan layout --cluster /dev/zero
+wrap=()
+
+echo "B supervise"
+touch logfile
+refused "supervise --log-dir FILE" "is a regular file, not a directory" supervise --log-dir logfile -- true
+refused "supervise --backoff-s 0x10" "takes seconds" supervise --backoff-s 0x10 -- true
+refused "supervise --max-restarts 0x3" "takes a whole number" supervise --max-restarts 0x3 -- true
+# A stop signal to the supervisor goes on to the job, which ends; the supervisor exits 75.
+for sig in HUP USR1; do
+  rm -f job.pid
+  "$loom" supervise --backoff-s 0 -- bash -c 'echo $$ > job.pid; exec sleep 60' > sup$sig.log 2>&1 &
+  sup=$!
+  for _ in $(seq 100); do [ -s job.pid ] && break; sleep 0.1; done
+  sleep 0.3
+  kill -$sig $sup
+  for _ in $(seq 100); do kill -0 $sup 2> /dev/null || break; sleep 0.1; done
+  kill -0 $sup 2> /dev/null && { fail "SIG$sig: the supervisor did not end"; kill $sup; }
+  wait $sup
+  rc=$?
+  [ $rc = 75 ] || fail "SIG$sig to the supervisor: exit $rc, not 75"
+  job=$(cat job.pid 2> /dev/null)
+  for _ in $(seq 50); do kill -0 "$job" 2> /dev/null || break; sleep 0.1; done
+  if [ -n "$job" ] && kill -0 "$job" 2> /dev/null; then fail "SIG$sig to the supervisor left the job running"; kill "$job"; fi
+done
+# SIGTERM during a 30 s back-off ends the wait at once.
+"$loom" supervise --backoff-s 30 --max-restarts 2 -- false > supwait.log 2>&1 &
+sup=$!
+for _ in $(seq 100); do grep -q "restarting in" supwait.log && break; sleep 0.1; done
+t0=$(date +%s)
+kill -TERM $sup
+wait $sup
+rc=$?
+[ $rc = 75 ] && [ $(($(date +%s) - t0)) -lt 10 ] || fail "SIGTERM in a back-off: exit $rc after $(($(date +%s) - t0)) s"
+
+echo "C report on steps above 2^53"
+mkdir rbig
+printf '%s\n' '{"run":1}' '{"step": 1000000000000000000, "loss": 1}' '{"step": 1000000000000000256, "loss": 2}' \
+  > rbig/metrics.jsonl
+timeout -k 5 60 "$loom" report rbig --out big.html > big.log 2>&1 || { fail "report: steps above 2^53: exit $?"; tail -3 big.log; }
+
+echo "D plan and bench numbers"
+refused "pipeline --pp 100000" "takes a whole number from 1 to 256" plan pipeline --pp 100000
+refused "pipeline --pp 200" "more than the model's 4 blocks" plan pipeline --pp 200
+refused "pipeline --micro 2e9" "takes a whole number from 1 to 65536" plan pipeline --pp 2 --micro 2000000000
+refused "pipeline --virtual 1e6" "takes a whole number from 1 to 256" plan pipeline --pp 2 --virtual 1000000 \
+  --schedule interleaved
+refused "pipeline --virtual 128" "more than the model's 4 blocks" plan pipeline --pp 2 --virtual 128 \
+  --schedule interleaved
+refused "pipeline --pp 0" "takes a whole number from 1" plan pipeline --pp 0
+refused "pipeline --pp -2" "takes a whole number from 1" plan pipeline --pp -2 --micro -4
+refused "pipeline --micro 0" "takes a whole number from 1" plan pipeline --micro 0
+refused "pipeline global_batch 2e9" "more than loom plan pipeline simulates" plan pipeline --pp 2 \
+  --set train.global_batch=2000000000 --set train.micro_batch=1
+refused "memory --dp 0" "takes a whole number from 1" plan memory --dp 0
+refused "memory --dp -3" "takes a whole number from 1" plan memory --dp -3
+refused "memory --params -5" "takes a number above 0" plan memory --params -5 --dp 2
+refused "memory --params nan" "takes a number above 0" plan memory --params nan --dp 2
+for mb in -1 nan 1000000000; do
+  refused "bench comm --max-mb $mb" "takes a number above 0" bench comm --max-mb $mb
+done
+
+echo "E a safetensors header length of 30 GiB"
+python3 -c "
+import struct
+with open('hdr.safetensors', 'wb') as f:
+    f.write(struct.pack('<Q', 30 * 2**30 - 8))
+    f.truncate(30 * 2**30)"
+wrap=(bash -c 'ulimit -v 4000000 && exec "$@"' limited)
+refused "header: eval" "more than the 100000000 a safetensors header" eval --from hdr.safetensors --data text.txt
+refused "header: generate" "more than the 100000000 a safetensors header" generate --from hdr.safetensors --prompt hi
+refused "header: init.from" "more than the 100000000 a safetensors header" train "${common[@]}" \
+  --set init.from="$dir/hdr.safetensors" --set train.steps=1 --set log.dir=rE
+wrap=()
+rm -f hdr.safetensors
+
+echo "F loom data: a sparse 100 GB input, a symlink loop in a directory"
+truncate -s 100G huge.txt
+wrap=(bash -c 'ulimit -v 4000000 && exec "$@"' limited)
+refused "data: sparse 100 GB" "loom data reads its inputs whole" data huge.txt o.bin
+wrap=()
+rm -f huge.txt
+mkdir loopdir && cp text.txt loopdir/ && ln -s l1 loopdir/l2 && ln -s l2 loopdir/l1
+timeout -k 5 60 "$loom" data loopdir loop.bin > loopdir.log 2>&1 && grep -q "warning: skipping '.*l1'.*loop" loopdir.log ||
+  { fail "data: a symlink loop in a directory: exit $? or no warning"; tail -3 loopdir.log; }
+
+echo "G fault drill numbers"
+big=99999999999999999999
+for k in exit hang; do
+  refused "fault.$k step $big" "fault.$k = \"0:$big\": step $big is more than" train "${common[@]}" \
+    --set fault.$k=0:$big --set train.steps=1 --set log.dir=rG$k
+done
+refused "fault.slow $big" "fault.slow = \"0:$big\": delay in ms $big is more than" train "${common[@]}" \
+  --set fault.slow=0:$big --set train.steps=1 --set log.dir=rGs
+refused "--fault-exit rank $big" "rank $big is more than" train "${common[@]}" --fault-exit $big:1 \
+  --set train.steps=1 --set log.dir=rGr
+refused "--fault-exit rank 2^32" "rank 4294967296 is more than" train "${common[@]}" --fault-exit 4294967296:2 \
+  --set train.steps=2 --set log.dir=rGw
+
+echo "H generate --seed, --threads"
+refused "generate --seed -1" "takes a whole number from 0" generate --from w.safetensors --prompt hi --seed -1
+refused "generate --threads 99999" "takes a whole number from 0 to 4096" generate --from w.safetensors --prompt hi \
+  --threads 99999
+
+echo "I forged manifest types"
+forge() {  # forge NAME PYTHON: a copy of ckI's step 2 with m (the manifest), t (a tensor) edited
+  rm -rf "f$1" && mkdir -p "f$1" && cp -r ckI/step-00000002 "f$1/" || return
+  python3 - "f$1/step-00000002/manifest.json" "$2" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+name = next(k for k, t in m["tensors"].items() if k.startswith("params/") and len(t["shape"]) == 2
+            and t["shape"] == t["shards"][0]["shape"])
+t = m["tensors"][name]
+exec(sys.argv[2])
+open(sys.argv[1], "w").write(m if isinstance(m, str) else json.dumps(m))
+PY
+}
+"$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir=ckI \
+  --set log.dir=rI > rI.log 2>&1 || { cat rI.log; exit 1; }
+manifest() {
+  forge "$1" "$2"
+  refused "manifest $1" "$3" ckpt verify "f$1/step-00000002"
+}
+manifest xxh "t['shards'][0]['xxh64'] = 5" "shard 0's \"xxh64\" is number 5, not a string"
+manifest version "m['version'] = '1'" "\"version\" is string \"1\", not a whole number"
+manifest config "m['config'] = 5" "\"config\" is number 5, not a string"
+manifest shape_text "t['shape'] = 'big'" "\"shape\" is string \"big\", not an array"
+manifest array "m = '[1, 2]'" "the manifest is array \[1,2\], not a JSON object"
+manifest fraction "t['shape'][0] += 0.5; t['shards'][0]['shape'][0] += 0.5" "is number .*\.5, not a whole number"
+manifest step "m['step'] = 1e30" "\"step\" is number 1e+30, not a whole number"
+
+echo "J short range messages"
+refused "eval --threads -5" "takes a whole number from 0 to 4096" eval --from w.safetensors --data text.txt --threads -5
+grep -q 17976931348 "out$n.log" && fail "eval --threads -5: DBL_MAX written out"
+refused "generate --top-k -1" "takes a whole number from 0" generate --from w.safetensors --prompt hi --top-k -1
+refused "data --threads -2" "takes a whole number from 0 to 4096" data --threads -2 text.txt o.bin
+refused "plan layout --top 0" "takes a whole number from 1" plan layout --top 0 --cluster x.toml
 
 [ $fails = 0 ] && echo "hostile inputs: all held" || { echo "$fails failures"; exit 1; }
