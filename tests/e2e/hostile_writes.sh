@@ -14,7 +14,8 @@
 #     leaves such a file where it is; a fresh run into a directory of another run's checkpoints
 #     is refused; an output that exists and is not of the kind loom writes there (export.final,
 #     ckpt export, report --out, loom data's shard) or that is the run's init.from is refused;
-#     ckpt export of a checkpoint missing a tensor of its model is refused.
+#     ckpt export of a checkpoint missing a tensor of its model is refused; a checkpoint pruned
+#     while it was read is said to be, not called damaged.
 #   hostile_writes.sh LOOM
 set -uo pipefail
 loom=$1
@@ -170,5 +171,15 @@ PY
 run ckpt export "$dir/partial" "$dir/partial.safetensors"
 refused "ckpt export of part of a model" "its params/ tensors hold"
 [ ! -e "$dir/partial.safetensors" ] || fail "ckpt export wrote part of a model"
+# A reader racing the run that prunes: with checkpoint.dir's lock held and the manifest gone
+# (pruning removes it first), verify says the checkpoint was removed, not that it is damaged.
+cp -r "$ck6b" "$dir/ck6c"
+rm "$dir/ck6c/step-00000003/manifest.json"
+(exec 9> "$dir/ck6c/.lock" && flock 9 && exec sleep 30) &
+holder=$!
+sleep 0.5
+run ckpt verify "$dir/ck6c/step-00000003"
+kill $holder 2> /dev/null
+refused "verify of a checkpoint pruned while read" "was removed while it was read"
 
 [ $fails = 0 ] && echo "hostile writes: all held" || { echo "$fails failures"; exit 1; }
