@@ -194,7 +194,7 @@ TEST(EmulatedDevice, AHostReadBeforeItsProducerRanIsAnError) {
   loom::cuda::add_f32(acc, x, n, s);
   const cudaError_t e = cudaMemcpy(host.data(), acc, n * 4, cudaMemcpyDeviceToHost);
   EXPECT_EQ(e, cudaErrorInvalidValue);
-  EXPECT_NE(std::string(cudaGetErrorString(e)).find("add_f32"), std::string::npos) << cudaGetErrorString(e);
+  EXPECT_NE(std::string(cudaGetErrorString(e)).find("add_kernel<float>"), std::string::npos) << cudaGetErrorString(e);
   cudaGetLastError();
   EXPECT_EQ(cudaMemcpy(host.data(), x, n * 4, cudaMemcpyDeviceToHost), cudaSuccess) << "x is only read";
   gate.release();

@@ -72,7 +72,9 @@ grep -q "checkpoint.dir 'ck' is in use by another run (pid $holder on " second.l
 kill -0 $holder 2>/dev/null || fail "the holder ended before the second run was refused"
 kill $holder; wait $holder 2>/dev/null
 holder=
-# Free again once the holder is gone (the kernel releases its lock, however it ended).
+# Free again once the holder is gone (the kernel releases its lock, however it ended); the
+# earlier runs' checkpoints go first, as a fresh run into them is refused.
+rm -rf ck/step-*
 timeout 60 "$loom" train "${common[@]}" --set parallel.dp=1 --set checkpoint.every=1 --set checkpoint.dir=ck \
   --set log.dir=third.run > third.log 2>&1 ||
   { fail "checkpoint.dir stayed locked after its job ended"; tail -3 third.log; }
