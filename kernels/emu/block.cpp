@@ -79,7 +79,13 @@ const char* op_name(WarpOp op) {
   return "?";
 }
 
+// The tables are not cleared at a block's start (each operation reads only what its lanes
+// wrote), for the reason ThreadState's slots are not (device.h).
 struct Warp {
+  Warp() {}
+  void start(unsigned lanes) {
+    present = lanes, exited = 0, waiting = 0, mask = 0, op = WarpOp::shuffle, line = 0, cur = 0;
+  }
   unsigned present = 0;  // lanes that exist (a block's last warp may be partial)
   unsigned exited = 0;
   unsigned waiting = 0;  // lanes arrived at the pending operation
@@ -528,14 +534,14 @@ void launch_prepare(Executor& ex, const LaunchConfig& cfg, void (*thread)(void*)
   ex.threads.resize(nthreads);
   for (unsigned z = 0, i = 0; z < bd.z; ++z)
     for (unsigned y = 0; y < bd.y; ++y)
-      for (unsigned x = 0; x < bd.x; ++x, ++i) ex.threads[i] = ThreadState{uint3{x, y, z}, int(i)};
+      for (unsigned x = 0; x < bd.x; ++x, ++i) ex.threads[i].start(uint3{x, y, z}, int(i));
   ex.wait.assign(nthreads, Wait::none);
   ex.fiber_of.assign(nthreads, nullptr);
   ex.ready.assign(nthreads, 0);
-  ex.warps.assign((nthreads + 31) / 32, Warp{});
+  ex.warps.resize((nthreads + 31) / 32);
   for (size_t w = 0; w < ex.warps.size(); ++w) {
     const size_t lanes = std::min<size_t>(32, nthreads - 32 * w);
-    ex.warps[w].present = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+    ex.warps[w].start(lanes == 32 ? 0xffffffffu : (1u << lanes) - 1);
   }
 }
 }  // namespace

@@ -59,11 +59,18 @@ namespace loom::emu {
 // A 16-byte cp.async in flight: done at the cp.async.wait_group that covers its group (src
 // null: zero fill), so shared memory read before that wait holds the old bytes.
 struct CpAsync {
-  void* dst = nullptr;
-  const void* src = nullptr;
-  unsigned group = 0;
+  void* dst;
+  const void* src;
+  unsigned group;
 };
+// Constructed without clearing its slots (only the first cp_async_pending are read): a block
+// of 256 threads would otherwise clear 400 KB at each start, which under ThreadSanitizer (a
+// fresh block state per block) cost most of a launch of idle blocks.
 struct ThreadState {
+  ThreadState() {}
+  void start(uint3 at, int i) {
+    idx = at, linear = i, cp_async_pending = 0, cp_async_committed = 0;
+  }
   uint3 idx;
   int linear = 0;  // x + y * blockDim.x + z * blockDim.x * blockDim.y
   static constexpr int kCpAsyncSlots = 64;
