@@ -90,11 +90,12 @@ extern thread_local BlockState* current_block;
 void syncthreads(int line);
 void syncwarp(unsigned mask, int line);
 // Every lane of `mask` publishes `value`; returns lane `src`'s (an error where src is outside
-// the mask). The value table of a vote: all 32 slots, lanes outside the mask zero.
+// the mask). A vote reads only the mask's lanes of the value table.
 uint64_t warp_shuffle(unsigned mask, uint64_t value, int src, int line);
 unsigned warp_ballot(unsigned mask, bool pred, int line);
 // Every lane of the (full) warp publishes n <= 8 words; returns the table of all lanes' words,
-// lane l's word i at [l * 8 + i], valid until this lane's next warp operation. The exchange
+// lane l's word i < n at [l * 8 + i] (words past n are undefined), valid until this lane's next
+// warp operation. The exchange
 // behind the emulated mma.sync and ldmatrix (kernels/emu/ptx.h).
 const uint64_t* warp_gather(const uint64_t* words, int n, int line);
 
