@@ -95,8 +95,7 @@ uint64_t warp_shuffle(unsigned mask, uint64_t value, int src, int line);
 unsigned warp_ballot(unsigned mask, bool pred, int line);
 // Every lane of the (full) warp publishes n <= 8 words; returns the table of all lanes' words,
 // lane l's word i < n at [l * 8 + i] (words past n are undefined), valid until this lane's next
-// warp operation. The exchange
-// behind the emulated mma.sync and ldmatrix (kernels/emu/ptx.h).
+// warp operation. The exchange behind the emulated mma.sync and ldmatrix (kernels/emu/ptx.h).
 const uint64_t* warp_gather(const uint64_t* words, int n, int line);
 
 template <class T>
