@@ -72,10 +72,9 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
     fail("{}: {}", origin, std::string(e.description()));
   }
   static const char* keys[] = {
-      "name",        "nodes",           "devices_per_node", "physical_devices",    "device",       "dtype",
-      "peak_tflops", "gemm_efficiency", "mem_bw_gbs",       "memory_gb",           "overlap",      "tree",
-      "intra",       "inter",           "attention_tflops", "cp_attention_tflops", "optimizer_gbs",
-      "fitted_on"};
+      "name",        "nodes",           "devices_per_node", "physical_devices",    "device",        "dtype",
+      "peak_tflops", "gemm_efficiency", "mem_bw_gbs",       "memory_gb",           "overlap",       "tree",
+      "intra",       "inter",           "attention_tflops", "cp_attention_tflops", "optimizer_gbs", "fitted_on"};
   for (auto&& [k, v] : t) {
     const std::string key(k.str());
     LOOM_CHECK(std::any_of(std::begin(keys), std::end(keys), [&](const char* s) { return key == s; }),
@@ -138,19 +137,16 @@ ClusterRates cluster_rates(const Cluster& c) {
   ClusterRates r;
   r.matmul = c.peak_flops * c.gemm_efficiency;
   r.attention = c.attention_flops > 0 ? c.attention_flops : r.matmul;
-  // loom's context-parallel block attention runs row-wise on CUDA cores on a GPU (about 3
-  // TFLOP/s measured on an H200): without a measured rate, that, not the tensor cores'.
-  r.cp_attention = c.cp_attention_flops > 0 ? c.cp_attention_flops : c.device == "cuda" ? 3e12 : r.attention;
+  // Context parallel's block attention runs on the same flash tiles as the whole sequence's:
+  // without a rate of its own, the attention rate.
+  r.cp_attention = c.cp_attention_flops > 0 ? c.cp_attention_flops : r.attention;
   r.elementwise = c.mem_bw;
   r.optimizer = c.optimizer_bw > 0 ? c.optimizer_bw : c.mem_bw;
   r.describe = fmt::format(
       "rates assumed: matmuls {:.4g} TFLOP/s (peak_tflops x gemm_efficiency); attention {:.4g} TFLOP/s ({}); "
       "cp attention {:.4g} TFLOP/s ({}); element-wise {:.4g} GB/s (mem_bw_gbs); optimizer {:.4g} GB/s ({})",
       r.matmul / 1e12, r.attention / 1e12, c.attention_flops > 0 ? "attention_tflops" : "the matmuls' rate",
-      r.cp_attention / 1e12,
-      c.cp_attention_flops > 0 ? "cp_attention_tflops"
-      : c.device == "cuda"     ? "CUDA cores, assumed: no cp_attention_tflops"
-                               : "the attention rate",
+      r.cp_attention / 1e12, c.cp_attention_flops > 0 ? "cp_attention_tflops" : "the attention rate",
       r.elementwise / 1e9, r.optimizer / 1e9, c.optimizer_bw > 0 ? "optimizer_gbs" : "mem_bw_gbs");
   return r;
 }

@@ -2,9 +2,12 @@
 // and fused into its epilogue, a MoE layer's experts batched against one GEMM each, and causal
 // attention forward and backward at three reference shapes and the config's, the flash
 // kernels next to the WMMA and row-wise ones (ratios in one run are the numbers to trust on a
-// shared machine), and the memory-bound kernels of a step against the device copy rate. CUDA events
-// time each one.
+// shared machine) and their document-masked and context-parallel variants, and the memory-bound kernels of a step
+// against the device copy rate. CUDA events time each one.
 #include <fmt/core.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "runtime/error.h"
 #include "train/bench.h"
@@ -14,6 +17,7 @@
 
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "model/context_parallel.h"
 #include "model/flops.h"
 #include "model/layout.h"
 #include "runtime/comm/nccl_group.h"
@@ -49,6 +53,80 @@ X* device_zeros(size_t n) {
   LOOM_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(X)));
   LOOM_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(X)));
   return p;
+}
+
+// The masked variants of causal attention at one shape, on the same tensor-core tiles, against
+// the unmasked kernels' times (flash_f, flash_b): document masks (data.doc_mask, documents of
+// T/4 tokens) and context parallel at cp 2 (both ranks' blocks run here one after the other:
+// the same pairs of the sequence, split as cp_positions splits them). Rates count the pairs a
+// mask leaves visible, so "x unmasked" is the masked kernels' rate over the unmasked ones'.
+void bench_masked_attention(int B, int T, int H, int KV, int D, double flash_f, double flash_b, cudaStream_t s) {
+  using cuda::bf16;
+  const std::string shape = fmt::format("B{} T{} H{} KV{} D{}", B, T, H, KV, D);
+  const double causal_f = 2.0 * B * H * double(T) * T * D;
+  auto line = [&](const char* what, double ms, double flops, double base_ms, double base_flops) {
+    fmt::print("{:<34} {:>10.3f} {:>10.1f}   {:.2f}x unmasked\n", fmt::format("attention {} {}", what, shape), ms,
+               flops / ms / 1e9, (flops / ms) / (base_flops / base_ms));
+  };
+  const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D, ns = size_t(B) * H * T;
+  bf16 *qkv = device_zeros<bf16>(nq), *out = device_zeros<bf16>(no), *dout = device_zeros<bf16>(no),
+       *dqkv = device_zeros<bf16>(nq);
+  float *lse = device_zeros<float>(ns), *scratch = device_zeros<float>(ns);
+  {  // document masks: pos[b, t] = t - (its document's start)
+    const int L = std::max(1, T / 4);
+    std::vector<int32_t> host(size_t(B) * T);
+    double pairs = 0;
+    for (int t = 0; t < T; ++t) host[size_t(t)] = t % L, pairs += t % L + 1;
+    for (int b = 1; b < B; ++b) std::copy(host.begin(), host.begin() + T, host.begin() + size_t(b) * T);
+    int32_t* pos = device_zeros<int32_t>(host.size());
+    LOOM_CUDA_CHECK(cudaMemcpy(pos, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    const double f = time_ms(s, 5, [&] { cuda::attention_forward(out, lse, qkv, B, T, H, KV, D, pos, s); });
+    const double bw =
+        time_ms(s, 5, [&] { cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, pos, s); });
+    const double visible = causal_f * pairs / (double(T) * T / 2);
+    line("fwd doc mask", f, visible, flash_f, causal_f);
+    line("bwd doc mask", bw, 2.5 * visible, flash_b, 2.5 * causal_f);
+    cudaFree(pos);
+  }
+  if (T % 4 == 0) {  // context parallel at cp 2
+    const int cp = 2, Tl = T / cp;
+    const size_t nol = size_t(B) * Tl * H * D;
+    const size_t nkv = size_t(B) * Tl * 2 * KV * D, nsl = size_t(B) * H * Tl;
+    std::vector<int32_t> table;
+    for (int r = 0; r < cp; ++r) {
+      const auto p = cp_positions(T, cp, r);
+      table.insert(table.end(), p.begin(), p.end());
+    }
+    int32_t* pos = device_zeros<int32_t>(table.size());
+    LOOM_CUDA_CHECK(cudaMemcpy(pos, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    bf16* kv = device_zeros<bf16>(cp * nkv);
+    float *acc = device_zeros<float>(nol), *ml = device_zeros<float>(2 * nsl), *dkv = device_zeros<float>(cp * nkv);
+    for (int r = 0; r < cp; ++r)  // rank r's qkv is qkv's first rows: the values do not matter here
+      cuda::attention_kv_extract(kv + r * nkv, qkv, B, Tl, H, KV, D, s);
+    const double f = time_ms(s, 5, [&] {
+      for (int r = 0; r < cp; ++r) {
+        for (int j = 0; j < cp; ++j) {
+          const int src = (r + cp - j) % cp;  // the ring's order, own block first
+          cuda::attention_block_forward(acc, ml, qkv, kv + src * nkv, pos + r * Tl, pos + src * Tl, B, Tl, Tl, H, KV, D,
+                                        j == 0, s);
+        }
+        cuda::attention_block_finish(out, lse, acc, ml, B, Tl, H, D, s);
+      }
+    });
+    const double bw = time_ms(s, 5, [&] {
+      for (int r = 0; r < cp; ++r) {
+        cuda::attention_block_delta(scratch, dout, out, B, Tl, H, D, s);
+        for (int src = 0; src < cp; ++src)
+          cuda::attention_block_backward(acc, dkv + src * nkv, dout, qkv, kv + src * nkv, lse, scratch, pos + r * Tl,
+                                         pos + src * Tl, B, Tl, Tl, H, KV, D, s);
+        cuda::attention_block_grads_store(dqkv, acc, dkv + r * nkv, B, Tl, H, KV, D, s);
+      }
+    });
+    line("fwd cp 2 blocks", f, causal_f, flash_f, causal_f);
+    line("bwd cp 2 blocks", bw, 2.5 * causal_f, flash_b, 2.5 * causal_f);
+    for (void* p : {(void*)pos, (void*)kv, (void*)acc, (void*)ml, (void*)dkv}) cudaFree(p);
+  }
+  for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
 }
 
 // Causal attention forward and backward at one shape, TFLOP/s with the causal half of the
@@ -88,6 +166,7 @@ void bench_attention(int B, int T, int H, int KV, int D, bool rowwise, cudaStrea
                  bw / flash_b);
   }
   fmt::print("attention loom {}: fwd {:.1f} bwd {:.1f} TFLOP/s\n", shape, fwd / flash_f / 1e9, bwd / flash_b / 1e9);
+  bench_masked_attention(B, T, H, KV, D, flash_f, flash_b, s);
   for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
 }
 

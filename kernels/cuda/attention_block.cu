@@ -1,20 +1,358 @@
-// Context parallel's attention over blocks of keys (model/context_parallel.h), on CUDA
-// cores: the row-wise pattern of attention.cu (a warp per query row forward and for dQ, a warp
-// per key row for dK and dV, lanes holding D/32 of the head dim), with the causal mask given by
-// global positions, kpos[u] <= qpos[t], instead of indices. Forward merges each block into a
-// running output and (max, sum) by the online softmax; backward recomputes P from the saved
-// log-sum-exp and adds into fp32 gradients, each row written by one warp: no atomics, the same
-// bits on every run. Blocks that a query row cannot see cost one position test per key.
-#include "kernels/cuda/attention_rows.cuh"
+// Context parallel's attention over blocks of keys (model/context_parallel.h) on tensor
+// cores: the flash kernels' tiles (kernels/cuda/flash_tiles.cuh) with the causal mask given
+// by global positions, kpos[u] <= qpos[t], instead of indices. Forward: a CTA per tile of query
+// rows takes the running output, max and sum of earlier blocks (fp32, unnormalized) into its
+// registers, walks the block's key tiles with the online softmax and writes them back;
+// finish divides. Backward recomputes P from the saved log-sum-exp: dQ (a CTA per query tile
+// walking the block's key tiles) and dK/dV (a CTA per key tile walking every query tile of
+// every head in its group, in order) add into fp32 gradients, each element by one thread: no
+// atomics, the same bits on every run. A warp skips a tile none of whose keys its rows see
+// (positions need not be sorted: the test is on the tile's least key and the warp's last row).
+#include <cstdint>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_tiles.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
 namespace loom::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
+using namespace flash;
+
 constexpr int kThreads = 256;
+constexpr int kWarps = 4;          // the finish kernel: a warp per row
+constexpr int kNoKey = INT32_MAX;  // past the block's last key: seen by no query
+constexpr int kNoRow = INT32_MIN;  // past the last query row: sees no key
+
+__device__ __forceinline__ int warp_min_int(int v) {
+  for (int o = 16; o > 0; o >>= 1) v = imin(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ int warp_max_int(int v) {
+  for (int o = 16; o > 0; o >>= 1) v = imax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Keys [k0, k0 + R) of a block: K and V rows by cp.async, their positions by plain stores
+// (read after the __syncthreads that follows the wait).
+template <int D, int R, int Threads>
+__device__ __forceinline__ void keys_async(bf16* ks, bf16* vs, int* kp, const bf16* kbase, const bf16* vbase,
+                                           int64_t stride, const int32_t* kpos, int k0, int Tk) {
+  tile_async<D, R, Threads>(ks, kbase, stride, k0, Tk);
+  tile_async<D, R, Threads>(vs, vbase, stride, k0, Tk);
+  for (int i = threadIdx.x; i < R; i += Threads) kp[i] = k0 + i < Tk ? kpos[k0 + i] : kNoKey;
+}
+
+// The least and greatest of a tile's kKeys positions, in every lane.
+__device__ __forceinline__ void tile_span(const int* kp, int& lo, int& hi) {
+  const int lane = threadIdx.x % 32;
+  lo = warp_min_int(imin(kp[lane], kp[lane + 32]));
+  hi = warp_max_int(imax(kp[lane], kp[lane + 32]));
+}
+
+// A warp's 16 fp32 accumulator rows (row r0 + g and r0 + g + 8, columns 8n + 2t) added into,
+// or loaded from, a row-major fp32 matrix; rows at or past T are left alone.
+template <int D>
+__device__ __forceinline__ void rows_add(float* dst, int64_t stride, int r0, int T, const float (&acc)[D / 8][4],
+                                         float scale) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + g + 8 * half;
+    if (r >= T) continue;
+    float* row = dst + int64_t(r) * stride + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      row[8 * n] += acc[n][2 * half] * scale, row[8 * n + 1] += acc[n][2 * half + 1] * scale;
+  }
+}
+
+template <int D>
+struct BlockFwd {
+  static constexpr int kWarps = Plan<D>::kFwdWarps;
+  using Tiles = FwdShape<D, kWarps>;
+  static constexpr size_t kSmem = Tiles::kSmem + 2 * kKeys * sizeof(int);  // + key positions [2]
+};
+
+template <int D>
+__global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPerSm)
+    block_forward_flash_kernel(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
+                               const int32_t* kpos, int Tq, int Tk, int H, int KV, float scale, bool first) {
+  using S = typename BlockFwd<D>::Tiles;
+  constexpr int LD = row_ld<D>(), BR = S::kRows, NT = S::kThreads;
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* ks = qs + BR * LD;  // [2][kKeys][LD]
+  bf16* vs = ks + 2 * kKeys * LD;
+  int* kps = reinterpret_cast<int*>(vs + 2 * kKeys * LD);  // [2][kKeys]
+  const int h = blockIdx.x % H, bi = blockIdx.x / H, q0 = blockIdx.y * BR;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row = (H + 2 * KV) * D, kvw = 2 * KV * D, kvh = h / (H / KV);
+  const bf16* kbase = kv + int64_t(bi) * Tk * kvw + kvh * D;
+  const bf16* vbase = kbase + KV * D;
+  const float sl2 = scale * kLog2e;
+  const int tiles = (Tk + kKeys - 1) / kKeys;
+  tile_async<D, BR, NT>(qs, qkv + int64_t(bi) * Tq * row + h * D, row, q0, Tq);
+  keys_async<D, kKeys, NT>(ks, vs, kps, kbase, vbase, kvw, kpos, 0, Tk);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int wq = q0 + 16 * w, r0 = wq + g, r1 = wq + g + 8;
+  const int p0 = r0 < Tq ? qpos[r0] : kNoRow, p1 = r1 < Tq ? qpos[r1] : kNoRow;
+  const int last = warp_max_int(imax(p0, p1)), least = warp_min_int(imin(p0, p1));
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qs + 16 * w * LD, kk);
+  // The running state: output and sum unnormalized, the max raw (unscaled), the sum in the
+  // quad's first lane (the others add their parts to zero).
+  float* arows = acc + int64_t(bi) * Tq * H * D + h * D;
+  float* stats = ml + (int64_t(bi) * H + h) * Tq * 2;
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[n][i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  if (!first) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = half ? r1 : r0;
+      if (r >= Tq) continue;
+      const float* ar = arows + int64_t(r) * H * D + 2 * t;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) o[n][2 * half] = ar[8 * n], o[n][2 * half + 1] = ar[8 * n + 1];
+      m[half] = stats[2 * r] / scale;
+      l[half] = t == 0 ? stats[2 * r + 1] : 0.0f;
+    }
+  }
+
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int buf = kt % 2;
+    if (kt + 1 < tiles) {
+      const int nb = buf ^ 1;
+      keys_async<D, kKeys, NT>(ks + nb * kKeys * LD, vs + nb * kKeys * LD, kps + nb * kKeys, kbase, vbase, kvw, kpos,
+                               (kt + 1) * kKeys, Tk);
+    }
+    cp_async_commit();
+    const int* kp = kps + buf * kKeys;
+    int lo, hi;
+    tile_span(kp, lo, hi);
+    if (lo <= last) {
+      float s[kKeys / 8][4];
+      gemm_abt<D, kKeys>(s, a_fragments<D, true>(qf, nullptr), ks + buf * kKeys * LD);
+      if (hi > least) {  // some key here is hidden from some row of the warp
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (kp[8 * n + 2 * t + i % 2] > (i < 2 ? p0 : p1)) s[n][i] = -INFINITY;
+      }
+      softmax_online<D, kKeys>(s, m, l, o, sl2);
+      gemm_pb<D, kKeys>(o, s, vs + buf * kKeys * LD);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the next tile has landed; every warp is done with this one
+  }
+  quad_sum(l);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = half ? r1 : r0;
+    if (r >= Tq) continue;
+    float* ar = arows + int64_t(r) * H * D + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) ar[8 * n] = o[n][2 * half], ar[8 * n + 1] = o[n][2 * half + 1];
+    if (t == 0) stats[2 * r] = m[half] * scale, stats[2 * r + 1] = l[half];
+  }
+}
+
+// dQ: a CTA of 4 warps per 64 query rows walking the block's key tiles; Q and dO fragments
+// in registers where they fit (Plan::kARegs), as in the flash dQ kernel.
+template <int D>
+struct BlockDq {
+  static constexpr size_t kSmem = size_t(2 * 64 + 4 * kKeys) * row_ld<D>() * 2 + 2 * kKeys * sizeof(int);
+};
+
+template <int D>
+__global__ void __launch_bounds__(128)
+    block_dq_flash_kernel(float* dq, const bf16* dout, const bf16* qkv, const bf16* kv, const float* lse,
+                          const float* delta, const int32_t* qpos, const int32_t* kpos, int Tq, int Tk, int H, int KV,
+                          float scale) {
+  constexpr bool ARegs = Plan<D>::kARegs;
+  constexpr int LD = row_ld<D>(), BR = 64, NT = 128;
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* dos = qs + BR * LD;
+  bf16* ks = dos + BR * LD;  // [2][kKeys][LD]
+  bf16* vs = ks + 2 * kKeys * LD;
+  int* kps = reinterpret_cast<int*>(vs + 2 * kKeys * LD);  // [2][kKeys]
+  const int h = blockIdx.x % H, bi = blockIdx.x / H, q0 = blockIdx.y * BR;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row = (H + 2 * KV) * D, kvw = 2 * KV * D, kvh = h / (H / KV);
+  const bf16* kbase = kv + int64_t(bi) * Tk * kvw + kvh * D;
+  const bf16* vbase = kbase + KV * D;
+  const float sl2 = scale * kLog2e;
+  const int tiles = (Tk + kKeys - 1) / kKeys;
+  tile_async<D, BR, NT>(qs, qkv + int64_t(bi) * Tq * row + h * D, row, q0, Tq);
+  tile_async<D, BR, NT>(dos, dout + int64_t(bi) * Tq * H * D + h * D, int64_t(H) * D, q0, Tq);
+  keys_async<D, kKeys, NT>(ks, vs, kps, kbase, vbase, kvw, kpos, 0, Tk);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int wq = q0 + 16 * w, r0 = wq + g, r1 = wq + g + 8;
+  const int p0 = r0 < Tq ? qpos[r0] : kNoRow, p1 = r1 < Tq ? qpos[r1] : kNoRow;
+  const int last = warp_max_int(imax(p0, p1));
+  const int64_t stat0 = (int64_t(bi) * H + h) * Tq;
+  const float l0 = r0 < Tq ? lse[stat0 + r0] * kLog2e : 0.0f, l1 = r1 < Tq ? lse[stat0 + r1] * kLog2e : 0.0f;
+  const float d0 = r0 < Tq ? delta[stat0 + r0] : 0.0f, d1 = r1 < Tq ? delta[stat0 + r1] : 0.0f;
+  const bf16* qw = qs + 16 * w * LD;
+  const bf16* dow = dos + 16 * w * LD;
+  uint32_t qf[ARegs ? D / 16 : 1][4], dof[ARegs ? D / 16 : 1][4];
+  if constexpr (ARegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qw, kk), load_a<D>(dof[kk], dow, kk);
+  }
+  float dqa[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dqa[n][i] = 0.0f;
+
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int buf = kt % 2;
+    if (kt + 1 < tiles) {
+      const int nb = buf ^ 1;
+      keys_async<D, kKeys, NT>(ks + nb * kKeys * LD, vs + nb * kKeys * LD, kps + nb * kKeys, kbase, vbase, kvw, kpos,
+                               (kt + 1) * kKeys, Tk);
+    }
+    cp_async_commit();
+    const bf16* kt_s = ks + buf * kKeys * LD;
+    const int* kp = kps + buf * kKeys;
+    int lo, hi;
+    tile_span(kp, lo, hi);
+    if (lo <= last) {
+      float sc[kKeys / 8][4], dp[kKeys / 8][4];
+      gemm_abt<D, kKeys>(sc, a_fragments<D, ARegs>(qf, qw), kt_s);
+      gemm_abt<D, kKeys>(dp, a_fragments<D, ARegs>(dof, dow), vs + buf * kKeys * LD);
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bool seen = kp[8 * n + 2 * t + i % 2] <= (i < 2 ? p0 : p1);
+          const float p = seen ? exp2_approx(sc[n][i] * sl2 - (i < 2 ? l0 : l1)) : 0.0f;
+          sc[n][i] = p * (dp[n][i] - (i < 2 ? d0 : d1));  // dS
+        }
+      gemm_pb<D, kKeys>(dqa, sc, kt_s);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  rows_add<D>(dq + int64_t(bi) * Tq * H * D + h * D, int64_t(H) * D, wq, Tq, dqa, scale);
+}
+
+// dK and dV: a CTA of 4 warps per 64 keys of one kv head, a warp per 16 keys with dK and dV in
+// registers, walking the query tiles (BQ rows) of every query head of the group in order; Q,
+// dO and the tiles' lse, delta and positions double-buffered.
+template <int D>
+struct BlockDkv {
+  static constexpr int kBq = Plan<D>::kBq;
+  static constexpr size_t kSmem = size_t(2 * 64 + 4 * kBq) * row_ld<D>() * 2 + size_t(2 * 3 * kBq) * 4;
+};
+
+template <int D>
+__global__ void __launch_bounds__(128)
+    block_dkv_flash_kernel(float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv, const float* lse,
+                           const float* delta, const int32_t* qpos, const int32_t* kpos, int Tq, int Tk, int H, int KV,
+                           float scale) {
+  constexpr bool ARegs = Plan<D>::kARegs;
+  constexpr int BQ = Plan<D>::kBq, LD = row_ld<D>(), BK = 64, NT = 128;
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
+  bf16* ks = reinterpret_cast<bf16*>(smem);
+  bf16* vs = ks + BK * LD;
+  bf16* qs = vs + BK * LD;  // [2][BQ][LD]
+  bf16* dos = qs + 2 * BQ * LD;
+  float* lse_s = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ], times log2 e
+  float* delta_s = lse_s + 2 * BQ;
+  int* qpos_s = reinterpret_cast<int*>(delta_s + 2 * BQ);
+  const int kvh = blockIdx.x % KV, bi = blockIdx.x / KV, k0 = blockIdx.y * BK;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row = (H + 2 * KV) * D, kvw = 2 * KV * D, group = H / KV;
+  const bf16* qbase = qkv + int64_t(bi) * Tq * row;
+  const bf16* kbase = kv + int64_t(bi) * Tk * kvw + kvh * D;
+  const float sl2 = scale * kLog2e;
+  const int per_head = (Tq + BQ - 1) / BQ, steps = group * per_head;
+  auto load = [&](int step, int buf) {
+    const int h = kvh * group + step / per_head, q0 = (step % per_head) * BQ;
+    tile_async<D, BQ, NT>(qs + buf * BQ * LD, qbase + h * D, row, q0, Tq);
+    tile_async<D, BQ, NT>(dos + buf * BQ * LD, dout + int64_t(bi) * Tq * H * D + h * D, int64_t(H) * D, q0, Tq);
+    const int64_t stat0 = (int64_t(bi) * H + h) * Tq;
+    for (int i = threadIdx.x; i < BQ; i += NT) {
+      const bool ok = q0 + i < Tq;
+      lse_s[buf * BQ + i] = ok ? lse[stat0 + q0 + i] * kLog2e : 0.0f;
+      delta_s[buf * BQ + i] = ok ? delta[stat0 + q0 + i] : 0.0f;
+      qpos_s[buf * BQ + i] = ok ? qpos[q0 + i] : kNoRow;
+    }
+  };
+  tile_async<D, BK, NT>(ks, kbase, kvw, k0, Tk);
+  tile_async<D, BK, NT>(vs, kbase + KV * D, kvw, k0, Tk);
+  load(0, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int wk = k0 + 16 * w, key0 = wk + g, key1 = wk + g + 8;
+  const int kp0 = key0 < Tk ? kpos[key0] : kNoKey, kp1 = key1 < Tk ? kpos[key1] : kNoKey;
+  const int least = warp_min_int(imin(kp0, kp1));
+  const bf16* kw = ks + 16 * w * LD;
+  const bf16* vw = vs + 16 * w * LD;
+  uint32_t kf[ARegs ? D / 16 : 1][4], vf[ARegs ? D / 16 : 1][4];
+  if constexpr (ARegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a<D>(kf[kk], kw, kk), load_a<D>(vf[kk], vw, kk);
+  }
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[n][i] = dv[n][i] = 0.0f;
+
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step % 2;
+    if (step + 1 < steps) load(step + 1, buf ^ 1);
+    cp_async_commit();
+    const bf16* qt_s = qs + buf * BQ * LD;
+    const bf16* dot_s = dos + buf * BQ * LD;
+    const float* ls = lse_s + buf * BQ;
+    const float* ds = delta_s + buf * BQ;
+    const int* qp = qpos_s + buf * BQ;
+    int last = kNoRow;
+    for (int i = lane; i < BQ; i += 32) last = imax(last, qp[i]);
+    last = warp_max_int(last);
+    if (last >= least) {                    // some query of the tile sees some key of the warp
+      float st[BQ / 8][4], dpt[BQ / 8][4];  // S^T and dP^T: the warp's keys x the tile's queries
+      gemm_abt<D, BQ>(st, a_fragments<D, ARegs>(kf, kw), qt_s);
+      gemm_abt<D, BQ>(dpt, a_fragments<D, ARegs>(vf, vw), dot_s);
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = 8 * n + 2 * t + i % 2;
+          const float p = (i < 2 ? kp0 : kp1) <= qp[c] ? exp2_approx(st[n][i] * sl2 - ls[c]) : 0.0f;
+          st[n][i] = p;
+          dpt[n][i] = p * (dpt[n][i] - ds[c]);  // dS^T
+        }
+      gemm_pb<D, BQ>(dv, st, dot_s);
+      gemm_pb<D, BQ>(dk, dpt, qt_s);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  float* drows = dkv + int64_t(bi) * Tk * kvw;
+  rows_add<D>(drows + kvh * D, kvw, wk, Tk, dk, scale);
+  rows_add<D>(drows + (KV + kvh) * D, kvw, wk, Tk, dv, 1.0f);
+}
 
 __global__ void kv_extract_kernel(bf16* kv, const bf16* qkv, int H, int KV, int D, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -22,31 +360,6 @@ __global__ void kv_extract_kernel(bf16* kv, const bf16* qkv, int H, int KV, int 
   const int kvw = 2 * KV * D;
   const int64_t r = i / kvw;
   kv[i] = qkv[r * (H + 2 * KV) * D + H * D + i % kvw];
-}
-
-template <int D>
-__global__ void block_forward_kernel(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
-                                     const int32_t* kpos, int Tq, int Tk, int H, int KV, float scale, bool first) {
-  constexpr int E = D / 32;
-  const int t = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
-  if (t >= Tq) return;
-  const int kvw = 2 * KV * D, kvh = h / (H / KV), qp = qpos[t];
-  const bf16* q = qkv + (int64_t(bi) * Tq + t) * (H + 2 * KV) * D + h * D;
-  const bf16* blk = kv + int64_t(bi) * Tk * kvw;
-  float* a = acc + (int64_t(bi) * Tq + t) * H * D + h * D;
-  float* st = ml + ((int64_t(bi) * H + h) * Tq + t) * 2;
-  float qv[E], o[E];
-  for (int e = 0; e < E; ++e) qv[e] = f(q[lane + 32 * e]) * scale, o[e] = first ? 0.0f : a[lane + 32 * e];
-  float m = first ? -INFINITY : st[0], l = first ? 0.0f : st[1];
-  for (int u = 0; u < Tk; ++u) {
-    if (kpos[u] > qp) continue;
-    const bf16* k = blk + int64_t(u) * kvw + kvh * D;
-    row_merge_key<E>(qv, k, k + KV * D, lane, m, l, o);
-  }
-  for (int e = 0; e < E; ++e) a[lane + 32 * e] = o[e];
-  // Every lane read st above; with no visible key no shuffle has ordered those reads yet.
-  __syncwarp();
-  if (lane == 0) st[0] = m, st[1] = l;
 }
 
 template <int D>
@@ -58,57 +371,6 @@ __global__ void block_finish_kernel(bf16* out, float* lse, const float* acc, con
   const float m = ml[stat * 2], l = ml[stat * 2 + 1];
   for (int e = 0; e < E; ++e) out[at + lane + 32 * e] = b(acc[at + lane + 32 * e] / l);
   if (lane == 0) lse[stat] = m + logf(l);
-}
-
-template <int D>
-__global__ void block_dq_kernel(float* dq, const bf16* dout, const bf16* qkv, const bf16* kv, const float* lse,
-                                const float* delta, const int32_t* qpos, const int32_t* kpos, int Tq, int Tk, int H,
-                                int KV, float scale) {
-  constexpr int E = D / 32;
-  const int t = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
-  if (t >= Tq) return;
-  const int kvw = 2 * KV * D, kvh = h / (H / KV), qp = qpos[t];
-  const bf16* q = qkv + (int64_t(bi) * Tq + t) * (H + 2 * KV) * D + h * D;
-  const bf16* dy = dout + (int64_t(bi) * Tq + t) * H * D + h * D;
-  const bf16* blk = kv + int64_t(bi) * Tk * kvw;
-  const int64_t stat = (int64_t(bi) * H + h) * Tq + t;
-  const float L = lse[stat], dl = delta[stat];
-  float qv[E], g[E], d[E];
-  for (int e = 0; e < E; ++e) qv[e] = f(q[lane + 32 * e]) * scale, g[e] = f(dy[lane + 32 * e]), d[e] = 0.0f;
-  for (int u = 0; u < Tk; ++u) {
-    if (kpos[u] > qp) continue;
-    const bf16* k = blk + int64_t(u) * kvw + kvh * D;
-    row_dq_key<E>(qv, g, k, k + KV * D, L, dl, lane, d);
-  }
-  float* out = dq + (int64_t(bi) * Tq + t) * H * D + h * D;
-  for (int e = 0; e < E; ++e) out[lane + 32 * e] += d[e] * scale;
-}
-
-template <int D>
-__global__ void block_dkv_kernel(float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv, const float* lse,
-                                 const float* delta, const int32_t* qpos, const int32_t* kpos, int Tq, int Tk, int H,
-                                 int KV, float scale) {
-  constexpr int E = D / 32;
-  const int u = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, kvh = blockIdx.y, bi = blockIdx.z;
-  if (u >= Tk) return;
-  const int kvw = 2 * KV * D, row = (H + 2 * KV) * D, group = H / KV, kp = kpos[u];
-  const bf16* k = kv + (int64_t(bi) * Tk + u) * kvw + kvh * D;
-  const bf16* v = k + KV * D;
-  float kr[E], vr[E], dk[E], dv[E];
-  for (int e = 0; e < E; ++e) kr[e] = f(k[lane + 32 * e]), vr[e] = f(v[lane + 32 * e]), dk[e] = dv[e] = 0.0f;
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h)
-    for (int t = 0; t < Tq; ++t) {
-      if (qpos[t] < kp) continue;
-      const bf16* q = qkv + (int64_t(bi) * Tq + t) * row + h * D;
-      const bf16* dy = dout + (int64_t(bi) * Tq + t) * H * D + h * D;
-      const int64_t stat = (int64_t(bi) * H + h) * Tq + t;
-      row_dkv_query<E>(q, dy, kr, vr, lse[stat], delta[stat], scale, lane, dk, dv);
-    }
-  float* out = dkv + (int64_t(bi) * Tk + u) * kvw;
-  for (int e = 0; e < E; ++e) {
-    out[kvh * D + lane + 32 * e] += dk[e] * scale;
-    out[(KV + kvh) * D + lane + 32 * e] += dv[e];
-  }
 }
 
 __global__ void grads_store_kernel(bf16* dqkv, const float* dq, const float* dkv, int H, int KV, int D, int64_t n) {
@@ -127,7 +389,12 @@ void check_dims(int H, int KV, int D) {
 template <int D>
 void forward_d(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos, const int32_t* kpos, int B,
                int Tq, int Tk, int H, int KV, bool first, cudaStream_t s) {
-  LOOM_LAUNCH(block_forward_kernel<D>, dim3(blocks_for(Tq, kWarps), H, B), 32 * kWarps, 0, s)
+  using F = BlockFwd<D>;
+  aligned16_check(qkv, "cp block attention", "qkv");
+  aligned16_check(kv, "cp block attention", "kv");
+  smem_allow(block_forward_flash_kernel<D>, F::kSmem);
+  const dim3 grid(blocks_for(int64_t(B) * H, 1), blocks_for(Tq, F::Tiles::kRows));
+  LOOM_LAUNCH(block_forward_flash_kernel<D>, grid, F::Tiles::kThreads, F::kSmem, s)
   (acc, ml, qkv, kv, qpos, kpos, Tq, Tk, H, KV, 1.0f / sqrtf(float(D)), first);
   LOOM_CUDA_LAUNCHED();
 }
@@ -143,10 +410,17 @@ void backward_d(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const 
                 const float* delta, const int32_t* qpos, const int32_t* kpos, int B, int Tq, int Tk, int H, int KV,
                 cudaStream_t s) {
   const float scale = 1.0f / sqrtf(float(D));
-  LOOM_LAUNCH(block_dq_kernel<D>, dim3(blocks_for(Tq, kWarps), H, B), 32 * kWarps, 0, s)
+  aligned16_check(qkv, "cp block attention", "qkv");
+  aligned16_check(kv, "cp block attention", "kv");
+  aligned16_check(dout, "cp block attention", "dout");
+  smem_allow(block_dq_flash_kernel<D>, BlockDq<D>::kSmem);
+  smem_allow(block_dkv_flash_kernel<D>, BlockDkv<D>::kSmem);
+  LOOM_LAUNCH(block_dq_flash_kernel<D>, dim3(blocks_for(int64_t(B) * H, 1), blocks_for(Tq, 64)), 128, BlockDq<D>::kSmem,
+              s)
   (dq, dout, qkv, kv, lse, delta, qpos, kpos, Tq, Tk, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
-  LOOM_LAUNCH(block_dkv_kernel<D>, dim3(blocks_for(Tk, kWarps), KV, B), 32 * kWarps, 0, s)
+  LOOM_LAUNCH(block_dkv_flash_kernel<D>, dim3(blocks_for(int64_t(B) * KV, 1), blocks_for(Tk, 64)), 128,
+              BlockDkv<D>::kSmem, s)
   (dkv, dout, qkv, kv, lse, delta, qpos, kpos, Tq, Tk, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
 }

@@ -171,8 +171,9 @@ void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, c
 //          attention_block_delta (attention.cu's delta kernel)
 // Context parallel's attention over blocks of keys, the CPU's attention_block_* of
 // kernels/ops.h with the same shapes and semantics: key u of a block is visible to query t
-// where kpos[u] <= qpos[t]; qpos [Tq] and kpos [Tk] in device memory. Row-wise kernels (CUDA
-// cores), D = 32, 64 or 128; no scratch.
+// where kpos[u] <= qpos[t]; qpos [Tq] and kpos [Tk] in device memory. The flash kernels'
+// tiles on tensor cores (mma.sync), D = 32, 64 or 128; qkv, kv and dout 16-byte aligned; no
+// scratch.
 void attention_kv_extract(bf16* kv, const bf16* qkv, int B, int T, int H, int KV, int D, cudaStream_t s);
 void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
                              const int32_t* kpos, int B, int Tq, int Tk, int H, int KV, int D, bool first,

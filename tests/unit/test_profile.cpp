@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "train/bench.h"
 #include "plan/step_model.h"
-#include "train/trainer.h"
 #include "runtime/cuda_api.h"
+#include "train/bench.h"
+#include "train/trainer.h"
 
 namespace loom {
 namespace {
@@ -146,14 +146,17 @@ TEST(Profile, FittedClusterPredictsTheMeasuredTerms) {
   EXPECT_NE(cluster_rates(fit).describe.find("attention_tflops"), std::string::npos);
 }
 
-// Context parallel on CUDA is priced at the CUDA cores' rate unless the file measured one.
-TEST(Profile, CpAttentionOnCudaAssumesCudaCoresWithoutAMeasuredRate) {
+// Context parallel's attention is priced at the attention rate (the same flash tiles) unless
+// the file measured one of its own.
+TEST(Profile, CpAttentionTakesTheAttentionRateWithoutAMeasuredRate) {
   const std::string head =
       "name = \"g\"\nnodes = 1\ndevices_per_node = 8\ndevice = \"cuda\"\npeak_tflops = 989\n"
       "gemm_efficiency = 0.7\nmem_bw_gbs = 3000\n[intra]\nalpha_us = 1\nbw_gbs = 300\n";
   const ClusterRates assumed = cluster_rates(cluster_parse(head, "g"));
-  EXPECT_DOUBLE_EQ(assumed.cp_attention, 3e12);
-  EXPECT_NE(assumed.describe.find("CUDA cores, assumed"), std::string::npos);
+  EXPECT_DOUBLE_EQ(assumed.cp_attention, 989e12 * 0.7);  // no attention_tflops either: the matmuls'
+  EXPECT_NE(assumed.describe.find("cp attention 692.3 TFLOP/s (the attention rate)"), std::string::npos);
+  const ClusterRates att = cluster_rates(cluster_parse("attention_tflops = 60\n" + head, "g"));
+  EXPECT_DOUBLE_EQ(att.cp_attention, 60e12);
   const ClusterRates measured = cluster_rates(cluster_parse("cp_attention_tflops = 5\n" + head, "g"));
   EXPECT_DOUBLE_EQ(measured.cp_attention, 5e12);
   EXPECT_DOUBLE_EQ(measured.attention, 989e12 * 0.7);  // no attention_tflops: the matmuls' rate

@@ -1,0 +1,211 @@
+// The tile machinery of the flash attention kernels (attention_flash.cu) and of context
+// parallel's block kernels (attention_block.cu): cp.async tile loads into padded shared rows,
+// ldmatrix fragment loads, the two mma.sync products a warp's 16 rows need (S = A X^T and
+// O += P X), the bf16 row stores, and the tile shapes per head dim.
+#pragma once
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace loom::cuda::flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kKeys = 64;  // keys per tile (forward and dQ), queries per CTA (dQ)
+
+template <int D>
+__host__ __device__ constexpr int row_ld() {  // padded shared-memory row, in bf16
+  return D + 8;
+}
+
+__device__ __forceinline__ int imin(int a, int b) {
+  return a < b ? a : b;
+}
+__device__ __forceinline__ int imax(int a, int b) {
+  return a > b ? a : b;
+}
+
+// Rows [r0, r0 + R) of a bf16 matrix (row stride `stride`, D columns) into a padded shared
+// tile by cp.async; rows at or past T are zero filled (and not read).
+template <int D, int R, int Threads>
+__device__ __forceinline__ void tile_async(bf16* dst, const bf16* src, int64_t stride, int r0, int T) {
+  constexpr int V = D / 8;
+  static_assert(R * V % Threads == 0, "every thread copies as many vectors");
+#pragma unroll
+  for (int j = 0; j < R * V / Threads; ++j) {
+    const int i = threadIdx.x + j * Threads, r = i / V, c = (i % V) * 8;
+    const bool ok = r0 + r < T;
+    cp_async16(dst + r * row_ld<D>() + c, src + int64_t(ok ? r0 + r : 0) * stride + c, ok);
+  }
+}
+
+// A fragments (16 rows x 16 columns, column block kk) of a warp's 16 padded rows.
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* rows, int kk) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix<4>(a, rows + (lane % 16) * row_ld<D>() + kk * 16 + 8 * (lane / 16));
+}
+
+// B fragments of two 8-column blocks of X^T, where X is the padded tile `rows` (row n, column
+// k): keys n0..n0+15 at dims k0..k0+15 (S = Q K^T, dP = dO V^T). b[0..1] block n0, b[2..3] n0+8.
+template <int D>
+__device__ __forceinline__ void load_bt(uint32_t (&b)[4], const bf16* rows, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix<4>(b, rows + (n0 + lane % 8 + 8 * (lane / 16)) * row_ld<D>() + k0 + 8 * ((lane / 8) % 2));
+}
+
+// B fragments of two 8-column blocks of X itself (row k, column n): rows k0..k0+15, columns
+// n0..n0+15 (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q).
+template <int D>
+__device__ __forceinline__ void load_b(uint32_t (&b)[4], const bf16* rows, int k0, int n0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix<4, true>(b, rows + (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * row_ld<D>() + n0 + 8 * (lane / 16));
+}
+
+__device__ __forceinline__ void mma2(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+  const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+  mma_16816(d0, a, b0, d0);
+  mma_16816(d1, a, b1, d1);
+}
+
+// gemm_abt's A operand: fragment kk of the warp's 16 rows, from registers loaded once (InRegs)
+// or read again from the rows in shared memory.
+template <int D, bool InRegs, int K>
+struct AFragments {
+  const uint32_t (&regs)[K][4];
+  const bf16* rows;
+  __device__ __forceinline__ void operator()(uint32_t (&a)[4], int kk) const {
+    if constexpr (InRegs) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = regs[kk][i];
+    } else {
+      load_a<D>(a, rows, kk);
+    }
+  }
+};
+template <int D, bool InRegs, int K>
+__device__ __forceinline__ AFragments<D, InRegs, K> a_fragments(const uint32_t (&regs)[K][4], const bf16* rows) {
+  return {regs, rows};
+}
+
+// acc[N/8] = A (16 x D, from `a_frag(kk)`) @ X^T for the N rows of the padded tile `xt`.
+template <int D, int N, class AFrag>
+__device__ __forceinline__ void gemm_abt(float (&acc)[N / 8][4], AFrag a_frag, const bf16* xt) {
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    a_frag(a, kk);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t b[4];
+      load_bt<D>(b, xt, np * 16, kk * 16);
+      mma2(acc[2 * np], acc[2 * np + 1], a, b);
+    }
+  }
+}
+
+// acc[D/8] += P (16 x N, fp32 accumulators rounded to bf16 A fragments) @ X (N x D).
+template <int D, int N>
+__device__ __forceinline__ void gemm_pb(float (&acc)[D / 8][4], const float (&p)[N / 8][4], const bf16* x) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    const uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                           pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                           pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      load_b<D>(b, x, kk * 16, dp * 16);
+      mma2(acc[2 * dp], acc[2 * dp + 1], a, b);
+    }
+  }
+}
+
+// One tile of the online softmax for a warp's 16 rows: s holds the raw scores (16 x N in the
+// accumulator layout, masked ones -inf) and becomes P = 2^(s sl2 - max); the running max m
+// (raw) and this lane's part of the row sums l move on, and the output o is rescaled.
+template <int D, int N>
+__device__ __forceinline__ void softmax_online(float (&s)[N / 8][4], float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
+                                               float sl2) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = m[half];
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float ms = mx == -INFINITY ? 0.0f : mx * sl2;  // a row with no key yet stays zero
+    const float corr = exp2_approx(m[half] * sl2 - ms);
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+      for (int j = 2 * half; j < 2 * half + 2; ++j) {
+        s[n][j] = exp2_approx(s[n][j] * sl2 - ms);
+        sum += s[n][j];
+      }
+    l[half] = l[half] * corr + sum;
+    m[half] = mx;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][2 * half] *= corr, o[n][2 * half + 1] *= corr;
+  }
+}
+
+// A warp's two rows' sums: each lane holds a quarter of its rows' terms (the quad of lanes
+// 4g..4g+3 shares rows g and g + 8).
+__device__ __forceinline__ void quad_sum(float (&l)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+  }
+}
+
+// A warp's 16 accumulated rows (times `scale`) as bf16 rows r0.. of a strided matrix, staged
+// through the warp's own 16 padded shared rows for 16-byte stores.
+template <int D>
+__device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, int T, const float (&acc)[D / 8][4],
+                                           float scale0, float scale1, bf16* stage) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    *reinterpret_cast<uint32_t*>(stage + g * row_ld<D>() + 8 * n + 2 * t) =
+        pack_bf16(acc[n][0] * scale0, acc[n][1] * scale0);
+    *reinterpret_cast<uint32_t*>(stage + (g + 8) * row_ld<D>() + 8 * n + 2 * t) =
+        pack_bf16(acc[n][2] * scale1, acc[n][3] * scale1);
+  }
+  __syncwarp();
+  constexpr int V = D / 8;
+#pragma unroll
+  for (int j = 0; j < V / 2; ++j) {
+    const int i = lane + 32 * j, r = i / V, c = (i % V) * 8;
+    if (r0 + r < T)
+      *reinterpret_cast<int4*>(dst + int64_t(r0 + r) * stride + c) =
+          *reinterpret_cast<const int4*>(stage + r * row_ld<D>() + c);
+  }
+}
+
+// Tile shapes per head dim: forward CTAs of 128 query rows (8 warps) at D = 32, 64 rows (4
+// warps) at 64 and 128, at least two CTAs per SM (at D = 64, 8 warps under the 128 registers
+// two such CTAs allow would spill); the backward keeps its operands in shared memory at 128,
+// and walks 32-query tiles there.
+template <int D>
+struct Plan {
+  static constexpr int kFwdWarps = D <= 32 ? 8 : 4;
+  static constexpr int kFwdBlocksPerSm = 2;
+  static constexpr bool kARegs = D <= 64;
+  static constexpr int kBq = D <= 64 ? 64 : 32;
+};
+
+template <int D, int Warps>
+struct FwdShape {
+  static constexpr int kRows = 16 * Warps;
+  static constexpr int kThreads = 32 * Warps;
+  static constexpr size_t kSmem = size_t(kRows + 4 * kKeys) * row_ld<D>() * 2;  // Q, K[2], V[2]
+};
+
+}  // namespace loom::cuda::flash
