@@ -28,6 +28,10 @@ mutations=(
   "memory-bound: a pointwise tail's last element dropped|kernels/cuda/elementwise.cu|    if (i + k < n) p[i + k] = b(x[k]);|    if (i + k < n - 1) p[i + k] = b(x[k]);|*Pointwise*"
   "memory-bound: SwiGLU's words read the gate twice|kernels/cuda/elementwise.cu|    unpack8(u, load128(inp + n * 2 * F + F + j));|    unpack8(u, load128(inp + n * 2 * F + j));|*Pointwise*"
   "memory-bound: the loss skips a row's unaligned head|kernels/cuda/loss_optim.cu|for (int c = threadIdx.x; c < in.head; c += kThreads) softmax_add|for (int c = threadIdx.x; c < 0; c += kThreads) softmax_add|*CrossEntropy*"
+  "cp blocks: dQ's diagonal off by one (kpos < qpos)|kernels/cuda/attention_block.cu|const bool seen = kp[8 * n + 2 * t + i % 2] <= (i < 2 ? p0 : p1);|const bool seen = kp[8 * n + 2 * t + i % 2] < (i < 2 ? p0 : p1);|*CudaCp*"
+  "cp blocks: gradients written instead of added into|kernels/cuda/attention_block.cu|      row[8 * n] += acc[n][2 * half] * scale, row[8 * n + 1] += acc[n][2 * half + 1] * scale;|      row[8 * n] = acc[n][2 * half] * scale, row[8 * n + 1] = acc[n][2 * half + 1] * scale;|*CudaCp*"
+  "cp blocks: the running max of the blocks before dropped|kernels/cuda/attention_block.cu|m[half] = stats[2 * r] / scale;|m[half] = -INFINITY;|*CudaCp*"
+  "cp blocks: a key tile used before its cp.async wait|kernels/cuda/attention_block.cu|    cp_async_wait<0>();\n    __syncthreads();  // the next tile has landed|    __syncthreads();  // the next tile has landed|*CudaCp*"
   "memory-bound: the word column sums drop a row phase|kernels/cuda/common.cuh|for (int p = 0; p < kColPhases; ++p) sum += is_b|for (int p = 1; p < kColPhases; ++p) sum += is_b|*Norms*:*BiasBackward*"
 )
 
