@@ -146,7 +146,7 @@ ClusterRates cluster_rates(const Cluster& c) {
       "rates assumed: matmuls {:.4g} TFLOP/s (peak_tflops x gemm_efficiency); attention {:.4g} TFLOP/s ({}); "
       "cp attention {:.4g} TFLOP/s ({}); element-wise {:.4g} GB/s (mem_bw_gbs); optimizer {:.4g} GB/s ({})",
       r.matmul / 1e12, r.attention / 1e12, c.attention_flops > 0 ? "attention_tflops" : "the matmuls' rate",
-      r.cp_attention / 1e12, c.cp_attention_flops > 0 ? "cp_attention_tflops" : "the attention rate",
+      r.cp_attention / 1e12, c.cp_attention_flops > 0 ? "cp_attention_tflops" : "assumed: the attention rate",
       r.elementwise / 1e9, r.optimizer / 1e9, c.optimizer_bw > 0 ? "optimizer_gbs" : "mem_bw_gbs");
   return r;
 }

@@ -58,9 +58,13 @@ X* device_zeros(size_t n) {
 // The masked variants of causal attention at one shape, on the same tensor-core tiles, against
 // the unmasked kernels' times (flash_f, flash_b): document masks (data.doc_mask, documents of
 // T/4 tokens) and context parallel at cp 2 (both ranks' blocks run here one after the other:
-// the same pairs of the sequence, split as cp_positions splits them). Rates count the pairs a
-// mask leaves visible, so "x unmasked" is the masked kernels' rate over the unmasked ones'.
-void bench_masked_attention(int B, int T, int H, int KV, int D, double flash_f, double flash_b, cudaStream_t s) {
+// the same pairs of the sequence, split as cp_positions splits them; their times include the
+// finish, delta and gradient-store kernels). Rates count the pairs a mask leaves visible, so
+// "x unmasked" is the masked kernels' rate over the unmasked ones'. The buffers are the
+// unmasked run's.
+void bench_masked_attention(int B, int T, int H, int KV, int D, double flash_f, double flash_b, cuda::bf16* qkv,
+                            cuda::bf16* out, cuda::bf16* dout, cuda::bf16* dqkv, float* lse, float* scratch,
+                            cudaStream_t s) {
   using cuda::bf16;
   const std::string shape = fmt::format("B{} T{} H{} KV{} D{}", B, T, H, KV, D);
   const double causal_f = 2.0 * B * H * double(T) * T * D;
@@ -68,10 +72,6 @@ void bench_masked_attention(int B, int T, int H, int KV, int D, double flash_f, 
     fmt::print("{:<34} {:>10.3f} {:>10.1f}   {:.2f}x unmasked\n", fmt::format("attention {} {}", what, shape), ms,
                flops / ms / 1e9, (flops / ms) / (base_flops / base_ms));
   };
-  const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D, ns = size_t(B) * H * T;
-  bf16 *qkv = device_zeros<bf16>(nq), *out = device_zeros<bf16>(no), *dout = device_zeros<bf16>(no),
-       *dqkv = device_zeros<bf16>(nq);
-  float *lse = device_zeros<float>(ns), *scratch = device_zeros<float>(ns);
   {  // document masks: pos[b, t] = t - (its document's start)
     const int L = std::max(1, T / 4);
     std::vector<int32_t> host(size_t(B) * T);
@@ -126,7 +126,6 @@ void bench_masked_attention(int B, int T, int H, int KV, int D, double flash_f, 
     line("bwd cp 2 blocks", bw, 2.5 * causal_f, flash_b, 2.5 * causal_f);
     for (void* p : {(void*)pos, (void*)kv, (void*)acc, (void*)ml, (void*)dkv}) cudaFree(p);
   }
-  for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
 }
 
 // Causal attention forward and backward at one shape, TFLOP/s with the causal half of the
@@ -166,7 +165,7 @@ void bench_attention(int B, int T, int H, int KV, int D, bool rowwise, cudaStrea
                  bw / flash_b);
   }
   fmt::print("attention loom {}: fwd {:.1f} bwd {:.1f} TFLOP/s\n", shape, fwd / flash_f / 1e9, bwd / flash_b / 1e9);
-  bench_masked_attention(B, T, H, KV, D, flash_f, flash_b, s);
+  bench_masked_attention(B, T, H, KV, D, flash_f, flash_b, qkv, out, dout, dqkv, lse, scratch, s);
   for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
 }
 

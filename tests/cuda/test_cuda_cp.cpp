@@ -7,6 +7,7 @@
 // in part; GQA groups of 2 and of 1; and a second run repeats the first's bits.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "kernels/ops.h"
@@ -20,36 +21,41 @@ namespace {
 
 // own_first: the ring's order (this rank's block first); else the others' first, own last, so
 // that rank 0's first block leaves its first chunk's rows with no visible key (max -inf).
+// reversed: each rank's rows hold its positions in descending order (the kernels must not
+// assume them sorted: a tile's or a warp's first position is then its last).
 struct CpShape {
   int B, H, KV, D, T, cp, rank;
-  bool own_first;
+  bool own_first, reversed = false;
 };
 void PrintTo(const CpShape& s, std::ostream* os) {
   *os << "B" << s.B << "_H" << s.H << "_KV" << s.KV << "_D" << s.D << "_T" << s.T << "_cp" << s.cp << "_rank" << s.rank
-      << (s.own_first ? "_ring" : "_own_last");
+      << (s.own_first ? "_ring" : "_own_last") << (s.reversed ? "_reversed" : "");
 }
 class CudaCp : public Cuda, public ::testing::WithParamInterface<CpShape> {};
 
 }  // namespace
 
 TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
-  const auto [B, H, KV, D, T, cp, rank, own_first] = GetParam();
+  const auto [B, H, KV, D, T, cp, rank, own_first, reversed] = GetParam();
   const int Tl = T / cp;
   const size_t nq = size_t(B) * Tl * (H + 2 * KV) * D, no = size_t(B) * Tl * H * D, nkv = size_t(B) * Tl * 2 * KV * D;
   std::vector<int32_t> table;
   for (int r = 0; r < cp; ++r) {
     const auto p = cp_positions(T, cp, r);
-    table.insert(table.end(), p.begin(), p.end());
+    if (reversed)
+      table.insert(table.end(), p.rbegin(), p.rend());
+    else
+      table.insert(table.end(), p.begin(), p.end());
   }
   auto pos = [&](const int32_t* base, int r) { return base + size_t(r) * Tl; };
   // Every rank's qkv; this rank's queries, every rank's keys and values.
   std::vector<std::vector<float>> qkv;
   std::vector<std::vector<float>> kv(static_cast<size_t>(cp), std::vector<float>(nkv));
   for (int r = 0; r < cp; ++r) {
-    qkv.push_back(rounded(randn(nq, 60 + uint64_t(r))));  // bf16-exact: both sides read the same
+    qkv.push_back(randn(nq, 60 + uint64_t(r)));
     cpu::attention_kv_extract(kv[size_t(r)].data(), qkv[size_t(r)].data(), B, Tl, H, KV, D);
   }
-  const auto dy = rounded(randn(no, 70));
+  const auto dy = randn(no, 70);
   const std::vector<float>& q = qkv[size_t(rank)];
   std::vector<int> order;
   for (int s = 0; s < cp; ++s) order.push_back(own_first ? (rank + cp - s) % cp : (rank + 1 + s) % cp);
@@ -113,10 +119,19 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
   EXPECT_TRUE(close(got.out, out, 1e-2, 1e-2)) << "forward";
   EXPECT_TRUE(close(got.lse, lse, 1e-4, 1e-4)) << "lse";
   EXPECT_TRUE(close(got.delta, delta, 1e-4, 1e-4)) << "delta";
-  // P and dS rounded to bf16 for their tensor-core products (the CPU twin keeps fp32).
+  // P and dS rounded to bf16 for their tensor-core products (the CPU twin keeps fp32): each
+  // element within 1e-2, and the whole within 3e-3 of the twin's norm (these shapes: 1.0-1.8e-3).
+  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
+    return std::sqrt(d / n);
+  };
   EXPECT_TRUE(close(got.dq, dq, 1e-2, 1e-2)) << "dq";
-  for (int r = 0; r < cp; ++r)
+  EXPECT_LT(rel(got.dq, dq), 3e-3) << "dq";
+  for (int r = 0; r < cp; ++r) {
     EXPECT_TRUE(close(got.dkv[size_t(r)], dkv[size_t(r)], 1e-2, 1e-2)) << "dkv of rank " << r;
+    EXPECT_LT(rel(got.dkv[size_t(r)], dkv[size_t(r)]), 3e-3) << "dkv of rank " << r;
+  }
   EXPECT_TRUE(close(got.dqkv, dqkv, 1e-2, 1e-2)) << "dqkv";
   if (kSanitized) return;  // the repeat is a property of the plain build's arithmetic
   const Got again = run();
@@ -132,10 +147,13 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
 INSTANTIATE_TEST_SUITE_P(Ranks, CudaCp,
                          ::testing::ValuesIn(kSanitized ? std::vector<CpShape>{{2, 2, 1, 32, 16, 2, 0, false},
                                                                                {2, 2, 2, 64, 16, 2, 1, true},
-                                                                               {1, 2, 1, 32, 144, 2, 0, true}}
+                                                                               {1, 2, 1, 32, 144, 2, 0, true, true}}
                                                         : std::vector<CpShape>{{2, 4, 2, 32, 64, 2, 0, true},
                                                                                {2, 4, 2, 32, 64, 2, 0, false},
                                                                                {2, 4, 2, 32, 64, 2, 1, true},
                                                                                {2, 2, 1, 64, 96, 4, 1, true},
                                                                                {1, 2, 2, 128, 64, 4, 3, false},
-                                                                               {1, 2, 1, 64, 320, 2, 1, true}}));
+                                                                               {1, 2, 1, 64, 320, 2, 1, true},
+                                                                               {1, 2, 1, 128, 144, 2, 1, true},
+                                                                               {2, 4, 2, 32, 64, 2, 1, true, true},
+                                                                               {1, 2, 1, 64, 320, 2, 0, false, true}}));

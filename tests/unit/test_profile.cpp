@@ -154,7 +154,7 @@ TEST(Profile, CpAttentionTakesTheAttentionRateWithoutAMeasuredRate) {
       "gemm_efficiency = 0.7\nmem_bw_gbs = 3000\n[intra]\nalpha_us = 1\nbw_gbs = 300\n";
   const ClusterRates assumed = cluster_rates(cluster_parse(head, "g"));
   EXPECT_DOUBLE_EQ(assumed.cp_attention, 989e12 * 0.7);  // no attention_tflops either: the matmuls'
-  EXPECT_NE(assumed.describe.find("cp attention 692.3 TFLOP/s (the attention rate)"), std::string::npos);
+  EXPECT_NE(assumed.describe.find("cp attention 692.3 TFLOP/s (assumed: the attention rate)"), std::string::npos);
   const ClusterRates att = cluster_rates(cluster_parse("attention_tflops = 60\n" + head, "g"));
   EXPECT_DOUBLE_EQ(att.cp_attention, 60e12);
   const ClusterRates measured = cluster_rates(cluster_parse("cp_attention_tflops = 5\n" + head, "g"));
