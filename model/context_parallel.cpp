@@ -53,15 +53,16 @@ void ContextParallel::ring_pass(const char* name, Buf send, Buf recv, int tag, W
   cp_.group_end();
 }
 
-void ContextParallel::forward(Ptr out, float* lse, Ptr qkv, const CpBuffers& buf, int H, int KV, int D) {
+void ContextParallel::forward(Ptr out, float* lse, Ptr qkv, const int32_t* doc, const CpBuffers& buf, int H, int KV,
+                              int D) {
   const int64_t kvn = int64_t(B_) * Tl_ * 2 * KV * D;
   const Stream& st = be_.stream();
   auto kv = [&](int i) { return buf.kv + i * kvn; };
   auto kvbuf = [&](int i) { return Buf(kv(i).p, kvn, be_.dtype(), be_.device()); };
   auto block = [&](Ptr blk, int src, bool first) {
     auto s = trace_.scope("attention_block_forward");
-    be_.attention_block_forward(buf.acc, buf.ml, qkv, blk, pos_of(rank_), pos_of(src), B_, Tl_, Tl_, H, KV, D, first,
-                                buf.scores);
+    be_.attention_block_forward(buf.acc, buf.ml, qkv, blk, pos_of(rank_), pos_of(src), doc, B_, Tl_, Tl_, H, KV, D,
+                                first, buf.scores);
   };
   if (ring_) {
     be_.attention_kv_extract(kv(0), qkv, B_, Tl_, H, KV, D);
@@ -88,8 +89,8 @@ void ContextParallel::forward(Ptr out, float* lse, Ptr qkv, const CpBuffers& buf
   be_.attention_block_finish(out, lse, buf.acc, buf.ml, B_, Tl_, H, D);
 }
 
-void ContextParallel::backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float* lse, const CpBuffers& buf, int H,
-                               int KV, int D) {
+void ContextParallel::backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float* lse, const int32_t* doc,
+                               const CpBuffers& buf, int H, int KV, int D) {
   const int64_t kvn = int64_t(B_) * Tl_ * 2 * KV * D;
   const Stream& st = be_.stream();
   const DeviceKind dev = be_.device();
@@ -103,8 +104,8 @@ void ContextParallel::backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float
   be_.zero(Buf(dq, int64_t(B_) * Tl_ * H * D, DType::f32, dev));
   auto block = [&](float* dkv_blk, Ptr blk, int src) {
     auto s = trace_.scope("attention_block_backward");
-    be_.attention_block_backward(dq, dkv_blk, dout, qkv, blk, lse, delta, pos_of(rank_), pos_of(src), B_, Tl_, Tl_, H,
-                                 KV, D, buf.scores);
+    be_.attention_block_backward(dq, dkv_blk, dout, qkv, blk, lse, delta, pos_of(rank_), pos_of(src), doc, B_, Tl_, Tl_,
+                                 H, KV, D, buf.scores);
   };
   float* own;  // this rank's key/value gradient, summed over every rank's queries
   if (ring_) {

@@ -46,10 +46,12 @@ class ContextParallel {
   const std::vector<int32_t>& token_positions() const { return token_pos_; }
   ProcessGroup& group() const { return cp_; }
   // out [B, Tl, H D] and lse [B, H, Tl] from this rank's qkv [B, Tl, (H + 2KV) D] (H, KV: this
-  // tp rank's heads).
-  void forward(Ptr out, float* lse, Ptr qkv, const CpBuffers& buf, int H, int KV, int D);
+  // tp rank's heads); doc [B, Tl]: with data.doc_mask, each token's position in its document
+  // (its keys start at its document's first token), else null.
+  void forward(Ptr out, float* lse, Ptr qkv, const int32_t* doc, const CpBuffers& buf, int H, int KV, int D);
   // dqkv [B, Tl, (H + 2KV) D] overwritten, from dout and what forward kept.
-  void backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float* lse, const CpBuffers& buf, int H, int KV, int D);
+  void backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float* lse, const int32_t* doc, const CpBuffers& buf, int H,
+                int KV, int D);
 
  private:
   // Rank `rank`'s positions where the block kernels read them.

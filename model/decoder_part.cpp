@@ -301,7 +301,9 @@ void DecoderPart::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr p
     be_.rope(false, a.qkv, rope_cos_.f32(), rope_sin_.f32(), B_, T_, H_, KV_, D_, pos_);
   }
   if (cp_) {
-    cp_->forward(a.atty, a.stats.as<float>(), a.qkv, cp_buffers(), H_, KV_, D_);
+    // Under cp the inputs' positions are the documents' with data.doc_mask (RoPE and the mask
+    // read them), else the sequence's (the block kernels have those from cp_positions).
+    cp_->forward(a.atty, a.stats.as<float>(), a.qkv, cfg_.data.doc_mask ? pos_ : nullptr, cp_buffers(), H_, KV_, D_);
   } else {
     auto s = trace_.scope("attention_forward");
     be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_, pos_);
@@ -392,7 +394,8 @@ void DecoderPart::block_backward(const LayerW& lw, const LayerW& lg, const Layer
   }
   if (keep) stash_keep(dout, int64_t(N) * C_);
   if (cp_) {
-    cp_->backward(dqkv, datty, a.atty, a.qkv, a.stats.as<float>(), cp_buffers(), H_, KV_, D_);
+    cp_->backward(dqkv, datty, a.atty, a.qkv, a.stats.as<float>(), cfg_.data.doc_mask ? pos_ : nullptr, cp_buffers(),
+                  H_, KV_, D_);
   } else {
     auto s = trace_.scope("attention_backward");
     be_.attention_backward(dqkv, datty, a.atty, a.qkv, a.stats, scrf(ATTN_SCRATCH), B_, T_, H_, KV_, D_, pos_);

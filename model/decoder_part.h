@@ -239,7 +239,7 @@ class DecoderPart {
   Tensor rope_cos_, rope_sin_, loss_sum_;
   Tensor moe_stats_;              // f64 [4 per MoE layer] on the device: see moe_stats_take()
   bool moe_training_ = false;     // the forward running is a training one
-  const int32_t* pos_ = nullptr;  // the micro-batch's Inputs::pos (data.doc_mask), or null
+  const int32_t* pos_ = nullptr;  // the micro-batch's Inputs::pos (data.doc_mask's, else cp's), or null
   ProcessGroup* ep_;
   int ep_size_, ep_rank_;
   std::unique_ptr<UnitAccess> flat_;

@@ -226,10 +226,6 @@ void config_validate(Config& cfg) {
     LOOM_CHECK(p.cp_overlap || p.cp_attention == "ring",
                "parallel.cp_overlap = false applies to the ring; parallel.cp_attention = \"allgather\" overlaps "
                "nothing; remove it or use the ring");
-    LOOM_CHECK(!d.doc_mask,
-               "data.doc_mask with parallel.cp = {} is not supported yet (a document may cross the chunks of "
-               "different ranks); set data.doc_mask = false or parallel.cp = 1",
-               p.cp);
   } else {
     const ParallelConfig plain;
     for (auto [key, differs] : {std::pair{"parallel.cp_attention", p.cp_attention != plain.cp_attention},

@@ -71,6 +71,7 @@ struct Trainer::Parts {
   std::vector<int32_t> inputs, targets;
   std::vector<int32_t> positions;              // data.doc_mask: each input's position in its document
   std::vector<int32_t> cp_inputs, cp_targets;  // parallel.cp: this rank's tokens of inputs, targets
+  std::vector<int32_t> cp_positions_doc;       // parallel.cp with data.doc_mask: this rank's of positions
   TrainResult result;
   std::unique_ptr<StepLog> log;
   std::unique_ptr<Checkpointer> ckpt;  // checkpoint.every > 0
@@ -144,19 +145,26 @@ struct Trainer::Parts {
   // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
   Inputs stage(const Sequences& s, int64_t step, int micro) {
     batch_read(s, cfg, step, mesh->coord().dp, micro, inputs.data(), targets.data());
+    if (cfg.data.doc_mask) {  // over whole sequences, before context parallel takes its chunks
+      positions.resize(inputs.size());
+      doc_positions(inputs.data(), cfg.model.seq_len, int(inputs.size()) / cfg.model.seq_len, cfg.doc_token(),
+                    positions.data());
+    }
     if (const ContextParallel* cp = chunk->context_parallel()) {  // this rank's 2 chunks of each sequence
       const int B = cfg.train.micro_batch;
       cp_inputs.resize(inputs.size() / size_t(cfg.parallel.cp));
       cp_targets.resize(cp_inputs.size());
       cp_select(cp_inputs.data(), inputs.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
       cp_select(cp_targets.data(), targets.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
-      return backend->stage_inputs(cp_inputs.data(), cp_targets.data(), cp->token_positions().data(),
+      // Positions in the documents with data.doc_mask (the block kernels take the sequence's
+      // from cp_positions), else in the sequence.
+      if (cfg.data.doc_mask) {
+        cp_positions_doc.resize(cp_inputs.size());
+        cp_select(cp_positions_doc.data(), positions.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
+      }
+      return backend->stage_inputs(cp_inputs.data(), cp_targets.data(),
+                                   cfg.data.doc_mask ? cp_positions_doc.data() : cp->token_positions().data(),
                                    int(cp_inputs.size()), cfg.model.seq_len, chunk->vocab_lo(), chunk->vocab_rows());
-    }
-    if (cfg.data.doc_mask) {
-      positions.resize(inputs.size());
-      doc_positions(inputs.data(), cfg.model.seq_len, int(inputs.size()) / cfg.model.seq_len, cfg.doc_token(),
-                    positions.data());
     }
     return backend->stage_inputs(inputs.data(), targets.data(), cfg.data.doc_mask ? positions.data() : nullptr,
                                  int(inputs.size()), cfg.model.seq_len, chunk->vocab_lo(), chunk->vocab_rows());

@@ -211,6 +211,10 @@ std::vector<Run> runs_of(const int32_t* pos, int n) {
 inline int visible(const Run& k, int qp) {
   return std::clamp(qp - k.pos + 1, 0, k.n);
 }
+// The first key of run k inside a document that starts at position `start`.
+inline int first_visible(const Run& k, int start) {
+  return std::clamp(start - k.pos, 0, k.n);
+}
 // Whether any key of run k is visible to any query of run q.
 inline bool meets(const Run& q, const Run& k) {
   return k.pos <= q.pos + q.n - 1;
@@ -232,7 +236,8 @@ int64_t attention_block_scratch(int B, int Tq, int Tk, int H, int KV) {
 
 template <class S>
 void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const int32_t* qpos, const int32_t* kpos,
-                             int B, int Tq, int Tk, int H, int KV, int D, bool first, float* scratch) {
+                             const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, bool first,
+                             float* scratch) {
   const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
   const std::vector<Run> qr = runs_of(qpos, Tq), kr = runs_of(kpos, Tk);
@@ -262,19 +267,22 @@ void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, c
             gemm(false, true, x.n, y.n, D, scale, q.p + int64_t(x.at) * q.ld, q.ld, k.p + int64_t(y.at) * k.ld, k.ld,
                  0.0f, P, y.n);
             for (int i = 0; i < x.n; ++i) {
+              // Keys [u0, n) of the run: at or before t, and inside its document.
               const int t = x.at + i, n = visible(y, qpos[t]);
+              const int u0 = qdoc ? first_visible(y, qpos[t] - qdoc[int64_t(b) * Tq + t]) : 0;
               float* p = P + int64_t(i) * y.n;
               float* st = st0 + 2 * t;
-              if (n == 0) {  // nothing of this run is before t
+              if (u0 >= n) {  // nothing of this run is visible from t
                 for (int u = 0; u < y.n; ++u) p[u] = 0.0f;
                 continue;
               }
-              float mb = p[0];
-              for (int u = 1; u < n; ++u) mb = std::max(mb, p[u]);
+              float mb = p[u0];
+              for (int u = u0 + 1; u < n; ++u) mb = std::max(mb, p[u]);
               const float m = std::max(st[0], mb), alpha = st[0] == -INFINITY ? 0.0f : exp_approx(st[0] - m);
               float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-              for (int u = 0; u < n; ++u) sum += (p[u] = exp_approx(p[u] - m));
+              for (int u = u0; u < n; ++u) sum += (p[u] = exp_approx(p[u] - m));
+              for (int u = 0; u < u0; ++u) p[u] = 0.0f;
               for (int u = n; u < y.n; ++u) p[u] = 0.0f;
               st[0] = m, st[1] = st[1] * alpha + sum;
               float* ot = o + int64_t(t) * H * D;
@@ -315,8 +323,8 @@ void attention_block_delta(float* delta, const S* dout, const S* out, int B, int
 
 template <class S>
 void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const float* lse,
-                              const float* delta, const int32_t* qpos, const int32_t* kpos, int B, int Tq, int Tk,
-                              int H, int KV, int D, float* scratch) {
+                              const float* delta, const int32_t* qpos, const int32_t* kpos, const int32_t* qdoc, int B,
+                              int Tq, int Tk, int H, int KV, int D, float* scratch) {
   const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
   const std::vector<Run> qr = runs_of(qpos, Tq), kr = runs_of(kpos, Tk);
@@ -349,14 +357,16 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
               gemm(false, true, x.n, y.n, D, 1.0f, dyx, dy.ld, vy, v.ld, 0.0f, dSxy, y.n);
               for (int i = 0; i < x.n; ++i) {
                 const int t = x.at + i, n = visible(y, qpos[t]);
+                const int u0 = qdoc ? first_visible(y, qpos[t] - qdoc[int64_t(b) * Tq + t]) : 0;
                 float* p = Pxy + int64_t(i) * y.n;
                 float* ds = dSxy + int64_t(i) * y.n;
                 const float l = ls[t], dlt = dl[t];
 #pragma omp simd
-                for (int u = 0; u < n; ++u) {
+                for (int u = u0; u < n; ++u) {
                   p[u] = exp_approx(p[u] - l);
                   ds[u] = p[u] * (ds[u] - dlt) * scale;
                 }
+                for (int u = 0; u < std::min(u0, n); ++u) p[u] = 0.0f, ds[u] = 0.0f;
                 for (int u = n; u < y.n; ++u) p[u] = 0.0f, ds[u] = 0.0f;
               }
               gemm(true, false, y.n, D, x.n, 1.0f, Pxy, y.n, dyx, dy.ld, 1.0f, dv + int64_t(y.at) * kvrow, kvrow);
@@ -384,12 +394,13 @@ void attention_block_grads_store(S* dqkv, const float* dq, const float* dkv, int
   template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int, const int32_t*);                      \
   template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);                     \
   template void attention_kv_extract<S>(S*, const S*, int, int, int, int, int);                                       \
-  template void attention_block_forward<S>(float*, float*, const S*, const S*, const int32_t*, const int32_t*, int,   \
-                                           int, int, int, int, int, bool, float*);                                    \
+  template void attention_block_forward<S>(float*, float*, const S*, const S*, const int32_t*, const int32_t*,        \
+                                           const int32_t*, int, int, int, int, int, int, bool, float*);               \
   template void attention_block_finish<S>(S*, float*, const float*, const float*, int, int, int, int);                \
   template void attention_block_delta<S>(float*, const S*, const S*, int, int, int, int);                             \
   template void attention_block_backward<S>(float*, float*, const S*, const S*, const S*, const float*, const float*, \
-                                            const int32_t*, const int32_t*, int, int, int, int, int, int, float*);    \
+                                            const int32_t*, const int32_t*, const int32_t*, int, int, int, int, int,  \
+                                            int, float*);                                                             \
   template void attention_block_grads_store<S>(S*, const float*, const float*, int, int, int, int, int);
 LOOM_ATTENTION(float)
 LOOM_ATTENTION(bf16)

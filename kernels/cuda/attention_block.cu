@@ -1,13 +1,14 @@
 // Context parallel's attention over blocks of keys (model/context_parallel.h) on tensor
 // cores: the flash kernels' tiles (kernels/cuda/flash_tiles.cuh) with the causal mask given
-// by global positions, kpos[u] <= qpos[t], instead of indices. Forward: a CTA per tile of query
+// by global positions, kpos[u] <= qpos[t], instead of indices, and with data.doc_mask kpos[u] >=
+// the query's document start, qpos[t] - qdoc[b, t]. Forward: a CTA per tile of query
 // rows takes the running output, max and sum of earlier blocks (fp32, unnormalized) into its
 // registers, walks the block's key tiles with the online softmax and writes them back;
 // finish divides. Backward recomputes P from the saved log-sum-exp: dQ (a CTA per query tile
 // walking the block's key tiles) and dK/dV (a CTA per key tile walking every query tile of
 // every head in its group, in order) add into fp32 gradients, each element by one thread: no
 // atomics, the same bits on every run. A warp skips a tile none of whose keys its rows see
-// (positions need not be sorted: the test is on the tile's least key and the warp's last row).
+// (positions need not be sorted: the tests are on the tile's and the warp's least and greatest).
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -51,6 +52,12 @@ __device__ __forceinline__ void tile_span(const int* kp, int& lo, int& hi) {
   hi = warp_max_int(imax(kp[lane], kp[lane + 32]));
 }
 
+// The first position query row r (at position p) sees: its document's start with data.doc_mask
+// (qdoc [B,Tq], each query's position in its document), else any.
+__device__ __forceinline__ int row_start(const int32_t* qdoc, int bi, int Tq, int r, int p) {
+  return qdoc && r < Tq ? p - qdoc[int64_t(bi) * Tq + r] : kNoRow;
+}
+
 // A warp's 16 fp32 accumulator rows (row r0 + g and r0 + g + 8, columns 8n + 2t) added into,
 // or loaded from, a row-major fp32 matrix; rows at or past T are left alone.
 template <int D>
@@ -78,7 +85,8 @@ struct BlockFwd {
 template <int D>
 __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPerSm)
     block_forward_flash_kernel(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
-                               const int32_t* kpos, int Tq, int Tk, int H, int KV, float scale, bool first) {
+                               const int32_t* kpos, const int32_t* qdoc, int Tq, int Tk, int H, int KV, float scale,
+                               bool first) {
   using S = typename BlockFwd<D>::Tiles;
   constexpr int LD = row_ld<D>(), BR = S::kRows, NT = S::kThreads;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
@@ -101,7 +109,9 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
 
   const int wq = q0 + 16 * w, r0 = wq + g, r1 = wq + g + 8;
   const int p0 = r0 < Tq ? qpos[r0] : kNoRow, p1 = r1 < Tq ? qpos[r1] : kNoRow;
+  const int f0 = row_start(qdoc, bi, Tq, r0, p0), f1 = row_start(qdoc, bi, Tq, r1, p1);
   const int last = warp_max_int(imax(p0, p1)), least = warp_min_int(imin(p0, p1));
+  const int start_lo = warp_min_int(imin(f0, f1)), start_hi = warp_max_int(imax(f0, f1));
   uint32_t qf[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qs + 16 * w * LD, kk);
@@ -139,15 +149,17 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
     const int* kp = kps + buf * kKeys;
     int lo, hi;
     tile_span(kp, lo, hi);
-    if (lo <= last) {
+    if (lo <= last && hi >= start_lo) {
       float s[kKeys / 8][4];
       gemm_abt<D, kKeys>(s, a_fragments<D, true>(qf, nullptr), ks + buf * kKeys * LD);
-      if (hi > least) {  // some key here is hidden from some row of the warp
+      if (hi > least || lo < start_hi) {  // some key here is hidden from some row of the warp
 #pragma unroll
         for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            if (kp[8 * n + 2 * t + i % 2] > (i < 2 ? p0 : p1)) s[n][i] = -INFINITY;
+          for (int i = 0; i < 4; ++i) {
+            const int k = kp[8 * n + 2 * t + i % 2];
+            if (k > (i < 2 ? p0 : p1) || k < (i < 2 ? f0 : f1)) s[n][i] = -INFINITY;
+          }
       }
       softmax_online<D, kKeys>(s, m, l, o, sl2);
       gemm_pb<D, kKeys>(o, s, vs + buf * kKeys * LD);
@@ -177,8 +189,8 @@ struct BlockDq {
 template <int D>
 __global__ void __launch_bounds__(128)
     block_dq_flash_kernel(float* dq, const bf16* dout, const bf16* qkv, const bf16* kv, const float* lse,
-                          const float* delta, const int32_t* qpos, const int32_t* kpos, int Tq, int Tk, int H, int KV,
-                          float scale) {
+                          const float* delta, const int32_t* qpos, const int32_t* kpos, const int32_t* qdoc, int Tq,
+                          int Tk, int H, int KV, float scale) {
   constexpr bool ARegs = Plan<D>::kARegs;
   constexpr int LD = row_ld<D>(), BR = 64, NT = 128;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
@@ -203,7 +215,8 @@ __global__ void __launch_bounds__(128)
 
   const int wq = q0 + 16 * w, r0 = wq + g, r1 = wq + g + 8;
   const int p0 = r0 < Tq ? qpos[r0] : kNoRow, p1 = r1 < Tq ? qpos[r1] : kNoRow;
-  const int last = warp_max_int(imax(p0, p1));
+  const int f0 = row_start(qdoc, bi, Tq, r0, p0), f1 = row_start(qdoc, bi, Tq, r1, p1);
+  const int last = warp_max_int(imax(p0, p1)), start_lo = warp_min_int(imin(f0, f1));
   const int64_t stat0 = (int64_t(bi) * H + h) * Tq;
   const float l0 = r0 < Tq ? lse[stat0 + r0] * kLog2e : 0.0f, l1 = r1 < Tq ? lse[stat0 + r1] * kLog2e : 0.0f;
   const float d0 = r0 < Tq ? delta[stat0 + r0] : 0.0f, d1 = r1 < Tq ? delta[stat0 + r1] : 0.0f;
@@ -232,7 +245,7 @@ __global__ void __launch_bounds__(128)
     const int* kp = kps + buf * kKeys;
     int lo, hi;
     tile_span(kp, lo, hi);
-    if (lo <= last) {
+    if (lo <= last && hi >= start_lo) {
       float sc[kKeys / 8][4], dp[kKeys / 8][4];
       gemm_abt<D, kKeys>(sc, a_fragments<D, ARegs>(qf, qw), kt_s);
       gemm_abt<D, kKeys>(dp, a_fragments<D, ARegs>(dof, dow), vs + buf * kKeys * LD);
@@ -240,7 +253,8 @@ __global__ void __launch_bounds__(128)
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const bool seen = kp[8 * n + 2 * t + i % 2] <= (i < 2 ? p0 : p1);
+          const int k = kp[8 * n + 2 * t + i % 2];
+          const bool seen = k <= (i < 2 ? p0 : p1) && k >= (i < 2 ? f0 : f1);
           const float p = seen ? exp2_approx(sc[n][i] * sl2 - (i < 2 ? l0 : l1)) : 0.0f;
           sc[n][i] = p * (dp[n][i] - (i < 2 ? d0 : d1));  // dS
         }
@@ -254,18 +268,18 @@ __global__ void __launch_bounds__(128)
 
 // dK and dV: a CTA of 4 warps per 64 keys of one kv head, a warp per 16 keys with dK and dV in
 // registers, walking the query tiles (BQ rows) of every query head of the group in order; Q,
-// dO and the tiles' lse, delta and positions double-buffered.
+// dO and the tiles' lse, delta, positions and document starts double-buffered.
 template <int D>
 struct BlockDkv {
   static constexpr int kBq = Plan<D>::kBq;
-  static constexpr size_t kSmem = size_t(2 * 64 + 4 * kBq) * row_ld<D>() * 2 + size_t(2 * 3 * kBq) * 4;
+  static constexpr size_t kSmem = size_t(2 * 64 + 4 * kBq) * row_ld<D>() * 2 + size_t(2 * 4 * kBq) * 4;
 };
 
 template <int D>
 __global__ void __launch_bounds__(128)
     block_dkv_flash_kernel(float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv, const float* lse,
-                           const float* delta, const int32_t* qpos, const int32_t* kpos, int Tq, int Tk, int H, int KV,
-                           float scale) {
+                           const float* delta, const int32_t* qpos, const int32_t* kpos, const int32_t* qdoc, int Tq,
+                           int Tk, int H, int KV, float scale) {
   constexpr bool ARegs = Plan<D>::kARegs;
   constexpr int BQ = Plan<D>::kBq, LD = row_ld<D>(), BK = 64, NT = 128;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
@@ -276,6 +290,7 @@ __global__ void __launch_bounds__(128)
   float* lse_s = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ], times log2 e
   float* delta_s = lse_s + 2 * BQ;
   int* qpos_s = reinterpret_cast<int*>(delta_s + 2 * BQ);
+  int* start_s = qpos_s + 2 * BQ;  // each query's first visible position; past the rows, none
   const int kvh = blockIdx.x % KV, bi = blockIdx.x / KV, k0 = blockIdx.y * BK;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row = (H + 2 * KV) * D, kvw = 2 * KV * D, group = H / KV;
@@ -293,6 +308,7 @@ __global__ void __launch_bounds__(128)
       lse_s[buf * BQ + i] = ok ? lse[stat0 + q0 + i] * kLog2e : 0.0f;
       delta_s[buf * BQ + i] = ok ? delta[stat0 + q0 + i] : 0.0f;
       qpos_s[buf * BQ + i] = ok ? qpos[q0 + i] : kNoRow;
+      start_s[buf * BQ + i] = ok ? row_start(qdoc, bi, Tq, q0 + i, qpos[q0 + i]) : kNoKey;
     }
   };
   tile_async<D, BK, NT>(ks, kbase, kvw, k0, Tk);
@@ -304,7 +320,7 @@ __global__ void __launch_bounds__(128)
 
   const int wk = k0 + 16 * w, key0 = wk + g, key1 = wk + g + 8;
   const int kp0 = key0 < Tk ? kpos[key0] : kNoKey, kp1 = key1 < Tk ? kpos[key1] : kNoKey;
-  const int least = warp_min_int(imin(kp0, kp1));
+  const int least = warp_min_int(imin(kp0, kp1)), greatest = warp_max_int(imax(kp0, kp1));
   const bf16* kw = ks + 16 * w * LD;
   const bf16* vw = vs + 16 * w * LD;
   uint32_t kf[ARegs ? D / 16 : 1][4], vf[ARegs ? D / 16 : 1][4];
@@ -327,11 +343,12 @@ __global__ void __launch_bounds__(128)
     const float* ls = lse_s + buf * BQ;
     const float* ds = delta_s + buf * BQ;
     const int* qp = qpos_s + buf * BQ;
-    int last = kNoRow;
-    for (int i = lane; i < BQ; i += 32) last = imax(last, qp[i]);
-    last = warp_max_int(last);
-    if (last >= least) {                    // some query of the tile sees some key of the warp
-      float st[BQ / 8][4], dpt[BQ / 8][4];  // S^T and dP^T: the warp's keys x the tile's queries
+    const int* fs = start_s + buf * BQ;
+    int last = kNoRow, start_lo = kNoKey;
+    for (int i = lane; i < BQ; i += 32) last = imax(last, qp[i]), start_lo = imin(start_lo, fs[i]);
+    last = warp_max_int(last), start_lo = warp_min_int(start_lo);
+    if (last >= least && start_lo <= greatest) {  // some query of the tile may see some key of the warp
+      float st[BQ / 8][4], dpt[BQ / 8][4];        // S^T and dP^T: the warp's keys x the tile's queries
       gemm_abt<D, BQ>(st, a_fragments<D, ARegs>(kf, kw), qt_s);
       gemm_abt<D, BQ>(dpt, a_fragments<D, ARegs>(vf, vw), dot_s);
 #pragma unroll
@@ -339,7 +356,8 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int c = 8 * n + 2 * t + i % 2;
-          const float p = (i < 2 ? kp0 : kp1) <= qp[c] ? exp2_approx(st[n][i] * sl2 - ls[c]) : 0.0f;
+          const int k = i < 2 ? kp0 : kp1;
+          const float p = k <= qp[c] && k >= fs[c] ? exp2_approx(st[n][i] * sl2 - ls[c]) : 0.0f;
           st[n][i] = p;
           dpt[n][i] = p * (dpt[n][i] - ds[c]);  // dS^T
         }
@@ -387,15 +405,15 @@ void check_dims(int H, int KV, int D) {
 }
 
 template <int D>
-void forward_d(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos, const int32_t* kpos, int B,
-               int Tq, int Tk, int H, int KV, bool first, cudaStream_t s) {
+void forward_d(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos, const int32_t* kpos,
+               const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, bool first, cudaStream_t s) {
   using F = BlockFwd<D>;
   aligned16_check(qkv, "cp block attention", "qkv");
   aligned16_check(kv, "cp block attention", "kv");
   smem_allow(block_forward_flash_kernel<D>, F::kSmem);
   const dim3 grid(blocks_for(int64_t(B) * H, 1), blocks_for(Tq, F::Tiles::kRows));
   LOOM_LAUNCH(block_forward_flash_kernel<D>, grid, F::Tiles::kThreads, F::kSmem, s)
-  (acc, ml, qkv, kv, qpos, kpos, Tq, Tk, H, KV, 1.0f / sqrtf(float(D)), first);
+  (acc, ml, qkv, kv, qpos, kpos, qdoc, Tq, Tk, H, KV, 1.0f / sqrtf(float(D)), first);
   LOOM_CUDA_LAUNCHED();
 }
 
@@ -407,8 +425,8 @@ void finish_d(bf16* out, float* lse, const float* acc, const float* ml, int B, i
 
 template <int D>
 void backward_d(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv, const float* lse,
-                const float* delta, const int32_t* qpos, const int32_t* kpos, int B, int Tq, int Tk, int H, int KV,
-                cudaStream_t s) {
+                const float* delta, const int32_t* qpos, const int32_t* kpos, const int32_t* qdoc, int B, int Tq,
+                int Tk, int H, int KV, cudaStream_t s) {
   const float scale = 1.0f / sqrtf(float(D));
   aligned16_check(qkv, "cp block attention", "qkv");
   aligned16_check(kv, "cp block attention", "kv");
@@ -417,11 +435,11 @@ void backward_d(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const 
   smem_allow(block_dkv_flash_kernel<D>, BlockDkv<D>::kSmem);
   LOOM_LAUNCH(block_dq_flash_kernel<D>, dim3(blocks_for(int64_t(B) * H, 1), blocks_for(Tq, 64)), 128, BlockDq<D>::kSmem,
               s)
-  (dq, dout, qkv, kv, lse, delta, qpos, kpos, Tq, Tk, H, KV, scale);
+  (dq, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, Tq, Tk, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
   LOOM_LAUNCH(block_dkv_flash_kernel<D>, dim3(blocks_for(int64_t(B) * KV, 1), blocks_for(Tk, 64)), 128,
               BlockDkv<D>::kSmem, s)
-  (dkv, dout, qkv, kv, lse, delta, qpos, kpos, Tq, Tk, H, KV, scale);
+  (dkv, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, Tq, Tk, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
 }
 
@@ -434,12 +452,12 @@ void attention_kv_extract(bf16* kv, const bf16* qkv, int B, int T, int H, int KV
 }
 
 void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
-                             const int32_t* kpos, int B, int Tq, int Tk, int H, int KV, int D, bool first,
-                             cudaStream_t s) {
+                             const int32_t* kpos, const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D,
+                             bool first, cudaStream_t s) {
   check_dims(H, KV, D);
-  if (D == 64) return forward_d<64>(acc, ml, qkv, kv, qpos, kpos, B, Tq, Tk, H, KV, first, s);
-  if (D == 128) return forward_d<128>(acc, ml, qkv, kv, qpos, kpos, B, Tq, Tk, H, KV, first, s);
-  forward_d<32>(acc, ml, qkv, kv, qpos, kpos, B, Tq, Tk, H, KV, first, s);
+  if (D == 64) return forward_d<64>(acc, ml, qkv, kv, qpos, kpos, qdoc, B, Tq, Tk, H, KV, first, s);
+  if (D == 128) return forward_d<128>(acc, ml, qkv, kv, qpos, kpos, qdoc, B, Tq, Tk, H, KV, first, s);
+  forward_d<32>(acc, ml, qkv, kv, qpos, kpos, qdoc, B, Tq, Tk, H, KV, first, s);
 }
 
 void attention_block_finish(bf16* out, float* lse, const float* acc, const float* ml, int B, int Tq, int H, int D,
@@ -451,12 +469,12 @@ void attention_block_finish(bf16* out, float* lse, const float* acc, const float
 }
 
 void attention_block_backward(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv,
-                              const float* lse, const float* delta, const int32_t* qpos, const int32_t* kpos, int B,
-                              int Tq, int Tk, int H, int KV, int D, cudaStream_t s) {
+                              const float* lse, const float* delta, const int32_t* qpos, const int32_t* kpos,
+                              const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, cudaStream_t s) {
   check_dims(H, KV, D);
-  if (D == 64) return backward_d<64>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, B, Tq, Tk, H, KV, s);
-  if (D == 128) return backward_d<128>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, B, Tq, Tk, H, KV, s);
-  backward_d<32>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, B, Tq, Tk, H, KV, s);
+  if (D == 64) return backward_d<64>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, B, Tq, Tk, H, KV, s);
+  if (D == 128) return backward_d<128>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, B, Tq, Tk, H, KV, s);
+  backward_d<32>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, B, Tq, Tk, H, KV, s);
 }
 
 void attention_block_grads_store(bf16* dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV, int D,

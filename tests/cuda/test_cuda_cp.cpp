@@ -23,20 +23,22 @@ namespace {
 // that rank 0's first block leaves its first chunk's rows with no visible key (max -inf).
 // reversed: each rank's rows hold its positions in descending order (the kernels must not
 // assume them sorted: a tile's or a warp's first position is then its last).
+// docs: data.doc_mask's documents, of 5, 11, 2, 23, 5, 11, ... tokens (shifted per sequence),
+// crossing the ranks' chunks and the kernels' tiles.
 struct CpShape {
   int B, H, KV, D, T, cp, rank;
-  bool own_first, reversed = false;
+  bool own_first, reversed = false, docs = false;
 };
 void PrintTo(const CpShape& s, std::ostream* os) {
   *os << "B" << s.B << "_H" << s.H << "_KV" << s.KV << "_D" << s.D << "_T" << s.T << "_cp" << s.cp << "_rank" << s.rank
-      << (s.own_first ? "_ring" : "_own_last") << (s.reversed ? "_reversed" : "");
+      << (s.own_first ? "_ring" : "_own_last") << (s.reversed ? "_reversed" : "") << (s.docs ? "_docs" : "");
 }
 class CudaCp : public Cuda, public ::testing::WithParamInterface<CpShape> {};
 
 }  // namespace
 
 TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
-  const auto [B, H, KV, D, T, cp, rank, own_first, reversed] = GetParam();
+  const auto [B, H, KV, D, T, cp, rank, own_first, reversed, docs] = GetParam();
   const int Tl = T / cp;
   const size_t nq = size_t(B) * Tl * (H + 2 * KV) * D, no = size_t(B) * Tl * H * D, nkv = size_t(B) * Tl * 2 * KV * D;
   std::vector<int32_t> table;
@@ -48,6 +50,18 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
       table.insert(table.end(), p.begin(), p.end());
   }
   auto pos = [&](const int32_t* base, int r) { return base + size_t(r) * Tl; };
+  // This rank's queries' positions in their documents, [B, Tl].
+  std::vector<int32_t> qdoc(size_t(B) * Tl);
+  for (int b = 0; b < B; ++b) {
+    const int lengths[] = {5, 11, 2, 23};
+    std::vector<int32_t> in_doc(static_cast<size_t>(T));
+    for (int t = 0, d = b, at = 0; t < T; ++t) {
+      if (t - at == lengths[d % 4]) at = t, ++d;
+      in_doc[size_t(t)] = t - at;
+    }
+    for (int t = 0; t < Tl; ++t) qdoc[size_t(b * Tl + t)] = in_doc[size_t(pos(table.data(), rank)[t])];
+  }
+  const int32_t* qd = docs ? qdoc.data() : nullptr;
   // Every rank's qkv; this rank's queries, every rank's keys and values.
   std::vector<std::vector<float>> qkv;
   std::vector<std::vector<float>> kv(static_cast<size_t>(cp), std::vector<float>(nkv));
@@ -65,7 +79,7 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
   std::vector<float> scratch(size_t(cpu::attention_block_scratch(B, Tl, Tl, H, KV)));
   for (int s = 0; s < cp; ++s)
     cpu::attention_block_forward(acc.data(), ml.data(), q.data(), kv[size_t(order[size_t(s)])].data(),
-                                 pos(table.data(), rank), pos(table.data(), order[size_t(s)]), B, Tl, Tl, H, KV, D,
+                                 pos(table.data(), rank), pos(table.data(), order[size_t(s)]), qd, B, Tl, Tl, H, KV, D,
                                  s == 0, scratch.data());
   cpu::attention_block_finish(out.data(), lse.data(), acc.data(), ml.data(), B, Tl, H, D);
   const auto out_b = rounded(out);  // what the CUDA path keeps (bf16), for both backwards
@@ -75,12 +89,13 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
   for (int r = 0; r < cp; ++r) dkv.push_back(randn(nkv, 80 + uint64_t(r), 0.1f));
   for (int src : order)
     cpu::attention_block_backward(dq.data(), dkv[size_t(src)].data(), dy.data(), q.data(), kv[size_t(src)].data(),
-                                  lse.data(), delta.data(), pos(table.data(), rank), pos(table.data(), src), B, Tl, Tl,
-                                  H, KV, D, scratch.data());
+                                  lse.data(), delta.data(), pos(table.data(), rank), pos(table.data(), src), qd, B, Tl,
+                                  Tl, H, KV, D, scratch.data());
   cpu::attention_block_grads_store(dqkv.data(), dq.data(), dkv[size_t(rank)].data(), B, Tl, H, KV, D);
 
   // CUDA: the same calls, the key/value blocks extracted on the device.
-  DevRaw<int32_t> Table(table);
+  DevRaw<int32_t> Table(table), Qdoc(qdoc);
+  const int32_t* Qd = docs ? Qdoc.p : nullptr;
   Dev Q(q), Dy(dy), Ob(out_b);
   std::vector<std::unique_ptr<Dev>> Qr, KVr;
   for (int r = 0; r < cp; ++r) {
@@ -102,14 +117,14 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
     Dev O(out_b.size()), DQKV(std::vector<float>(nq, 7.0f));
     for (int s = 0; s < cp; ++s)
       cuda::attention_block_forward(Acc.p, Ml.p, Q.p, KVr[size_t(order[size_t(s)])]->p, pos(Table.p, rank),
-                                    pos(Table.p, order[size_t(s)]), B, Tl, Tl, H, KV, D, s == 0, nullptr);
+                                    pos(Table.p, order[size_t(s)]), Qd, B, Tl, Tl, H, KV, D, s == 0, nullptr);
     cuda::attention_block_finish(O.p, L.p, Acc.p, Ml.p, B, Tl, H, D, nullptr);
     cuda::attention_block_delta(Delta.p, Dy.p, Ob.p, B, Tl, H, D, nullptr);
     std::vector<std::unique_ptr<DevRaw<float>>> DKV;
     for (int r = 0; r < cp; ++r) DKV.push_back(std::make_unique<DevRaw<float>>(randn(nkv, 80 + uint64_t(r), 0.1f)));
     for (int src : order)
       cuda::attention_block_backward(DQ.p, DKV[size_t(src)]->p, Dy.p, Q.p, KVr[size_t(src)]->p, Lc.p, Delta.p,
-                                     pos(Table.p, rank), pos(Table.p, src), B, Tl, Tl, H, KV, D, nullptr);
+                                     pos(Table.p, rank), pos(Table.p, src), Qd, B, Tl, Tl, H, KV, D, nullptr);
     cuda::attention_block_grads_store(DQKV.p, DQ.p, DKV[size_t(rank)]->p, B, Tl, H, KV, D, nullptr);
     got.out = O.get(), got.lse = L.get(), got.delta = Delta.get(), got.dq = DQ.get(), got.dqkv = DQKV.get();
     for (auto& d : DKV) got.dkv.push_back(d->get());
@@ -145,15 +160,18 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
 // Partial tiles everywhere (Tl < 64), and Tl = 160: three key tiles, the last ragged, so the
 // running state and the double buffers cross tiles.
 INSTANTIATE_TEST_SUITE_P(Ranks, CudaCp,
-                         ::testing::ValuesIn(kSanitized ? std::vector<CpShape>{{2, 2, 1, 32, 16, 2, 0, false},
-                                                                               {2, 2, 2, 64, 16, 2, 1, true},
-                                                                               {1, 2, 1, 32, 144, 2, 0, true, true}}
-                                                        : std::vector<CpShape>{{2, 4, 2, 32, 64, 2, 0, true},
-                                                                               {2, 4, 2, 32, 64, 2, 0, false},
-                                                                               {2, 4, 2, 32, 64, 2, 1, true},
-                                                                               {2, 2, 1, 64, 96, 4, 1, true},
-                                                                               {1, 2, 2, 128, 64, 4, 3, false},
-                                                                               {1, 2, 1, 64, 320, 2, 1, true},
-                                                                               {1, 2, 1, 128, 144, 2, 1, true},
-                                                                               {2, 4, 2, 32, 64, 2, 1, true, true},
-                                                                               {1, 2, 1, 64, 320, 2, 0, false, true}}));
+                         ::testing::ValuesIn(kSanitized
+                                                 ? std::vector<CpShape>{{2, 2, 1, 32, 16, 2, 0, false},
+                                                                        {2, 2, 2, 64, 16, 2, 1, true},
+                                                                        {1, 2, 1, 32, 144, 2, 0, true, true, true}}
+                                                 : std::vector<CpShape>{{2, 4, 2, 32, 64, 2, 0, true},
+                                                                        {2, 4, 2, 32, 64, 2, 0, false},
+                                                                        {2, 4, 2, 32, 64, 2, 1, true},
+                                                                        {2, 2, 1, 64, 96, 4, 1, true},
+                                                                        {1, 2, 2, 128, 64, 4, 3, false},
+                                                                        {1, 2, 1, 64, 320, 2, 1, true},
+                                                                        {1, 2, 1, 128, 144, 2, 1, true},
+                                                                        {2, 4, 2, 32, 64, 2, 1, true, true},
+                                                                        {2, 4, 2, 32, 64, 2, 0, true, false, true},
+                                                                        {1, 2, 1, 64, 320, 2, 1, false, true, true},
+                                                                        {1, 2, 1, 64, 320, 2, 0, false, true}}));

@@ -19,14 +19,15 @@ namespace {
 // The whole sequence's out and dqkv computed as N cp ranks would: rank r holds rows
 // cp_positions(T, N, r), meets the blocks in ring order (r, r-1, ...) or gathered order
 // (0, 1, ...), and the key/value gradients of each block are summed over every rank's queries.
+// doc [B,T] (data.doc_mask's positions in the documents) or null.
 struct CpResult {
   std::vector<float> out, dqkv;
 };
 CpResult attention_as_cp(const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int H, int KV,
-                         int D, int N, bool ring) {
+                         int D, int N, bool ring, const int32_t* doc = nullptr) {
   const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, Tl = T / N;
   const size_t ranks = size_t(N);
-  std::vector<std::vector<int32_t>> pos(ranks);
+  std::vector<std::vector<int32_t>> pos(ranks), qdoc(ranks, std::vector<int32_t>(size_t(B) * Tl));
   std::vector<std::vector<float>> local(ranks), dlocal(ranks), kv(ranks), outl(ranks), lse(ranks);
   for (int r = 0; r < N; ++r) {
     pos[size_t(r)] = cp_positions(T, N, r);
@@ -35,6 +36,7 @@ CpResult attention_as_cp(const std::vector<float>& qkv, const std::vector<float>
     for (int b = 0; b < B; ++b)
       for (int t = 0; t < Tl; ++t) {
         const int g = pos[size_t(r)][size_t(t)];
+        if (doc) qdoc[size_t(r)][size_t(b * Tl + t)] = doc[b * T + g];
         std::copy_n(&qkv[size_t((b * T + g) * row)], row, &local[size_t(r)][size_t((b * Tl + t) * row)]);
         std::copy_n(&dout[size_t((b * T + g) * H * D)], H * D, &dlocal[size_t(r)][size_t((b * Tl + t) * H * D)]);
       }
@@ -53,8 +55,8 @@ CpResult attention_as_cp(const std::vector<float>& qkv, const std::vector<float>
     for (int s = 0; s < N; ++s) {
       const int j = order(r, s);
       cpu::attention_block_forward(acc.data(), ml.data(), local[size_t(r)].data(), kv[size_t(j)].data(),
-                                   pos[size_t(r)].data(), pos[size_t(j)].data(), B, Tl, Tl, H, KV, D, s == 0,
-                                   scores.data());
+                                   pos[size_t(r)].data(), pos[size_t(j)].data(), doc ? qdoc[size_t(r)].data() : nullptr,
+                                   B, Tl, Tl, H, KV, D, s == 0, scores.data());
     }
     cpu::attention_block_finish(outl[size_t(r)].data(), lse[size_t(r)].data(), acc.data(), ml.data(), B, Tl, H, D);
     std::vector<float> delta(size_t(B) * H * Tl), dq(acc.size(), 0.0f);
@@ -63,7 +65,8 @@ CpResult attention_as_cp(const std::vector<float>& qkv, const std::vector<float>
       const int j = order(r, s);
       cpu::attention_block_backward(dq.data(), dkv[size_t(j)].data(), dlocal[size_t(r)].data(), local[size_t(r)].data(),
                                     kv[size_t(j)].data(), lse[size_t(r)].data(), delta.data(), pos[size_t(r)].data(),
-                                    pos[size_t(j)].data(), B, Tl, Tl, H, KV, D, scores.data());
+                                    pos[size_t(j)].data(), doc ? qdoc[size_t(r)].data() : nullptr, B, Tl, Tl, H, KV, D,
+                                    scores.data());
     }
     // The block's kv gradient is complete only once every rank has added to it: store after.
     for (int b = 0; b < B; ++b)
@@ -107,22 +110,32 @@ TEST(ContextParallel, ChunksAreBalancedAndCoverTheSequence) {
   EXPECT_EQ(out, (std::vector<int32_t>{2, 3, 4, 5, 10, 11, 12, 13}));
 }
 
-class CpAttention : public ::testing::TestWithParam<std::tuple<int, int, bool>> {};
+// cp ranks, kv heads, ring order, documents (data.doc_mask: starts at 0, 3, 9 and 10 in the
+// first sequence, crossing the ranks' chunks; 0 and 7 in the second).
+class CpAttention : public ::testing::TestWithParam<std::tuple<int, int, bool, bool>> {};
 
 // Forward against the whole sequence's attention; backward against its finite differences:
 // each rank's queries and the key/value gradients summed over every rank's.
 TEST_P(CpAttention, BlocksAsRanksRunThemMatchTheWholeSequence) {
-  const auto [N, KV, ring] = GetParam();
+  const auto [N, KV, ring, docs] = GetParam();
   const int B = 2, T = 16, H = 4, D = 4, row = (H + 2 * KV) * D;  // cp 4: runs of 2, partial prefixes
   const auto qkv = randn(size_t(B) * T * row, 300), r = randn(size_t(B) * T * H * D, 301);
-  const CpResult got = attention_as_cp(qkv, r, B, T, H, KV, D, N, ring);
-  EXPECT_LT(rel_err(got.out, attention_ref(to_double(qkv), B, T, H, KV, D)), 1e-5);
-  const V g = fd_grad([&](const V& x) { return dot(attention_ref(x, B, T, H, KV, D), r); }, to_double(qkv));
+  std::vector<int32_t> doc(size_t(B) * T);
+  for (int t = 0; t < T; ++t) {
+    doc[size_t(t)] = t < 3 ? t : t < 9 ? t - 3 : t < 10 ? 0 : t - 10;
+    doc[size_t(T + t)] = t < 7 ? t : t - 7;
+  }
+  const int32_t* d = docs ? doc.data() : nullptr;
+  const CpResult got = attention_as_cp(qkv, r, B, T, H, KV, D, N, ring, d);
+  EXPECT_LT(rel_err(got.out, attention_ref(to_double(qkv), B, T, H, KV, D, d)), 1e-5);
+  const V g = fd_grad([&](const V& x) { return dot(attention_ref(x, B, T, H, KV, D, d), r); }, to_double(qkv));
   EXPECT_LT(rel_err(got.dqkv, g), 1e-4);
 }
 INSTANTIATE_TEST_SUITE_P(RanksHeadsOrder, CpAttention,
-                         ::testing::Values(std::tuple{1, 4, true}, std::tuple{2, 4, true}, std::tuple{2, 2, false},
-                                           std::tuple{4, 1, true}, std::tuple{4, 2, false}));
+                         ::testing::Values(std::tuple{1, 4, true, false}, std::tuple{2, 4, true, false},
+                                           std::tuple{2, 2, false, false}, std::tuple{4, 1, true, false},
+                                           std::tuple{4, 2, false, false}, std::tuple{2, 2, true, true},
+                                           std::tuple{4, 1, false, true}));
 
 TEST(ContextParallel, BlockOrderChangesOnlyRounding) {
   const int B = 1, T = 16, H = 2, KV = 1, D = 8, row = (H + 2 * KV) * D;
@@ -166,13 +179,15 @@ TEST(ContextParallel, BadLayoutsAreRefusedWithWhatToChange) {
   refuses({"parallel.cp=2", "parallel.cp_attention=alltoall"}, "parallel.cp_attention = 'alltoall' is not one of");
   refuses({"parallel.cp_attention=allgather"}, "parallel.cp = 1, so it would do nothing");
   refuses({"parallel.cp_overlap=false"}, "parallel.cp = 1, so it would do nothing");
-  refuses({"parallel.cp=2", "data.doc_mask=true", "data.doc_token=5"}, "data.doc_mask with parallel.cp = 2");
   refuses({"parallel.cp=2", "model.arch=llama", "model.moe.num_experts=4", "parallel.ep=4"},
           "parallel.ep = 4 does not divide parallel.dp x parallel.cp = 1 x 2");
   Config ok = config_defaults();
   for (const char* s : {"parallel.cp=2", "parallel.ep=2", "model.arch=llama", "model.moe.num_experts=4"})
     config_set(ok, s);
   EXPECT_NO_THROW(config_validate(ok));  // ep carved from cp alone
+  Config docs = config_defaults();
+  for (const char* s : {"parallel.cp=2", "data.doc_mask=true", "data.doc_token=5"}) config_set(docs, s);
+  EXPECT_NO_THROW(config_validate(docs));  // documents may cross the ranks' chunks
   EXPECT_EQ(ok.local_seq(), ok.model.seq_len / 2);
   EXPECT_EQ(ok.world(), 2);
   EXPECT_THROW(mesh_validate(MeshDims{.pp = 1, .dp = 2, .cp = 2, .tp = 1}, 2), Error);

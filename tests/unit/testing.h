@@ -65,24 +65,27 @@ double rel_err(const A& got, const B& want) {
 
 // Causal attention with grouped-query heads in double, the kernels' reference: packed qkv
 // [B,T,(H+2KV)*D] (q heads, then KV k heads, then KV v heads) -> out [B,T,H*D].
-inline std::vector<double> attention_ref(const std::vector<double>& qkv, int B, int T, int H, int KV, int D) {
+// pos [B,T] (data.doc_mask): query t attends to keys t - pos[b,t] .. t; null: 0 .. t.
+inline std::vector<double> attention_ref(const std::vector<double>& qkv, int B, int T, int H, int KV, int D,
+                                         const int32_t* pos = nullptr) {
   const int row = (H + 2 * KV) * D, group = H / KV;
   std::vector<double> out(size_t(B) * T * H * D, 0.0);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int t = 0; t < T; ++t) {
         const double* q = &qkv[size_t((b * T + t) * row + h * D)];
-        std::vector<double> s(size_t(t) + 1);
+        const int u0 = pos ? t - pos[b * T + t] : 0;
+        std::vector<double> s(size_t(t) + 1, -1e300);
         double mx = -1e300, sum = 0;
-        for (int u = 0; u <= t; ++u) {
+        for (int u = u0; u <= t; ++u) {
           const double* k = &qkv[size_t((b * T + u) * row + (H + h / group) * D)];
           double a = 0;
           for (int d = 0; d < D; ++d) a += q[d] * k[d];
           s[size_t(u)] = a / std::sqrt(double(D));
           mx = std::max(mx, s[size_t(u)]);
         }
-        for (auto& x : s) sum += (x = std::exp(x - mx));
-        for (int u = 0; u <= t; ++u) {
+        for (auto& x : s) sum += (x = std::exp(x - mx));  // the masked ones are 0
+        for (int u = u0; u <= t; ++u) {
           const double* v = &qkv[size_t((b * T + u) * row + (H + KV + h / group) * D)];
           for (int d = 0; d < D; ++d) out[size_t((b * T + t) * H * D + h * D + d)] += s[size_t(u)] / sum * v[d];
         }
