@@ -45,7 +45,8 @@ struct Inputs {
   const int32_t* targets = nullptr;    // [N]
   const int32_t* index = nullptr;      // CUDA: the token index the embedding gradient walks
   int unique = 0;                      // distinct token ids in the index
-  const int32_t* pos = nullptr;        // [N] data.doc_mask: each token's position in its document
+  const int32_t* pos = nullptr;        // [N] each token's position in its document (data.doc_mask, cp or not),
+                                       // else in the whole sequence under cp
   const int32_t* pos_index = nullptr;  // CUDA, pos set: the rows at each position (cuda::position_index)
   int pos_range = 0;                   // CUDA, pos set: positions lie in [0, pos_range)
 };
@@ -94,8 +95,8 @@ class Backend {
   // A micro-batch's inputs staged where the ops read them, valid until two more have been
   // staged (a micro-batch's forward and backward run before the one after next is staged);
   // v0, Vl: the vocabulary rows this rank holds (the embedding gradient's index covers those);
-  // pos: each token's position in its document (data.doc_mask) or in the whole sequence (cp),
-  // or null; T: the sequence length (positions lie below it).
+  // pos: each token's position in its document (data.doc_mask, with or without cp), else in the
+  // whole sequence (cp), or null; T: the sequence length (positions lie below it).
   virtual Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, const int32_t* pos, int N, int T, int v0,
                               int Vl) = 0;
 

@@ -156,7 +156,7 @@ class CudaBackend final : public Backend {
   }
   void embedding_backward(float* dwte, float* dwpe, Ptr dout, const Inputs& in, int, int, int B, int T,
                           int C) override {
-    // By position (doc_mask, cp): every position the index covers, the sequence's under cp.
+    // By position (doc_mask, cp): every position the index covers, up to the sequence length.
     cuda::embedding_backward(dwte, dwpe, B16(dout), in.index, in.unique, B, in.pos_index ? in.pos_range : T, C,
                              in.pos_index, s_);
   }

@@ -189,7 +189,8 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, in
 // Context parallel's blocks (ops.h): one thread per (batch, head) forward, per (batch, kv
 // head) backward, as above. Positions come in runs (a rank's chunks), so the mask of a (query
 // run, key run) pair is nothing, everything or a causal edge: GEMMs run per pair, those wholly
-// masked are skipped, and each row's visible keys in a run are a prefix. Nothing of P is
+// masked are skipped, and each row's visible keys in a run are a range (a prefix, cut at the
+// front by the row's document start with data.doc_mask). Nothing of P is
 // kept: backward recomputes it from the log-sum-exp, block by block, as blocks come round.
 namespace {
 struct Run {

@@ -174,4 +174,5 @@ INSTANTIATE_TEST_SUITE_P(Ranks, CudaCp,
                                                                         {2, 4, 2, 32, 64, 2, 1, true, true},
                                                                         {2, 4, 2, 32, 64, 2, 0, true, false, true},
                                                                         {1, 2, 1, 64, 320, 2, 1, false, true, true},
+                                                                        {1, 2, 1, 128, 144, 2, 0, true, false, true},
                                                                         {1, 2, 1, 64, 320, 2, 0, false, true}}));
