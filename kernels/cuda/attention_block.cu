@@ -120,10 +120,7 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
   float* arows = acc + int64_t(bi) * Tq * H * D + h * D;
   float* stats = ml + (int64_t(bi) * H + h) * Tq * 2;
   float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[n][i] = 0.0f;
+  acc_zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   if (!first) {
 #pragma unroll
@@ -228,10 +225,7 @@ __global__ void __launch_bounds__(128)
     for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qw, kk), load_a<D>(dof[kk], dow, kk);
   }
   float dqa[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dqa[n][i] = 0.0f;
+  acc_zero(dqa);
 
   for (int kt = 0; kt < tiles; ++kt) {
     const int buf = kt % 2;
@@ -329,10 +323,7 @@ __global__ void __launch_bounds__(128)
     for (int kk = 0; kk < D / 16; ++kk) load_a<D>(kf[kk], kw, kk), load_a<D>(vf[kk], vw, kk);
   }
   float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dk[n][i] = dv[n][i] = 0.0f;
+  acc_zero(dk), acc_zero(dv);
 
   for (int step = 0; step < steps; ++step) {
     const int buf = step % 2;

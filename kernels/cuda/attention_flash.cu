@@ -68,10 +68,7 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qs + 16 * w * LD, kk);
   float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[n][i] = 0.0f;
+  acc_zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sum
 
   for (int kt = kt0; kt < kt1; ++kt) {
@@ -165,10 +162,7 @@ __global__ void __launch_bounds__(128)
     for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qw, kk), load_a<D>(dof[kk], dow, kk);
   }
   float dq[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dq[n][i] = 0.0f;
+  acc_zero(dq);
 
   for (int kt = kt0; kt < kt1; ++kt) {
     const int buf = (kt - kt0) % 2, k0 = kt * kKeys;
@@ -261,10 +255,7 @@ __global__ void __launch_bounds__(128)
     for (int kk = 0; kk < D / 16; ++kk) load_a<D>(kf[kk], kw, kk), load_a<D>(vf[kk], vw, kk);
   }
   float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dk[n][i] = dv[n][i] = 0.0f;
+  acc_zero(dk), acc_zero(dv);
 
   for (int step = 0; step < steps; ++step) {
     const int buf = step % 2, q0 = (qt0 + step % per_head) * BQ;

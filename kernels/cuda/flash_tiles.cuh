@@ -88,13 +88,19 @@ __device__ __forceinline__ AFragments<D, InRegs, K> a_fragments(const uint32_t (
   return {regs, rows};
 }
 
+// Zeroes a warp's accumulator fragments (16 rows x 8N columns).
+template <int N>
+__device__ __forceinline__ void acc_zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+}
+
 // acc[N/8] = A (16 x D, from `a_frag(kk)`) @ X^T for the N rows of the padded tile `xt`.
 template <int D, int N, class AFrag>
 __device__ __forceinline__ void gemm_abt(float (&acc)[N / 8][4], AFrag a_frag, const bf16* xt) {
-#pragma unroll
-  for (int n = 0; n < N / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+  acc_zero(acc);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t a[4];
