@@ -19,6 +19,7 @@
 #include "data/tokenizer.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/launch_env.h"
 
 namespace loom {
 
@@ -150,7 +151,7 @@ void data_run(const DataOptions& opt) {
   }
   // Documents are opened by the tokenizer's document token (llm.c's convention), where it has one.
   const int32_t eot = bpe ? bpe->doc_token() : -1;
-  const int threads = opt.threads > 0 ? opt.threads : omp_get_num_procs();
+  const int threads = opt.threads > 0 ? opt.threads : cores_visible();
   const auto t0 = std::chrono::steady_clock::now();
 
   // Each document's chunks, tokenized by whichever thread is free; a thread keeps its own

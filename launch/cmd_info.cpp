@@ -5,6 +5,7 @@
 
 #include "checkpoint/h5.h"
 #include "launch/command.h"
+#include "runtime/launch_env.h"
 #if LOOM_HAVE_MPI
 #include "runtime/comm/mpi_group.h"
 #endif
@@ -19,7 +20,7 @@ namespace loom {
 namespace {
 void info_print() {
   fmt::print("loom {} ({} build)\n", LOOM_VERSION, LOOM_BUILD_TYPE);
-  fmt::print("CPU: {} cores visible; OpenBLAS: {}; OpenMP {} (max threads {}, wait policy {})\n", omp_get_num_procs(),
+  fmt::print("CPU: {} cores visible; OpenBLAS: {}; OpenMP {} (max threads {}, wait policy {})\n", cores_visible(),
              openblas_get_config(), _OPENMP, omp_get_max_threads(),
              std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "the runtime's default");
 #if LOOM_HAVE_CUDA

@@ -13,10 +13,12 @@ args=("$@")
 for ((i = 0; i < ${#args[@]}; ++i)); do
   [ "${args[i]}" = "-np" ] || [ "${args[i]}" = "-n" ] && np=${args[i + 1]}
 done
-cores=$(nproc)
+cores=${LOOM_CORES:-$(nproc)}  # LOOM_CORES: as loom counts them (docs/testing.md)
 threads=$(( cores / np > 0 ? cores / np : 1 ))
 extra=(--bind-to none -x OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}")
-(( np > cores )) && extra+=(--oversubscribe)
+# Open MPI counts a node's slots in physical cores: two hardware threads of one core are one slot.
+physical=$(lscpu -p=CORE,SOCKET 2> /dev/null | grep -v '^#' | sort -u | wc -l)
+(( np > cores || np > ${physical:-0} )) && extra+=(--oversubscribe)
 [ "$(id -u)" -eq 0 ] && extra+=(--allow-run-as-root)
 job="" stops=0 signalled=0
 on_stop() {

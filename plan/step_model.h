@@ -54,7 +54,8 @@ Cluster cluster_load(const std::string& path, const std::string& what = "--clust
 // This source tree's examples/clusters/this_machine.toml (log.cluster = "auto").
 std::string cluster_this_machine_path();
 // This machine as a fitted cluster file names it (`fitted_on`): "<CPU model>, <N> cores" (the
-// cores this process may run on), as examples/scaling/calibrate.py writes it.
+// cores this process may run on), as examples/scaling/calibrate.py writes it; LOOM_MACHINE_NAME
+// where set.
 std::string machine_name();
 Cluster cluster_parse(const std::string& toml_text, const std::string& origin);
 

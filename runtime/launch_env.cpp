@@ -1,9 +1,12 @@
 #include "runtime/launch_env.h"
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdlib>
+
+#include "runtime/error.h"
 
 namespace loom {
 
@@ -72,6 +75,16 @@ ThreadChoice threads_choose(int configured, const LaunchEnv& env, const EnvGet& 
   const int local = std::max(1, env.local_size);
   const std::string from = env.local_size ? fmt::format(" ({})", env.local_from) : std::string();
   return {std::max(1, cores / local), fmt::format("{} cores shared by {} rank(s) on this node{}", cores, local, from)};
+}
+
+int cores_visible(const EnvGet& get) {
+  const char* v = get("LOOM_CORES");
+  if (!v || !*v) return omp_get_num_procs();
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  LOOM_CHECK(*end == '\0' && n >= 1 && n <= 65536,
+             "LOOM_CORES = '{}' is not a core count: unset it, or give a whole number >= 1", v);
+  return int(n);
 }
 
 }  // namespace loom

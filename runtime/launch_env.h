@@ -33,4 +33,9 @@ struct ThreadChoice {
 };
 ThreadChoice threads_choose(int configured, const LaunchEnv& env, const EnvGet& get, int cores);
 
+// The cores this process may run on (its affinity mask, as OpenMP counts them), or LOOM_CORES
+// where set: the test suite runs "as another machine" with it (docs/testing.md), and it counts
+// wherever loom counts cores (threads per rank, the machine's name, run.json).
+int cores_visible(const EnvGet& get = [](const char* k) { return std::getenv(k); });
+
 }  // namespace loom

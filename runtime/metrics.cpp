@@ -33,11 +33,12 @@ void MetricsWriter::line(const std::string& text) {
 
 MetricsWriter::~MetricsWriter() = default;
 
-namespace {
-// %.9g, or null for a value that is not finite.
-std::string num(double v) {
-  return std::isfinite(v) ? fmt::format("{:.9g}", v) : "null";
+std::string json_number(double v) {
+  return std::isfinite(v) ? fmt::format("{}", v) : "null";  // fmt's "{}": the shortest form that reads back exactly
 }
+
+namespace {
+constexpr auto num = json_number;
 
 std::string ranks_json(const std::vector<int>& r) {
   std::string out;

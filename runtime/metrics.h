@@ -2,9 +2,10 @@
 // progress line. One run at a time writes a log.dir (a lock, .metrics.lock, refuses a second).
 // A run appends to the file it finds and opens its part, at its first line, with a header,
 // {"run": K, "started": ..., "ranks": N}: a second run in the same log.dir never overwrites the
-// first, and readers take the lines after the last header. Floats print with %.9g so that float32 values round-trip
-// exactly; a value that is not finite (a diverged loss) prints as null, so the file stays JSON. Each line is flushed as
-// it is written, and the file fsynced when the run closes it.
+// first, and readers take the lines after the last header. Floats print in the shortest form that reads
+// back as the same double (json_number), so a reader derives from them what loom derived (a float32 for
+// TensorBoard, a bitwise comparison of two runs); a value that is not finite (a diverged loss) prints as null, so the
+// file stays JSON. Each line is flushed as it is written, and the file fsynced when the run closes it.
 #pragma once
 #include <cstdio>
 #include <memory>
@@ -94,5 +95,8 @@ int64_t rss_peak_bytes();
 // step number: a resumed run starts past step 0.
 double eta_seconds(double elapsed_s, int64_t steps_run, int64_t steps_left);
 std::string format_duration(double seconds);
+// A double as metrics.jsonl writes it: the shortest text that reads back as the same double, or
+// null where it is not finite.
+std::string json_number(double v);
 
 }  // namespace loom

@@ -18,6 +18,7 @@
 #include "kernels/ops.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/launch_env.h"
 #include "runtime/mesh.h"
 #include "runtime/trace.h"
 #include "train/trainer.h"
@@ -159,8 +160,8 @@ double cpu_peak_flops(int threads, bool remeasure) {
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M", std::gmtime(&now));
   // A busy machine measures low: a later, lower measurement never replaces a higher one.
   if (!cached || m.per_core > cache[key]["peak"].get<double>())
-    cache[key] = {{"peak", m.per_core}, {"median", m.median},           {"low", m.low}, {"runs", m.runs},
-                  {"load", load},       {"cores", omp_get_num_procs()}, {"when", when}};
+    cache[key] = {{"peak", m.per_core}, {"median", m.median},       {"low", m.low}, {"runs", m.runs},
+                  {"load", load},       {"cores", cores_visible()}, {"when", when}};
   else if (load >= 0 && load < then)
     cache[key]["load"] = load;  // confirmed on a quieter machine: not measured again for this load
   std::error_code ec;

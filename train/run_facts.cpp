@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/file.h"
+#include "runtime/launch_env.h"
 #include "train/trainer_parts.h"
 
 namespace loom {
@@ -23,7 +24,7 @@ void Trainer::Parts::facts_write() const {
       {"command", opt.command},
       {"started", utc_now_text()},
       {"loom", {{"version", LOOM_VERSION}, {"build", LOOM_BUILD_TYPE}, {"binary_xxh64", binary_digest()}}},
-      {"host", {{"name", host_name()}, {"cores", omp_get_num_procs()}, {"load_avg", {load[0], load[1], load[2]}}}},
+      {"host", {{"name", host_name()}, {"cores", cores_visible()}, {"load_avg", {load[0], load[1], load[2]}}}},
       {"world", mesh->world()},
       {"layout",
        {{"dp", cfg.parallel.dp},

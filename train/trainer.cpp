@@ -27,7 +27,7 @@ namespace loom {
 int threads_set(int threads) {
   if (threads <= 0) {
     const EnvGet get = [](const char* k) { return std::getenv(k); };
-    threads = threads_choose(0, launch_env_read(get), get, omp_get_num_procs()).threads;
+    threads = threads_choose(0, launch_env_read(get), get, cores_visible(get)).threads;
   }
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
@@ -83,7 +83,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   {
     const EnvGet get = [](const char* k) { return std::getenv(k); };
     const LaunchEnv env = launch_env_read(get);
-    const ThreadChoice t = threads_choose(cfg.train.threads, env, get, omp_get_num_procs());
+    const ThreadChoice t = threads_choose(cfg.train.threads, env, get, cores_visible(get));
     p.threads = threads_set(t.threads);
     p.threads_why = t.why;
     // The ranks of this node share its memory (on GPUs, each GPU's).

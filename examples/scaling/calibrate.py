@@ -119,14 +119,18 @@ def measured(log, skip=2):
 
 
 def machine_name():
-    """This machine as loom's machine_name() says it: the runs log.cluster = "auto" compares."""
+    """This machine as loom's machine_name() says it: the runs log.cluster = "auto" compares
+    (LOOM_MACHINE_NAME and LOOM_CORES count as they do there)."""
+    if os.environ.get("LOOM_MACHINE_NAME"):
+        return os.environ["LOOM_MACHINE_NAME"]
     model = "unknown CPU"
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("model name") and ":" in line:
                 model = line.split(":", 1)[1].strip()
                 break
-    return f"{model}, {len(os.sched_getaffinity(0))} cores"
+    cores = os.environ.get("LOOM_CORES") or len(os.sched_getaffinity(0))
+    return f"{model}, {cores} cores"
 
 
 def toml(c):

@@ -56,7 +56,9 @@ done
 for s in zbv dualpipev; do  # llama: no tied embedding, so the V's sums are 1f1b's
   run "${s}_sel_llama" 2 --set train.global_batch=8 --set parallel.pp=2 --set parallel.pp_schedule=$s \
     --set model.arch=llama --set train.recompute=selective
-  same "1f1b_sel_llama" "${s}_sel_llama"
+  # The gradient norm is summed per stage, and a V's stages hold other blocks than 1f1b's: its
+  # last bit may differ (it did under another BLAS: 1.1e-16); the weights and losses may not.
+  "$compare" "$dir/1f1b_sel_llama" "$dir/${s}_sel_llama" --loss-rtol 0 --norm-rtol 1e-15 --weight-atol 0 --min-steps 6
 done
 act() { python3 -c "import json,sys; print([json.loads(l) for l in open('$dir/$1/metrics.jsonl') if '\"loss\"' in l][-1]['mem']['act_b'])"; }
 run one 4 --set train.global_batch=1 --set parallel.pp=4 --set parallel.pp_schedule=gpipe

@@ -62,6 +62,8 @@ rows = list(csv.DictReader(open(check)))
 assert [r["layout"] for r in rows] == ["dp1 tp1 pp1 zero0", "dp2 tp1 pp1 zero0"] * 2, rows
 for r in rows:
     assert float(r["predicted_ms"]) > 0 and float(r["measured_ms"]) > 0, r
-    assert abs(float(r["predicted_ms"]) / float(r["measured_ms"]) - 1 - float(r["error"])) < 1e-3, r
+    # Each of the three is written with 4 digits: the ratio's rounding grows with the ratio.
+    ratio = float(r["predicted_ms"]) / float(r["measured_ms"])
+    assert abs(ratio - 1 - float(r["error"])) < 1.2e-3 * max(1.0, ratio), r
 print("ok: model harness")
 PY

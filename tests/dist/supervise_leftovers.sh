@@ -26,6 +26,8 @@ fails=0
 # When the restart begins, no process of the first run is left (its ranks would save on).
 for _ in $(seq 600); do grep -q "LOOM_RESTART=1" sup.log && break; sleep 0.05; done
 for p in $(pgrep -f "loom train"); do
+  # This test's ranks only (their directory): other tests' supervised runs may run beside it.
+  [ "$(readlink "/proc/$p/cwd" 2> /dev/null)" = "$PWD" ] || continue
   if grep -qa "LOOM_RESTART=0" "/proc/$p/environ" 2> /dev/null; then
     echo "FAIL: pid $p of the first run still runs as the restart begins"
     fails=1

@@ -3,15 +3,31 @@
 # chart with both runs' curves, the step split with the step-time model's prediction beside the
 # measured bars, memory with the resident peak, both configs; headless Chromium renders it to a
 # PNG (kept as report.png in REPORT_OUT when set, for a person to look at). A directory that is
-# not a run is refused in one line.
+# not a run is refused in one line. The prediction comes from a cluster file the runs name, so the
+# page is the same on any machine; log.cluster = auto predicts only on the machine that fitted the
+# shipped file, which LOOM_MACHINE_NAME stands in for both ways.
 #   report.sh LOOM
 set -euo pipefail
 loom=$1
+src=$(cd "$(dirname "$0")/../.." && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 common=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.seq_len=16
         --set train.micro_batch=2 --set train.global_batch=2 --set train.threads=1 --set train.steps=30
-        --set data.val_every=10 --set data.val_batches=1)
+        --set data.val_every=10 --set data.val_batches=1 --set log.cluster="$src/examples/clusters/this_machine.toml")
+fitted=$(sed -n 's/^fitted_on = "\(.*\)"$/\1/p' "$src/examples/clusters/this_machine.toml")
+[ -n "$fitted" ] || { echo "FAIL: examples/clusters/this_machine.toml names no fitted_on"; exit 1; }
+short=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.seq_len=8 --set train.steps=2
+       --set train.threads=1 --set data.val_batches=0 --verbose)
+LOOM_MACHINE_NAME="$fitted" "$loom" train "${short[@]}" --set log.dir="$dir/auto_here" > "$dir/auto_here.log" 2>&1 ||
+  { cat "$dir/auto_here.log"; exit 1; }
+grep -q "predicted on cluster this_machine" "$dir/auto_here.log" && grep -q '"split_ms"' "$dir/auto_here/metrics.jsonl" ||
+  { echo "FAIL: log.cluster = auto did not predict on the machine that fitted it"; cat "$dir/auto_here.log"; exit 1; }
+LOOM_MACHINE_NAME="Another CPU, 3 cores" "$loom" train "${short[@]}" --set log.dir="$dir/auto_elsewhere" \
+  > "$dir/auto_elsewhere.log" 2>&1 || { cat "$dir/auto_elsewhere.log"; exit 1; }
+grep -q "no step-time prediction: .*this_machine.toml was fitted on '$fitted', this is 'Another CPU, 3 cores'" \
+  "$dir/auto_elsewhere.log" && ! grep -q '"split_ms"' "$dir/auto_elsewhere/metrics.jsonl" ||
+  { echo "FAIL: log.cluster = auto predicted on a machine the file was not fitted on"; cat "$dir/auto_elsewhere.log"; exit 1; }
 for lr in 0.003 0.0005; do
   "$loom" train "${common[@]}" --set train.lr=$lr --set log.dir="$dir/lr$lr" > "$dir/lr$lr.log" 2>&1 ||
     { cat "$dir/lr$lr.log"; exit 1; }

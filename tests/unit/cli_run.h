@@ -25,8 +25,11 @@ inline CliRun loom_run(const std::string& args, const std::string& env = "") {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
 }
 
+// A path of the running test's own: ctest runs tests side by side, and two that shared a name
+// would remove and write each other's files.
 inline std::string tmp(const std::string& name) {
-  return ::testing::TempDir() + "loom_cli_" + name;
+  const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  return ::testing::TempDir() + "loom_cli_" + (t ? std::string(t->name()) + "_" : std::string()) + name;
 }
 
 // A tiny run, its log.dir the test's own: one run at a time writes a log.dir, and ctest runs

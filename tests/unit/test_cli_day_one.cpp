@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -152,6 +153,21 @@ TEST(CliDayOne, SplitGapNamesTheTermFurthestOff) {
   EXPECT_EQ(loom::split_gap(p, m), "optimizer 1.2x predicted");
   m.optimizer = 10, m.bubble = 5;
   EXPECT_EQ(loom::split_gap(p, m), "bubble 5 ms where none was predicted");
+}
+
+// metrics.jsonl's numbers read back as the doubles loom held, so what a reader derives from them
+// is what loom derived: the loss an Intel machine printed as 6.22185159 (%.9g) rounds to the float
+// 6.221851825714111 where loom's own float32 (TensorBoard's) is 6.221851348876953.
+TEST(CliDayOne, MetricsNumbersReadBackExactly) {
+  const double loss = 6.2218515872;  // just under the midpoint of the two floats
+  ASSERT_EQ(double(float(loss)), 6.221851348876953);
+  ASSERT_EQ(double(float(std::stod(fmt::format("{:.9g}", loss)))), 6.221851825714111);  // what %.9g did
+  EXPECT_EQ(double(float(std::stod(loom::json_number(loss)))), 6.221851348876953);
+  for (double v : {loss, 0.1, 1.0 / 3.0, 6.02214076e23, 2.2250738585072014e-308, -2.5, 0.0, 1e-5, 12345678901234567.0})
+    EXPECT_EQ(std::stod(loom::json_number(v)), v) << loom::json_number(v);
+  EXPECT_EQ(loom::json_number(std::nan("")), "null");
+  EXPECT_EQ(loom::json_number(-INFINITY), "null");
+  EXPECT_EQ(nlohmann::json::parse(loom::json_number(1e-5)).get<double>(), 1e-5);  // valid JSON
 }
 
 TEST(CliDayOne, EtaCountsTheStepsThisProcessRan) {
