@@ -62,7 +62,7 @@ std::vector<std::string> hf_config_keys(const nlohmann::json& j, const std::stri
 std::string hf_config_json(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   nlohmann::ordered_json j;
-  if (m.arch == "gpt2") {
+  if (m.arch == Arch::gpt2) {
     j = {{"architectures", {"GPT2LMHeadModel"}},
          {"model_type", "gpt2"},
          {"n_embd", m.d_model},
@@ -116,7 +116,9 @@ bool export_is_dir(const std::string& out) {
 
 std::map<std::string, std::string> export_metadata(const Config& cfg) {
   std::map<std::string, std::string> m = {{"loom.model", config_to_toml(cfg, "model")}};
-  const std::string tok = !cfg.data.tokenizer.empty() ? cfg.data.tokenizer : cfg.data.source == "text" ? "byte" : "";
+  const std::string tok = !cfg.data.tokenizer.empty()         ? cfg.data.tokenizer
+                          : cfg.data.source == DataKind::text ? "byte"
+                                                              : "";
   if (!tok.empty()) m["loom.tokenizer"] = tok;
   if (tok == "gpt2" || tok == "llama3")
     m["loom.tokenizer_dir"] = std::filesystem::absolute(cfg.data.tokenizer_dir).string();

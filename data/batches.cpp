@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <utility>
 
 #include "runtime/error.h"
@@ -196,7 +197,7 @@ int64_t Sequences::epoch_sequences() const {
 namespace {
 
 std::shared_ptr<const TokenStream> stream_open(const Config& cfg, const std::string& path) {
-  if (cfg.data.source == "text") {
+  if (cfg.data.source == DataKind::text) {
     std::error_code dir_ec;
     LOOM_CHECK(!std::filesystem::is_directory(path, dir_ec),
                "data.source = \"text\" reads one text file, and '{}' is a directory; tokenize a directory "
@@ -221,7 +222,7 @@ DataStreams data_open(const Config& cfg) {
   DataStreams d;
   const int T = cfg.model.seq_len;
   const uint64_t seed = uint64_t(cfg.train.seed);
-  if (cfg.data.source == "synthetic") {
+  if (cfg.data.source == DataKind::synthetic) {
     auto train = std::make_shared<SyntheticStream>(cfg.model.vocab_size, 0x10003);
     d.describe = fmt::format("synthetic corpus: unigram entropy {:.3f} nats, entropy rate {:.3f} nats",
                              train->unigram_entropy(), train->entropy_rate());
@@ -244,7 +245,7 @@ DataStreams data_open(const Config& cfg) {
     const int64_t n = all->num_tokens();
     int64_t split = n;
     // A directory's own validation shards (llm.c's layout), else the last 10%.
-    const std::vector<std::string> held = cfg.data.source == "tokens" && cfg.data.val_path.empty()
+    const std::vector<std::string> held = cfg.data.source == DataKind::tokens && cfg.data.val_path.empty()
                                               ? shard_files(s.path, true)
                                               : std::vector<std::string>{};
     if (!held.empty()) {
@@ -298,18 +299,18 @@ DataStreams data_open(const Config& cfg) {
   return d;
 }
 
-std::string data_source_of(const std::string& path, const std::string& key) {
+DataKind data_source_of(const std::string& path, const std::string& key) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   LOOM_CHECK(fs::exists(st), "data file '{}' does not exist; check {}", path, key);
-  if (fs::is_directory(st)) return "tokens";
+  if (fs::is_directory(st)) return DataKind::tokens;
   LOOM_CHECK(fs::is_regular_file(st), "data file '{}' is not a regular file or a directory; check {}", path, key);
-  if (fs::path(path).extension() == ".bin") return "tokens";
+  if (fs::path(path).extension() == ".bin") return DataKind::tokens;
   int32_t magic = 0;
   std::ifstream in(path, std::ios::binary);
   in.read(reinterpret_cast<char*>(&magic), sizeof(magic));
-  return in && (magic == kShardMagic || magic == kShardMagicU32) ? "tokens" : "text";
+  return in && (magic == kShardMagic || magic == kShardMagicU32) ? DataKind::tokens : DataKind::text;
 }
 
 void data_source_infer(Config& cfg) {
@@ -319,22 +320,22 @@ void data_source_infer(Config& cfg) {
   for (auto& s : d.sources) named.push_back({s.path, "[[data.sources]]"});
   if (named.empty()) return;
   if (cfg.set_keys.count("data.source")) {
-    LOOM_CHECK(d.source != "synthetic",
+    LOOM_CHECK(d.source != DataKind::synthetic,
                "{} = '{}' is set but data.source = \"synthetic\" would ignore it; remove data.source (loom tells "
                "token shards from text by the file) or the path",
                named[0].second, named[0].first);
     return;
   }
-  std::string kind;
+  std::optional<DataKind> kind;
   for (auto& [path, key] : named) {
-    const std::string k = data_source_of(path, key);
-    LOOM_CHECK(kind.empty() || k == kind,
+    const DataKind k = data_source_of(path, key);
+    LOOM_CHECK(!kind || k == *kind,
                "the data files are of two kinds: '{}' holds {} and '{}' {}; one run reads one kind (set "
                "data.source, or make shards of all of them with `loom data`)",
-               named[0].first, kind, path, k);
+               named[0].first, *kind, path, k);
     kind = k;
   }
-  d.source = kind;
+  d.source = *kind;
   cfg.set_keys.insert("data.source");
 }
 

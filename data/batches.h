@@ -109,10 +109,10 @@ struct DataStreams {
 // their last 10% (a mixture: each source's, blended with the same weights).
 DataStreams data_open(const Config& cfg);
 
-// What a data path holds, by its look: "tokens" for a directory (of shards), a .bin file or a
-// file opening with an llm.c shard magic, else "text". A path that is missing, or neither a
+// What a data path holds, by its look: tokens for a directory (of shards), a .bin file or a
+// file opening with an llm.c shard magic, else text. A path that is missing, or neither a
 // regular file nor a directory, is an Error naming `key`.
-std::string data_source_of(const std::string& path, const std::string& key = "data.path");
+DataKind data_source_of(const std::string& path, const std::string& key = "data.path");
 // data.source for a config that names data (data.path, [[data.sources]]) but not data.source:
 // what the files hold (one kind for all of them); data.source = "synthetic" given with a path
 // is refused, as the path would be ignored.

@@ -45,7 +45,7 @@ std::string files_view(const std::string& path, bool val) {
 
 std::string data_view(const Config& cfg) {
   std::string out;
-  if (cfg.data.source != "synthetic") {
+  if (cfg.data.source != DataKind::synthetic) {
     if (!cfg.data.path.empty()) out += "data.path = " + files_view(cfg.data.path, false) + "\n";
     for (size_t i = 0; i < cfg.data.sources.size(); ++i)
       out += fmt::format("data.sources[{}] = {}\n", i, files_view(cfg.data.sources[i].path, false));

@@ -39,7 +39,9 @@ int plan_pipeline(const PlanArgs& a) {
   if (!a.pipe_config.path.empty()) config_load_file(cfg, a.pipe_config.path);
   for (auto& s : a.pipe_config.sets) config_set(cfg, s);
   const int p = a.pipe_pp > 0 ? a.pipe_pp : cfg.parallel.pp;
-  const std::string name = a.pipe_schedule.empty() ? cfg.parallel.pp_schedule : a.pipe_schedule;
+  // --schedule is parallel.pp_schedule's value, and read as that key is.
+  if (!a.pipe_schedule.empty()) config_set(cfg, "parallel.pp_schedule=" + a.pipe_schedule);
+  const PpSchedule name = cfg.parallel.pp_schedule;
   const int v = a.pipe_virtual > 0 ? a.pipe_virtual : pipeline_v_shape(name) ? 2 : cfg.parallel.pp_virtual;
   const int dp = std::max(1, cfg.parallel.dp);
   LOOM_CHECK(a.pipe_micro > 0 || cfg.train.micro_batch >= 1, "train.micro_batch = {} must be at least 1",
@@ -95,29 +97,31 @@ int plan_memory(const PlanArgs& a) {
   const int gpus = 0;
 #endif
   // The device planned for, and why: a plan for a CPU where GPUs were meant must say so.
-  std::string device, why;
+  DeviceKind device = DeviceKind::cpu;
+  std::string why;
   if (!a.mem_cluster.empty()) {
     const Cluster cluster = cluster_load(a.mem_cluster);
     device = cluster.device;
-    if (!cfg.set_keys.count("train.dtype")) cfg.train.dtype = dtype_name(cluster.dtype);
+    if (!cfg.set_keys.count("train.dtype")) cfg.train.dtype = dtype_choice(cluster.dtype);
     why = fmt::format("the device of cluster {} (--cluster)", cluster.name);
-  } else if (cfg.train.device != "auto") {
-    device = cfg.train.device;
+  } else if (cfg.train.device != DeviceChoice::automatic) {
+    device = device_resolve(cfg, gpus, nullptr);
     why = "train.device";
   } else {
     std::string no_gpu;
     device = device_resolve(cfg, gpus, &no_gpu);
-    why = device == "cpu" ? fmt::format(
-                                "train.device = auto on this machine: {}; --cluster FILE or --set "
-                                "train.device=cuda plans for GPUs",
-                                no_gpu.empty() ? "no GPU here" : no_gpu)
-                          : "train.device = auto on this machine";
+    why = device == DeviceKind::cpu ? fmt::format(
+                                          "train.device = auto on this machine: {}; --cluster FILE or --set "
+                                          "train.device=cuda plans for GPUs",
+                                          no_gpu.empty() ? "no GPU here" : no_gpu)
+                                    : "train.device = auto on this machine";
   }
   const DType dtype = dtype_resolve(cfg, device);
   if (a.mem_json)
     fmt::print("{}\n", plan_memory_json(cfg, device, dtype));
   else
-    fmt::print("planned for {} ({}): {}\n{}\n", device, dtype_name(dtype), why, plan_memory_table(cfg, device, dtype));
+    fmt::print("planned for {} ({}): {}\n{}\n", device_name(device), dtype_name(dtype), why,
+               plan_memory_table(cfg, device, dtype));
   return 0;
 }
 

@@ -66,10 +66,11 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
     what = training_file ? fmt::format("the held-out end of training file '{}', as training validated", opt.data)
                          : fmt::format("'{}' from its start", opt.data);
     // Data given to a config that had none: token shards or text, by the file's look.
-    if (probe.data.source == "synthetic") sets.push_back("data.source=" + data_source_of(opt.data, "--data"));
+    if (probe.data.source == DataKind::synthetic)
+      sets.push_back(fmt::format("data.source={}", data_source_of(opt.data, "--data")));
   }
   const Config cfg = config_for(opt.from, opt.config, sets, true);
-  if (opt.data.empty() && cfg.data.source != "synthetic")
+  if (opt.data.empty() && cfg.data.source != DataKind::synthetic)
     what = fmt::format("the config's validation data ({})",
                        cfg.data.val_path.empty() ? "the held-out end of data.path" : "data.val_path");
   TrainOptions t = topt;
@@ -79,7 +80,7 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
   const int64_t have = trainer.val_batches_available();
   int64_t batches = opt.batches < 0 ? std::min<int64_t>(cfg.data.val_batches, have) : opt.batches;
   if (batches == 0) {
-    LOOM_CHECK(cfg.data.source != "synthetic",
+    LOOM_CHECK(cfg.data.source != DataKind::synthetic,
                "--batches 0 (every batch) needs finite data: synthetic data never ends");
     batches = have;
   }

@@ -25,7 +25,7 @@ GemmDims gemm_dims(const Config& cfg) {
   const int tp = cfg.parallel.tp;
   const int64_t C = cfg.model.d_model, D = cfg.head_dim(), H = cfg.model.n_head / tp, KV = cfg.kv_heads() / tp;
   const int64_t F = cfg.model.d_ff / tp, V = cfg.vocab_padded() / tp;
-  const int64_t qkv = (H + 2 * KV) * D, fc = cfg.model.arch == "llama" ? 2 * F : F;
+  const int64_t qkv = (H + 2 * KV) * D, fc = cfg.model.arch == Arch::llama ? 2 * F : F;
   GemmDims g;
   for (int64_t k : {C, H * D, F}) g.kmax = std::max(g.kmax, k);
   for (int64_t n : {qkv, C, fc, V}) g.nmax = std::max(g.nmax, n);

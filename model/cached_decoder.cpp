@@ -20,7 +20,7 @@ CachedDecoder::CachedDecoder(const Config& cfg, const WeightLoader& load) : cfg_
   const ModelConfig& m = cfg_.model;
   T_ = m.seq_len, C_ = m.d_model, H_ = m.n_head, KV_ = cfg_.kv_heads(), D_ = cfg_.head_dim(), F_ = m.d_ff;
   V_ = m.vocab_size, Vp_ = int(cfg_.vocab_padded()), L_ = m.n_layer;
-  llama_ = m.arch == "llama";
+  llama_ = m.arch == Arch::llama;
   k_.assign(size_t(L_) * size_t(T_) * size_t(KV_ * D_), 0.0f);
   v_.assign(k_.size(), 0.0f);
   if (llama_) {

@@ -22,7 +22,7 @@ ContextParallel::ContextParallel(const Config& cfg, Backend& be, ProcessGroup& c
       cp_(cp),
       trace_(trace),
       clock_(clock),
-      ring_(cfg.parallel.cp_attention == "ring"),
+      ring_(cfg.parallel.cp_attention == CpAttentionKind::ring),
       overlap_(cfg.parallel.cp_overlap),
       N_(cp.size()),
       rank_(cp.rank()),

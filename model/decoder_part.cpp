@@ -25,7 +25,7 @@ DecoderPart::DecoderPart(const Config& cfg, const PartSpec& spec, Backend& backe
       tp_(tp),
       trace_(trace),
       clock_(clock),
-      llama_(cfg.model.arch == "llama"),
+      llama_(cfg.model.arch == Arch::llama),
       B_(cfg.train.micro_batch),
       T_(cfg.local_seq()),
       C_(cfg.model.d_model),
@@ -35,7 +35,7 @@ DecoderPart::DecoderPart(const Config& cfg, const PartSpec& spec, Backend& backe
       F_(cfg.model.d_ff / cfg.parallel.tp),
       V_(int(cfg.vocab_padded() / cfg.parallel.tp)),
       L_(cfg.model.n_layer),
-      policy_(recompute_from(cfg.train.recompute)),
+      policy_(cfg.train.recompute),
       names_(head_names(cfg)),
       ep_(ep),
       ep_size_(ep ? ep->size() : 1),
@@ -106,8 +106,7 @@ std::vector<std::pair<int, int>> chunk_runs(const PartSpec& spec) {
 ChunkPlan chunk_plan(const Config& cfg, const PartSpec& spec, const BackendTraits& traits) {
   ChunkPlan out;
   for (const ChunkPiece& p : spec.pieces)
-    out.pieces.push_back(
-        act_plan(cfg, cfg.train.micro_batch, recompute_from(cfg.train.recompute), traits, p.unit_lo, p.unit_hi));
+    out.pieces.push_back(act_plan(cfg, cfg.train.micro_batch, cfg.train.recompute, traits, p.unit_lo, p.unit_hi));
   out.scratch = out.pieces.front().scratch;
   for (const ActPlan& a : out.pieces)
     for (size_t k = 0; k < a.scratch.size(); ++k)

@@ -11,7 +11,7 @@ double param_count_f64(const Config& cfg) {
   const double C = m.d_model, F = m.d_ff, V = m.vocab_size, D = double(m.d_model / m.n_head);
   const double qkv = (m.n_head + 2.0 * cfg.kv_heads()) * D;
   double per_layer, rest;
-  if (m.arch == "gpt2") {
+  if (m.arch == Arch::gpt2) {
     per_layer = 4 * C + C * qkv + qkv + C * C + C + C * F + F + F * C + C;
     rest = V * C + double(m.seq_len) * C + 2 * C;
   } else {
@@ -40,8 +40,8 @@ FlopsPerToken flops_per_token(const Config& cfg, bool attention_probs) {
   const auto& m = cfg.model;
   const int64_t C = m.d_model, V = m.vocab_size, T = m.seq_len, L = m.n_layer;
   int64_t n = active_param_count(cfg);
-  if (m.arch == "gpt2") n -= T * C;   // position table: a lookup
-  if (!m.tie_embeddings) n -= V * C;  // the input embedding is a lookup; lm_head is a matmul
+  if (m.arch == Arch::gpt2) n -= T * C;  // position table: a lookup
+  if (!m.tie_embeddings) n -= V * C;     // the input embedding is a lookup; lm_head is a matmul
   FlopsPerToken f;
   f.matmul_params = n;
   const double attn = 12.0 * L * C * T;  // forward 4 L C T, backward twice that
@@ -51,8 +51,8 @@ FlopsPerToken flops_per_token(const Config& cfg, bool attention_probs) {
   // FLOPs per block weight. The CPU's selective policy reruns attention's scores.
   // (A MoE block's recompute reruns its experts whole: their outputs are saved for backward.)
   const double down = double(L - cfg.moe_layers()) * double(m.d_ff) * double(C);
-  if (cfg.train.recompute == "full") f.hardware += 2.0 * (double(n - V * C) - down) + attn / 3.0;
-  if (cfg.train.recompute == "selective" && attention_probs) f.hardware += attn / 3.0;
+  if (cfg.train.recompute == Recompute::full) f.hardware += 2.0 * (double(n - V * C) - down) + attn / 3.0;
+  if (cfg.train.recompute == Recompute::selective && attention_probs) f.hardware += attn / 3.0;
   return f;
 }
 
@@ -64,7 +64,7 @@ BlockFlops block_flops(const Config& cfg, int layer) {
   BlockFlops b;
   b.attn_proj = 2 * C * (H + 2 * KV) * D + 2 * H * D * C;
   b.core = 4 * T * H * D;
-  b.mlp = 2 * C * F * (m.arch == "llama" ? 3 : 2) * (moe ? m.moe.top_k : 1);
+  b.mlp = 2 * C * F * (m.arch == Arch::llama ? 3 : 2) * (moe ? m.moe.top_k : 1);
   b.router = moe ? 2 * C * m.moe.num_experts : 0;
   return b;
 }

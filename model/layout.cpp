@@ -8,13 +8,6 @@
 
 namespace loom {
 
-Recompute recompute_from(const std::string& s) {
-  if (s == "selective") return Recompute::selective;
-  if (s == "full") return Recompute::full;
-  LOOM_CHECK(s == "none", "train.recompute = '{}' is not one of none|selective|full", s);
-  return Recompute::none;
-}
-
 BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg) {
   BackendTraits t;
   t.device = device;
@@ -22,8 +15,8 @@ BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg) 
   // Context parallel's attention keeps a log-sum-exp and recomputes P block by block.
   t.attention_probs = device == DeviceKind::cpu && cfg.parallel.cp == 1;
   // cuBLASLt's GELU epilogue reads its aux matrix with a stride that must be a multiple of 8.
-  t.fused_dgelu = device_is_cuda(device) && cfg.model.arch == "gpt2" && cfg.train.gelu_epilogue == "fused" &&
-                  (cfg.model.d_ff / cfg.parallel.tp) % 8 == 0;
+  t.fused_dgelu = device_is_cuda(device) && cfg.model.arch == Arch::gpt2 &&
+                  cfg.train.gelu_epilogue == GeluEpilogue::fused && (cfg.model.d_ff / cfg.parallel.tp) % 8 == 0;
   return t;
 }
 
@@ -38,7 +31,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   const int64_t Ns = sp ? N / tp : N;  // rows of the norm and residual regions on this rank
   const int L_all = cfg.model.n_layer;
   const int64_t cp = cfg.parallel.cp, kvblock = N * 2 * KV * D;
-  const bool ring = cfg.parallel.cp_attention == "ring";
+  const bool ring = cfg.parallel.cp_attention == CpAttentionKind::ring;
   if (unit_hi < 0) unit_hi = L_all + 2;
   // This chunk's blocks, and whether it ends with the head.
   const int L = std::max(0, std::min(unit_hi, L_all + 1) - std::max(unit_lo, 1));
@@ -46,7 +39,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   for (int l = std::max(unit_lo, 1) - 1; l < std::max(unit_lo, 1) - 1 + L; ++l) nm += cfg.moe_block(l) ? 1 : 0;
   const int nd = L - nm;
   const int64_t head = unit_hi == L_all + 2 ? 1 : 0;
-  const bool llama = cfg.model.arch == "llama";
+  const bool llama = cfg.model.arch == Arch::llama;
   const int64_t qkv = (H + 2 * KV) * D, fc = llama ? 2 * F : F;
   const DType x = bt.dtype, f32 = DType::f32;
   // Copies: every layer's own (L), or one shared buffer that backward refills (1).
@@ -207,7 +200,7 @@ std::string ActPlan::table() const {
 
 HeadNames head_names(const Config& cfg) {
   const bool tied = cfg.model.tie_embeddings;
-  if (cfg.model.arch == "llama")
+  if (cfg.model.arch == Arch::llama)
     return {"model.embed_tokens.weight", nullptr, "model.norm.weight", nullptr,
             tied ? "model.embed_tokens.weight" : "lm_head.weight"};
   return {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias",
@@ -234,7 +227,7 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_h
 
 ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs, int ep_rank) {
   using I = ParamSpec::Init;
-  const bool llama = cfg.model.arch == "llama";
+  const bool llama = cfg.model.arch == Arch::llama;
   const int L = cfg.model.n_layer, H = cfg.model.n_head, KV = cfg.kv_heads(), D = cfg.head_dim();
   const int tp = cfg.parallel.tp;
   const int64_t C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size, T = cfg.model.seq_len;

@@ -16,9 +16,6 @@
 
 namespace loom {
 
-enum class Recompute { none, selective, full };
-Recompute recompute_from(const std::string& s);
-
 // How a backend's ops shape the plan (docs/design.md, core abstractions: the decoder is one, its ops are the
 // backend's). Pure data, the same for a device that is not there.
 struct BackendTraits {

@@ -74,9 +74,9 @@ double lr_at(const TrainConfig& t, int64_t step) {
   if (step < t.warmup_steps) return t.lr * double(step + 1) / t.warmup_steps;
   const double span = std::max<int64_t>(1, t.steps - t.warmup_steps);
   const double progress = std::min(1.0, double(step - t.warmup_steps) / span);
-  if (t.schedule == "constant") return t.lr;
-  if (t.schedule == "cosine") return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
-  if (t.schedule == "linear") return t.lr - (t.lr - t.min_lr) * progress;
+  if (t.schedule == LrSchedule::constant) return t.lr;
+  if (t.schedule == LrSchedule::cosine) return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
+  if (t.schedule == LrSchedule::linear) return t.lr - (t.lr - t.min_lr) * progress;
   // wsd: warmup, stable, then linear decay over the last decay_frac of all steps, reaching
   // min_lr at the last step (0-based steps - 1).
   const int64_t decay = std::max<int64_t>(1, int64_t(std::llround(double(t.steps) * t.decay_frac)));

@@ -5,7 +5,7 @@
 namespace loom {
 
 DType grad_reduce_dtype(const Config& cfg) {
-  return cfg.parallel.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
+  return cfg.parallel.grad_reduce_dtype == GradReduce::bf16 ? DType::bf16 : DType::f32;
 }
 
 std::vector<PlanItem> Ddp::plan(const Config& cfg, const ParamRegistry& reg, int /*tp_rank*/, DType dtype,

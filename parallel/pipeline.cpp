@@ -125,7 +125,8 @@ Buf PipelineStage::slot_buf(const Tensor& t, int slot) const {
   return Buf(t).slice(rows_ * slot, rows_);
 }
 
-void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inputs(int)>& inputs, float dloss) {
+void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inputs(int)>& inputs, float dloss,
+                        bool reduce, const OpHook& before_op) {
   Backend& be = chunk_.backend();
   const Stream& s = be.stream();
   const DType dt = be.dtype();
@@ -191,6 +192,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
   };
   for (size_t i = 0; i < ops.size(); ++i) {
     const PipeOp& op = ops[i];
+    if (before_op && !pipe_op_is_comm(op.kind)) before_op(op);
     switch (op.kind) {
       case PipeOp::F: {
         select(op.chunk, op.micro);
@@ -220,7 +222,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
           wait_in(grad_in[index(op.chunk, op.micro)]);
           be.copy(view(chunk_.grad_output()), slot_buf(recv_grad_, grad_at[index(op.chunk, op.micro)]));
         }
-        dp_.set_last(int(i) == last[size_t(op.chunk / P)]);  // DDP's buckets go with a piece's last backward
+        dp_.set_last(reduce && int(i) == last[size_t(op.chunk / P)]);  // DDP's buckets go with a piece's last backward
         chunk_.backward(in, dp_, split ? Grads::input : Grads::all);
         if (ps.slot[i] >= 0) {  // the previous chunk is here too (a V): its output gradient
           be.copy(slot_buf(local_grad_, ps.slot[i]), view(chunk_.grad_input()));
@@ -230,7 +232,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       }
       case PipeOp::W:
         select(op.chunk, op.micro);
-        dp_.set_last(int(i) == last[size_t(op.chunk / P)]);
+        dp_.set_last(reduce && int(i) == last[size_t(op.chunk / P)]);
         chunk_.backward(op.chunk == 0 ? inputs(op.micro) : Inputs{}, dp_, Grads::weight);
         break;
       case PipeOp::send_act:
@@ -277,7 +279,7 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
       }
     }
   }
-  {  // waiting for peers, not computing
+  if (!sends.empty()) {  // waiting for peers, not computing
     StepClock::Scope c(clock_, Phase::bubble);
     for (auto& w : sends) w.wait();
   }

@@ -31,10 +31,15 @@ class PipelineStage {
   PipelineStage(DecoderPart& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches, StepClock* clock,
                 Trace& trace);
   ~PipelineStage();
+  // Called before each compute op (F, B, W) of a run, with the op: where the trainer's drills
+  // attach to the passes.
+  using OpHook = std::function<void(const PipeOp&)>;
   // One step's (or one validation batch's) ops. inputs(micro) stages that micro-batch's tokens
   // and targets where the stage needs them (the embedding, the head); dloss seeds the head's
-  // backward (0: forward only). The last B (or W) of the list starts DDP's reductions.
-  void run(const std::vector<PipeOp>& ops, const std::function<Inputs(int)>& inputs, float dloss);
+  // backward (0: forward only). With `reduce`, the last B (or W) of each piece starts DDP's
+  // reductions; without, none does (they wait for DataParallel::reduce_grads).
+  void run(const std::vector<PipeOp>& ops, const std::function<Inputs(int)>& inputs, float dloss, bool reduce = true,
+           const OpHook& before_op = {});
   double bubble_ms() const { return bubble_ms_; }  // waiting in receives during the last run
 
  private:

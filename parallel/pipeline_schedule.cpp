@@ -229,16 +229,14 @@ std::vector<std::vector<PipeOp>> with_comm(const PipeSchedule& s, const Compute&
 
 }  // namespace
 
-bool pipeline_v_shape(const std::string& name) {
-  return name == "zbv" || name == "dualpipev";
+bool pipeline_v_shape(PpSchedule kind) {
+  return kind == PpSchedule::zbv || kind == PpSchedule::dualpipev;
 }
 
-PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m) {
+PipeSchedule pipeline_schedule(PpSchedule name, int p, int v, int m) {
   LOOM_CHECK(p >= 1 && v >= 1 && m >= 1, "pipeline schedule: stages {}, chunks per stage {}, micro-batches {}", p, v,
              m);
-  LOOM_CHECK(name == "gpipe" || name == "1f1b" || name == "interleaved" || name == "zb" || pipeline_v_shape(name),
-             "parallel.pp_schedule = \"{}\" is not one of gpipe | 1f1b | interleaved | zb | zbv | dualpipev", name);
-  LOOM_CHECK(v == 1 || name == "interleaved" || pipeline_v_shape(name),
+  LOOM_CHECK(v == 1 || name == PpSchedule::interleaved || pipeline_v_shape(name),
              "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\" (it is \"{}\"); set pp_virtual = 1",
              v, name);
   LOOM_CHECK(
@@ -246,7 +244,7 @@ PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m) {
       "parallel.pp_schedule = \"{}\" places two model chunks on each stage; set pp_virtual = 2 (or leave it unset)",
       name);
   LOOM_CHECK(
-      name != "dualpipev" || m >= 2 * p,
+      name != PpSchedule::dualpipev || m >= 2 * p,
       "parallel.pp_schedule = \"dualpipev\" needs at least 2 x pp = {} micro-batches per step (it has {}); raise "
       "train.global_batch or lower train.micro_batch",
       2 * p, m);
@@ -255,17 +253,17 @@ PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m) {
   s.stages = p;
   s.virtual_chunks = v;
   s.micro = m;
-  s.split_backward = name == "zb" || pipeline_v_shape(name);
+  s.split_backward = name == PpSchedule::zb || pipeline_v_shape(name);
   s.v_shape = pipeline_v_shape(name);
   Compute compute(static_cast<size_t>(p));
-  if (name == "gpipe") {
+  if (name == PpSchedule::gpipe) {
     for (int st = 0; st < p; ++st) {
       for (int i = 0; i < m; ++i) compute[size_t(st)].push_back({PipeOp::F, i, st});
       for (int i = 0; i < m; ++i) compute[size_t(st)].push_back({PipeOp::B, i, st});
     }
-  } else if (name == "1f1b") {
+  } else if (name == PpSchedule::f1b1) {
     compute = one_f_one_b_stages(p, m);
-  } else if (name == "interleaved") {
+  } else if (name == PpSchedule::interleaved) {
     LOOM_CHECK(p > 1, "parallel.pp_schedule = \"interleaved\" needs parallel.pp > 1");
     LOOM_CHECK(m % p == 0,
                "parallel.pp_schedule = \"interleaved\" needs a multiple of parallel.pp = {} micro-batches per step, "
@@ -283,9 +281,9 @@ PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m) {
             return PipeOp{PipeOp::B, micro(k), (v - 1 - (k / p) % v) * p + st};
           });
     }
-  } else if (name == "zb") {
+  } else if (name == PpSchedule::zb) {
     compute = zb_h1(p, m);
-  } else if (name == "zbv") {
+  } else if (name == PpSchedule::zbv) {
     compute = zb_v(p, m);
   } else {
     compute = dual_pipe_v(p, m);
@@ -464,13 +462,13 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
 
 double pipeline_bubble_predicted(const PipeSchedule& s) {
   const double p = s.stages, m = s.micro, v = s.virtual_chunks;
-  if (s.name == "gpipe" || s.name == "1f1b") return (p - 1) / (m + p - 1);
-  if (s.name == "interleaved") return (p - 1) / (v * m + p - 1);
+  if (s.name == PpSchedule::gpipe || s.name == PpSchedule::f1b1) return (p - 1) / (m + p - 1);
+  if (s.name == PpSchedule::interleaved) return (p - 1) / (v * m + p - 1);
   return pipeline_check(s, 1, 1, 1).bubble_mean();
 }
 
 const char* pipeline_bubble_formula(const PipeSchedule& s) {
-  if (s.name == "interleaved") return "(p-1)/(v*m+p-1)";
+  if (s.name == PpSchedule::interleaved) return "(p-1)/(v*m+p-1)";
   if (s.split_backward) return "simulated, F = B = W";
   return "(p-1)/(m+p-1)";
 }

@@ -36,10 +36,10 @@ inline bool pipe_op_is_comm(PipeOp::Kind k) {
 
 // Where model chunk g of a schedule lives: pipe_stage_of (runtime/config.h; see the file comment).
 // zbv and dualpipev: two chunks per stage, placed in a V.
-bool pipeline_v_shape(const std::string& name);
+bool pipeline_v_shape(PpSchedule kind);
 
 struct PipeSchedule {
-  std::string name;  // gpipe | 1f1b | interleaved | zb | zbv | dualpipev
+  PpSchedule name = PpSchedule::f1b1;
   int stages = 1, virtual_chunks = 1, micro = 1;
   bool split_backward = false;           // B is the input gradient and W the weight gradient (zb, V)
   bool v_shape = false;                  // chunks placed in a V (zbv, dualpipev)
@@ -51,7 +51,7 @@ struct PipeSchedule {
 // The schedule `name` for p stages, v chunks per stage and m micro-batches. An Error names
 // what does not fit (interleaved needs m a multiple of p; v > 1 only with interleaved, where
 // the V-shaped schedules need v = 2; dualpipev needs m >= 2p).
-PipeSchedule pipeline_schedule(const std::string& name, int p, int v, int m);
+PipeSchedule pipeline_schedule(PpSchedule name, int p, int v, int m);
 
 struct PipeTiming {
   double makespan = 0;

@@ -128,7 +128,7 @@ std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks
 }
 
 bool zero_keeps_gathered(const Config& cfg) {
-  return cfg.parallel.zero == 3 && cfg.parallel.zero3_reshard == "after_step";
+  return cfg.parallel.zero == 3 && cfg.parallel.zero3_reshard == Zero3Reshard::after_step;
 }
 
 std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int /*tp_rank*/, DType dtype,

@@ -50,7 +50,7 @@ std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks
                                       const char* uncounted = nullptr);
 // What Zero allocates (its optimizer's state included) on that rank for a chunk of `layout`,
 // at `stage`, weights in `dtype`, gradients reduced in `reduce`; `keep_gathered`: stage 3
-// keeps gathered weights until the step (parallel.zero3_reshard = "after_step").
+// keeps gathered weights until the step (parallel.zero3_reshard = Zero3Reshard::after_step).
 std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank, DType dtype,
                                 DType reduce, DeviceKind device, bool keep_gathered = false);
 // parallel.zero3_reshard = "after_step" at stage 3.

@@ -38,13 +38,13 @@ std::string layout_name(const Config& c) {
   const auto& p = c.parallel;
   std::string s = fmt::format("tp {} pp {}", p.tp, p.pp);
   if (p.pp > 1)
-    s +=
-        p.pp_virtual > 1 && !c.pp_v_shape() ? fmt::format(" {} v{}", p.pp_schedule, p.pp_virtual) : " " + p.pp_schedule;
-  if (p.cp > 1) s += fmt::format(" cp {}{}", p.cp, p.cp_attention == "ring" ? "" : " " + p.cp_attention);
+    s += p.pp_virtual > 1 && !c.pp_v_shape() ? fmt::format(" {} v{}", p.pp_schedule, p.pp_virtual)
+                                             : fmt::format(" {}", p.pp_schedule);
+  if (p.cp > 1) s += fmt::format(" cp {}{}", p.cp, p.cp_attention == CpAttentionKind::ring ? "" : " allgather");
   s += fmt::format(" dp {}", p.dp);
   if (p.ep > 1) s += fmt::format(" ep {}", p.ep);
   s += fmt::format(" zero {}", p.zero);
-  if (p.zero == 3 && p.zero3_reshard == "after_step") s += " kept";  // gathered until the step
+  if (p.zero == 3 && p.zero3_reshard == Zero3Reshard::after_step) s += " kept";  // gathered until the step
   return s + fmt::format(" mb {} rc {}", c.train.micro_batch, c.train.recompute);
 }
 
@@ -54,9 +54,9 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
   const int E = base.model.moe.num_experts;
   struct Candidate {
     int tp, pp, cp, dp, ep, mb, zero;
-    const char* schedule;
+    PpSchedule schedule;
     int v;
-    const char* reshard;  // ZeRO-3's: after_forward | after_step
+    Zero3Reshard reshard;
   };
   std::vector<Candidate> all;
   for (int tp : divisors(cl.devices_per_node, cl.devices_per_node))
@@ -64,21 +64,21 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
       for (int cp : {1, 2, 4, 8}) {  // context parallel: each sequence over cp ranks
         if (world % (tp * pp * cp) || base.model.seq_len % (2 * cp)) continue;
         const int dp = world / (tp * pp * cp);
-        std::vector<std::pair<const char*, int>> schedules = {{"1f1b", 1}};
+        std::vector<std::pair<PpSchedule, int>> schedules = {{PpSchedule::f1b1, 1}};
         if (pp > 1) {
-          schedules.push_back({"zb", 1});
-          schedules.push_back({"zbv", 2});  // two chunks a stage, in a V
-          schedules.push_back({"dualpipev", 2});
+          schedules.push_back({PpSchedule::zb, 1});
+          schedules.push_back({PpSchedule::zbv, 2});  // two chunks a stage, in a V
+          schedules.push_back({PpSchedule::dualpipev, 2});
           for (int v : divisors(L / pp, 8))  // Megatron's virtual stages: whole blocks per model chunk
-            if (v > 1) schedules.push_back({"interleaved", v});
+            if (v > 1) schedules.push_back({PpSchedule::interleaved, v});
         }
         for (int ep : E > 0 ? divisors(E, dp * cp) : std::vector<int>{1})
           for (int mb : {1, 2, 4, 8})
             for (int zero = 0; zero <= 3; ++zero)
               for (auto [name, v] : schedules)
-                for (const char* reshard : {"after_forward", "after_step"})
+                for (Zero3Reshard reshard : {Zero3Reshard::after_forward, Zero3Reshard::after_step})
                   if ((dp * cp) % ep == 0 && E % std::max(ep, 1) == 0 &&
-                      (zero == 3 || std::string(reshard) == "after_forward"))
+                      (zero == 3 || reshard == Zero3Reshard::after_forward))
                     all.push_back({tp, pp, cp, dp, ep, mb, zero, name, v, reshard});
       }
   // Every candidate is judged on its own (embarrassingly parallel), then merged in order, so
@@ -97,7 +97,7 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
     const Candidate& k = all[i];
     Verdict& d = verdicts[i];
     // Recompute only adds work: the first policy that fits is the one to rank.
-    for (const char* rc : {"none", "selective", "full"}) {
+    for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
       Config c = base;
       c.parallel.tp = k.tp, c.parallel.pp = k.pp, c.parallel.cp = k.cp, c.parallel.dp = k.dp, c.parallel.ep = k.ep;
       c.parallel.sp = k.tp > 1;
@@ -165,9 +165,10 @@ std::string flops_text(double f) {
 // "4 devices", or where ranks share fewer physical ones (a CPU's cores), says so.
 std::string devices_text(const Cluster& cl) {
   const int physical = cl.physical_devices > 0 ? cl.physical_devices : cl.devices();
-  return physical == cl.devices() ? fmt::format("{} nodes x {} {} devices", cl.nodes, cl.devices_per_node, cl.device)
-                                  : fmt::format("{} nodes x {} {} rank slots sharing {} physical devices", cl.nodes,
-                                                cl.devices_per_node, cl.device, physical);
+  return physical == cl.devices()
+             ? fmt::format("{} nodes x {} {} devices", cl.nodes, cl.devices_per_node, device_name(cl.device))
+             : fmt::format("{} nodes x {} {} rank slots sharing {} physical devices", cl.nodes, cl.devices_per_node,
+                           device_name(cl.device), physical);
 }
 }  // namespace
 
@@ -235,13 +236,13 @@ std::string step_prediction_text(const Config& c, const Cluster& cl, const StepP
       p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)), cluster_rates(cl).describe);
 }
 
-std::string pipeline_stages_text(const Config& given, int p, int v, const std::string& name, int m) {
+std::string pipeline_stages_text(const Config& given, int p, int v, PpSchedule name, int m) {
   if (p < 2) return "";
   Config c = given;
   c.parallel.pp = p, c.parallel.pp_schedule = name, c.parallel.pp_virtual = v;
   c.set_keys.insert("parallel.pp_virtual");
   c.train.global_batch = m * c.train.micro_batch * std::max(1, c.parallel.dp);
-  if (c.train.dtype == "auto") c.train.dtype = "f32";  // the CPU's
+  if (c.train.dtype == DTypeChoice::automatic) c.train.dtype = DTypeChoice::f32;  // the CPU's
   try {
     config_validate(c);
   } catch (const Error& e) {
@@ -259,12 +260,13 @@ std::string pipeline_stages_text(const Config& given, int p, int v, const std::s
   } catch (const Error&) {
     // a layout wider than this machine: memory only
   }
-  const DType dtype = c.train.dtype == "bf16" ? DType::bf16 : DType::f32;
+  const DType dtype = c.train.dtype == DTypeChoice::bf16 ? DType::bf16 : DType::f32;
   for (int st = 0; st < p; ++st) {
     const std::vector<int> chunks = pipeline_stage_chunks(c, st);
     int n = 0;
     for (int g : chunks) n += blocks[size_t(g)];
-    const int64_t bytes = plan_memory(c, "cpu", dtype, st * c.parallel.dp * c.parallel.cp * c.parallel.tp).total();
+    const int64_t bytes =
+        plan_memory(c, DeviceKind::cpu, dtype, st * c.parallel.dp * c.parallel.cp * c.parallel.tp).total();
     out += fmt::format(
         "stage {:>2}: chunks {:<8} {:>3} blocks{}{}, memory {:.1f} MiB (rank {})\n", st,
         fmt::format("{}", fmt::join(chunks, ",")), n,

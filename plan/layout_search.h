@@ -33,7 +33,7 @@ std::string step_prediction_text(const Config& cfg, const Cluster& cluster, cons
 // and m micro-batches: each stage's model chunks and blocks (parallel.pp_layers, or "auto"'s
 // choice), its compute in the step on this machine's cluster file (the step-time model) and
 // its memory (the planner); or why they cannot be said (a config that does not validate).
-std::string pipeline_stages_text(const Config& cfg, int p, int v, const std::string& name, int m);
+std::string pipeline_stages_text(const Config& cfg, int p, int v, PpSchedule name, int m);
 std::string step_prediction_json(const Config& cfg, const StepPrediction& p);
 
 }  // namespace loom

@@ -28,15 +28,12 @@ int64_t MemoryPlan::total() const {
   return s;
 }
 
-MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank, const PartSpec* given) {
+MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank, const PartSpec* given) {
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp, cfg.parallel.ep};
   const MeshCoord at = mesh_coord(dims, rank);
   // dp x cp hold the same weights: ZeRO shards over them, ep is carved from them.
   const int dcp = cfg.parallel.dp * cfg.parallel.cp, dcp_rank = at.dp * cfg.parallel.cp + at.cp;
-  const bool cuda = device == "cuda" || device == "cuda-emulated";
-  const DeviceKind kind = device == "cuda-emulated" ? DeviceKind::cuda_emulated
-                          : cuda                    ? DeviceKind::cuda
-                                                    : DeviceKind::cpu;
+  const bool cuda = device_is_cuda(kind);
   const BackendTraits traits = backend_traits(kind, dtype, cfg);
   const PartSpec spec = given ? *given : pipeline_chunk_spec(cfg, at.pp);  // the whole model without stages
   const ModelLayout layout = model_layout(cfg, at.tp, chunk_runs(spec), dcp_rank % cfg.parallel.ep);
@@ -52,7 +49,7 @@ MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype
     for (auto& b : a.pieces[j].buffers)
       items.push_back({b.name, b.numel * b.copies * spec.pieces[j].slots, b.dtype, Mem::activations});
   for (auto& b : a.scratch) items.push_back({b.name, b.numel, b.dtype, b.comm ? Mem::comm : Mem::workspace});
-  if (cfg.model.arch == "llama")
+  if (cfg.model.arch == Arch::llama)
     for (int i = 0; i < 2; ++i)
       items.push_back({"rope", int64_t(cfg.model.seq_len) * cfg.head_dim() / 2, DType::f32, Mem::workspace});
   items.push_back({"loss_sum", 1, DType::f64, Mem::workspace});
@@ -140,9 +137,9 @@ void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& a
       rank, plan.total() / kGiB, split, double(avail.bytes) / kGiB, avail.from);
 }
 
-std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype) {
+std::string plan_memory_table(const Config& cfg, DeviceKind device, DType dtype) {
   std::string out =
-      fmt::format("per-rank memory on {} ({}), dp {}, tp {}{}{} (GB)\n{:<12}", device, dtype_name(dtype),
+      fmt::format("per-rank memory on {} ({}), dp {}, tp {}{}{} (GB)\n{:<12}", device_name(device), dtype_name(dtype),
                   cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.cp > 1 ? fmt::format(", cp {}", cfg.parallel.cp) : "",
                   cfg.parallel.pp > 1 ? fmt::format(", pp {} (rank 0, the first stage)", cfg.parallel.pp) : "", "");
   MemoryPlan p[4];
@@ -161,12 +158,12 @@ std::string plan_memory_table(const Config& cfg, const std::string& device, DTyp
   return out;
 }
 
-std::string plan_memory_json(const Config& cfg, const std::string& device, DType dtype) {
+std::string plan_memory_json(const Config& cfg, DeviceKind device, DType dtype) {
   const int world = cfg.world();
   std::string out = fmt::format(
       "{{\"device\":\"{}\",\"dtype\":\"{}\",\"zero\":{},\"dp\":{},\"cp\":{},\"tp\":{},\"n_params\":{},"
       "\"ranks\":[",
-      device, dtype_name(dtype), cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp,
+      device_name(device), dtype_name(dtype), cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp,
       model_layout(cfg).reg.global_numel());
   for (int r = 0; r < world; ++r) {
     const MemoryPlan p = plan_memory(cfg, device, dtype, r);

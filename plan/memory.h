@@ -24,8 +24,7 @@ struct MemoryPlan {
 };
 // What world rank `rank` of cfg holds while training on `device` ("cpu" or "cuda") in `dtype`
 // (`spec`: its stage's pipeline_chunk_spec, when the caller has it already).
-MemoryPlan plan_memory(const Config& cfg, const std::string& device, DType dtype, int rank = 0,
-                       const PartSpec* spec = nullptr);
+MemoryPlan plan_memory(const Config& cfg, DeviceKind device, DType dtype, int rank = 0, const PartSpec* spec = nullptr);
 // The memory one rank may fill: `sharing` ranks divide the host's available memory (its
 // MemAvailable, or what the cgroup's limit leaves when less) or, on a GPU, its free memory.
 struct MemoryAvailable {
@@ -40,8 +39,8 @@ void memory_fit_rough(const Config& cfg, DType dtype, int world, const MemoryAva
 void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& avail);
 
 // The four ZeRO stages side by side for rank 0, MiB.
-std::string plan_memory_table(const Config& cfg, const std::string& device, DType dtype);
+std::string plan_memory_table(const Config& cfg, DeviceKind device, DType dtype);
 // Every rank's plan at cfg's stage, bytes, as JSON.
-std::string plan_memory_json(const Config& cfg, const std::string& device, DType dtype);
+std::string plan_memory_json(const Config& cfg, DeviceKind device, DType dtype);
 
 }  // namespace loom

@@ -17,6 +17,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_split.h"
 #include "plan/memory.h"
+#include "runtime/device_policy.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 #include "runtime/launch_env.h"
@@ -107,10 +108,10 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
   c.nodes = count("nodes", -1);
   c.devices_per_node = count("devices_per_node", -1);
   c.physical_devices = count("physical_devices", 0);
-  c.device = word("device", "cuda");
-  LOOM_CHECK(c.device == "cuda" || c.device == "cpu", "{}: device = \"{}\" is not \"cuda\" or \"cpu\"", origin,
-             c.device);
-  const std::string dtype = word("dtype", c.device == "cuda" ? "bf16" : "f32");
+  const std::string device = word("device", "cuda");
+  LOOM_CHECK(device == "cuda" || device == "cpu", "{}: device = \"{}\" is not \"cuda\" or \"cpu\"", origin, device);
+  c.device = device == "cuda" ? DeviceKind::cuda : DeviceKind::cpu;
+  const std::string dtype = word("dtype", c.device == DeviceKind::cuda ? "bf16" : "f32");
   LOOM_CHECK(dtype == "bf16" || dtype == "f32", "{}: dtype = \"{}\" is not \"bf16\" or \"f32\"", origin, dtype);
   c.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
   c.peak_flops = need_positive(t, "peak_tflops", origin) * 1e12;
@@ -241,7 +242,7 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   const double rate = rates.matmul * share;
   // attention's scores and values: the whole sequence's kernels, or context parallel's blocks
   const double att_rate = (p.cp > 1 ? rates.cp_attention : rates.attention) * share;
-  const std::string& rc = cfg.train.recompute;
+  const Recompute rc = cfg.train.recompute;
   const bool zb = cfg.pp_split_backward();
   const LinkTier tl = group_link(cl, tp, 1);
   const double row = tokens * C * act;  // the residual stream of a micro-batch
@@ -259,7 +260,7 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
     const double kv_bytes = tokens * 2 * kvd / tp * act, dkv_bytes = kv_bytes / act * 4;
     // one block's forward attention: the causal half of a full block, on average over the blocks
     const double core_block = 0.5 * 4.0 * C * T / tp * tokens / att_rate / p.cp;
-    if (p.cp_attention == "ring") {
+    if (p.cp_attention == CpAttentionKind::ring) {
       const double hop = collective_time("send", 2, kv_bytes, cl_cp, false);
       const double hop_grad = collective_time("send", 2, dkv_bytes, cl_cp, false);
       // What the cluster's overlap lets compute hide (none where a rank's communication thread
@@ -287,9 +288,10 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
     const double ew = (12.0 * C / (p.sp ? tp : 1) + 4.0 * F * k / (moe ? 1 : tp)) * act * tokens /
                       (cl.mem_bw * share);  // norms, SwiGLU, residual adds
     const double fwd = mm * tokens / rate + core * tokens / att_rate + ew;
-    double re = 0;                                                              // the forward work recompute repeats
-    if (rc == "full") re = fwd - (moe ? 0 : 2.0 * C * F / tp) * tokens / rate;  // all but the down projection
-    if (rc == "selective" && cl.device != "cuda" && p.cp == 1) re = core * tokens / att_rate;  // flash, cp keep no P
+    double re = 0;  // the forward work recompute repeats
+    if (rc == Recompute::full) re = fwd - (moe ? 0 : 2.0 * C * F / tp) * tokens / rate;  // all but the down projection
+    if (rc == Recompute::selective && cl.device != DeviceKind::cuda && p.cp == 1)
+      re = core * tokens / att_rate;  // flash, cp keep no P
     c.f += fwd;
     // Under zb, loom's selective policy recomputes in W (the split backward keeps the output
     // gradients, not the activation); zb with full recompute is refused.
@@ -297,15 +299,15 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
     c.w += mm * tokens / rate + (zb ? re : 0);
     // tp: two collectives of the residual stream forward, two backward, two more to recompute.
     c.tp_f += 2 * tp_one;
-    c.tp_b += (2 + (rc == "full" ? 2 : 0)) * tp_one;
+    c.tp_b += (2 + (rc == Recompute::full ? 2 : 0)) * tp_one;
     c.cp_f += cp_fwd;
-    c.cp_b += cp_bwd + (rc == "full" ? cp_fwd : 0);
+    c.cp_b += cp_bwd + (rc == Recompute::full ? cp_fwd : 0);
     if (moe && p.ep > 1) {  // dispatch and return each way, the counts first
       const LinkTier el = group_link(cl, p.ep, tp);
       const double a2a = collective_time("all_to_all", p.ep, tokens * k * C * act, el, false);
       const double counts = collective_time("all_to_all", p.ep, 8.0 * p.ep, el, false);
       c.ep_f += 2 * a2a + counts;
-      c.ep_b += (2 + (rc == "full" ? 2 : 0)) * a2a + counts;
+      c.ep_b += (2 + (rc == Recompute::full ? 2 : 0)) * a2a + counts;
     }
   }
   if (first) c.tp_f += tp_one;  // the vocabulary-parallel embedding's sum
@@ -328,12 +330,12 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   LOOM_CHECK(world <= given.devices(),
              "the layout needs {} ranks (pp {} x dp {} x cp {} x tp {}), the cluster has {} devices", world, p.pp, p.dp,
              p.cp, p.tp, given.devices());
-  LOOM_CHECK(cfg.train.dtype == "auto" || cfg.train.dtype == dtype_name(given.dtype),
+  LOOM_CHECK(cfg.train.dtype == DTypeChoice::automatic || cfg.train.dtype == dtype_choice(given.dtype),
              "train.dtype = \"{}\" but the cluster file trains in {}; set train.dtype = \"auto\" or change the "
              "cluster's dtype",
              cfg.train.dtype, dtype_name(given.dtype));
   const int hd = cfg.head_dim();
-  LOOM_CHECK(given.device != "cuda" || hd == 32 || hd == 64 || hd == 128,
+  LOOM_CHECK(given.device != DeviceKind::cuda || hd == 32 || hd == 64 || hd == 128,
              "model.d_model / model.n_head = {}: the CUDA attention kernels take head dims 32, 64 and 128", hd);
   const int physical = given.physical_devices > 0 ? given.physical_devices : given.devices();
   // Ranks sharing a device take turns on it, for compute and for what of communication is the
@@ -352,7 +354,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   const double tokens = double(cfg.train.micro_batch) * cfg.local_seq();
   const int dcp = p.dp * p.cp;  // the ranks holding the same weights: dp reduces over them
   const LinkTier dl = group_link(cl, dcp, p.tp);
-  const double reduce_bytes = p.grad_reduce_dtype == "bf16" ? 2 : 4;
+  const double reduce_bytes = p.grad_reduce_dtype == GradReduce::bf16 ? 2 : 4;
 
   std::vector<ChunkCost> chunks;
   const std::vector<int> per_chunk = pipeline_layers(cfg);
@@ -419,7 +421,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
       s.dp_b = std::max(rs - window, rs / units);
       s.dp_end = ag;
       s.dp_total = m * rs + ag;
-    } else if (p.zero3_reshard == "after_step") {  // and the weights gathered once, in the first forward
+    } else if (p.zero3_reshard == Zero3Reshard::after_step) {  // and the weights gathered once, in the first forward
       // (the schedule's costs are per micro-batch: the gathers' exposed part is spread over m)
       s.dp_f = std::max(ag - cl.overlap * s.f, ag / units) / m;
       s.dp_b = std::max(rs - window, rs / units);

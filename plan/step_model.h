@@ -30,8 +30,8 @@ struct LinkTier {
 struct Cluster {
   std::string name;
   int nodes = 1, devices_per_node = 1;
-  int physical_devices = 0;  // compute devices the ranks share (0: nodes x devices_per_node)
-  std::string device = "cuda";
+  int physical_devices = 0;              // compute devices the ranks share (0: nodes x devices_per_node)
+  DeviceKind device = DeviceKind::cuda;  // cuda | cpu
   DType dtype = DType::bf16;
   double peak_flops = 0;       // per device: the MFU denominator
   double gemm_efficiency = 0;  // achieved / peak over a model's matmuls

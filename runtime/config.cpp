@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <sstream>
 #include <variant>
 
@@ -16,7 +17,25 @@
 namespace loom {
 namespace {
 
-using FieldPtr = std::variant<int*, int64_t*, double*, bool*, std::string*, std::vector<DataSource>*>;
+// A key whose value is one of a few names (an enum class with Choices): read and written by name.
+struct ChoiceRef {
+  void* value;
+  size_t (*get)(const void*);
+  void (*set)(void*, size_t);
+  std::span<const std::string_view> names;
+  std::string name() const { return std::string(names[get(value)]); }
+  std::string list() const {
+    std::string out;
+    for (std::string_view n : names) out += (out.empty() ? "" : "|") + std::string(n);
+    return out;
+  }
+};
+template <Choice E>
+ChoiceRef choice(E* e) {
+  return {e, [](const void* v) { return size_t(*static_cast<const E*>(v)); },
+          [](void* v, size_t i) { *static_cast<E*>(v) = E(i); }, std::span(Choices<E>::names)};
+}
+using FieldPtr = std::variant<int*, int64_t*, double*, bool*, std::string*, std::vector<DataSource>*, ChoiceRef>;
 struct Field {
   std::string key;
   FieldPtr ptr;
@@ -30,7 +49,7 @@ std::vector<Field> fields_of(Config& c) {
   auto& p = c.parallel;
   auto& k = c.checkpoint;
   return {
-      {"model.arch", &m.arch, "gpt2 | llama"},
+      {"model.arch", choice(&m.arch), "gpt2 | llama"},
       {"model.n_layer", &m.n_layer, "transformer blocks (L)"},
       {"model.d_model", &m.d_model, "width of the residual stream (C)"},
       {"model.n_head", &m.n_head, "query heads (H); d_model / n_head is the head dim"},
@@ -53,7 +72,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train.lr", &t.lr, "peak learning rate"},
       {"train.min_lr", &t.min_lr, "learning rate at the end of the decay"},
       {"train.warmup_steps", &t.warmup_steps, "linear warmup steps"},
-      {"train.schedule", &t.schedule, "constant | cosine | linear | wsd"},
+      {"train.schedule", choice(&t.schedule), "constant | cosine | linear | wsd"},
       {"train.decay_frac", &t.decay_frac, "wsd: the fraction of all steps that decays linearly to min_lr"},
       {"train.weight_decay", &t.weight_decay, "AdamW decay (tensors of two or more dims)"},
       {"train.beta1", &t.beta1, "AdamW beta1"},
@@ -61,13 +80,13 @@ std::vector<Field> fields_of(Config& c) {
       {"train.eps", &t.eps, "AdamW epsilon"},
       {"train.grad_clip", &t.grad_clip, "clip the global gradient norm to this (0: off)"},
       {"train.seed", &t.seed, "weights' seed"},
-      {"train.device", &t.device, "auto | cpu | cuda | cuda-emulated (the CUDA backend on the CPU emulation)"},
-      {"train.dtype", &t.dtype, "auto | f32 | bf16 (auto: f32 on the CPU, bf16 on CUDA)"},
-      {"train.recompute", &t.recompute, "none | selective | full (activation recompute)"},
-      {"train.gelu_epilogue", &t.gelu_epilogue,
+      {"train.device", choice(&t.device), "auto | cpu | cuda | cuda-emulated (the CUDA backend on the CPU emulation)"},
+      {"train.dtype", choice(&t.dtype), "auto | f32 | bf16 (auto: f32 on the CPU, bf16 on CUDA)"},
+      {"train.recompute", choice(&t.recompute), "none | selective | full (activation recompute)"},
+      {"train.gelu_epilogue", choice(&t.gelu_epilogue),
        "fused | separate (CUDA gpt2: GELU's backward in the GEMM epilogue or not)"},
       {"train.threads", &t.threads, "threads per rank (0: OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, or cores / ranks)"},
-      {"data.source", &d.source, "synthetic | text | tokens (unset with a data path: read from the files)"},
+      {"data.source", choice(&d.source), "synthetic | text | tokens (unset with a data path: read from the files)"},
       {"data.path", &d.path, "a text file, or llm.c token shards (a file or a directory)"},
       {"data.sources", &d.sources,
        "a mixture in place of data.path: [[data.sources]] tables with path and weight (blended per sequence)"},
@@ -89,23 +108,23 @@ std::vector<Field> fields_of(Config& c) {
       {"parallel.tp", &p.tp, "tensor-parallel ranks"},
       {"parallel.pp", &p.pp, "pipeline stages"},
       {"parallel.cp", &p.cp, "context-parallel ranks: each sequence split over them (2 x cp chunks, balanced)"},
-      {"parallel.cp_attention", &p.cp_attention,
+      {"parallel.cp_attention", choice(&p.cp_attention),
        "ring | allgather: keys and values passed around the cp ring, or gathered at once"},
       {"parallel.cp_overlap", &p.cp_overlap, "ring: each block's transfer overlapped with the attention of the last"},
       {"parallel.ep", &p.ep, "expert-parallel ranks, carved from dp x cp (each holds num_experts / ep experts)"},
       {"parallel.sp", &p.sp, "sequence parallel (needs tp > 1)"},
       {"parallel.zero", &p.zero, "ZeRO stage 0 | 1 | 2 | 3"},
-      {"parallel.zero3_reshard", &p.zero3_reshard,
+      {"parallel.zero3_reshard", choice(&p.zero3_reshard),
        "after_forward | after_step: ZeRO-3 gathers weights again for the backward, or keeps them until the step"},
       {"parallel.bucket_mb", &p.bucket_mb, "DDP gradient bucket size"},
-      {"parallel.pp_schedule", &p.pp_schedule,
+      {"parallel.pp_schedule", choice(&p.pp_schedule),
        "gpipe | 1f1b | interleaved | zb | zbv | dualpipev (loom plan pipeline shows them)"},
       {"parallel.pp_virtual", &p.pp_virtual, "model chunks per stage (interleaved)"},
       {"parallel.pp_layers", &p.pp_layers,
        "blocks per stage, e.g. \"5,6,6,5\" (empty: n_layer / pp each; auto: balanced by FLOPs, head included)"},
       {"parallel.timeout_s", &p.timeout_s, "a collective pending this long ends the job (0: never)"},
-      {"parallel.grad_reduce_dtype", &p.grad_reduce_dtype, "f32 | bf16: what gradients are reduced in"},
-      {"parallel.comm", &p.comm,
+      {"parallel.grad_reduce_dtype", choice(&p.grad_reduce_dtype), "f32 | bf16: what gradients are reduced in"},
+      {"parallel.comm", choice(&p.comm),
        "auto | nccl | mpi | nccl-emulated: what carries CUDA buffers (mpi: staged through the host; "
        "nccl-emulated: NCCL's rules over MPI, host buffers)"},
       {"checkpoint.dir", &k.dir, "where checkpoints go: DIR/step-N/, one HDF5 file per rank + manifest.json"},
@@ -252,8 +271,9 @@ Field& find_field(std::vector<Field>& fields, const std::string& key, const std:
 }
 
 const char* short_type(const FieldPtr& p) {
+  if (std::holds_alternative<ChoiceRef>(p)) return "choice";
   return std::visit(
-      [](auto* v) -> const char* {
+      [](auto v) -> const char* {
         using T = std::remove_pointer_t<decltype(v)>;
         if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) return "int";
         if constexpr (std::is_same_v<T, double>) return "float";
@@ -265,8 +285,9 @@ const char* short_type(const FieldPtr& p) {
 }
 
 const char* type_name(const FieldPtr& p) {
+  if (std::holds_alternative<ChoiceRef>(p)) return "one of its names, a string";
   return std::visit(
-      [](auto* v) -> const char* {
+      [](auto v) -> const char* {
         using T = std::remove_pointer_t<decltype(v)>;
         if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) return "an integer";
         if constexpr (std::is_same_v<T, double>) return "a number";
@@ -307,6 +328,16 @@ std::vector<DataSource> sources_from_node(const toml::node& node, const std::str
   return out;
 }
 
+// A choice by its name; another name is refused, listing them (and the nearest, for a typo).
+void choice_set(const ChoiceRef& c, const std::string& key, const std::string& value, const std::string& origin) {
+  for (size_t i = 0; i < c.names.size(); ++i)
+    if (c.names[i] == value) return c.set(c.value, i);
+  std::string near;
+  for (std::string_view n : c.names)
+    if (edit_distance(value, std::string(n)) <= 2) near = fmt::format("; did you mean '{}'?", n);
+  fail("{}: {} = '{}' is not one of {}{}", origin, key, value, c.list(), near);
+}
+
 void set_from_node(Field& f, const toml::node& node, const std::string& origin) {
   auto wrong = [&] {
     std::ostringstream got;
@@ -314,9 +345,12 @@ void set_from_node(Field& f, const toml::node& node, const std::string& origin) 
     fail("{}: {} must be {}, got a {}", origin, f.key, type_name(f.ptr), got.str());
   };
   std::visit(
-      [&](auto* v) {
+      [&](auto v) {
         using T = std::remove_pointer_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) {
+        if constexpr (std::is_same_v<T, ChoiceRef>) {
+          if (!node.is_string()) wrong();
+          choice_set(v, f.key, *node.value<std::string>(), origin);
+        } else if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) {
           auto x = node.value_exact<int64_t>();
           if (!x) wrong();
           if constexpr (std::is_same_v<T, int>)
@@ -381,9 +415,11 @@ std::string toml_quote(const std::string& v) {
 // 0.0030000000000000001), strings quoted and escaped.
 std::string toml_value(const FieldPtr& p) {
   return std::visit(
-      [](auto* v) -> std::string {
+      [](auto v) -> std::string {
         using T = std::remove_pointer_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, bool>) {
+        if constexpr (std::is_same_v<T, ChoiceRef>) {
+          return toml_quote(v.name());
+        } else if constexpr (std::is_same_v<T, bool>) {
           return *v ? "true" : "false";
         } else if constexpr (std::is_same_v<T, double>) {
           std::string s = fmt::format("{}", *v);
@@ -462,9 +498,14 @@ void config_set(Config& cfg, const std::string& assignment) {
   Field& f = find_field(fields, key, "--set");
   auto wrong = [&] { fail("--set {}: {} must be {}, got '{}'", key, key, type_name(f.ptr), value); };
   std::visit(
-      [&](auto* v) {
+      [&](auto v) {
         using T = std::remove_pointer_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) {
+        if constexpr (std::is_same_v<T, ChoiceRef>) {
+          std::string s = value;
+          if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front())
+            s = s.substr(1, s.size() - 2);
+          choice_set(v, key, s, "--set");
+        } else if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) {
           int64_t x;
           auto r = std::from_chars(value.data(), value.data() + value.size(), x);
           if (r.ec != std::errc() || r.ptr != value.data() + value.size()) wrong();

@@ -2,13 +2,84 @@
 // `--set section.key=value`. Unknown keys and wrong types are errors that name the nearest
 // valid key; validate() checks the relations between keys before anything is allocated.
 #pragma once
+#include <fmt/format.h>
+
 #include <cstdint>
+#include <iterator>
 #include <map>
+#include <optional>
+#include <ostream>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom {
+
+// The keys whose value is one of a few names: each an enum class, parsed once when the config is
+// read (an unknown name is refused there, naming the choices), so code compares enums, and a typo
+// in a comparison does not compile. Choices<E>::names are the values as a config writes them, in
+// the enum's order; fmt prints an enum by its name.
+enum class Arch { gpt2, llama };
+enum class DeviceChoice { automatic, cpu, cuda, cuda_emulated };  // train.device
+enum class DTypeChoice { automatic, f32, bf16 };                  // train.dtype
+enum class Recompute { none, selective, full };                   // train.recompute
+enum class GeluEpilogue { fused, separate };                      // train.gelu_epilogue
+enum class LrSchedule { constant, cosine, linear, wsd };          // train.schedule
+enum class DataKind { synthetic, text, tokens };                  // data.source
+enum class CpAttentionKind { ring, allgather };                   // parallel.cp_attention
+enum class Zero3Reshard { after_forward, after_step };            // parallel.zero3_reshard
+enum class PpSchedule { gpipe, f1b1, interleaved, zb, zbv, dualpipev };
+enum class GradReduce { f32, bf16 };                            // parallel.grad_reduce_dtype
+enum class CommChoice { automatic, nccl, mpi, nccl_emulated };  // parallel.comm
+
+template <class E>
+struct Choices;
+#define LOOM_CHOICES(E, ...)                                   \
+  template <>                                                  \
+  struct Choices<E> {                                          \
+    static constexpr std::string_view names[] = {__VA_ARGS__}; \
+  }
+LOOM_CHOICES(Arch, "gpt2", "llama");
+LOOM_CHOICES(DeviceChoice, "auto", "cpu", "cuda", "cuda-emulated");
+LOOM_CHOICES(DTypeChoice, "auto", "f32", "bf16");
+LOOM_CHOICES(Recompute, "none", "selective", "full");
+LOOM_CHOICES(GeluEpilogue, "fused", "separate");
+LOOM_CHOICES(LrSchedule, "constant", "cosine", "linear", "wsd");
+LOOM_CHOICES(DataKind, "synthetic", "text", "tokens");
+LOOM_CHOICES(CpAttentionKind, "ring", "allgather");
+LOOM_CHOICES(Zero3Reshard, "after_forward", "after_step");
+LOOM_CHOICES(PpSchedule, "gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev");
+LOOM_CHOICES(GradReduce, "f32", "bf16");
+LOOM_CHOICES(CommChoice, "auto", "nccl", "mpi", "nccl-emulated");
+#undef LOOM_CHOICES
+
+template <class E>
+concept Choice = requires {
+  Choices<E>::names;
+};
+template <Choice E>
+constexpr std::string_view choice_name(E e) {
+  return Choices<E>::names[size_t(e)];
+}
+// The choice named `name`, or none.
+template <Choice E>
+constexpr std::optional<E> choice_parse(std::string_view name) {
+  for (size_t i = 0; i < std::size(Choices<E>::names); ++i)
+    if (Choices<E>::names[i] == name) return E(i);
+  return std::nullopt;
+}
+template <Choice E>
+std::ostream& operator<<(std::ostream& os, E e) {
+  return os << choice_name(e);
+}
+// The names as a config's help lists them: "a | b | c".
+template <Choice E>
+std::string choice_list(std::string_view sep = " | ") {
+  std::string out;
+  for (std::string_view n : Choices<E>::names) out += (out.empty() ? "" : std::string(sep)) + std::string(n);
+  return out;
+}
 
 struct MoeConfig {
   int num_experts = 0;  // 0: dense
@@ -19,7 +90,7 @@ struct MoeConfig {
 };
 
 struct ModelConfig {
-  std::string arch = "gpt2";  // gpt2 | llama
+  Arch arch = Arch::gpt2;
   int n_layer = 4;
   int d_model = 128;
   int n_head = 4;
@@ -40,20 +111,20 @@ struct TrainConfig {
   double lr = 3e-3;
   double min_lr = 3e-4;
   int warmup_steps = 20;
-  std::string schedule = "cosine";  // constant | cosine | linear | wsd
-  double decay_frac = 0.2;          // wsd: the fraction of all steps that decays to min_lr
+  LrSchedule schedule = LrSchedule::cosine;
+  double decay_frac = 0.2;  // wsd: the fraction of all steps that decays to min_lr
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0: off
   int64_t seed = 1234;
-  std::string device = "auto";     // auto | cpu | cuda
-  std::string dtype = "auto";      // auto | f32 | bf16 (auto: f32 on cpu, bf16 on cuda; bf16 on cpu: bf16 storage)
-  std::string recompute = "none";  // none | selective | full
+  DeviceChoice device = DeviceChoice::automatic;
+  DTypeChoice dtype = DTypeChoice::automatic;  // auto: f32 on cpu, bf16 on cuda; bf16 on cpu: bf16 storage
+  Recompute recompute = Recompute::none;
   // CUDA, gpt2: GELU's backward in the epilogue of the GEMM that makes its input (fused) or a
   // kernel of its own (separate); `loom bench kernels` times both.
-  std::string gelu_epilogue = "fused";
+  GeluEpilogue gelu_epilogue = GeluEpilogue::fused;
   int threads = 0;  // 0: OMP_NUM_THREADS if set, else the node's cores shared among its ranks
 };
 
@@ -65,7 +136,7 @@ struct DataSource {
 };
 
 struct DataConfig {
-  std::string source = "synthetic";  // synthetic | text | tokens
+  DataKind source = DataKind::synthetic;
   std::string path;
   std::vector<DataSource> sources;  // [[data.sources]]: a weighted mixture in place of path
   bool doc_mask = false;            // attention and positions stay inside each document
@@ -87,22 +158,22 @@ struct ParallelConfig {
   // attention over the other ranks' keys by a ring of sends (its transfers overlapped with
   // the attention of the block held, unless cp_overlap is false) or one all-gather.
   int cp = 1;
-  std::string cp_attention = "ring";
+  CpAttentionKind cp_attention = CpAttentionKind::ring;
   bool cp_overlap = true;
   bool sp = false;
   int zero = 0;
   // ZeRO-3: after_forward gathers a unit's weights again for its backward; after_step keeps
   // them gathered until the optimizer step (the stage's weights whole, one gather per step)
-  std::string zero3_reshard = "after_forward";
+  Zero3Reshard zero3_reshard = Zero3Reshard::after_forward;
   double bucket_mb = 25.0;
-  std::string pp_schedule = "1f1b";
+  PpSchedule pp_schedule = PpSchedule::f1b1;
   int pp_virtual = 1;
-  std::string pp_layers;                  // blocks per stage, "5,6,6,5"; empty: n_layer / pp each
-  double timeout_s = 600;                 // watchdog: a collective pending this long aborts the job (0: never)
-  std::string grad_reduce_dtype = "f32";  // f32 | bf16: the dtype gradients are reduced in
+  std::string pp_layers;                           // blocks per stage, "5,6,6,5"; empty: n_layer / pp each
+  double timeout_s = 600;                          // watchdog: a collective pending this long aborts the job (0: never)
+  GradReduce grad_reduce_dtype = GradReduce::f32;  // the dtype gradients are reduced in
   // auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host); nccl-emulated:
   // host buffers under NCCL's ordering rules, to check a layout on the CPU
-  std::string comm = "auto";
+  CommChoice comm = CommChoice::automatic;
 };
 
 struct CheckpointConfig {
@@ -188,8 +259,10 @@ struct Config {
   // The pipeline schedules whose backward is split into B (input gradient) and W (weights):
   // zb, and the V-shaped zbv and dualpipev (two chunks a stage, folded back: see
   // parallel/pipeline_schedule.h).
-  bool pp_v_shape() const { return parallel.pp_schedule == "zbv" || parallel.pp_schedule == "dualpipev"; }
-  bool pp_split_backward() const { return parallel.pp > 1 && (parallel.pp_schedule == "zb" || pp_v_shape()); }
+  bool pp_v_shape() const {
+    return parallel.pp_schedule == PpSchedule::zbv || parallel.pp_schedule == PpSchedule::dualpipev;
+  }
+  bool pp_split_backward() const { return parallel.pp > 1 && (parallel.pp_schedule == PpSchedule::zb || pp_v_shape()); }
   // A tied embedding whose two copies live on different stages (the first and the last; a V
   // keeps both ends on stage 0).
   bool pp_tied_across() const { return parallel.pp > 1 && model.tie_embeddings && !pp_v_shape(); }
@@ -250,3 +323,10 @@ std::string config_disagreement(const std::vector<std::string>& texts);
 std::string config_keys_table();
 
 }  // namespace loom
+
+template <loom::Choice E>
+struct fmt::formatter<E> : fmt::formatter<std::string_view> {
+  auto format(E e, format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(loom::choice_name(e), ctx);
+  }
+};

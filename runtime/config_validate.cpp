@@ -31,8 +31,7 @@ void check_positive(const std::string& key, int64_t v) {
 void config_validate(Config& cfg) {
   auto& m = cfg.model;
   auto& t = cfg.train;
-  check_one_of("model.arch", m.arch, {"gpt2", "llama"});
-  if (!cfg.set_keys.count("model.tie_embeddings")) m.tie_embeddings = m.arch == "gpt2";
+  if (!cfg.set_keys.count("model.tie_embeddings")) m.tie_embeddings = m.arch == Arch::gpt2;
   check_positive("model.n_layer", m.n_layer);
   check_positive("model.d_model", m.d_model);
   check_positive("model.n_head", m.n_head);
@@ -51,7 +50,7 @@ void config_validate(Config& cfg) {
              "model.n_head = {} is not a multiple of model.n_kv_head = {}; grouped-query "
              "attention needs n_head = k * n_kv_head",
              m.n_head, kv);
-  if (m.arch == "gpt2") {
+  if (m.arch == Arch::gpt2) {
     LOOM_CHECK(kv == m.n_head,
                "model.n_kv_head = {}: gpt2 has no grouped-query attention; "
                "use model.arch = \"llama\" or n_kv_head = n_head",
@@ -68,7 +67,7 @@ void config_validate(Config& cfg) {
   const MoeConfig& moe = m.moe;
   LOOM_CHECK(moe.num_experts >= 0, "model.moe.num_experts = {} must be >= 0 (0: dense)", moe.num_experts);
   if (moe.num_experts > 0) {
-    LOOM_CHECK(m.arch == "llama",
+    LOOM_CHECK(m.arch == Arch::llama,
                "model.moe.num_experts = {} with model.arch = \"{}\": MoE layers are llama (Mixtral) blocks; set "
                "model.arch = \"llama\" or num_experts = 0",
                moe.num_experts, m.arch);
@@ -96,16 +95,11 @@ void config_validate(Config& cfg) {
              "train.global_batch = {} is not a multiple of micro_batch x dp = {} x {} = {}; "
              "make global_batch a multiple of {}",
              t.global_batch, t.micro_batch, cfg.parallel.dp, per_step, per_step);
-  check_one_of("train.schedule", t.schedule, {"constant", "cosine", "linear", "wsd"});
   LOOM_CHECK(t.decay_frac > 0 && t.decay_frac <= 1, "train.decay_frac = {} must be in (0, 1]", t.decay_frac);
-  LOOM_CHECK(t.decay_frac == TrainConfig{}.decay_frac || t.schedule == "wsd",
+  LOOM_CHECK(t.decay_frac == TrainConfig{}.decay_frac || t.schedule == LrSchedule::wsd,
              "train.decay_frac is set but train.schedule = \"{}\"; it shapes the wsd schedule only", t.schedule);
-  check_one_of("train.device", t.device, {"auto", "cpu", "cuda", "cuda-emulated"});
-  check_one_of("train.dtype", t.dtype, {"auto", "f32", "bf16"});
-  check_one_of("train.recompute", t.recompute, {"none", "selective", "full"});
-  check_one_of("train.gelu_epilogue", t.gelu_epilogue, {"fused", "separate"});
   LOOM_CHECK(t.lr >= 0 && t.min_lr >= 0, "train.lr and train.min_lr must be >= 0");
-  LOOM_CHECK(t.schedule == "constant" || t.min_lr <= t.lr,
+  LOOM_CHECK(t.schedule == LrSchedule::constant || t.min_lr <= t.lr,
              "train.min_lr = {} is above train.lr = {}: the {} schedule would raise the learning rate as it decays; "
              "set train.min_lr to at most train.lr{}",
              t.min_lr, t.lr, t.schedule, cfg.set_keys.count("train.min_lr") ? "" : " (it was left at its default)");
@@ -123,11 +117,11 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(t.eps > 0, "train.eps = {} must be positive (AdamW divides by sqrt(v) + eps)", t.eps);
   // auto is resolved when training starts (device_resolve): the GPU where its kernels run the model.
   // cuda-emulated runs the CUDA backend and kernels on the CPU emulation: the same rules.
-  if (t.device == "cuda" || t.device == "cuda-emulated") {
-    LOOM_CHECK(LOOM_HAVE_CUDA || t.device != "cuda",
+  if (t.device == DeviceChoice::cuda || t.device == DeviceChoice::cuda_emulated) {
+    LOOM_CHECK(LOOM_HAVE_CUDA || t.device != DeviceChoice::cuda,
                "train.device = \"cuda\": this build has no CUDA; rebuild with the CUDA toolkit, or check the CUDA "
                "path on the CPU with train.device = \"cuda-emulated\"");
-    LOOM_CHECK(t.dtype != "f32",
+    LOOM_CHECK(t.dtype != DTypeChoice::f32,
                "train.dtype = \"f32\" on train.device = \"{}\": the GPU path computes in bf16; use \"bf16\" or "
                "\"auto\"",
                t.device);
@@ -139,12 +133,11 @@ void config_validate(Config& cfg) {
   }
 
   auto& d = cfg.data;
-  check_one_of("data.source", d.source, {"synthetic", "text", "tokens"});
-  if (d.source != "synthetic")
+  if (d.source != DataKind::synthetic)
     LOOM_CHECK(!d.path.empty() || !d.sources.empty(), "data.source = \"{}\" needs data.path (or [[data.sources]])",
                d.source);
   if (!d.sources.empty()) {
-    LOOM_CHECK(d.source != "synthetic",
+    LOOM_CHECK(d.source != DataKind::synthetic,
                "[[data.sources]] is a mixture of files; set data.source = \"tokens\" (or \"text\") for them");
     LOOM_CHECK(d.path.empty(),
                "data.path = '{}' and [[data.sources]] are both set; a run reads one or the other (put the path in a "
@@ -173,7 +166,7 @@ void config_validate(Config& cfg) {
              "data.tokenizer = \"llama3\" needs data.tokenizer_dir, a directory with LLaMA-3's tokenizer.model (it is "
              "'{}'; `tools/tokenizer_files.sh DIR llama3` writes it)",
              d.tokenizer_dir);
-  LOOM_CHECK(d.source != "text" || d.tokenizer == "byte" || d.tokenizer.empty(),
+  LOOM_CHECK(d.source != DataKind::text || d.tokenizer == "byte" || d.tokenizer.empty(),
              "data.tokenizer = \"{0}\" with data.source = \"text\", which reads bytes; tokenize with `loom data "
              "--tokenizer {0}` and train on data.source = \"tokens\"",
              d.tokenizer);
@@ -217,13 +210,12 @@ void config_validate(Config& cfg) {
                p.ep, p.dp, p.cp, p.dp * p.cp);
   }
   check_positive("parallel.cp", p.cp);
-  check_one_of("parallel.cp_attention", p.cp_attention, {"ring", "allgather"});
   if (p.cp > 1) {
     LOOM_CHECK(m.seq_len % (2 * p.cp) == 0,
                "parallel.cp = {} cuts each sequence into 2 x cp = {} chunks, which model.seq_len = {} does not "
                "divide; pick seq_len a multiple of {}",
                p.cp, 2 * p.cp, m.seq_len, 2 * p.cp);
-    LOOM_CHECK(p.cp_overlap || p.cp_attention == "ring",
+    LOOM_CHECK(p.cp_overlap || p.cp_attention == CpAttentionKind::ring,
                "parallel.cp_overlap = false applies to the ring; parallel.cp_attention = \"allgather\" overlaps "
                "nothing; remove it or use the ring");
   } else {
@@ -232,19 +224,17 @@ void config_validate(Config& cfg) {
                                 {"parallel.cp_overlap", p.cp_overlap != plain.cp_overlap}})
       LOOM_CHECK(!differs, "{} is set but parallel.cp = 1, so it would do nothing; set parallel.cp or remove it", key);
   }
-  check_one_of("parallel.zero3_reshard", p.zero3_reshard, {"after_forward", "after_step"});
-  LOOM_CHECK(p.zero == 3 || p.zero3_reshard == "after_forward",
+  LOOM_CHECK(p.zero == 3 || p.zero3_reshard == Zero3Reshard::after_forward,
              "parallel.zero3_reshard = \"after_step\" but parallel.zero = {}, so it would do nothing; set "
              "parallel.zero = 3 or remove it",
              p.zero);
-  check_one_of("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev"});
   LOOM_CHECK(p.pp_virtual >= 1, "parallel.pp_virtual = {} must be >= 1", p.pp_virtual);
   if (cfg.pp_v_shape() && !cfg.set_keys.count("parallel.pp_virtual")) p.pp_virtual = 2;  // the V's two chunks
   LOOM_CHECK(p.pp_virtual == 2 || !cfg.pp_v_shape(),
              "parallel.pp_schedule = \"{}\" places two model chunks on each stage (a V); set parallel.pp_virtual = 2 "
              "or leave it unset",
              p.pp_schedule);
-  LOOM_CHECK(p.pp_virtual == 1 || p.pp_schedule == "interleaved" || cfg.pp_v_shape(),
+  LOOM_CHECK(p.pp_virtual == 1 || p.pp_schedule == PpSchedule::interleaved || cfg.pp_v_shape(),
              "parallel.pp_virtual = {} needs parallel.pp_schedule = \"interleaved\"; set it, or set pp_virtual = 1",
              p.pp_virtual);
   // Set away from their defaults without stages, they would do nothing (a printed config,
@@ -257,7 +247,7 @@ void config_validate(Config& cfg) {
                "{} is set but parallel.pp = 1, so it would do nothing; set parallel.pp or remove it", key);
   pipeline_layers_given(cfg);  // the split must work
   if (p.pp > 1) {
-    LOOM_CHECK(p.pp_schedule != "interleaved" || cfg.accum_steps() % p.pp == 0,
+    LOOM_CHECK(p.pp_schedule != PpSchedule::interleaved || cfg.accum_steps() % p.pp == 0,
                "parallel.pp_schedule = \"interleaved\" needs a multiple of parallel.pp = {} micro-batches per step, "
                "not {} (train.global_batch / (train.micro_batch x parallel.dp)); change train.global_batch or "
                "train.micro_batch",
@@ -266,11 +256,11 @@ void config_validate(Config& cfg) {
                "parallel.pp_schedule = \"{}\" with MoE layers is not supported yet (the split backward of a MoE "
                "layer is not written); use 1f1b or interleaved",
                p.pp_schedule);
-    LOOM_CHECK(!cfg.pp_split_backward() || cfg.train.recompute != "full",
+    LOOM_CHECK(!cfg.pp_split_backward() || cfg.train.recompute != Recompute::full,
                "parallel.pp_schedule = \"{}\" with train.recompute = \"full\" would recompute every block twice "
                "(once for each half of the split backward); use train.recompute = \"selective\" or \"none\"",
                p.pp_schedule);
-    LOOM_CHECK(p.pp_schedule != "dualpipev" || cfg.accum_steps() >= 2 * p.pp,
+    LOOM_CHECK(p.pp_schedule != PpSchedule::dualpipev || cfg.accum_steps() >= 2 * p.pp,
                "parallel.pp_schedule = \"dualpipev\" needs at least 2 x parallel.pp = {} micro-batches per step ({} = "
                "train.global_batch / (train.micro_batch x parallel.dp)); raise train.global_batch or lower "
                "train.micro_batch",
@@ -297,8 +287,6 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
   LOOM_CHECK(p.timeout_s >= 0, "parallel.timeout_s = {} must be >= 0 (0 turns the watchdog off)", p.timeout_s);
   LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
-  check_one_of("parallel.grad_reduce_dtype", p.grad_reduce_dtype, {"f32", "bf16"});
-  check_one_of("parallel.comm", p.comm, {"auto", "nccl", "mpi", "nccl-emulated"});
   const FaultConfig& f = cfg.fault;
   const int world = cfg.world();
   LOOM_CHECK(!cfg.log.grad_norms || world == 1,

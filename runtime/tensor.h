@@ -21,6 +21,10 @@ enum class DeviceKind { cpu, cuda, cuda_emulated };
 inline bool device_is_cuda(DeviceKind d) {
   return d != DeviceKind::cpu;
 }
+// As train.device names it.
+inline const char* device_name(DeviceKind d) {
+  return d == DeviceKind::cpu ? "cpu" : d == DeviceKind::cuda ? "cuda" : "cuda-emulated";
+}
 
 inline size_t dtype_size(DType t) {
   return t == DType::bf16 ? 2 : t == DType::f64 ? 8 : 4;

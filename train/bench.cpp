@@ -223,11 +223,12 @@ void bench_train(const Config& config, const TrainOptions& where, const BenchTra
   fmt::print(
       "bench train: {} d_model {} layers {} B {} T {} on {} ({} ranks, {} threads each): {:.1f} tokens/s, "
       "MFU {:.1f}%\n",
-      cfg.model.arch, cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len, r.device,
-      where.world_size, r.threads, r.tokens_per_s, 100.0 * r.mfu);
+      cfg.model.arch, cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len,
+      device_name(r.device), where.world_size, r.threads, r.tokens_per_s, 100.0 * r.mfu);
   fmt::print("{{\"tokens_per_s\": {:.6g}, \"mfu\": {:.6g}}}\n", r.tokens_per_s, r.mfu);
   if (!b.profile) return;
-  fmt::print("roofline profile, steps 2 to {} ({}):\n{}", r.steps_done, r.device, profile_table(r.profile, r.roofline));
+  fmt::print("roofline profile, steps 2 to {} ({}):\n{}", r.steps_done, device_name(r.device),
+             profile_table(r.profile, r.roofline));
   if (cfg.log.cluster != "auto" && cfg.log.cluster != "none") {  // the prediction's terms beside the measured ones
     try {
       fmt::print("{}", profile_prediction_compare(cluster_load(cfg.log.cluster, "log.cluster"), cfg, r.profile));

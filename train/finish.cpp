@@ -1,6 +1,7 @@
 // The ends of a run: what the start logs (layout, plan, ledger), the final export and summary
 // (Trainer::finish), and the step-1 gradient norms some checks read.
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -60,8 +61,8 @@ void Trainer::Parts::startup_log() {
                                               : " and the host never waits for it"),
         double(active_param_count(cfg)) / 1e6, double(param_count(cfg)) / 1e6);
   }
-  info("device: {} ({}); {} threads per rank ({}); data: {}", device, dtype_name(dtype), threads, threads_why,
-       data.describe);
+  info("device: {} ({}); {} threads per rank ({}); data: {}", device_name(device), dtype_name(dtype), threads,
+       threads_why, data.describe);
   // Every axis above one, outermost first, then data parallel's own description (dp ...).
   std::string axes;
   for (auto [name, n] : {std::pair{"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp}, {"cp", cfg.parallel.cp}})
@@ -80,7 +81,7 @@ void Trainer::Parts::startup_log() {
   }
   if (const int64_t have = val_available(); have > 0 && have < cfg.data.val_batches)
     info("validation: {} batches, all the validation data holds (data.val_batches = {})", have, cfg.data.val_batches);
-  if (pipe) {
+  if (cfg.parallel.pp > 1) {
     std::string split, held;
     for (int b : pipeline_layers(cfg)) split += (split.empty() ? "" : ",") + std::to_string(b);
     for (int j = 0; j < chunk->pieces(); ++j) held += (j ? "+" : "") + std::to_string(chunk->slots(j));
@@ -98,7 +99,9 @@ void Trainer::Parts::startup_log() {
   if (cfg.parallel.cp > 1)
     detail("context parallel: each sequence over {} ranks, {} tokens each (chunks i and {} - i of {}), attention {}{}",
            cfg.parallel.cp, cfg.local_seq(), 2 * cfg.parallel.cp - 1, 2 * cfg.parallel.cp, cfg.parallel.cp_attention,
-           cfg.parallel.cp_attention == "ring" && !cfg.parallel.cp_overlap ? " (transfers not overlapped)" : "");
+           cfg.parallel.cp_attention == CpAttentionKind::ring && !cfg.parallel.cp_overlap
+               ? " (transfers not overlapped)"
+               : "");
   for (int j = 0; j < chunk->pieces(); ++j)  // a stage of the interleaved schedule holds several
     detail("activation plan (B={}, T={}{}):\n{}", B, cfg.local_seq(),
            chunk->pieces() > 1 ? fmt::format(", model chunk {}", j) : "", chunk->plan(j).table());
@@ -120,18 +123,18 @@ void Trainer::Parts::startup_log() {
       table += fmt::format("\n{:<6}", r);
       for (int i = 0; i < K; ++i) table += fmt::format(" {:>11.2f}", all[size_t(K * r + i)] / 1048576.0);
     }
-    detail("memory ledger per rank (MiB, {}):\n{}", device, table);
+    detail("memory ledger per rank (MiB, {}):\n{}", device_name(device), table);
     double worst = 0;
     for (int r = 0; r < world; ++r) worst = std::max(worst, all[size_t(K * r + kMemCategories)]);
     info(
         "memory: {:.1f} MiB peak on the fullest rank ({}); --verbose prints the activation plan, every rank's "
         "ledger and the FLOPs",
-        worst / 1048576.0, device);
+        worst / 1048576.0, device_name(device));
   }
   detail("FLOPs/token {:.3g} (model), {:.3g} (hardware); MFU divides by a peak of {:.1f} GFLOP/s over all ranks{}",
          fpt.model, fpt.hardware, peak / 1e9,
-         device == "cuda" ? std::string(" (the GPU's bf16 dense rate)")
-                          : fmt::format(" ({} cores x {})", threads * mesh->world(), cpu_peak_describe()));
+         device == DeviceKind::cuda ? std::string(" (the GPU's bf16 dense rate)")
+                                    : fmt::format(" ({} cores x {})", threads * mesh->world(), cpu_peak_describe()));
   if (peak == 0) info("this GPU is not in the peak table: MFU is reported as 0");
 }
 
@@ -191,11 +194,31 @@ std::vector<float> Trainer::weights_hf() {
   return out;
 }
 
+void Trainer::Parts::tied_copies_check() {
+  // The first stage's embedding and the last stage's copy see the same summed gradients and
+  // the same updates: their (master) weights must be the same bits. Collective.
+  std::vector<float> w(chunk->num_params());
+  dpar->weights_to(w.data());
+  uint64_t h[2] = {0, 0};
+  if (chunk->has_embedding() || chunk->holds_tied_copy()) {
+    const ParamSpec& e = chunk->registry().at(head_names(cfg).wte);
+    h[chunk->has_embedding() ? 0 : 1] = XXH64(w.data() + e.offset, size_t(e.numel()) * 4, 0);
+  }
+  ProcessGroup& embed = mesh->host_group(Axis::embed);
+  std::vector<double> both = {double(h[0] >> 32), double(h[0] & 0xffffffffu), double(h[1] >> 32),
+                              double(h[1] & 0xffffffffu)};
+  if (embed.size() > 1) embed.all_reduce(Buf(both.data(), 4), ReduceOp::sum).wait();
+  if (embed.size() < 2) return;  // a middle stage
+  LOOM_CHECK(both[0] == both[2] && both[1] == both[3],
+             "internal error: the tied embedding's copies on the first and last pipeline stage differ");
+  if (lead) spdlog::info("tied embedding: the first and last stage's copies are bitwise equal");
+}
+
 TrainResult Trainer::finish() {
   Parts& p = *p_;
   p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak, p.result.stopped_by,
                 p.result.steps_done);
-  if (p.pipe && p.cfg.pp_tied_across()) p.tied_copies_check();
+  if (p.cfg.parallel.pp > 1 && p.cfg.pp_tied_across()) p.tied_copies_check();
   if (p.ckpt) {
     // The state a run ends in is always checkpointed: where it stopped on a signal, or where
     // it was resumed when there was nothing left to run (which reshards a checkpoint).
@@ -250,7 +273,7 @@ TrainResult Trainer::finish() {
   if (p.profiler) {
     p.result.profile = p.profiler->profile();
     p.info("roofline profile of steps {} to {} ({}):\n{}", p.profile_from, std::min(p.profile_to, p.result.steps_done),
-           p.device, profile_table(p.result.profile, p.result.roofline));
+           device_name(p.device), profile_table(p.result.profile, p.result.roofline));
   }
   if (p.lead && !p.opt.quiet) spdlog::info("{}", p.summary());
   p.result.mem = p.alloc->ledger();

@@ -39,7 +39,7 @@ double model_work(const Cluster& base, const Config& cfg, Term term) {
   c.mem_bw = term == Term::elementwise ? 1 : free;
   c.optimizer_bw = term == Term::optimizer ? 1 : free;
   Config k = cfg;
-  if (k.train.dtype == "auto") k.train.dtype = dtype_name(c.dtype);
+  if (k.train.dtype == DTypeChoice::automatic) k.train.dtype = dtype_choice(c.dtype);
   const StepPrediction p = step_predict(k, c);
   return term == Term::optimizer ? p.optimizer : p.compute;
 }
@@ -112,26 +112,28 @@ std::string key_set(const std::string& text, const std::string& key, double valu
 
 void profile_cluster_write(const std::string& path, const Config& cfg, const TrainResult& r) {
   // The emulated device runs the CUDA backend's kernels (bf16, flash attention) on the host.
-  const bool gpu = r.device == "cuda" || r.device == "cuda-emulated";
+  const bool gpu = device_is_cuda(r.device);
   std::string text;
   if (std::filesystem::exists(path)) {
     std::ifstream in(path);
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   } else {
     // A one-device file: the rates are this run's; the links are not measured by it.
-    const double table = r.device == "cuda" ? cuda_peak_flops() : 0.0;  // the MFU denominator where known
+    const double table = r.device == DeviceKind::cuda ? cuda_peak_flops() : 0.0;  // the MFU denominator where known
     text = fmt::format(
         "# One {} as loom's own kernels ran it (`loom bench train --profile --write-cluster`).\n"
         "name = \"{}\"\nnodes = 1\ndevices_per_node = 1\ndevice = \"{}\"\ndtype = \"{}\"\npeak_tflops = {:.4g}\n"
         "gemm_efficiency = 1\nmem_bw_gbs = {:.4g}\n\n"
         "[intra]  # a placeholder, not measured (one device): edit it for the machine's links\n"
         "alpha_us = 1.5\nbw_gbs = 370\n",
-        r.device, r.device == "cuda" ? cuda_device_name() : r.device, gpu ? "cuda" : "cpu", gpu ? "bf16" : "f32",
-        (table > 0 ? table : r.roofline.gemm_flops) / 1e12, r.roofline.copy_bw / 1e9);
+        device_name(r.device), r.device == DeviceKind::cuda ? cuda_device_name() : device_name(r.device),
+        gpu ? "cuda" : "cpu", gpu ? "bf16" : "f32", (table > 0 ? table : r.roofline.gemm_flops) / 1e12,
+        r.roofline.copy_bw / 1e9);
   }
   const Cluster base = cluster_parse(text, path);
-  LOOM_CHECK(base.device == (gpu ? "cuda" : "cpu"), "{} describes a {} cluster; this run trained on {}", path,
-             base.device, r.device);
+  LOOM_CHECK(base.device == (gpu ? DeviceKind::cuda : DeviceKind::cpu),
+             "{} describes a {} cluster; this run trained on {}", path, device_name(base.device),
+             device_name(r.device));
   const Cluster fit = profile_cluster_fit(base, cfg, r.profile);
   const std::string from =
       fmt::format("fitted: {} d_model {} L {} B {} T {}, {} steps profiled", cfg.model.arch, cfg.model.d_model,

@@ -1,6 +1,6 @@
-// Recovery and drills (train/fault.h): the drills around a step's gradients, the SDC check,
-// skipped updates and rollback, and the step boundary (stop signals, checkpoint commits, the
-// straggler watch).
+// Recovery from a bad step (train/fault.h): the SDC check (the gradients computed again and
+// compared), skipped updates and the rollback past fault.max_skips, and the straggler watch.
+// Not here: the drills that make the faults (train/drills.h).
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
@@ -13,43 +13,6 @@
 #include "train/trainer_parts.h"
 
 namespace loom {
-
-void Trainer::Parts::drills_step_begin(int64_t s1) {
-  faults->at(s1, "");
-  if (faults->hang(s1)) {
-    faults->note("hang", s1, "stopping inside this step's next collective");
-    mesh->hang_next_op();
-  }
-}
-
-void Trainer::Parts::grads_compute(int64_t step, StepMetrics& m, uint64_t syncs0, bool* sdc_unresolved) {
-  FaultInjector& fi = *faults;
-  const int64_t s1 = step + 1;
-  if (const double ms = fi.slow_ms(); ms > 0)
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
-  const bool poison = fi.nan(s1), flip = fi.bitflip(s1);
-  if (poison) fi.note("nan", s1, "a NaN into this rank's gradients");
-  if (flip) fi.note("bitflip", s1, "a flipped bit in one weight while this step computes");
-  if (cfg.fault.sdc_every > 0 && s1 % cfg.fault.sdc_every == 0) {
-    m.sdc_ranks = sdc_check(step, flip, poison, sdc_unresolved);
-    if (!m.sdc_ranks.empty() && lead) {
-      std::string names;
-      for (int r : m.sdc_ranks) names += (names.empty() ? "" : ", ") + std::to_string(r);
-      spdlog::error("step {}: silent data corruption: rank {}'s gradients differ from its own recomputation; {}", s1,
-                    names,
-                    *sdc_unresolved ? "no two of three agree, the update is skipped"
-                                    : "a third computation agrees with one of them and the update uses it");
-      event_append(cfg.log.dir, "sdc",
-                   fmt::format("\"step\":{},\"ranks\":[{}],\"resolved\":{}", s1, names, !*sdc_unresolved));
-    }
-    return;
-  }
-  const int64_t at = int64_t(chunk->num_params() / 2);
-  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
-  micro_batches(step, true, poison);
-  if (alloc->device() == DeviceKind::cuda_emulated) m.host_syncs_compute = int64_t(cuda_emulated_host_syncs() - syncs0);
-  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
-}
 
 void Trainer::Parts::skipped(int64_t s1, const std::string& why) {
   if (lead)
@@ -88,9 +51,10 @@ void Trainer::Parts::skipped(int64_t s1, const std::string& why) {
   next = loaded;
 }
 
-std::vector<int> Trainer::Parts::sdc_check(int64_t step, bool flip, bool poison, bool* unresolved) {
+std::vector<int> Trainer::Parts::sdc_check(int64_t step, float dloss, bool* unresolved) {
   // Computed twice without communicating, each rank's gradients must be the same bits; a
   // rank where they differ computes a third time, and the update goes ahead where two agree.
+  // The drills (a flipped bit, a NaN seed) hit the first computation only: a transient fault.
   ProcessGroup& world = mesh->world_group();
   auto gather = [&](int32_t mine) {
     std::vector<int32_t> all(size_t(world.size()), 0);
@@ -99,88 +63,55 @@ std::vector<int> Trainer::Parts::sdc_check(int64_t step, bool flip, bool poison,
       world.all_gather(Buf(&all[size_t(world.rank())], 1), Buf(all.data(), int64_t(all.size()))).wait();
     return all;
   };
-  const int64_t at = int64_t(chunk->num_params() / 2);
-  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
-  micro_batches(step, false, poison);  // the drills hit the first computation only: a transient fault
-  if (flip) tensor_bit_flip(*backend, chunk->params_tensor(), at);
+  const int64_t s1 = step + 1;
+  const float clean = 1.0f / float(tokens_per_step);
+  micro_batches(step, dloss, false);
+  drills->at(StepPoint::gradients_done, s1);
   const uint64_t a = tensor_hash(*backend, chunk->grads_tensor());
   backend->zero(Buf(chunk->loss_sum()));
-  micro_batches(step, false, false);
+  micro_batches(step, clean, false);
   const uint64_t b = tensor_hash(*backend, chunk->grads_tensor());
   const std::vector<int32_t> differ = gather(a != b);
   std::vector<int> ranks;
   for (size_t r = 0; r < differ.size(); ++r)
     if (differ[r]) ranks.push_back(int(r));
   *unresolved = false;
-  if (ranks.empty()) return ranks;
-  backend->zero(Buf(chunk->loss_sum()));
-  micro_batches(step, false, false);  // every rank: the tp collectives inside need all
-  const uint64_t c = tensor_hash(*backend, chunk->grads_tensor());
-  for (int32_t u : gather(a != b && c != a && c != b)) *unresolved = *unresolved || u;
+  if (!ranks.empty()) {
+    backend->zero(Buf(chunk->loss_sum()));
+    micro_batches(step, clean, false);  // every rank: the tp collectives inside need all
+    const uint64_t c = tensor_hash(*backend, chunk->grads_tensor());
+    for (int32_t u : gather(a != b && c != a && c != b)) *unresolved = *unresolved || u;
+  }
+  if (!ranks.empty() && lead) {
+    std::string names;
+    for (int r : ranks) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    spdlog::error("step {}: silent data corruption: rank {}'s gradients differ from its own recomputation; {}", s1,
+                  names,
+                  *unresolved ? "no two of three agree, the update is skipped"
+                              : "a third computation agrees with one of them and the update uses it");
+    event_append(cfg.log.dir, "sdc",
+                 fmt::format("\"step\":{},\"ranks\":[{}],\"resolved\":{}", s1, names, !*unresolved));
+  }
   return ranks;
 }
 
-bool Trainer::between_steps() {
-  Parts& p = *p_;
-  // One gather a step: stop signals and checkpoint write states (the job acts on the worst),
-  // and each rank's compute time (the straggler watch).
-  ProcessGroup& world = p.mesh->world_group();
-  const int n = world.size(), me = world.rank();
-  std::vector<double> all(size_t(3 * n), 0.0);
-  all[size_t(3 * me)] = stop_signal();
-  all[size_t(3 * me + 1)] = p.ckpt ? p.ckpt->write_state() : 0;
-  all[size_t(3 * me + 2)] = p.last_compute_ms;
-  if (n > 1) world.all_gather(Buf(&all[size_t(3 * me)], 3), Buf(all.data(), int64_t(all.size()))).wait();
-  int32_t sig = 0, write_state = 0;
-  std::vector<double> compute(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    sig = std::max(sig, int32_t(all[size_t(3 * r)]));
-    write_state = std::max(write_state, int32_t(all[size_t(3 * r + 1)]));
-    compute[size_t(r)] = all[size_t(3 * r + 2)];
-  }
-  if (p.ckpt) p.ckpt->settle(write_state);
-  if (n > 1 && p.result.steps_done > p.start_step) {
-    std::vector<int> fresh;
-    std::vector<int> stage(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) stage[size_t(r)] = mesh_coord(p.mesh->dims(), r).pp;
-    p.stragglers = p.straggle.update(compute, &fresh, stage);
-    for (int r : fresh)
-      if (p.lead) {
-        spdlog::warn(
-            "rank {} is a straggler: compute {:.1f} ms a step against the ranks' median of {:.1f} ms, for {} "
-            "steps in a row",
-            r, compute[size_t(r)], p.straggle.median(r), 5);
-        event_append(p.cfg.log.dir, "straggler",
-                     fmt::format("\"rank\":{},\"step\":{},\"compute_ms\":{:.2f},\"median_ms\":{:.2f}", r,
-                                 p.result.steps_done, compute[size_t(r)], p.straggle.median(r)));
-      }
-  }
-  if (sig) p.result.stopped_by = sig;
-  return sig != 0;
-}
-
-int64_t Trainer::next_step() const {
-  return p_->next;
-}
-
-void Trainer::Parts::tied_copies_check() {
-  // The first stage's embedding and the last stage's copy see the same summed gradients and
-  // the same updates: their (master) weights must be the same bits. Collective.
-  std::vector<float> w(chunk->num_params());
-  dpar->weights_to(w.data());
-  uint64_t h[2] = {0, 0};
-  if (chunk->has_embedding() || chunk->holds_tied_copy()) {
-    const ParamSpec& e = chunk->registry().at(head_names(cfg).wte);
-    h[chunk->has_embedding() ? 0 : 1] = XXH64(w.data() + e.offset, size_t(e.numel()) * 4, 0);
-  }
-  ProcessGroup& embed = mesh->host_group(Axis::embed);
-  std::vector<double> both = {double(h[0] >> 32), double(h[0] & 0xffffffffu), double(h[1] >> 32),
-                              double(h[1] & 0xffffffffu)};
-  if (embed.size() > 1) embed.all_reduce(Buf(both.data(), 4), ReduceOp::sum).wait();
-  if (embed.size() < 2) return;  // a middle stage
-  LOOM_CHECK(both[0] == both[2] && both[1] == both[3],
-             "internal error: the tied embedding's copies on the first and last pipeline stage differ");
-  if (lead) spdlog::info("tied embedding: the first and last stage's copies are bitwise equal");
+void Trainer::Parts::stragglers_watch(const std::vector<double>& compute) {
+  const int n = int(compute.size());
+  if (n < 2 || result.steps_done <= start_step) return;
+  std::vector<int> fresh;
+  std::vector<int> stage(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) stage[size_t(r)] = mesh_coord(mesh->dims(), r).pp;
+  stragglers = straggle.update(compute, &fresh, stage);
+  for (int r : fresh)
+    if (lead) {
+      spdlog::warn(
+          "rank {} is a straggler: compute {:.1f} ms a step against the ranks' median of {:.1f} ms, for {} "
+          "steps in a row",
+          r, compute[size_t(r)], straggle.median(r), 5);
+      event_append(cfg.log.dir, "straggler",
+                   fmt::format("\"rank\":{},\"step\":{},\"compute_ms\":{:.2f},\"median_ms\":{:.2f}", r,
+                               result.steps_done, compute[size_t(r)], straggle.median(r)));
+    }
 }
 
 }  // namespace loom

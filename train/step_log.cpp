@@ -3,9 +3,10 @@
 #include <filesystem>
 
 #include "plan/step_model.h"
+#include "runtime/cuda_api.h"
 #include "runtime/error.h"
 #include "train/stop.h"
-#include "train/trainer.h"
+#include "train/trainer_parts.h"
 
 namespace loom {
 
@@ -25,7 +26,7 @@ std::string cluster_this_machine_path() {
   return std::string(LOOM_SOURCE_DIR) + "/examples/clusters/this_machine.toml";
 }
 
-void StepLog::predict(const std::string& device, int world) {
+void StepLog::predict(DeviceKind device, int world) {
   // Said here, after the run's set-up: a refusal before it stays one line.
   if (print_ && !metrics_.path().empty())
     spdlog::info("metrics: {} (log.dir){}", metrics_.path(),
@@ -34,7 +35,7 @@ void StepLog::predict(const std::string& device, int world) {
   std::string path = cfg_.log.cluster;
   if (path == "auto") {
     path = cluster_this_machine_path();
-    if (device != "cpu" || !std::filesystem::exists(path)) return;  // no cluster file describes this machine
+    if (device != DeviceKind::cpu || !std::filesystem::exists(path)) return;  // no cluster file describes this machine
   }
   try {
     const Cluster cluster = cluster_load(path, "log.cluster");
@@ -49,7 +50,7 @@ void StepLog::predict(const std::string& device, int world) {
       return;
     }
     Config c = cfg_;
-    if (c.train.dtype == "auto") c.train.dtype = dtype_name(cluster.dtype);
+    if (c.train.dtype == DTypeChoice::automatic) c.train.dtype = dtype_choice(cluster.dtype);
     LOOM_CHECK(world <= cluster.devices(), "the run's {} ranks are more than its {} devices", world, cluster.devices());
     const StepPrediction p = step_predict(c, cluster);
     predicted_ = StepSplit{1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.bubble, 1e3 * p.optimizer};
@@ -130,6 +131,71 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
           "MFU {:.0f}%: this run did more than the peak it divides by, so that peak was measured low (on a "
           "busy machine?); `loom bench gemm` on a quiet machine measures it again",
           100 * result_.mfu);
+  }
+}
+
+// A step's metrics, all assembled here once the step has ended: its time split, the loss and the
+// norm, MoE statistics, each source's tokens, rates, memory and the bytes each group moved.
+void Trainer::Parts::metrics_fill(StepMetrics& m, int64_t step, const StepStart& start, double loss_sum) {
+  const StepTimes t = clock->end();
+  if (start.emulated) m.host_syncs = int64_t(cuda_emulated_host_syncs() - start.host_syncs);
+  // A commit between the last step and this one (the manifest, pruning) is this step's loss too.
+  const double commit_ms = ckpt ? ckpt->take_commit_ms() : 0.0;
+  m.step_ms = ms_since(start.wall) + commit_ms;
+  m.t_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  m.stragglers = stragglers;
+  last_compute_ms = t.of(Phase::compute);
+  m.loss = loss_sum / double(tokens_per_step);
+  m.grad_norm = dpar->grad_norm();
+  moe_metrics(m);
+  if (data.train->sources().size() > 1) {
+    const std::vector<int64_t> n = step_source_tokens(*data.train, cfg, step);
+    for (size_t j = 0; j < n.size(); ++j) m.source_tokens.push_back({data.train->sources()[j].name, n[j]});
+  }
+  m.compute_ms = t.of(Phase::compute);
+  m.comm_exposed_ms = t.of(Phase::comm);
+  m.bubble_ms = t.of(Phase::bubble);
+  if (cfg.parallel.pp >
+      1) {  // the stage that waited most (each stage's own is on its trace track), and each one's compute
+    double worst = m.bubble_ms, mine = m.compute_ms;
+    ProcessGroup& stages = mesh->host_group(Axis::pp);
+    stages.all_reduce(Buf(&worst, 1), ReduceOp::max).wait();
+    m.bubble_ms = worst;
+    m.stage_compute_ms.resize(size_t(stages.size()));
+    stages.all_gather(Buf(&mine, 1), Buf(m.stage_compute_ms.data(), stages.size())).wait();
+  }
+  m.optimizer_ms = t.of(Phase::optimizer);
+  m.data_ms = t.of(Phase::data);
+  m.ckpt_block_ms = t.of(Phase::ckpt) + commit_ms;
+  step_rates(m, step, cfg.train.steps, tokens_per_step, fpt.model, fpt.hardware, peak);
+  m.mem = alloc->ledger();
+  m.rss_peak_b = rss_peak_bytes();
+  auto moved = [](const CommCounters& a, const CommCounters& b, CommOp op) {
+    return b.bytes[int(op)] - a.bytes[int(op)];
+  };
+  const CommCounters &dp1 = dp().counters(), &tp1 = tp().counters();
+  m.dp_all_reduce_b = moved(start.dp, dp1, CommOp::all_reduce);
+  m.dp_reduce_scatter_b = moved(start.dp, dp1, CommOp::reduce_scatter);
+  m.dp_all_gather_b = moved(start.dp, dp1, CommOp::all_gather);
+  m.tp_all_reduce_b = moved(start.tp, tp1, CommOp::all_reduce);
+  m.tp_reduce_scatter_b = moved(start.tp, tp1, CommOp::reduce_scatter);
+  m.tp_all_gather_b = moved(start.tp, tp1, CommOp::all_gather);
+  if (profiler) profiler->step_end();  // after the step's end synchronized: no wait added
+}
+
+void Trainer::Parts::moe_metrics(StepMetrics& m) {
+  // Summed over dp and the pipeline's stages (each layer lives on one), averaged over the
+  // micro-batches.
+  std::vector<double> st = chunk->moe_stats_take();
+  if (st.empty()) return;
+  mesh->host_group(dp_axis()).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
+  if (cfg.parallel.pp > 1)
+    mesh->host_group(Axis::pp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
+  m.aux_loss = 0;
+  for (size_t i = 0; i < st.size() / 4; ++i) {
+    const double *v = st.data() + 4 * i, n = std::max(v[3], 1.0);
+    m.aux_loss += v[0] / n / double(st.size() / 4);
+    m.moe.push_back({int((i + 1) * cfg.model.moe.every - 1), v[1] / n, v[2] / n});
   }
 }
 

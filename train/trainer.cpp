@@ -67,7 +67,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
 #endif
   p.device = device_resolve(cfg, gpus, &p.why);
   p.dtype = dtype_resolve(cfg, p.device);
-  LOOM_CHECK(p.device != "cuda" || gpus > 0,
+  LOOM_CHECK(p.device != DeviceKind::cuda || gpus > 0,
              "train.device = \"cuda\" but no CUDA device is visible; use train.device = \"cpu\" or \"auto\"");
   if (!p.why.empty() && !opt.quiet && p.lead)
     spdlog::warn("train.device = \"auto\" trains on the CPU: {}; set train.device = \"cpu\" to say so", p.why);
@@ -88,8 +88,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     p.threads_why = t.why;
     // The ranks of this node share its memory (on GPUs, each GPU's).
     const int local = std::max(1, env.local_size);
-    p.memory = p.device == "cuda" ? memory_available(DeviceKind::cuda, (local + gpus - 1) / std::max(1, gpus))
-                                  : memory_available(DeviceKind::cpu, local);
+    p.memory = p.device == DeviceKind::cuda ? memory_available(DeviceKind::cuda, (local + gpus - 1) / std::max(1, gpus))
+                                            : memory_available(DeviceKind::cpu, local);
     memory_fit_rough(cfg, p.dtype, opt.world_size, p.memory);
   }
 #if LOOM_HAVE_MPI
@@ -117,44 +117,21 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   mo.timeout_s = cfg.parallel.timeout_s;
   mo.trace = &p.trace;
   mo.flight_dir = cfg.log.dir;
-  mo.nccl_emulated = cfg.parallel.comm == "nccl-emulated";
-  LOOM_CHECK(!mo.nccl_emulated || p.device == "cpu" || p.device == "cuda-emulated",
-             "parallel.comm = \"nccl-emulated\" carries host buffers: it needs train.device = \"cpu\" or "
-             "\"cuda-emulated\" (it is \"{}\"); on a GPU use parallel.comm = \"nccl\"",
-             p.device);
-  LOOM_CHECK(p.device != "cuda-emulated" || cfg.parallel.comm != "nccl",
-             "parallel.comm = \"nccl\" needs GPUs, and train.device = \"cuda-emulated\" has none; use "
-             "parallel.comm = \"mpi\" (its staged path carries the emulated device's buffers)");
-  if (mo.nccl_emulated && !opt.use_mpi && p.lead && !opt.quiet)
-    spdlog::warn(
-        "parallel.comm = \"nccl-emulated\" on one process: there is no communication to check; launch "
-        "the layout under mpirun or srun");
-  if (p.device == "cuda" && opt.use_mpi) {
-    // NCCL refuses two ranks on one GPU: where ranks share GPUs, MPI carries the CUDA buffers
-    // through pinned host memory (a check of the layout, not a fast path).
+  {
 #if LOOM_HAVE_MPI
-    const int local = mpi_local_size();
+    const int local = p.device == DeviceKind::cuda && opt.use_mpi ? mpi_local_size() : 1;
 #else
     const int local = 1;
 #endif
-    const bool shared = local > gpus;
-    LOOM_CHECK(!(shared && cfg.parallel.comm == "nccl"),
-               "parallel.comm = \"nccl\" but {} ranks share {} GPUs on this node, and NCCL takes one rank per GPU; "
-               "use parallel.comm = \"mpi\" (staged through the host) or launch one rank per GPU",
-               local, gpus);
-    mo.nccl = cfg.parallel.comm == "nccl" || (cfg.parallel.comm == "auto" && !shared);
-    if (!mo.nccl && cfg.parallel.comm == "auto" && p.lead && !opt.quiet)
-      spdlog::warn(
-          "{} ranks share {} GPU(s) on this node: collectives go through MPI, staged in host memory "
-          "(for checking layouts, not for speed); launch one rank per GPU for NCCL",
-          local, gpus);
+    const CommPlan comm = comm_choose(cfg.parallel.comm, p.device, opt.use_mpi, local, gpus);
+    mo.nccl = comm.nccl;
+    mo.nccl_emulated = comm.nccl_emulated;
+    if (!comm.note.empty() && p.lead && !opt.quiet) spdlog::warn("{}", comm.note);
   }
   const MeshDims dims{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp, cfg.parallel.ep};
   p.mesh = std::make_unique<DeviceMesh>(dims, opt.world_rank, opt.world_size, mo);
 
-  const DeviceKind kind = p.device == "cuda"            ? DeviceKind::cuda
-                          : p.device == "cuda-emulated" ? DeviceKind::cuda_emulated
-                                                        : DeviceKind::cpu;
+  const DeviceKind kind = p.device;
   p.stream = device_is_cuda(kind) ? cuda_stream_create(kind) : host_stream();
   p.alloc = std::make_unique<Allocator>(kind, p.stream);
   if (kind == DeviceKind::cuda_emulated) {
@@ -188,7 +165,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   // Every pp degree runs a list of ops; at pp 1 it is 1F1B on one stage, F0 B0 F1 B1 ...: the
   // accumulation loop, one micro-batch's activations at a time.
   p.pipe_ops = cfg.parallel.pp > 1 ? pipeline_in_order(p.pipe_schedule).ops[size_t(p.mesh->coord().pp)]
-                                   : pipeline_schedule("1f1b", 1, 1, cfg.accum_steps()).ops[0];
+                                   : pipeline_schedule(PpSchedule::f1b1, 1, 1, cfg.accum_steps()).ops[0];
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   const bool ep = cfg.parallel.ep > 1;
   p.chunk = std::make_unique<DecoderPart>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
@@ -199,9 +176,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
                               {p.dp(), p.tp(), p.mesh->host_group(p.dp_axis()), ep ? &p.mesh->group(Axis::ep) : nullptr,
                                ep ? &p.mesh->group(Axis::edp) : nullptr, ep ? &p.mesh->host_group(Axis::edp) : nullptr},
                               p.clock.get());
-  if (cfg.parallel.pp > 1)
-    p.pipe = std::make_unique<PipelineStage>(*p.chunk, *p.dpar, p.mesh->group(Axis::pp), cfg.accum_steps(),
-                                             p.clock.get(), p.trace);
+  p.pipe = std::make_unique<PipelineStage>(*p.chunk, *p.dpar, p.mesh->group(Axis::pp), cfg.accum_steps(), p.clock.get(),
+                                           p.trace);
+  p.pipe_val_ops = pipeline_forward_ops(cfg.parallel.pp, cfg.parallel.pp_virtual, p.mesh->coord().pp, cfg.accum_steps(),
+                                        cfg.pp_v_shape());
   p.fpt = flops_per_token(cfg, p.backend->traits().attention_probs);
   // The emulated device runs on the host's cores: its MFU is against their peak.
   p.peak = (kind == DeviceKind::cuda ? cuda_peak_flops() : cpu_peak_flops(p.threads)) * p.mesh->world();
@@ -210,10 +188,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   p.targets.resize(p.inputs.size());
   p.log = std::make_unique<StepLog>(p.cfg, p.opt, val_batches_available() > 0, p.result);
   p.faults = std::make_unique<FaultInjector>(cfg, opt.world_rank, run_restarted());
+  p.drills = std::make_unique<StepDrills>(*p.faults, *p.mesh, *p.backend, *p.chunk);
   if (cfg.checkpoint.every > 0) {
-    const nlohmann::json layout = {{"world", p.mesh->world()},  {"dp", cfg.parallel.dp},        {"tp", cfg.parallel.tp},
-                                   {"pp", cfg.parallel.pp},     {"ep", cfg.parallel.ep},        {"cp", cfg.parallel.cp},
-                                   {"zero", cfg.parallel.zero}, {"dtype", dtype_name(p.dtype)}, {"device", p.device}};
+    const nlohmann::json layout = {
+        {"world", p.mesh->world()},  {"dp", cfg.parallel.dp},        {"tp", cfg.parallel.tp},
+        {"pp", cfg.parallel.pp},     {"ep", cfg.parallel.ep},        {"cp", cfg.parallel.cp},
+        {"zero", cfg.parallel.zero}, {"dtype", dtype_name(p.dtype)}, {"device", device_name(p.device)}};
     p.ckpt = std::make_unique<Checkpointer>(p.cfg, p.mesh->world_group(), layout, opt.quiet);
     FaultInjector* fi = p.faults.get();
     p.ckpt->fault_in_write = [fi](int64_t step) { fi->at(step, "checkpoint"); };

@@ -27,10 +27,10 @@ struct TrainResult {
   double seconds = 0;       // the training loop's wall time, first step to the last validation
   double tokens_per_s = 0;  // mean over steps after the first
   double mfu = 0;
-  double comm_exposed_ms = 0;  // summed over steps
-  int stopped_by = 0;          // the signal that stopped the run early, or 0
-  int threads = 0;             // per rank, as chosen
-  std::string device;          // cpu | cuda, as resolved
+  double comm_exposed_ms = 0;           // summed over steps
+  int stopped_by = 0;                   // the signal that stopped the run early, or 0
+  int threads = 0;                      // per rank, as chosen
+  DeviceKind device = DeviceKind::cpu;  // train.device, as resolved
   int64_t steps_done = 0;
   OpProfile profile;       // log.profile_steps: every op family's totals over those steps
   RooflineRates roofline;  // and the device's rates it is judged against
@@ -64,7 +64,7 @@ class StepLog {
   StepLog(const Config& cfg, const TrainOptions& opt, bool has_val, TrainResult& result);
   // The step-time model's split for this run (log.cluster), printed now and beside the
   // measured one at the end.
-  void predict(const std::string& device, int world);
+  void predict(DeviceKind device, int world);
   // m as filled by step_rates; validate returns the validation loss.
   void after_step(const StepMetrics& m, const std::function<double()>& validate);
   // stopped: the run ends early on a signal (no final validation; the stop is recorded).

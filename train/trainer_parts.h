@@ -1,7 +1,8 @@
 // The parts of one rank's Trainer (train/trainer.h), shared by the files that implement it:
-// trainer.cpp (state and construction, init), step.cpp (the step, validation),
-// micro_batches.cpp (the passes of a step), recovery.cpp (the drills around the gradients, the
-// SDC check, skipped updates and rollback, the step boundary) and finish.cpp (start-up log, export, summary). Internal.
+// trainer.cpp (construction, init), step.cpp (the step top to bottom, the step boundary,
+// validation), step_log.cpp (a step's metrics), recovery.cpp (the SDC check, skipped updates and
+// rollback, stragglers), drills.cpp (the drills at a step's named points) and finish.cpp
+// (start-up log, export, summary). Internal.
 #pragma once
 #include <spdlog/spdlog.h>
 
@@ -27,6 +28,7 @@
 #include "runtime/launch_env.h"
 #include "runtime/mesh.h"
 #include "runtime/step_clock.h"
+#include "train/drills.h"
 #include "train/fault.h"
 #include "train/stop.h"
 #include "train/trainer.h"
@@ -44,7 +46,8 @@ namespace loom {
 struct Trainer::Parts {
   Config cfg;
   TrainOptions opt;
-  std::string device, why, threads_why;
+  DeviceKind device = DeviceKind::cpu;  // train.device, resolved
+  std::string why, threads_why;
   DType dtype = DType::f32;
   bool lead = true;
   int threads = 1;
@@ -63,8 +66,9 @@ struct Trainer::Parts {
   std::unique_ptr<DecoderPart> chunk;
   std::unique_ptr<DataParallel> dpar;
   PipeSchedule pipe_schedule;           // parallel.pp > 1
-  std::vector<PipeOp> pipe_ops;         // this stage's list (at pp 1: F0 B0 F1 B1 ...)
-  std::unique_ptr<PipelineStage> pipe;  // parallel.pp > 1
+  std::vector<PipeOp> pipe_ops;         // this stage's list of a step (at pp 1: F0 B0 F1 B1 ...)
+  std::vector<PipeOp> pipe_val_ops;     // and of a validation batch (forward only)
+  std::unique_ptr<PipelineStage> pipe;  // the executor of both, at every pp
   FlopsPerToken fpt{};
   double peak = 0;
   int64_t tokens_per_step = 0;
@@ -78,6 +82,7 @@ struct Trainer::Parts {
   int64_t start_step = 0;
   std::string resumed_from;
   std::unique_ptr<FaultInjector> faults;
+  std::unique_ptr<StepDrills> drills;
   UpdateGuard guard;
   StragglerWatch straggle;
   std::vector<int> stragglers;  // as of the last step boundary
@@ -97,6 +102,7 @@ struct Trainer::Parts {
     }
   }
   ~Parts() {
+    drills.reset();
     ckpt.reset();  // a write in flight finishes first (it reads nothing of the buffers below)
     dpar.reset();
     chunk.reset();
@@ -112,112 +118,58 @@ struct Trainer::Parts {
   ProcessGroup& dp() const { return mesh->group(dp_axis()); }
   ProcessGroup& tp() const { return mesh->group(Axis::tp); }
   ProcessGroup& pp() const { return mesh->group(Axis::pp); }
-  // The step's gradient reductions: over dp (DDP or ZeRO); with pipeline stages, the tied
-  // embedding's two copies summed over the first and last stage (after dp: the whole tensor
-  // under DDP, each rank's shard under ZeRO), and the squared norm over all stages, so that
-  // clipping and the guard see the whole model's norm.
-  void reduce_grads() {
-    const Stream& st = backend->stream();
-    std::function<void(Buf)> tied;
-    if (pipe && cfg.pp_tied_across() && (chunk->has_embedding() || chunk->holds_tied_copy())) {
-      tied = [this, &st](Buf g) {
-        StepClock::Scope c(clock.get(), Phase::comm);
-        mesh->group(Axis::embed).all_reduce(g, ReduceOp::sum, st).wait_on(st);
-      };
-    }
-    dpar->reduce_grads(tied);
-    if (pipe) {
-      StepClock::Scope c(clock.get(), Phase::comm);
-      pp().all_reduce(Buf(dpar->grad_sum_squares()), ReduceOp::sum, st).wait_on(st);
-    }
-  }
   template <class... A>
   void info(fmt::format_string<A...> f, A&&... a) const {
     if (!opt.quiet && lead) spdlog::info(f, std::forward<A>(a)...);
   }
-  // The block that closes a run: steps, losses, tokens and rates, and where its files went.
-  std::string summary() const;
   // What only `loom train --verbose` prints.
   template <class... A>
   void detail(fmt::format_string<A...> f, A&&... a) const {
     if (opt.verbose) info(f, std::forward<A>(a)...);
   }
-  // Stages micro-batch `micro` of `step` from `stream` and returns where the backend reads it.
-  Inputs stage(const Sequences& s, int64_t step, int micro) {
-    batch_read(s, cfg, step, mesh->coord().dp, micro, inputs.data(), targets.data());
-    if (cfg.data.doc_mask) {  // over whole sequences, before context parallel takes its chunks
-      positions.resize(inputs.size());
-      doc_positions(inputs.data(), cfg.model.seq_len, int(inputs.size()) / cfg.model.seq_len, cfg.doc_token(),
-                    positions.data());
-    }
-    if (const ContextParallel* cp = chunk->context_parallel()) {  // this rank's 2 chunks of each sequence
-      const int B = cfg.train.micro_batch;
-      cp_inputs.resize(inputs.size() / size_t(cfg.parallel.cp));
-      cp_targets.resize(cp_inputs.size());
-      cp_select(cp_inputs.data(), inputs.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
-      cp_select(cp_targets.data(), targets.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
-      // Positions in the documents with data.doc_mask (the block kernels take the sequence's
-      // from cp_positions), else in the sequence.
-      if (cfg.data.doc_mask) {
-        cp_positions_doc.resize(cp_inputs.size());
-        cp_select(cp_positions_doc.data(), positions.data(), B, cfg.model.seq_len, cfg.parallel.cp, mesh->coord().cp);
-      }
-      return backend->stage_inputs(cp_inputs.data(), cp_targets.data(),
-                                   cfg.data.doc_mask ? cp_positions_doc.data() : cp->token_positions().data(),
-                                   int(cp_inputs.size()), cfg.model.seq_len, chunk->vocab_lo(), chunk->vocab_rows());
-    }
-    return backend->stage_inputs(inputs.data(), targets.data(), cfg.data.doc_mask ? positions.data() : nullptr,
-                                 int(inputs.size()), cfg.model.seq_len, chunk->vocab_lo(), chunk->vocab_rows());
-  }
-  // The chunk's loss sum over dp x cp, read on the host and reset.
-  double loss_take() {
-    Tensor& sum = chunk->loss_sum();
-    if (dp().size() > 1) {
-      StepClock::Scope c(clock.get(), Phase::comm);
-      dp().all_reduce(Buf(sum), ReduceOp::sum, backend->stream()).wait_on(backend->stream());
-    }
-    if (pipe) {  // the last stage's, to every stage (the others hold 0)
-      StepClock::Scope c(clock.get(), Phase::comm);
-      pp().all_reduce(Buf(sum), ReduceOp::sum, backend->stream()).wait_on(backend->stream());
-    }
-    double v = 0.0;
-    backend->download(&v, Buf(sum));
-    backend->zero(Buf(sum));
-    return v;
-  }
-  // The step's MoE statistics, summed over dp and the pipeline's stages (each layer lives on
-  // one), averaged over the micro-batches.
-  void moe_metrics(StepMetrics& m) {
-    std::vector<double> st = chunk->moe_stats_take();
-    if (st.empty()) return;
-    mesh->host_group(dp_axis()).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
-    if (pipe) mesh->host_group(Axis::pp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
-    m.aux_loss = 0;
-    for (size_t i = 0; i < st.size() / 4; ++i) {
-      const double *v = st.data() + 4 * i, n = std::max(v[3], 1.0);
-      m.aux_loss += v[0] / n / double(st.size() / 4);
-      m.moe.push_back({int((i + 1) * cfg.model.moe.every - 1), v[1] / n, v[2] / n});
-    }
-  }
+
+  // step.cpp, in the order a step calls them.
+  struct StepStart {  // what a step's metrics are measured from
+    CommCounters dp, tp;
+    bool emulated = false;
+    uint64_t host_syncs = 0;
+    Clock::time_point wall;
+  };
+  // The trace's and profile's windows, the counters, and the step clock started.
+  StepStart step_start(int64_t s1);
+  // Forward and backward over the step's micro-batches from zeroed gradients, through the
+  // executor (the drills at its passes); dloss seeds the backward; reduce: each piece's last
+  // backward starts its gradient reductions (else reduce_grads() does).
+  void micro_batches(int64_t step, float dloss, bool reduce);
+  // Stages micro-batch `micro` of `step` from `s` and returns where the backend reads it.
+  Inputs stage(const Sequences& s, int64_t step, int micro);
+  // The step's gradient reductions (DDP or ZeRO over dp; with pipeline stages the tied
+  // embedding's copies and the squared norm over the stages).
+  void reduce_grads();
+  // The chunk's loss sum over dp x cp (and from the last stage), read on the host and reset.
+  double loss_take();
+
+  // step_log.cpp: the step's metrics, once the step has ended; MoE's part of them.
+  void metrics_fill(StepMetrics& m, int64_t step, const StepStart& start, double loss_sum);
+  void moe_metrics(StepMetrics& m);
+
+  // recovery.cpp. fault.sdc_every: the step's gradients computed twice (a third time where
+  // they differ), the first with the drills and `dloss`; the ranks whose two differ, and
+  // *unresolved where no two of three agree on some rank.
+  std::vector<int> sdc_check(int64_t step, float dloss, bool* unresolved);
+  // An update skipped at 1-based step s1: logged, counted, and past fault.max_skips in a row
+  // a rollback to the newest checkpoint.
+  void skipped(int64_t s1, const std::string& why);
+  // Every rank's compute time of the last step: the stragglers, named once per streak.
+  void stragglers_watch(const std::vector<double>& compute_ms);
+
+  // finish.cpp.
   // Whole validation batches in the data (0: none).
   int64_t val_available() const { return data.val ? data.val->epoch_sequences() / cfg.train.global_batch : 0; }
   void startup_log();
   void facts_write() const;  // config.toml and run.json into log.dir (rank 0)
-  // The drills at a step's start: fault.exit/kill at (1-based) s1, and fault.hang.
-  void drills_step_begin(int64_t s1);
-  // The step's gradients, with the drills that fire around them (fault.slow_ms, nan, bitflip)
-  // and fault.sdc_every's recomputation (*sdc_unresolved: no two of three agreed).
-  void grads_compute(int64_t step, StepMetrics& m, uint64_t syncs0, bool* sdc_unresolved);
-  // Forward and backward over the step's micro-batches from zeroed gradients; reduce: the
-  // last backward starts the gradient reductions (else reduce_grads() does); poison: the
-  // fault.nan drill.
-  void micro_batches(int64_t step, bool reduce, bool poison);
-  // fault.sdc_every: the step's gradients computed twice (a third time where they differ);
-  // the ranks whose two differ, and *unresolved where no two of three agree on some rank.
-  std::vector<int> sdc_check(int64_t step, bool flip, bool poison, bool* unresolved);
-  // An update skipped at 1-based step s1: logged, counted, and past fault.max_skips in a row
-  // a rollback to the newest checkpoint.
-  void skipped(int64_t s1, const std::string& why);
+  // The block that closes a run: steps, losses, tokens and rates, and where its files went.
+  std::string summary() const;
   // With a pipeline and tied embeddings: the two copies must be the same bits (an Error if not).
   void tied_copies_check();
   // log.grad_norms: every tensor's gradient norm now (step 1, before clipping) into

@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
   }
-  // --nccl-emulated: the same cases over NCCL's rules (parallel.comm = "nccl-emulated").
+  // --nccl-emulated: the same cases over NCCL's rules (parallel.comm = CommChoice::nccl_emulated).
   bool emulated = false;
   for (int i = 1; i < argc; ++i) emulated = emulated || std::string(argv[i]) == "--nccl-emulated";
   int rc;

@@ -30,11 +30,11 @@ TEST(Config, LoadsTomlAndOverrides) {
   config_set(c, "train.recompute=full");
   config_set(c, "log.dir=\"x y\"");
   config_validate(c);
-  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_EQ(c.model.arch, Arch::llama);
   EXPECT_EQ(c.model.n_layer, 3);
   EXPECT_EQ(c.model.d_model, 64);
   EXPECT_DOUBLE_EQ(c.train.lr, 1.0);  // an integer is a fine number
-  EXPECT_EQ(c.train.recompute, "full");
+  EXPECT_EQ(c.train.recompute, Recompute::full);
   EXPECT_EQ(c.log.dir, "x y");
   EXPECT_FALSE(c.model.tie_embeddings);  // llama's default
   EXPECT_EQ(c.model.d_ff, 192);          // 8/3 * 64 rounded up to 64
@@ -108,7 +108,7 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
             std::string::npos);
   EXPECT_EQ(
       loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n[train]\nrecompute = \"selective\"\n").parallel.pp_schedule,
-      "zb");
+      PpSchedule::zb);
   EXPECT_NE(error_of([] { loaded("[parallel]\npp_schedule = \"gpipe\"\n"); }).find("but parallel.pp = 1"),
             std::string::npos);
   // Mixture of experts and expert parallelism: each a one-line error with the fix.
@@ -182,27 +182,93 @@ TEST(Config, TheGpuPathRefusesWhatItDoesNotHave) {
 TEST(Config, AutoDeviceTakesTheGpuWhereItsKernelsRunTheModel) {
   std::string why;
   const Config plain = loaded("");
-  EXPECT_EQ(device_resolve(plain, 1, &why), "cuda");
+  EXPECT_EQ(device_resolve(plain, 1, &why), DeviceKind::cuda);
   EXPECT_EQ(why, "");
-  EXPECT_EQ(device_resolve(plain, 0, &why), "cpu");
+  EXPECT_EQ(device_resolve(plain, 0, &why), DeviceKind::cpu);
   EXPECT_EQ(why, "");  // no GPU: nothing to explain
   // Every layout runs on the GPU.
-  EXPECT_EQ(device_resolve(loaded("[train]\nmicro_batch = 8\n[parallel]\ndp = 2\nzero = 3\n"), 1, &why), "cuda");
-  EXPECT_EQ(device_resolve(loaded("[parallel]\ntp = 2\nsp = true\n"), 1, &why), "cuda");
-  EXPECT_EQ(device_resolve(loaded("[train]\nrecompute = \"full\"\n"), 2, &why), "cuda");
-  EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"f32\"\n"), 1, &why), "cpu");
+  EXPECT_EQ(device_resolve(loaded("[train]\nmicro_batch = 8\n[parallel]\ndp = 2\nzero = 3\n"), 1, &why),
+            DeviceKind::cuda);
+  EXPECT_EQ(device_resolve(loaded("[parallel]\ntp = 2\nsp = true\n"), 1, &why), DeviceKind::cuda);
+  EXPECT_EQ(device_resolve(loaded("[train]\nrecompute = \"full\"\n"), 2, &why), DeviceKind::cuda);
+  EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"f32\"\n"), 1, &why), DeviceKind::cpu);
   EXPECT_NE(why.find("f32"), std::string::npos);
   why.clear();
   // A head dim the CUDA attention kernels do not take stays on the CPU rather than crash there.
-  EXPECT_EQ(device_resolve(loaded("[model]\nd_model = 96\nn_head = 2\n"), 1, &why), "cpu");
+  EXPECT_EQ(device_resolve(loaded("[model]\nd_model = 96\nn_head = 2\n"), 1, &why), DeviceKind::cpu);
   EXPECT_NE(why.find("head dims 32, 64 and 128"), std::string::npos);
-  EXPECT_EQ(device_resolve(loaded("[train]\ndevice = \"cpu\"\n"), 1, &why), "cpu");
+  EXPECT_EQ(device_resolve(loaded("[train]\ndevice = \"cpu\"\n"), 1, &why), DeviceKind::cpu);
   // bf16 runs on either device: the CPU stores bf16 and computes in fp32.
-  EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"bf16\"\n"), 1, &why), "cuda");
-  EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"bf16\"\n"), 0, &why), "cpu");
-  EXPECT_EQ(dtype_resolve(loaded("[train]\ndtype = \"bf16\"\n"), "cpu"), DType::bf16);
-  EXPECT_EQ(dtype_resolve(plain, "cpu"), DType::f32);
-  EXPECT_EQ(dtype_resolve(plain, "cuda"), DType::bf16);
+  EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"bf16\"\n"), 1, &why), DeviceKind::cuda);
+  EXPECT_EQ(device_resolve(loaded("[train]\ndtype = \"bf16\"\n"), 0, &why), DeviceKind::cpu);
+  EXPECT_EQ(dtype_resolve(loaded("[train]\ndtype = \"bf16\"\n"), DeviceKind::cpu), DType::bf16);
+  EXPECT_EQ(dtype_resolve(plain, DeviceKind::cpu), DType::f32);
+  EXPECT_EQ(dtype_resolve(plain, DeviceKind::cuda), DType::bf16);
+}
+
+// comm_choose is pure: the device, the launch, the ranks on the node and its GPUs are arguments.
+TEST(Config, CommChoiceFollowsTheDeviceAndTheRanksPerGpu) {
+  auto plan = [](CommChoice c, DeviceKind d, bool launched, int local, int gpus) {
+    return comm_choose(c, d, launched, local, gpus);
+  };
+  // One rank per GPU: NCCL, by default and when named.
+  EXPECT_TRUE(plan(CommChoice::automatic, DeviceKind::cuda, true, 8, 8).nccl);
+  EXPECT_TRUE(plan(CommChoice::nccl, DeviceKind::cuda, true, 4, 8).nccl);
+  EXPECT_EQ(plan(CommChoice::automatic, DeviceKind::cuda, true, 8, 8).note, "");
+  // Ranks sharing GPUs: auto stages through MPI and says so; nccl is refused, naming the fix.
+  const CommPlan shared = plan(CommChoice::automatic, DeviceKind::cuda, true, 2, 1);
+  EXPECT_FALSE(shared.nccl);
+  EXPECT_NE(shared.note.find("2 ranks share 1 GPU(s)"), std::string::npos) << shared.note;
+  EXPECT_NE(error_of([] {
+              comm_choose(CommChoice::nccl, DeviceKind::cuda, true, 2, 1);
+            }).find("NCCL takes one rank per GPU; use parallel.comm = \"mpi\""),
+            std::string::npos);
+  EXPECT_FALSE(plan(CommChoice::mpi, DeviceKind::cuda, true, 8, 8).nccl);
+  // The CPU and the emulated device never take NCCL; nccl-emulated keeps its rules over MPI.
+  EXPECT_FALSE(plan(CommChoice::automatic, DeviceKind::cpu, true, 2, 0).nccl);
+  EXPECT_FALSE(plan(CommChoice::automatic, DeviceKind::cuda_emulated, true, 2, 0).nccl);
+  const CommPlan emu = plan(CommChoice::nccl_emulated, DeviceKind::cpu, true, 2, 0);
+  EXPECT_TRUE(emu.nccl_emulated && !emu.nccl && emu.note.empty());
+  EXPECT_NE(plan(CommChoice::nccl_emulated, DeviceKind::cpu, false, 1, 0).note.find("on one process"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              comm_choose(CommChoice::nccl_emulated, DeviceKind::cuda, true, 2, 2);
+            }).find("carries host buffers"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { comm_choose(CommChoice::nccl, DeviceKind::cuda_emulated, true, 2, 0); }).find("needs GPUs"),
+            std::string::npos);
+  // One process on a GPU: no groups to make.
+  EXPECT_FALSE(plan(CommChoice::automatic, DeviceKind::cuda, false, 1, 1).nccl);
+}
+
+// A key of a few choices is read once into its enum: the names a config writes, refused
+// otherwise with the list (and the nearest name), and written back by name.
+TEST(Config, ChoiceKeysParseOnceIntoEnums) {
+  const Config c = loaded(
+      "[model]\narch = \"llama\"\n[train]\nrecompute = \"selective\"\ndevice = \"cuda-emulated\"\nschedule = "
+      "\"wsd\"\nmicro_batch = 2\n[parallel]\npp = 2\npp_schedule = \"dualpipev\"\ncomm = \"nccl-emulated\"\n");
+  EXPECT_EQ(c.model.arch, Arch::llama);
+  EXPECT_EQ(c.train.recompute, Recompute::selective);
+  EXPECT_EQ(c.train.device, DeviceChoice::cuda_emulated);
+  EXPECT_EQ(c.train.schedule, LrSchedule::wsd);
+  EXPECT_EQ(c.parallel.pp_schedule, PpSchedule::dualpipev);
+  EXPECT_EQ(c.parallel.comm, CommChoice::nccl_emulated);
+  const std::string toml = config_to_toml(c);
+  for (const char* line : {"arch = \"llama\"", "recompute = \"selective\"", "device = \"cuda-emulated\"",
+                           "pp_schedule = \"dualpipev\"", "comm = \"nccl-emulated\""})
+    EXPECT_NE(toml.find(line), std::string::npos) << line;
+  Config back = config_defaults();
+  config_load_string(back, toml, "printed");
+  EXPECT_EQ(config_to_toml(back), toml);
+  EXPECT_EQ(error_of([] { loaded("[model]\narch = \"lama\"\n"); }),
+            "test.toml: model.arch = 'lama' is not one of gpt2|llama; did you mean 'llama'?");
+  Config s = config_defaults();
+  EXPECT_EQ(error_of([&] { config_set(s, "train.recompute=fulll"); }),
+            "--set: train.recompute = 'fulll' is not one of none|selective|full; did you mean 'full'?");
+  EXPECT_EQ(error_of([&] { config_set(s, "parallel.pp_schedule=1F1B"); }).substr(0, 55),
+            "--set: parallel.pp_schedule = '1F1B' is not one of gpip");
+  EXPECT_EQ(error_of([] { loaded("[train]\ndevice = 1\n"); }).find("train.device must be one of its names"), 11);
+  EXPECT_EQ(fmt::format("{} {}", PpSchedule::f1b1, DeviceChoice::cuda_emulated), "1f1b cuda-emulated");
 }
 
 // One rule for every float key, found by what it accepts (a number, not a word): nan and

@@ -316,17 +316,17 @@ TEST(Optim, ClipScalesToTheMaxNorm) {
 TEST(Optim, Schedules) {
   TrainConfig t;
   t.lr = 1.0, t.min_lr = 0.1, t.warmup_steps = 10, t.steps = 110;
-  t.schedule = "cosine";
+  t.schedule = LrSchedule::cosine;
   EXPECT_DOUBLE_EQ(lr_at(t, 0), 0.1);
   EXPECT_DOUBLE_EQ(lr_at(t, 9), 1.0);
   EXPECT_DOUBLE_EQ(lr_at(t, 10), 1.0);
   EXPECT_NEAR(lr_at(t, 60), 0.55, 1e-12);
   EXPECT_NEAR(lr_at(t, 110), 0.1, 1e-12);
-  t.schedule = "linear";
+  t.schedule = LrSchedule::linear;
   EXPECT_NEAR(lr_at(t, 60), 0.55, 1e-12);
-  t.schedule = "constant";
+  t.schedule = LrSchedule::constant;
   EXPECT_DOUBLE_EQ(lr_at(t, 100), 1.0);
-  t.schedule = "wsd";  // stable until step 88 (the last 20%, 22 steps, decays)
+  t.schedule = LrSchedule::wsd;  // stable until step 88 (the last 20%, 22 steps, decays)
   EXPECT_DOUBLE_EQ(lr_at(t, 87), 1.0);
   EXPECT_NEAR(lr_at(t, 88), 1.0 - 0.9 * 1.0 / 22.0, 1e-12);
   EXPECT_NEAR(lr_at(t, 98), 1.0 - 0.9 * 11.0 / 22.0, 1e-12);

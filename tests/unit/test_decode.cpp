@@ -134,7 +134,7 @@ TEST(ModelConfigFind, FromLoomMetadataHuggingFaceConfigOrNeither) {
                       "[model]\narch = \"llama\"\nn_layer = 3\nd_model = 64\nn_head = 4\n"
                       "n_kv_head = 2\nvocab_size = 300\nseq_len = 32\n"}});
   Config a = model_config_find(dir + "loom.safetensors");
-  EXPECT_EQ(a.model.arch, "llama");
+  EXPECT_EQ(a.model.arch, Arch::llama);
   EXPECT_EQ(a.model.n_layer, 3);
   EXPECT_EQ(a.kv_heads(), 2);
   EXPECT_FALSE(a.model.tie_embeddings);  // llama's default, filled by validate
@@ -146,7 +146,7 @@ TEST(ModelConfigFind, FromLoomMetadataHuggingFaceConfigOrNeither) {
       "n_positions": 1024, "vocab_size": 50257, "layer_norm_epsilon": 1e-05, "n_inner": null,
       "activation_function": "gelu_new"})";
   Config g = model_config_find(hf + "model.safetensors");
-  EXPECT_EQ(g.model.arch, "gpt2");
+  EXPECT_EQ(g.model.arch, Arch::gpt2);
   EXPECT_EQ(g.model.d_model, 768);
   EXPECT_EQ(g.model.d_ff, 3072);
   EXPECT_EQ(g.model.seq_len, 1024);
@@ -156,7 +156,7 @@ TEST(ModelConfigFind, FromLoomMetadataHuggingFaceConfigOrNeither) {
       "max_position_embeddings": 2048, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": null,
       "tie_word_embeddings": false})";
   Config l = model_config_find(hf);
-  EXPECT_EQ(l.model.arch, "llama");
+  EXPECT_EQ(l.model.arch, Arch::llama);
   EXPECT_EQ(l.kv_heads(), 4);
   EXPECT_EQ(l.model.d_ff, 5632);
   EXPECT_FALSE(l.model.tie_embeddings);

@@ -17,7 +17,7 @@ constexpr int32_t kDoc = 22;  // the token that opens a document
 
 Config doc_cfg(const std::string& arch, int T, const std::string& recompute = "none") {
   Config c = config_defaults();
-  c.model.arch = arch;
+  c.model.arch = choice_parse<Arch>(arch).value();
   c.model.n_layer = 2;
   c.model.d_model = 16;
   c.model.n_head = 4;
@@ -27,7 +27,7 @@ Config doc_cfg(const std::string& arch, int T, const std::string& recompute = "n
   c.train.micro_batch = 1;
   c.train.global_batch = 1;
   c.train.threads = 1;
-  c.train.recompute = recompute;
+  c.train.recompute = choice_parse<Recompute>(recompute).value();
   c.data.val_every = 0;
   c.log.dir = "";
   config_validate(c);

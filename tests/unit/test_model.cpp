@@ -16,7 +16,7 @@ namespace {
 Config tiny(const std::string& arch) {
   Config c = config_defaults();
   const bool moe = arch.rfind("mixtral", 0) == 0;
-  c.model.arch = moe ? "llama" : arch;
+  c.model.arch = moe || arch == "llama" ? Arch::llama : Arch::gpt2;
   c.model.n_layer = moe ? 4 : 2;
   if (moe) {
     c.model.moe.num_experts = 4;
@@ -159,7 +159,7 @@ TEST_P(ModelTest, ChunksComposeToTheWholeModel) {
 
 TEST_P(ModelTest, RecomputeIsBitwiseIdenticalAndSavesMemory) {
   TrainResult r[3];
-  const char* policies[] = {"none", "selective", "full"};
+  const Recompute policies[] = {Recompute::none, Recompute::selective, Recompute::full};
   for (int i = 0; i < 3; ++i) {
     Config cfg = tiny(GetParam());
     cfg.train.recompute = policies[i];
@@ -194,7 +194,7 @@ TEST_P(ModelTest, Bf16TracksFp32WithHalfTheMemory) {
   Config cfg = tiny(GetParam());
   cfg.train.steps = 20;
   auto f32 = train_run(cfg, {.quiet = true});
-  cfg.train.dtype = "bf16";
+  cfg.train.dtype = DTypeChoice::bf16;
   auto bf = train_run(cfg, {.quiet = true});
   ASSERT_EQ(bf.losses.size(), f32.losses.size());
   double worst = 0;
@@ -269,10 +269,10 @@ TEST(Flops, ModelFlopsAndRecomputeOnEachPath) {
   FlopsPerToken f = flops_per_token(cfg);
   EXPECT_EQ(f.model, 6 * n + attn);
   EXPECT_EQ(f.hardware, f.model);
-  cfg.train.recompute = "selective";
+  cfg.train.recompute = Recompute::selective;
   EXPECT_EQ(flops_per_token(cfg, true).hardware, f.model + attn / 3);  // the CPU reruns attention's scores
   EXPECT_EQ(flops_per_token(cfg, false).hardware, f.model);            // flash attention has no scores to redo
-  cfg.train.recompute = "full";  // every block up to its down projection, on either backend
+  cfg.train.recompute = Recompute::full;  // every block up to its down projection, on either backend
   EXPECT_EQ(flops_per_token(cfg, true).hardware, f.model + 2 * (n - wte - down) + attn / 3);
   EXPECT_EQ(flops_per_token(cfg, false).hardware, f.model + 2 * (n - wte - down) + attn / 3);
 }

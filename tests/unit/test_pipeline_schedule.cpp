@@ -25,17 +25,17 @@ void expect_refused(F&& f, const char* says) {
 TEST(PipelineSchedule, EveryScheduleChecksAndMatchesItsBubble) {
   for (int p : {1, 2, 3, 4, 8})
     for (int m : {1, 2, 4, 8, 16})
-      for (const char* name : {"gpipe", "1f1b", "zb"}) {
+      for (PpSchedule name : {PpSchedule::gpipe, PpSchedule::f1b1, PpSchedule::zb}) {
         const PipeSchedule s = pipeline_schedule(name, p, 1, m);
         const PipeTiming t = pipeline_check(s, 1, 1, 1);
-        if (std::string(name) != "zb") {  // unit F, B of 2: the closed form, on every stage
+        if (name != PpSchedule::zb) {  // unit F, B of 2: the closed form, on every stage
           EXPECT_NEAR(t.bubble(), double(p - 1) / double(m + p - 1), 1e-12) << name << " p " << p << " m " << m;
         }
       }
   for (int p : {2, 4})
     for (int v : {2, 3})
       for (int m : {p, 2 * p, 4 * p}) {
-        const PipeSchedule s = pipeline_schedule("interleaved", p, v, m);
+        const PipeSchedule s = pipeline_schedule(PpSchedule::interleaved, p, v, m);
         const PipeTiming t = pipeline_check(s, 1, 1, 1);
         EXPECT_NEAR(t.bubble(), double(p - 1) / double(v * m + p - 1), 1e-12) << "p " << p << " v " << v << " m " << m;
       }
@@ -44,7 +44,7 @@ TEST(PipelineSchedule, EveryScheduleChecksAndMatchesItsBubble) {
 // At pp 1 the trainer runs 1F1B's one-stage list as its accumulation loop: each micro-batch's
 // backward right after its forward (one micro-batch's activations live), no transfers.
 TEST(PipelineSchedule, OneStageIsTheAccumulationLoop) {
-  const PipeSchedule s = pipeline_schedule("1f1b", 1, 1, 3);
+  const PipeSchedule s = pipeline_schedule(PpSchedule::f1b1, 1, 1, 3);
   ASSERT_EQ(s.ops.size(), 1u);
   std::string seq;
   for (const PipeOp& op : s.ops[0]) seq += fmt::format("{}{} ", pipe_op_name(op.kind), op.micro);
@@ -54,8 +54,8 @@ TEST(PipelineSchedule, OneStageIsTheAccumulationLoop) {
 TEST(PipelineSchedule, ZeroBubbleBeatsOneFOneBAtTheSamePeak) {
   for (int p : {2, 4, 8})
     for (int m : {2 * p, 4 * p}) {
-      const PipeTiming zb = pipeline_check(pipeline_schedule("zb", p, 1, m), 1, 1, 1);
-      const PipeTiming f1b1 = pipeline_check(pipeline_schedule("1f1b", p, 1, m), 1, 1, 1);
+      const PipeTiming zb = pipeline_check(pipeline_schedule(PpSchedule::zb, p, 1, m), 1, 1, 1);
+      const PipeTiming f1b1 = pipeline_check(pipeline_schedule(PpSchedule::f1b1, p, 1, m), 1, 1, 1);
       // ZB-H1's bubble: (p - 1)(F + B - W) against 1F1B's (p - 1)(F + B + W).
       EXPECT_NEAR(zb.makespan, 3.0 * m + (p - 1), 1e-9) << "p " << p << " m " << m;
       EXPECT_NEAR(f1b1.makespan, 3.0 * m + 3.0 * (p - 1), 1e-9);
@@ -65,8 +65,8 @@ TEST(PipelineSchedule, ZeroBubbleBeatsOneFOneBAtTheSamePeak) {
 
 TEST(PipelineSchedule, PeaksInFlight) {
   const int p = 4, m = 8;
-  const PipeTiming g = pipeline_check(pipeline_schedule("gpipe", p, 1, m));
-  const PipeTiming f = pipeline_check(pipeline_schedule("1f1b", p, 1, m));
+  const PipeTiming g = pipeline_check(pipeline_schedule(PpSchedule::gpipe, p, 1, m));
+  const PipeTiming f = pipeline_check(pipeline_schedule(PpSchedule::f1b1, p, 1, m));
   for (int s = 0; s < p; ++s) {
     EXPECT_EQ(g.peak_in_flight[size_t(s)], m);
     EXPECT_EQ(f.peak_in_flight[size_t(s)], p - s);
@@ -75,7 +75,7 @@ TEST(PipelineSchedule, PeaksInFlight) {
 
 TEST(PipelineSchedule, BrokenTablesAreCaught) {
   auto refused = [](const PipeSchedule& s, const char* says) { expect_refused([&] { pipeline_check(s); }, says); };
-  const PipeSchedule ok = pipeline_schedule("1f1b", 2, 1, 4);
+  const PipeSchedule ok = pipeline_schedule(PpSchedule::f1b1, 2, 1, 4);
   {  // a receive dropped: the consumer waits forever
     PipeSchedule s = ok;
     auto& o = s.ops[1];
@@ -83,7 +83,7 @@ TEST(PipelineSchedule, BrokenTablesAreCaught) {
     refused(s, "deadlocks");
   }
   {  // a send to the wrong stage
-    PipeSchedule s = pipeline_schedule("1f1b", 3, 1, 4);
+    PipeSchedule s = pipeline_schedule(PpSchedule::f1b1, 3, 1, 4);
     for (auto& x : s.ops[0])
       if (x.kind == PipeOp::send_act) {
         x.peer = 2;
@@ -114,7 +114,7 @@ TEST(PipelineSchedule, BrokenTablesAreCaught) {
 TEST(PipelineSchedule, EveryScheduleRunsUnderNcclsInOrderRules) {
   for (int p : {2, 3, 4, 8})
     for (int m : {1, 2, 4, 8, 16})
-      for (const char* name : {"gpipe", "1f1b", "zb"}) {
+      for (PpSchedule name : {PpSchedule::gpipe, PpSchedule::f1b1, PpSchedule::zb}) {
         SCOPED_TRACE(fmt::format("{} p {} m {}", name, p, m));
         EXPECT_NO_THROW(pipeline_check_in_order(pipeline_in_order(pipeline_schedule(name, p, 1, m))));
       }
@@ -122,7 +122,7 @@ TEST(PipelineSchedule, EveryScheduleRunsUnderNcclsInOrderRules) {
     for (int v : {2, 3})
       for (int m : {p, 2 * p, 4 * p}) {
         SCOPED_TRACE(fmt::format("interleaved p {} v {} m {}", p, v, m));
-        const PipeSchedule s = pipeline_schedule("interleaved", p, v, m);
+        const PipeSchedule s = pipeline_schedule(PpSchedule::interleaved, p, v, m);
         EXPECT_NO_THROW(pipeline_check_in_order(pipeline_in_order(s)));
         if (m > p) {
           EXPECT_THROW(pipeline_check_in_order(s), Error);  // receives just ahead of their consumers
@@ -138,7 +138,7 @@ TEST(PipelineSchedule, InOrderRulesCatchWhatMpiForgives) {
   auto refused = [](const PipeSchedule& s, const char* says) {
     expect_refused([&] { pipeline_check_in_order(s); }, says);
   };
-  const PipeSchedule ok = pipeline_schedule("1f1b", 2, 1, 4);
+  const PipeSchedule ok = pipeline_schedule(PpSchedule::f1b1, 2, 1, 4);
   {
     PipeSchedule s = ok;
     for (auto& o : s.ops)
@@ -147,7 +147,7 @@ TEST(PipelineSchedule, InOrderRulesCatchWhatMpiForgives) {
     refused(s, "deadlocks under NCCL's in-order point-to-point; stage 0 waits in the group {recv_grad");
   }
   {
-    const PipeSchedule s = pipeline_schedule("interleaved", 2, 2, 4);
+    const PipeSchedule s = pipeline_schedule(PpSchedule::interleaved, 2, 2, 4);
     EXPECT_NO_THROW(pipeline_check(s));
     refused(s, "deadlocks under NCCL's in-order point-to-point; stage 0 waits in the group {send_grad");
   }
@@ -168,8 +168,7 @@ TEST(PipelineSchedule, ForwardOnlyListsRunUnderNcclsInOrderRules) {
   for (int p : {2, 3, 4})
     for (int v : {1, 2})
       for (int m : {1, 4, 8}) {
-        PipeSchedule s;
-        s.name = "forward";
+        PipeSchedule s;  // forward-only lists (its name is no schedule's)
         s.stages = p, s.virtual_chunks = v, s.micro = m;
         for (int st = 0; st < p; ++st) s.ops.push_back(pipeline_forward_ops(p, v, st, m));
         EXPECT_NO_THROW(pipeline_check_in_order(s)) << "p " << p << " v " << v << " m " << m;
@@ -193,7 +192,7 @@ TEST(PipelineSchedule, VShapesAreSoundAndZbvNearlyFillsTheBubble) {
   EXPECT_EQ(pipe_stage_of(3, 4, true), 3);
   EXPECT_EQ(pipe_stage_of(4, 4, true), 3);
   EXPECT_EQ(pipe_stage_of(7, 4, true), 0);
-  for (const char* name : {"zbv", "dualpipev"})
+  for (PpSchedule name : {PpSchedule::zbv, PpSchedule::dualpipev})
     for (int p : {2, 3, 4, 8})
       for (int m : {2 * p, 2 * p + 1, 3 * p, 4 * p}) {
         const PipeSchedule s = pipeline_schedule(name, p, 2, m);
@@ -201,20 +200,20 @@ TEST(PipelineSchedule, VShapesAreSoundAndZbvNearlyFillsTheBubble) {
         PipeTiming t;
         ASSERT_NO_THROW(t = pipeline_check(s)) << name << " p " << p << " m " << m;
         EXPECT_NO_THROW(pipeline_check_in_order(pipeline_in_order(s))) << name << " p " << p << " m " << m;
-        const bool dual = std::string(name) == "dualpipev";  // one chunk more: DualPipe's p + 1
+        const bool dual = name == PpSchedule::dualpipev;  // one chunk more: DualPipe's p + 1
         for (int st = 0; st < p; ++st) EXPECT_LE(t.peak_in_flight[size_t(st)], 2 * p + dual) << name << " p " << p;
         if (dual) continue;
         const double zbv = t.bubble_mean(),
-                     zb = pipeline_check(pipeline_schedule("zb", p, 1, m), 1, 1, 1).bubble_mean();
-        const double f1b = pipeline_check(pipeline_schedule("1f1b", p, 1, m), 1, 1, 1).bubble_mean();
+                     zb = pipeline_check(pipeline_schedule(PpSchedule::zb, p, 1, m), 1, 1, 1).bubble_mean();
+        const double f1b = pipeline_check(pipeline_schedule(PpSchedule::f1b1, p, 1, m), 1, 1, 1).bubble_mean();
         EXPECT_LT(zbv, zb) << "p " << p << " m " << m;
         EXPECT_LT(zbv, f1b) << "p " << p << " m " << m;
       }
-  const double zbv = pipeline_check(pipeline_schedule("zbv", 8, 2, 32), 1, 1, 1).bubble_mean();
+  const double zbv = pipeline_check(pipeline_schedule(PpSchedule::zbv, 8, 2, 32), 1, 1, 1).bubble_mean();
   EXPECT_LT(zbv, 0.05);
   // DualPipeV at p 4: stage 0 opens with 6 forwards of its first chunk, stage 3 with chunk 3
   // then chunk 4 (its own hand-off), and both end on weight gradients.
-  const PipeSchedule d = pipeline_schedule("dualpipev", 4, 2, 8);
+  const PipeSchedule d = pipeline_schedule(PpSchedule::dualpipev, 4, 2, 8);
   std::vector<PipeOp> c0, c3;
   for (const PipeOp& op : d.ops[0])
     if (!pipe_op_is_comm(op.kind)) c0.push_back(op);
@@ -226,18 +225,21 @@ TEST(PipelineSchedule, VShapesAreSoundAndZbvNearlyFillsTheBubble) {
   EXPECT_TRUE(c3[0].kind == PipeOp::F && c3[0].chunk == 3 && c3[1].kind == PipeOp::F && c3[1].chunk == 4);
   EXPECT_EQ(c0.back().kind, PipeOp::W);
   EXPECT_EQ(c3.back().kind, PipeOp::W);
-  expect_refused([] { pipeline_schedule("dualpipev", 4, 2, 7); }, "needs at least 2 x pp = 8 micro-batches");
-  expect_refused([] { pipeline_schedule("zbv", 4, 3, 8); }, "places two model chunks on each stage");
+  expect_refused([] { pipeline_schedule(PpSchedule::dualpipev, 4, 2, 7); }, "needs at least 2 x pp = 8 micro-batches");
+  expect_refused([] { pipeline_schedule(PpSchedule::zbv, 4, 3, 8); }, "places two model chunks on each stage");
 }
 
 TEST(PipelineSchedule, BadSettingsSayWhatToChange) {
-  auto refused = [](const char* name, int p, int v, int m, const char* says) {
+  auto refused = [](PpSchedule name, int p, int v, int m, const char* says) {
     expect_refused([&] { pipeline_schedule(name, p, v, m); }, says);
   };
-  refused("interleaved", 4, 2, 6, "multiple of parallel.pp");
-  refused("1f1b", 4, 2, 8, "needs parallel.pp_schedule = \"interleaved\"");
-  refused("chimera", 4, 1, 8, "not one of gpipe | 1f1b | interleaved | zb");
-  refused("interleaved", 1, 2, 4, "needs parallel.pp > 1");
+  refused(PpSchedule::interleaved, 4, 2, 6, "multiple of parallel.pp");
+  refused(PpSchedule::f1b1, 4, 2, 8, "needs parallel.pp_schedule = \"interleaved\"");
+  refused(PpSchedule::interleaved, 1, 2, 4, "needs parallel.pp > 1");
+  // A name that is no schedule is refused where the config is read.
+  Config c = config_defaults();
+  expect_refused([&] { config_set(c, "parallel.pp_schedule=chimera"); },
+                 "parallel.pp_schedule = 'chimera' is not one of gpipe|1f1b|interleaved|zb|zbv|dualpipev");
 }
 
 }  // namespace
@@ -249,8 +251,9 @@ namespace loom {
 // under any schedule (every receive is posted where its send is and read soon after), and
 // the planner's items, which the executor allocates, say the same.
 TEST(PipelineSchedule, ExecutorBuffersHoldWhatIsInFlightNotEveryMicroBatch) {
-  for (const char* name : {"gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev"}) {
-    const int v = std::string(name) == "interleaved" || pipeline_v_shape(name) ? 2 : 1;
+  for (PpSchedule name : {PpSchedule::gpipe, PpSchedule::f1b1, PpSchedule::interleaved, PpSchedule::zb, PpSchedule::zbv,
+                          PpSchedule::dualpipev}) {
+    const int v = name == PpSchedule::interleaved || pipeline_v_shape(name) ? 2 : 1;
     std::array<int, PipeSlots::kBuffers> at8{}, at16{};
     for (int m : {8, 16}) {
       const PipeSchedule s = pipeline_in_order(pipeline_schedule(name, 4, v, m));

@@ -17,7 +17,7 @@ namespace {
 
 constexpr int L = 2, C = 64, V = 128, T = 16, B = 2, F = 4 * C;
 
-Config small(const std::string& device, const std::string& profile) {
+Config small(DeviceChoice device, const std::string& profile) {
   Config c = config_defaults();
   c.model.n_layer = L, c.model.d_model = C, c.model.n_head = 2, c.model.vocab_size = V, c.model.seq_len = T;
   c.train.micro_batch = B, c.train.global_batch = 2 * B;  // two micro-batches a step
@@ -77,7 +77,7 @@ void expect_hand_counts(const TrainResult& r, int es) {
 }
 
 TEST(Profile, CpuTableHasTheFamiliesAndHandCountedBytesAndFlops) {
-  const TrainResult on = run(small("cpu", "2:3")), off = run(small("cpu", ""));
+  const TrainResult on = run(small(DeviceChoice::cpu, "2:3")), off = run(small(DeviceChoice::cpu, ""));
   expect_hand_counts(on, 4);
   EXPECT_EQ(off.profile.steps, 0);   // no wrapper at all
   EXPECT_EQ(on.losses, off.losses);  // the same bits
@@ -85,7 +85,7 @@ TEST(Profile, CpuTableHasTheFamiliesAndHandCountedBytesAndFlops) {
 }
 
 TEST(Profile, EmulatedDeviceSameBitsNoHostWaitAdded) {
-  Config c = small("cuda-emulated", "2:3");
+  Config c = small(DeviceChoice::cuda_emulated, "2:3");
   c.train.steps = 3;
   const TrainResult on = run(c);
   expect_hand_counts(on, 2);
@@ -109,7 +109,7 @@ TEST(Profile, EmulatedDeviceSameBitsNoHostWaitAdded) {
 }
 
 TEST(Profile, TraceGetsTheOpsOnAGpuTrack) {
-  Config c = small("cpu", "2:2");
+  Config c = small(DeviceChoice::cpu, "2:2");
   c.log.dir = ::testing::TempDir() + "loom_profile_trace";
   c.log.trace = true;
   std::filesystem::remove_all(c.log.dir);
@@ -122,7 +122,7 @@ TEST(Profile, TraceGetsTheOpsOnAGpuTrack) {
 
 // The fitted file predicts the profiled run's compute and optimizer terms as measured.
 TEST(Profile, FittedClusterPredictsTheMeasuredTerms) {
-  const Config c = small("cpu", "2:3");
+  const Config c = small(DeviceChoice::cpu, "2:3");
   const TrainResult r = run(c);
   const Cluster base = cluster_parse(
       "name = \"t\"\nnodes = 1\ndevices_per_node = 1\ndevice = \"cpu\"\ndtype = \"f32\"\npeak_tflops = 1\n"
@@ -138,7 +138,7 @@ TEST(Profile, FittedClusterPredictsTheMeasuredTerms) {
   }
   const double n = double(r.profile.steps);
   Config k = c;
-  k.train.dtype = "f32";
+  k.train.dtype = DTypeChoice::f32;
   const StepPrediction p = step_predict(k, fit);
   EXPECT_NEAR(p.compute, compute / n / 1e3, 1e-6 * p.compute);
   EXPECT_NEAR(p.optimizer, optimizer / n / 1e3, 1e-6 * p.optimizer);

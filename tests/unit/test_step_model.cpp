@@ -40,7 +40,7 @@ bw_gbs = 1
 
 Config model_small(const std::string& arch = "llama") {
   Config c = config_defaults();
-  c.model.arch = arch;
+  c.model.arch = choice_parse<Arch>(arch).value();
   c.model.n_layer = 4, c.model.d_model = 64, c.model.n_head = 4, c.model.vocab_size = 256, c.model.seq_len = 32;
   c.train.micro_batch = 2, c.train.global_batch = 8;
   return c;
@@ -76,7 +76,7 @@ TEST(StepModel, ComputeIsTheFlopsMfuCounts) {
   const Cluster c = cluster_small();  // memory bandwidth so high element-wise ops cost nothing
   for (const char* rc : {"none", "selective", "full"}) {
     Config cfg = model_small();
-    cfg.train.recompute = rc;
+    cfg.train.recompute = choice_parse<Recompute>(rc).value();
     config_validate(cfg);
     const StepPrediction p = step_predict(cfg, c);
     const double tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
@@ -216,7 +216,7 @@ TEST(StepModel, PipelineBubbleIsTheSchedules) {
   cfg.train.global_batch = 16;  // 8 micro-batches
   auto predict = [&](const char* schedule, int v) {
     Config x = cfg;
-    x.parallel.pp_schedule = schedule, x.parallel.pp_virtual = v;
+    x.parallel.pp_schedule = choice_parse<PpSchedule>(schedule).value(), x.parallel.pp_virtual = v;
     config_validate(x);
     return step_predict(x, c);
   };
@@ -280,7 +280,7 @@ TEST(StepModel, SearchRanksWhatFitsAndRuns) {
   bool z3_pp = false, kept = false, v = false, cp_pp = false;
   for (const LayoutChoice& l : s.ranked) {
     z3_pp = z3_pp || (l.cfg.parallel.zero == 3 && l.cfg.parallel.pp > 1);
-    kept = kept || (l.cfg.parallel.zero == 3 && l.cfg.parallel.zero3_reshard == "after_step");
+    kept = kept || (l.cfg.parallel.zero == 3 && l.cfg.parallel.zero3_reshard == Zero3Reshard::after_step);
     v = v || l.cfg.pp_v_shape();
     cp_pp = cp_pp || (l.cfg.parallel.cp > 1 && l.cfg.parallel.pp > 1);
   }
@@ -359,7 +359,7 @@ TEST(StepModel, ContextParallelTransfersAndTheirOverlap) {
   EXPECT_LT(ring.cp, exposed.cp);
   EXPECT_GT(ring.cp, 0);
   Config ag = base;
-  ag.parallel.cp_attention = "allgather";
+  ag.parallel.cp_attention = CpAttentionKind::allgather;
   config_validate(ag);
   const double gather = collective_time("all_gather", 2, 2 * kv, c.intra, c.tree);
   const double rs = collective_time("reduce_scatter", 2, 2 * 2 * kv, c.intra, c.tree);  // f32 gradients
