@@ -1,5 +1,7 @@
 #include "data/tokenizer.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -156,7 +158,8 @@ void tokenizer_file_check(const std::string& path, const char* what) {
 }
 }  // namespace
 
-Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path) {
+Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path)
+    : files_{std::filesystem::absolute(vocab_path).string(), std::filesystem::absolute(merges_path).string()} {
   tokenizer_file_check(vocab_path, "GPT-2 vocab (Hugging Face vocab.json)");
   tokenizer_file_check(merges_path, "GPT-2 merges (Hugging Face merges.txt)");
   // GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to 256+n.
@@ -341,7 +344,7 @@ bool base64_decode(const std::string& in, std::string& out) {
 }
 }  // namespace
 
-Llama3Bpe::Llama3Bpe(const std::string& ranks_path) {
+Llama3Bpe::Llama3Bpe(const std::string& ranks_path) : file_(std::filesystem::absolute(ranks_path).string()) {
   tokenizer_file_check(ranks_path, "the LLaMA-3 tokenizer (Meta's tokenizer.model)");
   // Meta's file is about 2 MB.
   std::istringstream in(input_read_all(ranks_path, "the LLaMA-3 tokenizer", int64_t(256) << 20));
@@ -436,6 +439,21 @@ std::string Llama3Bpe::decode(const std::vector<int32_t>& ids) const {
     s += id_to_bytes_[size_t(id)];
   }
   return s;
+}
+
+uint64_t files_hash(const std::vector<std::string>& files) {
+  XXH64_state_t* s = XXH64_createState();
+  XXH64_reset(s, 0);
+  std::vector<char> buf(size_t(1) << 20);
+  for (const std::string& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    LOOM_CHECK(in, "cannot read tokenizer file '{}'", f);
+    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
+      XXH64_update(s, buf.data(), size_t(in.gcount()));
+  }
+  const uint64_t h = XXH64_digest(s);
+  XXH64_freeState(s);
+  return h;
 }
 
 std::unique_ptr<Tokenizer> tokenizer_open(const std::string& name, const std::string& vocab,
