@@ -10,6 +10,7 @@
 
 #include "checkpoint/hf_export.h"
 #include "data/batches.h"
+#include "data/shard_tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/cached_decoder.h"
 #include "plan/memory.h"
@@ -36,7 +37,10 @@ Config config_for(const std::string& from, const std::string& config, std::vecto
     config_load_file(cfg, config);
   }
   for (auto& s : sets) config_set(cfg, s);
-  if (reads_data) data_source_infer(cfg);
+  if (reads_data) {
+    data_source_infer(cfg);
+    data_tokenizer_infer(cfg, true);
+  }
   config_validate(cfg);
   const bool model_sets = std::any_of(sets.begin(), sets.end(), [](auto& s) { return s.rfind("model.", 0) == 0; });
   model_config_check_file(
