@@ -165,11 +165,11 @@ struct Totals {
 };
 
 // Reads every document, tokenizes each batch on every thread, and appends the batch in order.
-Totals documents_write(const DataOptions& opt, DocReader& reader, const Tokenizer* bpe, int threads, size_t total_bytes,
-                       Outputs& out) {
+// `cut`: a long document may be cut into pieces for the threads (text_chunks).
+Totals documents_write(const DataOptions& opt, DocReader& reader, const Tokenizer* bpe, bool cut, int threads,
+                       size_t total_bytes, Outputs& out) {
   const bool jsonl = opt.format == "jsonl";
   const int32_t eot = bpe ? bpe->doc_token() : -1;
-  const bool cut = !bpe || bpe->cuts_at_lone_newlines();
   const size_t batch_bytes = std::max<size_t>(size_t(8) << 20, size_t(threads) << 21);
   std::vector<std::unique_ptr<Tokenizer>> mine(static_cast<size_t>(threads));  // each thread's own caches
   const bool progress = ::isatty(2);
@@ -261,9 +261,10 @@ void data_run(const DataOptions& opt) {
   LOOM_CHECK(opt.format == "jsonl" || (opt.text_key == "text" && !opt.skip_bad),
              "--text-key and --skip-bad are for JSON Lines records; pass --format jsonl");
   LOOM_CHECK(!opt.text_key.empty(), "--text-key is empty; name the key that holds each record's text");
-  LOOM_CHECK(opt.tokenizer == "byte" || opt.tokenizer == "gpt2" || opt.tokenizer == "llama3",
-             "--tokenizer {}: loom has byte, gpt2 (--vocab vocab.json --merges merges.txt) and llama3 (--vocab "
-             "tokenizer.model)",
+  const bool file_kind = opt.tokenizer == "hf" || opt.tokenizer == "spm";
+  LOOM_CHECK(file_kind || opt.tokenizer == "byte" || opt.tokenizer == "gpt2" || opt.tokenizer == "llama3",
+             "--tokenizer {}: loom has byte, gpt2 (--vocab vocab.json --merges merges.txt), llama3 (--vocab "
+             "tokenizer.model), hf and spm (--tokenizer-file)",
              opt.tokenizer);
   LOOM_CHECK(opt.tokenizer != "gpt2" || (!opt.vocab.empty() && !opt.merges.empty()),
              "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt (GPT-2's files; "
@@ -271,7 +272,14 @@ void data_run(const DataOptions& opt) {
   LOOM_CHECK(opt.tokenizer != "llama3" || !opt.vocab.empty(),
              "--tokenizer llama3 needs --vocab tokenizer.model (`tools/tokenizer_files.sh DIR llama3` writes it into "
              "DIR)");
-  const std::unique_ptr<Tokenizer> bpe = tokenizer_open(opt.tokenizer, opt.vocab, opt.merges);
+  LOOM_CHECK(!file_kind || !opt.tokenizer_file.empty(),
+             "--tokenizer {} needs --tokenizer-file ({}; `tools/tokenizer_files.sh DIR qwen3` writes Qwen3's "
+             "tokenizer.json into DIR)",
+             opt.tokenizer, opt.tokenizer == "hf" ? "a Hugging Face tokenizer.json" : "a SentencePiece model");
+  LOOM_CHECK(file_kind == !opt.tokenizer_file.empty() && (file_kind ? opt.vocab.empty() && opt.merges.empty() : true),
+             "--tokenizer-file is for --tokenizer hf and spm; --vocab and --merges for gpt2 and llama3");
+  const std::unique_ptr<Tokenizer> bpe =
+      tokenizer_open(opt.tokenizer, file_kind ? opt.tokenizer_file : opt.vocab, opt.merges);
   const bool jsonl = opt.format == "jsonl";
   const std::string val_path = val_path_of(opt.output);
   const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path}, jsonl);
@@ -313,6 +321,7 @@ void data_run(const DataOptions& opt) {
   const int width = record.vocab_size > 65536 ? 4 : 2;
   const size_t max_line = size_t(1) << 30;
   const int threads = opt.threads > 0 ? opt.threads : cores_visible();
+  const bool cut = !bpe || bpe->cuts_at_lone_newlines();  // (tried on the tokenizer: before the clock)
   const auto t0 = std::chrono::steady_clock::now();
 
   // The split: the last documents (counted first, for JSON Lines), or one document's last tokens.
@@ -336,7 +345,7 @@ void data_run(const DataOptions& opt) {
     if (fv) val.emplace(fv, val_path, width, record);
     out.train = &train;
     out.val = val ? &*val : nullptr;
-    t = documents_write(opt, reader, bpe.get(), threads, jsonl ? 0 : size_t(total), out);
+    t = documents_write(opt, reader, bpe.get(), cut, threads, jsonl ? 0 : size_t(total), out);
     LOOM_CHECK(
         t.docs > 0, "the inputs hold no {}{}", jsonl ? "records" : "documents",
         t.skipped > 0 ? fmt::format(" but the {} bad ones skipped (the first: {})", t.skipped, t.first_skip) : "");
@@ -364,6 +373,7 @@ void data_run(const DataOptions& opt) {
     file_write_atomic(
         opt.output, [&](std::FILE* ft) { write_train(ft, nullptr); }, "the output");
 
+  if (opt.quiet) return;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("wrote {} tokens to {}{} from {} document{} ({:.1f} MB) in {:.2f} s: {:.1f} MB/s on {} thread{}{}\n",
              train_tokens, opt.output, val_tokens == 0 ? "" : fmt::format(" and {} to {}", val_tokens, val_path),
@@ -372,6 +382,10 @@ void data_run(const DataOptions& opt) {
              eot >= 0 ? fmt::format("; each document opened by {} ({})", bpe->doc_token_text(), eot)
                       : fmt::format("; the {} has no {} token: documents are joined as they are",
                                     bpe ? "vocabulary" : "byte tokenizer", bpe ? bpe->doc_token_text() : "document"));
+  if (!cut)
+    fmt::print(
+        "one thread per document: this tokenizer's pieces depend on the whole text, so a document is not cut "
+        "for threads (documents are tokenized side by side)\n");
   if (t.skipped > 0)
     fmt::print("skipped {} bad record{} (--skip-bad); the first: {}\n", t.skipped, t.skipped == 1 ? "" : "s",
                t.first_skip);

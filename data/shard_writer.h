@@ -15,11 +15,13 @@ struct DataOptions {
   std::vector<std::string> inputs;  // files and directories (their files, recursively, sorted)
   std::string output;               // the training shard; the split's is OUTPUT's stem + "_val"
   std::string tokenizer = "byte", vocab, merges;
+  std::string tokenizer_file;   // hf: a tokenizer.json; spm: a SentencePiece model
   std::string format = "text";  // text: a file is a document; jsonl: a record is one
   std::string text_key = "text";
   bool skip_bad = false;    // jsonl: skip (and count) records that cannot be read, else refuse
   double val_fraction = 0;  // 0: no split; else this share of the documents (of the tokens, for one)
   int threads = 0;          // 0: every core
+  bool quiet = false;       // no summary (a caller's own shard)
   // The memory a text file may take (it is read whole, with its tokens beside it): -1 for
   // unknown; `memory_from` says where the number came from.
   int64_t memory_bytes = -1;

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/hf_tokenizer.h"
+#include "data/spm_tokenizer.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 
@@ -467,7 +469,15 @@ std::unique_ptr<Tokenizer> tokenizer_open(const std::string& name, const std::st
     LOOM_CHECK(!vocab.empty(), "the llama3 tokenizer needs its tokenizer.model (--vocab)");
     return std::make_unique<Llama3Bpe>(vocab);
   }
-  fail("unknown tokenizer '{}'; loom has byte, gpt2 and llama3", name);
+  if (name == "hf") {
+    LOOM_CHECK(!vocab.empty(), "the hf tokenizer needs its tokenizer.json (--tokenizer-file)");
+    return std::make_unique<HfTokenizer>(vocab);
+  }
+  if (name == "spm") {
+    LOOM_CHECK(!vocab.empty(), "the spm tokenizer needs its SentencePiece model (--tokenizer-file)");
+    return std::make_unique<SpmTokenizer>(vocab);
+  }
+  fail("unknown tokenizer '{}'; loom has byte, gpt2, llama3, hf and spm", name);
 }
 
 }  // namespace loom

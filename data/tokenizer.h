@@ -84,8 +84,9 @@ class Llama3Bpe : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
-// `name`: byte | gpt2 (vocab: vocab.json, merges: merges.txt) | llama3 (vocab: tokenizer.model).
-// byte gives null: bytes are ids.
+// `name`: byte | gpt2 (vocab: vocab.json, merges: merges.txt) | llama3 (vocab: tokenizer.model)
+// | hf (vocab: a tokenizer.json, data/hf_tokenizer.h) | spm (vocab: a SentencePiece model,
+// data/spm_tokenizer.h). byte gives null: bytes are ids.
 std::unique_ptr<Tokenizer> tokenizer_open(const std::string& name, const std::string& vocab, const std::string& merges);
 
 // xxh64 of the files' bytes one after another: what a shard records of its tokenizer.
