@@ -3,7 +3,8 @@
 # unigram model, trained here by spm_train on the machine's copyright texts, on multilingual
 # one-line documents (edge cases and English) as JSON Lines; each document's ids must be
 # spm_encode's for its line, opened by <s>. A file that is not a SentencePiece model is
-# refused, and so is a tokenizer.json model loom does not implement, by name.
+# refused, and so is a tokenizer.json model loom does not implement, by name. A run on the BPE
+# model's shard takes its vocabulary, exports tokenizer.model, and generate uses it unasked.
 #   compare_spm.sh LOOM
 set -euo pipefail
 loom=$1
@@ -52,6 +53,15 @@ if ids != want:
 print("spm %s: %d ids identical to spm_encode's" % (name, len(ids)))
 PY
 done
+# The shard trains with the model's vocabulary; the export carries the model.
+"$loom" train --set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.seq_len=16 \
+  --set train.micro_batch=2 --set train.global_batch=2 --set train.threads=1 --set train.steps=1 \
+  --set data.val_batches=0 --set data.path="$dir/bpe.bin" --set log.dir="$dir/log" --set export.final="$dir/hf/" \
+  > "$dir/train.log" 2>&1 || { cat "$dir/train.log"; exit 1; }
+grep -q '"vocab_size": 1200' "$dir/hf/config.json" && cmp -s "$dir/hf/tokenizer.model" "$dir/bpe.model" &&
+  grep -q LlamaTokenizer "$dir/hf/tokenizer_config.json" || { echo "FAIL: the export lacks the model"; fails=$((fails + 1)); }
+"$loom" generate --from "$dir/hf/" --prompt "the" --max-new 2 > "$dir/gen.log" 2>&1 &&
+  grep -q "tokenizer spm, recorded with the weights" "$dir/gen.log" || { cat "$dir/gen.log"; fails=$((fails + 1)); }
 # Refusals, one line each: a file that is not a SentencePiece model; a model loom lacks.
 printf 'not a model' > "$dir/bad.model"
 "$loom" data --tokenizer spm --tokenizer-file "$dir/bad.model" "$dir/docs.txt" "$dir/x.bin" > /dev/null 2> "$dir/err" &&
