@@ -1,5 +1,6 @@
 #include "data/documents.h"
 
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "data/line_reader.h"
@@ -45,7 +46,14 @@ bool DocReader::next(RawDoc& d) {
     d.file = file_;
     d.line = 0;
     // Regular files only: their size is their own (input_read_all refuses anything else).
-    d.bytes = input_read_all(files_[file_], "input", int64_t(1) << 40);
+    try {
+      d.bytes = input_read_all(files_[file_], "input", int64_t(1) << 40);
+    } catch (const std::bad_alloc&) {
+      fail(
+          "loom data reads a text file whole, and '{}' ({} bytes) does not fit in memory; split it, or give its "
+          "documents as JSON Lines (--format jsonl), read a record at a time",
+          files_[file_], input_check(files_[file_], "input"));
+    }
     ++file_;
     return true;
   }

@@ -150,6 +150,8 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text) {
 }
 
 namespace {
+constexpr size_t kCacheMax = size_t(1) << 18;  // words a thread's cache holds
+
 // A missing tokenizer file: the error names the script that writes them (a file of the wrong
 // kind is refused where it is read).
 void tokenizer_file_check(const std::string& path, const char* what) {
@@ -245,6 +247,7 @@ void Gpt2Bpe::encode_word(const std::string& word, std::vector<int32_t>& out) co
     ids.push_back(it->second);
   }
   out.insert(out.end(), ids.begin(), ids.end());
+  if (cache_.size() >= kCacheMax) cache_.clear();  // bounded, however long the stream of documents
   cache_.emplace(word, std::move(ids));
 }
 
@@ -424,6 +427,7 @@ void Llama3Bpe::encode_piece(const std::string& piece, std::vector<int32_t>& out
   std::vector<int32_t> ids;
   for (size_t k = 0; k + 1 < cut.size(); ++k) ids.push_back(ranks_.at(piece.substr(cut[k], cut[k + 1] - cut[k])));
   out.insert(out.end(), ids.begin(), ids.end());
+  if (cache_.size() >= kCacheMax) cache_.clear();
   cache_.emplace(piece, std::move(ids));
 }
 

@@ -83,6 +83,11 @@ EvalResult eval_run(const EvalOptions& given, const TrainOptions& topt) {
     g.tokenizer_file = opt.tokenizer_file;
     const TokenizerChoice tc = tokenizer_choose(g);
     if (tc.name != "byte" || name_json(opt.data)) {
+      // Each rank's own shard would name another data.path, which the ranks must agree on.
+      LOOM_CHECK(topt.world_size == 1,
+                 "loom eval tokenizes a text or JSON Lines --data in one process only; under mpirun or srun give it "
+                 "token shards: `loom data {}{} OUT.bin` first",
+                 name_json(opt.data) ? "--format jsonl " : "", opt.data);
       tokenized.emplace();
       DataOptions d;
       d.inputs = {opt.data};
