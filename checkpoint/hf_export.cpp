@@ -3,6 +3,7 @@
 // config against a weights file's headers.
 #include "checkpoint/hf_export.h"
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -122,8 +123,36 @@ std::map<std::string, std::string> export_metadata(const Config& cfg) {
   if (!tok.empty()) m["loom.tokenizer"] = tok;
   if (tok == "gpt2" || tok == "llama3")
     m["loom.tokenizer_dir"] = std::filesystem::absolute(cfg.data.tokenizer_dir).string();
+  if (tok == "hf" || tok == "spm")
+    m["loom.tokenizer_file"] = std::filesystem::absolute(cfg.data.tokenizer_file).string();
   return m;
 }
+
+namespace {
+// The tokenizer's files in a Hugging Face directory, as transformers' AutoTokenizer reads them:
+// (where from, name there, or the text itself when `from` is empty).
+std::vector<std::array<std::string, 3>> tokenizer_files(const Config& cfg) {
+  const DataConfig& d = cfg.data;
+  namespace fs = std::filesystem;
+  // tokenizer_config.json: the one beside the tokenizer's file, else the class that reads it.
+  auto config_of = [&](const std::string& file, const char* cls) -> std::array<std::string, 3> {
+    const std::string beside = (fs::path(file).parent_path() / "tokenizer_config.json").string();
+    if (fs::is_regular_file(beside)) return {beside, "tokenizer_config.json", ""};
+    nlohmann::json j = {{"tokenizer_class", cls}, {"model_max_length", cfg.model.seq_len}};
+    return {"", "tokenizer_config.json", j.dump(2) + "\n"};
+  };
+  if (d.tokenizer == "gpt2")
+    return {{d.tokenizer_dir + "/vocab.json", "vocab.json", ""},
+            {d.tokenizer_dir + "/merges.txt", "merges.txt", ""},
+            config_of(d.tokenizer_dir + "/vocab.json", "GPT2Tokenizer")};
+  if (d.tokenizer == "llama3") return {{d.tokenizer_dir + "/tokenizer.model", "tokenizer.model", ""}};
+  if (d.tokenizer == "hf")
+    return {{d.tokenizer_file, "tokenizer.json", ""}, config_of(d.tokenizer_file, "PreTrainedTokenizerFast")};
+  if (d.tokenizer == "spm")
+    return {{d.tokenizer_file, "tokenizer.model", ""}, config_of(d.tokenizer_file, "LlamaTokenizer")};
+  return {};
+}
+}  // namespace
 
 void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<StView>& tensors) {
   const std::string config = hf_config_json(cfg);  // refuses before anything is written
@@ -131,15 +160,13 @@ void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<S
   auto meta = export_metadata(cfg);
   meta["format"] = "pt";
   safetensors_write(dir + "/model.safetensors", tensors, meta);
-  // What transformers' GPT2Tokenizer reads; LLaMA-3's ranks file as Meta ships it.
-  std::vector<const char*> files;
-  if (cfg.data.tokenizer == "gpt2") files = {"vocab.json", "merges.txt"};
-  if (cfg.data.tokenizer == "llama3") files = {"tokenizer.model"};
-  for (const char* f : files) {
+  // What transformers' tokenizers read (GPT2Tokenizer's files, a tokenizer.json, a SentencePiece
+  // model, with tokenizer_config.json); LLaMA-3's ranks file as Meta ships it.
+  for (const auto& [from, name, made] : tokenizer_files(cfg)) {
     std::error_code ec;
-    const std::string from = cfg.data.tokenizer_dir + "/" + f, to = dir + "/" + f;
-    if (std::filesystem::equivalent(from, to, ec)) continue;
-    const std::string text = input_read_all(from, "data.tokenizer_dir's", int64_t(1) << 30);
+    const std::string to = dir + "/" + name;
+    if (!from.empty() && std::filesystem::equivalent(from, to, ec)) continue;
+    const std::string text = from.empty() ? made : input_read_all(from, "the data's tokenizer file", int64_t(1) << 30);
     file_write_atomic(to, [&](std::FILE* o) { file_write(o, text.data(), text.size(), to); });
   }
   const std::string path = dir + "/config.json";

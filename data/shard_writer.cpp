@@ -13,8 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "data/batches.h"
+#include "data/documents.h"
+#include "data/line_reader.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "runtime/error.h"
@@ -26,7 +29,9 @@ namespace loom {
 namespace {
 
 // `skip`: the shards being written, which a directory of inputs may hold from an earlier run.
-std::vector<std::string> files_of(const std::vector<std::string>& inputs, const std::vector<std::string>& skip) {
+// `jsonl`: a directory's files named as JSON (.jsonl, .json, compressed or not) only.
+std::vector<std::string> files_of(const std::vector<std::string>& inputs, const std::vector<std::string>& skip,
+                                  bool jsonl) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;
   for (const std::string& in : inputs) {
@@ -60,17 +65,21 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
         std::error_code same;
         return fs::exists(s, same) && fs::equivalent(e.path(), s, same);
       });
-      if (!output) here.push_back(e.path().string());
+      if (output) continue;
+      if (jsonl && !name_json(e.path().string())) {
+        fmt::print(stderr,
+                   "warning: skipping '{}' in input directory '{}': not named as JSON Lines (.jsonl, .json, "
+                   "compressed .gz or .zst or not)\n",
+                   e.path().string(), in);
+        continue;
+      }
+      here.push_back(e.path().string());
     }
     std::sort(here.begin(), here.end());
     LOOM_CHECK(!here.empty(), "directory '{}' holds no files", in);
     out.insert(out.end(), here.begin(), here.end());
   }
   return out;
-}
-
-std::string read_all(const std::string& path) {
-  return input_read_all(path, "input", int64_t(1) << 40);  // regular files only: their size is their own
 }
 
 bool blank(char c) {
@@ -113,11 +122,149 @@ std::vector<std::string> text_chunks(const std::string& text, size_t target) {
   return out;
 }
 
+namespace {
+
+// A text input whose name says it is not plain text: refused, naming the option that reads it.
+void text_input_check(const std::string& f) {
+  LOOM_CHECK(!name_json(f),
+             "'{}' is named as JSON; read as text, its braces and keys would be tokenized with the words: pass "
+             "--format jsonl to read each record's text (--text-key, default \"text\"), one document a record",
+             f);
+  LOOM_CHECK(!name_compressed(f),
+             "'{}' is compressed; loom data decompresses JSON Lines (--format jsonl, .jsonl.gz and .jsonl.zst): "
+             "give the text decompressed, or as JSON Lines",
+             f);
+}
+
+// Where documents go: the training shard, then (from document `first_val` on) the validation
+// shard; with one document and a split, its tokens are held to be cut by count at the end.
+struct Outputs {
+  ShardAppender* train = nullptr;
+  ShardAppender* val = nullptr;
+  int64_t first_val = -1;  // -1: no split by documents
+  bool hold_one = false;
+  std::vector<int32_t> held;
+  int64_t val_docs = 0;
+  void doc(int64_t index, int32_t eot, const std::vector<const std::vector<int32_t>*>& parts) {
+    if (hold_one) {
+      if (eot >= 0) held.push_back(eot);
+      for (auto* p : parts) held.insert(held.end(), p->begin(), p->end());
+      return;
+    }
+    ShardAppender* to = first_val >= 0 && index >= first_val ? val : train;
+    if (to == val) ++val_docs;
+    if (eot >= 0) to->append(&eot, 1);
+    for (auto* p : parts) to->append(p->data(), p->size());
+  }
+};
+
+struct Totals {
+  int64_t docs = 0, skipped = 0;
+  size_t bytes = 0;
+  std::string first_skip;
+};
+
+// Reads every document, tokenizes each batch on every thread, and appends the batch in order.
+// `cut`: a long document may be cut into pieces for the threads (text_chunks).
+Totals documents_write(const DataOptions& opt, DocReader& reader, const Tokenizer* bpe, bool cut, int threads,
+                       size_t total_bytes, Outputs& out) {
+  const bool jsonl = opt.format == "jsonl";
+  const int32_t eot = bpe ? bpe->doc_token() : -1;
+  const size_t batch_bytes = std::max<size_t>(size_t(8) << 20, size_t(threads) << 21);
+  std::vector<std::unique_ptr<Tokenizer>> mine(static_cast<size_t>(threads));  // each thread's own caches
+  const bool progress = ::isatty(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  Totals t;
+  int64_t index = 0;  // of the next record, bad ones included (the validation split counts them)
+  struct Chunk {
+    size_t doc;
+    std::string text;
+    std::vector<int32_t> ids;
+  };
+  std::vector<RawDoc> batch;
+  for (bool more = true; more;) {
+    batch.clear();
+    for (size_t b = 0; b < batch_bytes;) {
+      RawDoc d;
+      if (!reader.next(d)) {
+        more = false;
+        break;
+      }
+      b += d.bytes.size();
+      batch.push_back(std::move(d));
+    }
+    const size_t n = batch.size();
+    std::vector<std::string> text(n), why(n);
+    std::vector<char> ok(n, 1);
+    if (jsonl) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 16)
+      for (size_t i = 0; i < n; ++i) ok[i] = jsonl_record_text(batch[i].bytes, opt.text_key, text[i], why[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) text[i] = std::move(batch[i].bytes);
+    }
+    std::vector<Chunk> chunks;
+    for (size_t i = 0; i < n; ++i) {
+      if (!ok[i]) {
+        const std::string where = fmt::format("'{}' line {}: {}", reader.files()[batch[i].file], batch[i].line, why[i]);
+        LOOM_CHECK(opt.skip_bad, "{} (--skip-bad skips such records and counts them)", where);
+        if (t.skipped++ == 0) t.first_skip = where;
+        continue;
+      }
+      t.bytes += text[i].size();
+      if (cut && text[i].size() > (size_t(1) << 20)) {
+        for (std::string& c : text_chunks(text[i], size_t(1) << 20)) chunks.push_back({i, std::move(c), {}});
+      } else if (!text[i].empty()) {
+        chunks.push_back({i, std::move(text[i]), {}});
+      }
+    }
+    std::vector<std::exception_ptr> errors(chunks.size());  // an exception must not leave the region
+#pragma omp parallel num_threads(threads)
+    {
+      std::unique_ptr<Tokenizer>& tok = mine[size_t(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 1)
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        try {
+          if (bpe && !tok) tok = bpe->clone();
+          chunks[c].ids = tok ? tok->encode(chunks[c].text) : tokenize_bytes(chunks[c].text);
+          std::string().swap(chunks[c].text);
+        } catch (...) {
+          errors[c] = std::current_exception();
+        }
+      }
+    }
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    size_t c = 0;
+    for (size_t i = 0; i < n; ++i, ++index) {
+      if (!ok[i]) continue;
+      std::vector<const std::vector<int32_t>*> parts;
+      for (; c < chunks.size() && chunks[c].doc == i; ++c) parts.push_back(&chunks[c].ids);
+      out.doc(index, eot, parts);
+      ++t.docs;
+    }
+    if (progress) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      fmt::print(stderr, "\rtokenizing: {}{:.1f} MB, {:.1f} MB/s",
+                 total_bytes > 0 ? fmt::format("{:3.0f}% of ", 100.0 * double(t.bytes) / double(total_bytes)) : "",
+                 double(total_bytes > 0 ? total_bytes : t.bytes) / 1e6, double(t.bytes) / 1e6 / std::max(s, 1e-9));
+    }
+  }
+  if (progress) fmt::print(stderr, "\r{:60}\r", "");
+  return t;
+}
+
+}  // namespace
+
 void data_run(const DataOptions& opt) {
   LOOM_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "--val-fraction {} must be in [0, 1)", opt.val_fraction);
-  LOOM_CHECK(opt.tokenizer == "byte" || opt.tokenizer == "gpt2" || opt.tokenizer == "llama3",
-             "--tokenizer {}: loom has byte, gpt2 (--vocab vocab.json --merges merges.txt) and llama3 (--vocab "
-             "tokenizer.model)",
+  LOOM_CHECK(opt.format == "text" || opt.format == "jsonl", "--format {}: loom data reads text and jsonl", opt.format);
+  LOOM_CHECK(opt.format == "jsonl" || (opt.text_key == "text" && !opt.skip_bad),
+             "--text-key and --skip-bad are for JSON Lines records; pass --format jsonl");
+  LOOM_CHECK(!opt.text_key.empty(), "--text-key is empty; name the key that holds each record's text");
+  const bool file_kind = opt.tokenizer == "hf" || opt.tokenizer == "spm";
+  LOOM_CHECK(file_kind || opt.tokenizer == "byte" || opt.tokenizer == "gpt2" || opt.tokenizer == "llama3",
+             "--tokenizer {}: loom has byte, gpt2 (--vocab vocab.json --merges merges.txt), llama3 (--vocab "
+             "tokenizer.model), hf and spm (--tokenizer-file)",
              opt.tokenizer);
   LOOM_CHECK(opt.tokenizer != "gpt2" || (!opt.vocab.empty() && !opt.merges.empty()),
              "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt (GPT-2's files; "
@@ -125,25 +272,36 @@ void data_run(const DataOptions& opt) {
   LOOM_CHECK(opt.tokenizer != "llama3" || !opt.vocab.empty(),
              "--tokenizer llama3 needs --vocab tokenizer.model (`tools/tokenizer_files.sh DIR llama3` writes it into "
              "DIR)");
-  const std::unique_ptr<Tokenizer> bpe = tokenizer_open(opt.tokenizer, opt.vocab, opt.merges);
-  const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path_of(opt.output)});
-  // Every input is read whole and kept, with its tokens (4 bytes each) beside it: refused up front
-  // when that cannot fit (a file's size is its own: a sparse file claims any).
+  LOOM_CHECK(!file_kind || !opt.tokenizer_file.empty(),
+             "--tokenizer {} needs --tokenizer-file ({}; `tools/tokenizer_files.sh DIR qwen3` writes Qwen3's "
+             "tokenizer.json into DIR)",
+             opt.tokenizer, opt.tokenizer == "hf" ? "a Hugging Face tokenizer.json" : "a SentencePiece model");
+  LOOM_CHECK(file_kind == !opt.tokenizer_file.empty() && (file_kind ? opt.vocab.empty() && opt.merges.empty() : true),
+             "--tokenizer-file is for --tokenizer hf and spm; --vocab and --merges for gpt2 and llama3");
+  const std::unique_ptr<Tokenizer> bpe =
+      tokenizer_open(opt.tokenizer, file_kind ? opt.tokenizer_file : opt.vocab, opt.merges);
+  const bool jsonl = opt.format == "jsonl";
+  const std::string val_path = val_path_of(opt.output);
+  const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path}, jsonl);
+  // A text file is read whole, with its tokens (4 bytes each) beside it: refused up front when
+  // the largest cannot fit (a file's size is its own: a sparse file claims any). JSON Lines are
+  // read a batch of records at a time.
   int64_t total = 0, largest = 0;
   for (const std::string& f : files) {
+    if (!jsonl) text_input_check(f);
     const int64_t size = input_check(f, "input");
     total += size;
     largest = std::max(largest, size);
   }
-  const double need = double(total) * (bpe ? 2.5 : 5.0) + double(largest);
+  const double need = jsonl ? 0.0 : double(largest) * (bpe ? 3.5 : 6.0);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   LOOM_CHECK(opt.memory_bytes < 0 || need <= double(opt.memory_bytes),
-             "loom data reads its inputs whole: {} file{} of {:.1f} GiB{} need{} about {:.1f} GiB with their tokens, "
-             "and this machine has {:.1f} GiB ({}); give fewer or smaller files at a time (or split the file)",
-             files.size(), files.size() == 1 ? "" : "s", double(total) / kGiB,
-             files.size() == 1 ? fmt::format(" ('{}')", files.front()) : "", files.size() == 1 ? "s" : "", need / kGiB,
+             "loom data reads its inputs whole (a text file is one document): '{}' of {:.1f} GiB needs about {:.1f} "
+             "GiB with its tokens, and this machine has {:.1f} GiB ({}); split the file, or give its documents as "
+             "JSON Lines (--format jsonl), which are read a record at a time",
+             files.size() == 1 ? files.front() : "the largest file", double(largest) / kGiB, need / kGiB,
              double(opt.memory_bytes) / kGiB, opt.memory_from);
-  for (const std::string& out : {opt.output, val_path_of(opt.output)}) {
+  for (const std::string& out : {opt.output, val_path}) {
     output_check(out, "the output");
     output_not_input(out, files, "the output");
     output_kind_check(out, "a token shard (the last argument of loom data is the shard it writes)", &shard_like,
@@ -151,101 +309,93 @@ void data_run(const DataOptions& opt) {
   }
   // Documents are opened by the tokenizer's document token (llm.c's convention), where it has one.
   const int32_t eot = bpe ? bpe->doc_token() : -1;
-  const int threads = opt.threads > 0 ? opt.threads : cores_visible();
-  const auto t0 = std::chrono::steady_clock::now();
-
-  // Each document's chunks, tokenized by whichever thread is free; a thread keeps its own
-  // tokenizer (the BPE's word cache is not shared).
-  struct Chunk {
-    size_t doc;
-    std::string text;
-    std::vector<int32_t> ids;
-  };
-  std::vector<Chunk> chunks;
-  size_t bytes = 0;
-  for (size_t d = 0; d < files.size(); ++d) {
-    try {
-      const std::string text = read_all(files[d]);
-      bytes += text.size();
-      for (std::string& c : text_chunks(text, size_t(1) << 20)) chunks.push_back({d, std::move(c), {}});
-    } catch (const std::bad_alloc&) {
-      fail(
-          "loom data reads its inputs whole, and '{}' ({} bytes) does not fit in memory beside the {} bytes "
-          "before it; give fewer or smaller files at a time (or split the file)",
-          files[d], input_check(files[d], "input"), bytes);
-    }
-  }
-  const bool progress = ::isatty(2);
-  std::atomic<size_t> done_bytes{0};
-  std::vector<std::exception_ptr> errors(chunks.size());  // an exception must not leave the region
-#pragma omp parallel num_threads(threads)
-  {
-    std::unique_ptr<Tokenizer> mine;
-#pragma omp for schedule(dynamic, 1)
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      try {
-        if (bpe && !mine) mine = bpe->clone();
-        chunks[i].ids = mine ? mine->encode(chunks[i].text) : tokenize_bytes(chunks[i].text);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-      const size_t now = done_bytes += chunks[i].text.size();
-      if (progress && omp_get_thread_num() == 0) {
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        fmt::print(stderr, "\rtokenizing: {:3.0f}% of {:.1f} MB, {:.1f} MB/s", 100.0 * double(now) / double(bytes),
-                   double(bytes) / 1e6, double(now) / 1e6 / std::max(s, 1e-9));
-      }
-    }
-  }
-  if (progress) fmt::print(stderr, "\r{:60}\r", "");
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-
-  // Documents in order, each opened by the end-of-text token (where the tokenizer has one).
-  std::vector<std::vector<int32_t>> docs(files.size());
-  for (size_t d = 0; d < files.size(); ++d)
-    if (eot >= 0) docs[d].push_back(eot);
-  for (Chunk& c : chunks) docs[c.doc].insert(docs[c.doc].end(), c.ids.begin(), c.ids.end());
-  std::vector<int32_t> train, val;
-  size_t val_docs = 0;
-  if (opt.val_fraction > 0 && docs.size() > 1) {
-    const size_t nval =
-        std::clamp<size_t>(size_t(std::ceil(opt.val_fraction * double(docs.size()))), 1, docs.size() - 1);
-    val_docs = nval;
-    for (size_t d = 0; d < docs.size(); ++d) {
-      auto& to = d + nval >= docs.size() ? val : train;
-      to.insert(to.end(), docs[d].begin(), docs[d].end());
-    }
-  } else {
-    for (auto& d : docs) train.insert(train.end(), d.begin(), d.end());
-    if (opt.val_fraction > 0) {  // one document: its last tokens
-      const size_t nval = size_t(std::ceil(opt.val_fraction * double(train.size())));
-      LOOM_CHECK(nval > 0 && nval < train.size(), "--val-fraction {} of {} tokens leaves nothing to split",
-                 opt.val_fraction, train.size());
-      val.assign(train.end() - long(nval), train.end());
-      train.resize(train.size() - nval);
-    }
+  TokenizerRecord record;
+  record.kind = bpe ? bpe->kind() : "byte";
+  record.vocab_size = bpe ? int64_t(bpe->vocab_size()) : 256;
+  record.doc_token = eot;
+  if (bpe) {
+    record.files = bpe->files();
+    record.hash = files_hash(record.files);
   }
   // llm.c's GPT-2 format (uint16) where every id of the vocabulary fits, else LLaMA-3's (uint32).
-  const int width = bpe && bpe->vocab_size() > 65536 ? 4 : 2;
-  shard_write(opt.output, train, width);
-  if (!val.empty()) shard_write(val_path_of(opt.output), val, width);
+  const int width = record.vocab_size > 65536 ? 4 : 2;
+  const size_t max_line = size_t(1) << 30;
+  const int threads = opt.threads > 0 ? opt.threads : cores_visible();
+  const bool cut = !bpe || bpe->cuts_at_lone_newlines();  // (tried on the tokenizer: before the clock)
+  const auto t0 = std::chrono::steady_clock::now();
+
+  // The split: the last documents (counted first, for JSON Lines), or one document's last tokens.
+  Outputs out;
+  int64_t ndocs = -1;
+  if (opt.val_fraction > 0) {
+    ndocs = jsonl ? 0 : int64_t(files.size());
+    if (jsonl)
+      for (const std::string& f : files) ndocs += jsonl_count_records(f, max_line);
+    if (ndocs > 1)
+      out.first_val = ndocs - std::clamp<int64_t>(int64_t(std::ceil(opt.val_fraction * double(ndocs))), 1, ndocs - 1);
+    else
+      out.hold_one = true;
+  }
+  DocReader reader(files, jsonl, max_line);
+  Totals t;
+  int64_t train_tokens = 0, val_tokens = 0;
+  auto write_train = [&](std::FILE* ft, std::FILE* fv) {
+    ShardAppender train(ft, opt.output, width, record);
+    std::optional<ShardAppender> val;
+    if (fv) val.emplace(fv, val_path, width, record);
+    out.train = &train;
+    out.val = val ? &*val : nullptr;
+    t = documents_write(opt, reader, bpe.get(), cut, threads, jsonl ? 0 : size_t(total), out);
+    LOOM_CHECK(
+        t.docs > 0, "the inputs hold no {}{}", jsonl ? "records" : "documents",
+        t.skipped > 0 ? fmt::format(" but the {} bad ones skipped (the first: {})", t.skipped, t.first_skip) : "");
+    if (out.hold_one) {
+      const size_t nval = size_t(std::ceil(opt.val_fraction * double(out.held.size())));
+      LOOM_CHECK(nval > 0 && nval < out.held.size(), "--val-fraction {} of {} tokens leaves nothing to split",
+                 opt.val_fraction, out.held.size());
+      train.append(out.held.data(), out.held.size() - nval);
+      val->append(out.held.data() + out.held.size() - nval, nval);
+    }
+    train.finish();
+    if (val) val->finish();
+    train_tokens = train.count();
+    val_tokens = val ? val->count() : 0;
+  };
+  if (opt.val_fraction > 0)
+    file_write_atomic(
+        opt.output,
+        [&](std::FILE* ft) {
+          file_write_atomic(
+              val_path, [&](std::FILE* fv) { write_train(ft, fv); }, "the output");
+        },
+        "the output");
+  else
+    file_write_atomic(
+        opt.output, [&](std::FILE* ft) { write_train(ft, nullptr); }, "the output");
+
+  if (opt.quiet) return;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("wrote {} tokens to {}{} from {} document{} ({:.1f} MB) in {:.2f} s: {:.1f} MB/s on {} thread{}{}\n",
-             train.size(), opt.output,
-             val.empty() ? "" : fmt::format(" and {} to {}", val.size(), val_path_of(opt.output)), files.size(),
-             files.size() == 1 ? "" : "s", double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9), threads,
-             threads == 1 ? "" : "s",
+             train_tokens, opt.output, val_tokens == 0 ? "" : fmt::format(" and {} to {}", val_tokens, val_path),
+             t.docs, t.docs == 1 ? "" : "s", double(t.bytes) / 1e6, s, double(t.bytes) / 1e6 / std::max(s, 1e-9),
+             threads, threads == 1 ? "" : "s",
              eot >= 0 ? fmt::format("; each document opened by {} ({})", bpe->doc_token_text(), eot)
                       : fmt::format("; the {} has no {} token: documents are joined as they are",
                                     bpe ? "vocabulary" : "byte tokenizer", bpe ? bpe->doc_token_text() : "document"));
+  if (!cut)
+    fmt::print(
+        "one thread per document: this tokenizer's pieces depend on the whole text, so a document is not cut "
+        "for threads (documents are tokenized side by side)\n");
+  if (t.skipped > 0)
+    fmt::print("skipped {} bad record{} (--skip-bad); the first: {}\n", t.skipped, t.skipped == 1 ? "" : "s",
+               t.first_skip);
   // Whole documents are held out: their share of the tokens can be far from --val-fraction.
-  if (!val.empty())
+  if (opt.val_fraction > 0)
     fmt::print("validation: {}, {:.2f}% of the tokens (--val-fraction {} holds out {})\n",
-               val_docs > 0 ? fmt::format("the last {} of {} documents", val_docs, docs.size())
-                            : std::string("the last tokens of the one document"),
-               100.0 * double(val.size()) / double(val.size() + train.size()), opt.val_fraction,
-               val_docs > 0 ? "whole documents" : "tokens when there is one document");
+               out.hold_one ? std::string("the last tokens of the one document")
+                            : fmt::format("the last {} of {} documents", out.val_docs, t.docs),
+               100.0 * double(val_tokens) / double(std::max<int64_t>(val_tokens + train_tokens, 1)), opt.val_fraction,
+               out.hold_one ? "tokens when there is one document" : "whole documents");
 }
 
 }  // namespace loom

@@ -1,7 +1,9 @@
-// `loom data`: text files (or directories of them) to llm.c token shards, one document per
-// file, each opened by the tokenizer's end-of-text token where it has one (llm.c's
-// convention), tokenized on every thread, with an optional validation split into a shard of
-// its own.
+// `loom data`: text files, or JSON Lines files (plain, gzip or zstd), or directories of them,
+// to llm.c token shards: one document per text file or per record, each opened by the
+// tokenizer's document token where it has one (llm.c's convention), tokenized on every thread
+// and streamed to the shard (memory holds a batch of documents, not the corpus), with an
+// optional validation split into a shard of its own. The shard records the tokenizer that made
+// it (data/shards.h). On an error neither output is replaced.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,9 +15,14 @@ struct DataOptions {
   std::vector<std::string> inputs;  // files and directories (their files, recursively, sorted)
   std::string output;               // the training shard; the split's is OUTPUT's stem + "_val"
   std::string tokenizer = "byte", vocab, merges;
+  std::string tokenizer_file;   // hf: a tokenizer.json; spm: a SentencePiece model
+  std::string format = "text";  // text: a file is a document; jsonl: a record is one
+  std::string text_key = "text";
+  bool skip_bad = false;    // jsonl: skip (and count) records that cannot be read, else refuse
   double val_fraction = 0;  // 0: no split; else this share of the documents (of the tokens, for one)
   int threads = 0;          // 0: every core
-  // The memory the inputs may take (they are read whole, with their tokens beside them): -1 for
+  bool quiet = false;       // no summary (a caller's own shard)
+  // The memory a text file may take (it is read whole, with its tokens beside it): -1 for
   // unknown; `memory_from` says where the number came from.
   int64_t memory_bytes = -1;
   std::string memory_from;

@@ -243,7 +243,107 @@ std::vector<int32_t> shard_read(const std::string& path, int vocab_size) {
   return out;
 }
 
-void shard_write(const std::string& path, const std::vector<int32_t>& tokens, int width) {
+namespace {
+// The record's words: a tag, its version, vocabulary, document token, the hash's two halves,
+// then the kind (32 bytes) and the files' paths ('\n' between them) to the header's end.
+constexpr int32_t kRecordTag = 0x6d6f6f6c;  // "loom"
+constexpr int kKindAt = 9, kKindBytes = 32, kFilesAt = kKindAt + kKindBytes / 4;
+constexpr size_t kFilesBytes = size_t(256 - kFilesAt) * 4;
+
+void header_fill(int32_t (&header)[256], int width, int64_t count, const TokenizerRecord& r) {
+  std::memset(header, 0, sizeof header);
+  header[0] = width == 2 ? kShardMagic : kShardMagicU32;
+  header[1] = width == 2 ? 1 : 7;
+  header[2] = int32_t(count);
+  if (r.kind.empty()) return;
+  LOOM_ASSERT(r.kind.size() < size_t(kKindBytes) && r.vocab_size > 0 && r.vocab_size <= INT32_MAX);
+  header[3] = kRecordTag;
+  header[4] = 1;
+  header[5] = int32_t(r.vocab_size);
+  header[6] = r.doc_token;
+  header[7] = int32_t(uint32_t(r.hash));
+  header[8] = int32_t(uint32_t(r.hash >> 32));
+  std::memcpy(reinterpret_cast<char*>(header + kKindAt), r.kind.data(), r.kind.size());
+  std::string files;
+  for (const std::string& f : r.files) files += (files.empty() ? "" : "\n") + f;
+  // Paths too long to fit are left out: the kind, hash and sizes still say what made the shard.
+  if (files.size() < kFilesBytes) std::memcpy(reinterpret_cast<char*>(header + kFilesAt), files.data(), files.size());
+}
+
+void tokens_pack(const int32_t* ids, size_t n, int width, std::vector<uint8_t>& raw) {
+  raw.resize(n * size_t(width));
+  for (size_t i = 0; i < n; ++i) {
+    LOOM_ASSERT(ids[i] >= 0 && (width == 4 || ids[i] < 65536));
+    if (width == 2) {
+      const uint16_t v = uint16_t(ids[i]);
+      std::memcpy(raw.data() + i * 2, &v, 2);
+    } else {
+      const uint32_t v = uint32_t(ids[i]);
+      std::memcpy(raw.data() + i * 4, &v, 4);
+    }
+  }
+}
+}  // namespace
+
+std::string TokenizerRecord::describe() const {
+  if (kind.empty()) return "no tokenizer recorded";
+  return fmt::format("{} ({} tokens, files xxh64 {:016x}{})", kind, vocab_size, hash,
+                     files.empty() ? "" : fmt::format(", '{}'", files.front()));
+}
+
+TokenizerRecord shard_record_read(const std::string& path) {
+  const int fd = shard_open(path);
+  int32_t header[256] = {};
+  const ssize_t got = ::pread(fd, header, sizeof(header), 0);
+  ::close(fd);
+  TokenizerRecord r;
+  if (got != ssize_t(sizeof(header)) || header[3] != kRecordTag || header[4] != 1) return r;
+  const char* kind = reinterpret_cast<const char*>(header + kKindAt);
+  r.kind.assign(kind, strnlen(kind, kKindBytes));
+  r.vocab_size = header[5];
+  r.doc_token = header[6];
+  r.hash = uint64_t(uint32_t(header[7])) | (uint64_t(uint32_t(header[8])) << 32);
+  const char* files = reinterpret_cast<const char*>(header + kFilesAt);
+  const std::string all(files, strnlen(files, kFilesBytes));
+  for (size_t at = 0; at < all.size();) {
+    const size_t nl = std::min(all.find('\n', at), all.size());
+    r.files.push_back(all.substr(at, nl - at));
+    at = nl + 1;
+  }
+  LOOM_CHECK(r.vocab_size > 0 && r.doc_token < r.vocab_size && !r.kind.empty(),
+             "token shard '{}' has a damaged tokenizer record (vocabulary {}, document token {}); remake it with "
+             "`loom data`",
+             path, r.vocab_size, r.doc_token);
+  return r;
+}
+
+ShardAppender::ShardAppender(std::FILE* f, std::string path, int width, TokenizerRecord record)
+    : f_(f), path_(std::move(path)), width_(width), record_(std::move(record)) {
+  LOOM_ASSERT(width == 2 || width == 4);
+  int32_t header[256];
+  header_fill(header, width_, 0, record_);
+  file_write(f_, header, sizeof(header), path_);
+}
+
+void ShardAppender::append(const int32_t* ids, size_t n) {
+  LOOM_CHECK(count_ + int64_t(n) < (int64_t(1) << 31),
+             "'{}' would hold 2^31 tokens or more, more than an llm.c shard's count holds; give fewer inputs at a time",
+             path_);
+  tokens_pack(ids, n, width_, raw_);
+  file_write(f_, raw_.data(), raw_.size(), path_);
+  count_ += int64_t(n);
+}
+
+void ShardAppender::finish() {
+  int32_t header[256];
+  header_fill(header, width_, count_, record_);
+  LOOM_CHECK(std::fseek(f_, 0, SEEK_SET) == 0, "cannot seek in '{}' ({})", path_, std::strerror(errno));
+  file_write(f_, header, sizeof(header), path_);
+  LOOM_CHECK(std::fseek(f_, 0, SEEK_END) == 0, "cannot seek in '{}' ({})", path_, std::strerror(errno));
+}
+
+void shard_write(const std::string& path, const std::vector<int32_t>& tokens, int width,
+                 const TokenizerRecord& record) {
   LOOM_CHECK(tokens.size() < (size_t(1) << 31), "a shard holds fewer than 2^31 tokens; split the input");
   int32_t top = 0;
   for (int32_t t : tokens) {
@@ -253,23 +353,10 @@ void shard_write(const std::string& path, const std::vector<int32_t>& tokens, in
   if (width == 0) width = top < 65536 ? 2 : 4;
   LOOM_CHECK(width == 2 || width == 4, "a shard's tokens take 2 or 4 bytes, not {}", width);
   LOOM_CHECK(width == 4 || top < 65536, "token id {} does not fit a uint16 shard", top);
-  int32_t header[256] = {};
-  header[0] = width == 2 ? kShardMagic : kShardMagicU32;
-  header[1] = width == 2 ? 1 : 7;
-  header[2] = int32_t(tokens.size());
-  std::vector<uint8_t> raw(tokens.size() * size_t(width));
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (width == 2) {
-      const uint16_t v = uint16_t(tokens[i]);
-      std::memcpy(raw.data() + i * 2, &v, 2);
-    } else {
-      const uint32_t v = uint32_t(tokens[i]);
-      std::memcpy(raw.data() + i * 4, &v, 4);
-    }
-  }
   file_write_atomic(path, [&](std::FILE* f) {
-    file_write(f, header, sizeof(header), path);
-    file_write(f, raw.data(), raw.size(), path);
+    ShardAppender out(f, path, width, record);
+    out.append(tokens.data(), tokens.size());
+    out.finish();
   });
 }
 

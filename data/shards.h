@@ -5,6 +5,7 @@
 // and every id is checked against the vocabulary as it is read.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -53,10 +54,46 @@ class ShardStream : public TokenStream {
 // names), which training never reads.
 std::vector<std::string> shard_files(const std::string& path, bool val = false);
 
+// What made a shard, in its header's spare words (llm.c's readers look only at the first
+// three): the tokenizer's kind, an xxh64 of its files, its vocabulary size and the token that
+// opens each document, and its files' absolute paths where they fit. `kind` is empty for a
+// shard without a record (llm.c's, or an earlier loom's).
+struct TokenizerRecord {
+  std::string kind;
+  uint64_t hash = 0;
+  int64_t vocab_size = 0;
+  int32_t doc_token = -1;
+  std::vector<std::string> files;
+  bool operator==(const TokenizerRecord& o) const {
+    return kind == o.kind && hash == o.hash && vocab_size == o.vocab_size && doc_token == o.doc_token;
+  }
+  std::string describe() const;  // "gpt2 (50257 tokens, files xxh64 0123456789abcdef)"
+};
+TokenizerRecord shard_record_read(const std::string& path);
+
+// A shard written as its tokens come, into an open file (file_write_atomic's): the header with
+// no count, the tokens, then the header again with the count (finish()).
+class ShardAppender {
+ public:
+  ShardAppender(std::FILE* f, std::string path, int width, TokenizerRecord record);
+  void append(const int32_t* ids, size_t n);
+  void finish();
+  int64_t count() const { return count_; }
+
+ private:
+  std::FILE* f_;
+  std::string path_;
+  int width_;
+  TokenizerRecord record_;
+  int64_t count_ = 0;
+  std::vector<uint8_t> raw_;
+};
+
 // A whole shard into memory (tests and tools).
 std::vector<int32_t> shard_read(const std::string& path, int vocab_size);
 // Writes GPT-2's uint16 format where every id fits, else LLaMA-3's uint32 one; width 2 or 4
 // forces one (2 refuses ids above 65535).
-void shard_write(const std::string& path, const std::vector<int32_t>& tokens, int width = 0);
+void shard_write(const std::string& path, const std::vector<int32_t>& tokens, int width = 0,
+                 const TokenizerRecord& record = {});
 
 }  // namespace loom

@@ -1,11 +1,15 @@
 #include "data/tokenizer.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/hf_tokenizer.h"
+#include "data/spm_tokenizer.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 
@@ -146,6 +150,8 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text) {
 }
 
 namespace {
+constexpr size_t kCacheMax = size_t(1) << 18;  // words a thread's cache holds
+
 // A missing tokenizer file: the error names the script that writes them (a file of the wrong
 // kind is refused where it is read).
 void tokenizer_file_check(const std::string& path, const char* what) {
@@ -156,7 +162,8 @@ void tokenizer_file_check(const std::string& path, const char* what) {
 }
 }  // namespace
 
-Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path) {
+Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path)
+    : files_{std::filesystem::absolute(vocab_path).string(), std::filesystem::absolute(merges_path).string()} {
   tokenizer_file_check(vocab_path, "GPT-2 vocab (Hugging Face vocab.json)");
   tokenizer_file_check(merges_path, "GPT-2 merges (Hugging Face merges.txt)");
   // GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to 256+n.
@@ -240,6 +247,7 @@ void Gpt2Bpe::encode_word(const std::string& word, std::vector<int32_t>& out) co
     ids.push_back(it->second);
   }
   out.insert(out.end(), ids.begin(), ids.end());
+  if (cache_.size() >= kCacheMax) cache_.clear();  // bounded, however long the stream of documents
   cache_.emplace(word, std::move(ids));
 }
 
@@ -341,7 +349,7 @@ bool base64_decode(const std::string& in, std::string& out) {
 }
 }  // namespace
 
-Llama3Bpe::Llama3Bpe(const std::string& ranks_path) {
+Llama3Bpe::Llama3Bpe(const std::string& ranks_path) : file_(std::filesystem::absolute(ranks_path).string()) {
   tokenizer_file_check(ranks_path, "the LLaMA-3 tokenizer (Meta's tokenizer.model)");
   // Meta's file is about 2 MB.
   std::istringstream in(input_read_all(ranks_path, "the LLaMA-3 tokenizer", int64_t(256) << 20));
@@ -419,6 +427,7 @@ void Llama3Bpe::encode_piece(const std::string& piece, std::vector<int32_t>& out
   std::vector<int32_t> ids;
   for (size_t k = 0; k + 1 < cut.size(); ++k) ids.push_back(ranks_.at(piece.substr(cut[k], cut[k + 1] - cut[k])));
   out.insert(out.end(), ids.begin(), ids.end());
+  if (cache_.size() >= kCacheMax) cache_.clear();
   cache_.emplace(piece, std::move(ids));
 }
 
@@ -438,6 +447,21 @@ std::string Llama3Bpe::decode(const std::vector<int32_t>& ids) const {
   return s;
 }
 
+uint64_t files_hash(const std::vector<std::string>& files) {
+  XXH64_state_t* s = XXH64_createState();
+  XXH64_reset(s, 0);
+  std::vector<char> buf(size_t(1) << 20);
+  for (const std::string& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    LOOM_CHECK(in, "cannot read tokenizer file '{}'", f);
+    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
+      XXH64_update(s, buf.data(), size_t(in.gcount()));
+  }
+  const uint64_t h = XXH64_digest(s);
+  XXH64_freeState(s);
+  return h;
+}
+
 std::unique_ptr<Tokenizer> tokenizer_open(const std::string& name, const std::string& vocab,
                                           const std::string& merges) {
   if (name == "byte") return nullptr;
@@ -449,7 +473,15 @@ std::unique_ptr<Tokenizer> tokenizer_open(const std::string& name, const std::st
     LOOM_CHECK(!vocab.empty(), "the llama3 tokenizer needs its tokenizer.model (--vocab)");
     return std::make_unique<Llama3Bpe>(vocab);
   }
-  fail("unknown tokenizer '{}'; loom has byte, gpt2 and llama3", name);
+  if (name == "hf") {
+    LOOM_CHECK(!vocab.empty(), "the hf tokenizer needs its tokenizer.json (--tokenizer-file)");
+    return std::make_unique<HfTokenizer>(vocab);
+  }
+  if (name == "spm") {
+    LOOM_CHECK(!vocab.empty(), "the spm tokenizer needs its SentencePiece model (--tokenizer-file)");
+    return std::make_unique<SpmTokenizer>(vocab);
+  }
+  fail("unknown tokenizer '{}'; loom has byte, gpt2, llama3, hf and spm", name);
 }
 
 }  // namespace loom

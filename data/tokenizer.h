@@ -26,6 +26,12 @@ class Tokenizer {
   virtual std::string doc_token_text() const = 0;
   // A copy with its own caches, for another thread.
   virtual std::unique_ptr<Tokenizer> clone() const = 0;
+  // What a shard records of it: its kind (gpt2, llama3, ...) and the files it was read from.
+  virtual std::string kind() const = 0;
+  virtual std::vector<std::string> files() const = 0;
+  // Whether text cut after a lone '\n' between two ASCII non-blank characters (text_chunks)
+  // tokenizes apart to the ids of the whole, so that one document spreads over threads.
+  virtual bool cuts_at_lone_newlines() const { return true; }
 };
 
 class Gpt2Bpe : public Tokenizer {
@@ -37,6 +43,8 @@ class Gpt2Bpe : public Tokenizer {
   int32_t doc_token() const override { return id_of("<|endoftext|>"); }
   std::string doc_token_text() const override { return "<|endoftext|>"; }
   std::unique_ptr<Tokenizer> clone() const override { return std::make_unique<Gpt2Bpe>(*this); }
+  std::string kind() const override { return "gpt2"; }
+  std::vector<std::string> files() const override { return files_; }
   int32_t id_of(const std::string& token) const {  // -1 where the vocabulary lacks it
     auto it = vocab_.find(token);
     return it == vocab_.end() ? -1 : it->second;
@@ -44,6 +52,7 @@ class Gpt2Bpe : public Tokenizer {
 
  private:
   void encode_word(const std::string& word, std::vector<int32_t>& out) const;
+  std::vector<std::string> files_;
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
   std::map<std::pair<std::string, std::string>, int> ranks_;
@@ -63,18 +72,25 @@ class Llama3Bpe : public Tokenizer {
   int32_t doc_token() const override { return kRegular; }
   std::string doc_token_text() const override { return "<|begin_of_text|>"; }
   std::unique_ptr<Tokenizer> clone() const override { return std::make_unique<Llama3Bpe>(*this); }
+  std::string kind() const override { return "llama3"; }
+  std::vector<std::string> files() const override { return {file_}; }
   static constexpr int32_t kRegular = 128000, kSpecial = 256;
 
  private:
   void encode_piece(const std::string& piece, std::vector<int32_t>& out) const;
+  std::string file_;
   std::unordered_map<std::string, int32_t> ranks_;
   std::vector<std::string> id_to_bytes_;  // regular tokens' bytes, then the special tokens' names
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
-// `name`: byte | gpt2 (vocab: vocab.json, merges: merges.txt) | llama3 (vocab: tokenizer.model).
-// byte gives null: bytes are ids.
+// `name`: byte | gpt2 (vocab: vocab.json, merges: merges.txt) | llama3 (vocab: tokenizer.model)
+// | hf (vocab: a tokenizer.json, data/hf_tokenizer.h) | spm (vocab: a SentencePiece model,
+// data/spm_tokenizer.h). byte gives null: bytes are ids.
 std::unique_ptr<Tokenizer> tokenizer_open(const std::string& name, const std::string& vocab, const std::string& merges);
+
+// xxh64 of the files' bytes one after another: what a shard records of its tokenizer.
+uint64_t files_hash(const std::vector<std::string>& files);
 
 // Splits text the way GPT-2's and LLaMA-3's pre-tokenizer regular expressions do.
 std::vector<std::string> gpt2_pretokenize(const std::string& text);

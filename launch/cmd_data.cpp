@@ -1,4 +1,5 @@
-// `loom data`: text files or directories to an llm.c token shard (data/shard_writer.h).
+// `loom data`: text or JSON Lines files, or directories of them, to an llm.c token shard
+// (data/shard_writer.h).
 #include <memory>
 
 #include "data/shard_writer.h"
@@ -15,10 +16,20 @@ void cmd_data_add(CLI::App& app, Commands& out) {
   };
   auto a = std::make_shared<Args>();
   auto* data = app.add_subcommand(
-      "data", "text files or directories to an llm.c token shard: one document per file, on every thread");
-  data->add_option("paths", a->paths, "INPUT... OUTPUT: text files or directories, then the shard (.bin)")->required();
-  data->add_option("--tokenizer", a->opt.tokenizer, "byte | gpt2 | llama3")
-      ->check(CLI::IsMember({"byte", "gpt2", "llama3"}));
+      "data",
+      "text or JSON Lines files, or directories of them, to an llm.c token shard: one document per text file or "
+      "record, on every thread");
+  data->add_option("paths", a->paths, "INPUT... OUTPUT: files or directories, then the shard (.bin)")->required();
+  data->add_option("--format", a->opt.format,
+                   "text (a file is a document; default) | jsonl (a record is one: .jsonl, .jsonl.gz, .jsonl.zst)")
+      ->check(CLI::IsMember({"text", "jsonl"}));
+  data->add_option("--text-key", a->opt.text_key, "jsonl: the key of each record's text (default text)");
+  data->add_flag("--skip-bad", a->opt.skip_bad,
+                 "jsonl: skip records that cannot be read (counted in the summary) instead of stopping at the first");
+  data->add_option("--tokenizer", a->opt.tokenizer, "byte | gpt2 | llama3 | hf | spm")
+      ->check(CLI::IsMember({"byte", "gpt2", "llama3", "hf", "spm"}));
+  data->add_option("--tokenizer-file", a->opt.tokenizer_file,
+                   "hf: a Hugging Face tokenizer.json; spm: a SentencePiece model (.model)");
   data->add_option("--vocab", a->opt.vocab, "GPT-2 vocab.json (gpt2), or LLaMA-3's tokenizer.model (llama3)");
   data->add_option("--merges", a->opt.merges, "GPT-2 merges.txt (tokenizer gpt2)");
   data->add_option("--val-fraction", a->opt.val_fraction,

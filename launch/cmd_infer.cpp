@@ -15,8 +15,16 @@ void cmd_infer_add(CLI::App& app, Commands& out) {
   eval->add_option("--config", eopt->config, "TOML config (default: the model shape the weights carry)");
   eval->add_option("--set", eopt->sets, "override one key: section.key=value (repeatable)");
   eval->add_option("--data", eopt->data,
-                   "token shard, directory of shards, or text file (default: the config's "
-                   "validation data)");
+                   "token shard, directory of shards, text or JSON Lines file (tokenized with the model's tokenizer; "
+                   "default: the config's validation data)");
+  eval->add_option("--tokenizer", eopt->tokenizer,
+                   "a text or JSON Lines --data is tokenized with: byte | gpt2 | llama3 | hf | spm (default: what "
+                   "the weights record, else a tokenizer's files beside them, else byte)")
+      ->check(CLI::IsMember({"byte", "gpt2", "llama3", "hf", "spm"}));
+  eval->add_option("--vocab", eopt->vocab, "GPT-2 vocab.json (gpt2), or LLaMA-3's tokenizer.model (llama3)");
+  eval->add_option("--merges", eopt->merges, "GPT-2 merges.txt (tokenizer gpt2)");
+  eval->add_option("--tokenizer-file", eopt->tokenizer_file,
+                   "hf: a Hugging Face tokenizer.json; spm: a SentencePiece model");
   eval->add_option("--threads", eopt->threads, "threads per rank (default: train.threads; 0: the node's cores shared)")
       ->check(whole_in(0, kThreadsMax));
   eval->add_option("--batches", eopt->batches,
@@ -34,9 +42,11 @@ void cmd_infer_add(CLI::App& app, Commands& out) {
   gen->add_option("--config", gopt->config, "TOML config (default: the model shape the weights carry)");
   gen->add_option("--set", gopt->sets, "override one key: section.key=value (repeatable)");
   gen->add_option("--tokenizer", gopt->tokenizer,
-                  "byte | gpt2 | llama3 (default: what the weights record, else vocab.json + merges.txt beside them, "
-                  "else byte)")
-      ->check(CLI::IsMember({"byte", "gpt2", "llama3"}));
+                  "byte | gpt2 | llama3 | hf | spm (default: what the weights record, else a tokenizer's files beside "
+                  "them, else byte)")
+      ->check(CLI::IsMember({"byte", "gpt2", "llama3", "hf", "spm"}));
+  gen->add_option("--tokenizer-file", gopt->tokenizer_file,
+                  "hf: a Hugging Face tokenizer.json; spm: a SentencePiece model");
   gen->add_option("--vocab", gopt->vocab, "GPT-2 vocab.json (gpt2), or LLaMA-3's tokenizer.model (llama3)");
   gen->add_option("--merges", gopt->merges, "GPT-2 merges.txt (tokenizer gpt2)");
   gen->add_option("--max-new", gopt->max_new, "tokens to generate (default 64, or what the context leaves)")

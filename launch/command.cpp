@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "data/batches.h"
+#include "data/shard_tokenizer.h"
 
 namespace loom {
 
@@ -22,7 +23,10 @@ Config config_build(const std::string& path, const std::vector<std::string>& set
   Config cfg = config_defaults();
   if (!path.empty()) config_load_file(cfg, path);
   for (auto& s : sets) config_set(cfg, s);
-  if (reads_data) data_source_infer(cfg);
+  if (reads_data) {
+    data_source_infer(cfg);
+    data_tokenizer_infer(cfg, lead);
+  }
   const int other = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp;
   if (world > 1 && !cfg.set_keys.count("parallel.dp") && other > 0 && world % other == 0) {
     cfg.parallel.dp = world / other;

@@ -6,10 +6,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "checkpoint/hf_export.h"
 #include "data/batches.h"
+#include "data/line_reader.h"
+#include "data/shard_tokenizer.h"
+#include "data/shard_writer.h"
 #include "data/tokenizer.h"
 #include "model/cached_decoder.h"
 #include "plan/memory.h"
@@ -36,7 +41,10 @@ Config config_for(const std::string& from, const std::string& config, std::vecto
     config_load_file(cfg, config);
   }
   for (auto& s : sets) config_set(cfg, s);
-  if (reads_data) data_source_infer(cfg);
+  if (reads_data) {
+    data_source_infer(cfg);
+    data_tokenizer_infer(cfg, true);
+  }
   config_validate(cfg);
   const bool model_sets = std::any_of(sets.begin(), sets.end(), [](auto& s) { return s.rfind("model.", 0) == 0; });
   model_config_check_file(
@@ -46,7 +54,55 @@ Config config_for(const std::string& from, const std::string& config, std::vecto
 }
 }  // namespace
 
-EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
+namespace {
+// A directory of this process's own, removed with everything in it when the object goes.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "loom_eval_XXXXXX").string();
+    LOOM_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot make a temporary directory in {}",
+               std::filesystem::temp_directory_path().string());
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+}  // namespace
+
+EvalResult eval_run(const EvalOptions& given, const TrainOptions& topt) {
+  // Text or JSON Lines scored by a model of another tokenizer than bytes: tokenized first, with
+  // the tokenizer generate would use, into a shard of this process's own.
+  EvalOptions opt = given;
+  std::optional<TempDir> tokenized;
+  std::string tokenized_with;
+  if (!opt.data.empty() && data_source_of(opt.data, "--data") == "text") {
+    GenerateOptions g;
+    g.from = opt.from, g.tokenizer = opt.tokenizer, g.vocab = opt.vocab, g.merges = opt.merges;
+    g.tokenizer_file = opt.tokenizer_file;
+    const TokenizerChoice tc = tokenizer_choose(g);
+    if (tc.name != "byte" || name_json(opt.data)) {
+      // Each rank's own shard would name another data.path, which the ranks must agree on.
+      LOOM_CHECK(topt.world_size == 1,
+                 "loom eval tokenizes a text or JSON Lines --data in one process only; under mpirun or srun give it "
+                 "token shards: `loom data {}{} OUT.bin` first",
+                 name_json(opt.data) ? "--format jsonl " : "", opt.data);
+      tokenized.emplace();
+      DataOptions d;
+      d.inputs = {opt.data};
+      d.output = tokenized->path + "/data.bin";
+      d.tokenizer = tc.name;
+      (tc.name == "hf" || tc.name == "spm" ? d.tokenizer_file : d.vocab) = tc.vocab;
+      d.merges = tc.merges;
+      d.format = name_json(opt.data) ? "jsonl" : "text";
+      d.threads = std::max(opt.threads, 0);
+      d.quiet = true;
+      data_run(d);
+      opt.data = d.output;
+      tokenized_with = fmt::format(" (tokenized with {}: {})", tc.name, tc.why);
+    }
+  }
   std::vector<std::string> sets = opt.sets;
   sets.insert(sets.end(), {"init.from=" + opt.from, "export.final=", "log.dir=", "log.trace=false",
                            "log.trace_steps=", "log.tensorboard=false", "log.grad_norms=false",
@@ -64,7 +120,7 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
     sets.push_back("data.path=" + opt.data);
     if (!training_file) sets.push_back("data.val_path=" + opt.data);
     what = training_file ? fmt::format("the held-out end of training file '{}', as training validated", opt.data)
-                         : fmt::format("'{}' from its start", opt.data);
+                         : fmt::format("'{}' from its start{}", given.data, tokenized_with);
     // Data given to a config that had none: token shards or text, by the file's look.
     if (probe.data.source == DataKind::synthetic)
       sets.push_back(fmt::format("data.source={}", data_source_of(opt.data, "--data")));
@@ -102,48 +158,56 @@ EvalResult eval_run(const EvalOptions& opt, const TrainOptions& topt) {
 TokenizerChoice tokenizer_choose(const GenerateOptions& opt) {
   namespace fs = std::filesystem;
   TokenizerChoice c{opt.tokenizer, opt.vocab, opt.merges, "--tokenizer"};
+  if (c.name == "hf" || c.name == "spm") c.vocab = opt.tokenizer_file;
+  LOOM_CHECK(opt.tokenizer_file.empty() || c.name == "hf" || c.name == "spm",
+             "--tokenizer-file is for --tokenizer hf and spm");
   const fs::path dir = fs::is_directory(opt.from) ? fs::path(opt.from) : fs::path(opt.from).parent_path();
-  // GPT-2's files count only in a Hugging Face directory (the weights are one, or config.json is
-  // beside them), not in any folder that happens to hold a vocab.json.
+  // Tokenizer files count only in a Hugging Face directory (the weights are one, or config.json
+  // is beside them), not in any folder that happens to hold a vocab.json.
   const bool hf_dir = fs::is_directory(opt.from) || fs::is_regular_file(dir / "config.json");
-  const bool beside = hf_dir && fs::is_regular_file(dir / "vocab.json") && fs::is_regular_file(dir / "merges.txt");
+  auto beside = [&](const char* name) { return hf_dir && fs::is_regular_file(dir / name); };
+  const bool gpt2_beside = beside("vocab.json") && beside("merges.txt");
   const auto meta = weights_metadata(opt.from);
   const auto recorded = meta.find("loom.tokenizer");
   if (c.name.empty()) {
     if (recorded != meta.end())
       c.name = recorded->second, c.why = "recorded with the weights";
-    else if (beside)
+    else if (beside("tokenizer.json"))
+      c.name = "hf", c.why = "tokenizer.json beside the weights";
+    else if (gpt2_beside)
       c.name = "gpt2", c.why = "vocab.json and merges.txt beside the weights";
-    else if (hf_dir && fs::is_regular_file(dir / "tokenizer.model"))
+    else if (beside("tokenizer.model"))
       c.name = "llama3", c.why = "tokenizer.model beside the weights";
     else
       c.name = "byte", c.why = "none recorded";
   }
-  LOOM_CHECK(c.name == "byte" || c.name == "gpt2" || c.name == "llama3",
-             "tokenizer '{}' ({}) is not byte, gpt2 or llama3", c.name, c.why);
-  if (c.name == "llama3" && c.vocab.empty()) {
-    if (hf_dir && fs::is_regular_file(dir / "tokenizer.model")) {
-      c.vocab = (dir / "tokenizer.model").string();
-    } else if (auto d = meta.find("loom.tokenizer_dir"); d != meta.end()) {
-      c.vocab = d->second + "/tokenizer.model";
-      LOOM_CHECK(fs::is_regular_file(c.vocab),
-                 "the weights were trained with LLaMA-3's tokenizer from '{}', which no longer holds tokenizer.model; "
-                 "pass --vocab",
-                 d->second);
-    }
+  LOOM_CHECK(c.name == "byte" || c.name == "gpt2" || c.name == "llama3" || c.name == "hf" || c.name == "spm",
+             "tokenizer '{}' ({}) is not byte, gpt2, llama3, hf or spm", c.name, c.why);
+  // A file kind's file: given, else beside the weights, else where the weights record it.
+  auto file_of = [&](const char* name, const char* meta_key, const std::string& what) {
+    if (beside(name)) return (dir / name).string();
+    const auto d = meta.find(meta_key);
+    if (d == meta.end()) return std::string();
+    const std::string f = std::string(meta_key) == "loom.tokenizer_dir" ? d->second + "/" + name : d->second;
+    LOOM_CHECK(fs::is_regular_file(f), "the weights were trained with {} from '{}', which is no longer there; pass {}",
+               what, f,
+               c.name == "gpt2"     ? "--vocab and --merges"
+               : c.name == "llama3" ? "--vocab"
+                                    : "--tokenizer-file");
+    return f;
+  };
+  if (c.vocab.empty()) {
+    if (c.name == "llama3") c.vocab = file_of("tokenizer.model", "loom.tokenizer_dir", "LLaMA-3's tokenizer");
+    if (c.name == "hf") c.vocab = file_of("tokenizer.json", "loom.tokenizer_file", "a Hugging Face tokenizer");
+    if (c.name == "spm") c.vocab = file_of("tokenizer.model", "loom.tokenizer_file", "a SentencePiece model");
+  }
+  if (c.name == "gpt2" && c.vocab.empty() && c.merges.empty()) {
+    c.vocab = file_of("vocab.json", "loom.tokenizer_dir", "GPT-2's tokenizer");
+    c.merges = file_of("merges.txt", "loom.tokenizer_dir", "GPT-2's tokenizer");
   }
   LOOM_CHECK(c.name != "llama3" || !c.vocab.empty(), "the llama3 tokenizer ({}) needs --vocab tokenizer.model", c.why);
-  if (c.name == "gpt2" && c.vocab.empty() && c.merges.empty()) {
-    if (beside) {
-      c.vocab = (dir / "vocab.json").string(), c.merges = (dir / "merges.txt").string();
-    } else if (auto d = meta.find("loom.tokenizer_dir"); d != meta.end()) {
-      c.vocab = d->second + "/vocab.json", c.merges = d->second + "/merges.txt";
-      LOOM_CHECK(fs::is_regular_file(c.vocab) && fs::is_regular_file(c.merges),
-                 "the weights were trained with GPT-2's tokenizer from '{}', which no longer holds vocab.json and "
-                 "merges.txt; pass --vocab and --merges",
-                 d->second);
-    }
-  }
+  LOOM_CHECK((c.name != "hf" && c.name != "spm") || !c.vocab.empty(), "the {} tokenizer ({}) needs --tokenizer-file",
+             c.name, c.why);
   LOOM_CHECK(c.name != "gpt2" || (!c.vocab.empty() && !c.merges.empty()),
              "the gpt2 tokenizer ({}) needs --vocab vocab.json and --merges merges.txt", c.why);
   return c;
@@ -163,7 +227,8 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
   if (tc.why == "none recorded" && cfg.model.vocab_size > 512)
     fmt::print(stderr,
                "warning: no tokenizer is recorded with these weights and the model's vocabulary has {} tokens, so the "
-               "byte tokenizer (256) is likely not the one it learned; pass --tokenizer gpt2 --vocab --merges\n",
+               "byte tokenizer (256) is likely not the one it learned; pass --tokenizer (gpt2, llama3, hf, spm) and "
+               "its files\n",
                cfg.model.vocab_size);
   LOOM_CHECK(!opt.prompt.empty(), "--prompt is empty; give the text to continue");
   std::vector<int32_t> ids = bpe ? bpe->encode(opt.prompt) : tokenize_bytes(opt.prompt);

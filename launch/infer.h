@@ -13,7 +13,10 @@ struct EvalOptions {
   std::string from;    // weights, as init.from takes them
   std::string config;  // empty: the shape from the weights (model_config_find), synthetic data
   std::vector<std::string> sets;
-  std::string data;      // a token shard, directory of shards, or text file: data.path and data.val_path
+  std::string data;  // a token shard, directory of shards, or text file: data.path and data.val_path
+  // A text or JSON Lines --data is tokenized first with this tokenizer (as generate chooses it:
+  // given, else what the weights record); bytes read a text file as they always have.
+  std::string tokenizer, vocab, merges, tokenizer_file;
   int64_t batches = -1;  // -1: data.val_batches; 0: every whole batch the validation data holds
   int threads = -1;      // per rank; -1: the config's train.threads
 };
@@ -28,9 +31,9 @@ struct GenerateOptions {
   std::string from, config;
   std::vector<std::string> sets;
   std::string prompt;
-  // byte | gpt2 (with vocab.json and merges.txt); "": what the weights record, else GPT-2's files
-  // beside them, else byte
-  std::string tokenizer, vocab, merges;
+  // byte | gpt2 (with vocab.json and merges.txt) | llama3 | hf | spm (with tokenizer_file); "":
+  // what the weights record, else a tokenizer's files beside them, else byte
+  std::string tokenizer, vocab, merges, tokenizer_file;
   int max_new = -1;          // -1: 64, or what the context leaves
   double temperature = 0.0;  // 0: greedy
   int top_k = 0;
@@ -45,8 +48,10 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt);
 struct TokenizerChoice {
   std::string name, vocab, merges, why;
 };
-// generate's tokenizer: --tokenizer; else loom.tokenizer in the weights' metadata (gpt2's files
-// from loom.tokenizer_dir); else vocab.json and merges.txt beside the weights; else bytes.
+// generate's tokenizer: --tokenizer; else loom.tokenizer in the weights' metadata (its files
+// from loom.tokenizer_dir or loom.tokenizer_file, or beside the weights); else tokenizer.json,
+// vocab.json and merges.txt, or tokenizer.model beside the weights; else bytes. For hf and spm,
+// `vocab` is the tokenizer's file.
 TokenizerChoice tokenizer_choose(const GenerateOptions& opt);
 
 }  // namespace loom

@@ -94,16 +94,18 @@ std::vector<Field> fields_of(Config& c) {
        "attention and positions stay inside each document of a packed sequence (documents opened by "
        "data.doc_token)"},
       {"data.doc_token", &d.doc_token,
-       "the token that opens a document (-1: data.tokenizer's: gpt2 <|endoftext|> 50256, llama3 "
-       "<|begin_of_text|> 128000)"},
+       "the token that opens a document (-1: what the token shards record, else data.tokenizer's: gpt2 "
+       "<|endoftext|> 50256, llama3 <|begin_of_text|> 128000)"},
       {"data.val_path", &d.val_path, "validation data (empty: the last 10% of data.path)"},
       {"data.val_every", &d.val_every, "validate every N steps (0: only at the end)"},
       {"data.val_batches", &d.val_batches, "global batches per validation (0: none)"},
       {"data.shuffle", &d.shuffle, "a seeded order per epoch"},
       {"data.tokenizer", &d.tokenizer,
-       "the data's tokenizer, recorded in exports: byte | gpt2 | llama3 (\"\": byte for text)"},
+       "the data's tokenizer, recorded in exports: byte | gpt2 | llama3 | hf | spm (\"\": byte for text, what "
+       "token shards record)"},
       {"data.tokenizer_dir", &d.tokenizer_dir,
        "gpt2: the directory with vocab.json and merges.txt; llama3: with tokenizer.model"},
+      {"data.tokenizer_file", &d.tokenizer_file, "hf: a tokenizer.json; spm: a SentencePiece model"},
       {"parallel.dp", &p.dp, "data-parallel ranks"},
       {"parallel.tp", &p.tp, "tensor-parallel ranks"},
       {"parallel.pp", &p.pp, "pipeline stages"},

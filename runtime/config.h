@@ -146,10 +146,12 @@ struct DataConfig {
   int val_batches = 4;
   bool shuffle = false;
   // The tokenizer the data was made with, recorded in exports for `loom generate`: "" (text:
-  // byte; tokens: not recorded), byte, or gpt2 with tokenizer_dir holding vocab.json and
-  // merges.txt.
+  // byte; tokens: what the shards record, else none), byte, gpt2 or llama3 with tokenizer_dir
+  // holding their files, or hf (tokenizer.json) and spm (a SentencePiece model) in
+  // tokenizer_file.
   std::string tokenizer;
   std::string tokenizer_dir;
+  std::string tokenizer_file;
 };
 
 struct ParallelConfig {

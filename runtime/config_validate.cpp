@@ -161,7 +161,7 @@ void config_validate(Config& cfg) {
                    "data.sources entries {} and {} are both '{}'; give a source once, with the sum of the weights",
                    i + 1, j + 1, d.sources[i].path);
   }
-  if (!d.tokenizer.empty()) check_one_of("data.tokenizer", d.tokenizer, {"byte", "gpt2", "llama3"});
+  if (!d.tokenizer.empty()) check_one_of("data.tokenizer", d.tokenizer, {"byte", "gpt2", "llama3", "hf", "spm"});
   LOOM_CHECK(d.tokenizer != "llama3" || std::filesystem::is_regular_file(d.tokenizer_dir + "/tokenizer.model"),
              "data.tokenizer = \"llama3\" needs data.tokenizer_dir, a directory with LLaMA-3's tokenizer.model (it is "
              "'{}'; `tools/tokenizer_files.sh DIR llama3` writes it)",
@@ -177,6 +177,12 @@ void config_validate(Config& cfg) {
              d.tokenizer_dir);
   LOOM_CHECK(d.tokenizer == "gpt2" || d.tokenizer == "llama3" || d.tokenizer_dir.empty(),
              "data.tokenizer_dir is set but data.tokenizer = \"{}\"; it belongs to gpt2 and llama3", d.tokenizer);
+  const bool file_kind = d.tokenizer == "hf" || d.tokenizer == "spm";
+  LOOM_CHECK(!file_kind || std::filesystem::is_regular_file(d.tokenizer_file),
+             "data.tokenizer = \"{}\" needs data.tokenizer_file, its {} (it is '{}')", d.tokenizer,
+             d.tokenizer == "hf" ? "tokenizer.json" : "SentencePiece model", d.tokenizer_file);
+  LOOM_CHECK(file_kind || d.tokenizer_file.empty(),
+             "data.tokenizer_file is set but data.tokenizer = \"{}\"; it belongs to hf and spm", d.tokenizer);
   LOOM_CHECK(d.val_every >= 0 && d.val_batches >= 0, "data.val_every and data.val_batches must be >= 0");
   LOOM_CHECK(d.doc_token >= -1 && d.doc_token < m.vocab_size,
              "data.doc_token = {} is not a token of the vocabulary (0 .. model.vocab_size - 1 = {}; -1: the "
@@ -185,7 +191,7 @@ void config_validate(Config& cfg) {
   if (d.doc_mask) {
     LOOM_CHECK(cfg.doc_token() >= 0,
                "data.doc_mask needs the token that opens each document: set data.tokenizer (gpt2, llama3) or "
-               "data.doc_token");
+               "data.doc_token, or train on shards that record their tokenizer (`loom data`)");
     LOOM_CHECK(cfg.doc_token() < m.vocab_size,
                "data.doc_mask: the document token {} (data.tokenizer = \"{}\") is outside model.vocab_size = {}; "
                "set data.doc_token",

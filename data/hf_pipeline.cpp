@@ -1,0 +1,489 @@
+#include "data/hf_pipeline.h"
+
+#include <oniguruma.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace loom {
+
+using nlohmann::json;
+
+// ---- Oniguruma ----
+
+Regex::Regex(const std::string& pattern) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
+    onig_initialize(encodings, 1);
+  });
+  OnigErrorInfo info;
+  regex_t* reg = nullptr;
+  const auto* p = reinterpret_cast<const OnigUChar*>(pattern.data());
+  const int rc =
+      onig_new(&reg, p, p + pattern.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
+  if (rc != ONIG_NORMAL) {
+    OnigUChar why[ONIG_MAX_ERROR_MESSAGE_LEN];
+    onig_error_code_to_str(why, rc, &info);
+    fail("the tokenizer's regular expression {} does not compile with Oniguruma: {}", json(pattern).dump(),
+         reinterpret_cast<const char*>(why));
+  }
+  reg_ = reg;
+  region_ = onig_region_new();
+}
+
+Regex::~Regex() {
+  if (region_) onig_region_free(static_cast<OnigRegion*>(region_), 1);
+  if (reg_) onig_free(static_cast<regex_t*>(reg_));
+}
+
+std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  auto* region = static_cast<OnigRegion*>(region_);
+  const auto* str = reinterpret_cast<const OnigUChar*>(s.data());
+  const OnigUChar* end = str + s.size();
+  size_t from = 0;
+  bool matched = false;
+  size_t last_end = 0;
+  while (from <= s.size()) {
+    onig_region_clear(region);
+    const int r = onig_search(static_cast<regex_t*>(reg_), str, end, str + from, end, region, ONIG_OPTION_NONE);
+    if (r == ONIG_MISMATCH) break;
+    LOOM_CHECK(r >= 0, "Oniguruma failed to match (error {})", r);
+    const size_t b = size_t(region->beg[0]), e = size_t(region->end[0]);
+    if (b == e && matched && last_end == e) {  // no empty match right after a match: one character on
+      if (from >= s.size()) break;
+      size_t step = 1;
+      while (from + step < s.size() && (uint8_t(s[from + step]) & 0xc0) == 0x80) ++step;
+      from += step;
+      continue;
+    }
+    out.push_back({b, e});
+    from = e;
+    matched = true;
+    last_end = e;
+  }
+  return out;
+}
+
+// ---- UTF-8 ----
+
+std::string utf8_replace_invalid(const std::string& s) {
+  std::string out;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0, clean = 0;  // s[clean, i) is valid and not yet copied
+  auto replace = [&](size_t bad) {
+    out.append(s, clean, i - clean);
+    out += "\xef\xbf\xbd";
+    i += bad;
+    clean = i;
+  };
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range (RFC 3629)
+    if (c >= 0xc2 && c <= 0xdf)
+      len = 2;
+    else if (c >= 0xe0 && c <= 0xef)
+      len = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+    else if (c >= 0xf0 && c <= 0xf4)
+      len = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+    if (len == 0) {
+      replace(1);
+      continue;
+    }
+    size_t k = 1;  // the lead byte and the continuation bytes that can follow it
+    while (k < len && i + k < n && p[i + k] >= (k == 1 ? lo : 0x80) && p[i + k] <= (k == 1 ? hi : 0xbf)) ++k;
+    if (k < len) {
+      replace(k);
+      continue;
+    }
+    i += len;
+  }
+  if (clean == 0) return s;
+  out.append(s, clean, n - clean);
+  return out;
+}
+
+// ---- GPT-2's byte-level alphabet ----
+
+namespace {
+struct ByteAlphabet {
+  std::string chars[256];
+  ByteAlphabet() {
+    int extra = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+      const uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + extra++);
+      if (cp < 0x80) {
+        chars[b] = std::string(1, char(cp));
+      } else {
+        chars[b] += char(0xc0 | (cp >> 6));
+        chars[b] += char(0x80 | (cp & 0x3f));
+      }
+    }
+  }
+};
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+}  // namespace
+
+const std::string& byte_level_char(uint8_t b) {
+  return alphabet().chars[b];
+}
+
+bool byte_level_decode(const std::string& s, std::string& out) {
+  for (size_t i = 0; i < s.size();) {
+    const uint8_t c = uint8_t(s[i]);
+    uint32_t cp;
+    if (c < 0x80) {
+      cp = c, i += 1;
+    } else if ((c >> 5) == 6 && i + 1 < s.size()) {
+      cp = ((c & 0x1fu) << 6) | (uint8_t(s[i + 1]) & 0x3fu), i += 2;
+    } else {
+      return false;
+    }
+    // The inverse of the table: printable bytes stand for themselves, the rest are 256 + n.
+    if (cp >= 256) {
+      int n = int(cp) - 256, b = 0;
+      for (; b < 256; ++b) {
+        const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+        if (!printable && n-- == 0) break;
+      }
+      if (b == 256) return false;
+      out += char(b);
+    } else {
+      const bool printable = (cp >= '!' && cp <= '~') || (cp >= 0xa1 && cp <= 0xac) || (cp >= 0xae && cp <= 0xff);
+      if (!printable) return false;
+      out += char(cp);
+    }
+  }
+  return true;
+}
+
+namespace {
+
+std::string type_of(const json& j, const char* what) {
+  LOOM_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(),
+             "the tokenizer's {} {} has no \"type\"; it is not a tokenizer.json loom reads", what,
+             j.dump().substr(0, 80));
+  return j["type"].get<std::string>();
+}
+
+// A Split's or Replace's pattern: {"String": s} or {"Regex": r}.
+struct Pattern {
+  std::string literal;
+  std::unique_ptr<Regex> regex;
+  explicit Pattern(const json& j) {
+    if (j.contains("Regex")) {
+      regex = std::make_unique<Regex>(j["Regex"].get<std::string>());
+    } else {
+      LOOM_CHECK(j.contains("String") && j["String"].is_string() && !j["String"].get<std::string>().empty(),
+                 "the tokenizer's pattern {} is neither a non-empty String nor a Regex", j.dump().substr(0, 80));
+      literal = j["String"].get<std::string>();
+    }
+  }
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const {
+    if (regex) return regex->find_all(s);
+    std::vector<std::pair<size_t, size_t>> out;
+    for (size_t at = s.find(literal); at != std::string_view::npos; at = s.find(literal, at + literal.size()))
+      out.push_back({at, at + literal.size()});
+    return out;
+  }
+};
+
+// ---- normalizers ----
+
+struct Sequence : Normalizer {
+  std::vector<std::unique_ptr<Normalizer>> parts;
+  void apply(std::string& s) const override {
+    for (auto& p : parts) p->apply(s);
+  }
+  bool prepends() const override {
+    for (auto& p : parts)
+      if (p->prepends()) return true;
+    return false;
+  }
+};
+
+struct UnicodeForm : Normalizer {
+  int options;
+  explicit UnicodeForm(int o) : options(o) {}
+  void apply(std::string& s) const override {
+    bool ascii = true;
+    for (char c : s) ascii = ascii && uint8_t(c) < 0x80;
+    if (ascii) return;  // every form leaves ASCII as it is
+    utf8proc_uint8_t* out = nullptr;
+    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                            utf8proc_ssize_t(s.size()), &out, utf8proc_option_t(options));
+    LOOM_CHECK(n >= 0, "utf8proc cannot normalize the text: {}", utf8proc_errmsg(n));
+    s.assign(reinterpret_cast<const char*>(out), size_t(n));
+    std::free(out);
+  }
+};
+
+struct Replace : Normalizer {
+  Pattern pattern;
+  std::string content;
+  Replace(const json& p, std::string c) : pattern(p), content(std::move(c)) {}
+  void apply(std::string& s) const override {
+    const auto found = pattern.find_all(s);
+    if (found.empty()) return;
+    std::string out;
+    size_t at = 0;
+    for (auto [b, e] : found) {
+      out.append(s, at, b - at);
+      out += content;
+      at = e;
+    }
+    out.append(s, at, std::string::npos);
+    s.swap(out);
+  }
+};
+
+struct Prepend : Normalizer {
+  std::string text;
+  void apply(std::string& s) const override {
+    if (!s.empty()) s.insert(0, text);
+  }
+  bool prepends() const override { return true; }
+};
+
+// ---- pre-tokenizers ----
+
+enum class Behavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+
+// The pieces of `s` that `matches` (sorted, not overlapping) make under `b`, as the tokenizers
+// library splits: every span is a match or the text between, then joined by the behaviour.
+void split_by(const std::string& s, const std::vector<std::pair<size_t, size_t>>& matches, Behavior b, bool invert,
+              std::vector<std::string>& out) {
+  struct Span {
+    size_t begin, end;
+    bool match;
+  };
+  std::vector<Span> spans;
+  size_t prev = 0;
+  for (auto [mb, me] : matches) {
+    if (mb != prev) spans.push_back({prev, mb, false});
+    spans.push_back({mb, me, true});
+    prev = me;
+  }
+  if (prev != s.size() || spans.empty()) spans.push_back({prev, s.size(), false});
+  if (invert)
+    for (Span& sp : spans) sp.match = !sp.match;
+  std::vector<std::pair<size_t, size_t>> kept;
+  bool previous_match = false;
+  switch (b) {
+    case Behavior::removed:
+      for (const Span& sp : spans)
+        if (!sp.match) kept.push_back({sp.begin, sp.end});
+      break;
+    case Behavior::isolated:
+      for (const Span& sp : spans) kept.push_back({sp.begin, sp.end});
+      break;
+    case Behavior::merged_with_previous:
+      for (const Span& sp : spans) {
+        if (sp.match && !previous_match && !kept.empty())
+          kept.back().second = sp.end;
+        else
+          kept.push_back({sp.begin, sp.end});
+        previous_match = sp.match;
+      }
+      break;
+    case Behavior::merged_with_next:
+      for (size_t i = spans.size(); i-- > 0;) {
+        const Span& sp = spans[i];
+        if (sp.match && !previous_match && !kept.empty())
+          kept.back().first = sp.begin;
+        else
+          kept.push_back({sp.begin, sp.end});
+        previous_match = sp.match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+    case Behavior::contiguous:
+      for (size_t i = 0; i < spans.size(); ++i) {
+        const Span& sp = spans[i];
+        if (i > 0 && sp.match == previous_match)
+          kept.back().second = sp.end;
+        else
+          kept.push_back({sp.begin, sp.end});
+        previous_match = sp.match;
+      }
+      break;
+  }
+  for (auto [kb, ke] : kept)
+    if (ke > kb) out.push_back(s.substr(kb, ke - kb));
+}
+
+Behavior behavior_of(const std::string& name) {
+  if (name == "Removed") return Behavior::removed;
+  if (name == "Isolated") return Behavior::isolated;
+  if (name == "MergedWithPrevious") return Behavior::merged_with_previous;
+  if (name == "MergedWithNext") return Behavior::merged_with_next;
+  if (name == "Contiguous") return Behavior::contiguous;
+  fail(
+      "the tokenizer's Split behavior '{}' is not one loom knows (Removed, Isolated, MergedWithPrevious, "
+      "MergedWithNext, Contiguous)",
+      name);
+}
+
+struct PreSequence : PreTokenizer {
+  std::vector<std::unique_ptr<PreTokenizer>> parts;
+  void split(std::vector<std::string>& pieces, bool first) const override {
+    for (auto& p : parts) p->split(pieces, first);
+  }
+  bool byte_level() const override {
+    for (auto& p : parts)
+      if (p->byte_level()) return true;
+    return false;
+  }
+};
+
+struct Split : PreTokenizer {
+  Pattern pattern;
+  Behavior behavior;
+  bool invert;
+  Split(const json& j)
+      : pattern(j.at("pattern")),
+        behavior(behavior_of(j.at("behavior").get<std::string>())),
+        invert(j.value("invert", false)) {}
+  void split(std::vector<std::string>& pieces, bool) const override {
+    std::vector<std::string> out;
+    for (const std::string& p : pieces) split_by(p, pattern.find_all(p), behavior, invert, out);
+    pieces.swap(out);
+  }
+};
+
+struct ByteLevel : PreTokenizer {
+  bool add_prefix_space, use_regex;
+  std::unique_ptr<Regex> gpt2;
+  explicit ByteLevel(const json& j)
+      : add_prefix_space(j.value("add_prefix_space", true)), use_regex(j.value("use_regex", true)) {
+    if (use_regex)
+      gpt2 = std::make_unique<Regex>(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)");
+  }
+  void split(std::vector<std::string>& pieces, bool) const override {
+    std::vector<std::string> out;
+    for (std::string& p : pieces) {
+      if (add_prefix_space && (p.empty() || p[0] != ' ')) p.insert(0, " ");
+      if (gpt2)
+        split_by(p, gpt2->find_all(p), Behavior::isolated, false, out);
+      else if (!p.empty())
+        out.push_back(std::move(p));
+    }
+    for (std::string& p : out) {  // each byte as its stand-in character
+      std::string mapped;
+      mapped.reserve(p.size() * 2);
+      for (char c : p) mapped += byte_level_char(uint8_t(c));
+      p.swap(mapped);
+    }
+    pieces.swap(out);
+  }
+  bool byte_level() const override { return true; }
+};
+
+struct Metaspace : PreTokenizer {
+  std::string replacement;
+  std::string scheme;  // always | first | never
+  bool split_words;
+  Pattern mark;
+  explicit Metaspace(const json& j)
+      : replacement(j.value("replacement", std::string("\u2581"))),
+        scheme(j.contains("prepend_scheme") ? j["prepend_scheme"].get<std::string>()
+                                            : (j.value("add_prefix_space", true) ? "always" : "never")),
+        split_words(j.value("split", true)),
+        mark(json{{"String", replacement}}) {
+    LOOM_CHECK(scheme == "always" || scheme == "first" || scheme == "never",
+               "the tokenizer's Metaspace prepend_scheme '{}' is not always, first or never", scheme);
+  }
+  void split(std::vector<std::string>& pieces, bool first) const override {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      std::string p;
+      for (char c : pieces[i]) c == ' ' ? p += replacement : p += c;
+      const bool opens = p.compare(0, replacement.size(), replacement) == 0;
+      if (!opens && (scheme == "always" || (scheme == "first" && first && i == 0))) p.insert(0, replacement);
+      if (split_words)
+        split_by(p, mark.find_all(p), Behavior::merged_with_next, false, out);
+      else if (!p.empty())
+        out.push_back(std::move(p));
+    }
+    pieces.swap(out);
+  }
+};
+
+struct Digits : PreTokenizer {
+  bool individual;
+  explicit Digits(const json& j) : individual(j.value("individual_digits", false)) {}
+  void split(std::vector<std::string>& pieces, bool) const override {
+    std::vector<std::string> out;
+    for (const std::string& p : pieces) {
+      std::vector<std::pair<size_t, size_t>> digits;
+      for (size_t i = 0; i < p.size(); ++i)
+        if (p[i] >= '0' && p[i] <= '9') digits.push_back({i, i + 1});
+      split_by(p, digits, individual ? Behavior::isolated : Behavior::contiguous, false, out);
+    }
+    pieces.swap(out);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Normalizer> normalizer_from(const json& j) {
+  if (j.is_null()) return nullptr;
+  const std::string type = type_of(j, "normalizer");
+  if (type == "Sequence") {
+    auto s = std::make_unique<Sequence>();
+    for (const json& part : j.at("normalizers"))
+      if (auto n = normalizer_from(part)) s->parts.push_back(std::move(n));
+    return s;
+  }
+  if (type == "NFC") return std::make_unique<UnicodeForm>(UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+  if (type == "NFD") return std::make_unique<UnicodeForm>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
+  if (type == "NFKC") return std::make_unique<UnicodeForm>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+  if (type == "NFKD") return std::make_unique<UnicodeForm>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+  if (type == "Replace") return std::make_unique<Replace>(j.at("pattern"), j.at("content").get<std::string>());
+  if (type == "Prepend") {
+    auto p = std::make_unique<Prepend>();
+    p->text = j.at("prepend").get<std::string>();
+    return p;
+  }
+  fail(
+      "the tokenizer's normalizer {} is not one loom implements (it has Sequence, NFC, NFD, NFKC, NFKD, Replace and "
+      "Prepend)",
+      type);
+}
+
+std::unique_ptr<PreTokenizer> pre_tokenizer_from(const json& j) {
+  if (j.is_null()) return nullptr;
+  const std::string type = type_of(j, "pre-tokenizer");
+  if (type == "Sequence") {
+    auto s = std::make_unique<PreSequence>();
+    for (const json& part : j.at("pretokenizers"))
+      if (auto p = pre_tokenizer_from(part)) s->parts.push_back(std::move(p));
+    return s;
+  }
+  if (type == "Split") return std::make_unique<Split>(j);
+  if (type == "ByteLevel") return std::make_unique<ByteLevel>(j);
+  if (type == "Metaspace") return std::make_unique<Metaspace>(j);
+  if (type == "Digits") return std::make_unique<Digits>(j);
+  fail(
+      "the tokenizer's pre-tokenizer {} is not one loom implements (it has Sequence, Split, ByteLevel, Metaspace and "
+      "Digits)",
+      type);
+}
+
+}  // namespace loom

@@ -1,0 +1,59 @@
+// The text side of a Hugging Face tokenizer.json, before its model: normalizers (NFC, NFD,
+// NFKC and NFKD through utf8proc; Replace; Prepend; Sequence) and pre-tokenizers (Split by a
+// string or an Oniguruma regular expression, as the tokenizers library compiles them, with
+// its five behaviours; ByteLevel; Metaspace; Digits; Sequence), each read from the file and
+// refused by name where loom does not implement it. Text reaching them is valid UTF-8.
+// Not here: added tokens and the BPE model (data/hf_tokenizer.h).
+#pragma once
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+// An Oniguruma expression over UTF-8 in Ruby syntax, as the tokenizers library compiles it.
+class Regex {
+ public:
+  explicit Regex(const std::string& pattern);  // an Error naming the pattern where it does not compile
+  ~Regex();
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  // [begin, end) of each match, left to right, as an iterator over matches finds them (an
+  // empty match right after a match is skipped; after an empty match the search moves one
+  // character on).
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const;
+
+ private:
+  void* reg_ = nullptr;  // regex_t*
+  void* region_ = nullptr;
+};
+
+struct Normalizer {
+  virtual ~Normalizer() = default;
+  virtual void apply(std::string& s) const = 0;
+  virtual bool prepends() const { return false; }  // adds text at the start (Prepend)
+};
+// Null JSON: no normalizer (nullptr).
+std::unique_ptr<Normalizer> normalizer_from(const nlohmann::json& j);
+
+struct PreTokenizer {
+  virtual ~PreTokenizer() = default;
+  // Splits every piece further; `first`: the pieces open the text (Metaspace's "first").
+  virtual void split(std::vector<std::string>& pieces, bool first) const = 0;
+  virtual bool byte_level() const { return false; }
+};
+std::unique_ptr<PreTokenizer> pre_tokenizer_from(const nlohmann::json& j);
+
+// GPT-2's byte-level alphabet: byte b as the UTF-8 of its stand-in character, and back.
+const std::string& byte_level_char(uint8_t b);
+// The bytes of a byte-level string; false where a character is not in the alphabet.
+bool byte_level_decode(const std::string& s, std::string& out);
+
+// `s` with each maximal ill-formed UTF-8 subsequence replaced by U+FFFD (Unicode's
+// recommended practice, as Python's errors="replace" does).
+std::string utf8_replace_invalid(const std::string& s);
+
+}  // namespace loom

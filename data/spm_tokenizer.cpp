@@ -1,0 +1,134 @@
+#include "data/spm_tokenizer.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include "data/hf_pipeline.h"
+#include "runtime/error.h"
+#include "runtime/file.h"
+
+namespace loom {
+
+namespace {
+// libloom_spm.so's functions (data/spm_shim.cpp), opened once per process.
+struct Spm {
+  void* (*open)(const char*, char*, size_t);
+  void (*close)(void*);
+  int* (*encode)(const void*, const char*, size_t, size_t*, char*, size_t);
+  void (*release)(int*);
+  int (*pieces)(const void*);
+  int (*bos)(const void*);
+  const char* (*piece)(const void*, int, int*);
+};
+
+const Spm& spm() {
+  static Spm f;
+  static std::string why;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Beside the binary, else where the build put it.
+    std::vector<std::string> tried;
+    std::error_code ec;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) tried.push_back((exe.parent_path() / "libloom_spm.so").string());
+#ifdef LOOM_SPM_SHIM
+    tried.push_back(LOOM_SPM_SHIM);
+#endif
+    void* h = nullptr;
+    std::string last = "not there";
+    for (const std::string& p : tried) {
+      if (!std::filesystem::exists(p, ec)) continue;
+      if ((h = ::dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND))) break;
+      const char* e = ::dlerror();
+      last = e ? e : "cannot be opened";
+    }
+    if (!h) {
+      why = fmt::format(
+          "libloom_spm.so (loom's wrapper of the SentencePiece library) beside the loom binary: {}; "
+          "build loom with Debian's libsentencepiece-dev (./setup.sh)",
+          last);
+      return;
+    }
+    auto sym = [&](const char* name) {
+      void* s = ::dlsym(h, name);
+      if (!s && why.empty()) why = fmt::format("libloom_spm.so lacks {}; rebuild loom", name);
+      return s;
+    };
+    f.open = reinterpret_cast<decltype(f.open)>(sym("loom_spm_open"));
+    f.close = reinterpret_cast<decltype(f.close)>(sym("loom_spm_close"));
+    f.encode = reinterpret_cast<decltype(f.encode)>(sym("loom_spm_encode"));
+    f.release = reinterpret_cast<decltype(f.release)>(sym("loom_spm_release"));
+    f.pieces = reinterpret_cast<decltype(f.pieces)>(sym("loom_spm_pieces"));
+    f.bos = reinterpret_cast<decltype(f.bos)>(sym("loom_spm_bos"));
+    f.piece = reinterpret_cast<decltype(f.piece)>(sym("loom_spm_piece"));
+  });
+  LOOM_CHECK(why.empty(), "{}", why);
+  return f;
+}
+}  // namespace
+
+SpmTokenizer::SpmTokenizer(const std::string& path) : path_(std::filesystem::absolute(path).string()) {
+  input_check(path, "SentencePiece model");
+  const Spm& f = spm();
+  char err[512] = {};
+  void* sp = f.open(path.c_str(), err, sizeof err);
+  LOOM_CHECK(sp,
+             "'{}' is not a SentencePiece model ({}); --tokenizer spm reads the .model files SentencePiece writes "
+             "(LLaMA-3's tiktoken tokenizer.model is --tokenizer llama3's)",
+             path, err);
+  sp_ = std::shared_ptr<const void>(sp, [close = f.close](const void* p) { close(const_cast<void*>(p)); });
+}
+
+std::vector<int32_t> SpmTokenizer::encode(const std::string& text) const {
+  const std::string valid = utf8_replace_invalid(text);
+  char err[512] = {};
+  size_t n = 0;
+  int* ids = spm().encode(sp_.get(), valid.data(), valid.size(), &n, err, sizeof err);
+  LOOM_CHECK(ids, "SentencePiece cannot encode the text: {}", err);
+  std::vector<int32_t> out(ids, ids + n);
+  spm().release(ids);
+  return out;
+}
+
+std::string SpmTokenizer::decode(const std::vector<int32_t>& ids) const {
+  // Piece by piece (the library's own decoding drops a leading space, which a stream of single
+  // tokens needs): "\u2581" is a space, byte pieces are their bytes, control tokens nothing.
+  std::string s;
+  const int size = spm().pieces(sp_.get());
+  for (int32_t id : ids) {
+    LOOM_CHECK(id >= 0 && id < size, "token id {} is outside the SentencePiece model's {} pieces", id, size);
+    int kind = 0;
+    const std::string piece = spm().piece(sp_.get(), id, &kind);
+    if (kind == 1) {
+      s += char(std::stoi(piece.substr(3, 2), nullptr, 16));
+      continue;
+    }
+    if (kind == 2) continue;
+    for (size_t at = 0; at < piece.size();) {
+      if (piece.compare(at, 3, "\u2581") == 0) {
+        s += ' ';
+        at += 3;
+      } else {
+        s += piece[at++];
+      }
+    }
+  }
+  return s;
+}
+
+size_t SpmTokenizer::vocab_size() const {
+  return size_t(spm().pieces(sp_.get()));
+}
+int32_t SpmTokenizer::doc_token() const {
+  return spm().bos(sp_.get());
+}
+std::string SpmTokenizer::doc_token_text() const {
+  int kind = 0;
+  const int bos = spm().bos(sp_.get());
+  return bos >= 0 ? spm().piece(sp_.get(), bos, &kind) : "<s>";
+}
+
+}  // namespace loom

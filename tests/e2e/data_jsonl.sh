@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# loom data on JSON Lines, through the binary: the same documents as text files and as
+# .jsonl, .jsonl.gz and .jsonl.zst records give byte-identical shards (any thread count, with a
+# validation split); each bad record is a one-line error naming its file and line, leaving no
+# output (an earlier one stays as it was), or with --skip-bad a count; JSON given as text is
+# refused naming --format jsonl; a highly compressed file streams in bounded memory; the shard
+# still reads as llm.c's loader reads it, and records its tokenizer.
+#   data_jsonl.sh LOOM
+set -uo pipefail
+loom=$(realpath "$1")
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cd "$dir" || exit 1
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# A tiny GPT-2 vocabulary: bytes stand for themselves, <|endoftext|> opens each document.
+python3 - <<'PY'
+import json
+printable = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+extra, table = 0, {}
+for b in range(256):
+    if b in printable:
+        table[b] = chr(b)
+    else:
+        table[b] = chr(256 + extra)
+        extra += 1
+vocab = {table[b]: b for b in range(256)}
+vocab["th"] = 256; vocab["the"] = 257; vocab["\u0120the"] = 258; vocab["<|endoftext|>"] = 259
+json.dump(vocab, open("vocab.json", "w"))
+open("merges.txt", "w").write("#version: 0.2\nt h\nth e\n\u0120 the\n")
+# Documents with what JSON escapes: quotes, backslashes, newlines, tabs, non-ASCII, an empty one.
+docs = ["the cat sat on the mat\nand the dog ran", "", "quotes \" and \\ backslashes\ttabs",
+        "caf\u00e9 \u65e5\u672c\u8a9e \U0001f642 na\u00efve", "line one\n\nline three\r\nend\n"]
+docs += ["document %d: the quick brown fox jumps over the lazy dog. " % i * (1 + i % 7) for i in range(200)]
+docs.append("x\ny " * 400000)  # 1.6 MB: cut into pieces for the threads
+import os
+os.makedirs("texts")
+with open("c.jsonl", "w", encoding="utf-8") as f:
+    for i, d in enumerate(docs):
+        open("texts/d%04d.txt" % i, "w", encoding="utf-8", newline="").write(d)
+        # Escaped both ways, with keys around the text and blank lines between records.
+        f.write(json.dumps({"id": i, "text": d, "meta": {"k": [1, 2]}}, ensure_ascii=(i % 2 == 0)) + "\n")
+        if i % 50 == 0:
+            f.write("\n  \n")
+PY
+gzip -k c.jsonl && zstd -q -k c.jsonl && cp c.jsonl c2.jsonl && cat c.jsonl.gz c.jsonl.gz > twice.jsonl.gz
+tok=(--tokenizer gpt2 --vocab vocab.json --merges merges.txt)
+"$loom" data "${tok[@]}" texts t.bin > t.log 2>&1 || { cat t.log; fail "texts"; }
+for f in c.jsonl c.jsonl.gz c.jsonl.zst; do
+  for threads in 1 2; do
+    "$loom" data "${tok[@]}" --format jsonl --threads $threads $f j.bin > j.log 2>&1 || { cat j.log; fail "$f"; }
+    cmp -s t.bin j.bin || fail "$f on $threads threads: the shard differs from the text files'"
+  done
+done
+grep -q "from 206 documents" j.log || { cat j.log; fail "not 206 documents"; }
+# Concatenated gzip members are one stream: twice the documents.
+"$loom" data "${tok[@]}" --format jsonl twice.jsonl.gz w.bin > w.log 2>&1 && grep -q "from 412 documents" w.log ||
+  { cat w.log; fail "two gzip members"; }
+# A validation split: the same last documents either way.
+"$loom" data "${tok[@]}" texts ts.bin --val-fraction 0.1 > /dev/null 2>&1 || fail "texts split"
+"$loom" data "${tok[@]}" --format jsonl c.jsonl.zst js.bin --val-fraction 0.1 > js.log 2>&1 || { cat js.log; fail "split"; }
+cmp -s ts.bin js.bin && cmp -s ts_val.bin js_val.bin || fail "the split differs between text and JSON Lines"
+grep -q "^validation: the last 21 of 206 documents" js.log || { cat js.log; fail "split line"; }
+
+# llm.c's loader's checks (its header reader, restated): magic, version, count > 0, and the
+# file's size exactly header + count tokens. Then loom's record in the spare words.
+python3 - t.bin <<'PY' || fail "the shard is not what llm.c's reader takes, or its record is wrong"
+import os, struct, sys
+b = open(sys.argv[1], "rb").read(1024)
+h = struct.unpack("<256i", b)
+assert h[0] == 20240520 and h[1] == 1, h[:3]
+assert h[2] > 0 and os.path.getsize(sys.argv[1]) == 256 * 4 + h[2] * 2
+assert h[3] == 0x6d6f6f6c and h[4] == 1, "no record"
+assert h[5] == 260 and h[6] == 259, h[5:7]
+kind = b[36:68].split(b"\0")[0].decode()
+files = b[68:].split(b"\0")[0].decode().split("\n")
+assert kind == "gpt2" and [os.path.basename(f) for f in files] == ["vocab.json", "merges.txt"], (kind, files)
+PY
+
+# Bad input: one line on stderr naming file and line, status 2, no output (an old one kept).
+cp t.bin keep.bin
+bad() {  # NAME PATTERN FILE
+  "$loom" data "${tok[@]}" --format jsonl "$3" keep.bin > out.log 2> err.log
+  local rc=$?
+  [ $rc = 2 ] || { cat out.log err.log; fail "$1: exit $rc, not 2"; }
+  grep -q -- "$2" err.log || { cat err.log; fail "$1: no '$2'"; }
+  [ "$(grep -c . err.log)" = 1 ] && [ "$(wc -c < err.log)" -lt 400 ] || { head -c 600 err.log; fail "$1: not one short line"; }
+  cmp -s keep.bin t.bin || fail "$1: the output was replaced"
+  ls keep*.tmp keep_val* > /dev/null 2>&1 && fail "$1: something partial was left: $(ls keep*)"
+}
+printf '{"text": "a"}\n{"text": "b"\n{"text": "c"}\n' > badjson.jsonl
+bad "not JSON" "'badjson.jsonl' line 2: not valid JSON" badjson.jsonl
+printf '{"text": "a"}\n\n{"body": "b", "id": 3}\n' > nokey.jsonl
+bad "key missing" "'nokey.jsonl' line 3: no \"text\" key (it has \"body\", \"id\"; choose the key with --text-key)" nokey.jsonl
+printf '{"text": "a"}\n{"text": 42}\n' > number.jsonl
+bad "not a string" "'number.jsonl' line 2: \"text\" is a number, not a string" number.jsonl
+printf '{"text": "a\xff\xfeb"}\n' > utf8.jsonl
+bad "invalid UTF-8" "'utf8.jsonl' line 1: invalid UTF-8 at byte 12 of the line" utf8.jsonl
+printf '{"text": "a"}\n{"text": "\\ud800"}\n' > surrogate.jsonl
+bad "lone surrogate" "'surrogate.jsonl' line 2: invalid UTF-8 in a string: a lone surrogate" surrogate.jsonl
+printf '{"text": "a"}{"text": "b"}\n' > joined.jsonl
+python3 -c "print('{\"text\": \"' + 'long ' * 100000)" > open.jsonl
+bad "a string never closed" "'open.jsonl' line 1: not valid JSON (column" open.jsonl
+bad "two records on a line" "'joined.jsonl' line 1: not valid JSON" joined.jsonl
+printf '["text"]\n' > array.jsonl
+bad "not an object" "'array.jsonl' line 1: an array, not a JSON object" array.jsonl
+head -c $(($(stat -c %s c.jsonl.zst) / 2)) c.jsonl.zst > cut.jsonl.zst
+bad "truncated zstd" "'cut.jsonl.zst': the zstd stream ends early in line [0-9]* (the file is cut short)" cut.jsonl.zst
+head -c $(($(stat -c %s c.jsonl.gz) / 2)) c.jsonl.gz > cut.jsonl.gz
+bad "truncated gzip" "'cut.jsonl.gz': the gzip stream ends early in line [0-9]* (the file is cut short)" cut.jsonl.gz
+printf 'plain text' > notgz.jsonl.gz
+bad "named gz, not gzip" "'notgz.jsonl.gz' is named as compressed but holds neither gzip nor zstd" notgz.jsonl.gz
+# --skip-bad: the good records, and a count.
+cat badjson.jsonl nokey.jsonl number.jsonl utf8.jsonl > mixed.jsonl
+"$loom" data "${tok[@]}" --format jsonl --skip-bad mixed.jsonl m.bin > m.log 2>&1 || { cat m.log; fail "--skip-bad"; }
+grep -q "from 4 documents" m.log && grep -q "^skipped 4 bad records (--skip-bad); the first: 'mixed.jsonl' line 2" m.log ||
+  { cat m.log; fail "--skip-bad count"; }
+# JSON as text: refused with the option to use, for a file and inside a directory.
+mkdir jdir && cp c.jsonl jdir/ && cp texts/d0000.txt jdir/
+for input in c.jsonl c.jsonl.zst jdir; do
+  "$loom" data "${tok[@]}" "$input" keep.bin > out.log 2> err.log
+  [ $? = 2 ] && grep -q "is named as JSON.*pass --format jsonl\|is compressed.*--format jsonl" err.log ||
+    { cat err.log; fail "$input as text was not refused naming --format jsonl"; }
+done
+
+# Bounded memory: 48 MB of records compressed to a few kB stream through a fixed budget (read
+# whole, its byte tokens alone would take 190 MB).
+python3 -c "
+import json, sys
+line = json.dumps({'text': 'a' * 1000}) + '\n'
+sys.stdout.write(line * 48000)" | zstd -q -19 > big.jsonl.zst
+/usr/bin/time -f "%M" -o rss.txt "$loom" data --format jsonl --threads 2 big.jsonl.zst big.bin > big.log 2>&1 ||
+  { cat big.log; fail "big"; }
+rss_mb=$(($(tail -1 rss.txt) / 1024))
+echo "48 MB of records from $(stat -c %s big.jsonl.zst) bytes of zstd: resident peak $rss_mb MB"
+[ "$rss_mb" -lt 120 ] || fail "resident peak $rss_mb MB for 48 MB of records: not streamed"
+[ "$(stat -c %s big.bin)" = $((1024 + 48000 * 1000 * 2)) ] || fail "big.bin is not 48M byte tokens"
+
+[ $fails = 0 ] && echo ok
+exit $((fails > 0))

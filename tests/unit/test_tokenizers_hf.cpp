@@ -1,0 +1,167 @@
+// Hugging Face tokenizer.json files on small hand-made tokenizers: the BPE merge order, byte
+// fallback and unknown tokens, Split's behaviours, added and special tokens, invalid UTF-8,
+// NFC, when text may be cut for threads, and the refusals that name what loom lacks (the
+// comparison with the reference library on real files is e2e.tokenizers_hf).
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "data/hf_pipeline.h"
+#include "data/hf_tokenizer.h"
+#include "testing.h"
+
+using namespace loom;
+using loom::test::error_of;
+using nlohmann::json;
+using Words = std::vector<std::string>;
+using Ids = std::vector<int32_t>;
+
+namespace {
+
+// A tokenizer.json with a character vocabulary (a..z, '-', ' ', '<', '>', '/' and '\n'), the
+// given merges (their tokens added to the vocabulary), and `extra` merged over the file.
+std::string hf_write(const std::string& name, const std::vector<std::pair<std::string, std::string>>& merges,
+                     const json& extra = json::object()) {
+  json vocab = json::object();
+  int id = 0;
+  for (char c = 'a'; c <= 'z'; ++c) vocab[std::string(1, c)] = id++;
+  for (const char* c : {"-", " ", "<", ">", "/", "\n"}) vocab[c] = id++;
+  json m = json::array();
+  for (auto& [a, b] : merges) {
+    if (!vocab.contains(a + b)) vocab[a + b] = id++;
+    m.push_back(a + " " + b);
+  }
+  json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", nullptr},
+            {"added_tokens", json::array()}};
+  j.merge_patch(extra);
+  const std::string path = ::testing::TempDir() + "hf_" + name + ".json";
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+json split(const std::string& behavior, bool invert = false) {
+  return {{"pre_tokenizer",
+           {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", invert}}}};
+}
+
+}  // namespace
+
+TEST(HfTokenizer, MergesTheLowestRankFirstNotTheLeftmost) {
+  HfTokenizer t(hf_write("rank", {{"b", "c"}, {"a", "b"}, {"ab", "c"}}));
+  const int32_t a = 0, c = 2, bc = 32, ab = 33, abc = 34;  // the merged tokens after the 32 characters
+  EXPECT_EQ(t.encode("abc"), (Ids{a, bc}));                // b c ranks first: a + bc, which does not merge
+  EXPECT_EQ(t.encode("abab"), (Ids{ab, ab}));
+  EXPECT_EQ(t.encode("abbc"), (Ids{ab, bc}));
+  EXPECT_EQ(t.encode("abcab"), (Ids{a, bc, ab}));
+  EXPECT_EQ(t.encode("ccc"), (Ids{c, c, c}));
+  EXPECT_NE(t.encode("abc"), (Ids{abc}));
+  EXPECT_EQ(t.decode(t.encode("abbc")), "abbc");
+}
+
+TEST(HfTokenizer, UnknownCharactersFallBackToBytesOrTheUnknownToken) {
+  json bytes = {{"model", {{"byte_fallback", true}, {"vocab", {{"<0xC3>", 40}, {"<0xA9>", 41}}}}}};
+  HfTokenizer fb(hf_write("fallback", {}, bytes));
+  EXPECT_EQ(fb.encode("a\u00e9"), (Ids{0, 40, 41}));  // é is not a token: its two bytes are
+  EXPECT_EQ(fb.decode({0, 40, 41}), "a\u00e9");
+  json unk = {{"model", {{"unk_token", "<unk>"}, {"fuse_unk", true}, {"vocab", {{"<unk>", 40}}}}}};
+  HfTokenizer u(hf_write("unk", {}, unk));
+  EXPECT_EQ(u.encode("a\u00e9\u00e9b"), (Ids{0, 40, 1}));  // two unknown characters, one fused token
+}
+
+// The five behaviours as the tokenizers library joins matches ("-") and the text between.
+TEST(HfTokenizer, SplitBehavioursJoinMatchesAsTheLibraryDoes) {
+  const std::string text = "a-b--c";
+  EXPECT_EQ(HfTokenizer(hf_write("iso", {}, split("Isolated"))).pieces(text), (Words{"a", "-", "b", "-", "-", "c"}));
+  EXPECT_EQ(HfTokenizer(hf_write("rem", {}, split("Removed"))).pieces(text), (Words{"a", "b", "c"}));
+  EXPECT_EQ(HfTokenizer(hf_write("prev", {}, split("MergedWithPrevious"))).pieces(text), (Words{"a-", "b-", "-", "c"}));
+  EXPECT_EQ(HfTokenizer(hf_write("next", {}, split("MergedWithNext"))).pieces(text), (Words{"a", "-b", "-", "-c"}));
+  EXPECT_EQ(HfTokenizer(hf_write("cont", {}, split("Contiguous"))).pieces(text), (Words{"a", "-", "b", "--", "c"}));
+  EXPECT_EQ(HfTokenizer(hf_write("inv", {}, split("Removed", true))).pieces(text), (Words{"-", "-", "-"}));
+}
+
+// Added tokens that are not special are split out; a special token's text is ordinary text.
+TEST(HfTokenizer, SpecialTokenTextIsOrdinaryTextAddedTokensAreTheirOwn) {
+  json added = {{"added_tokens",
+                 {{{"id", 50}, {"content", "<s>"}, {"special", true}},
+                  {{"id", 51}, {"content", "<a>"}, {"special", false}, {"normalized", false}}}}};
+  HfTokenizer t(hf_write("added", {}, added));
+  const int32_t lt = 28, gt = 29, s = 's' - 'a';
+  EXPECT_EQ(t.encode("x<a>y<s>"), (Ids{'x' - 'a', 51, 'y' - 'a', lt, s, gt}));
+  EXPECT_EQ(t.vocab_size(), 52u);
+  EXPECT_EQ(t.doc_token(), 50);  // a special token with one of the usual names
+  EXPECT_EQ(t.decode({51}), "<a>");
+}
+
+// Invalid UTF-8 is read as U+FFFD, one for each maximal ill-formed subsequence (Unicode's
+// practice): the JavaScript reference cannot hold such text, so this is the rule's test.
+TEST(HfTokenizer, InvalidUtf8IsReadAsReplacementCharacters) {
+  EXPECT_EQ(utf8_replace_invalid("a\xff"
+                                 "b"),
+            "a\xef\xbf\xbd"
+            "b");
+  EXPECT_EQ(utf8_replace_invalid("\xe6\x97"), "\xef\xbf\xbd");              // a cut three-byte character: one
+  EXPECT_EQ(utf8_replace_invalid("\xf0\x80"), "\xef\xbf\xbd\xef\xbf\xbd");  // an impossible second byte: two
+  EXPECT_EQ(utf8_replace_invalid("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // a surrogate
+  EXPECT_EQ(utf8_replace_invalid("\xe6\x97\xa5 ok"), "\xe6\x97\xa5 ok");
+  json byte_level = {{"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}};
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_level_char(uint8_t(b))] = b;
+  byte_level["model"] = {{"vocab", vocab}};
+  HfTokenizer t(hf_write("bytes", {}, byte_level));
+  EXPECT_EQ(t.encode("a\xff\xfe"
+                     "b"),
+            t.encode("a\xef\xbf\xbd\xef\xbf\xbd"
+                     "b"));
+  EXPECT_EQ(t.decode(t.encode("caf\xc3\xa9")), "caf\xc3\xa9");
+}
+
+TEST(HfTokenizer, NfcComposesWhatItReads) {
+  json nfc = {{"normalizer", {{"type", "NFC"}}}, {"model", {{"vocab", {{"\u00e9", 60}}}}}};
+  HfTokenizer t(hf_write("nfc", {}, nfc));
+  EXPECT_EQ(t.pieces("e\u0301"), (Words{"\u00e9"}));
+  EXPECT_EQ(t.encode("e\u0301"), (Ids{60}));
+}
+
+// Text may be cut for threads where the pieces of the parts are the pieces of the whole: after
+// a regular expression's split, not where a normalizer prepends or nothing splits at all.
+TEST(HfTokenizer, TextIsCutForThreadsOnlyWhereThePiecesAgree) {
+  json regex = {{"pre_tokenizer",
+                 {{"type", "Split"},
+                  {"pattern", {{"Regex", R"(\p{L}+|\s*[\r\n]+|\s+(?!\S)|\s+|[^\s\p{L}]+)"}}},
+                  {"behavior", "Isolated"}}}};
+  EXPECT_TRUE(HfTokenizer(hf_write("cut", {}, regex)).cuts_at_lone_newlines());
+  json prepend = regex;
+  prepend["normalizer"] = {{"type", "Prepend"}, {"prepend", "-"}};
+  EXPECT_FALSE(HfTokenizer(hf_write("prepend", {}, prepend)).cuts_at_lone_newlines());
+  EXPECT_FALSE(HfTokenizer(hf_write("whole", {})).cuts_at_lone_newlines());  // no pre-tokenizer
+  json joins = {{"pre_tokenizer",                                            // a newline joined to the word after it
+                 {{"type", "Split"}, {"pattern", {{"Regex", R"(\n?[a-z]+|.)"}}}, {"behavior", "Isolated"}}}};
+  EXPECT_FALSE(HfTokenizer(hf_write("joins", {}, joins)).cuts_at_lone_newlines());
+}
+
+TEST(HfTokenizer, RefusesWhatItDoesNotImplementByName) {
+  auto refused = [](const std::string& name, const json& extra) {
+    const std::string path = hf_write(name, {}, extra);
+    return error_of([&] { HfTokenizer t(path); });
+  };
+  EXPECT_NE(refused("wp", {{"model", {{"type", "WordPiece"}}}}).find("model is WordPiece; loom implements BPE"),
+            std::string::npos);
+  EXPECT_NE(refused("uni", {{"model", {{"type", "Unigram"}}}}).find("model is Unigram"), std::string::npos);
+  EXPECT_NE(refused("lower", {{"normalizer", {{"type", "Lowercase"}}}}).find("normalizer Lowercase is not one loom"),
+            std::string::npos);
+  EXPECT_NE(refused("ws", {{"pre_tokenizer", {{"type", "Whitespace"}}}}).find("pre-tokenizer Whitespace is not one"),
+            std::string::npos);
+  EXPECT_NE(refused("drop", {{"model", {{"dropout", 0.1}}}}).find("dropout 0.1"), std::string::npos);
+  EXPECT_NE(refused("lstrip", {{"added_tokens", {{{"id", 60}, {"content", "<m>"}, {"lstrip", true}}}}})
+                .find("the added token \"<m>\" has lstrip set"),
+            std::string::npos);
+  EXPECT_NE(refused("badre", {{"pre_tokenizer",
+                               {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}}}})
+                .find("does not compile with Oniguruma"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              HfTokenizer t(::testing::TempDir() + "no_such_tokenizer.json");
+            }).find("tools/tokenizer_files.sh DIR qwen3"),
+            std::string::npos);
+}
