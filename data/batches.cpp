@@ -294,7 +294,7 @@ DataStreams data_open(const Config& cfg) {
                              d.train->sources().size(), parts, val_tokens);
   }
   if (!no_val.empty()) d.describe += fmt::format("; no validation from {} (too small to hold out a sequence)", no_val);
-  if (cfg.data.source == "tokens")
+  if (cfg.data.source == DataKind::tokens)
     if (const TokenizerRecord r = shard_record_read(shard_files(given[0].path).front()); !r.kind.empty())
       d.describe +=
           fmt::format("; made by tokenizer {}{}", r.describe(),

@@ -68,7 +68,7 @@ std::string tokenizer_from(const TokenizerRecord& r, DataConfig& d) {
 }  // namespace
 
 TokenizerRecord data_tokenizer_infer(Config& cfg, bool warn) {
-  if (cfg.data.source != "tokens") return {};
+  if (cfg.data.source != DataKind::tokens) return {};
   TokenizerRecord r;
   std::string from;  // the first shard with a record
   for (const std::string& shard : shards_of(cfg)) {

@@ -77,7 +77,7 @@ EvalResult eval_run(const EvalOptions& given, const TrainOptions& topt) {
   EvalOptions opt = given;
   std::optional<TempDir> tokenized;
   std::string tokenized_with;
-  if (!opt.data.empty() && data_source_of(opt.data, "--data") == "text") {
+  if (!opt.data.empty() && data_source_of(opt.data, "--data") == DataKind::text) {
     GenerateOptions g;
     g.from = opt.from, g.tokenizer = opt.tokenizer, g.vocab = opt.vocab, g.merges = opt.merges;
     g.tokenizer_file = opt.tokenizer_file;
