@@ -1,6 +1,7 @@
 // The `loom` command: parse, build, run. Each subcommand lives in launch/cmd_<name>.cpp; this
 // file lists them, brings MPI up for those every rank runs, and turns every error into one line
-// on stderr and an exit status (2: fix the command or config; 74: I/O, retryable; 1: a bug).
+// on stderr and an exit status (2: fix the command or config; 74: I/O, retryable; 70: a bug in
+// loom, LOOM_ASSERT's; 1: anything else, such as memory that ran out).
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -97,9 +98,7 @@ int run(int argc, char** argv) {
       // A rank that fails alone would leave its peers waiting in a collective: end the job.
       fmt::print(stderr, "error: rank {}: {}\n", mpi->rank(), e.what());
       std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, dynamic_cast<const loom::IoError*>(&e) ? loom::kExitIo
-                                : dynamic_cast<const loom::Error*>(&e) ? 2
-                                                                       : 1);
+      MPI_Abort(MPI_COMM_WORLD, loom::exit_status_of(e));
     }
 #endif
     throw;
@@ -118,14 +117,10 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S] %v");
   try {
     return run(argc, argv);
-  } catch (const loom::IoError& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return loom::kExitIo;
-  } catch (const loom::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
+    const int status = loom::exit_status_of(e);
+    fmt::print(stderr, "error: {}{}\n", e.what(),
+               status == loom::kExitBug ? " (a bug in loom, not in the command or config)" : "");
+    return status;
   }
 }

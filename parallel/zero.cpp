@@ -454,8 +454,7 @@ const Zero::Unit* Zero::tied_part() const {
   if (w)
     for (const Unit& u : units_)
       if (u.lo == int64_t(w->offset)) return &u;
-  LOOM_CHECK(false, "internal error: ZeRO holds no part for the tied embedding '{}'", ranks_.tied);
-  return nullptr;
+  fail_bug("ZeRO holds no part for the tied embedding '{}'", ranks_.tied);
 }
 
 void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
