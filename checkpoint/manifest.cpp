@@ -1,6 +1,7 @@
 #include "checkpoint/manifest.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -301,6 +302,12 @@ std::vector<float> ckpt_shard_read(const std::string& dir, const std::string& te
   LOOM_CHECK(got == s.xxh64,
              "checkpoint '{}': shard {}:{} of tensor {} is corrupt (xxh64 {} where the manifest says {})", dir, s.file,
              s.dataset, tensor, got, s.xxh64);
+  // Verified bytes, but not a state a run can go on from: the run that wrote them had diverged.
+  const int64_t bad = std::count_if(data.begin(), data.end(), [](float v) { return !std::isfinite(v); });
+  LOOM_CHECK(bad == 0,
+             "checkpoint '{}': shard {}:{} of tensor {} holds {} NaN or infinite value{} (the run that wrote it had "
+             "diverged); do not resume from it",
+             dir, s.file, s.dataset, tensor, bad, bad == 1 ? "" : "s");
   return data;
 }
 

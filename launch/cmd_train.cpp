@@ -4,6 +4,7 @@
 
 #include "launch/command.h"
 #include "runtime/mesh.h"
+#include "train/divergence.h"
 #include "train/stop.h"
 #if LOOM_HAVE_MPI
 #include <mpi.h>
@@ -90,8 +91,13 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                    stop_signals_install(cfg.fault.grace_s);  // SIGINT / SIGTERM: stop at the next step boundary
                    TrainOptions run_opt = topt;
                    run_opt.verbose = a->verbose;
-                   const TrainResult r = train_run(cfg, run_opt);
-                   return r.stopped_by ? kExitStopped : 0;
+                   try {
+                     const TrainResult r = train_run(cfg, run_opt);
+                     return r.stopped_by ? kExitStopped : 0;
+                   } catch (const Diverged& e) {  // every rank decided it alike: one says so
+                     if (topt.world_rank == 0) fmt::print(stderr, "error: {}\n", e.what());
+                     return kExitDiverged;
+                   }
                  }});
 }
 

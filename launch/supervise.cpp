@@ -84,6 +84,8 @@ std::string status_meaning(int status) {
       return "a rank exited with an error";
     case 4:
       return "a collective timed out (the watchdog ended the job)";
+    case 5:
+      return "the run diverged: not restarted (it would diverge again)";
     case 74:
       return "an I/O failure (a checkpoint could not be written)";
     case 75:
@@ -98,7 +100,8 @@ std::string status_meaning(int status) {
 bool status_restartable(int status) {
   // 126/127: the shell could not run the command (not executable, not found): a restart runs
   // the same nothing.
-  return status != 0 && status != 2 && status != 126 && status != 127;
+  // 5: the run diverged, and the same config diverges the same way again.
+  return status != 0 && status != 2 && status != 5 && status != 126 && status != 127;
 }
 
 namespace {

@@ -193,6 +193,7 @@ std::vector<float> Trainer::weights_hf() {
 
 TrainResult Trainer::finish() {
   Parts& p = *p_;
+  p.diverged_at_end();  // weights that diverged are neither exported nor saved
   p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak, p.result.stopped_by,
                 p.result.steps_done);
   if (p.pipe && p.cfg.pp_tied_across()) p.tied_copies_check();

@@ -225,6 +225,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     p.ckpt->fault_after_commit = [fi](int64_t step, const std::string& dir) {
       if (fi->ckpt_corrupt(step)) checkpoint_corrupt(*fi, step, dir);
     };
+    p.ckpt->proven = [parts = &p] { return parts->next - parts->guard.skips_in_a_row(); };
   }
 }
 

@@ -84,6 +84,7 @@ struct Trainer::Parts {
   double last_compute_ms = 0;
   int64_t next = 0;             // the step to run after this one (a rollback moves it back)
   int64_t rolled_back_to = -1;  // the checkpoint step of the last rollback
+  int64_t rolled_back_at = -1;  // and the step it was made at
 
   Parts(const Config& c, const TrainOptions& o)
       : cfg(c),
@@ -218,6 +219,11 @@ struct Trainer::Parts {
   // An update skipped at 1-based step s1: logged, counted, and past fault.max_skips in a row
   // a rollback to the newest checkpoint.
   void skipped(int64_t s1, const std::string& why);
+  // The run diverged (train/divergence.cpp): ends it with Diverged on every rank, naming the
+  // last checkpoint whose weights gave a finite loss (the newer ones are removed). Collective.
+  [[noreturn]] void diverged(const std::string& why);
+  // At the end: non-finite weights, or a last update skipped for a non-finite loss, is diverged.
+  void diverged_at_end();
   // With a pipeline and tied embeddings: the two copies must be the same bits (an Error if not).
   void tied_copies_check();
   // log.grad_norms: every tensor's gradient norm now (step 1, before clipping) into
