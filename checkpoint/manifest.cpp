@@ -8,6 +8,8 @@
 #include "checkpoint/h5.h"
 #include "checkpoint/pieces.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
+#include "runtime/json_read.h"
 #include "runtime/tensor.h"
 
 namespace loom {
@@ -206,15 +208,10 @@ Manifest manifest_read(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   if (const std::string bad = ckpt_file_check(path); !bad.empty())
     fail("'{}' {}: not a complete checkpoint", path, bad);
-  std::ifstream in(path);
-  LOOM_CHECK(in, "'{}' has no manifest.json: not a complete checkpoint", dir);
+  // Far above any manifest (a thousand tensors over a thousand ranks is about 200 MB).
+  const std::string text = input_read_all(path, "the checkpoint's manifest", int64_t(1) << 30);
   Manifest m;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("'{}' is not a valid manifest: {}", path, e.what());
-  }
+  const nlohmann::json j = json_parse(text, fmt::format("'{}' (a checkpoint manifest)", path));
   const Fields f{path};
   m.version = int(f.whole(j, "", "version", 0, INT32_MAX));
   LOOM_CHECK(m.version == Manifest::kVersion, "'{}' is checkpoint format version {}; this loom reads version {}", path,

@@ -11,6 +11,7 @@
 
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/json_read.h"
 
 namespace loom {
 
@@ -202,6 +203,7 @@ RunRecord report_read(const std::string& dir) {
   for (int n = 1; std::getline(in, line); ++n) {
     nlohmann::json j;
     try {
+      if (!json_depth_problem(line).empty()) continue;  // no line loom writes nests deep
       j = nlohmann::json::parse(line);
     } catch (const std::exception&) {
       continue;  // a line cut by a kill: the runs before and after it still read
