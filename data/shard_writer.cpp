@@ -1,5 +1,6 @@
 #include "data/shard_writer.h"
 
+#include <fcntl.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -69,10 +70,6 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
   return out;
 }
 
-std::string read_all(const std::string& path) {
-  return input_read_all(path, "input", int64_t(1) << 40);  // regular files only: their size is their own
-}
-
 bool blank(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
 }
@@ -80,6 +77,87 @@ bool blank(char c) {
 bool ascii_solid(char c) {
   return uint8_t(c) < 0x80 && !blank(c);
 }
+
+bool ascii_letter(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+// Whether `text` may be cut before byte i (0 < i < size - 1) with every pre-tokenizer's pieces
+// unchanged: after a lone '\n' between two ASCII non-blank characters, or before a space
+// between an ASCII letter or digit and an ASCII letter (GPT-2's and LLaMA-3's pre-tokenizers
+// end a word or number at the space and open " word" as a piece of its own). ASCII on both
+// sides: a byte of a multi-byte character may be white space's.
+bool cut_ok(const std::string& text, size_t i) {
+  if (text[i - 1] == '\n') return i >= 2 && ascii_solid(text[i]) && ascii_solid(text[i - 2]);
+  return text[i] == ' ' && ascii_letter(text[i + 1]) &&
+         (ascii_letter(text[i - 1]) || (text[i - 1] >= '0' && text[i - 1] <= '9'));
+}
+
+// A document read a piece at a time, each piece ending where text_chunks may cut (or at the
+// document's end): a document of any length, one line of a gigabyte among them, is tokenized
+// in bounded memory. A run of kMaxPiece bytes with no such place (no line break, no space
+// between words) is cut anyway: anywhere for the byte tokenizer, which is exact, and between
+// two characters for a BPE, with a warning that a word may tokenize otherwise there.
+class TextPieces {
+ public:
+  TextPieces(const std::string& path, bool any_cut) : path_(path), any_cut_(any_cut) {
+    input_check(path, "input");
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail("input cannot read '{}' ({})", path, std::strerror(errno));
+  }
+  ~TextPieces() { ::close(fd_); }
+  TextPieces(const TextPieces&) = delete;
+  TextPieces& operator=(const TextPieces&) = delete;
+  // The next piece into `piece`; false (and `piece` empty) at the end.
+  bool next(std::string& piece) {
+    size_t from = 1, need = kPiece;  // cuts before `from` were looked for: there are none
+    while (true) {
+      while (!eof_ && carry_.size() < need) fill();
+      size_t cut = 0;
+      if (eof_ && carry_.size() <= kPiece) cut = carry_.size();  // the rest, whole
+      if (cut == 0 && carry_.size() >= 3)
+        for (size_t c = carry_.size() - 2; c >= std::max<size_t>(from, 1); --c)
+          if (any_cut_ || cut_ok(carry_, c)) {
+            cut = c;
+            break;
+          }
+      if (cut == 0 && carry_.size() >= kMaxPiece) {
+        cut = carry_.size() - 1;
+        while (cut > 1 && (uint8_t(carry_[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+        fmt::print(stderr,
+                   "warning: '{}' runs {} MB without a line break or a space between words; cut there, a word may "
+                   "tokenize differently at that place\n",
+                   path_, kMaxPiece >> 20);
+      }
+      if (cut == 0 && eof_) cut = carry_.size();  // shorter than kMaxPiece: whole
+      if (cut > 0 || carry_.empty()) {
+        piece.assign(carry_, 0, cut);
+        carry_.erase(0, cut);
+        return !piece.empty();
+      }
+      from = carry_.size() - 1;
+      need = carry_.size() + kPiece;
+    }
+  }
+
+ private:
+  static constexpr size_t kPiece = size_t(8) << 20, kMaxPiece = size_t(256) << 20;
+  void fill() {
+    const size_t at = carry_.size();
+    carry_.resize(at + kPiece);
+    ssize_t n;
+    do n = ::read(fd_, carry_.data() + at, kPiece);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) fail_io("cannot read '{}' ({})", path_, std::strerror(errno));
+    carry_.resize(at + size_t(n));
+    eof_ = n == 0;
+  }
+  std::string path_;
+  bool any_cut_;
+  int fd_ = -1;
+  std::string carry_;
+  bool eof_ = false;
+};
 
 // An llm.c token shard opens with its magic: what `loom data` may replace.
 bool shard_like(const std::string& head) {
@@ -101,9 +179,8 @@ std::vector<std::string> text_chunks(const std::string& text, size_t target) {
   size_t begin = 0;
   while (begin < text.size()) {
     size_t cut = text.size();
-    for (size_t i = begin + target; i + 1 < text.size(); ++i)
-      // ASCII on both sides: a byte of a multi-byte character may be white space's.
-      if (text[i - 1] == '\n' && i >= 2 && ascii_solid(text[i]) && ascii_solid(text[i - 2])) {
+    for (size_t i = std::max<size_t>(begin + target, 1); i + 1 < text.size(); ++i)
+      if (cut_ok(text, i)) {
         cut = i;
         break;
       }
@@ -127,22 +204,15 @@ void data_run(const DataOptions& opt) {
              "DIR)");
   const std::unique_ptr<Tokenizer> bpe = tokenizer_open(opt.tokenizer, opt.vocab, opt.merges);
   const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path_of(opt.output)});
-  // Every input is read whole and kept, with its tokens (4 bytes each) beside it: refused up front
-  // when that cannot fit (a file's size is its own: a sparse file claims any).
-  int64_t total = 0, largest = 0;
-  for (const std::string& f : files) {
-    const int64_t size = input_check(f, "input");
-    total += size;
-    largest = std::max(largest, size);
-  }
-  const double need = double(total) * (bpe ? 2.5 : 5.0) + double(largest);
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  LOOM_CHECK(opt.memory_bytes < 0 || need <= double(opt.memory_bytes),
-             "loom data reads its inputs whole: {} file{} of {:.1f} GiB{} need{} about {:.1f} GiB with their tokens, "
-             "and this machine has {:.1f} GiB ({}); give fewer or smaller files at a time (or split the file)",
-             files.size(), files.size() == 1 ? "" : "s", double(total) / kGiB,
-             files.size() == 1 ? fmt::format(" ('{}')", files.front()) : "", files.size() == 1 ? "s" : "", need / kGiB,
-             double(opt.memory_bytes) / kGiB, opt.memory_from);
+  int64_t total = 0;
+  for (const std::string& f : files) total += input_check(f, "input");
+  // Read and tokenized a window at a time, whatever a document's length: a shard holds fewer
+  // than 2^31 tokens, and the byte tokenizer makes one of every byte (a sparse file can claim
+  // any size: refused here, not after reading it).
+  LOOM_CHECK(bpe || total + int64_t(files.size()) < (int64_t(1) << 31),
+             "a shard holds fewer than 2^31 tokens, and the byte tokenizer makes one of each of the {} bytes of {}; "
+             "give fewer or smaller files at a time (or split the file)",
+             total, files.size() == 1 ? fmt::format("'{}'", files.front()) : fmt::format("{} files", files.size()));
   for (const std::string& out : {opt.output, val_path_of(opt.output)}) {
     output_check(out, "the output");
     output_not_input(out, files, "the output");
@@ -154,97 +224,119 @@ void data_run(const DataOptions& opt) {
   const int threads = opt.threads > 0 ? opt.threads : cores_visible();
   const auto t0 = std::chrono::steady_clock::now();
 
-  // Each document's chunks, tokenized by whichever thread is free; a thread keeps its own
-  // tokenizer (the BPE's word cache is not shared).
+  // A window of chunks of the documents in order, tokenized by whichever thread is free (a
+  // thread keeps its own tokenizer: the BPE's word cache is not shared), then appended to the
+  // shard: memory is the window's, whatever the inputs' size.
   struct Chunk {
     size_t doc;
+    bool opens;  // its document's first: the document token goes before it
     std::string text;
     std::vector<int32_t> ids;
   };
-  std::vector<Chunk> chunks;
-  size_t bytes = 0;
-  for (size_t d = 0; d < files.size(); ++d) {
-    try {
-      const std::string text = read_all(files[d]);
-      bytes += text.size();
-      for (std::string& c : text_chunks(text, size_t(1) << 20)) chunks.push_back({d, std::move(c), {}});
-    } catch (const std::bad_alloc&) {
-      fail(
-          "loom data reads its inputs whole, and '{}' ({} bytes) does not fit in memory beside the {} bytes "
-          "before it; give fewer or smaller files at a time (or split the file)",
-          files[d], input_check(files[d], "input"), bytes);
-    }
-  }
+  const size_t window_bytes =
+      std::clamp<size_t>(size_t(threads) * (size_t(4) << 20), size_t(8) << 20, size_t(256) << 20);
+  std::vector<Chunk> window;
+  size_t held = 0, bytes = 0;
+  int64_t text_tokens = 0;
   const bool progress = ::isatty(2);
-  std::atomic<size_t> done_bytes{0};
-  std::vector<std::exception_ptr> errors(chunks.size());  // an exception must not leave the region
+  auto flush = [&](ShardAppender& out) {
+    std::vector<std::exception_ptr> errors(window.size());  // an exception must not leave the region
 #pragma omp parallel num_threads(threads)
-  {
-    std::unique_ptr<Tokenizer> mine;
+    {
+      std::unique_ptr<Tokenizer> mine;
 #pragma omp for schedule(dynamic, 1)
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      try {
-        if (bpe && !mine) mine = bpe->clone();
-        chunks[i].ids = mine ? mine->encode(chunks[i].text) : tokenize_bytes(chunks[i].text);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-      const size_t now = done_bytes += chunks[i].text.size();
-      if (progress && omp_get_thread_num() == 0) {
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        fmt::print(stderr, "\rtokenizing: {:3.0f}% of {:.1f} MB, {:.1f} MB/s", 100.0 * double(now) / double(bytes),
-                   double(bytes) / 1e6, double(now) / 1e6 / std::max(s, 1e-9));
+      for (size_t i = 0; i < window.size(); ++i) {
+        try {
+          if (bpe && !mine) mine = bpe->clone();
+          window[i].ids = mine ? mine->encode(window[i].text) : tokenize_bytes(window[i].text);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
       }
     }
-  }
-  if (progress) fmt::print(stderr, "\r{:60}\r", "");
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-
-  // Documents in order, each opened by the end-of-text token (where the tokenizer has one).
-  std::vector<std::vector<int32_t>> docs(files.size());
-  for (size_t d = 0; d < files.size(); ++d)
-    if (eot >= 0) docs[d].push_back(eot);
-  for (Chunk& c : chunks) docs[c.doc].insert(docs[c.doc].end(), c.ids.begin(), c.ids.end());
-  std::vector<int32_t> train, val;
-  size_t val_docs = 0;
-  if (opt.val_fraction > 0 && docs.size() > 1) {
-    const size_t nval =
-        std::clamp<size_t>(size_t(std::ceil(opt.val_fraction * double(docs.size()))), 1, docs.size() - 1);
-    val_docs = nval;
-    for (size_t d = 0; d < docs.size(); ++d) {
-      auto& to = d + nval >= docs.size() ? val : train;
-      to.insert(to.end(), docs[d].begin(), docs[d].end());
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    for (const Chunk& c : window) {
+      if (c.opens && eot >= 0) out.append(&eot, 1);
+      out.append(c.ids.data(), c.ids.size());
+      text_tokens += int64_t(c.ids.size());
+      bytes += c.text.size();
     }
-  } else {
-    for (auto& d : docs) train.insert(train.end(), d.begin(), d.end());
-    if (opt.val_fraction > 0) {  // one document: its last tokens
-      const size_t nval = size_t(std::ceil(opt.val_fraction * double(train.size())));
-      LOOM_CHECK(nval > 0 && nval < train.size(), "--val-fraction {} of {} tokens leaves nothing to split",
-                 opt.val_fraction, train.size());
-      val.assign(train.end() - long(nval), train.end());
-      train.resize(train.size() - nval);
+    window.clear();
+    held = 0;
+    if (progress) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      fmt::print(stderr, "\rtokenizing: {:3.0f}% of {:.1f} MB, {:.1f} MB/s",
+                 100.0 * double(bytes) / double(std::max<int64_t>(total, 1)), double(total) / 1e6,
+                 double(bytes) / 1e6 / std::max(s, 1e-9));
     }
-  }
+  };
+  auto documents = [&](size_t d0, size_t d1, ShardAppender& out) {
+    for (size_t d = d0; d < d1; ++d) {
+      TextPieces in(files[d], !bpe);
+      bool opens = true;
+      std::string piece;
+      while (in.next(piece) || opens) {  // an empty document is opened all the same
+        std::vector<std::string> chunks = text_chunks(piece, size_t(1) << 20);
+        if (chunks.empty()) chunks.emplace_back();
+        for (std::string& c : chunks) {
+          held += c.size();
+          window.push_back({d, opens, std::move(c), {}});
+          opens = false;
+        }
+        if (held >= window_bytes) flush(out);
+      }
+    }
+    flush(out);
+  };
+  // The validation split: the last documents, or for one document its last tokens.
+  const size_t val_docs =
+      opt.val_fraction > 0 && files.size() > 1
+          ? std::clamp<size_t>(size_t(std::ceil(opt.val_fraction * double(files.size()))), 1, files.size() - 1)
+          : 0;
+  int64_t train_n = 0, val_n = 0;
   // llm.c's GPT-2 format (uint16) where every id of the vocabulary fits, else LLaMA-3's (uint32).
   const int width = bpe && bpe->vocab_size() > 65536 ? 4 : 2;
-  shard_write(opt.output, train, width);
-  if (!val.empty()) shard_write(val_path_of(opt.output), val, width);
+  const std::string val_out = val_path_of(opt.output);
+  file_write_atomic(opt.output, [&](std::FILE* f) {
+    ShardAppender train(f, opt.output, width);
+    documents(0, files.size() - val_docs, train);
+    if (val_docs > 0 || opt.val_fraction > 0) {
+      const int64_t tail = size_t(std::ceil(opt.val_fraction * double(train.count())));
+      LOOM_CHECK(val_docs > 0 || (tail > 0 && tail < train.count()),
+                 "--val-fraction {} of {} tokens leaves nothing to split", opt.val_fraction, train.count());
+      file_write_atomic(val_out, [&](std::FILE* g) {
+        ShardAppender val(g, val_out, width);
+        if (val_docs > 0)
+          documents(files.size() - val_docs, files.size(), val);
+        else
+          train.move_tail(tail, val);
+        LOOM_CHECK(text_tokens > 0, "{} hold{} no text: there is nothing to make a shard of",
+                   files.size() == 1 ? fmt::format("'{}'", files.front()) : "the inputs", files.size() == 1 ? "s" : "");
+        val.finish();
+        val_n = val.count();
+      });
+    }
+    LOOM_CHECK(text_tokens > 0, "{} hold{} no text: there is nothing to make a shard of",
+               files.size() == 1 ? fmt::format("'{}'", files.front()) : "the inputs", files.size() == 1 ? "s" : "");
+    train.finish();
+    train_n = train.count();
+  });
+  if (progress) fmt::print(stderr, "\r{:60}\r", "");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("wrote {} tokens to {}{} from {} document{} ({:.1f} MB) in {:.2f} s: {:.1f} MB/s on {} thread{}{}\n",
-             train.size(), opt.output,
-             val.empty() ? "" : fmt::format(" and {} to {}", val.size(), val_path_of(opt.output)), files.size(),
+             train_n, opt.output, val_n == 0 ? "" : fmt::format(" and {} to {}", val_n, val_out), files.size(),
              files.size() == 1 ? "" : "s", double(bytes) / 1e6, s, double(bytes) / 1e6 / std::max(s, 1e-9), threads,
              threads == 1 ? "" : "s",
              eot >= 0 ? fmt::format("; each document opened by {} ({})", bpe->doc_token_text(), eot)
                       : fmt::format("; the {} has no {} token: documents are joined as they are",
                                     bpe ? "vocabulary" : "byte tokenizer", bpe ? bpe->doc_token_text() : "document"));
   // Whole documents are held out: their share of the tokens can be far from --val-fraction.
-  if (!val.empty())
+  if (val_n > 0)
     fmt::print("validation: {}, {:.2f}% of the tokens (--val-fraction {} holds out {})\n",
-               val_docs > 0 ? fmt::format("the last {} of {} documents", val_docs, docs.size())
+               val_docs > 0 ? fmt::format("the last {} of {} documents", val_docs, files.size())
                             : std::string("the last tokens of the one document"),
-               100.0 * double(val.size()) / double(val.size() + train.size()), opt.val_fraction,
+               100.0 * double(val_n) / double(val_n + train_n), opt.val_fraction,
                val_docs > 0 ? "whole documents" : "tokens when there is one document");
 }
 

@@ -244,33 +244,77 @@ std::vector<int32_t> shard_read(const std::string& path, int vocab_size) {
 }
 
 void shard_write(const std::string& path, const std::vector<int32_t>& tokens, int width) {
-  LOOM_CHECK(tokens.size() < (size_t(1) << 31), "a shard holds fewer than 2^31 tokens; split the input");
-  int32_t top = 0;
-  for (int32_t t : tokens) {
-    LOOM_CHECK(t >= 0, "token id {} is negative", t);
-    top = std::max(top, t);
-  }
-  if (width == 0) width = top < 65536 ? 2 : 4;
+  if (width == 0) width = tokens.empty() || *std::max_element(tokens.begin(), tokens.end()) < 65536 ? 2 : 4;
   LOOM_CHECK(width == 2 || width == 4, "a shard's tokens take 2 or 4 bytes, not {}", width);
-  LOOM_CHECK(width == 4 || top < 65536, "token id {} does not fit a uint16 shard", top);
-  int32_t header[256] = {};
-  header[0] = width == 2 ? kShardMagic : kShardMagicU32;
-  header[1] = width == 2 ? 1 : 7;
-  header[2] = int32_t(tokens.size());
-  std::vector<uint8_t> raw(tokens.size() * size_t(width));
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (width == 2) {
-      const uint16_t v = uint16_t(tokens[i]);
-      std::memcpy(raw.data() + i * 2, &v, 2);
+  file_write_atomic(path, [&](std::FILE* f) {
+    ShardAppender out(f, path, width);
+    out.append(tokens.data(), tokens.size());
+    out.finish();
+  });
+}
+
+ShardAppender::ShardAppender(std::FILE* f, const std::string& path, int width) : f_(f), path_(path), width_(width) {
+  LOOM_ASSERT(width == 2 || width == 4);
+  const int32_t header[256] = {};  // its place; finish() writes it
+  file_write(f_, header, sizeof header, path_);
+}
+
+void ShardAppender::append(const int32_t* tokens, size_t n) {
+  LOOM_CHECK(count_ + int64_t(n) < (int64_t(1) << 31), "a shard holds fewer than 2^31 tokens; split the input");
+  raw_.resize(n * size_t(width_));
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t t = tokens[i];
+    LOOM_CHECK(t >= 0, "token id {} is negative", t);
+    LOOM_CHECK(width_ == 4 || t < 65536, "token id {} does not fit a uint16 shard", t);
+    if (width_ == 2) {
+      const uint16_t v = uint16_t(t);
+      std::memcpy(raw_.data() + i * 2, &v, 2);
     } else {
-      const uint32_t v = uint32_t(tokens[i]);
-      std::memcpy(raw.data() + i * 4, &v, 4);
+      const uint32_t v = uint32_t(t);
+      std::memcpy(raw_.data() + i * 4, &v, 4);
     }
   }
-  file_write_atomic(path, [&](std::FILE* f) {
-    file_write(f, header, sizeof(header), path);
-    file_write(f, raw.data(), raw.size(), path);
-  });
+  file_write(f_, raw_.data(), raw_.size(), path_);
+  count_ += int64_t(n);
+}
+
+void ShardAppender::move_tail(int64_t n, ShardAppender& to) {
+  LOOM_ASSERT(n >= 0 && n <= count_ && to.width_ == width_);
+  LOOM_CHECK(std::fflush(f_) == 0, "writing '{}' failed; is the disk full?", path_);
+  const int fd = fileno(f_);
+  const off_t from = off_t(kHeaderBytes) + off_t(count_ - n) * width_;
+  std::vector<int32_t> block;
+  for (int64_t done = 0; done < n;) {
+    const int64_t k = std::min<int64_t>(n - done, int64_t(1) << 20);
+    raw_.resize(size_t(k) * size_t(width_));
+    LOOM_CHECK(::pread(fd, raw_.data(), raw_.size(), from + off_t(done) * width_) == ssize_t(raw_.size()),
+               "cannot read back '{}' while splitting it", path_);
+    block.resize(size_t(k));
+    for (int64_t i = 0; i < k; ++i) {
+      if (width_ == 2) {
+        uint16_t v;
+        std::memcpy(&v, raw_.data() + i * 2, 2);
+        block[size_t(i)] = v;
+      } else {
+        uint32_t v;
+        std::memcpy(&v, raw_.data() + i * 4, 4);
+        block[size_t(i)] = int32_t(v);
+      }
+    }
+    to.append(block.data(), block.size());
+    done += k;
+  }
+  LOOM_CHECK(::ftruncate(fd, from) == 0 && std::fseek(f_, 0, SEEK_END) == 0, "cannot cut '{}' short", path_);
+  count_ -= n;
+}
+
+void ShardAppender::finish() {
+  int32_t header[256] = {};
+  header[0] = width_ == 2 ? kShardMagic : kShardMagicU32;
+  header[1] = width_ == 2 ? 1 : 7;
+  header[2] = int32_t(count_);
+  LOOM_CHECK(std::fflush(f_) == 0 && ::pwrite(fileno(f_), header, sizeof header, 0) == ssize_t(sizeof header),
+             "writing '{}' failed; is the disk full?", path_);
 }
 
 }  // namespace loom

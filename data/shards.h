@@ -5,6 +5,7 @@
 // and every id is checked against the vocabulary as it is read.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -58,5 +59,26 @@ std::vector<int32_t> shard_read(const std::string& path, int vocab_size);
 // Writes GPT-2's uint16 format where every id fits, else LLaMA-3's uint32 one; width 2 or 4
 // forces one (2 refuses ids above 65535).
 void shard_write(const std::string& path, const std::vector<int32_t>& tokens, int width = 0);
+
+// A shard written as its tokens come, in bounded memory: into `f` (an open temporary, as
+// file_write_atomic hands it; `path` names the shard in messages), its header's count filled in
+// by finish(). Ids are checked as they come (negative, or above 65535 at width 2), and a shard
+// of 2^31 tokens or more is refused.
+class ShardAppender {
+ public:
+  ShardAppender(std::FILE* f, const std::string& path, int width);
+  void append(const int32_t* tokens, size_t n);
+  int64_t count() const { return count_; }
+  // Moves the last `n` tokens out of this shard into `to`, a block at a time.
+  void move_tail(int64_t n, ShardAppender& to);
+  void finish();
+
+ private:
+  std::FILE* f_;
+  std::string path_;
+  int width_;
+  int64_t count_ = 0;
+  std::vector<uint8_t> raw_;
+};
 
 }  // namespace loom

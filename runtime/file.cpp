@@ -73,7 +73,10 @@ void parent_create(const std::string& path) {
   std::error_code ec;
   if (!p.has_parent_path()) return;
   std::filesystem::create_directories(p.parent_path(), ec);
-  // Something that is not a directory in the way is the path's fault, not the machine's.
+  // Something that is not a directory in the way, or a name too long, is the path's fault, not
+  // the machine's.
+  if (ec == std::errc::filename_too_long)
+    fail("'{}' cannot be written: a name in it is longer than the file system allows; choose a shorter one", path);
   if (ec && ec != std::errc::not_a_directory && ec != std::errc::file_exists)
     fail_io("cannot create the directory of '{}': {}", path, ec.message());
   if (ec || !std::filesystem::is_directory(p.parent_path()))
@@ -86,13 +89,13 @@ int temporary_create(const std::string& path, std::string* tmp) {
   std::random_device rd;
   for (int attempt = 0; attempt < 16; ++attempt) {
     *tmp = temporary_name(path, rd());
-    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    const int fd = ::open(tmp->c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd >= 0) return fd;
     if (errno == ENAMETOOLONG)
       fail(
-          "'{}' cannot be written: its name is too long for the file system (with the temporary's suffix, "
-          "'{}'); choose a shorter name",
-          path, std::filesystem::path(*tmp).filename().string());
+          "'{}' cannot be written: a name in it is longer than the file system allows (with the {} bytes loom's "
+          "temporary beside it adds); choose a shorter one",
+          path, tmp->size() - path.size());
     if (errno != EEXIST) fail_io("cannot write '{}' ({})", *tmp, why());
   }
   fail_io("cannot create a temporary file beside '{}': every name tried was taken", path);
@@ -239,16 +242,25 @@ std::string input_read_all(const std::string& path, const std::string& what, int
     fail("{}'{}' is {} bytes, more than the {} loom reads whole for it; is it the right file?", named(what), path,
          int64_t(st.st_size), max_bytes);
   }
-  std::string out(size_t(st.st_size), '\0');
+  // To its end, not its stated size: a file of the kernel's (/proc/self/environ) says 0 bytes and
+  // holds more, and a file cut while read ends early.
+  std::string out(size_t(st.st_size) + 1, '\0');
   size_t done = 0;
-  while (done < out.size()) {
+  while (true) {
+    if (done == out.size()) {
+      if (int64_t(done) > max_bytes) break;
+      out.resize(std::min<size_t>(std::max<size_t>(2 * done, 4096), size_t(max_bytes) + 1));
+    }
     const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += size_t(n);
   }
   ::close(fd);
-  out.resize(done);  // a file cut while read: what was there
+  if (int64_t(done) > max_bytes)
+    fail("{}'{}' holds more than the {} bytes loom reads whole for it; is it the right file?", named(what), path,
+         max_bytes);
+  out.resize(done);
   return out;
 }
 

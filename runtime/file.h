@@ -41,7 +41,8 @@ int output_open(const std::string& path, bool truncate, const std::string& what)
 
 // The name of a temporary that PATH is written through: PATH.tmp-PID-RANDOM (8 hex digits).
 std::string temporary_name(const std::string& path, uint32_t random);
-// `write` gets the open temporary file; return normally when done. `what` as for output_check.
+// `write` gets the open temporary file (open for reading too: a writer may read back what it
+// wrote); return normally when done. `what` as for output_check.
 void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write,
                        const std::string& what = "");
 
