@@ -15,6 +15,7 @@
 #include "checkpoint/h5.h"
 #include "checkpoint/pieces.h"
 #include "checkpoint/retention.h"
+#include "model/layout.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 
@@ -51,6 +52,8 @@ Checkpointer::Checkpointer(const Config& cfg, ProcessGroup& world, nlohmann::jso
   // One job saves into and prunes a checkpoint directory at a time (every rank saves into the
   // same one: the ranks' configs are compared at start).
   if (world.rank() == 0) lock_ = std::make_unique<DirLock>(cfg.checkpoint.dir);
+  // A rank of several is its launcher's child (mpirun's or its daemon's, srun's step daemon).
+  if (world.size() > 1) launcher_ = ::getppid();
 }
 
 Checkpointer::~Checkpointer() {
@@ -242,6 +245,13 @@ void Checkpointer::commit() {
     return;
   }
   const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(saved_step_);
+  // A launcher killed outright (SIGKILL to mpirun) leaves its ranks running for a second or two:
+  // the job is gone, and what they would commit now no one asked for. Orphaned, rank 0 stops.
+  if (launcher_ > 0 && ::getppid() != launcher_)
+    fail_io(
+        "checkpoint step {} not committed: the launcher that started this job (pid {}) is gone, so the job is "
+        "ending; the last committed checkpoint stays the newest",
+        saved_step_, launcher_);
   Manifest m;
   m.step = saved_step_;
   m.layout = layout_;
@@ -362,6 +372,13 @@ std::string joined(const std::vector<ConfigDiff>& v) {
 int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRegistry& reg, DataParallel& dp,
                         bool warn) {
   const Manifest m = manifest_read(dir);
+  // A config that does not read is damage (set aside by a resume), not another model.
+  try {
+    Config saved_cfg = config_defaults();
+    config_load_string(saved_cfg, m.config, dir + "/manifest.json (config)");
+  } catch (const Error& e) {
+    fail("checkpoint '{}': its manifest's config does not read ({}); the manifest is damaged", dir, e.what());
+  }
   // The model's shape must match; what steers the trajectory may change, with a warning.
   const auto saved = config_flat(m.config), now = config_flat(config_to_toml(cfg));
   std::vector<ConfigDiff> shape = config_diff(saved, now);
@@ -378,6 +395,17 @@ int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRe
                    "train.seed", "data.source", "data.path", "data.shuffle"});
   if (warn && !course.empty())
     spdlog::warn("resuming from '{}' with settings that change the run's course: {}", dir, joined(course));
+  // Every tensor of the manifest is one of the model's state, as `loom ckpt verify` requires: a
+  // manifest naming more was not written by a run of this model.
+  std::set<std::string> state;
+  const ModelLayout layout = model_layout(cfg);
+  for (const ParamSpec& s : layout.reg.all())
+    for (const char* kind : kKinds) state.insert(std::string(kind) + "/" + s.name);
+  for (const auto& [name, t] : m.tensors)
+    LOOM_CHECK(state.count(name),
+               "checkpoint '{}' holds tensor {}, which is not of the model its config describes; the manifest is "
+               "damaged (`loom ckpt verify {}` lists what is wrong)",
+               dir, name, dir);
 
   std::vector<float> weights(reg.numel(), 0.0f);  // padded rows stay zero
   runs_fill(dir, m, "params", dp.state_runs(StateUse::weights), true, weights.data());

@@ -9,6 +9,8 @@
 // step waits only until it has read it all (wait_reads); on CUDA the state is first
 // downloaded. Collective: every rank calls the same methods at the same steps.
 #pragma once
+#include <sys/types.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -93,6 +95,7 @@ class Checkpointer {
   std::unique_ptr<DirLock> lock_;  // rank 0: checkpoint.dir is this job's while it runs
   double write_s_ = 0;
   double commit_ms_ = 0;
+  pid_t launcher_ = 0;  // a rank of several: its parent at start, which commits check is still there
 };
 
 // Loads the checkpoint in `dir` into `dp`: its weights (through weights_from) and moments,

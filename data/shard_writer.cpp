@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "data/batches.h"
+#include "data/inputs_check.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "runtime/error.h"
@@ -34,6 +35,10 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
     std::error_code ec;
     if (!fs::is_directory(in, ec)) {
       input_check(in, "input");
+      LOOM_CHECK(!file_is_token_shard(in),
+                 "input '{}' is a token shard already (an llm.c header): loom data makes shards of text; train on it "
+                 "with data.source = \"tokens\"",
+                 in);
       out.push_back(in);
       continue;
     }
@@ -48,6 +53,12 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
       if (e.path().filename().string()[0] == '.') continue;
       std::error_code kind;
       const bool regular = e.is_regular_file(kind), dir = !kind && e.is_directory(kind);
+      std::error_code link_ec;
+      if (dir && e.is_symlink(link_ec))  // not followed (it could lead back up): said, not skipped silently
+        fmt::print(stderr,
+                   "warning: skipping '{}' in input directory '{}': a link to a directory, which loom data does not "
+                   "follow (give it as an input of its own)\n",
+                   e.path().string(), in);
       if (dir) continue;
       if (!regular) {
         const std::string why = kind.value() == ELOOP ? "a loop of symbolic links"
@@ -61,6 +72,11 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
         std::error_code same;
         return fs::exists(s, same) && fs::equivalent(e.path(), s, same);
       });
+      if (!output && file_is_token_shard(e.path().string())) {
+        fmt::print(stderr, "warning: skipping '{}' in input directory '{}': a token shard, not text\n",
+                   e.path().string(), in);
+        continue;
+      }
       if (!output) here.push_back(e.path().string());
     }
     std::sort(here.begin(), here.end());

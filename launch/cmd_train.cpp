@@ -2,6 +2,7 @@
 #include <memory>
 #include <optional>
 
+#include "data/inputs_check.h"
 #include "launch/command.h"
 #include "runtime/mesh.h"
 #include "train/divergence.h"
@@ -88,6 +89,7 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                      fmt::print("{}\n", config_to_toml(cfg));
                      return 0;
                    }
+                   data_inputs_check(cfg);                   // eval reads one file as both on purpose; a run must not
                    stop_signals_install(cfg.fault.grace_s);  // SIGINT / SIGTERM: stop at the next step boundary
                    TrainOptions run_opt = topt;
                    run_opt.verbose = a->verbose;

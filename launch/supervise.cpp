@@ -242,6 +242,13 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
                "loom supervise: --log-dir '{}' is {}, not a directory; give the run's log.dir (a directory, or a "
                "name not yet taken)",
                opt.log_dir, std::filesystem::is_regular_file(st) ? "a regular file" : "not a directory");
+    // And writable, now: the events are appended best effort later, and an immutable directory or
+    // a name too long dropped every one of them with status 0.
+    try {
+      ::close(output_open(opt.log_dir + "/faults.jsonl", false, "loom supervise --log-dir"));
+    } catch (const Error& e) {
+      fail("loom supervise: --log-dir '{}' cannot hold its faults.jsonl: {}", opt.log_dir, e.what());
+    }
   }
   // Processes a run leaves behind when its launcher is killed become the supervisor's children,
   // for it to end before the next run (otherwise init's, out of reach).

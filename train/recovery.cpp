@@ -169,6 +169,13 @@ bool Trainer::between_steps() {
   return sig != 0;
 }
 
+int Trainer::Parts::stop_agreed() {
+  double sig = stop_signal();
+  ProcessGroup& world = mesh->world_group();
+  if (world.size() > 1) world.all_reduce(Buf(&sig, 1), ReduceOp::max).wait();
+  return int(sig);
+}
+
 int64_t Trainer::next_step() const {
   return p_->next;
 }

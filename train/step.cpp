@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/hf_export.h"
@@ -117,6 +118,11 @@ double Trainer::validate(int64_t batches) {
   LOOM_CHECK(p.data.val && batches > 0, "no validation data to evaluate on: {}", p.data.describe);
   auto s = p.trace.scope("validation", Trace::host);
   for (int64_t vb = 0; vb < batches; ++vb) {
+    if (const int sig = p.stop_agreed()) {  // a stop ends validation too, on every rank at once
+      p.result.stopped_by = sig;
+      p.loss_take();
+      return std::numeric_limits<double>::quiet_NaN();
+    }
     if (p.pipe) {  // forward only, through the stages
       const int pp = p.cfg.parallel.pp, s = p.mesh->coord().pp;
       p.pipe->run(

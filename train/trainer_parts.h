@@ -224,6 +224,8 @@ struct Trainer::Parts {
   [[noreturn]] void diverged(const std::string& why);
   // At the end: non-finite weights, or a last update skipped for a non-finite loss, is diverged.
   void diverged_at_end();
+  // The stop signal any rank got (0: none), agreed over the job: collective.
+  int stop_agreed();
   // With a pipeline and tied embeddings: the two copies must be the same bits (an Error if not).
   void tied_copies_check();
   // log.grad_norms: every tensor's gradient norm now (step 1, before clipping) into

@@ -12,7 +12,18 @@
 #    9 a 300-byte path component (status 1, "filesystem error"): export.final, a ckpt export
 #      directory, eval and generate --from, init.from, log.dir, loom data's and report's outputs;
 #   12 --config /proc/self/environ (read as empty: the default job trained), loom data of an
-#      empty file (a shard of 0 tokens).
+#      empty file (a shard of 0 tokens);
+#   10 eval of finite weights that overflow (loss -nan, status 0);
+#   13 val_path = path under any spelling, a mixture naming one file twice, a token shard as text
+#      (train and loom data), val_path beside synthetic data; a FIFO among shards, a linked
+#      directory or a shard in loom data's input directory skipped with a word;
+#   14 a manifest with a tensor more (resume took it, verify refused it);
+#   15 SIGTERM during a validation of 10^9 batches (waited fault.grace_s);
+#   16 supervise --log-dir that cannot be written (too long, immutable: exit 0, nothing written);
+#   17 a cluster's peak_tflops = 1e308 (inf, every layout 0.0%), nodes = 10^9 (a wrong range);
+#   18 a newline in a string key, a manifest config of "[[[" (called another model), a wholly
+#      damaged metrics.jsonl ("no step yet"), an empty shard directory ("but validation ones"),
+#      a gzip-repacked rank file ("corrupt").
 #   hostile_parsing.sh LOOM
 set -uo pipefail
 loom=$1
@@ -137,5 +148,103 @@ refused "--config /proc/self/environ" "/proc/self/environ:" train --config /proc
 : > empty.txt
 refused "loom data of an empty file" "holds no text" data empty.txt e.bin
 [ ! -e e.bin ] || fail "loom data wrote an empty shard"
+
+echo "10 eval of weights that overflow"
+python3 - w.safetensors huge.safetensors <<'PY'
+import array, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+a = array.array("f"); a.frombytes(b[8 + n:])
+open(sys.argv[2], "wb").write(b[:8 + n] + array.array("f", (x * 1e18 for x in a)).tobytes())
+PY
+refused "eval: loss -nan" "is -nan, not finite" eval --from huge.safetensors
+
+echo "13 data that is not what it claims"
+"$loom" data --val-fraction 0.1 text.txt tokens.bin > /dev/null 2>&1 || fail "data: tokens.bin"
+mkdir -p D13 && cp tokens.bin D13/x.bin && ln -f D13/x.bin hard.bin
+vocab=(--set model.vocab_size=256 --set train.steps=1)
+refused "val_path = path" "data.val_path ('./tokens.bin') is data.path" train "${common[@]}" "${vocab[@]}" \
+  --set data.source=tokens --set data.path=tokens.bin --set data.val_path=./tokens.bin --set log.dir=r13
+refused "val_path a hard link of path" "the same file: validation would read the tokens it trains on" train \
+  "${common[@]}" "${vocab[@]}" --set data.source=tokens --set data.path=D13/x.bin --set data.val_path=hard.bin \
+  --set log.dir=r13
+printf '[[data.sources]]\npath = "D13/x.bin"\nweight = 1.0\n[[data.sources]]\npath = "D13/../D13/x.bin"\nweight = 1.0\n' \
+  > mix.toml
+refused "a mixture file twice" "are the same file; a mixture names each of its files once" train --config mix.toml \
+  "${common[@]}" "${vocab[@]}" --set data.source=tokens --set log.dir=r13
+refused "text source on a shard" "is a token shard (an llm.c header), and data.source = \"text\"" train "${common[@]}" \
+  "${vocab[@]}" --set data.source=text --set data.path=tokens.bin --set log.dir=r13
+refused "val_path beside synthetic data" "would never read it" train "${common[@]}" "${vocab[@]}" \
+  --set data.val_path=tokens.bin --set log.dir=r13
+refused "loom data of a shard" "is a token shard already" data tokens.bin again.bin
+mkdir -p s13 && cp tokens.bin s13/a.bin && mkfifo s13/b.bin
+timeout -k 5 60 "$loom" train "${common[@]}" "${vocab[@]}" --set data.source=tokens --set data.path=s13 --set log.dir=r13b \
+  > r13b.log 2>&1 && grep -q "skipping 's13/b.bin' in shard directory 's13': a FIFO" r13b.log ||
+  { fail "a FIFO among the shards: exit $? or no warning"; tail -3 r13b.log; }
+mkdir -p t13 other13 && cp text.txt t13/ && cp text.txt other13/ && ln -s ../other13 t13/linked && cp tokens.bin t13/
+timeout -k 5 60 "$loom" data t13 t13.bin > t13.log 2>&1 && grep -q "skipping 't13/linked'.*a link to a directory" t13.log &&
+  grep -q "skipping 't13/tokens.bin'.*a token shard" t13.log || { fail "loom data DIR: links and shards unsaid"; cat t13.log; }
+
+echo "14 resume of a manifest with a tensor more"
+rm -rf c14 && mkdir c14 && cp -r ck/step-00000002 c14/
+python3 - c14/step-00000002/manifest.json <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["tensors"]["params/extra.weight"] = m["tensors"][next(k for k in m["tensors"] if k.startswith("params/"))]
+json.dump(m, open(sys.argv[1], "w"))
+PY
+refused "resume: a tensor more" "holds tensor params/extra.weight, which is not of the model" train "${common[@]}" \
+  --set train.steps=3 --set checkpoint.resume="$dir/c14/step-00000002" --set log.dir=r14
+
+echo "15 a stop during a long validation"
+"$loom" train "${common[@]}" --set train.steps=2 --set data.val_batches=1000000000 --set fault.grace_s=30 \
+  --set log.dir=r15 > r15.log 2>&1 &
+run=$!
+for _ in $(seq 300); do grep -qs '"step":2,' r15/metrics.jsonl && break; sleep 0.1; done
+sleep 0.3
+t0=$(date +%s)
+kill -TERM $run
+wait $run
+rc=$?
+[ $rc = 75 ] && [ $(($(date +%s) - t0)) -lt 10 ] && grep -q '"stopped":"SIGTERM"' r15/metrics.jsonl ||
+  fail "stop during validation: exit $rc after $(($(date +%s) - t0)) s (fault.grace_s is 30)"
+
+echo "16 supervise --log-dir that cannot be written"
+refused "supervise --log-dir too long" "longer than the file system allows" supervise --log-dir "$long" -- true
+mkdir -p imm
+if chattr +i imm 2> /dev/null; then
+  refused "supervise --log-dir immutable" "cannot hold its faults.jsonl" supervise --log-dir imm -- true
+  chattr -i imm
+else
+  echo "(no immutable directory here: chattr needs CAP_LINUX_IMMUTABLE)"
+fi
+
+echo "17 cluster numbers"
+sed 's/^peak_tflops.*/peak_tflops = 1e308/' "$here/../../examples/clusters/h200.toml" > c17a.toml
+sed 's/^nodes.*/nodes = 1000000000/' "$here/../../examples/clusters/h200.toml" > c17b.toml
+refused "peak_tflops 1e308" "peak_tflops\` = 1e+308 is past any device's" plan layout --cluster c17a.toml
+refused "nodes 1e9" "must be a whole number from 1 to 1000000" plan layout --cluster c17b.toml
+
+echo "18 unclear"
+refused "newline in a string key" "checkpoint.resume holds a control character" train --print-config \
+  --set checkpoint.resume=$'a\nb'
+rm -rf c18 && mkdir c18 && cp -r ck/step-00000002 c18/
+python3 -c "
+import json, sys; m = json.load(open(sys.argv[1])); m['config'] = '[[['; json.dump(m, open(sys.argv[1], 'w'))" \
+  c18/step-00000002/manifest.json
+timeout -k 5 60 "$loom" train "${common[@]}" --set train.steps=3 --set checkpoint.every=1 --set checkpoint.dir=c18 \
+  --set checkpoint.resume=latest --set log.dir=r18 > r18.log 2>&1
+[ -d c18/step-00000002.unusable ] && grep -q "its manifest's config does not read" r18.log ||
+  { fail "a manifest config of '[[[': not set aside as damaged"; tail -3 r18.log; }
+mkdir -p r18m && head -c 3000 /dev/urandom | base64 > r18m/metrics.jsonl
+refused "report of damaged metrics" "none is a record loom writes" report r18m --out r18m.html
+mkdir -p e18
+refused "an empty shard directory" "holds no .bin token shards$" train "${common[@]}" --set data.source=tokens \
+  --set data.path=e18 --set train.steps=1 --set log.dir=r18e
+rm -rf g18 && mkdir g18 && cp -r ck/step-00000002 g18/
+if h5repack -f GZIP=6 ck/step-00000002/rank-00000.h5 g18/step-00000002/rank-00000.h5 2> /dev/null; then
+  timeout -k 5 60 "$loom" ckpt verify g18/step-00000002 > g18.log 2>&1 || { fail "a gzip-repacked rank file"; tail -3 g18.log; }
+else
+  echo "(no h5repack here)"
+fi
 
 [ $fails = 0 ] && echo "hostile parsing: all held" || { echo "$fails failures"; exit 1; }
