@@ -17,6 +17,7 @@
 
 #include "data/batches.h"
 #include "data/documents.h"
+#include "data/inputs_check.h"
 #include "data/line_reader.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
@@ -38,6 +39,10 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
     std::error_code ec;
     if (!fs::is_directory(in, ec)) {
       input_check(in, "input");
+      LOOM_CHECK(!file_is_token_shard(in),
+                 "input '{}' is a token shard already (an llm.c header): loom data makes shards of text; train on it "
+                 "with data.source = \"tokens\"",
+                 in);
       out.push_back(in);
       continue;
     }
@@ -52,6 +57,12 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
       if (e.path().filename().string()[0] == '.') continue;
       std::error_code kind;
       const bool regular = e.is_regular_file(kind), dir = !kind && e.is_directory(kind);
+      std::error_code link_ec;
+      if (dir && e.is_symlink(link_ec))  // not followed (it could lead back up): said, not skipped silently
+        fmt::print(stderr,
+                   "warning: skipping '{}' in input directory '{}': a link to a directory, which loom data does not "
+                   "follow (give it as an input of its own)\n",
+                   e.path().string(), in);
       if (dir) continue;
       if (!regular) {
         const std::string why = kind.value() == ELOOP ? "a loop of symbolic links"
@@ -66,6 +77,11 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
         return fs::exists(s, same) && fs::equivalent(e.path(), s, same);
       });
       if (output) continue;
+      if (file_is_token_shard(e.path().string())) {
+        fmt::print(stderr, "warning: skipping '{}' in input directory '{}': a token shard, not text\n",
+                   e.path().string(), in);
+        continue;
+      }
       if (jsonl && !name_json(e.path().string())) {
         fmt::print(stderr,
                    "warning: skipping '{}' in input directory '{}': not named as JSON Lines (.jsonl, .json, "
@@ -105,14 +121,25 @@ std::string val_path_of(const std::string& out) {
 
 }  // namespace
 
-std::vector<std::string> text_chunks(const std::string& text, size_t target) {
+namespace {
+bool ascii_letter(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+}  // namespace
+
+bool text_cut_ok(const std::string& text, size_t i, bool word_cuts) {
+  if (text[i - 1] == '\n') return i >= 2 && ascii_solid(text[i]) && ascii_solid(text[i - 2]);
+  return word_cuts && text[i] == ' ' && i + 1 < text.size() && ascii_letter(text[i + 1]) &&
+         (ascii_letter(text[i - 1]) || (text[i - 1] >= '0' && text[i - 1] <= '9'));
+}
+
+std::vector<std::string> text_chunks(const std::string& text, size_t target, bool word_cuts) {
   std::vector<std::string> out;
   size_t begin = 0;
   while (begin < text.size()) {
     size_t cut = text.size();
-    for (size_t i = begin + target; i + 1 < text.size(); ++i)
-      // ASCII on both sides: a byte of a multi-byte character may be white space's.
-      if (text[i - 1] == '\n' && i >= 2 && ascii_solid(text[i]) && ascii_solid(text[i - 2])) {
+    for (size_t i = std::max<size_t>(begin + target, 1); i + 1 < text.size(); ++i)
+      if (text_cut_ok(text, i, word_cuts)) {
         cut = i;
         break;
       }
@@ -170,6 +197,9 @@ Totals documents_write(const DataOptions& opt, DocReader& reader, const Tokenize
                        size_t total_bytes, Outputs& out) {
   const bool jsonl = opt.format == "jsonl";
   const int32_t eot = bpe ? bpe->doc_token() : -1;
+  // Before a space between two words too, where GPT-2's and LLaMA-3's pre-tokenizers end a piece
+  // (a long line then tokenizes on every thread); another tokenizer was tried on line breaks only.
+  const bool word_cuts = !bpe || bpe->kind() == "gpt2" || bpe->kind() == "llama3";
   const size_t batch_bytes = std::max<size_t>(size_t(8) << 20, size_t(threads) << 21);
   std::vector<std::unique_ptr<Tokenizer>> mine(static_cast<size_t>(threads));  // each thread's own caches
   const bool progress = ::isatty(2);
@@ -212,7 +242,7 @@ Totals documents_write(const DataOptions& opt, DocReader& reader, const Tokenize
       }
       t.bytes += text[i].size();
       if (cut && text[i].size() > (size_t(1) << 20)) {
-        for (std::string& c : text_chunks(text[i], size_t(1) << 20)) chunks.push_back({i, std::move(c), {}});
+        for (std::string& c : text_chunks(text[i], size_t(1) << 20, word_cuts)) chunks.push_back({i, std::move(c), {}});
       } else if (!text[i].empty()) {
         chunks.push_back({i, std::move(text[i]), {}});
       }
@@ -293,6 +323,12 @@ void data_run(const DataOptions& opt) {
     total += size;
     largest = std::max(largest, size);
   }
+  // The byte tokenizer makes a token of every byte: a shard holds fewer than 2^31 (a sparse file
+  // can claim any size: refused here, not after reading it).
+  LOOM_CHECK(bpe || jsonl || total + int64_t(files.size()) < (int64_t(1) << 31),
+             "a shard holds fewer than 2^31 tokens, and the byte tokenizer makes one of each of the {} bytes of {}; "
+             "give fewer or smaller files at a time (or split the file)",
+             total, files.size() == 1 ? fmt::format("'{}'", files.front()) : fmt::format("{} files", files.size()));
   const double need = jsonl ? 0.0 : double(largest) * (bpe ? 3.5 : 6.0);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   LOOM_CHECK(opt.memory_bytes < 0 || need <= double(opt.memory_bytes),
@@ -349,6 +385,8 @@ void data_run(const DataOptions& opt) {
     LOOM_CHECK(
         t.docs > 0, "the inputs hold no {}{}", jsonl ? "records" : "documents",
         t.skipped > 0 ? fmt::format(" but the {} bad ones skipped (the first: {})", t.skipped, t.first_skip) : "");
+    LOOM_CHECK(t.bytes > 0, "{} no text: there is nothing to make a shard of",
+               files.size() == 1 ? fmt::format("'{}' holds", files.front()) : std::string("the inputs hold"));
     if (out.hold_one) {
       const size_t nval = size_t(std::ceil(opt.val_fraction * double(out.held.size())));
       LOOM_CHECK(nval > 0 && nval < out.held.size(), "--val-fraction {} of {} tokens leaves nothing to split",

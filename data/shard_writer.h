@@ -28,10 +28,14 @@ struct DataOptions {
   std::string memory_from;
 };
 
-// The pieces of `text` that tokenize alike apart or together, cut only where the GPT-2
-// pre-tokenizer ends a piece anyway (after a lone '\n' between two non-blank characters), each
-// about `target` bytes.
-std::vector<std::string> text_chunks(const std::string& text, size_t target);
+// The pieces of `text` that tokenize alike apart or together, cut only where the pre-tokenizer
+// ends a piece anyway, each about `target` bytes: after a lone '\n' between two ASCII non-blank
+// characters, and with `word_cuts` (GPT-2's and LLaMA-3's pre-tokenizers, the byte tokenizer)
+// also before a space between an ASCII word or number and an ASCII word. ASCII on both sides: a
+// byte of a multi-byte character may be white space's.
+std::vector<std::string> text_chunks(const std::string& text, size_t target, bool word_cuts = false);
+// Whether text_chunks may cut `text` before byte i (0 < i < size).
+bool text_cut_ok(const std::string& text, size_t i, bool word_cuts);
 
 void data_run(const DataOptions& opt);
 

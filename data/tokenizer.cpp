@@ -12,6 +12,7 @@
 #include "data/spm_tokenizer.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/json_read.h"
 
 namespace loom {
 
@@ -177,12 +178,8 @@ Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path)
   // file is refused before it fills the memory.
   constexpr int64_t kMaxBytes = int64_t(256) << 20;
   constexpr int32_t kMaxId = 1 << 24;  // ids index a table: far above any GPT-2 style vocabulary
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(input_read_all(vocab_path, "GPT-2 vocab", kMaxBytes));
-  } catch (const nlohmann::json::exception& e) {
-    fail("'{}' is not valid JSON: {}", vocab_path, e.what());
-  }
+  const nlohmann::json j =
+      json_parse(input_read_all(vocab_path, "GPT-2 vocab", kMaxBytes), fmt::format("'{}'", vocab_path));
   LOOM_CHECK(j.is_object(), "'{}' is not a GPT-2 vocab: Hugging Face's vocab.json is an object of token: id",
              vocab_path);
   for (auto& [tok, id] : j.items()) {

@@ -4,7 +4,6 @@
 
 #include "data/shard_writer.h"
 #include "launch/command.h"
-#include "plan/memory.h"
 #include "runtime/error.h"
 
 namespace loom {
@@ -41,9 +40,6 @@ void cmd_data_add(CLI::App& app, Commands& out) {
                    DataOptions opt = a->opt;
                    opt.output = a->paths.back();
                    opt.inputs.assign(a->paths.begin(), a->paths.end() - 1);
-                   const MemoryAvailable m = memory_available(DeviceKind::cpu, 1);
-                   opt.memory_bytes = m.bytes;
-                   opt.memory_from = m.from;
                    data_run(opt);
                    return 0;
                  }});

@@ -145,6 +145,11 @@ EvalResult eval_run(const EvalOptions& given, const TrainOptions& topt) {
              cfg.train.global_batch, cfg.model.seq_len, batches, trainer.data_describe());
   EvalResult r;
   r.loss = trainer.validate(batches);
+  // Weights that overflow on the data give no loss to report (and exit 0 said all was well).
+  LOOM_CHECK(std::isfinite(r.loss),
+             "eval {}: the loss over {} batches is {}, not finite: these weights overflow on this data (a run that "
+             "diverged, or one whose learning rate was too high, wrote them); evaluate an earlier checkpoint",
+             opt.from, batches, r.loss);
   r.perplexity = std::exp(r.loss);
   r.batches = batches;
   r.tokens = batches * cfg.train.global_batch * cfg.model.seq_len;

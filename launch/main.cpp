@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "launch/command.h"
 #include "runtime/error.h"
@@ -15,6 +16,26 @@
 #if LOOM_HAVE_CUDA
 #include "runtime/comm/nccl_group.h"
 #endif
+
+namespace loom {
+// A path the OS refused, in one line: the path's fault (too long, not a directory, a loop of
+// links, missing) is a user's error (2), anything else the machine's (74).
+[[noreturn]] void fail_filesystem(const std::filesystem::filesystem_error& e) {
+  const std::errc code = std::errc(e.code().value());
+  const std::string path = e.path1().string();
+  const std::string shown = path.size() > 80 ? path.substr(0, 40) + "..." + path.substr(path.size() - 30) : path;
+  if (code == std::errc::filename_too_long)
+    fail(
+        "'{}' cannot be used: a name in it is longer than the file system allows ({} bytes in all); choose a "
+        "shorter one",
+        shown, path.size());
+  if (code == std::errc::not_a_directory || code == std::errc::too_many_symbolic_link_levels ||
+      code == std::errc::no_such_file_or_directory || code == std::errc::permission_denied ||
+      code == std::errc::read_only_file_system)
+    fail("'{}' cannot be used: {}", shown, e.code().message());
+  fail_io("'{}': {}", shown, e.code().message());
+}
+}  // namespace loom
 
 namespace {
 
@@ -91,7 +112,11 @@ int run(int argc, char** argv) {
   if (ctx.env.distributed()) loom::cuda_device_select(ctx.env.local_rank);  // local rank picks the GPU
 #endif
   try {
-    return chosen->run(ctx);
+    try {
+      return chosen->run(ctx);
+    } catch (const std::filesystem::filesystem_error& e) {
+      loom::fail_filesystem(e);
+    }
   } catch (const std::exception& e) {
 #if LOOM_HAVE_MPI
     if (mpi && mpi->size() > 1) {

@@ -11,6 +11,7 @@
 
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/json_read.h"
 
 namespace loom {
 
@@ -199,14 +200,18 @@ RunRecord report_read(const std::string& dir) {
   std::istringstream in(input_read_all(metrics, "the run's metrics", int64_t(4) << 30));
   std::string line;
   bool fresh_run = false;
+  int64_t lines = 0, records = 0;  // a wholly damaged file is said to be, not "no step yet"
   for (int n = 1; std::getline(in, line); ++n) {
+    lines += !line.empty();
     nlohmann::json j;
     try {
+      if (!json_depth_problem(line).empty()) continue;  // no line loom writes nests deep
       j = nlohmann::json::parse(line);
     } catch (const std::exception&) {
       continue;  // a line cut by a kill: the runs before and after it still read
     }
     if (!j.is_object()) continue;  // not a line loom wrote
+    ++records;
     if (j.contains("split_ms") && j["split_ms"].is_object()) r.split = j;
     if (j.contains("run")) {  // a new run: from its first step on, the earlier run's steps are replaced
       fresh_run = true;
@@ -222,6 +227,10 @@ RunRecord report_read(const std::string& dir) {
     if (j.contains("loss")) r.steps[step] = j;
     if (j.contains("val_loss") && j["val_loss"].is_number()) r.val[step] = j["val_loss"].get<double>();
   }
+  LOOM_CHECK(records > 0 || lines == 0,
+             "'{}/metrics.jsonl' holds {} line{} and none is a record loom writes (a JSON object per line): it is "
+             "damaged, or not a run's metrics",
+             dir, lines, lines == 1 ? "" : "s");
   LOOM_CHECK(!r.steps.empty(), "'{}/metrics.jsonl' holds no step yet", dir);
   r.config = text_of(dir + "/config.toml");
   r.facts = text_of(dir + "/run.json");

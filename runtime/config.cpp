@@ -409,6 +409,10 @@ std::string toml_quote(const std::string& v) {
   std::string out = "\"";
   for (char ch : v) {
     if (ch == '"' || ch == '\\') out += '\\';
+    if (uint8_t(ch) < 0x20 || ch == 0x7f) {  // a newline would end the line: TOML's escape keeps it one
+      out += fmt::format("\\u{:04X}", uint8_t(ch));
+      continue;
+    }
     out += ch;
   }
   return out + "\"";

@@ -1,10 +1,14 @@
-// Durable files: written to PATH.tmp, flushed, fsynced and closed with every step checked,
-// then renamed over PATH and the directory fsynced, so PATH is either the old file or the
-// whole new one, never a torn or unflushed write (a full disk is an error naming the file).
+// Durable files: written to a temporary of loom's own beside PATH (temporary_name), flushed,
+// fsynced and closed with every step checked, then renamed over PATH and the directory fsynced,
+// so PATH is either the old file or the whole new one, never a torn or unflushed write (a full
+// disk is an error naming the file).
 // Streams (metrics.jsonl) append through DurableAppend: every line flushed, fsynced on close.
 // Every file loom writes goes through here: an output is only ever a regular file (a device,
 // FIFO, directory or symbolic link at its name is refused, never replaced or followed), and a
-// temporary is created new (O_CREAT|O_EXCL|O_NOFOLLOW), never opened through a link.
+// temporary is created new under a unique name (O_CREAT|O_EXCL|O_NOFOLLOW), never opened
+// through a link, and removed only by the process that created it, only while it is still its
+// file: a file of anyone else's (a user's PATH.tmp, another process's temporary) is never
+// touched. A temporary left by a process that was killed stays where it was.
 // Every file loom reads whole goes through input_read_all: a regular file only, of bounded size.
 #pragma once
 #include <sys/types.h>
@@ -35,7 +39,10 @@ void output_kind_check(const std::string& path, const std::string& kind, bool (*
 // absent, opened without following a link and without blocking, refused unless a regular file.
 int output_open(const std::string& path, bool truncate, const std::string& what);
 
-// `write` gets the open temporary file; return normally when done. `what` as for output_check.
+// The name of a temporary that PATH is written through: PATH.tmp-PID-RANDOM (8 hex digits).
+std::string temporary_name(const std::string& path, uint32_t random);
+// `write` gets the open temporary file (open for reading too: a writer may read back what it
+// wrote); return normally when done. `what` as for output_check.
 void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write,
                        const std::string& what = "");
 

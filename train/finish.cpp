@@ -216,6 +216,7 @@ void Trainer::Parts::tied_copies_check() {
 
 TrainResult Trainer::finish() {
   Parts& p = *p_;
+  p.diverged_at_end();  // weights that diverged are neither exported nor saved
   p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak, p.result.stopped_by,
                 p.result.steps_done);
   if (p.cfg.parallel.pp > 1 && p.cfg.pp_tied_across()) p.tied_copies_check();

@@ -76,9 +76,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     // training text, a config, the run's metrics) or the weights it starts from.
     std::vector<std::string> inputs = {cfg.init_from, cfg.data.path, cfg.data.val_path};
     for (const auto& src : cfg.data.sources) inputs.push_back(src.path);
-    safetensors_output_check(
-        export_is_dir(cfg.export_final) ? cfg.export_final + "/model.safetensors" : cfg.export_final, inputs,
-        "export.final");
+    export_output_check(cfg.export_final, cfg, inputs, "export.final");
   }
   {
     const EnvGet get = [](const char* k) { return std::getenv(k); };
@@ -205,6 +203,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     p.ckpt->fault_after_commit = [fi](int64_t step, const std::string& dir) {
       if (fi->ckpt_corrupt(step)) checkpoint_corrupt(*fi, step, dir);
     };
+    p.ckpt->proven = [parts = &p] { return parts->next - parts->guard.skips_in_a_row(); };
   }
 }
 
