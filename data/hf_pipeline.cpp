@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/utf8.h"
 
 namespace loom {
 
@@ -71,60 +72,23 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
   return out;
 }
 
-// ---- UTF-8 ----
-
-std::string utf8_replace_invalid(const std::string& s) {
-  std::string out;
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0, clean = 0;  // s[clean, i) is valid and not yet copied
-  auto replace = [&](size_t bad) {
-    out.append(s, clean, i - clean);
-    out += "\xef\xbf\xbd";
-    i += bad;
-    clean = i;
-  };
-  while (i < n) {
-    const unsigned char c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range (RFC 3629)
-    if (c >= 0xc2 && c <= 0xdf)
-      len = 2;
-    else if (c >= 0xe0 && c <= 0xef)
-      len = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
-    else if (c >= 0xf0 && c <= 0xf4)
-      len = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
-    if (len == 0) {
-      replace(1);
-      continue;
-    }
-    size_t k = 1;  // the lead byte and the continuation bytes that can follow it
-    while (k < len && i + k < n && p[i + k] >= (k == 1 ? lo : 0x80) && p[i + k] <= (k == 1 ? hi : 0xbf)) ++k;
-    if (k < len) {
-      replace(k);
-      continue;
-    }
-    i += len;
-  }
-  if (clean == 0) return s;
-  out.append(s, clean, n - clean);
-  return out;
-}
-
 // ---- GPT-2's byte-level alphabet ----
 
 namespace {
+// Printable bytes stand for themselves; the others, in order, for U+0100 on.
+bool byte_printable(int b) {
+  return (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+}
+constexpr uint32_t kStandIns = 256 + 68;  // the code points the alphabet uses: below U+0144
 struct ByteAlphabet {
   std::string chars[256];
+  int16_t byte_of[kStandIns];  // code point -> its byte, -1 where none
   ByteAlphabet() {
-    int extra = 0;
+    std::fill(std::begin(byte_of), std::end(byte_of), int16_t(-1));
+    uint32_t extra = 0;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-      const uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + extra++);
+      const uint32_t cp = byte_printable(b) ? uint32_t(b) : 256 + extra++;
+      byte_of[cp] = int16_t(b);
       if (cp < 0x80) {
         chars[b] = std::string(1, char(cp));
       } else {
@@ -144,32 +108,17 @@ const std::string& byte_level_char(uint8_t b) {
   return alphabet().chars[b];
 }
 
-bool byte_level_decode(const std::string& s, std::string& out) {
+bool byte_level_decode(std::string_view s, std::string& out) {
+  const ByteAlphabet& a = alphabet();
+  std::string bytes;  // committed to `out` only when every character is in the alphabet
+  bytes.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
-    const uint8_t c = uint8_t(s[i]);
-    uint32_t cp;
-    if (c < 0x80) {
-      cp = c, i += 1;
-    } else if ((c >> 5) == 6 && i + 1 < s.size()) {
-      cp = ((c & 0x1fu) << 6) | (uint8_t(s[i + 1]) & 0x3fu), i += 2;
-    } else {
-      return false;
-    }
-    // The inverse of the table: printable bytes stand for themselves, the rest are 256 + n.
-    if (cp >= 256) {
-      int n = int(cp) - 256, b = 0;
-      for (; b < 256; ++b) {
-        const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-        if (!printable && n-- == 0) break;
-      }
-      if (b == 256) return false;
-      out += char(b);
-    } else {
-      const bool printable = (cp >= '!' && cp <= '~') || (cp >= 0xa1 && cp <= 0xac) || (cp >= 0xae && cp <= 0xff);
-      if (!printable) return false;
-      out += char(cp);
-    }
+    const Utf8Char c = utf8_char(s, i);
+    if (!c.ok || c.cp >= kStandIns || a.byte_of[c.cp] < 0) return false;
+    bytes += char(a.byte_of[c.cp]);
+    i += c.len;
   }
+  out += bytes;
   return true;
 }
 

@@ -49,11 +49,8 @@ std::unique_ptr<PreTokenizer> pre_tokenizer_from(const nlohmann::json& j);
 
 // GPT-2's byte-level alphabet: byte b as the UTF-8 of its stand-in character, and back.
 const std::string& byte_level_char(uint8_t b);
-// The bytes of a byte-level string; false where a character is not in the alphabet.
-bool byte_level_decode(const std::string& s, std::string& out);
-
-// `s` with each maximal ill-formed UTF-8 subsequence replaced by U+FFFD (Unicode's
-// recommended practice, as Python's errors="replace" does).
-std::string utf8_replace_invalid(const std::string& s);
+// Appends the bytes of a byte-level string to `out`; false, with `out` as it was, where a
+// character is not in the alphabet (an added token's own text, which stands for itself).
+bool byte_level_decode(std::string_view s, std::string& out);
 
 }  // namespace loom

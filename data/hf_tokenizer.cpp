@@ -10,6 +10,7 @@
 #include "data/hf_pipeline.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/utf8.h"
 
 namespace loom {
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
 #include "data/spm_tokenizer.h"
 #include "runtime/error.h"
@@ -22,26 +23,6 @@ std::vector<int32_t> tokenize_bytes(const std::string& text) {
 }
 
 namespace {
-
-std::string utf8_encode(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else if (cp < 0x800) {
-    s += char(0xc0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    s += char(0xe0 | (cp >> 12));
-    s += char(0x80 | ((cp >> 6) & 0x3f));
-    s += char(0x80 | (cp & 0x3f));
-  } else {
-    s += char(0xf0 | (cp >> 18));
-    s += char(0x80 | ((cp >> 12) & 0x3f));
-    s += char(0x80 | ((cp >> 6) & 0x3f));
-    s += char(0x80 | (cp & 0x3f));
-  }
-  return s;
-}
 
 // Code points with their byte spans; a byte that does not start valid UTF-8 stands alone as
 // U+FFFD (punctuation to the pre-tokenizers: what a decoder reading the text would see).
@@ -166,13 +147,6 @@ Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path)
     : files_{std::filesystem::absolute(vocab_path).string(), std::filesystem::absolute(merges_path).string()} {
   tokenizer_file_check(vocab_path, "GPT-2 vocab (Hugging Face vocab.json)");
   tokenizer_file_check(merges_path, "GPT-2 merges (Hugging Face merges.txt)");
-  // GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to 256+n.
-  int extra = 0;
-  for (int b = 0; b < 256; ++b) {
-    bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    byte_to_unicode_[b] = utf8_encode(printable ? uint32_t(b) : uint32_t(256 + extra++));
-    unicode_to_byte_[byte_to_unicode_[b]] = uint8_t(b);
-  }
   // GPT-2's files are about 1 MB and 0.5 MB: a limit far above, so that an endless or wrong
   // file is refused before it fills the memory.
   constexpr int64_t kMaxBytes = int64_t(256) << 20;
@@ -219,7 +193,7 @@ void Gpt2Bpe::encode_word(const std::string& word, std::vector<int32_t>& out) co
     return;
   }
   std::vector<std::string> sym;
-  for (unsigned char b : word) sym.push_back(byte_to_unicode_[b]);
+  for (unsigned char b : word) sym.push_back(byte_level_char(b));  // GPT-2's byte alphabet
   while (sym.size() > 1) {
     int best = INT32_MAX;
     size_t at = 0;
@@ -260,10 +234,10 @@ std::vector<int32_t> Gpt2Bpe::encode(const std::string& text) const {
 std::string Gpt2Bpe::decode(const std::vector<int32_t>& ids) const {
   std::string s;
   for (int32_t id : ids) {
-    for (auto& cp : utf8_decode(id_to_token_.at(size_t(id)))) {
-      auto it = unicode_to_byte_.find(id_to_token_[size_t(id)].substr(cp.begin, cp.end - cp.begin));
-      if (it != unicode_to_byte_.end()) s += char(it->second);
-    }
+    LOOM_CHECK(id >= 0 && size_t(id) < id_to_token_.size(), "token id {} is outside GPT-2's {} tokens", id,
+               id_to_token_.size());
+    const std::string& tok = id_to_token_[size_t(id)];
+    if (!byte_level_decode(tok, s)) s += tok;  // a token of other characters stands for itself
   }
   return s;
 }

@@ -56,8 +56,6 @@ class Gpt2Bpe : public Tokenizer {
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
   std::map<std::pair<std::string, std::string>, int> ranks_;
-  std::string byte_to_unicode_[256];
-  std::unordered_map<std::string, uint8_t> unicode_to_byte_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 

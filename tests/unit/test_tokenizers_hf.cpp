@@ -7,6 +7,7 @@
 
 #include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
+#include "runtime/utf8.h"
 #include "testing.h"
 
 using namespace loom;
