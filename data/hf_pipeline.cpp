@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -43,8 +44,7 @@ Regex::~Regex() {
   if (reg_) onig_free(static_cast<regex_t*>(reg_));
 }
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const {
-  std::vector<std::pair<size_t, size_t>> out;
+void Regex::each_match(std::string_view s, const std::function<void(size_t, size_t)>& found) const {
   auto* region = static_cast<OnigRegion*>(region_);
   const auto* str = reinterpret_cast<const OnigUChar*>(s.data());
   const OnigUChar* end = str + s.size();
@@ -64,11 +64,16 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
       from += step;
       continue;
     }
-    out.push_back({b, e});
+    found(b, e);
     from = e;
     matched = true;
     last_end = e;
   }
+}
+
+std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  each_match(s, [&](size_t b, size_t e) { out.push_back({b, e}); });
   return out;
 }
 
@@ -144,11 +149,14 @@ struct Pattern {
       literal = j["String"].get<std::string>();
     }
   }
-  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const {
-    if (regex) return regex->find_all(s);
-    std::vector<std::pair<size_t, size_t>> out;
+  void each_match(std::string_view s, const std::function<void(size_t, size_t)>& found) const {
+    if (regex) return regex->each_match(s, found);
     for (size_t at = s.find(literal); at != std::string_view::npos; at = s.find(literal, at + literal.size()))
-      out.push_back({at, at + literal.size()});
+      found(at, at + literal.size());
+  }
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    each_match(s, [&](size_t b, size_t e) { out.push_back({b, e}); });
     return out;
   }
 };
@@ -188,15 +196,15 @@ struct Replace : Normalizer {
   std::string content;
   Replace(const json& p, std::string c) : pattern(p), content(std::move(c)) {}
   void apply(std::string& s) const override {
-    const auto found = pattern.find_all(s);
-    if (found.empty()) return;
     std::string out;
     size_t at = 0;
-    for (auto [b, e] : found) {
+    pattern.each_match(s, [&](size_t b, size_t e) {
+      if (at == 0 && out.empty()) out.reserve(s.size() + s.size() / 8);
       out.append(s, at, b - at);
       out += content;
       at = e;
-    }
+    });
+    if (at == 0 && out.empty()) return;  // nothing matched
     out.append(s, at, std::string::npos);
     s.swap(out);
   }
@@ -211,6 +219,25 @@ struct Prepend : Normalizer {
 };
 
 // ---- pre-tokenizers ----
+
+constexpr size_t kBatchPieces = 4096;  // pieces handed on at a time by a streaming split
+
+// Isolating spans one by one (each match and the text between, as split_by's isolated and
+// removed behaviours keep them), handed to `each` in batches: `map` turns a span into its piece.
+struct SpanBatcher {
+  const PreTokenizer::Batch& each;
+  std::vector<std::string> batch;
+  explicit SpanBatcher(const PreTokenizer::Batch& e) : each(e) {}
+  void add(std::string piece) {
+    if (piece.empty()) return;
+    batch.push_back(std::move(piece));
+    if (batch.size() >= kBatchPieces) flush();
+  }
+  void flush() {
+    if (!batch.empty()) each(batch);
+    batch.clear();
+  }
+};
 
 enum class Behavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
 
@@ -294,6 +321,17 @@ struct PreSequence : PreTokenizer {
   void split(std::vector<std::string>& pieces, bool first) const override {
     for (auto& p : parts) p->split(pieces, first);
   }
+  // The first part's pieces a batch at a time through the others: each part splits every piece
+  // on its own, so batches give the pieces of the whole (only the first batch opens the text).
+  void split_stream(std::string_view s, bool first, const Batch& each) const override {
+    if (parts.empty()) return PreTokenizer::split_stream(s, first, each);
+    bool opening = first;
+    parts[0]->split_stream(s, first, [&](std::vector<std::string>& batch) {
+      for (size_t k = 1; k < parts.size(); ++k) parts[k]->split(batch, opening);
+      opening = false;
+      each(batch);
+    });
+  }
   bool byte_level() const override {
     for (auto& p : parts)
       if (p->byte_level()) return true;
@@ -314,6 +352,23 @@ struct Split : PreTokenizer {
     for (const std::string& p : pieces) split_by(p, pattern.find_all(p), behavior, invert, out);
     pieces.swap(out);
   }
+  // Isolated and Removed keep or drop each span alone: their pieces come match by match.
+  void split_stream(std::string_view s, bool first, const Batch& each) const override {
+    if (behavior != Behavior::isolated && behavior != Behavior::removed)
+      return PreTokenizer::split_stream(s, first, each);
+    SpanBatcher out(each);
+    auto span = [&](size_t b, size_t e, bool match) {
+      if (behavior == Behavior::isolated || match == invert) out.add(std::string(s.substr(b, e - b)));
+    };
+    size_t prev = 0;
+    pattern.each_match(s, [&](size_t b, size_t e) {
+      if (b != prev) span(prev, b, false);
+      span(b, e, true);
+      prev = e;
+    });
+    if (prev != s.size()) span(prev, s.size(), false);
+    out.flush();
+  }
 };
 
 struct ByteLevel : PreTokenizer {
@@ -333,13 +388,28 @@ struct ByteLevel : PreTokenizer {
       else if (!p.empty())
         out.push_back(std::move(p));
     }
-    for (std::string& p : out) {  // each byte as its stand-in character
-      std::string mapped;
-      mapped.reserve(p.size() * 2);
-      for (char c : p) mapped += byte_level_char(uint8_t(c));
-      p.swap(mapped);
-    }
+    for (std::string& p : out) p = mapped(p);
     pieces.swap(out);
+  }
+  static std::string mapped(std::string_view p) {  // each byte as its stand-in character
+    std::string m;
+    m.reserve(p.size() * 2);
+    for (char c : p) m += byte_level_char(uint8_t(c));
+    return m;
+  }
+  void split_stream(std::string_view s, bool first, const Batch& each) const override {
+    if (!gpt2) return PreTokenizer::split_stream(s, first, each);
+    std::string spaced;
+    if (add_prefix_space && (s.empty() || s[0] != ' ')) spaced = " " + std::string(s), s = spaced;
+    SpanBatcher out(each);
+    size_t prev = 0;
+    gpt2->each_match(s, [&](size_t b, size_t e) {
+      if (b != prev) out.add(mapped(s.substr(prev, b - prev)));
+      out.add(mapped(s.substr(b, e - b)));
+      prev = e;
+    });
+    if (prev != s.size()) out.add(mapped(s.substr(prev)));
+    out.flush();
   }
   bool byte_level() const override { return true; }
 };
@@ -390,6 +460,12 @@ struct Digits : PreTokenizer {
 };
 
 }  // namespace
+
+void PreTokenizer::split_stream(std::string_view s, bool first, const Batch& each) const {
+  std::vector<std::string> pieces{std::string(s)};
+  split(pieces, first);
+  each(pieces);
+}
 
 std::unique_ptr<Normalizer> normalizer_from(const json& j) {
   if (j.is_null()) return nullptr;

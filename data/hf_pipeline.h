@@ -5,6 +5,7 @@
 // refused by name where loom does not implement it. Text reaching them is valid UTF-8.
 // Not here: added tokens and the BPE model (data/hf_tokenizer.h).
 #pragma once
+#include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -25,6 +26,7 @@ class Regex {
   // empty match right after a match is skipped; after an empty match the search moves one
   // character on).
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const;
+  void each_match(std::string_view s, const std::function<void(size_t, size_t)>& found) const;  // the same, one by one
 
  private:
   void* reg_ = nullptr;  // regex_t*
@@ -40,9 +42,14 @@ struct Normalizer {
 std::unique_ptr<Normalizer> normalizer_from(const nlohmann::json& j);
 
 struct PreTokenizer {
+  using Batch = std::function<void(std::vector<std::string>&)>;
   virtual ~PreTokenizer() = default;
   // Splits every piece further; `first`: the pieces open the text (Metaspace's "first").
   virtual void split(std::vector<std::string>& pieces, bool first) const = 0;
+  // The pieces split({s}, first) gives, handed to `each` in order, a batch at a time where they
+  // come match by match (a regular expression that isolates), else all at once: a long text's
+  // pieces are not all held together.
+  virtual void split_stream(std::string_view s, bool first, const Batch& each) const;
   virtual bool byte_level() const { return false; }
 };
 std::unique_ptr<PreTokenizer> pre_tokenizer_from(const nlohmann::json& j);

@@ -5,6 +5,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -160,26 +161,58 @@ bool LineReader::refill() {
   return n > 0;
 }
 
-bool LineReader::next(std::string& line) {
+void LineReader::take(std::string& line, size_t end, size_t next) {
+  if (end - at_ < kBlock) {
+    line.assign(buf_, at_, end - at_);
+    at_ = next;
+    return;
+  }
+  std::string rest(buf_, std::min(next, buf_.size()));  // what was read past the line: under a block
+  buf_.resize(end);
+  buf_.erase(0, at_);
+  line.swap(buf_);
+  buf_ = std::move(rest);
+  at_ = 0;
+}
+
+void LineReader::skip_line() {
+  for (;;) {
+    if (const void* nl = std::memchr(buf_.data() + at_, '\n', buf_.size() - at_)) {
+      at_ = size_t(static_cast<const char*>(nl) - buf_.data()) + 1;
+      return;
+    }
+    std::string().swap(buf_);  // the long line's buffer goes back
+    at_ = 0;
+    if (!refill()) return;
+  }
+}
+
+bool LineReader::next(std::string& line, bool* too_long) {
+  if (too_long) *too_long = false;
   size_t scanned = at_;
   for (;;) {
     const void* nl = std::memchr(buf_.data() + scanned, '\n', buf_.size() - scanned);
-    if (nl) {
-      const size_t end = size_t(static_cast<const char*>(nl) - buf_.data());
-      line.assign(buf_, at_, end - at_);
-      at_ = end + 1;
+    const size_t end = nl ? size_t(static_cast<const char*>(nl) - buf_.data()) : buf_.size();
+    if (end - at_ > max_line_) {
+      LOOM_CHECK(too_long,
+                 "'{}' line {} is longer than {} MB (--max-record): a record is held in memory whole; raise "
+                 "--max-record, or --skip-bad skips such records (is the file JSON Lines, one record a line?)",
+                 path_, line_ + 1, max_line_ >> 20);
+      skip_line();
+      line.clear();
+      *too_long = true;
       ++line_;
       return true;
     }
-    LOOM_CHECK(buf_.size() - at_ <= max_line_,
-               "'{}' line {} is longer than {} MB: a record must fit in memory (is the file JSON Lines, one record "
-               "a line?)",
-               path_, line_ + 1, max_line_ >> 20);
+    if (nl) {
+      take(line, end, end + 1);
+      ++line_;
+      return true;
+    }
     const size_t seen = buf_.size() - at_;
     if (!refill()) {
       if (at_ >= buf_.size()) return false;
-      line.assign(buf_, at_, std::string::npos);  // the last line, without its '\n'
-      at_ = buf_.size();
+      take(line, buf_.size(), buf_.size());  // the last line, without its '\n'
       ++line_;
       return true;
     }

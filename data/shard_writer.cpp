@@ -167,10 +167,9 @@ struct Totals {
 // Reads every document, tokenizes each batch on every thread, and appends the batch in order.
 // `cut`: a long document may be cut into pieces for the threads (text_chunks).
 Totals documents_write(const DataOptions& opt, DocReader& reader, const Tokenizer* bpe, bool cut, int threads,
-                       size_t total_bytes, Outputs& out) {
+                       size_t batch_bytes, size_t total_bytes, Outputs& out) {
   const bool jsonl = opt.format == "jsonl";
   const int32_t eot = bpe ? bpe->doc_token() : -1;
-  const size_t batch_bytes = std::max<size_t>(size_t(8) << 20, size_t(threads) << 21);
   std::vector<std::unique_ptr<Tokenizer>> mine(static_cast<size_t>(threads));  // each thread's own caches
   const bool progress = ::isatty(2);
   const auto t0 = std::chrono::steady_clock::now();
@@ -198,7 +197,13 @@ Totals documents_write(const DataOptions& opt, DocReader& reader, const Tokenize
     std::vector<char> ok(n, 1);
     if (jsonl) {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 16)
-      for (size_t i = 0; i < n; ++i) ok[i] = jsonl_record_text(batch[i].bytes, opt.text_key, text[i], why[i]);
+      for (size_t i = 0; i < n; ++i) {
+        if (batch[i].too_long)
+          ok[i] = 0, why[i] = fmt::format("longer than {} MB (--max-record)", reader.max_line() >> 20);
+        else
+          ok[i] = jsonl_record_text(batch[i].bytes, opt.text_key, text[i], why[i]);
+        std::string().swap(batch[i].bytes);  // the line's memory back before the next is parsed
+      }
     } else {
       for (size_t i = 0; i < n; ++i) text[i] = std::move(batch[i].bytes);
     }
@@ -213,6 +218,7 @@ Totals documents_write(const DataOptions& opt, DocReader& reader, const Tokenize
       t.bytes += text[i].size();
       if (cut && text[i].size() > (size_t(1) << 20)) {
         for (std::string& c : text_chunks(text[i], size_t(1) << 20)) chunks.push_back({i, std::move(c), {}});
+        std::string().swap(text[i]);
       } else if (!text[i].empty()) {
         chunks.push_back({i, std::move(text[i]), {}});
       }
@@ -253,6 +259,50 @@ Totals documents_write(const DataOptions& opt, DocReader& reader, const Tokenize
   return t;
 }
 
+// What the documents take, checked against the machine's memory before anything is read: a
+// text file is read whole, with its tokens beside it (a file's size is its own: a sparse file
+// claims any); JSON Lines a batch of records and the longest one, each with the parser's copy
+// of its text and its tokens (4 bytes each), about kRecordBytes per byte (measured: 3 to 6),
+// and each thread's tokenizer its word cache and the word it merges. Returns the longest record
+// (--max-record; by default 64 MB, or what the memory holds, said on stderr).
+size_t memory_plan(const DataOptions& opt, bool jsonl, bool bpe, int threads, size_t batch_bytes, int64_t largest,
+                   const std::vector<std::string>& files) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0, kRecordBytes = 8;
+  constexpr double kThreadBytes = double(int64_t(64) << 20);
+  const double memory = double(opt.memory_bytes);
+  if (!jsonl) {
+    const double need = double(largest) * (bpe ? 3.5 : 6.0);
+    LOOM_CHECK(opt.memory_bytes < 0 || need <= memory,
+               "loom data reads its inputs whole (a text file is one document): '{}' of {:.1f} GiB needs about {:.1f} "
+               "GiB with its tokens, and this machine has {:.1f} GiB ({}); split the file, or give its documents as "
+               "JSON Lines (--format jsonl), which are read a record at a time",
+               files.size() == 1 ? files.front() : "the largest file", double(largest) / kGiB, need / kGiB,
+               memory / kGiB, opt.memory_from);
+    return size_t(1) << 20;  // (a text file has no records)
+  }
+  const double working = bpe ? double(threads) * kThreadBytes : 0.0;
+  auto need = [&](size_t record) { return double(batch_bytes + record) * kRecordBytes + working; };
+  size_t max_record = size_t(opt.max_record_mb > 0 ? opt.max_record_mb : 64) << 20;
+  if (opt.memory_bytes < 0 || need(max_record) <= memory) return max_record;
+  LOOM_CHECK(opt.max_record_mb == 0,
+             "--max-record {} MB: a batch of records ({} MB on {} threads) and one of {} MB take about {:.1f} GiB with "
+             "their tokens, and this machine has {:.1f} GiB ({}); lower --max-record or --threads",
+             opt.max_record_mb, batch_bytes >> 20, threads, opt.max_record_mb, need(max_record) / kGiB, memory / kGiB,
+             opt.memory_from);
+  const double room = (memory - working) / kRecordBytes - double(batch_bytes);
+  max_record = room > 0 ? (size_t(room) >> 20) << 20 : 0;
+  LOOM_CHECK(max_record >= (size_t(1) << 20),
+             "JSON Lines on {} threads take about {:.1f} GiB with records of 1 MB, and this machine has {:.1f} GiB "
+             "({}); lower --threads",
+             threads, need(size_t(1) << 20) / kGiB, memory / kGiB, opt.memory_from);
+  if (!opt.quiet)
+    fmt::print(stderr,
+               "note: records up to {} MB, what this machine's memory holds ({:.1f} GiB, {}); a longer one is a bad "
+               "record (--max-record chooses)\n",
+               max_record >> 20, memory / kGiB, opt.memory_from);
+  return max_record;
+}
+
 }  // namespace
 
 void data_run(const DataOptions& opt) {
@@ -283,9 +333,6 @@ void data_run(const DataOptions& opt) {
   const bool jsonl = opt.format == "jsonl";
   const std::string val_path = val_path_of(opt.output);
   const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path}, jsonl);
-  // A text file is read whole, with its tokens (4 bytes each) beside it: refused up front when
-  // the largest cannot fit (a file's size is its own: a sparse file claims any). JSON Lines are
-  // read a batch of records at a time.
   int64_t total = 0, largest = 0;
   for (const std::string& f : files) {
     if (!jsonl) text_input_check(f);
@@ -293,14 +340,9 @@ void data_run(const DataOptions& opt) {
     total += size;
     largest = std::max(largest, size);
   }
-  const double need = jsonl ? 0.0 : double(largest) * (bpe ? 3.5 : 6.0);
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  LOOM_CHECK(opt.memory_bytes < 0 || need <= double(opt.memory_bytes),
-             "loom data reads its inputs whole (a text file is one document): '{}' of {:.1f} GiB needs about {:.1f} "
-             "GiB with its tokens, and this machine has {:.1f} GiB ({}); split the file, or give its documents as "
-             "JSON Lines (--format jsonl), which are read a record at a time",
-             files.size() == 1 ? files.front() : "the largest file", double(largest) / kGiB, need / kGiB,
-             double(opt.memory_bytes) / kGiB, opt.memory_from);
+  const int threads = opt.threads > 0 ? opt.threads : cores_visible();
+  const size_t batch_bytes = std::max<size_t>(size_t(8) << 20, size_t(threads) << 21);
+  const size_t max_line = memory_plan(opt, jsonl, bpe != nullptr, threads, batch_bytes, largest, files);
   for (const std::string& out : {opt.output, val_path}) {
     output_check(out, "the output");
     output_not_input(out, files, "the output");
@@ -319,8 +361,6 @@ void data_run(const DataOptions& opt) {
   }
   // llm.c's GPT-2 format (uint16) where every id of the vocabulary fits, else LLaMA-3's (uint32).
   const int width = record.vocab_size > 65536 ? 4 : 2;
-  const size_t max_line = size_t(1) << 30;
-  const int threads = opt.threads > 0 ? opt.threads : cores_visible();
   const bool cut = !bpe || bpe->cuts_at_lone_newlines();  // (tried on the tokenizer: before the clock)
   const auto t0 = std::chrono::steady_clock::now();
 
@@ -336,7 +376,7 @@ void data_run(const DataOptions& opt) {
     else
       out.hold_one = true;
   }
-  DocReader reader(files, jsonl, max_line);
+  DocReader reader(files, jsonl, max_line, opt.skip_bad);
   Totals t;
   int64_t train_tokens = 0, val_tokens = 0;
   auto write_train = [&](std::FILE* ft, std::FILE* fv) {
@@ -345,7 +385,7 @@ void data_run(const DataOptions& opt) {
     if (fv) val.emplace(fv, val_path, width, record);
     out.train = &train;
     out.val = val ? &*val : nullptr;
-    t = documents_write(opt, reader, bpe.get(), cut, threads, jsonl ? 0 : size_t(total), out);
+    t = documents_write(opt, reader, bpe.get(), cut, threads, batch_bytes, jsonl ? 0 : size_t(total), out);
     LOOM_CHECK(
         t.docs > 0, "the inputs hold no {}{}", jsonl ? "records" : "documents",
         t.skipped > 0 ? fmt::format(" but the {} bad ones skipped (the first: {})", t.skipped, t.first_skip) : "");

@@ -19,6 +19,7 @@ struct DataOptions {
   std::string format = "text";  // text: a file is a document; jsonl: a record is one
   std::string text_key = "text";
   bool skip_bad = false;    // jsonl: skip (and count) records that cannot be read, else refuse
+  int max_record_mb = 0;    // jsonl: the longest record, in MB (0: the default)
   double val_fraction = 0;  // 0: no split; else this share of the documents (of the tokens, for one)
   int threads = 0;          // 0: every core
   bool quiet = false;       // no summary (a caller's own shard)

@@ -80,8 +80,8 @@ PY
 
 # Bad input: one line on stderr naming file and line, status 2, no output (an old one kept).
 cp t.bin keep.bin
-bad() {  # NAME PATTERN FILE
-  "$loom" data "${tok[@]}" --format jsonl "$3" keep.bin > out.log 2> err.log
+bad() {  # NAME PATTERN FILE [OPTION...]
+  "$loom" data "${tok[@]}" --format jsonl "${@:4}" "$3" keep.bin > out.log 2> err.log
   local rc=$?
   [ $rc = 2 ] || { cat out.log err.log; fail "$1: exit $rc, not 2"; }
   grep -q -- "$2" err.log || { cat err.log; fail "$1: no '$2'"; }
@@ -124,18 +124,47 @@ for input in c.jsonl c.jsonl.zst jdir; do
     { cat err.log; fail "$input as text was not refused naming --format jsonl"; }
 done
 
-# Bounded memory: 48 MB of records compressed to a few kB stream through a fixed budget (read
-# whole, its byte tokens alone would take 190 MB).
-python3 -c "
+# Bounded memory, streamed: 48 MB and 96 MB of records compressed to a few kB; the larger file's
+# peak must stay within a quarter of its extra 48 MB over the smaller's (reading a file whole
+# would add all 48 MB, and its byte tokens 190 MB more).
+for mb in 48 96; do
+  python3 -c "
 import json, sys
 line = json.dumps({'text': 'a' * 1000}) + '\n'
-sys.stdout.write(line * 48000)" | zstd -q -19 > big.jsonl.zst
-/usr/bin/time -f "%M" -o rss.txt "$loom" data --format jsonl --threads 2 big.jsonl.zst big.bin > big.log 2>&1 ||
-  { cat big.log; fail "big"; }
-rss_mb=$(($(tail -1 rss.txt) / 1024))
-echo "48 MB of records from $(stat -c %s big.jsonl.zst) bytes of zstd: resident peak $rss_mb MB"
-[ "$rss_mb" -lt 120 ] || fail "resident peak $rss_mb MB for 48 MB of records: not streamed"
-[ "$(stat -c %s big.bin)" = $((1024 + 48000 * 1000 * 2)) ] || fail "big.bin is not 48M byte tokens"
+sys.stdout.write(line * ($mb * 1000))" | zstd -q -19 > big$mb.jsonl.zst
+  /usr/bin/time -f "%M" -o rss$mb.txt "$loom" data --format jsonl --threads 2 big$mb.jsonl.zst big.bin > big.log 2>&1 ||
+    { cat big.log; fail "big $mb"; }
+  [ "$(stat -c %s big.bin)" = $((1024 + mb * 1000 * 1000 * 2)) ] || fail "big.bin is not $mb M byte tokens"
+done
+rss48=$(($(tail -1 rss48.txt) / 1024)) rss96=$(($(tail -1 rss96.txt) / 1024))
+echo "48 and 96 MB of records from $(stat -c %s big96.jsonl.zst) bytes of zstd: resident peaks $rss48 and $rss96 MB"
+[ $((rss96 - rss48)) -lt 12 ] || fail "the peak grew by $((rss96 - rss48)) MB with 48 MB more records: not streamed"
+
+# One long record of mostly " the" (a token): memory within --max-record's plan (8 bytes per
+# byte of the record over a run of a short one): a record's line is handed over, parsed as
+# events, and its pieces made as they are merged (held whole, they took 30 bytes per byte).
+python3 -c "
+import json, random
+random.seed(7)
+words = ['the'] * 12 + ['cat', 'sat', 'on', 'caf\u00e9', '\u65e5\u672c']
+text = ' '.join(random.choice(words) + (' \n' if random.random() < 0.05 else '') for _ in range(4 << 20))
+print(json.dumps({'text': text[:24 << 20]}))" > long.jsonl
+printf '{"text": "short"}\n' > short.jsonl
+for f in short long; do
+  /usr/bin/time -f "%M" -o rss_$f.txt "$loom" data "${tok[@]}" --format jsonl --threads 2 $f.jsonl $f.bin > $f.log 2>&1 ||
+    { cat $f.log; fail "$f record"; }
+done
+grown=$((($(tail -1 rss_long.txt) - $(tail -1 rss_short.txt)) / 1024)) record=$(($(stat -c %s long.jsonl) >> 20))
+echo "a record of $record MB: the resident peak $grown MB above a short record's"
+[ $grown -lt $((record * 8)) ] || fail "a $record MB record took $grown MB: over 8 bytes per byte"
+# Longer than --max-record: a bad record, named with its file and line, or skipped and counted.
+python3 -c "
+import json
+for t in ['a', 'b' * 1500000, 'c']: print(json.dumps({'text': t}))" > over.jsonl
+bad "longer than --max-record" "'over.jsonl' line 2 is longer than 1 MB (--max-record)" over.jsonl --max-record 1
+"$loom" data --format jsonl --max-record 1 --skip-bad over.jsonl o.bin > o.log 2>&1 &&
+  grep -q "from 2 documents" o.log && grep -q "skipped 1 bad record (--skip-bad); the first: 'over.jsonl' line 2: longer than 1 MB" o.log ||
+  { cat o.log; fail "--skip-bad over --max-record"; }
 
 [ $fails = 0 ] && echo ok
 exit $((fails > 0))

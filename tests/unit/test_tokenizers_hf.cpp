@@ -166,3 +166,35 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplementByName) {
             }).find("tools/tokenizer_files.sh DIR qwen3"),
             std::string::npos);
 }
+
+// A long text's pieces come from the first pre-tokenizer in batches; the others split each
+// batch, and only the first batch opens the text (Metaspace's "first" scheme marks one piece).
+TEST(HfTokenizer, PiecesInBatchesAreThePiecesOfTheWhole) {
+  json seq = {{"pre_tokenizer",
+               {{"type", "Sequence"},
+                {"pretokenizers",
+                 {{{"type", "Split"}, {"pattern", {{"Regex", "[a-z]+|-"}}}, {"behavior", "Isolated"}},
+                  {{"type", "Metaspace"}, {"replacement", "-"}, {"prepend_scheme", "first"}, {"split", false}}}}}}};
+  HfTokenizer t(hf_write("batches", {}, seq));
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += "ab-";  // 6000 pieces: two batches
+  const Words p = t.pieces(text);
+  ASSERT_EQ(p.size(), 6000u);
+  EXPECT_EQ(p[0], "-ab");
+  EXPECT_EQ(std::count_if(p.begin(), p.end(), [](const std::string& w) { return w.size() == 3; }), 1);
+}
+
+// A word longer than 256 bytes (no pre-tokenizer: the whole text) is merged in the parts no
+// token joins: the ids of the whole word, here [a-b] each time and never a, -, b.
+TEST(HfTokenizer, ALongWordSplitsOnlyWhereNoTokenJoins) {
+  HfTokenizer t(hf_write("long", {{"a", "-"}, {"a-", "b"}, {"b", "b"}}));
+  const int32_t a_b = 33, bb = 34;  // "a-" is 32
+  std::string word;
+  for (int i = 0; i < 200; ++i) word += "a-b";
+  EXPECT_EQ(t.encode(word), Ids(200, a_b));
+  EXPECT_EQ(t.encode("bbbb" + word.substr(0, 297)), ([&] {
+              Ids ids{bb, bb};
+              ids.insert(ids.end(), 99, a_b);
+              return ids;
+            }()));
+}

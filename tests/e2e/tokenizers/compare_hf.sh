@@ -45,6 +45,7 @@ edge = [
     "\x00\x01\x1c\x7f", "\U0010fffd \ue000", "$$$$ .... !!!\n\n ??? --- ___ ***", "CamelCaseWord snake_case_word ALLCAPS",
     "def f(x):\n    return {'a': [1, 2], \"b\": None}  # comment\n", "https://example.com/a?b=c&d=e#f",
     "\ufb01 \ufb02 \u01c5 \u1e9e \u00df", "  leading", "trailing  ", "a\u0301\u0302\u0303\u0304", "\u0300start",
+    "<b>x</b> > </a> >\u2581</ x" * 30, "\u65e5\u672c\u8a9e\u306e\u6587\u7ae0\u3002" * 60, "ab" * 400,
 ]
 seps = [" ", "  ", "\n", "\t", "", "\n\n", " \n", "\r\n"]
 docs = []
