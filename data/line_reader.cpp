@@ -37,6 +37,24 @@ bool name_json(const std::string& path) {
   return ends_with(p, ".jsonl") || ends_with(p, ".json");
 }
 
+namespace {
+bool gzip_magic(const unsigned char* head, ssize_t got) {
+  return got >= 2 && head[0] == 0x1f && head[1] == 0x8b;
+}
+bool zstd_magic(const unsigned char* head, ssize_t got) {
+  return got == 4 && head[0] == 0x28 && head[1] == 0xb5 && head[2] == 0x2f && head[3] == 0xfd;
+}
+}  // namespace
+
+const char* compression_of(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  unsigned char head[4] = {};
+  const ssize_t got = ::pread(fd, head, sizeof head, 0);
+  ::close(fd);
+  return gzip_magic(head, got) ? "gzip" : zstd_magic(head, got) ? "zstd" : nullptr;
+}
+
 // The raw file and its decoder: read() gives decompressed bytes, 0 at the end of the data.
 struct LineReader::Stream {
   enum Kind { PLAIN, GZIP, ZSTD } kind = PLAIN;
@@ -125,11 +143,11 @@ LineReader::LineReader(const std::string& path, size_t max_line)
   in_->raw.resize(kBlock);
   unsigned char head[4] = {};
   const ssize_t got = ::pread(in_->fd, head, sizeof head, 0);
-  if (got >= 2 && head[0] == 0x1f && head[1] == 0x8b) {
+  if (gzip_magic(head, got)) {
     in_->kind = Stream::GZIP;
     LOOM_CHECK(inflateInit2(&in_->z, 15 + 16) == Z_OK, "zlib cannot start for '{}'", path);
     in_->z_open = true;
-  } else if (got == 4 && head[0] == 0x28 && head[1] == 0xb5 && head[2] == 0x2f && head[3] == 0xfd) {
+  } else if (zstd_magic(head, got)) {
     in_->kind = Stream::ZSTD;
     in_->zd = ZSTD_createDCtx();
     LOOM_CHECK(in_->zd, "libzstd cannot start for '{}'", path);

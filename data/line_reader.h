@@ -42,5 +42,7 @@ class LineReader {
 // without those), or neither.
 bool name_compressed(const std::string& path);
 bool name_json(const std::string& path);
+// "gzip" or "zstd" where a file's first bytes say it is compressed, else null.
+const char* compression_of(const std::string& path);
 
 }  // namespace loom

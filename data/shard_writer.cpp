@@ -18,6 +18,7 @@
 #include "data/batches.h"
 #include "data/documents.h"
 #include "data/line_reader.h"
+#include "data/shard_set.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "runtime/error.h"
@@ -27,6 +28,27 @@
 namespace loom {
 
 namespace {
+
+// Why a file is not read as text, or "": named as JSON (its braces and keys would be tokenized
+// with the words), or compressed by its name or its first bytes (gzip, zstd).
+std::string not_text(const std::string& f) {
+  if (name_json(f))
+    return "named as JSON; read as text, its braces and keys would be tokenized with the words: pass --format "
+           "jsonl to read each record's text (--text-key, default \"text\"), one document a record";
+  const char* kind = compression_of(f);
+  if (name_compressed(f) || kind)
+    return fmt::format(
+        "compressed ({}); loom data decompresses JSON Lines (--format jsonl, .jsonl.gz and .jsonl.zst): give the "
+        "text decompressed, or as JSON Lines",
+        kind ? fmt::format("{} data", kind) : std::string("by its name"));
+  return "";
+}
+
+// A text input given by name that is not text: refused, naming the option that reads it (in a
+// directory, it is skipped with a warning).
+void text_input_check(const std::string& f) {
+  if (const std::string why = not_text(f); !why.empty()) fail("'{}' is {}", f, why);
+}
 
 // `skip`: the shards being written, which a directory of inputs may hold from an earlier run.
 // `jsonl`: a directory's files named as JSON (.jsonl, .json, compressed or not) only.
@@ -73,6 +95,11 @@ std::vector<std::string> files_of(const std::vector<std::string>& inputs, const 
                    e.path().string(), in);
         continue;
       }
+      if (!jsonl)
+        if (const std::string why = not_text(e.path().string()); !why.empty()) {
+          fmt::print(stderr, "warning: skipping '{}' in input directory '{}': {}\n", e.path().string(), in, why);
+          continue;
+        }
       here.push_back(e.path().string());
     }
     std::sort(here.begin(), here.end());
@@ -88,14 +115,6 @@ bool blank(char c) {
 
 bool ascii_solid(char c) {
   return uint8_t(c) < 0x80 && !blank(c);
-}
-
-// An llm.c token shard opens with its magic: what `loom data` may replace.
-bool shard_like(const std::string& head) {
-  int32_t magic = 0;
-  if (head.size() < sizeof magic) return false;
-  std::memcpy(&magic, head.data(), sizeof magic);
-  return magic == kShardMagic || magic == kShardMagicU32;
 }
 
 std::string val_path_of(const std::string& out) {
@@ -124,23 +143,11 @@ std::vector<std::string> text_chunks(const std::string& text, size_t target) {
 
 namespace {
 
-// A text input whose name says it is not plain text: refused, naming the option that reads it.
-void text_input_check(const std::string& f) {
-  LOOM_CHECK(!name_json(f),
-             "'{}' is named as JSON; read as text, its braces and keys would be tokenized with the words: pass "
-             "--format jsonl to read each record's text (--text-key, default \"text\"), one document a record",
-             f);
-  LOOM_CHECK(!name_compressed(f),
-             "'{}' is compressed; loom data decompresses JSON Lines (--format jsonl, .jsonl.gz and .jsonl.zst): "
-             "give the text decompressed, or as JSON Lines",
-             f);
-}
-
 // Where documents go: the training shard, then (from document `first_val` on) the validation
 // shard; with one document and a split, its tokens are held to be cut by count at the end.
 struct Outputs {
-  ShardAppender* train = nullptr;
-  ShardAppender* val = nullptr;
+  ShardSet* train = nullptr;
+  ShardSet* val = nullptr;
   int64_t first_val = -1;  // -1: no split by documents
   bool hold_one = false;
   std::vector<int32_t> held;
@@ -151,7 +158,7 @@ struct Outputs {
       for (auto* p : parts) held.insert(held.end(), p->begin(), p->end());
       return;
     }
-    ShardAppender* to = first_val >= 0 && index >= first_val ? val : train;
+    ShardSet* to = first_val >= 0 && index >= first_val ? val : train;
     if (to == val) ++val_docs;
     if (eot >= 0) to->append(&eot, 1);
     for (auto* p : parts) to->append(p->data(), p->size());
@@ -332,7 +339,10 @@ void data_run(const DataOptions& opt) {
       tokenizer_open(opt.tokenizer, file_kind ? opt.tokenizer_file : opt.vocab, opt.merges);
   const bool jsonl = opt.format == "jsonl";
   const std::string val_path = val_path_of(opt.output);
-  const std::vector<std::string> files = files_of(opt.inputs, {opt.output, val_path}, jsonl);
+  std::vector<std::string> outputs_there = {opt.output, val_path};  // (with an earlier run's numbered shards)
+  for (const std::string& o : {opt.output, val_path})
+    for (std::string& n : shards_numbered_existing(o)) outputs_there.push_back(std::move(n));
+  const std::vector<std::string> files = files_of(opt.inputs, outputs_there, jsonl);
   int64_t total = 0, largest = 0;
   for (const std::string& f : files) {
     if (!jsonl) text_input_check(f);
@@ -346,7 +356,7 @@ void data_run(const DataOptions& opt) {
   for (const std::string& out : {opt.output, val_path}) {
     output_check(out, "the output");
     output_not_input(out, files, "the output");
-    output_kind_check(out, "a token shard (the last argument of loom data is the shard it writes)", &shard_like,
+    output_kind_check(out, "a token shard (the last argument of loom data is the shard it writes)", &shard_head,
                       "the output");
   }
   // Documents are opened by the tokenizer's document token (llm.c's convention), where it has one.
@@ -377,51 +387,49 @@ void data_run(const DataOptions& opt) {
       out.hold_one = true;
   }
   DocReader reader(files, jsonl, max_line, opt.skip_bad);
-  Totals t;
-  int64_t train_tokens = 0, val_tokens = 0;
-  auto write_train = [&](std::FILE* ft, std::FILE* fv) {
-    ShardAppender train(ft, opt.output, width, record);
-    std::optional<ShardAppender> val;
-    if (fv) val.emplace(fv, val_path, width, record);
-    out.train = &train;
-    out.val = val ? &*val : nullptr;
-    t = documents_write(opt, reader, bpe.get(), cut, threads, batch_bytes, jsonl ? 0 : size_t(total), out);
-    LOOM_CHECK(
-        t.docs > 0, "the inputs hold no {}{}", jsonl ? "records" : "documents",
-        t.skipped > 0 ? fmt::format(" but the {} bad ones skipped (the first: {})", t.skipped, t.first_skip) : "");
-    if (out.hold_one) {
-      const size_t nval = size_t(std::ceil(opt.val_fraction * double(out.held.size())));
-      LOOM_CHECK(nval > 0 && nval < out.held.size(), "--val-fraction {} of {} tokens leaves nothing to split",
-                 opt.val_fraction, out.held.size());
-      train.append(out.held.data(), out.held.size() - nval);
-      val->append(out.held.data() + out.held.size() - nval, nval);
-    }
-    train.finish();
-    if (val) val->finish();
-    train_tokens = train.count();
-    val_tokens = val ? val->count() : 0;
-  };
-  if (opt.val_fraction > 0)
-    file_write_atomic(
-        opt.output,
-        [&](std::FILE* ft) {
-          file_write_atomic(
-              val_path, [&](std::FILE* fv) { write_train(ft, fv); }, "the output");
-        },
-        "the output");
-  else
-    file_write_atomic(
-        opt.output, [&](std::FILE* ft) { write_train(ft, nullptr); }, "the output");
+  // Both outputs (and their numbered shards) replace their names together, or neither does.
+  FileSet outputs("the output");
+  const int64_t shard_tokens = opt.shard_tokens > 0 ? opt.shard_tokens : kShardTokensMax;
+  ShardSet train(outputs, opt.output, width, record, shard_tokens, files);
+  std::optional<ShardSet> val;
+  if (opt.val_fraction > 0) val.emplace(outputs, val_path, width, record, shard_tokens, files);
+  out.train = &train;
+  out.val = val ? &*val : nullptr;
+  const Totals t = documents_write(opt, reader, bpe.get(), cut, threads, batch_bytes, jsonl ? 0 : size_t(total), out);
+  LOOM_CHECK(t.docs > 0, "the inputs hold no {}{}", jsonl ? "records" : "documents",
+             t.skipped > 0 ? fmt::format(" but the {} bad ones skipped (the first: {})", t.skipped, t.first_skip) : "");
+  if (out.hold_one) {
+    const size_t nval = size_t(std::ceil(opt.val_fraction * double(out.held.size())));
+    LOOM_CHECK(nval > 0 && nval < out.held.size(), "--val-fraction {} of {} tokens leaves nothing to split",
+               opt.val_fraction, out.held.size());
+    train.append(out.held.data(), out.held.size() - nval);
+    val->append(out.held.data() + out.held.size() - nval, nval);
+  }
+  train.finish();
+  if (val) val->finish();
+  std::vector<std::string> stale = train.stale();
+  if (val)
+    for (std::string& s : val->stale()) stale.push_back(std::move(s));
+  outputs.commit(stale);
+  const int64_t train_tokens = train.count(), val_tokens = val ? val->count() : 0;
 
   if (opt.quiet) return;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto named = [](const ShardSet& s) {
+    return s.paths().size() == 1
+               ? s.paths()[0]
+               : fmt::format("{} shards, {} to {}", s.paths().size(), s.paths().front(), s.paths().back());
+  };
   fmt::print("wrote {} tokens to {}{} from {} document{} ({:.1f} MB) in {:.2f} s: {:.1f} MB/s on {} thread{}{}\n",
-             train_tokens, opt.output, val_tokens == 0 ? "" : fmt::format(" and {} to {}", val_tokens, val_path),
+             train_tokens, named(train), val_tokens == 0 ? "" : fmt::format(" and {} to {}", val_tokens, named(*val)),
              t.docs, t.docs == 1 ? "" : "s", double(t.bytes) / 1e6, s, double(t.bytes) / 1e6 / std::max(s, 1e-9),
              threads, threads == 1 ? "" : "s",
              eot >= 0 ? fmt::format("; each document opened by {} ({})", bpe->doc_token_text(), eot)
                       : fmt::format("; the {} has no {} token: documents are joined as they are",
                                     bpe ? "vocabulary" : "byte tokenizer", bpe ? bpe->doc_token_text() : "document"));
+  if (train.paths().size() > 1 || (val && val->paths().size() > 1))
+    fmt::print("a shard holds at most {} tokens (--shard-tokens): train on the shards' directory (data.path = DIR)\n",
+               shard_tokens);
   if (!cut)
     fmt::print(
         "one thread per document: this tokenizer's pieces depend on the whole text, so a document is not cut "

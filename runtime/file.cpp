@@ -21,13 +21,14 @@ namespace {
 std::string why() {
   return std::strerror(errno);
 }
+}  // namespace
+
 void close_checked(std::FILE* f, const std::string& path) {
   const bool flushed = std::fflush(f) == 0, synced = flushed && ::fsync(fileno(f)) == 0;
   const std::string err = why();
   const bool closed = std::fclose(f) == 0;
   if (!(flushed && synced && closed)) fail_io("writing '{}' failed ({}); is the disk full?", path, err);
 }
-}  // namespace
 
 void dir_fsync(const std::string& dir) {
   const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -67,6 +68,8 @@ std::string named(const std::string& what) {
       "else: choose another path",
       named(what), path, kind);
 }
+}  // namespace
+
 void parent_create(const std::string& path) {
   const std::filesystem::path p(path);
   std::error_code ec;
@@ -78,9 +81,6 @@ void parent_create(const std::string& path) {
   if (ec || !std::filesystem::is_directory(p.parent_path()))
     fail("'{}' cannot be written: '{}' is not a directory; choose another path", path, p.parent_path().string());
 }
-// A new temporary at `tmp`: never an existing file, never through a link. A regular file left
-// there by an attempt that was killed is unlinked (its name only: a file it shares an inode
-// with keeps its bytes); anything else there is refused.
 int temporary_create(const std::string& tmp, const std::string& what) {
   for (int attempt = 0;; ++attempt) {
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
@@ -94,7 +94,6 @@ int temporary_create(const std::string& tmp, const std::string& what) {
     if (attempt > 0 || ::unlink(tmp.c_str()) != 0) fail_io("cannot replace the stale temporary '{}'", tmp);
   }
 }
-}  // namespace
 
 void output_check(const std::string& path, const std::string& what) {
   if (const std::string kind = file_kind_if_not_regular(path); !kind.empty()) refuse_output(path, kind, what);

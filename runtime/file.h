@@ -38,6 +38,13 @@ int output_open(const std::string& path, bool truncate, const std::string& what)
 // `write` gets the open temporary file; return normally when done. `what` as for output_check.
 void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write,
                        const std::string& what = "");
+// The pieces file_write_atomic and FileSet (runtime/file_set.h) share: the directories of `path`
+// made; a new temporary at `tmp`, never an existing file, never through a link (a regular file
+// left there by an attempt that was killed is unlinked, its name only; anything else there is
+// refused); a written file flushed, fsynced and closed, each step checked.
+void parent_create(const std::string& path);
+int temporary_create(const std::string& tmp, const std::string& what);
+void close_checked(std::FILE* f, const std::string& path);
 
 // The whole of `path`, which must be a regular file (a FIFO, device, directory or link to one is
 // refused without opening it for long) of at most max_bytes; `what` names where it came from.

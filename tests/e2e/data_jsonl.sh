@@ -63,6 +63,39 @@ grep -q "from 206 documents" j.log || { cat j.log; fail "not 206 documents"; }
 cmp -s ts.bin js.bin && cmp -s ts_val.bin js_val.bin || fail "the split differs between text and JSON Lines"
 grep -q "^validation: the last 21 of 206 documents" js.log || { cat js.log; fail "split line"; }
 
+# More tokens than --shard-tokens: numbered shards, each whole with its record, holding in order
+# the tokens of the one shard (the validation split too); made again with room for all, the
+# numbered shards of the first run are removed.
+mkdir rdir
+"$loom" data "${tok[@]}" --shard-tokens 400000 texts rdir/r.bin --val-fraction 0.1 > r.log 2>&1 ||
+  { cat r.log; fail "numbered shards"; }
+grep -q "^a shard holds at most 400000 tokens (--shard-tokens): train on the shards' directory" r.log ||
+  { cat r.log; fail "numbered shards: no advice"; }
+# numbered MAX: rdir's shards of each output, in order, hold ts.bin's and ts_val.bin's tokens.
+numbered() {
+  python3 - "$1" <<'PY'
+import glob, struct, sys
+most = int(sys.argv[1])
+def tokens(path):
+    b = open(path, "rb").read()
+    h = struct.unpack("<256i", b[:1024])
+    assert h[3] == 0x6d6f6f6c and h[5] == 260, (path, h[3:7])
+    return h[2], list(struct.unpack("<%dH" % h[2], b[1024:]))
+for stem, whole in (("r", "ts.bin"), ("r_val", "ts_val.bin")):
+    names = ["rdir/%s.bin" % stem] + sorted(glob.glob("rdir/%s_0*.bin" % stem))
+    counts, ids = zip(*map(tokens, names))
+    assert all(c == most for c in counts[:-1]) and 0 < counts[-1] <= most, (names, counts)
+    assert sum(ids, []) == tokens(whole)[1], stem
+print("numbered shards of at most %d tokens: %s" % (most, sorted(glob.glob("rdir/*"))))
+PY
+}
+numbered 400000 || fail "numbered shards differ from the one shard"
+[ -f rdir/r_val_000004.bin ] || fail "not several numbered shards: $(ls rdir)"
+"$loom" data "${tok[@]}" --shard-tokens 1500000 texts rdir/r.bin --val-fraction 0.1 > r.log 2>&1 ||
+  { cat r.log; fail "numbered shards again"; }
+numbered 1500000 || fail "numbered shards made again differ"
+[ "$(ls rdir | tr '\n' ' ')" = "r.bin r_val.bin r_val_000001.bin " ] || fail "stale numbered shards stay: $(ls rdir)"
+
 # llm.c's loader's checks (its header reader, restated): magic, version, count > 0, and the
 # file's size exactly header + count tokens. Then loom's record in the spare words.
 python3 - t.bin <<'PY' || fail "the shard is not what llm.c's reader takes, or its record is wrong"
@@ -87,10 +120,11 @@ bad() {  # NAME PATTERN FILE [OPTION...]
   grep -q -- "$2" err.log || { cat err.log; fail "$1: no '$2'"; }
   [ "$(grep -c . err.log)" = 1 ] && [ "$(wc -c < err.log)" -lt 400 ] || { head -c 600 err.log; fail "$1: not one short line"; }
   cmp -s keep.bin t.bin || fail "$1: the output was replaced"
-  ls keep*.tmp keep_val* > /dev/null 2>&1 && fail "$1: something partial was left: $(ls keep*)"
+  if compgen -G "keep*.tmp" > /dev/null || compgen -G "keep_val*" > /dev/null; then fail "$1: something partial was left: $(ls keep*)"; fi
 }
 printf '{"text": "a"}\n{"text": "b"\n{"text": "c"}\n' > badjson.jsonl
 bad "not JSON" "'badjson.jsonl' line 2: not valid JSON" badjson.jsonl
+bad "not JSON, with a split" "'badjson.jsonl' line 2: not valid JSON" badjson.jsonl --val-fraction 0.5
 printf '{"text": "a"}\n\n{"body": "b", "id": 3}\n' > nokey.jsonl
 bad "key missing" "'nokey.jsonl' line 3: no \"text\" key (it has \"body\", \"id\"; choose the key with --text-key)" nokey.jsonl
 printf '{"text": "a"}\n{"text": 42}\n' > number.jsonl
@@ -116,12 +150,21 @@ cat badjson.jsonl nokey.jsonl number.jsonl utf8.jsonl > mixed.jsonl
 "$loom" data "${tok[@]}" --format jsonl --skip-bad mixed.jsonl m.bin > m.log 2>&1 || { cat m.log; fail "--skip-bad"; }
 grep -q "from 4 documents" m.log && grep -q "^skipped 4 bad records (--skip-bad); the first: 'mixed.jsonl' line 2" m.log ||
   { cat m.log; fail "--skip-bad count"; }
-# JSON as text: refused with the option to use, for a file and inside a directory.
-mkdir jdir && cp c.jsonl jdir/ && cp texts/d0000.txt jdir/
-for input in c.jsonl c.jsonl.zst jdir; do
+# JSON or compressed data given as text: refused with the option to use (a gzip file named .txt
+# by its first bytes); in a directory of text, skipped with a warning naming it, as before.
+gzip -c texts/d0000.txt > gz.txt
+for input in c.jsonl c.jsonl.zst gz.txt; do
   "$loom" data "${tok[@]}" "$input" keep.bin > out.log 2> err.log
-  [ $? = 2 ] && grep -q "is named as JSON.*pass --format jsonl\|is compressed.*--format jsonl" err.log ||
+  [ $? = 2 ] && grep -q "is named as JSON.*pass --format jsonl\|is compressed (.*--format jsonl" err.log ||
     { cat err.log; fail "$input as text was not refused naming --format jsonl"; }
+done
+grep -q "'gz.txt' is compressed (gzip data)" err.log || { cat err.log; fail "gz.txt: not named as gzip data"; }
+mkdir jdir && cp texts/d000[0-4].txt jdir/ && cp c.jsonl jdir/README.json && cp c.jsonl.gz jdir/ && cp gz.txt jdir/
+mkdir jtexts && cp texts/d000[0-4].txt jtexts/
+"$loom" data "${tok[@]}" jdir jd.bin > jd.log 2>&1 && "$loom" data "${tok[@]}" jtexts jt.bin > /dev/null 2>&1 &&
+  cmp -s jd.bin jt.bin || { cat jd.log; fail "a text directory holding JSON and compressed files"; }
+for f in README.json c.jsonl.gz gz.txt; do
+  grep -q "warning: skipping 'jdir/$f' in input directory 'jdir'" jd.log || { cat jd.log; fail "no warning for $f"; }
 done
 
 # Bounded memory, streamed: 48 MB and 96 MB of records compressed to a few kB; the larger file's

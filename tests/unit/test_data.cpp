@@ -13,6 +13,7 @@
 #include "optim/adamw.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/file_set.h"
 #include "testing.h"
 #include "train/trainer.h"
 
@@ -207,6 +208,51 @@ TEST(Files, FailedWritesNeverReplaceTheFile) {
   // A device is never written as a log (the full disk itself: dist.checkpoint_full_disk).
   EXPECT_NE(error_of([&] { DurableAppend full("/dev/full", "w"); }).find("'/dev/full' is a character device"),
             std::string::npos);
+}
+
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+// A set of files replaces its names together: a rename that fails (here, a directory put at the
+// second name after the checks) puts the first name back as it was, and a name that held no file
+// holds none again.
+TEST(Files, ASetReplacesAllItsNamesOrNone) {
+  const std::string a = tmp("set_a.txt"), b = tmp("set_b.txt"), c = tmp("set_c.txt");
+  for (const std::string& p : {a, b, c}) std::filesystem::remove_all(p);
+  file_write_atomic(a, [&](std::FILE* f) { file_write(f, "old a", 5, a); });
+  file_write_atomic(b, [&](std::FILE* f) { file_write(f, "old b", 5, b); });
+  {
+    FileSet set("the test");
+    for (const std::string& p : {c, a, b}) file_write(set.open(p), "new", 3, p);
+    std::filesystem::remove(b);
+    std::filesystem::create_directories(b + "/in_the_way");
+    EXPECT_NE(error_of([&] { set.commit(); }).find("nothing was replaced"), std::string::npos);
+  }
+  EXPECT_EQ(slurp(a), "old a");
+  EXPECT_FALSE(std::filesystem::exists(c));
+  for (const std::string& p : {a, b, c}) {
+    EXPECT_FALSE(std::filesystem::exists(p + ".tmp")) << p;
+    EXPECT_FALSE(std::filesystem::exists(p + ".loom-old")) << p;
+  }
+  std::filesystem::remove_all(b);
+  {
+    FileSet set("the test");
+    for (const std::string& p : {a, b}) file_write(set.open(p), "new", 3, p);
+    set.commit({c});
+  }
+  EXPECT_EQ(slurp(a), "new");
+  EXPECT_EQ(slurp(b), "new");
+  EXPECT_FALSE(std::filesystem::exists(a + ".loom-old"));
+  {
+    FileSet dropped("the test");  // never committed: nothing changes, no temporary stays
+    file_write(dropped.open(a), "newer", 5, a);
+  }
+  EXPECT_EQ(slurp(a), "new");
+  EXPECT_FALSE(std::filesystem::exists(a + ".tmp"));
 }
 
 TEST(Data, AShardsTokenCountIsCheckedAgainstItsSizeFirst) {
