@@ -185,3 +185,17 @@ TEST(CliData, ShardsOfOneKindFromOtherFilesAreRefused) {
                             other + "/s.bin\", weight = 1}]'",
                         "other/s.bin' were made by different tokenizers (gpt2 (260 tokens, files xxh64");
 }
+
+// Weights with no recorded tokenizer and a tokenizer.json loom does not read beside them
+// (WordPiece): generate runs as it did before loom read tokenizer.json files, with a warning.
+TEST(CliData, ATokenizerJsonLoomRefusesIsPassedOverAsBefore) {
+  const std::string dir = fresh("wordpiece"), hf = dir + "/hf/";
+  CliRun t = loom_run(run("wordpiece") + "--set export.final=" + hf);  // synthetic: nothing recorded
+  ASSERT_EQ(t.status, 0) << t.output;
+  std::ofstream(hf + "tokenizer.json") << R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}})";
+  CliRun g = loom_run("generate --from " + hf + " --prompt ab --max-new 2");
+  ASSERT_EQ(g.status, 0) << g.output;
+  EXPECT_NE(g.output.find("tokenizer.json' beside the weights is not one loom reads"), std::string::npos) << g.output;
+  EXPECT_NE(g.output.find("model is WordPiece"), std::string::npos) << g.output;
+  EXPECT_NE(g.output.find("tokenizer byte, none recorded"), std::string::npos) << g.output;
+}
