@@ -15,7 +15,8 @@
 
 namespace loom {
 
-// An Oniguruma expression over UTF-8 in Ruby syntax, as the tokenizers library compiles it.
+// An Oniguruma expression over UTF-8 in Oniguruma's default syntax (ONIG_SYNTAX_DEFAULT, its
+// own, Ruby's with more), as the tokenizers library's onig crate compiles it.
 class Regex {
  public:
   explicit Regex(const std::string& pattern);  // an Error naming the pattern where it does not compile

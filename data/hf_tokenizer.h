@@ -2,12 +2,13 @@
 // byte-level ones (GPT-2, LLaMA-3, Qwen, DeepSeek, GPT-4o) and SentencePiece-style ones ("▁"
 // for spaces from a normalizer or Metaspace, byte fallback: Llama 2, Mistral, Gemma) alike.
 // Normalizers and pre-tokenizers come from data/hf_pipeline.h; added tokens that are not
-// special are split out as the file says, while special tokens' text is tokenized as
-// ordinary text (loom's rule: a document cannot forge a control token); invalid UTF-8 is
-// replaced by U+FFFD first. A long text's pieces are made a batch at a time, and a long word is
-// merged in the parts no token joins across (the same ids). Other models (WordPiece, Unigram,
-// WordLevel) and components loom does not implement are refused by name. SentencePiece's own .model files are
-// data/spm_tokenizer.h's.
+// special are split out as the file says (their text in a document becomes their ids: Qwen3's
+// <tool_call>, DeepSeek-V3's <｜User｜>), while special tokens' text is tokenized as ordinary
+// text (a document cannot put a special token in the data); invalid UTF-8 is replaced by
+// U+FFFD first. A long text's pieces are made a batch at a time, and a long word is merged in
+// the parts no token joins across (the same ids). Other models (WordPiece, Unigram, WordLevel)
+// and components loom does not implement are refused by name. SentencePiece's own .model
+// files are data/spm_tokenizer.h's.
 #pragma once
 #include <memory>
 #include <string>
