@@ -77,6 +77,27 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
   return out;
 }
 
+// ---- SentencePiece-style pieces ----
+
+void metaspace_decode(std::string_view piece, std::string& out) {
+  for (size_t at = 0; at < piece.size();) {
+    if (piece.compare(at, 3, "\u2581") == 0) {
+      out += ' ';
+      at += 3;
+    } else {
+      out += piece[at++];
+    }
+  }
+}
+
+bool byte_piece_decode(std::string_view piece, std::string& out) {
+  auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; };
+  if (piece.size() != 6 || piece.substr(0, 3) != "<0x" || piece[5] != '>' || hex(piece[3]) < 0 || hex(piece[4]) < 0)
+    return false;
+  out += char(hex(piece[3]) * 16 + hex(piece[4]));
+  return true;
+}
+
 // ---- GPT-2's byte-level alphabet ----
 
 namespace {

@@ -465,18 +465,8 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
       if (!byte_level_decode(tok, s)) s += tok;  // an added token's own text
       continue;
     }
-    if (t_->byte_fallback && tok.size() == 6 && tok.compare(0, 3, "<0x") == 0 && tok[5] == '>') {
-      s += char(std::stoi(tok.substr(3, 2), nullptr, 16));
-      continue;
-    }
-    for (size_t at = 0; at < tok.size();) {  // "▁" stands for a space
-      if (tok.compare(at, 3, "\u2581") == 0) {
-        s += ' ';
-        at += 3;
-      } else {
-        s += tok[at++];
-      }
-    }
+    if (t_->byte_fallback && byte_piece_decode(tok, s)) continue;
+    metaspace_decode(tok, s);
   }
   return s;
 }

@@ -131,19 +131,8 @@ std::string SpmTokenizer::decode(const std::vector<int32_t>& ids) const {
     LOOM_CHECK(id >= 0 && id < size, "token id {} is outside the SentencePiece model's {} pieces", id, size);
     int kind = 0;
     const std::string piece = spm().piece(sp_.get(), id, &kind);
-    if (kind == 1) {
-      s += char(std::stoi(piece.substr(3, 2), nullptr, 16));
-      continue;
-    }
-    if (kind == 2) continue;
-    for (size_t at = 0; at < piece.size();) {
-      if (piece.compare(at, 3, "\u2581") == 0) {
-        s += ' ';
-        at += 3;
-      } else {
-        s += piece[at++];
-      }
-    }
+    if (kind == 2 || (kind == 1 && byte_piece_decode(piece, s))) continue;
+    metaspace_decode(piece, s);
   }
   return s;
 }

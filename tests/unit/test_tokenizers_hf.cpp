@@ -7,6 +7,7 @@
 
 #include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
+#include "runtime/config.h"
 #include "runtime/utf8.h"
 #include "testing.h"
 
@@ -115,6 +116,20 @@ TEST(HfTokenizer, InvalidUtf8IsReadAsReplacementCharacters) {
             t.encode("a\xef\xbf\xbd\xef\xbf\xbd"
                      "b"));
   EXPECT_EQ(t.decode(t.encode("caf\xc3\xa9")), "caf\xc3\xa9");
+}
+
+// One strict reading of UTF-8 for settings, records and tokenizers (runtime/utf8.h): overlong
+// forms, surrogates and code points past U+10FFFF are not UTF-8 anywhere.
+TEST(Utf8, OneStrictReadingEverywhere) {
+  for (const char* bad : {"\xc0\x80", "\xc1\x81", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe6\x97", "\x80"})
+    EXPECT_EQ(utf8_invalid_at(std::string("ok") + bad), 2u) << bad;
+  EXPECT_TRUE(utf8_valid("caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x99\x82 \xf4\x8f\xbf\xbf"));
+  Config cfg = config_defaults();
+  EXPECT_NE(error_of([&] { config_set(cfg, "log.dir=x\xc0\x80"); }).find("not UTF-8 text"), std::string::npos);
+  // An overlong 'A' is two bytes that are not UTF-8 to the pre-tokenizers too, not a letter.
+  EXPECT_EQ(gpt2_pretokenize("a\xc1\x81"
+                             "b"),
+            (Words{"a", "\xc1\x81", "b"}));
 }
 
 TEST(HfTokenizer, NfcComposesWhatItReads) {
