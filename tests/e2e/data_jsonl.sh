@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # loom data on JSON Lines, through the binary: the same documents as text files and as
 # .jsonl, .jsonl.gz and .jsonl.zst records give byte-identical shards (any thread count, with a
-# validation split); each bad record is a one-line error naming its file and line, leaving no
-# output (an earlier one stays as it was), or with --skip-bad a count; JSON given as text is
-# refused naming --format jsonl; a highly compressed file streams in bounded memory; the shard
-# still reads as llm.c's loader reads it, and records its tokenizer.
+# validation split), whose ids are the records' bytes as read here in Python; past
+# --shard-tokens, numbered shards; each bad record (one longer than --max-record too) is a
+# one-line error naming its file and line, leaving no output (an earlier one stays as it was),
+# or with --skip-bad a count; JSON or compressed data given as text is refused naming --format
+# jsonl, skipped in a text directory; a highly compressed file streams in bounded memory, and
+# a long record takes its planned share; the shard still reads as llm.c's loader reads it, and
+# records its tokenizer.
 #   data_jsonl.sh LOOM
 set -uo pipefail
 loom=$(realpath "$1")
@@ -54,6 +57,29 @@ for f in c.jsonl c.jsonl.gz c.jsonl.zst; do
   done
 done
 grep -q "from 206 documents" j.log || { cat j.log; fail "not 206 documents"; }
+# The shard's contents against the records read here, not through loom: with GPT-2's byte
+# alphabet and no merges, a document is <|endoftext|> (256) and then its UTF-8 bytes.
+python3 - <<'PY'
+import json
+vocab = json.load(open("vocab.json"))
+json.dump({t: i for t, i in vocab.items() if i < 256} | {"<|endoftext|>": 256}, open("bytes.json", "w"))
+open("none.txt", "w").write("#version: 0.2\n")
+PY
+for threads in 1 2; do
+  "$loom" data --tokenizer gpt2 --vocab bytes.json --merges none.txt --format jsonl --threads $threads c.jsonl.gz \
+    b.bin > b.log 2>&1 || { cat b.log; fail "bytes"; }
+  python3 - <<'PY' || fail "the shard on $threads threads is not the records' bytes, each opened by 256"
+import json, struct
+want = []
+for line in open("c.jsonl", encoding="utf-8"):
+    if line.strip():
+        want += [256] + list(json.loads(line)["text"].encode("utf-8"))
+b = open("b.bin", "rb").read()
+h = struct.unpack("<256i", b[:1024])
+got = list(struct.unpack("<%dH" % h[2], b[1024:]))
+assert (h[5], h[6]) == (257, 256) and got == want, (h[5], h[6], len(got), len(want))
+PY
+done
 # Concatenated gzip members are one stream: twice the documents.
 "$loom" data "${tok[@]}" --format jsonl twice.jsonl.gz w.bin > w.log 2>&1 && grep -q "from 412 documents" w.log ||
   { cat w.log; fail "two gzip members"; }

@@ -4,6 +4,7 @@
 // comparison with the reference library on real files is e2e.tokenizers_hf).
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
@@ -212,4 +213,32 @@ TEST(HfTokenizer, ALongWordSplitsOnlyWhereNoTokenJoins) {
               ids.insert(ids.end(), 99, a_b);
               return ids;
             }()));
+}
+
+// Each thread's clone matches with regular expressions of its own (an Oniguruma region is
+// scratch space written on every search): clones on four threads at once give the ids one
+// tokenizer gives alone.
+TEST(HfTokenizer, ClonesOnThreadsAtOnceGiveTheIdsOfOne) {
+  json regex = {{"pre_tokenizer",
+                 {{"type", "Split"},
+                  {"pattern", {{"Regex", R"(\p{L}+|\s*[\r\n]+|\s+(?!\S)|\s+|[^\s\p{L}]+)"}}},
+                  {"behavior", "Isolated"}}}};
+  HfTokenizer t(hf_write("threads", {{"a", "b"}, {"c", "d"}, {"ab", "cd"}}, regex));
+  std::vector<std::string> texts;
+  for (int k = 0; k < 4; ++k) {
+    std::string s;
+    for (int i = 0; i < 20000; ++i)
+      s += std::string(size_t(1 + (i * 7 + k) % 5), char('a' + (i + k) % 6)) + " -\n"[i % 3];
+    texts.push_back(s);
+  }
+  std::vector<Ids> alone;
+  for (const std::string& s : texts) alone.push_back(t.encode(s));
+  std::vector<Ids> together(texts.size());
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < texts.size(); ++k)
+    threads.emplace_back([&, k, clone = t.clone()] {
+      for (int round = 0; round < 3; ++round) together[k] = clone->encode(texts[k]);
+    });
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(together, alone);
 }

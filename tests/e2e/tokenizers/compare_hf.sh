@@ -4,7 +4,8 @@
 # Llama 2, GPT-4o and LLaMA-3, over a multilingual corpus of edge cases (CJK, emoji, combining
 # marks and text that NFC changes, long digit runs, white-space runs, contractions, special-
 # and added-token text, code) and real English, one document per JSON Lines record, through
-# `loom data` on one thread. Every document's ids must be identical, each opened by the
+# `loom data` on one thread (and the same shard on two). Qwen3's file is also run with NFKC and
+# NFD in place of its NFC. Every document's ids must be identical, each opened by the
 # document token, and the shard's vocabulary and document token must be the ones the reference
 # reads from the tokenizer's own files; loom's decoding (of every added token, special or not,
 # and of whole documents) must be the reference's. Prints both sides' throughput on one thread. Then a shard made
@@ -114,7 +115,7 @@ print("%s: %d ids over %d documents identical to the reference (vocabulary %d, d
 PY
 }
 
-# decode_check NAME FILE REF INFO: the text loom decodes is the reference's, for every added
+# decode_check NAME FILE REF INFO [REFNAME]: the text loom decodes is the reference's, for every added
 # token (special or not) alone and between ordinary tokens, and for whole documents' ids. loom
 # decodes a stream token by token, so a decoder's Strip of the text's first space (Llama 2's)
 # is not its to apply: that one space is set aside.
@@ -130,7 +131,7 @@ lines += [d for d in docs if d]
 open(out, "w").write("".join(json.dumps(l) + "\n" for l in lines))
 PY
   "$decoder" hf "$2" < "$dir/$1.ids" > "$dir/$1.dec" || return 1
-  node "$here/hf_reference.js" "$npm" "$1" --decode "$dir/$1.ids" > "$dir/$1.dec.ref" || return 1
+  node "$here/hf_reference.js" "$npm" "${5:-$1}" --decode "$dir/$1.ids" > "$dir/$1.dec.ref" || return 1
   python3 - "$dir/$1.ids" "$dir/$1.dec" "$dir/$1.dec.ref" "$1" "$2" <<'PY'
 import json, sys
 ids = [json.loads(l) for l in open(sys.argv[1])]
@@ -150,21 +151,44 @@ print("%s: %d decodes (every added token alone and between others, whole documen
 PY
 }
 
+# Normalizers no shipped file here uses: Qwen3's tokenizer.json with NFKC, and with NFD, in
+# place of its NFC (the corpus holds ligatures, compatibility digits, Hangul jamo, Å, Ω).
+forms=()
+[ $# -gt 0 ] || forms=(NFKC NFD)  # with the default models
+for form in "${forms[@]}"; do
+  mkdir -p "$dir/qwen3_$form"
+  python3 - "$(node "$here/hf_reference.js" "$npm" qwen3 --path)" "$dir/qwen3_$form" "$form" <<'PY'
+import json, os, shutil, sys
+src, out, form = sys.argv[1:]
+j = json.load(open(src, encoding="utf-8"))
+assert j["normalizer"] == {"type": "NFC"}, j["normalizer"]
+j["normalizer"] = {"type": form}
+json.dump(j, open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8"), ensure_ascii=False)
+shutil.copy(os.path.join(os.path.dirname(src), "tokenizer_config.json"), out)
+PY
+  names+=("$dir/qwen3_$form")
+done
+
 fails=0
 for name in "${names[@]}"; do
   file=$(node "$here/hf_reference.js" "$npm" "$name" --path)
+  ref=$name name=$(basename "$name")  # a directory's: qwen3_NFKC
   "$loom" data --format jsonl --tokenizer hf --tokenizer-file "$file" --threads 1 "$dir/docs.jsonl" "$dir/$name.bin" \
     > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
-  node "$here/hf_reference.js" "$npm" "$name" "$dir/docs.jsonl" > "$dir/$name.ref" 2> "$dir/$name.ref.log"
-  info=$(node "$here/hf_reference.js" "$npm" "$name" --info)
+  node "$here/hf_reference.js" "$npm" "$ref" "$dir/docs.jsonl" > "$dir/$name.ref" 2> "$dir/$name.ref.log"
+  info=$(node "$here/hf_reference.js" "$npm" "$ref" --info)
   check "$dir/$name.bin" "$dir/$name.ref" "$name" "$dir/docs.jsonl" "$info" || fails=$((fails + 1))
-  decode_check "$name" "$file" "$dir/$name.ref" "$info" || fails=$((fails + 1))
+  decode_check "$name" "$file" "$dir/$name.ref" "$info" "$ref" || fails=$((fails + 1))
+  # The same documents on 2 threads: the same shard.
+  "$loom" data --format jsonl --tokenizer hf --tokenizer-file "$file" --threads 2 "$dir/docs.jsonl" "$dir/$name.2.bin" \
+    > /dev/null 2>&1 && cmp -s "$dir/$name.bin" "$dir/$name.2.bin" ||
+    { echo "FAIL: $name: the shard on 2 threads differs from the one on 1"; fails=$((fails + 1)); }
   echo "  loom: $(grep -o '[0-9.]* MB/s on 1 thread' "$dir/$name.log"); $(cat "$dir/$name.ref.log")"
   # A tokenizer whose text loom cuts for threads: a document of over 1 MB, on 2 threads.
   if ! grep -q "^one thread per document" "$dir/$name.log"; then
     "$loom" data --format jsonl --tokenizer hf --tokenizer-file "$file" --threads 2 "$dir/big.jsonl" \
       "$dir/$name.big.bin" > "$dir/$name.big.log" 2>&1 || { cat "$dir/$name.big.log"; exit 1; }
-    node "$here/hf_reference.js" "$npm" "$name" "$dir/big.jsonl" > "$dir/$name.big.ref" 2> /dev/null
+    node "$here/hf_reference.js" "$npm" "$ref" "$dir/big.jsonl" > "$dir/$name.big.ref" 2> /dev/null
     check "$dir/$name.big.bin" "$dir/$name.big.ref" "$name, 1.1 MB cut for 2 threads," "$dir/big.jsonl" "$info" ||
       fails=$((fails + 1))
   fi

