@@ -55,15 +55,4 @@ struct PreTokenizer {
 };
 std::unique_ptr<PreTokenizer> pre_tokenizer_from(const nlohmann::json& j);
 
-// GPT-2's byte-level alphabet: byte b as the UTF-8 of its stand-in character, and back.
-const std::string& byte_level_char(uint8_t b);
-// SentencePiece-style pieces decoded onto `out`: "▁" (U+2581) stands for a space; a byte piece
-// "<0xAB>" for its byte (false where `piece` is not one).
-void metaspace_decode(std::string_view piece, std::string& out);
-bool byte_piece_decode(std::string_view piece, std::string& out);
-
-// Appends the bytes of a byte-level string to `out`; false, with `out` as it was, where a
-// character is not in the alphabet (an added token's own text, which stands for itself).
-bool byte_level_decode(std::string_view s, std::string& out);
-
 }  // namespace loom

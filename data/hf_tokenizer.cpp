@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "data/hf_pipeline.h"
+#include "data/token_text.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 #include "runtime/utf8.h"

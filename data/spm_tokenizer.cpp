@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <mutex>
 
-#include "data/hf_pipeline.h"
 #include "data/spm_abi.h"
+#include "data/token_text.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 #include "runtime/utf8.h"

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
 #include "data/spm_tokenizer.h"
+#include "data/token_text.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 #include "runtime/utf8.h"

@@ -8,6 +8,7 @@
 
 #include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
+#include "data/token_text.h"
 #include "runtime/config.h"
 #include "runtime/utf8.h"
 #include "testing.h"
