@@ -291,17 +291,18 @@ size_t memory_plan(const DataOptions& opt, bool jsonl, bool bpe, int threads, si
   auto need = [&](size_t record) { return double(batch_bytes + record) * kRecordBytes + working; };
   size_t max_record = size_t(opt.max_record_mb > 0 ? opt.max_record_mb : 64) << 20;
   if (opt.memory_bytes < 0 || need(max_record) <= memory) return max_record;
-  LOOM_CHECK(opt.max_record_mb == 0,
-             "--max-record {} MB: a batch of records ({} MB on {} threads) and one of {} MB take about {:.1f} GiB with "
-             "their tokens, and this machine has {:.1f} GiB ({}); lower --max-record or --threads",
-             opt.max_record_mb, batch_bytes >> 20, threads, opt.max_record_mb, need(max_record) / kGiB, memory / kGiB,
-             opt.memory_from);
+  LOOM_CHECK(
+      opt.max_record_mb == 0,
+      "--max-record {} MB: a batch of records ({} MB on {} thread{}) and one of {} MB take about {:.1f} GiB with "
+      "their tokens, and this machine has {:.1f} GiB ({}); lower --max-record or --threads",
+      opt.max_record_mb, batch_bytes >> 20, threads, threads == 1 ? "" : "s", opt.max_record_mb,
+      need(max_record) / kGiB, memory / kGiB, opt.memory_from);
   const double room = (memory - working) / kRecordBytes - double(batch_bytes);
   max_record = room > 0 ? (size_t(room) >> 20) << 20 : 0;
   LOOM_CHECK(max_record >= (size_t(1) << 20),
-             "JSON Lines on {} threads take about {:.1f} GiB with records of 1 MB, and this machine has {:.1f} GiB "
+             "JSON Lines on {} thread{} take about {:.1f} GiB with records of 1 MB, and this machine has {:.1f} GiB "
              "({}); lower --threads",
-             threads, need(size_t(1) << 20) / kGiB, memory / kGiB, opt.memory_from);
+             threads, threads == 1 ? "" : "s", need(size_t(1) << 20) / kGiB, memory / kGiB, opt.memory_from);
   if (!opt.quiet)
     fmt::print(stderr,
                "note: records up to {} MB, what this machine's memory holds ({:.1f} GiB, {}); a longer one is a bad "

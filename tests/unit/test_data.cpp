@@ -8,6 +8,8 @@
 
 #include "checkpoint/safetensors.h"
 #include "data/batches.h"
+#include "data/shard_writer.h"
+#include "data/shards.h"
 #include "data/tokenizer.h"
 #include "model/backend.h"
 #include "optim/adamw.h"
@@ -253,6 +255,33 @@ TEST(Files, ASetReplacesAllItsNamesOrNone) {
   }
   EXPECT_EQ(slurp(a), "new");
   EXPECT_FALSE(std::filesystem::exists(a + ".tmp"));
+}
+
+// JSON Lines memory is planned before anything is read: with 200 MB to spend, a batch of 8 MB
+// and records up to 64 MB (about 8 bytes per byte) do not fit, so a --max-record of 64 is
+// refused, and the default becomes what fits (17 MB), a longer record a bad one.
+TEST(Data, JsonLinesMemoryIsPlannedBeforeReading) {
+  const std::string in = tmp("plan.jsonl"), out = tmp("plan.bin");
+  std::ofstream(in) << "{\"text\": \"short\"}\n{\"text\": \"" << std::string(18 << 20, 'x') << "\"}\n";
+  DataOptions opt;
+  opt.inputs = {in};
+  opt.output = out;
+  opt.format = "jsonl";
+  opt.threads = 1;
+  opt.quiet = true;
+  opt.memory_bytes = int64_t(200) << 20;
+  opt.memory_from = "the test's";
+  opt.max_record_mb = 64;
+  EXPECT_NE(error_of([&] { data_run(opt); })
+                .find("--max-record 64 MB: a batch of records (8 MB on 1 thread) and one "
+                      "of 64 MB take about 0.6 GiB"),
+            std::string::npos);
+  opt.max_record_mb = 0;
+  EXPECT_NE(error_of([&] { data_run(opt); }).find("line 2 is longer than 17 MB (--max-record)"), std::string::npos);
+  opt.max_record_mb = 19;
+  opt.memory_bytes = -1;  // unknown: as given
+  data_run(opt);
+  EXPECT_EQ(shard_read(out, 256).size(), size_t(5 + (18 << 20)));
 }
 
 TEST(Data, AShardsTokenCountIsCheckedAgainstItsSizeFirst) {
