@@ -294,6 +294,7 @@ void tokens_pack(const int32_t* ids, size_t n, int width, std::vector<uint8_t>& 
 
 std::string TokenizerRecord::describe() const {
   if (kind.empty()) return "no tokenizer recorded";
+  if (kind == "byte") return fmt::format("byte ({} tokens, no files)", vocab_size);
   return fmt::format("{} ({} tokens, files xxh64 {:016x}{})", kind, vocab_size, hash,
                      files.empty() ? "" : fmt::format(", '{}'", files.front()));
 }

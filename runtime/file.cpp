@@ -22,13 +22,14 @@ namespace {
 std::string why() {
   return std::strerror(errno);
 }
+}  // namespace
+
 void close_checked(std::FILE* f, const std::string& path) {
   const bool flushed = std::fflush(f) == 0, synced = flushed && ::fsync(fileno(f)) == 0;
   const std::string err = why();
   const bool closed = std::fclose(f) == 0;
   if (!(flushed && synced && closed)) fail_io("writing '{}' failed ({}); is the disk full?", path, err);
 }
-}  // namespace
 
 void dir_fsync(const std::string& dir) {
   const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -68,6 +69,8 @@ std::string named(const std::string& what) {
       "else: choose another path",
       named(what), path, kind);
 }
+}  // namespace
+
 void parent_create(const std::string& path) {
   const std::filesystem::path p(path);
   std::error_code ec;
@@ -109,7 +112,6 @@ void temporary_remove(int fd, const std::string& tmp) {
       mine.st_ino == there.st_ino)
     ::unlink(tmp.c_str());
 }
-}  // namespace
 
 void output_check(const std::string& path, const std::string& what) {
   if (const std::string kind = file_kind_if_not_regular(path); !kind.empty()) refuse_output(path, kind, what);

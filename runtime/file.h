@@ -45,6 +45,15 @@ std::string temporary_name(const std::string& path, uint32_t random);
 // wrote); return normally when done. `what` as for output_check.
 void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write,
                        const std::string& what = "");
+// The pieces file_write_atomic and FileSet (runtime/file_set.h) share: the directories of `path`
+// made; a new temporary beside `path` under a name of loom's own (*tmp: temporary_name's),
+// created exclusively, so never an existing file and never through a link; that temporary
+// removed while its name is still the file `fd` holds (what another process put there since
+// stays); a written file flushed, fsynced and closed, each step checked.
+void parent_create(const std::string& path);
+int temporary_create(const std::string& path, std::string* tmp);
+void temporary_remove(int fd, const std::string& tmp);
+void close_checked(std::FILE* f, const std::string& path);
 
 // The whole of `path`, which must be a regular file (a FIFO, device, directory or link to one is
 // refused without opening it for long) of at most max_bytes; `what` names where it came from.

@@ -162,8 +162,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   memory_fit_check(plan_memory(cfg, p.device, p.dtype, opt.world_rank, &spec), opt.world_rank, p.memory);
   // Every pp degree runs a list of ops; at pp 1 it is 1F1B on one stage, F0 B0 F1 B1 ...: the
   // accumulation loop, one micro-batch's activations at a time.
-  p.pipe_ops = cfg.parallel.pp > 1 ? pipeline_in_order(p.pipe_schedule).ops[size_t(p.mesh->coord().pp)]
-                                   : pipeline_schedule(PpSchedule::f1b1, 1, 1, cfg.accum_steps()).ops[0];
+  p.pipe_ops = pipeline_stage_ops(p.pipe_schedule, p.mesh->coord().pp, cfg.accum_steps());
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   const bool ep = cfg.parallel.ep > 1;
   p.chunk = std::make_unique<DecoderPart>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
