@@ -28,6 +28,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/pieces.h"
 #include "checkpoint/safetensors.h"
+#include "runtime/exact_digits.h"
 
 namespace {
 
@@ -254,8 +255,8 @@ nlohmann::json last_step(const std::string& dir) {
 //                   gradients per block, lm_head gradient; cross-entropy max, sum, target)
 //       with sp:    reduce-scatter A*NC*(2 + 4L); all-gather A*NC*(2 + 6L);
 //                   all-reduce A*(3N + L*4C + 2C) (the sequence-parallel norm gradients)
-//     (fp32 elements; x 4 for bytes), plus the squared norm of the gradients once per step, a
-//     double (8 bytes).
+//     (fp32 elements; x 4 for bytes), plus the squared norm of the gradients once per step, an
+//     exact sum's 68 digits as doubles (544 bytes; runtime/exact_sum.h).
 //  2. Activation bytes: sequence parallelism shards the norm and residual regions. Korthikanti
 //     et al. (2022) count them as 10sbh of the 34sbh per layer in fp16 with dropout (two norm
 //     inputs, the residual, dropout masks) and show they drop to 10sbh/t. In loom (fp32,
@@ -274,7 +275,7 @@ int tp_check(const std::string& off, const std::string& on, const std::vector<do
     fmt::print("{:<40} measured {:>14.0f} analytic {:>14.0f} {}\n", what, got, want, ok ? "" : "MISMATCH");
   };
   check("no sp: tp all-reduce bytes/step", j_off["tp_comm"]["all_reduce_b"].get<double>(),
-        4 * A * (NC * (2 + 4 * L) + 3 * N) + 8, 0);
+        4 * A * (NC * (2 + 4 * L) + 3 * N) + 8 * loom::kExactDigits, 0);
   check("no sp: tp reduce-scatter + all-gather bytes",
         j_off["tp_comm"]["reduce_scatter_b"].get<double>() + j_off["tp_comm"]["all_gather_b"].get<double>(), 0, 0);
   check("sp: tp reduce-scatter bytes/step", j_on["tp_comm"]["reduce_scatter_b"].get<double>(), 4 * A * NC * (2 + 4 * L),
@@ -282,7 +283,7 @@ int tp_check(const std::string& off, const std::string& on, const std::vector<do
   check("sp: tp all-gather bytes/step", j_on["tp_comm"]["all_gather_b"].get<double>(), 4 * A * NC * (2 + 6 * L), 0);
   const double norm_params = arch == "llama" ? 1 : 2;  // RMSNorm: a gain; LayerNorm: gain and bias
   check("sp: tp all-reduce bytes/step", j_on["tp_comm"]["all_reduce_b"].get<double>(),
-        4 * A * (3 * N + L * 2 * norm_params * C + norm_params * C) + 8, 0);
+        4 * A * (3 * N + L * 2 * norm_params * C + norm_params * C) + 8 * loom::kExactDigits, 0);
   const double saved = 4 * ((L * (4 * NC + s * N) + 2 * NC + s * N / 2) * (1 - 1 / t) - NC);
   const double measured = j_off["mem"]["act_b"].get<double>() - j_on["mem"]["act_b"].get<double>();
   check("activation bytes saved by sp", measured, saved, 0.01 * saved + 64 * 20);
