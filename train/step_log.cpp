@@ -119,7 +119,7 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
   if (stopped_by) {
     metrics_.stopped(steps_done, stop_signal_name(stopped_by));
     if (print_)
-      spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done, cfg_.train.steps);
+      spdlog::warn("stopped by {} after step {} of {}", stop_cause(stopped_by), steps_done, cfg_.train.steps);
   }
   metrics_.close();  // flushed and fsynced; a failed write is an error, not a lost file
   result_.seconds = ms_since(start_) / 1e3;
