@@ -1,8 +1,11 @@
 // `loom train`: a training run of a config (none: the default job), or its keys / resolved config.
+#include <spdlog/spdlog.h>
+
 #include <memory>
 #include <optional>
 
 #include "launch/command.h"
+#include "launch/log_dir.h"
 #include "runtime/mesh.h"
 #include "train/stop.h"
 #if LOOM_HAVE_MPI
@@ -46,6 +49,23 @@ std::optional<Config> config_agreed(const std::string& path, const std::vector<s
   if (refused) std::rethrow_exception(refused);
   return cfg;
 }
+
+// One run per log directory (launch/log_dir.h). Rank 0, which writes the metrics, decides, and
+// every rank takes its answer: traces and flight records go into the same directory.
+std::string log_dir_agreed(const Config& cfg, const TrainOptions& topt) {
+  LogDirChoice choice;
+  if (topt.world_rank == 0) choice = log_dir_choose(cfg.log.dir, run_continues(cfg));
+#if LOOM_HAVE_MPI
+  if (topt.use_mpi && topt.world_size > 1) {
+    int n = int(choice.dir.size());
+    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    choice.dir.resize(size_t(n));
+    MPI_Bcast(choice.dir.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  }
+#endif
+  if (!choice.note.empty() && topt.world_rank == 0 && !topt.quiet) spdlog::info("{}", choice.note);
+  return choice.dir;
+}
 }  // namespace
 
 void cmd_train_add(CLI::App& app, Commands& out) {
@@ -82,11 +102,12 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                    if (!a->kill_in_save.empty()) sets.push_back("fault.kill=" + a->kill_in_save + ":checkpoint");
                    const std::optional<Config> agreed = config_agreed(a->config.path, sets, topt, a->print_config);
                    if (!agreed) return 2;
-                   const Config& cfg = *agreed;
                    if (a->print_config) {
-                     fmt::print("{}\n", config_to_toml(cfg));
+                     fmt::print("{}\n", config_to_toml(*agreed));
                      return 0;
                    }
+                   Config cfg = *agreed;
+                   cfg.log.dir = log_dir_agreed(cfg, topt);
                    stop_signals_install(cfg.fault.grace_s);  // SIGINT / SIGTERM: stop at the next step boundary
                    TrainOptions run_opt = topt;
                    run_opt.verbose = a->verbose;

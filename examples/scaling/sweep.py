@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -116,7 +117,9 @@ def main():
             done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if done.returncode != 0:
                 sys.exit(f"sweep: point {name} failed ({done.returncode}):\n{done.stdout[-3000:]}")
-            m = read_metrics(os.path.join(log, "metrics.jsonl"), a.skip)
+            # Where the run wrote: a log.dir that holds an earlier sweep's run moves it to log.dir-2.
+            said = re.search(r"metrics: (\S+)/metrics\.jsonl \(log\.dir\)", done.stdout)
+            m = read_metrics(os.path.join(said.group(1) if said else log, "metrics.jsonl"), a.skip)
             rows.append(dict(series=series, layout=f"dp{dims['dp']} tp{dims['tp']} pp{dims['pp']} zero{zero}",
                              ranks=ranks, dp=dims["dp"], tp=dims["tp"], pp=dims["pp"], zero=zero, global_batch=gb,
                              mode="weak" if a.weak else "strong", **m))

@@ -115,21 +115,41 @@ TEST(Cli, TraceAndMetricsAreWritten) {
   EXPECT_EQ(lines, 2);
 }
 
-// A second run in the same log.dir appends under its own header: the first run's lines stay.
+// One run per log.dir: a second run given a log.dir that holds another run's logs writes the
+// next numbered one (log.dir-2), and says so; a run that continues the run there (resumed from
+// its checkpoint, restarted with LOOM_RESTART by loom supervise) appends under a header of its
+// own, into the newest of them.
 TEST(Cli, RunsDoNotClobberRuns) {
-  const std::string dir = tmp("two_runs");
-  std::filesystem::remove_all(dir);
+  const std::string dir = tmp("two_runs"), ck = tmp("two_runs_ck");
+  for (const std::string& d : {dir, dir + "-2", dir + "-3", ck}) std::filesystem::remove_all(d);
+  auto headers_and_steps = [](const std::string& path) {
+    std::ifstream m(path);
+    std::string line, headers;
+    int steps = 0;
+    while (std::getline(m, line)) {
+      if (line.rfind("{\"run\":", 0) == 0) headers += line.substr(0, 8) + ";";
+      steps += line.find("\"loss\":") != std::string::npos;
+    }
+    return headers + std::to_string(steps);
+  };
   ASSERT_EQ(loom_run(tiny() + "--set train.steps=3 --set log.dir=" + dir).status, 0);
-  ASSERT_EQ(loom_run(tiny() + "--set train.steps=2 --set log.dir=" + dir).status, 0);
-  std::ifstream m(dir + "/metrics.jsonl");
-  std::string line, headers;
-  int steps = 0;
-  while (std::getline(m, line)) {
-    if (line.rfind("{\"run\":", 0) == 0) headers += line.substr(0, 8) + ";";
-    steps += line.find("\"loss\":") != std::string::npos;
-  }
-  EXPECT_EQ(headers, "{\"run\":1;{\"run\":2;");
-  EXPECT_EQ(steps, 5);
+  CliRun second = loom_run(tiny() + "--set train.steps=2 --set log.dir=" + dir);
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("log.dir '" + dir + "' holds another run's logs; this run writes '" + dir + "-2'"),
+            std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find("logs        " + dir + "-2/"), std::string::npos) << second.output;
+  EXPECT_EQ(headers_and_steps(dir + "/metrics.jsonl"), "{\"run\":1;3");
+  EXPECT_EQ(headers_and_steps(dir + "-2/metrics.jsonl"), "{\"run\":1;2");
+  // A restart of the run in dir-2 continues it there.
+  ASSERT_EQ(loom_run(tiny() + "--set train.steps=2 --set log.dir=" + dir, "LOOM_RESTART=1").status, 0);
+  EXPECT_EQ(headers_and_steps(dir + "-2/metrics.jsonl"), "{\"run\":1;{\"run\":2;4");
+  // A run that saves checkpoints goes to dir-3; resumed from them, it goes on in dir-3.
+  const std::string saves = " --set checkpoint.dir=" + ck + " --set checkpoint.every=2 --set checkpoint.resume=latest";
+  ASSERT_EQ(loom_run(tiny() + "--set train.steps=2 --set log.dir=" + dir + saves).status, 0);
+  ASSERT_EQ(loom_run(tiny() + "--set train.steps=4 --set log.dir=" + dir + saves).status, 0);
+  EXPECT_EQ(headers_and_steps(dir + "-3/metrics.jsonl"), "{\"run\":1;{\"run\":2;4");
+  EXPECT_FALSE(std::filesystem::exists(dir + "-4"));
 }
 
 TEST(Cli, PlanMemoryReproducesTheZeroPaper) {
