@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <filesystem>
 
@@ -90,7 +92,13 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
     std::exception_ptr error;  // raised inside the parallel loop, rethrown after it
   };
   std::vector<Verdict> verdicts(all.size());
-  const bool progress = ::isatty(2) && all.size() > 200;
+  // Progress on stderr in every case: on a terminal one line rewritten, elsewhere (a log, a
+  // pipe) a line at each tenth; then how long the search took.
+  const bool tty = ::isatty(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const size_t tenth = std::max<size_t>(1, all.size() / 10);
+  if (!tty) fmt::print(stderr, "plan layout: judging {} layouts on {} threads\n", all.size(), omp_get_max_threads());
   std::atomic<size_t> done{0};
 #pragma omp parallel for schedule(dynamic, 4)
   for (size_t i = 0; i < all.size(); ++i) {
@@ -126,12 +134,15 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
       }
     }
     const size_t n = ++done;
-    if (progress && n % 100 == 0) {
+    if (tty ? n % 100 == 0 : n % tenth == 0 && n < all.size()) {
 #pragma omp critical(layout_progress)
-      fmt::print(stderr, "\rlayouts: {} of {} judged", n, all.size());
+      fmt::print(stderr, "{}layouts: {} of {} judged ({:.1f} s){}", tty ? "\r" : "", n, all.size(), seconds(),
+                 tty ? "" : "\n");
     }
   }
-  if (progress) fmt::print(stderr, "\r{:40}\r", "");
+  if (tty) fmt::print(stderr, "\r{:50}\r", "");
+  fmt::print(stderr, "plan layout: {} layouts judged in {:.1f} s on {} threads\n", all.size(), seconds(),
+             omp_get_max_threads());
   for (Verdict& d : verdicts)
     if (d.error) std::rethrow_exception(d.error);  // the first in order: the same on any thread count
   for (Verdict& d : verdicts) {

@@ -365,4 +365,7 @@ TEST(CliDayOne, PlanLayoutReadsOnASmallMachine) {
     EXPECT_NE(r.output.find(want), std::string::npos) << want << " in:\n" << r.output;
   EXPECT_EQ(r.output.find("0 TFLOP/s"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(" 0.0 GB"), std::string::npos) << r.output;
+  // Not on a terminal (a pipe here), the search still says what it does and what it took.
+  EXPECT_NE(r.output.find("plan layout: judging "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" layouts judged in "), std::string::npos) << r.output;
 }
