@@ -15,6 +15,7 @@
 #include "parallel/pipeline_split.h"
 #include "plan/memory.h"
 #include "runtime/error.h"
+#include "runtime/metrics.h"
 
 namespace loom {
 
@@ -238,11 +239,12 @@ std::string plan_layout_json(const LayoutSearch& s, int top) {
 std::string step_prediction_text(const Config& c, const Cluster& cl, const StepPrediction& p) {
   const int world = c.world();
   return fmt::format(
-      "{} on {} ({} ranks of {})\npredicted step {:.4g} ms: compute {:.4g}, exposed comm {:.4g} (tp {:.4g}, ep "
-      "{:.4g}, cp {:.4g}, pp {:.4g}, dp {:.4g} of {:.4g} moved), bubble {:.4g}, optimizer {:.4g}\n"
+      "{} on {} ({} ranks of {})\npredicted step {} ms: compute {}, exposed comm {} (tp {}, ep "
+      "{}, cp {}, pp {}, dp {} of {} moved), bubble {}, optimizer {}\n"
       "{:.1f} tokens/s, MFU {:.1f}%, memory {} on the fullest rank{}\n{}\n",
-      layout_name(c), cl.name, world, devices_text(cl), 1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.tp,
-      1e3 * p.ep, 1e3 * p.cp, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer,
+      layout_name(c), cl.name, world, devices_text(cl), ms_text(1e3 * p.step), ms_text(1e3 * p.compute),
+      ms_text(1e3 * p.comm_exposed), ms_text(1e3 * p.tp), ms_text(1e3 * p.ep), ms_text(1e3 * p.cp), ms_text(1e3 * p.pp),
+      ms_text(1e3 * p.dp), ms_text(1e3 * p.dp_total), ms_text(1e3 * p.bubble), ms_text(1e3 * p.optimizer),
       p.tokens_per_s, 100 * p.mfu, bytes_text(double(p.memory_bytes)),
       p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)), cluster_rates(cl).describe);
 }

@@ -180,6 +180,14 @@ TEST(Cli, PlanLayoutRanksAndPredicts) {
     ASSERT_EQ(p.status, 0) << cluster << ": " << p.output;
     EXPECT_NE(p.output.find("\"layout\":\"tp 2 pp 1 dp 2 zero 0"), std::string::npos) << p.output;
   }
+  // Seconds-long steps print in plain milliseconds, not 1.421e+04.
+  CliRun big = loom_run("plan layout --predict --cluster " + src + "/examples/clusters/h100_64.toml --config " + src +
+                        "/examples/configs/llama3_70b.toml --set train.global_batch=128 --set parallel.tp=4 --set "
+                        "parallel.sp=true --set parallel.pp=4 --set parallel.pp_schedule=interleaved --set "
+                        "parallel.pp_virtual=5 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=1");
+  ASSERT_EQ(big.status, 0) << big.output;
+  EXPECT_NE(big.output.find("predicted step 1"), std::string::npos) << big.output;
+  EXPECT_EQ(big.output.find("e+0"), std::string::npos) << big.output;
   expect_one_line_error("plan layout --cluster /no/such.toml", "cannot open the cluster file '/no/such.toml'");
   expect_one_line_error("plan layout --predict --cluster " + src +
                             "/examples/clusters/this_machine.toml --set parallel.dp=8 --set train.micro_batch=2",
