@@ -1,6 +1,4 @@
 // `loom train`: a training run of a config (none: the default job), or its keys / resolved config.
-#include <spdlog/spdlog.h>
-
 #include <memory>
 #include <optional>
 
@@ -52,7 +50,7 @@ std::optional<Config> config_agreed(const std::string& path, const std::vector<s
 
 // One run per log directory (launch/log_dir.h). Rank 0, which writes the metrics, decides, and
 // every rank takes its answer: traces and flight records go into the same directory.
-std::string log_dir_agreed(const Config& cfg, const TrainOptions& topt) {
+LogDirChoice log_dir_agreed(const Config& cfg, const TrainOptions& topt) {
   LogDirChoice choice;
   if (topt.world_rank == 0) choice = log_dir_choose(cfg.log.dir, run_continues(cfg));
 #if LOOM_HAVE_MPI
@@ -63,8 +61,7 @@ std::string log_dir_agreed(const Config& cfg, const TrainOptions& topt) {
     MPI_Bcast(choice.dir.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
   }
 #endif
-  if (!choice.note.empty() && topt.world_rank == 0 && !topt.quiet) spdlog::info("{}", choice.note);
-  return choice.dir;
+  return choice;  // the note, rank 0's, is said beside the metrics' path once the run is set up
 }
 }  // namespace
 
@@ -107,10 +104,12 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                      return 0;
                    }
                    Config cfg = *agreed;
-                   cfg.log.dir = log_dir_agreed(cfg, topt);
+                   const LogDirChoice logs = log_dir_agreed(cfg, topt);
+                   cfg.log.dir = logs.dir;
                    stop_signals_install(cfg.fault.grace_s);  // SIGINT / SIGTERM: stop at the next step boundary
                    TrainOptions run_opt = topt;
                    run_opt.verbose = a->verbose;
+                   run_opt.log_note = logs.note;
                    const TrainResult r = train_run(cfg, run_opt);
                    return r.stopped_by ? kExitStopped : 0;
                  }});

@@ -57,7 +57,7 @@ LogDirChoice log_dir_choose(const std::string& given, bool continues) {
   if (continues) {  // the newest run's directory: where the run being continued wrote
     for (auto it = family.rbegin(); it != family.rend(); ++it)
       if (log_dir_holds_run(*it))
-        return {*it, *it == dir ? "" : fmt::format("log.dir: this run continues the run in '{}'", *it)};
+        return {*it, *it == dir ? "" : fmt::format("log.dir '{}': this run continues the run there", dir)};
     return {given, ""};
   }
   if (!log_dir_holds_run(dir)) return {given, ""};
@@ -66,12 +66,11 @@ LogDirChoice log_dir_choose(const std::string& given, bool continues) {
   int64_t next = 2;
   if (family.size() > 1) {
     const std::string& newest = family.back();
-    if (!log_dir_holds_run(newest))
-      return {newest, fmt::format("log.dir '{}' holds another run's logs; this run writes '{}'", dir, newest)};
+    if (!log_dir_holds_run(newest)) return {newest, fmt::format("log.dir '{}' holds another run's logs", dir)};
     next = std::stoll(newest.substr(newest.rfind('-') + 1)) + 1;
   }
   const std::string chosen = fmt::format("{}-{}", dir, next);
-  return {chosen, fmt::format("log.dir '{}' holds another run's logs; this run writes '{}'", dir, chosen)};
+  return {chosen, fmt::format("log.dir '{}' holds another run's logs", dir)};
 }
 
 bool run_continues(const Config& cfg) {

@@ -13,7 +13,7 @@ namespace loom {
 
 struct LogDirChoice {
   std::string dir;   // where this run writes its logs
-  std::string note;  // "" where that is log.dir as given, else why not
+  std::string note;  // "" where that is log.dir as given, else why not (said beside the metrics' path)
 };
 
 // `continues`: this run carries on the run whose logs are the newest of dir's family.

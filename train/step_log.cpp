@@ -29,7 +29,7 @@ std::string cluster_this_machine_path() {
 void StepLog::predict(DeviceKind device, int world) {
   // Said here, after the run's set-up: a refusal before it stays one line.
   if (print_ && !metrics_.path().empty())
-    spdlog::info("metrics: {} (log.dir){}", metrics_.path(),
+    spdlog::info("metrics: {} ({}){}", metrics_.path(), opt_.log_note.empty() ? "log.dir" : opt_.log_note,
                  tensorboard_ ? "; TensorBoard: tensorboard --logdir " + cfg_.log.dir : "");
   if (!lead_ || cfg_.log.cluster == "none") return;
   std::string path = cfg_.log.cluster;

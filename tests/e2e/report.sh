@@ -84,7 +84,8 @@ mkdir "$dir/runs"
 for n in 1 2; do
   "$loom" train "${short[@]}" --set log.dir="$dir/runs/x" > "$dir/x$n.log" 2>&1 || { cat "$dir/x$n.log"; exit 1; }
 done
-grep -q "this run writes '$dir/runs/x-2'" "$dir/x2.log" || { cat "$dir/x2.log"; echo "FAIL: no log.dir-2"; exit 1; }
+grep -q "metrics: $dir/runs/x-2/metrics.jsonl (log.dir '$dir/runs/x' holds another run's logs)" "$dir/x2.log" ||
+  { cat "$dir/x2.log"; echo "FAIL: no log.dir-2"; exit 1; }
 "$loom" report "$dir/runs" --out "$dir/runs.html" | grep -q "(2 runs" || { echo "FAIL: a directory of runs"; exit 1; }
 grep -q "<td>x</td>" "$dir/runs.html" && grep -q "<td>x-2</td>" "$dir/runs.html" ||
   { echo "FAIL: the runs of a directory are not named"; exit 1; }

@@ -135,7 +135,7 @@ TEST(Cli, RunsDoNotClobberRuns) {
   ASSERT_EQ(loom_run(tiny() + "--set train.steps=3 --set log.dir=" + dir).status, 0);
   CliRun second = loom_run(tiny() + "--set train.steps=2 --set log.dir=" + dir);
   ASSERT_EQ(second.status, 0) << second.output;
-  EXPECT_NE(second.output.find("log.dir '" + dir + "' holds another run's logs; this run writes '" + dir + "-2'"),
+  EXPECT_NE(second.output.find("metrics: " + dir + "-2/metrics.jsonl (log.dir '" + dir + "' holds another run's logs)"),
             std::string::npos)
       << second.output;
   EXPECT_NE(second.output.find("logs        " + dir + "-2/"), std::string::npos) << second.output;
