@@ -11,7 +11,7 @@ packages=(cmake ninja-build g++ libopenblas-openmp-dev libtomlplusplus-dev libsp
           libgtest-dev libcli11-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin
           libhdf5-dev libxxhash-dev python3-h5py hdf5-tools python3-matplotlib
           slurmd slurmctld slurm-client munge procps libprotobuf-dev protobuf-compiler
-          chromium zlib1g-dev libzstd-dev zstd libonig-dev libutf8proc-dev libsentencepiece-dev sentencepiece)
+          chromium zlib1g-dev libzstd-dev zstd libonig-dev libutf8proc-dev libsentencepiece-dev sentencepiece time)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

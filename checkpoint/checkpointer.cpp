@@ -10,11 +10,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 
 #include "checkpoint/h5.h"
 #include "checkpoint/pieces.h"
+#include "checkpoint/retention.h"
+#include "model/layout.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 
@@ -44,65 +45,6 @@ void no_link(const std::string& path, const std::string& root) {
       path, to.string(), root);
 }
 
-// The names loom writes in a step directory: the manifest and the ranks' files, and their
-// temporaries. Anything else there is someone else's and is never deleted.
-bool loom_step_file(const std::string& name) {
-  static const std::regex re(R"((manifest\.json|rank-[0-9]{5,}\.h5)(\.tmp)?)");
-  return std::regex_match(name, re);
-}
-
-// What step directory `dir` holds that loom did not write.
-std::vector<std::string> step_dir_foreign(const std::string& dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!loom_step_file(name) || !e.is_regular_file(ec)) out.push_back(name);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string names_list(const std::vector<std::string>& names) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < 3; ++i) out += (i ? ", '" : "'") + names[i] + "'";
-  if (names.size() > 3) out += fmt::format(" and {} more", names.size() - 3);
-  return out;
-}
-
-// Removes loom's files from a step directory, but for `keep`, and the directory itself once
-// nothing is left: the manifest first (it stops being a checkpoint before its files go). What
-// loom did not write stays, and a warning names it.
-void step_dir_clear(const std::string& dir, const std::set<std::string>& keep, bool quiet) {
-  std::error_code ec;
-  if (!keep.count("manifest.json")) fs::remove(dir + "/manifest.json", ec);
-  for (auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (loom_step_file(name) && !keep.count(name) && e.is_regular_file(ec)) fs::remove(e.path(), ec);
-  }
-  if (!keep.empty()) return;
-  const std::vector<std::string> left = step_dir_foreign(dir);
-  if (left.empty()) {
-    fs::remove(dir, ec);
-  } else if (!quiet) {
-    spdlog::warn("checkpoint: left '{}' in place: it holds {}, which loom did not write", dir, names_list(left));
-  }
-}
-
-// Complete as far as can be seen without reading it whole: its manifest reads and every file it
-// names is there, a regular file.
-bool checkpoint_sound(const std::string& dir) {
-  try {
-    const Manifest m = manifest_read(dir);
-    for (auto& [name, t] : m.tensors)
-      for (const ShardRef& s : t.shards)
-        if (!ckpt_file_check(dir + "/" + s.file).empty()) return false;
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 }  // namespace
 
 Checkpointer::Checkpointer(const Config& cfg, ProcessGroup& world, nlohmann::json layout, bool quiet)
@@ -110,6 +52,8 @@ Checkpointer::Checkpointer(const Config& cfg, ProcessGroup& world, nlohmann::jso
   // One job saves into and prunes a checkpoint directory at a time (every rank saves into the
   // same one: the ranks' configs are compared at start).
   if (world.rank() == 0) lock_ = std::make_unique<DirLock>(cfg.checkpoint.dir);
+  // A rank of several is its launcher's child (mpirun's or its daemon's, srun's step daemon).
+  if (world.size() > 1) launcher_ = ::getppid();
 }
 
 Checkpointer::~Checkpointer() {
@@ -275,8 +219,11 @@ void Checkpointer::commit() {
     mine.push_back({{"tensor", it.tensor}, {"shape", it.global_shape}, {"shard", shard_to_json(it.shard)}});
   // What this rank wrote, as it sees it: rank 0 commits only a directory where it sees the same.
   const std::string step_dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(saved_step_);
-  mine.push_back(
-      {{"file", rank_file(world_.rank())}, {"sketch", file_sketch(step_dir + "/" + rank_file(world_.rank()))}});
+  int64_t nonfinite = 0;
+  for (const StagedShard& it : items_) nonfinite += it.nonfinite;
+  mine.push_back({{"file", rank_file(world_.rank())},
+                  {"sketch", file_sketch(step_dir + "/" + rank_file(world_.rank()))},
+                  {"nonfinite", nonfinite}});
   items_.clear();
   std::string text = mine.dump();
   std::vector<std::string> all{text};
@@ -298,15 +245,24 @@ void Checkpointer::commit() {
     return;
   }
   const std::string dir = cfg_.checkpoint.dir + "/" + checkpoint_dir_name(saved_step_);
+  // A launcher killed outright (SIGKILL to mpirun) leaves its ranks running for a second or two:
+  // the job is gone, and what they would commit now no one asked for. Orphaned, rank 0 stops.
+  if (launcher_ > 0 && ::getppid() != launcher_)
+    fail_io(
+        "checkpoint step {} not committed: the launcher that started this job (pid {}) is gone, so the job is "
+        "ending; the last committed checkpoint stays the newest",
+        saved_step_, launcher_);
   Manifest m;
   m.step = saved_step_;
   m.layout = layout_;
   m.config = config_to_toml(cfg_);
   int64_t bytes = 0;
+  nonfinite = 0;  // now over every rank
   std::set<std::string> files;
   for (size_t r = 0; r < all.size(); ++r)
     for (auto& j : nlohmann::json::parse(all[r])) {
       if (j.contains("sketch")) {
+        nonfinite += j["nonfinite"].get<int64_t>();
         const std::string file = j["file"].get<std::string>(), wrote = j["sketch"].get<std::string>();
         const std::string seen = file_sketch(dir + "/" + file);
         LOOM_CHECK(seen == wrote,
@@ -324,6 +280,17 @@ void Checkpointer::commit() {
       for (int64_t d : e.shards.back().shape) n *= d;
       bytes += 4 * n;
     }
+  if (nonfinite > 0) {
+    // Not a state to go back to: the run diverged (its rollback or its end says what follows).
+    if (!quiet_)
+      spdlog::error(
+          "checkpoint step {} not committed: the state holds {} NaN or infinite values (the run diverged); its files "
+          "are removed",
+          saved_step_, nonfinite);
+    step_dir_clear(dir, {}, quiet_);
+    commit_ms_ += seconds_since(t0) * 1e3;
+    return;
+  }
   const std::string text_manifest = manifest_dump(m);
   try {
     file_write_atomic(dir + "/manifest.json", [&](std::FILE* f) {
@@ -335,28 +302,11 @@ void Checkpointer::commit() {
   } catch (const Error& e) {  // something in checkpoint.dir that loom refuses to write through
     fail("checkpoint step {} not committed: {}", saved_step_, e.what());
   }
-  no_link(dir, cfg_.checkpoint.dir);   // the clean-up below stays inside it
+  no_link(dir, cfg_.checkpoint.dir);         // the clean-up below stays inside it
   std::set<std::string> step_files = files;  // and loom's files of an earlier, failed attempt go
   step_files.insert("manifest.json");
   step_dir_clear(dir, step_files, quiet_);
-  // checkpoint.keep: this one and the newest others stay; older ones, and unfinished ones
-  // older than this, go, now that a newer one is committed. (Resume sees to it that no
-  // complete checkpoint is newer than the one a run continues from.)
-  // Only sound checkpoints count toward checkpoint.keep and only they are pruned: one whose
-  // manifest or files are damaged is left as it is, for whoever investigates.
-  std::vector<std::string> partial;
-  const std::vector<std::string> done = checkpoints_complete(cfg_.checkpoint.dir, &partial);
-  size_t kept = 1;  // this one
-  for (const std::string& d : done) {
-    if (checkpoint_step_of(d) == saved_step_ || !checkpoint_sound(d)) continue;
-    if (kept < size_t(cfg_.checkpoint.keep)) {
-      ++kept;
-      continue;
-    }
-    step_dir_clear(d, {}, quiet_);
-  }
-  for (auto& p : partial)
-    if (checkpoint_step_of(p) < saved_step_) step_dir_clear(p, {}, quiet_);
+  checkpoints_prune(cfg_.checkpoint.dir, saved_step_, cfg_.checkpoint.keep, proven ? proven() : INT64_MIN, quiet_);
   commit_ms_ += seconds_since(t0) * 1e3;
   if (fault_after_commit) fault_after_commit(saved_step_, dir);
   if (!quiet_)
@@ -422,6 +372,13 @@ std::string joined(const std::vector<ConfigDiff>& v) {
 int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRegistry& reg, DataParallel& dp,
                         bool warn) {
   const Manifest m = manifest_read(dir);
+  // A config that does not read is damage (set aside by a resume), not another model.
+  try {
+    Config saved_cfg = config_defaults();
+    config_load_string(saved_cfg, m.config, dir + "/manifest.json (config)");
+  } catch (const Error& e) {
+    fail("checkpoint '{}': its manifest's config does not read ({}); the manifest is damaged", dir, e.what());
+  }
   // The model's shape must match; what steers the trajectory may change, with a warning.
   const auto saved = config_flat(m.config), now = config_flat(config_to_toml(cfg));
   std::vector<ConfigDiff> shape = config_diff(saved, now);
@@ -438,6 +395,17 @@ int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRe
                    "train.seed", "data.source", "data.path", "data.shuffle"});
   if (warn && !course.empty())
     spdlog::warn("resuming from '{}' with settings that change the run's course: {}", dir, joined(course));
+  // Every tensor of the manifest is one of the model's state, as `loom ckpt verify` requires: a
+  // manifest naming more was not written by a run of this model.
+  std::set<std::string> state;
+  const ModelLayout layout = model_layout(cfg);
+  for (const ParamSpec& s : layout.reg.all())
+    for (const char* kind : kKinds) state.insert(std::string(kind) + "/" + s.name);
+  for (const auto& [name, t] : m.tensors)
+    LOOM_CHECK(state.count(name),
+               "checkpoint '{}' holds tensor {}, which is not of the model its config describes; the manifest is "
+               "damaged (`loom ckpt verify {}` lists what is wrong)",
+               dir, name, dir);
 
   std::vector<float> weights(reg.numel(), 0.0f);  // padded rows stay zero
   runs_fill(dir, m, "params", dp.state_runs(StateUse::weights), true, weights.data());
@@ -451,7 +419,7 @@ int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRe
 }
 
 int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamRegistry& reg, DataParallel& dp,
-                          bool quiet, std::string* from) {
+                          bool quiet, std::string* from, int64_t before) {
   const std::string& resume = cfg.checkpoint.resume;
   if (resume == "none") {
     // A fresh run that saves into a directory of another run's checkpoints would mix its
@@ -479,6 +447,7 @@ int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamReg
   if (world.rank() == 0 && !own)
     reading = std::make_unique<DirLock>(from_dir.empty() ? "." : from_dir, "checkpoint.dir", ".lock", true);
   std::vector<std::string> candidates = latest ? checkpoints_complete(cfg.checkpoint.dir) : std::vector{resume};
+  std::erase_if(candidates, [&](const std::string& d) { return checkpoint_step_of(d) >= before; });
   if (candidates.empty()) {
     if (lead)
       spdlog::info("checkpoint.resume = latest: no checkpoint in '{}' yet; starting at step 0", cfg.checkpoint.dir);

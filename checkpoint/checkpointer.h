@@ -9,6 +9,8 @@
 // step waits only until it has read it all (wait_reads); on CUDA the state is first
 // downloaded. Collective: every rank calls the same methods at the same steps.
 #pragma once
+#include <sys/types.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -49,7 +51,8 @@ class Checkpointer {
   // This rank's write: 0 none or written, 1 still writing, 2 failed.
   int32_t write_state() const;
   // Given the world's max of write_state(): commits a written save, or (2) ends the run with
-  // the failing rank's error; the last committed checkpoint stays as it was.
+  // the failing rank's error; the last committed checkpoint stays as it was. A save whose state
+  // holds a NaN or an infinite value is not committed (its files are removed, with an error).
   void settle(int32_t world_state);
   // Waits for the save in flight and commits it.
   void flush();
@@ -64,6 +67,10 @@ class Checkpointer {
   std::function<void(int64_t step)> fault_in_write;
   std::function<bool(int64_t step)> fault_enospc;
   std::function<void(int64_t step, const std::string& dir)> fault_after_commit;
+  // The 1-based step whose update the run applied last: the weights of every checkpoint before
+  // it gave a finite loss and gradient norm, and pruning keeps the newest such one whatever
+  // checkpoint.keep says (checkpoints_prune). Unset: none is known good.
+  std::function<int64_t()> proven;
 
  private:
   void write(int64_t step);  // this rank's file of the pending save; throws
@@ -88,6 +95,7 @@ class Checkpointer {
   std::unique_ptr<DirLock> lock_;  // rank 0: checkpoint.dir is this job's while it runs
   double write_s_ = 0;
   double commit_ms_ = 0;
+  pid_t launcher_ = 0;  // a rank of several: its parent at start, which commits check is still there
 };
 
 // Loads the checkpoint in `dir` into `dp`: its weights (through weights_from) and moments,
@@ -107,8 +115,9 @@ int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRe
 // ones (set aside as STEP.unusable, never deleted) with a warning naming the damage, and 0
 // when there is none yet. A checkpoint of another model (OtherModel) is refused at once and
 // nothing is moved: the config is what is wrong. Collective.
-// *from gets the directory loaded.
+// *from gets the directory loaded. `before`: only checkpoints of earlier steps are candidates
+// (a rollback's).
 int64_t checkpoint_resume(const Config& cfg, ProcessGroup& world, const ParamRegistry& reg, DataParallel& dp,
-                          bool quiet, std::string* from);
+                          bool quiet, std::string* from, int64_t before = INT64_MAX);
 
 }  // namespace loom

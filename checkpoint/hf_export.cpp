@@ -12,6 +12,7 @@
 #include "model/flops.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/json_read.h"
 
 namespace loom {
 
@@ -112,20 +113,7 @@ std::string hf_config_json(const Config& cfg) {
 }
 
 bool export_is_dir(const std::string& out) {
-  return !out.empty() && (out.back() == '/' || std::filesystem::is_directory(out));
-}
-
-std::map<std::string, std::string> export_metadata(const Config& cfg) {
-  std::map<std::string, std::string> m = {{"loom.model", config_to_toml(cfg, "model")}};
-  const std::string tok = !cfg.data.tokenizer.empty()         ? cfg.data.tokenizer
-                          : cfg.data.source == DataKind::text ? "byte"
-                                                              : "";
-  if (!tok.empty()) m["loom.tokenizer"] = tok;
-  if (tok == "gpt2" || tok == "llama3")
-    m["loom.tokenizer_dir"] = std::filesystem::absolute(cfg.data.tokenizer_dir).string();
-  if (tok == "hf" || tok == "spm")
-    m["loom.tokenizer_file"] = std::filesystem::absolute(cfg.data.tokenizer_file).string();
-  return m;
+  return !out.empty() && out.back() == '/';
 }
 
 namespace {
@@ -152,10 +140,101 @@ std::vector<std::array<std::string, 3>> tokenizer_files(const Config& cfg) {
     return {{d.tokenizer_file, "tokenizer.model", ""}, config_of(d.tokenizer_file, "LlamaTokenizer")};
   return {};
 }
+// What stands at `path`, judged whole (a file loom would replace): "" when it is of the kind
+// an export writes there, else that kind.
+std::string export_file_kind(const std::string& name, const std::string& path) {
+  std::string text;
+  try {
+    text = input_read_all(path, "", int64_t(256) << 20);
+  } catch (const Error&) {
+    return "";  // what cannot be read is refused where it is written
+  }
+  if (text.empty()) return "";
+  auto json_object = [&] { return json_problem(text).empty() ? nlohmann::json::parse(text) : nlohmann::json(); };
+  if (name == "config.json") {
+    const nlohmann::json j = json_object();
+    return j.is_object() && j.contains("model_type") && j["model_type"].is_string()
+               ? ""
+               : "a Hugging Face model config (a JSON object with a model_type)";
+  }
+  if (name == "vocab.json") {
+    const nlohmann::json j = json_object();
+    bool ids = j.is_object() && !j.empty();
+    for (auto it = j.begin(); ids && it != j.end(); ++it) ids = it->is_number_integer();
+    return ids ? "" : "a tokenizer vocabulary (a JSON object of token: id)";
+  }
+  if (name == "merges.txt") return text.rfind("#version", 0) == 0 ? "" : "a merges file (opening with #version)";
+  if (name == "tokenizer.json") {
+    const nlohmann::json j = json_object();
+    return j.is_object() && j.contains("model") ? "" : "a Hugging Face tokenizer (a JSON object with a model)";
+  }
+  if (name == "tokenizer_config.json") return json_object().is_object() ? "" : "a tokenizer config (a JSON object)";
+  if (name == "tokenizer.model") {
+    const size_t space = text.find(' '), end = text.find('\n');
+    const bool ranks =
+        space != std::string::npos && end != std::string::npos && space > 0 && space < end &&
+        text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == space &&
+        text.find_first_not_of("0123456789", space + 1) == end;
+    // Or a SentencePiece model: a protobuf whose first field is its pieces (field 1, bytes).
+    const bool sentencepiece = text[0] == '\x0a';
+    return ranks || sentencepiece ? "" : "a tokenizer model (a ranks file of base64 tokens, or a SentencePiece model)";
+  }
+  return "";
+}
 }  // namespace
+
+void export_output_check(const std::string& out, const Config& cfg, const std::vector<std::string>& inputs,
+                         const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!export_is_dir(out)) {
+    LOOM_CHECK(!fs::is_directory(fs::symlink_status(out, ec)),
+               "{} '{}' is a directory; a Hugging Face directory export names it with a trailing '/' ('{}/'), and "
+               "then writes model.safetensors and config.json into it; or name a .safetensors file",
+               what, out, out);
+    safetensors_output_check(out, inputs, what);
+    return;
+  }
+  const std::string dir = out.substr(0, out.find_last_not_of('/') + 1);
+  // A file, a link or a device where the directory goes is not written into, nor through.
+  const fs::file_status st = fs::symlink_status(dir.empty() ? "/" : dir, ec);
+  if (fs::exists(st) && !fs::is_directory(st)) {
+    const std::string kind = file_kind_if_not_regular(dir);
+    fail("{} '{}' is {}, not a directory; choose another path for the directory export", what, dir,
+         kind.empty() ? "a file" : kind);
+  }
+  safetensors_output_check(dir + "/model.safetensors", inputs, what);
+  std::vector<std::string> files = {"config.json"};
+  for (const auto& f : tokenizer_files(cfg)) files.push_back(f[1]);
+  for (const std::string& name : files) {
+    const std::string path = dir + "/" + name;
+    output_check(path, what);
+    output_not_input(path, inputs, what);
+    if (const std::string kind = export_file_kind(name, path); !kind.empty())
+      fail(
+          "{} '{}' would replace '{}', which is not {}; loom replaces only a file of the kind it writes there: "
+          "choose another directory, or move that file away first",
+          what, out, path, kind);
+  }
+}
+
+std::map<std::string, std::string> export_metadata(const Config& cfg) {
+  std::map<std::string, std::string> m = {{"loom.model", config_to_toml(cfg, "model")}};
+  const std::string tok = !cfg.data.tokenizer.empty()         ? cfg.data.tokenizer
+                          : cfg.data.source == DataKind::text ? "byte"
+                                                              : "";
+  if (!tok.empty()) m["loom.tokenizer"] = tok;
+  if (tok == "gpt2" || tok == "llama3")
+    m["loom.tokenizer_dir"] = std::filesystem::absolute(cfg.data.tokenizer_dir).string();
+  if (tok == "hf" || tok == "spm")
+    m["loom.tokenizer_file"] = std::filesystem::absolute(cfg.data.tokenizer_file).string();
+  return m;
+}
 
 void hf_dir_write(const std::string& dir, const Config& cfg, const std::vector<StView>& tensors) {
   const std::string config = hf_config_json(cfg);  // refuses before anything is written
+  // Checked again now: a long run's directory may have gained a user's file since its start.
+  export_output_check(export_is_dir(dir) ? dir : dir + "/", cfg, {}, "the export");
   std::filesystem::create_directories(dir);
   auto meta = export_metadata(cfg);
   meta["format"] = "pt";
@@ -186,13 +265,8 @@ Config model_config_find(const std::string& weights_path) {
                "'{}' does not say the model's shape (no loom.model metadata, no config.json beside it); pass "
                "--config with the [model] section it was trained with",
                weights_path);
-    std::ifstream in(json);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      fail("'{}' is not JSON: {}", json, e.what());
-    }
+    const nlohmann::json j =
+        json_parse(input_read_all(json, "the model's config.json", int64_t(64) << 20), fmt::format("'{}'", json));
     for (auto& s : hf_config_keys(j, json)) config_set(cfg, s);
   }
   config_validate(cfg);

@@ -18,9 +18,17 @@ Config model_config_find(const std::string& weights_path);
 // LlamaForCausalLM, or MixtralForCausalLM where every block is sparse); the inverse of what
 // model_config_find reads. An Error says what transformers cannot describe.
 std::string hf_config_json(const Config& cfg);
-// Whether an export path names a Hugging Face directory (a trailing '/', or a directory that
-// exists) rather than one .safetensors file.
+// Whether an export path names a Hugging Face directory (a trailing '/') rather than one
+// .safetensors file.
 bool export_is_dir(const std::string& out);
+// Refuses (exit 2), before anything is written, an export (export.final, `loom ckpt export`)
+// that would replace anything but what loom writes there, naming the file: every file of a
+// directory export is checked as the weights are (model.safetensors a safetensors file,
+// config.json a Hugging Face model config, vocab.json a vocabulary, merges.txt merges,
+// tokenizer.model a ranks file), and none may be one of `inputs`. A directory named without the
+// trailing '/' is refused (the '/' asks for a directory export).
+void export_output_check(const std::string& out, const Config& cfg, const std::vector<std::string>& inputs,
+                         const std::string& what);
 // What an export records beside the weights: the [model] section (loom.model), and the
 // tokenizer the data was made with (loom.tokenizer: byte, or gpt2 with loom.tokenizer_dir)
 // where the config says it.

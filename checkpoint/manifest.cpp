@@ -1,12 +1,15 @@
 #include "checkpoint/manifest.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "checkpoint/h5.h"
 #include "checkpoint/pieces.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
+#include "runtime/json_read.h"
 #include "runtime/tensor.h"
 
 namespace loom {
@@ -205,15 +208,10 @@ Manifest manifest_read(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   if (const std::string bad = ckpt_file_check(path); !bad.empty())
     fail("'{}' {}: not a complete checkpoint", path, bad);
-  std::ifstream in(path);
-  LOOM_CHECK(in, "'{}' has no manifest.json: not a complete checkpoint", dir);
+  // Far above any manifest (a thousand tensors over a thousand ranks is about 200 MB).
+  const std::string text = input_read_all(path, "the checkpoint's manifest", int64_t(1) << 30);
   Manifest m;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("'{}' is not a valid manifest: {}", path, e.what());
-  }
+  const nlohmann::json j = json_parse(text, fmt::format("'{}' (a checkpoint manifest)", path));
   const Fields f{path};
   m.version = int(f.whole(j, "", "version", 0, INT32_MAX));
   LOOM_CHECK(m.version == Manifest::kVersion, "'{}' is checkpoint format version {}; this loom reads version {}", path,
@@ -301,6 +299,12 @@ std::vector<float> ckpt_shard_read(const std::string& dir, const std::string& te
   LOOM_CHECK(got == s.xxh64,
              "checkpoint '{}': shard {}:{} of tensor {} is corrupt (xxh64 {} where the manifest says {})", dir, s.file,
              s.dataset, tensor, got, s.xxh64);
+  // Verified bytes, but not a state a run can go on from: the run that wrote them had diverged.
+  const int64_t bad = std::count_if(data.begin(), data.end(), [](float v) { return !std::isfinite(v); });
+  LOOM_CHECK(bad == 0,
+             "checkpoint '{}': shard {}:{} of tensor {} holds {} NaN or infinite value{} (the run that wrote it had "
+             "diverged); do not resume from it",
+             dir, s.file, s.dataset, tensor, bad, bad == 1 ? "" : "s");
   return data;
 }
 

@@ -55,8 +55,8 @@ std::vector<std::string> checkpoints_complete(const std::string& root, std::vect
 // The step a checkpoint directory's name says, or -1.
 int64_t checkpoint_step_of(const std::string& dir);
 
-// Reads and verifies one shard: the dataset must have the manifest's shape and hash. An Error
-// names the file, the dataset and the tensor.
+// Reads and verifies one shard: the dataset must have the manifest's shape and hash, and its
+// values must be finite. An Error names the file, the dataset and the tensor.
 std::vector<float> ckpt_shard_read(const std::string& dir, const std::string& tensor, const ShardRef& s);
 
 // Every problem of a checkpoint: its manifest's (manifest_problems) and its files' (missing,

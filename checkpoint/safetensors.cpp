@@ -10,6 +10,7 @@
 
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/json_read.h"
 
 namespace loom {
 
@@ -65,12 +66,7 @@ nlohmann::json json_parse_unique(const std::string& text, const std::string& pat
       repeated = parsed.get<std::string>();
     return true;
   };
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text, cb);
-  } catch (const std::exception& e) {
-    fail("'{}' has a corrupt safetensors header: {}", path, e.what());
-  }
+  const nlohmann::json j = json_parse(text, fmt::format("the safetensors header of '{}'", path), cb);
   LOOM_CHECK(repeated.empty(), "'{}' has a corrupt safetensors header: key '{}' appears more than once", path,
              repeated);
   return j;
@@ -243,12 +239,7 @@ std::vector<std::string> weights_files(const std::string& path) {
   if (index.size() < 5 || index.compare(index.size() - 5, 5, ".json") != 0) return {path};
   // A checkpoint split over several files: the index maps every tensor to its file.
   const std::string text = input_read_all(index, "the safetensors index", int64_t(256) << 20);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    fail("'{}' is not a safetensors index: {}", index, e.what());
-  }
+  const nlohmann::json j = json_parse(text, fmt::format("'{}' (a safetensors index)", index));
   LOOM_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
              "'{}' has no weight_map; it is not a safetensors index", index);
   std::set<std::string> files;

@@ -1,6 +1,7 @@
 #include "checkpoint/staged_writer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -113,6 +114,7 @@ void Stager::write(const std::string& path, std::vector<StagedShard>& shards, bo
       StagedShard& s = shards[i];
       out.open(s.shard.dataset, s.shard.shape);
       Xxh64 hash;
+      s.nonfinite = 0;
       for (int64_t r0 = 0, per = rows_per_block(s); r0 < s.piece.rows; r0 += per) {
         Staged st{i, r0, std::min(per, s.piece.rows - r0), 0};
         if (live) {
@@ -127,6 +129,7 @@ void Stager::write(const std::string& path, std::vector<StagedShard>& shards, bo
         }
         const float* rows = blocks_[size_t(st.block)].get();
         hash.add(rows, st.n * s.piece.cols);
+        for (int64_t k = 0; k < st.n * s.piece.cols; ++k) s.nonfinite += !std::isfinite(rows[k]);
         out.rows(r0, st.n, rows);
         if (live) {
           {

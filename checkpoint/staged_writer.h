@@ -28,6 +28,7 @@ struct StagedShard {
   Piece piece;
   const float* src;
   int64_t f0;
+  int64_t nonfinite = 0;  // NaN and infinite values the write found in it
 };
 
 class Stager {
@@ -41,7 +42,8 @@ class Stager {
   void reserve(const std::vector<StagedShard>& shards, bool live);
   int64_t bytes() const { return int64_t(blocks_.size()) * block_ * int64_t(sizeof(float)); }
 
-  // Writes `shards` into the HDF5 file `path` (flushed and fsynced on return). live: the shards
+  // Writes `shards` into the HDF5 file `path` (flushed and fsynced on return), counting each
+  // one's NaN and infinite values as it hashes them. live: the shards
   // point into state that changes once reads_done() is called (else reads_done() is called at
   // once). at(i) runs on the writer before shard i (the fault drills). Throws the writer's error.
   void write(const std::string& path, std::vector<StagedShard>& shards, bool live,

@@ -145,12 +145,15 @@ void ckpt_inspect_now(const std::string& dir) {
 }
 
 void ckpt_export_now(const std::string& dir, const std::string& out) {
-  safetensors_output_check(export_is_dir(out) ? out + "/model.safetensors" : out, {}, "the output");
+  export_output_check(out, config_defaults(), {}, "the output");
   const Manifest m = manifest_read(dir);
   // The weights of the whole model its config describes, or no export: part of a model is not one.
   if (const std::vector<std::string> bad = model_problems(dir, m, true); !bad.empty())
     fail("{}{}; `loom ckpt verify {}` lists what is wrong", bad.front(),
          bad.size() > 1 ? fmt::format(" (and {} more problems)", bad.size() - 1) : "", dir);
+  Config cfg = config_defaults();
+  config_load_string(cfg, m.config, dir + "/manifest.json (config)");
+  export_output_check(out, cfg, {}, "the output");  // the tokenizer's files too, now that it is known
   {
     // The weights are assembled whole before they are written: what the manifest claims must
     // fit in its files before anything is allocated.
@@ -191,8 +194,6 @@ void ckpt_export_now(const std::string& dir, const std::string& out) {
   }
   std::vector<StView> views;
   for (auto& [name, t] : tensors) views.push_back({name, t.shape, t.data.data()});
-  Config cfg = config_defaults();
-  config_load_string(cfg, m.config, dir + "/manifest.json (config)");
   if (export_is_dir(out)) {
     hf_dir_write(out, cfg, views);
     fmt::print("exported {} tensors of step {} to {} (model.safetensors and config.json, as transformers loads them)\n",

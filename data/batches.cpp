@@ -296,9 +296,10 @@ DataStreams data_open(const Config& cfg) {
   if (!no_val.empty()) d.describe += fmt::format("; no validation from {} (too small to hold out a sequence)", no_val);
   if (cfg.data.source == DataKind::tokens)
     if (const TokenizerRecord r = shard_record_read(shard_files(given[0].path).front()); !r.kind.empty())
-      d.describe +=
-          fmt::format("; made by tokenizer {}{}", r.describe(),
-                      cfg.set_keys.count("model.vocab_size") ? "" : ", whose vocabulary model.vocab_size takes");
+      d.describe += fmt::format("; made by tokenizer {}{}", r.describe(),
+                                !cfg.set_keys.count("model.vocab_size") && cfg.model.vocab_size == r.vocab_size
+                                    ? ", whose vocabulary model.vocab_size takes"
+                                    : "");
   if (cfg.data.doc_mask)
     d.describe += fmt::format("; attention and positions kept inside documents (opened by token {})", cfg.doc_token());
   return d;

@@ -1,11 +1,14 @@
 #include "data/documents.h"
 
+#include <cerrno>
+#include <cstring>
 #include <new>
 #include <nlohmann/json.hpp>
 
 #include "data/line_reader.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/utf8.h"
 
 namespace loom {
 
@@ -15,32 +18,41 @@ bool blank_line(const std::string& s) {
     if (c != ' ' && c != '\t' && c != '\r') return false;
   return true;
 }
-const char* json_kind(const nlohmann::json& v) {
-  switch (v.type()) {
-    case nlohmann::json::value_t::null:
-      return "null";
-    case nlohmann::json::value_t::boolean:
-      return "a boolean";
-    case nlohmann::json::value_t::number_integer:
-    case nlohmann::json::value_t::number_unsigned:
-    case nlohmann::json::value_t::number_float:
-      return "a number";
-    case nlohmann::json::value_t::array:
-      return "an array";
-    case nlohmann::json::value_t::object:
-      return "an object";
-    default:
-      return "a string";
-  }
-}
 }  // namespace
 
-DocReader::DocReader(std::vector<std::string> files, bool jsonl, size_t max_line)
-    : files_(std::move(files)), jsonl_(jsonl), max_line_(max_line) {}
+DocReader::DocReader(std::vector<std::string> files, bool jsonl, size_t max_line, bool skip_long, size_t text_piece)
+    : files_(std::move(files)), jsonl_(jsonl), skip_long_(skip_long), max_line_(max_line), text_piece_(text_piece) {}
 
-DocReader::~DocReader() = default;
+DocReader::~DocReader() {
+  if (text_) std::fclose(text_);
+}
 
 bool DocReader::next(RawDoc& d) {
+  d.more = false;
+  if (!jsonl_ && text_piece_ > 0) {
+    if (file_ >= files_.size()) return false;
+    const std::string& f = files_[file_];
+    if (!text_) {
+      input_check(f, "input");  // a regular file (not a FIFO or a device)
+      text_ = std::fopen(f.c_str(), "rb");
+      if (!text_) fail_io("cannot open the input '{}': {}", f, std::strerror(errno));
+    }
+    d.file = file_;
+    d.line = 0;
+    d.bytes.resize(text_piece_);
+    d.bytes.resize(std::fread(d.bytes.data(), 1, text_piece_, text_));
+    if (std::ferror(text_)) fail_io("cannot read the input '{}': {}", f, std::strerror(errno));
+    const int c = std::fgetc(text_);
+    if (c != EOF) {
+      std::ungetc(c, text_);
+      d.more = true;
+    } else {
+      std::fclose(text_);
+      text_ = nullptr;
+      ++file_;
+    }
+    return true;
+  }
   if (!jsonl_) {
     if (file_ >= files_.size()) return false;
     d.file = file_;
@@ -59,8 +71,8 @@ bool DocReader::next(RawDoc& d) {
   }
   while (file_ < files_.size()) {
     if (!lines_) lines_ = std::make_unique<LineReader>(files_[file_], max_line_);
-    while (lines_->next(d.bytes)) {
-      if (blank_line(d.bytes)) continue;
+    while (lines_->next(d.bytes, skip_long_ ? &d.too_long : nullptr)) {
+      if (!d.too_long && blank_line(d.bytes)) continue;
       d.file = file_;
       d.line = lines_->line_number();
       return true;
@@ -74,90 +86,118 @@ bool DocReader::next(RawDoc& d) {
 int64_t jsonl_count_records(const std::string& path, size_t max_line) {
   LineReader in(path, max_line);
   std::string line;
+  bool too_long = false;
   int64_t n = 0;
-  while (in.next(line)) n += blank_line(line) ? 0 : 1;
+  while (in.next(line, &too_long)) n += too_long || !blank_line(line) ? 1 : 0;
   return n;
 }
 
-size_t utf8_invalid_at(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range (RFC 3629's table)
-    if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;  // no surrogates
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;  // nothing past U+10FFFF
-    } else {
-      return i;
-    }
-    if (i + len > n) return i;
-    if (p[i + 1] < lo || p[i + 1] > hi) return i;
-    for (size_t k = 2; k < len; ++k)
-      if ((p[i + k] & 0xc0) != 0x80) return i;
-    i += len;
+namespace {
+// The parser's events for one record: the top level's keys, and the value under `key` (its
+// string moved out of the parser), nothing else kept.
+struct RecordEvents : nlohmann::json_sax<nlohmann::json> {
+  const std::string& wanted;
+  std::string& text;
+  int depth = 0;
+  bool object = false, at_key = false, found = false;
+  const char* first = nullptr;  // the kind of a top level that is not an object
+  const char* kind = nullptr;   // of the value under `key`, where it is not a string
+  std::string keys;             // the top level's keys, for the error that lacks `key`
+  bool more_keys = false;
+  std::string error;
+  RecordEvents(const std::string& k, std::string& t) : wanted(k), text(t) {}
+
+  // A value at depth 1 under the key we want: its kind (null: a string, taken).
+  void value(const char* what) {
+    if (depth == 0 && !first) first = what;
+    if (depth == 1 && at_key) found = true, kind = what;
+    if (depth == 1) at_key = false;
   }
-  return std::string::npos;
-}
+  bool null() override { return value("null"), true; }
+  bool boolean(bool) override { return value("a boolean"), true; }
+  bool number_integer(number_integer_t) override { return value("a number"), true; }
+  bool number_unsigned(number_unsigned_t) override { return value("a number"), true; }
+  bool number_float(number_float_t, const string_t&) override { return value("a number"), true; }
+  bool binary(binary_t&) override { return value("binary"), true; }
+  bool string(string_t& s) override {
+    if (depth == 0 && !first) first = "a string";
+    if (depth == 1 && at_key) {
+      found = true, kind = nullptr;
+      text = std::move(s);  // the parser's own copy, not copied again
+    }
+    if (depth == 1) at_key = false;
+    return true;
+  }
+  bool start_object(std::size_t) override {
+    if (depth == 0 && !first) object = true, first = "an object";
+    value_open("an object");
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (depth == 0 && !first) first = "an array";
+    value_open("an array");
+    return true;
+  }
+  void value_open(const char* what) {
+    if (depth == 1 && at_key) found = true, kind = what;
+    if (depth == 1) at_key = false;
+    ++depth;
+  }
+  bool end_object() override { return --depth, true; }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& k) override {
+    if (depth != 1) return true;
+    if (keys.size() <= 60)
+      keys += (keys.empty() ? "" : ", ") + nlohmann::json(k).dump();
+    else
+      more_keys = true;
+    at_key = k == wanted;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error = e.what();
+    return false;
+  }
+};
+}  // namespace
 
 bool jsonl_record_text(const std::string& line, const std::string& key, std::string& text, std::string& why) {
   if (const size_t bad = utf8_invalid_at(line); bad != std::string::npos) {
     why = fmt::format("invalid UTF-8 at byte {} of the line", bad + 1);
     return false;
   }
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  text.clear();
+  RecordEvents events(key, text);
+  if (!nlohmann::json::sax_parse(line, &events)) {
     // e.what(): "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
-    std::string what = e.what();
+    std::string what = events.error;
     if (const size_t at = what.find("column "); at != std::string::npos) what = what.substr(at);
     if (what.size() > 120) {  // "last read" may quote a whole record
       size_t cut = 117;
       while (cut > 0 && (uint8_t(what[cut]) & 0xc0) == 0x80) --cut;  // not inside a character
       what = what.substr(0, cut) + "...";
     }
+    text.clear();
     // A \u escape of half a surrogate pair stands for no character: no UTF-8 can hold it.
     why = std::string(what.find("surrogate") != std::string::npos ? "invalid UTF-8 in a string: a lone surrogate ("
                                                                   : "not valid JSON (") +
           what + ")";
     return false;
   }
-  if (!j.is_object()) {
-    why = fmt::format("{}, not a JSON object with a \"{}\" key", json_kind(j), key);
+  if (!events.object) {
+    why = fmt::format("{}, not a JSON object with a \"{}\" key", events.first, key);
     return false;
   }
-  const auto it = j.find(key);
-  if (it == j.end()) {
-    std::string keys;
-    for (auto& [k, v] : j.items()) {
-      if (keys.size() > 60) {
-        keys += ", ...";
-        break;
-      }
-      keys += (keys.empty() ? "" : ", ") + nlohmann::json(k).dump();
-    }
-    why = fmt::format("no \"{}\" key (it has {}; choose the key with --text-key)", key, keys.empty() ? "none" : keys);
+  if (!events.found) {
+    why = fmt::format("no \"{}\" key (it has {}; choose the key with --text-key)", key,
+                      events.keys.empty() ? "none" : events.keys + (events.more_keys ? ", ..." : ""));
     return false;
   }
-  if (!it->is_string()) {
-    why = fmt::format("\"{}\" is {}, not a string", key, json_kind(*it));
+  if (events.kind) {
+    text.clear();
+    why = fmt::format("\"{}\" is {}, not a string", key, events.kind);
     return false;
   }
-  text = it->get<std::string>();
   return true;
 }
 

@@ -1,13 +1,15 @@
 #include "data/hf_pipeline.h"
 
+#include <dlfcn.h>
 #include <oniguruma.h>
 #include <utf8proc.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
+#include <functional>
 #include <nlohmann/json.hpp>
 
+#include "data/token_text.h"
 #include "runtime/error.h"
 
 namespace loom {
@@ -16,34 +18,75 @@ using nlohmann::json;
 
 // ---- Oniguruma ----
 
+namespace {
+// libonig opened with RTLD_LOCAL, its functions looked up by name: the library also exports
+// POSIX's regcomp and regexec, which, linked, would take the place of glibc's for the whole
+// program (gtest's death tests hung on them; Regex.PosixIsGlibcs).
+struct Onig {
+  decltype(&onig_initialize) initialize;
+  decltype(&onig_new) compile;
+  decltype(&onig_error_code_to_str) error_text;
+  decltype(&onig_region_new) region_new;
+  decltype(&onig_region_free) region_free;
+  decltype(&onig_region_clear) region_clear;
+  decltype(&onig_free) free;
+  decltype(&onig_search) search;
+  OnigEncoding utf8;
+  OnigSyntaxType* syntax;
+};
+
+const Onig& onig() {
+  static const Onig api = [] {
+    void* lib = dlopen("libonig.so.5", RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+      fail("Hugging Face tokenizers match with Oniguruma, and it did not load ({}); run ./setup.sh (Debian: libonig5)",
+           dlerror());
+    auto sym = [lib](const char* name) {
+      void* p = dlsym(lib, name);
+      if (!p) fail("Oniguruma (libonig.so.5) lacks {}: loom needs version 6.9 or later", name);
+      return p;
+    };
+    Onig o;
+    o.initialize = reinterpret_cast<decltype(o.initialize)>(sym("onig_initialize"));
+    o.compile = reinterpret_cast<decltype(o.compile)>(sym("onig_new"));
+    o.error_text = reinterpret_cast<decltype(o.error_text)>(sym("onig_error_code_to_str"));
+    o.region_new = reinterpret_cast<decltype(o.region_new)>(sym("onig_region_new"));
+    o.region_free = reinterpret_cast<decltype(o.region_free)>(sym("onig_region_free"));
+    o.region_clear = reinterpret_cast<decltype(o.region_clear)>(sym("onig_region_clear"));
+    o.free = reinterpret_cast<decltype(o.free)>(sym("onig_free"));
+    o.search = reinterpret_cast<decltype(o.search)>(sym("onig_search"));
+    o.utf8 = static_cast<OnigEncoding>(sym("OnigEncodingUTF8"));
+    o.syntax = *static_cast<OnigSyntaxType**>(sym("OnigDefaultSyntax"));
+    OnigEncoding encodings[] = {o.utf8};
+    o.initialize(encodings, 1);
+    return o;
+  }();
+  return api;
+}
+}  // namespace
+
 Regex::Regex(const std::string& pattern) {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
-    onig_initialize(encodings, 1);
-  });
+  const Onig& on = onig();
   OnigErrorInfo info;
   regex_t* reg = nullptr;
   const auto* p = reinterpret_cast<const OnigUChar*>(pattern.data());
-  const int rc =
-      onig_new(&reg, p, p + pattern.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
+  const int rc = on.compile(&reg, p, p + pattern.size(), ONIG_OPTION_NONE, on.utf8, on.syntax, &info);
   if (rc != ONIG_NORMAL) {
     OnigUChar why[ONIG_MAX_ERROR_MESSAGE_LEN];
-    onig_error_code_to_str(why, rc, &info);
+    on.error_text(why, rc, &info);
     fail("the tokenizer's regular expression {} does not compile with Oniguruma: {}", json(pattern).dump(),
          reinterpret_cast<const char*>(why));
   }
   reg_ = reg;
-  region_ = onig_region_new();
+  region_ = on.region_new();
 }
 
 Regex::~Regex() {
-  if (region_) onig_region_free(static_cast<OnigRegion*>(region_), 1);
-  if (reg_) onig_free(static_cast<regex_t*>(reg_));
+  if (region_) onig().region_free(static_cast<OnigRegion*>(region_), 1);
+  if (reg_) onig().free(static_cast<regex_t*>(reg_));
 }
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const {
-  std::vector<std::pair<size_t, size_t>> out;
+void Regex::each_match(std::string_view s, const std::function<void(size_t, size_t)>& found) const {
   auto* region = static_cast<OnigRegion*>(region_);
   const auto* str = reinterpret_cast<const OnigUChar*>(s.data());
   const OnigUChar* end = str + s.size();
@@ -51,8 +94,8 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
   bool matched = false;
   size_t last_end = 0;
   while (from <= s.size()) {
-    onig_region_clear(region);
-    const int r = onig_search(static_cast<regex_t*>(reg_), str, end, str + from, end, region, ONIG_OPTION_NONE);
+    onig().region_clear(region);
+    const int r = onig().search(static_cast<regex_t*>(reg_), str, end, str + from, end, region, ONIG_OPTION_NONE);
     if (r == ONIG_MISMATCH) break;
     LOOM_CHECK(r >= 0, "Oniguruma failed to match (error {})", r);
     const size_t b = size_t(region->beg[0]), e = size_t(region->end[0]);
@@ -63,114 +106,17 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
       from += step;
       continue;
     }
-    out.push_back({b, e});
+    found(b, e);
     from = e;
     matched = true;
     last_end = e;
   }
+}
+
+std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  each_match(s, [&](size_t b, size_t e) { out.push_back({b, e}); });
   return out;
-}
-
-// ---- UTF-8 ----
-
-std::string utf8_replace_invalid(const std::string& s) {
-  std::string out;
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0, clean = 0;  // s[clean, i) is valid and not yet copied
-  auto replace = [&](size_t bad) {
-    out.append(s, clean, i - clean);
-    out += "\xef\xbf\xbd";
-    i += bad;
-    clean = i;
-  };
-  while (i < n) {
-    const unsigned char c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range (RFC 3629)
-    if (c >= 0xc2 && c <= 0xdf)
-      len = 2;
-    else if (c >= 0xe0 && c <= 0xef)
-      len = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
-    else if (c >= 0xf0 && c <= 0xf4)
-      len = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
-    if (len == 0) {
-      replace(1);
-      continue;
-    }
-    size_t k = 1;  // the lead byte and the continuation bytes that can follow it
-    while (k < len && i + k < n && p[i + k] >= (k == 1 ? lo : 0x80) && p[i + k] <= (k == 1 ? hi : 0xbf)) ++k;
-    if (k < len) {
-      replace(k);
-      continue;
-    }
-    i += len;
-  }
-  if (clean == 0) return s;
-  out.append(s, clean, n - clean);
-  return out;
-}
-
-// ---- GPT-2's byte-level alphabet ----
-
-namespace {
-struct ByteAlphabet {
-  std::string chars[256];
-  ByteAlphabet() {
-    int extra = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-      const uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + extra++);
-      if (cp < 0x80) {
-        chars[b] = std::string(1, char(cp));
-      } else {
-        chars[b] += char(0xc0 | (cp >> 6));
-        chars[b] += char(0x80 | (cp & 0x3f));
-      }
-    }
-  }
-};
-const ByteAlphabet& alphabet() {
-  static const ByteAlphabet a;
-  return a;
-}
-}  // namespace
-
-const std::string& byte_level_char(uint8_t b) {
-  return alphabet().chars[b];
-}
-
-bool byte_level_decode(const std::string& s, std::string& out) {
-  for (size_t i = 0; i < s.size();) {
-    const uint8_t c = uint8_t(s[i]);
-    uint32_t cp;
-    if (c < 0x80) {
-      cp = c, i += 1;
-    } else if ((c >> 5) == 6 && i + 1 < s.size()) {
-      cp = ((c & 0x1fu) << 6) | (uint8_t(s[i + 1]) & 0x3fu), i += 2;
-    } else {
-      return false;
-    }
-    // The inverse of the table: printable bytes stand for themselves, the rest are 256 + n.
-    if (cp >= 256) {
-      int n = int(cp) - 256, b = 0;
-      for (; b < 256; ++b) {
-        const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-        if (!printable && n-- == 0) break;
-      }
-      if (b == 256) return false;
-      out += char(b);
-    } else {
-      const bool printable = (cp >= '!' && cp <= '~') || (cp >= 0xa1 && cp <= 0xac) || (cp >= 0xae && cp <= 0xff);
-      if (!printable) return false;
-      out += char(cp);
-    }
-  }
-  return true;
 }
 
 namespace {
@@ -195,11 +141,14 @@ struct Pattern {
       literal = j["String"].get<std::string>();
     }
   }
-  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const {
-    if (regex) return regex->find_all(s);
-    std::vector<std::pair<size_t, size_t>> out;
+  void each_match(std::string_view s, const std::function<void(size_t, size_t)>& found) const {
+    if (regex) return regex->each_match(s, found);
     for (size_t at = s.find(literal); at != std::string_view::npos; at = s.find(literal, at + literal.size()))
-      out.push_back({at, at + literal.size()});
+      found(at, at + literal.size());
+  }
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    each_match(s, [&](size_t b, size_t e) { out.push_back({b, e}); });
     return out;
   }
 };
@@ -239,15 +188,15 @@ struct Replace : Normalizer {
   std::string content;
   Replace(const json& p, std::string c) : pattern(p), content(std::move(c)) {}
   void apply(std::string& s) const override {
-    const auto found = pattern.find_all(s);
-    if (found.empty()) return;
     std::string out;
     size_t at = 0;
-    for (auto [b, e] : found) {
+    pattern.each_match(s, [&](size_t b, size_t e) {
+      if (at == 0 && out.empty()) out.reserve(s.size() + s.size() / 8);
       out.append(s, at, b - at);
       out += content;
       at = e;
-    }
+    });
+    if (at == 0 && out.empty()) return;  // nothing matched
     out.append(s, at, std::string::npos);
     s.swap(out);
   }
@@ -262,6 +211,25 @@ struct Prepend : Normalizer {
 };
 
 // ---- pre-tokenizers ----
+
+constexpr size_t kBatchPieces = 4096;  // pieces handed on at a time by a streaming split
+
+// Isolating spans one by one (each match and the text between, as split_by's isolated and
+// removed behaviours keep them), handed to `each` in batches: `map` turns a span into its piece.
+struct SpanBatcher {
+  const PreTokenizer::Batch& each;
+  std::vector<std::string> batch;
+  explicit SpanBatcher(const PreTokenizer::Batch& e) : each(e) {}
+  void add(std::string piece) {
+    if (piece.empty()) return;
+    batch.push_back(std::move(piece));
+    if (batch.size() >= kBatchPieces) flush();
+  }
+  void flush() {
+    if (!batch.empty()) each(batch);
+    batch.clear();
+  }
+};
 
 enum class Behavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
 
@@ -345,6 +313,17 @@ struct PreSequence : PreTokenizer {
   void split(std::vector<std::string>& pieces, bool first) const override {
     for (auto& p : parts) p->split(pieces, first);
   }
+  // The first part's pieces a batch at a time through the others: each part splits every piece
+  // on its own, so batches give the pieces of the whole (only the first batch opens the text).
+  void split_stream(std::string_view s, bool first, const Batch& each) const override {
+    if (parts.empty()) return PreTokenizer::split_stream(s, first, each);
+    bool opening = first;
+    parts[0]->split_stream(s, first, [&](std::vector<std::string>& batch) {
+      for (size_t k = 1; k < parts.size(); ++k) parts[k]->split(batch, opening);
+      opening = false;
+      each(batch);
+    });
+  }
   bool byte_level() const override {
     for (auto& p : parts)
       if (p->byte_level()) return true;
@@ -365,6 +344,23 @@ struct Split : PreTokenizer {
     for (const std::string& p : pieces) split_by(p, pattern.find_all(p), behavior, invert, out);
     pieces.swap(out);
   }
+  // Isolated and Removed keep or drop each span alone: their pieces come match by match.
+  void split_stream(std::string_view s, bool first, const Batch& each) const override {
+    if (behavior != Behavior::isolated && behavior != Behavior::removed)
+      return PreTokenizer::split_stream(s, first, each);
+    SpanBatcher out(each);
+    auto span = [&](size_t b, size_t e, bool match) {
+      if (behavior == Behavior::isolated || match == invert) out.add(std::string(s.substr(b, e - b)));
+    };
+    size_t prev = 0;
+    pattern.each_match(s, [&](size_t b, size_t e) {
+      if (b != prev) span(prev, b, false);
+      span(b, e, true);
+      prev = e;
+    });
+    if (prev != s.size()) span(prev, s.size(), false);
+    out.flush();
+  }
 };
 
 struct ByteLevel : PreTokenizer {
@@ -384,13 +380,28 @@ struct ByteLevel : PreTokenizer {
       else if (!p.empty())
         out.push_back(std::move(p));
     }
-    for (std::string& p : out) {  // each byte as its stand-in character
-      std::string mapped;
-      mapped.reserve(p.size() * 2);
-      for (char c : p) mapped += byte_level_char(uint8_t(c));
-      p.swap(mapped);
-    }
+    for (std::string& p : out) p = mapped(p);
     pieces.swap(out);
+  }
+  static std::string mapped(std::string_view p) {  // each byte as its stand-in character
+    std::string m;
+    m.reserve(p.size() * 2);
+    for (char c : p) m += byte_level_char(uint8_t(c));
+    return m;
+  }
+  void split_stream(std::string_view s, bool first, const Batch& each) const override {
+    if (!gpt2) return PreTokenizer::split_stream(s, first, each);
+    std::string spaced;
+    if (add_prefix_space && (s.empty() || s[0] != ' ')) spaced = " " + std::string(s), s = spaced;
+    SpanBatcher out(each);
+    size_t prev = 0;
+    gpt2->each_match(s, [&](size_t b, size_t e) {
+      if (b != prev) out.add(mapped(s.substr(prev, b - prev)));
+      out.add(mapped(s.substr(b, e - b)));
+      prev = e;
+    });
+    if (prev != s.size()) out.add(mapped(s.substr(prev)));
+    out.flush();
   }
   bool byte_level() const override { return true; }
 };
@@ -441,6 +452,12 @@ struct Digits : PreTokenizer {
 };
 
 }  // namespace
+
+void PreTokenizer::split_stream(std::string_view s, bool first, const Batch& each) const {
+  std::vector<std::string> pieces{std::string(s)};
+  split(pieces, first);
+  each(pieces);
+}
 
 std::unique_ptr<Normalizer> normalizer_from(const json& j) {
   if (j.is_null()) return nullptr;

@@ -5,6 +5,7 @@
 // refused by name where loom does not implement it. Text reaching them is valid UTF-8.
 // Not here: added tokens and the BPE model (data/hf_tokenizer.h).
 #pragma once
+#include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -14,7 +15,8 @@
 
 namespace loom {
 
-// An Oniguruma expression over UTF-8 in Ruby syntax, as the tokenizers library compiles it.
+// An Oniguruma expression over UTF-8 in Oniguruma's default syntax (ONIG_SYNTAX_DEFAULT, its
+// own, Ruby's with more), as the tokenizers library's onig crate compiles it.
 class Regex {
  public:
   explicit Regex(const std::string& pattern);  // an Error naming the pattern where it does not compile
@@ -25,6 +27,7 @@ class Regex {
   // empty match right after a match is skipped; after an empty match the search moves one
   // character on).
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const;
+  void each_match(std::string_view s, const std::function<void(size_t, size_t)>& found) const;  // the same, one by one
 
  private:
   void* reg_ = nullptr;  // regex_t*
@@ -40,20 +43,16 @@ struct Normalizer {
 std::unique_ptr<Normalizer> normalizer_from(const nlohmann::json& j);
 
 struct PreTokenizer {
+  using Batch = std::function<void(std::vector<std::string>&)>;
   virtual ~PreTokenizer() = default;
   // Splits every piece further; `first`: the pieces open the text (Metaspace's "first").
   virtual void split(std::vector<std::string>& pieces, bool first) const = 0;
+  // The pieces split({s}, first) gives, handed to `each` in order, a batch at a time where they
+  // come match by match (a regular expression that isolates), else all at once: a long text's
+  // pieces are not all held together.
+  virtual void split_stream(std::string_view s, bool first, const Batch& each) const;
   virtual bool byte_level() const { return false; }
 };
 std::unique_ptr<PreTokenizer> pre_tokenizer_from(const nlohmann::json& j);
-
-// GPT-2's byte-level alphabet: byte b as the UTF-8 of its stand-in character, and back.
-const std::string& byte_level_char(uint8_t b);
-// The bytes of a byte-level string; false where a character is not in the alphabet.
-bool byte_level_decode(const std::string& s, std::string& out);
-
-// `s` with each maximal ill-formed UTF-8 subsequence replaced by U+FFFD (Unicode's
-// recommended practice, as Python's errors="replace" does).
-std::string utf8_replace_invalid(const std::string& s);
 
 }  // namespace loom

@@ -1,6 +1,9 @@
 #include "data/hf_tokenizer.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -8,14 +11,18 @@
 #include <string_view>
 
 #include "data/hf_pipeline.h"
+#include "data/token_text.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/utf8.h"
 
 namespace loom {
 
 using nlohmann::json;
 
 namespace {
+constexpr size_t kWordWhole = 256;            // a word up to this many bytes is merged whole (and cached)
+constexpr size_t kWordCut = size_t(1) << 20;  // no part of a longer one is longer than this
 struct ViewHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -46,7 +53,7 @@ struct AddedMatcher {
     ++count;
   }
   // Calls each(offset, text, token) for the text between tokens (token -1) and each token.
-  void split(const std::string& s, const std::function<void(size_t, std::string_view, int32_t)>& each) const {
+  void split(std::string_view s, const std::function<void(size_t, std::string_view, int32_t)>& each) const {
     size_t clean = 0, i = 0;
     while (count > 0 && i < s.size()) {
       if (!starts[uint8_t(s[i])]) {
@@ -65,12 +72,12 @@ struct AddedMatcher {
         ++i;
         continue;
       }
-      if (i > clean) each(clean, std::string_view(s).substr(clean, i - clean), -1);
-      each(i, std::string_view(s).substr(i, best_len), best);
+      if (i > clean) each(clean, s.substr(clean, i - clean), -1);
+      each(i, s.substr(i, best_len), best);
       i += best_len;
       clean = i;
     }
-    if (clean < s.size()) each(clean, std::string_view(s).substr(clean), -1);
+    if (clean < s.size()) each(clean, s.substr(clean), -1);
   }
 };
 }  // namespace
@@ -87,6 +94,12 @@ struct HfTokenizer::Tables {
   AddedMatcher raw_added, normalized_added;
   bool added_newline = false;  // an added token holds '\n' (text cut there would split it)
   int32_t doc = -1;
+  // Adjacent characters (code points a << 32 | b, sorted) that some token holds: a long word
+  // splits exactly between any other two, since no merge can join across them. Empty with
+  // `joins_all` where merges join byte-fallback tokens (whose text is not the word's).
+  std::vector<uint64_t> joined;
+  bool joins_all = false;
+  mutable std::atomic<bool> warned_cut{false};  // a long word with no such place was cut
 };
 
 namespace {
@@ -208,6 +221,22 @@ std::shared_ptr<HfTokenizer::Tables> tables_read(const std::string& path) {
                "'{}': merge {} {} names a token the vocabulary lacks", path, json(a).dump(), json(b).dump());
     t->merges.emplace(uint64_t(uint32_t(ia->second)) << 32 | uint32_t(ib->second), std::pair{rank++, iab->second});
   }
+  for (const auto& [tok, id] : t->vocab) {
+    uint32_t prev = 0;
+    for (size_t i = 0; i < tok.size();) {
+      const Utf8Char c = utf8_char(tok, i);
+      if (i > 0) t->joined.push_back(uint64_t(prev) << 32 | (c.ok ? c.cp : 0xfffdu));
+      prev = c.ok ? c.cp : 0xfffdu;
+      i += c.len;
+    }
+  }
+  std::sort(t->joined.begin(), t->joined.end());
+  t->joined.erase(std::unique(t->joined.begin(), t->joined.end()), t->joined.end());
+  t->joined.shrink_to_fit();
+  for (const auto& [pair, merge] : t->merges)
+    for (const int32_t part : {int32_t(pair >> 32), int32_t(uint32_t(pair))})
+      t->joins_all =
+          t->joins_all || std::find(std::begin(t->byte_ids), std::end(t->byte_ids), part) != std::end(t->byte_ids);
   t->normalizer = j.contains("normalizer") ? j["normalizer"] : json();
   t->pre_tokenizer = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
   // Built once here so that a component loom lacks is refused at open, not on the first text.
@@ -260,14 +289,46 @@ std::vector<std::string> HfTokenizer::files() const {
 // The tokenizers library's BPE: from the word's characters (byte fallback, or the unknown
 // token, for one the vocabulary lacks), merge the pair of lowest rank, leftmost first, until
 // no pair merges.
-void HfTokenizer::bpe(const std::string& word, std::vector<int32_t>& out) const {
+void HfTokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const {
   const Tables& t = *t_;
   if (t.ignore_merges)
-    if (auto whole = t.vocab.find(std::string_view(word)); whole != t.vocab.end()) {
+    if (auto whole = t.vocab.find(word); whole != t.vocab.end()) {
       out.push_back(whole->second);
       return;
     }
-  const bool cached = word.size() <= 256;
+  if (word.size() <= kWordWhole || t.joins_all) return bpe_merge(word, out);
+  // A long word (a document, where no pre-tokenizer splits: Llama 2, Gemma 3) in the parts no
+  // token joins: the same ids, in the memory and the word cache of its parts.
+  size_t begin = 0;
+  uint32_t prev = 0;
+  size_t prev_at = 0;
+  for (size_t i = 0; i < word.size();) {
+    const Utf8Char c = utf8_char(word, i);
+    const uint32_t cp = c.ok ? c.cp : 0xfffdu;
+    if (i > begin) {
+      const uint64_t pair = uint64_t(prev) << 32 | cp;
+      const bool joins = std::binary_search(t.joined.begin(), t.joined.end(), pair) ||
+                         (t.fuse_unk && t.vocab.find(word.substr(prev_at, i - prev_at)) == t.vocab.end() &&
+                          t.vocab.find(word.substr(i, c.len)) == t.vocab.end());
+      if (!joins || i - begin >= kWordCut) {
+        if (joins && !t.warned_cut.exchange(true))
+          spdlog::warn(
+              "a word of more than {} MB that the tokenizer's merges could join throughout was cut there (its ids at "
+              "the cut may differ from the tokenizers library's, which merges it whole)",
+              kWordCut >> 20);
+        bpe_merge(word.substr(begin, i - begin), out);
+        begin = i;
+      }
+    }
+    prev = cp, prev_at = i;
+    i += c.len;
+  }
+  bpe_merge(word.substr(begin), out);
+}
+
+void HfTokenizer::bpe_merge(std::string_view word, std::vector<int32_t>& out) const {
+  const Tables& t = *t_;
+  const bool cached = word.size() <= kWordWhole;
   if (cached)
     if (auto hit = cache_.find(word); hit != cache_.end()) {
       out.insert(out.end(), hit->second.begin(), hit->second.end());
@@ -337,32 +398,46 @@ void HfTokenizer::bpe(const std::string& word, std::vector<int32_t>& out) const 
   out.insert(out.end(), ids.begin(), ids.end());
   if (cached) {
     if (cache_.size() >= (size_t(1) << 18)) cache_.clear();  // bounded, whatever the corpus
-    cache_.emplace(word, std::move(ids));
+    cache_.emplace(std::string(word), std::move(ids));
   }
 }
 
 void HfTokenizer::encode_into(const std::string& text, std::vector<int32_t>& out,
                               std::vector<std::string>* pieces) const {
-  const std::string s = utf8_replace_invalid(text);
+  // Copies of a long text only where something changes it: invalid UTF-8, a normalizer.
+  std::string replaced;
+  const bool valid = utf8_valid(text);
+  if (!valid) replaced = utf8_replace_invalid(text);
+  const std::string_view s = valid ? std::string_view(text) : std::string_view(replaced);
+  auto words = [&](std::vector<std::string>& batch) {
+    for (const std::string& w : batch) {
+      if (pieces) pieces->push_back(w);
+      bpe(w, out);
+    }
+  };
   t_->raw_added.split(s, [&](size_t at, std::string_view section, int32_t token) {
     if (token >= 0) {
       out.push_back(token);
       if (pieces) pieces->emplace_back(section);
       return;
     }
-    std::string normalized(section);
-    if (norm_) norm_->apply(normalized);
-    t_->normalized_added.split(normalized, [&](size_t sub_at, std::string_view sub, int32_t id) {
+    std::string normalized;
+    if (norm_) {
+      normalized.assign(section);
+      norm_->apply(normalized);
+      section = normalized;
+    }
+    t_->normalized_added.split(section, [&](size_t sub_at, std::string_view sub, int32_t id) {
       if (id >= 0) {
         out.push_back(id);
         if (pieces) pieces->emplace_back(sub);
         return;
       }
-      std::vector<std::string> words{std::string(sub)};
-      if (pre_) pre_->split(words, at == 0 && sub_at == 0);
-      for (const std::string& w : words) {
-        if (pieces) pieces->push_back(w);
-        bpe(w, out);
+      if (pre_) {
+        pre_->split_stream(sub, at == 0 && sub_at == 0, words);
+      } else {  // the text is one word
+        if (pieces) pieces->emplace_back(sub);
+        bpe(sub, out);
       }
     });
   });
@@ -391,18 +466,8 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
       if (!byte_level_decode(tok, s)) s += tok;  // an added token's own text
       continue;
     }
-    if (t_->byte_fallback && tok.size() == 6 && tok.compare(0, 3, "<0x") == 0 && tok[5] == '>') {
-      s += char(std::stoi(tok.substr(3, 2), nullptr, 16));
-      continue;
-    }
-    for (size_t at = 0; at < tok.size();) {  // "▁" stands for a space
-      if (tok.compare(at, 3, "\u2581") == 0) {
-        s += ' ';
-        at += 3;
-      } else {
-        s += tok[at++];
-      }
-    }
+    if (t_->byte_fallback && byte_piece_decode(tok, s)) continue;
+    metaspace_decode(tok, s);
   }
   return s;
 }

@@ -5,6 +5,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -34,6 +35,24 @@ bool name_compressed(const std::string& path) {
 bool name_json(const std::string& path) {
   const std::string p = without_compression(path);
   return ends_with(p, ".jsonl") || ends_with(p, ".json");
+}
+
+namespace {
+bool gzip_magic(const unsigned char* head, ssize_t got) {
+  return got >= 2 && head[0] == 0x1f && head[1] == 0x8b;
+}
+bool zstd_magic(const unsigned char* head, ssize_t got) {
+  return got == 4 && head[0] == 0x28 && head[1] == 0xb5 && head[2] == 0x2f && head[3] == 0xfd;
+}
+}  // namespace
+
+const char* compression_of(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  unsigned char head[4] = {};
+  const ssize_t got = ::pread(fd, head, sizeof head, 0);
+  ::close(fd);
+  return gzip_magic(head, got) ? "gzip" : zstd_magic(head, got) ? "zstd" : nullptr;
 }
 
 // The raw file and its decoder: read() gives decompressed bytes, 0 at the end of the data.
@@ -124,11 +143,11 @@ LineReader::LineReader(const std::string& path, size_t max_line)
   in_->raw.resize(kBlock);
   unsigned char head[4] = {};
   const ssize_t got = ::pread(in_->fd, head, sizeof head, 0);
-  if (got >= 2 && head[0] == 0x1f && head[1] == 0x8b) {
+  if (gzip_magic(head, got)) {
     in_->kind = Stream::GZIP;
     LOOM_CHECK(inflateInit2(&in_->z, 15 + 16) == Z_OK, "zlib cannot start for '{}'", path);
     in_->z_open = true;
-  } else if (got == 4 && head[0] == 0x28 && head[1] == 0xb5 && head[2] == 0x2f && head[3] == 0xfd) {
+  } else if (zstd_magic(head, got)) {
     in_->kind = Stream::ZSTD;
     in_->zd = ZSTD_createDCtx();
     LOOM_CHECK(in_->zd, "libzstd cannot start for '{}'", path);
@@ -160,26 +179,58 @@ bool LineReader::refill() {
   return n > 0;
 }
 
-bool LineReader::next(std::string& line) {
+void LineReader::take(std::string& line, size_t end, size_t next) {
+  if (end - at_ < kBlock) {
+    line.assign(buf_, at_, end - at_);
+    at_ = next;
+    return;
+  }
+  std::string rest(buf_, std::min(next, buf_.size()));  // what was read past the line: under a block
+  buf_.resize(end);
+  buf_.erase(0, at_);
+  line.swap(buf_);
+  buf_ = std::move(rest);
+  at_ = 0;
+}
+
+void LineReader::skip_line() {
+  for (;;) {
+    if (const void* nl = std::memchr(buf_.data() + at_, '\n', buf_.size() - at_)) {
+      at_ = size_t(static_cast<const char*>(nl) - buf_.data()) + 1;
+      return;
+    }
+    std::string().swap(buf_);  // the long line's buffer goes back
+    at_ = 0;
+    if (!refill()) return;
+  }
+}
+
+bool LineReader::next(std::string& line, bool* too_long) {
+  if (too_long) *too_long = false;
   size_t scanned = at_;
   for (;;) {
     const void* nl = std::memchr(buf_.data() + scanned, '\n', buf_.size() - scanned);
-    if (nl) {
-      const size_t end = size_t(static_cast<const char*>(nl) - buf_.data());
-      line.assign(buf_, at_, end - at_);
-      at_ = end + 1;
+    const size_t end = nl ? size_t(static_cast<const char*>(nl) - buf_.data()) : buf_.size();
+    if (end - at_ > max_line_) {
+      LOOM_CHECK(too_long,
+                 "'{}' line {} is longer than {} MB (--max-record): a record is held in memory whole; raise "
+                 "--max-record, or --skip-bad skips such records (is the file JSON Lines, one record a line?)",
+                 path_, line_ + 1, max_line_ >> 20);
+      skip_line();
+      line.clear();
+      *too_long = true;
       ++line_;
       return true;
     }
-    LOOM_CHECK(buf_.size() - at_ <= max_line_,
-               "'{}' line {} is longer than {} MB: a record must fit in memory (is the file JSON Lines, one record "
-               "a line?)",
-               path_, line_ + 1, max_line_ >> 20);
+    if (nl) {
+      take(line, end, end + 1);
+      ++line_;
+      return true;
+    }
     const size_t seen = buf_.size() - at_;
     if (!refill()) {
       if (at_ >= buf_.size()) return false;
-      line.assign(buf_, at_, std::string::npos);  // the last line, without its '\n'
-      at_ = buf_.size();
+      take(line, buf_.size(), buf_.size());  // the last line, without its '\n'
       ++line_;
       return true;
     }

@@ -70,10 +70,13 @@ std::string tokenizer_from(const TokenizerRecord& r, DataConfig& d) {
 TokenizerRecord data_tokenizer_infer(Config& cfg, bool warn) {
   if (cfg.data.source != DataKind::tokens) return {};
   TokenizerRecord r;
-  std::string from;  // the first shard with a record
+  std::string from, unrecorded;  // the first shard with a record, and the first without one
   for (const std::string& shard : shards_of(cfg)) {
     TokenizerRecord here = shard_record_read(shard);
-    if (here.kind.empty()) continue;
+    if (here.kind.empty()) {
+      if (unrecorded.empty()) unrecorded = shard;
+      continue;
+    }
     LOOM_CHECK(from.empty() || here == r,
                "token shards '{}' and '{}' were made by different tokenizers ({}; {}); one run trains on one "
                "tokenizer's ids: remake one of them with the other's tokenizer (`loom data`)",
@@ -83,13 +86,36 @@ TokenizerRecord data_tokenizer_infer(Config& cfg, bool warn) {
   if (r.kind.empty()) return r;
   ModelConfig& m = cfg.model;
   DataConfig& d = cfg.data;
-  if (!cfg.set_keys.count("model.vocab_size")) {
+  // A shard without a record may hold any ids: with one in the run, nothing is taken from the
+  // others' record (shards without one train as before, from the config).
+  const bool takes = unrecorded.empty();
+  const bool vocab_set = cfg.set_keys.count("model.vocab_size") > 0;
+  // The byte tokenizer's 256 ids fit the default vocabulary, which runs on byte shards without a
+  // record had (their checkpoints resume on shards made again).
+  if (!vocab_set && takes && r.kind != "byte") {
     m.vocab_size = int(r.vocab_size);
   } else {
+    const std::string advice =
+        !takes      ? fmt::format(" ('{}' records no tokenizer, so the data does not give it)", unrecorded)
+        : vocab_set ? ", or leave it out (the data gives it)"
+                    : "";
     LOOM_CHECK(m.vocab_size >= r.vocab_size,
-               "model.vocab_size = {} is smaller than the vocabulary of the tokenizer that made '{}': {}; set it to "
-               "{} or more, or leave it out (the data gives it)",
-               m.vocab_size, from, r.describe(), r.vocab_size);
+               "model.vocab_size = {}{} is smaller than the vocabulary of the tokenizer that made '{}': {}; set it to "
+               "{} or more{}",
+               m.vocab_size, vocab_set ? "" : " (the default)", from, r.describe(), r.vocab_size, advice);
+  }
+  if (!takes) {
+    // A config's own data.tokenizer must still be the recorded shards' tokenizer.
+    LOOM_CHECK(d.tokenizer.empty() || d.tokenizer == r.kind,
+               "data.tokenizer = \"{}\", but token shard '{}' was made by {}; set data.tokenizer to the one that made "
+               "it",
+               d.tokenizer, from, r.describe());
+    if (warn)
+      spdlog::warn(
+          "token shard '{}' records no tokenizer (llm.c's, or an earlier loom's), so this run takes nothing from the "
+          "record of '{}' ({}): model.vocab_size, data.doc_token and data.tokenizer are the config's",
+          unrecorded, from, r.describe());
+    return r;
   }
   if (!cfg.set_keys.count("data.doc_token") && r.doc_token >= 0) d.doc_token = r.doc_token;
   if (!d.tokenizer.empty()) {

@@ -3,7 +3,8 @@
 // are still there unchanged) where the config leaves them unset. A vocabulary smaller than the
 // tokenizer's, a data.tokenizer other than the one that made the shards, and shards of
 // different tokenizers are refused. Shards without a record (llm.c's, an earlier loom's)
-// change nothing: they train from the config as before.
+// change nothing: they train from the config as before, and so does a run that mixes them with
+// recorded ones (said once). The byte tokenizer's record leaves the vocabulary to the config.
 #pragma once
 #include <string>
 

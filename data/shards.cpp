@@ -138,15 +138,22 @@ std::vector<std::string> shard_files(const std::string& path, bool val) {
   }
   std::vector<std::string> files;
   for (auto& e : fs::directory_iterator(path)) {
-    // Only regular files (or links to them) are shards: a FIFO or a directory named x.bin is not.
-    if (e.path().extension() == ".bin" && !e.is_regular_file(ec)) continue;
+    // Only regular files (or links to them) are shards: a FIFO or a directory named x.bin is not,
+    // and is skipped with a word.
+    if (e.path().extension() == ".bin" && !e.is_regular_file(ec)) {
+      if (!val)
+        fmt::print(stderr, "warning: skipping '{}' in shard directory '{}': {}, not a regular file\n",
+                   e.path().string(), path, e.is_directory(ec) ? "a directory" : "a FIFO, device or link to nothing");
+      continue;
+    }
     const std::string stem = e.path().stem().string();
     const bool is_val =
         stem.size() >= 4 && (stem.compare(stem.size() - 4, 4, "_val") == 0 || stem.find("_val_") != std::string::npos);
     if (e.path().extension() == ".bin" && is_val == val) files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
-  LOOM_CHECK(val || !files.empty(), "directory '{}' holds no .bin token shards (but validation ones)", path);
+  LOOM_CHECK(val || !files.empty(), "directory '{}' holds no .bin token shards{}", path,
+             shard_files(path, true).empty() ? "" : " (only validation ones, *_val.bin)");
   return files;
 }
 
@@ -287,6 +294,7 @@ void tokens_pack(const int32_t* ids, size_t n, int width, std::vector<uint8_t>& 
 
 std::string TokenizerRecord::describe() const {
   if (kind.empty()) return "no tokenizer recorded";
+  if (kind == "byte") return fmt::format("byte ({} tokens, no files)", vocab_size);
   return fmt::format("{} ({} tokens, files xxh64 {:016x}{})", kind, vocab_size, hash,
                      files.empty() ? "" : fmt::format(", '{}'", files.front()));
 }

@@ -96,4 +96,5 @@ std::vector<int32_t> shard_read(const std::string& path, int vocab_size);
 void shard_write(const std::string& path, const std::vector<int32_t>& tokens, int width = 0,
                  const TokenizerRecord& record = {});
 
+
 }  // namespace loom

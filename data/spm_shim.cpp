@@ -8,9 +8,16 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "data/spm_abi.h"
+
 using sentencepiece::SentencePieceProcessor;
 
 extern "C" {
+
+// The interface this shim was built with (data/spm_abi.h): loom checks it before any call.
+int loom_spm_abi() {
+  return loom::kSpmAbi;
+}
 
 void* loom_spm_open(const char* path, char* err, size_t err_len) {
   auto* sp = new SentencePieceProcessor();

@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <mutex>
 
-#include "data/hf_pipeline.h"
+#include "data/spm_abi.h"
+#include "data/token_text.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/utf8.h"
 
 namespace loom {
 
@@ -24,12 +26,27 @@ struct Spm {
   const char* (*piece)(const void*, int, int*);
 };
 
+// Why this build cannot open the shim at all, or "".
+std::string spm_unavailable() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return "--tokenizer spm is not available in a build with AddressSanitizer or ThreadSanitizer: the SentencePiece "
+         "library is opened with RTLD_DEEPBIND, which they abort on; use a build without sanitizers";
+#elif !defined(LOOM_SPM_SHIM)
+  return "this loom was built without libsentencepiece, which --tokenizer spm reads its models with: install Debian's "
+         "libsentencepiece-dev (./setup.sh) and build loom again";
+#else
+  return "";
+#endif
+}
+
 const Spm& spm() {
   static Spm f;
   static std::string why;
   static std::once_flag once;
   std::call_once(once, [] {
-    // Beside the binary, else where the build put it.
+    why = spm_unavailable();
+    if (!why.empty()) return;
+    // Beside the binary, else where the build put it: the first there is the one.
     std::vector<std::string> tried;
     std::error_code ec;
     const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -38,23 +55,35 @@ const Spm& spm() {
     tried.push_back(LOOM_SPM_SHIM);
 #endif
     void* h = nullptr;
-    std::string last = "not there";
+    std::string path, last = "not there";
     for (const std::string& p : tried) {
       if (!std::filesystem::exists(p, ec)) continue;
+      path = p;
       if ((h = ::dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND))) break;
       const char* e = ::dlerror();
       last = e ? e : "cannot be opened";
+      break;
     }
     if (!h) {
       why = fmt::format(
-          "libloom_spm.so (loom's wrapper of the SentencePiece library) beside the loom binary: {}; "
+          "libloom_spm.so (loom's wrapper of the SentencePiece library) beside the loom binary{}: {}; "
           "build loom with Debian's libsentencepiece-dev (./setup.sh)",
-          last);
+          path.empty() ? "" : fmt::format(" ('{}')", path), last);
+      return;
+    }
+    // A shim of another build's interface would be called with the wrong arguments.
+    auto abi = reinterpret_cast<int (*)()>(::dlsym(h, "loom_spm_abi"));
+    if (!abi || abi() != kSpmAbi) {
+      why = fmt::format(
+          "'{}' is loom's SentencePiece wrapper of another build (interface {}, this loom's {}): copy the "
+          "libloom_spm.so built with this binary beside it, or rebuild",
+          path, abi ? std::to_string(abi()) : std::string("without a version"), kSpmAbi);
+      ::dlclose(h);
       return;
     }
     auto sym = [&](const char* name) {
       void* s = ::dlsym(h, name);
-      if (!s && why.empty()) why = fmt::format("libloom_spm.so lacks {}; rebuild loom", name);
+      if (!s && why.empty()) why = fmt::format("'{}' lacks {}; rebuild loom", path, name);
       return s;
     };
     f.open = reinterpret_cast<decltype(f.open)>(sym("loom_spm_open"));
@@ -102,19 +131,8 @@ std::string SpmTokenizer::decode(const std::vector<int32_t>& ids) const {
     LOOM_CHECK(id >= 0 && id < size, "token id {} is outside the SentencePiece model's {} pieces", id, size);
     int kind = 0;
     const std::string piece = spm().piece(sp_.get(), id, &kind);
-    if (kind == 1) {
-      s += char(std::stoi(piece.substr(3, 2), nullptr, 16));
-      continue;
-    }
-    if (kind == 2) continue;
-    for (size_t at = 0; at < piece.size();) {
-      if (piece.compare(at, 3, "\u2581") == 0) {
-        s += ' ';
-        at += 3;
-      } else {
-        s += piece[at++];
-      }
-    }
+    if (kind == 2 || (kind == 1 && byte_piece_decode(piece, s))) continue;
+    metaspace_decode(piece, s);
   }
   return s;
 }

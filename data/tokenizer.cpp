@@ -10,8 +10,11 @@
 
 #include "data/hf_tokenizer.h"
 #include "data/spm_tokenizer.h"
+#include "data/token_text.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/json_read.h"
+#include "runtime/utf8.h"
 
 namespace loom {
 
@@ -23,55 +26,20 @@ std::vector<int32_t> tokenize_bytes(const std::string& text) {
 
 namespace {
 
-std::string utf8_encode(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else if (cp < 0x800) {
-    s += char(0xc0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    s += char(0xe0 | (cp >> 12));
-    s += char(0x80 | ((cp >> 6) & 0x3f));
-    s += char(0x80 | (cp & 0x3f));
-  } else {
-    s += char(0xf0 | (cp >> 18));
-    s += char(0x80 | ((cp >> 12) & 0x3f));
-    s += char(0x80 | ((cp >> 6) & 0x3f));
-    s += char(0x80 | (cp & 0x3f));
+// A text's code points, read where they are needed (not held: a document may be long). A byte
+// that does not start well-formed UTF-8 stands alone as U+FFFD (punctuation to the
+// pre-tokenizers: what a decoder reading the text would see).
+struct Chars {
+  std::string_view s;
+  uint32_t at(size_t i) const {
+    const Utf8Char c = utf8_char(s, i);
+    return c.ok ? c.cp : 0xfffdu;
   }
-  return s;
-}
-
-// Code points with their byte spans; a byte that does not start valid UTF-8 stands alone as
-// U+FFFD (punctuation to the pre-tokenizers: what a decoder reading the text would see).
-struct Cp {
-  uint32_t cp;
-  size_t begin, end;
+  size_t next(size_t i) const {
+    const Utf8Char c = utf8_char(s, i);
+    return i + (c.ok ? c.len : 1);
+  }
 };
-std::vector<Cp> utf8_decode(const std::string& s) {
-  std::vector<Cp> out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    const uint8_t c = uint8_t(s[i]);
-    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (i + size_t(len) > s.size()) len = 0;
-    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
-    for (int k = 1; k < len; ++k) {
-      const uint8_t d = uint8_t(s[i + size_t(k)]);
-      if ((d >> 6) != 2) len = 0;
-      cp = (cp << 6) | (d & 0x3f);
-    }
-    if (len == 0) {
-      out.push_back({0xfffd, i, i + 1});
-      ++i;
-      continue;
-    }
-    out.push_back({cp, i, i + size_t(len)});
-    i += size_t(len);
-  }
-  return out;
-}
 
 struct CpRange {
   uint32_t lo, hi;
@@ -110,42 +78,50 @@ size_t contraction_length(uint32_t a, uint32_t b) {
 
 }  // namespace
 
-std::vector<std::string> gpt2_pretokenize(const std::string& text) {
-  auto cps = utf8_decode(text);
-  const size_t n = cps.size();
-  std::vector<std::string> out;
-  auto emit = [&](size_t a, size_t b) { out.push_back(text.substr(cps[a].begin, cps[b - 1].end - cps[a].begin)); };
+void gpt2_pretokenize(std::string_view text, const Pieces& emit) {
+  const Chars t{text};
+  const size_t n = text.size();
   auto run = [&](size_t i, Cls c) {
-    while (i < n && classify(cps[i].cp) == c) ++i;
+    while (i < n && classify(t.at(i)) == c) i = t.next(i);
     return i;
   };
+  auto piece = [&](size_t a, size_t b) { emit(text.substr(a, b - a)); };
   size_t i = 0;
   while (i < n) {
-    uint32_t c = cps[i].cp;
-    if (c == '\'' && i + 1 < n) {  // contractions, as written
-      if (const size_t len = contraction_length(cps[i + 1].cp, i + 2 < n ? cps[i + 2].cp : 0)) {
-        emit(i, i + len);
-        i += len;
+    const uint32_t c = t.at(i);
+    const size_t i1 = t.next(i);
+    if (c == '\'' && i1 < n) {  // contractions, as written
+      const size_t i2 = t.next(i1);
+      if (const size_t len = contraction_length(t.at(i1), i2 < n ? t.at(i2) : 0)) {
+        const size_t end = len == 2 ? i2 : t.next(i2);
+        piece(i, end);
+        i = end;
         continue;
       }
     }
-    Cls cls = classify(c);
-    if (c == ' ' && i + 1 < n && classify(cps[i + 1].cp) != SPACE) {  // " ?X+"
-      size_t j = run(i + 1, classify(cps[i + 1].cp));
-      emit(i, j);
+    const Cls cls = classify(c);
+    if (c == ' ' && i1 < n && classify(t.at(i1)) != SPACE) {  // " ?X+"
+      const size_t j = run(i1, classify(t.at(i1)));
+      piece(i, j);
       i = j;
     } else if (cls != SPACE) {
-      size_t j = run(i, cls);
-      emit(i, j);
+      const size_t j = run(i, cls);
+      piece(i, j);
       i = j;
     } else {
-      size_t j = run(i, SPACE);
+      size_t j = i, last = i, count = 0;
+      for (; j < n && classify(t.at(j)) == SPACE; j = t.next(j)) last = j, ++count;
       // "\s+(?!\S)": leave the last space for the word that follows it.
-      if (j < n && j - i >= 2) j -= 1;
-      emit(i, j);
+      if (j < n && count >= 2) j = last;
+      piece(i, j);
       i = j;
     }
   }
+}
+
+std::vector<std::string> gpt2_pretokenize(std::string_view text) {
+  std::vector<std::string> out;
+  gpt2_pretokenize(text, [&](std::string_view p) { out.emplace_back(p); });
   return out;
 }
 
@@ -166,23 +142,12 @@ Gpt2Bpe::Gpt2Bpe(const std::string& vocab_path, const std::string& merges_path)
     : files_{std::filesystem::absolute(vocab_path).string(), std::filesystem::absolute(merges_path).string()} {
   tokenizer_file_check(vocab_path, "GPT-2 vocab (Hugging Face vocab.json)");
   tokenizer_file_check(merges_path, "GPT-2 merges (Hugging Face merges.txt)");
-  // GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to 256+n.
-  int extra = 0;
-  for (int b = 0; b < 256; ++b) {
-    bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    byte_to_unicode_[b] = utf8_encode(printable ? uint32_t(b) : uint32_t(256 + extra++));
-    unicode_to_byte_[byte_to_unicode_[b]] = uint8_t(b);
-  }
   // GPT-2's files are about 1 MB and 0.5 MB: a limit far above, so that an endless or wrong
   // file is refused before it fills the memory.
   constexpr int64_t kMaxBytes = int64_t(256) << 20;
   constexpr int32_t kMaxId = 1 << 24;  // ids index a table: far above any GPT-2 style vocabulary
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(input_read_all(vocab_path, "GPT-2 vocab", kMaxBytes));
-  } catch (const nlohmann::json::exception& e) {
-    fail("'{}' is not valid JSON: {}", vocab_path, e.what());
-  }
+  const nlohmann::json j =
+      json_parse(input_read_all(vocab_path, "GPT-2 vocab", kMaxBytes), fmt::format("'{}'", vocab_path));
   LOOM_CHECK(j.is_object(), "'{}' is not a GPT-2 vocab: Hugging Face's vocab.json is an object of token: id",
              vocab_path);
   for (auto& [tok, id] : j.items()) {
@@ -219,7 +184,7 @@ void Gpt2Bpe::encode_word(const std::string& word, std::vector<int32_t>& out) co
     return;
   }
   std::vector<std::string> sym;
-  for (unsigned char b : word) sym.push_back(byte_to_unicode_[b]);
+  for (unsigned char b : word) sym.push_back(byte_level_char(b));  // GPT-2's byte alphabet
   while (sym.size() > 1) {
     int best = INT32_MAX;
     size_t at = 0;
@@ -253,71 +218,79 @@ void Gpt2Bpe::encode_word(const std::string& word, std::vector<int32_t>& out) co
 
 std::vector<int32_t> Gpt2Bpe::encode(const std::string& text) const {
   std::vector<int32_t> out;
-  for (auto& w : gpt2_pretokenize(text)) encode_word(w, out);
+  gpt2_pretokenize(text, [&](std::string_view w) { encode_word(std::string(w), out); });
   return out;
 }
 
 std::string Gpt2Bpe::decode(const std::vector<int32_t>& ids) const {
   std::string s;
   for (int32_t id : ids) {
-    for (auto& cp : utf8_decode(id_to_token_.at(size_t(id)))) {
-      auto it = unicode_to_byte_.find(id_to_token_[size_t(id)].substr(cp.begin, cp.end - cp.begin));
-      if (it != unicode_to_byte_.end()) s += char(it->second);
-    }
+    LOOM_CHECK(id >= 0 && size_t(id) < id_to_token_.size(), "token id {} is outside GPT-2's {} tokens", id,
+               id_to_token_.size());
+    const std::string& tok = id_to_token_[size_t(id)];
+    if (!byte_level_decode(tok, s)) s += tok;  // a token of other characters stands for itself
   }
   return s;
 }
 
-std::vector<std::string> llama3_pretokenize(const std::string& text) {
+void llama3_pretokenize(std::string_view text, const Pieces& emit) {
   // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
   // \s*[\r\n]+|\s+(?!\S)|\s+ : the first alternative that matches at each position.
-  const auto cps = utf8_decode(text);
-  const size_t n = cps.size();
-  std::vector<Cls> cls(n);
-  for (size_t i = 0; i < n; ++i) cls[i] = classify(cps[i].cp);
-  auto newline = [&](size_t i) { return cps[i].cp == '\r' || cps[i].cp == '\n'; };
-  auto lower = [&](size_t i) { return i < n && cps[i].cp < 0x80 ? cps[i].cp | 0x20 : 0u; };
-  std::vector<std::string> out;
-  auto emit = [&](size_t a, size_t b) { out.push_back(text.substr(cps[a].begin, cps[b - 1].end - cps[a].begin)); };
+  const Chars t{text};
+  const size_t n = text.size();
+  auto newline = [](uint32_t c) { return c == '\r' || c == '\n'; };
+  auto lower = [&](size_t i) { return i < n && t.at(i) < 0x80 ? t.at(i) | 0x20 : 0u; };
+  auto cls = [&](size_t i) { return classify(t.at(i)); };
   auto run = [&](size_t i, Cls c) {
-    while (i < n && cls[i] == c) ++i;
+    while (i < n && cls(i) == c) i = t.next(i);
     return i;
   };
   size_t i = 0;
   while (i < n) {
-    if (cps[i].cp == '\'') {  // contractions, in any case
-      if (const size_t len = contraction_length(lower(i + 1), lower(i + 2))) {
-        emit(i, i + len);
-        i += len;
+    const uint32_t c = t.at(i);
+    const size_t i1 = t.next(i);
+    if (c == '\'') {  // contractions, in any case
+      const size_t i2 = i1 < n ? t.next(i1) : n;
+      if (const size_t len = contraction_length(lower(i1), lower(i2))) {
+        const size_t end = len == 2 ? i2 : t.next(i2);
+        emit(text.substr(i, end - i));
+        i = end;
         continue;
       }
     }
+    const Cls ci = classify(c);
     size_t j;
-    if (cls[i] == LETTER) {
+    if (ci == LETTER) {
       j = run(i, LETTER);
-    } else if (cls[i] != NUMBER && !newline(i) && i + 1 < n && cls[i + 1] == LETTER) {
-      j = run(i + 1, LETTER);  // one mark, space or tab before the letters
-    } else if (cls[i] == NUMBER) {
-      j = i + 1;
-      while (j < n && j < i + 3 && cls[j] == NUMBER) ++j;
-    } else if (cls[i] == OTHER || (cps[i].cp == ' ' && i + 1 < n && cls[i + 1] == OTHER)) {
-      j = run(cls[i] == OTHER ? i : i + 1, OTHER);
-      while (j < n && newline(j)) ++j;
+    } else if (ci != NUMBER && !newline(c) && i1 < n && cls(i1) == LETTER) {
+      j = run(i1, LETTER);  // one mark, space or tab before the letters
+    } else if (ci == NUMBER) {
+      j = i1;
+      for (int count = 1; j < n && count < 3 && cls(j) == NUMBER; ++count) j = t.next(j);
+    } else if (ci == OTHER || (c == ' ' && i1 < n && cls(i1) == OTHER)) {
+      j = run(ci == OTHER ? i : i1, OTHER);
+      while (j < n && newline(t.at(j))) j = t.next(j);
     } else {  // white space
-      const size_t end = run(i, SPACE);
-      size_t last_newline = n;
-      for (size_t k = i; k < end; ++k)
-        if (newline(k)) last_newline = k;
+      size_t end = i, last = i, count = 0, last_newline = n;
+      for (; end < n && cls(end) == SPACE; end = t.next(end)) {
+        if (newline(t.at(end))) last_newline = end;
+        last = end, ++count;
+      }
       if (last_newline != n)
-        j = last_newline + 1;  // \s*[\r\n]+
-      else if (end < n && end - i >= 2)
-        j = end - 1;  // \s+(?!\S): the last one goes with what follows
+        j = t.next(last_newline);  // \s*[\r\n]+
+      else if (end < n && count >= 2)
+        j = last;  // \s+(?!\S): the last one goes with what follows
       else
         j = end;
     }
-    emit(i, j);
+    emit(text.substr(i, j - i));
     i = j;
   }
+}
+
+std::vector<std::string> llama3_pretokenize(std::string_view text) {
+  std::vector<std::string> out;
+  llama3_pretokenize(text, [&](std::string_view p) { out.emplace_back(p); });
   return out;
 }
 
@@ -433,7 +406,7 @@ void Llama3Bpe::encode_piece(const std::string& piece, std::vector<int32_t>& out
 
 std::vector<int32_t> Llama3Bpe::encode(const std::string& text) const {
   std::vector<int32_t> out;
-  for (const std::string& piece : llama3_pretokenize(text)) encode_piece(piece, out);
+  llama3_pretokenize(text, [&](std::string_view piece) { encode_piece(std::string(piece), out); });
   return out;
 }
 

@@ -4,9 +4,11 @@
 // expressions do, over Unicode's letter, number and white-space classes
 // (data/unicode_ranges.inc). Special-token text in the input is ordinary text.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -56,8 +58,6 @@ class Gpt2Bpe : public Tokenizer {
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
   std::map<std::pair<std::string, std::string>, int> ranks_;
-  std::string byte_to_unicode_[256];
-  std::unordered_map<std::string, uint8_t> unicode_to_byte_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
@@ -92,8 +92,12 @@ std::unique_ptr<Tokenizer> tokenizer_open(const std::string& name, const std::st
 // xxh64 of the files' bytes one after another: what a shard records of its tokenizer.
 uint64_t files_hash(const std::vector<std::string>& files);
 
-// Splits text the way GPT-2's and LLaMA-3's pre-tokenizer regular expressions do.
-std::vector<std::string> gpt2_pretokenize(const std::string& text);
-std::vector<std::string> llama3_pretokenize(const std::string& text);
+// Splits text the way GPT-2's and LLaMA-3's pre-tokenizer regular expressions do, handing each
+// piece on as it is found (a long document's pieces are not held), or all of them.
+using Pieces = std::function<void(std::string_view)>;
+void gpt2_pretokenize(std::string_view text, const Pieces& emit);
+void llama3_pretokenize(std::string_view text, const Pieces& emit);
+std::vector<std::string> gpt2_pretokenize(std::string_view text);
+std::vector<std::string> llama3_pretokenize(std::string_view text);
 
 }  // namespace loom

@@ -4,7 +4,6 @@
 
 #include "data/shard_writer.h"
 #include "launch/command.h"
-#include "plan/memory.h"
 #include "runtime/error.h"
 
 namespace loom {
@@ -26,6 +25,14 @@ void cmd_data_add(CLI::App& app, Commands& out) {
   data->add_option("--text-key", a->opt.text_key, "jsonl: the key of each record's text (default text)");
   data->add_flag("--skip-bad", a->opt.skip_bad,
                  "jsonl: skip records that cannot be read (counted in the summary) instead of stopping at the first");
+  data->add_option(
+          "--max-record", a->opt.max_record_mb,
+          "jsonl: the longest record, in MB (default 64; a longer one is a bad record); memory is planned for it")
+      ->check(whole_in(1, 4096));
+  data->add_option("--shard-tokens", a->opt.shard_tokens,
+                   "a shard's most tokens; more go on in OUTPUT's stem + _000001.bin, _000002.bin, ... (default and "
+                   "most 2147483647, what llm.c's header counts)")
+      ->check(whole_in(1, 2147483647));
   data->add_option("--tokenizer", a->opt.tokenizer, "byte | gpt2 | llama3 | hf | spm")
       ->check(CLI::IsMember({"byte", "gpt2", "llama3", "hf", "spm"}));
   data->add_option("--tokenizer-file", a->opt.tokenizer_file,
@@ -41,9 +48,6 @@ void cmd_data_add(CLI::App& app, Commands& out) {
                    DataOptions opt = a->opt;
                    opt.output = a->paths.back();
                    opt.inputs.assign(a->paths.begin(), a->paths.end() - 1);
-                   const MemoryAvailable m = memory_available(DeviceKind::cpu, 1);
-                   opt.memory_bytes = m.bytes;
-                   opt.memory_from = m.from;
                    data_run(opt);
                    return 0;
                  }});

@@ -1,10 +1,14 @@
 // `loom train`: a training run of a config (none: the default job), or its keys / resolved config.
+#include <spdlog/spdlog.h>
+
 #include <memory>
 #include <optional>
 
+#include "data/inputs_check.h"
 #include "launch/command.h"
 #include "launch/log_dir.h"
 #include "runtime/mesh.h"
+#include "train/divergence.h"
 #include "train/stop.h"
 #if LOOM_HAVE_MPI
 #include <mpi.h>
@@ -106,12 +110,20 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                    Config cfg = *agreed;
                    const LogDirChoice logs = log_dir_agreed(cfg, topt);
                    cfg.log.dir = logs.dir;
+                   for (const std::string& note : data_inputs_check(cfg))  // (eval reads one file as both on purpose)
+                     if (topt.world_rank == 0) spdlog::warn("{}", note);
                    stop_signals_install(cfg.fault.grace_s);  // SIGINT / SIGTERM: stop at the next step boundary
                    TrainOptions run_opt = topt;
                    run_opt.verbose = a->verbose;
                    run_opt.log_note = logs.note;
-                   const TrainResult r = train_run(cfg, run_opt);
-                   return r.stopped_by ? kExitStopped : 0;
+                   try {
+                     const TrainResult r = train_run(cfg, run_opt);
+                     return r.stopped_by ? kExitStopped : 0;
+                   } catch (const Diverged& e) {  // every rank decided it alike: one says so
+                     if (topt.world_rank == 0) fmt::print(stderr, "error: {}
+", e.what());
+                     return kExitDiverged;
+                   }
                  }});
 }
 

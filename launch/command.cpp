@@ -10,6 +10,7 @@
 
 #include "data/batches.h"
 #include "data/shard_tokenizer.h"
+#include "runtime/config_paths.h"
 
 namespace loom {
 
@@ -23,6 +24,7 @@ Config config_build(const std::string& path, const std::vector<std::string>& set
   Config cfg = config_defaults();
   if (!path.empty()) config_load_file(cfg, path);
   for (auto& s : sets) config_set(cfg, s);
+  config_paths_check(cfg);  // before a path is opened to look at the data
   if (reads_data) {
     data_source_infer(cfg);
     data_tokenizer_infer(cfg, lead);

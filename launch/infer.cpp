@@ -12,6 +12,7 @@
 
 #include "checkpoint/hf_export.h"
 #include "data/batches.h"
+#include "data/hf_tokenizer.h"
 #include "data/line_reader.h"
 #include "data/shard_tokenizer.h"
 #include "data/shard_writer.h"
@@ -145,6 +146,11 @@ EvalResult eval_run(const EvalOptions& given, const TrainOptions& topt) {
              cfg.train.global_batch, cfg.model.seq_len, batches, trainer.data_describe());
   EvalResult r;
   r.loss = trainer.validate(batches);
+  // Weights that overflow on the data give no loss to report (and exit 0 said all was well).
+  LOOM_CHECK(std::isfinite(r.loss),
+             "eval {}: the loss over {} batches is {}, not finite: these weights overflow on this data (a run that "
+             "diverged, or one whose learning rate was too high, wrote them); evaluate an earlier checkpoint",
+             opt.from, batches, r.loss);
   r.perplexity = std::exp(r.loss);
   r.batches = batches;
   r.tokens = batches * cfg.train.global_batch * cfg.model.seq_len;
@@ -169,12 +175,20 @@ TokenizerChoice tokenizer_choose(const GenerateOptions& opt) {
   const bool gpt2_beside = beside("vocab.json") && beside("merges.txt");
   const auto meta = weights_metadata(opt.from);
   const auto recorded = meta.find("loom.tokenizer");
-  if (c.name.empty()) {
-    if (recorded != meta.end())
-      c.name = recorded->second, c.why = "recorded with the weights";
-    else if (beside("tokenizer.json"))
+  if (c.name.empty() && recorded != meta.end()) c.name = recorded->second, c.why = "recorded with the weights";
+  if (c.name.empty() && beside("tokenizer.json")) {
+    // Read here: a tokenizer.json of a kind loom does not read (WordPiece, Unigram) leaves the
+    // choice to the files looked at before loom read any tokenizer.json, as it was then.
+    const std::string file = (dir / "tokenizer.json").string();
+    try {
+      c.opened = std::make_shared<HfTokenizer>(file);
       c.name = "hf", c.why = "tokenizer.json beside the weights";
-    else if (gpt2_beside)
+    } catch (const Error& e) {
+      fmt::print(stderr, "warning: '{}' beside the weights is not one loom reads ({}); not using it\n", file, e.what());
+    }
+  }
+  if (c.name.empty()) {
+    if (gpt2_beside)
       c.name = "gpt2", c.why = "vocab.json and merges.txt beside the weights";
     else if (beside("tokenizer.model"))
       c.name = "llama3", c.why = "tokenizer.model beside the weights";
@@ -218,7 +232,7 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
              "--temperature {} must be a finite number >= 0 (0: greedy)", opt.temperature);
   const Config cfg = config_for(opt.from, opt.config, opt.sets);
   const TokenizerChoice tc = tokenizer_choose(opt);
-  const std::unique_ptr<Tokenizer> bpe = tokenizer_open(tc.name, tc.vocab, tc.merges);
+  const std::shared_ptr<const Tokenizer> bpe = tc.opened ? tc.opened : tokenizer_open(tc.name, tc.vocab, tc.merges);
   const int tok_vocab = bpe ? int(bpe->vocab_size()) : 256;
   LOOM_CHECK(tok_vocab <= cfg.model.vocab_size,
              "the {} tokenizer ({}) has {} tokens but the model's vocabulary has {}; use the tokenizer it was trained "

@@ -2,9 +2,11 @@
 // file on a data set, in any layout) and `loom generate` (text from a prompt, KV-cached).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -47,10 +49,12 @@ struct GenerateOptions {
 std::vector<int32_t> generate_run(const GenerateOptions& opt);
 struct TokenizerChoice {
   std::string name, vocab, merges, why;
+  std::shared_ptr<const Tokenizer> opened;  // the tokenizer, where choosing it read it already
 };
 // generate's tokenizer: --tokenizer; else loom.tokenizer in the weights' metadata (its files
-// from loom.tokenizer_dir or loom.tokenizer_file, or beside the weights); else tokenizer.json,
-// vocab.json and merges.txt, or tokenizer.model beside the weights; else bytes. For hf and spm,
+// from loom.tokenizer_dir or loom.tokenizer_file, or beside the weights); else tokenizer.json
+// beside the weights where loom reads it (one it refuses is passed over with a warning), else
+// vocab.json and merges.txt, or tokenizer.model beside them; else bytes. For hf and spm,
 // `vocab` is the tokenizer's file.
 TokenizerChoice tokenizer_choose(const GenerateOptions& opt);
 

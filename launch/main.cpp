@@ -1,10 +1,12 @@
 // The `loom` command: parse, build, run. Each subcommand lives in launch/cmd_<name>.cpp; this
 // file lists them, brings MPI up for those every rank runs, and turns every error into one line
-// on stderr and an exit status (2: fix the command or config; 74: I/O, retryable; 1: a bug).
+// on stderr and an exit status (2: fix the command or config; 74: I/O, retryable; 70: a bug in
+// loom, LOOM_ASSERT's; 1: anything else, such as memory that ran out).
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "launch/command.h"
 #include "runtime/error.h"
@@ -14,6 +16,26 @@
 #if LOOM_HAVE_CUDA
 #include "runtime/comm/nccl_group.h"
 #endif
+
+namespace loom {
+// A path the OS refused, in one line: the path's fault (too long, not a directory, a loop of
+// links, missing) is a user's error (2), anything else the machine's (74).
+[[noreturn]] void fail_filesystem(const std::filesystem::filesystem_error& e) {
+  const std::errc code = std::errc(e.code().value());
+  const std::string path = e.path1().string();
+  const std::string shown = path.size() > 80 ? path.substr(0, 40) + "..." + path.substr(path.size() - 30) : path;
+  if (code == std::errc::filename_too_long)
+    fail(
+        "'{}' cannot be used: a name in it is longer than the file system allows ({} bytes in all); choose a "
+        "shorter one",
+        shown, path.size());
+  if (code == std::errc::not_a_directory || code == std::errc::too_many_symbolic_link_levels ||
+      code == std::errc::no_such_file_or_directory || code == std::errc::permission_denied ||
+      code == std::errc::read_only_file_system)
+    fail("'{}' cannot be used: {}", shown, e.code().message());
+  fail_io("'{}': {}", shown, e.code().message());
+}
+}  // namespace loom
 
 namespace {
 
@@ -90,16 +112,18 @@ int run(int argc, char** argv) {
   if (ctx.env.distributed()) loom::cuda_device_select(ctx.env.local_rank);  // local rank picks the GPU
 #endif
   try {
-    return chosen->run(ctx);
+    try {
+      return chosen->run(ctx);
+    } catch (const std::filesystem::filesystem_error& e) {
+      loom::fail_filesystem(e);
+    }
   } catch (const std::exception& e) {
 #if LOOM_HAVE_MPI
     if (mpi && mpi->size() > 1) {
       // A rank that fails alone would leave its peers waiting in a collective: end the job.
       fmt::print(stderr, "error: rank {}: {}\n", mpi->rank(), e.what());
       std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, dynamic_cast<const loom::IoError*>(&e) ? loom::kExitIo
-                                : dynamic_cast<const loom::Error*>(&e) ? 2
-                                                                       : 1);
+      MPI_Abort(MPI_COMM_WORLD, loom::exit_status_of(e));
     }
 #endif
     throw;
@@ -118,14 +142,10 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S] %v");
   try {
     return run(argc, argv);
-  } catch (const loom::IoError& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return loom::kExitIo;
-  } catch (const loom::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
+    const int status = loom::exit_status_of(e);
+    fmt::print(stderr, "error: {}{}\n", e.what(),
+               status == loom::kExitBug ? " (a bug in loom, not in the command or config)" : "");
+    return status;
   }
 }

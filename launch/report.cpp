@@ -13,6 +13,7 @@
 #include "launch/log_dir.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/json_read.h"
 
 namespace loom {
 
@@ -240,14 +241,18 @@ std::vector<RunRecord> report_read(const std::string& dir) {
   std::string line;
   std::vector<RunRecord> runs;
   bool fresh_run = true;  // the first step line after a header (or the file's first) is a warm-up
+  int64_t lines = 0, records = 0;  // a wholly damaged file is said to be, not "no step yet"
   for (int n = 1; std::getline(in, line); ++n) {
+    lines += !line.empty();
     nlohmann::json j;
     try {
+      if (!json_depth_problem(line).empty()) continue;  // no line loom writes nests deep
       j = nlohmann::json::parse(line);
     } catch (const std::exception&) {
       continue;  // a line cut by a kill: the runs before and after it still read
     }
     if (!j.is_object()) continue;  // not a line loom wrote
+    ++records;
     if (j.contains("split_ms") && j["split_ms"].is_object()) r.split = j;
     if (j.contains("run")) {  // a new run: from its first step on, the earlier run's steps are replaced
       fresh_run = true;
@@ -272,6 +277,10 @@ std::vector<RunRecord> report_read(const std::string& dir) {
     if (j.contains("loss")) r.steps[step] = j;
     if (j.contains("val_loss") && j["val_loss"].is_number()) r.val[step] = j["val_loss"].get<double>();
   }
+  LOOM_CHECK(records > 0 || lines == 0,
+             "'{}/metrics.jsonl' holds {} line{} and none is a record loom writes (a JSON object per line): it is "
+             "damaged, or not a run's metrics",
+             dir, lines, lines == 1 ? "" : "s");
   LOOM_CHECK(!r.steps.empty() || !runs.empty(), "'{}/metrics.jsonl' holds no step yet", dir);
   if (!r.steps.empty()) runs.push_back(std::move(r));
   // config.toml and run.json are the last run's.

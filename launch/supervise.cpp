@@ -85,6 +85,8 @@ std::string status_meaning(int status) {
       return "a rank exited with an error";
     case 4:
       return "a collective timed out (the watchdog ended the job)";
+    case 5:
+      return "the run diverged: not restarted (it would diverge again)";
     case 74:
       return "an I/O failure (a checkpoint could not be written)";
     case 75:
@@ -99,7 +101,8 @@ std::string status_meaning(int status) {
 bool status_restartable(int status) {
   // 126/127: the shell could not run the command (not executable, not found): a restart runs
   // the same nothing.
-  return status != 0 && status != 2 && status != 126 && status != 127;
+  // 5: the run diverged, and the same config diverges the same way again.
+  return status != 0 && status != 2 && status != 5 && status != 126 && status != 127;
 }
 
 namespace {
@@ -244,6 +247,13 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
                "loom supervise: --log-dir '{}' is {}, not a directory; give the run's log.dir (a directory, or a "
                "name not yet taken)",
                opt.log_dir, std::filesystem::is_regular_file(st) ? "a regular file" : "not a directory");
+    // And writable, now: the events are appended best effort later, and an immutable directory or
+    // a name too long dropped every one of them with status 0.
+    try {
+      ::close(output_open(opt.log_dir + "/faults.jsonl", false, "loom supervise --log-dir"));
+    } catch (const Error& e) {
+      fail("loom supervise: --log-dir '{}' cannot hold its faults.jsonl: {}", opt.log_dir, e.what());
+    }
   }
   // Processes a run leaves behind when its launcher is killed become the supervisor's children,
   // for it to end before the next run (otherwise init's, out of reach).

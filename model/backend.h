@@ -100,9 +100,12 @@ class Backend {
   virtual Inputs stage_inputs(const int32_t* tokens, const int32_t* targets, const int32_t* pos, int N, int T, int v0,
                               int Vl) = 0;
 
-  // Optimizer. *out = sum of squares of the chunks with norm set (fixed order).
+  // Optimizer. out[kExactDigits]: the exact sum (runtime/exact_sum.h) of the squares of the
+  // chunks with norm set, as digits: each chunk's sum in a fixed order, the chunks' sums
+  // exactly, so the result does not depend on the table's order or on how the chunks are spread
+  // over ranks (their digits are summed across ranks). NaN digits where a square is not finite.
   virtual void grad_sum_squares(double* out, const float* grads, const OptTable& t) = 0;
-  // *scale = clip_coef(sqrt(*sum_squares), max_norm).
+  // *scale = clip_coef(sqrt(the sum), max_norm), from the digits of an exact sum.
   virtual void clip_scale(float* scale, const double* sum_squares, double max_norm) = 0;
   // One AdamW step over the table, gradients times *grad_scale. master null: the fp32 params
   // are the master weights; else master is updated and params get its bf16 rounding.

@@ -10,6 +10,7 @@
 
 #include "kernels/clip.h"
 #include "model/backend.h"
+#include "runtime/exact_sum.h"
 
 namespace loom {
 
@@ -92,8 +93,8 @@ class CpuBackend final : public Backend {
     return {tokens, targets, nullptr, 0, pos};
   }
 
-  // Each chunk's sum by one thread in double, then the chunks in table order: the result does
-  // not depend on the thread count.
+  // Each chunk's sum by one thread in double, in element order; the chunks' sums exactly: the
+  // result depends on neither the thread count nor the table's order.
   void grad_sum_squares(double* out, const float* grads, const OptTable& t) override {
     const auto& c = t.host;
     part_.assign(c.size(), 0.0);
@@ -105,12 +106,14 @@ class CpuBackend final : public Backend {
       for (int32_t k = 0; k < c[i].n; ++k) s += double(g[k]) * g[k];
       part_[i] = s;
     }
-    double s = 0.0;
-    for (double p : part_) s += p;
-    *out = s;
+    ExactSum sum;
+    for (double p : part_) sum.add(p);
+    sum.digits_to(out);
   }
   void clip_scale(float* scale, const double* sum_squares, double max_norm) override {
-    *scale = float(clip_coef(std::sqrt(*sum_squares), max_norm));
+    ExactSum sum;
+    sum.digits_from(sum_squares);
+    *scale = float(clip_coef(std::sqrt(sum.value()), max_norm));
   }
   void adamw(float* master, Ptr params, const float* grads, float* M, float* V, const OptTable& t, const AdamScalars& a,
              const float* grad_scale) override {

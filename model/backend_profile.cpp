@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "runtime/exact_digits.h"
+
 namespace loom {
 
 namespace {
@@ -127,7 +129,7 @@ void ProfiledBackend::grad_sum_squares(double* out, const float* grads, const Op
   timed("grad norm", {4.0 * n, 0}, [&] { in_->grad_sum_squares(out, grads, t); });
 }
 void ProfiledBackend::clip_scale(float* scale, const double* sum_squares, double max_norm) {
-  timed("grad norm", {12, 0}, [&] { in_->clip_scale(scale, sum_squares, max_norm); });
+  timed("grad norm", {8.0 * kExactDigits, 0}, [&] { in_->clip_scale(scale, sum_squares, max_norm); });
 }
 void ProfiledBackend::adamw(float* master, Ptr params, const float* grads, float* m, float* v, const OptTable& t,
                             const AdamScalars& a, const float* grad_scale) {

@@ -8,6 +8,11 @@
 
 namespace loom {
 
+int64_t norm_block(const Config& cfg) {
+  const int C = cfg.model.d_model;
+  return 64 * std::min(16, C & -C);
+}
+
 BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg) {
   BackendTraits t;
   t.device = device;

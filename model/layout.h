@@ -58,6 +58,15 @@ int64_t moe_capacity(const Config& cfg, int64_t N);
 int64_t moe_slot(const Config& cfg, int64_t N);
 int64_t moe_rows(const Config& cfg, int64_t N);
 int64_t moe_rows_received(const Config& cfg, int64_t N);  // by one rank's experts, from the ep group
+// The gradient norm's block (elements): its squares are summed in blocks of this many elements
+// from each unit's start (cut at tensor boundaries too), each block whole on one rank, and the
+// blocks' sums exactly (runtime/exact_sum.h), so the norm is the same bits in every layout of
+// the same tp. ZeRO's shards start at multiples of it. 64 times the largest power of two up to
+// 16 that divides C: a tied embedding's rows (a multiple of 64 of them, C wide) then end on a
+// block boundary, so a pipeline's first stage, which shards the embedding apart from the rest
+// of its unit, cuts the same blocks as one rank.
+int64_t norm_block(const Config& cfg);
+
 // For the chunk of units [unit_lo, unit_hi) (-1: through the head).
 ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits& traits = {}, int unit_lo = 0,
                  int unit_hi = -1);

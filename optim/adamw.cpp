@@ -1,23 +1,50 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+
+#include "runtime/exact_sum.h"
 
 namespace loom {
 
+namespace {
+// The length of the chunk that starts `at` elements into its unit, with `left` elements to go.
+int64_t chunk_len(int64_t at, int64_t left, int64_t block) {
+  return std::min({block - at % block, left, int64_t(kOptChunk)});
+}
+}  // namespace
+
 void opt_chunks_add(std::vector<OptChunk>& out, int64_t state, int64_t param, int64_t grad, int64_t n, bool decay,
-                    bool norm) {
-  for (int64_t k = 0; k < n; k += kOptChunk)
-    out.push_back(
-        {state + k, param + k, grad + k, int32_t(std::min<int64_t>(kOptChunk, n - k)), int16_t(decay), int16_t(norm)});
+                    bool norm, int64_t at, int64_t block) {
+  for (int64_t k = 0; k < n;) {
+    const int64_t len = chunk_len(at + k, n - k, block);
+    out.push_back({state + k, param + k, grad + k, int32_t(len), int16_t(decay), int16_t(norm)});
+    k += len;
+  }
 }
 
-std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank, const char* uncounted, int ep_rank) {
+size_t opt_chunks_count(int64_t n, int64_t at, int64_t block) {
+  size_t count = 0;
+  for (int64_t k = 0; k < n; ++count) k += chunk_len(at + k, n - k, block);
+  return count;
+}
+
+std::vector<int64_t> unit_starts(const ModelLayout& layout) {
+  std::vector<int64_t> out;
+  for (int u = 0; u < layout.num_units(); ++u) out.push_back(layout.unit_lo(u));
+  return out;
+}
+
+std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, const std::vector<int64_t>& units, int64_t block,
+                                 int tp_rank, const char* uncounted, int ep_rank) {
   std::vector<OptChunk> out;
   for (auto& s : reg.all()) {
     const int64_t lo = int64_t(s.offset);
+    const int64_t unit = *(std::upper_bound(units.begin(), units.end(), lo) - 1);
     const bool counted = (!s.replicated() || tp_rank == 0) && !(uncounted && s.name == uncounted) &&
                          (ep_rank == 0 || expert_param(s.name));
-    opt_chunks_add(out, lo, lo, lo, s.numel(), s.decay, counted);
+    opt_chunks_add(out, lo, lo, lo, s.numel(), s.decay, counted, lo - unit, block);
   }
   return out;
 }
@@ -29,7 +56,7 @@ std::vector<PlanItem> AdamW::plan(int64_t n, bool master, size_t n_chunks, Devic
   p.push_back({"exp_avg", n, DType::f32, Mem::optim});
   p.push_back({"exp_avg_sq", n, DType::f32, Mem::optim});
   if (device_is_cuda(device)) p.push_back({"opt_table", int64_t(n_chunks) * 8, DType::i32, Mem::optim});
-  p.push_back({"grad_sum_squares", 1, DType::f64, Mem::workspace});
+  p.push_back({"grad_sum_squares", kExactDigits, DType::f64, Mem::workspace});
   p.push_back({"clip_scale", 1, DType::f32, Mem::workspace});
   return p;
 }
@@ -65,9 +92,11 @@ void AdamW::update(Ptr params, const float* grads, const AdamWHyper& h, int64_t 
 }
 
 double AdamW::norm() {
-  double ss = 0.0;
-  be_.download(&ss, Buf(ss_));
-  return std::sqrt(ss);
+  std::array<double, kExactDigits> digits{};
+  be_.download(digits.data(), Buf(ss_));
+  ExactSum sum;
+  sum.digits_from(digits.data());
+  return std::sqrt(sum.value());
 }
 
 double lr_at(const TrainConfig& t, int64_t step) {

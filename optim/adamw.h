@@ -10,6 +10,7 @@
 #pragma once
 #include "kernels/clip.h"
 #include "model/backend.h"
+#include "model/layout.h"
 #include "model/registry.h"
 #include "runtime/config.h"
 
@@ -25,15 +26,18 @@ struct AdamWHyper {
 // tied embedding, counted on the first stage.
 // ep_rank: under expert parallelism the dense tensors, equal on every ep rank, count on the
 // first only (the experts, different on each, count everywhere; the norm is summed over ep).
-std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, int tp_rank, const char* uncounted = nullptr,
-                                 int ep_rank = 0);
-// The table's length for runs of these sizes, without building it (the planner's count).
-inline size_t opt_chunks_count(int64_t n) {
-  return size_t((n + kOptChunk - 1) / kOptChunk);
-}
-// Splits [lo, hi) of the three index spaces into table chunks.
+// Chunks never cross a multiple of `block` elements from their unit's start (model/layout.h's
+// norm_block; `units`: the units' first offsets, ascending).
+std::vector<OptChunk> opt_chunks(const ParamRegistry& reg, const std::vector<int64_t>& units, int64_t block,
+                                 int tp_rank, const char* uncounted = nullptr, int ep_rank = 0);
+// The units' first offsets of a layout, as opt_chunks takes them.
+std::vector<int64_t> unit_starts(const ModelLayout& layout);
+// The chunks of n elements starting `at` elements into their unit (the planner's count).
+size_t opt_chunks_count(int64_t n, int64_t at, int64_t block);
+// Splits n elements of the three index spaces into table chunks of at most kOptChunk, cut where
+// at + k is a multiple of `block` (at: the first element's offset in its unit).
 void opt_chunks_add(std::vector<OptChunk>& out, int64_t state, int64_t param, int64_t grad, int64_t n, bool decay,
-                    bool norm);
+                    bool norm, int64_t at, int64_t block);
 
 class AdamW {
  public:
@@ -45,7 +49,8 @@ class AdamW {
   static std::vector<PlanItem> plan(int64_t n, bool master, size_t n_chunks, DeviceKind device);
   // The squared norm of the gradients the table counts, into sum_squares() (on the device).
   void norm_squares(const float* grads);
-  // f64 [1] on the device: reduce it over the ranks that hold other parts before update().
+  // f64 [kExactDigits] on the device, the digits of an exact sum (runtime/exact_sum.h): sum it
+  // over the ranks that hold other parts before update() (an all-reduce's sum is exact).
   Tensor& sum_squares() { return ss_; }
   // Clips by the norm in sum_squares() and updates; `step` counts from 1.
   void update(Ptr params, const float* grads, const AdamWHyper& h, int64_t step, double max_norm);

@@ -1,5 +1,7 @@
 #include "parallel/ddp.h"
 
+#include <algorithm>
+
 #include "parallel/zero.h"
 
 namespace loom {
@@ -8,14 +10,19 @@ DType grad_reduce_dtype(const Config& cfg) {
   return cfg.parallel.grad_reduce_dtype == GradReduce::bf16 ? DType::bf16 : DType::f32;
 }
 
-std::vector<PlanItem> Ddp::plan(const Config& cfg, const ParamRegistry& reg, int /*tp_rank*/, DType dtype,
+std::vector<PlanItem> Ddp::plan(const Config& cfg, const ModelLayout& layout, int /*tp_rank*/, DType dtype,
                                 DeviceKind device) {
+  const ParamRegistry& reg = layout.reg;
   const int64_t n = int64_t(reg.numel());
   std::vector<PlanItem> p;
   if (cfg.parallel.dp * cfg.parallel.cp > 1 && grad_reduce_dtype(cfg) == DType::bf16)
     p.push_back({"grad_reduce_bf16", n, DType::bf16, Mem::comm});
   size_t n_chunks = 0;
-  for (auto& spec : reg.all()) n_chunks += opt_chunks_count(int64_t(spec.numel()));
+  const std::vector<int64_t> units = unit_starts(layout);
+  for (auto& spec : reg.all()) {
+    const int64_t lo = int64_t(spec.offset), unit = *(std::upper_bound(units.begin(), units.end(), lo) - 1);
+    n_chunks += opt_chunks_count(int64_t(spec.numel()), lo - unit, norm_block(cfg));
+  }
   for (auto& item : AdamW::plan(n, dtype != DType::f32, n_chunks, device)) p.push_back(item);
   return p;
 }
@@ -46,12 +53,12 @@ Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups
     for (; hi > lo; hi -= per) buckets_.push_back({std::max(lo, hi - per), hi, g, {}});
     hi = lo;
   }
-  for (const PlanItem& item : plan(cfg, chunk.registry(), tp_.rank(), be_.dtype(), be_.device()))
+  for (const PlanItem& item : plan(cfg, chunk.layout(), tp_.rank(), be_.dtype(), be_.device()))
     if (item.name == "grad_reduce_bf16") low_ = be_.alloc().empty(item);
   adam_ = std::make_unique<AdamW>(
       be_,
-      opt_chunks(chunk.registry(), tp_.rank(), chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr,
-                 ep_ ? ep_->rank() : 0),
+      opt_chunks(chunk.registry(), unit_starts(chunk.layout()), norm_block(cfg), tp_.rank(),
+                 chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr, ep_ ? ep_->rank() : 0),
       numel, be_.dtype() != DType::f32);
 }
 

@@ -19,8 +19,8 @@ namespace loom {
 class Ddp final : public DataParallel {
  public:
   Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock);
-  // What it allocates (its optimizer's state included) for a chunk of `reg`.
-  static std::vector<PlanItem> plan(const Config& cfg, const ParamRegistry& reg, int tp_rank, DType dtype,
+  // What it allocates (its optimizer's state included) for a chunk of `layout`.
+  static std::vector<PlanItem> plan(const Config& cfg, const ModelLayout& layout, int tp_rank, DType dtype,
                                     DeviceKind device);
 
   Ptr params(int u, Pass) override { return chunk_.params() + lo(u); }

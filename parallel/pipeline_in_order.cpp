@@ -140,4 +140,9 @@ void pipeline_check_in_order(const PipeSchedule& s) {
   LOOM_CHECK(stuck.empty(), "schedule {} deadlocks under NCCL's in-order point-to-point{}", s.name, stuck);
 }
 
+std::vector<PipeOp> pipeline_stage_ops(const PipeSchedule& s, int stage, int m) {
+  PipeSchedule table = s.ops.empty() ? pipeline_schedule(PpSchedule::f1b1, 1, 1, m) : pipeline_in_order(s);
+  return std::move(table.ops.at(size_t(s.ops.empty() ? 0 : stage)));
+}
+
 }  // namespace loom

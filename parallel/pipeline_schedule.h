@@ -77,6 +77,9 @@ PipeTiming pipeline_check(const PipeSchedule& s, const std::vector<double>& tf, 
 // of its consumer, a receive can sit behind a group its peer reaches only after sending it
 // (interleaved schedules deadlock so under NCCL). Timing is the table's: a receive takes none.
 PipeSchedule pipeline_in_order(const PipeSchedule& s);
+// The ops one stage issues, in order: its row of pipeline_in_order(s); with no table (pp 1), the
+// accumulation loop F0 B0 F1 B1 ... over m micro-batches (1F1B on one stage).
+std::vector<PipeOp> pipeline_stage_ops(const PipeSchedule& s, int stage, int m);
 // The table under NCCL's rules, as the executor issues it: each run of consecutive sends and
 // receives of a stage goes out as one group, and a stage's groups run one at a time in order;
 // a group completes once each of its ops has met its partner in the partner stage's current

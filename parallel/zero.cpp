@@ -1,5 +1,6 @@
 #include "parallel/zero.h"
 
+#include <algorithm>
 #include <map>
 
 namespace loom {
@@ -53,6 +54,7 @@ Geometry geometry(const ModelLayout& layout, const ZeroRanks& z) {
   for (size_t u = 0; u <= last; ++u) {
     const Part& p = g.parts[u];
     int64_t s = (p.len + p.n - 1) / p.n;
+    s = (s + z.block - 1) / z.block * z.block;  // whole norm blocks
     g.s.push_back(s);
     g.shard += s;
     g.max_unit = std::max(g.max_unit, s * p.n);
@@ -100,6 +102,11 @@ std::string zero_tied(const Config& cfg) {
   return cfg.pp_tied_across() ? head_names(cfg).wte : "";
 }
 
+ZeroRanks zero_ranks(const Config& cfg, int dp, int rank, int edp_rank) {
+  const int edp = cfg.parallel.ep > 1 ? dp / cfg.parallel.ep : 0;
+  return {dp, rank, edp, edp ? edp_rank : 0, zero_tied(cfg), norm_block(cfg)};
+}
+
 std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z) {
   const Geometry g = geometry(layout, z);
   std::vector<StateRun> runs;
@@ -117,13 +124,22 @@ std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks
   return runs;
 }
 
+namespace {
+// How far into its unit a run starts (the norm's blocks count from the unit's start).
+int64_t unit_offset(const ModelLayout& layout, int64_t flat) {
+  const std::vector<int64_t> units = unit_starts(layout);
+  return flat - *(std::upper_bound(units.begin(), units.end(), flat) - 1);
+}
+}  // namespace
+
 std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank,
                                       const char* uncounted) {
   std::vector<OptChunk> chunks;
   for (const StateRun& run : zero_state_runs(layout, z))
     opt_chunks_add(chunks, run.state, stage >= 3 ? run.state : run.flat, stage >= 2 ? run.state : run.flat, run.n,
                    run.spec->decay,
-                   (!run.spec->replicated() || tp_rank == 0) && !(uncounted && run.spec->name == uncounted));
+                   (!run.spec->replicated() || tp_rank == 0) && !(uncounted && run.spec->name == uncounted),
+                   unit_offset(layout, run.flat), z.block);
   return chunks;
 }
 
@@ -162,7 +178,8 @@ std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, i
       if (e.aux) p.push_back({"zero_param_aux", e.aux, dtype, Mem::comm});
     }
   size_t n_chunks = 0;
-  for (const StateRun& run : zero_state_runs(layout, z)) n_chunks += opt_chunks_count(run.n);
+  for (const StateRun& run : zero_state_runs(layout, z))
+    n_chunks += opt_chunks_count(run.n, unit_offset(layout, run.flat), z.block);
   for (auto& item : AdamW::plan(g.shard, dtype != DType::f32, n_chunks, device)) p.push_back(item);
   return p;
 }
@@ -199,7 +216,7 @@ Zero::Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& grou
       r_(groups.dp.rank()),
       edp_(groups.edp),
       host_edp_(groups.host_edp ? groups.host_edp : groups.edp),
-      ranks_{n_, r_, edp_ ? edp_->size() : 0, edp_ ? edp_->rank() : 0, zero_tied(cfg)},
+      ranks_{zero_ranks(cfg, n_, r_, edp_ ? edp_->rank() : 0)},
       dtype_(be_.dtype()),
       reduce_(grad_reduce_dtype(cfg)) {
   LOOM_CHECK(stage_ >= 1 && stage_ <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage_);
@@ -454,8 +471,7 @@ const Zero::Unit* Zero::tied_part() const {
   if (w)
     for (const Unit& u : units_)
       if (u.lo == int64_t(w->offset)) return &u;
-  LOOM_CHECK(false, "internal error: ZeRO holds no part for the tied embedding '{}'", ranks_.tied);
-  return nullptr;
+  fail_bug("ZeRO holds no part for the tied embedding '{}'", ranks_.tied);
 }
 
 void Zero::reduce_grads(const std::function<void(Buf)>& tied) {

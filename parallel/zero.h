@@ -36,9 +36,15 @@ struct ZeroRanks {
   // stage's copy are each sharded over dp as a part of their own, so that rank r's shard
   // covers the same elements on both stages and the two can be summed shard to shard.
   std::string tied;
+  // Shards start at multiples of this many elements from their part's start (model/layout.h's
+  // norm_block): the gradient norm's blocks are whole on one rank.
+  int64_t block = 1;
 };
 // ZeroRanks::tied for a run of `cfg`.
 std::string zero_tied(const Config& cfg);
+// The ZeroRanks of a run of `cfg` for rank `rank` of dp ranks (edp_rank: its place in the
+// expert-dp group, where parallel.ep > 1).
+ZeroRanks zero_ranks(const Config& cfg, int dp, int rank, int edp_rank = 0);
 // The rank's slice of every unit, cut at tensor boundaries, as state runs: `state` indexes
 // the rank's shard space.
 std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z);

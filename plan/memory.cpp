@@ -57,11 +57,9 @@ MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank
   for (auto& it : pipeline_stage_plan(cfg, at.pp, dtype)) items.push_back(it);
   // The data-parallel side and its optimizer.
   const auto dp_items = stage == 0
-                            ? Ddp::plan(cfg, layout.reg, at.tp, dtype, kind)
-                            : zero_plan(layout,
-                                        {dcp, dcp_rank, cfg.parallel.ep > 1 ? dcp / cfg.parallel.ep : 0,
-                                         dcp_rank / cfg.parallel.ep, zero_tied(cfg)},
-                                        stage, at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
+                            ? Ddp::plan(cfg, layout, at.tp, dtype, kind)
+                            : zero_plan(layout, zero_ranks(cfg, dcp, dcp_rank, dcp_rank / cfg.parallel.ep), stage,
+                                        at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
   items.insert(items.end(), dp_items.begin(), dp_items.end());
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);
@@ -160,11 +158,12 @@ std::string plan_memory_table(const Config& cfg, DeviceKind device, DType dtype)
 
 std::string plan_memory_json(const Config& cfg, DeviceKind device, DType dtype) {
   const int world = cfg.world();
+  const ModelLayout layout = model_layout(cfg);
   std::string out = fmt::format(
       "{{\"device\":\"{}\",\"dtype\":\"{}\",\"zero\":{},\"dp\":{},\"cp\":{},\"tp\":{},\"n_params\":{},"
-      "\"ranks\":[",
+      "\"units\":{},\"norm_block\":{},\"ranks\":[",
       device_name(device), dtype_name(dtype), cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp,
-      model_layout(cfg).reg.global_numel());
+      layout.reg.global_numel(), layout.num_units(), norm_block(cfg));
   for (int r = 0; r < world; ++r) {
     const MemoryPlan p = plan_memory(cfg, device, dtype, r);
     out += fmt::format("{}{{\"rank\":{}", r ? "," : "", r);

@@ -33,6 +33,10 @@ double need_positive(const toml::table& t, const std::string& key, const std::st
   const auto v = t.at_path(key).value<double>();
   if (!v && fallback >= 0) return fallback;
   LOOM_CHECK(v && *v > 0, "{}: `{}` must be a positive number (see examples/clusters/)", origin, key);
+  // Rates and sizes far past any device's (1e12 GB/s makes memory free in a model's test): 1e308
+  // TFLOP/s made the peak infinite and every layout's MFU 0.0%.
+  LOOM_CHECK(*v <= 1e15, "{}: `{}` = {:g} is past any device's (at most 1e15); give the device's own figure", origin,
+             key, *v);
   return *v;
 }
 
@@ -92,8 +96,8 @@ Cluster cluster_parse(const std::string& text, const std::string& origin) {
       return int(fallback);
     }
     const auto n = v.value_exact<int64_t>();
-    LOOM_CHECK(n && *n >= (fallback >= 0 ? 0 : 1) && *n <= 1000000, "{}: `{}` must be a whole number{}", origin, key,
-               fallback >= 0 ? " >= 0" : " >= 1");
+    LOOM_CHECK(n && *n >= (fallback >= 0 ? 0 : 1) && *n <= 1000000,
+               "{}: `{}` must be a whole number from {} to 1000000", origin, key, fallback >= 0 ? 0 : 1);
     return int(*n);
   };
   auto word = [&](const char* key, const std::string& fallback) {

@@ -13,6 +13,7 @@
 
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/utf8.h"
 
 namespace loom {
 namespace {
@@ -409,6 +410,10 @@ std::string toml_quote(const std::string& v) {
   std::string out = "\"";
   for (char ch : v) {
     if (ch == '"' || ch == '\\') out += '\\';
+    if (uint8_t(ch) < 0x20 || ch == 0x7f) {  // a newline would end the line: TOML's escape keeps it one
+      out += fmt::format("\\u{:04X}", uint8_t(ch));
+      continue;
+    }
     out += ch;
   }
   return out + "\"";
@@ -473,20 +478,6 @@ void config_load_file(Config& cfg, const std::string& path) {
   // read as an empty config or read forever.
   config_load_string(cfg, input_read_all(path, "--config", kConfigMaxBytes), path);
 }
-
-namespace {
-bool utf8_valid(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const auto c = uint8_t(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k)
-      if ((uint8_t(s[i + k]) >> 6) != 2) return false;
-    i += n;
-  }
-  return true;
-}
-}  // namespace
 
 void config_set(Config& cfg, const std::string& assignment) {
   // Settings are text (written to config.toml and JSON records): a path of other bytes would

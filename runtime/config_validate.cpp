@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "runtime/config.h"
+#include "runtime/config_paths.h"
 #include "runtime/error.h"
 
 namespace loom {
@@ -29,6 +30,7 @@ void check_positive(const std::string& key, int64_t v) {
 }  // namespace
 
 void config_validate(Config& cfg) {
+  config_paths_check(cfg);
   auto& m = cfg.model;
   auto& t = cfg.train;
   if (!cfg.set_keys.count("model.tie_embeddings")) m.tie_embeddings = m.arch == Arch::gpt2;
@@ -90,6 +92,7 @@ void config_validate(Config& cfg) {
   check_positive("train.micro_batch", t.micro_batch);
   check_positive("train.global_batch", t.global_batch);
   LOOM_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
+  check_positive("parallel.dp", cfg.parallel.dp);  // before it divides
   int per_step = t.micro_batch * cfg.parallel.dp;
   LOOM_CHECK(t.global_batch % per_step == 0,
              "train.global_batch = {} is not a multiple of micro_batch x dp = {} x {} = {}; "

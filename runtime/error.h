@@ -1,6 +1,7 @@
 // Errors users can act on: one line that names the problem and the fix.
-// loom::fail throws loom::Error; the CLI prints its message and exits non-zero. Internal
-// invariants use LOOM_ASSERT, which names file and line because no user can fix them.
+// loom::fail throws loom::Error; the CLI prints its message and exits 2. Internal invariants use
+// LOOM_ASSERT (or fail_bug), which names file and line because no user can fix them: a Bug,
+// status kExitBug.
 #pragma once
 #include <fmt/format.h>
 
@@ -21,9 +22,29 @@ struct IoError : Error {
 };
 constexpr int kExitIo = 74;  // EX_IOERR
 
+// A broken invariant of loom itself: not the input's fault, and no retry cures it. Not an
+// Error, so that no handler of users' errors takes it for one.
+struct Bug : std::logic_error {
+  using std::logic_error::logic_error;
+};
+constexpr int kExitBug = 70;  // EX_SOFTWARE: apart from 1 (ckpt verify's damage) and 2 (a user's error)
+
+// The CLI's exit status for what ended a command: 2 a user's error, kExitIo an I/O failure,
+// kExitBug a bug in loom, 1 anything else (memory that ran out, a library's exception).
+inline int exit_status_of(const std::exception& e) {
+  if (dynamic_cast<const IoError*>(&e)) return kExitIo;
+  if (dynamic_cast<const Error*>(&e)) return 2;
+  if (dynamic_cast<const Bug*>(&e)) return kExitBug;
+  return 1;
+}
+
 template <class... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
   throw Error(fmt::format(f, std::forward<Args>(args)...));
+}
+template <class... Args>
+[[noreturn]] void fail_bug(fmt::format_string<Args...> f, Args&&... args) {
+  throw Bug("internal error: " + fmt::format(f, std::forward<Args>(args)...));
 }
 template <class... Args>
 [[noreturn]] void fail_io(fmt::format_string<Args...> f, Args&&... args) {
@@ -37,7 +58,7 @@ template <class... Args>
     if (!(cond)) ::loom::fail(__VA_ARGS__); \
   } while (0)
 
-#define LOOM_ASSERT(cond)                                                                       \
-  do {                                                                                          \
-    if (!(cond)) ::loom::fail("internal error: {} failed at {}:{}", #cond, __FILE__, __LINE__); \
+#define LOOM_ASSERT(cond)                                                           \
+  do {                                                                              \
+    if (!(cond)) ::loom::fail_bug("{} failed at {}:{}", #cond, __FILE__, __LINE__); \
   } while (0)

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <random>
 #include <vector>
 
 #include "runtime/error.h"
@@ -21,13 +22,14 @@ namespace {
 std::string why() {
   return std::strerror(errno);
 }
+}  // namespace
+
 void close_checked(std::FILE* f, const std::string& path) {
   const bool flushed = std::fflush(f) == 0, synced = flushed && ::fsync(fileno(f)) == 0;
   const std::string err = why();
   const bool closed = std::fclose(f) == 0;
   if (!(flushed && synced && closed)) fail_io("writing '{}' failed ({}); is the disk full?", path, err);
 }
-}  // namespace
 
 void dir_fsync(const std::string& dir) {
   const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -67,34 +69,49 @@ std::string named(const std::string& what) {
       "else: choose another path",
       named(what), path, kind);
 }
+}  // namespace
+
 void parent_create(const std::string& path) {
   const std::filesystem::path p(path);
   std::error_code ec;
   if (!p.has_parent_path()) return;
   std::filesystem::create_directories(p.parent_path(), ec);
-  // Something that is not a directory in the way is the path's fault, not the machine's.
+  // Something that is not a directory in the way, or a name too long, is the path's fault, not
+  // the machine's.
+  if (ec == std::errc::filename_too_long)
+    fail("'{}' cannot be written: a name in it is longer than the file system allows; choose a shorter one", path);
   if (ec && ec != std::errc::not_a_directory && ec != std::errc::file_exists)
     fail_io("cannot create the directory of '{}': {}", path, ec.message());
   if (ec || !std::filesystem::is_directory(p.parent_path()))
     fail("'{}' cannot be written: '{}' is not a directory; choose another path", path, p.parent_path().string());
 }
-// A new temporary at `tmp`: never an existing file, never through a link. A regular file left
-// there by an attempt that was killed is unlinked (its name only: a file it shares an inode
-// with keeps its bytes); anything else there is refused.
-int temporary_create(const std::string& tmp, const std::string& what) {
-  for (int attempt = 0;; ++attempt) {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+// A new temporary beside `path`, under a name of loom's own (PATH.tmp-PID-RANDOM): created
+// exclusively (O_EXCL|O_NOFOLLOW), so never an existing file (a user's PATH.tmp, another
+// process's temporary) and never through a link. A name taken is tried again under another.
+int temporary_create(const std::string& path, std::string* tmp) {
+  std::random_device rd;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    *tmp = temporary_name(path, rd());
+    const int fd = ::open(tmp->c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd >= 0) return fd;
-    const int err = errno;
-    if (err != EEXIST) fail_io("cannot write '{}' ({})", tmp, std::strerror(err));
-    const std::string kind = file_kind_if_not_regular(tmp);
-    if (!kind.empty())
-      fail("{}'{}' is {}; loom creates its temporary file there itself and never writes through one: remove it",
-           named(what), tmp, kind);
-    if (attempt > 0 || ::unlink(tmp.c_str()) != 0) fail_io("cannot replace the stale temporary '{}'", tmp);
+    if (errno == ENAMETOOLONG)
+      fail(
+          "'{}' cannot be written: a name in it is longer than the file system allows (with the {} bytes loom's "
+          "temporary beside it adds); choose a shorter one",
+          path, tmp->size() - path.size());
+    if (errno != EEXIST) fail_io("cannot write '{}' ({})", *tmp, why());
   }
+  fail_io("cannot create a temporary file beside '{}': every name tried was taken", path);
 }
-}  // namespace
+// Removes the temporary `tmp` that `fd` (still open) created: only while the name is still that
+// file, so what another process put there since stays.
+void temporary_remove(int fd, const std::string& tmp) {
+  struct stat mine {
+  }, there{};
+  if (::fstat(fd, &mine) == 0 && ::lstat(tmp.c_str(), &there) == 0 && mine.st_dev == there.st_dev &&
+      mine.st_ino == there.st_ino)
+    ::unlink(tmp.c_str());
+}
 
 void output_check(const std::string& path, const std::string& what) {
   if (const std::string kind = file_kind_if_not_regular(path); !kind.empty()) refuse_output(path, kind, what);
@@ -151,26 +168,41 @@ int output_open(const std::string& path, bool truncate, const std::string& what)
   return fd;
 }
 
+std::string temporary_name(const std::string& path, uint32_t random) {
+  return fmt::format("{}.tmp-{}-{:08x}", path, ::getpid(), random);
+}
+
 void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write, const std::string& what) {
   output_check(path, what);
   parent_create(path);
-  const std::string tmp = path + ".tmp";
-  const int fd = temporary_create(tmp, what);
+  std::string tmp;
+  const int fd = temporary_create(path, &tmp);
   std::FILE* f = ::fdopen(fd, "wb");
   if (!f) {
+    const std::string err = why();
+    temporary_remove(fd, tmp);
     ::close(fd);
-    ::unlink(tmp.c_str());
-    fail_io("cannot write '{}' ({})", tmp, why());
+    fail_io("cannot write '{}' ({})", tmp, err);
   }
+  // A second descriptor of the temporary: what is removed on failure must still be it.
+  const int keep = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  bool closing = false;  // close_checked closes the file whether it succeeds or not
   try {
     write(f);
+    closing = true;
     close_checked(f, tmp);
   } catch (...) {
-    ::unlink(tmp.c_str());
+    if (!closing) std::fclose(f);
+    if (keep >= 0) temporary_remove(keep, tmp);
+    if (keep >= 0) ::close(keep);
     throw;
   }
   // rename replaces the name itself: a link put there since the check is replaced, not followed.
-  LOOM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '{}' to '{}' ({})", tmp, path, why());
+  const bool renamed = std::rename(tmp.c_str(), path.c_str()) == 0;
+  const std::string err = why();
+  if (!renamed && keep >= 0) temporary_remove(keep, tmp);
+  if (keep >= 0) ::close(keep);
+  LOOM_CHECK(renamed, "cannot rename '{}' to '{}' ({})", tmp, path, err);
   dir_fsync(std::filesystem::path(path).parent_path().string());
 }
 
@@ -212,16 +244,25 @@ std::string input_read_all(const std::string& path, const std::string& what, int
     fail("{}'{}' is {} bytes, more than the {} loom reads whole for it; is it the right file?", named(what), path,
          int64_t(st.st_size), max_bytes);
   }
-  std::string out(size_t(st.st_size), '\0');
+  // To its end, not its stated size: a file of the kernel's (/proc/self/environ) says 0 bytes and
+  // holds more, and a file cut while read ends early.
+  std::string out(size_t(st.st_size) + 1, '\0');
   size_t done = 0;
-  while (done < out.size()) {
+  while (true) {
+    if (done == out.size()) {
+      if (int64_t(done) > max_bytes) break;
+      out.resize(std::min<size_t>(std::max<size_t>(2 * done, 4096), size_t(max_bytes) + 1));
+    }
     const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += size_t(n);
   }
   ::close(fd);
-  out.resize(done);  // a file cut while read: what was there
+  if (int64_t(done) > max_bytes)
+    fail("{}'{}' holds more than the {} bytes loom reads whole for it; is it the right file?", named(what), path,
+         max_bytes);
+  out.resize(done);
   return out;
 }
 

@@ -1,10 +1,14 @@
-// Durable files: written to PATH.tmp, flushed, fsynced and closed with every step checked,
-// then renamed over PATH and the directory fsynced, so PATH is either the old file or the
-// whole new one, never a torn or unflushed write (a full disk is an error naming the file).
+// Durable files: written to a temporary of loom's own beside PATH (temporary_name), flushed,
+// fsynced and closed with every step checked, then renamed over PATH and the directory fsynced,
+// so PATH is either the old file or the whole new one, never a torn or unflushed write (a full
+// disk is an error naming the file).
 // Streams (metrics.jsonl) append through DurableAppend: every line flushed, fsynced on close.
 // Every file loom writes goes through here: an output is only ever a regular file (a device,
 // FIFO, directory or symbolic link at its name is refused, never replaced or followed), and a
-// temporary is created new (O_CREAT|O_EXCL|O_NOFOLLOW), never opened through a link.
+// temporary is created new under a unique name (O_CREAT|O_EXCL|O_NOFOLLOW), never opened
+// through a link, and removed only by the process that created it, only while it is still its
+// file: a file of anyone else's (a user's PATH.tmp, another process's temporary) is never
+// touched. A temporary left by a process that was killed stays where it was.
 // Every file loom reads whole goes through input_read_all: a regular file only, of bounded size.
 #pragma once
 #include <sys/types.h>
@@ -35,9 +39,21 @@ void output_kind_check(const std::string& path, const std::string& kind, bool (*
 // absent, opened without following a link and without blocking, refused unless a regular file.
 int output_open(const std::string& path, bool truncate, const std::string& what);
 
-// `write` gets the open temporary file; return normally when done. `what` as for output_check.
+// The name of a temporary that PATH is written through: PATH.tmp-PID-RANDOM (8 hex digits).
+std::string temporary_name(const std::string& path, uint32_t random);
+// `write` gets the open temporary file (open for reading too: a writer may read back what it
+// wrote); return normally when done. `what` as for output_check.
 void file_write_atomic(const std::string& path, const std::function<void(std::FILE*)>& write,
                        const std::string& what = "");
+// The pieces file_write_atomic and FileSet (runtime/file_set.h) share: the directories of `path`
+// made; a new temporary beside `path` under a name of loom's own (*tmp: temporary_name's),
+// created exclusively, so never an existing file and never through a link; that temporary
+// removed while its name is still the file `fd` holds (what another process put there since
+// stays); a written file flushed, fsynced and closed, each step checked.
+void parent_create(const std::string& path);
+int temporary_create(const std::string& path, std::string* tmp);
+void temporary_remove(int fd, const std::string& tmp);
+void close_checked(std::FILE* f, const std::string& path);
 
 // The whole of `path`, which must be a regular file (a FIFO, device, directory or link to one is
 // refused without opening it for long) of at most max_bytes; `what` names where it came from.

@@ -18,6 +18,7 @@
 #include "kernels/ops.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/json_read.h"
 #include "runtime/launch_env.h"
 #include "runtime/mesh.h"
 #include "runtime/trace.h"
@@ -45,15 +46,16 @@ std::string cache_path() {
   return cache_dir() + "/cpu_peak.json";
 }
 
+// An unreadable cache (damaged, not JSON, nested past the bound) is remeasured, not fatal.
 nlohmann::json json_read_or_empty(const std::string& path) {
-  nlohmann::json j = nlohmann::json::object();
-  std::ifstream in(path);
-  if (in) try {
-      in >> j;
-    } catch (...) {
-      j = nlohmann::json::object();  // an unreadable cache is remeasured, not fatal
-    }
-  return j.is_object() ? j : nlohmann::json::object();
+  try {
+    const std::string text = input_read_all(path, "", int64_t(16) << 20);
+    if (!json_problem(text).empty()) return nlohmann::json::object();
+    const nlohmann::json j = nlohmann::json::parse(text);
+    return j.is_object() ? j : nlohmann::json::object();
+  } catch (...) {
+    return nlohmann::json::object();
+  }
 }
 
 void json_write(const std::string& path, const nlohmann::json& j) {
@@ -136,15 +138,7 @@ PeakMeasure cpu_peak_measure(int reps) {
 double cpu_peak_flops(int threads, bool remeasure) {
   const std::string path = cache_path();
   const std::string key = fmt::format("{} | per core", cpu_model());
-  nlohmann::json cache = nlohmann::json::object();
-  {
-    std::ifstream in(path);
-    if (in) try {
-        in >> cache;
-      } catch (...) {
-        cache = nlohmann::json::object();  // an unreadable cache is remeasured, not fatal
-      }
-  }
+  nlohmann::json cache = json_read_or_empty(path);
   const bool cached = cache.contains(key) && cache[key].is_object() && cache[key].contains("peak");
   double load = -1;
   ::getloadavg(&load, 1);
@@ -243,10 +237,8 @@ void bench_train(const Config& config, const TrainOptions& where, const BenchTra
 }
 
 std::string cpu_peak_describe() {
-  std::ifstream in(cache_path());
-  nlohmann::json cache;
+  const nlohmann::json cache = json_read_or_empty(cache_path());
   try {
-    in >> cache;
     const auto& r = cache.at(fmt::format("{} | per core", cpu_model()));
     return fmt::format("{:.1f} GFLOP/s per core, the best of {} single-thread GEMMs measured {} at load {:.1f} ({})",
                        r.at("peak").get<double>() / 1e9, r.value("runs", 0), r.value("when", std::string("earlier")),

@@ -125,7 +125,8 @@ void checkpoint_corrupt(const FaultInjector& fi, int64_t step, const std::string
 
 std::string UpdateGuard::check(double loss, double norm) {
   std::string why;
-  if (!std::isfinite(loss) || !std::isfinite(norm)) {
+  last_nonfinite_ = !std::isfinite(loss) || !std::isfinite(norm);
+  if (last_nonfinite_) {
     why = fmt::format("non-finite {} ({})", std::isfinite(norm) ? "loss" : "gradient norm",
                       std::isfinite(norm) ? loss : norm);
   } else if (spike_factor_ > 0 && recent_.size() >= 8) {

@@ -70,6 +70,8 @@ class UpdateGuard {
   // Why this step's update must be skipped ("" to apply it); counts skips in a row.
   std::string check(double loss, double norm);
   int skips_in_a_row() const { return in_a_row_; }
+  // Whether the last update was skipped for a non-finite loss or gradient norm (not a spike).
+  bool last_nonfinite() const { return last_nonfinite_; }
   int64_t skips_total() const { return total_; }
   bool rollback_due() const { return in_a_row_ > max_skips_; }
   void rolled_back() { in_a_row_ = 0; }
@@ -80,6 +82,7 @@ class UpdateGuard {
   std::deque<double> recent_;  // accepted norms, newest last
   int in_a_row_ = 0;
   int64_t total_ = 0;
+  bool last_nonfinite_ = false;
 };
 
 // Per-rank compute times, gathered every step: a rank slower than the median of all by

@@ -209,13 +209,14 @@ void Trainer::Parts::tied_copies_check() {
                               double(h[1] & 0xffffffffu)};
   if (embed.size() > 1) embed.all_reduce(Buf(both.data(), 4), ReduceOp::sum).wait();
   if (embed.size() < 2) return;  // a middle stage
-  LOOM_CHECK(both[0] == both[2] && both[1] == both[3],
-             "internal error: the tied embedding's copies on the first and last pipeline stage differ");
+  if (both[0] != both[2] || both[1] != both[3])
+    fail_bug("the tied embedding's copies on the first and last pipeline stage differ");
   if (lead) spdlog::info("tied embedding: the first and last stage's copies are bitwise equal");
 }
 
 TrainResult Trainer::finish() {
   Parts& p = *p_;
+  p.diverged_at_end();  // weights that diverged are neither exported nor saved
   p.log->finish([this] { return validate(); }, p.tokens_per_step, p.fpt.model, p.peak, p.result.stopped_by,
                 p.result.steps_done);
   if (p.cfg.parallel.pp > 1 && p.cfg.pp_tied_across()) p.tied_copies_check();

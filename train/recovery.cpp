@@ -9,7 +9,9 @@
 #include <cmath>
 #include <thread>
 
+#include "checkpoint/retention.h"
 #include "runtime/cuda_api.h"
+#include "train/divergence.h"
 #include "train/trainer_parts.h"
 
 namespace loom {
@@ -20,34 +22,42 @@ void Trainer::Parts::skipped(int64_t s1, const std::string& why) {
                  guard.skips_in_a_row(), guard.skips_total());
   if (lead) event_append(cfg.log.dir, "skip", fmt::format("\"step\":{},\"why\":\"{}\"", s1, why));
   if (!guard.rollback_due()) return;
-  LOOM_CHECK(ckpt,
-             "{} updates in a row were skipped (fault.max_skips = {}) and there is no checkpoint to roll back to "
-             "(checkpoint.every = 0); the run diverged: lower train.lr, or enable checkpoints",
-             guard.skips_in_a_row(), cfg.fault.max_skips);
+  // The trouble began after the last step whose update was applied: the newest checkpoint
+  // before it is the last one whose weights gave a finite loss (train/divergence.h).
+  const int64_t proven = s1 - guard.skips_in_a_row();
+  const std::string streak = fmt::format("{} updates in a row were skipped (fault.max_skips = {}; the last: {})",
+                                         guard.skips_in_a_row(), cfg.fault.max_skips, why);
+  if (!ckpt) diverged(streak);
+  // A run is deterministic: rolled back, it replays the same steps and fails them the same way
+  // unless the fault was transient. A second rollback before the run has got past the step of
+  // the first is not made: the run ends, diverged.
+  if (s1 <= rolled_back_at)
+    diverged(fmt::format("{}, again after rolling back to step {} at step {}", streak, rolled_back_to, rolled_back_at));
   ckpt->flush();
   // Rank 0 writes a manifest after the other ranks have left the commit: once it reaches the
-  // barrier every rank sees the same checkpoints. The newest one that loads on every rank,
-  // with the fallback of a resume.
+  // barrier every rank sees the same checkpoints. The newest one before the trouble that loads
+  // on every rank, with the fallback of a resume.
   mesh->world_group().barrier().wait();
   Config latest = cfg;
   latest.checkpoint.resume = "latest";
   std::string from;
-  const int64_t loaded = checkpoint_resume(latest, mesh->world_group(), chunk->registry(), *dpar, true, &from);
-  LOOM_CHECK(!from.empty(),
-             "{} updates in a row were skipped (fault.max_skips = {}) before any checkpoint was written; "
-             "the run diverged: lower train.lr, or save earlier (checkpoint.every)",
-             guard.skips_in_a_row(), cfg.fault.max_skips);
-  LOOM_CHECK(loaded != rolled_back_to,
-             "updates keep being skipped after rolling back to step {} ({}); the fault is not "
-             "transient: lower train.lr, or look at the data after step {}",
-             loaded, why, loaded);
+  const int64_t loaded = checkpoint_resume(latest, mesh->world_group(), chunk->registry(), *dpar, true, &from, proven);
+  if (from.empty()) diverged(streak + ", and no checkpoint was written before the trouble began");
+  // The checkpoints after it are of the steps run again (and their weights gave no finite loss).
+  size_t gone = 0;
+  if (mesh->world_group().rank() == 0) gone = checkpoints_remove_from(cfg.checkpoint.dir, loaded + 1, true).size();
+  mesh->world_group().barrier().wait();
   if (lead) {
-    spdlog::warn("rolling back to {} (step {}) after {} skipped updates; steps {}..{} are run again", from, loaded,
-                 guard.skips_in_a_row(), loaded + 1, s1);
+    spdlog::warn(
+        "rolling back to {} (step {}), the newest checkpoint written before the trouble began, after {} skipped "
+        "updates; steps {}..{} are run again{}",
+        from, loaded, guard.skips_in_a_row(), loaded + 1, s1,
+        gone ? fmt::format(" (the {} checkpoint{} after it removed)", gone, gone == 1 ? "" : "s") : "");
     event_append(cfg.log.dir, "rollback", fmt::format("\"from\":{},\"to\":{}", s1, loaded));
   }
   guard.rolled_back();
   rolled_back_to = loaded;
+  rolled_back_at = s1;
   next = loaded;
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "runtime/cuda_api.h"
 #include "train/trainer_parts.h"
@@ -197,6 +198,13 @@ bool Trainer::between_steps() {
   return sig != 0;
 }
 
+int Trainer::Parts::stop_agreed() {
+  double sig = stop_signal();
+  ProcessGroup& world = mesh->world_group();
+  if (world.size() > 1) world.all_reduce(Buf(&sig, 1), ReduceOp::max).wait();
+  return int(sig);
+}
+
 int64_t Trainer::next_step() const {
   return p_->next;
 }
@@ -207,9 +215,15 @@ double Trainer::validate(int64_t batches) {
   if (batches < 0) batches = std::min<int64_t>(p.cfg.data.val_batches, val_batches_available());
   LOOM_CHECK(p.data.val && batches > 0, "no validation data to evaluate on: {}", p.data.describe);
   auto s = p.trace.scope("validation", Trace::host);
-  for (int64_t vb = 0; vb < batches; ++vb)  // forward only, through the stages
+  for (int64_t vb = 0; vb < batches; ++vb) {  // forward only, through the stages
+    if (const int sig = p.stop_agreed()) {    // a stop ends validation too, on every rank at once
+      p.result.stopped_by = sig;
+      p.loss_take();
+      return std::numeric_limits<double>::quiet_NaN();
+    }
     p.pipe->run(
         p.pipe_val_ops, [&](int micro) { return p.stage(*p.data.val, vb, micro); }, 0.0f, false);
+  }
   return p.loss_take() / (double(batches) * double(p.tokens_per_step));
 }
 

@@ -75,6 +75,7 @@ void StepLog::predict(DeviceKind device, int world) {
 void StepLog::validation(int64_t step, const std::function<double()>& validate) {
   if (!has_val_) return;
   const double v = validate();
+  if (result_.stopped_by) return;  // a stop cut it short: no partial value is recorded
   result_.val.push_back({step, v});
   metrics_.validation(step, v);
   if (tensorboard_) tensorboard_->validation(step, v);
@@ -104,6 +105,7 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
                      int stopped_by, int64_t steps_done) {
   // The last validation, then the split; a stopped run's stop record stays its last line.
   if (!stopped_by) validation(cfg_.train.steps, validate);
+  if (!stopped_by) stopped_by = result_.stopped_by;  // a stop that cut the last validation short
   if (predicted_ && seen_ > 1) {
     StepSplit mean = measured_;
     for (double* v : {&mean.step, &mean.compute, &mean.comm, &mean.bubble, &mean.optimizer, &mean.data, &mean.ckpt})

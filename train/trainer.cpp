@@ -77,9 +77,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     // training text, a config, the run's metrics) or the weights it starts from.
     std::vector<std::string> inputs = {cfg.init_from, cfg.data.path, cfg.data.val_path};
     for (const auto& src : cfg.data.sources) inputs.push_back(src.path);
-    safetensors_output_check(
-        export_is_dir(cfg.export_final) ? cfg.export_final + "/model.safetensors" : cfg.export_final, inputs,
-        "export.final");
+    export_output_check(cfg.export_final, cfg, inputs, "export.final");
   }
   {
     const EnvGet get = [](const char* k) { return std::getenv(k); };
@@ -165,8 +163,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
   memory_fit_check(plan_memory(cfg, p.device, p.dtype, opt.world_rank, &spec), opt.world_rank, p.memory);
   // Every pp degree runs a list of ops; at pp 1 it is 1F1B on one stage, F0 B0 F1 B1 ...: the
   // accumulation loop, one micro-batch's activations at a time.
-  p.pipe_ops = cfg.parallel.pp > 1 ? pipeline_in_order(p.pipe_schedule).ops[size_t(p.mesh->coord().pp)]
-                                   : pipeline_schedule(PpSchedule::f1b1, 1, 1, cfg.accum_steps()).ops[0];
+  p.pipe_ops = pipeline_stage_ops(p.pipe_schedule, p.mesh->coord().pp, cfg.accum_steps());
   p.whole = model_layout(cfg, p.mesh->coord().tp);
   const bool ep = cfg.parallel.ep > 1;
   p.chunk = std::make_unique<DecoderPart>(cfg, spec, *p.backend, p.tp(), p.trace, p.clock.get(),
@@ -206,6 +203,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : p_(std::make_uniq
     p.ckpt->fault_after_commit = [fi](int64_t step, const std::string& dir) {
       if (fi->ckpt_corrupt(step)) checkpoint_corrupt(*fi, step, dir);
     };
+    p.ckpt->proven = [parts = &p] { return parts->next - parts->guard.skips_in_a_row(); };
   }
 }
 

@@ -89,6 +89,7 @@ struct Trainer::Parts {
   double last_compute_ms = 0;
   int64_t next = 0;             // the step to run after this one (a rollback moves it back)
   int64_t rolled_back_to = -1;  // the checkpoint step of the last rollback
+  int64_t rolled_back_at = -1;  // and the step it was made at
 
   Parts(const Config& c, const TrainOptions& o)
       : cfg(c),
@@ -170,6 +171,13 @@ struct Trainer::Parts {
   void facts_write() const;  // config.toml and run.json into log.dir (rank 0)
   // The block that closes a run: steps, losses, tokens and rates, and where its files went.
   std::string summary() const;
+  // train/divergence.cpp. The run diverged: ends it with Diverged on every rank, naming the
+  // last checkpoint whose weights gave a finite loss (the newer ones are removed). Collective.
+  [[noreturn]] void diverged(const std::string& why);
+  // At the end: non-finite weights, or a last update skipped for a non-finite loss, is diverged.
+  void diverged_at_end();
+  // The stop signal any rank got (0: none), agreed over the job: collective.
+  int stop_agreed();
   // With a pipeline and tied embeddings: the two copies must be the same bits (an Error if not).
   void tied_copies_check();
   // log.grad_norms: every tensor's gradient norm now (step 1, before clipping) into

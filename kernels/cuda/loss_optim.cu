@@ -8,6 +8,7 @@
 #include "kernels/clip.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "runtime/exact_digits.h"
 
 namespace loom::cuda {
 
@@ -163,8 +164,15 @@ __global__ void adamw_multi_kernel(float* master, bf16* params, const float* gra
   }
 }
 
-__global__ void clip_scale_kernel(float* scale, const double* sum_squares, double max_norm) {
-  *scale = float(clip_coef(sqrt(*sum_squares), max_norm));
+__global__ void clip_scale_kernel(float* scale, const double* digits, double max_norm) {
+  int64_t d[kExactDigits];
+  bool finite = true;
+  for (int i = 0; i < kExactDigits; ++i) {
+    finite = finite && exact_finite(digits[i]);
+    d[i] = finite ? int64_t(digits[i]) : 0;
+  }
+  exact_normalize(d);  // (digits summed over ranks are past 2^32)
+  *scale = float(clip_coef(finite ? sqrt(exact_value(d)) : nan(""), max_norm));
 }
 
 // acc += the sum of losses[N], in a fixed order, in double.
@@ -175,28 +183,46 @@ __global__ void loss_accumulate_kernel(double* acc, const float* losses, int N) 
   if (threadIdx.x == 0) *acc += s;
 }
 
-constexpr int kPartials = 1024;  // fixed grid: the summation order never depends on the table
+constexpr int kNormBlocks = 1024;  // blocks of the norm's grid, each walking chunks
 
-// Block p sums chunks p, p + kPartials, ... of the table (those counted in the norm).
-__global__ void sum_squares_partial(double* partial, const float* grads, const OptChunkDev* chunks, int n_chunks) {
-  double s = 0.0;
-  for (int c = blockIdx.x; c < n_chunks; c += kPartials) {
+// Each counted chunk's sum of squares in double (a block's fixed reduction order: the chunk's
+// sum does not depend on which block takes it), added as integers into the block's own digits,
+// then the block's digits into the output's: one global atomic per digit a block touched, not
+// three per chunk (a 124M model has ~120k chunks).
+__global__ void sum_squares_exact(unsigned long long* digits, const float* grads, const OptChunkDev* chunks,
+                                  int n_chunks) {
+  __shared__ long long mine[kExactDigits + 1];  // the last: a count of non-finite sums
+  for (int i = threadIdx.x; i <= kExactDigits; i += kThreads) mine[i] = 0;
+  __syncthreads();
+  for (int c = blockIdx.x; c < n_chunks; c += gridDim.x) {
     const OptChunkDev ch = chunks[c];
-    if (!ch.norm) continue;
+    if (!ch.norm) continue;  // (the same for the whole block)
+    double s = 0.0;
     for (int k = threadIdx.x; k < ch.n; k += kThreads) {
       const double g = grads[ch.grad + k];
       s += g * g;
     }
+    s = block_reduce<false>(s);
+    if (threadIdx.x == 0 && s != 0) {  // (thread 0 alone writes `mine` until the flush)
+      if (!exact_finite(s)) {
+        ++mine[kExactDigits];
+      } else {
+        const ExactParts p = exact_parts(s);
+        for (int i = 0; i < 3; ++i) mine[p.k + i] += p.parts[i];
+      }
+    }
   }
-  s = block_reduce<false>(s);
-  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+  __syncthreads();
+  for (int i = threadIdx.x; i <= kExactDigits; i += kThreads)
+    if (mine[i]) atomicAdd(&digits[i], static_cast<unsigned long long>(mine[i]));
 }
 
-__global__ void sum_squares_final(double* out, const double* partial) {
-  double s = 0.0;
-  for (int i = threadIdx.x; i < kPartials; i += kThreads) s += partial[i];
-  s = block_reduce<false>(s);
-  if (threadIdx.x == 0) *out = s;
+__global__ void exact_finish(double* out, const unsigned long long* digits) {
+  int64_t d[kExactDigits];
+  for (int i = 0; i < kExactDigits; ++i) d[i] = static_cast<int64_t>(digits[i]);
+  exact_normalize(d);
+  const bool finite = digits[kExactDigits] == 0;
+  for (int i = 0; i < kExactDigits; ++i) out[i] = finite ? double(d[i]) : nan("");
 }
 
 }  // namespace
@@ -248,9 +274,13 @@ void grad_clip_scale(float* scale, const double* sum_squares, double max_norm, c
 
 void sum_squares_table(double* out, const float* grads, const OptChunkDev* chunks, int n_chunks, double* scratch,
                        cudaStream_t s) {
-  LOOM_LAUNCH(sum_squares_partial, kPartials, kThreads, 0, s)(scratch, grads, chunks, n_chunks);
-  LOOM_CUDA_LAUNCHED();
-  LOOM_LAUNCH(sum_squares_final, 1, kThreads, 0, s)(out, scratch);
+  auto* digits = reinterpret_cast<unsigned long long*>(scratch);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(digits, 0, (kExactDigits + 1) * sizeof(unsigned long long), s));
+  if (n_chunks > 0) {
+    LOOM_LAUNCH(sum_squares_exact, std::min(n_chunks, kNormBlocks), kThreads, 0, s)(digits, grads, chunks, n_chunks);
+    LOOM_CUDA_LAUNCHED();
+  }
+  LOOM_LAUNCH(exact_finish, 1, 1, 0, s)(out, digits);
   LOOM_CUDA_LAUNCHED();
 }
 

@@ -220,11 +220,14 @@ struct OptChunkDev {
 void adamw_multi(float* master, bf16* params, const float* grads, float* m, float* v, const OptChunkDev* chunks,
                  int n_chunks, float lr_step, float bc2_sqrt, float beta1, float beta2, float eps, float decay_factor,
                  const float* grad_scale, cudaStream_t s);
-// *out = the sum of squares of the chunks with norm set (fp64; 1024 fixed partials, then in
-// order); scratch: 1024 doubles.
+// out[kExactDigits]: the exact sum of the squares of the chunks with norm set, as digits
+// (runtime/exact_digits.h): each chunk's sum in double by one block in a fixed order, then the
+// chunks' sums added as integers (atomics on the digits: any order gives the same bits);
+// scratch: kExactDigits + 1 words (the digits and a count of non-finite sums). NaN digits
+// where a sum is not finite.
 void sum_squares_table(double* out, const float* grads, const OptChunkDev* chunks, int n_chunks, double* scratch,
                        cudaStream_t s);
-// *scale = clip_coef(sqrt(*sum_squares), max_norm), on the device.
+// *scale = clip_coef(sqrt(the exact sum of sum_squares' digits), max_norm), on the device.
 void grad_clip_scale(float* scale, const double* sum_squares, double max_norm, cudaStream_t s);
 
 // defines: moe_route, moe_plan, moe_ep_maps, moe_gather, moe_combine, moe_combine_backward,

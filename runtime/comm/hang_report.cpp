@@ -14,6 +14,7 @@
 
 #include "runtime/error.h"
 #include "runtime/file.h"
+#include "runtime/json_read.h"
 
 namespace loom {
 
@@ -139,8 +140,10 @@ void HangReport::timed_out(const ProcessGroup& g, int64_t seq, double waited) {
   for (int r : everyone) {
     std::ifstream in(rank_path(flight, r));
     if (!in) continue;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!json_depth_problem(text).empty()) continue;  // no record loom writes nests deep
     try {
-      dumps[r] = nlohmann::json::parse(in);
+      dumps[r] = nlohmann::json::parse(text);
     } catch (const std::exception&) {
     }
   }

@@ -11,10 +11,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 
 #include "kernels/clip.h"
 #include "kernels/moe_row.h"
 #include "kernels/ops.h"
+#include "runtime/exact_sum.h"
 #include "tests/cuda/cuda_testing.h"
 
 using namespace loom;
@@ -406,16 +408,38 @@ TEST_F(Cuda, AdamWAndNormOverTheChunkTable) {
   for (int i = 0; i < n; ++i) want_p[size_t(i + pshift)] = bf16_to_f32(f32_to_bf16(got_master[size_t(i)]));
   EXPECT_EQ(P.get(), want_p);  // the bf16 weights are the master's rounding
 
-  DevRaw<double> Out(1), Scratch(1024);
+  // The norm: each chunk's sum in double, the sums exactly, whatever the table's order (a sum
+  // in table order gives other bits for the reversed table).
+  DevRaw<double> Out(kExactDigits), Scratch(kExactDigits + 1);
   DevRaw<float> Scale(1);
   cuda::sum_squares_table(Out.p, G.p, chunks, int(table.size()), Scratch.p, nullptr);
-  double ss = 0;
-  for (int i = 0; i < split; ++i) ss += double(g[size_t(i + shift)]) * g[size_t(i + shift)];
-  EXPECT_NEAR(Out.get()[0], ss, 1e-12 * ss);
+  ExactSum want;
+  for (const auto& ch : table) {
+    double s = 0;
+    for (int k = 0; k < ch.n; ++k) s += ch.norm ? double(g[size_t(ch.grad + k)]) * g[size_t(ch.grad + k)] : 0.0;
+    if (ch.norm) want.add(s);
+  }
+  ExactSum got;
+  const auto digits = Out.get();
+  got.digits_from(digits.data());
+  EXPECT_EQ(got.value(), want.value());
+  std::vector<cuda::OptChunkDev> reversed(table.rbegin(), table.rend());
+  std::memcpy(raw.data(), reversed.data(), reversed.size() * sizeof(cuda::OptChunkDev));
+  DevRaw<int32_t> Reversed(raw);
+  DevRaw<double> Out2(kExactDigits);
+  cuda::sum_squares_table(Out2.p, G.p, reinterpret_cast<const cuda::OptChunkDev*>(Reversed.p), int(table.size()),
+                          Scratch.p, nullptr);
+  EXPECT_EQ(Out2.get(), digits) << "the digits depend on the table's order";
   cuda::grad_clip_scale(Scale.p, Out.p, 1.0, nullptr);
-  EXPECT_NEAR(Scale.get()[0], clip_coef(std::sqrt(ss), 1.0), 1e-7);
+  EXPECT_NEAR(Scale.get()[0], clip_coef(std::sqrt(want.value()), 1.0), 1e-7);
   cuda::grad_clip_scale(Scale.p, Out.p, 0.0, nullptr);
   EXPECT_EQ(Scale.get()[0], 1.0f);
+  // A non-finite gradient makes every digit NaN (the norm NaN: the step is skipped).
+  std::vector<float> bad = g;
+  bad[size_t(shift + 5)] = std::numeric_limits<float>::infinity();
+  DevRaw<float> Bad(bad);
+  cuda::sum_squares_table(Out.p, Bad.p, chunks, int(table.size()), Scratch.p, nullptr);
+  for (double d : Out.get()) ASSERT_TRUE(std::isnan(d));
 }
 
 // Every MoE kernel against its CPU twin: routing (the assignments bitwise), the permutation

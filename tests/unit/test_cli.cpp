@@ -11,6 +11,35 @@
 #include "data/batches.h"
 #include "testing.h"
 
+// Each ending has its status, apart from the others: a broken invariant (LOOM_ASSERT) is a bug
+// (70), never a user's error (2), an I/O failure (74) or ckpt verify's damage (1).
+TEST(Cli, ExitStatusSaysWhoseFaultItIs) {
+  auto status_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return loom::exit_status_of(e);
+    }
+    return 0;
+  };
+  EXPECT_EQ(status_of([] { LOOM_ASSERT(1 + 1 == 3); }), loom::kExitBug);
+  EXPECT_EQ(loom::kExitBug, 70);
+  EXPECT_EQ(status_of([] { loom::fail_bug("a broken invariant"); }), 70);
+  EXPECT_EQ(status_of([] { LOOM_CHECK(false, "a user's error"); }), 2);
+  EXPECT_EQ(status_of([] { loom::fail_io("a full disk"); }), loom::kExitIo);
+  EXPECT_EQ(status_of([] { throw std::bad_alloc(); }), 1);
+  // A handler of users' errors does not take a bug for one.
+  bool as_error = false;
+  try {
+    LOOM_ASSERT(false);
+  } catch (const loom::Error&) {
+    as_error = true;
+  } catch (const loom::Bug& b) {
+    EXPECT_NE(std::string(b.what()).find("internal error: false failed at"), std::string::npos) << b.what();
+  }
+  EXPECT_FALSE(as_error);
+}
+
 TEST(Cli, UnknownKey) {
   expect_one_line_error("train --set model.n_layers=2", "did you mean 'model.n_layer'");
 }

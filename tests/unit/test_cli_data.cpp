@@ -8,6 +8,7 @@
 
 #include "cli_run.h"
 #include "data/shards.h"
+#include "data/tokenizer.h"
 
 namespace {
 
@@ -123,4 +124,78 @@ TEST(CliData, ShardsWithoutARecordTrainAsBefore) {
   CliRun d = loom_run(run("h") + "--set data.path=" + dir + "/old.bin --set export.final=" + dir + "/hf/");
   ASSERT_EQ(d.status, 0) << d.output;
   EXPECT_NE(slurp(dir + "/hf/config.json").find("\"vocab_size\": 512"), std::string::npos);
+}
+
+// A mixture of shards with and without a record: the unrecorded one may hold any ids, so the
+// run takes nothing from the record (the config's vocabulary, as before) and says so once.
+TEST(CliData, ShardsWithAndWithoutARecordTrainFromTheConfig) {
+  const std::string dir = fresh("mixed");
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 400; ++i) ids.push_back(256 + i % 45);  // ids up to 300: more than bytes
+  loom::shard_write(dir + "/old.bin", ids);                   // no record
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "some bytes " + std::to_string(i) + "\n";
+  std::ofstream(dir + "/t.txt") << text;
+  ASSERT_EQ(loom_run("data " + dir + "/t.txt " + dir + "/bytes.bin").status, 0);
+  const std::string sources = "--set 'data.sources=[{path = \"" + dir + "/old.bin\", weight = 1}, {path = \"" + dir +
+                              "/bytes.bin\", weight = 1}]' --set train.steps=4 ";
+  CliRun t = loom_run(run("mixed") + sources);
+  ASSERT_EQ(t.status, 0) << t.output;
+  const std::string say = "old.bin' records no tokenizer (llm.c's, or an earlier loom's), so this run takes nothing";
+  const size_t at = t.output.find(say);
+  EXPECT_NE(at, std::string::npos) << t.output;
+  EXPECT_EQ(t.output.find(say, at + 1), std::string::npos) << t.output;  // once
+  // A recorded vocabulary the config's cannot hold is refused before the run, naming both.
+  expect_one_line_error(run("mixed_small") + sources + "--set model.vocab_size=200",
+                        "model.vocab_size = 200 is smaller than the vocabulary of the tokenizer that made");
+}
+
+// Byte shards made again by this loom record 256 tokens, but a run on byte shards keeps the
+// config's vocabulary (the default 512, as before): a checkpoint from before resumes on them.
+TEST(CliData, ByteShardsMadeAgainResumeACheckpointFromBefore) {
+  const std::string dir = fresh("byte_resume");
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "byte text " + std::to_string(i) + "\n";
+  std::ofstream(dir + "/t.txt") << text;
+  loom::shard_write(dir + "/d.bin", loom::tokenize_bytes(text));  // as an earlier loom wrote it: no record
+  const std::string ck = dir + "/ck", keys = "--set data.path=" + dir + "/d.bin --set checkpoint.dir=" + ck + " ";
+  CliRun first = loom_run(run("byte_resume") + keys + "--set checkpoint.every=1");
+  ASSERT_EQ(first.status, 0) << first.output;
+  ASSERT_EQ(loom_run("data " + dir + "/t.txt " + dir + "/d.bin").status, 0);  // made again: a byte record
+  EXPECT_EQ(loom::shard_record_read(dir + "/d.bin").describe(), "byte (256 tokens, no files)");
+  CliRun resumed = loom_run(run("byte_resume2") + keys + "--set train.steps=2 --set checkpoint.resume=latest");
+  EXPECT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(resumed.output.find("whose vocabulary model.vocab_size takes"), std::string::npos) << resumed.output;
+}
+
+// Two shards of one kind whose files differ (another merges.txt) are two tokenizers.
+TEST(CliData, ShardsOfOneKindFromOtherFilesAreRefused) {
+  const std::string dir = fresh("hash"), other = dir + "/other";
+  std::filesystem::create_directories(other);
+  tiny_gpt2_write(dir);
+  tiny_gpt2_write(other);
+  std::ofstream(other + "/merges.txt") << "#version: 0.2\nt h\nth e\n";  // one merge fewer
+  std::ofstream(dir + "/c.txt") << "the cat and the dog\n";
+  for (const std::string& d : {dir, other})
+    ASSERT_EQ(loom_run("data " + dir + "/c.txt " + d + "/s.bin --tokenizer gpt2 --vocab " + d +
+                       "/vocab.json --merges " + d + "/merges.txt")
+                  .status,
+              0);
+  expect_one_line_error(run("hash") + "--set 'data.sources=[{path = \"" + dir + "/s.bin\", weight = 1}, {path = \"" +
+                            other + "/s.bin\", weight = 1}]'",
+                        "other/s.bin' were made by different tokenizers (gpt2 (260 tokens, files xxh64");
+}
+
+// Weights with no recorded tokenizer and a tokenizer.json loom does not read beside them
+// (WordPiece): generate runs as it did before loom read tokenizer.json files, with a warning.
+TEST(CliData, ATokenizerJsonLoomRefusesIsPassedOverAsBefore) {
+  const std::string dir = fresh("wordpiece"), hf = dir + "/hf/";
+  CliRun t = loom_run(run("wordpiece") + "--set export.final=" + hf);  // synthetic: nothing recorded
+  ASSERT_EQ(t.status, 0) << t.output;
+  std::ofstream(hf + "tokenizer.json") << R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}})";
+  CliRun g = loom_run("generate --from " + hf + " --prompt ab --max-new 2");
+  ASSERT_EQ(g.status, 0) << g.output;
+  EXPECT_NE(g.output.find("tokenizer.json' beside the weights is not one loom reads"), std::string::npos) << g.output;
+  EXPECT_NE(g.output.find("model is WordPiece"), std::string::npos) << g.output;
+  EXPECT_NE(g.output.find("tokenizer byte, none recorded"), std::string::npos) << g.output;
 }

@@ -297,6 +297,19 @@ TEST(CliDayOne, TextChunksPretokenizeLikeTheWhole) {
   for (size_t at = 0; at < text.size(); at += 1024)
     for (auto& w : loom::gpt2_pretokenize(text.substr(at, 1024))) naive.push_back(w);
   EXPECT_NE(naive, apart);
+  // One line (a long document with no line break): cut before a space between two words, the
+  // pieces of GPT-2's and LLaMA-3's pre-tokenizers are the whole's.
+  std::string line = text;
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  const auto cut = loom::text_chunks(line, 1024, /*word_cuts=*/true);
+  ASSERT_GT(cut.size(), 20u);
+  std::vector<std::string> gpt2, llama3;
+  for (auto& c : cut) {
+    for (auto& w : loom::gpt2_pretokenize(c)) gpt2.push_back(w);
+    for (auto& w : loom::llama3_pretokenize(c)) llama3.push_back(w);
+  }
+  EXPECT_EQ(gpt2, loom::gpt2_pretokenize(line));
+  EXPECT_EQ(llama3, loom::llama3_pretokenize(line));
 }
 
 // OpenMP threads wait without spinning unless the user says otherwise: loom runs itself again

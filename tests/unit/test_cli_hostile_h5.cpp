@@ -1,15 +1,20 @@
 // Checkpoint rank files whose data lives outside them, through the `loom` binary: a dataset with
 // external storage (H5Pset_external), an external link in place of a dataset, a virtual
 // dataset. ckpt verify, ckpt export and resume must refuse each (they read the file outside the
-// checkpoint, and hung on a FIFO), saying why, with status 2; nothing outside is read.
+// checkpoint, and hung on a FIFO), saying why, with status 2; nothing outside is read. And a rank file
+// whose hashes hold but whose weights are not finite.
 #include <hdf5.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "checkpoint/h5.h"
 #include "cli_run.h"
+#include "runtime/file.h"
 #include "testing.h"
 
 namespace {
@@ -99,6 +104,42 @@ void forge(const std::string& good, const std::string& bad, const std::string& o
   H5Fclose(in);
 }
 
+// A copy of checkpoint `good` in `bad` with one weight infinite, its hash in the manifest
+// updated: a state a diverged run would have left, every byte accounted for.
+void forge_infinite(const std::string& good, const std::string& bad) {
+  fs::remove_all(bad);
+  fs::create_directories(bad);
+  const hid_t in = H5Fopen((good + "/rank-00000.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(in, 0);
+  const hid_t out = H5Fcreate((bad + "/rank-00000.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  nlohmann::json m = nlohmann::json::parse(loom::input_read_all(good + "/manifest.json", "", 1 << 24));
+  bool forged = false;
+  for (const std::string& name : datasets_of(in)) {
+    std::vector<hsize_t> dims;
+    std::vector<float> v = read_all(in, name, dims);
+    if (!forged && name.rfind("params/", 0) == 0) {
+      v[0] = std::numeric_limits<float>::infinity();
+      for (auto& [tensor, t] : m["tensors"].items())
+        for (auto& shard : t["shards"])
+          if (shard["dataset"] == name) shard["xxh64"] = loom::xxh64_hex(v.data(), int64_t(v.size()));
+      forged = true;
+    }
+    const hid_t space = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+    const hid_t set = H5Dcreate2(out, name.c_str(), H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Dclose(set);
+    H5Sclose(space);
+  }
+  H5Pclose(lcpl);
+  H5Fclose(out);
+  H5Fclose(in);
+  ASSERT_TRUE(forged);
+  const std::string text = m.dump(1);
+  loom::file_write_atomic(bad + "/manifest.json", [&](std::FILE* f) { std::fputs(text.c_str(), f); });
+}
+
 const char* kModel =
     "--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64 "
     "--set model.seq_len=8 --set train.micro_batch=2 --set train.global_batch=2 --set train.threads=1 "
@@ -143,6 +184,13 @@ TEST_F(HostileH5, ExternalLinkIsRefused) {
 TEST_F(HostileH5, VirtualDatasetIsRefused) {
   forge(good, tmp("h5_virtual/step-00000002"), tmp("h5_virtual_outside"), Outside::virtual_set);
   every_reader_refuses(tmp("h5_virtual/step-00000002"), "a virtual dataset");
+}
+
+// A checkpoint whose weights are not finite passes its hashes but is no state to go on from:
+// verify fails naming it (it said "ok"), export and resume refuse it.
+TEST_F(HostileH5, NonFiniteWeightsAreRefused) {
+  forge_infinite(good, tmp("h5_inf/step-00000002"));
+  every_reader_refuses(tmp("h5_inf/step-00000002"), "NaN or infinite value");
 }
 
 }  // namespace

@@ -444,3 +444,17 @@ TEST(Config, PipelineLayersAutoBalancesTheHead) {
 }
 
 }  // namespace loom
+
+// A string holding control characters is written as TOML escapes, one line, and reads back the
+// same (a raw newline made --print-config and log.dir/config.toml unloadable); path keys refuse
+// them, naming the key.
+TEST(Config, ControlCharactersRoundTripAndPathsRefuseThem) {
+  Config c = config_defaults();
+  c.log.dir = std::string("a\nb\t\"c\\") + char(0x1b) + char(0x7f);
+  Config back = config_defaults();
+  config_load_string(back, config_to_toml(c), "printed");
+  EXPECT_EQ(back.log.dir, c.log.dir);
+  EXPECT_EQ(config_flat(config_to_toml(c)).count("log.dir"), 1u);
+  EXPECT_NE(error_of([&] { config_validate(c); }).find("log.dir holds a control character (U+000A at byte 1)"),
+            std::string::npos);
+}

@@ -1,5 +1,6 @@
 // Data order and sources, token shards, safetensors, tokenizers and the optimizer's
 // arithmetic, each against values computed independently here.
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -8,11 +9,15 @@
 
 #include "checkpoint/safetensors.h"
 #include "data/batches.h"
+#include "data/shard_writer.h"
+#include "data/shards.h"
 #include "data/tokenizer.h"
 #include "model/backend.h"
 #include "optim/adamw.h"
 #include "runtime/error.h"
+#include "runtime/exact_sum.h"
 #include "runtime/file.h"
+#include "runtime/file_set.h"
 #include "testing.h"
 #include "train/trainer.h"
 
@@ -209,6 +214,83 @@ TEST(Files, FailedWritesNeverReplaceTheFile) {
             std::string::npos);
 }
 
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+// A set of files replaces its names together: a rename that fails (here, a directory put at the
+// second name after the checks) puts the first name back as it was, and a name that held no file
+// holds none again.
+TEST(Files, ASetReplacesAllItsNamesOrNone) {
+  const std::string a = tmp("set_a.txt"), b = tmp("set_b.txt"), c = tmp("set_c.txt");
+  // What loom made beside a name (its temporaries, the old file kept): PATH.<anything>.
+  auto beside = [](const std::string& p) {
+    int n = 0;
+    const std::string name = std::filesystem::path(p).filename().string() + ".";
+    for (auto& e : std::filesystem::directory_iterator(std::filesystem::path(p).parent_path()))
+      n += e.path().filename().string().rfind(name, 0) == 0;
+    return n;
+  };
+  for (const std::string& p : {a, b, c}) std::filesystem::remove_all(p);
+  file_write_atomic(a, [&](std::FILE* f) { file_write(f, "old a", 5, a); });
+  file_write_atomic(b, [&](std::FILE* f) { file_write(f, "old b", 5, b); });
+  {
+    FileSet set("the test");
+    for (const std::string& p : {c, a, b}) file_write(set.open(p), "new", 3, p);
+    std::filesystem::remove(b);
+    std::filesystem::create_directories(b + "/in_the_way");
+    EXPECT_NE(error_of([&] { set.commit(); }).find("nothing was replaced"), std::string::npos);
+  }
+  EXPECT_EQ(slurp(a), "old a");
+  EXPECT_FALSE(std::filesystem::exists(c));
+  for (const std::string& p : {a, b, c}) EXPECT_EQ(beside(p), 0) << p;
+  std::filesystem::remove_all(b);
+  {
+    FileSet set("the test");
+    for (const std::string& p : {a, b}) file_write(set.open(p), "new", 3, p);
+    set.commit({c});
+  }
+  EXPECT_EQ(slurp(a), "new");
+  EXPECT_EQ(slurp(b), "new");
+  EXPECT_EQ(beside(a), 0);
+  {
+    FileSet dropped("the test");  // never committed: nothing changes, no temporary stays
+    file_write(dropped.open(a), "newer", 5, a);
+  }
+  EXPECT_EQ(slurp(a), "new");
+  EXPECT_EQ(beside(a), 0);
+}
+
+// JSON Lines memory is planned before anything is read: with 200 MB to spend, a batch of 8 MB
+// and records up to 64 MB (about 8 bytes per byte) do not fit, so a --max-record of 64 is
+// refused, and the default becomes what fits (17 MB), a longer record a bad one.
+TEST(Data, JsonLinesMemoryIsPlannedBeforeReading) {
+  const std::string in = tmp("plan.jsonl"), out = tmp("plan.bin");
+  std::ofstream(in) << "{\"text\": \"short\"}\n{\"text\": \"" << std::string(18 << 20, 'x') << "\"}\n";
+  DataOptions opt;
+  opt.inputs = {in};
+  opt.output = out;
+  opt.format = "jsonl";
+  opt.threads = 1;
+  opt.quiet = true;
+  opt.memory_bytes = int64_t(200) << 20;
+  opt.memory_from = "the test's";
+  opt.max_record_mb = 64;
+  EXPECT_NE(error_of([&] { data_run(opt); })
+                .find("--max-record 64 MB: a batch of records (8 MB on 1 thread) and one "
+                      "of 64 MB take about 0.6 GiB"),
+            std::string::npos);
+  opt.max_record_mb = 0;
+  EXPECT_NE(error_of([&] { data_run(opt); }).find("line 2 is longer than 17 MB (--max-record)"), std::string::npos);
+  opt.max_record_mb = 19;
+  opt.memory_bytes = -1;  // unknown: as given
+  data_run(opt);
+  EXPECT_EQ(shard_read(out, 256).size(), size_t(5 + (18 << 20)));
+}
+
 TEST(Data, AShardsTokenCountIsCheckedAgainstItsSizeFirst) {
   int32_t header[256] = {};
   header[0] = kShardMagic, header[1] = 1, header[2] = 2147483647;  // 4 GiB of tokens claimed
@@ -250,7 +332,7 @@ TEST(Optim, AdamWMatchesTheFormulaInDouble) {
   for (auto [master, max_norm] : {std::pair{false, 0.0}, {true, 0.0}, {false, 0.25}, {true, 0.25}}) {
     Allocator alloc;
     auto be = cpu_backend(cfg, master ? DType::bf16 : DType::f32, alloc);
-    AdamW opt(*be, opt_chunks(reg, 0), int64_t(reg.numel()), master);
+    AdamW opt(*be, opt_chunks(reg, {0}, 1024, 0), int64_t(reg.numel()), master);
     auto p = test::randn(7, 1), g0 = test::randn(7, 2);
     std::vector<bf16> low(7);
     if (master) std::copy(p.begin(), p.end(), opt.master());
@@ -296,21 +378,26 @@ TEST(Optim, ClipScalesToTheMaxNorm) {
   config_validate(cfg);
   Allocator alloc;
   auto be = cpu_backend(cfg, DType::f32, alloc);
-  OptTable t{opt_chunks(reg, 0), {}};
+  OptTable t{opt_chunks(reg, {0}, 1024, 0), {}};
   std::vector<float> g = {3, 4};
-  double ss = 0;
+  std::array<double, kExactDigits> ss{};  // the sum's digits (runtime/exact_sum.h)
+  auto value = [&] {
+    ExactSum s;
+    s.digits_from(ss.data());
+    return s.value();
+  };
   float scale = 0;
-  be->grad_sum_squares(&ss, g.data(), t);
-  EXPECT_EQ(ss, 25.0);
-  be->clip_scale(&scale, &ss, 1.0);
+  be->grad_sum_squares(ss.data(), g.data(), t);
+  EXPECT_EQ(value(), 25.0);
+  be->clip_scale(&scale, ss.data(), 1.0);
   EXPECT_FLOAT_EQ(scale, float(1.0 / (5.0 + 1e-6)));
-  be->clip_scale(&scale, &ss, 10.0);
+  be->clip_scale(&scale, ss.data(), 10.0);
   EXPECT_EQ(scale, 1.0f);  // below the max: untouched
-  be->clip_scale(&scale, &ss, 0.0);
-  EXPECT_EQ(scale, 1.0f);                  // 0: no clipping
-  OptTable other{opt_chunks(reg, 1), {}};  // tp rank 1 holds a copy of the replicated tensor
-  be->grad_sum_squares(&ss, g.data(), other);
-  EXPECT_EQ(ss, 0.0);
+  be->clip_scale(&scale, ss.data(), 0.0);
+  EXPECT_EQ(scale, 1.0f);                             // 0: no clipping
+  OptTable other{opt_chunks(reg, {0}, 1024, 1), {}};  // tp rank 1 holds a copy of the replicated tensor
+  be->grad_sum_squares(ss.data(), g.data(), other);
+  EXPECT_EQ(value(), 0.0);
 }
 
 TEST(Optim, Schedules) {

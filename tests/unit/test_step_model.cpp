@@ -320,7 +320,7 @@ TEST(StepModel, ClusterFilesSayWhatIsWrong) {
   fails("devices_per_node = 0.5\n" + ok.substr(ok.find("peak")) + "", "`nodes` is missing");
   std::string half = ok;
   half.replace(half.find("devices_per_node = 1"), 20, "devices_per_node = 0.5");
-  fails(half, "`devices_per_node` must be a whole number >= 1");
+  fails(half, "`devices_per_node` must be a whole number from 1 to 1000000");
   fails("memory_gb = -1\n" + ok, "`memory_gb` must be a positive number");
   fails("tree = 1\n" + ok, "`tree` must be true or false");
   std::string bad_tier = ok;

@@ -1,12 +1,20 @@
 // Hugging Face tokenizer.json files on small hand-made tokenizers: the BPE merge order, byte
 // fallback and unknown tokens, Split's behaviours, added and special tokens, invalid UTF-8,
-// NFC, when text may be cut for threads, and the refusals that name what loom lacks (the
+// NFC, when text may be cut for threads, the refusals that name what loom lacks, and POSIX
+// regex left to glibc (the
 // comparison with the reference library on real files is e2e.tokenizers_hf).
+#include <dlfcn.h>
+#include <regex.h>
+
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
+#include "data/token_text.h"
+#include "runtime/config.h"
+#include "runtime/utf8.h"
 #include "testing.h"
 
 using namespace loom;
@@ -116,6 +124,20 @@ TEST(HfTokenizer, InvalidUtf8IsReadAsReplacementCharacters) {
   EXPECT_EQ(t.decode(t.encode("caf\xc3\xa9")), "caf\xc3\xa9");
 }
 
+// One strict reading of UTF-8 for settings, records and tokenizers (runtime/utf8.h): overlong
+// forms, surrogates and code points past U+10FFFF are not UTF-8 anywhere.
+TEST(Utf8, OneStrictReadingEverywhere) {
+  for (const char* bad : {"\xc0\x80", "\xc1\x81", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe6\x97", "\x80"})
+    EXPECT_EQ(utf8_invalid_at(std::string("ok") + bad), 2u) << bad;
+  EXPECT_TRUE(utf8_valid("caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x99\x82 \xf4\x8f\xbf\xbf"));
+  Config cfg = config_defaults();
+  EXPECT_NE(error_of([&] { config_set(cfg, "log.dir=x\xc0\x80"); }).find("not UTF-8 text"), std::string::npos);
+  // An overlong 'A' is two bytes that are not UTF-8 to the pre-tokenizers too, not a letter.
+  EXPECT_EQ(gpt2_pretokenize("a\xc1\x81"
+                             "b"),
+            (Words{"a", "\xc1\x81", "b"}));
+}
+
 TEST(HfTokenizer, NfcComposesWhatItReads) {
   json nfc = {{"normalizer", {{"type", "NFC"}}}, {"model", {{"vocab", {{"\u00e9", 60}}}}}};
   HfTokenizer t(hf_write("nfc", {}, nfc));
@@ -164,4 +186,84 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplementByName) {
               HfTokenizer t(::testing::TempDir() + "no_such_tokenizer.json");
             }).find("tools/tokenizer_files.sh DIR qwen3"),
             std::string::npos);
+}
+
+// A long text's pieces come from the first pre-tokenizer in batches; the others split each
+// batch, and only the first batch opens the text (Metaspace's "first" scheme marks one piece).
+TEST(HfTokenizer, PiecesInBatchesAreThePiecesOfTheWhole) {
+  json seq = {{"pre_tokenizer",
+               {{"type", "Sequence"},
+                {"pretokenizers",
+                 {{{"type", "Split"}, {"pattern", {{"Regex", "[a-z]+|-"}}}, {"behavior", "Isolated"}},
+                  {{"type", "Metaspace"}, {"replacement", "-"}, {"prepend_scheme", "first"}, {"split", false}}}}}}};
+  HfTokenizer t(hf_write("batches", {}, seq));
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += "ab-";  // 6000 pieces: two batches
+  const Words p = t.pieces(text);
+  ASSERT_EQ(p.size(), 6000u);
+  EXPECT_EQ(p[0], "-ab");
+  EXPECT_EQ(std::count_if(p.begin(), p.end(), [](const std::string& w) { return w.size() == 3; }), 1);
+}
+
+// A word longer than 256 bytes (no pre-tokenizer: the whole text) is merged in the parts no
+// token joins: the ids of the whole word, here [a-b] each time and never a, -, b.
+TEST(HfTokenizer, ALongWordSplitsOnlyWhereNoTokenJoins) {
+  HfTokenizer t(hf_write("long", {{"a", "-"}, {"a-", "b"}, {"b", "b"}}));
+  const int32_t a_b = 33, bb = 34;  // "a-" is 32
+  std::string word;
+  for (int i = 0; i < 200; ++i) word += "a-b";
+  EXPECT_EQ(t.encode(word), Ids(200, a_b));
+  EXPECT_EQ(t.encode("bbbb" + word.substr(0, 297)), ([&] {
+              Ids ids{bb, bb};
+              ids.insert(ids.end(), 99, a_b);
+              return ids;
+            }()));
+}
+
+// Each thread's clone matches with regular expressions of its own (an Oniguruma region is
+// scratch space written on every search): clones on four threads at once give the ids one
+// tokenizer gives alone.
+TEST(HfTokenizer, ClonesOnThreadsAtOnceGiveTheIdsOfOne) {
+  json regex = {{"pre_tokenizer",
+                 {{"type", "Split"},
+                  {"pattern", {{"Regex", R"(\p{L}+|\s*[\r\n]+|\s+(?!\S)|\s+|[^\s\p{L}]+)"}}},
+                  {"behavior", "Isolated"}}}};
+  HfTokenizer t(hf_write("threads", {{"a", "b"}, {"c", "d"}, {"ab", "cd"}}, regex));
+  std::vector<std::string> texts;
+  for (int k = 0; k < 4; ++k) {
+    std::string s;
+    for (int i = 0; i < 20000; ++i)
+      s += std::string(size_t(1 + (i * 7 + k) % 5), char('a' + (i + k) % 6)) + " -\n"[i % 3];
+    texts.push_back(s);
+  }
+  std::vector<Ids> alone;
+  for (const std::string& s : texts) alone.push_back(t.encode(s));
+  std::vector<Ids> together(texts.size());
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < texts.size(); ++k)
+    threads.emplace_back([&, k, clone = t.clone()] {
+      for (int round = 0; round < 3; ++round) together[k] = clone->encode(texts[k]);
+    });
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(together, alone);
+}
+
+// libonig (linked for the tokenizers' expressions) exports POSIX's regcomp and regexec too; a
+// program's calls must reach glibc's, the pair that compiled the pattern (Oniguruma's regexec
+// on glibc's pattern hung gtest's death tests). Fails when libonig comes first in the lookup.
+TEST(Regex, PosixIsGlibcs) {
+  const Regex words(" ?\\p{L}+");  // Oniguruma loaded
+  int n = 0;
+  words.each_match("two words", [&](size_t, size_t) { ++n; });
+  EXPECT_EQ(n, 2);
+  for (void* fn : {reinterpret_cast<void*>(&regcomp), reinterpret_cast<void*>(&regexec)}) {
+    Dl_info info{};
+    ASSERT_NE(dladdr(fn, &info), 0);
+    EXPECT_NE(std::string(info.dli_fname).find("libc.so"), std::string::npos) << info.dli_fname;
+  }
+  regex_t re;
+  ASSERT_EQ(regcomp(&re, "heap-buffer-(over|under)flow", REG_EXTENDED | REG_NOSUB), 0);
+  EXPECT_EQ(regexec(&re, "==1==ERROR: heap-buffer-overflow on address", 0, nullptr, 0), 0);
+  EXPECT_EQ(regexec(&re, "data race", 0, nullptr, 0), REG_NOMATCH);
+  regfree(&re);
 }

@@ -4,7 +4,8 @@
 # one-line documents (edge cases and English) as JSON Lines; each document's ids must be
 # spm_encode's for its line, opened by <s>. A file that is not a SentencePiece model is
 # refused, and so is a tokenizer.json model loom does not implement, by name. A run on the BPE
-# model's shard takes its vocabulary, exports tokenizer.model, and generate uses it unasked.
+# model's shard takes its vocabulary, exports tokenizer.model, and generate uses it unasked. A
+# copied binary beside a libloom_spm.so of another interface refuses it by name.
 #   compare_spm.sh LOOM
 set -euo pipefail
 loom=$1
@@ -71,4 +72,13 @@ printf '{"model": {"type": "WordPiece", "vocab": {"a": 0}}}' > "$dir/wp.json"
 "$loom" data --tokenizer hf --tokenizer-file "$dir/wp.json" "$dir/docs.txt" "$dir/x.bin" > /dev/null 2> "$dir/err" &&
   { echo "FAIL: a WordPiece tokenizer was read"; fails=$((fails + 1)); }
 grep -q "the tokenizer's model is WordPiece; loom implements BPE" "$dir/err" || { cat "$dir/err"; fails=$((fails + 1)); }
+# A copied binary beside a libloom_spm.so of another interface: refused naming it, never called.
+mkdir "$dir/copy"
+cp "$loom" "$dir/copy/loom"
+printf 'int loom_spm_abi(void) { return 999; }\n' > "$dir/abi.c"
+cc -shared -fPIC -o "$dir/copy/libloom_spm.so" "$dir/abi.c"
+"$dir/copy/loom" data --tokenizer spm --tokenizer-file "$dir/bpe.model" "$dir/docs.txt" "$dir/x.bin" > /dev/null \
+  2> "$dir/err" && { echo "FAIL: a wrapper of another interface was used"; fails=$((fails + 1)); }
+grep -q "libloom_spm.so' is loom's SentencePiece wrapper of another build (interface 999" "$dir/err" ||
+  { cat "$dir/err"; fails=$((fails + 1)); }
 exit $((fails > 0))
