@@ -89,7 +89,29 @@ int plan_memory(const PlanArgs& a) {
     return 0;
   }
   std::vector<std::string> sets = a.mem_config.sets;
-  if (a.dp > 0) sets.push_back(fmt::format("parallel.dp={}", a.dp));
+  std::string assumed;
+  if (a.dp > 0) {
+    sets.push_back(fmt::format("parallel.dp={}", a.dp));
+    // --dp keeps the config's micro-batches per rank: its global batch grows with the ranks
+    // (a batch sized for one GPU would not divide over 8), unless --set names one.
+    Config raw = config_defaults();
+    if (!a.mem_config.path.empty()) config_load_file(raw, a.mem_config.path);
+    bool batch_given = false;
+    for (auto& s : a.mem_config.sets) {
+      config_set(raw, s);
+      batch_given |= s.rfind("train.global_batch=", 0) == 0;
+    }
+    const int micro = std::max(1, raw.train.micro_batch),
+              accum = std::max(1, raw.train.global_batch / (micro * std::max(1, raw.parallel.dp)));
+    const int64_t batch = int64_t(accum) * micro * a.dp;
+    if (!batch_given && batch != raw.train.global_batch && batch <= (int64_t(1) << 30)) {
+      sets.push_back(fmt::format("train.global_batch={}", batch));
+      assumed = fmt::format(
+          "global batch {} sequences: the config's {} micro-batch{} of {} a step on each of --dp {} ranks (--set "
+          "train.global_batch=N plans another)\n",
+          batch, accum, accum == 1 ? "" : "es", micro, a.dp);
+    }
+  }
   Config cfg = config_build(a.mem_config.path, sets);
 #if LOOM_HAVE_CUDA
   const int gpus = cuda_device_count();
@@ -120,7 +142,7 @@ int plan_memory(const PlanArgs& a) {
   if (a.mem_json)
     fmt::print("{}\n", plan_memory_json(cfg, device, dtype));
   else
-    fmt::print("planned for {} ({}): {}\n{}\n", device_name(device), dtype_name(dtype), why,
+    fmt::print("planned for {} ({}): {}\n{}{}\n", device_name(device), dtype_name(dtype), why, assumed,
                plan_memory_table(cfg, device, dtype));
   return 0;
 }

@@ -6,6 +6,7 @@
 
 #include "data/inputs_check.h"
 #include "launch/command.h"
+#include "launch/log_dir.h"
 #include "runtime/mesh.h"
 #include "train/divergence.h"
 #include "train/stop.h"
@@ -50,6 +51,22 @@ std::optional<Config> config_agreed(const std::string& path, const std::vector<s
   if (refused) std::rethrow_exception(refused);
   return cfg;
 }
+
+// One run per log directory (launch/log_dir.h). Rank 0, which writes the metrics, decides, and
+// every rank takes its answer: traces and flight records go into the same directory.
+LogDirChoice log_dir_agreed(const Config& cfg, const TrainOptions& topt) {
+  LogDirChoice choice;
+  if (topt.world_rank == 0) choice = log_dir_choose(cfg.log.dir, run_continues(cfg));
+#if LOOM_HAVE_MPI
+  if (topt.use_mpi && topt.world_size > 1) {
+    int n = int(choice.dir.size());
+    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    choice.dir.resize(size_t(n));
+    MPI_Bcast(choice.dir.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  }
+#endif
+  return choice;  // the note, rank 0's, is said beside the metrics' path once the run is set up
+}
 }  // namespace
 
 void cmd_train_add(CLI::App& app, Commands& out) {
@@ -86,21 +103,25 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                    if (!a->kill_in_save.empty()) sets.push_back("fault.kill=" + a->kill_in_save + ":checkpoint");
                    const std::optional<Config> agreed = config_agreed(a->config.path, sets, topt, a->print_config);
                    if (!agreed) return 2;
-                   const Config& cfg = *agreed;
                    if (a->print_config) {
-                     fmt::print("{}\n", config_to_toml(cfg));
+                     fmt::print("{}\n", config_to_toml(*agreed));
                      return 0;
                    }
+                   Config cfg = *agreed;
+                   const LogDirChoice logs = log_dir_agreed(cfg, topt);
+                   cfg.log.dir = logs.dir;
                    for (const std::string& note : data_inputs_check(cfg))  // (eval reads one file as both on purpose)
                      if (topt.world_rank == 0) spdlog::warn("{}", note);
                    stop_signals_install(cfg.fault.grace_s);  // SIGINT / SIGTERM: stop at the next step boundary
                    TrainOptions run_opt = topt;
                    run_opt.verbose = a->verbose;
+                   run_opt.log_note = logs.note;
                    try {
                      const TrainResult r = train_run(cfg, run_opt);
                      return r.stopped_by ? kExitStopped : 0;
                    } catch (const Diverged& e) {  // every rank decided it alike: one says so
-                     if (topt.world_rank == 0) fmt::print(stderr, "error: {}\n", e.what());
+                     if (topt.world_rank == 0) fmt::print(stderr, "error: {}
+", e.what());
                      return kExitDiverged;
                    }
                  }});

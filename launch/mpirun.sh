@@ -7,6 +7,7 @@
 # as the same stop request. So mpirun runs in a session of its own (the terminal's Ctrl-C reaches
 # only this script), the first SIGINT/SIGTERM goes on to it as SIGUSR1 (the ranks stop at the next
 # step boundary, export and exit 75, and so does this script), and a second as SIGTERM (end now).
+# loom's log then names the Ctrl-C, and Open MPI's notice of a non-zero exit stays out of it.
 set -euo pipefail
 np=1
 args=("$@")
@@ -20,14 +21,49 @@ extra=(--bind-to none -x OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}")
 physical=$(lscpu -p=CORE,SOCKET 2> /dev/null | grep -v '^#' | sort -u | wc -l)
 (( np > cores || np > ${physical:-0} )) && extra+=(--oversubscribe)
 [ "$(id -u)" -eq 0 ] && extra+=(--allow-run-as-root)
+# What the user did, for loom's log (the ranks see only SIGUSR1; LOOM_STOP_CAUSE names this file),
+# and a pipe for mpirun's stderr through the filter below.
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/loom-mpirun.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+cause=$tmp/stop_cause
+: > "$cause"
+mkfifo "$tmp/stderr"
+extra+=(-x LOOM_STOP_CAUSE="$cause")
 job="" stops=0 signalled=0
-on_stop() {
+on_stop() {  # on_stop INT|TERM
   signalled=1 stops=$((stops + 1))
+  if [ "$stops" -eq 1 ]; then
+    what=SIGTERM
+    [ "$1" = INT ] && what=Ctrl-C
+    echo "$what to launch/mpirun.sh" > "$cause"
+    echo "launch/mpirun.sh: $what: the ranks stop at the next step boundary (again: end them now)" >&2
+  fi
   [ -n "$job" ] || return 0
   if [ "$stops" -eq 1 ]; then kill -USR1 "$job" 2> /dev/null; else kill -TERM "$job" 2> /dev/null; fi
 }
-trap on_stop INT TERM
-setsid mpirun "${extra[@]}" "$@" < /dev/null &
+trap 'on_stop INT' INT
+trap 'on_stop TERM' TERM
+# mpirun's stderr, as it comes, but for Open MPI's notices that a rank exited non-zero when that
+# was loom's stop status (75) after a stop this script passed on: a clean stop, not a failure.
+# Its blocks sit between lines of dashes; the "terminated normally, but" one is held until the
+# next says which status. The filter ignores the signals, so it outlives a Ctrl-C to the group.
+filter='
+function stopping(  line, got) { got = (getline line < cause) > 0 && line != ""; close(cause); return got }
+function out(text) { printf "%s", text; fflush() }
+function release() { if (held != "") out(held); held = "" }
+function judge(b) {
+  if (b ~ /terminated normally, but/ && stopping()) { held = b; return }
+  if (b ~ /exited with non-zero status/ && b ~ /Exit code: *75\n/ && stopping()) { held = ""; return }
+  release(); out(b)
+}
+/^-+$/ && length($0) >= 40 { if (!inside) { inside = 1; block = $0 "\n" } else { inside = 0; judge(block $0 "\n") } next }
+inside { block = block $0 "\n"; next }
+/^mpirun: Forwarding signal/ && stopping() { next }
+{ release(); out($0 "\n") }
+END { release(); if (inside) out(block) }'
+(trap '' INT TERM; exec awk -v cause="$cause" "$filter" < "$tmp/stderr" >&2) &
+filter_pid=$!
+setsid mpirun "${extra[@]}" "$@" < /dev/null 2> "$tmp/stderr" &
 job=$!
 [ "$stops" -eq 0 ] || kill -USR1 "$job" 2> /dev/null  # a signal that came while it started
 set +e
@@ -38,4 +74,5 @@ while :; do
   # A trapped signal ends `wait` early: wait again while mpirun lives (a zombie still answers).
   [ "$signalled" -eq 1 ] && kill -0 "$job" 2> /dev/null || break
 done
+while ! wait "$filter_pid" && kill -0 "$filter_pid" 2> /dev/null; do :; done  # its last lines out first
 exit "$status"

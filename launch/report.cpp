@@ -1,6 +1,7 @@
 #include "launch/report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <functional>
 #include <sstream>
 
+#include "launch/log_dir.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 #include "runtime/json_read.h"
@@ -82,13 +84,20 @@ struct Series {
 
 constexpr double W = 560, H = 300, L = 64, R = 16, T = 34, B = 40;
 
+// A chart wide enough for its title (13 px bold: at most about 0.62 em a character), so that no
+// title is cut at the chart's edge.
+double title_width(const std::string& title) {
+  return L + 0.62 * 13 * double(title.size()) + R;
+}
+
 // A line chart of several series over a shared x axis.
 std::string svg_lines(const std::string& title, const std::string& xlabel, const std::vector<Series>& series) {
   // Several series: their legend in rows of three under the chart, off the data.
   constexpr int kPerRow = 3;
   const int legend_rows = series.size() > 1 ? int((series.size() + kPerRow - 1) / kPerRow) : 0;
   const double height = H + 16 * legend_rows + (legend_rows ? 6 : 0);
-  std::string out = svg_open(W, height) +
+  const double w = std::max(W, title_width(title));
+  std::string out = svg_open(w, height) +
                     fmt::format("<text x='{}' y='18' font-size='13' font-weight='bold'>{}</text>", L, escape(title));
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
   for (auto& s : series)
@@ -100,18 +109,18 @@ std::string svg_lines(const std::string& title, const std::string& xlabel, const
   const bool flat = y1 - y0 <= 1e-9 * std::max(std::abs(y0), std::abs(y1));
   const double pad = !flat ? 0.05 * (y1 - y0) : std::max(1e-9, 0.05 * std::abs(y0));
   y0 -= pad, y1 += pad;
-  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (w - L - R); };
   auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
   out +=
-      fmt::format("<rect x='{}' y='{}' width='{}' height='{}' fill='none' stroke='#999'/>", L, T, W - L - R, H - T - B);
+      fmt::format("<rect x='{}' y='{}' width='{}' height='{}' fill='none' stroke='#999'/>", L, T, w - L - R, H - T - B);
   for (double t : ticks(y0, y1))
     out += fmt::format(
         "<line x1='{0}' x2='{1}' y1='{2:.1f}' y2='{2:.1f}' stroke='#eee'/><text x='{3}' y='{4:.1f}' "
         "text-anchor='end'>{5}</text>",
-        L, W - R, py(t), L - 4, py(t) + 4, tick_label(t));
+        L, w - R, py(t), L - 4, py(t) + 4, tick_label(t));
   for (double t : ticks(x0, x1))
     out += fmt::format("<text x='{:.1f}' y='{}' text-anchor='middle'>{}</text>", px(t), H - B + 14, tick_label(t));
-  out += fmt::format("<text x='{}' y='{}' text-anchor='middle'>{}</text>", (L + W - R) / 2, H - 6, escape(xlabel));
+  out += fmt::format("<text x='{}' y='{}' text-anchor='middle'>{}</text>", (L + w - R) / 2, H - 6, escape(xlabel));
   for (size_t i = 0; i < series.size(); ++i) {
     std::string pts;
     for (auto [x, y] : series[i].xy)
@@ -122,7 +131,7 @@ std::string svg_lines(const std::string& title, const std::string& xlabel, const
                              pts.substr(pts.find(',') + 1))
                : fmt::format("<polyline fill='none' stroke='{}' stroke-width='1.5' points='{}'/>", c, pts);
     if (series.size() > 1) {
-      const double lx = L + double(i % kPerRow) * (W - L - R) / kPerRow, ly = H + 8 + 16 * double(i / kPerRow);
+      const double lx = L + double(i % kPerRow) * (w - L - R) / kPerRow, ly = H + 8 + 16 * double(i / kPerRow);
       out += fmt::format("<rect x='{}' y='{}' width='10' height='3' fill='{}'/><text x='{}' y='{}'>{}</text>", lx,
                          ly - 4, c, lx + 14, ly, escape(series[i].name));
     }
@@ -138,7 +147,7 @@ struct Bar {
 // Stacked bars: one per Bar, its parts stacked in the order of `parts`.
 std::string svg_stacked(const std::string& title, const std::string& unit, const std::vector<std::string>& parts,
                         const std::vector<Bar>& bars) {
-  const double w = std::max(W, L + R + 150 + 90 * double(bars.size()));
+  const double w = std::max({W, L + R + 150 + 90 * double(bars.size()), title_width(title)});
   std::string out =
       svg_open(w, H) + fmt::format("<text x='{}' y='18' font-size='13' font-weight='bold'>{}</text>", L, escape(title));
   double top = 0;
@@ -186,9 +195,40 @@ Series series_of(const RunRecord& r, const std::function<double(const nlohmann::
   return s;
 }
 
+// A run's tokens/s and MFU as its summary computes them: the tokens of the timed steps over
+// their time (each step's own rate weighted by its time).
+struct RunRates {
+  double tokens_per_s = 0, mfu = 0;
+  std::vector<int64_t> timed;
+};
+RunRates run_rates(const RunRecord& r) {
+  RunRates out;
+  double ms = 0, tokens = 0, flops = 0;
+  for (auto& [step, j] : r.steps) {
+    const double t = num_or(j, "step_ms");
+    if (r.warmup.count(step) || !(t > 0)) continue;
+    out.timed.push_back(step);
+    ms += t, tokens += num_or(j, "tokens_per_s") * t, flops += num_or(j, "mfu") * t;
+  }
+  if (ms > 0) out.tokens_per_s = tokens / ms, out.mfu = flops / ms;
+  return out;
+}
+
+// "2-30", or "2-10, 12-30" where a restart's warm-up step sits between.
+std::string steps_text(const std::vector<int64_t>& steps) {
+  std::string out;
+  for (size_t i = 0; i < steps.size();) {
+    size_t j = i;
+    while (j + 1 < steps.size() && steps[j + 1] == steps[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + (j > i ? fmt::format("{}-{}", steps[i], steps[j]) : fmt::format("{}", steps[i]));
+    i = j + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
-RunRecord report_read(const std::string& dir) {
+std::vector<RunRecord> report_read(const std::string& dir) {
   RunRecord r;
   r.dir = dir;
   r.name = std::filesystem::path(dir).lexically_normal().filename().string();
@@ -196,10 +236,11 @@ RunRecord report_read(const std::string& dir) {
   const std::string metrics = dir + "/metrics.jsonl";
   std::error_code ec;
   LOOM_CHECK(std::filesystem::exists(metrics, ec) || std::filesystem::is_symlink(metrics, ec),
-             "'{}' has no metrics.jsonl; give loom report the log.dir of a run", dir);
+             "'{}' has no metrics.jsonl; give loom report the log.dir of a run, or a directory of them", dir);
   std::istringstream in(input_read_all(metrics, "the run's metrics", int64_t(4) << 30));
   std::string line;
-  bool fresh_run = false;
+  std::vector<RunRecord> runs;
+  bool fresh_run = true;  // the first step line after a header (or the file's first) is a warm-up
   int64_t lines = 0, records = 0;  // a wholly damaged file is said to be, not "no step yet"
   for (int n = 1; std::getline(in, line); ++n) {
     lines += !line.empty();
@@ -219,9 +260,18 @@ RunRecord report_read(const std::string& dir) {
     }
     if (!j.contains("step") || !j["step"].is_number_integer()) continue;
     const int64_t step = j["step"].get<int64_t>();
-    if (fresh_run) {  // a rerun from step 1 replaces everything; a resume from step k keeps 1..k-1
+    if (fresh_run && j.contains("loss")) {
+      // A run from step 1 after steps of another (logs from before each run had a directory of
+      // its own) is a run of its own; a resume from step k replaces k onwards and keeps 1..k-1.
+      if (step <= 1 && !r.steps.empty()) {
+        runs.push_back(std::move(r));
+        r = RunRecord{};
+        r.dir = runs.back().dir, r.name = runs.back().name;
+      }
       r.steps.erase(r.steps.lower_bound(step), r.steps.end());
       r.val.erase(r.val.lower_bound(step), r.val.end());
+      r.warmup.erase(r.warmup.lower_bound(step), r.warmup.end());
+      r.warmup.insert(step);
       fresh_run = false;
     }
     if (j.contains("loss")) r.steps[step] = j;
@@ -231,10 +281,36 @@ RunRecord report_read(const std::string& dir) {
              "'{}/metrics.jsonl' holds {} line{} and none is a record loom writes (a JSON object per line): it is "
              "damaged, or not a run's metrics",
              dir, lines, lines == 1 ? "" : "s");
-  LOOM_CHECK(!r.steps.empty(), "'{}/metrics.jsonl' holds no step yet", dir);
-  r.config = text_of(dir + "/config.toml");
-  r.facts = text_of(dir + "/run.json");
-  return r;
+  LOOM_CHECK(!r.steps.empty() || !runs.empty(), "'{}/metrics.jsonl' holds no step yet", dir);
+  if (!r.steps.empty()) runs.push_back(std::move(r));
+  // config.toml and run.json are the last run's.
+  runs.back().config = text_of(dir + "/config.toml");
+  runs.back().facts = text_of(dir + "/run.json");
+  if (runs.size() > 1)
+    for (size_t i = 0; i < runs.size(); ++i) runs[i].name += fmt::format(" (run {})", i + 1);
+  return runs;
+}
+
+std::vector<std::string> report_dirs(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/metrics.jsonl", ec) || std::filesystem::is_symlink(dir + "/metrics.jsonl", ec) ||
+      !std::filesystem::is_directory(dir, ec))
+    return {dir};
+  // A directory of runs (runs/, with default, default-2, ...): each one that holds metrics, in
+  // order of name, numbers by value (default-2 before default-10).
+  std::vector<std::string> out;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (std::filesystem::exists(it->path() / "metrics.jsonl", ec)) out.push_back(it->path().string());
+  auto key = [](const std::string& p) {
+    const std::string name = std::filesystem::path(p).filename().string();
+    const size_t dash = name.find_last_of('-');
+    const bool numbered = dash != std::string::npos && dash + 1 < name.size() && dash + 10 > name.size() &&
+                          name.find_first_not_of("0123456789", dash + 1) == std::string::npos;
+    return numbered ? std::pair<std::string, int64_t>{name.substr(0, dash), std::stoll(name.substr(dash + 1))}
+                    : std::pair<std::string, int64_t>{name, 1};
+  };
+  std::sort(out.begin(), out.end(), [&](const std::string& a, const std::string& b) { return key(a) < key(b); });
+  return out.empty() ? std::vector<std::string>{dir} : out;
 }
 
 std::string report_html(const std::vector<RunRecord>& runs) {
@@ -302,17 +378,20 @@ std::string report_html(const std::vector<RunRecord>& runs) {
       "td,th{{padding:2px 10px;text-align:right}} th{{background:#eee}}</style></head><body>"
       "<h1>loom report</h1><p>{}</p>",
       escape(names), escape(names));
-  // A table of each run's last step.
+  // A row a run, summarised as the run summary does: the last losses, and tokens/s and MFU over
+  // the steps timed (each start's first step is a warm-up), which it names.
   html +=
       "<table><tr><th>run</th><th>steps</th><th>last loss</th><th>last val loss</th><th>tokens/s</th><th>MFU</th>"
-      "<th>gap to prediction</th></tr>";
+      "<th>timed steps</th><th>gap to prediction</th></tr>";
   for (auto& r : runs) {
-    const auto& last = r.steps.rbegin()->second;
+    const RunRates rates = run_rates(r);
     html += fmt::format(
-        "<tr><td>{}</td><td>{}</td><td>{:.4f}</td><td>{}</td><td>{:.0f}</td><td>{:.2f}%</td><td>{}</td></tr>",
-        escape(r.name), r.steps.rbegin()->first, num_or(last, "loss", NAN),
-        r.val.empty() ? std::string("-") : fmt::format("{:.4f}", r.val.rbegin()->second), num_or(last, "tokens_per_s"),
-        100 * num_or(last, "mfu"),
+        "<tr><td>{}</td><td>{}</td><td>{:.4f}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        escape(r.name), r.steps.rbegin()->first, num_or(r.steps.rbegin()->second, "loss", NAN),
+        r.val.empty() ? std::string("-") : fmt::format("{:.4f}", r.val.rbegin()->second),
+        rates.timed.empty() ? std::string("-") : fmt::format("{:.0f}", rates.tokens_per_s),
+        rates.timed.empty() ? std::string("-") : fmt::format("{:.1f}%", 100 * rates.mfu),
+        rates.timed.empty() ? std::string("none (one step: a warm-up)") : steps_text(rates.timed),
         r.split.is_null()                 ? std::string("-")
         : text_or(r.split, "gap").empty() ? std::string("none")
                                           : escape(text_or(r.split, "gap")));
@@ -325,7 +404,8 @@ std::string report_html(const std::vector<RunRecord>& runs) {
   html += lines("learning rate", [](const nlohmann::json& j) { return num_or(j, "lr", NAN); });
   html += lines("gradient norm", [](const nlohmann::json& j) { return num_or(j, "grad_norm", NAN); });
   html += svg_stacked("mean step split (ms)", "ms", parts, split);
-  html += svg_stacked("memory, rank 0 (MiB): ledger at the last step, its peak, resident peak", "MiB", mem_parts, mem);
+  html += svg_stacked("memory, rank 0 (MiB): the ledger at the last step, its peak, the resident peak", "MiB",
+                      mem_parts, mem);
   html += "</div>";
   for (auto& r : runs)
     html += fmt::format(
@@ -339,12 +419,20 @@ std::string report_html(const std::vector<RunRecord>& runs) {
 void report_write(const std::vector<std::string>& dirs, const std::string& out) {
   LOOM_CHECK(!dirs.empty(), "loom report needs at least one run directory (a log.dir)");
   std::vector<RunRecord> runs;
-  for (auto& d : dirs) runs.push_back(report_read(d));
+  std::vector<std::string> later;  // runs in numbered siblings of a directory named alone
+  for (auto& given : dirs) {
+    const std::vector<std::string> each = report_dirs(given);
+    for (auto& d : each)
+      for (RunRecord& r : report_read(d)) runs.push_back(std::move(r));
+    if (each.size() == 1 && each[0] == given)
+      for (auto& d : log_dir_family(given))
+        if (d != log_dir_family(given).front() && log_dir_holds_run(d)) later.push_back(d);
+  }
   // Runs with the same last path component (runs/a/x, runs/b/x) are named by their whole path.
   std::map<std::string, int> named;
   for (auto& r : runs) ++named[r.name];
   for (auto& r : runs)
-    if (named[r.name] > 1) r.name = r.dir;
+    if (named[r.name] > 1) r.name = r.dir + r.name.substr(std::min(r.name.size(), r.name.find(" (run ")));
   const std::string html = report_html(runs);
   // No --out: report.html, or report-2.html, -3, ... where it exists (an earlier report stays).
   std::string path = out;
@@ -356,6 +444,9 @@ void report_write(const std::vector<std::string>& dirs, const std::string& out) 
   file_write_atomic(
       path, [&](std::FILE* f) { file_write(f, html.data(), html.size(), path); }, "--out");
   fmt::print("wrote {} ({} run{}, {:.0f} KB)\n", path, runs.size(), runs.size() == 1 ? "" : "s", html.size() / 1e3);
+  if (!later.empty())
+    fmt::print("not drawn: {} (later runs given the same log.dir; name them too, or their parent directory)\n",
+               fmt::join(later, ", "));
 }
 
 }  // namespace loom

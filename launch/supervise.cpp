@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "launch/log_dir.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 #include "train/fault.h"
@@ -141,7 +142,11 @@ std::vector<std::string> command_now(const std::vector<std::string>& command, co
 
 // Whether run `restart` of the job has written its hang verdict (in its log.dir's flight
 // directory, naming the run that judged).
-bool verdict_of(const std::string& log_dir, int restart) {
+bool verdict_of(const std::string& given, int restart) {
+  // The run writes the newest of log.dir's numbered family (launch/log_dir.h): another run's
+  // logs in log.dir move a new run to log.dir-2.
+  const std::vector<std::string> family = log_dir_family(given);
+  const std::string log_dir = family.empty() ? given : family.back();
   std::ifstream in(log_dir + "/flight/verdict.run");
   int run = -1;
   return in >> run && run == restart && std::filesystem::exists(log_dir + "/flight/verdict.txt");

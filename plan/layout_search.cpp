@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <filesystem>
 
@@ -13,6 +15,7 @@
 #include "parallel/pipeline_split.h"
 #include "plan/memory.h"
 #include "runtime/error.h"
+#include "runtime/metrics.h"
 
 namespace loom {
 
@@ -90,7 +93,13 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
     std::exception_ptr error;  // raised inside the parallel loop, rethrown after it
   };
   std::vector<Verdict> verdicts(all.size());
-  const bool progress = ::isatty(2) && all.size() > 200;
+  // Progress on stderr in every case: on a terminal one line rewritten, elsewhere (a log, a
+  // pipe) a line at each tenth; then how long the search took.
+  const bool tty = ::isatty(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const size_t tenth = std::max<size_t>(1, all.size() / 10);
+  if (!tty) fmt::print(stderr, "plan layout: judging {} layouts on {} threads\n", all.size(), omp_get_max_threads());
   std::atomic<size_t> done{0};
 #pragma omp parallel for schedule(dynamic, 4)
   for (size_t i = 0; i < all.size(); ++i) {
@@ -126,12 +135,15 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
       }
     }
     const size_t n = ++done;
-    if (progress && n % 100 == 0) {
+    if (tty ? n % 100 == 0 : n % tenth == 0 && n < all.size()) {
 #pragma omp critical(layout_progress)
-      fmt::print(stderr, "\rlayouts: {} of {} judged", n, all.size());
+      fmt::print(stderr, "{}layouts: {} of {} judged ({:.1f} s){}", tty ? "\r" : "", n, all.size(), seconds(),
+                 tty ? "" : "\n");
     }
   }
-  if (progress) fmt::print(stderr, "\r{:40}\r", "");
+  if (tty) fmt::print(stderr, "\r{:50}\r", "");
+  fmt::print(stderr, "plan layout: {} layouts judged in {:.1f} s on {} threads\n", all.size(), seconds(),
+             omp_get_max_threads());
   for (Verdict& d : verdicts)
     if (d.error) std::rethrow_exception(d.error);  // the first in order: the same on any thread count
   for (Verdict& d : verdicts) {
@@ -227,11 +239,12 @@ std::string plan_layout_json(const LayoutSearch& s, int top) {
 std::string step_prediction_text(const Config& c, const Cluster& cl, const StepPrediction& p) {
   const int world = c.world();
   return fmt::format(
-      "{} on {} ({} ranks of {})\npredicted step {:.4g} ms: compute {:.4g}, exposed comm {:.4g} (tp {:.4g}, ep "
-      "{:.4g}, cp {:.4g}, pp {:.4g}, dp {:.4g} of {:.4g} moved), bubble {:.4g}, optimizer {:.4g}\n"
+      "{} on {} ({} ranks of {})\npredicted step {} ms: compute {}, exposed comm {} (tp {}, ep "
+      "{}, cp {}, pp {}, dp {} of {} moved), bubble {}, optimizer {}\n"
       "{:.1f} tokens/s, MFU {:.1f}%, memory {} on the fullest rank{}\n{}\n",
-      layout_name(c), cl.name, world, devices_text(cl), 1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.tp,
-      1e3 * p.ep, 1e3 * p.cp, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, 1e3 * p.bubble, 1e3 * p.optimizer,
+      layout_name(c), cl.name, world, devices_text(cl), ms_text(1e3 * p.step), ms_text(1e3 * p.compute),
+      ms_text(1e3 * p.comm_exposed), ms_text(1e3 * p.tp), ms_text(1e3 * p.ep), ms_text(1e3 * p.cp), ms_text(1e3 * p.pp),
+      ms_text(1e3 * p.dp), ms_text(1e3 * p.dp_total), ms_text(1e3 * p.bubble), ms_text(1e3 * p.optimizer),
       p.tokens_per_s, 100 * p.mfu, bytes_text(double(p.memory_bytes)),
       p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)), cluster_rates(cl).describe);
 }

@@ -151,7 +151,7 @@ std::vector<Field> fields_of(Config& c) {
       {"fault.sdc_every", &c.fault.sdc_every, "every k steps recompute the gradients and compare bitwise (0: off)"},
       {"init.from", &c.init_from, "start from these weights (safetensors, Hugging Face names)"},
       {"export.final", &c.export_final, "write the final weights here (safetensors)"},
-      {"log.dir", &c.log.dir, "where metrics.jsonl and traces go"},
+      {"log.dir", &c.log.dir, "where metrics.jsonl and traces go (one run a directory: DIR-2, ... for the next)"},
       {"log.every", &c.log.every, "console progress line every N steps"},
       {"log.trace", &c.log.trace, "write a Chrome trace per rank"},
       {"log.tensorboard", &c.log.tensorboard, "write TensorBoard event files (every step's scalars) into log.dir"},

@@ -148,7 +148,7 @@ std::string split_table(const StepSplit& predicted, const StepSplit& measured) {
   std::string out;
   for (const Term& t : kTerms) {
     const double p = predicted.*t.ms, m = measured.*t.ms;
-    out += fmt::format("\n  {:<14} {:>10} {:>10.4g} {:>8}", t.name, t.modelled ? fmt::format("{:.4g}", p) : "-", m,
+    out += fmt::format("\n  {:<14} {:>10} {:>10} {:>8}", t.name, t.modelled ? ms_text(p) : "-", ms_text(m),
                        !t.modelled ? "(not modelled)"
                        : p > 0     ? fmt::format("{:.2f}x", m / p)
                                    : std::string("-"));
@@ -168,6 +168,13 @@ void step_rates(StepMetrics& m, int64_t step, int64_t steps, int64_t tokens_per_
   m.tokens_per_s = double(tokens_per_step) / (m.step_ms / 1e3);
   m.mfu = peak > 0 ? m.tokens_per_s * flops_model / peak : 0.0;
   m.hfu = peak > 0 ? m.tokens_per_s * flops_hardware / peak : 0.0;
+}
+
+std::string ms_text(double ms) {
+  if (!std::isfinite(ms)) return "-";
+  if (ms == 0) return "0";
+  const double a = std::abs(ms);
+  return fmt::format("{:.{}f}", ms, a >= 1000 ? 0 : a >= 100 ? 1 : a >= 10 ? 2 : 3);
 }
 
 std::string format_duration(double s) {

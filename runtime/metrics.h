@@ -95,6 +95,8 @@ int64_t rss_peak_bytes();
 // step number: a resumed run starts past step 0.
 double eta_seconds(double elapsed_s, int64_t steps_run, int64_t steps_left);
 std::string format_duration(double seconds);
+// Milliseconds with about 4 significant digits and never an exponent: 0.849, 60.05, 14210.
+std::string ms_text(double ms);
 // A double as metrics.jsonl writes it: the shortest text that reads back as the same double, or
 // null where it is not finite.
 std::string json_number(double v);

@@ -144,7 +144,7 @@ std::string Trainer::Parts::summary() const {
       "run summary: {} of {} steps{} in {:.1f} s{}", r.steps_done, cfg.train.steps,
       start_step > 0 ? fmt::format(" (this run: {} to {}, resumed at {})", start_step + 1, r.steps_done, start_step)
                      : std::string(),
-      r.seconds, r.stopped_by ? fmt::format(" (stopped by {})", stop_signal_name(r.stopped_by)) : "");
+      r.seconds, r.stopped_by ? fmt::format(" (stopped by {})", stop_cause(r.stopped_by)) : "");
   if (!r.losses.empty()) {
     out += fmt::format("\n  loss        train {:.4f}", r.losses.back());
     if (!r.val.empty()) out += fmt::format(", validation {:.4f} (step {})", r.val.back().second, r.val.back().first);

@@ -29,7 +29,7 @@ std::string cluster_this_machine_path() {
 void StepLog::predict(DeviceKind device, int world) {
   // Said here, after the run's set-up: a refusal before it stays one line.
   if (print_ && !metrics_.path().empty())
-    spdlog::info("metrics: {} (log.dir){}", metrics_.path(),
+    spdlog::info("metrics: {} ({}){}", metrics_.path(), opt_.log_note.empty() ? "log.dir" : opt_.log_note,
                  tensorboard_ ? "; TensorBoard: tensorboard --logdir " + cfg_.log.dir : "");
   if (!lead_ || cfg_.log.cluster == "none") return;
   std::string path = cfg_.log.cluster;
@@ -66,10 +66,10 @@ void StepLog::predict(DeviceKind device, int world) {
   }
   if (print_ && opt_.verbose)
     spdlog::info(
-        "predicted on cluster {} ({}): {:.4g} ms per step (compute {:.4g}, communication {:.4g}, bubble {:.4g}, "
-        "optimizer {:.4g}); the end of the run compares; {}",
-        cluster_, path, predicted_->step, predicted_->compute, predicted_->comm, predicted_->bubble,
-        predicted_->optimizer, rates_);
+        "predicted on cluster {} ({}): {} ms per step (compute {}, communication {}, bubble {}, optimizer {}); the "
+        "end of the run compares; {}",
+        cluster_, path, ms_text(predicted_->step), ms_text(predicted_->compute), ms_text(predicted_->comm),
+        ms_text(predicted_->bubble), ms_text(predicted_->optimizer), rates_);
 }
 
 void StepLog::validation(int64_t step, const std::function<double()>& validate) {
@@ -120,8 +120,7 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
   }
   if (stopped_by) {
     metrics_.stopped(steps_done, stop_signal_name(stopped_by));
-    if (print_)
-      spdlog::warn("stopped by {} after step {} of {}", stop_signal_name(stopped_by), steps_done, cfg_.train.steps);
+    if (print_) spdlog::warn("stopped by {} after step {} of {}", stop_cause(stopped_by), steps_done, cfg_.train.steps);
   }
   metrics_.close();  // flushed and fsynced; a failed write is an error, not a lost file
   result_.seconds = ms_since(start_) / 1e3;

@@ -4,6 +4,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 namespace loom {
@@ -46,6 +48,20 @@ int stop_signal() {
 
 const char* stop_signal_name(int sig) {
   return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
+
+std::string stop_cause(int sig) {
+  const char* file = std::getenv("LOOM_STOP_CAUSE");
+  if (sig != SIGUSR1 || !file || !*file) return stop_signal_name(sig);
+  // A short line from a regular file (never a FIFO that would block the end of the run); the
+  // script's host may not be rank 0's, and then the file is not there.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(file, ec)))
+    return "SIGUSR1 (launch/mpirun.sh passes a Ctrl-C or SIGTERM on as SIGUSR1)";
+  std::string cause;
+  std::ifstream in(file);
+  std::getline(in, cause);
+  return cause.empty() || cause.size() > 80 ? "SIGUSR1" : cause;  // empty: not the script's doing
 }
 
 }  // namespace loom

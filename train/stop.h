@@ -5,6 +5,7 @@
 // forwards SIGUSR1, which launch/mpirun.sh sends it on Ctrl-C. The flag a handler may touch is necessarily
 // process-wide: this is the one piece of global state, and only the handler writes it.
 #pragma once
+#include <string>
 
 namespace loom {
 
@@ -18,5 +19,9 @@ void stop_signals_install(double grace_s = 0);
 // The signal that asked for a stop (SIGINT, SIGTERM, SIGUSR1), or 0.
 int stop_signal();
 const char* stop_signal_name(int sig);
+// What asked for the stop: the signal's name, or for SIGUSR1 what launch/mpirun.sh recorded in
+// the file LOOM_STOP_CAUSE names ("Ctrl-C to launch/mpirun.sh": the script turns a Ctrl-C or
+// SIGTERM into the SIGUSR1 that Open MPI passes on to every rank).
+std::string stop_cause(int sig);
 
 }  // namespace loom

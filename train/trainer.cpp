@@ -18,6 +18,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_split.h"
 #include "runtime/cuda_api.h"
+#include "train/resume_note.h"
 #include "train/trainer_parts.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -218,7 +219,8 @@ void Trainer::init() {
   p.result.steps_done = p.start_step;
   std::vector<float> host(p.chunk->num_params());
   if (!p.resumed_from.empty()) {
-    p.info("resumed from {}: step {} of {}{}", p.resumed_from, p.start_step, p.cfg.train.steps,
+    p.info("resumed from {}: step {} of {}{}{}", p.resumed_from, p.start_step, p.cfg.train.steps,
+           p.lead ? resume_reshard_note(p.resumed_from, p.cfg, p.mesh->world(), dtype_name(p.dtype)) : "",
            p.cfg.init_from.empty() ? "" : "; init.from is not read (a checkpoint takes precedence)");
   } else if (!p.cfg.init_from.empty()) {
     auto unused = model_load(p.chunk->registry(), host.data(), p.cfg.init_from);

@@ -44,7 +44,8 @@ struct TrainOptions {
   // Where this process sits; use_mpi needs MPI initialized (MpiWorld) by the caller.
   int world_rank = 0, world_size = 1;
   bool use_mpi = false;
-  std::string command;  // the command line, for log.dir/run.json
+  std::string command;   // the command line, for log.dir/run.json
+  std::string log_note;  // why the logs go elsewhere than log.dir as given (launch/log_dir.h), or ""
 };
 
 // cfg must have passed config_validate.

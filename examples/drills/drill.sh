@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # A fault drill: one short job (2 ranks over mpirun or srun, dp 2, checkpoints every 5 steps) with one
 # injected fault, run under `loom supervise` with checkpoint.resume = "latest", next to the
-# same job without the fault. Writes OUT/report.json and prints one row of the README's table
-# (time to detect, time to recover, steps lost, goodput, final weights bitwise equal).
+# same job without the fault. Writes OUT/report.json and prints the table of
+# docs/faults-and-drills.md, its header and this drill's row (time to detect, time to recover,
+# steps lost, goodput, final weights bitwise equal).
 #   examples/drills/drill.sh SCENARIO [OUT]        (OUT: runs/drills/SCENARIO)
 # Scenarios: kill kill_in_save exit hang sigterm preempt nan nan_rollback bitflip
 #            bitflip_unchecked slow ckpt_corrupt enospc
 # Environment: LOOM (build/loom), NP (2), TP (1: dp = NP / TP), LAUNCH (the launcher up to its rank count: mpirun
 #              with this machine's flags and -np by default; srun ... -n under Slurm),
 #              SEED (picks the fault's step, 7-22, for kill, exit, hang, nan and bitflip; AT sets it),
-#              DEVICE (train.device: cpu, or cuda), COMM (parallel.comm, e.g. nccl-emulated). The
+#              DEVICE (train.device: cpu, or cuda), COMM (parallel.comm, e.g. nccl-emulated),
+#              ARGS (more flags for both jobs, e.g. "--set checkpoint.async=false"). The
 #              fault hits rank 1 (rank 0 at NP=1).
 set -euo pipefail
 scenario=${1:?usage: drill.sh SCENARIO [OUT]}
@@ -38,6 +40,8 @@ common=(--set model.n_layer=2 --set model.d_model=128 --set model.n_head=4 --set
         --set parallel.comm="${COMM:-auto}"
         --set data.val_batches=1 --set parallel.dp=$((np / tp)) --set parallel.tp="$tp" --set parallel.timeout_s=5 --set checkpoint.every=5
         --set checkpoint.keep=3 --set fault.grace_s=20)
+read -r -a args <<< "${ARGS:-}"
+common+=("${args[@]}")
 case $scenario in
   kill) fault=(--set fault.kill=$r:$at) ;;
   kill_in_save) fault=(--set fault.kill=$r:15:checkpoint) ;;

@@ -122,6 +122,9 @@ def fmt(v, unit=""):
 
 where = f"rank {fault['rank']} step {fault['step']}" if fault and fault.get("rank", -1) >= 0 else (
     f"step {fault['step']}" if fault else "-")
+# The table's header, then the drill's row (a loop over drills keeps one header: `| tail -1`).
+print("| drill | fault | detect | recover | restarts | steps lost | goodput (of fault-free) | final weights bitwise |")
+print("| --- | --- | --- | --- | ---: | ---: | --- | --- |")
 print(f"| {scenario} | {where} | {fmt(report['detect_s'], ' s')} ({report['detected_by'] or '-'}) | "
       f"{fmt(report['recover_s'], ' s')} | {report['restarts']} | {lost} | {fmt(report['goodput'])} of "
       f"{report['goodput_fault_free']} | "

@@ -3,9 +3,12 @@
 bandwidth from one single-rank training run, and alpha-beta per link tier from `loom bench
 comm` (every collective, every message size, with the ring's step and volume counts).
 
-  examples/scaling/calibrate.py $m --out examples/clusters/this_machine.toml
+  examples/scaling/calibrate.py $m --out runs/clusters/mine.toml      # then log.cluster=runs/clusters/mine.toml
   examples/scaling/calibrate.py $m --nodes 2 --per-node 2 \
-      --inter-launch "examples/scaling/netns.sh mpirun -np" --out examples/clusters/nodes2_1gbit.toml
+      --inter-launch "examples/scaling/netns.sh mpirun -np" --out runs/clusters/nodes2_1gbit.toml
+
+--out's folder is made; a file the project ships (examples/clusters/this_machine.toml) is
+replaced only with --force. The arguments are checked before the first run.
 
 --set flags give the model of the training run (the sweeps' model). The fit:
   - peak: the cached per-core fp32 GEMM peak MFU divides by (`loom bench gemm` makes it);
@@ -26,6 +29,10 @@ import shlex
 import subprocess
 import sys
 import tempfile
+
+import outputs
+
+MPIRUN_SH = shlex.quote(os.path.join(outputs.REPO, "launch", "mpirun.sh"))
 
 
 def run(cmd, **kw):
@@ -163,8 +170,8 @@ def predict(loom, cluster, sets):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the training run's model")
-    ap.add_argument("--loom", default="build/loom")
-    ap.add_argument("--launch", default="launch/mpirun.sh -np", help="launcher within one node")
+    ap.add_argument("--loom", default=os.path.join(outputs.REPO, "build", "loom"))
+    ap.add_argument("--launch", default=MPIRUN_SH + " -np", help="launcher within one node")
     ap.add_argument("--ranks", default="2", help="bench comm sizes within one node (ranks beyond the cores "
                     "measure their sharing, which the model adds itself)")
     ap.add_argument("--nodes", type=int, default=1)
@@ -174,9 +181,18 @@ def main():
     ap.add_argument("--overlap", type=float, default=0.0,
                     help="share of overlappable communication that hides (0 here: with one thread per rank on "
                          "its own core, a rank's communication thread takes its time from the same core)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="the cluster file to write (its folder is made)")
+    ap.add_argument("--force", action="store_true", help="replace --out even where it is a file the project ships")
     a = ap.parse_args()
     sets = [x for s in a.set for x in ("--set", s)]
+    # Everything checked before the first run: a calibration takes minutes.
+    outputs.out_check("calibrate", a.out, a.force)
+    outputs.file_check("calibrate", a.loom, "--loom")
+    outputs.program_check("calibrate", a.launch, "--launch")
+    if a.inter_launch:
+        outputs.program_check("calibrate", a.inter_launch, "--inter-launch")
+    if not all(x.strip().isdigit() and int(x) > 0 for x in a.ranks.split(",")):
+        outputs.fail("calibrate", f"--ranks {a.ranks}: rank counts, as 2 or 2,4")
 
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "loom", "cpu_peak.json")
     if not os.path.exists(cache):

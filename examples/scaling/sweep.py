@@ -4,7 +4,7 @@ CSV row per point (layout, ranks, tokens/s, MFU, scaling efficiency against the 
 point, and the measured step-time split).
 
   examples/scaling/sweep.py --config F.toml --set train.steps=12 \
-      --sweep parallel.dp=1,2,4 --sweep parallel.tp=1,2,4 --strong --out runs/strong.csv
+      --sweep parallel.dp=1,2,4 --sweep parallel.tp=1,2,4 --strong --out runs/scaling/strong.csv
 
 Each --sweep KEY=V1,V2,...[;K=V...] is a series of points, KEY taking each value in turn on top
 of the config, the --set flags and the series' own K=V settings (e.g.
@@ -12,7 +12,9 @@ of the config, the --set flags and the series' own K=V settings (e.g.
 train.global_batch by the point's ranks over the series' first point's (the work per rank
 stays), --strong keeps it. Points run with --launch (default "launch/mpirun.sh -np"; e.g.
 "srun --mpi=pmix -n" inside an allocation) followed by the rank count. Steps before --skip
-(default 2) are warm-up and left out of the means. The split: compute, exposed communication,
+(default 2) are warm-up and left out of the means. --out's folder is made; a file the project
+ships (examples/scaling/results/*.csv) is replaced only with --force. The arguments are
+checked before the first point runs. The split: compute, exposed communication,
 pipeline bubble, optimizer, data and checkpoint blocking (loom's step clock), and what of
 step_ms none of them claims ("other").
 """
@@ -20,9 +22,14 @@ import argparse
 import csv
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
+
+import outputs
+
+MPIRUN_SH = shlex.quote(os.path.join(outputs.REPO, "launch", "mpirun.sh"))
 
 SPLIT = ["compute_ms", "comm_exposed_ms", "bubble_ms", "optimizer_ms", "data_ms", "ckpt_block_ms"]
 
@@ -35,11 +42,23 @@ def parse_args():
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--weak", action="store_true", help="global batch grows with the ranks")
     mode.add_argument("--strong", action="store_true", help="global batch fixed (the default)")
-    ap.add_argument("--launch", default="launch/mpirun.sh -np", help="launcher, followed by the rank count")
-    ap.add_argument("--loom", default="build/loom")
+    ap.add_argument("--launch", default=MPIRUN_SH + " -np", help="launcher, followed by the rank count")
+    ap.add_argument("--loom", default=os.path.join(outputs.REPO, "build", "loom"))
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the means")
-    ap.add_argument("--out", required=True, help="CSV file; the runs go to a directory beside it")
-    return ap.parse_args()
+    ap.add_argument("--out", required=True, help="CSV file (its folder is made); the runs go to a directory beside it")
+    ap.add_argument("--force", action="store_true", help="replace --out even where it is a file the project ships")
+    a = ap.parse_args()
+    # Everything checked before the first point runs.
+    outputs.out_check("sweep", a.out, a.force)
+    outputs.file_check("sweep", a.loom, "--loom")
+    if a.config:
+        outputs.file_check("sweep", a.config, "--config")
+    for series in a.sweep:
+        swept, *fixed = series.split(";")
+        if not swept.partition("=")[2] or any("=" not in f for f in fixed):
+            outputs.fail("sweep", f"--sweep '{series}' is not KEY=V1,V2,...[;K=V...]")
+    outputs.program_check("sweep", a.launch, "--launch")
+    return a
 
 
 def setting(sets, key, default):
@@ -96,8 +115,6 @@ def main():
     for series in a.sweep:
         swept, *fixed = series.split(";")
         key, _, values = swept.partition("=")
-        if not values or any("=" not in f for f in fixed):
-            sys.exit(f"sweep: '{series}' is not KEY=V1,V2,...[;K=V...]")
         first_ranks = None
         for v in values.split(","):
             sets = a.set + fixed + [f"{key}={v}"]
@@ -116,7 +133,9 @@ def main():
             done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if done.returncode != 0:
                 sys.exit(f"sweep: point {name} failed ({done.returncode}):\n{done.stdout[-3000:]}")
-            m = read_metrics(os.path.join(log, "metrics.jsonl"), a.skip)
+            # Where the run wrote: a log.dir that holds an earlier sweep's run moves it to log.dir-2.
+            said = re.search(r"metrics: (\S+)/metrics\.jsonl \(log\.dir\)", done.stdout)
+            m = read_metrics(os.path.join(said.group(1) if said else log, "metrics.jsonl"), a.skip)
             rows.append(dict(series=series, layout=f"dp{dims['dp']} tp{dims['tp']} pp{dims['pp']} zero{zero}",
                              ranks=ranks, dp=dims["dp"], tp=dims["tp"], pp=dims["pp"], zero=zero, global_batch=gb,
                              mode="weak" if a.weak else "strong", **m))

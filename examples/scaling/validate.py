@@ -5,17 +5,21 @@ and each term. Writes one CSV and prints a markdown table.
 
   examples/scaling/validate.py $m --cluster examples/clusters/this_machine.toml \\
       examples/scaling/results/strong.csv examples/scaling/results/weak.csv \\
-      --out examples/scaling/results/model_check.csv
+      --out runs/scaling/model_check.csv
 
 --set flags give the sweeps' model (the same flags sweep.py had); a row's layout (dp, tp, pp,
 zero, global batch) and its series' fixed keys are added per row. --cluster may be given once
-per CSV (in order) or once for all.
+per CSV (in order) or once for all. --out's folder is made; a file the project ships is
+replaced only with --force.
 """
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
+
+import outputs
 
 
 def predict(loom, cluster, sets):
@@ -31,11 +35,18 @@ def main():
     ap.add_argument("csv", nargs="+", help="sweep.py outputs")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--cluster", action="append", required=True)
-    ap.add_argument("--loom", default="build/loom")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--loom", default=os.path.join(outputs.REPO, "build", "loom"))
+    ap.add_argument("--out", required=True, help="CSV file to write (its folder is made)")
+    ap.add_argument("--force", action="store_true", help="replace --out even where it is a file the project ships")
     a = ap.parse_args()
     if len(a.cluster) not in (1, len(a.csv)):
-        sys.exit("validate: give --cluster once, or once per CSV")
+        outputs.fail("validate", "give --cluster once, or once per CSV")
+    outputs.out_check("validate", a.out, a.force)
+    outputs.file_check("validate", a.loom, "--loom")
+    for path in a.csv:
+        outputs.file_check("validate", path, "CSV")
+    for path in a.cluster:
+        outputs.file_check("validate", path, "--cluster")
     rows = []
     for i, path in enumerate(a.csv):
         cluster = a.cluster[min(i, len(a.cluster) - 1)]

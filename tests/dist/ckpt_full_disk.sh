@@ -58,10 +58,11 @@ set -e
 grep -q "metrics.jsonl' failed (No space left on device)" "$dir/log.log" || { echo "FAIL: no reason"; exit 1; }
 [ "$(tail -c 1 "$dir/log/metrics.jsonl" | od -An -c | tr -d ' ')" = '\n' ] ||
   { echo "FAIL: the full disk left a cut line in metrics.jsonl"; exit 1; }
-# With room again, the next run appends whole lines after the first run's.
+# With room again, the run restarted (as loom supervise restarts it: it continues in its log.dir)
+# appends whole lines after the first attempt's.
 mount -o remount,size=1m "$dir/log"
 printf '{"step":1,"cut' >> "$dir/log/metrics.jsonl"  # as a kill mid-write would leave it
-"$loom" train "${tiny[@]}" --set train.steps=3 --set log.dir="$dir/log" > "$dir/log2.log" 2>&1 ||
+LOOM_RESTART=1 "$loom" train "${tiny[@]}" --set train.steps=3 --set log.dir="$dir/log" > "$dir/log2.log" 2>&1 ||
   { echo "FAIL: the run after the full disk"; tail -3 "$dir/log2.log"; exit 1; }
 grep -q "dropped the cut last line" "$dir/log2.log" || { echo "FAIL: the cut line was not reported"; exit 1; }
 python3 - "$dir/log/metrics.jsonl" <<'PY'

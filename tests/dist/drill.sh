@@ -13,8 +13,11 @@ set -euo pipefail
 repo=$1 loom=$2 launch=$3 scenario=$4
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-LOOM=$loom LAUNCH=$launch SEED=${SEED:-11} "$repo/examples/drills/drill.sh" "$scenario" "$dir/out"
+LOOM=$loom LAUNCH=$launch SEED=${SEED:-11} "$repo/examples/drills/drill.sh" "$scenario" "$dir/out" | tee "$dir/table"
 r=$dir/out/report.json
+# The drill prints a table a reader can read: its header, then the row.
+head -1 "$dir/table" | grep -q "^| drill | fault | detect | recover |" && tail -1 "$dir/table" | grep -q "^| $scenario |" ||
+  { echo "FAIL: the drill's table has no header"; cat "$dir/table"; exit 1; }
 field() { python3 -c "import json,sys; v=json.load(open('$r'))['$1']; print(json.dumps(v))"; }
 expect() {  # FIELD VALUE
   local got

@@ -3,7 +3,8 @@
 #   config: ranks launched with different configs (MPMD: one --set differs) end at start-up with
 #           status 2 naming the key, both values and the rank: a learning rate (trained diverging
 #           replicas to exit 0), a seed, a shape (a raw MPI truncation abort), checkpoint.dir (a
-#           checkpoint that failed verify); the same config on both runs;
+#           checkpoint that failed verify); the same config on both runs; a second run given the
+#           same log.dir moves to log.dir-2 on every rank;
 #   lock:   a second run saving into a checkpoint.dir that a running job holds is refused,
 #           naming the holder; once that job ends, the directory is free again;
 #   dp:     launched without parallel.dp, the ranks the other axes leave are data parallel (and
@@ -39,6 +40,12 @@ mpmd ckdir 'checkpoint.dir = "ck1" (rank 0: "ck0")' checkpoint.dir=ck1 \
   "--set checkpoint.every=2 --set checkpoint.dir=ck0"
 timeout 120 $mpirun -np 2 "$loom" train "${common[@]}" --set log.dir=same.run > same.log 2>&1 ||
   { fail "the same config on both ranks did not run"; tail -3 same.log; }
+# Given a log.dir that holds a run, rank 0 moves a new run to log.dir-2 and every rank follows:
+# each rank's trace is written there.
+timeout 120 $mpirun -np 2 "$loom" train "${common[@]}" --set log.dir=same.run --set log.trace=true > same2.log 2>&1 ||
+  { fail "a second run given the same log.dir"; tail -3 same2.log; }
+[ -s same.run-2/trace.rank1.json ] && [ -s same.run-2/trace.json ] && [ ! -e same.run/trace.rank1.json ] ||
+  { fail "the ranks did not all write same.run-2"; ls same.run same.run-2; }
 
 echo "dp"
 args=()

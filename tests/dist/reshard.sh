@@ -5,7 +5,8 @@
 # cp 2 x dp 2 with ZeRO-1 loads at 1 rank. Loaded and saved again at once,
 # each holds the same tensors bitwise (weights, both moments) and verifies; continued to step
 # 20, each stays within 1e-4 of the run that kept the original layout. Another model shape is
-# refused by name. `loom ckpt export` equals the run's export, and an independent reader
+# refused by name. Each resume in another layout says, in its log, from which layout it was
+# resharded. `loom ckpt export` equals the run's export, and an independent reader
 # (h5py) rebuilds a tensor from the manifest and finds the values loom exports.
 #   reshard.sh LOOM COMPARE "MPIRUN... -np" [PYTHON]
 set -euo pipefail
@@ -38,6 +39,9 @@ for layout in "rank1:1" "tp4:4:--set parallel.tp=4" "dp4_zero3:4:--set parallel.
   "$compare" --ckpt-equal "$src" "$dir/${name}_ckpt/step-00000010"
   run "${name}_on" "$np" "${lay[@]}" --set checkpoint.resume="$src" --set checkpoint.dir="$dir/${name}_on_ckpt"
   grep -E "layout" "$dir/${name}_on.log"
+  # The log says the state was resharded, from which layout.
+  grep -q "resumed from $src: step 10 of 20; resharded from dp 2 x tp 2, ZeRO-1, f32 (4 ranks) to " "$dir/${name}_on.log" ||
+    { grep "resumed" "$dir/${name}_on.log"; echo "FAIL: $name: the log does not say it resharded"; exit 1; }
   "$compare" --resumed "$dir/orig" "$dir/${name}_on" 1e-4 1e-4
 done
 # The other way: a checkpoint written at cp 2 x dp 2 with ZeRO-1 (shards over dp x cp) loads
@@ -54,6 +58,8 @@ run cp_rank1_on 1 --set checkpoint.resume="$dir/cp_ckpt/step-00000010" --set che
 run bf16_same 1 --set train.dtype=bf16 --set train.steps=10 --set checkpoint.resume="$src" \
   --set checkpoint.dir="$dir/bf16_ckpt"
 "$compare" --ckpt-equal "$src" "$dir/bf16_ckpt/step-00000010"
+grep -q "resharded from dp 2 x tp 2, ZeRO-1, f32 (4 ranks) to one rank, bf16 (1 rank)" "$dir/bf16_same.log" ||
+  { grep "resumed" "$dir/bf16_same.log"; echo "FAIL: bf16: the log does not say it resharded"; exit 1; }
 # Another model shape is refused, naming the keys that differ.
 if $launch 1 "$loom" train "${common[@]}" --set model.n_layer=3 --set checkpoint.resume="$src" \
   --set checkpoint.dir="$dir/bad_ckpt" --set log.dir="$dir/bad" > "$dir/bad.log" 2>&1; then

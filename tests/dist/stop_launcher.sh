@@ -3,6 +3,8 @@
 # group of launch/mpirun.sh, and SIGUSR1 to a plain mpirun. Either way every rank stops at a step
 # boundary, export.final is written and loads, and the launcher exits 75. (A plain mpirun given
 # SIGINT/SIGTERM kills its ranks within two seconds and exits 1: Open MPI's own behaviour.)
+# Through the script, loom's log names the Ctrl-C (not the SIGUSR1 the script passed on), and
+# Open MPI's notice that a process "returned a non-zero exit code" stays out of the clean stop.
 #   stop_launcher.sh LOOM SOURCE_DIR "MPIRUN..."
 set -uo pipefail
 loom=$1 src=$2 mpirun=$3
@@ -40,6 +42,10 @@ wait_steps "$dir/$marker-a" 3 || { cat "$dir/a.log"; echo "FAIL: no steps"; kill
 kill -INT -- -"$job"
 wait $job
 check_stop "Ctrl-C to launch/mpirun.sh" $? "$dir/$marker-a" "$dir/a.safetensors" "$dir/a.log"
+grep -q "stopped by Ctrl-C to launch/mpirun.sh after step" "$dir/a.log" ||
+  { cat "$dir/a.log"; echo "FAIL: the log does not say the run was stopped by a Ctrl-C"; exit 1; }
+grep -q "non-zero exit code\|non-zero status\|Forwarding signal" "$dir/a.log" &&
+  { cat "$dir/a.log"; echo "FAIL: Open MPI's notices of a failure in a clean stop"; exit 1; }
 set +m
 
 # 2. A plain mpirun, given SIGUSR1 (which it forwards to every rank).
@@ -50,4 +56,5 @@ wait_steps "$dir/$marker-b" 3 || { cat "$dir/b.log"; echo "FAIL: no steps"; kill
 kill -USR1 "$job"
 wait $job
 check_stop "SIGUSR1 to mpirun" $? "$dir/$marker-b" "$dir/b.safetensors" "$dir/b.log"
+grep -q "stopped by SIGUSR1 after step" "$dir/b.log" || { cat "$dir/b.log"; echo "FAIL: not said stopped by SIGUSR1"; exit 1; }
 echo "ok"

@@ -5,7 +5,8 @@
 # PNG (kept as report.png in REPORT_OUT when set, for a person to look at). A directory that is
 # not a run is refused in one line. The prediction comes from a cluster file the runs name, so the
 # page is the same on any machine; log.cluster = auto predicts only on the machine that fitted the
-# shipped file, which LOOM_MACHINE_NAME stands in for both ways.
+# shipped file, which LOOM_MACHINE_NAME stands in for both ways. The summary row is the run
+# summary's; no chart title is cut; runs given one log.dir, and a directory of runs, are each drawn.
 #   report.sh LOOM
 set -euo pipefail
 loom=$1
@@ -55,6 +56,45 @@ for y in re.findall(r"<rect x='[0-9.]+' y='([0-9.]+)' width='10' height='3'", h)
     assert float(y) > 300 - 40, f"a legend at y {y}, inside the plot"
 print(f"report: {svgs} charts, {len(h) // 1000} KB")
 PY
+# The summary row summarises a run as its run summary does (tokens/s and MFU over the timed steps,
+# which it names), not by its last step.
+python3 - "$dir/report.html" "$dir/lr0.003.log" <<'PY'
+import re, sys
+h, log = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+tps, mfu = re.search(r"([0-9]+) tokens/s, MFU ([0-9.]+)%", log).groups()
+row = re.search(r"<tr><td>lr0.003</td><td>30</td><td>[^<]*</td><td>[^<]*</td><td>([0-9]+)</td><td>([0-9.]+)%</td>"
+                r"<td>([^<]*)</td>", h)
+assert row, "no summary row for lr0.003"
+assert abs(int(row[1]) - int(tps)) <= 1 and abs(float(row[2]) - float(mfu)) <= 0.1, (row.groups(), tps, mfu)
+assert row[3] == "2-30", f"timed steps {row[3]}"
+print(f"summary row: {row[1]} tokens/s, MFU {row[2]}% over steps {row[3]}; the run summary: {tps}, {mfu}%")
+PY
+# One run's page: no chart title runs past its chart's edge (13 px bold, at most 0.62 em a character).
+"$loom" report "$dir/lr0.003" --out "$dir/one.html" > /dev/null
+python3 - "$dir/one.html" <<'PY'
+import re, sys
+for w, title in re.findall(r"<svg [^>]*width='([0-9.]+)'.*?font-weight='bold'>([^<]*)</text>", open(sys.argv[1]).read()):
+    need = 64 + 0.62 * 13 * len(title.replace("&amp;", "&"))
+    assert need <= float(w), f"the title '{title}' needs {need:.0f} px of a {w} px chart"
+print("titles fit")
+PY
+# A log.dir that holds another run's logs: the next run writes log.dir-2. `loom report` of their
+# parent draws both, named; of the first alone, it says where the later one is.
+mkdir "$dir/runs"
+for n in 1 2; do
+  "$loom" train "${short[@]}" --set log.dir="$dir/runs/x" > "$dir/x$n.log" 2>&1 || { cat "$dir/x$n.log"; exit 1; }
+done
+grep -q "metrics: $dir/runs/x-2/metrics.jsonl (log.dir '$dir/runs/x' holds another run's logs)" "$dir/x2.log" ||
+  { cat "$dir/x2.log"; echo "FAIL: no log.dir-2"; exit 1; }
+"$loom" report "$dir/runs" --out "$dir/runs.html" | grep -q "(2 runs" || { echo "FAIL: a directory of runs"; exit 1; }
+grep -q "<td>x</td>" "$dir/runs.html" && grep -q "<td>x-2</td>" "$dir/runs.html" ||
+  { echo "FAIL: the runs of a directory are not named"; exit 1; }
+"$loom" report "$dir/runs/x" --out "$dir/x.html" | grep -q "not drawn: $dir/runs/x-2" ||
+  { echo "FAIL: report of x does not name x-2"; exit 1; }
+# A metrics.jsonl from before runs had a directory each, two runs from step 1 in it: two runs, named.
+mkdir "$dir/old" && cat "$dir/runs/x/metrics.jsonl" "$dir/runs/x-2/metrics.jsonl" > "$dir/old/metrics.jsonl"
+"$loom" report "$dir/old" --out "$dir/old.html" | grep -q "(2 runs" && grep -q "<td>old (run 2)</td>" "$dir/old.html" ||
+  { echo "FAIL: two runs in one metrics.jsonl"; exit 1; }
 # Without --out, an existing report.html is kept and the next page numbered.
 mkdir "$dir/pages"
 (cd "$dir/pages" && "$loom" report ../lr0.003 > first.txt && "$loom" report ../lr0.0005 > second.txt) ||

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "testing.h"
@@ -33,13 +34,26 @@ inline std::string tmp(const std::string& name) {
 }
 
 // A tiny run, its log.dir the test's own: one run at a time writes a log.dir, and ctest runs
-// tests side by side.
+// tests side by side. Each later run of a test gets the next numbered log.dir (dir-2, ...): the
+// first call in a test clears the ones an earlier test run left.
 inline std::string tiny() {
+  const std::string name =
+      std::string("loom_cli_log_") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  static std::string cleared;
+  if (cleared != name) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(::testing::TempDir(), ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string f = it->path().filename().string();
+      if (f == name || (f.rfind(name + "-", 0) == 0 && f.find_first_not_of("0123456789", name.size() + 1) == f.npos))
+        std::filesystem::remove_all(it->path(), ec);
+    }
+    cleared = name;
+  }
   return std::string(
              "train --set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64 "
              "--set model.seq_len=8 --set train.micro_batch=2 --set train.global_batch=2 --set train.threads=1 "
              "--set data.val_batches=0 --set log.dir=") +
-         ::testing::TempDir() + "loom_cli_log_" + ::testing::UnitTest::GetInstance()->current_test_info()->name() + " ";
+         ::testing::TempDir() + name + " ";
 }
 
 inline void expect_one_line_error(const std::string& args, const std::string& phrase) {

@@ -144,21 +144,41 @@ TEST(Cli, TraceAndMetricsAreWritten) {
   EXPECT_EQ(lines, 2);
 }
 
-// A second run in the same log.dir appends under its own header: the first run's lines stay.
+// One run per log.dir: a second run given a log.dir that holds another run's logs writes the
+// next numbered one (log.dir-2), and says so; a run that continues the run there (resumed from
+// its checkpoint, restarted with LOOM_RESTART by loom supervise) appends under a header of its
+// own, into the newest of them.
 TEST(Cli, RunsDoNotClobberRuns) {
-  const std::string dir = tmp("two_runs");
-  std::filesystem::remove_all(dir);
+  const std::string dir = tmp("two_runs"), ck = tmp("two_runs_ck");
+  for (const std::string& d : {dir, dir + "-2", dir + "-3", ck}) std::filesystem::remove_all(d);
+  auto headers_and_steps = [](const std::string& path) {
+    std::ifstream m(path);
+    std::string line, headers;
+    int steps = 0;
+    while (std::getline(m, line)) {
+      if (line.rfind("{\"run\":", 0) == 0) headers += line.substr(0, 8) + ";";
+      steps += line.find("\"loss\":") != std::string::npos;
+    }
+    return headers + std::to_string(steps);
+  };
   ASSERT_EQ(loom_run(tiny() + "--set train.steps=3 --set log.dir=" + dir).status, 0);
-  ASSERT_EQ(loom_run(tiny() + "--set train.steps=2 --set log.dir=" + dir).status, 0);
-  std::ifstream m(dir + "/metrics.jsonl");
-  std::string line, headers;
-  int steps = 0;
-  while (std::getline(m, line)) {
-    if (line.rfind("{\"run\":", 0) == 0) headers += line.substr(0, 8) + ";";
-    steps += line.find("\"loss\":") != std::string::npos;
-  }
-  EXPECT_EQ(headers, "{\"run\":1;{\"run\":2;");
-  EXPECT_EQ(steps, 5);
+  CliRun second = loom_run(tiny() + "--set train.steps=2 --set log.dir=" + dir);
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("metrics: " + dir + "-2/metrics.jsonl (log.dir '" + dir + "' holds another run's logs)"),
+            std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find("logs        " + dir + "-2/"), std::string::npos) << second.output;
+  EXPECT_EQ(headers_and_steps(dir + "/metrics.jsonl"), "{\"run\":1;3");
+  EXPECT_EQ(headers_and_steps(dir + "-2/metrics.jsonl"), "{\"run\":1;2");
+  // A restart of the run in dir-2 continues it there.
+  ASSERT_EQ(loom_run(tiny() + "--set train.steps=2 --set log.dir=" + dir, "LOOM_RESTART=1").status, 0);
+  EXPECT_EQ(headers_and_steps(dir + "-2/metrics.jsonl"), "{\"run\":1;{\"run\":2;4");
+  // A run that saves checkpoints goes to dir-3; resumed from them, it goes on in dir-3.
+  const std::string saves = " --set checkpoint.dir=" + ck + " --set checkpoint.every=2 --set checkpoint.resume=latest";
+  ASSERT_EQ(loom_run(tiny() + "--set train.steps=2 --set log.dir=" + dir + saves).status, 0);
+  ASSERT_EQ(loom_run(tiny() + "--set train.steps=4 --set log.dir=" + dir + saves).status, 0);
+  EXPECT_EQ(headers_and_steps(dir + "-3/metrics.jsonl"), "{\"run\":1;{\"run\":2;4");
+  EXPECT_FALSE(std::filesystem::exists(dir + "-4"));
 }
 
 TEST(Cli, PlanMemoryReproducesTheZeroPaper) {
@@ -189,6 +209,14 @@ TEST(Cli, PlanLayoutRanksAndPredicts) {
     ASSERT_EQ(p.status, 0) << cluster << ": " << p.output;
     EXPECT_NE(p.output.find("\"layout\":\"tp 2 pp 1 dp 2 zero 0"), std::string::npos) << p.output;
   }
+  // Seconds-long steps print in plain milliseconds, not 1.421e+04.
+  CliRun big = loom_run("plan layout --predict --cluster " + src + "/examples/clusters/h100_64.toml --config " + src +
+                        "/examples/configs/llama3_70b.toml --set train.global_batch=128 --set parallel.tp=4 --set "
+                        "parallel.sp=true --set parallel.pp=4 --set parallel.pp_schedule=interleaved --set "
+                        "parallel.pp_virtual=5 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=1");
+  ASSERT_EQ(big.status, 0) << big.output;
+  EXPECT_NE(big.output.find("predicted step 1"), std::string::npos) << big.output;
+  EXPECT_EQ(big.output.find("e+0"), std::string::npos) << big.output;
   expect_one_line_error("plan layout --cluster /no/such.toml", "cannot open the cluster file '/no/such.toml'");
   expect_one_line_error("plan layout --predict --cluster " + src +
                             "/examples/clusters/this_machine.toml --set parallel.dp=8 --set train.micro_batch=2",

@@ -367,6 +367,20 @@ TEST(CliDayOne, ExportsRecordTheTokenizerGenerateUsesIt) {
   EXPECT_NE(g.output.find("warning: no tokenizer is recorded"), std::string::npos) << g.output;
 }
 
+// plan memory --dp on a config sized for one GPU: the global batch grows with the ranks (its
+// micro-batches per rank kept) and the plan says so, where the batch alone would be refused.
+TEST(CliDayOne, PlanMemoryDpScalesTheGlobalBatch) {
+  CliRun r =
+      loom_run(std::string("plan memory --dp 8 --config ") + LOOM_SOURCE_DIR + "/examples/configs/gpt2_124m_gpu.toml");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("global batch 128 sequences: the config's 1 micro-batch of 16 a step on each of --dp 8"),
+            std::string::npos)
+      << r.output;
+  expect_one_line_error(std::string("plan memory --dp 8 --set train.global_batch=16 --config ") + LOOM_SOURCE_DIR +
+                            "/examples/configs/gpt2_124m_gpu.toml",
+                        "make global_batch a multiple of 128");
+}
+
 // loom plan layout on a small machine: rates and sizes in units that show them, shared devices
 // said, and why micro-batch sizes predict alike.
 TEST(CliDayOne, PlanLayoutReadsOnASmallMachine) {
@@ -378,4 +392,7 @@ TEST(CliDayOne, PlanLayoutReadsOnASmallMachine) {
     EXPECT_NE(r.output.find(want), std::string::npos) << want << " in:\n" << r.output;
   EXPECT_EQ(r.output.find("0 TFLOP/s"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(" 0.0 GB"), std::string::npos) << r.output;
+  // Not on a terminal (a pipe here), the search still says what it does and what it took.
+  EXPECT_NE(r.output.find("plan layout: judging "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" layouts judged in "), std::string::npos) << r.output;
 }
