@@ -47,6 +47,7 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 // 2^x (the device's ex2.approx; exact here).
 __device__ __forceinline__ float exp2_approx(float x) {
+  ::loom::emu::count_mufu();
   return std::exp2(x);
 }
 

@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/emu/counts.h"
 #include "kernels/emu/fiber.h"
 #include "kernels/emu/runtime.h"
 
@@ -126,6 +127,7 @@ struct Executor {
   uint64_t block_linear = 0;
   std::vector<unsigned char> dyn;  // not used under sanitizers (malloc'd per block there)
   unsigned char* dyn_ptr = nullptr;
+  bool counted = false;  // a block of a counted launch (counts.h)
   ~Executor();
 };
 Executor::~Executor() {
@@ -233,6 +235,7 @@ void make_ready(Executor& ex, int t) {
 }
 
 void release_barrier(Executor& ex) {
+  count_barrier();
   for (int t = 0; t < ex.n; ++t)
     if (ex.wait[size_t(t)] == Wait::barrier) make_ready(ex, t);
   ex.bar_arrived = 0;
@@ -276,6 +279,7 @@ int warp_arrive(Executor& ex, unsigned mask, WarpOp op, int line, int half) {
   if (mask & w.exited)
     device_fail(ex, std::string(op_name(op)) + " (line " + std::to_string(line) + ") with mask " + hex(mask) +
                         " names lanes " + hex(mask & w.exited) + " that have exited");
+  count_lane_wait();
   if (w.waiting == 0) {
     w.mask = mask, w.op = op, w.line = line;
   } else if (w.mask != mask || w.op != op) {
@@ -287,6 +291,8 @@ int warp_arrive(Executor& ex, unsigned mask, WarpOp op, int line, int half) {
   if (w.waiting == mask) {
     w.waiting = 0;
     w.cur ^= 1;
+    count_warp_done(t / 32);
+    if (op != WarpOp::gather && op != WarpOp::mma) count_warp_op();
     for (int l = 0; l < 32; ++l)
       if ((mask >> l & 1u) && l != lane) make_ready(ex, (t / 32) * 32 + l);
   } else {
@@ -328,6 +334,8 @@ void run_block(Executor& ex, uint3 idx) {
 #endif
   if (dyn) std::memset(ex.dyn_ptr, 0xff, dyn);  // uninitialized shared memory reads as NaN
   ex.block.dynamic_shared = ex.dyn_ptr;
+  ex.block.dynamic_bytes = dyn;
+  if (ex.counted) count_block_begin(ex.n, ex.block);
 #if defined(LOOM_EMU_TSAN)
   __tsan_release(ex.start_token);  // what this thread did for the block, before any of its threads
 #endif
@@ -434,6 +442,7 @@ void syncthreads(int line) {
     device_fail(ex, "__syncthreads at line " + std::to_string(line) + " while " + std::to_string(ex.bar_arrived) +
                         " threads wait at the one at line " + std::to_string(ex.bar_line) + " (divergent barrier)");
   }
+  count_lane_wait();
   // A thread can be one barrier ahead of another (the last to arrive runs on), never two.
   [[maybe_unused]] char* token = ex.tokens + (ex.bar_gen & 1);
 #if defined(LOOM_EMU_TSAN)
@@ -619,13 +628,36 @@ void launch_blocks(const LaunchConfig& cfg, void (*thread)(void*), void* ctx) {
 #else
   Executor& ex = executor();
   launch_prepare(ex, cfg, thread, ctx);
-  for (unsigned z = 0; z < g.z && ex.error.empty(); ++z)
-    for (unsigned y = 0; y < g.y && ex.error.empty(); ++y)
-      for (unsigned x = 0; x < g.x && ex.error.empty(); ++x) {
-        run_block(ex, uint3{x, y, z});
-        ++n_blocks;
-        n_threads += nthreads;
-      }
+  if (CountSession* session = count_session()) {
+    // Counted: the sampled blocks, each standing for its strata (counts.h).
+    LaunchCounts rec;
+    rec.kernel = kernel_instance(cfg.signature);
+    rec.grid[0] = g.x, rec.grid[1] = g.y, rec.grid[2] = g.z;
+    rec.block[0] = bd.x, rec.block[1] = bd.y, rec.block[2] = bd.z;
+    rec.dynamic_shared = cfg.dynamic_shared;
+    rec.blocks = double(g.x) * g.y * g.z;
+    const int* k = session->options().samples;
+    for (auto [z, wz] : count_samples(g.z, k[2]))
+      for (auto [y, wy] : count_samples(g.y, k[1]))
+        for (auto [x, wx] : count_samples(g.x, k[0])) {
+          if (!ex.error.empty()) break;
+          ex.counted = true;
+          run_block(ex, uint3{x, y, z});
+          ex.counted = false;
+          count_block_end(wx * wy * wz, rec);
+          ++n_blocks;
+          n_threads += nthreads;
+        }
+    if (ex.error.empty()) session->add(std::move(rec));
+  } else {
+    for (unsigned z = 0; z < g.z && ex.error.empty(); ++z)
+      for (unsigned y = 0; y < g.y && ex.error.empty(); ++y)
+        for (unsigned x = 0; x < g.x && ex.error.empty(); ++x) {
+          run_block(ex, uint3{x, y, z});
+          ++n_blocks;
+          n_threads += nthreads;
+        }
+  }
   error = ex.error;
   ex.cfg = nullptr;
 #endif

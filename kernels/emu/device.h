@@ -10,6 +10,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/emu/counts.h"
+
 #define __global__
 #define __device__
 #define __host__
@@ -18,6 +20,13 @@
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
 #define __launch_bounds__(...)
+// Emulation code that stands for the hardware's own accesses (an ldmatrix's reads): in the
+// counting build its plain accesses are not the kernel's (counts.h counts them itself).
+#if defined(LOOM_EMU_COUNT)
+#define LOOM_EMU_UNCOUNTED __attribute__((noinline, no_sanitize_thread))
+#else
+#define LOOM_EMU_UNCOUNTED
+#endif
 // Static shared memory: one copy per OS thread, which runs one block at a time. Under
 // AddressSanitizer a plain static, which gets redzones (thread-locals do not).
 #if defined(LOOM_EMU_ASAN)
@@ -68,9 +77,7 @@ struct CpAsync {
 // fresh block state per block) cost most of a launch of idle blocks.
 struct ThreadState {
   ThreadState() {}
-  void start(uint3 at, int i) {
-    idx = at, linear = i, cp_async_pending = 0, cp_async_committed = 0;
-  }
+  void start(uint3 at, int i) { idx = at, linear = i, cp_async_pending = 0, cp_async_committed = 0; }
   uint3 idx;
   int linear = 0;  // x + y * blockDim.x + z * blockDim.x * blockDim.y
   static constexpr int kCpAsyncSlots = 64;
@@ -82,6 +89,7 @@ struct BlockState {
   uint3 idx;
   dim3 dim, grid;
   unsigned char* dynamic_shared = nullptr;
+  size_t dynamic_bytes = 0;
 };
 extern thread_local ThreadState* current_thread;
 extern thread_local BlockState* current_block;
@@ -205,15 +213,18 @@ inline void __threadfence_block() {
 // The fast intrinsics, computed at full precision: the device's are approximations (CUDA gives
 // __expf within 2 + floor(|1.173 x|) ulp), so results that lean on them differ on a GPU.
 inline float __expf(float x) {
+  ::loom::emu::count_mufu();
   return std::exp(x);
 }
 inline float __logf(float x) {
+  ::loom::emu::count_mufu();
   return std::log(x);
 }
 inline float __fdividef(float a, float b) {
   return a / b;
 }
 inline float rsqrtf(float x) {
+  ::loom::emu::count_mufu();
   return 1.0f / std::sqrt(x);
 }
 inline double rsqrt(double x) {

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/emu/bf16.h"
+#include "kernels/emu/counts.h"
 #include "kernels/emu/device.h"
 
 namespace loom::emu {
@@ -23,7 +24,7 @@ inline float bf16_hi(uint32_t r) {
 // a[0] A[g][2t..2t+1], a[1] A[g+8][2t..], a[2] A[g][2t+8..], a[3] A[g+8][2t+8..];
 // b[0] B[2t..2t+1][g], b[1] B[2t+8..2t+9][g]; c and d: [0..1] C[g][2t..2t+1], [2..3] C[g+8][..].
 // Each output sums its 16 products in k order onto c in fp32 (bf16 products are exact).
-inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const float* c, int line) {
+LOOM_EMU_UNCOUNTED inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const float* c, int line) {
   const uint64_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
   const uint64_t* all = warp_gather(mine, 6, line);
   // A[row][k] and B[k][col] read back from the lanes that hold them.
@@ -38,6 +39,7 @@ inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const f
     return k % 2 ? bf16_hi(r) : bf16_lo(r);
   };
   const int g = lane_id() / 4, t = lane_id() % 4;
+  if (lane_id() == 0) count_mma();
   for (int i = 0; i < 4; ++i) {
     const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
     float s = c[i];
@@ -49,20 +51,23 @@ inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const f
 // ldmatrix.sync.aligned.m8n8.x{n}[.trans].shared.b16: lanes 8i..8i+7 give the row addresses
 // of matrix i; this lane gets, in r[i], row lane/4's elements 2(lane%4) and +1 of matrix i,
 // or with trans column lane/4's elements in rows 2(lane%4) and +1.
-inline void ldmatrix(uint32_t* r, int n, bool trans, const void* row, int line) {
+LOOM_EMU_UNCOUNTED inline void ldmatrix(uint32_t* r, int n, bool trans, const void* row, int line) {
   const uint64_t mine[1] = {uint64_t(reinterpret_cast<uintptr_t>(row))};
   const uint64_t* all = warp_gather(mine, 1, line);
   const int lane = lane_id(), g = lane / 4, t = lane % 4;
-  auto at = [&](int m, int rr, int cc) {
-    const auto* p = reinterpret_cast<const uint16_t*>(uintptr_t(all[(m * 8 + rr) * 8]));
-    return uint32_t(p[cc]);
-  };
-  for (int m = 0; m < n; ++m)
-    r[m] = trans ? at(m, 2 * t, g) | at(m, 2 * t + 1, g) << 16 : at(m, g, 2 * t) | at(m, g, 2 * t + 1) << 16;
+  if (lane == 0) count_ldmatrix(all, n);
+  for (int m = 0; m < n; ++m) {
+    // element (rr, cc) of matrix m: row rr's address comes from lane 8 m + rr
+    const int r0 = trans ? 2 * t : g, c0 = trans ? g : 2 * t, r1 = trans ? 2 * t + 1 : g, c1 = trans ? g : 2 * t + 1;
+    const auto* p0 = reinterpret_cast<const uint16_t*>(uintptr_t(all[(m * 8 + r0) * 8]));
+    const auto* p1 = reinterpret_cast<const uint16_t*>(uintptr_t(all[(m * 8 + r1) * 8]));
+    r[m] = uint32_t(p0[c0]) | uint32_t(p1[c1]) << 16;
+  }
 }
 
 // cp.async.cg.shared.global 16 bytes (zero fill where src is null), in the open group.
-inline void cp_async16(void* dst, const void* src) {
+LOOM_EMU_UNCOUNTED inline void cp_async16(void* dst, const void* src) {
+  count_cp_async(dst, src, 16);
   ThreadState& th = *current_thread;
   if (th.cp_async_pending == ThreadState::kCpAsyncSlots) {
     // Full: the oldest copy lands now, which the device may do at any time as well.
@@ -77,8 +82,9 @@ inline void cp_async_commit() {
   ++current_thread->cp_async_committed;
 }
 // cp.async.wait_group n: every committed group but the newest n is done.
-inline void cp_async_wait(int n) {
+LOOM_EMU_UNCOUNTED inline void cp_async_wait(int n) {
   ThreadState& th = *current_thread;
+  const int before = th.cp_async_pending;
   int kept = 0;
   for (int i = 0; i < th.cp_async_pending; ++i) {
     CpAsync& c = th.cp_async[i];
@@ -89,6 +95,7 @@ inline void cp_async_wait(int n) {
     }
   }
   th.cp_async_pending = kept;
+  count_cp_wait(before - kept);
 }
 
 }  // namespace loom::emu

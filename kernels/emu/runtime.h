@@ -116,7 +116,14 @@ struct LaunchConfig {
   cudaStream_t stream = nullptr;
   const char* name = "";
   const void* kernel = nullptr;
+  const char* signature = "";  // kernel_signature's: the instantiation, for counts (counts.h)
 };
+// The compiler's name of this function, which spells out K with its template arguments
+// ("... [with auto K = loom::cuda::attention_forward_flash_kernel<64>]").
+template <auto K>
+const char* kernel_signature() {
+  return __PRETTY_FUNCTION__;
+}
 // Checks the configuration (a failure becomes the thread's last error, as a bad launch is on
 // a device), then runs every block: `thread(ctx)` runs one emulated thread's kernel body.
 void launch(const LaunchConfig& cfg, void (*thread)(void*), void* ctx);
@@ -180,9 +187,9 @@ struct Launcher {
   }
 };
 template <class... P>
-Launcher<P...> make_launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                             const char* name) {
-  return {kernel, LaunchConfig{grid, block, smem, s, name, reinterpret_cast<const void*>(kernel)}};
+Launcher<P...> make_launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, const char* name,
+                             const char* signature) {
+  return {kernel, LaunchConfig{grid, block, smem, s, name, reinterpret_cast<const void*>(kernel), signature}};
 }
 unsigned char* dynamic_shared();
 // Internal to the emulation: the error cudaGetLastError returns next, with its message, and
@@ -230,6 +237,7 @@ Counters counters();
 
 }  // namespace loom::emu
 
-#define LOOM_LAUNCH(kernel, grid, block, smem, stream) \
-  ::loom::emu::make_launcher(kernel, dim3(grid), dim3(block), smem, stream, #kernel)
+#define LOOM_LAUNCH(kernel, grid, block, smem, stream)                               \
+  ::loom::emu::make_launcher(kernel, dim3(grid), dim3(block), smem, stream, #kernel, \
+                             ::loom::emu::kernel_signature<kernel>())
 #define LOOM_DYNAMIC_SHARED(T, name, align) T* name = reinterpret_cast<T*>(::loom::emu::dynamic_shared())

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/emu/counts.h"
 #include "kernels/emu/runtime.h"
 
 namespace loom::emu::rt {
@@ -172,6 +173,13 @@ void PendingWrites::done() {
   for (uintptr_t a : allocs_)
     if (auto it = allocations().find(a); it != allocations().end()) --it->second.pending;
   allocs_.clear();
+}
+std::vector<std::pair<uintptr_t, uintptr_t>> device_ranges() {
+  std::lock_guard lk(allocs_mu);
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  out.reserve(allocations().size());
+  for (auto& [begin, a] : allocations()) out.push_back({begin, begin + std::max<size_t>(a.bytes, 1)});
+  return out;
 }
 bool is_device_memory(const void* p) {
   std::lock_guard lk(allocs_mu);

@@ -63,21 +63,26 @@ inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, V v) {
 
 // Operand tiles: element (r, c) at p[r * ldm + c] (row_major) or p[c * ldm + r] (col_major).
 template <class Use, int M, int N, int K, class T, class L>
-inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
+LOOM_EMU_UNCOUNTED inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
+  if (detail::lane() == 0) ::loom::emu::count_wmma_tile(p, ldm, sizeof(T), !std::is_same_v<L, row_major>);
   for (int j = 0; j < 8; ++j) {
     const int r = detail::row_of(j), c = detail::col_of(j);
     f.x[j] = std::is_same_v<L, row_major> ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
   }
 }
 template <int M, int N, int K>
-inline void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm, layout_t l) {
+LOOM_EMU_UNCOUNTED inline void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm,
+                                                layout_t l) {
+  if (detail::lane() == 0) ::loom::emu::count_wmma_tile(p, ldm, 4, l == mem_col_major);
   for (int j = 0; j < 8; ++j) {
     const int r = detail::row_of(j), c = detail::col_of(j);
     f.x[j] = l == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
   }
 }
 template <int M, int N, int K>
-inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t l) {
+LOOM_EMU_UNCOUNTED inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm,
+                                                 layout_t l) {
+  if (detail::lane() == 0) ::loom::emu::count_wmma_tile(p, ldm, 4, l == mem_col_major);
   for (int j = 0; j < 8; ++j) {
     const int r = detail::row_of(j), c = detail::col_of(j);
     (l == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r]) = f.x[j];
@@ -90,6 +95,7 @@ inline void mma_sync_at(int line, fragment<accumulator, M, N, K, float>& d,
                         const fragment<matrix_a, M, N, K, TA, LA>& a, const fragment<matrix_b, M, N, K, TB, LB>& b,
                         const fragment<accumulator, M, N, K, float>& c) {
   float fa[8], fb[8];
+  if (detail::lane() == 0) ::loom::emu::count_wmma();
   for (int j = 0; j < 8; ++j) fa[j] = detail::widen(a.x[j]), fb[j] = detail::widen(b.x[j]);
   ::loom::emu::warp_mma(d.x, c.x, fa, fb, line);
 }

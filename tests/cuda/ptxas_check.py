@@ -8,7 +8,12 @@ registers, allocated per warp in units of 256, times its warps, within the 65536
 and at most 255 per thread. Spills above the threshold fail: a spill is local memory traffic
 in the inner loop. A kernel ptxas reports that the table lacks (never launched) fails too.
 
-usage: ptxas_check.py NVCC SOURCE_DIR LAUNCH_TABLE_PROGRAM [--max-spill-bytes N]
+With --table FILE it also writes, per kernel instantiation (named as the emulation's counts name
+it: "attention_forward_flash_kernel<64>", namespaces dropped), its registers, spill stores and
+static shared memory as CSV, the figures `loom bench kernels --counts` derives occupancy from;
+--table-only writes the table and checks nothing (no launch table needed).
+
+usage: ptxas_check.py NVCC SOURCE_DIR [LAUNCH_TABLE_PROGRAM] [--max-spill-bytes N] [--table FILE [--table-only]]
 """
 import argparse
 import csv
@@ -52,6 +57,23 @@ def base_name(demangled):
     return head.split("::")[-1].split()[-1]
 
 
+def instance_name(demangled):
+    """The instantiation without namespaces or parameters, as kernels/emu/counts.cpp's kernel_instance."""
+    depth, end = 0, len(demangled)
+    for i, ch in enumerate(demangled):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and not demangled.startswith("(anonymous", i):
+            end = i
+            break
+    head = demangled[:end]
+    if head.startswith("void "):
+        head = head[5:]
+    return re.sub(r"(\(anonymous namespace\)|\{anonymous\}|[A-Za-z_][A-Za-z_0-9]*)::", "", head)
+
+
 def ptxas_report(nvcc, src, root):
     cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-c", src, "-o", os.devnull, "-I", root]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -62,7 +84,7 @@ def ptxas_report(nvcc, src, root):
         m = re.search(r"Compiling entry function '(\S+)' for 'sm_90'", line)
         if m:
             current = m.group(1)
-            kernels[current] = {"regs": 0, "spill": 0}
+            kernels[current] = {"regs": 0, "spill": 0, "smem": 0}
             continue
         m = re.search(r"Function properties for (\S+)", line)
         if m:
@@ -76,6 +98,9 @@ def ptxas_report(nvcc, src, root):
         m = re.search(r"(\d+) bytes spill stores", line)
         if m:
             kernels[current]["spill"] = int(m.group(1))
+        m = re.search(r"(\d+) bytes smem", line)
+        if m:
+            kernels[current]["smem"] = int(m.group(1))
     return kernels
 
 
@@ -83,17 +108,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("nvcc")
     ap.add_argument("source_dir")
-    ap.add_argument("launch_table", help="loom_launch_table: prints the table as CSV")
+    ap.add_argument("launch_table", nargs="?", help="loom_launch_table: prints the table as CSV")
     ap.add_argument("--max-spill-bytes", type=int, default=0)
+    ap.add_argument("--table", help="write each instantiation's registers, spills and static shared memory (CSV)")
+    ap.add_argument("--table-only", action="store_true")
     a = ap.parse_args()
-    out = subprocess.run([a.launch_table], capture_output=True, text=True, check=True).stdout
-    table = {row["kernel"]: int(row["threads"]) for row in csv.DictReader(out.splitlines())}
-    failures, rows = [], []
+    table = {}
+    if not a.table_only:
+        out = subprocess.run([a.launch_table], capture_output=True, text=True, check=True).stdout
+        table = {row["kernel"]: int(row["threads"]) for row in csv.DictReader(out.splitlines())}
+    failures, rows, instances = [], [], {}
     for src in sorted(glob.glob(os.path.join(a.source_dir, "kernels", "cuda", "*.cu"))):
         report = ptxas_report(a.nvcc, src, a.source_dir)
         names = list(report)
         for mangled, pretty in zip(names, demangle(names)):
             k = report[mangled]
+            instances[instance_name(pretty)] = k
+            if a.table_only:
+                continue
             base = base_name(pretty)
             threads = table.get(base)
             if threads is None:
@@ -109,6 +141,16 @@ def main():
                                 f"({need} registers of {REGS_PER_SM})")
             if k["spill"] > a.max_spill_bytes:
                 failures.append(f"{pretty}: {k['spill']} bytes of spill stores (threshold {a.max_spill_bytes})")
+    if a.table:
+        tmp = a.table + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("kernel,registers,spill_bytes,static_shared\n")
+            for name in sorted(instances):
+                k = instances[name]
+                f.write(f"\"{name}\",{k['regs']},{k['spill']},{k['smem']}\n")
+        os.replace(tmp, a.table)
+    if a.table_only:
+        return 0
     print("\n".join(rows))
     if failures:
         print("\n".join("FAIL: " + f for f in failures))
