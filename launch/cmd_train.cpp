@@ -120,8 +120,7 @@ void cmd_train_add(CLI::App& app, Commands& out) {
                      const TrainResult r = train_run(cfg, run_opt);
                      return r.stopped_by ? kExitStopped : 0;
                    } catch (const Diverged& e) {  // every rank decided it alike: one says so
-                     if (topt.world_rank == 0) fmt::print(stderr, "error: {}
-", e.what());
+                     if (topt.world_rank == 0) fmt::print(stderr, "error: {}\n", e.what());
                      return kExitDiverged;
                    }
                  }});
