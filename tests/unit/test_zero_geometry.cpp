@@ -1,0 +1,91 @@
+// ZeRO's geometry without a run: over every dp rank, the shards cover each element of the
+// model once, each starting at a multiple of the norm's block from its unit's start, and the
+// optimizer tables cut the same norm blocks at every dp as the single rank's table does (what
+// makes the exact gradient norm the same bits on any number of ranks).
+#include <algorithm>
+#include <tuple>
+
+#include "model/layout.h"
+#include "optim/adamw.h"
+#include "parallel/zero.h"
+#include "testing.h"
+
+using namespace loom;
+
+namespace {
+Config small(const std::string& arch, int d_model) {
+  Config cfg = config_defaults();
+  config_set(cfg, "model.arch=" + arch);
+  config_set(cfg, "model.n_layer=3");
+  config_set(cfg, "model.d_model=" + std::to_string(d_model));
+  config_set(cfg, "model.n_head=4");
+  config_set(cfg, "model.vocab_size=300");
+  config_set(cfg, "model.seq_len=16");
+  config_validate(cfg);
+  return cfg;
+}
+
+int64_t unit_start(const ModelLayout& layout, int64_t flat) {
+  const std::vector<int64_t> u = unit_starts(layout);
+  return *(std::upper_bound(u.begin(), u.end(), flat) - 1);
+}
+
+// The counted chunks of a table, by the flat gradient index they read (stage 1: flat).
+std::vector<std::pair<int64_t, int32_t>> counted(const std::vector<OptChunk>& table) {
+  std::vector<std::pair<int64_t, int32_t>> out;
+  for (const OptChunk& c : table)
+    if (c.norm) out.push_back({c.grad, c.n});
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+TEST(ZeroGeometry, ShardsCoverEachElementOnceFromBlockMultiples) {
+  for (auto [arch, C] : {std::pair{"gpt2", 64}, std::pair{"llama", 40}, std::pair{"gpt2", 48}})
+    for (int dp : {1, 2, 3, 4}) {
+      const Config cfg = small(arch, C);
+      const ModelLayout layout = model_layout(cfg);
+      const int64_t block = norm_block(cfg);
+      std::vector<std::tuple<int64_t, int64_t, int>> runs;  // flat, n, rank
+      for (int r = 0; r < dp; ++r) {
+        const ZeroRanks z = zero_ranks(cfg, dp, r);
+        ASSERT_EQ(z.block, block);
+        int64_t state_end = 0;
+        for (const StateRun& run : zero_state_runs(layout, z)) {
+          EXPECT_GE(run.flat, int64_t(run.spec->offset)) << run.spec->name;
+          EXPECT_LE(run.flat + run.n, int64_t(run.spec->offset) + run.spec->numel()) << run.spec->name;
+          // A run starts at its shard's start (a block multiple into the unit) or at a tensor's.
+          const bool at_tensor = run.flat == int64_t(run.spec->offset);
+          EXPECT_TRUE(at_tensor || (run.flat - unit_start(layout, run.flat)) % block == 0)
+              << arch << " dp " << dp << " rank " << r << " " << run.spec->name << " at " << run.flat;
+          EXPECT_GE(run.state, state_end) << "shard space runs overlap";
+          state_end = run.state + run.n;
+          runs.push_back({run.flat, run.n, r});
+        }
+      }
+      std::sort(runs.begin(), runs.end());
+      int64_t next = 0;
+      for (auto [flat, n, r] : runs) {
+        ASSERT_EQ(flat, next) << arch << " dp " << dp << ": a gap or an overlap at " << next << " (rank " << r << ")";
+        next += n;
+      }
+      EXPECT_EQ(next, int64_t(layout.reg.numel())) << arch << " dp " << dp;
+    }
+}
+
+// The norm's blocks: the chunks every rank counts, together, are the single rank's table's.
+TEST(ZeroGeometry, EveryDpCutsTheNormBlocksOfOneRank) {
+  for (auto [arch, C] : {std::pair{"gpt2", 64}, std::pair{"llama", 40}}) {
+    const Config cfg = small(arch, C);
+    const ModelLayout layout = model_layout(cfg);
+    const auto one = counted(opt_chunks(layout.reg, unit_starts(layout), norm_block(cfg), 0));
+    ASSERT_GT(one.size(), size_t(layout.num_units()));
+    for (int dp : {1, 2, 3, 4}) {
+      std::vector<OptChunk> all;
+      for (int r = 0; r < dp; ++r)
+        for (const OptChunk& c : zero_opt_chunks(layout, zero_ranks(cfg, dp, r), /*stage=*/1, /*tp_rank=*/0))
+          all.push_back(c);
+      EXPECT_EQ(counted(all), one) << arch << " dp " << dp;
+    }
+  }
+}
