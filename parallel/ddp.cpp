@@ -27,6 +27,26 @@ std::vector<PlanItem> Ddp::plan(const Config& cfg, const ModelLayout& layout, in
   return p;
 }
 
+std::vector<BucketRange> ddp_buckets(const ParamRegistry& reg, int64_t numel, int64_t per, bool experts_apart) {
+  // Runs of tensors of one kind (experts or not), from the end; buckets within each.
+  std::vector<std::pair<int64_t, bool>> runs;  // (lo, experts) of each run, from the end
+  const auto& specs = reg.all();
+  for (size_t i = specs.size(); i-- > 0;) {
+    const bool experts = experts_apart && expert_param(specs[i].name);
+    if (runs.empty() || runs.back().second != experts)
+      runs.push_back({int64_t(specs[i].offset), experts});
+    else
+      runs.back().first = int64_t(specs[i].offset);
+  }
+  std::vector<BucketRange> out;
+  int64_t hi = numel;
+  for (auto [lo, experts] : runs) {
+    for (; hi > lo; hi -= per) out.push_back({std::max(lo, hi - per), hi, experts});
+    hi = lo;
+  }
+  return out;
+}
+
 Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock)
     : chunk_(chunk),
       be_(chunk.backend()),
@@ -38,21 +58,8 @@ Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups
       bucket_mb_(cfg.parallel.bucket_mb) {
   const int64_t numel = int64_t(chunk.num_params());
   const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
-  // Runs of tensors of one kind (experts or not), from the end; buckets within each.
-  std::vector<std::pair<int64_t, ProcessGroup*>> runs;  // (lo, group) of each run, from the end
-  const auto& specs = chunk.registry().all();
-  for (size_t i = specs.size(); i-- > 0;) {
-    ProcessGroup* g = edp_ && expert_param(specs[i].name) ? edp_ : &dp_;
-    if (runs.empty() || runs.back().second != g)
-      runs.push_back({int64_t(specs[i].offset), g});
-    else
-      runs.back().first = int64_t(specs[i].offset);
-  }
-  int64_t hi = numel;
-  for (auto [lo, g] : runs) {
-    for (; hi > lo; hi -= per) buckets_.push_back({std::max(lo, hi - per), hi, g, {}});
-    hi = lo;
-  }
+  for (const BucketRange& b : ddp_buckets(chunk.registry(), numel, per, edp_ != nullptr))
+    buckets_.push_back({b.lo, b.hi, b.experts ? edp_ : &dp_, {}});
   for (const PlanItem& item : plan(cfg, chunk.layout(), tp_.rank(), be_.dtype(), be_.device()))
     if (item.name == "grad_reduce_bf16") low_ = be_.alloc().empty(item);
   adam_ = std::make_unique<AdamW>(

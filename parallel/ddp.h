@@ -16,6 +16,17 @@
 
 namespace loom {
 
+// A gradient bucket: a range [lo, hi) of the flat buffer, of experts' tensors (reduced over
+// expert-dp) or dense ones (over dp).
+struct BucketRange {
+  int64_t lo, hi;
+  bool experts;
+};
+// The buckets of a registry's flat buffer of `numel`, in launch order (from the end, as backward
+// finishes gradients): runs of tensors of one kind (experts apart only where `experts_apart`),
+// each cut from its end into buckets of at most `per` elements.
+std::vector<BucketRange> ddp_buckets(const ParamRegistry& reg, int64_t numel, int64_t per, bool experts_apart);
+
 class Ddp final : public DataParallel {
  public:
   Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock);

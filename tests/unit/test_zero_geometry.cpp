@@ -1,12 +1,15 @@
-// ZeRO's geometry without a run: over every dp rank, the shards cover each element of the
-// model once, each starting at a multiple of the norm's block from its unit's start, and the
-// optimizer tables cut the same norm blocks at every dp as the single rank's table does (what
-// makes the exact gradient norm the same bits on any number of ranks).
+// Data parallel's geometry without a run. ZeRO: over every dp rank, the shards cover each
+// element of the model once, each starting at a multiple of the norm's block from its unit's
+// start, and the optimizer tables cut the same norm blocks at every dp as the single rank's
+// table does (what makes the exact gradient norm the same bits on any number of ranks). DDP:
+// the buckets cover the buffer once from its end, none larger than asked, none mixing experts'
+// tensors with dense ones.
 #include <algorithm>
 #include <tuple>
 
 #include "model/layout.h"
 #include "optim/adamw.h"
+#include "parallel/ddp.h"
 #include "parallel/zero.h"
 #include "testing.h"
 
@@ -87,5 +90,41 @@ TEST(ZeroGeometry, EveryDpCutsTheNormBlocksOfOneRank) {
           all.push_back(c);
       EXPECT_EQ(counted(all), one) << arch << " dp " << dp;
     }
+  }
+}
+
+TEST(DdpGeometry, BucketsCoverTheBufferFromTheEndWithoutMixingKinds) {
+  for (bool moe : {false, true}) {
+    Config cfg = small(moe ? "llama" : "gpt2", 64);
+    if (moe) {
+      config_set(cfg, "model.moe.num_experts=4");
+      config_validate(cfg);
+    }
+    const ModelLayout layout = model_layout(cfg);
+    const int64_t numel = int64_t(layout.reg.numel());
+    for (int64_t per : {int64_t(1000), int64_t(4096), numel + 1})
+      for (bool apart : {false, true}) {
+        const std::vector<BucketRange> b = ddp_buckets(layout.reg, numel, per, apart);
+        ASSERT_FALSE(b.empty());
+        EXPECT_EQ(b.front().hi, numel);
+        EXPECT_EQ(b.back().lo, 0);
+        bool any_experts = false;
+        for (size_t i = 0; i < b.size(); ++i) {
+          EXPECT_GT(b[i].hi, b[i].lo);
+          EXPECT_LE(b[i].hi - b[i].lo, per);
+          if (i > 0) {
+            EXPECT_EQ(b[i].hi, b[i - 1].lo) << "launch order is from the end, with no gap";
+          }
+          for (const ParamSpec& s : layout.reg.all())
+            if (int64_t(s.offset) < b[i].hi && int64_t(s.offset) + s.numel() > b[i].lo) {
+              EXPECT_EQ(apart && expert_param(s.name), b[i].experts) << s.name << " in bucket " << i;
+            }
+          any_experts = any_experts || b[i].experts;
+        }
+        EXPECT_EQ(any_experts, moe && apart);
+        if (!apart) {
+          EXPECT_EQ(int64_t(b.size()), (numel + per - 1) / per) << "one run: cut only by size";
+        }
+      }
   }
 }
