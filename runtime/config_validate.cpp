@@ -27,12 +27,10 @@ void check_one_of(const std::string& key, const std::string& v, std::initializer
 void check_positive(const std::string& key, int64_t v) {
   LOOM_CHECK(v > 0, "{} = {} must be positive", key, v);
 }
-}  // namespace
 
-void config_validate(Config& cfg) {
-  config_paths_check(cfg);
+// The shapes: heads that divide the width, gpt2 and llama each with its own rules, MoE keys.
+void model_validate(Config& cfg) {
   auto& m = cfg.model;
-  auto& t = cfg.train;
   if (!cfg.set_keys.count("model.tie_embeddings")) m.tie_embeddings = m.arch == Arch::gpt2;
   check_positive("model.n_layer", m.n_layer);
   check_positive("model.d_model", m.d_model);
@@ -88,7 +86,11 @@ void config_validate(Config& cfg) {
       LOOM_CHECK(!differs,
                  "{} is set but model.moe.num_experts = 0, so it would do nothing; set num_experts or remove it", key);
   }
+}
 
+// The batch, the schedule, the optimizer, threads and the device.
+void train_validate(Config& cfg) {
+  auto& t = cfg.train;
   check_positive("train.micro_batch", t.micro_batch);
   check_positive("train.global_batch", t.global_batch);
   LOOM_CHECK(t.steps >= 0, "train.steps = {} must be >= 0", t.steps);
@@ -134,7 +136,11 @@ void config_validate(Config& cfg) {
                "d_model / n_head = {}; change model.n_head or use train.device = \"cpu\"",
                t.device, hd);
   }
+}
 
+// The sources, the tokenizer and its files, validation and document masks.
+void data_validate(Config& cfg) {
+  auto& m = cfg.model;
   auto& d = cfg.data;
   if (d.source != DataKind::synthetic)
     LOOM_CHECK(!d.path.empty() || !d.sources.empty(), "data.source = \"{}\" needs data.path (or [[data.sources]])",
@@ -200,7 +206,13 @@ void config_validate(Config& cfg) {
                "set data.doc_token",
                cfg.doc_token(), d.tokenizer, m.vocab_size);
   }
+}
 
+// The layout: every degree divides what it splits, and no key that would do nothing at degree 1.
+void parallel_validate(Config& cfg) {
+  auto& m = cfg.model;
+  auto& t = cfg.train;
+  const int kv = cfg.kv_heads();
   auto& p = cfg.parallel;
   check_positive("parallel.dp", p.dp);
   check_positive("parallel.tp", p.tp);
@@ -296,6 +308,11 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
   LOOM_CHECK(p.timeout_s >= 0, "parallel.timeout_s = {} must be >= 0 (0 turns the watchdog off)", p.timeout_s);
   LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
+}
+
+// The drills: each parses, names a rank of the job, and could fire.
+void fault_validate(Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
   const FaultConfig& f = cfg.fault;
   const int world = cfg.world();
   LOOM_CHECK(!cfg.log.grad_norms || world == 1,
@@ -358,6 +375,10 @@ void config_validate(Config& cfg) {
   LOOM_CHECK(f.spike_factor == 0 || f.spike_factor > 1, "fault.spike_factor = {}: 0 (off) or above 1", f.spike_factor);
   LOOM_CHECK(f.max_skips >= 0, "fault.max_skips = {} must be >= 0 (0: roll back at the first skip)", f.max_skips);
   LOOM_CHECK(f.sdc_every >= 0, "fault.sdc_every = {} must be >= 0 (0: off)", f.sdc_every);
+}
+
+// Checkpoints, logs and the export.
+void checkpoint_log_validate(Config& cfg) {
   const CheckpointConfig& k = cfg.checkpoint;
   LOOM_CHECK(k.every >= 0, "checkpoint.every = {} must be >= 0 (0: never)", k.every);
   LOOM_CHECK(k.keep >= 1, "checkpoint.keep = {} must be at least 1", k.keep);
@@ -395,6 +416,18 @@ void config_validate(Config& cfg) {
     LOOM_CHECK(a <= cfg.train.steps, "log.profile_steps = \"{}\" starts after the run's last step ({})",
                cfg.log.profile_steps, cfg.train.steps);
   }
+}
+
+}  // namespace
+
+void config_validate(Config& cfg) {
+  config_paths_check(cfg);
+  model_validate(cfg);
+  train_validate(cfg);
+  data_validate(cfg);
+  parallel_validate(cfg);
+  fault_validate(cfg);
+  checkpoint_log_validate(cfg);
 }
 
 std::pair<int64_t, int64_t> trace_steps_parse(const std::string& spec) {
