@@ -129,6 +129,16 @@ struct Trainer::Parts {
     if (opt.verbose) info(f, std::forward<A>(a)...);
   }
 
+  // trainer.cpp, in the order Trainer::Trainer calls them (gpus: the CUDA devices visible).
+  // The device and dtype, the export's target, threads and memory, the ranks' agreement on the
+  // config and on the files they see, the data: what can fail before anything is allocated.
+  void preflight(int gpus);
+  // The mesh and its groups, the stream, allocator and backend, this rank's pipeline chunk,
+  // DDP or ZeRO over dp, the executor, the step log and the drills.
+  void build(int gpus);
+  // The checkpointer, with the drills that act on its writes (checkpoint.every > 0).
+  void checkpoint_wire();
+
   // step.cpp, in the order a step calls them.
   struct StepStart {  // what a step's metrics are measured from
     CommCounters dp, tp;
