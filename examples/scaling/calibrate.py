@@ -186,13 +186,28 @@ def main():
     a = ap.parse_args()
     sets = [x for s in a.set for x in ("--set", s)]
     # Everything checked before the first run: a calibration takes minutes.
-    outputs.out_check("calibrate", a.out, a.force)
     outputs.file_check("calibrate", a.loom, "--loom")
     outputs.program_check("calibrate", a.launch, "--launch")
     if a.inter_launch:
         outputs.program_check("calibrate", a.inter_launch, "--inter-launch")
     if not all(x.strip().isdigit() and int(x) > 0 for x in a.ranks.split(",")):
         outputs.fail("calibrate", f"--ranks {a.ranks}: rank counts, as 2 or 2,4")
+    if a.nodes < 1 or a.per_node < 1:
+        outputs.fail("calibrate", f"--nodes {a.nodes} --per-node {a.per_node}: both count, from 1")
+    if not 0 <= a.overlap <= 1:
+        outputs.fail("calibrate", f"--overlap {a.overlap}: a share, from 0 to 1")
+    try:
+        max_mb = float(a.max_mb)
+    except ValueError:
+        max_mb = float("nan")
+    if not 0 < max_mb <= 16384:
+        outputs.fail("calibrate", f"--max-mb {a.max_mb}: megabytes, above 0 and at most 16384 (loom bench comm's)")
+    # The training run's config, as loom reads it (a key that does not exist, a shape that does not divide).
+    checked = subprocess.run([a.loom, "train", "--print-config"] + sets, capture_output=True, text=True)
+    if checked.returncode != 0:
+        why = (checked.stderr.strip().splitlines() or ["status %d" % checked.returncode])[-1]
+        outputs.fail("calibrate", f"--set: {why.removeprefix('error: ')}")
+    outputs.out_check("calibrate", a.out, a.force)  # last: it makes the folder
 
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "loom", "cpu_peak.json")
     if not os.path.exists(cache):

@@ -42,6 +42,14 @@ refused "a bad --sweep" "--sweep 'parallel.tp' is not KEY=V1" \
 refused "calibrate without loom" "--loom no/loom is not a file" python3 "$s/calibrate.py" --loom no/loom --out new/b/c.toml
 refused "calibrate with a bad launcher" "--launch 'no-such-launcher -np'" \
   python3 "$s/calibrate.py" --loom "$loom" --launch "no-such-launcher -np" --out new/b/c.toml
+refused "calibrate --nodes 0" "--nodes 0 --per-node 4: both count" python3 "$s/calibrate.py" --loom "$loom" \
+  --nodes 0 --out new/b/c.toml
+refused "calibrate --overlap 7" "--overlap 7.0: a share" python3 "$s/calibrate.py" --loom "$loom" --overlap 7 --out new/b/c.toml
+refused "calibrate --max-mb abc" "--max-mb abc: megabytes" python3 "$s/calibrate.py" --loom "$loom" --max-mb abc \
+  --out new/b/c.toml
+refused "calibrate --set of no key" "--set: .*model.n_layers" python3 "$s/calibrate.py" --loom "$loom" \
+  --set model.n_layers=2 --out new/b/c.toml
+[ ! -e new/b ] || fail "a refused calibration left its --out folder"
 # plot.py: in a virtual environment (no matplotlib), Debian's Python draws; without it, a sentence.
 if /usr/bin/python3 -c "import matplotlib" 2> /dev/null && /usr/bin/python3 -m venv --without-pip venv 2> /dev/null; then
   venv/bin/python "$s/plot.py" --out-dir plots/new "$src/examples/scaling/results/strong.csv" > plot.log 2>&1 ||
