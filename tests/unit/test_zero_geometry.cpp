@@ -128,3 +128,14 @@ TEST(DdpGeometry, BucketsCoverTheBufferFromTheEndWithoutMixingKinds) {
       }
   }
 }
+
+// The planner's count of a run's optimizer chunks (arithmetic) is the table's (a walk).
+TEST(OptChunks, CountIsTheTablesLength) {
+  for (int64_t block : {int64_t(64), int64_t(512), int64_t(1024), int64_t(kOptChunk) * 2})
+    for (int64_t at : {int64_t(0), int64_t(1), block - 1, block, 3 * block + 7})
+      for (int64_t n : {int64_t(0), int64_t(1), block - at % block, block, 5 * block + 3, int64_t(100000)}) {
+        std::vector<OptChunk> table;
+        opt_chunks_add(table, 0, 0, 0, n, false, true, at, block);
+        EXPECT_EQ(opt_chunks_count(n, at, block), table.size()) << "n " << n << " at " << at << " block " << block;
+      }
+}
