@@ -126,8 +126,7 @@ std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks
 
 namespace {
 // How far into its unit a run starts (the norm's blocks count from the unit's start).
-int64_t unit_offset(const ModelLayout& layout, int64_t flat) {
-  const std::vector<int64_t> units = unit_starts(layout);
+int64_t unit_offset(const std::vector<int64_t>& units, int64_t flat) {
   return flat - *(std::upper_bound(units.begin(), units.end(), flat) - 1);
 }
 }  // namespace
@@ -135,11 +134,12 @@ int64_t unit_offset(const ModelLayout& layout, int64_t flat) {
 std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank,
                                       const char* uncounted) {
   std::vector<OptChunk> chunks;
+  const std::vector<int64_t> units = unit_starts(layout);
   for (const StateRun& run : zero_state_runs(layout, z))
     opt_chunks_add(chunks, run.state, stage >= 3 ? run.state : run.flat, stage >= 2 ? run.state : run.flat, run.n,
                    run.spec->decay,
                    (!run.spec->replicated() || tp_rank == 0) && !(uncounted && run.spec->name == uncounted),
-                   unit_offset(layout, run.flat), z.block);
+                   unit_offset(units, run.flat), z.block);
   return chunks;
 }
 
@@ -178,8 +178,9 @@ std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, i
       if (e.aux) p.push_back({"zero_param_aux", e.aux, dtype, Mem::comm});
     }
   size_t n_chunks = 0;
+  const std::vector<int64_t> units = unit_starts(layout);
   for (const StateRun& run : zero_state_runs(layout, z))
-    n_chunks += opt_chunks_count(run.n, unit_offset(layout, run.flat), z.block);
+    n_chunks += opt_chunks_count(run.n, unit_offset(units, run.flat), z.block);
   for (auto& item : AdamW::plan(g.shard, dtype != DType::f32, n_chunks, device)) p.push_back(item);
   return p;
 }
