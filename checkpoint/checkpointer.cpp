@@ -398,7 +398,7 @@ int64_t checkpoint_load(const std::string& dir, const Config& cfg, const ParamRe
   // Every tensor of the manifest is one of the model's state, as `loom ckpt verify` requires: a
   // manifest naming more was not written by a run of this model.
   std::set<std::string> state;
-  const ModelLayout layout = model_layout(cfg);
+  const ModelLayout layout = model_layout(model_dims(cfg));
   for (const ParamSpec& s : layout.reg.all())
     for (const char* kind : kKinds) state.insert(std::string(kind) + "/" + s.name);
   for (const auto& [name, t] : m.tensors)

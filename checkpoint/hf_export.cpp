@@ -278,10 +278,11 @@ void model_config_check_file(const Config& cfg, const std::string& weights_path,
   // than the file holds would be built whole before a tensor is compared.
   double held = 0;
   for (auto& [name, shape] : weights_shapes(weights_path)) held += double(shape_numel(shape));  // each fits the file
-  LOOM_CHECK(param_count_f64(cfg) <= held,
+  const double described = param_count_f64(model_dims(cfg));
+  LOOM_CHECK(described <= held,
              "'{}' holds {:.4g} parameters and the model its {} describe has {:.4g}; correct the description, or "
              "pass --config with the [model] section the weights were trained with",
-             weights_path, held, origin, param_count_f64(cfg));
+             weights_path, held, origin, described);
 }
 
 }  // namespace loom

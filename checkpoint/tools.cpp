@@ -39,14 +39,15 @@ std::vector<std::string> model_problems(const std::string& dir, const Manifest& 
   double held = 0;
   for (auto& [name, t] : m.tensors)
     if (name.rfind("params/", 0) == 0) held += double(shape_numel(t.shape));
-  if (param_count_f64(cfg) != held) {
+  const ModelDims model = model_dims(cfg);
+  if (param_count_f64(model) != held) {
     bad.push_back(
         fmt::format("'{}': its config describes a model of {:.6g} parameters and its params/ tensors hold {:.6g}", path,
-                    param_count_f64(cfg), held));
-    if (param_count_f64(cfg) > 4 * held + 1e6) return bad;
+                    param_count_f64(model), held));
+    if (param_count_f64(model) > 4 * held + 1e6) return bad;
   }
   std::map<std::string, Shape> want;
-  const ModelLayout layout = model_layout(cfg);
+  const ModelLayout layout = model_layout(model);
   for (const ParamSpec& s : layout.reg.all())
     for (const char* kind : {"params", "exp_avg", "exp_avg_sq"})
       if (!params_only || kind == std::string("params")) want[std::string(kind) + "/" + s.name] = s.global_shape;

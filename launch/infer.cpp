@@ -250,7 +250,7 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
 
   threads_set(opt.threads > 0 ? opt.threads : cfg.train.threads);
   memory_fit_rough(cfg, DType::f32, 1, memory_available(DeviceKind::cpu, 1));  // before the CachedDecoder allocates
-  CachedDecoder dec(cfg, [&](const ParamRegistry& reg, float* w) { return model_load(reg, w, opt.from); });
+  CachedDecoder dec(model_dims(cfg), [&](const ParamRegistry& reg, float* w) { return model_load(reg, w, opt.from); });
   if (!dec.unused().empty())
     fmt::print(stderr, "{} tensors in {} unused (first: {})\n", dec.unused().size(), opt.from, dec.unused().front());
   const int room = dec.context() - int(ids.size());

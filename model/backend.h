@@ -111,7 +111,9 @@ class Backend {
   // are the master weights; else master is updated and params get its bf16 rounding.
   virtual void adamw(float* master, Ptr params, const float* grads, float* m, float* v, const OptTable& t,
                      const AdamScalars& a, const float* grad_scale) = 0;
-  virtual void loss_accumulate(double* acc, const float* losses, int N) = 0;  // *acc += sum
+  // acc[kExactDigits] (exact digits, runtime/exact_digits.h) += the sum of losses[N], the sum
+  // taken in double in a fixed order: the micro-batch's loss, whatever rank computed it.
+  virtual void loss_accumulate(double* acc, const float* losses, int N) = 0;
 
   // The decoder's ops (kernels/ops.h gives each one's semantics).
   virtual void embedding_forward(Ptr out, const Inputs& in, Ptr wte, int v0, int Vl, Ptr wpe, int B, int T, int C) = 0;
@@ -212,21 +214,21 @@ class Backend {
                          const float* rowmax, const float* sumexp, const float* target, float dloss) = 0;
 };
 
-// The CPU backend for cfg's shapes (dtype f32 or bf16), over `alloc`.
-std::unique_ptr<Backend> cpu_backend(const Config& cfg, DType dtype, Allocator& alloc);
+// The CPU backend for dims's shapes (dtype f32 or bf16), over `alloc`.
+std::unique_ptr<Backend> cpu_backend(const ModelDims& dims, DType dtype, Allocator& alloc);
 // Its working memory (the fp32 widening of bf16 GEMM operands), for the planner.
-std::vector<PlanItem> cpu_backend_plan(const Config& cfg, DType dtype);
+std::vector<PlanItem> cpu_backend_plan(const ModelDims& dims, DType dtype);
 // The CUDA backend on the emulated device (kernels/emu; every build): the same source and
 // kernels as cuda_backend, over an allocator and stream of DeviceKind::cuda_emulated.
-std::unique_ptr<Backend> cuda_emulated_backend(const Config& cfg, Allocator& alloc);
+std::unique_ptr<Backend> cuda_emulated_backend(const ModelDims& dims, Allocator& alloc);
 #if LOOM_HAVE_CUDA
 // The CUDA backend (bf16) on the current device, over `alloc` (whose stream it computes on).
-std::unique_ptr<Backend> cuda_backend(const Config& cfg, Allocator& alloc);
+std::unique_ptr<Backend> cuda_backend(const ModelDims& dims, Allocator& alloc);
 #endif
 // The CUDA backend's working memory (GEMM workspace, staged inputs, norm scratch).
-std::vector<PlanItem> cuda_backend_plan(const Config& cfg);
+std::vector<PlanItem> cuda_backend_plan(const ModelDims& dims);
 // Slots of staged inputs: one per micro-batch of a step (2 to 64), so a step's uploads never
 // wait for an earlier one's (the step's end synchronizes the stream anyway).
-int cuda_input_slots(const Config& cfg);
+int cuda_input_slots(const ModelDims& dims);
 
 }  // namespace loom

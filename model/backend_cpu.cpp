@@ -22,17 +22,17 @@ constexpr int kRowBlock = 128;  // rows of a bf16 GEMM widened at a time
 struct GemmDims {
   int64_t kmax = 0, nmax = 0, wmax = 0;
 };
-GemmDims gemm_dims(const Config& cfg) {
-  const int tp = cfg.parallel.tp;
-  const int64_t C = cfg.model.d_model, D = cfg.head_dim(), H = cfg.model.n_head / tp, KV = cfg.kv_heads() / tp;
-  const int64_t F = cfg.model.d_ff / tp, V = cfg.vocab_padded() / tp;
-  const int64_t qkv = (H + 2 * KV) * D, fc = cfg.model.arch == Arch::llama ? 2 * F : F;
+GemmDims gemm_dims(const ModelDims& dims) {
+  const int tp = dims.tp;
+  const int64_t C = dims.C, D = dims.D, H = dims.H / tp, KV = dims.KV / tp;
+  const int64_t F = dims.F / tp, V = dims.V_padded() / tp;
+  const int64_t qkv = (H + 2 * KV) * D, fc = dims.arch == Arch::llama ? 2 * F : F;
   GemmDims g;
   for (int64_t k : {C, H * D, F}) g.kmax = std::max(g.kmax, k);
   for (int64_t n : {qkv, C, fc, V}) g.nmax = std::max(g.nmax, n);
   for (int64_t w : {C * qkv, H * D * C, C * fc, F * C, V * C}) g.wmax = std::max(g.wmax, w);
-  if (const int64_t E = cfg.model.moe.num_experts; E > 0) {  // experts are whole under tp; the router
-    const int64_t Fe = cfg.model.d_ff;
+  if (const int64_t E = dims.moe.num_experts; E > 0) {  // experts are whole under tp; the router
+    const int64_t Fe = dims.F;
     g.kmax = std::max({g.kmax, Fe});
     g.nmax = std::max({g.nmax, 2 * Fe, E});
     g.wmax = std::max({g.wmax, 2 * Fe * C, E * C});
@@ -42,10 +42,10 @@ GemmDims gemm_dims(const Config& cfg) {
 
 }  // namespace
 
-std::vector<PlanItem> cpu_backend_plan(const Config& cfg, DType dtype) {
+std::vector<PlanItem> cpu_backend_plan(const ModelDims& dims, DType dtype) {
   if (dtype == DType::f32) return {};
-  const GemmDims g = gemm_dims(cfg);
-  const int64_t rows = std::min<int64_t>(kRowBlock, int64_t(cfg.train.micro_batch) * cfg.local_seq());
+  const GemmDims g = gemm_dims(dims);
+  const int64_t rows = std::min<int64_t>(kRowBlock, int64_t(dims.B) * dims.T_local());
   // A block of rows of a GEMM's input (x), its output or output gradient (y), and its input
   // gradient (dx); the weight; the bias.
   return {{"gemm_wide_w", g.wmax, DType::f32, Mem::workspace},
@@ -61,10 +61,10 @@ using cpu::ld;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const Config& cfg, DType dtype, Allocator& alloc)
-      : traits_(backend_traits(DeviceKind::cpu, dtype, cfg)), alloc_(alloc) {
-    for (auto& item : cpu_backend_plan(cfg, dtype)) wide_.push_back(alloc.empty(item));
-    if (!wide_.empty()) rows_ = int(wide_[X].numel() / std::max<int64_t>(1, gemm_dims(cfg).kmax));
+  CpuBackend(const ModelDims& dims, DType dtype, Allocator& alloc)
+      : traits_(backend_traits(DeviceKind::cpu, dtype, dims)), alloc_(alloc) {
+    for (auto& item : cpu_backend_plan(dims, dtype)) wide_.push_back(alloc.empty(item));
+    if (!wide_.empty()) rows_ = int(wide_[X].numel() / std::max<int64_t>(1, gemm_dims(dims).kmax));
   }
   const BackendTraits& traits() const override { return traits_; }
   const Stream& stream() const override { return host_stream(); }
@@ -146,7 +146,7 @@ class CpuBackend final : public Backend {
   void loss_accumulate(double* acc, const float* losses, int N) override {
     double s = 0.0;
     for (int n = 0; n < N; ++n) s += losses[n];
-    *acc += s;
+    exact_accumulate(acc, s);
   }
 
   void embedding_forward(Ptr out, const Inputs& in, Ptr wte, int v0, int Vl, Ptr wpe, int B, int T, int C) override {
@@ -432,9 +432,9 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> cpu_backend(const Config& cfg, DType dtype, Allocator& alloc) {
+std::unique_ptr<Backend> cpu_backend(const ModelDims& dims, DType dtype, Allocator& alloc) {
   LOOM_CHECK(dtype == DType::f32 || dtype == DType::bf16, "the CPU computes in f32 or bf16, not {}", dtype_name(dtype));
-  return std::make_unique<CpuBackend>(cfg, dtype, alloc);
+  return std::make_unique<CpuBackend>(dims, dtype, alloc);
 }
 
 }  // namespace loom

@@ -39,24 +39,24 @@ const cuda::OptChunkDev* table_of(const OptTable& t) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Config& cfg, Allocator& alloc)
-      : traits_(backend_traits(kDevice, DType::bf16, cfg)),
+  CudaBackend(const ModelDims& dims, Allocator& alloc)
+      : traits_(backend_traits(kDevice, DType::bf16, dims)),
         alloc_(alloc),
         stream_(alloc.stream()),
         s_(static_cast<cudaStream_t>(stream_.handle)) {
     LOOM_CHECK(alloc.device() == kDevice && stream_.kind == kDevice,
                "the {} backend needs an allocator and a stream of its device", cuda_api(kDevice).name);
-    for (auto& item : cuda_backend_plan(cfg)) ws_.push_back(alloc.empty(item));
+    for (auto& item : cuda_backend_plan(dims)) ws_.push_back(alloc.empty(item));
     gemm_ = std::make_unique<cuda::GemmContext>(ws_[0].data<char>(), ws_[0].nbytes());
-    N_ = cfg.train.micro_batch * cfg.local_seq();
-    staged_.resize(size_t(cuda_input_slots(cfg)));
+    N_ = dims.B * dims.T_local();
+    staged_.resize(size_t(cuda_input_slots(dims)));
     slot_elems_ = ws_[1].numel() / int64_t(staged_.size());
     LOOM_CUDA_CHECK(cudaMallocHost(&staging_, size_t(ws_[1].numel()) * 4));
     for (Staged& st : staged_) LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
-    if (const int cp = cfg.parallel.cp; cp > 1) {  // the block kernels' masks, uploaded once
+    if (const int cp = dims.cp; cp > 1) {  // the block kernels' masks, uploaded once
       std::vector<int32_t> table;
       for (int r = 0; r < cp; ++r) {
-        const std::vector<int32_t> p = cp_positions(cfg.model.seq_len, cp, r);
+        const std::vector<int32_t> p = cp_positions(dims.T, cp, r);
         table.insert(table.end(), p.begin(), p.end());
       }
       LOOM_CHECK(int64_t(table.size()) == ws_[4].numel(), "cp_positions planned {} words, {} needed", ws_[4].numel(),
@@ -373,12 +373,12 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 #if defined(LOOM_CUDA_EMULATION)
-std::unique_ptr<Backend> cuda_emulated_backend(const Config& cfg, Allocator& alloc) {
-  return std::make_unique<CudaBackend>(cfg, alloc);
+std::unique_ptr<Backend> cuda_emulated_backend(const ModelDims& dims, Allocator& alloc) {
+  return std::make_unique<CudaBackend>(dims, alloc);
 }
 #else
-std::unique_ptr<Backend> cuda_backend(const Config& cfg, Allocator& alloc) {
-  return std::make_unique<CudaBackend>(cfg, alloc);
+std::unique_ptr<Backend> cuda_backend(const ModelDims& dims, Allocator& alloc) {
+  return std::make_unique<CudaBackend>(dims, alloc);
 }
 #endif
 

@@ -6,31 +6,28 @@
 
 namespace loom {
 
-int cuda_input_slots(const Config& cfg) {
-  return std::clamp(cfg.accum_steps(), 2, 64);
+int cuda_input_slots(const ModelDims& dims) {
+  return std::clamp(dims.accum, 2, 64);
 }
 
-std::vector<PlanItem> cuda_backend_plan(const Config& cfg) {
-  const int64_t N = int64_t(cfg.train.micro_batch) * cfg.local_seq();
-  const int C = cfg.model.d_model, E = cfg.model.moe.num_experts;
+std::vector<PlanItem> cuda_backend_plan(const ModelDims& dims) {
+  const int64_t N = int64_t(dims.B) * dims.T_local();
+  const int C = dims.C, E = dims.moe.num_experts;
   constexpr int64_t kMaxColumnChunks = 64;  // kernels/cuda/ops_cuda.h's kMaxRowChunks
   return {{"cublaslt_workspace", int64_t(32) << 18, DType::i32,
            Mem::workspace},  // 32 MiB
                              // a slot per micro-batch of a step (cuda_input_slots) of tokens [N], targets [N] and
                              // the embedding gradient's token index [up to 3N + 1]
           // (data.doc_mask or cp: and the positions [N] with the rows at each position [T + 1 + N])
-          {"inputs",
-           cuda_input_slots(cfg) *
-               (5 * N + 1 + (cfg.data.doc_mask || cfg.parallel.cp > 1 ? 2 * N + cfg.model.seq_len + 1 : 0)),
+          {"inputs", cuda_input_slots(dims) * (5 * N + 1 + (dims.doc_mask || dims.cp > 1 ? 2 * N + dims.T + 1 : 0)),
            DType::i32, Mem::workspace},
           {"norm_partials", 1024, DType::f64, Mem::workspace},
           // the column sums' partials (weight, bias and router gradients), for the widest
           // column count: a bias of 3C or F, a norm's C, the experts
-          {"column_partials", 2 * kMaxColumnChunks * std::max({3 * int64_t(C), int64_t(cfg.model.d_ff), int64_t(E)}),
+          {"column_partials", 2 * kMaxColumnChunks * std::max({3 * int64_t(C), int64_t(dims.F), int64_t(E)}),
            DType::f32, Mem::workspace},
           // context parallel: every cp rank's token positions, the block kernels' masks
-          {"cp_positions", cfg.parallel.cp > 1 ? int64_t(cfg.parallel.cp) * cfg.local_seq() : 0, DType::i32,
-           Mem::workspace}};
+          {"cp_positions", dims.cp > 1 ? int64_t(dims.cp) * dims.T_local() : 0, DType::i32, Mem::workspace}};
 }
 
 }  // namespace loom

@@ -10,17 +10,18 @@
 
 namespace loom {
 
-CachedDecoder::CachedDecoder(const Config& cfg, const WeightLoader& load) : cfg_(cfg) {
-  cfg_.parallel = ParallelConfig{};  // one process holds every tensor whole
-  LOOM_CHECK(cfg_.model.moe.num_experts == 0,
+CachedDecoder::CachedDecoder(const ModelDims& dims, const WeightLoader& load) : dims_(dims) {
+  dims_.tp = dims_.cp = dims_.ep = dims_.dp = 1;  // one process holds every tensor whole
+  dims_.sp = false;
+  LOOM_CHECK(dims_.moe.num_experts == 0,
              "generation with MoE layers is not supported yet (the decoder has no expert routing); use a dense model");
-  layout_ = model_layout(cfg_);
+  layout_ = model_layout(dims_);
   w_.resize(layout_.reg.numel());
   unused_ = load(layout_.reg, w_.data());
-  const ModelConfig& m = cfg_.model;
-  T_ = m.seq_len, C_ = m.d_model, H_ = m.n_head, KV_ = cfg_.kv_heads(), D_ = cfg_.head_dim(), F_ = m.d_ff;
-  V_ = m.vocab_size, Vp_ = int(cfg_.vocab_padded()), L_ = m.n_layer;
-  llama_ = m.arch == Arch::llama;
+  const ModelDims& m = dims_;
+  T_ = m.T, C_ = m.C, H_ = m.H, KV_ = m.KV, D_ = m.D, F_ = m.F;
+  V_ = m.vocab, Vp_ = int(m.V_padded()), L_ = m.L;
+  llama_ = m.llama();
   k_.assign(size_t(L_) * size_t(T_) * size_t(KV_ * D_), 0.0f);
   v_.assign(k_.size(), 0.0f);
   if (llama_) {
@@ -82,9 +83,9 @@ std::vector<float> CachedDecoder::forward(const int32_t* tokens, int n, bool all
     LOOM_CHECK(tokens[i] >= 0 && tokens[i] < V_, "token id {} is outside the model's vocabulary of {}", tokens[i], V_);
   using cpu::WLayout;
   const WLayout wl = llama_ ? WLayout::out_in : WLayout::in_out;
-  const HeadNames names = head_names(cfg_);
+  const HeadNames names = head_names(dims_);
   const int qkvw = (H_ + 2 * KV_) * D_, fcw = llama_ ? 2 * F_ : F_, kvw = KV_ * D_;
-  const float eps = float(cfg_.model.norm_eps);
+  const float eps = float(dims_.norm_eps);
   std::vector<float> x(size_t(n) * C_), h(x.size()), tmp(x.size()), qkv(size_t(n) * qkvw), att(size_t(n) * H_ * D_),
       fc(size_t(n) * fcw), act(size_t(n) * F_), mean(static_cast<size_t>(n)), rstd(static_cast<size_t>(n));
   const float* wpe = named(names.wpe);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "model/layout.h"
-#include "runtime/config.h"
+#include "model/model_dims.h"
 
 namespace loom {
 
@@ -21,8 +21,8 @@ using WeightLoader = std::function<std::vector<std::string>(const ParamRegistry&
 
 class CachedDecoder {
  public:
-  // cfg: its model section; parallel keys are ignored (one process, fp32).
-  CachedDecoder(const Config& cfg, const WeightLoader& load);
+  // dims: the model's shapes; its parallel degrees are ignored (one process, fp32).
+  CachedDecoder(const ModelDims& dims, const WeightLoader& load);
   // Feeds tokens at positions [pos(), pos() + n) and returns their logits over the real
   // vocabulary: [n, V] with all_rows, else the last row's [V].
   std::vector<float> forward(const int32_t* tokens, int n, bool all_rows = false);
@@ -36,7 +36,7 @@ class CachedDecoder {
   const float* at(int layer, WField f) const;
   const float* named(const char* name) const;
   void attend(float* out, const float* qkv, int layer, int n) const;
-  Config cfg_;
+  ModelDims dims_;
   ModelLayout layout_;
   std::vector<float> w_;
   std::vector<std::string> unused_;

@@ -17,21 +17,21 @@ void cp_select(int32_t* out, const int32_t* in, int B, int T, int cp, int rank) 
     for (int t = 0; t < Tl; ++t) out[b * Tl + t] = in[int64_t(b) * T + pos[size_t(t)]];
 }
 
-ContextParallel::ContextParallel(const Config& cfg, Backend& be, ProcessGroup& cp, Trace& trace, StepClock* clock)
+ContextParallel::ContextParallel(const ModelDims& dims, Backend& be, ProcessGroup& cp, Trace& trace, StepClock* clock)
     : be_(be),
       cp_(cp),
       trace_(trace),
       clock_(clock),
-      ring_(cfg.parallel.cp_attention == CpAttentionKind::ring),
-      overlap_(cfg.parallel.cp_overlap),
+      ring_(dims.cp_attention == CpAttentionKind::ring),
+      overlap_(dims.cp_overlap),
       N_(cp.size()),
       rank_(cp.rank()),
-      B_(cfg.train.micro_batch),
-      Tl_(cfg.local_seq()),
+      B_(dims.B),
+      Tl_(dims.T_local()),
       table_(be.cp_position_table()) {
-  LOOM_CHECK(N_ == cfg.parallel.cp, "the cp group has {} ranks but parallel.cp = {}", N_, cfg.parallel.cp);
+  LOOM_CHECK(N_ == dims.cp, "the cp group has {} ranks but parallel.cp = {}", N_, dims.cp);
   for (int r = 0; r < N_; ++r) {
-    const std::vector<int32_t> p = cp_positions(cfg.model.seq_len, N_, r);
+    const std::vector<int32_t> p = cp_positions(dims.T, N_, r);
     pos_.insert(pos_.end(), p.begin(), p.end());
   }
   const int32_t* own = pos_.data() + size_t(rank_) * Tl_;

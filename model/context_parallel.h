@@ -41,7 +41,7 @@ class ContextParallel {
  public:
   // cp: the context-parallel group (of parallel.cp ranks); clock (may be null) is charged with
   // the time spent waiting for transfers, which is the exposed communication.
-  ContextParallel(const Config& cfg, Backend& be, ProcessGroup& cp, Trace& trace, StepClock* clock);
+  ContextParallel(const ModelDims& dims, Backend& be, ProcessGroup& cp, Trace& trace, StepClock* clock);
   // The global positions of this rank's tokens, [B * T / cp] (each sequence's the same).
   const std::vector<int32_t>& token_positions() const { return token_pos_; }
   ProcessGroup& group() const { return cp_; }

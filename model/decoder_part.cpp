@@ -4,6 +4,7 @@
 
 #include "model/decoder_part_bufs.h"
 #include "model/tensor_parallel.h"
+#include "runtime/exact_digits.h"
 
 namespace loom {
 
@@ -18,37 +19,37 @@ class DecoderPart::FlatAccess final : public UnitAccess {
   DecoderPart& c_;
 };
 
-DecoderPart::DecoderPart(const Config& cfg, const PartSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
+DecoderPart::DecoderPart(const ModelDims& dims, const PartSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
                          StepClock* clock, bool full_params, bool full_grads, ProcessGroup* ep, ProcessGroup* cp)
-    : cfg_(cfg),
+    : dims_(dims),
       be_(backend),
       tp_(tp),
       trace_(trace),
       clock_(clock),
-      llama_(cfg.model.arch == Arch::llama),
-      B_(cfg.train.micro_batch),
-      T_(cfg.local_seq()),
-      C_(cfg.model.d_model),
-      H_(cfg.model.n_head / cfg.parallel.tp),
-      KV_(cfg.kv_heads() / cfg.parallel.tp),
-      D_(cfg.head_dim()),
-      F_(cfg.model.d_ff / cfg.parallel.tp),
-      V_(int(cfg.vocab_padded() / cfg.parallel.tp)),
-      L_(cfg.model.n_layer),
-      policy_(cfg.train.recompute),
-      names_(head_names(cfg)),
+      llama_(dims.arch == Arch::llama),
+      B_(dims.B),
+      T_(dims.T_local()),
+      C_(dims.C),
+      H_(dims.H / dims.tp),
+      KV_(dims.KV / dims.tp),
+      D_(dims.D),
+      F_(dims.F / dims.tp),
+      V_(int(dims.V_padded() / dims.tp)),
+      L_(dims.L),
+      policy_(dims.recompute),
+      names_(head_names(dims)),
       ep_(ep),
       ep_size_(ep ? ep->size() : 1),
       ep_rank_(ep ? ep->rank() : 0) {
-  LOOM_CHECK(ep_size_ == cfg.parallel.ep, "the ep group has {} ranks but parallel.ep = {}", ep_size_, cfg.parallel.ep);
+  LOOM_CHECK(ep_size_ == dims.ep, "the ep group has {} ranks but parallel.ep = {}", ep_size_, dims.ep);
   tp_size_ = tp_.size();
   tp_rank_ = tp_.rank();
-  LOOM_CHECK(tp_size_ == cfg.parallel.tp, "the tp group has {} ranks but parallel.tp = {}", tp_size_, cfg.parallel.tp);
+  LOOM_CHECK(tp_size_ == dims.tp, "the tp group has {} ranks but parallel.tp = {}", tp_size_, dims.tp);
   v0_ = tp_rank_ * V_;
-  valid_ = std::clamp(cfg.model.vocab_size - v0_, 0, V_);
-  sp_ = cfg.parallel.sp && tp_size_ > 1;
+  valid_ = std::clamp(dims.vocab - v0_, 0, V_);
+  sp_ = dims.sp && tp_size_ > 1;
   Ns_ = sp_ ? B_ * T_ / tp_size_ : B_ * T_;
-  layout_ = model_layout(cfg, tp_rank_, chunk_runs(spec), ep_rank_);
+  layout_ = model_layout(dims, tp_rank_, chunk_runs(spec), ep_rank_);
   if (spec.pieces.back().unit_hi < 0 || spec.pieces.back().unit_hi == L_ + 2)
     lm_unit_ = layout_.unit_of(names_.lm_head);  // the tied copy sits in the head unit
   flat_ = std::make_unique<FlatAccess>(*this);
@@ -56,7 +57,7 @@ DecoderPart::DecoderPart(const Config& cfg, const PartSpec& spec, Backend& backe
   const int64_t n = int64_t(layout_.reg.numel());
   if (full_params) params_ = alloc.empty({n}, be_.dtype(), Mem::params);
   if (full_grads) grads_ = alloc.empty({n}, DType::f32, Mem::grads);
-  ChunkPlan plan = chunk_plan(cfg, spec, be_.traits());
+  ChunkPlan plan = chunk_plan(dims, spec, be_.traits());
   for (size_t j = 0; j < spec.pieces.size(); ++j) {
     const ChunkPiece& cp = spec.pieces[j];
     const int hi = cp.unit_hi < 0 ? L_ + 2 : cp.unit_hi;
@@ -68,7 +69,7 @@ DecoderPart::DecoderPart(const Config& cfg, const PartSpec& spec, Backend& backe
              cp.slots,
              std::move(plan.pieces[j]),
              {}};
-    for (int l = pc.b0, dense = 0; l < pc.b1; ++l) pc.kind_index.push_back(cfg.moe_block(l) ? pc.moe++ : dense++);
+    for (int l = pc.b0, dense = 0; l < pc.b1; ++l) pc.kind_index.push_back(dims.moe_block(l) ? pc.moe++ : dense++);
     pc.routes.resize(size_t(pc.moe * pc.slots));
     for (auto& b : pc.plan.buffers)
       pc.acts.push_back(alloc.empty({b.numel * b.copies * pc.slots}, b.dtype, Mem::activations));
@@ -77,20 +78,21 @@ DecoderPart::DecoderPart(const Config& cfg, const PartSpec& spec, Backend& backe
   for (auto& b : plan.scratch) scratch_.push_back(alloc.empty({b.numel}, b.dtype, b.comm ? Mem::comm : Mem::workspace));
   set_piece(0);
   if (llama_) {
-    std::vector<float> cs(size_t(cfg.model.seq_len) * D_ / 2), sn(cs.size());  // every global position
-    cpu::rope_table(cs.data(), sn.data(), cfg.model.seq_len, D_, float(cfg.model.rope_theta));
+    std::vector<float> cs(size_t(dims.T) * D_ / 2), sn(cs.size());  // every global position
+    cpu::rope_table(cs.data(), sn.data(), dims.T, D_, float(dims.rope_theta));
     rope_cos_ = alloc.empty({int64_t(cs.size())}, DType::f32, Mem::workspace);
     rope_sin_ = alloc.empty({int64_t(sn.size())}, DType::f32, Mem::workspace);
     be_.upload(Buf(rope_cos_), cs.data());
     be_.upload(Buf(rope_sin_), sn.data());
   }
-  if (cfg.parallel.cp > 1) {
-    LOOM_CHECK(cp, "parallel.cp = {} but the chunk was given no cp group", cfg.parallel.cp);
-    cp_ = std::make_unique<ContextParallel>(cfg, be_, *cp, trace_, clock_);
+  if (dims.cp > 1) {
+    LOOM_CHECK(cp, "parallel.cp = {} but the chunk was given no cp group", dims.cp);
+    cp_ = std::make_unique<ContextParallel>(dims, be_, *cp, trace_, clock_);
   }
-  loss_sum_ = alloc.empty({1}, DType::f64, Mem::workspace);
-  if (cfg.moe_layers()) {
-    moe_stats_ = alloc.empty({4 * cfg.moe_layers()}, DType::f64, Mem::workspace);
+  loss_sum_ = alloc.empty({kExactDigits}, DType::f64, Mem::workspace);
+  be_.zero(Buf(loss_sum_));
+  if (dims.moe_layers()) {
+    moe_stats_ = alloc.empty({4 * dims.moe_layers()}, DType::f64, Mem::workspace);
     be_.zero(Buf(moe_stats_));
   }
 }
@@ -103,10 +105,10 @@ std::vector<std::pair<int, int>> chunk_runs(const PartSpec& spec) {
   return runs;
 }
 
-ChunkPlan chunk_plan(const Config& cfg, const PartSpec& spec, const BackendTraits& traits) {
+ChunkPlan chunk_plan(const ModelDims& dims, const PartSpec& spec, const BackendTraits& traits) {
   ChunkPlan out;
   for (const ChunkPiece& p : spec.pieces)
-    out.pieces.push_back(act_plan(cfg, cfg.train.micro_batch, cfg.train.recompute, traits, p.unit_lo, p.unit_hi));
+    out.pieces.push_back(act_plan(dims, dims.B, dims.recompute, traits, p.unit_lo, p.unit_hi));
   out.scratch = out.pieces.front().scratch;
   for (const ActPlan& a : out.pieces)
     for (size_t k = 0; k < a.scratch.size(); ++k)
@@ -163,7 +165,7 @@ DecoderPart::LayerW DecoderPart::layer_g(float* unit_base, int l) const {
 DecoderPart::LayerA DecoderPart::layer_a(int i) {
   // Dense MLP and MoE buffers are numbered among the blocks of their kind.
   const int l = b0_ + i, same = pieces_[size_t(piece_)].kind_index[size_t(i)];
-  const bool moe = cfg_.moe_block(l);
+  const bool moe = dims_.moe_block(l);
   return {act(LN1, i),
           act(QKV, i),
           act(ATTN_STATS, i),
@@ -280,7 +282,7 @@ void DecoderPart::sp_param_grads_reduce(float* scratch, std::initializer_list<fl
 void DecoderPart::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr pending, Ptr out, bool recomputing) {
   const int N = B_ * T_, qkv = (H_ + 2 * KV_) * D_;
   const Ptr* W = lw.w;
-  const float eps = float(cfg_.model.norm_eps);
+  const float eps = float(dims_.norm_eps);
   const WLayout lay = llama_ ? WLayout::out_in : WLayout::in_out;
   // A row-parallel bias is added once: by tp rank 0, before the partial sums are reduced.
   auto row_bias = [&](Ptr b) { return tp_rank_ == 0 ? b : Ptr(); };
@@ -302,7 +304,7 @@ void DecoderPart::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr p
   if (cp_) {
     // Under cp the inputs' positions are the documents' with data.doc_mask (RoPE and the mask
     // read them), else the sequence's (the block kernels have those from cp_positions).
-    cp_->forward(a.atty, a.stats.as<float>(), a.qkv, cfg_.data.doc_mask ? pos_ : nullptr, cp_buffers(), H_, KV_, D_);
+    cp_->forward(a.atty, a.stats.as<float>(), a.qkv, dims_.doc_mask ? pos_ : nullptr, cp_buffers(), H_, KV_, D_);
   } else {
     auto s = trace_.scope("attention_forward");
     be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_, pos_);
@@ -393,8 +395,8 @@ void DecoderPart::block_backward(const LayerW& lw, const LayerW& lg, const Layer
   }
   if (keep) stash_keep(dout, int64_t(N) * C_);
   if (cp_) {
-    cp_->backward(dqkv, datty, a.atty, a.qkv, a.stats.as<float>(), cfg_.data.doc_mask ? pos_ : nullptr, cp_buffers(),
-                  H_, KV_, D_);
+    cp_->backward(dqkv, datty, a.atty, a.qkv, a.stats.as<float>(), dims_.doc_mask ? pos_ : nullptr, cp_buffers(), H_,
+                  KV_, D_);
   } else {
     auto s = trace_.scope("attention_backward");
     be_.attention_backward(dqkv, datty, a.atty, a.qkv, a.stats, scrf(ATTN_SCRATCH), B_, T_, H_, KV_, D_, pos_);
@@ -469,7 +471,7 @@ void DecoderPart::head_forward(const Inputs& in, float dloss, Ptr pending, UnitA
   {
     auto s = trace_.scope("normf_forward");  // x += pending: the last block's MLP branch
     be_.norm_forward(llama_, act(LNF), actf(LNF_MEAN), actf(LNF_RSTD), x, pending, at(hw, head, names_.norm_w),
-                     at(hw, head, names_.norm_b), Ns_, C_, float(cfg_.model.norm_eps));
+                     at(hw, head, names_.norm_b), Ns_, C_, float(dims_.norm_eps));
   }
   const Ptr lnf = column_parallel_input(act(LNF), act(LNF_FULL));
   // The output projection is the tensor named lm_head, in whichever unit holds it (the

@@ -58,7 +58,7 @@ struct ChunkPlan {
   std::vector<ActPlan> pieces;
   std::vector<ActBuffer> scratch;
 };
-ChunkPlan chunk_plan(const Config& cfg, const PartSpec& spec, const BackendTraits& traits);
+ChunkPlan chunk_plan(const ModelDims& dims, const PartSpec& spec, const BackendTraits& traits);
 // The runs of a spec, for model_layout.
 std::vector<std::pair<int, int>> chunk_runs(const PartSpec& spec);
 
@@ -66,17 +66,17 @@ class DecoderPart {
  public:
   // full_params / full_grads: whether this rank holds the chunk's whole flat buffers (ZeRO-3
   // and -2 do not; they bring their own UnitAccess). tp: the tensor-parallel group, its size
-  // cfg.parallel.tp. clock (may be null) is charged with the blocking tp collectives. ep: the
-  // expert-parallel group (cfg.parallel.ep > 1), which holds the experts between its ranks and
+  // dims.tp. clock (may be null) is charged with the blocking tp collectives. ep: the
+  // expert-parallel group (dims.ep > 1), which holds the experts between its ranks and
   // carries the tokens (and, dropless, their counts) to them in the backend's buffers. cp: the
-  // context-parallel group (cfg.parallel.cp > 1): the chunk holds T / cp tokens of each
+  // context-parallel group (dims.cp > 1): the chunk holds T / cp tokens of each
   // sequence, whose global positions come with the inputs (ContextParallel::token_positions).
-  DecoderPart(const Config& cfg, const PartSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
+  DecoderPart(const ModelDims& dims, const PartSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
               StepClock* clock = nullptr, bool full_params = true, bool full_grads = true, ProcessGroup* ep = nullptr,
               ProcessGroup* cp = nullptr);
   ~DecoderPart();
 
-  const Config& config() const { return cfg_; }
+  const ModelDims& dims() const { return dims_; }
   const ModelLayout& layout() const { return layout_; }
   const ParamRegistry& registry() const { return layout_.reg; }
   size_t num_params() const { return layout_.reg.numel(); }
@@ -92,7 +92,7 @@ class DecoderPart {
   bool has_head() const { return pieces_.back().head; }
   // A head chunk without the embedding whose lm_head is tied: it holds its own copy of the
   // embedding (a pipeline's last stage), which the optimizer keeps equal to the first stage's.
-  bool holds_tied_copy() const { return has_head() && !has_embedding() && cfg_.model.tie_embeddings; }
+  bool holds_tied_copy() const { return has_head() && !has_embedding() && dims_.tied; }
   int pieces() const { return int(pieces_.size()); }
   void set_piece(int piece);
   int slots(int piece) const { return pieces_[size_t(piece)].slots; }
@@ -118,9 +118,11 @@ class DecoderPart {
   Ptr output();       // [Ns, C]: what a chunk without the head ends with
   Ptr grad_output();  // [Ns, C]: d(output), set before backward
   Ptr grad_input();   // [Ns, C]: d(input) after backward (the same buffer)
-  // f64 [1]: per-token losses summed since it was last zeroed (head chunk).
+  // f64 [kExactDigits]: per-token losses summed since it was last zeroed (head chunk), as exact
+  // digits (runtime/exact_digits.h): one micro-batch's sum at a time, so the total is the same
+  // bits whichever ranks computed which micro-batches and in whatever order they are added.
   Tensor& loss_sum() { return loss_sum_; }
-  // MoE layers, per layer of the model (cfg.moe_layers(); those of other stages stay 0): the
+  // MoE layers, per layer of the model (dims.moe_layers(); those of other stages stay 0): the
   // sums over the training micro-batches since the last take of the load-balancing loss, the
   // expert load (most tokens on one expert over the mean) and the dropped fraction, and how
   // many micro-batches; 4 values per layer. They add up on the device; a take reads them.
@@ -178,7 +180,7 @@ class DecoderPart {
   Ptr stash_next(int64_t n);
   Ptr stash_keep(Ptr src, int64_t n);  // B: src copied to the next n
 
-  Config cfg_;
+  ModelDims dims_;
   Backend& be_;
   ProcessGroup& tp_;
   Trace& trace_;

@@ -8,43 +8,43 @@
 
 namespace loom {
 
-int64_t norm_block(const Config& cfg) {
-  const int C = cfg.model.d_model;
+int64_t norm_block(const ModelDims& dims) {
+  const int C = dims.C;
   return 64 * std::min(16, C & -C);
 }
 
-BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg) {
+BackendTraits backend_traits(DeviceKind device, DType dtype, const ModelDims& dims) {
   BackendTraits t;
   t.device = device;
   t.dtype = dtype;
   // Context parallel's attention keeps a log-sum-exp and recomputes P block by block.
-  t.attention_probs = device == DeviceKind::cpu && cfg.parallel.cp == 1;
+  t.attention_probs = device == DeviceKind::cpu && dims.cp == 1;
   // cuBLASLt's GELU epilogue reads its aux matrix with a stride that must be a multiple of 8.
-  t.fused_dgelu = device_is_cuda(device) && cfg.model.arch == Arch::gpt2 &&
-                  cfg.train.gelu_epilogue == GeluEpilogue::fused && (cfg.model.d_ff / cfg.parallel.tp) % 8 == 0;
+  t.fused_dgelu = device_is_cuda(device) && dims.arch == Arch::gpt2 && dims.gelu_epilogue == GeluEpilogue::fused &&
+                  (dims.F / dims.tp) % 8 == 0;
   return t;
 }
 
 // Per rank, under tensor parallelism tp: heads, KV heads, MLP width and vocabulary are split
 // tp ways; with sequence parallelism the norm and residual regions hold N/tp rows.
-ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits& bt, int unit_lo, int unit_hi) {
-  const int tp = cfg.parallel.tp, ep = cfg.parallel.ep;
-  const bool sp = cfg.parallel.sp;
+ActPlan act_plan(const ModelDims& dims, int B, Recompute policy, const BackendTraits& bt, int unit_lo, int unit_hi) {
+  const int tp = dims.tp, ep = dims.ep;
+  const bool sp = dims.sp;
   // T: the tokens of a sequence this rank holds (its share under context parallel).
-  const int64_t T = cfg.local_seq(), C = cfg.model.d_model, H = cfg.model.n_head / tp, KV = cfg.kv_heads() / tp;
-  const int64_t D = C / cfg.model.n_head, F = cfg.model.d_ff / tp, V = cfg.vocab_padded() / tp, N = B * T;
+  const int64_t T = dims.T_local(), C = dims.C, H = dims.H / tp, KV = dims.KV / tp;
+  const int64_t D = C / dims.H, F = dims.F / tp, V = dims.V_padded() / tp, N = B * T;
   const int64_t Ns = sp ? N / tp : N;  // rows of the norm and residual regions on this rank
-  const int L_all = cfg.model.n_layer;
-  const int64_t cp = cfg.parallel.cp, kvblock = N * 2 * KV * D;
-  const bool ring = cfg.parallel.cp_attention == CpAttentionKind::ring;
+  const int L_all = dims.L;
+  const int64_t cp = dims.cp, kvblock = N * 2 * KV * D;
+  const bool ring = dims.cp_attention == CpAttentionKind::ring;
   if (unit_hi < 0) unit_hi = L_all + 2;
   // This chunk's blocks, and whether it ends with the head.
   const int L = std::max(0, std::min(unit_hi, L_all + 1) - std::max(unit_lo, 1));
   int nm = 0;  // of them, mixtures of experts (their own buffers; the dense MLP's are the others')
-  for (int l = std::max(unit_lo, 1) - 1; l < std::max(unit_lo, 1) - 1 + L; ++l) nm += cfg.moe_block(l) ? 1 : 0;
+  for (int l = std::max(unit_lo, 1) - 1; l < std::max(unit_lo, 1) - 1 + L; ++l) nm += dims.moe_block(l) ? 1 : 0;
   const int nd = L - nm;
   const int64_t head = unit_hi == L_all + 2 ? 1 : 0;
-  const bool llama = cfg.model.arch == Arch::llama;
+  const bool llama = dims.arch == Arch::llama;
   const int64_t qkv = (H + 2 * KV) * D, fc = llama ? 2 * F : F;
   const DType x = bt.dtype, f32 = DType::f32;
   // Copies: every layer's own (L), or one shared buffer that backward refills (1).
@@ -54,10 +54,10 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   auto kept = [&](int n, bool selective_too) {
     return policy == Recompute::none || (policy == Recompute::selective && !selective_too) ? n : std::min(n, 1);
   };
-  const int64_t E = cfg.model.moe.num_experts, k = nm ? cfg.model.moe.top_k : 0, Fe = cfg.model.d_ff;
+  const int64_t E = dims.moe.num_experts, k = nm ? dims.moe.top_k : 0, Fe = dims.F;
   // Rows of the expert-sorted buffers: this rank's assignments (R), and what its experts
   // receive from the ep group (Rr; R without expert parallelism).
-  const int64_t R = nm ? moe_rows(cfg, N) : 0, Rr = nm ? moe_rows_received(cfg, N) : 0;
+  const int64_t R = nm ? moe_rows(dims, N) : 0, Rr = nm ? moe_rows_received(dims, N) : 0;
   const int64_t Rx = std::max(R, Rr);
   // The attention's saved statistics: probabilities go with selective recompute, a
   // log-sum-exp stays with every policy but full.
@@ -66,7 +66,7 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   // input-gradient pass B until the weight-gradient pass W; the inputs stay where they are
   // (selective recompute's activation output is recomputed in W, sequence parallel gathers
   // again in W).
-  const bool split = cfg.pp_split_backward();
+  const bool split = dims.split_backward;
   const int64_t stash_block = N * C + N * fc + Ns * C + N * C + N * qkv + Ns * C;
   const int64_t stash = split ? L * stash_block + head * Ns * C + (unit_lo == 0 ? N * C : 0) : 0;
   ActPlan p;
@@ -154,28 +154,28 @@ ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits
   return p;
 }
 
-int64_t moe_capacity(const Config& cfg, int64_t N) {
-  const auto& m = cfg.model.moe;
+int64_t moe_capacity(const ModelDims& dims, int64_t N) {
+  const auto& m = dims.moe;
   if (m.capacity_factor <= 0) return N * m.top_k;  // dropless: one expert may take every assignment
   return int64_t(std::ceil(m.capacity_factor * double(N) * m.top_k / m.num_experts));
 }
 
-int64_t moe_slot(const Config& cfg, int64_t N) {
-  return cfg.model.moe.capacity_factor > 0 ? std::min(moe_capacity(cfg, N), N) : 0;
+int64_t moe_slot(const ModelDims& dims, int64_t N) {
+  return dims.moe.capacity_factor > 0 ? std::min(moe_capacity(dims, N), N) : 0;
 }
 
-int64_t moe_rows(const Config& cfg, int64_t N) {
-  const auto& m = cfg.model.moe;
-  if (const int64_t slot = moe_slot(cfg, N)) return m.num_experts * slot;
+int64_t moe_rows(const ModelDims& dims, int64_t N) {
+  const auto& m = dims.moe;
+  if (const int64_t slot = moe_slot(dims, N)) return m.num_experts * slot;
   return N * m.top_k;
 }
 
-int64_t moe_rows_received(const Config& cfg, int64_t N) {
-  const auto& m = cfg.model.moe;
-  const int64_t ep = cfg.parallel.ep, El = m.num_experts / ep;
+int64_t moe_rows_received(const ModelDims& dims, int64_t N) {
+  const auto& m = dims.moe;
+  const int64_t ep = dims.ep, El = m.num_experts / ep;
   // Padded: a slot per expert from each ep rank, as many as sent. Dropless: from each ep rank
   // at most N tokens x min(top_k, El) of this rank's experts.
-  if (const int64_t slot = moe_slot(cfg, N)) return m.num_experts * slot;
+  if (const int64_t slot = moe_slot(dims, N)) return m.num_experts * slot;
   return ep * N * std::min<int64_t>(m.top_k, El);
 }
 
@@ -203,9 +203,9 @@ std::string ActPlan::table() const {
   return out;
 }
 
-HeadNames head_names(const Config& cfg) {
-  const bool tied = cfg.model.tie_embeddings;
-  if (cfg.model.arch == Arch::llama)
+HeadNames head_names(const ModelDims& dims) {
+  const bool tied = dims.tied;
+  if (dims.arch == Arch::llama)
     return {"model.embed_tokens.weight", nullptr, "model.norm.weight", nullptr,
             tied ? "model.embed_tokens.weight" : "lm_head.weight"};
   return {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias",
@@ -226,20 +226,21 @@ int ModelLayout::local(int unit) const {
   return int(it - unit_ids.begin());
 }
 
-ModelLayout model_layout(const Config& cfg, int tp_rank, int unit_lo, int unit_hi) {
-  return model_layout(cfg, tp_rank, {{unit_lo, unit_hi}}, -1);
+ModelLayout model_layout(const ModelDims& dims, int tp_rank, int unit_lo, int unit_hi) {
+  return model_layout(dims, tp_rank, {{unit_lo, unit_hi}}, -1);
 }
 
-ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs, int ep_rank) {
+ModelLayout model_layout(const ModelDims& dims, int tp_rank, const std::vector<std::pair<int, int>>& runs,
+                         int ep_rank) {
   using I = ParamSpec::Init;
-  const bool llama = cfg.model.arch == Arch::llama;
-  const int L = cfg.model.n_layer, H = cfg.model.n_head, KV = cfg.kv_heads(), D = cfg.head_dim();
-  const int tp = cfg.parallel.tp;
-  const int64_t C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size, T = cfg.model.seq_len;
-  const int64_t Vp = cfg.vocab_padded();
+  const bool llama = dims.arch == Arch::llama;
+  const int L = dims.L, H = dims.H, KV = dims.KV, D = dims.D;
+  const int tp = dims.tp;
+  const int64_t C = dims.C, F = dims.F, V = dims.vocab, T = dims.T;
+  const int64_t Vp = dims.V_padded();
   const float resid_std = 0.02f / std::sqrt(2.0f * L);  // GPT-2: scale residual projections
   // Experts: E in all, El on this rank from e0 (expert parallel: its share).
-  const int E = cfg.model.moe.num_experts, El = ep_rank < 0 ? E : E / cfg.parallel.ep, e0 = std::max(ep_rank, 0) * El;
+  const int E = dims.moe.num_experts, El = ep_rank < 0 ? E : E / dims.ep, e0 = std::max(ep_rank, 0) * El;
   ModelLayout m;
   auto& reg = m.reg;
   int unit = 0;  // the global unit being registered
@@ -308,7 +309,7 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::
       add(p + "self_attn.v_proj.weight", {int64_t(KV) * D, C}, I::normal, 0);
       at(l, PROJ_W, add(p + "self_attn.o_proj.weight", {C, int64_t(H) * D}, I::normal, 1, 1, resid_std));
       at(l, NORM2_W, add(p + "post_attention_layernorm.weight", {C}, I::ones));
-      if (cfg.moe_block(l)) {
+      if (dims.moe_block(l)) {
         // Mixtral's sparse block; experts are whole on every tp rank (this rank's ep share).
         const std::string q = p + "block_sparse_moe.";
         at(l, MOE_GATE, add(q + "gate.weight", {E, C}, I::normal));
@@ -329,10 +330,10 @@ ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::
     }
     add("model.norm.weight", {C}, I::ones);
   }
-  if (!cfg.model.tie_embeddings) add_vocab("lm_head.weight");
+  if (!dims.tied) add_vocab("lm_head.weight");
   // A head chunk without the embedding (a pipeline's last stage) keeps its own copy of the
   // tied embedding, under the embedding's name.
-  if (cfg.model.tie_embeddings && !holds_embedding) add_vocab(head_names(cfg).wte);
+  if (dims.tied && !holds_embedding) add_vocab(head_names(dims).wte);
   unit_end();
   return m;
 }

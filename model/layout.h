@@ -3,16 +3,16 @@
 // and `loom plan memory` adds it up; neither needs a device.
 //   model: gpt2 (LayerNorm, learned positions, GELU MLP, biases) or llama (RMSNorm, RoPE,
 //   grouped-query attention, SwiGLU, no biases), pre-norm.
-// The activation plan comes from (B, T, config, recompute policy, what the backend keeps): the
+// The activation plan comes from (B, T, the model's dims, recompute policy, what the backend keeps): the
 // policy changes which buffers are per layer and which are shared and recomputed, never the
 // control flow of the layer loop.
 #pragma once
 #include <string>
 #include <vector>
 
+#include "model/model_dims.h"
 #include "model/registry.h"
 #include "runtime/allocator.h"
-#include "runtime/config.h"
 
 namespace loom {
 
@@ -29,8 +29,8 @@ struct BackendTraits {
   int64_t attention_stats(int64_t B, int64_t T, int64_t H) const { return attention_probs ? B * H * T * T : B * H * T; }
   DType attention_stats_dtype() const { return attention_probs ? dtype : DType::f32; }
 };
-// The traits of the backend that would run cfg (device and dtype resolved).
-BackendTraits backend_traits(DeviceKind device, DType dtype, const Config& cfg);
+// The traits of the backend that would run dims (device and dtype resolved).
+BackendTraits backend_traits(DeviceKind device, DType dtype, const ModelDims& dims);
 
 // One buffer of the plan: elements per copy, and how many copies (L when each layer keeps
 // its own, 1 when layers share it and backward recomputes it).
@@ -51,13 +51,13 @@ struct ActPlan {
 };
 // An expert's capacity for N tokens: ceil(capacity_factor * N * top_k / E) assignments (all N
 // top_k of them when dropless), and the rows the expert-sorted buffers hold.
-int64_t moe_capacity(const Config& cfg, int64_t N);
+int64_t moe_capacity(const ModelDims& dims, int64_t N);
 // With a capacity, each expert's rows sit in a slot of its own, min(capacity, N) rows (a token
 // picks an expert once), padded with zero rows: every shape in the layer is fixed, so a GPU
 // plans it without the host. Dropless (0): the experts' rows packed, their counts on the host.
-int64_t moe_slot(const Config& cfg, int64_t N);
-int64_t moe_rows(const Config& cfg, int64_t N);
-int64_t moe_rows_received(const Config& cfg, int64_t N);  // by one rank's experts, from the ep group
+int64_t moe_slot(const ModelDims& dims, int64_t N);
+int64_t moe_rows(const ModelDims& dims, int64_t N);
+int64_t moe_rows_received(const ModelDims& dims, int64_t N);  // by one rank's experts, from the ep group
 // The gradient norm's block (elements): its squares are summed in blocks of this many elements
 // from each unit's start (cut at tensor boundaries too), each block whole on one rank, and the
 // blocks' sums exactly (runtime/exact_sum.h), so the norm is the same bits in every layout of
@@ -65,10 +65,10 @@ int64_t moe_rows_received(const Config& cfg, int64_t N);  // by one rank's exper
 // 16 that divides C: a tied embedding's rows (a multiple of 64 of them, C wide) then end on a
 // block boundary, so a pipeline's first stage, which shards the embedding apart from the rest
 // of its unit, cuts the same blocks as one rank.
-int64_t norm_block(const Config& cfg);
+int64_t norm_block(const ModelDims& dims);
 
 // For the chunk of units [unit_lo, unit_hi) (-1: through the head).
-ActPlan act_plan(const Config& cfg, int B, Recompute policy, const BackendTraits& traits = {}, int unit_lo = 0,
+ActPlan act_plan(const ModelDims& dims, int B, Recompute policy, const BackendTraits& traits = {}, int unit_lo = 0,
                  int unit_hi = -1);
 
 // Fields of one block in ModelLayout::layer_offsets. gpt2 uses all; llama has no biases.
@@ -100,7 +100,7 @@ struct HeadNames {
   const char* norm_b;
   const char* lm_head;  // the output projection: wte itself when the embeddings are tied
 };
-HeadNames head_names(const Config& cfg);
+HeadNames head_names(const ModelDims& dims);
 
 // A model's parameters (names, shapes, offsets) and its units: contiguous ranges of the
 // registry that are gathered, reduced and sharded together. Unit 0 holds the embeddings,
@@ -121,12 +121,13 @@ struct ModelLayout {
   // The global unit that holds a parameter.
   int unit_of(const std::string& name) const;
 };
-// This rank's view under tensor parallelism (cfg.parallel.tp): local shapes, global names, the
-// vocabulary padded to cfg.vocab_padded() rows; units [unit_lo, unit_hi) (-1: through the head);
+// This rank's view under tensor parallelism (dims.tp): local shapes, global names, the
+// vocabulary padded to dims.V_padded() rows; units [unit_lo, unit_hi) (-1: through the head);
 // every expert of the MoE blocks.
-ModelLayout model_layout(const Config& cfg, int tp_rank = 0, int unit_lo = 0, int unit_hi = -1);
+ModelLayout model_layout(const ModelDims& dims, int tp_rank = 0, int unit_lo = 0, int unit_hi = -1);
 // Units from several runs [lo, hi) (hi -1: through the head), in model order; ep_rank: which
 // num_experts / ep experts of each MoE block this rank holds (-1: all of them).
-ModelLayout model_layout(const Config& cfg, int tp_rank, const std::vector<std::pair<int, int>>& runs, int ep_rank = 0);
+ModelLayout model_layout(const ModelDims& dims, int tp_rank, const std::vector<std::pair<int, int>>& runs,
+                         int ep_rank = 0);
 
 }  // namespace loom

@@ -32,8 +32,8 @@ int64_t w2_at(int64_t e, int64_t F, int64_t C) {
 }  // namespace
 
 DecoderPart::MoeRoute DecoderPart::moe_route_padded() const {
-  const int P = ep_size_, El = cfg_.model.moe.num_experts / P;
-  const int64_t slot = moe_slot(cfg_, int64_t(B_) * T_);
+  const int P = ep_size_, El = dims_.moe.num_experts / P;
+  const int64_t slot = moe_slot(dims_, int64_t(B_) * T_);
   MoeRoute r;
   r.rows = int64_t(P) * El * slot;
   r.sent.assign(size_t(P), El * slot);
@@ -44,14 +44,14 @@ DecoderPart::MoeRoute DecoderPart::moe_route_padded() const {
 
 DecoderPart::MoeRoute DecoderPart::moe_route_local() const {
   MoeRoute r;
-  r.rows = moe_rows(cfg_, int64_t(B_) * T_);  // dropless: every assignment
+  r.rows = moe_rows(dims_, int64_t(B_) * T_);  // dropless: every assignment
   r.sent = r.received = {r.rows};
   r.expert_rows = r.rows;
   return r;
 }
 
 DecoderPart::MoeRoute DecoderPart::moe_route_counted(const int32_t* counts) {
-  const int P = ep_size_, E = cfg_.model.moe.num_experts, El = E / P;
+  const int P = ep_size_, E = dims_.moe.num_experts, El = E / P;
   // routed [E], kept [E] and (ep) the rows each rank sends my experts [P x El]: the one wait.
   std::vector<int32_t> h(size_t((P > 1 ? 3 : 2) * E));
   be_.download(h.data(), Buf(const_cast<int32_t*>(counts), int64_t(h.size()), DType::i32, be_.device()));
@@ -71,9 +71,9 @@ DecoderPart::MoeRoute DecoderPart::moe_route_counted(const int32_t* counts) {
 
 void DecoderPart::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool count, bool recomputing) {
   const int N = B_ * T_, C = C_;
-  const auto& mc = cfg_.model.moe;
+  const auto& mc = dims_.moe;
   const int E = mc.num_experts, k = mc.top_k, mi = a.moe, P = ep_size_, El = E / P;
-  const int64_t slot = moe_slot(cfg_, N);
+  const int64_t slot = moe_slot(dims_, N);
   const DeviceKind dev = be_.device();
   float* probs = actf(MOE_PROBS, mi);
   int32_t* idx = act(MOE_IDX, mi).as<int32_t>();
@@ -88,8 +88,8 @@ void DecoderPart::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out,
     be_.moe_route(probs, idx, w, scr(MOE_LOGITS), N, E, k);
     // A capacity past the slot's N rows takes every assignment all the same (a token picks an
     // expert once).
-    const int64_t cap = slot ? std::min(moe_capacity(cfg_, N), slot) : moe_capacity(cfg_, N);
-    be_.moe_plan(row_of, token, counts, idx, N, E, k, int(cap), int(slot), int(moe_rows(cfg_, N)),
+    const int64_t cap = slot ? std::min(moe_capacity(dims_, N), slot) : moe_capacity(dims_, N);
+    be_.moe_plan(row_of, token, counts, idx, N, E, k, int(cap), int(slot), int(moe_rows(dims_, N)),
                  scr(MOE_PLAN).as<int32_t>());
   }
   if (P > 1 && !slot) {  // dropless: the rows each rank sends each of my experts, device to device
@@ -127,8 +127,7 @@ void DecoderPart::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out,
   float* sums = scrf(MOE_AUX) + E;
   be_.column_sums(sums, probs, N, E);
   const int32_t* all = moe_counts_over_cp(counts, 2 * E, sums);
-  be_.moe_stats_add(moe_stats_.data<double>() + 4 * ((a.layer + 1) / mc.every - 1), all, sums, N * cfg_.parallel.cp, E,
-                    k);
+  be_.moe_stats_add(moe_stats_.data<double>() + 4 * ((a.layer + 1) / mc.every - 1), all, sums, N * dims_.cp, E, k);
 }
 
 const int32_t* DecoderPart::moe_counts_over_cp(const int32_t* counts, int n, float* sums) {
@@ -140,24 +139,23 @@ const int32_t* DecoderPart::moe_counts_over_cp(const int32_t* counts, int n, flo
   auto s = trace_.scope("moe_cp_all_reduce");
   StepClock::Scope sc(clock_, Phase::comm);
   cp_->group().all_reduce(Buf(c, n, DType::i32, d), ReduceOp::sum, st).wait_on(st);
-  if (sums)
-    cp_->group().all_reduce(Buf(sums, cfg_.model.moe.num_experts, DType::f32, d), ReduceOp::sum, st).wait_on(st);
+  if (sums) cp_->group().all_reduce(Buf(sums, dims_.moe.num_experts, DType::f32, d), ReduceOp::sum, st).wait_on(st);
   return c;
 }
 
 const int32_t* DecoderPart::moe_expert_counts(int mi) {
-  const int E = cfg_.model.moe.num_experts;
+  const int E = dims_.moe.num_experts;
   // kept [E] per expert without ep; with it, what each rank sends each of my experts [P x El]
   return act(MOE_COUNTS, mi).as<int32_t>() + (ep_size_ > 1 ? 2 * E : E);
 }
 
 void DecoderPart::moe_experts_forward(const MoeRoute& r, const LayerW& lw, const LayerA& a) {
-  const int C = C_, Fe = cfg_.model.d_ff, P = ep_size_, El = cfg_.model.moe.num_experts / P;
+  const int C = C_, Fe = dims_.F, P = ep_size_, El = dims_.moe.num_experts / P;
   const Ptr xr = act(MOE_X, a.moe), fc = act(MOE_FC, a.moe), ac = act(MOE_ACT, a.moe);
   const Ptr ye = P > 1 ? scr(MOE_RECV) : act(MOE_Y, a.moe);
   const Ptr w = lw.w[MOE_EXPERTS];
   const int64_t Rr = r.expert_rows, stride = w13_at(1, Fe, C);
-  if (const int64_t slot = moe_slot(cfg_, int64_t(B_) * T_)) {
+  if (const int64_t slot = moe_slot(dims_, int64_t(B_) * T_)) {
     const int M = int(P * slot);
     be_.linear_forward_grouped(fc, xr, w, El, stride, M, C, 2 * Fe, WLayout::out_in);
     be_.act_forward(true, ac, fc, int(Rr), Fe);
@@ -172,13 +170,13 @@ void DecoderPart::moe_experts_forward(const MoeRoute& r, const LayerW& lw, const
 
 void DecoderPart::moe_experts_backward(const MoeRoute& r, const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr dye,
                                        Ptr dxe) {
-  const int C = C_, Fe = cfg_.model.d_ff, P = ep_size_, El = cfg_.model.moe.num_experts / P;
+  const int C = C_, Fe = dims_.F, P = ep_size_, El = dims_.moe.num_experts / P;
   const Ptr xr = act(MOE_X, a.moe), fc = act(MOE_FC, a.moe), ac = act(MOE_ACT, a.moe);
   const Ptr dfc = scr(MOE_DFC), dact = scr(MOE_DACT), w = lw.w[MOE_EXPERTS];
   float* g = lg.g[MOE_EXPERTS];
   const int64_t Rr = r.expert_rows, stride = w13_at(1, Fe, C);
   if (policy_ == Recompute::selective && Rr) be_.act_forward(true, ac, fc, int(Rr), Fe);
-  if (const int64_t slot = moe_slot(cfg_, int64_t(B_) * T_)) {
+  if (const int64_t slot = moe_slot(dims_, int64_t(B_) * T_)) {
     const int M = int(P * slot);
     be_.linear_backward_grouped(dact, g + w2_at(0, Fe, C), dye, ac, w + w2_at(0, Fe, C), El, stride, M, Fe, C,
                                 WLayout::out_in);
@@ -194,7 +192,7 @@ void DecoderPart::moe_experts_backward(const MoeRoute& r, const LayerW& lw, cons
 
 void DecoderPart::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr x, Ptr dout, Ptr dx) {
   const int N = B_ * T_, C = C_;
-  const auto& mc = cfg_.model.moe;
+  const auto& mc = dims_.moe;
   const int E = mc.num_experts, k = mc.top_k, mi = a.moe;
   const MoeRoute& route = pieces_[size_t(piece_)].routes[size_t(slot_ * pieces_[size_t(piece_)].moe + mi)];
   float* probs = actf(MOE_PROBS, mi);
@@ -209,7 +207,7 @@ void DecoderPart::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA&
     const bool ep = ep_size_ > 1;
     // A padded slot's rows past its kept ones get no gradient: zero, so they add nothing to
     // the experts' weight gradients.
-    if (moe_slot(cfg_, N)) be_.zero(rows(drows, route.rows * C));
+    if (moe_slot(dims_, N)) be_.zero(rows(drows, route.rows * C));
     be_.moe_combine_backward(drows, dw, dout, y, row_of, w, N, k, C);
     // The experts' output gradients, expert-major (sent to the experts' ranks under ep).
     const Ptr dye = ep ? scr(MOE_SEND) : drows, dxe = ep ? scr(MOE_RECV) : drows;
@@ -224,9 +222,8 @@ void DecoderPart::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA&
     // The load-balancing term: coef times the mean over MoE layers and over the step's
     // micro-batches (all dp ranks) of E sum_e f_e P_e, P_e the mean of probs[:, e]; under cp
     // over the whole sequences' Nt tokens, of which this rank holds N.
-    const int Nt = N * cfg_.parallel.cp;
-    const double scale =
-        mc.aux_loss_coef / (double(cfg_.moe_layers()) * cfg_.accum_steps() * cfg_.parallel.dp) * E / Nt;
+    const int Nt = N * dims_.cp;
+    const double scale = mc.aux_loss_coef / (double(dims_.moe_layers()) * dims_.accum * dims_.dp) * E / Nt;
     float* g_aux = scrf(MOE_AUX);
     be_.moe_aux_grad(g_aux, moe_counts_over_cp(counts, E, nullptr), scale, Nt, E, k);
     be_.moe_router_backward(scr(MOE_LOGITS), probs, idx, w, dw, g_aux, N, E, k);

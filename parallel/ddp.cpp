@@ -19,11 +19,14 @@ std::vector<PlanItem> Ddp::plan(const Config& cfg, const ModelLayout& layout, in
     p.push_back({"grad_reduce_bf16", n, DType::bf16, Mem::comm});
   size_t n_chunks = 0;
   const std::vector<int64_t> units = unit_starts(layout);
+  const int64_t block = norm_block(model_dims(cfg));
   for (auto& spec : reg.all()) {
     const int64_t lo = int64_t(spec.offset), unit = *(std::upper_bound(units.begin(), units.end(), lo) - 1);
-    n_chunks += opt_chunks_count(int64_t(spec.numel()), lo - unit, norm_block(cfg));
+    n_chunks += opt_chunks_count(int64_t(spec.numel()), lo - unit, block);
   }
   for (auto& item : AdamW::plan(n, dtype != DType::f32, n_chunks, device)) p.push_back(item);
+  if (cfg.parallel.invariant)
+    for (auto& item : grad_tree_plan(cfg.accum_steps(), cfg.parallel.dp * cfg.parallel.cp, n)) p.push_back(item);
   return p;
 }
 
@@ -62,22 +65,32 @@ Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups
     buckets_.push_back({b.lo, b.hi, b.experts ? edp_ : &dp_, {}});
   for (const PlanItem& item : plan(cfg, chunk.layout(), tp_.rank(), be_.dtype(), be_.device()))
     if (item.name == "grad_reduce_bf16") low_ = be_.alloc().empty(item);
+  if (cfg.parallel.invariant) {
+    tree_ = std::make_unique<GradTree>(be_, unit_starts(chunk.layout()), numel, cfg.accum_steps());
+    if (dp_.size() > 2) half_ = be_.alloc().empty({(numel + 1) / 2}, DType::f32, Mem::comm);
+  }
   adam_ = std::make_unique<AdamW>(
       be_,
-      opt_chunks(chunk.registry(), unit_starts(chunk.layout()), norm_block(cfg), tp_.rank(),
-                 chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr, ep_ ? ep_->rank() : 0),
+      opt_chunks(chunk.registry(), unit_starts(chunk.layout()), norm_block(chunk.dims()), tp_.rank(),
+                 chunk.holds_tied_copy() ? head_names(chunk.dims()).wte : nullptr, ep_ ? ep_->rank() : 0),
       numel, be_.dtype() != DType::f32);
 }
 
 std::string Ddp::describe() const {
-  return fmt::format("{} {}, {} gradient buckets of {} MB, reduced in {}",
-                     chunk_.config().parallel.cp > 1 ? "dp x cp" : "dp", dp_.size(), buckets_.size(), bucket_mb_,
-                     low_.defined() ? "bf16" : "f32");
+  if (tree_reduce())
+    return fmt::format(
+        "dp {}, gradients summed in the canonical tree (parallel.invariant): micro-batches, then "
+        "ranks by recursive halving after the backward",
+        dp_.size());
+  return fmt::format("{} {}, {} gradient buckets of {} MB, reduced in {}{}", chunk_.dims().cp > 1 ? "dp x cp" : "dp",
+                     dp_.size(), buckets_.size(), bucket_mb_, low_.defined() ? "bf16" : "f32",
+                     tree_ ? ", micro-batches summed in the canonical tree (parallel.invariant)" : "");
 }
 
 void Ddp::grads_ready_from(int64_t offset) {
   const Stream& s = be_.stream();
   const Buf grads(chunk_.grads_tensor());
+  if (tree_reduce()) return;  // all at once in reduce_grads
   while (next_ < buckets_.size() && buckets_[next_].lo >= offset) {
     Bucket& b = buckets_[next_++];
     if (b.group->size() == 1) continue;
@@ -115,6 +128,7 @@ void Ddp::reduce_grads(const std::function<void(Buf)>& tied) {
   {
     StepClock::Scope c(clock_, Phase::comm);
     for (auto& b : buckets_) b.work.wait_on(s);
+    if (tree_reduce()) tree_all_reduce(dp_, be_, Buf(chunk_.grads_tensor()), Buf(half_));
   }
   if (low_.defined())
     for (auto& b : buckets_)
@@ -122,7 +136,7 @@ void Ddp::reduce_grads(const std::function<void(Buf)>& tied) {
         be_.copy(Buf(chunk_.grads_tensor()).slice(b.lo, b.hi - b.lo), Buf(low_).slice(b.lo, b.hi - b.lo));
   next_ = 0;
   if (tied) {
-    const ParamSpec& w = chunk_.registry().at(head_names(chunk_.config()).wte);
+    const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
     tied(Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()));
   }
   adam_->norm_squares(chunk_.grads());
@@ -140,7 +154,9 @@ void Ddp::apply(const AdamWHyper& h, int64_t step, double max_norm) {
   adam_->update(chunk_.params(), chunk_.grads(), h, step, max_norm);
 }
 
-void Ddp::discard() {}  // the next step's zero_grad clears the full gradient buffer
+void Ddp::discard() {  // the next step's zero_grad clears the full gradient buffer
+  if (tree_) tree_->reset();
+}
 
 std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, DecoderPart& chunk,
                                                  const DataParallelGroups& groups, StepClock* clock) {
@@ -163,7 +179,7 @@ std::vector<StateRun> Ddp::state_runs(StateUse use) const {
       continue;
     }
     if (spec.replicated() && tp_.rank() != 0) continue;
-    if (chunk_.holds_tied_copy() && spec.name == head_names(chunk_.config()).wte) continue;  // the first stage's
+    if (chunk_.holds_tied_copy() && spec.name == head_names(chunk_.dims()).wte) continue;  // the first stage's
     const int64_t lo = numel * r / n, hi = numel * (r + 1) / n;
     if (lo < hi) runs.push_back({&spec, off + lo, off + lo, hi - lo});
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "parallel/data_parallel.h"
+#include "parallel/grad_tree.h"
 
 namespace loom {
 
@@ -37,6 +38,7 @@ class Ddp final : public DataParallel {
   Ptr params(int u, Pass) override { return chunk_.params() + lo(u); }
   float* grads(int u) override { return chunk_.grads() + lo(u); }
   void backward_done(int u) override {
+    if (tree_) tree_->fold(chunk_.layout().local(u), chunk_.grads(), last_);
     if (last_) grads_ready_from(lo(u));
   }
   void set_last(bool last) override { last_ = last; }
@@ -76,6 +78,11 @@ class Ddp final : public DataParallel {
   std::vector<Bucket> buckets_;  // in launch order: from the end of the buffer
   size_t next_ = 0;
   Tensor low_;  // bf16 copy of the gradients for grad_reduce_dtype = bf16
+  // parallel.invariant: the micro-batches' canonical tree, and over more than 2 ranks the tree
+  // all-reduce's half buffer (2 ranks add a + b in any all-reduce).
+  std::unique_ptr<GradTree> tree_;
+  Tensor half_;
+  bool tree_reduce() const { return tree_ && dp_.size() > 2; }
   std::unique_ptr<AdamW> adam_;
 };
 

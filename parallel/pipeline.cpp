@@ -100,16 +100,16 @@ std::array<int, PipeSlots::kBuffers> pipeline_stage_slots(const Config& cfg, int
 }
 
 PipelineStage::PipelineStage(DecoderPart& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches,
-                             StepClock* clock, Trace& trace)
+                             const std::array<int, PipeSlots::kBuffers>& slots, StepClock* clock, Trace& trace)
     : chunk_(chunk), dp_(dp), pp_(pp), clock_(clock), trace_(trace), micro_(micro_batches) {
-  const Config& cfg = chunk.config();
-  const int tp = cfg.parallel.tp;
-  const int64_t N = int64_t(cfg.train.micro_batch) * cfg.local_seq();
-  rows_ = (cfg.parallel.sp && tp > 1 ? N / tp : N) * cfg.model.d_model;
+  const ModelDims& dims = chunk.dims();
+  const int tp = dims.tp;
+  const int64_t N = int64_t(dims.B) * dims.T_local();
+  rows_ = (dims.sp && tp > 1 ? N / tp : N) * dims.C;
   if (pp.size() == 1) return;
-  LOOM_CHECK(micro_batches == cfg.accum_steps(), "pipeline: {} micro-batches, but the config's step has {}",
-             micro_batches, cfg.accum_steps());
-  const auto n = pipeline_stage_slots(cfg, pp.rank());
+  LOOM_CHECK(micro_batches == dims.accum, "pipeline: {} micro-batches, but the config's step has {}", micro_batches,
+             dims.accum);
+  const auto& n = slots;
   Allocator& a = chunk.backend().alloc();
   const DType dt = chunk.backend().dtype();
   Tensor* bufs[PipeSlots::kBuffers] = {&recv_act_,  &send_act_,  &recv_grad_,
@@ -214,8 +214,8 @@ void PipelineStage::run(const std::vector<PipeOp>& ops, const std::function<Inpu
         select(op.chunk, op.micro);
         // The embedding's chunk, and with data.doc_mask or context parallel every chunk (its
         // positions drive RoPE's backward and recomputed attention).
-        const Config& cfg = chunk_.config();
-        const Inputs in = op.chunk == 0 || cfg.data.doc_mask || cfg.parallel.cp > 1 ? inputs(op.micro) : Inputs{};
+        const ModelDims& dims = chunk_.dims();
+        const Inputs in = op.chunk == 0 || dims.doc_mask || dims.cp > 1 ? inputs(op.micro) : Inputs{};
         if (chunk_sends(op.chunk, G) && grad_local[index(op.chunk, op.micro)] >= 0) {
           be.copy(view(chunk_.grad_output()), slot_buf(local_grad_, grad_local[index(op.chunk, op.micro)]));
         } else if (chunk_sends(op.chunk, G)) {

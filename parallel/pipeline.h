@@ -25,11 +25,26 @@
 
 namespace loom {
 
+// The slots of the executor's four buffers for one stage's op list (in issue order): each send's
+// and receive's slot (per op; -1 for compute ops) and how many slots each buffer needs. A
+// receive holds its slot from its group to the F (activations) or B (gradients) that reads
+// it; a send holds its slot for its group.
+// Under a V-shaped schedule the stage holding chunks p-1 and p hands activations and
+// gradients from one to the other itself: an F whose next chunk is here puts its output in a
+// local_act slot until that chunk's F reads it, a B whose previous chunk is here its input
+// gradient in a local_grad slot until that chunk's B (slot: per F or B, the one it fills).
+struct PipeSlots {
+  enum Buffer { recv_act, send_act, recv_grad, send_grad, local_act, local_grad };
+  static constexpr size_t kBuffers = 6;
+  std::array<int, kBuffers> count{};
+  std::vector<int> slot;
+};
 class PipelineStage {
  public:
   // pp: the pipeline group (this rank is stage pp.rank()).
-  PipelineStage(DecoderPart& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches, StepClock* clock,
-                Trace& trace);
+  // slots: the buffers this stage's schedule holds (pipeline_stage_slots).
+  PipelineStage(DecoderPart& chunk, DataParallel& dp, ProcessGroup& pp, int micro_batches,
+                const std::array<int, PipeSlots::kBuffers>& slots, StepClock* clock, Trace& trace);
   ~PipelineStage();
   // Called before each compute op (F, B, W) of a run, with the op: where the trainer's drills
   // attach to the passes.
@@ -56,20 +71,6 @@ class PipelineStage {
   double bubble_ms_ = 0;
 };
 
-// The slots of the executor's four buffers for one stage's op list (in issue order): each send's
-// and receive's slot (per op; -1 for compute ops) and how many slots each buffer needs. A
-// receive holds its slot from its group to the F (activations) or B (gradients) that reads
-// it; a send holds its slot for its group.
-// Under a V-shaped schedule the stage holding chunks p-1 and p hands activations and
-// gradients from one to the other itself: an F whose next chunk is here puts its output in a
-// local_act slot until that chunk's F reads it, a B whose previous chunk is here its input
-// gradient in a local_grad slot until that chunk's B (slot: per F or B, the one it fills).
-struct PipeSlots {
-  enum Buffer { recv_act, send_act, recv_grad, send_grad, local_act, local_grad };
-  static constexpr size_t kBuffers = 6;
-  std::array<int, kBuffers> count{};
-  std::vector<int> slot;
-};
 PipeSlots pipeline_slots(const std::vector<PipeOp>& ops);
 // The most slots each buffer needs on `stage` over its training and forward-only lists.
 std::array<int, PipeSlots::kBuffers> pipeline_stage_slots(const Config& cfg, int stage);

@@ -13,13 +13,14 @@
 namespace loom {
 
 std::vector<double> pipeline_block_flops(const Config& cfg) {
+  const ModelDims model = model_dims(cfg);
   std::vector<double> out;
-  for (int l = 0; l < cfg.model.n_layer; ++l) out.push_back(block_flops(cfg, l).total());
+  for (int l = 0; l < model.L; ++l) out.push_back(block_flops(model, l).total());
   return out;
 }
 
 double pipeline_head_flops(const Config& cfg) {
-  return head_flops(cfg);
+  return head_flops(model_dims(cfg));
 }
 
 namespace {

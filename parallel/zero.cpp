@@ -99,12 +99,12 @@ std::vector<SlotSize> slot_sizes(const ModelLayout& layout, const Geometry& g) {
 }  // namespace
 
 std::string zero_tied(const Config& cfg) {
-  return cfg.pp_tied_across() ? head_names(cfg).wte : "";
+  return cfg.pp_tied_across() ? head_names(model_dims(cfg)).wte : "";
 }
 
 ZeroRanks zero_ranks(const Config& cfg, int dp, int rank, int edp_rank) {
   const int edp = cfg.parallel.ep > 1 ? dp / cfg.parallel.ep : 0;
-  return {dp, rank, edp, edp ? edp_rank : 0, zero_tied(cfg), norm_block(cfg)};
+  return {dp, rank, edp, edp ? edp_rank : 0, zero_tied(cfg), norm_block(model_dims(cfg))};
 }
 
 std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z) {
@@ -233,7 +233,7 @@ Zero::Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& grou
   LOOM_ASSERT(int(first_part_.size()) == layout.num_units());
   shard_ = g.shard;
   max_unit_ = g.max_unit;
-  const char* copy = chunk.holds_tied_copy() ? head_names(cfg).wte : nullptr;  // counted on the first stage
+  const char* copy = chunk.holds_tied_copy() ? head_names(chunk.dims()).wte : nullptr;  // counted on the first stage
   adam_ = std::make_unique<AdamW>(be_, zero_opt_chunks(layout, ranks_, stage_, tp_.rank(), copy), g.shard,
                                   dtype_ != DType::f32);
   // Everything else zero_plan lists (AdamW allocated its own part).
@@ -244,10 +244,17 @@ Zero::Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& grou
     if (item.name.rfind("zero_", 0) != 0) continue;
     got[item.name].push_back(be_.alloc().empty(item));
   }
+  if (cfg.parallel.invariant) {
+    LOOM_CHECK(stage_ == 1, "parallel.invariant covers ZeRO stage 1, not {}", stage_);
+    for (auto& item : grad_tree_plan(cfg.accum_steps(), dp_.size(), int64_t(chunk.num_params())))
+      got[item.name].push_back(be_.alloc().empty(item));
+    tree_ = std::make_unique<GradTree>(be_, unit_starts(layout), int64_t(chunk.num_params()), cfg.accum_steps());
+  }
   auto take = [&](const char* name, size_t i = 0) { return got.count(name) ? got[name][i] : Tensor(); };
   shard_params_ = take("zero_shard_params");
   shard_grads_ = take("zero_shard_grads");
   grad_bounce_ = take("zero_grad_bounce");
+  half_ = take("grad_tree_half");
   grad_bounce_low_ = take("zero_grad_bounce_bf16");
   param_bounce_ = take("zero_param_bounce");
   param_full_ = take("zero_param_full");
@@ -283,9 +290,8 @@ Zero::~Zero() {
 }
 
 std::string Zero::describe() const {
-  return fmt::format("{} {}, ZeRO stage {}{}, gradients reduced in {}",
-                     chunk_.config().parallel.cp > 1 ? "dp x cp" : "dp", n_, stage_,
-                     keep_ ? " (weights kept gathered until the step)" : "", dtype_name(reduce_));
+  return fmt::format("{} {}, ZeRO stage {}{}, gradients reduced in {}", chunk_.dims().cp > 1 ? "dp x cp" : "dp", n_,
+                     stage_, keep_ ? " (weights kept gathered until the step)" : "", dtype_name(reduce_));
 }
 
 void Zero::wait(const Work& w) {
@@ -377,6 +383,7 @@ void Zero::weights_done(int u) {
 
 void Zero::backward_done(int u) {
   weights_done(u);
+  if (tree_) tree_->fold(chunk_.layout().local(u), chunk_.grads(), last_);
   if (stage_ < 2) return;
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) return;  // no gradients were asked for
@@ -478,7 +485,13 @@ const Zero::Unit* Zero::tied_part() const {
 void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
   const Stream& st = be_.stream();
   float* grads = nullptr;
-  if (stage_ == 1) {
+  if (stage_ == 1 && half_.defined()) {
+    // parallel.invariant over more than 2 ranks: the whole buffer summed in the tree, in place;
+    // the table reads this rank's slice of it.
+    StepClock::Scope c(clock_, Phase::comm);
+    tree_all_reduce(dp_, be_, dev(chunk_.grads(), int64_t(chunk_.num_params()), DType::f32), Buf(half_));
+    grads = chunk_.grads();
+  } else if (stage_ == 1) {
     // Reduce-scatter each unit; this rank's reduced slice goes back into the full buffer,
     // where the table reads it.
     float* full = chunk_.grads();
@@ -516,6 +529,7 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
 
 void Zero::discard() {
   if (stage_ >= 2) be_.zero(Buf(shard_grads_));
+  if (tree_) tree_->reset();
   reduced_ = nullptr;
 }
 
@@ -553,7 +567,7 @@ std::vector<StateRun> Zero::state_runs(StateUse use) const {
       runs.push_back({&spec, int64_t(spec.offset), int64_t(spec.offset), spec.numel()});
     return runs;
   }
-  const char* copy = chunk_.holds_tied_copy() ? head_names(chunk_.config()).wte : nullptr;
+  const char* copy = chunk_.holds_tied_copy() ? head_names(chunk_.dims()).wte : nullptr;
   for (const StateRun& run : zero_state_runs(layout, ranks_)) {
     if (use == StateUse::write && run.spec->replicated() && tp_.rank() != 0) continue;
     if (use == StateUse::write && copy && run.spec->name == copy) continue;  // the first stage writes it

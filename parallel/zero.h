@@ -23,6 +23,7 @@
 #include <memory>
 
 #include "parallel/data_parallel.h"
+#include "parallel/grad_tree.h"
 
 namespace loom {
 
@@ -72,6 +73,7 @@ class Zero final : public DataParallel {
   void forward_done(int u) override;
   void backward_done(int u) override;
   void weights_done(int u) override;
+  void set_last(bool last) override { last_ = last; }
   void weights_from(const float* host) override;
   void weights_to(float* host) override;
   void reduce_grads(const std::function<void(Buf)>& tied = {}) override;
@@ -95,6 +97,12 @@ class Zero final : public DataParallel {
     bool tail;    // split off the end of its unit (a MoE block's experts, a tied embedding's part)
   };
   ProcessGroup& group(const Unit& u) { return u.expert ? *edp_ : dp_; }
+  // parallel.invariant (stage 1): the micro-batches' canonical tree over the full gradient
+  // buffer; over more than 2 ranks the whole buffer is then summed by tree_all_reduce (an
+  // all-reduce's bytes, not a reduce-scatter's) and each rank reads its slice.
+  std::unique_ptr<GradTree> tree_;
+  Tensor half_;
+  bool last_ = false;
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight
   Slot& slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const;
   void gather_into(Slot& slot, int u, Pass pass);

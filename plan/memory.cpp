@@ -9,10 +9,12 @@
 #include "model/flops.h"
 #include "model/layout.h"
 #include "parallel/ddp.h"
+#include "parallel/grad_tree.h"
 #include "parallel/pipeline.h"
 #include "parallel/zero.h"
 #include "runtime/cuda_api.h"
 #include "runtime/error.h"
+#include "runtime/exact_digits.h"
 #include "runtime/mesh.h"
 
 namespace loom {
@@ -34,17 +36,18 @@ MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank
   // dp x cp hold the same weights: ZeRO shards over them, ep is carved from them.
   const int dcp = cfg.parallel.dp * cfg.parallel.cp, dcp_rank = at.dp * cfg.parallel.cp + at.cp;
   const bool cuda = device_is_cuda(kind);
-  const BackendTraits traits = backend_traits(kind, dtype, cfg);
+  const ModelDims model = model_dims(cfg);
+  const BackendTraits traits = backend_traits(kind, dtype, model);
   const PartSpec spec = given ? *given : pipeline_chunk_spec(cfg, at.pp);  // the whole model without stages
-  const ModelLayout layout = model_layout(cfg, at.tp, chunk_runs(spec), dcp_rank % cfg.parallel.ep);
+  const ModelLayout layout = model_layout(model, at.tp, chunk_runs(spec), dcp_rank % cfg.parallel.ep);
   const int64_t n = int64_t(layout.reg.numel());
   const int stage = cfg.parallel.zero;
-  std::vector<PlanItem> items = cuda ? cuda_backend_plan(cfg) : cpu_backend_plan(cfg, dtype);
+  std::vector<PlanItem> items = cuda ? cuda_backend_plan(model) : cpu_backend_plan(model, dtype);
   // The chunk (model/decoder_part.cpp): flat buffers, activations, scratch, RoPE tables, loss sum, MoE
   // statistics.
   if (stage < 3) items.push_back({"params", n, dtype, Mem::params});
   if (stage < 2) items.push_back({"grads", n, DType::f32, Mem::grads});
-  const ChunkPlan a = chunk_plan(cfg, spec, traits);
+  const ChunkPlan a = chunk_plan(model, spec, traits);
   for (size_t j = 0; j < a.pieces.size(); ++j)
     for (auto& b : a.pieces[j].buffers)
       items.push_back({b.name, b.numel * b.copies * spec.pieces[j].slots, b.dtype, Mem::activations});
@@ -52,7 +55,7 @@ MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank
   if (cfg.model.arch == Arch::llama)
     for (int i = 0; i < 2; ++i)
       items.push_back({"rope", int64_t(cfg.model.seq_len) * cfg.head_dim() / 2, DType::f32, Mem::workspace});
-  items.push_back({"loss_sum", 1, DType::f64, Mem::workspace});
+  items.push_back({"loss_sum", kExactDigits, DType::f64, Mem::workspace});
   if (cfg.moe_layers()) items.push_back({"moe_stats", 4 * cfg.moe_layers(), DType::f64, Mem::workspace});
   for (auto& it : pipeline_stage_plan(cfg, at.pp, dtype)) items.push_back(it);
   // The data-parallel side and its optimizer.
@@ -61,6 +64,8 @@ MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank
                             : zero_plan(layout, zero_ranks(cfg, dcp, dcp_rank, dcp_rank / cfg.parallel.ep), stage,
                                         at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
   items.insert(items.end(), dp_items.begin(), dp_items.end());
+  if (stage == 1 && cfg.parallel.invariant)  // (DDP's plan lists them itself)
+    for (auto& it : grad_tree_plan(cfg.accum_steps(), dcp, n)) items.push_back(it);
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);
   return p;
@@ -114,7 +119,7 @@ MemoryAvailable memory_available(DeviceKind kind, int sharing) {
 
 void memory_fit_rough(const Config& cfg, DType dtype, int world, const MemoryAvailable& avail) {
   if (avail.bytes < 0) return;
-  const double n = param_count_f64(cfg), bytes = n * double(dtype_size(dtype)) / std::max(1, world);
+  const double n = param_count_f64(model_dims(cfg)), bytes = n * double(dtype_size(dtype)) / std::max(1, world);
   LOOM_CHECK(bytes <= double(avail.bytes),
              "the model.* keys describe {:.3g} parameters: their {} weights alone take {:.1f} GiB per rank even "
              "spread over all {} ranks, and each rank has {:.1f} GiB ({}); check the model.* keys or run on more "
@@ -158,12 +163,12 @@ std::string plan_memory_table(const Config& cfg, DeviceKind device, DType dtype)
 
 std::string plan_memory_json(const Config& cfg, DeviceKind device, DType dtype) {
   const int world = cfg.world();
-  const ModelLayout layout = model_layout(cfg);
+  const ModelLayout layout = model_layout(model_dims(cfg));
   std::string out = fmt::format(
       "{{\"device\":\"{}\",\"dtype\":\"{}\",\"zero\":{},\"dp\":{},\"cp\":{},\"tp\":{},\"n_params\":{},"
       "\"units\":{},\"norm_block\":{},\"ranks\":[",
       device_name(device), dtype_name(dtype), cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp,
-      layout.reg.global_numel(), layout.num_units(), norm_block(cfg));
+      layout.reg.global_numel(), layout.num_units(), norm_block(model_dims(cfg)));
   for (int r = 0; r < world; ++r) {
     const MemoryPlan p = plan_memory(cfg, device, dtype, r);
     out += fmt::format("{}{{\"rank\":{}", r ? "," : "", r);

@@ -280,13 +280,14 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   }
   ChunkCost c;
   c.blocks = blocks;
+  const ModelDims model = model_dims(cfg);
   for (int l = block0; l < block0 + blocks; ++l) {
     const bool moe = cfg.moe_block(l);
     c.moe_blocks += moe;
     const double k = moe ? m.moe.top_k : 1;
     // Forward matmul FLOPs per token: attention and a dense MLP split over tp; a MoE layer's
     // router and experts are whole on every tp rank, which runs them on every row.
-    const BlockFlops bf = block_flops(cfg, l);
+    const BlockFlops bf = block_flops(model, l);
     const double mm = bf.attn_proj / tp + (moe ? bf.mlp + bf.router : bf.mlp / tp);
     const double core = bf.core / tp;  // attention scores and values
     const double ew = (12.0 * C / (p.sp ? tp : 1) + 4.0 * F * k / (moe ? 1 : tp)) * act * tokens /
@@ -384,7 +385,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
       s.weight += c.blocks + 1;
     }
     const std::vector<std::pair<int, int>> runs = pipeline_stage_runs(cfg, st);
-    const ModelLayout layout = model_layout(cfg, 0, runs);
+    const ModelLayout layout = model_layout(model_dims(cfg), 0, runs);
     if (st == 0 || st == P - 1) {  // the first holds the most activations, the last the head
       const PartSpec spec = pipeline_chunk_spec(cfg, st);
       out.memory_bytes =
@@ -496,7 +497,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
   out.fits = cl.memory_bytes <= 0 || double(out.memory_bytes) <= cl.memory_bytes;
   const double step_tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
   out.tokens_per_s = step_tokens / out.step;
-  out.mfu = flops_per_token(cfg).model * out.tokens_per_s / (world * given.peak_flops);
+  out.mfu = flops_per_token(model_dims(cfg)).model * out.tokens_per_s / (world * given.peak_flops);
   return out;
 }
 

@@ -127,6 +127,8 @@ std::vector<Field> fields_of(Config& c) {
        "blocks per stage, e.g. \"5,6,6,5\" (empty: n_layer / pp each; auto: balanced by FLOPs, head included)"},
       {"parallel.timeout_s", &p.timeout_s, "a collective pending this long ends the job (0: never)"},
       {"parallel.grad_reduce_dtype", choice(&p.grad_reduce_dtype), "f32 | bf16: what gradients are reduced in"},
+      {"parallel.invariant", &p.invariant,
+       "sum gradients in one canonical tree over the micro-batches: the same bits at any dp and pp"},
       {"parallel.comm", choice(&p.comm),
        "auto | nccl | mpi | nccl-emulated: what carries CUDA buffers (mpi: staged through the host; "
        "nccl-emulated: NCCL's rules over MPI, host buffers)"},

@@ -176,6 +176,7 @@ struct ParallelConfig {
   // auto | nccl | mpi: what carries CUDA buffers (mpi: staged through the host); nccl-emulated:
   // host buffers under NCCL's ordering rules, to check a layout on the CPU
   CommChoice comm = CommChoice::automatic;
+  bool invariant = false;  // gradients summed in one canonical tree: the same bits at any dp and pp
 };
 
 struct CheckpointConfig {

@@ -209,6 +209,39 @@ void data_validate(Config& cfg) {
 }
 
 // The layout: every degree divides what it splits, and no key that would do nothing at degree 1.
+// parallel.invariant: the layouts its tree covers so far (docs/invariant.md says which and why).
+void invariant_validate(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  const auto pow2 = [](int n) { return n > 0 && (n & (n - 1)) == 0; };
+  const char* off = "or set parallel.invariant = false";
+  LOOM_CHECK(p.ep == 1,
+             "parallel.invariant with parallel.ep = {}: expert parallelism mixes ranks' tokens in one expert's GEMM, "
+             "so its bits depend on the layout; set parallel.ep = 1, {}",
+             p.ep, off);
+  LOOM_CHECK(p.cp == 1, "parallel.invariant does not cover context parallelism yet (parallel.cp = {}); set cp = 1, {}",
+             p.cp, off);
+  LOOM_CHECK(p.zero <= 1,
+             "parallel.invariant covers ZeRO stages 0 and 1 so far (stages 2 and 3 reduce every micro-batch); "
+             "parallel.zero = {}: set it to 0 or 1, {}",
+             p.zero, off);
+  LOOM_CHECK(p.grad_reduce_dtype == GradReduce::f32,
+             "parallel.invariant with parallel.grad_reduce_dtype = \"bf16\": rounding each rank's partial sums "
+             "changes the bits with the layout; set it to \"f32\", {}",
+             off);
+  LOOM_CHECK(pow2(p.dp),
+             "parallel.invariant with parallel.dp = {}: the ranks' blocks of micro-batches must be subtrees of one "
+             "binary tree, so dp must be a power of two, {}",
+             p.dp, off);
+  LOOM_CHECK(p.dp == 1 || pow2(cfg.accum_steps()),
+             "parallel.invariant over dp = {}: each rank's {} micro-batches (train.global_batch / (train.micro_batch "
+             "x parallel.dp)) must be a power of two to form a subtree; change train.global_batch, {}",
+             p.dp, cfg.accum_steps(), off);
+  LOOM_CHECK(p.pp == 1 || !cfg.model.tie_embeddings,
+             "parallel.invariant does not cover tied embeddings under pipeline parallelism yet (the head's and the "
+             "embedding's gradients meet in another order); set model.tie_embeddings = false, parallel.pp = 1, {}",
+             off);
+}
+
 void parallel_validate(Config& cfg) {
   auto& m = cfg.model;
   auto& t = cfg.train;
@@ -308,6 +341,7 @@ void parallel_validate(Config& cfg) {
   LOOM_CHECK(p.bucket_mb > 0, "parallel.bucket_mb = {} must be positive", p.bucket_mb);
   LOOM_CHECK(p.timeout_s >= 0, "parallel.timeout_s = {} must be >= 0 (0 turns the watchdog off)", p.timeout_s);
   LOOM_CHECK(p.zero >= 0 && p.zero <= 3, "parallel.zero = {} is not one of 0|1|2|3", p.zero);
+  if (p.invariant) invariant_validate(cfg);
 }
 
 // The drills: each parses, names a rank of the job, and could fire.

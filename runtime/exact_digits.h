@@ -67,4 +67,22 @@ LOOM_EXACT_FN double exact_value(int64_t* d) {
   return negative ? -r : r;
 }
 
+// digits[kExactDigits] (normalized, held as doubles: the form ranks all-reduce) += x, exactly;
+// a non-finite x, or digits already NaN, leave every digit NaN. For accumulators that live on
+// a device between steps (the loss), one term at a time.
+LOOM_EXACT_FN void exact_accumulate(double* digits, double x) {
+  bool finite = exact_finite(x);
+  int64_t d[kExactDigits];
+  for (int i = 0; i < kExactDigits; ++i) {
+    finite = finite && exact_finite(digits[i]);
+    d[i] = finite ? int64_t(digits[i]) : 0;
+  }
+  if (finite && x != 0) {
+    const ExactParts p = exact_parts(x);
+    for (int i = 0; i < 3; ++i) d[p.k + i] += p.parts[i];
+    exact_normalize(d);
+  }
+  for (int i = 0; i < kExactDigits; ++i) digits[i] = finite ? double(d[i]) : NAN;
+}
+
 }  // namespace loom

@@ -47,6 +47,12 @@ void ExactSum::digits_from(const double* in) {
   }
 }
 
+double ExactSum::value_of(const double* digits) {
+  ExactSum s;
+  s.digits_from(digits);
+  return s.value();
+}
+
 double exact_sum(const double* v, int64_t n) {
   ExactSum s;
   for (int64_t i = 0; i < n; ++i) s.add(v[i]);

@@ -32,6 +32,8 @@ class ExactSum {
   // A non-finite sum travels as NaN in every digit.
   void digits_to(double* out);
   void digits_from(const double* in);
+  // The value of digits (as digits_to writes them, or their sum over ranks).
+  static double value_of(const double* digits);
 
  private:
   std::array<int64_t, kDigits> d_{};

@@ -229,7 +229,7 @@ void bench_memory_kernels(const Config& cfg, cudaStream_t s) {
       time_ms(s, 10, [&] { cuda::crossentropy_forward_backward(z, losses, targets, N, V, V, 1.0f / N, s); }));
   {
     // AdamW over the model's parameters (a flat table of 8192-element chunks).
-    const int64_t P = param_count(cfg);
+    const int64_t P = param_count(model_dims(cfg));
     std::vector<cuda::OptChunkDev> table;
     for (int64_t k = 0; k < P; k += 8192) table.push_back({k, k, k, int32_t(std::min<int64_t>(8192, P - k)), 1, 1});
     auto* chunks = device_zeros<cuda::OptChunkDev>(table.size());
@@ -307,7 +307,7 @@ void bench_kernels(const Config& cfg) {
     // at the rows an expert gets: its slot from every ep rank, or an even share of the
     // assignments.
     const int P = cfg.parallel.ep, El = E / P, N = B * T, C = cfg.model.d_model, F = cfg.model.d_ff;
-    const int64_t slot = moe_slot(cfg, N);
+    const int64_t slot = moe_slot(model_dims(cfg), N);
     const int M = int(slot ? P * slot : std::max<int64_t>(1, int64_t(N) * cfg.model.moe.top_k * P / E));
     const int64_t wstride = 3 * int64_t(F) * C;
     bf16 *x = device_zeros<bf16>(size_t(El) * M * C), *w = device_zeros<bf16>(size_t(El) * wstride),

@@ -41,7 +41,8 @@ void Trainer::Parts::startup_log() {
   if (const auto& moe = cfg.model.moe; moe.num_experts > 0) {
     // The rows a MoE layer saves: its experts' inputs, fc and activation outputs (Rr rows
     // received), and the outputs back in token order (R rows), per activation slot.
-    const int64_t N = int64_t(B) * cfg.local_seq(), R = moe_rows(cfg, N), Rr = moe_rows_received(cfg, N);
+    const ModelDims model = model_dims(cfg);
+    const int64_t N = int64_t(B) * cfg.local_seq(), R = moe_rows(model, N), Rr = moe_rows_received(model, N);
     const double mib =
         double(Rr * (cfg.model.d_model + 3 * cfg.model.d_ff) + R * cfg.model.d_model) * dtype_size(dtype) / 1048576.0;
     detail(
@@ -52,14 +53,14 @@ void Trainer::Parts::startup_log() {
         moe.capacity_factor > 0
             ? fmt::format("capacity {} assignments per expert and micro-batch (capacity_factor {}), each expert a "
                           "slot of {} rows padded with zeros: every shape fixed, the host never waits for the device",
-                          moe_capacity(cfg, N), moe.capacity_factor, moe_slot(cfg, N))
+                          moe_capacity(model, N), moe.capacity_factor, moe_slot(model, N))
             : fmt::format("dropless: the experts' buffers hold the worst case, {} rows ({:.2f} MiB saved per MoE "
                           "layer and micro-batch in flight); the experts' GEMMs are sized on the device{}",
                           Rr, mib,
                           cfg.parallel.ep > 1 ? ", and each layer's forward reads its counts on the host to size "
                                                 "the all-to-all (exchanged over the ep group on the device first)"
                                               : " and the host never waits for it"),
-        double(active_param_count(cfg)) / 1e6, double(param_count(cfg)) / 1e6);
+        double(active_param_count(model)) / 1e6, double(param_count(model)) / 1e6);
   }
   info("device: {} ({}); {} threads per rank ({}); data: {}", device_name(device), dtype_name(dtype), threads,
        threads_why, data.describe);
@@ -167,7 +168,7 @@ std::vector<float> Trainer::weights_hf() {
   const ParamRegistry& whole = p.whole.reg;  // the whole model's names and places
   ProcessGroup& tp = p.mesh->host_group(Axis::tp);
   std::vector<float> out(whole.global_numel(), 0.0f), all;
-  const char* copy = p.chunk->holds_tied_copy() ? head_names(p.cfg).wte : nullptr;
+  const char* copy = p.chunk->holds_tied_copy() ? head_names(p.chunk->dims()).wte : nullptr;
   for (auto& s : reg.all()) {
     if (copy && s.name == copy) continue;  // the first stage exports the tied embedding
     float* dst = out.data() + whole.at(s.name).global_offset;
@@ -201,7 +202,7 @@ void Trainer::Parts::tied_copies_check() {
   dpar->weights_to(w.data());
   uint64_t h[2] = {0, 0};
   if (chunk->has_embedding() || chunk->holds_tied_copy()) {
-    const ParamSpec& e = chunk->registry().at(head_names(cfg).wte);
+    const ParamSpec& e = chunk->registry().at(head_names(chunk->dims()).wte);
     h[chunk->has_embedding() ? 0 : 1] = XXH64(w.data() + e.offset, size_t(e.numel()) * 4, 0);
   }
   ProcessGroup& embed = mesh->host_group(Axis::embed);

@@ -6,10 +6,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
 #include "runtime/cuda_api.h"
+#include "runtime/exact_sum.h"
 #include "train/trainer_parts.h"
 
 namespace loom {
@@ -168,10 +170,11 @@ double Trainer::Parts::loss_take() {
     StepClock::Scope c(clock.get(), Phase::comm);
     pp().all_reduce(Buf(sum), ReduceOp::sum, backend->stream()).wait_on(backend->stream());
   }
-  double v = 0.0;
-  backend->download(&v, Buf(sum));
+  // Exact digits: their sum over ranks is exact in any order, and rounds once, here.
+  std::array<double, kExactDigits> digits{};
+  backend->download(digits.data(), Buf(sum));
   backend->zero(Buf(sum));
-  return v;
+  return ExactSum::value_of(digits.data());
 }
 
 bool Trainer::between_steps() {

@@ -138,15 +138,16 @@ void Trainer::Parts::build(int gpus) {
   mesh = std::make_unique<DeviceMesh>(dims, opt.world_rank, opt.world_size, mo);
 
   const DeviceKind kind = device;
+  const ModelDims model = model_dims(cfg);
   stream = device_is_cuda(kind) ? cuda_stream_create(kind) : host_stream();
   alloc = std::make_unique<Allocator>(kind, stream);
   if (kind == DeviceKind::cuda_emulated) {
-    backend = cuda_emulated_backend(cfg, *alloc);
+    backend = cuda_emulated_backend(model, *alloc);
   } else {
 #if LOOM_HAVE_CUDA
-    backend = kind == DeviceKind::cuda ? cuda_backend(cfg, *alloc) : cpu_backend(cfg, dtype, *alloc);
+    backend = kind == DeviceKind::cuda ? cuda_backend(model, *alloc) : cpu_backend(model, dtype, *alloc);
 #else
-    backend = cpu_backend(cfg, dtype, *alloc);
+    backend = cpu_backend(model, dtype, *alloc);
 #endif
   }
   if (!cfg.log.profile_steps.empty()) {  // every op through the timing wrapper; else no wrapper at all
@@ -171,9 +172,9 @@ void Trainer::Parts::build(int gpus) {
   // Every pp degree runs a list of ops; at pp 1 it is 1F1B on one stage, F0 B0 F1 B1 ...: the
   // accumulation loop, one micro-batch's activations at a time.
   pipe_ops = pipeline_stage_ops(pipe_schedule, mesh->coord().pp, cfg.accum_steps());
-  whole = model_layout(cfg, mesh->coord().tp);
+  whole = model_layout(model, mesh->coord().tp);
   const bool ep = cfg.parallel.ep > 1;
-  chunk = std::make_unique<DecoderPart>(cfg, spec, *backend, tp(), trace, clock.get(),
+  chunk = std::make_unique<DecoderPart>(model, spec, *backend, tp(), trace, clock.get(),
                                         /*full_params=*/zero_stage < 3, /*full_grads=*/zero_stage < 2,
                                         ep ? &mesh->group(Axis::ep) : nullptr,
                                         cfg.parallel.cp > 1 ? &mesh->group(Axis::cp) : nullptr);
@@ -181,10 +182,11 @@ void Trainer::Parts::build(int gpus) {
                             {dp(), tp(), mesh->host_group(dp_axis()), ep ? &mesh->group(Axis::ep) : nullptr,
                              ep ? &mesh->group(Axis::edp) : nullptr, ep ? &mesh->host_group(Axis::edp) : nullptr},
                             clock.get());
-  pipe = std::make_unique<PipelineStage>(*chunk, *dpar, mesh->group(Axis::pp), cfg.accum_steps(), clock.get(), trace);
+  pipe = std::make_unique<PipelineStage>(*chunk, *dpar, mesh->group(Axis::pp), cfg.accum_steps(),
+                                         pipeline_stage_slots(cfg, mesh->coord().pp), clock.get(), trace);
   pipe_val_ops = pipeline_forward_ops(cfg.parallel.pp, cfg.parallel.pp_virtual, mesh->coord().pp, cfg.accum_steps(),
                                       cfg.pp_v_shape());
-  fpt = flops_per_token(cfg, backend->traits().attention_probs);
+  fpt = flops_per_token(model, backend->traits().attention_probs);
   // The emulated device runs on the host's cores: its MFU is against their peak.
   peak = (kind == DeviceKind::cuda ? cuda_peak_flops() : cpu_peak_flops(threads)) * mesh->world();
   tokens_per_step = int64_t(cfg.train.global_batch) * cfg.model.seq_len;

@@ -175,12 +175,12 @@ __global__ void clip_scale_kernel(float* scale, const double* digits, double max
   *scale = float(clip_coef(finite ? sqrt(exact_value(d)) : nan(""), max_norm));
 }
 
-// acc += the sum of losses[N], in a fixed order, in double.
+// acc (exact digits) += the sum of losses[N], taken in a fixed order in double.
 __global__ void loss_accumulate_kernel(double* acc, const float* losses, int N) {
   double s = 0.0;
   for (int i = threadIdx.x; i < N; i += kThreads) s += double(losses[i]);
   s = block_reduce<false>(s);
-  if (threadIdx.x == 0) *acc += s;
+  if (threadIdx.x == 0) exact_accumulate(acc, s);
 }
 
 constexpr int kNormBlocks = 1024;  // blocks of the norm's grid, each walking chunks

@@ -353,15 +353,20 @@ TEST_F(Cuda, CrossEntropyWholeAndVocabParallel) {
   EXPECT_TRUE(close(Sh.get(), sg, 1e-5, 1e-2)) << "shard gradient";
   (void)V;
 
-  // The loss sum accumulates on the device, in double, onto what is there.
+  // The loss sum accumulates on the device as exact digits, onto what is there: each call's sum
+  // (in double) added exactly, so the total is the same whichever way the calls are grouped.
   std::vector<float> ls = randn(size_t(N), 42);
   DevRaw<float> Ls(ls);
-  DevRaw<double> Acc(std::vector<double>{2.0});
+  ExactSum two;
+  two.add(2.0);
+  std::vector<double> start(kExactDigits);
+  two.digits_to(start.data());
+  DevRaw<double> Acc(start);
   cuda::loss_accumulate(Acc.p, Ls.p, N, nullptr);
   cuda::loss_accumulate(Acc.p, Ls.p, N, nullptr);
   double want = 2.0;
   for (float x : ls) want += 2.0 * double(x);
-  EXPECT_NEAR(Acc.get()[0], want, 1e-12 * std::abs(want) + 1e-12);
+  EXPECT_NEAR(ExactSum::value_of(Acc.get().data()), want, 1e-12 * std::abs(want) + 1e-12);
 }
 
 // The optimizer over a chunk table whose three index spaces differ (as ZeRO's do): AdamW with

@@ -5,7 +5,9 @@
 
 #include <numeric>
 
+#include "model/backend.h"
 #include "model/tensor_parallel.h"
+#include "parallel/grad_tree.h"
 #include "runtime/comm/mpi_group.h"
 #include "runtime/mesh.h"
 #include "runtime/trace.h"
@@ -160,6 +162,39 @@ TEST(ConjugatePairs, EachHalfMatchesItsClosedForm) {
   std::fill(back.begin(), back.end(), -1.0f);
   scatter_to_sp_forward(tp, Buf(full.data(), n * k), Buf(back.data(), k), host_stream());  // the same reduce-scatter
   for (int i = 0; i < k; ++i) EXPECT_EQ(back[size_t(i)], float(wsum + n * (r * k + i)));
+}
+
+// parallel.invariant's all-reduce adds in the canonical binary tree over the ranks (rank r is
+// leaf r), whatever the buffer's length: values whose sum depends on the order (2^24 + 1 rounds
+// back to 2^24 in fp32), rotated per element so that every pairing is tried, against the tree
+// computed here; a left-to-right sum, a ring's or a reversed pairing's gives other bits.
+TEST(TreeAllReduce, AddsInTheCanonicalTree) {
+  ProcessGroup& g = g_mesh->world_group();
+  const int p = g.size(), r = g.rank();
+  const float base[8] = {16777216.0f, 1.0f, -16777216.0f, 1.0f, 16777216.0f, 3.0f, -16777216.0f, 1.0f};
+  auto value = [&](int rank, int64_t e) { return base[(rank + e) % 8] * float(1 + e % 3); };
+  auto tree = [&](int64_t e) {
+    std::vector<float> v;
+    for (int q = 0; q < p; ++q) v.push_back(value(q, e));
+    for (size_t w = 1; w < v.size(); w *= 2)
+      for (size_t i = 0; i + w < v.size(); i += 2 * w) v[i] = v[i] + v[i + w];
+    return v[0];
+  };
+  Allocator alloc;
+  std::unique_ptr<Backend> be = cpu_backend(ModelDims{}, DType::f32, alloc);
+  bool order_shows = false;
+  for (int64_t n : {1, 3, 8, 13, 1000}) {
+    std::vector<float> x(static_cast<size_t>(n)), half(static_cast<size_t>((n + 1) / 2));
+    for (int64_t e = 0; e < n; ++e) x[size_t(e)] = value(r, e);
+    tree_all_reduce(g, *be, Buf(x.data(), n), Buf(half.data(), int64_t(half.size())));
+    for (int64_t e = 0; e < n; ++e) {
+      ASSERT_EQ(x[size_t(e)], tree(e)) << "n " << n << ", element " << e;
+      float left = 0;
+      for (int q = 0; q < p; ++q) left += value(q, e);
+      order_shows = order_shows || left != tree(e);
+    }
+  }
+  EXPECT_TRUE(order_shows) << "no element's sum depends on the order: the test could not fail";
 }
 
 INSTANTIATE_TEST_SUITE_P(Axes, Collectives, ::testing::Values(Axis::pp, Axis::dp, Axis::tp, Axis::embed),

@@ -31,5 +31,12 @@ elif grep -q "train/trainer.h: No such file" /tmp/layers_up.$$; then
 else
   echo "FAIL: the upward probe failed for another reason:" && tail -5 /tmp/layers_up.$$ && bad=1
 fi
+# The model takes ModelDims, never the whole Config: only model_dims.h builds one from it.
+src=$(cd "$(dirname "$0")/../.." && pwd)
+if grep -nE '\bConfig\b' "$src"/model/*.h "$src"/model/*.cpp | grep -v '^[^:]*/model_dims\.h:' | grep -v '//'; then
+  echo "FAIL: model/ names the whole Config (lines above); give it what it needs through ModelDims" && bad=1
+else
+  echo "ok: model/ reads ModelDims, not Config"
+fi
 rm -f /tmp/layers_down.$$ /tmp/layers_up.$$
 exit $bad

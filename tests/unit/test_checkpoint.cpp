@@ -41,7 +41,7 @@ TEST(CheckpointPieces, CoverEveryGlobalElementOnceAtItsPlace) {
       std::map<std::string, std::vector<int>> seen;
       std::mt19937 gen(7);
       for (int r = 0; r < tp; ++r) {
-        const ModelLayout layout = model_layout(cfg, r);
+        const ModelLayout layout = model_layout(model_dims(cfg), r);
         for (const ParamSpec& s : layout.reg.all()) {
           if (s.replicated() && r != 0) continue;  // written by tp rank 0 (state_runs)
           std::vector<float> global(size_t(s.global_numel())), local(size_t(s.numel()));

@@ -343,8 +343,9 @@ TEST(Config, ExampleConfigCommentsMatchTheirValues) {
     });
     number(R"(head dim (\d+))", [&] { EXPECT_EQ(std::stoi(m[1]), c.head_dim()) << name; });
     number(R"(SwiGLU (\d+))", [&] { EXPECT_EQ(std::stoi(m[1]), c.model.d_ff) << name; });
-    number(R"(([\d.]+)B model)", [&] { EXPECT_NEAR(param_count(c) / 1e9, std::stod(m[1]), 0.05) << name; });
-    number(R"((\d+)M parameters)", [&] { EXPECT_NEAR(param_count(c) / 1e6, std::stod(m[1]), 1.0) << name; });
+    number(R"(([\d.]+)B model)", [&] { EXPECT_NEAR(param_count(model_dims(c)) / 1e9, std::stod(m[1]), 0.05) << name; });
+    number(R"((\d+)M parameters)",
+           [&] { EXPECT_NEAR(param_count(model_dims(c)) / 1e6, std::stod(m[1]), 1.0) << name; });
     number(R"(B=(\d+), T=(\d+))", [&] {
       EXPECT_EQ(std::stoi(m[1]), c.train.micro_batch) << name;
       EXPECT_EQ(std::stoi(m[2]), c.model.seq_len) << name;

@@ -331,7 +331,7 @@ TEST(Optim, AdamWMatchesTheFormulaInDouble) {
   config_validate(cfg);
   for (auto [master, max_norm] : {std::pair{false, 0.0}, {true, 0.0}, {false, 0.25}, {true, 0.25}}) {
     Allocator alloc;
-    auto be = cpu_backend(cfg, master ? DType::bf16 : DType::f32, alloc);
+    auto be = cpu_backend(model_dims(cfg), master ? DType::bf16 : DType::f32, alloc);
     AdamW opt(*be, opt_chunks(reg, {0}, 1024, 0), int64_t(reg.numel()), master);
     auto p = test::randn(7, 1), g0 = test::randn(7, 2);
     std::vector<bf16> low(7);
@@ -377,7 +377,7 @@ TEST(Optim, ClipScalesToTheMaxNorm) {
   Config cfg = config_defaults();
   config_validate(cfg);
   Allocator alloc;
-  auto be = cpu_backend(cfg, DType::f32, alloc);
+  auto be = cpu_backend(model_dims(cfg), DType::f32, alloc);
   OptTable t{opt_chunks(reg, {0}, 1024, 0), {}};
   std::vector<float> g = {3, 4};
   std::array<double, kExactDigits> ss{};  // the sum's digits (runtime/exact_sum.h)

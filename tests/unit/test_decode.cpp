@@ -46,7 +46,7 @@ class DecodeFixture : public ::testing::TestWithParam<const char*> {};
 // rope rows, a norm without its bias) misses it by far more than 1e-5.
 TEST_P(DecodeFixture, ForwardMatchesPyTorch) {
   const Config cfg = fixture_config(GetParam());
-  CachedDecoder dec(cfg, [](const ParamRegistry& reg, float* w) {
+  CachedDecoder dec(model_dims(cfg), [](const ParamRegistry& reg, float* w) {
     return model_load(reg, w, fixture(GetParam()) + "init.safetensors");
   });
   std::ifstream in(fixture(GetParam()) + "losses.json");
@@ -66,7 +66,7 @@ TEST_P(DecodeFixture, ForwardMatchesPyTorch) {
 // cache written at the wrong position or read past the query's own position breaks this.
 TEST_P(DecodeFixture, CachedPiecesMatchOnePass) {
   const Config cfg = fixture_config(GetParam());
-  CachedDecoder dec(cfg, [](const ParamRegistry& reg, float* w) {
+  CachedDecoder dec(model_dims(cfg), [](const ParamRegistry& reg, float* w) {
     return model_load(reg, w, fixture(GetParam()) + "init.safetensors");
   });
   const int T = cfg.model.seq_len, V = cfg.model.vocab_size;

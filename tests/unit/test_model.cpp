@@ -5,6 +5,7 @@
 
 #include "model/decoder_part.h"
 #include "model/flops.h"
+#include "runtime/exact_sum.h"
 #include "testing.h"
 #include "train/trainer.h"
 
@@ -51,11 +52,12 @@ struct Built {
   Trace trace;
   std::unique_ptr<DecoderPart> chunk;
   Built(const Config& cfg, PartSpec spec = {}, DType dtype = DType::f32)
-      : be(cpu_backend(cfg, dtype, alloc)), chunk(std::make_unique<DecoderPart>(cfg, spec, *be, *tp, trace)) {}
+      : be(cpu_backend(model_dims(cfg), dtype, alloc)),
+        chunk(std::make_unique<DecoderPart>(model_dims(cfg), spec, *be, *tp, trace)) {}
   float* params() { return chunk->params().as<float>(); }
   double loss_take() {
-    double v = *chunk->loss_sum().data<double>();
-    *chunk->loss_sum().data<double>() = 0.0;
+    const double v = ExactSum::value_of(chunk->loss_sum().data<double>());
+    be->zero(Buf(chunk->loss_sum()));
     return v;
   }
 };
@@ -214,7 +216,7 @@ TEST(ActPlan, FullRecomputeKeepsOnlyBlockInputs) {
   Config cfg = tiny("gpt2");
   cfg.model.n_layer = 12;
   const int B = 2;
-  auto none = act_plan(cfg, B, Recompute::none), full = act_plan(cfg, B, Recompute::full);
+  auto none = act_plan(model_dims(cfg), B, Recompute::none), full = act_plan(model_dims(cfg), B, Recompute::full);
   const int64_t NC = int64_t(B) * cfg.model.seq_len * cfg.model.d_model;
   // Full keeps L+1 residuals; everything per layer becomes one shared copy.
   EXPECT_EQ(full.buffers[0].copies, 13);
@@ -233,18 +235,19 @@ TEST(ActPlan, TensorParallelQuartersTheLogitsAndSequenceParallelTheNormRegions) 
       if (std::string(b.name) == "logits") return b.bytes();
     return int64_t(-1);
   };
-  const int64_t one = logits(act_plan(cfg, 2, Recompute::none));
+  const int64_t one = logits(act_plan(model_dims(cfg), 2, Recompute::none));
   cfg.parallel.tp = 4;
   cfg.model.vocab_size = 256;  // padded to 256 at tp 1 and at tp 4 alike
   cfg.model.n_head = 4;
   Config full = cfg;
   full.parallel.tp = 1;
-  EXPECT_EQ(logits(act_plan(cfg, 2, Recompute::none)) * 4, logits(act_plan(full, 2, Recompute::none)));
+  EXPECT_EQ(logits(act_plan(model_dims(cfg), 2, Recompute::none)) * 4,
+            logits(act_plan(model_dims(full), 2, Recompute::none)));
   EXPECT_GT(one, 0);
   cfg.parallel.sp = true;
-  auto on = act_plan(cfg, 2, Recompute::none);
+  auto on = act_plan(model_dims(cfg), 2, Recompute::none);
   cfg.parallel.sp = false;
-  auto off = act_plan(cfg, 2, Recompute::none);
+  auto off = act_plan(model_dims(cfg), 2, Recompute::none);
   for (size_t i = 0; i < on.buffers.size(); ++i) {
     std::string n = on.buffers[i].name;
     bool norm_region = n == "residual" || n.rfind("ln", 0) == 0 || n == "res2";
@@ -263,18 +266,18 @@ TEST(Flops, ModelFlopsAndRecomputeOnEachPath) {
   Config cfg = config_defaults();
   cfg.model.n_layer = 12, cfg.model.d_model = 768, cfg.model.n_head = 12, cfg.model.vocab_size = 50257;
   cfg.model.seq_len = 1024, cfg.model.d_ff = 3072;
-  EXPECT_EQ(param_count(cfg), 124439808);
+  EXPECT_EQ(param_count(model_dims(cfg)), 124439808);
   const double n = 124439808.0 - 1024.0 * 768, attn = 12.0 * 12 * 768 * 1024, wte = 50257.0 * 768;
   const double down = 12.0 * 3072 * 768;
-  FlopsPerToken f = flops_per_token(cfg);
+  FlopsPerToken f = flops_per_token(model_dims(cfg));
   EXPECT_EQ(f.model, 6 * n + attn);
   EXPECT_EQ(f.hardware, f.model);
   cfg.train.recompute = Recompute::selective;
-  EXPECT_EQ(flops_per_token(cfg, true).hardware, f.model + attn / 3);  // the CPU reruns attention's scores
-  EXPECT_EQ(flops_per_token(cfg, false).hardware, f.model);            // flash attention has no scores to redo
+  EXPECT_EQ(flops_per_token(model_dims(cfg), true).hardware, f.model + attn / 3);  // the CPU reruns attention's scores
+  EXPECT_EQ(flops_per_token(model_dims(cfg), false).hardware, f.model);  // flash attention has no scores to redo
   cfg.train.recompute = Recompute::full;  // every block up to its down projection, on either backend
-  EXPECT_EQ(flops_per_token(cfg, true).hardware, f.model + 2 * (n - wte - down) + attn / 3);
-  EXPECT_EQ(flops_per_token(cfg, false).hardware, f.model + 2 * (n - wte - down) + attn / 3);
+  EXPECT_EQ(flops_per_token(model_dims(cfg), true).hardware, f.model + 2 * (n - wte - down) + attn / 3);
+  EXPECT_EQ(flops_per_token(model_dims(cfg), false).hardware, f.model + 2 * (n - wte - down) + attn / 3);
 }
 
 // Capacity: a router of zeros gives every token the same probabilities, so every token picks
@@ -309,4 +312,55 @@ TEST(Moe, CapacityDropsWhatAFullExpertCannotTake) {
       EXPECT_NEAR(st[4 * l + 0], 1.0 * E * 0.5 * 0.25 * 2, 1e-6) << "aux: E sum f P, f = 1/2 on two experts";
     }
   }
+}
+
+// The dims the model takes are the config's: each field against the Config helper it replaces,
+// on a config whose every such field differs from the default (a swapped or stale field shows).
+TEST(ModelDims, EachFieldIsTheConfigs) {
+  Config c = tiny("mixtral");
+  c.model.d_model = 64;
+  c.model.n_head = 8;
+  c.model.n_kv_head = 4;
+  c.model.seq_len = 32;
+  c.model.vocab_size = 100;
+  c.model.norm_eps = 1e-6;
+  c.model.rope_theta = 5e5;
+  c.parallel.tp = 2;
+  c.parallel.sp = true;
+  c.parallel.cp = 2;
+  c.parallel.dp = 2;
+  c.train.micro_batch = 1;
+  c.train.global_batch = 8;
+  c.train.recompute = Recompute::selective;
+  c.data.doc_mask = true;
+  c.data.doc_token = 0;
+  config_validate(c);
+  const ModelDims d = model_dims(c);
+  EXPECT_TRUE(d.llama());
+  EXPECT_EQ(d.B, 1);
+  EXPECT_EQ(d.T, 32);
+  EXPECT_EQ(d.T_local(), c.local_seq());
+  EXPECT_EQ(d.C, 64);
+  EXPECT_EQ(d.H, 8);
+  EXPECT_EQ(d.KV, 4);
+  EXPECT_EQ(d.D, c.head_dim());
+  EXPECT_EQ(d.F, c.model.d_ff);
+  EXPECT_EQ(d.L, 4);
+  EXPECT_EQ(d.vocab, 100);
+  EXPECT_EQ(d.V_padded(), c.vocab_padded());
+  EXPECT_EQ(d.V_padded(), 128);
+  EXPECT_EQ(d.norm_eps, 1e-6);
+  EXPECT_EQ(d.rope_theta, 5e5);
+  EXPECT_EQ(d.tied, c.model.tie_embeddings);
+  EXPECT_EQ(d.moe_layers(), c.moe_layers());
+  for (int l = 0; l < d.L; ++l) EXPECT_EQ(d.moe_block(l), c.moe_block(l)) << l;
+  EXPECT_EQ(d.tp, 2);
+  EXPECT_TRUE(d.sp);
+  EXPECT_EQ(d.cp, 2);
+  EXPECT_EQ(d.dp, 2);
+  EXPECT_EQ(d.accum, c.accum_steps());
+  EXPECT_EQ(d.accum, 4);
+  EXPECT_TRUE(d.doc_mask);
+  EXPECT_EQ(d.recompute, Recompute::selective);
+  EXPECT_EQ(d.split_backward, c.pp_split_backward());
 }

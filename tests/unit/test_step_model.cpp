@@ -83,7 +83,7 @@ TEST(StepModel, ComputeIsTheFlopsMfuCounts) {
     const double flops = p.compute * c.peak_flops * c.gemm_efficiency;
     // flops.cpp counts the norms' weights among the 6N (and full recompute's 2N); they are no matmul.
     const double norms = 2.0 * cfg.model.d_model * cfg.model.n_layer + cfg.model.d_model;
-    const double expect = flops_per_token(cfg).hardware - (std::string(rc) == "full" ? 8 : 6) * norms;
+    const double expect = flops_per_token(model_dims(cfg)).hardware - (std::string(rc) == "full" ? 8 : 6) * norms;
     EXPECT_NEAR(flops / (expect * tokens), 1.0, 1e-9) << rc;
     EXPECT_NEAR(p.compute + p.comm_exposed + p.bubble + p.optimizer, p.step, 1e-12 * p.step);
   }
@@ -101,16 +101,17 @@ TEST(StepModel, ComputeIsTheFlopsMfuCounts) {
   config_validate(moe);
   const StepPrediction p = step_predict(moe, c);
   const double norms = 2.0 * moe.model.d_model * moe.model.n_layer + moe.model.d_model;
-  EXPECT_NEAR(p.compute * c.peak_flops * c.gemm_efficiency /
-                  ((flops_per_token(moe).hardware - 6 * norms) * moe.train.global_batch * moe.model.seq_len),
-              1.0, 1e-9);
+  EXPECT_NEAR(
+      p.compute * c.peak_flops * c.gemm_efficiency /
+          ((flops_per_token(model_dims(moe)).hardware - 6 * norms) * moe.train.global_batch * moe.model.seq_len),
+      1.0, 1e-9);
   // Under tp the router and experts are whole on every rank, which runs them on every row.
   Config moe_tp = moe;
   moe_tp.parallel.tp = 2;
   config_validate(moe_tp);
   const double C = moe.model.d_model, F = moe.model.d_ff, L = moe.model.n_layer;
   const double experts = 6.0 * (2 * 3 * C * F + 4 * C) * L;  // per token: top 2 of 3 C F each, and the router
-  const double dense = flops_per_token(moe).hardware - 6 * norms - experts;
+  const double dense = flops_per_token(model_dims(moe)).hardware - 6 * norms - experts;
   EXPECT_NEAR(step_predict(moe_tp, c).compute * c.peak_flops * c.gemm_efficiency /
                   ((dense / 2 + experts) * moe.train.global_batch * moe.model.seq_len),
               1.0, 1e-9);
@@ -123,7 +124,7 @@ TEST(StepModel, DataParallelMovesTheGradientsAndHidesBehindBackward) {
   cfg.train.global_batch = 16;
   cfg.parallel.bucket_mb = 1e6;  // one bucket: it can only start once backward is done
   config_validate(cfg);
-  const double grads = 4.0 * double(model_layout(cfg).reg.numel());
+  const double grads = 4.0 * double(model_layout(model_dims(cfg)).reg.numel());
   const double ring = collective_time("all_reduce", 8, grads, group_link(c, 8, 1), false);
   StepPrediction p = step_predict(cfg, c);
   EXPECT_DOUBLE_EQ(p.dp_total, ring);
@@ -149,7 +150,7 @@ TEST(StepModel, ZeroStagesMoveWhatTheyShard) {
   cfg.parallel.dp = 4;
   cfg.train.global_batch = 16;  // 2 micro-batches of 2 per rank
   config_validate(cfg);
-  const double n = double(model_layout(cfg).reg.numel());
+  const double n = double(model_layout(model_dims(cfg)).reg.numel());
   const int units = cfg.model.n_layer + 2;  // embedding, blocks, head
   const LinkTier l = group_link(c, 4, 1);
   const double rs = units * collective_time("reduce_scatter", 4, 4 * n / units, l, false);
@@ -173,7 +174,7 @@ TEST(StepModel, ExpertsReduceOverExpertDataParallel) {
   cfg.parallel.dp = 4, cfg.parallel.ep = 2, cfg.parallel.zero = 1;
   cfg.train.global_batch = 16;
   config_validate(cfg);
-  const ModelLayout layout = model_layout(cfg, 0, std::vector<std::pair<int, int>>{{0, -1}});
+  const ModelLayout layout = model_layout(model_dims(cfg), 0, std::vector<std::pair<int, int>>{{0, -1}});
   double experts = 0;
   for (auto& spec : layout.reg.all())
     if (expert_param(spec.name)) experts += double(spec.numel());

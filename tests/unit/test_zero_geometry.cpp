@@ -47,8 +47,8 @@ TEST(ZeroGeometry, ShardsCoverEachElementOnceFromBlockMultiples) {
   for (auto [arch, C] : {std::pair{"gpt2", 64}, std::pair{"llama", 40}, std::pair{"gpt2", 48}})
     for (int dp : {1, 2, 3, 4}) {
       const Config cfg = small(arch, C);
-      const ModelLayout layout = model_layout(cfg);
-      const int64_t block = norm_block(cfg);
+      const ModelLayout layout = model_layout(model_dims(cfg));
+      const int64_t block = norm_block(model_dims(cfg));
       std::vector<std::tuple<int64_t, int64_t, int>> runs;  // flat, n, rank
       for (int r = 0; r < dp; ++r) {
         const ZeroRanks z = zero_ranks(cfg, dp, r);
@@ -80,8 +80,8 @@ TEST(ZeroGeometry, ShardsCoverEachElementOnceFromBlockMultiples) {
 TEST(ZeroGeometry, EveryDpCutsTheNormBlocksOfOneRank) {
   for (auto [arch, C] : {std::pair{"gpt2", 64}, std::pair{"llama", 40}}) {
     const Config cfg = small(arch, C);
-    const ModelLayout layout = model_layout(cfg);
-    const auto one = counted(opt_chunks(layout.reg, unit_starts(layout), norm_block(cfg), 0));
+    const ModelLayout layout = model_layout(model_dims(cfg));
+    const auto one = counted(opt_chunks(layout.reg, unit_starts(layout), norm_block(model_dims(cfg)), 0));
     ASSERT_GT(one.size(), size_t(layout.num_units()));
     for (int dp : {1, 2, 3, 4}) {
       std::vector<OptChunk> all;
@@ -100,7 +100,7 @@ TEST(DdpGeometry, BucketsCoverTheBufferFromTheEndWithoutMixingKinds) {
       config_set(cfg, "model.moe.num_experts=4");
       config_validate(cfg);
     }
-    const ModelLayout layout = model_layout(cfg);
+    const ModelLayout layout = model_layout(model_dims(cfg));
     const int64_t numel = int64_t(layout.reg.numel());
     for (int64_t per : {int64_t(1000), int64_t(4096), numel + 1})
       for (bool apart : {false, true}) {

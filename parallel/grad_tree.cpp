@@ -1,0 +1,89 @@
+#include "parallel/grad_tree.h"
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace loom {
+
+GradTree::GradTree(Backend& be, std::vector<int64_t> unit_starts, int64_t numel, int micro_batches)
+    : be_(be), starts_(std::move(unit_starts)), micro_(micro_batches) {
+  starts_.push_back(numel);
+  seen_.assign(starts_.size() - 1, 0);
+  for (int k = 0; k < levels(micro_batches); ++k) {
+    level_.push_back(be_.alloc().empty({numel}, DType::f32, Mem::grads));
+    be_.zero(Buf(level_.back()));
+  }
+}
+
+void GradTree::reset() {
+  std::fill(seen_.begin(), seen_.end(), 0);
+}
+
+void GradTree::fold(int u, float* grads, bool last) {
+  const int64_t lo = starts_[size_t(u)], n = starts_[size_t(u) + 1] - lo;
+  const int i = seen_[size_t(u)];
+  LOOM_ASSERT(i < micro_ && last == (i == micro_ - 1));  // every micro-batch once, in order
+  const Buf g(grads + lo, n, DType::f32, be_.device());
+  auto level = [&](int k) { return Buf(level_[size_t(k)]).slice(lo, n); };
+  // Micro-batch i closes the subtrees its trailing one bits stand for (carry = level + carry).
+  int k = 0;
+  for (; (i >> k) & 1; ++k) be_.add(g, level(k));
+  if (!last) {
+    be_.copy(level(k), g);
+    be_.zero(g);
+    seen_[size_t(u)] = i + 1;
+    return;
+  }
+  // The last: the subtrees still open (a micro-batch count not a power of two), lowest first.
+  for (int j = k + 1; (micro_ >> j) != 0; ++j)
+    if ((micro_ >> j) & 1) be_.add(g, level(j));
+  seen_[size_t(u)] = 0;
+}
+
+std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n) {
+  std::vector<PlanItem> p;
+  if (const int levels = GradTree::levels(micro_batches))
+    p.push_back({"grad_tree", levels * n, DType::f32, Mem::grads});
+  if (ranks > 2) p.push_back({"grad_tree_half", (n + 1) / 2, DType::f32, Mem::comm});
+  return p;
+}
+
+void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half) {
+  const int p = g.size(), r = g.rank();
+  LOOM_CHECK((p & (p - 1)) == 0, "a tree reduction over {} ranks: it needs a power of two", p);
+  const Stream& s = be.stream();
+  struct Range {
+    int64_t lo, hi;
+  };
+  std::vector<Range> kept;  // before each halving step, the range both partners hold
+  Range at{0, buf.count};
+  auto exchange = [&](int peer, Buf out, Buf in) {
+    g.group_start();
+    Work sent = g.send(out, peer, 0, s);
+    Work got = g.recv(in, peer, 0, s);
+    g.group_end();
+    got.wait_on(s);
+    sent.wait_on(s);
+  };
+  for (int bit = 1; bit < p; bit <<= 1) {
+    kept.push_back(at);
+    const int64_t mid = at.lo + (at.hi - at.lo + 1) / 2;
+    const bool upper = (r & bit) != 0;
+    const Range mine = upper ? Range{mid, at.hi} : Range{at.lo, mid};
+    const Range theirs = upper ? Range{at.lo, mid} : Range{mid, at.hi};
+    Buf in = half.slice(0, mine.hi - mine.lo);
+    exchange(r ^ bit, buf.slice(theirs.lo, theirs.hi - theirs.lo), in);
+    be.add(buf.slice(mine.lo, mine.hi - mine.lo), in);  // both partners add the same two nodes
+    at = mine;
+  }
+  for (int bit = p >> 1; bit >= 1; bit >>= 1) {  // the sums back, last halving first
+    const Range whole = kept.back();
+    kept.pop_back();
+    const Range other = (r & bit) ? Range{whole.lo, at.lo} : Range{at.hi, whole.hi};
+    exchange(r ^ bit, buf.slice(at.lo, at.hi - at.lo), buf.slice(other.lo, other.hi - other.lo));
+    at = whole;
+  }
+}
+
+}  // namespace loom

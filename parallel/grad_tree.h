@@ -1,0 +1,51 @@
+// The canonical sum of a step's micro-batch gradients: each micro-batch's gradient arrives
+// alone (its buffer zeroed before it) and joins a binary counter that keeps one partial sum per
+// level, so micro-batches 0 and 1 are added, then 2 and 3, then the two pairs, and so on. The
+// step's gradient is the sum over one fixed binary tree of the global batch's micro-batches: a
+// rank's block of 2^k micro-batches is a subtree, so the ranks' sums meet in the same tree
+// (tree_all_reduce), and the bits do not depend on how many ranks shared the batch.
+// Not here: which micro-batches a rank computes (the data's contiguous blocks), ZeRO's shards.
+#pragma once
+#include <vector>
+
+#include "model/backend.h"
+#include "runtime/comm/process_group.h"
+
+namespace loom {
+
+class GradTree {
+ public:
+  // Per unit of a flat gradient buffer of `numel` (its units start at unit_starts), the
+  // partial sums of `micro_batches` micro-batches a step.
+  GradTree(Backend& be, std::vector<int64_t> unit_starts, int64_t numel, int micro_batches);
+  // Buffers of `numel` it keeps: one per level a step's micro-batches can fill at once.
+  static int levels(int micro_batches) {
+    int k = 0;
+    while (micro_batches > 1 && (int64_t(1) << k) <= micro_batches - 1) ++k;
+    return k;
+  }
+  // Unit u's gradient of its next micro-batch is in grads[start(u), start(u + 1)): added into
+  // the tree. Until the step's last micro-batch the range is zeroed for the next one; after
+  // it, the range holds the step's sum (and the unit starts the next step).
+  void fold(int u, float* grads, bool last);
+  void reset();  // a step abandoned halfway: every unit starts over
+
+ private:
+  Backend& be_;
+  std::vector<int64_t> starts_;  // the units' starts, and numel last
+  int micro_;
+  std::vector<Tensor> level_;
+  std::vector<int> seen_;  // per unit: micro-batches folded this step
+};
+
+// What parallel.invariant adds for a rank's flat gradient buffer of n elements: the tree's
+// levels (`grad_tree`) and, over more than 2 ranks, tree_all_reduce's half (`grad_tree_half`).
+std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n);
+
+// An in-place sum over `g` that adds in the canonical tree over its ranks (rank r's buffer is
+// leaf r): recursive halving (at step s, ranks r and r ^ 2^s exchange halves of their range
+// and each adds the half it keeps) then recursive doubling gathers the sums back. It moves the
+// ring's bytes in 2 log2(size) steps. size must be a power of two; `half` holds ceil(n / 2).
+void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half);
+
+}  // namespace loom
