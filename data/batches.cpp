@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "parallel/grad_tree.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 
@@ -364,13 +365,21 @@ int64_t sequence_permute(int64_t k, int64_t n, uint64_t key) {
   return int64_t(x);
 }
 
+int64_t micro_batch_index(const Config& cfg, int rank, int micro) {
+  const int dp = cfg.parallel.dp;
+  if (cfg.parallel.invariant && cfg.parallel.zero >= 2) {  // interleaved: the ranks' i-th form a subtree
+    return int64_t(micro) * dp + bit_reverse(rank, dp);    // the tree reduce-scatter's pairing
+  }
+  return int64_t(rank) * (cfg.train.global_batch / (cfg.train.micro_batch * dp)) + micro;
+}
+
 void batch_read(const Sequences& s, const Config& cfg, int64_t step, int rank, int micro, int32_t* inputs,
                 int32_t* targets) {
   const int T = cfg.model.seq_len, B = cfg.train.micro_batch, G = cfg.train.global_batch;
-  const int per_rank = G / cfg.parallel.dp;
+  const int64_t j = micro_batch_index(cfg, rank, micro);
   std::vector<int32_t> buf(size_t(T) + 1);
   for (int b = 0; b < B; ++b) {
-    s.read(step * G + int64_t(rank) * per_rank + int64_t(micro) * B + b, buf.data());
+    s.read(step * G + j * B + b, buf.data());
     std::copy_n(buf.data(), T, inputs + int64_t(b) * T);
     std::copy_n(buf.data() + 1, T, targets + int64_t(b) * T);
   }

@@ -20,6 +20,10 @@ void GradTree::reset() {
   std::fill(seen_.begin(), seen_.end(), 0);
 }
 
+bool GradTree::idle() const {
+  return std::all_of(seen_.begin(), seen_.end(), [](int i) { return i == 0; });
+}
+
 void GradTree::fold(int u, float* grads, bool last) {
   const int64_t lo = starts_[size_t(u)], n = starts_[size_t(u) + 1] - lo;
   const int i = seen_[size_t(u)];
@@ -39,6 +43,38 @@ void GradTree::fold(int u, float* grads, bool last) {
   for (int j = k + 1; (micro_ >> j) != 0; ++j)
     if ((micro_ >> j) & 1) be_.add(g, level(j));
   seen_[size_t(u)] = 0;
+}
+
+int bit_reverse(int r, int size) {
+  int out = 0;
+  for (int bit = 1; bit < size; bit <<= 1) out = (out << 1) | ((r & bit) ? 1 : 0);
+  return out;
+}
+
+void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half) {
+  const int p = g.size(), r = g.rank();
+  LOOM_CHECK((p & (p - 1)) == 0, "a tree reduce-scatter over {} ranks: it needs a power of two", p);
+  LOOM_ASSERT(in.count == out.count * p);
+  const Stream& s = be.stream();
+  const int64_t n = out.count;
+  int lo = 0, hi = p;  // the blocks both partners hold
+  for (int bit = p >> 1; bit >= 1; bit >>= 1) {
+    const int mid = (lo + hi) / 2;
+    const bool upper = (r & bit) != 0;
+    const int keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
+    const int send_lo = upper ? lo : mid;
+    const int64_t len = int64_t(keep_hi - keep_lo) * n;
+    Buf got = half.slice(0, len);
+    g.group_start();
+    Work sent = g.send(in.slice(int64_t(send_lo) * n, len), r ^ bit, 0, s);
+    Work recv = g.recv(got, r ^ bit, 0, s);
+    g.group_end();
+    recv.wait_on(s);
+    sent.wait_on(s);
+    be.add(in.slice(int64_t(keep_lo) * n, len), got);
+    lo = keep_lo, hi = keep_hi;
+  }
+  be.copy(out, in.slice(int64_t(r) * n, n));
 }
 
 std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n) {

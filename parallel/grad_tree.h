@@ -28,7 +28,11 @@ class GradTree {
   // the tree. Until the step's last micro-batch the range is zeroed for the next one; after
   // it, the range holds the step's sum (and the unit starts the next step).
   void fold(int u, float* grads, bool last);
-  void reset();  // a step abandoned halfway: every unit starts over
+  // The same, the last micro-batch told by the count (ZeRO's reductions finish out of the step's
+  // order of calls).
+  void fold(int u, float* grads) { fold(u, grads, seen_[size_t(u)] == micro_ - 1); }
+  bool idle() const;  // every unit between steps (after its last micro-batch, or none yet)
+  void reset();       // a step abandoned halfway: every unit starts over
 
  private:
   Backend& be_;
@@ -37,6 +41,14 @@ class GradTree {
   std::vector<Tensor> level_;
   std::vector<int> seen_;  // per unit: micro-batches folded this step
 };
+
+// A reduce-scatter that adds in the canonical tree when rank r holds leaf bitrev(r) (the
+// micro-batches' interleaved assignment, parallel/zero.h): recursive halving from the highest
+// bit down, so rank r ends with block r of `in` (size x n elements; summed in place, `in` is
+// spoiled) in `out` (n). size must be a power of two; `half` holds size x n / 2.
+void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half);
+// The bits of r (below size, a power of two) in reverse order.
+int bit_reverse(int r, int size);
 
 // What parallel.invariant adds for a rank's flat gradient buffer of n elements: the tree's
 // levels (`grad_tree`) and, over more than 2 ranks, tree_all_reduce's half (`grad_tree_half`).

@@ -147,6 +147,14 @@ bool zero_keeps_gathered(const Config& cfg) {
   return cfg.parallel.zero == 3 && cfg.parallel.zero3_reshard == Zero3Reshard::after_step;
 }
 
+std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches) {
+  if (stage == 1) return grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel()));
+  const Geometry g = geometry(layout, z);
+  std::vector<PlanItem> p = grad_tree_plan(micro_batches, 1, g.shard);
+  if (z.dp > 2) p.push_back({"grad_tree_half", (g.max_unit + 1) / 2, DType::f32, Mem::comm});
+  return p;
+}
+
 std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int /*tp_rank*/, DType dtype,
                                 DType reduce, DeviceKind device, bool keep_gathered) {
   const Geometry g = geometry(layout, z);
@@ -245,16 +253,19 @@ Zero::Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& grou
     got[item.name].push_back(be_.alloc().empty(item));
   }
   if (cfg.parallel.invariant) {
-    LOOM_CHECK(stage_ == 1, "parallel.invariant covers ZeRO stage 1, not {}", stage_);
-    for (auto& item : grad_tree_plan(cfg.accum_steps(), dp_.size(), int64_t(chunk.num_params())))
-      got[item.name].push_back(be_.alloc().empty(item));
-    tree_ = std::make_unique<GradTree>(be_, unit_starts(layout), int64_t(chunk.num_params()), cfg.accum_steps());
+    // Stage 1: the tree over the full gradient buffer; 2 and 3: over this rank's shards, one
+    // node a micro-batch (the ranks' micro-batch i, reduce-scattered, is a subtree).
+    std::vector<int64_t> starts;
+    for (const Unit& u : units_) starts.push_back(u.shard_off);
+    const int64_t n = stage_ == 1 ? int64_t(chunk.num_params()) : shard_;
+    tree_ = std::make_unique<GradTree>(be_, stage_ == 1 ? unit_starts(layout) : starts, n, cfg.accum_steps());
+    for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, cfg.accum_steps()))
+      if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
   }
   auto take = [&](const char* name, size_t i = 0) { return got.count(name) ? got[name][i] : Tensor(); };
   shard_params_ = take("zero_shard_params");
   shard_grads_ = take("zero_shard_grads");
   grad_bounce_ = take("zero_grad_bounce");
-  half_ = take("grad_tree_half");
   grad_bounce_low_ = take("zero_grad_bounce_bf16");
   param_bounce_ = take("zero_param_bounce");
   param_full_ = take("zero_param_full");
@@ -360,6 +371,10 @@ void Zero::drain(Slot& slot) {
   if (slot.result_low.defined()) be_.copy(Buf(slot.result).slice(0, n), Buf(slot.result_low).slice(0, n));
   be_.add(dev(shard_grads_.f32() + u.shard_off, u.s, DType::f32), Buf(slot.result).slice(0, u.s));
   if (e) be_.add(dev(shard_grads_.f32() + e->shard_off, e->s, DType::f32), Buf(slot.result).slice(u.s, e->s));
+  if (tree_) {  // (the shard range was zeroed by the last fold: the add above is a copy)
+    tree_->fold(int(&u - units_.data()), shard_grads_.f32());
+    if (e) tree_->fold(int(e - units_.data()), shard_grads_.f32());
+  }
   slot.pending = false;
 }
 
@@ -383,7 +398,7 @@ void Zero::weights_done(int u) {
 
 void Zero::backward_done(int u) {
   weights_done(u);
-  if (tree_) tree_->fold(chunk_.layout().local(u), chunk_.grads(), last_);
+  if (tree_ && stage_ == 1) tree_->fold(chunk_.layout().local(u), chunk_.grads(), last_);
   if (stage_ < 2) return;
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) return;  // no gradients were asked for
@@ -405,7 +420,14 @@ void Zero::backward_done(int u) {
     in = l;
     out = Buf(s.result_low).slice(0, d.s);
   }
-  s.work = dp_.reduce_scatter(in, out, be_.stream());
+  if (half_.defined()) {  // parallel.invariant over more than 2 ranks: the tree's own, after the backward of u
+    LOOM_ASSERT(!tail(u));
+    StepClock::Scope c(clock_, Phase::comm);
+    tree_reduce_scatter(dp_, be_, in, out, Buf(half_));
+    s.work = Work();
+  } else {
+    s.work = dp_.reduce_scatter(in, out, be_.stream());
+  }
   s.pending = true;
   s.in_use = false;
 }
@@ -514,6 +536,7 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
     grads = full;
   } else {
     for (auto& s : grad_slots_) drain(*s);
+    LOOM_ASSERT(!tree_ || tree_->idle());  // every unit's micro-batches, all folded
     grads = shard_grads_.f32();
   }
   if (tied) {  // this rank's reduced slice of the tied embedding, where the table reads it

@@ -60,6 +60,9 @@ std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks
 // keeps gathered weights until the step (parallel.zero3_reshard = Zero3Reshard::after_step).
 std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank, DType dtype,
                                 DType reduce, DeviceKind device, bool keep_gathered = false);
+// What parallel.invariant adds at `stage` (parallel/grad_tree.h): the tree's levels, over the
+// full gradients at stage 1 and over the rank's shards at 2 and 3, and the tree reduction's half.
+std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches);
 // parallel.zero3_reshard = "after_step" at stage 3.
 bool zero_keeps_gathered(const Config& cfg);
 

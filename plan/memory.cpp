@@ -64,8 +64,10 @@ MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank
                             : zero_plan(layout, zero_ranks(cfg, dcp, dcp_rank, dcp_rank / cfg.parallel.ep), stage,
                                         at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
   items.insert(items.end(), dp_items.begin(), dp_items.end());
-  if (stage == 1 && cfg.parallel.invariant)  // (DDP's plan lists them itself)
-    for (auto& it : grad_tree_plan(cfg.accum_steps(), dcp, n)) items.push_back(it);
+  if (stage >= 1 && cfg.parallel.invariant)  // (DDP's plan lists them itself)
+    for (auto& it :
+         zero_tree_plan(layout, zero_ranks(cfg, dcp, dcp_rank, dcp_rank / cfg.parallel.ep), stage, cfg.accum_steps()))
+      items.push_back(it);
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);
   return p;

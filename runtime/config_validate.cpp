@@ -220,10 +220,6 @@ void invariant_validate(const Config& cfg) {
              p.ep, off);
   LOOM_CHECK(p.cp == 1, "parallel.invariant does not cover context parallelism yet (parallel.cp = {}); set cp = 1, {}",
              p.cp, off);
-  LOOM_CHECK(p.zero <= 1,
-             "parallel.invariant covers ZeRO stages 0 and 1 so far (stages 2 and 3 reduce every micro-batch); "
-             "parallel.zero = {}: set it to 0 or 1, {}",
-             p.zero, off);
   LOOM_CHECK(p.grad_reduce_dtype == GradReduce::f32,
              "parallel.invariant with parallel.grad_reduce_dtype = \"bf16\": rounding each rank's partial sums "
              "changes the bits with the layout; set it to \"f32\", {}",
@@ -232,9 +228,10 @@ void invariant_validate(const Config& cfg) {
              "parallel.invariant with parallel.dp = {}: the ranks' blocks of micro-batches must be subtrees of one "
              "binary tree, so dp must be a power of two, {}",
              p.dp, off);
-  LOOM_CHECK(p.dp == 1 || pow2(cfg.accum_steps()),
-             "parallel.invariant over dp = {}: each rank's {} micro-batches (train.global_batch / (train.micro_batch "
-             "x parallel.dp)) must be a power of two to form a subtree; change train.global_batch, {}",
+  LOOM_CHECK(p.dp == 1 || p.zero >= 2 || pow2(cfg.accum_steps()),
+             "parallel.invariant over dp = {}: each rank's block of {} micro-batches (train.global_batch / "
+             "(train.micro_batch x parallel.dp)) must be a power of two to form a subtree (ZeRO-2/3 interleave them "
+             "instead); change train.global_batch, {}",
              p.dp, cfg.accum_steps(), off);
   LOOM_CHECK(p.pp == 1 || !cfg.model.tie_embeddings,
              "parallel.invariant does not cover tied embeddings under pipeline parallelism yet (the head's and the "

@@ -6,8 +6,9 @@
 #              computed them nor the order the ranks' sums meet changes a bit);
 #   invariant: with parallel.invariant = true the gradients are summed in one canonical tree,
 #              so every step's loss and gradient norm and the exported weights are the same
-#              bytes at dp 1, 2 and 4 (DDP), dp 2 under ZeRO-1, pp 2 under 1f1b and zbv and
-#              pp 2 x dp 2 (llama, untied), and gpt2 (tied) at dp 1, 2 and 4.
+#              bytes at dp 1, 2 and 4 under DDP and ZeRO 1-3, pp 2 under 1f1b, interleaved and
+#              zbv and pp 2 x dp 2 (llama, untied), and gpt2 (tied) at dp 1, 2 and 4; a dp 4
+#              checkpoint resumed at dp 2 ends with the bytes of the run that never stopped.
 #   invariant.sh LOOM "MPIRUN..."
 set -uo pipefail
 loom=$1 mpirun=$2
@@ -51,11 +52,13 @@ done
 
 echo "invariant"
 # Each run: every step's loss and gradient norm, and the exported weights' bytes.
-same() {  # REFERENCE NAME
-  local ref=$1 name=$2
+steps() {  # RUN FROM: the steps from FROM on, each step's loss and gradient norm
+  grep -o '"step":[0-9]*,"loss":[^,]*,"grad_norm":[^,]*' $1/metrics.jsonl | awk -F'[:,]' -v from=$2 '$2 >= from'
+}
+same() {  # REFERENCE NAME [FROM]
+  local ref=$1 name=$2 from=${3:-1}
   [ -s $name/metrics.jsonl ] || return
-  if ! diff <(grep -o '"loss":[^,]*,"grad_norm":[^,]*' $ref/metrics.jsonl) \
-    <(grep -o '"loss":[^,]*,"grad_norm":[^,]*' $name/metrics.jsonl) > $name.diff; then
+  if ! diff <(steps $ref $from) <(steps $name $from) > $name.diff; then
     fail "$name: losses or gradient norms differ from $ref's:"
     head -4 $name.diff
   elif ! cmp -s $ref.safetensors $name.safetensors; then
@@ -83,13 +86,24 @@ for arch in llama gpt2; do
     tree pp2 2 --set parallel.pp=2
     tree dp4_zero1 4 --set parallel.dp=4 --set parallel.zero=1
     tree pp2_dp2 4 --set parallel.pp=2 --set parallel.dp=2
-    for name in dp2_zero1 dp4_zero1 pp2 pp2_dp2; do same $arch.one $arch.$name; done
+    tree dp2_zero2 2 --set parallel.dp=2 --set parallel.zero=2
+    tree dp4_zero2 4 --set parallel.dp=4 --set parallel.zero=2
+    tree dp2_zero3 2 --set parallel.dp=2 --set parallel.zero=3
+    tree dp4_zero3 4 --set parallel.dp=4 --set parallel.zero=3
+    for name in dp2_zero1 dp4_zero1 dp2_zero2 dp4_zero2 dp2_zero3 dp4_zero3 pp2 pp2_dp2; do
+      same $arch.one $arch.$name
+    done
     # Four blocks for zbv's two model chunks per stage.
     tree one_l4 1 --set model.n_layer=4
     tree pp2_zbv 2 --set model.n_layer=4 --set parallel.pp=2 --set parallel.pp_schedule=zbv
     tree pp2_interleaved 2 --set model.n_layer=4 --set parallel.pp=2 --set parallel.pp_schedule=interleaved \
       --set parallel.pp_virtual=2
     for name in pp2_zbv pp2_interleaved; do same $arch.one_l4 $arch.$name; done
+    # A dp 4 checkpoint after step 2, resumed at dp 2: steps 3 and 4 and the weights are the
+    # bytes of the run that never stopped.
+    tree ckpt_dp4 4 --set parallel.dp=4 --set checkpoint.dir=ck4 --set checkpoint.every=2
+    tree resumed_dp2 2 --set parallel.dp=2 --set checkpoint.resume=ck4/step-00000002 --set checkpoint.dir=ck2
+    same $arch.one $arch.resumed_dp2 3
   fi
 done
 # The tree differs from today's sums (otherwise the comparisons above could not fail): the same

@@ -314,7 +314,7 @@ TEST(Config, EveryKeyRoundTripsThroughToml) {
   config_load_string(b, config_to_toml(a), "roundtrip");
   config_validate(b);
   EXPECT_EQ(config_to_toml(a), config_to_toml(b));
-  EXPECT_EQ(config_keys().size(), 91u);  // data.tokenizer_file the 91st
+  EXPECT_EQ(config_keys().size(), 92u);  // parallel.invariant the 92nd
 }
 
 // The example configs' opening comments state their shapes ("22 layers", "d_model 2048",
@@ -458,4 +458,25 @@ TEST(Config, ControlCharactersRoundTripAndPathsRefuseThem) {
   EXPECT_EQ(config_flat(config_to_toml(c)).count("log.dir"), 1u);
   EXPECT_NE(error_of([&] { config_validate(c); }).find("log.dir holds a control character (U+000A at byte 1)"),
             std::string::npos);
+}
+
+// parallel.invariant refuses the layouts its tree does not cover, each naming what to change,
+// and takes the ones it does.
+TEST(Config, InvariantRefusesWhatItCannotCover) {
+  const std::string on = "[parallel]\ninvariant = true\n";
+  EXPECT_NE(error_of([&] { loaded(on + "dp = 3\n[train]\nglobal_batch = 24\n"); }).find("dp must be a power of two"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              loaded(on + "dp = 2\n[train]\nglobal_batch = 48\nmicro_batch = 8\n");
+            }).find("must be a power of two to form a subtree"),
+            std::string::npos);  // 3 micro-batches a rank
+  EXPECT_EQ(error_of([&] { loaded(on + "dp = 2\nzero = 2\n[train]\nglobal_batch = 48\nmicro_batch = 8\n"); }), "");
+  EXPECT_NE(error_of([&] { loaded(on + "grad_reduce_dtype = \"bf16\"\n"); }).find("set it to \"f32\""),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { loaded(on + "cp = 2\n"); }).find("context parallelism"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              loaded(on + "pp = 2\n[model]\nn_layer = 2\narch = \"gpt2\"\n");
+            }).find("tied embeddings under pipeline parallelism"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] { loaded(on + "dp = 4\nzero = 3\n[train]\nglobal_batch = 32\n"); }), "");
 }
