@@ -70,8 +70,8 @@ Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups
 }
 
 std::string Ddp::describe() const {
-  return fmt::format("{} {}, {} gradient buckets of {} MB, reduced in {}",
-                     chunk_.config().parallel.cp > 1 ? "dp x cp" : "dp", dp_.size(), buckets_.size(), bucket_mb_,
+  return fmt::format("{} {}, {} of {} MB, reduced in {}", chunk_.config().parallel.cp > 1 ? "dp x cp" : "dp",
+                     dp_.size(), plural(buckets_.size(), "gradient bucket"), bucket_mb_,
                      low_.defined() ? "bf16" : "f32");
 }
 

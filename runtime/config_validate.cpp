@@ -317,8 +317,8 @@ void fault_validate(Config& cfg) {
   const int world = cfg.world();
   LOOM_CHECK(!cfg.log.grad_norms || world == 1,
              "log.grad_norms writes the whole model's gradients from one rank; run it with dp = cp = tp = pp = 1 "
-             "(the layout has {} ranks)",
-             world);
+             "(the layout has {})",
+             plural(world, "rank"));
   // Each drill parses, names a rank of the job, and could fire: its step is run, and a
   // checkpoint drill's step is one that saves (fault.slow's second field is milliseconds).
   const CheckpointConfig& ck = cfg.checkpoint;
@@ -337,8 +337,8 @@ void fault_validate(Config& cfg) {
         Drill{"fault.enospc", &f.enospc, false, false, true, true}}) {
     const FaultAt at = fault_parse(d.key, *d.value, d.ranked, d.phased);
     if (!at.set()) continue;
-    LOOM_CHECK(!d.ranked || at.rank < world, "{} = \"{}\" names rank {}, but the job has {} ranks (pp x dp x cp x tp)",
-               d.key, *d.value, at.rank, world);
+    LOOM_CHECK(!d.ranked || at.rank < world, "{} = \"{}\" names rank {}, but the job has {} (pp x dp x cp x tp)", d.key,
+               *d.value, at.rank, plural(world, "rank"));
     if (!d.stepped) continue;
     LOOM_CHECK(at.step >= 1 && at.step <= cfg.train.steps,
                "{} = \"{}\": step {} is never run (steps count from 1 to train.steps = {})", d.key, *d.value, at.step,

@@ -218,7 +218,7 @@ TEST(Config, CommChoiceFollowsTheDeviceAndTheRanksPerGpu) {
   // Ranks sharing GPUs: auto stages through MPI and says so; nccl is refused, naming the fix.
   const CommPlan shared = plan(CommChoice::automatic, DeviceKind::cuda, true, 2, 1);
   EXPECT_FALSE(shared.nccl);
-  EXPECT_NE(shared.note.find("2 ranks share 1 GPU(s)"), std::string::npos) << shared.note;
+  EXPECT_NE(shared.note.find("2 ranks share 1 GPU on this node"), std::string::npos) << shared.note;
   EXPECT_NE(error_of([] {
               comm_choose(CommChoice::nccl, DeviceKind::cuda, true, 2, 1);
             }).find("NCCL takes one rank per GPU; use parallel.comm = \"mpi\""),
