@@ -480,9 +480,8 @@ std::vector<int> pipeline_layers_given(const Config& cfg) {
     out.push_back(std::stoi(part));
     at = comma + 1;
   }
-  LOOM_CHECK(int(out.size()) == p,
-             "parallel.pp_layers = \"{}\" gives {} {}(s) but {} = {}; list one count of blocks per {}", spec,
-             out.size(), unit, key, p, unit);
+  LOOM_CHECK(int(out.size()) == p, "parallel.pp_layers = \"{}\" gives {} but {} = {}; list one count of blocks per {}",
+             spec, plural(out.size(), unit), key, p, unit);
   int sum = 0;
   for (int b : out) sum += b;
   LOOM_CHECK(sum == L,
