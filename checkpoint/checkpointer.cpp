@@ -310,8 +310,8 @@ void Checkpointer::commit() {
   commit_ms_ += seconds_since(t0) * 1e3;
   if (fault_after_commit) fault_after_commit(saved_step_, dir);
   if (!quiet_)
-    spdlog::info("checkpoint step {} committed: {} ({:.1f} MB over {} files; rank 0 wrote its part in {:.2f} s)",
-                 saved_step_, dir, bytes / 1e6, files.size(), write_s_);
+    spdlog::info("checkpoint step {} committed: {} ({:.1f} MB over {}; rank 0 wrote its part in {:.2f} s)", saved_step_,
+                 dir, bytes / 1e6, plural(files.size(), "file"), write_s_);
 }
 
 namespace {

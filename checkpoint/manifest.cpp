@@ -302,9 +302,9 @@ std::vector<float> ckpt_shard_read(const std::string& dir, const std::string& te
   // Verified bytes, but not a state a run can go on from: the run that wrote them had diverged.
   const int64_t bad = std::count_if(data.begin(), data.end(), [](float v) { return !std::isfinite(v); });
   LOOM_CHECK(bad == 0,
-             "checkpoint '{}': shard {}:{} of tensor {} holds {} NaN or infinite value{} (the run that wrote it had "
+             "checkpoint '{}': shard {}:{} of tensor {} holds {} (the run that wrote it had "
              "diverged); do not resume from it",
-             dir, s.file, s.dataset, tensor, bad, bad == 1 ? "" : "s");
+             dir, s.file, s.dataset, tensor, plural(bad, "NaN or infinite value"));
   return data;
 }
 

@@ -106,13 +106,13 @@ int ckpt_verify_now(const std::string& dir) {
   if (!bad.empty()) {
     if (const std::string why = pruned_while_read(dir); !why.empty()) fail("{}", why);
     for (auto& b : bad) fmt::print(stderr, "error: {}\n", b);
-    fmt::print("{}: {} problem(s) in {} shards; do not resume from it\n", dir, bad.size(), shards);
+    fmt::print("{}: {} in {}; do not resume from it\n", dir, plural(bad.size(), "problem"), plural(shards, "shard"));
     return 1;
   }
   fmt::print(
-      "{}: ok: step {}, {} tensors, {} shards, {:.1f} MB, every hash verified, every tensor covered once, the model's "
+      "{}: ok: step {}, {}, {}, {:.1f} MB, every hash verified, every tensor covered once, the model's "
       "every tensor there\n",
-      dir, m.step, m.tensors.size(), shards, bytes / 1e6);
+      dir, m.step, plural(m.tensors.size(), "tensor"), plural(shards, "shard"), bytes / 1e6);
   return 0;
 }
 

@@ -361,18 +361,17 @@ size_t memory_plan(const DataOptions& opt, bool jsonl, bool bpe, bool cut, int t
   auto need = [&](size_t record) { return double(batch_bytes + record) * kRecordBytes + working; };
   size_t max_record = size_t(opt.max_record_mb > 0 ? opt.max_record_mb : 64) << 20;
   if (opt.memory_bytes < 0 || need(max_record) <= memory) return max_record;
-  LOOM_CHECK(
-      opt.max_record_mb == 0,
-      "--max-record {} MB: a batch of records ({} MB on {} thread{}) and one of {} MB take about {:.1f} GiB with "
-      "their tokens, and this machine has {:.1f} GiB ({}); lower --max-record or --threads",
-      opt.max_record_mb, batch_bytes >> 20, threads, threads == 1 ? "" : "s", opt.max_record_mb,
-      need(max_record) / kGiB, memory / kGiB, opt.memory_from);
+  LOOM_CHECK(opt.max_record_mb == 0,
+             "--max-record {} MB: a batch of records ({} MB on {}) and one of {} MB take about {:.1f} GiB with "
+             "their tokens, and this machine has {:.1f} GiB ({}); lower --max-record or --threads",
+             opt.max_record_mb, batch_bytes >> 20, plural(threads, "thread"), opt.max_record_mb,
+             need(max_record) / kGiB, memory / kGiB, opt.memory_from);
   const double room = (memory - working) / kRecordBytes - double(batch_bytes);
   max_record = room > 0 ? (size_t(room) >> 20) << 20 : 0;
   LOOM_CHECK(max_record >= (size_t(1) << 20),
-             "JSON Lines on {} thread{} take about {:.1f} GiB with records of 1 MB, and this machine has {:.1f} GiB "
+             "JSON Lines on {} take about {:.1f} GiB with records of 1 MB, and this machine has {:.1f} GiB "
              "({}); lower --threads",
-             threads, threads == 1 ? "" : "s", need(size_t(1) << 20) / kGiB, memory / kGiB, opt.memory_from);
+             plural(threads, "thread"), need(size_t(1) << 20) / kGiB, memory / kGiB, opt.memory_from);
   if (!opt.quiet)
     fmt::print(stderr,
                "note: records up to {} MB, what this machine's memory holds ({:.1f} GiB, {}); a longer one is a bad "
@@ -493,10 +492,10 @@ void data_run(const DataOptions& opt) {
                ? s.paths()[0]
                : fmt::format("{} shards, {} to {}", s.paths().size(), s.paths().front(), s.paths().back());
   };
-  fmt::print("wrote {} tokens to {}{} from {} document{} ({:.1f} MB) in {:.2f} s: {:.1f} MB/s on {} thread{}{}\n",
-             train_tokens, named(train), val_tokens == 0 ? "" : fmt::format(" and {} to {}", val_tokens, named(*val)),
-             t.docs, t.docs == 1 ? "" : "s", double(t.bytes) / 1e6, s, double(t.bytes) / 1e6 / std::max(s, 1e-9),
-             threads, threads == 1 ? "" : "s",
+  fmt::print("wrote {} to {}{} from {} ({:.1f} MB) in {:.2f} s: {:.1f} MB/s on {}{}\n", plural(train_tokens, "token"),
+             named(train), val_tokens == 0 ? "" : fmt::format(" and {} to {}", val_tokens, named(*val)),
+             plural(t.docs, "document"), double(t.bytes) / 1e6, s, double(t.bytes) / 1e6 / std::max(s, 1e-9),
+             plural(threads, "thread"),
              eot >= 0 ? fmt::format("; each document opened by {} ({})", bpe->doc_token_text(), eot)
                       : fmt::format("; the {} has no {} token: documents are joined as they are",
                                     bpe ? "vocabulary" : "byte tokenizer", bpe ? bpe->doc_token_text() : "document"));
@@ -508,8 +507,7 @@ void data_run(const DataOptions& opt) {
         "one thread per document: this tokenizer's pieces depend on the whole text, so a document is not cut "
         "for threads (documents are tokenized side by side)\n");
   if (t.skipped > 0)
-    fmt::print("skipped {} bad record{} (--skip-bad); the first: {}\n", t.skipped, t.skipped == 1 ? "" : "s",
-               t.first_skip);
+    fmt::print("skipped {} (--skip-bad); the first: {}\n", plural(t.skipped, "bad record"), t.first_skip);
   // Whole documents are held out: their share of the tokens can be far from --val-fraction.
   if (opt.val_fraction > 0)
     fmt::print("validation: {}, {:.2f}% of the tokens (--val-fraction {} holds out {})\n",

@@ -35,8 +35,8 @@ std::string files_view(const std::string& path, bool val) {
     }
     const uint64_t h = XXH64_digest(st);
     XXH64_freeState(st);
-    return fmt::format("{} file{}, {} bytes, xxh64 of their headers {:016x}", files.size(),
-                       files.size() == 1 ? "" : "s", bytes, h);
+    return fmt::format("{}, {}, xxh64 of their headers {:016x}", plural(files.size(), "file"), plural(bytes, "byte"),
+                       h);
   } catch (const std::exception& e) {
     return fmt::format("unreadable ({})", e.what());
   }

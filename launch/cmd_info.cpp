@@ -20,8 +20,8 @@ namespace loom {
 namespace {
 void info_print() {
   fmt::print("loom {} ({} build)\n", LOOM_VERSION, LOOM_BUILD_TYPE);
-  fmt::print("CPU: {} cores visible; OpenBLAS: {}; OpenMP {} (max threads {}, wait policy {})\n", cores_visible(),
-             openblas_get_config(), _OPENMP, omp_get_max_threads(),
+  fmt::print("CPU: {} visible; OpenBLAS: {}; OpenMP {} (max threads {}, wait policy {})\n",
+             plural(cores_visible(), "core"), openblas_get_config(), _OPENMP, omp_get_max_threads(),
              std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "the runtime's default");
 #if LOOM_HAVE_CUDA
   fmt::print("CUDA kernels: in this build; {}\nNCCL: {}\n", cuda_describe(), nccl_version());

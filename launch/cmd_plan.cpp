@@ -70,12 +70,24 @@ int plan_pipeline(const PlanArgs& a) {
   // Unit costs: F 1 and B 2 (a split B 1 and W 1), as a backward costs about two forwards.
   const PipeTiming t = pipeline_check(sched, 1, 1, 1);
   fmt::print(
-      "pipeline {}: {} stages x {} chunks, {} micro-batches; checked (every send has its receive, no "
+      "pipeline {}: {} x {}, {}; checked (every send has its receive, no "
       "deadlock)\npredicted bubble {:.3f} ({}); simulated: worst stage {:.3f}, mean {:.3f}\n{}",
-      name, p, v, m, pipeline_bubble_predicted(sched), pipeline_bubble_formula(sched), t.bubble(), t.bubble_mean(),
-      pipeline_timeline(sched, t));
+      name, plural(p, "stage"), plural(v, "chunk"), plural(m, "micro-batch"), pipeline_bubble_predicted(sched),
+      pipeline_bubble_formula(sched), t.bubble(), t.bubble_mean(), pipeline_timeline(sched, t));
   fmt::print("{}", pipeline_stages_text(cfg, p, v, name, m));
   return 0;
+}
+
+// What a memory plan assumed, in its first line: device, dtype, every axis of the layout, the
+// micro-batch and the global batch, so that a user knows which run was planned.
+std::string plan_memory_assumed(const Config& cfg, DeviceKind device, DType dtype) {
+  const ParallelConfig& p = cfg.parallel;
+  return fmt::format(
+      "planned for {} ({}), dp {} x tp {} x pp {} x cp {} x ep {} ({}): micro-batch {} of {} tokens, global batch {} "
+      "({} a step on each dp rank), recompute {}",
+      device_name(device), dtype_name(dtype), p.dp, p.tp, p.pp, p.cp, p.ep, plural(cfg.world(), "rank"),
+      plural(cfg.train.micro_batch, "sequence"), cfg.model.seq_len, plural(cfg.train.global_batch, "sequence"),
+      plural(cfg.accum_steps(), "micro-batch"), cfg.train.recompute);
 }
 
 int plan_memory(const PlanArgs& a) {
@@ -107,9 +119,9 @@ int plan_memory(const PlanArgs& a) {
     if (!batch_given && batch != raw.train.global_batch && batch <= (int64_t(1) << 30)) {
       sets.push_back(fmt::format("train.global_batch={}", batch));
       assumed = fmt::format(
-          "global batch {} sequences: the config's {} micro-batch{} of {} a step on each of --dp {} ranks (--set "
+          "global batch scaled with --dp: the config's {} of {} a step on each rank of --dp {} (--set "
           "train.global_batch=N plans another)\n",
-          batch, accum, accum == 1 ? "" : "es", micro, a.dp);
+          plural(accum, "micro-batch"), micro, a.dp);
     }
   }
   Config cfg = config_build(a.mem_config.path, sets);
@@ -142,7 +154,7 @@ int plan_memory(const PlanArgs& a) {
   if (a.mem_json)
     fmt::print("{}\n", plan_memory_json(cfg, device, dtype));
   else
-    fmt::print("planned for {} ({}): {}\n{}{}\n", device_name(device), dtype_name(dtype), why, assumed,
+    fmt::print("{}\ndevice: {}\n{}{}\n", plan_memory_assumed(cfg, device, dtype), why, assumed,
                plan_memory_table(cfg, device, dtype));
   return 0;
 }

@@ -241,15 +241,14 @@ bool elastic_fits(const std::vector<std::string>& command, int ranks, int dp, do
   ::unlink(tmpl);
   if (rc == 2) return false;  // the config refuses it (say, a global batch dp does not divide)
   if (rc != 0) {
-    spdlog::warn("supervise: could not ask the run's config about {} ranks ({} exited {}); trusting the layout", ranks,
-                 train.front(), rc);
+    spdlog::warn("supervise: could not ask the run's config about {} ({} exited {}); trusting the layout",
+                 plural(ranks, "rank"), train.front(), rc);
     return true;
   }
   const int replica = mesh["tp"] * mesh["pp"] * mesh["cp"];
   if (mesh["dp"] * replica != ranks) {
-    spdlog::warn(
-        "supervise: at {} ranks the run's config has dp {} x tp {} x pp {} x cp {}: give it parallel.dp={{dp}}", ranks,
-        mesh["dp"], mesh["tp"], mesh["pp"], mesh["cp"]);
+    spdlog::warn("supervise: at {} the run's config has dp {} x tp {} x pp {} x cp {}: give it parallel.dp={{dp}}",
+                 plural(ranks, "rank"), mesh["dp"], mesh["tp"], mesh["pp"], mesh["cp"]);
     return false;
   }
   return true;

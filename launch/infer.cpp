@@ -148,16 +148,16 @@ EvalResult eval_run(const EvalOptions& given, const TrainOptions& topt) {
   r.loss = trainer.validate(batches);
   // Weights that overflow on the data give no loss to report (and exit 0 said all was well).
   LOOM_CHECK(std::isfinite(r.loss),
-             "eval {}: the loss over {} batches is {}, not finite: these weights overflow on this data (a run that "
+             "eval {}: the loss over {} is {}, not finite: these weights overflow on this data (a run that "
              "diverged, or one whose learning rate was too high, wrote them); evaluate an earlier checkpoint",
-             opt.from, batches, r.loss);
+             opt.from, plural(batches, "batch"), r.loss);
   r.perplexity = std::exp(r.loss);
   r.batches = batches;
   r.tokens = batches * cfg.train.global_batch * cfg.model.seq_len;
   if (t.world_rank == 0)
-    fmt::print("eval {}: loss {:.6f}, perplexity {:.4f} over {} tokens ({} batches of {} x {}) of {}: {}\n", opt.from,
-               r.loss, r.perplexity, r.tokens, batches, cfg.train.global_batch, cfg.model.seq_len, what,
-               trainer.data_describe());
+    fmt::print("eval {}: loss {:.6f}, perplexity {:.4f} over {} ({} of {} x {}) of {}: {}\n", opt.from, r.loss,
+               r.perplexity, plural(r.tokens, "token"), plural(batches, "batch"), cfg.train.global_batch,
+               cfg.model.seq_len, what, trainer.data_describe());
   return r;
 }
 
@@ -252,15 +252,16 @@ std::vector<int32_t> generate_run(const GenerateOptions& opt) {
   memory_fit_rough(cfg, DType::f32, 1, memory_available(DeviceKind::cpu, 1));  // before the CachedDecoder allocates
   CachedDecoder dec(model_dims(cfg), [&](const ParamRegistry& reg, float* w) { return model_load(reg, w, opt.from); });
   if (!dec.unused().empty())
-    fmt::print(stderr, "{} tensors in {} unused (first: {})\n", dec.unused().size(), opt.from, dec.unused().front());
+    fmt::print(stderr, "{} in {} unused (first: {})\n", plural(dec.unused().size(), "tensor"), opt.from,
+               dec.unused().front());
   const int room = dec.context() - int(ids.size());
-  LOOM_CHECK(room > 0, "the prompt is {} tokens, and the model's context (model.seq_len) is {}; shorten it", ids.size(),
-             dec.context());
+  LOOM_CHECK(room > 0, "the prompt is {}, and the model's context (model.seq_len) is {}; shorten it",
+             plural(ids.size(), "token"), dec.context());
   const int max_new = opt.max_new < 0 ? std::min(64, room) : opt.max_new;
   LOOM_CHECK(max_new <= room,
-             "--max-new {} does not fit: the prompt is {} tokens of the model's {}-token context; use --max-new {} "
+             "--max-new {} does not fit: the prompt is {} of the model's {}-token context; use --max-new {} "
              "or less",
-             max_new, ids.size(), dec.context(), room);
+             max_new, plural(ids.size(), "token"), dec.context(), room);
   const SampleOptions so{opt.temperature, opt.top_k};
   std::mt19937_64 rng(opt.seed);
   std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);

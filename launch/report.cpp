@@ -240,7 +240,7 @@ std::vector<RunRecord> report_read(const std::string& dir) {
   std::istringstream in(input_read_all(metrics, "the run's metrics", int64_t(4) << 30));
   std::string line;
   std::vector<RunRecord> runs;
-  bool fresh_run = true;  // the first step line after a header (or the file's first) is a warm-up
+  bool fresh_run = true;           // the first step line after a header (or the file's first) is a warm-up
   int64_t lines = 0, records = 0;  // a wholly damaged file is said to be, not "no step yet"
   for (int n = 1; std::getline(in, line); ++n) {
     lines += !line.empty();
@@ -278,9 +278,9 @@ std::vector<RunRecord> report_read(const std::string& dir) {
     if (j.contains("val_loss") && j["val_loss"].is_number()) r.val[step] = j["val_loss"].get<double>();
   }
   LOOM_CHECK(records > 0 || lines == 0,
-             "'{}/metrics.jsonl' holds {} line{} and none is a record loom writes (a JSON object per line): it is "
+             "'{}/metrics.jsonl' holds {} and none is a record loom writes (a JSON object per line): it is "
              "damaged, or not a run's metrics",
-             dir, lines, lines == 1 ? "" : "s");
+             dir, plural(lines, "line"));
   LOOM_CHECK(!r.steps.empty() || !runs.empty(), "'{}/metrics.jsonl' holds no step yet", dir);
   if (!r.steps.empty()) runs.push_back(std::move(r));
   // config.toml and run.json are the last run's.
@@ -443,7 +443,7 @@ void report_write(const std::vector<std::string>& dirs, const std::string& out) 
   }
   file_write_atomic(
       path, [&](std::FILE* f) { file_write(f, html.data(), html.size(), path); }, "--out");
-  fmt::print("wrote {} ({} run{}, {:.0f} KB)\n", path, runs.size(), runs.size() == 1 ? "" : "s", html.size() / 1e3);
+  fmt::print("wrote {} ({}, {:.0f} KB)\n", path, plural(runs.size(), "run"), html.size() / 1e3);
   if (!later.empty())
     fmt::print("not drawn: {} (later runs given the same log.dir; name them too, or their parent directory)\n",
                fmt::join(later, ", "));

@@ -134,7 +134,7 @@ std::vector<std::string> command_now(const std::vector<std::string>& command, co
         hosts_str(alive), slots, lost_list, e.min_ranks, e.max_ranks, e.replica);
     return {};
   }
-  spdlog::info("supervise: {} ranks (dp {}) on {}; hosts lost: {}", ranks, ranks / e.replica,
+  spdlog::info("supervise: {} (dp {}) on {}; hosts lost: {}", plural(ranks, "rank"), ranks / e.replica,
                hosts_str(hosts_take(alive, ranks)), lost_list);
   const std::vector<Host> used = hosts_take(alive, ranks);
   return command_fill(command, ranks, ranks / e.replica, hosts_str(used), nodelist_str(used));
@@ -164,7 +164,8 @@ void end_leftovers() {
     const std::vector<pid_t> left = descendants(::getpid());
     if (left.empty()) return;
     if (std::chrono::steady_clock::now() > until) {
-      spdlog::warn("supervise: {} processes of the previous run do not end (pid {}, ...)", left.size(), left.front());
+      spdlog::warn("supervise: {} of the previous run do not end (pid {}, ...)", plural(left.size(), "process"),
+                   left.front());
       return;
     }
     for (pid_t p : left) ::kill(p, SIGKILL);
@@ -283,7 +284,7 @@ int supervise_run(const std::vector<std::string>& command, const SuperviseOption
     }
     if (!status_restartable(status)) return status;
     if (restart >= opt.max_restarts) {
-      spdlog::error("supervise: {} restarts used (--max-restarts {}); giving up with status {}", restart,
+      spdlog::error("supervise: {} used (--max-restarts {}); giving up with status {}", plural(restart, "restart"),
                     opt.max_restarts, status);
       return status;
     }

@@ -385,9 +385,8 @@ std::string profile_table(const OpProfile& p, const RooflineRates& r) {
                        s > 0 ? row->flops / s / 1e12 : 0.0, s > 0 ? 100.0 * ideal / s : 0.0);
   }
   const double ops = p.ops_ms() / n, idle = step - ops;
-  out += fmt::format(
-      "step {:.3f} ms on the device's timeline (mean of {} steps): ops {:.3f} ms, idle {:.3f} ms ({:.1f}%)\n", step,
-      p.steps, ops, idle, step > 0 ? 100.0 * idle / step : 0.0);
+  out += fmt::format("step {:.3f} ms on the device's timeline (mean of {}): ops {:.3f} ms, idle {:.3f} ms ({:.1f}%)\n",
+                     step, plural(p.steps, "step"), ops, idle, step > 0 ? 100.0 * idle / step : 0.0);
   out += fmt::format("roofline: copy {:.3f} TB/s, GEMM {:.2f} TFLOP/s ({})\n", r.copy_bw / 1e12, r.gemm_flops / 1e12,
                      r.source);
   return out;

@@ -82,8 +82,8 @@ std::string Ddp::describe() const {
         "dp {}, gradients summed in the canonical tree (parallel.invariant): micro-batches, then "
         "ranks by recursive halving after the backward",
         dp_.size());
-  return fmt::format("{} {}, {} gradient buckets of {} MB, reduced in {}{}", chunk_.dims().cp > 1 ? "dp x cp" : "dp",
-                     dp_.size(), buckets_.size(), bucket_mb_, low_.defined() ? "bf16" : "f32",
+  return fmt::format("{} {}, {} of {} MB, reduced in {}{}", chunk_.dims().cp > 1 ? "dp x cp" : "dp", dp_.size(),
+                     plural(buckets_.size(), "gradient bucket"), bucket_mb_, low_.defined() ? "bf16" : "f32",
                      tree_ ? ", micro-batches summed in the canonical tree (parallel.invariant)" : "");
 }
 

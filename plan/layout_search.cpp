@@ -99,7 +99,9 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const size_t tenth = std::max<size_t>(1, all.size() / 10);
-  if (!tty) fmt::print(stderr, "plan layout: judging {} layouts on {} threads\n", all.size(), omp_get_max_threads());
+  if (!tty)
+    fmt::print(stderr, "plan layout: judging {} on {}\n", plural(all.size(), "layout"),
+               plural(omp_get_max_threads(), "thread"));
   std::atomic<size_t> done{0};
 #pragma omp parallel for schedule(dynamic, 4)
   for (size_t i = 0; i < all.size(); ++i) {
@@ -142,8 +144,8 @@ LayoutSearch layouts_rank(const Config& base, const Cluster& cl) {
     }
   }
   if (tty) fmt::print(stderr, "\r{:50}\r", "");
-  fmt::print(stderr, "plan layout: {} layouts judged in {:.1f} s on {} threads\n", all.size(), seconds(),
-             omp_get_max_threads());
+  fmt::print(stderr, "plan layout: {} judged in {:.1f} s on {}\n", plural(all.size(), "layout"), seconds(),
+             plural(omp_get_max_threads(), "thread"));
   for (Verdict& d : verdicts)
     if (d.error) std::rethrow_exception(d.error);  // the first in order: the same on any thread count
   for (Verdict& d : verdicts) {
@@ -174,13 +176,15 @@ std::string bytes_text(double b) {
 std::string flops_text(double f) {
   return f >= 1e12 ? fmt::format("{:.3g} TFLOP/s", f / 1e12) : fmt::format("{:.3g} GFLOP/s", f / 1e9);
 }
-// "4 devices", or where ranks share fewer physical ones (a CPU's cores), says so.
+// "2 nodes x 4 cuda devices", or where ranks share fewer physical ones (a CPU's cores), says so.
 std::string devices_text(const Cluster& cl) {
   const int physical = cl.physical_devices > 0 ? cl.physical_devices : cl.devices();
   return physical == cl.devices()
-             ? fmt::format("{} nodes x {} {} devices", cl.nodes, cl.devices_per_node, device_name(cl.device))
-             : fmt::format("{} nodes x {} {} rank slots sharing {} physical devices", cl.nodes, cl.devices_per_node,
-                           device_name(cl.device), physical);
+             ? fmt::format("{} x {}", plural(cl.nodes, "node"),
+                           plural(cl.devices_per_node, fmt::format("{} device", device_name(cl.device))))
+             : fmt::format("{} x {} sharing {}", plural(cl.nodes, "node"),
+                           plural(cl.devices_per_node, fmt::format("{} rank slot", device_name(cl.device))),
+                           plural(physical, "physical device"));
 }
 }  // namespace
 
@@ -188,12 +192,13 @@ std::string plan_layout_table(const LayoutSearch& s, const Config& base, const C
   const auto& m = base.model;
   std::string out = fmt::format(
       "{}: {}, peak {} each, GEMMs at {:.0f}%, {}\n"
-      "model: {} L {} d_model {} heads {}/{} d_ff {} vocab {} seq {}, global batch {} sequences\n"
+      "model: {} L {} d_model {} heads {}/{} d_ff {} vocab {} seq {}, global batch {}\n"
       "{} layouts tried: {} refused by loom, {} do not fit, {} ranked\n",
       cl.name, devices_text(cl), flops_text(cl.peak_flops), 100 * cl.gemm_efficiency,
       cl.memory_bytes > 0 ? bytes_text(cl.memory_bytes) + " each" : std::string("memory not checked (no memory_gb)"),
-      m.arch, m.n_layer, m.d_model, m.n_head, base.kv_heads(), m.d_ff, m.vocab_size, m.seq_len, base.train.global_batch,
-      s.tried, s.tried - s.too_big - int(s.ranked.size()), s.too_big, s.ranked.size());
+      m.arch, m.n_layer, m.d_model, m.n_head, base.kv_heads(), m.d_ff, m.vocab_size, m.seq_len,
+      plural(base.train.global_batch, "sequence"), s.tried, s.tried - s.too_big - int(s.ranked.size()), s.too_big,
+      s.ranked.size());
   for (auto& [key, got] : s.refused)
     out += fmt::format("  refused {:>5}: {}{}\n", got.first, got.second, got.first > 1 ? " (and others like it)" : "");
   out += fmt::format("{:>3}  {:<64} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n", "#", "layout", "MFU", "step s",
@@ -239,10 +244,10 @@ std::string plan_layout_json(const LayoutSearch& s, int top) {
 std::string step_prediction_text(const Config& c, const Cluster& cl, const StepPrediction& p) {
   const int world = c.world();
   return fmt::format(
-      "{} on {} ({} ranks of {})\npredicted step {} ms: compute {}, exposed comm {} (tp {}, ep "
+      "{} on {} ({} of {})\npredicted step {} ms: compute {}, exposed comm {} (tp {}, ep "
       "{}, cp {}, pp {}, dp {} of {} moved), bubble {}, optimizer {}\n"
       "{:.1f} tokens/s, MFU {:.1f}%, memory {} on the fullest rank{}\n{}\n",
-      layout_name(c), cl.name, world, devices_text(cl), ms_text(1e3 * p.step), ms_text(1e3 * p.compute),
+      layout_name(c), cl.name, plural(world, "rank"), devices_text(cl), ms_text(1e3 * p.step), ms_text(1e3 * p.compute),
       ms_text(1e3 * p.comm_exposed), ms_text(1e3 * p.tp), ms_text(1e3 * p.ep), ms_text(1e3 * p.cp), ms_text(1e3 * p.pp),
       ms_text(1e3 * p.dp), ms_text(1e3 * p.dp_total), ms_text(1e3 * p.bubble), ms_text(1e3 * p.optimizer),
       p.tokens_per_s, 100 * p.mfu, bytes_text(double(p.memory_bytes)),

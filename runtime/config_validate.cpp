@@ -348,8 +348,8 @@ void fault_validate(Config& cfg) {
   const int world = cfg.world();
   LOOM_CHECK(!cfg.log.grad_norms || world == 1,
              "log.grad_norms writes the whole model's gradients from one rank; run it with dp = cp = tp = pp = 1 "
-             "(the layout has {} ranks)",
-             world);
+             "(the layout has {})",
+             plural(world, "rank"));
   // Each drill parses, names a rank of the job, and could fire: its step is run, and a
   // checkpoint drill's step is one that saves (fault.slow's second field is milliseconds).
   const CheckpointConfig& ck = cfg.checkpoint;
@@ -368,8 +368,8 @@ void fault_validate(Config& cfg) {
         Drill{"fault.enospc", &f.enospc, false, false, true, true}}) {
     const FaultAt at = fault_parse(d.key, *d.value, d.ranked, d.phased);
     if (!at.set()) continue;
-    LOOM_CHECK(!d.ranked || at.rank < world, "{} = \"{}\" names rank {}, but the job has {} ranks (pp x dp x cp x tp)",
-               d.key, *d.value, at.rank, world);
+    LOOM_CHECK(!d.ranked || at.rank < world, "{} = \"{}\" names rank {}, but the job has {} (pp x dp x cp x tp)", d.key,
+               *d.value, at.rank, plural(world, "rank"));
     if (!d.stepped) continue;
     LOOM_CHECK(at.step >= 1 && at.step <= cfg.train.steps,
                "{} = \"{}\": step {} is never run (steps count from 1 to train.steps = {})", d.key, *d.value, at.step,
@@ -511,9 +511,8 @@ std::vector<int> pipeline_layers_given(const Config& cfg) {
     out.push_back(std::stoi(part));
     at = comma + 1;
   }
-  LOOM_CHECK(int(out.size()) == p,
-             "parallel.pp_layers = \"{}\" gives {} {}(s) but {} = {}; list one count of blocks per {}", spec,
-             out.size(), unit, key, p, unit);
+  LOOM_CHECK(int(out.size()) == p, "parallel.pp_layers = \"{}\" gives {} but {} = {}; list one count of blocks per {}",
+             spec, plural(out.size(), unit), key, p, unit);
   int sum = 0;
   for (int b : out) sum += b;
   LOOM_CHECK(sum == L,

@@ -50,7 +50,7 @@ std::string cuda_describe() {
   std::string out = fmt::format("CUDA runtime {}.{}, driver {}", rt / 1000, rt % 1000 / 10,
                                 drv ? fmt::format("{}.{}", drv / 1000, drv % 1000 / 10) : std::string("none"));
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  out += fmt::format("; {} GPU(s) visible", n);
+  out += fmt::format("; {} visible", plural(n, "GPU"));
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;

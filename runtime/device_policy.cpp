@@ -59,15 +59,15 @@ CommPlan comm_choose(CommChoice comm, DeviceKind device, bool launched, int loca
   if (device != DeviceKind::cuda || !launched) return plan;
   const bool shared = local_ranks > gpus;
   LOOM_CHECK(!(shared && comm == CommChoice::nccl),
-             "parallel.comm = \"nccl\" but {} ranks share {} GPUs on this node, and NCCL takes one rank per GPU; "
+             "parallel.comm = \"nccl\" but {} share {} on this node, and NCCL takes one rank per GPU; "
              "use parallel.comm = \"mpi\" (staged through the host) or launch one rank per GPU",
-             local_ranks, gpus);
+             plural(local_ranks, "rank"), plural(gpus, "GPU"));
   plan.nccl = comm == CommChoice::nccl || (comm == CommChoice::automatic && !shared);
   if (!plan.nccl && comm == CommChoice::automatic)
     plan.note = fmt::format(
-        "{} ranks share {} GPU(s) on this node: collectives go through MPI, staged in host memory (for checking "
+        "{} share {} on this node: collectives go through MPI, staged in host memory (for checking "
         "layouts, not for speed); launch one rank per GPU for NCCL",
-        local_ranks, gpus);
+        plural(local_ranks, "rank"), plural(gpus, "GPU"));
   return plan;
 }
 

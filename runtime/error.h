@@ -1,12 +1,14 @@
 // Errors users can act on: one line that names the problem and the fix.
 // loom::fail throws loom::Error; the CLI prints its message and exits 2. Internal invariants use
 // LOOM_ASSERT (or fail_bug), which names file and line because no user can fix them: a Bug,
-// status kExitBug.
+// status kExitBug. plural() words a count for any message ("1 rank", "2 ranks").
 #pragma once
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace loom {
 
@@ -49,6 +51,20 @@ template <class... Args>
 template <class... Args>
 [[noreturn]] void fail_io(fmt::format_string<Args...> f, Args&&... args) {
   throw IoError(fmt::format(f, std::forward<Args>(args)...));
+}
+
+// A count and its noun as a message says them: "1 thread", "2 threads", "0 ranks". The plural
+// adds -es after s, x, ch or sh ("2 micro-batches") and -s otherwise; give `many` where the
+// noun's plural is neither.
+inline std::string plural(int64_t n, std::string_view noun, std::string_view many = {}) {
+  if (n == 1) return fmt::format("1 {}", noun);
+  if (!many.empty()) return fmt::format("{} {}", n, many);
+  // Written for C++17 as well: the CUDA sources include this header.
+  const auto ends = [&](std::string_view tail) {
+    return noun.size() >= tail.size() && noun.substr(noun.size() - tail.size()) == tail;
+  };
+  const bool es = ends("s") || ends("x") || ends("ch") || ends("sh");
+  return fmt::format("{} {}{}", n, noun, es ? "es" : "s");
 }
 
 }  // namespace loom

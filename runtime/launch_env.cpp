@@ -74,7 +74,8 @@ ThreadChoice threads_choose(int configured, const LaunchEnv& env, const EnvGet& 
   if (env.cpus_per_task > 0) return {env.cpus_per_task, "SLURM_CPUS_PER_TASK"};
   const int local = std::max(1, env.local_size);
   const std::string from = env.local_size ? fmt::format(" ({})", env.local_from) : std::string();
-  return {std::max(1, cores / local), fmt::format("{} cores shared by {} rank(s) on this node{}", cores, local, from)};
+  return {std::max(1, cores / local),
+          fmt::format("{} shared by {} on this node{}", plural(cores, "core"), plural(local, "rank"), from)};
 }
 
 int cores_visible(const EnvGet& get) {

@@ -20,9 +20,9 @@ void mesh_validate(const MeshDims& d, int world) {
   for (auto [name, v] : {std::pair{"pp", d.pp}, {"dp", d.dp}, {"cp", d.cp}, {"tp", d.tp}, {"ep", d.ep}})
     LOOM_CHECK(v >= 1, "parallel.{} = {} must be at least 1", name, v);
   LOOM_CHECK(d.world() == world,
-             "the layout pp x dp x cp x tp = {} x {} x {} x {} = {} ranks does not match the {} ranks launched; "
-             "launch {} ranks or change parallel.*",
-             d.pp, d.dp, d.cp, d.tp, d.world(), world, d.world());
+             "the layout pp x dp x cp x tp = {} x {} x {} x {} = {} does not match the {} launched; "
+             "launch {} or change parallel.*",
+             d.pp, d.dp, d.cp, d.tp, plural(d.world(), "rank"), plural(world, "rank"), plural(d.world(), "rank"));
   LOOM_CHECK((d.dp * d.cp) % d.ep == 0, "parallel.ep = {} does not divide dp x cp = {} x {} = {}", d.ep, d.dp, d.cp,
              d.dp * d.cp);
 }

@@ -192,7 +192,7 @@ RooflineRates roofline_rates(DeviceKind kind, int threads) {
   }
   r.copy_bw = cache[key]["copy_bw"].get<double>();
   r.gemm_flops = cpu_peak_flops(threads);
-  r.source = fmt::format("{} cores: memcpy measured {} ({}); fp32 GEMM peak {}", threads,
+  r.source = fmt::format("{}: memcpy measured {} ({}); fp32 GEMM peak {}", plural(threads, "core"),
                          cache[key].value("when", std::string("earlier")), path, cpu_peak_describe());
   return r;
 }
@@ -214,11 +214,10 @@ void bench_train(const Config& config, const TrainOptions& where, const BenchTra
   opt.quiet = true;
   TrainResult r = train_run(cfg, opt);
   if (where.world_rank != 0) return;
-  fmt::print(
-      "bench train: {} d_model {} layers {} B {} T {} on {} ({} ranks, {} threads each): {:.1f} tokens/s, "
-      "MFU {:.1f}%\n",
-      cfg.model.arch, cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len,
-      device_name(r.device), where.world_size, r.threads, r.tokens_per_s, 100.0 * r.mfu);
+  fmt::print("bench train: {} d_model {} layers {} B {} T {} on {} ({}, {} each): {:.1f} tokens/s, MFU {:.1f}%\n",
+             cfg.model.arch, cfg.model.d_model, cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len,
+             device_name(r.device), plural(where.world_size, "rank"), plural(r.threads, "thread"), r.tokens_per_s,
+             100.0 * r.mfu);
   fmt::print("{{\"tokens_per_s\": {:.6g}, \"mfu\": {:.6g}}}\n", r.tokens_per_s, r.mfu);
   if (!b.profile) return;
   fmt::print("roofline profile, steps 2 to {} ({}):\n{}", r.steps_done, device_name(r.device),

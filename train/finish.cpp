@@ -34,10 +34,10 @@ void Trainer::Parts::grad_norms_write() const {
 void Trainer::Parts::startup_log() {
   const int T = cfg.model.seq_len, B = cfg.train.micro_batch;
   info(
-      "model {}: {} layers, d_model {}, {} heads ({} kv), d_ff {}, vocab {} (padded to {}), seq_len {}: {:.2f}M "
+      "model {}: {}, d_model {}, {} ({} kv), d_ff {}, vocab {} (padded to {}), seq_len {}: {:.2f}M "
       "parameters",
-      cfg.model.arch, cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.kv_heads(), cfg.model.d_ff,
-      cfg.model.vocab_size, cfg.vocab_padded(), T, whole.reg.global_numel() / 1e6);
+      cfg.model.arch, plural(cfg.model.n_layer, "layer"), cfg.model.d_model, plural(cfg.model.n_head, "head"),
+      cfg.kv_heads(), cfg.model.d_ff, cfg.model.vocab_size, cfg.vocab_padded(), T, whole.reg.global_numel() / 1e6);
   if (const auto& moe = cfg.model.moe; moe.num_experts > 0) {
     // The rows a MoE layer saves: its experts' inputs, fc and activation outputs (Rr rows
     // received), and the outputs back in token order (R rows), per activation slot.
@@ -62,13 +62,13 @@ void Trainer::Parts::startup_log() {
                                               : " and the host never waits for it"),
         double(active_param_count(model)) / 1e6, double(param_count(model)) / 1e6);
   }
-  info("device: {} ({}); {} threads per rank ({}); data: {}", device_name(device), dtype_name(dtype), threads,
+  info("device: {} ({}); {} per rank ({}); data: {}", device_name(device), dtype_name(dtype), plural(threads, "thread"),
        threads_why, data.describe);
   // Every axis above one, outermost first, then data parallel's own description (dp ...).
   std::string axes;
   for (auto [name, n] : {std::pair{"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp}, {"cp", cfg.parallel.cp}})
     if (n > 1) axes += fmt::format("{} {} x ", name, n);
-  info("layout: {} ranks over {}; {}{}{}", mesh->world(), mesh->comm_name(), axes, dpar->describe(),
+  info("layout: {} over {}; {}{}{}", plural(mesh->world(), "rank"), mesh->comm_name(), axes, dpar->describe(),
        cfg.parallel.ep > 1 ? fmt::format("; experts over ep {}", cfg.parallel.ep) : std::string());
   if (tp().size() > 1) {
     const double nc = double(B) * cfg.local_seq() * cfg.model.d_model * dtype_size(dtype) / 1048576.0;
@@ -81,22 +81,23 @@ void Trainer::Parts::startup_log() {
                : fmt::format("all-reduce 2 x {:.2f} MiB forward and 2 x backward", nc));
   }
   if (const int64_t have = val_available(); have > 0 && have < cfg.data.val_batches)
-    info("validation: {} batches, all the validation data holds (data.val_batches = {})", have, cfg.data.val_batches);
+    info("validation: {}, all the validation data holds (data.val_batches = {})", plural(have, "batch"),
+         cfg.data.val_batches);
   if (cfg.parallel.pp > 1) {
     std::string split, held;
     for (int b : pipeline_layers(cfg)) split += (split.empty() ? "" : ",") + std::to_string(b);
     for (int j = 0; j < chunk->pieces(); ++j) held += (j ? "+" : "") + std::to_string(chunk->slots(j));
     info(
-        "pipeline: {} stages (blocks {} per model chunk), schedule {}, {} micro-batches; predicted bubble {:.3f} ({}); "
+        "pipeline: {} stages (blocks {} per model chunk), schedule {}, {}; predicted bubble {:.3f} ({}); "
         "stage 0 holds {} in flight",
-        cfg.parallel.pp, split, cfg.parallel.pp_schedule, cfg.accum_steps(), pipeline_bubble_predicted(pipe_schedule),
-        pipeline_bubble_formula(pipe_schedule), held);
+        cfg.parallel.pp, split, cfg.parallel.pp_schedule, plural(cfg.accum_steps(), "micro-batch"),
+        pipeline_bubble_predicted(pipe_schedule), pipeline_bubble_formula(pipe_schedule), held);
   }
-  info(
-      "batch: {} sequences x {} tokens = {} tokens per step, {} micro-batches of {} on each of {} dp ranks; "
-      "recompute {}",
-      cfg.train.global_batch, T, int64_t(cfg.train.global_batch) * T, cfg.accum_steps(), B, cfg.parallel.dp,
-      cfg.train.recompute);
+  info("batch: {} x {} = {} per step, {} of {} on {}; recompute {}", plural(cfg.train.global_batch, "sequence"),
+       plural(T, "token"), plural(int64_t(cfg.train.global_batch) * T, "token"),
+       plural(cfg.accum_steps(), "micro-batch"), B,
+       cfg.parallel.dp == 1 ? std::string("the one dp rank") : fmt::format("each of {} dp ranks", cfg.parallel.dp),
+       cfg.train.recompute);
   if (cfg.parallel.cp > 1)
     detail("context parallel: each sequence over {} ranks, {} tokens each (chunks i and {} - i of {}), attention {}{}",
            cfg.parallel.cp, cfg.local_seq(), 2 * cfg.parallel.cp - 1, 2 * cfg.parallel.cp, cfg.parallel.cp_attention,
@@ -142,7 +143,7 @@ void Trainer::Parts::startup_log() {
 std::string Trainer::Parts::summary() const {
   const TrainResult& r = result;
   std::string out = fmt::format(
-      "run summary: {} of {} steps{} in {:.1f} s{}", r.steps_done, cfg.train.steps,
+      "run summary: {} of {}{} in {:.1f} s{}", r.steps_done, plural(cfg.train.steps, "step"),
       start_step > 0 ? fmt::format(" (this run: {} to {}, resumed at {})", start_step + 1, r.steps_done, start_step)
                      : std::string(),
       r.seconds, r.stopped_by ? fmt::format(" (stopped by {})", stop_cause(r.stopped_by)) : "");

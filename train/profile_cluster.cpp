@@ -136,8 +136,8 @@ void profile_cluster_write(const std::string& path, const Config& cfg, const Tra
              device_name(r.device));
   const Cluster fit = profile_cluster_fit(base, cfg, r.profile);
   const std::string from =
-      fmt::format("fitted: {} d_model {} L {} B {} T {}, {} steps profiled", cfg.model.arch, cfg.model.d_model,
-                  cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len, r.profile.steps);
+      fmt::format("fitted: {} d_model {} L {} B {} T {}, {} profiled", cfg.model.arch, cfg.model.d_model,
+                  cfg.model.n_layer, cfg.train.micro_batch, cfg.model.seq_len, plural(r.profile.steps, "step"));
   text = key_set(text, "gemm_efficiency", fit.gemm_efficiency, from);
   text = key_set(text, "mem_bw_gbs", fit.mem_bw / 1e9, from);
   if (fit.attention_flops > 0) text = key_set(text, "attention_tflops", fit.attention_flops / 1e12, from);

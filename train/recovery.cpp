@@ -52,7 +52,7 @@ void Trainer::Parts::skipped(int64_t s1, const std::string& why) {
         "rolling back to {} (step {}), the newest checkpoint written before the trouble began, after {} skipped "
         "updates; steps {}..{} are run again{}",
         from, loaded, guard.skips_in_a_row(), loaded + 1, s1,
-        gone ? fmt::format(" (the {} checkpoint{} after it removed)", gone, gone == 1 ? "" : "s") : "");
+        gone ? fmt::format(" (the {} after it removed)", plural(gone, "checkpoint")) : "");
     event_append(cfg.log.dir, "rollback", fmt::format("\"from\":{},\"to\":{}", s1, loaded));
   }
   guard.rolled_back();

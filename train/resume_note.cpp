@@ -11,8 +11,8 @@ std::string layout_text(int dp, int tp, int pp, int cp, int ep, int zero, const 
   std::string axes;
   for (auto [name, n] : {std::pair{"pp", pp}, {"dp", dp}, {"cp", cp}, {"tp", tp}, {"ep", ep}})
     if (n > 1) axes += fmt::format("{}{} {}", axes.empty() ? "" : " x ", name, n);
-  return fmt::format("{}{}, {} ({} rank{})", axes.empty() ? "one rank" : axes,
-                     zero > 0 ? fmt::format(", ZeRO-{}", zero) : "", dtype, world, world == 1 ? "" : "s");
+  return fmt::format("{}{}, {} ({})", axes.empty() ? "one rank" : axes, zero > 0 ? fmt::format(", ZeRO-{}", zero) : "",
+                     dtype, plural(world, "rank"));
 }
 
 std::string resume_reshard_note(const std::string& dir, const Config& cfg, int world, const std::string& dtype) {

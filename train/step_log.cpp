@@ -113,7 +113,7 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
     metrics_.split(*predicted_, mean, cluster_);
     if (print_) {
       const std::string gap = split_gap(*predicted_, mean);
-      spdlog::info("predicted (cluster {}) vs measured, mean of {} steps:\n{}\n{}", cluster_, seen_ - 1,
+      spdlog::info("predicted (cluster {}) vs measured, mean of {}:\n{}\n{}", cluster_, plural(seen_ - 1, "step"),
                    split_table(*predicted_, mean),
                    gap.empty() ? "no term is off its prediction by both 1 ms and 10%" : "largest gap: " + gap);
     }

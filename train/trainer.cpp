@@ -238,10 +238,10 @@ void Trainer::init() {
     std::string names;
     for (size_t i = 0; i < unused.size() && i < 6; ++i) names += (i ? ", " : ": ") + unused[i];
     if (unused.size() > 6) names += fmt::format(" and {} more", unused.size() - 6);
-    p.info("loaded {}; {} tensors in it unused{}", p.cfg.init_from, unused.size(), names);
+    p.info("loaded {}; {} in it unused{}", p.cfg.init_from, plural(unused.size(), "tensor"), names);
     // eval runs quiet, and says so too: a file's tensors are never dropped without a word.
     if (p.opt.quiet && p.lead && !unused.empty())
-      fmt::print(stderr, "{} tensors in {} unused{}\n", unused.size(), p.cfg.init_from, names);
+      fmt::print(stderr, "{} in {} unused{}\n", plural(unused.size(), "tensor"), p.cfg.init_from, names);
   } else {
     registry_init(p.chunk->registry(), host.data(), uint64_t(p.cfg.train.seed));
   }

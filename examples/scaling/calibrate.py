@@ -8,7 +8,8 @@ comm` (every collective, every message size, with the ring's step and volume cou
       --inter-launch "examples/scaling/netns.sh mpirun -np" --out runs/clusters/nodes2_1gbit.toml
 
 --out's folder is made; a file the project ships (examples/clusters/this_machine.toml) is
-replaced only with --force. The arguments are checked before the first run.
+replaced only with --force. The arguments are checked before the first run. The training run's
+logs go to a temporary folder (under $TMPDIR), removed however the script ends.
 
 --set flags give the model of the training run (the sweeps' model). The fit:
   - peak: the cached per-core fp32 GEMM peak MFU divides by (`loom bench gemm` makes it);
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,12 +37,24 @@ import outputs
 MPIRUN_SH = shlex.quote(os.path.join(outputs.REPO, "launch", "mpirun.sh"))
 
 
-def run(cmd, **kw):
+def run(cmd):
     print("calibrate:", " ".join(shlex.quote(c) for c in cmd), flush=True)
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
-    if done.returncode != 0:
-        sys.exit(f"calibrate: failed ({done.returncode}):\n{done.stdout[-3000:]}")
-    return done.stdout
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+        try:
+            out = child.communicate()[0]
+        except BaseException:
+            # Ctrl-C or SIGTERM: the child is asked to end now and waited for (launch/mpirun.sh
+            # then ends its ranks and removes its own temporary files), killed only if it hangs.
+            if child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+            raise
+    if child.returncode != 0:
+        sys.exit(f"calibrate: failed ({child.returncode}):\n{out[-3000:]}")
+    return out
 
 
 def bench_rows(text, n):
@@ -157,13 +171,11 @@ def toml(c):
     return "\n".join(out) + "\n"
 
 
-def predict(loom, cluster, sets):
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+def predict(loom, cluster, sets, scratch):
+    path = os.path.join(scratch, "trial.toml")
+    with open(path, "w") as f:
         f.write(toml(cluster))
-    try:
-        out = run([loom, "plan", "layout", "--cluster", f.name, "--predict", "--json"] + sets)
-    finally:
-        os.unlink(f.name)
+    out = run([loom, "plan", "layout", "--cluster", path, "--predict", "--json"] + sets)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -214,7 +226,14 @@ def main():
         run([a.loom, "bench", "gemm", "--threads", "1"])
     peak = max(v["peak"] for k, v in json.load(open(cache)).items() if k.endswith("| per core"))
 
-    log = tempfile.mkdtemp(prefix="calibrate_")
+    # The training run's logs and the trial cluster files: removed however this ends (a failed
+    # run, Ctrl-C, SIGTERM), as they are only the fit's inputs.
+    with tempfile.TemporaryDirectory(prefix="calibrate_") as scratch:
+        calibrate(a, sets, peak, scratch)
+
+
+def calibrate(a, sets, peak, scratch):
+    log = os.path.join(scratch, "run")
     run([a.loom, "train"] + sets + ["--set", "train.threads=1", "--set", f"log.dir={log}"])
     compute, optimizer = measured(log)
 
@@ -236,11 +255,11 @@ def main():
         alpha, bw, per_op, err = fit(bench_rows(out, n))
         c["inter"] = (alpha * share, bw, {op: (ao * share, bo) for op, (ao, bo) in per_op.items()}, err)
     # The optimizer's bytes scale with 1 / mem_bw; compute is A / efficiency + element-wise D.
-    p = predict(a.loom, c, sets)
+    p = predict(a.loom, c, sets, scratch)
     c["mem_bw_gbs"] *= p["optimizer_ms"] * 1e-3 / optimizer
-    c1 = predict(a.loom, c, sets)["compute_ms"] * 1e-3
+    c1 = predict(a.loom, c, sets, scratch)["compute_ms"] * 1e-3
     c["gemm_efficiency"] = 0.5
-    c2 = predict(a.loom, c, sets)["compute_ms"] * 1e-3
+    c2 = predict(a.loom, c, sets, scratch)["compute_ms"] * 1e-3
     A, D = c2 - c1, 2 * c1 - c2
     c["gemm_efficiency"] = min(1.0, A / max(compute - D, 1e-9))
     c["comment"] = (f"Fitted by examples/scaling/calibrate.py on this machine ({os.cpu_count()} cores, one thread "
@@ -254,4 +273,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    # SIGTERM unwinds as Ctrl-C does, so the scratch folder goes either way.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("calibrate: stopped by Ctrl-C; no cluster file written", file=sys.stderr)
+        sys.exit(130)

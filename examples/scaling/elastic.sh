@@ -78,5 +78,6 @@ from=$(grep -o "resumed from [^:]*: step [0-9]*" "$out/run.log" | head -1 | grep
 "$compare" --resumed "$out/base" "$out/run" 1e-5 1e-5 || fail "the losses or weights left the unbroken run's"
 printf "| node lost for good after step %s | detected in %.1f s (hang verdict) | first step at dp 2 on 1 node " \
   "$cut_at" "$(awk "BEGIN {print $t1 - $t0}")"
-printf "%.1f s later | resumed from step %s: %s steps redone | losses and weights within 1e-5 of the unbroken run |\n" \
-  "$(awk "BEGIN {print $t2 - $t1}")" "$from" "$((cut_at - from))"
+redone=$((cut_at - from))
+printf "%.1f s later | resumed from step %s: %s step%s redone | losses and weights within 1e-5 of the unbroken run |\n" \
+  "$(awk "BEGIN {print $t2 - $t1}")" "$from" "$redone" "$([ "$redone" -eq 1 ] || echo s)"

@@ -1,5 +1,6 @@
 """What the scaling scripts check before they work: files they will write (never one the project
-ships, unless --force; their folders made), files and programs they will need. Each failure is
+ships, unless --force; their folders made, or only checked until every argument is), files and
+programs they will need. Each failure is
 one line naming the argument, and exit status 2, before anything has run. It does not lock or
 reserve anything: two scripts writing one file still race."""
 import os
@@ -33,13 +34,30 @@ def shipped(path):
     return rel.startswith("examples" + os.sep)
 
 
-def out_check(script, path, force, flag="--out", instead="write elsewhere (e.g. runs/...)"):
-    """A file to be written: not a directory, not a shipped file unless force, its folder made."""
+def out_check(script, path, force, flag="--out", instead="write elsewhere (e.g. runs/...)", make=True):
+    """A file to be written: not a directory, not a shipped file unless force, and a folder it can
+    go in (made here unless make is False: then call folder_make once every check has passed)."""
     if os.path.isdir(path):
         fail(script, f"{flag} {path} is a directory; name a file")
     if shipped(path) and not force:
         fail(script, f"{flag} {path} is a file the project ships ({os.path.relpath(os.path.realpath(path), REPO)}); "
                      f"{instead}, or add --force to replace it")
+    folder = os.path.dirname(os.path.abspath(path))
+    if make:
+        folder_make(script, path, flag)
+        return
+    # The nearest folder that is there decides whether the rest can be made.
+    there = folder
+    while not os.path.exists(there):
+        there = os.path.dirname(there)
+    if not os.path.isdir(there):
+        fail(script, f"{flag} {path}: cannot make its folder {folder} ({there} is not a directory)")
+    if not os.access(there, os.W_OK | os.X_OK):
+        fail(script, f"{flag} {path}: its folder {folder} cannot be made or written ({there} is not writable)")
+
+
+def folder_make(script, path, flag="--out"):
+    """The folder of a file to be written, made (its parents too)."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)

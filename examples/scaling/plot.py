@@ -87,7 +87,7 @@ def main():
     ap.add_argument("--out-dir", help="where the PNGs go (default: beside each CSV; the folder is made)")
     ap.add_argument("--force", action="store_true", help="replace PNGs even where the project ships them")
     a = ap.parse_args()
-    # Everything checked before anything is drawn (or matplotlib looked for).
+    # Everything checked before anything is drawn (or matplotlib looked for), and nothing made.
     prefixes = []
     for path in a.csv:
         outputs.file_check("plot", path, "CSV")
@@ -95,9 +95,12 @@ def main():
         prefix = os.path.join(a.out_dir, os.path.basename(stem)) if a.out_dir else stem
         for suffix in ("_throughput.png", "_split.png"):
             outputs.out_check("plot", prefix + suffix, a.force, "--out-dir" if a.out_dir else "the PNG",
-                              "give --out-dir (e.g. runs/plots)")
+                              "give --out-dir (e.g. runs/plots)", make=False)
         prefixes.append(prefix)
     plt = matplotlib_or_rerun()
+    # Folders last: a refusal, or a Python without matplotlib, leaves none behind.
+    for prefix in prefixes:
+        outputs.folder_make("plot", prefix + "_throughput.png", "--out-dir" if a.out_dir else "the PNG")
     for path, prefix in zip(a.csv, prefixes):
         plot(plt, path, prefix)
 

@@ -49,7 +49,7 @@ def parse_args():
     ap.add_argument("--force", action="store_true", help="replace --out even where it is a file the project ships")
     a = ap.parse_args()
     # Everything checked before the first point runs.
-    outputs.out_check("sweep", a.out, a.force)
+    outputs.out_check("sweep", a.out, a.force, make=False)
     outputs.file_check("sweep", a.loom, "--loom")
     if a.config:
         outputs.file_check("sweep", a.config, "--config")
@@ -58,6 +58,7 @@ def parse_args():
         if not swept.partition("=")[2] or any("=" not in f for f in fixed):
             outputs.fail("sweep", f"--sweep '{series}' is not KEY=V1,V2,...[;K=V...]")
     outputs.program_check("sweep", a.launch, "--launch")
+    outputs.folder_make("sweep", a.out)  # last: a refusal leaves no folder behind
     return a
 
 

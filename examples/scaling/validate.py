@@ -41,12 +41,13 @@ def main():
     a = ap.parse_args()
     if len(a.cluster) not in (1, len(a.csv)):
         outputs.fail("validate", "give --cluster once, or once per CSV")
-    outputs.out_check("validate", a.out, a.force)
+    outputs.out_check("validate", a.out, a.force, make=False)
     outputs.file_check("validate", a.loom, "--loom")
     for path in a.csv:
         outputs.file_check("validate", path, "CSV")
     for path in a.cluster:
         outputs.file_check("validate", path, "--cluster")
+    outputs.folder_make("validate", a.out)  # last: a refusal leaves no folder behind
     rows = []
     for i, path in enumerate(a.csv):
         cluster = a.cluster[min(i, len(a.cluster) - 1)]

@@ -33,6 +33,7 @@
 #include "kernels/emu/counts.h"
 #include "kernels/emu/fiber.h"
 #include "kernels/emu/runtime.h"
+#include "runtime/error.h"
 
 // A sanitizer build of the emulation stops at its first report, whatever the environment says:
 // a race or an overrun is a failed test, not a warning in a log.
@@ -306,7 +307,9 @@ std::string deadlock_report(Executor& ex) {
   int at_barrier = 0;
   for (int t = 0; t < ex.n; ++t) at_barrier += ex.wait[size_t(t)] == Wait::barrier;
   std::string s = "deadlock:";
-  if (at_barrier) s += fmt::format(" {} threads wait at __syncthreads (line {});", at_barrier, ex.bar_line);
+  if (at_barrier)
+    s +=
+        fmt::format(" {} at __syncthreads (line {});", plural(at_barrier, "thread waits", "threads wait"), ex.bar_line);
   for (size_t w = 0; w < ex.warps.size(); ++w)
     if (ex.warps[w].waiting)
       s += fmt::format(" lanes {} of warp {} wait in {} (line {}, mask {});", hex(ex.warps[w].waiting), w,

@@ -35,6 +35,6 @@ out="loom-$job.out"
 grep -E "layout|threads per rank" "$out"
 steps=$(grep -c '"loss"' "runs/$job/metrics.jsonl")
 [ "$steps" -eq 10 ] || { echo "FAIL: $steps steps"; cat "$out"; exit 1; }
-grep -q "1 threads per rank (SLURM_CPUS_PER_TASK)" "$out" || { echo "FAIL: threads not from Slurm's CPUs"; exit 1; }
+grep -q "1 thread per rank (SLURM_CPUS_PER_TASK)" "$out" || { echo "FAIL: threads not from Slurm's CPUs"; exit 1; }
 grep -q "layout: 4 ranks over MPI" "$out" || { echo "FAIL: not 4 ranks"; exit 1; }
 echo "ok: job $job, $steps steps"

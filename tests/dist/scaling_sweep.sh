@@ -43,8 +43,11 @@ done
 # the model (its compute must come back exactly: the fit solves for it) and bench comm at 2
 # ranks; validate predicts every point of both sweeps with it.
 # Its --out in a folder not made yet: calibrate makes it (it ended in a traceback after the work).
-( python3 "$src/examples/scaling/calibrate.py" --loom "$loom" --launch "$launch" "${sets[@]}" \
+# Its scratch folder (the training run's logs) is gone after it (TMPDIR the test's own).
+mkdir "$dir/tmp"
+( TMPDIR=$dir/tmp python3 "$src/examples/scaling/calibrate.py" --loom "$loom" --launch "$launch" "${sets[@]}" \
     --ranks 2 --max-mb 1 --out "$dir/new/fit.toml" > "$dir/calibrate.log" 2>&1 ) || { cat "$dir/calibrate.log"; exit 1; }
+! compgen -G "$dir/tmp/calibrate_*" > /dev/null || { ls "$dir/tmp"; echo "FAIL: calibrate left its scratch"; exit 1; }
 mv "$dir/new/"* "$dir/"
 [ -s "$dir/fit.intra2.txt" ] || { echo "FAIL: calibrate kept no bench comm record"; exit 1; }
 python3 "$src/examples/scaling/validate.py" --loom "$loom" "${sets[@]}" --cluster "$dir/fit.toml" "$dir/strong.csv" \

@@ -5,6 +5,7 @@
 # SIGINT/SIGTERM kills its ranks within two seconds and exits 1: Open MPI's own behaviour.)
 # Through the script, loom's log names the Ctrl-C (not the SIGUSR1 the script passed on), and
 # Open MPI's notice that a process "returned a non-zero exit code" stays out of the clean stop.
+# A second Ctrl-C to the script ends the ranks at once: status 130, said in a sentence.
 #   stop_launcher.sh LOOM SOURCE_DIR "MPIRUN..."
 set -uo pipefail
 loom=$1 src=$2 mpirun=$3
@@ -46,6 +47,39 @@ grep -q "stopped by Ctrl-C to launch/mpirun.sh after step" "$dir/a.log" ||
   { cat "$dir/a.log"; echo "FAIL: the log does not say the run was stopped by a Ctrl-C"; exit 1; }
 grep -q "non-zero exit code\|non-zero status\|Forwarding signal" "$dir/a.log" &&
   { cat "$dir/a.log"; echo "FAIL: Open MPI's notices of a failure in a clean stop"; exit 1; }
+
+# 1b. Ctrl-C twice, the second mid-step (fault.slow holds rank 0 in each step for 4 s): the ranks
+#     are ended at once, and the script says so and exits 130 (not mpirun's 1), without Open MPI's
+#     notices; the checkpoint committed before is intact.
+"$src/launch/mpirun.sh" -np 2 "$loom" "${args[@]}" --set log.dir="$dir/$marker-c" --set fault.slow=0:4000 \
+  --set checkpoint.dir="$dir/$marker-ck" --set checkpoint.every=1 --set export.final="$dir/c.safetensors" \
+  > "$dir/c.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do  # a checkpoint committed (step 1's, at the end of step 2), then into the next step
+  compgen -G "$dir/$marker-ck/step-*/manifest.json" > /dev/null && break
+  sleep 0.1
+done
+compgen -G "$dir/$marker-ck/step-*/manifest.json" > /dev/null ||
+  { cat "$dir/c.log"; echo "FAIL: no checkpoint committed"; kill -9 -- -$job; exit 1; }
+sleep 0.5
+kill -INT -- -"$job"
+sleep 0.5
+kill -INT -- -"$job"
+wait $job
+status=$?
+echo "Ctrl-C twice to launch/mpirun.sh: status $status"
+[ "$status" -eq 130 ] || { cat "$dir/c.log"; echo "FAIL: a second Ctrl-C: exit status $status, not 130"; exit 1; }
+grep -q "^launch/mpirun.sh: ended by a second Ctrl-C: ranks still in a step were stopped there" "$dir/c.log" ||
+  { cat "$dir/c.log"; echo "FAIL: the script does not say what a second Ctrl-C did"; exit 1; }
+grep -q "non-zero exit code\|non-zero status\|Forwarding signal\|mpirun noticed\|exited on signal" "$dir/c.log" &&
+  { cat "$dir/c.log"; echo "FAIL: Open MPI's notices after a second Ctrl-C"; exit 1; }
+grep -q "stopped by" "$dir/c.log" && { cat "$dir/c.log"; echo "FAIL: the step in flight was finished"; exit 1; }
+[ ! -e "$dir/c.safetensors" ] || { echo "FAIL: an export after a second Ctrl-C"; exit 1; }
+last=$(dirname "$(ls -d "$dir/$marker-ck"/step-*/manifest.json | tail -1)")
+"$loom" ckpt verify "$last" > "$dir/verify.log" 2>&1 ||
+  { cat "$dir/verify.log"; echo "FAIL: the last committed checkpoint is not intact"; exit 1; }
+sleep 0.5
+pgrep -f "$marker" > /dev/null && { echo "FAIL: processes left after a second Ctrl-C"; pkill -9 -f "$marker"; exit 1; }
 set +m
 
 # 2. A plain mpirun, given SIGUSR1 (which it forwards to every rank).

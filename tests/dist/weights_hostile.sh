@@ -120,7 +120,7 @@ PY
 "$loom" generate --from extra.safetensors --prompt ab --max-new 2 > extra.generate.log 2>&1 ||
   fail "generate refused a file with an extra tensor"
 for r in train eval generate; do
-  grep -q "1 tensors in .*unused.*stray.weight" extra.$r.log ||
+  grep -q "1 tensor in .*unused.*stray.weight" extra.$r.log ||
     { fail "extra: $r did not report the unused tensor"; tail -3 extra.$r.log; }
 done
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A new user's first hour, through the binary as they run it: a data path is never ignored (its
-# kind is read from the file), a file error is one line and status 2, `plan memory` says which
-# device it planned for, and a run starts and ends briefly.
+# kind is read from the file), a file error is one line and status 2, `plan memory` says what it
+# planned (device, dtype, layout, batch), a run starts and ends briefly, and a count of one is
+# said in the singular ("1 thread per rank").
 #   first_hour.sh LOOM ["MPIRUN..."]
 set -uo pipefail
 loom=$1 mpirun=${2:-}
@@ -47,15 +48,23 @@ expect_error 2 "'texts' is a directory" "$loom" train "${quick[@]}" --set data.p
 expect_error 2 "is a directory" "$loom" data --tokenizer gpt2 --vocab texts --merges texts corpus.txt o.bin
 expect_error 2 "tools/tokenizer_files.sh" "$loom" data --tokenizer gpt2 corpus.txt o.bin
 
-# plan memory says in its first line what it planned for, and plans for a --cluster's device; GB
-# as plan layout.
+# plan memory says in its first line what it planned (device, dtype, every axis of the layout, the
+# micro-batch, the global batch), in the next why that device, and plans for a --cluster's
+# device; GB as plan layout.
 CUDA_VISIBLE_DEVICES=-1 "$loom" plan memory --config "$src/examples/configs/llama3_8b.toml" --dp 64 > plan.log 2>&1 ||
   { cat plan.log; fail "plan memory"; }
-head -1 plan.log | grep -q "^planned for cpu (f32): train.device = auto on this machine.*--cluster" ||
-  { cat plan.log; fail "plan memory's first line does not say it planned for the CPU and why"; }
-"$loom" plan memory --config "$src/examples/configs/llama3_8b.toml" --dp 64 \
-  --cluster "$src/examples/clusters/h100_1024.toml" > plan2.log 2>&1 || { cat plan2.log; fail "plan memory --cluster"; }
-head -1 plan2.log | grep -q "^planned for cuda (bf16): the device of cluster" || { cat plan2.log; fail "--cluster"; }
+head -1 plan.log | grep -q "^planned for cpu (f32), dp 64 x tp 1 x pp 1 x cp 1 x ep 1 (64 ranks): micro-batch 1 \
+sequence of 8192 tokens, global batch 8192 sequences (128 micro-batches a step on each dp rank), recompute none$" ||
+  { cat plan.log; fail "plan memory's first line does not say what it planned"; }
+sed -n 2p plan.log | grep -q "^device: train.device = auto on this machine.*--cluster" ||
+  { cat plan.log; fail "plan memory does not say why it planned for the CPU"; }
+"$loom" plan memory --config "$src/examples/configs/llama3_8b.toml" --set parallel.tp=4 --set parallel.pp=2 \
+  --set train.micro_batch=2 --set train.global_batch=32 --cluster "$src/examples/clusters/h100_1024.toml" > plan2.log \
+  2>&1 || { cat plan2.log; fail "plan memory --cluster"; }
+head -1 plan2.log | grep -q "^planned for cuda (bf16), dp 1 x tp 4 x pp 2 x cp 1 x ep 1 (8 ranks): micro-batch 2 \
+sequences of 8192 tokens, global batch 32 sequences (16 micro-batches a step on each dp rank)" ||
+  { cat plan2.log; fail "plan memory --cluster: the first line"; }
+sed -n 2p plan2.log | grep -q "^device: the device of cluster" || { cat plan2.log; fail "--cluster"; }
 grep -q "(GB)" plan2.log || { cat plan2.log; fail "plan memory not in GB"; }
 
 # A short start (model, device and data, layout, batch, memory, where the logs go) and one closing
@@ -80,9 +89,17 @@ cluster=$src/examples/clusters/this_machine.toml
 elsewhere="Not the fitting CPU, 1 cores"
 LOOM_MACHINE_NAME=$elsewhere "$loom" train "${quick[@]}" --set log.dir=r7 > r7.log 2>&1 || { cat r7.log; fail "elsewhere"; }
 grep -q "predicted" r7.log && { cat r7.log; fail "a prediction from a file fitted on another machine"; }
-LOOM_MACHINE_NAME=$elsewhere "$loom" train "${quick[@]}" --set log.dir=r8 --set log.cluster="$cluster" > r8.log 2>&1 ||
-  { cat r8.log; fail "named cluster"; }
+LOOM_MACHINE_NAME=$elsewhere "$loom" train "${quick[@]}" --set log.dir=r8 --set log.cluster="$cluster" \
+  --set train.global_batch=8 > r8.log 2>&1 || { cat r8.log; fail "named cluster"; }
 grep -q "predicted (cluster this_machine) vs measured" r8.log || { cat r8.log; fail "no comparison with log.cluster"; }
+# That run has one of each (layer, thread, rank, gradient bucket, micro-batch, compared step):
+# each said in the singular.
+grep -E '(^|[^0-9.])1 (layers|heads|threads|ranks|cores|gradient buckets|micro-batches|sequences|steps|batches)\b' r8.log &&
+  { cat r8.log; fail "a count of one with a plural noun"; }
+for want in "model gpt2: 1 layer," "1 thread per rank" "layout: 1 rank over" "1 gradient bucket of" \
+  "1 micro-batch of 8 on the one dp rank" "vs measured, mean of 1 step:"; do
+  grep -qF "$want" r8.log || { cat r8.log; fail "the run does not say '$want'"; }
+done
 
 # Small ones: --val-fraction says the tokens it held out; the interleaved refusal is a sentence;
 # a layout the ranks launched cannot hold is said once (rank 0), status 2.

@@ -23,7 +23,7 @@ for arch in gpt2 llama; do
     { cat "$arch.log"; exit 1; }
   [ -f "$arch/config.json" ] && [ -f "$arch/model.safetensors" ] || { echo "FAIL: $arch/ is not a Hugging Face directory"; exit 1; }
   ours=$("$loom" eval --from "$arch/" --data text.txt --batches 1 | sed -n 's/.*: loss \([0-9.]*\),.*/\1/p')
-  seqs=$("$loom" eval --from "$arch/" --data text.txt --batches 1 | sed -n 's/.*(1 batches of \([0-9]*\) x.*/\1/p')
+  seqs=$("$loom" eval --from "$arch/" --data text.txt --batches 1 | sed -n 's/.*(1 batch of \([0-9]*\) x.*/\1/p')
   theirs=$(python3 "$reader" "$arch" text.txt "$seqs" 16 | awk '{print $3}')
   echo "$arch: loom eval $ours, read as transformers reads it $theirs"
   python3 -c "import sys; a, b = float('$ours'), float('$theirs'); sys.exit(abs(a - b) > 1e-4 * abs(b))" ||

@@ -4,7 +4,9 @@
 # results' CSVs and PNGs), arguments are checked before the first run (a bad --sweep, a missing
 # --loom), and each refusal is one line with status 2, leaving the file as it was. plot.py under
 # a Python without matplotlib (a virtual environment) runs itself again under Debian's, or says
-# which to use. (calibrate.py into a folder that does not exist yet: dist.scaling_sweep.)
+# which to use, and makes its --out-dir only once all is checked. calibrate.py removes its scratch
+# folder however it ends: a failure, Ctrl-C, SIGTERM. (calibrate.py into a folder that does not
+# exist yet, and its scratch gone after a whole calibration: dist.scaling_sweep.)
 #   scaling_scripts.sh LOOM
 set -uo pipefail
 loom=$1
@@ -35,6 +37,13 @@ refused "validate over a shipped file" "is a file the project ships" python3 "$s
   --cluster "$src/examples/clusters/this_machine.toml" "$src/examples/scaling/results/strong.csv" \
   --out "$src/examples/scaling/results/model_check.csv"
 refused "plot over shipped PNGs" "give --out-dir" python3 "$s/plot.py" "$src/examples/scaling/results/strong.csv"
+# Every argument checked before --out-dir is made (the second CSV is not there).
+refused "plot with a missing CSV" "CSV no/such.csv is not a file" python3 "$s/plot.py" --out-dir plots/refused \
+  "$src/examples/scaling/results/strong.csv" no/such.csv
+[ ! -e plots ] || fail "a refused plot.py made its --out-dir"
+refused "sweep with a bad --sweep" "is not KEY=V1" python3 "$s/sweep.py" --loom "$loom" --sweep parallel.dp \
+  --out sweeps/refused/s.csv
+[ ! -e sweeps ] || fail "a refused sweep.py made its --out folder"
 [ "$(cd "$src" && sha256sum "${shipped[@]}")" = "$before" ] || fail "a shipped file changed"
 # Arguments checked before the first run: a bad second series, a loom that is not there.
 refused "a bad --sweep" "--sweep 'parallel.tp' is not KEY=V1" \
@@ -50,6 +59,44 @@ refused "calibrate --max-mb abc" "--max-mb abc: megabytes" python3 "$s/calibrate
 refused "calibrate --set of no key" "--set: .*model.n_layers" python3 "$s/calibrate.py" --loom "$loom" \
   --set model.n_layers=2 --out new/b/c.toml
 [ ! -e new/b ] || fail "a refused calibration left its --out folder"
+# calibrate.py's scratch folder (the training run's logs, the trial cluster files) goes however
+# the script ends: a launcher that fails after the training run, Ctrl-C to the terminal's process
+# group (set -m, as an interactive shell runs a job) and SIGTERM to the script alone.
+mkdir tmp
+tiny=(--set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.vocab_size=96
+      --set model.seq_len=16 --set train.micro_batch=2 --set train.global_batch=4 --set train.device=cpu
+      --set data.val_batches=0)
+scratch_gone() {  # scratch_gone NAME: nothing of calibrate's (or its children's) left in TMPDIR
+  [ -z "$(ls -A tmp)" ] || { ls -la tmp; cat cal.log; fail "$1: left $(ls tmp) in TMPDIR"; }
+}
+TMPDIR=$PWD/tmp python3 "$s/calibrate.py" --loom "$loom" --launch false "${tiny[@]}" --set train.steps=3 \
+  --out cal/fail.toml > cal.log 2>&1
+[ $? -eq 1 ] && grep -q "^calibrate: failed (1)" cal.log || { cat cal.log; fail "calibrate with a failing launcher"; }
+scratch_gone "a failed calibration"
+# (env --default-signal: where this test was started with SIGINT ignored, as a background job of
+# a non-interactive shell is, set -m alone does not give it back.)
+for how in INT TERM; do
+  set -m  # the job in a process group of its own, for this one command
+  TMPDIR=$PWD/tmp env --default-signal=INT python3 "$s/calibrate.py" --loom "$loom" "${tiny[@]}" \
+    --set train.steps=1000000 --out cal/$how.toml > cal.log 2>&1 &
+  job=$!
+  set +m
+  for _ in $(seq 200); do
+    compgen -G "tmp/calibrate_*/run/metrics.jsonl" > /dev/null && grep -q '"loss"' tmp/calibrate_*/run/metrics.jsonl &&
+      break
+    sleep 0.1
+  done
+  grep -q '"loss"' tmp/calibrate_*/run/metrics.jsonl 2> /dev/null || { kill -9 -- -$job; cat cal.log; fail "no run"; }
+  if [ $how = INT ]; then kill -INT -- -$job; else kill -TERM $job; fi
+  wait $job
+  status=$?
+  want=$([ $how = INT ] && echo 130 || echo 143)
+  [ $status -eq "$want" ] || { kill -9 -- -$job; cat cal.log; fail "calibrate given SIG$how: status $status, not $want"; }
+  [ $how = TERM ] || grep -q "^calibrate: stopped by Ctrl-C; no cluster file written" cal.log ||
+    { cat cal.log; fail "calibrate does not say it was stopped"; }
+  scratch_gone "calibrate given SIG$how"
+  [ ! -e cal/$how.toml ] || fail "calibrate given SIG$how wrote its --out"
+done
 # plot.py: in a virtual environment (no matplotlib), Debian's Python draws; without it, a sentence.
 if /usr/bin/python3 -c "import matplotlib" 2> /dev/null && /usr/bin/python3 -m venv --without-pip venv 2> /dev/null; then
   venv/bin/python "$s/plot.py" --out-dir plots/new "$src/examples/scaling/results/strong.csv" > plot.log 2>&1 ||
@@ -60,6 +107,7 @@ if /usr/bin/python3 -c "import matplotlib" 2> /dev/null && /usr/bin/python3 -m v
     > out.log 2> err.log
   [ $? -eq 2 ] && grep -q "matplotlib is missing from .*venv/bin/python.*run this with /usr/bin/python3" err.log ||
     { cat err.log; fail "plot.py without matplotlib does not say which Python to use"; }
+  [ ! -e plots/new2 ] || fail "plot.py without matplotlib made its --out-dir"
 else
   echo "skipped plot.py's Python: no Debian matplotlib or venv here"
 fi

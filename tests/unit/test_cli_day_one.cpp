@@ -373,8 +373,11 @@ TEST(CliDayOne, PlanMemoryDpScalesTheGlobalBatch) {
   CliRun r =
       loom_run(std::string("plan memory --dp 8 --config ") + LOOM_SOURCE_DIR + "/examples/configs/gpt2_124m_gpu.toml");
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("global batch 128 sequences: the config's 1 micro-batch of 16 a step on each of --dp 8"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("global batch scaled with --dp: the config's 1 micro-batch of 16 a step on each rank of --dp 8"),
+      std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("global batch 128 sequences (1 micro-batch a step on each dp rank)"), std::string::npos)
       << r.output;
   expect_one_line_error(std::string("plan memory --dp 8 --set train.global_batch=16 --config ") + LOOM_SOURCE_DIR +
                             "/examples/configs/gpt2_124m_gpu.toml",

@@ -84,7 +84,7 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
   EXPECT_NE(error_of([] { loaded("[parallel]\npp = 5\n"); }).find("every stage needs a block"), std::string::npos);
   EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"1,2\"\n"); }).find("sums to 3 blocks"),
             std::string::npos);
-  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"4\"\n"); }).find("gives 1 stage(s)"),
+  EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"4\"\n"); }).find("gives 1 stage but"),
             std::string::npos);
   EXPECT_NE(error_of([] { loaded("[parallel]\npp = 2\npp_layers = \"0,4\"\n"); }).find("not a positive count"),
             std::string::npos);
@@ -100,7 +100,7 @@ TEST(Config, RelationsAreCheckedWithTheFix) {
             std::string::npos);
   EXPECT_NE(error_of([] {
               loaded("[parallel]\npp = 2\npp_virtual = 2\npp_schedule = \"interleaved\"\npp_layers = \"2,2\"\n");
-            }).find("gives 2 model chunk(s) but parallel.pp x pp_virtual = 4"),
+            }).find("gives 2 model chunks but parallel.pp x pp_virtual = 4"),
             std::string::npos);
   EXPECT_NE(error_of([] {
               loaded("[parallel]\npp = 2\npp_schedule = \"zb\"\n[train]\nrecompute = \"full\"\n");
@@ -218,7 +218,7 @@ TEST(Config, CommChoiceFollowsTheDeviceAndTheRanksPerGpu) {
   // Ranks sharing GPUs: auto stages through MPI and says so; nccl is refused, naming the fix.
   const CommPlan shared = plan(CommChoice::automatic, DeviceKind::cuda, true, 2, 1);
   EXPECT_FALSE(shared.nccl);
-  EXPECT_NE(shared.note.find("2 ranks share 1 GPU(s)"), std::string::npos) << shared.note;
+  EXPECT_NE(shared.note.find("2 ranks share 1 GPU on this node"), std::string::npos) << shared.note;
   EXPECT_NE(error_of([] {
               comm_choose(CommChoice::nccl, DeviceKind::cuda, true, 2, 1);
             }).find("NCCL takes one rank per GPU; use parallel.comm = \"mpi\""),

@@ -1,5 +1,6 @@
 // Where a rank sits and how many threads it takes, from each launcher's real variables (a fake
-// environment per case). The srun case is the one that took every core per rank before.
+// environment per case). The srun case is the one that took every core per rank before. Also the
+// words every count in a message goes through (plural: "1 thread", not "1 threads").
 #include <map>
 
 #include "launch/elastic.h"
@@ -44,7 +45,7 @@ TEST(LaunchEnv, SrunSharesTheNodeAmongItsStepsTasks) {
   EXPECT_EQ(e.local_from, "SLURM_STEP_TASKS_PER_NODE");
   const ThreadChoice t = threads_choose(0, e, get, 16);
   EXPECT_EQ(t.threads, 8);
-  EXPECT_NE(t.why.find("2 rank(s)"), std::string::npos) << t.why;
+  EXPECT_NE(t.why.find("shared by 2 ranks"), std::string::npos) << t.why;
 }
 
 TEST(LaunchEnv, SlurmSecondNodeOfAStep) {
@@ -156,4 +157,24 @@ TEST(Elastic, HostsLayoutsAndPlaceholders) {
   EXPECT_THROW(elastic_check(bad, cmd), Error) << "MIN > MAX";
   bad.min_ranks = 3, bad.max_ranks = 3;
   EXPECT_THROW(elastic_check(bad, cmd), Error) << "no multiple of the replica";
+}
+
+TEST(Words, PluralIsSingularAtOneOnly) {
+  EXPECT_EQ(plural(1, "thread"), "1 thread");
+  EXPECT_EQ(plural(2, "thread"), "2 threads");
+  EXPECT_EQ(plural(0, "rank"), "0 ranks");
+  EXPECT_EQ(plural(-1, "step"), "-1 steps");
+  EXPECT_EQ(plural(size_t(1), "micro-batch"), "1 micro-batch");
+  EXPECT_EQ(plural(int64_t(3), "micro-batch"), "3 micro-batches");
+  EXPECT_EQ(plural(2u, "process"), "2 processes");
+  EXPECT_EQ(plural(4, "box"), "4 boxes");
+  EXPECT_EQ(plural(2, "mesh"), "2 meshes");
+  EXPECT_EQ(plural(1, "thread waits", "threads wait"), "1 thread waits");
+  EXPECT_EQ(plural(32, "thread waits", "threads wait"), "32 threads wait");
+  // A start line at one rank, one thread, one micro-batch says no "1 threads" (through threads_choose).
+  LaunchEnv one;
+  one.local_size = 1;
+  one.local_from = "OMPI_COMM_WORLD_LOCAL_SIZE";
+  const ThreadChoice t = threads_choose(0, one, env_of({}), 1);
+  EXPECT_NE(t.why.find("1 core shared by 1 rank on this node"), std::string::npos) << t.why;
 }
