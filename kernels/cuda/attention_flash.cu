@@ -271,14 +271,28 @@ __global__ void __launch_bounds__(128)
       float st[BQ / 8][4], dpt[BQ / 8][4];  // S^T and dP^T: the warp's keys x the tile's queries
       gemm_abt<D, BQ>(st, a_fragments<D, ARegs>(kf, kw), qt_s);
       gemm_abt<D, BQ>(dpt, a_fragments<D, ARegs>(vf, vw), dot_s);
+      // The lane's columns 8n + 2t and 8n + 2t + 1: their statistics loaded once, side by side,
+      // and the mask a select after an unconditional exp, so no load waits on a test. fmaf: the
+      // device fuses the scaling into one rounding; so does the emulation, whatever it inlines.
+      float2 lq[BQ / 8], dq[BQ / 8];
+      int2 fq[BQ / 8];
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n) {
+        lq[n] = *reinterpret_cast<const float2*>(ls + 8 * n + 2 * t);
+        dq[n] = *reinterpret_cast<const float2*>(ds + 8 * n + 2 * t);
+        fq[n] = *reinterpret_cast<const int2*>(fs + 8 * n + 2 * t);
+      }
 #pragma unroll
       for (int n = 0; n < BQ / 8; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int c = 8 * n + 2 * t + i % 2, q = q0 + c, key = i < 2 ? key0 : key1;
-          const float p = key <= q && q < T && key >= fs[c] ? exp2_approx(st[n][i] * sl2 - ls[c]) : 0.0f;
+          const bool odd = i % 2;
+          const int q = q0 + 8 * n + 2 * t + i % 2, key = i < 2 ? key0 : key1;
+          const bool live = (key <= q) & (q < T) & (key >= (odd ? fq[n].y : fq[n].x));
+          const float e = exp2_approx(fmaf(st[n][i], sl2, -(odd ? lq[n].y : lq[n].x)));
+          const float p = live ? e : 0.0f;
           st[n][i] = p;
-          dpt[n][i] = p * (dpt[n][i] - ds[c]);  // dS^T
+          dpt[n][i] = p * (dpt[n][i] - (odd ? dq[n].y : dq[n].x));  // dS^T
         }
       gemm_pb<D, BQ>(dv, st, dot_s);
       gemm_pb<D, BQ>(dk, dpt, qt_s);

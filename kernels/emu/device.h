@@ -51,6 +51,9 @@ struct alignas(16) float4 {
 struct alignas(8) float2 {
   float x, y;
 };
+struct alignas(8) int2 {
+  int x, y;
+};
 inline int4 make_int4(int x, int y, int z, int w) {
   return {x, y, z, w};
 }
