@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(128)
 
 // dK and dV: a CTA of 4 warps per 64 keys of one kv head, a warp per 16 keys with its dK and
 // dV accumulators in registers, walking the query tiles (BQ rows) of every query head of the
-// group in order; Q, dO and the tiles' lse, delta and document starts double-buffered.
+// group in order; Q, dO and the tiles' lse, delta and positions double-buffered, all by cp.async.
 template <int D, int BQ, bool ARegs>
 struct DkvShape {
   static constexpr int kThreads = 128;
@@ -213,9 +213,9 @@ __global__ void __launch_bounds__(128)
   bf16* vs = ks + BK * LD;
   bf16* qs = vs + BK * LD;  // [2][BQ][LD]
   bf16* dos = qs + 2 * BQ * LD;
-  float* lse_s = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ], times log2 e
+  float* lse_s = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ]
   float* delta_s = lse_s + 2 * BQ;
-  int* first_s = reinterpret_cast<int*>(delta_s + 2 * BQ);
+  int* pos_s = reinterpret_cast<int*>(delta_s + 2 * BQ);  // T throughout without document starts
   // x: kv head and sequence; y: key tiles, the first (seen by the most queries) first.
   const int kvh = blockIdx.x % KV, bi = blockIdx.x / KV, k0 = blockIdx.y * BK;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -231,17 +231,24 @@ __global__ void __launch_bounds__(128)
     const int h = kvh * group + step / per_head, q0 = (qt0 + step % per_head) * BQ;
     tile_async<D, BQ, NT>(qs + buf * BQ * LD, base + h * D, row, q0, T);
     tile_async<D, BQ, NT>(dos + buf * BQ * LD, dout + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, q0, T);
+    // The tile's lse, delta and positions by 4-byte cp.async in the tiles' group: nothing
+    // waits on them before this step's compute (rows past T zero filled).
     const int64_t stat0 = (int64_t(bi) * H + h) * T;
-    for (int i = threadIdx.x; i < BQ; i += NT) {
+    for (int j = threadIdx.x; j < (pos ? 3 : 2) * BQ; j += NT) {
+      const int which = j / BQ, i = j % BQ;
       const bool ok = q0 + i < T;
-      lse_s[buf * BQ + i] = ok ? lse[stat0 + q0 + i] * kLog2e : 0.0f;
-      delta_s[buf * BQ + i] = ok ? delta[stat0 + q0 + i] : 0.0f;
-      first_s[buf * BQ + i] = first_key(pos, bi, T, q0 + i);
+      const int64_t at = ok ? q0 + i : 0;
+      const void* src = which == 0   ? static_cast<const void*>(lse + stat0 + at)
+                        : which == 1 ? static_cast<const void*>(delta + stat0 + at)
+                                     : static_cast<const void*>(pos + int64_t(bi) * T + at);
+      cp_async4(lse_s + (2 * which + buf) * BQ + i, src, ok);
     }
   };
   tile_async<D, BK, NT>(ks, base + (H + kvh) * D, row, k0, T);
   tile_async<D, BK, NT>(vs, base + (H + KV + kvh) * D, row, k0, T);
   if (steps > 0) load(0, 0);
+  if (!pos)  // a query's document then starts at or before key 0, and no test branches on pos
+    for (int i = threadIdx.x; i < 2 * BQ; i += NT) pos_s[i] = T;
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -265,9 +272,9 @@ __global__ void __launch_bounds__(128)
     const bf16* dot_s = dos + buf * BQ * LD;
     const float* ls = lse_s + buf * BQ;
     const float* ds = delta_s + buf * BQ;
-    const int* fs = first_s + buf * BQ;
+    const int* ps = pos_s + buf * BQ;
     // Skipped where every query precedes the warp's keys, or every document starts after them.
-    if (q0 + BQ - 1 >= wk && fs[0] < wk + 16) {
+    if (q0 + BQ - 1 >= wk && q0 - ps[0] < wk + 16) {
       float st[BQ / 8][4], dpt[BQ / 8][4];  // S^T and dP^T: the warp's keys x the tile's queries
       gemm_abt<D, BQ>(st, a_fragments<D, ARegs>(kf, kw), qt_s);
       gemm_abt<D, BQ>(dpt, a_fragments<D, ARegs>(vf, vw), dot_s);
@@ -275,12 +282,12 @@ __global__ void __launch_bounds__(128)
       // and the mask a select after an unconditional exp, so no load waits on a test. fmaf: the
       // device fuses the scaling into one rounding; so does the emulation, whatever it inlines.
       float2 lq[BQ / 8], dq[BQ / 8];
-      int2 fq[BQ / 8];
+      int2 pq[BQ / 8];
 #pragma unroll
       for (int n = 0; n < BQ / 8; ++n) {
         lq[n] = *reinterpret_cast<const float2*>(ls + 8 * n + 2 * t);
         dq[n] = *reinterpret_cast<const float2*>(ds + 8 * n + 2 * t);
-        fq[n] = *reinterpret_cast<const int2*>(fs + 8 * n + 2 * t);
+        pq[n] = *reinterpret_cast<const int2*>(ps + 8 * n + 2 * t);
       }
 #pragma unroll
       for (int n = 0; n < BQ / 8; ++n)
@@ -288,8 +295,10 @@ __global__ void __launch_bounds__(128)
         for (int i = 0; i < 4; ++i) {
           const bool odd = i % 2;
           const int q = q0 + 8 * n + 2 * t + i % 2, key = i < 2 ? key0 : key1;
-          const bool live = (key <= q) & (q < T) & (key >= (odd ? fq[n].y : fq[n].x));
-          const float e = exp2_approx(fmaf(st[n][i], sl2, -(odd ? lq[n].y : lq[n].x)));
+          const int first = q - (odd ? pq[n].y : pq[n].x);  // the query's document start
+          const bool live = (key <= q) & (q < T) & (key >= first);
+          const float lse2 = (odd ? lq[n].y : lq[n].x) * kLog2e;
+          const float e = exp2_approx(fmaf(st[n][i], sl2, -lse2));
           const float p = live ? e : 0.0f;
           st[n][i] = p;
           dpt[n][i] = p * (dpt[n][i] - (odd ? dq[n].y : dq[n].x));  // dS^T
