@@ -96,11 +96,20 @@ __device__ __forceinline__ void store_cols(bf16* __restrict__ row, int c, int C,
   for (int k = 0; k < kPack; ++k)
     if (c + k < C) row[c + k] = h[k];
 }
-// True where every pointer is on 16 bytes (null ones count as aligned).
-inline bool aligned16(std::initializer_list<const void*> ps) {
-  for (const void* p : ps)
-    if (reinterpret_cast<uintptr_t>(p) % 16) return false;
-  return true;
+// True where every pointer is on 16 bytes (null ones count as aligned); each one that is not
+// is named to `paths` (when given) as a tensor of `kernel` taking the element-by-element path.
+struct NamedPtr {
+  const char* name;
+  const void* p;
+};
+inline bool aligned16(ScalarPaths* paths, const char* kernel, std::initializer_list<NamedPtr> ps) {
+  bool all = true;
+  for (const NamedPtr& n : ps)
+    if (reinterpret_cast<uintptr_t>(n.p) % 16) {
+      all = false;
+      if (paths) paths->taken(kernel, n.name);
+    }
+  return all;
 }
 
 // Kernels that load 16-byte vectors from every row: `what` must start on a 16-byte boundary.

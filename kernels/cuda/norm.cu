@@ -325,8 +325,10 @@ bool with_row_vecs(int C, Fn fn) {
 }  // namespace
 
 void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
-                       const bf16* bias, int N, int C, float eps, cudaStream_t s) {
-  const bool aligned = C % kPack == 0 && aligned16({out, inp, add, weight, bias});
+                       const bf16* bias, int N, int C, float eps, cudaStream_t s, ScalarPaths* paths) {
+  const bool aligned =
+      C % kPack == 0 && aligned16(paths, "layernorm_forward",
+                                  {{"out", out}, {"inp", inp}, {"add", add}, {"weight", weight}, {"bias", bias}});
   const bool fits = with_row_vecs(C, [&](auto v) {
     LOOM_LAUNCH(layernorm_forward_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (out, mean, rstd, inp, add, weight, bias, N, C, eps, aligned);
@@ -337,9 +339,12 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf1
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
-                        const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s) {
+                        const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s,
+                        ScalarPaths* paths) {
   if (dinp) {
-    const bool aligned = C % kPack == 0 && aligned16({dinp, dout, inp, weight});
+    const bool aligned =
+        C % kPack == 0 &&
+        aligned16(paths, "layernorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
     const bool fits = with_row_vecs(C, [&](auto v) {
       LOOM_LAUNCH(layernorm_dinp_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
       (dinp, dout, inp, weight, mean, rstd, N, C, aligned);
@@ -349,13 +354,16 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* do
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  column_sums_2stage_words<true>(dweight, dbias, NormGrad{dout, inp, mean, rstd, C}, N, C,
-                                 C % kPack == 0 && aligned16({dout, inp}), partials, s);
+  column_sums_2stage_words<true>(
+      dweight, dbias, NormGrad{dout, inp, mean, rstd, C}, N, C,
+      C % kPack == 0 && aligned16(paths, "layernorm_backward (weight gradient)", {{"dout", dout}, {"inp", inp}}),
+      partials, s);
 }
 
 void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
-                     cudaStream_t s) {
-  const bool aligned = C % kPack == 0 && aligned16({out, inp, add, weight});
+                     cudaStream_t s, ScalarPaths* paths) {
+  const bool aligned = C % kPack == 0 && aligned16(paths, "rmsnorm_forward",
+                                                   {{"out", out}, {"inp", inp}, {"add", add}, {"weight", weight}});
   const bool fits = with_row_vecs(C, [&](auto v) {
     LOOM_LAUNCH(rmsnorm_forward_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (out, rstd, inp, add, weight, N, C, eps, aligned);
@@ -366,9 +374,11 @@ void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const b
 }
 
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
-                      const float* rstd, int N, int C, float* partials, cudaStream_t s) {
+                      const float* rstd, int N, int C, float* partials, cudaStream_t s, ScalarPaths* paths) {
   if (dinp) {
-    const bool aligned = C % kPack == 0 && aligned16({dinp, dout, inp, weight});
+    const bool aligned =
+        C % kPack == 0 &&
+        aligned16(paths, "rmsnorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
     const bool fits = with_row_vecs(C, [&](auto v) {
       LOOM_LAUNCH(rmsnorm_dinp_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
       (dinp, dout, inp, weight, rstd, N, C, aligned);
@@ -378,8 +388,10 @@ void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* 
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  column_sums_2stage_words<true>(dweight, nullptr, NormGrad{dout, inp, nullptr, rstd, C}, N, C,
-                                 C % kPack == 0 && aligned16({dout, inp}), partials, s);
+  column_sums_2stage_words<true>(
+      dweight, nullptr, NormGrad{dout, inp, nullptr, rstd, C}, N, C,
+      C % kPack == 0 && aligned16(paths, "rmsnorm_backward (weight gradient)", {{"dout", dout}, {"inp", inp}}),
+      partials, s);
 }
 
 }  // namespace loom::cuda
