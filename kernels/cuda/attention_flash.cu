@@ -121,7 +121,7 @@ struct DqShape {
 };
 
 template <int D>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, Plan<D>::kDqBlocksPerSm)
     attention_dq_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
                               const int32_t* pos, int T, int H, int KV, float scale) {
   constexpr bool ARegs = Plan<D>::kARegs;

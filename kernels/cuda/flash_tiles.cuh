@@ -198,11 +198,14 @@ __device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, in
 // Tile shapes per head dim: forward CTAs of 128 query rows (8 warps) at D = 32, 64 rows (4
 // warps) at 64 and 128, at least two CTAs per SM (at D = 64, 8 warps under the 128 registers
 // two such CTAs allow would spill); the backward keeps its operands in shared memory at 128,
-// and walks 32-query tiles there.
+// and walks 32-query tiles there. At D = 64 the forward and dQ hold three CTAs per SM (168
+// registers, no spill; the forward at four spills); 0: no bound (at D = 32 a bound of four
+// makes dQ spill where, unbounded, it takes 126 registers).
 template <int D>
 struct Plan {
   static constexpr int kFwdWarps = D <= 32 ? 8 : 4;
-  static constexpr int kFwdBlocksPerSm = 2;
+  static constexpr int kFwdBlocksPerSm = D == 64 ? 3 : 2;
+  static constexpr int kDqBlocksPerSm = D == 64 ? 3 : 0;
   static constexpr bool kARegs = D <= 64;
   static constexpr int kBq = D <= 64 ? 64 : 32;
 };
