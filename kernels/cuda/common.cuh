@@ -187,10 +187,14 @@ __global__ void __launch_bounds__(kWordsPerBlock* kColPhases)
   float a[kPack] = {}, b[kPack] = {};
   if (c < C)
     for (int n = n0 + threadIdx.y; n < n1; n += kColPhases) value.word(n, c, a, b);
+  // Column 8 x + k of phase y sits at 8 x + (k + 2 (x / 4) + y) % 8 of its row: a warp's store
+  // of one k (16 x by 2 y) and a warp's load of 32 columns of one phase each hit 32 banks (in
+  // place, 8 x + k, the store took 8 wavefronts).
+  auto at = [](int y, int col) { return (col & ~7) + ((col + 2 * (col / 32) + y) & 7); };
 #pragma unroll
   for (int k = 0; k < kPack; ++k) {
-    sa[threadIdx.y][threadIdx.x * kPack + k] = a[k];
-    sb[threadIdx.y][threadIdx.x * kPack + k] = b[k];
+    sa[threadIdx.y][at(threadIdx.y, threadIdx.x * kPack + k)] = a[k];
+    sb[threadIdx.y][at(threadIdx.y, threadIdx.x * kPack + k)] = b[k];
   }
   __syncthreads();
   // Threads [0, 128) finish the a columns, [128, 256) the b ones.
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(kWordsPerBlock* kColPhases)
   const bool is_b = t >= kCols;
   if (is_b && !part_b) return;
   float sum = 0.0f;
-  for (int p = 0; p < kColPhases; ++p) sum += is_b ? sb[p][col] : sa[p][col];
+  for (int p = 0; p < kColPhases; ++p) sum += is_b ? sb[p][at(p, col)] : sa[p][at(p, col)];
   (is_b ? part_b : part_a)[int64_t(blockIdx.y) * C + out] = sum;
 }
 

@@ -161,27 +161,46 @@ __device__ __forceinline__ void norm_dinp_row(bf16* __restrict__ dinp, const bf1
   if constexpr (kCentered) a = warp_sum(a) / C;
   bb = warp_sum(bb) / C;
   bf16* dx = dinp + int64_t(n) * C;
+  // The read-modify-write of dinp in chunks of up to 4 words: a chunk's dinp and weight words
+  // all load before any store (the compiler will not move a load above a store into the same
+  // row), so the row takes one round trip a chunk rather than one a word.
+  constexpr int kChunk = V < 4 ? V : 4;
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int c = lane_col(lane, j);
-    float x[kPack], dy[kPack], w[kPack], d[kPack];
-    unpack8(x, xr[j]);
-    unpack8(dy, dyr[j]);
-    unpack8(w, load_cols(weight, c, C, aligned));
-    unpack8(d, load_cols(dx, c, C, aligned));
+  for (int j0 = 0; j0 < V; j0 += kChunk) {
+    int4 dr[kChunk], wr[kChunk];
 #pragma unroll
-    for (int k = 0; k < kPack; ++k) {
-      if constexpr (kCentered)
-        d[k] += (w[k] * dy[k] - a - (x[k] - m) * r * bb) * r;
-      else
-        d[k] += (w[k] * dy[k] - x[k] * r * bb) * r;
+    for (int jj = 0; jj < kChunk; ++jj) {
+      dr[jj] = load_cols(dx, lane_col(lane, j0 + jj), C, aligned);
+      wr[jj] = load_cols(weight, lane_col(lane, j0 + jj), C, aligned);
     }
-    store_cols(dx, c, C, aligned, pack8(d));
+#pragma unroll
+    for (int jj = 0; jj < kChunk; ++jj) {
+      const int j = j0 + jj, c = lane_col(lane, j);
+      float x[kPack], dy[kPack], w[kPack], d[kPack];
+      unpack8(x, xr[j]);
+      unpack8(dy, dyr[j]);
+      unpack8(w, wr[jj]);
+      unpack8(d, dr[jj]);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) {
+        if constexpr (kCentered)
+          d[k] += (w[k] * dy[k] - a - (x[k] - m) * r * bb) * r;
+        else
+          d[k] += (w[k] * dy[k] - x[k] * r * bb) * r;
+      }
+      store_cols(dx, c, C, aligned, pack8(d));
+    }
   }
 }
 
+// Four blocks an SM (128 registers) at 8 words a lane, as before the dinp loads were hoisted
+// (unbounded it takes 131: three); elsewhere 0, no bound (a bound lets the narrower rows take
+// more registers than they need, fewer blocks).
 template <int V>
-__global__ void __launch_bounds__(32 * kWarps)
+constexpr int kDinpBlocks = V == 8 ? 4 : 0;
+
+template <int V>
+__global__ void __launch_bounds__(32 * kWarps, kDinpBlocks<V>)
     layernorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
                           const bf16* __restrict__ weight, const float* __restrict__ mean,
                           const float* __restrict__ rstd, int N, int C, bool aligned) {
@@ -189,7 +208,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 }
 
 template <int V>
-__global__ void __launch_bounds__(32 * kWarps)
+__global__ void __launch_bounds__(32 * kWarps, kDinpBlocks<V>)
     rmsnorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
                         const bf16* __restrict__ weight, const float* __restrict__ rstd, int N, int C, bool aligned) {
   norm_dinp_row<V, false>(dinp, dout, inp, weight, nullptr, rstd, N, C, aligned);
