@@ -6,8 +6,9 @@
 // (the next tile lands while this one is used), S = QK^T and O += PV with the online softmax
 // in registers (P goes from the S accumulators straight into A fragments), log-sum-exp
 // written for the backward and context parallel; key tiles above the diagonal are skipped and
-// the CTAs with the longest rows start first. Backward, deterministic without atomics: delta =
-// rowsum(dO * O), then dQ (a CTA per query tile walking its key tiles) and dK/dV (a CTA per
+// the CTAs with the longest rows start first. Backward, deterministic without atomics: dQ (a
+// CTA per query tile walking its key tiles, its rows' delta = rowsum(dO * O) first, written
+// for the next kernel), then dK/dV (a CTA per
 // key tile, dK and dV in registers, walking every query tile of every head in its group, in
 // order); S and dP are computed in both, the price of no atomics. P and dS are rounded to bf16
 // for their products, as in FlashAttention. Shared-memory rows are padded by 16 bytes, so the
@@ -111,7 +112,9 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
   }
 }
 
-// dQ: a CTA of 4 warps per 64 query rows, walking the key tiles as the forward does. With
+// dQ: a CTA of 4 warps per 64 query rows, walking the key tiles as the forward does, its rows'
+// delta = rowsum(dO * O) computed first from the dO tile and an O tile (and written for dK/dV,
+// which runs after it: no separate delta pass over dO and O). With
 // ARegs the warp's Q and dO fragments stay in registers, else they are read from shared
 // memory at each use (head dim 128, where registers would spill).
 template <int D, bool ARegs>
@@ -122,8 +125,8 @@ struct DqShape {
 
 template <int D>
 __global__ void __launch_bounds__(128, Plan<D>::kDqBlocksPerSm)
-    attention_dq_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
-                              const int32_t* pos, int T, int H, int KV, float scale) {
+    attention_dq_flash_kernel(bf16* dqkv, float* delta, const bf16* dout, const bf16* out, const bf16* qkv,
+                              const float* lse, const int32_t* pos, int T, int H, int KV, float scale) {
   constexpr bool ARegs = Plan<D>::kARegs;
   constexpr int LD = row_ld<D>(), BR = 64, NT = DqShape<D, ARegs>::kThreads;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
@@ -141,10 +144,13 @@ __global__ void __launch_bounds__(128, Plan<D>::kDqBlocksPerSm)
   const float sl2 = scale * kLog2e;
   const int kt0 = first_key(pos, bi, T, q0) / kKeys;
   const int kt1 = (imin(q0 + BR, T) + kKeys - 1) / kKeys;
+  const int64_t orow = int64_t(H) * D, obase = int64_t(bi) * T * orow + h * D;
   tile_async<D, BR, NT>(qs, base + h * D, row, q0, T);
-  tile_async<D, BR, NT>(dos, dout + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, q0, T);
+  tile_async<D, BR, NT>(dos, dout + obase, orow, q0, T);
   tile_async<D, kKeys, NT>(ks, kbase, row, kt0 * kKeys, T);
   tile_async<D, kKeys, NT>(vs, vbase, row, kt0 * kKeys, T);
+  static_assert(BR == kKeys, "the O tile borrows the second K buffer");
+  tile_async<D, BR, NT>(ks + kKeys * LD, out + obase, orow, q0, T);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -153,7 +159,18 @@ __global__ void __launch_bounds__(128, Plan<D>::kDqBlocksPerSm)
   const int f0 = first_key(pos, bi, T, r0), f1 = first_key(pos, bi, T, r1), fw = first_key(pos, bi, T, wq);
   const int64_t stat0 = (int64_t(bi) * H + h) * T;
   const float l0 = r0 < T ? lse[stat0 + r0] * kLog2e : 0.0f, l1 = r1 < T ? lse[stat0 + r1] * kLog2e : 0.0f;
-  const float d0 = r0 < T ? delta[stat0 + r0] : 0.0f, d1 = r1 < T ? delta[stat0 + r1] : 0.0f;
+  // delta = rowsum(dO * O) of the warp's rows, as the delta kernel sums it (rows past T: zero
+  // filled, 0), written for dK/dV; then the K buffer the O tile borrowed is free again.
+  float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll 1
+  for (int r = 0; r < 16; ++r) {
+    const float d = row_delta<D>(dos + (16 * w + r) * LD, ks + (kKeys + 16 * w + r) * LD, lane);
+    d0 = r == g ? d : d0;
+    d1 = r == g + 8 ? d : d1;
+    // A row at a time (stored by the warp's 16 lanes at once, the kernel spills 4 bytes).
+    if (lane == 0 && wq + r < T) delta[stat0 + wq + r] = d;
+  }
+  __syncthreads();
   const bf16* qw = qs + 16 * w * LD;
   const bf16* dow = dos + 16 * w * LD;
   uint32_t qf[ARegs ? D / 16 : 1][4], dof[ARegs ? D / 16 : 1][4];
@@ -337,12 +354,12 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
   aligned16_check(qkv, "flash attention", "qkv");
   aligned16_check(dout, "flash attention", "dout");
   aligned16_check(dqkv, "flash attention", "dqkv");
-  attention_block_delta(delta, dout, out, B, T, H, D, s);
+  aligned16_check(out, "flash attention", "out");
   constexpr size_t dq_smem = DqShape<D, A>::kSmem, dkv_smem = DkvShape<D, BQ, A>::kSmem;
   smem_allow(attention_dq_flash_kernel<D>, dq_smem);
   smem_allow(attention_dkv_flash_kernel<D>, dkv_smem);
   LOOM_LAUNCH(attention_dq_flash_kernel<D>, dim3(blocks_for(int64_t(B) * H, 1), blocks_for(T, 64)), 128, dq_smem, s)
-  (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
+  (dqkv, delta, dout, out, qkv, lse, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
   LOOM_LAUNCH(attention_dkv_flash_kernel<D>, dim3(blocks_for(int64_t(B) * KV, 1), blocks_for(T, 64)), 128, dkv_smem, s)
   (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);

@@ -161,6 +161,17 @@ __device__ __forceinline__ void softmax_online(float (&s)[N / 8][4], float (&m)[
   }
 }
 
+// sum_d dO[d] * O[d] of one padded shared row each, over the warp: each lane's D / 32 products
+// in order, then the butterfly, as attention.cu's delta kernel (every lane gets the same bits).
+// fmaf: the device fuses them; written so, the emulation does too, whatever it inlines.
+template <int D>
+__device__ __forceinline__ float row_delta(const bf16* dout_row, const bf16* out_row, int lane) {
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) s = fmaf(f(dout_row[lane + 32 * e]), f(out_row[lane + 32 * e]), s);
+  return warp_sum(s);
+}
+
 // A warp's two rows' sums: each lane holds a quarter of its rows' terms (the quad of lanes
 // 4g..4g+3 shares rows g and g + 8).
 __device__ __forceinline__ void quad_sum(float (&l)[2]) {
