@@ -8,6 +8,7 @@
 // The emulation library compiles this same file against kernels/emu (LOOM_CUDA_EMULATION):
 // the emulated device's backend, whose kernels, cuBLASLt and streams run on the CPU.
 #include <cuda_runtime.h>
+#include <spdlog/spdlog.h>
 
 #include <cstring>
 
@@ -79,16 +80,16 @@ class CudaBackend final : public Backend {
     if (dst.dtype == src.dtype) {
       LOOM_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDefault, s_));
     } else if (dst.dtype == DType::bf16 && src.dtype == DType::f32) {
-      cuda::to_bf16(static_cast<bf16*>(dst.data), static_cast<const float*>(src.data), dst.count, s_);
+      cuda::to_bf16(static_cast<bf16*>(dst.data), static_cast<const float*>(src.data), dst.count, s_, &scalar_paths_);
     } else {
       LOOM_ASSERT(dst.dtype == DType::f32 && src.dtype == DType::bf16);
-      cuda::to_f32(static_cast<float*>(dst.data), static_cast<const bf16*>(src.data), dst.count, s_);
+      cuda::to_f32(static_cast<float*>(dst.data), static_cast<const bf16*>(src.data), dst.count, s_, &scalar_paths_);
     }
   }
   void zero(Buf b) override { LOOM_CUDA_CHECK(cudaMemsetAsync(b.data, 0, b.bytes(), s_)); }
   void add(Buf acc, Buf x) override {
     LOOM_ASSERT(acc.dtype == DType::f32 && x.dtype == DType::f32 && acc.count == x.count);
-    cuda::add_f32(static_cast<float*>(acc.data), static_cast<const float*>(x.data), acc.count, s_);
+    cuda::add_f32(static_cast<float*>(acc.data), static_cast<const float*>(x.data), acc.count, s_, &scalar_paths_);
   }
   void upload(Buf dst, const void* host) override {
     LOOM_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, s_));
@@ -163,18 +164,21 @@ class CudaBackend final : public Backend {
   void norm_forward(bool rms, Ptr out, float* mean, float* rstd, Ptr inout, Ptr add, Ptr w, Ptr b, int N, int C,
                     float eps) override {
     if (rms)
-      cuda::rmsnorm_forward(B16(out), rstd, B16(inout), B16(add), B16(w), N, C, eps, s_);
+      cuda::rmsnorm_forward(B16(out), rstd, B16(inout), B16(add), B16(w), N, C, eps, s_, &scalar_paths_);
     else
-      cuda::layernorm_forward(B16(out), mean, rstd, B16(inout), B16(add), B16(w), B16(b), N, C, eps, s_);
+      cuda::layernorm_forward(B16(out), mean, rstd, B16(inout), B16(add), B16(w), B16(b), N, C, eps, s_,
+                              &scalar_paths_);
   }
   void norm_backward(bool rms, Ptr dinp, float* dw, float* db, Ptr dout, Ptr inp, Ptr w, const float* mean,
                      const float* rstd, int N, int C) override {
     if (rms)
-      cuda::rmsnorm_backward(B16(dinp), dw, B16(dout), B16(inp), B16(w), rstd, N, C, partials(N, C), s_);
+      cuda::rmsnorm_backward(B16(dinp), dw, B16(dout), B16(inp), B16(w), rstd, N, C, partials(N, C), s_,
+                             &scalar_paths_);
     else
-      cuda::layernorm_backward(B16(dinp), dw, db, B16(dout), B16(inp), B16(w), mean, rstd, N, C, partials(N, C), s_);
+      cuda::layernorm_backward(B16(dinp), dw, db, B16(dout), B16(inp), B16(w), mean, rstd, N, C, partials(N, C), s_,
+                               &scalar_paths_);
   }
-  void add_act(Ptr inout, Ptr x, int64_t n) override { cuda::add_bf16(B16(inout), B16(x), n, s_); }
+  void add_act(Ptr inout, Ptr x, int64_t n) override { cuda::add_bf16(B16(inout), B16(x), n, s_, &scalar_paths_); }
   void linear_forward(Ptr out, Ptr inp, Ptr w, Ptr bias, int M, int K, int N, WLayout layout) override {
     if (layout == WLayout::out_in)
       cuda::gemm(*gemm_, false, true, M, N, K, B16(inp), K, B16(w), K, 0.0f, B16(out), N, B16(bias), s_);
@@ -190,7 +194,7 @@ class CudaBackend final : public Backend {
       if (dinp) cuda::gemm(*gemm_, false, true, M, K, N, B16(dout), N, B16(w), N, 0.0f, B16(dinp), K, nullptr, s_);
       if (dw) cuda::gemm_f32out(*gemm_, true, false, K, N, M, B16(inp), K, B16(dout), N, 1.0f, dw, N, s_);
     }
-    if (dbias) cuda::bias_backward(dbias, B16(dout), M, N, partials(M, N), s_);
+    if (dbias) cuda::bias_backward(dbias, B16(dout), M, N, partials(M, N), s_, &scalar_paths_);
   }
   // The experts' GEMMs as strided batches: one cuBLASLt call per GEMM for every expert.
   void linear_forward_grouped(Ptr out, Ptr inp, Ptr w, int G, int64_t w_stride, int M, int K, int N,
@@ -222,15 +226,15 @@ class CudaBackend final : public Backend {
   }
   void act_forward(bool swiglu, Ptr act, Ptr fc, int N, int F) override {
     if (swiglu)
-      cuda::swiglu_forward(B16(act), B16(fc), N, F, s_);
+      cuda::swiglu_forward(B16(act), B16(fc), N, F, s_, &scalar_paths_);
     else
-      cuda::gelu_forward(B16(act), B16(fc), int64_t(N) * F, s_);
+      cuda::gelu_forward(B16(act), B16(fc), int64_t(N) * F, s_, &scalar_paths_);
   }
   void act_backward(bool swiglu, Ptr dfc, Ptr fc, Ptr dact, int N, int F) override {
     if (swiglu)
-      cuda::swiglu_backward(B16(dfc), B16(fc), B16(dact), N, F, s_);
+      cuda::swiglu_backward(B16(dfc), B16(fc), B16(dact), N, F, s_, &scalar_paths_);
     else
-      cuda::gelu_backward(B16(dfc), B16(fc), B16(dact), int64_t(N) * F, s_);
+      cuda::gelu_backward(B16(dfc), B16(fc), B16(dact), int64_t(N) * F, s_, &scalar_paths_);
   }
   // gpt2 with d_ff a multiple of 8 (cuBLASLt's aux stride): GELU's backward rides the epilogue
   // of the GEMM that makes its input gradient. Forward keeps GELU a kernel of its own:
@@ -351,6 +355,8 @@ class CudaBackend final : public Backend {
     return ws_[3].data<float>();
   }
   std::unique_ptr<cuda::GemmContext> gemm_;
+  // A kernel's element-by-element path for a tensor off 16 bytes: a warning once per kernel and tensor.
+  cuda::ScalarPathsOnce scalar_paths_{[](const std::string& line) { spdlog::warn("{}", line); }};
   int N_ = 0;
   // The host waits for the stream's work so far (and knows every upload issued has landed).
   void synchronize() {

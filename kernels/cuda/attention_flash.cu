@@ -6,8 +6,9 @@
 // (the next tile lands while this one is used), S = QK^T and O += PV with the online softmax
 // in registers (P goes from the S accumulators straight into A fragments), log-sum-exp
 // written for the backward and context parallel; key tiles above the diagonal are skipped and
-// the CTAs with the longest rows start first. Backward, deterministic without atomics: delta =
-// rowsum(dO * O), then dQ (a CTA per query tile walking its key tiles) and dK/dV (a CTA per
+// the CTAs with the longest rows start first. Backward, deterministic without atomics: dQ (a
+// CTA per query tile walking its key tiles, its rows' delta = rowsum(dO * O) first, written
+// for the next kernel), then dK/dV (a CTA per
 // key tile, dK and dV in registers, walking every query tile of every head in its group, in
 // order); S and dP are computed in both, the price of no atomics. P and dS are rounded to bf16
 // for their products, as in FlashAttention. Shared-memory rows are padded by 16 bytes, so the
@@ -111,7 +112,9 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
   }
 }
 
-// dQ: a CTA of 4 warps per 64 query rows, walking the key tiles as the forward does. With
+// dQ: a CTA of 4 warps per 64 query rows, walking the key tiles as the forward does, its rows'
+// delta = rowsum(dO * O) computed first from the dO tile and an O tile (and written for dK/dV,
+// which runs after it: no separate delta pass over dO and O). With
 // ARegs the warp's Q and dO fragments stay in registers, else they are read from shared
 // memory at each use (head dim 128, where registers would spill).
 template <int D, bool ARegs>
@@ -121,9 +124,9 @@ struct DqShape {
 };
 
 template <int D>
-__global__ void __launch_bounds__(128)
-    attention_dq_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
-                              const int32_t* pos, int T, int H, int KV, float scale) {
+__global__ void __launch_bounds__(128, Plan<D>::kDqBlocksPerSm)
+    attention_dq_flash_kernel(bf16* dqkv, float* delta, const bf16* dout, const bf16* out, const bf16* qkv,
+                              const float* lse, const int32_t* pos, int T, int H, int KV, float scale) {
   constexpr bool ARegs = Plan<D>::kARegs;
   constexpr int LD = row_ld<D>(), BR = 64, NT = DqShape<D, ARegs>::kThreads;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
@@ -141,10 +144,13 @@ __global__ void __launch_bounds__(128)
   const float sl2 = scale * kLog2e;
   const int kt0 = first_key(pos, bi, T, q0) / kKeys;
   const int kt1 = (imin(q0 + BR, T) + kKeys - 1) / kKeys;
+  const int64_t orow = int64_t(H) * D, obase = int64_t(bi) * T * orow + h * D;
   tile_async<D, BR, NT>(qs, base + h * D, row, q0, T);
-  tile_async<D, BR, NT>(dos, dout + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, q0, T);
+  tile_async<D, BR, NT>(dos, dout + obase, orow, q0, T);
   tile_async<D, kKeys, NT>(ks, kbase, row, kt0 * kKeys, T);
   tile_async<D, kKeys, NT>(vs, vbase, row, kt0 * kKeys, T);
+  static_assert(BR == kKeys, "the O tile borrows the second K buffer");
+  tile_async<D, BR, NT>(ks + kKeys * LD, out + obase, orow, q0, T);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -153,7 +159,18 @@ __global__ void __launch_bounds__(128)
   const int f0 = first_key(pos, bi, T, r0), f1 = first_key(pos, bi, T, r1), fw = first_key(pos, bi, T, wq);
   const int64_t stat0 = (int64_t(bi) * H + h) * T;
   const float l0 = r0 < T ? lse[stat0 + r0] * kLog2e : 0.0f, l1 = r1 < T ? lse[stat0 + r1] * kLog2e : 0.0f;
-  const float d0 = r0 < T ? delta[stat0 + r0] : 0.0f, d1 = r1 < T ? delta[stat0 + r1] : 0.0f;
+  // delta = rowsum(dO * O) of the warp's rows, as the delta kernel sums it (rows past T: zero
+  // filled, 0), written for dK/dV; then the K buffer the O tile borrowed is free again.
+  float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll 1
+  for (int r = 0; r < 16; ++r) {
+    const float d = row_delta<D>(dos + (16 * w + r) * LD, ks + (kKeys + 16 * w + r) * LD, lane);
+    d0 = r == g ? d : d0;
+    d1 = r == g + 8 ? d : d1;
+    // A row at a time (stored by the warp's 16 lanes at once, the kernel spills 4 bytes).
+    if (lane == 0 && wq + r < T) delta[stat0 + wq + r] = d;
+  }
+  __syncthreads();
   const bf16* qw = qs + 16 * w * LD;
   const bf16* dow = dos + 16 * w * LD;
   uint32_t qf[ARegs ? D / 16 : 1][4], dof[ARegs ? D / 16 : 1][4];
@@ -195,7 +212,7 @@ __global__ void __launch_bounds__(128)
 
 // dK and dV: a CTA of 4 warps per 64 keys of one kv head, a warp per 16 keys with its dK and
 // dV accumulators in registers, walking the query tiles (BQ rows) of every query head of the
-// group in order; Q, dO and the tiles' lse, delta and document starts double-buffered.
+// group in order; Q, dO and the tiles' lse, delta and positions double-buffered, all by cp.async.
 template <int D, int BQ, bool ARegs>
 struct DkvShape {
   static constexpr int kThreads = 128;
@@ -213,9 +230,9 @@ __global__ void __launch_bounds__(128)
   bf16* vs = ks + BK * LD;
   bf16* qs = vs + BK * LD;  // [2][BQ][LD]
   bf16* dos = qs + 2 * BQ * LD;
-  float* lse_s = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ], times log2 e
+  float* lse_s = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ]
   float* delta_s = lse_s + 2 * BQ;
-  int* first_s = reinterpret_cast<int*>(delta_s + 2 * BQ);
+  int* pos_s = reinterpret_cast<int*>(delta_s + 2 * BQ);  // T throughout without document starts
   // x: kv head and sequence; y: key tiles, the first (seen by the most queries) first.
   const int kvh = blockIdx.x % KV, bi = blockIdx.x / KV, k0 = blockIdx.y * BK;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -231,17 +248,24 @@ __global__ void __launch_bounds__(128)
     const int h = kvh * group + step / per_head, q0 = (qt0 + step % per_head) * BQ;
     tile_async<D, BQ, NT>(qs + buf * BQ * LD, base + h * D, row, q0, T);
     tile_async<D, BQ, NT>(dos + buf * BQ * LD, dout + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, q0, T);
+    // The tile's lse, delta and positions by 4-byte cp.async in the tiles' group: nothing
+    // waits on them before this step's compute (rows past T zero filled).
     const int64_t stat0 = (int64_t(bi) * H + h) * T;
-    for (int i = threadIdx.x; i < BQ; i += NT) {
+    for (int j = threadIdx.x; j < (pos ? 3 : 2) * BQ; j += NT) {
+      const int which = j / BQ, i = j % BQ;
       const bool ok = q0 + i < T;
-      lse_s[buf * BQ + i] = ok ? lse[stat0 + q0 + i] * kLog2e : 0.0f;
-      delta_s[buf * BQ + i] = ok ? delta[stat0 + q0 + i] : 0.0f;
-      first_s[buf * BQ + i] = first_key(pos, bi, T, q0 + i);
+      const int64_t at = ok ? q0 + i : 0;
+      const void* src = which == 0   ? static_cast<const void*>(lse + stat0 + at)
+                        : which == 1 ? static_cast<const void*>(delta + stat0 + at)
+                                     : static_cast<const void*>(pos + int64_t(bi) * T + at);
+      cp_async4(lse_s + (2 * which + buf) * BQ + i, src, ok);
     }
   };
   tile_async<D, BK, NT>(ks, base + (H + kvh) * D, row, k0, T);
   tile_async<D, BK, NT>(vs, base + (H + KV + kvh) * D, row, k0, T);
   if (steps > 0) load(0, 0);
+  if (!pos)  // a query's document then starts at or before key 0, and no test branches on pos
+    for (int i = threadIdx.x; i < 2 * BQ; i += NT) pos_s[i] = T;
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -265,20 +289,36 @@ __global__ void __launch_bounds__(128)
     const bf16* dot_s = dos + buf * BQ * LD;
     const float* ls = lse_s + buf * BQ;
     const float* ds = delta_s + buf * BQ;
-    const int* fs = first_s + buf * BQ;
+    const int* ps = pos_s + buf * BQ;
     // Skipped where every query precedes the warp's keys, or every document starts after them.
-    if (q0 + BQ - 1 >= wk && fs[0] < wk + 16) {
+    if (q0 + BQ - 1 >= wk && q0 - ps[0] < wk + 16) {
       float st[BQ / 8][4], dpt[BQ / 8][4];  // S^T and dP^T: the warp's keys x the tile's queries
       gemm_abt<D, BQ>(st, a_fragments<D, ARegs>(kf, kw), qt_s);
       gemm_abt<D, BQ>(dpt, a_fragments<D, ARegs>(vf, vw), dot_s);
+      // The lane's columns 8n + 2t and 8n + 2t + 1: their statistics loaded once, side by side,
+      // and the mask a select after an unconditional exp, so no load waits on a test. fmaf: the
+      // device fuses the scaling into one rounding; so does the emulation, whatever it inlines.
+      float2 lq[BQ / 8], dq[BQ / 8];
+      int2 pq[BQ / 8];
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n) {
+        lq[n] = *reinterpret_cast<const float2*>(ls + 8 * n + 2 * t);
+        dq[n] = *reinterpret_cast<const float2*>(ds + 8 * n + 2 * t);
+        pq[n] = *reinterpret_cast<const int2*>(ps + 8 * n + 2 * t);
+      }
 #pragma unroll
       for (int n = 0; n < BQ / 8; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int c = 8 * n + 2 * t + i % 2, q = q0 + c, key = i < 2 ? key0 : key1;
-          const float p = key <= q && q < T && key >= fs[c] ? exp2_approx(st[n][i] * sl2 - ls[c]) : 0.0f;
+          const bool odd = i % 2;
+          const int q = q0 + 8 * n + 2 * t + i % 2, key = i < 2 ? key0 : key1;
+          const int first = q - (odd ? pq[n].y : pq[n].x);  // the query's document start
+          const bool live = (key <= q) & (q < T) & (key >= first);
+          const float lse2 = (odd ? lq[n].y : lq[n].x) * kLog2e;
+          const float e = exp2_approx(fmaf(st[n][i], sl2, -lse2));
+          const float p = live ? e : 0.0f;
           st[n][i] = p;
-          dpt[n][i] = p * (dpt[n][i] - ds[c]);  // dS^T
+          dpt[n][i] = p * (dpt[n][i] - (odd ? dq[n].y : dq[n].x));  // dS^T
         }
       gemm_pb<D, BQ>(dv, st, dot_s);
       gemm_pb<D, BQ>(dk, dpt, qt_s);
@@ -314,12 +354,12 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
   aligned16_check(qkv, "flash attention", "qkv");
   aligned16_check(dout, "flash attention", "dout");
   aligned16_check(dqkv, "flash attention", "dqkv");
-  attention_block_delta(delta, dout, out, B, T, H, D, s);
+  aligned16_check(out, "flash attention", "out");
   constexpr size_t dq_smem = DqShape<D, A>::kSmem, dkv_smem = DkvShape<D, BQ, A>::kSmem;
   smem_allow(attention_dq_flash_kernel<D>, dq_smem);
   smem_allow(attention_dkv_flash_kernel<D>, dkv_smem);
   LOOM_LAUNCH(attention_dq_flash_kernel<D>, dim3(blocks_for(int64_t(B) * H, 1), blocks_for(T, 64)), 128, dq_smem, s)
-  (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
+  (dqkv, delta, dout, out, qkv, lse, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
   LOOM_LAUNCH(attention_dkv_flash_kernel<D>, dim3(blocks_for(int64_t(B) * KV, 1), blocks_for(T, 64)), 128, dkv_smem, s)
   (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);

@@ -96,11 +96,20 @@ __device__ __forceinline__ void store_cols(bf16* __restrict__ row, int c, int C,
   for (int k = 0; k < kPack; ++k)
     if (c + k < C) row[c + k] = h[k];
 }
-// True where every pointer is on 16 bytes (null ones count as aligned).
-inline bool aligned16(std::initializer_list<const void*> ps) {
-  for (const void* p : ps)
-    if (reinterpret_cast<uintptr_t>(p) % 16) return false;
-  return true;
+// True where every pointer is on 16 bytes (null ones count as aligned); each one that is not
+// is named to `paths` (when given) as a tensor of `kernel` taking the element-by-element path.
+struct NamedPtr {
+  const char* name;
+  const void* p;
+};
+inline bool aligned16(ScalarPaths* paths, const char* kernel, std::initializer_list<NamedPtr> ps) {
+  bool all = true;
+  for (const NamedPtr& n : ps)
+    if (reinterpret_cast<uintptr_t>(n.p) % 16) {
+      all = false;
+      if (paths) paths->taken(kernel, n.name);
+    }
+  return all;
 }
 
 // Kernels that load 16-byte vectors from every row: `what` must start on a 16-byte boundary.
@@ -178,10 +187,14 @@ __global__ void __launch_bounds__(kWordsPerBlock* kColPhases)
   float a[kPack] = {}, b[kPack] = {};
   if (c < C)
     for (int n = n0 + threadIdx.y; n < n1; n += kColPhases) value.word(n, c, a, b);
+  // Column 8 x + k of phase y sits at 8 x + (k + 2 (x / 4) + y) % 8 of its row: a warp's store
+  // of one k (16 x by 2 y) and a warp's load of 32 columns of one phase each hit 32 banks (in
+  // place, 8 x + k, the store took 8 wavefronts).
+  auto at = [](int y, int col) { return (col & ~7) + ((col + 2 * (col / 32) + y) & 7); };
 #pragma unroll
   for (int k = 0; k < kPack; ++k) {
-    sa[threadIdx.y][threadIdx.x * kPack + k] = a[k];
-    sb[threadIdx.y][threadIdx.x * kPack + k] = b[k];
+    sa[threadIdx.y][at(threadIdx.y, threadIdx.x * kPack + k)] = a[k];
+    sb[threadIdx.y][at(threadIdx.y, threadIdx.x * kPack + k)] = b[k];
   }
   __syncthreads();
   // Threads [0, 128) finish the a columns, [128, 256) the b ones.
@@ -190,7 +203,7 @@ __global__ void __launch_bounds__(kWordsPerBlock* kColPhases)
   const bool is_b = t >= kCols;
   if (is_b && !part_b) return;
   float sum = 0.0f;
-  for (int p = 0; p < kColPhases; ++p) sum += is_b ? sb[p][col] : sa[p][col];
+  for (int p = 0; p < kColPhases; ++p) sum += is_b ? sb[p][at(p, col)] : sa[p][at(p, col)];
   (is_b ? part_b : part_a)[int64_t(blockIdx.y) * C + out] = sum;
 }
 

@@ -259,29 +259,33 @@ __global__ void swiglu_backward_kernel(bf16* __restrict__ dinp, const bf16* __re
 
 }  // namespace
 
-void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s) {
+void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s, ScalarPaths* paths) {
   if (n == 0) return;
-  LOOM_LAUNCH(to_bf16_kernel, pack_blocks(n), kThreads, 0, s)(out, in, n, aligned16({out, in}));
+  LOOM_LAUNCH(to_bf16_kernel, pack_blocks(n), kThreads, 0, s)
+  (out, in, n, aligned16(paths, "to_bf16", {{"out", out}, {"in", in}}));
   LOOM_CUDA_LAUNCHED();
 }
-void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s) {
+void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s, ScalarPaths* paths) {
   if (n == 0) return;
-  LOOM_LAUNCH(to_f32_kernel, pack_blocks(n), kThreads, 0, s)(out, in, n, aligned16({out, in}));
+  LOOM_LAUNCH(to_f32_kernel, pack_blocks(n), kThreads, 0, s)
+  (out, in, n, aligned16(paths, "to_f32", {{"out", out}, {"in", in}}));
   LOOM_CUDA_LAUNCHED();
 }
-void add_bf16(bf16* acc, const bf16* x, int64_t n, cudaStream_t s) {
+void add_bf16(bf16* acc, const bf16* x, int64_t n, cudaStream_t s, ScalarPaths* paths) {
   if (n == 0) return;
-  LOOM_LAUNCH(add_kernel<bf16>, pack_blocks(n), kThreads, 0, s)(acc, x, n, aligned16({acc, x}));
+  LOOM_LAUNCH(add_kernel<bf16>, pack_blocks(n), kThreads, 0, s)
+  (acc, x, n, aligned16(paths, "add_bf16", {{"acc", acc}, {"x", x}}));
   LOOM_CUDA_LAUNCHED();
 }
-void add_f32(float* acc, const float* x, int64_t n, cudaStream_t s) {
+void add_f32(float* acc, const float* x, int64_t n, cudaStream_t s, ScalarPaths* paths) {
   if (n == 0) return;
-  LOOM_LAUNCH(add_kernel<float>, pack_blocks(n), kThreads, 0, s)(acc, x, n, aligned16({acc, x}));
+  LOOM_LAUNCH(add_kernel<float>, pack_blocks(n), kThreads, 0, s)
+  (acc, x, n, aligned16(paths, "add_f32", {{"acc", acc}, {"x", x}}));
   LOOM_CUDA_LAUNCHED();
 }
-void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials, cudaStream_t s) {
-  column_sums_2stage_words<true>(dbias, nullptr, BiasGrad{dout, N}, M, N, N % kPack == 0 && aligned16({dout}), partials,
-                                 s);
+void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials, cudaStream_t s, ScalarPaths* paths) {
+  column_sums_2stage_words<true>(dbias, nullptr, BiasGrad{dout, N}, M, N,
+                                 N % kPack == 0 && aligned16(paths, "bias_backward", {{"dout", dout}}), partials, s);
 }
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
                        int C, const int32_t* pos, cudaStream_t s) {
@@ -344,27 +348,30 @@ void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T,
   LOOM_LAUNCH(rope_kernel<true>, blocks_for(total, kThreads), kThreads, 0, s)(dqkv, cos, sin, pos, T, H, KV, D, total);
   LOOM_CUDA_LAUNCHED();
 }
-void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s) {
+void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s, ScalarPaths* paths) {
   if (n == 0) return;
-  LOOM_LAUNCH(gelu_forward_kernel, pack_blocks(n), kThreads, 0, s)(out, inp, n, aligned16({out, inp}));
+  LOOM_LAUNCH(gelu_forward_kernel, pack_blocks(n), kThreads, 0, s)
+  (out, inp, n, aligned16(paths, "gelu_forward", {{"out", out}, {"inp", inp}}));
   LOOM_CUDA_LAUNCHED();
 }
-void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t s) {
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t s, ScalarPaths* paths) {
   if (n == 0) return;
-  LOOM_LAUNCH(gelu_backward_kernel, pack_blocks(n), kThreads, 0, s)(dinp, inp, dout, n, aligned16({dinp, inp, dout}));
+  LOOM_LAUNCH(gelu_backward_kernel, pack_blocks(n), kThreads, 0, s)
+  (dinp, inp, dout, n, aligned16(paths, "gelu_backward", {{"dinp", dinp}, {"inp", inp}, {"dout", dout}}));
   LOOM_CUDA_LAUNCHED();
 }
-void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s) {
+void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s, ScalarPaths* paths) {
   const int64_t total = int64_t(N) * F;
   if (total == 0) return;
-  const bool aligned = F % kPack == 0 && aligned16({out, inp});
+  const bool aligned = F % kPack == 0 && aligned16(paths, "swiglu_forward", {{"out", out}, {"inp", inp}});
   LOOM_LAUNCH(swiglu_forward_kernel, pack_blocks(total), kThreads, 0, s)(out, inp, F, total, aligned);
   LOOM_CUDA_LAUNCHED();
 }
-void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s) {
+void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s, ScalarPaths* paths) {
   const int64_t total = int64_t(N) * F;
   if (total == 0) return;
-  const bool aligned = F % kPack == 0 && aligned16({dinp, inp, dout});
+  const bool aligned =
+      F % kPack == 0 && aligned16(paths, "swiglu_backward", {{"dinp", dinp}, {"inp", inp}, {"dout", dout}});
   LOOM_LAUNCH(swiglu_backward_kernel, pack_blocks(total), kThreads, 0, s)(dinp, inp, dout, F, total, aligned);
   LOOM_CUDA_LAUNCHED();
 }

@@ -161,6 +161,17 @@ __device__ __forceinline__ void softmax_online(float (&s)[N / 8][4], float (&m)[
   }
 }
 
+// sum_d dO[d] * O[d] of one padded shared row each, over the warp: each lane's D / 32 products
+// in order, then the butterfly, as attention.cu's delta kernel (every lane gets the same bits).
+// fmaf: the device fuses them; written so, the emulation does too, whatever it inlines.
+template <int D>
+__device__ __forceinline__ float row_delta(const bf16* dout_row, const bf16* out_row, int lane) {
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) s = fmaf(f(dout_row[lane + 32 * e]), f(out_row[lane + 32 * e]), s);
+  return warp_sum(s);
+}
+
 // A warp's two rows' sums: each lane holds a quarter of its rows' terms (the quad of lanes
 // 4g..4g+3 shares rows g and g + 8).
 __device__ __forceinline__ void quad_sum(float (&l)[2]) {
@@ -198,11 +209,14 @@ __device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, in
 // Tile shapes per head dim: forward CTAs of 128 query rows (8 warps) at D = 32, 64 rows (4
 // warps) at 64 and 128, at least two CTAs per SM (at D = 64, 8 warps under the 128 registers
 // two such CTAs allow would spill); the backward keeps its operands in shared memory at 128,
-// and walks 32-query tiles there.
+// and walks 32-query tiles there. At D = 64 the forward and dQ hold three CTAs per SM (168
+// registers, no spill; the forward at four spills); 0: no bound (at D = 32 a bound of four
+// makes dQ spill where, unbounded, it takes 126 registers).
 template <int D>
 struct Plan {
   static constexpr int kFwdWarps = D <= 32 ? 8 : 4;
-  static constexpr int kFwdBlocksPerSm = 2;
+  static constexpr int kFwdBlocksPerSm = D == 64 ? 3 : 2;
+  static constexpr int kDqBlocksPerSm = D == 64 ? 3 : 0;
   static constexpr bool kARegs = D <= 64;
   static constexpr int kBq = D <= 64 ? 64 : 32;
 };

@@ -1,6 +1,6 @@
 // The PTX-level primitives of the flash attention kernels: mma.sync m16n8k16 (bf16 in, fp32
-// accumulators), ldmatrix (x1, x2, x4, optionally transposed) and 16-byte cp.async with its
-// groups. Inline PTX under nvcc; under the CPU emulation the same calls go to kernels/emu/ptx.h,
+// accumulators), ldmatrix (x1, x2, x4, optionally transposed) and 16- and 4-byte cp.async with
+// their groups. Inline PTX under nvcc; under the CPU emulation the same calls go to kernels/emu/ptx.h,
 // which implements the PTX ISA's register layouts (written out there), so the kernels that
 // use them run and are tested without a GPU.
 #pragma once
@@ -36,7 +36,10 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
   ::loom::emu::ldmatrix(r, N, Trans, row, __LINE__);
 }
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  ::loom::emu::cp_async16(smem, valid ? gmem : nullptr);
+  ::loom::emu::cp_async(smem, valid ? gmem : nullptr, 16);
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  ::loom::emu::cp_async(smem, valid ? gmem : nullptr, 4);
 }
 __device__ __forceinline__ void cp_async_commit() {
   ::loom::emu::cp_async_commit();
@@ -89,6 +92,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(src_bytes));
+}
+// 4 bytes global -> shared (.ca: sizes below 16 have no .cg form); zero fill where !valid.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(gmem), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);

@@ -161,27 +161,46 @@ __device__ __forceinline__ void norm_dinp_row(bf16* __restrict__ dinp, const bf1
   if constexpr (kCentered) a = warp_sum(a) / C;
   bb = warp_sum(bb) / C;
   bf16* dx = dinp + int64_t(n) * C;
+  // The read-modify-write of dinp in chunks of up to 4 words: a chunk's dinp and weight words
+  // all load before any store (the compiler will not move a load above a store into the same
+  // row), so the row takes one round trip a chunk rather than one a word.
+  constexpr int kChunk = V < 4 ? V : 4;
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int c = lane_col(lane, j);
-    float x[kPack], dy[kPack], w[kPack], d[kPack];
-    unpack8(x, xr[j]);
-    unpack8(dy, dyr[j]);
-    unpack8(w, load_cols(weight, c, C, aligned));
-    unpack8(d, load_cols(dx, c, C, aligned));
+  for (int j0 = 0; j0 < V; j0 += kChunk) {
+    int4 dr[kChunk], wr[kChunk];
 #pragma unroll
-    for (int k = 0; k < kPack; ++k) {
-      if constexpr (kCentered)
-        d[k] += (w[k] * dy[k] - a - (x[k] - m) * r * bb) * r;
-      else
-        d[k] += (w[k] * dy[k] - x[k] * r * bb) * r;
+    for (int jj = 0; jj < kChunk; ++jj) {
+      dr[jj] = load_cols(dx, lane_col(lane, j0 + jj), C, aligned);
+      wr[jj] = load_cols(weight, lane_col(lane, j0 + jj), C, aligned);
     }
-    store_cols(dx, c, C, aligned, pack8(d));
+#pragma unroll
+    for (int jj = 0; jj < kChunk; ++jj) {
+      const int j = j0 + jj, c = lane_col(lane, j);
+      float x[kPack], dy[kPack], w[kPack], d[kPack];
+      unpack8(x, xr[j]);
+      unpack8(dy, dyr[j]);
+      unpack8(w, wr[jj]);
+      unpack8(d, dr[jj]);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) {
+        if constexpr (kCentered)
+          d[k] += (w[k] * dy[k] - a - (x[k] - m) * r * bb) * r;
+        else
+          d[k] += (w[k] * dy[k] - x[k] * r * bb) * r;
+      }
+      store_cols(dx, c, C, aligned, pack8(d));
+    }
   }
 }
 
+// Four blocks an SM (128 registers) at 8 words a lane, as before the dinp loads were hoisted
+// (unbounded it takes 131: three); elsewhere 0, no bound (a bound lets the narrower rows take
+// more registers than they need, fewer blocks).
 template <int V>
-__global__ void __launch_bounds__(32 * kWarps)
+constexpr int kDinpBlocks = V == 8 ? 4 : 0;
+
+template <int V>
+__global__ void __launch_bounds__(32 * kWarps, kDinpBlocks<V>)
     layernorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
                           const bf16* __restrict__ weight, const float* __restrict__ mean,
                           const float* __restrict__ rstd, int N, int C, bool aligned) {
@@ -189,7 +208,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 }
 
 template <int V>
-__global__ void __launch_bounds__(32 * kWarps)
+__global__ void __launch_bounds__(32 * kWarps, kDinpBlocks<V>)
     rmsnorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
                         const bf16* __restrict__ weight, const float* __restrict__ rstd, int N, int C, bool aligned) {
   norm_dinp_row<V, false>(dinp, dout, inp, weight, nullptr, rstd, N, C, aligned);
@@ -325,8 +344,10 @@ bool with_row_vecs(int C, Fn fn) {
 }  // namespace
 
 void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
-                       const bf16* bias, int N, int C, float eps, cudaStream_t s) {
-  const bool aligned = C % kPack == 0 && aligned16({out, inp, add, weight, bias});
+                       const bf16* bias, int N, int C, float eps, cudaStream_t s, ScalarPaths* paths) {
+  const bool aligned =
+      C % kPack == 0 && aligned16(paths, "layernorm_forward",
+                                  {{"out", out}, {"inp", inp}, {"add", add}, {"weight", weight}, {"bias", bias}});
   const bool fits = with_row_vecs(C, [&](auto v) {
     LOOM_LAUNCH(layernorm_forward_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (out, mean, rstd, inp, add, weight, bias, N, C, eps, aligned);
@@ -337,9 +358,12 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf1
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
-                        const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s) {
+                        const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s,
+                        ScalarPaths* paths) {
   if (dinp) {
-    const bool aligned = C % kPack == 0 && aligned16({dinp, dout, inp, weight});
+    const bool aligned =
+        C % kPack == 0 &&
+        aligned16(paths, "layernorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
     const bool fits = with_row_vecs(C, [&](auto v) {
       LOOM_LAUNCH(layernorm_dinp_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
       (dinp, dout, inp, weight, mean, rstd, N, C, aligned);
@@ -349,13 +373,16 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* do
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  column_sums_2stage_words<true>(dweight, dbias, NormGrad{dout, inp, mean, rstd, C}, N, C,
-                                 C % kPack == 0 && aligned16({dout, inp}), partials, s);
+  column_sums_2stage_words<true>(
+      dweight, dbias, NormGrad{dout, inp, mean, rstd, C}, N, C,
+      C % kPack == 0 && aligned16(paths, "layernorm_backward (weight gradient)", {{"dout", dout}, {"inp", inp}}),
+      partials, s);
 }
 
 void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
-                     cudaStream_t s) {
-  const bool aligned = C % kPack == 0 && aligned16({out, inp, add, weight});
+                     cudaStream_t s, ScalarPaths* paths) {
+  const bool aligned = C % kPack == 0 && aligned16(paths, "rmsnorm_forward",
+                                                   {{"out", out}, {"inp", inp}, {"add", add}, {"weight", weight}});
   const bool fits = with_row_vecs(C, [&](auto v) {
     LOOM_LAUNCH(rmsnorm_forward_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (out, rstd, inp, add, weight, N, C, eps, aligned);
@@ -366,9 +393,11 @@ void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const b
 }
 
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
-                      const float* rstd, int N, int C, float* partials, cudaStream_t s) {
+                      const float* rstd, int N, int C, float* partials, cudaStream_t s, ScalarPaths* paths) {
   if (dinp) {
-    const bool aligned = C % kPack == 0 && aligned16({dinp, dout, inp, weight});
+    const bool aligned =
+        C % kPack == 0 &&
+        aligned16(paths, "rmsnorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
     const bool fits = with_row_vecs(C, [&](auto v) {
       LOOM_LAUNCH(rmsnorm_dinp_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
       (dinp, dout, inp, weight, rstd, N, C, aligned);
@@ -378,8 +407,10 @@ void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* 
     LOOM_CUDA_LAUNCHED();
   }
   if (!dweight) return;
-  column_sums_2stage_words<true>(dweight, nullptr, NormGrad{dout, inp, nullptr, rstd, C}, N, C,
-                                 C % kPack == 0 && aligned16({dout, inp}), partials, s);
+  column_sums_2stage_words<true>(
+      dweight, nullptr, NormGrad{dout, inp, nullptr, rstd, C}, N, C,
+      C % kPack == 0 && aligned16(paths, "rmsnorm_backward (weight gradient)", {{"dout", dout}, {"inp", inp}}),
+      partials, s);
 }
 
 }  // namespace loom::cuda

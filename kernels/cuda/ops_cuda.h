@@ -10,11 +10,38 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::cuda {
 
 using bf16 = __nv_bfloat16;
+
+// The memory-bound kernels move 16-byte words; where a tensor does not start on 16 bytes they
+// run element by element instead (the same results, about 8x the memory requests). Their
+// wrappers name each such tensor to `paths` when the caller passes one (the last argument).
+class ScalarPaths {
+ public:
+  virtual ~ScalarPaths() = default;
+  virtual void taken(const char* kernel, const char* tensor) = 0;
+};
+// The CUDA backend's: says each kernel and tensor once, through `say`.
+class ScalarPathsOnce final : public ScalarPaths {
+ public:
+  explicit ScalarPathsOnce(std::function<void(const std::string&)> say) : say_(std::move(say)) {}
+  void taken(const char* kernel, const char* tensor) override {
+    if (seen_.insert(std::string(kernel) + "/" + tensor).second)
+      say_(std::string(kernel) + ": " + tensor +
+           " does not start on 16 bytes, so the kernel runs element by element (same results, slower)");
+  }
+
+ private:
+  std::function<void(const std::string&)> say_;
+  std::set<std::string> seen_;
+};
 
 // Column sums (weight and bias gradients, the MoE router's) run in two deterministic stages
 // over row_chunks(N) chunks of rows (kernels/cuda/common.cuh); their partials need
@@ -29,8 +56,8 @@ inline int64_t column_partials_floats(int N, int C) {
 }
 
 // defines: to_bf16, to_f32
-void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s);
-void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s);
+void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s, ScalarPaths* paths = nullptr);
+void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s, ScalarPaths* paths = nullptr);
 
 // defines: GemmContext, gemm, gemm_f32out, gemm_batched, gemm_batched_f32out, gemm_gelu, gemm_dgelu
 // (cuBLASLt, bf16 in and out, fp32 accumulation)
@@ -91,20 +118,22 @@ void gemm_gelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N,
 void gemm_dgelu(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                 const bf16* B, int ldb, bf16* C, int ldc, const bf16* pre, cudaStream_t s);
 // dbias[N] += column sums of dout[M, N] (fp32, fixed order); partials: column_partials_floats(M, N).
-void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials, cudaStream_t s);
+void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials, cudaStream_t s,
+                   ScalarPaths* paths = nullptr);
 
 // defines: layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward
 // Forward: with add not null, inp += add first, in place (the fused residual add), and the
 // norm reads the bf16-rounded sum.
 void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
-                       const bf16* bias, int N, int C, float eps, cudaStream_t s);
+                       const bf16* bias, int N, int C, float eps, cudaStream_t s, ScalarPaths* paths = nullptr);
 // dinp +=; dweight, dbias (fp32) +=; partials: column_partials_floats(N, C).
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
-                        const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s);
+                        const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s,
+                        ScalarPaths* paths = nullptr);
 void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
-                     cudaStream_t s);
+                     cudaStream_t s, ScalarPaths* paths = nullptr);
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
-                      const float* rstd, int N, int C, float* partials, cudaStream_t s);
+                      const float* rstd, int N, int C, float* partials, cudaStream_t s, ScalarPaths* paths = nullptr);
 
 // defines: embedding_forward, embedding_backward, position_index, token_index
 // pos [B*T] (data.doc_mask): each token's position in its document, which picks its wpe row
@@ -132,12 +161,15 @@ void rope_backward(bf16* dqkv, const float* cos, const float* sin, int B, int T,
                    const int32_t* pos, cudaStream_t s);
 
 // defines: gelu_forward, gelu_backward, swiglu_forward, swiglu_backward, add_bf16, add_f32
-void add_bf16(bf16* acc, const bf16* x, int64_t n, cudaStream_t s);  // acc += x, rounded once
-void add_f32(float* acc, const float* x, int64_t n, cudaStream_t s);
-void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s);
-void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t s);
-void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s);
-void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s);
+void add_bf16(bf16* acc, const bf16* x, int64_t n, cudaStream_t s,
+              ScalarPaths* paths = nullptr);  // acc += x, rounded once
+void add_f32(float* acc, const float* x, int64_t n, cudaStream_t s, ScalarPaths* paths = nullptr);
+void gelu_forward(bf16* out, const bf16* inp, int64_t n, cudaStream_t s, ScalarPaths* paths = nullptr);
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n, cudaStream_t s,
+                   ScalarPaths* paths = nullptr);
+void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s, ScalarPaths* paths = nullptr);
+void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s,
+                     ScalarPaths* paths = nullptr);
 
 // defines: attention_forward, attention_backward (attention_flash.cu), attention_forward_wmma,
 //          attention_backward_wmma (attention_tc.cu), attention_forward_rowwise,

@@ -51,6 +51,9 @@ struct alignas(16) float4 {
 struct alignas(8) float2 {
   float x, y;
 };
+struct alignas(8) int2 {
+  int x, y;
+};
 inline int4 make_int4(int x, int y, int z, int w) {
   return {x, y, z, w};
 }
@@ -65,12 +68,13 @@ namespace loom::emu {
 
 // The emulated thread a fiber runs now, and its block: set by the block scheduler each time
 // it switches to a fiber.
-// A 16-byte cp.async in flight: done at the cp.async.wait_group that covers its group (src
-// null: zero fill), so shared memory read before that wait holds the old bytes.
+// A cp.async of 4, 8 or 16 bytes in flight: done at the cp.async.wait_group that covers its
+// group (src null: zero fill), so shared memory read before that wait holds the old bytes.
 struct CpAsync {
   void* dst;
   const void* src;
   unsigned group;
+  int bytes;
 };
 // Constructed without clearing its slots (only the first cp_async_pending are read): a block
 // of 256 threads would otherwise clear 400 KB at each start, which under ThreadSanitizer (a

@@ -65,18 +65,22 @@ LOOM_EMU_UNCOUNTED inline void ldmatrix(uint32_t* r, int n, bool trans, const vo
   }
 }
 
-// cp.async.cg.shared.global 16 bytes (zero fill where src is null), in the open group.
-LOOM_EMU_UNCOUNTED inline void cp_async16(void* dst, const void* src) {
-  count_cp_async(dst, src, 16);
+// The copy lands: `bytes` from src, or zeros where src is null.
+inline void cp_async_land(const CpAsync& c) {
+  c.src ? std::memcpy(c.dst, c.src, size_t(c.bytes)) : std::memset(c.dst, 0, size_t(c.bytes));
+}
+// cp.async.{ca,cg}.shared.global of 4, 8 or 16 bytes (zero fill where src is null), in the
+// open group.
+LOOM_EMU_UNCOUNTED inline void cp_async(void* dst, const void* src, int bytes) {
+  count_cp_async(dst, src, bytes);
   ThreadState& th = *current_thread;
   if (th.cp_async_pending == ThreadState::kCpAsyncSlots) {
     // Full: the oldest copy lands now, which the device may do at any time as well.
-    CpAsync& c = th.cp_async[0];
-    c.src ? std::memcpy(c.dst, c.src, 16) : std::memset(c.dst, 0, 16);
+    cp_async_land(th.cp_async[0]);
     std::memmove(th.cp_async, th.cp_async + 1, sizeof(CpAsync) * size_t(th.cp_async_pending - 1));
     --th.cp_async_pending;
   }
-  th.cp_async[th.cp_async_pending++] = CpAsync{dst, src, th.cp_async_committed};
+  th.cp_async[th.cp_async_pending++] = CpAsync{dst, src, th.cp_async_committed, bytes};
 }
 inline void cp_async_commit() {
   ++current_thread->cp_async_committed;
@@ -89,7 +93,7 @@ LOOM_EMU_UNCOUNTED inline void cp_async_wait(int n) {
   for (int i = 0; i < th.cp_async_pending; ++i) {
     CpAsync& c = th.cp_async[i];
     if (c.group + unsigned(n) < th.cp_async_committed) {
-      c.src ? std::memcpy(c.dst, c.src, 16) : std::memset(c.dst, 0, 16);
+      cp_async_land(c);
     } else {
       th.cp_async[kept++] = c;
     }

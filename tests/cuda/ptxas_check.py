@@ -13,7 +13,13 @@ it: "attention_forward_flash_kernel<64>", namespaces dropped), its registers, sp
 static shared memory as CSV, the figures `loom bench kernels --counts` derives occupancy from;
 --table-only writes the table and checks nothing (no launch table needed).
 
+With --occupancy KERNEL=CTAS (repeatable) and --counts tests/cuda/kernel_counts.csv, the named
+instantiation must compile without spills and fit at least CTAS blocks per SM at the threads and
+dynamic shared memory its launches in the counts table ask for (registers, threads and shared
+memory of an sm_90 SM, each CTA reserving 1 KB).
+
 usage: ptxas_check.py NVCC SOURCE_DIR [LAUNCH_TABLE_PROGRAM] [--max-spill-bytes N] [--table FILE [--table-only]]
+                      [--counts CSV --occupancy KERNEL=CTAS ...]
 """
 import argparse
 import csv
@@ -25,6 +31,28 @@ import sys
 
 REGS_PER_SM = 65536
 ALLOC_UNIT = 256  # registers are allocated per warp in units of 256
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_CTA_RESERVED = 1024
+
+
+def blocks_per_sm(regs, threads, smem):
+    """CTAs an sm_90 SM holds at once: the least of the register, thread, shared-memory and block limits."""
+    warps = (threads + 31) // 32
+    per_warp = -(-regs * 32 // ALLOC_UNIT) * ALLOC_UNIT
+    return min(REGS_PER_SM // (per_warp * warps), THREADS_PER_SM // threads,
+               SMEM_PER_SM // (smem + SMEM_PER_CTA_RESERVED), BLOCKS_PER_SM)
+
+
+def launch_shapes(counts_csv):
+    """Per kernel instantiation, the largest (threads, dynamic shared bytes) the counts table launches it with."""
+    shapes = {}
+    with open(counts_csv) as f:
+        for row in csv.DictReader(f):
+            shape = (int(row["threads"]), int(row["dynamic_shared"]))
+            shapes[row["kernel"]] = max(shapes.get(row["kernel"], shape), shape)
+    return shapes
 
 
 def demangle(names):
@@ -112,7 +140,12 @@ def main():
     ap.add_argument("--max-spill-bytes", type=int, default=0)
     ap.add_argument("--table", help="write each instantiation's registers, spills and static shared memory (CSV)")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--counts", help="tests/cuda/kernel_counts.csv: the launches --occupancy holds")
+    ap.add_argument("--occupancy", action="append", default=[], metavar="KERNEL=CTAS",
+                    help="this instantiation: no spills and at least CTAS blocks per SM")
     a = ap.parse_args()
+    if a.occupancy and not a.counts:
+        ap.error("--occupancy needs --counts")
     table = {}
     if not a.table_only:
         out = subprocess.run([a.launch_table], capture_output=True, text=True, check=True).stdout
@@ -151,6 +184,22 @@ def main():
         os.replace(tmp, a.table)
     if a.table_only:
         return 0
+    shapes = launch_shapes(a.counts) if a.counts else {}
+    for spec in a.occupancy:
+        name, want = spec.rsplit("=", 1)
+        k, shape = instances.get(name), shapes.get(name)
+        if k is None or shape is None:
+            failures.append(f"{name}: {'ptxas' if k is None else 'the counts table'} has no such kernel")
+            continue
+        threads, smem = shape[0], shape[1] + k["smem"]
+        got = blocks_per_sm(k["regs"], threads, smem)
+        rows.append(f"{name:36s} {got} blocks per SM ({k['regs']} regs x {threads} threads, {smem} B shared), "
+                    f"spill {k['spill']} B")
+        if k["spill"] > 0:
+            failures.append(f"{name}: {k['spill']} bytes of spill stores (its occupancy is held with none)")
+        if got < int(want):
+            failures.append(f"{name}: {got} blocks per SM ({k['regs']} registers x {threads} threads, {smem} bytes "
+                            f"of shared memory), at least {want} held")
     print("\n".join(rows))
     if failures:
         print("\n".join("FAIL: " + f for f in failures))

@@ -113,6 +113,33 @@ TEST_F(Cuda, NormsOverFewNarrowRows) {
   norms_match_cpu(3, 4104);  // past the register rows (the scalar kernels), aligned words
 }
 
+// A tensor off 16 bytes takes the element-by-element path: the same bits as the 16-byte words,
+// and the kernel and tensor named to the caller's ScalarPaths, once each (the backend's warns).
+TEST_F(Cuda, AMisalignedTensorIsNamedOnceAndGivesTheSameBits) {
+  const int N = 5, C = 64;
+  auto x = randn(size_t(N) * C, 40), w = randn(C, 41), bb = randn(C, 42);
+  std::vector<float> shifted(1, 0.0f);
+  shifted.insert(shifted.end(), x.begin(), x.end());
+  Dev X(x), Xs(shifted), W(w), Bb(bb), O(size_t(N) * C), Os(size_t(N) * C), G(size_t(N) * C), Gs(size_t(N) * C + 1);
+  DevRaw<float> M(N), R(N);
+  std::vector<std::string> said;
+  cuda::ScalarPathsOnce paths([&](const std::string& line) { said.push_back(line); });
+  cuda::layernorm_forward(O.p, M.p, R.p, X.p, nullptr, W.p, Bb.p, N, C, 1e-5f, nullptr, &paths);
+  cuda::gelu_forward(G.p, X.p, int64_t(N) * C, nullptr, &paths);
+  EXPECT_TRUE(said.empty()) << said.front();
+  for (int run = 0; run < 2; ++run) {
+    cuda::layernorm_forward(Os.p, M.p, R.p, Xs.p + 1, nullptr, W.p, Bb.p, N, C, 1e-5f, nullptr, &paths);
+    cuda::gelu_forward(Gs.p + 1, X.p, int64_t(N) * C, nullptr, &paths);
+  }
+  LOOM_CUDA_CHECK(cudaGetLastError());
+  EXPECT_EQ(O.get(), Os.get()) << "layernorm, inp off 16 bytes";
+  auto gs = Gs.get();
+  EXPECT_EQ(G.get(), std::vector<float>(gs.begin() + 1, gs.end())) << "gelu, out off 16 bytes";
+  ASSERT_EQ(said.size(), 2u) << "once per kernel and tensor";
+  EXPECT_NE(said[0].find("layernorm_forward: inp does not start on 16 bytes"), std::string::npos) << said[0];
+  EXPECT_NE(said[1].find("gelu_forward: out does not start on 16 bytes"), std::string::npos) << said[1];
+}
+
 // Pointwise kernels over a length that is no multiple of the block size, the conversions, the
 // adds, and the bias gradient (+=) over columns that are no multiple of its 32-column blocks.
 TEST_P(Widths, PointwiseConversionsAndBiasBackward) {

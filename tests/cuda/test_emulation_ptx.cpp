@@ -87,20 +87,26 @@ __global__ void ldmatrix_mma_kernel(float* d, const bf16* a, const bf16* b, bool
 
 // Two groups of 16-byte copies (a thread's 4 floats each); what shared memory holds before any
 // wait, after wait_group 1 and after wait_group 0; the second group's copies of odd threads
-// are zero fills.
+// are zero fills. A 4-byte copy per thread in the second group (every third a zero fill)
+// writes its word and not the next (out[128..191]).
 __global__ void cp_async_kernel(float* out, const float* in) {
   __align__(16) __shared__ float s[2][128];
+  __shared__ float w[64];
   const int i = threadIdx.x;
   for (int j = 0; j < 4; ++j) s[0][4 * i + j] = -1.0f, s[1][4 * i + j] = -1.0f;
+  w[2 * i] = -1.0f, w[2 * i + 1] = -1.0f;
   loom::cuda::cp_async16(&s[0][4 * i], in + 4 * i, true);
   loom::cuda::cp_async_commit();
   loom::cuda::cp_async16(&s[1][4 * i], in + 128 + 4 * i, i % 2 == 0);
+  loom::cuda::cp_async4(&w[2 * i], in + i, i % 3 != 0);
   loom::cuda::cp_async_commit();
   out[i] = s[0][4 * i];
   loom::cuda::cp_async_wait<1>();
   out[32 + i] = s[0][4 * i], out[64 + i] = s[1][4 * i];
+  out[128 + i] = w[2 * i];
   loom::cuda::cp_async_wait<0>();
   out[96 + i] = s[1][4 * i];
+  out[160 + i] = w[2 * i], out[192 + i] = w[2 * i + 1];
 }
 
 float bits_lo(uint32_t r) {
@@ -181,7 +187,7 @@ TEST(EmulatedPtx, LdmatrixAndMmaMultiply) {
 TEST(EmulatedPtx, CpAsyncLandsAtItsWait) {
   std::vector<float> in(256);
   for (int i = 0; i < 256; ++i) in[size_t(i)] = float(i + 1);
-  DevRaw<float> In(in), Out(128);
+  DevRaw<float> In(in), Out(224);
   LOOM_LAUNCH(cp_async_kernel, 1, 32, 0, nullptr)(Out.p, In.p);
   LOOM_CUDA_CHECK(cudaGetLastError());
   const auto out = Out.get();
@@ -190,5 +196,8 @@ TEST(EmulatedPtx, CpAsyncLandsAtItsWait) {
     EXPECT_EQ(out[size_t(32 + i)], float(4 * i + 1)) << "the first group after wait_group 1";
     EXPECT_EQ(out[size_t(64 + i)], -1.0f) << "the second group is still in flight after wait_group 1";
     EXPECT_EQ(out[size_t(96 + i)], i % 2 ? 0.0f : float(128 + 4 * i + 1)) << "after wait_group 0 (odd: zero fill)";
+    EXPECT_EQ(out[size_t(128 + i)], -1.0f) << "a 4-byte copy still in flight after wait_group 1";
+    EXPECT_EQ(out[size_t(160 + i)], i % 3 ? float(i + 1) : 0.0f) << "a 4-byte copy after wait_group 0";
+    EXPECT_EQ(out[size_t(192 + i)], -1.0f) << "the word after a 4-byte copy";
   }
 }

@@ -111,6 +111,18 @@ std::vector<std::pair<std::string, LaunchCounts>> flash_launches() {
   return out;
 }
 
+// The table's launches of kernels whose name starts with `prefix`, of every set.
+std::vector<std::pair<std::string, LaunchCounts>> table_launches(const std::string& prefix) {
+  std::ifstream in(LOOM_SOURCE_DIR "/tests/cuda/kernel_counts.csv");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<std::pair<std::string, LaunchCounts>> out;
+  for (const auto& [model, op] : counts_csv_parse(text.str()))
+    for (const LaunchCounts& l : op.launches)
+      if (l.kernel.rfind(prefix, 0) == 0) out.push_back({model + " " + op.name + " " + l.kernel, l});
+  return out;
+}
+
 }  // namespace
 
 TEST(KernelCounts, Gpt2AttentionMatchesTheTable) {
@@ -158,4 +170,29 @@ TEST(KernelCounts, FlashMmaPerLdmatrixHoldsItsFloor) {
 TEST(KernelCounts, CountingTwiceGivesTheSameCounts) {
   const CountDriver& d = *count_driver();
   EXPECT_EQ(counts_csv("twice", d.attention(1, 256, 4, 2, 64)), counts_csv("twice", d.attention(1, 256, 4, 2, 64)));
+}
+
+// The column sums' partials (weight and bias gradients) store and load their shared rows
+// without bank conflicts: with the word-major layout the stores took 8 wavefronts each.
+TEST(KernelCounts, ColumnPartialsHaveNoBankConflicts) {
+  const auto launches = table_launches("column_word_partials_kernel");
+  ASSERT_GE(launches.size(), 6u) << "the norms' and the biases' gradients of both steps";
+  for (const auto& [what, l] : launches) {
+    EXPECT_GT(l.total.sts, 0) << what;
+    EXPECT_EQ(l.total.sts_wavefronts, l.total.sts_ideal)
+        << what << ": the stores take " << l.total.sts_wavefronts / l.total.sts_ideal << " wavefronts each";
+    EXPECT_EQ(l.total.lds_wavefronts, l.total.lds_ideal)
+        << what << ": the loads take " << l.total.lds_wavefronts / l.total.lds_ideal << " wavefronts each";
+  }
+}
+
+// The norms' input gradient adds into dinp a chunk of up to 4 words at a time, a chunk's loads
+// before its stores: a round trip a chunk, not one a word (before: 4 at 3 words a lane, 11 at
+// 8). At 8 words the count also sees the row's 16 loads as 4 batches (counts.cpp's kUnrolled).
+TEST(KernelCounts, NormBackwardReadsDinpAChunkAtATime) {
+  const auto ln = table_launches("layernorm_dinp_kernel<3>"), rms = table_launches("rmsnorm_dinp_kernel<8>");
+  ASSERT_FALSE(ln.empty());
+  ASSERT_FALSE(rms.empty());
+  for (const auto& [what, l] : ln) EXPECT_LE(l.total.trips_max, 2) << what;
+  for (const auto& [what, l] : rms) EXPECT_LE(l.total.trips_max, 5) << what;
 }
