@@ -6,9 +6,11 @@
 #              computed them nor the order the ranks' sums meet changes a bit);
 #   invariant: with parallel.invariant = true the gradients are summed in one canonical tree,
 #              so every step's loss and gradient norm and the exported weights are the same
-#              bytes at dp 1, 2 and 4 under DDP and ZeRO 1-3, pp 2 under 1f1b, interleaved and
-#              zbv and pp 2 x dp 2 (llama, untied), and gpt2 (tied) at dp 1, 2 and 4; a dp 4
-#              checkpoint resumed at dp 2 ends with the bytes of the run that never stopped.
+#              bytes in every layout of the matrix below (dp 1, 2, 4 under DDP and ZeRO 1-3 over
+#              MPI and nccl-emulated; pp 2 and 4 under all six schedules; bf16; MoE at ep 1;
+#              around a fixed tp; the CUDA kernels in the emulation; gpt2's tied embeddings at
+#              pp 1), and a dp 4 checkpoint resumed at dp 2 ends with the bytes of the run that
+#              never stopped.
 #   invariant.sh LOOM "MPIRUN..."
 set -uo pipefail
 loom=$1 mpirun=$2
@@ -24,7 +26,7 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 run() {  # NAME NP [--set ...]
   local name=$1 np=$2
   shift 2
-  if ! timeout 120 $mpirun -np "$np" "$loom" train "${common[@]}" --set log.dir=$name "$@" > $name.log 2>&1; then
+  if ! timeout 120 $mpirun -np "$np" "$loom" train "${common[@]}" --set log.dir=$name "$@" > $name.log 2>&1 < /dev/null; then
     fail "$name did not run"
     tail -3 $name.log
     return
@@ -33,19 +35,19 @@ run() {  # NAME NP [--set ...]
 }
 
 echo "loss"
-run one 1
-run dp2 2 --set parallel.dp=2
-run dp4 4 --set parallel.dp=4
-run dp2_zero1 2 --set parallel.dp=2 --set parallel.zero=1
-run dp2_zero2 2 --set parallel.dp=2 --set parallel.zero=2
-run dp4_zero3 4 --set parallel.dp=4 --set parallel.zero=3
-run pp2 2 --set parallel.pp=2
-run pp2_dp2_gpipe 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=gpipe
-want=$(cat one.loss 2> /dev/null)
+run loss.one 1
+run loss.dp2 2 --set parallel.dp=2
+run loss.dp4 4 --set parallel.dp=4
+run loss.dp2_zero1 2 --set parallel.dp=2 --set parallel.zero=1
+run loss.dp2_zero2 2 --set parallel.dp=2 --set parallel.zero=2
+run loss.dp4_zero3 4 --set parallel.dp=4 --set parallel.zero=3
+run loss.pp2 2 --set parallel.pp=2
+run loss.pp2_dp2_gpipe 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=gpipe
+want=$(cat loss.one.loss 2> /dev/null)
 [ -n "$want" ] || fail "the single rank wrote no step-1 loss"
 echo "one rank: $want"
-for f in *.loss; do
-  [ "$f" = one.loss ] && continue
+for f in loss.*.loss; do
+  [ "$f" = loss.one.loss ] && continue
   got=$(cat "$f")
   if [ "$got" = "$want" ]; then echo "ok: ${f%.loss}: the same bits"; else fail "${f%.loss}: $got, not $want"; fi
 done
@@ -69,48 +71,67 @@ same() {  # REFERENCE NAME [FROM]
 }
 common=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
         --set model.seq_len=16 --set train.global_batch=16 --set train.micro_batch=1 --set train.steps=4
-        --set train.warmup_steps=1 --set train.threads=1 --set train.device=cpu --set data.val_batches=0
-        --set parallel.invariant=true)
-for arch in llama gpt2; do
-  tree() {  # NAME NP [--set ...]
-    local name=$arch.$1 np=$2
-    shift 2
-    run $name $np --set model.arch=$arch --set export.final=$name.safetensors "$@"
-  }
-  tree one 1
-  tree dp2 2 --set parallel.dp=2
-  tree dp4 4 --set parallel.dp=4
-  for name in dp2 dp4; do same $arch.one $arch.$name; done
-  if [ $arch = llama ]; then  # untied: the pipeline's stages too
-    tree dp2_zero1 2 --set parallel.dp=2 --set parallel.zero=1
-    tree pp2 2 --set parallel.pp=2
-    tree dp4_zero1 4 --set parallel.dp=4 --set parallel.zero=1
-    tree pp2_dp2 4 --set parallel.pp=2 --set parallel.dp=2
-    tree dp2_zero2 2 --set parallel.dp=2 --set parallel.zero=2
-    tree dp4_zero2 4 --set parallel.dp=4 --set parallel.zero=2
-    tree dp2_zero3 2 --set parallel.dp=2 --set parallel.zero=3
-    tree dp4_zero3 4 --set parallel.dp=4 --set parallel.zero=3
-    for name in dp2_zero1 dp4_zero1 dp2_zero2 dp4_zero2 dp2_zero3 dp4_zero3 pp2 pp2_dp2; do
-      same $arch.one $arch.$name
-    done
-    # Four blocks for zbv's two model chunks per stage.
-    tree one_l4 1 --set model.n_layer=4
-    tree pp2_zbv 2 --set model.n_layer=4 --set parallel.pp=2 --set parallel.pp_schedule=zbv
-    tree pp2_interleaved 2 --set model.n_layer=4 --set parallel.pp=2 --set parallel.pp_schedule=interleaved \
-      --set parallel.pp_virtual=2
-    for name in pp2_zbv pp2_interleaved; do same $arch.one_l4 $arch.$name; done
-    # A dp 4 checkpoint after step 2, resumed at dp 2: steps 3 and 4 and the weights are the
-    # bytes of the run that never stopped.
-    tree ckpt_dp4 4 --set parallel.dp=4 --set checkpoint.dir=ck4 --set checkpoint.every=2
-    tree resumed_dp2 2 --set parallel.dp=2 --set checkpoint.resume=ck4/step-00000002 --set checkpoint.dir=ck2
-    same $arch.one $arch.resumed_dp2 3
-  fi
-done
+        --set train.warmup_steps=1 --set train.threads=1 --set data.val_batches=0 --set parallel.invariant=true)
+# The matrix, one case a line: NAME REFERENCE NP, then the case's keys. A reference is a case of
+# its own (REFERENCE "-": the single rank, run first); a case is compared with its reference.
+# base: llama (untied), 2 blocks, CPU fp32; l4: 4 blocks (for 2 model chunks a stage); moe:
+# experts every second block at ep 1; emu: the CUDA kernels in the emulation (head dim 32).
+l4="model.n_layer=4"
+moe="model.moe.num_experts=4 model.moe.every=2"
+emu="train.device=cuda-emulated model.d_model=64 model.n_head=2 train.global_batch=8 train.steps=2"
+cases="
+one          -            1
+dp2          one          2  parallel.dp=2
+dp4          one          4  parallel.dp=4
+dp2_zero1    one          2  parallel.dp=2 parallel.zero=1
+dp4_zero1    one          4  parallel.dp=4 parallel.zero=1
+dp2_zero2    one          2  parallel.dp=2 parallel.zero=2
+dp4_zero2    one          4  parallel.dp=4 parallel.zero=2
+dp2_zero3    one          2  parallel.dp=2 parallel.zero=3
+dp4_zero3    one          4  parallel.dp=4 parallel.zero=3
+dp4_nccl     one          4  parallel.dp=4 parallel.comm=nccl-emulated
+pp2          one          2  parallel.pp=2
+pp2_dp2      one          4  parallel.pp=2 parallel.dp=2 parallel.pp_schedule=gpipe
+one_l4       -            1  $l4
+pp2_zb       one_l4       2  $l4 parallel.pp=2 parallel.pp_schedule=zb
+pp2_zbv      one_l4       2  $l4 parallel.pp=2 parallel.pp_schedule=zbv
+pp2_dualpipe one_l4       2  $l4 parallel.pp=2 parallel.pp_schedule=dualpipev
+pp2_inter    one_l4       2  $l4 parallel.pp=2 parallel.pp_schedule=interleaved parallel.pp_virtual=2
+pp4          one_l4       4  $l4 parallel.pp=4
+pp4_gpipe    one_l4       4  $l4 parallel.pp=4 parallel.pp_schedule=gpipe
+bf16         -            1  train.dtype=bf16
+bf16_dp4     bf16         4  train.dtype=bf16 parallel.dp=4 parallel.zero=3
+moe          -            1  $moe
+moe_dp4      moe          4  $moe parallel.dp=4
+moe_pp2      moe          2  $moe parallel.pp=2
+tp2          -            2  parallel.tp=2
+tp2_dp2      tp2          4  parallel.tp=2 parallel.dp=2
+emu          -            1  $emu
+emu_dp2      emu          2  $emu parallel.dp=2
+emu_dp2_nccl emu          2  $emu parallel.dp=2 parallel.comm=nccl-emulated
+gpt2         -            1  model.arch=gpt2
+gpt2_dp2     gpt2         2  model.arch=gpt2 parallel.dp=2
+gpt2_dp4     gpt2         4  model.arch=gpt2 parallel.dp=4 parallel.zero=2
+"
+while read -r name ref np keys; do
+  [ -n "$name" ] || continue
+  sets=(--set model.arch=llama --set train.device=cpu)
+  for k in $keys; do sets+=(--set "$k"); done
+  run $name $np "${sets[@]}" --set export.final=$name.safetensors
+  [ "$ref" = - ] || same $ref $name
+done <<< "$cases"
+# A dp 4 checkpoint after step 2, resumed at dp 2: steps 3 and 4 and the weights are the bytes of
+# the run that never stopped.
+run ckpt_dp4 4 --set model.arch=llama --set train.device=cpu --set parallel.dp=4 --set checkpoint.dir=ck4 \
+  --set checkpoint.every=2
+run resumed_dp2 2 --set model.arch=llama --set train.device=cpu --set parallel.dp=2 \
+  --set checkpoint.resume=ck4/step-00000002 --set checkpoint.dir=ck2 --set export.final=resumed_dp2.safetensors
+same one resumed_dp2 3
 # The tree differs from today's sums (otherwise the comparisons above could not fail): the same
 # dp 4 run without it.
-run plain_dp4 4 --set model.arch=llama --set parallel.invariant=false --set parallel.dp=4 \
+run plain_dp4 4 --set model.arch=llama --set train.device=cpu --set parallel.invariant=false --set parallel.dp=4 \
   --set export.final=plain_dp4.safetensors
-cmp -s llama.one.safetensors plain_dp4.safetensors && fail "dp 4 without the tree gave the single rank's bytes too"
+cmp -s one.safetensors plain_dp4.safetensors && fail "dp 4 without the tree gave the single rank's bytes too"
 
 [ $fails = 0 ] && echo "PASS" || echo "$fails failures"
 exit $((fails > 0))
