@@ -4,7 +4,7 @@
 # the nodes reach each other and an MPI job spans them, one host name per node; then the
 # link-cut drill (examples/scaling/link_cut.sh): the hang verdict, a supervised resume, bitwise;
 # and the lost-node drill (examples/scaling/elastic.sh): a node cut for good, the job relaunched
-# at dp 2 on the node left, within 1e-5 of a run that lost nothing.
+# at dp 2 on the node left, with the bits of a run that lost nothing.
 # Skips (77) where this machine cannot make network namespaces.
 #   netns.sh SOURCE_DIR LOOM COMPARE
 set -euo pipefail

@@ -167,7 +167,7 @@ TEST(FaultKeys, ParseAndRefuseWithTheFix) {
   refused({"fault.kill=1:5:sideways"}, "fault.kill phase");
   refused({"fault.hang=1:5:forward"}, "expected RANK:STEP");
   refused({"fault.nan=x:5"}, "not a non-negative number");
-  refused({"fault.nan=2:5"}, "names rank 2, but the job has 1 ranks");
+  refused({"fault.nan=2:5"}, "names rank 2, but the job has 1 rank (pp");
   refused({"fault.enospc=10"}, "checkpoint.every = 0");
   refused({"parallel.dp=2", "parallel.zero=2", "fault.sdc_every=5"}, "ZeRO-2 does not hold");
   refused({"parallel.dp=2", "parallel.zero=3", "fault.bitflip=0:3"}, "ZeRO-3 does not hold");
