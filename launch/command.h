@@ -35,6 +35,7 @@ void cmd_report_add(CLI::App& app, Commands& out);
 void cmd_data_add(CLI::App& app, Commands& out);
 void cmd_bench_add(CLI::App& app, Commands& out);
 void cmd_plan_add(CLI::App& app, Commands& out);
+void cmd_compare_add(CLI::App& app, Commands& out);
 // Parsed by hand, before CLI11 sees the line: everything after "--" is the command.
 int cmd_supervise_main(int argc, char** argv);
 

@@ -69,6 +69,7 @@ int run(int argc, char** argv) {
   loom::cmd_infer_add(app, commands);
   loom::cmd_bench_add(app, commands);
   loom::cmd_plan_add(app, commands);
+  loom::cmd_compare_add(app, commands);
   app.add_subcommand("supervise",
                      "run COMMAND and restart it when it fails curably: loom supervise [--max-restarts N] "
                      "[--backoff-s S] [--log-dir DIR] -- COMMAND...");

@@ -133,5 +133,22 @@ run plain_dp4 4 --set model.arch=llama --set train.device=cpu --set parallel.inv
   --set export.final=plain_dp4.safetensors
 cmp -s one.safetensors plain_dp4.safetensors && fail "dp 4 without the tree gave the single rank's bytes too"
 
+echo "compare"
+# loom compare: the layout against the smallest with its tp (dp 1, pp 1, ZeRO 0), as a user runs it.
+args=(--set model.arch=llama --set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
+      --set model.seq_len=16 --set train.global_batch=16 --set train.micro_batch=1 --set train.threads=1
+      --set train.device=cpu --set data.val_batches=0)
+"$loom" compare --launcher "$mpirun -np" --out cmp_tree "${args[@]}" --set parallel.invariant=true \
+  --set parallel.dp=2 --set parallel.pp=2 --set parallel.zero=1 > cmp_tree.log 2>&1 < /dev/null ||
+  fail "compare in the mode exited $?: $(tail -2 cmp_tree.log)"
+grep -q "^the same bits: the losses and gradient norms of 3 steps, and all 21 tensors" cmp_tree.log ||
+  fail "compare in the mode: $(tail -1 cmp_tree.log)"
+"$loom" compare --launcher "$mpirun -np" --out cmp_plain "${args[@]}" --set parallel.dp=4 > cmp_plain.log 2>&1 \
+  < /dev/null || fail "compare outside the mode exited $?: $(tail -2 cmp_plain.log)"
+grep -q "^within the tolerances" cmp_plain.log && grep -q "the bits differ from step 1 on" cmp_plain.log ||
+  fail "compare outside the mode: $(tail -2 cmp_plain.log)"
+"$loom" compare --launcher "$mpirun -np" --out cmp_tree "${args[@]}" > cmp_again.log 2>&1 < /dev/null
+[ $? = 2 ] && grep -q "is not empty; give a new directory" cmp_again.log || fail "compare into a used --out"
+
 [ $fails = 0 ] && echo "PASS" || echo "$fails failures"
 exit $((fails > 0))
