@@ -120,6 +120,15 @@ while read -r name ref np keys; do
   run $name $np "${sets[@]}" --set export.final=$name.safetensors
   [ "$ref" = - ] || same $ref $name
 done <<< "$cases"
+# Threads: the CPU's GEMMs are cut in blocks by shape, not by thread count (512 tokens a
+# micro-batch: 2 blocks of rows), so 1, 2 and 3 threads give the same bits.
+th=(--set model.arch=llama --set train.device=cpu --set model.d_model=64 --set model.seq_len=64
+    --set train.micro_batch=8 --set train.global_batch=16)
+run threads1 1 "${th[@]}" --set export.final=threads1.safetensors
+for t in 2 3; do
+  run threads$t 1 "${th[@]}" --set train.threads=$t --set export.final=threads$t.safetensors
+  same threads1 threads$t
+done
 # A dp 4 checkpoint after step 2, resumed at dp 2: steps 3 and 4 and the weights are the bytes of
 # the run that never stopped.
 run ckpt_dp4 4 --set model.arch=llama --set train.device=cpu --set parallel.dp=4 --set checkpoint.dir=ck4 \
