@@ -110,8 +110,8 @@ void cmd_compare_add(CLI::App& app, Commands& out) {
          if (!a->config.path.empty()) args = {"--config", a->config.path};
          for (const std::string& s : a->config.sets) args.insert(args.end(), {"--set", s});
          const std::string steps = std::to_string(a->steps);
-         // OpenBLAS splits a GEMM by its thread count, so the bits hold for one train.threads:
-         // both runs get the config's, or 1 where it leaves the count to the node.
+         // The emulated device's GEMMs follow OpenBLAS's thread split (the CPU's do not): both
+         // runs get the config's train.threads, or 1 where it leaves the count to the node.
          const std::string threads = std::to_string(std::max(1, cfg.train.threads));
          auto run = [&](const std::string& name, int np, std::vector<std::string> extra) {
            std::vector<std::string> all = args;
