@@ -63,12 +63,12 @@ Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups
   const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
   for (const BucketRange& b : ddp_buckets(chunk.registry(), numel, per, edp_ != nullptr))
     buckets_.push_back({b.lo, b.hi, b.experts ? edp_ : &dp_, {}});
-  for (const PlanItem& item : plan(cfg, chunk.layout(), tp_.rank(), be_.dtype(), be_.device()))
+  for (const PlanItem& item : plan(cfg, chunk.layout(), tp_.rank(), be_.dtype(), be_.device())) {
     if (item.name == "grad_reduce_bf16") low_ = be_.alloc().empty(item);
-  if (cfg.parallel.invariant) {
-    tree_ = std::make_unique<GradTree>(be_, unit_starts(chunk.layout()), numel, cfg.accum_steps());
-    if (dp_.size() > 2) half_ = be_.alloc().empty({(numel + 1) / 2}, DType::f32, Mem::comm);
+    if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
   }
+  if (cfg.parallel.invariant)  // (its levels: GradTree allocates them)
+    tree_ = std::make_unique<GradTree>(be_, unit_starts(chunk.layout()), numel, cfg.accum_steps());
   adam_ = std::make_unique<AdamW>(
       be_,
       opt_chunks(chunk.registry(), unit_starts(chunk.layout()), norm_block(chunk.dims()), tp_.rank(),

@@ -45,6 +45,18 @@ void GradTree::fold(int u, float* grads, bool last) {
   seen_[size_t(u)] = 0;
 }
 
+namespace {
+// Sends `out` to `peer` and receives `in` from it, as one group (NCCL pairs them), and waits.
+void exchange(ProcessGroup& g, const Stream& s, int peer, Buf out, Buf in) {
+  g.group_start();
+  Work sent = g.send(out, peer, 0, s);
+  Work got = g.recv(in, peer, 0, s);
+  g.group_end();
+  got.wait_on(s);
+  sent.wait_on(s);
+}
+}  // namespace
+
 int bit_reverse(int r, int size) {
   int out = 0;
   for (int bit = 1; bit < size; bit <<= 1) out = (out << 1) | ((r & bit) ? 1 : 0);
@@ -65,12 +77,7 @@ void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half
     const int send_lo = upper ? lo : mid;
     const int64_t len = int64_t(keep_hi - keep_lo) * n;
     Buf got = half.slice(0, len);
-    g.group_start();
-    Work sent = g.send(in.slice(int64_t(send_lo) * n, len), r ^ bit, 0, s);
-    Work recv = g.recv(got, r ^ bit, 0, s);
-    g.group_end();
-    recv.wait_on(s);
-    sent.wait_on(s);
+    exchange(g, s, r ^ bit, in.slice(int64_t(send_lo) * n, len), got);
     be.add(in.slice(int64_t(keep_lo) * n, len), got);
     lo = keep_lo, hi = keep_hi;
   }
@@ -94,14 +101,6 @@ void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half) {
   };
   std::vector<Range> kept;  // before each halving step, the range both partners hold
   Range at{0, buf.count};
-  auto exchange = [&](int peer, Buf out, Buf in) {
-    g.group_start();
-    Work sent = g.send(out, peer, 0, s);
-    Work got = g.recv(in, peer, 0, s);
-    g.group_end();
-    got.wait_on(s);
-    sent.wait_on(s);
-  };
   for (int bit = 1; bit < p; bit <<= 1) {
     kept.push_back(at);
     const int64_t mid = at.lo + (at.hi - at.lo + 1) / 2;
@@ -109,7 +108,7 @@ void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half) {
     const Range mine = upper ? Range{mid, at.hi} : Range{at.lo, mid};
     const Range theirs = upper ? Range{at.lo, mid} : Range{mid, at.hi};
     Buf in = half.slice(0, mine.hi - mine.lo);
-    exchange(r ^ bit, buf.slice(theirs.lo, theirs.hi - theirs.lo), in);
+    exchange(g, s, r ^ bit, buf.slice(theirs.lo, theirs.hi - theirs.lo), in);
     be.add(buf.slice(mine.lo, mine.hi - mine.lo), in);  // both partners add the same two nodes
     at = mine;
   }
@@ -117,7 +116,7 @@ void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half) {
     const Range whole = kept.back();
     kept.pop_back();
     const Range other = (r & bit) ? Range{whole.lo, at.lo} : Range{at.hi, whole.hi};
-    exchange(r ^ bit, buf.slice(at.lo, at.hi - at.lo), buf.slice(other.lo, other.hi - other.lo));
+    exchange(g, s, r ^ bit, buf.slice(at.lo, at.hi - at.lo), buf.slice(other.lo, other.hi - other.lo));
     at = whole;
   }
 }

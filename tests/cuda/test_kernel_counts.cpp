@@ -48,13 +48,18 @@ const CountSet& set_named(const std::string& name) {
   throw std::runtime_error("no count set " + name);
 }
 
-// The set's rows of the checked-in table: its model's, attention ops or the others.
-std::vector<std::string> table_rows(const CountSet& set, std::string& header) {
+// The checked-in table's text.
+std::string table_text() {
   std::ifstream in(LOOM_SOURCE_DIR "/tests/cuda/kernel_counts.csv");
   if (!in) throw std::runtime_error("cannot read tests/cuda/kernel_counts.csv");
   std::stringstream text;
   text << in.rdbuf();
-  auto all = lines(text.str());
+  return text.str();
+}
+
+// The set's rows of the checked-in table: its model's, attention ops or the others.
+std::vector<std::string> table_rows(const CountSet& set, std::string& header) {
+  auto all = lines(table_text());
   header = all.at(0);
   std::vector<std::string> out;
   for (size_t i = 1; i < all.size(); ++i) {
@@ -101,11 +106,8 @@ void expect_matches_table(const std::string& name) {
 // the table, which the tests above hold to the kernels: a regression fails both, and still fails
 // here once the table is rewritten with it.
 std::vector<std::pair<std::string, LaunchCounts>> flash_launches() {
-  std::ifstream in(LOOM_SOURCE_DIR "/tests/cuda/kernel_counts.csv");
-  std::stringstream text;
-  text << in.rdbuf();
   std::vector<std::pair<std::string, LaunchCounts>> out;
-  for (const auto& [model, op] : counts_csv_parse(text.str()))
+  for (const auto& [model, op] : counts_csv_parse(table_text()))
     for (const LaunchCounts& l : op.launches)
       if (l.kernel.find("flash") != std::string::npos) out.push_back({model + " " + op.shape + " " + l.kernel, l});
   return out;
@@ -113,11 +115,8 @@ std::vector<std::pair<std::string, LaunchCounts>> flash_launches() {
 
 // The table's launches of kernels whose name starts with `prefix`, of every set.
 std::vector<std::pair<std::string, LaunchCounts>> table_launches(const std::string& prefix) {
-  std::ifstream in(LOOM_SOURCE_DIR "/tests/cuda/kernel_counts.csv");
-  std::stringstream text;
-  text << in.rdbuf();
   std::vector<std::pair<std::string, LaunchCounts>> out;
-  for (const auto& [model, op] : counts_csv_parse(text.str()))
+  for (const auto& [model, op] : counts_csv_parse(table_text()))
     for (const LaunchCounts& l : op.launches)
       if (l.kernel.rfind(prefix, 0) == 0) out.push_back({model + " " + op.name + " " + l.kernel, l});
   return out;
