@@ -536,13 +536,14 @@ void DecoderPart::head_backward(UnitAccess& acc, Grads part) {
   float* hg = weight ? acc.grads(head) : nullptr;
   // The embedding's unit (tied) finishes its backward with the embedding, not here.
   const Ptr lm_w = !input ? Ptr() : lm_unit_ == head ? hw : acc.params(lm_unit_, Pass::backward);
-  float* lm_g = !weight ? nullptr : lm_unit_ == head ? hg : acc.grads(lm_unit_);
+  float* const apart = weight && lm_unit_ != head ? acc.tied_head_grads() : nullptr;
+  float* lm_g = !weight || apart ? nullptr : lm_unit_ == head ? hg : acc.grads(lm_unit_);
   const Ptr lnf = sp_ ? act(LNF_FULL) : act(LNF);
   {
     auto s = trace_.scope("lm_head_backward");  // the logits hold their gradient
-    be_.linear_backward(input ? dln : Ptr(), weight ? at(lm_g, lm_unit_, names_.lm_head) : nullptr, nullptr,
-                        act(LOGITS), lnf, input ? at(lm_w, lm_unit_, names_.lm_head) : Ptr(), N, C_, V_,
-                        WLayout::out_in);
+    float* lm_wg = apart ? apart : weight ? at(lm_g, lm_unit_, names_.lm_head) : nullptr;
+    be_.linear_backward(input ? dln : Ptr(), lm_wg, nullptr, act(LOGITS), lnf,
+                        input ? at(lm_w, lm_unit_, names_.lm_head) : Ptr(), N, C_, V_, WLayout::out_in);
   }
   const Ptr dlnf = input ? column_parallel_grad(dln) : stash_next(int64_t(Ns_) * C_);
   if (part == Grads::input) stash_keep(dlnf, int64_t(Ns_) * C_);

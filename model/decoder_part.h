@@ -37,6 +37,9 @@ class UnitAccess {
   virtual void backward_done(int unit) { (void)unit; }  // this micro-batch's grads are final
   // A split backward's input half is done with the unit's weights (its W half reads none).
   virtual void weights_done(int unit) { (void)unit; }
+  // Where the head adds its gradient of a tied embedding when it is kept apart from the
+  // embedding's (parallel/tied_head.h; the matrix's first element); null: in the unit's own.
+  virtual float* tied_head_grads() { return nullptr; }
 };
 
 // Units [unit_lo, unit_hi) of the model: 0 is the embedding, 1..L the blocks, L+1 the head.

@@ -27,6 +27,9 @@ std::vector<PlanItem> Ddp::plan(const Config& cfg, const ModelLayout& layout, in
   for (auto& item : AdamW::plan(n, dtype != DType::f32, n_chunks, device)) p.push_back(item);
   if (cfg.parallel.invariant)
     for (auto& item : grad_tree_plan(cfg.accum_steps(), cfg.parallel.dp * cfg.parallel.cp, n)) p.push_back(item);
+  if (tied_head_apart(layout, model_dims(cfg), cfg.parallel.invariant))
+    for (auto& item : TiedHeadGrad::plan(reg.at(head_names(model_dims(cfg)).wte).numel(), cfg.accum_steps(), 0, 1))
+      p.push_back(item);
   return p;
 }
 
@@ -69,6 +72,9 @@ Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups
   }
   if (cfg.parallel.invariant)  // (its levels: GradTree allocates them)
     tree_ = std::make_unique<GradTree>(be_, unit_starts(chunk.layout()), numel, cfg.accum_steps());
+  if (tied_head_apart(chunk.layout(), chunk.dims(), cfg.parallel.invariant))
+    tied_ = std::make_unique<TiedHeadGrad>(be_, chunk.registry().at(head_names(chunk.dims()).wte).numel(),
+                                           cfg.accum_steps(), 0, dp_.size());
   adam_ = std::make_unique<AdamW>(
       be_,
       opt_chunks(chunk.registry(), unit_starts(chunk.layout()), norm_block(chunk.dims()), tp_.rank(),
@@ -85,6 +91,13 @@ std::string Ddp::describe() const {
   return fmt::format("{} {}, {} of {} MB, reduced in {}{}", chunk_.dims().cp > 1 ? "dp x cp" : "dp", dp_.size(),
                      plural(buckets_.size(), "gradient bucket"), bucket_mb_, low_.defined() ? "bf16" : "f32",
                      tree_ ? ", micro-batches summed in the canonical tree (parallel.invariant)" : "");
+}
+
+void Ddp::backward_done(int u) {
+  const int i = chunk_.layout().local(u);
+  if (tree_) tree_->fold(i, chunk_.grads(), last_);
+  if (tied_ && i == chunk_.layout().num_units() - 1) tied_->micro_batch_done(dp_, half());
+  if (last_) grads_ready_from(lo(u));
 }
 
 void Ddp::grads_ready_from(int64_t offset) {
@@ -135,6 +148,11 @@ void Ddp::reduce_grads(const std::function<void(Buf)>& tied) {
       if (b.group->size() > 1)
         be_.copy(Buf(chunk_.grads_tensor()).slice(b.lo, b.hi - b.lo), Buf(low_).slice(b.lo, b.hi - b.lo));
   next_ = 0;
+  if (tied_) {  // E + H, once the two are summed over dp
+    const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
+    StepClock::Scope c(clock_, Phase::comm);
+    tied_->add_to(dp_, half(), Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()), 0);
+  }
   if (tied) {
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
     tied(Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()));
@@ -156,6 +174,7 @@ void Ddp::apply(const AdamWHyper& h, int64_t step, double max_norm) {
 
 void Ddp::discard() {  // the next step's zero_grad clears the full gradient buffer
   if (tree_) tree_->reset();
+  if (tied_) tied_->reset();
 }
 
 std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, DecoderPart& chunk,

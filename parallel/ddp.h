@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "parallel/data_parallel.h"
-#include "parallel/grad_tree.h"
+#include "parallel/tied_head.h"
 
 namespace loom {
 
@@ -37,10 +37,8 @@ class Ddp final : public DataParallel {
 
   Ptr params(int u, Pass) override { return chunk_.params() + lo(u); }
   float* grads(int u) override { return chunk_.grads() + lo(u); }
-  void backward_done(int u) override {
-    if (tree_) tree_->fold(chunk_.layout().local(u), chunk_.grads(), last_);
-    if (last_) grads_ready_from(lo(u));
-  }
+  void backward_done(int u) override;
+  float* tied_head_grads() override { return tied_ ? tied_->grads() : nullptr; }
   void set_last(bool last) override { last_ = last; }
   void weights_from(const float* host) override;
   void weights_to(float* host) override;
@@ -82,7 +80,9 @@ class Ddp final : public DataParallel {
   // all-reduce's half buffer (2 ranks add a + b in any all-reduce).
   std::unique_ptr<GradTree> tree_;
   Tensor half_;
+  Buf half() const { return half_.defined() ? Buf(half_) : Buf(); }
   bool tree_reduce() const { return tree_ && dp_.size() > 2; }
+  std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
   std::unique_ptr<AdamW> adam_;
 };
 

@@ -147,10 +147,24 @@ bool zero_keeps_gathered(const Config& cfg) {
   return cfg.parallel.zero == 3 && cfg.parallel.zero3_reshard == Zero3Reshard::after_step;
 }
 
-std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches) {
-  if (stage == 1) return grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel()));
+int64_t zero_tied_shard(const ModelLayout& layout, const ZeroRanks& z, int stage) {
+  if (stage == 1) return 0;
   const Geometry g = geometry(layout, z);
-  std::vector<PlanItem> p = grad_tree_plan(micro_batches, 1, g.shard);
+  LOOM_ASSERT(!g.parts.empty() && g.parts[0].lo == 0 && g.parts[0].n == z.dp);  // the matrix opens unit 0
+  return g.s[0];
+}
+
+std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches,
+                                     int64_t tied_numel) {
+  std::vector<PlanItem> p;
+  if (tied_numel > 0) p = TiedHeadGrad::plan(tied_numel, micro_batches, zero_tied_shard(layout, z, stage), z.dp);
+  auto add = [&p](const std::vector<PlanItem>& q) { p.insert(p.end(), q.begin(), q.end()); };
+  if (stage == 1) {
+    add(grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel())));
+    return p;
+  }
+  const Geometry g = geometry(layout, z);
+  add(grad_tree_plan(micro_batches, 1, g.shard));
   if (z.dp > 2) p.push_back({"grad_tree_half", (g.max_unit + 1) / 2, DType::f32, Mem::comm});
   return p;
 }
@@ -262,6 +276,9 @@ Zero::Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& grou
     for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, cfg.accum_steps()))
       if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
   }
+  if (tied_head_apart(layout, chunk.dims(), cfg.parallel.invariant))
+    tied_ = std::make_unique<TiedHeadGrad>(be_, chunk.registry().at(head_names(chunk.dims()).wte).numel(),
+                                           cfg.accum_steps(), zero_tied_shard(layout, ranks_, stage_), n_);
   auto take = [&](const char* name, size_t i = 0) { return got.count(name) ? got[name][i] : Tensor(); };
   shard_params_ = take("zero_shard_params");
   shard_grads_ = take("zero_shard_grads");
@@ -399,6 +416,10 @@ void Zero::weights_done(int u) {
 void Zero::backward_done(int u) {
   weights_done(u);
   if (tree_ && stage_ == 1) tree_->fold(chunk_.layout().local(u), chunk_.grads(), last_);
+  if (tied_ && chunk_.layout().local(u) == chunk_.layout().num_units() - 1) {
+    StepClock::Scope c(clock_, Phase::comm);
+    tied_->micro_batch_done(dp_, half());
+  }
   if (stage_ < 2) return;
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) return;  // no gradients were asked for
@@ -411,7 +432,14 @@ void Zero::backward_done(int u) {
     be_.zero(aux);
     be_.copy(aux.slice(0, e->len), Buf(s.buf).slice(d.len, e->len));
     be_.zero(Buf(s.buf).slice(d.len, padded(u) - d.len));
-    s.tail = group(*e).reduce_scatter(aux, Buf(low ? s.result_low : s.result).slice(d.s, e->s), be_.stream());
+    Buf out = Buf(low ? s.result_low : s.result).slice(d.s, e->s);
+    if (half_.defined()) {  // parallel.invariant (a tied embedding's part: over dp, as the unit)
+      StepClock::Scope c(clock_, Phase::comm);
+      tree_reduce_scatter(group(*e), be_, aux, out, Buf(half_));
+      s.tail = Work();
+    } else {
+      s.tail = group(*e).reduce_scatter(aux, out, be_.stream());
+    }
   }
   Buf in = Buf(s.buf).slice(0, d.s * d.n), out = Buf(s.result).slice(0, d.s);
   if (low) {
@@ -421,7 +449,6 @@ void Zero::backward_done(int u) {
     out = Buf(s.result_low).slice(0, d.s);
   }
   if (half_.defined()) {  // parallel.invariant over more than 2 ranks: the tree's own, after the backward of u
-    LOOM_ASSERT(!tail(u));
     StepClock::Scope c(clock_, Phase::comm);
     tree_reduce_scatter(dp_, be_, in, out, Buf(half_));
     s.work = Work();
@@ -539,6 +566,18 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
     LOOM_ASSERT(!tree_ || tree_->idle());  // every unit's micro-batches, all folded
     grads = shard_grads_.f32();
   }
+  if (tied_) {  // E + H, once the two are summed over dp: over the matrix's part of this rank's slice
+    StepClock::Scope c(clock_, Phase::comm);
+    const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
+    const int64_t wte = w.numel();
+    if (stage_ == 1) {
+      tied_->add_to(dp_, half(), dev(grads + w.offset, wte, DType::f32), 0);
+    } else {
+      const Unit& u0 = units_[0];
+      tied_->add_to(dp_, half(),
+                    dev(grads + u0.shard_off, std::max<int64_t>(0, std::min(u0.b(), wte) - u0.a()), DType::f32), 0);
+    }
+  }
   if (tied) {  // this rank's reduced slice of the tied embedding, where the table reads it
     const Unit& t = *tied_part();
     tied(stage_ == 1 ? dev(grads + t.lo + t.a(), t.b() - t.a(), DType::f32)
@@ -553,6 +592,7 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
 void Zero::discard() {
   if (stage_ >= 2) be_.zero(Buf(shard_grads_));
   if (tree_) tree_->reset();
+  if (tied_) tied_->reset();
   reduced_ = nullptr;
 }
 

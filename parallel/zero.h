@@ -23,7 +23,7 @@
 #include <memory>
 
 #include "parallel/data_parallel.h"
-#include "parallel/grad_tree.h"
+#include "parallel/tied_head.h"
 
 namespace loom {
 
@@ -61,8 +61,14 @@ std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks
 std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int tp_rank, DType dtype,
                                 DType reduce, DeviceKind device, bool keep_gathered = false);
 // What parallel.invariant adds at `stage` (parallel/grad_tree.h): the tree's levels, over the
-// full gradients at stage 1 and over the rank's shards at 2 and 3, and the tree reduction's half.
-std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches);
+// full gradients at stage 1 and over the rank's shards at 2 and 3, and the tree reduction's half;
+// The head's part of a tied embedding kept apart (parallel/tied_head.h) at `stage`: 0, whole
+// (stage 1); else the rank's shard size of unit 0's dense part, which the matrix opens.
+int64_t zero_tied_shard(const ModelLayout& layout, const ZeroRanks& z, int stage);
+// `tied_numel` > 0: the head's part of a tied embedding of that many elements kept apart
+// (parallel/tied_head.h).
+std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches,
+                                     int64_t tied_numel = 0);
 // parallel.zero3_reshard = "after_step" at stage 3.
 bool zero_keeps_gathered(const Config& cfg);
 
@@ -80,6 +86,7 @@ class Zero final : public DataParallel {
   void weights_from(const float* host) override;
   void weights_to(float* host) override;
   void reduce_grads(const std::function<void(Buf)>& tied = {}) override;
+  float* tied_head_grads() override { return tied_ ? tied_->grads() : nullptr; }
   Tensor& grad_sum_squares() override { return adam_->sum_squares(); }
   void apply(const AdamWHyper& h, int64_t step, double max_norm) override;
   void discard() override;
@@ -105,6 +112,8 @@ class Zero final : public DataParallel {
   // all-reduce's bytes, not a reduce-scatter's) and each rank reads its slice.
   std::unique_ptr<GradTree> tree_;
   Tensor half_;
+  Buf half() const { return half_.defined() ? Buf(half_) : Buf(); }
+  std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
   bool last_ = false;
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight
   Slot& slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const;

@@ -65,8 +65,10 @@ MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank
                                         at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
   items.insert(items.end(), dp_items.begin(), dp_items.end());
   if (stage >= 1 && cfg.parallel.invariant)  // (DDP's plan lists them itself)
-    for (auto& it :
-         zero_tree_plan(layout, zero_ranks(cfg, dcp, dcp_rank, dcp_rank / cfg.parallel.ep), stage, cfg.accum_steps()))
+    for (auto& it : zero_tree_plan(
+             layout, zero_ranks(cfg, dcp, dcp_rank, dcp_rank / cfg.parallel.ep), stage, cfg.accum_steps(),
+             tied_head_apart(layout, model_dims(cfg), true) ? layout.reg.at(head_names(model_dims(cfg)).wte).numel()
+                                                            : 0))
       items.push_back(it);
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);

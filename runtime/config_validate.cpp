@@ -233,10 +233,6 @@ void invariant_validate(const Config& cfg) {
              "(train.micro_batch x parallel.dp)) must be a power of two to form a subtree (ZeRO-2/3 interleave them "
              "instead); change train.global_batch, {}",
              p.dp, cfg.accum_steps(), off);
-  LOOM_CHECK(p.pp == 1 || !cfg.model.tie_embeddings,
-             "parallel.invariant does not cover tied embeddings under pipeline parallelism yet (the head's and the "
-             "embedding's gradients meet in another order); set model.tie_embeddings = false, parallel.pp = 1, {}",
-             off);
 }
 
 void parallel_validate(Config& cfg) {

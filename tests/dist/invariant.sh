@@ -8,8 +8,8 @@
 #              so every step's loss and gradient norm and the exported weights are the same
 #              bytes in every layout of the matrix below (dp 1, 2, 4 under DDP and ZeRO 1-3 over
 #              MPI and nccl-emulated; pp 2 and 4 under all six schedules; bf16; MoE at ep 1;
-#              around a fixed tp; the CUDA kernels in the emulation; gpt2's tied embeddings at
-#              pp 1), and a dp 4 checkpoint resumed at dp 2 ends with the bytes of the run that
+#              around a fixed tp; the CUDA kernels in the emulation; gpt2's tied embeddings
+#              under DDP, ZeRO 1-3 and pp 2, the head and the embedding on one rank or two), and a dp 4 checkpoint resumed at dp 2 ends with the bytes of the run that
 #              never stopped.
 #   invariant.sh LOOM "MPIRUN..."
 set -uo pipefail
@@ -112,6 +112,14 @@ emu_dp2_nccl emu          2  $emu parallel.dp=2 parallel.comm=nccl-emulated
 gpt2         -            1  model.arch=gpt2
 gpt2_dp2     gpt2         2  model.arch=gpt2 parallel.dp=2
 gpt2_dp4     gpt2         4  model.arch=gpt2 parallel.dp=4 parallel.zero=2
+gpt2_dp4_z1  gpt2         4  model.arch=gpt2 parallel.dp=4 parallel.zero=1
+gpt2_dp2_z3  gpt2         2  model.arch=gpt2 parallel.dp=2 parallel.zero=3
+gpt2_pp2     gpt2         2  model.arch=gpt2 parallel.pp=2
+gpt2_pp2_dp2 gpt2         4  model.arch=gpt2 parallel.pp=2 parallel.dp=2 parallel.zero=2
+gpt2_pp2_dp4 gpt2         8  model.arch=gpt2 parallel.pp=2 parallel.dp=4 parallel.zero=3
+gpt2_l4      -            1  model.arch=gpt2 $l4
+gpt2_zbv     gpt2_l4      2  model.arch=gpt2 $l4 parallel.pp=2 parallel.pp_schedule=zbv
+gpt2_inter   gpt2_l4      2  model.arch=gpt2 $l4 parallel.pp=2 parallel.pp_schedule=interleaved parallel.pp_virtual=2
 "
 while read -r name ref np keys; do
   [ -n "$name" ] || continue

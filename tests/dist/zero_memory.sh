@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The memory ledger against `loom plan memory`, to the byte, for f32 and bf16 at ZeRO 0-3, at
 # dp 4 and at dp 2 x tp 2, for pipeline stages, MoE and context parallel; at dp 4, optimizer state / master weights / gradients / weights
-# sharded to a quarter and the communication per step against theory; and (stage 3) parameter
+# sharded to a quarter and the communication per step against theory; parallel.invariant's
+# trees and the tied head's buffer (DDP, ZeRO 1-3, pp); and (stage 3) parameter
 # all-gathers overlapping compute in the trace.
 #   zero_memory.sh LOOM COMPARE "MPIRUN..."
 set -euo pipefail
@@ -48,7 +49,12 @@ for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --s
   "--set model.arch=llama --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=1" \
   "--set parallel.cp=4 --set parallel.cp_attention=allgather --set train.dtype=bf16" \
   "--set parallel.cp=2 --set parallel.pp=2 --set parallel.zero=1 --set train.recompute=full" \
-  "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=3"; do
+  "--set model.arch=llama --set model.moe.num_experts=4 --set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=3" \
+  "--set parallel.invariant=true --set parallel.dp=2 --set parallel.tp=2 --set train.micro_batch=1" \
+  "--set parallel.invariant=true --set parallel.dp=4 --set parallel.zero=1" \
+  "--set parallel.invariant=true --set parallel.dp=4 --set parallel.zero=3 --set train.micro_batch=1" \
+  "--set parallel.invariant=true --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2" \
+  "--set parallel.invariant=true --set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=zbv"; do
   read -r -a lay <<< "$layout"
   run=$dir/pp_$RANDOM
   "$loom" plan memory "${common[@]}" "${lay[@]}" --json > "$run.plan.json"

@@ -1,0 +1,57 @@
+#include "parallel/tied_head.h"
+
+namespace loom {
+
+bool tied_head_apart(const ModelLayout& layout, const ModelDims& dims, bool invariant) {
+  return invariant && dims.tied && !layout.unit_ids.empty() && layout.unit_ids.front() == 0 &&
+         layout.unit_ids.back() == dims.L + 1;
+}
+
+TiedHeadGrad::TiedHeadGrad(Backend& be, int64_t numel, int micro_batches, int64_t shard, int dp)
+    : be_(be), numel_(numel), shard_(shard) {
+  for (const PlanItem& item : plan(numel, micro_batches, shard, dp)) {
+    if (item.name == "grad_tied_head") buf_ = be_.alloc().empty(item);
+    if (item.name == "grad_tied_head_shard") kept_ = be_.alloc().empty(item);
+  }
+  be_.zero(Buf(buf_));  // the head accumulates into it
+  if (kept_.defined()) be_.zero(Buf(kept_));
+  const int64_t n = shard_ > 0 ? shard_ : numel_;
+  tree_ = std::make_unique<GradTree>(be_, std::vector<int64_t>{0}, n, micro_batches);
+}
+
+std::vector<PlanItem> TiedHeadGrad::plan(int64_t numel, int micro_batches, int64_t shard, int dp) {
+  std::vector<PlanItem> p{{"grad_tied_head", shard > 0 ? shard * dp : numel, DType::f32, Mem::grads}};
+  if (shard > 0) p.push_back({"grad_tied_head_shard", shard, DType::f32, Mem::grads});
+  if (const int levels = GradTree::levels(micro_batches))
+    p.push_back({"grad_tree", levels * (shard > 0 ? shard : numel), DType::f32, Mem::grads});
+  return p;
+}
+
+void TiedHeadGrad::micro_batch_done(ProcessGroup& dp, Buf half) {
+  if (shard_ == 0) return tree_->fold(0, buf_.f32());
+  // ZeRO-2/3: the ranks' micro-batch i meets in the tree first (as their units' gradients do).
+  const Buf in = Buf(buf_), out = Buf(kept_);
+  if (dp.size() > 2) {
+    tree_reduce_scatter(dp, be_, in, out, half);
+  } else {
+    dp.reduce_scatter(in, out, be_.stream()).wait_on(be_.stream());
+  }
+  be_.zero(in);
+  tree_->fold(0, kept_.f32());
+}
+
+void TiedHeadGrad::add_to(ProcessGroup& dp, Buf half, Buf dst, int64_t from) {
+  Buf kept = shard_ > 0 ? Buf(kept_) : Buf(buf_).slice(0, numel_);
+  if (shard_ == 0 && dp.size() > 2) tree_all_reduce(dp, be_, kept, half);
+  if (shard_ == 0 && dp.size() == 2) dp.all_reduce(kept, ReduceOp::sum, be_.stream()).wait_on(be_.stream());
+  if (dst.count > 0) be_.add(dst, kept.slice(from, dst.count));
+  be_.zero(kept);
+}
+
+void TiedHeadGrad::reset() {
+  be_.zero(Buf(buf_));
+  if (kept_.defined()) be_.zero(Buf(kept_));
+  tree_->reset();
+}
+
+}  // namespace loom

@@ -1,0 +1,45 @@
+// parallel.invariant with tied embeddings, on a chunk that holds both the embedding and the head
+// (one pipeline stage, or the first rank of a V-shaped schedule): the head's gradient of the
+// shared matrix (H) goes to a buffer of its own, is summed over micro-batches and ranks in the
+// canonical tree, and is added to the embedding's (E) once, after the reduction: E + H, the sum
+// the first and the last stage of a pipeline form when the two sit on different ranks. Joined
+// inside each micro-batch instead, the same terms would meet in another order.
+// Not here: the pipeline's exchange of the two stages' sums (train/step.cpp).
+#pragma once
+#include <memory>
+
+#include "model/layout.h"
+#include "parallel/grad_tree.h"
+
+namespace loom {
+
+// Whether a chunk of `layout` keeps the head's part apart (see above).
+bool tied_head_apart(const ModelLayout& layout, const ModelDims& dims, bool invariant);
+
+class TiedHeadGrad {
+ public:
+  // `numel`: the matrix's elements (this tp rank's rows). shard > 0 (ZeRO-2/3): each
+  // micro-batch's H is reduce-scattered over dp ranks at once, padded to shard x dp elements,
+  // the rank keeping `shard` (the same elements as its shard of the embedding's unit, which
+  // the matrix opens); shard = 0: the whole H is kept and summed over dp after the step.
+  TiedHeadGrad(Backend& be, int64_t numel, int micro_batches, int64_t shard, int dp);
+  // What it allocates, for `plan memory`.
+  static std::vector<PlanItem> plan(int64_t numel, int micro_batches, int64_t shard, int dp);
+
+  float* grads() { return buf_.f32(); }  // the head adds this micro-batch's H here
+  // The next micro-batch's H is complete: into the tree (the step's last, by the count).
+  void micro_batch_done(ProcessGroup& dp, Buf half);
+  // dst += the step's H, from element `from` of what this rank keeps (the whole matrix, or its
+  // shard) for dst.count elements; then H starts over. Whole: sums over dp first (2 ranks add
+  // a + b in any all-reduce; more, in the tree with `half`).
+  void add_to(ProcessGroup& dp, Buf half, Buf dst, int64_t from);
+  void reset();  // a step abandoned halfway
+
+ private:
+  Backend& be_;
+  int64_t numel_, shard_;
+  Tensor buf_, kept_;  // kept_: the shard (shard > 0); else buf_ is kept whole
+  std::unique_ptr<GradTree> tree_;
+};
+
+}  // namespace loom
