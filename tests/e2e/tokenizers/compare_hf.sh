@@ -21,7 +21,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # loom's decoding, through the tests' tool built beside the binary (tests/CMakeLists.txt).
 decoder=${LOOM_TOKENIZER_DECODE:-$(dirname "$loom")/tests/loom_tokenizer_decode}
 [ -x "$decoder" ] || { echo "the decoding tool '$decoder' is not built (cmake --build build)"; exit 1; }
-[ -d "$npm/node_modules/@huggingface/tokenizers" ] || { echo "the reference is not in $npm/node_modules; run ./setup.sh"; exit 1; }
+[ -d "$npm/node_modules/@huggingface/tokenizers" ] || { echo "the reference is not in $npm/node_modules; run ./setup.sh --tests"; exit 1; }
 dir=$(mktemp -d)
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$dir"' EXIT; echo "work in $dir"
 # U+0085 and U+FEFF are left out, as in compare.sh: JavaScript's \s takes U+FEFF and not U+0085,
