@@ -89,11 +89,23 @@ struct DataParallelGroups {
   ProcessGroup* host_edp = nullptr;  // host buffers over expert-dp (weights out)
 };
 
-// DDP at parallel.zero = 0, else ZeRO of that stage; the optimizer over what this rank owns.
-std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, DecoderPart& chunk,
-                                                 const DataParallelGroups& groups, StepClock* clock);
+// What the data-parallel side takes from a run's config, read once (data_parallel_options):
+// parallel/ reads no other key.
+struct DataParallelOptions {
+  int zero = 0;                // parallel.zero: 0 is DDP, 1-3 ZeRO's stage
+  double bucket_mb = 25;       // DDP's gradient buckets (parallel.bucket_mb)
+  DType reduce = DType::f32;   // the dtype gradients are reduced in (parallel.grad_reduce_dtype)
+  bool invariant = false;      // parallel.invariant: gradients summed in the canonical tree
+  int micro_batches = 1;       // a rank's micro-batches a step
+  int ranks = 1;               // dp x cp: the ranks a gradient is summed over
+  int ep = 1;                  // expert parallel: the experts' gradients sum over dp / ep ranks
+  bool keep_gathered = false;  // ZeRO-3 keeps gathered weights until the step (zero3_reshard)
+  bool tied_across = false;    // a pipeline's tied embedding, a copy on the first and last stage
+};
+DataParallelOptions data_parallel_options(const Config& cfg);
 
-// The reduction dtype of parallel.grad_reduce_dtype.
-DType grad_reduce_dtype(const Config& cfg);
+// DDP at zero = 0, else ZeRO of that stage; the optimizer over what this rank owns.
+std::unique_ptr<DataParallel> data_parallel_make(const DataParallelOptions& o, DecoderPart& chunk,
+                                                 const DataParallelGroups& groups, StepClock* clock);
 
 }  // namespace loom

@@ -6,29 +6,39 @@
 
 namespace loom {
 
-DType grad_reduce_dtype(const Config& cfg) {
-  return cfg.parallel.grad_reduce_dtype == GradReduce::bf16 ? DType::bf16 : DType::f32;
+DataParallelOptions data_parallel_options(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  DataParallelOptions o;
+  o.zero = p.zero;
+  o.bucket_mb = p.bucket_mb;
+  o.reduce = p.grad_reduce_dtype == GradReduce::bf16 ? DType::bf16 : DType::f32;
+  o.invariant = p.invariant;
+  o.micro_batches = cfg.accum_steps();
+  o.ranks = p.dp * p.cp;
+  o.ep = p.ep;
+  o.keep_gathered = p.zero == 3 && p.zero3_reshard == Zero3Reshard::after_step;
+  o.tied_across = cfg.pp_tied_across();
+  return o;
 }
 
-std::vector<PlanItem> Ddp::plan(const Config& cfg, const ModelLayout& layout, int /*tp_rank*/, DType dtype,
-                                DeviceKind device) {
+std::vector<PlanItem> Ddp::plan(const DataParallelOptions& o, const ModelDims& dims, const ModelLayout& layout,
+                                DType dtype, DeviceKind device) {
   const ParamRegistry& reg = layout.reg;
   const int64_t n = int64_t(reg.numel());
   std::vector<PlanItem> p;
-  if (cfg.parallel.dp * cfg.parallel.cp > 1 && grad_reduce_dtype(cfg) == DType::bf16)
-    p.push_back({"grad_reduce_bf16", n, DType::bf16, Mem::comm});
+  if (o.ranks > 1 && o.reduce == DType::bf16) p.push_back({"grad_reduce_bf16", n, DType::bf16, Mem::comm});
   size_t n_chunks = 0;
   const std::vector<int64_t> units = unit_starts(layout);
-  const int64_t block = norm_block(model_dims(cfg));
+  const int64_t block = norm_block(dims);
   for (auto& spec : reg.all()) {
     const int64_t lo = int64_t(spec.offset), unit = *(std::upper_bound(units.begin(), units.end(), lo) - 1);
     n_chunks += opt_chunks_count(int64_t(spec.numel()), lo - unit, block);
   }
   for (auto& item : AdamW::plan(n, dtype != DType::f32, n_chunks, device)) p.push_back(item);
-  if (cfg.parallel.invariant)
-    for (auto& item : grad_tree_plan(cfg.accum_steps(), cfg.parallel.dp * cfg.parallel.cp, n)) p.push_back(item);
-  if (tied_head_apart(layout, model_dims(cfg), cfg.parallel.invariant))
-    for (auto& item : TiedHeadGrad::plan(reg.at(head_names(model_dims(cfg)).wte).numel(), cfg.accum_steps(), 0, 1))
+  if (o.invariant)
+    for (auto& item : grad_tree_plan(o.micro_batches, o.ranks, n)) p.push_back(item);
+  if (tied_head_apart(layout, dims, o.invariant))
+    for (auto& item : TiedHeadGrad::plan(reg.at(head_names(dims).wte).numel(), o.micro_batches, 0, 1))
       p.push_back(item);
   return p;
 }
@@ -53,7 +63,7 @@ std::vector<BucketRange> ddp_buckets(const ParamRegistry& reg, int64_t numel, in
   return out;
 }
 
-Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock)
+Ddp::Ddp(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock)
     : chunk_(chunk),
       be_(chunk.backend()),
       dp_(groups.dp),
@@ -61,20 +71,20 @@ Ddp::Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups
       ep_(groups.ep),
       edp_(groups.edp),
       clock_(clock),
-      bucket_mb_(cfg.parallel.bucket_mb) {
+      bucket_mb_(o.bucket_mb) {
   const int64_t numel = int64_t(chunk.num_params());
   const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
   for (const BucketRange& b : ddp_buckets(chunk.registry(), numel, per, edp_ != nullptr))
     buckets_.push_back({b.lo, b.hi, b.experts ? edp_ : &dp_, {}});
-  for (const PlanItem& item : plan(cfg, chunk.layout(), tp_.rank(), be_.dtype(), be_.device())) {
+  for (const PlanItem& item : plan(o, chunk.dims(), chunk.layout(), be_.dtype(), be_.device())) {
     if (item.name == "grad_reduce_bf16") low_ = be_.alloc().empty(item);
     if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
   }
-  if (cfg.parallel.invariant)  // (its levels: GradTree allocates them)
-    tree_ = std::make_unique<GradTree>(be_, unit_starts(chunk.layout()), numel, cfg.accum_steps());
-  if (tied_head_apart(chunk.layout(), chunk.dims(), cfg.parallel.invariant))
+  if (o.invariant)  // (its levels: GradTree allocates them)
+    tree_ = std::make_unique<GradTree>(be_, unit_starts(chunk.layout()), numel, o.micro_batches);
+  if (tied_head_apart(chunk.layout(), chunk.dims(), o.invariant))
     tied_ = std::make_unique<TiedHeadGrad>(be_, chunk.registry().at(head_names(chunk.dims()).wte).numel(),
-                                           cfg.accum_steps(), 0, dp_.size());
+                                           o.micro_batches, 0, dp_.size());
   adam_ = std::make_unique<AdamW>(
       be_,
       opt_chunks(chunk.registry(), unit_starts(chunk.layout()), norm_block(chunk.dims()), tp_.rank(),
@@ -177,10 +187,10 @@ void Ddp::discard() {  // the next step's zero_grad clears the full gradient buf
   if (tied_) tied_->reset();
 }
 
-std::unique_ptr<DataParallel> data_parallel_make(const Config& cfg, DecoderPart& chunk,
+std::unique_ptr<DataParallel> data_parallel_make(const DataParallelOptions& o, DecoderPart& chunk,
                                                  const DataParallelGroups& groups, StepClock* clock) {
-  if (cfg.parallel.zero == 0) return std::make_unique<Ddp>(cfg, chunk, groups, clock);
-  return std::make_unique<Zero>(cfg, chunk, groups, clock);
+  if (o.zero == 0) return std::make_unique<Ddp>(o, chunk, groups, clock);
+  return std::make_unique<Zero>(o, chunk, groups, clock);
 }
 
 std::vector<StateRun> Ddp::state_runs(StateUse use) const {

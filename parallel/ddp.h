@@ -30,10 +30,10 @@ std::vector<BucketRange> ddp_buckets(const ParamRegistry& reg, int64_t numel, in
 
 class Ddp final : public DataParallel {
  public:
-  Ddp(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock);
-  // What it allocates (its optimizer's state included) for a chunk of `layout`.
-  static std::vector<PlanItem> plan(const Config& cfg, const ModelLayout& layout, int tp_rank, DType dtype,
-                                    DeviceKind device);
+  Ddp(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock);
+  // What it allocates (its optimizer's state included) for a chunk of `layout` of a model of `dims`.
+  static std::vector<PlanItem> plan(const DataParallelOptions& o, const ModelDims& dims, const ModelLayout& layout,
+                                    DType dtype, DeviceKind device);
 
   Ptr params(int u, Pass) override { return chunk_.params() + lo(u); }
   float* grads(int u) override { return chunk_.grads() + lo(u); }

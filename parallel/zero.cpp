@@ -98,13 +98,9 @@ std::vector<SlotSize> slot_sizes(const ModelLayout& layout, const Geometry& g) {
 
 }  // namespace
 
-std::string zero_tied(const Config& cfg) {
-  return cfg.pp_tied_across() ? head_names(model_dims(cfg)).wte : "";
-}
-
-ZeroRanks zero_ranks(const Config& cfg, int dp, int rank, int edp_rank) {
-  const int edp = cfg.parallel.ep > 1 ? dp / cfg.parallel.ep : 0;
-  return {dp, rank, edp, edp ? edp_rank : 0, zero_tied(cfg), norm_block(model_dims(cfg))};
+ZeroRanks zero_ranks(const DataParallelOptions& o, const ModelDims& dims, int dp, int rank, int edp_rank) {
+  const int edp = o.ep > 1 ? dp / o.ep : 0;
+  return {dp, rank, edp, edp ? edp_rank : 0, o.tied_across ? head_names(dims).wte : "", norm_block(dims)};
 }
 
 std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z) {
@@ -141,10 +137,6 @@ std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks
                    (!run.spec->replicated() || tp_rank == 0) && !(uncounted && run.spec->name == uncounted),
                    unit_offset(units, run.flat), z.block);
   return chunks;
-}
-
-bool zero_keeps_gathered(const Config& cfg) {
-  return cfg.parallel.zero == 3 && cfg.parallel.zero3_reshard == Zero3Reshard::after_step;
 }
 
 int64_t zero_tied_shard(const ModelLayout& layout, const ZeroRanks& z, int stage) {
@@ -227,8 +219,8 @@ int64_t Zero::Unit::b() const {
   return std::min(len, int64_t(r + 1) * s);
 }
 
-Zero::Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock)
-    : stage_(cfg.parallel.zero),
+Zero::Zero(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock)
+    : stage_(o.zero),
       chunk_(chunk),
       be_(chunk.backend()),
       dp_(groups.dp),
@@ -239,9 +231,9 @@ Zero::Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& grou
       r_(groups.dp.rank()),
       edp_(groups.edp),
       host_edp_(groups.host_edp ? groups.host_edp : groups.edp),
-      ranks_{zero_ranks(cfg, n_, r_, edp_ ? edp_->rank() : 0)},
+      ranks_{zero_ranks(o, chunk.dims(), n_, r_, edp_ ? edp_->rank() : 0)},
       dtype_(be_.dtype()),
-      reduce_(grad_reduce_dtype(cfg)) {
+      reduce_(o.reduce) {
   LOOM_CHECK(stage_ >= 1 && stage_ <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage_);
   const ModelLayout& layout = chunk.layout();
   const Geometry g = geometry(layout, ranks_);
@@ -260,25 +252,25 @@ Zero::Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& grou
                                   dtype_ != DType::f32);
   // Everything else zero_plan lists (AdamW allocated its own part).
   std::map<std::string, std::vector<Tensor>> got;
-  keep_ = zero_keeps_gathered(cfg);
+  keep_ = o.keep_gathered;
   gathered_.assign(size_t(layout.num_units()), 0);
   for (auto& item : zero_plan(layout, ranks_, stage_, tp_.rank(), dtype_, reduce_, be_.device(), keep_)) {
     if (item.name.rfind("zero_", 0) != 0) continue;
     got[item.name].push_back(be_.alloc().empty(item));
   }
-  if (cfg.parallel.invariant) {
+  if (o.invariant) {
     // Stage 1: the tree over the full gradient buffer; 2 and 3: over this rank's shards, one
     // node a micro-batch (the ranks' micro-batch i, reduce-scattered, is a subtree).
     std::vector<int64_t> starts;
     for (const Unit& u : units_) starts.push_back(u.shard_off);
     const int64_t n = stage_ == 1 ? int64_t(chunk.num_params()) : shard_;
-    tree_ = std::make_unique<GradTree>(be_, stage_ == 1 ? unit_starts(layout) : starts, n, cfg.accum_steps());
-    for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, cfg.accum_steps()))
+    tree_ = std::make_unique<GradTree>(be_, stage_ == 1 ? unit_starts(layout) : starts, n, o.micro_batches);
+    for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, o.micro_batches))
       if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
   }
-  if (tied_head_apart(layout, chunk.dims(), cfg.parallel.invariant))
+  if (tied_head_apart(layout, chunk.dims(), o.invariant))
     tied_ = std::make_unique<TiedHeadGrad>(be_, chunk.registry().at(head_names(chunk.dims()).wte).numel(),
-                                           cfg.accum_steps(), zero_tied_shard(layout, ranks_, stage_), n_);
+                                           o.micro_batches, zero_tied_shard(layout, ranks_, stage_), n_);
   auto take = [&](const char* name, size_t i = 0) { return got.count(name) ? got[name][i] : Tensor(); };
   shard_params_ = take("zero_shard_params");
   shard_grads_ = take("zero_shard_grads");

@@ -41,11 +41,9 @@ struct ZeroRanks {
   // norm_block): the gradient norm's blocks are whole on one rank.
   int64_t block = 1;
 };
-// ZeroRanks::tied for a run of `cfg`.
-std::string zero_tied(const Config& cfg);
-// The ZeroRanks of a run of `cfg` for rank `rank` of dp ranks (edp_rank: its place in the
-// expert-dp group, where parallel.ep > 1).
-ZeroRanks zero_ranks(const Config& cfg, int dp, int rank, int edp_rank = 0);
+// The ZeroRanks of a run of a model of `dims` for rank `rank` of dp ranks (edp_rank: its place in
+// the expert-dp group, where ep > 1).
+ZeroRanks zero_ranks(const DataParallelOptions& o, const ModelDims& dims, int dp, int rank, int edp_rank = 0);
 // The rank's slice of every unit, cut at tensor boundaries, as state runs: `state` indexes
 // the rank's shard space.
 std::vector<StateRun> zero_state_runs(const ModelLayout& layout, const ZeroRanks& z);
@@ -69,12 +67,10 @@ int64_t zero_tied_shard(const ModelLayout& layout, const ZeroRanks& z, int stage
 // (parallel/tied_head.h).
 std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches,
                                      int64_t tied_numel = 0);
-// parallel.zero3_reshard = "after_step" at stage 3.
-bool zero_keeps_gathered(const Config& cfg);
 
 class Zero final : public DataParallel {
  public:
-  Zero(const Config& cfg, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock);
+  Zero(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelGroups& groups, StepClock* clock);
   ~Zero() override;
 
   Ptr params(int u, Pass pass) override;

@@ -59,16 +59,15 @@ MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank
   if (cfg.moe_layers()) items.push_back({"moe_stats", 4 * cfg.moe_layers(), DType::f64, Mem::workspace});
   for (auto& it : pipeline_stage_plan(cfg, at.pp, dtype)) items.push_back(it);
   // The data-parallel side and its optimizer.
-  const auto dp_items = stage == 0
-                            ? Ddp::plan(cfg, layout, at.tp, dtype, kind)
-                            : zero_plan(layout, zero_ranks(cfg, dcp, dcp_rank, dcp_rank / cfg.parallel.ep), stage,
-                                        at.tp, dtype, grad_reduce_dtype(cfg), kind, zero_keeps_gathered(cfg));
+  const DataParallelOptions o = data_parallel_options(cfg);
+  const ModelDims md = model_dims(cfg);
+  const ZeroRanks z = zero_ranks(o, md, dcp, dcp_rank, dcp_rank / cfg.parallel.ep);
+  const auto dp_items = stage == 0 ? Ddp::plan(o, md, layout, dtype, kind)
+                                   : zero_plan(layout, z, stage, at.tp, dtype, o.reduce, kind, o.keep_gathered);
   items.insert(items.end(), dp_items.begin(), dp_items.end());
-  if (stage >= 1 && cfg.parallel.invariant)  // (DDP's plan lists them itself)
-    for (auto& it : zero_tree_plan(
-             layout, zero_ranks(cfg, dcp, dcp_rank, dcp_rank / cfg.parallel.ep), stage, cfg.accum_steps(),
-             tied_head_apart(layout, model_dims(cfg), true) ? layout.reg.at(head_names(model_dims(cfg)).wte).numel()
-                                                            : 0))
+  if (stage >= 1 && o.invariant)  // (DDP's plan lists them itself)
+    for (auto& it : zero_tree_plan(layout, z, stage, o.micro_batches,
+                                   tied_head_apart(layout, md, true) ? layout.reg.at(head_names(md).wte).numel() : 0))
       items.push_back(it);
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);

@@ -178,7 +178,7 @@ void Trainer::Parts::build(int gpus) {
                                         /*full_params=*/zero_stage < 3, /*full_grads=*/zero_stage < 2,
                                         ep ? &mesh->group(Axis::ep) : nullptr,
                                         cfg.parallel.cp > 1 ? &mesh->group(Axis::cp) : nullptr);
-  dpar = data_parallel_make(cfg, *chunk,
+  dpar = data_parallel_make(data_parallel_options(cfg), *chunk,
                             {dp(), tp(), mesh->host_group(dp_axis()), ep ? &mesh->group(Axis::ep) : nullptr,
                              ep ? &mesh->group(Axis::edp) : nullptr, ep ? &mesh->host_group(Axis::edp) : nullptr},
                             clock.get());

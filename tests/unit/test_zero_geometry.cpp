@@ -51,7 +51,7 @@ TEST(ZeroGeometry, ShardsCoverEachElementOnceFromBlockMultiples) {
       const int64_t block = norm_block(model_dims(cfg));
       std::vector<std::tuple<int64_t, int64_t, int>> runs;  // flat, n, rank
       for (int r = 0; r < dp; ++r) {
-        const ZeroRanks z = zero_ranks(cfg, dp, r);
+        const ZeroRanks z = zero_ranks(data_parallel_options(cfg), model_dims(cfg), dp, r);
         ASSERT_EQ(z.block, block);
         int64_t state_end = 0;
         for (const StateRun& run : zero_state_runs(layout, z)) {
@@ -86,7 +86,8 @@ TEST(ZeroGeometry, EveryDpCutsTheNormBlocksOfOneRank) {
     for (int dp : {1, 2, 3, 4}) {
       std::vector<OptChunk> all;
       for (int r = 0; r < dp; ++r)
-        for (const OptChunk& c : zero_opt_chunks(layout, zero_ranks(cfg, dp, r), /*stage=*/1, /*tp_rank=*/0))
+        for (const OptChunk& c : zero_opt_chunks(layout, zero_ranks(data_parallel_options(cfg), model_dims(cfg), dp, r),
+                                                 /*stage=*/1, /*tp_rank=*/0))
           all.push_back(c);
       EXPECT_EQ(counted(all), one) << arch << " dp " << dp;
     }
@@ -138,4 +139,38 @@ TEST(OptChunks, CountIsTheTablesLength) {
         opt_chunks_add(table, 0, 0, 0, n, false, true, at, block);
         EXPECT_EQ(opt_chunks_count(n, at, block), table.size()) << "n " << n << " at " << at << " block " << block;
       }
+}
+
+// The options data parallel takes are the config's: each field on a config where every one
+// differs from its default (a swapped or stale field shows), and the tied pipeline flag.
+TEST(DataParallelOptions, EachFieldIsTheConfigs) {
+  Config c = small("gpt2", 64);
+  config_set(c, "parallel.zero=3");
+  config_set(c, "parallel.zero3_reshard=after_step");
+  config_set(c, "parallel.bucket_mb=7.5");
+  config_set(c, "parallel.grad_reduce_dtype=bf16");
+  config_set(c, "parallel.dp=4");
+  config_set(c, "parallel.cp=2");
+  config_set(c, "train.micro_batch=2");
+  config_set(c, "train.global_batch=48");
+  config_validate(c);
+  const DataParallelOptions o = data_parallel_options(c);
+  EXPECT_EQ(o.zero, 3);
+  EXPECT_EQ(o.bucket_mb, 7.5);
+  EXPECT_EQ(o.reduce, DType::bf16);
+  EXPECT_FALSE(o.invariant);
+  EXPECT_EQ(o.micro_batches, 6);  // 48 / (2 x 4)
+  EXPECT_EQ(o.ranks, 8);
+  EXPECT_EQ(o.ep, 1);
+  EXPECT_TRUE(o.keep_gathered);
+  EXPECT_FALSE(o.tied_across);
+  Config p = small("gpt2", 64);
+  config_set(p, "parallel.pp=3");
+  config_set(p, "parallel.invariant=true");
+  config_validate(p);
+  const DataParallelOptions q = data_parallel_options(p);
+  EXPECT_TRUE(q.invariant);
+  EXPECT_TRUE(q.tied_across);
+  EXPECT_FALSE(q.keep_gathered);
+  EXPECT_EQ(q.zero, 0);
 }
