@@ -120,6 +120,7 @@ gpt2_pp2_dp4 gpt2         8  model.arch=gpt2 parallel.pp=2 parallel.dp=4 paralle
 gpt2_l4      -            1  model.arch=gpt2 $l4
 gpt2_zbv     gpt2_l4      2  model.arch=gpt2 $l4 parallel.pp=2 parallel.pp_schedule=zbv
 gpt2_inter   gpt2_l4      2  model.arch=gpt2 $l4 parallel.pp=2 parallel.pp_schedule=interleaved parallel.pp_virtual=2
+gpt2_pp4     gpt2_l4      4  model.arch=gpt2 $l4 parallel.pp=4 parallel.pp_schedule=gpipe
 "
 while read -r name ref np keys; do
   [ -n "$name" ] || continue
@@ -137,6 +138,16 @@ for t in 2 3; do
   run threads$t 1 "${th[@]}" --set train.threads=$t --set export.final=threads$t.safetensors
   same threads1 threads$t
 done
+# Open MPI's own all-reduce made a ring: loom's tree does not use it (its in-place default at
+# these sizes, libnbc's binomial tree, happens to add as the canonical tree does at powers of
+# two, so only a ring shows an all-reduce put back in the tree's place).
+export OMPI_MCA_coll_libnbc_iallreduce_algorithm=1
+run dp4_ring 4 --set model.arch=llama --set train.device=cpu --set parallel.dp=4 --set export.final=dp4_ring.safetensors
+run dp4_z1_ring 4 --set model.arch=llama --set train.device=cpu --set parallel.dp=4 --set parallel.zero=1 \
+  --set export.final=dp4_z1_ring.safetensors
+unset OMPI_MCA_coll_libnbc_iallreduce_algorithm
+same one dp4_ring
+same one dp4_z1_ring
 # A dp 4 checkpoint after step 2, resumed at dp 2: steps 3 and 4 and the weights are the bytes of
 # the run that never stopped.
 run ckpt_dp4 4 --set model.arch=llama --set train.device=cpu --set parallel.dp=4 --set checkpoint.dir=ck4 \
