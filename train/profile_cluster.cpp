@@ -63,6 +63,15 @@ Cluster profile_cluster_fit(const Cluster& base, const Config& cfg, const OpProf
   return c;
 }
 
+Cluster cluster_with_term_seconds(const Cluster& base, const Config& cfg, double attention_s, double elementwise_s,
+                                  double optimizer_s) {
+  Cluster c = base;
+  if (attention_s > 0) c.attention_flops = model_work(base, cfg, Term::attention) / attention_s;
+  if (elementwise_s > 0) c.mem_bw = model_work(base, cfg, Term::elementwise) / elementwise_s;
+  if (optimizer_s > 0) c.optimizer_bw = model_work(base, cfg, Term::optimizer) / optimizer_s;
+  return c;
+}
+
 std::string profile_prediction_compare(const Cluster& cl, const Config& cfg, const OpProfile& prof) {
   LOOM_CHECK(prof.steps > 0, "no step was profiled: nothing to compare");
   double t[6] = {};
