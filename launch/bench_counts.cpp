@@ -74,7 +74,7 @@ std::map<std::string, double> print_classes(const std::vector<std::pair<std::str
 
 // The step model on examples/clusters/h200.toml (its matmul rate measured on an H200) with its
 // attention, element-wise and optimizer rates those that make its terms the kernel model's times.
-void print_step(const std::map<std::string, double>& classes) {
+void print_step(const std::map<std::string, double>& classes, const std::string& write_cluster) {
   double attention = 0, optimizer = 0, elementwise = 0;
   for (const auto& [name, s] : classes)
     (name == "attention" ? attention : name == "adamw" || name == "grad norm" ? optimizer : elementwise) += s;
@@ -92,17 +92,24 @@ void print_step(const std::map<std::string, double>& classes) {
       "bytes; optimizer {:.2f} ms = {:.0f} GB/s)\n",
       1e3 * p.step, p.tokens_per_s, 100 * p.mfu, 1e3 * p.compute, cluster_rates(one).matmul / 1e12, 1e3 * attention,
       one.attention_flops / 1e12, 1e3 * elementwise, one.mem_bw / 1e9, 1e3 * p.optimizer, one.optimizer_bw / 1e9);
+  if (write_cluster.empty()) return;
+  cluster_term_rates_write(write_cluster, src + "/examples/clusters/h200.toml", one,
+                           "predicted by the kernel time model at GPT-2 124M's shape (loom bench kernels --counts), "
+                           "not measured");
+  fmt::print("wrote attention_tflops, mem_bw_gbs and optimizer_gbs into {}\n", write_cluster);
 }
 
 }  // namespace
 
-int bench_kernel_counts() {
+int bench_kernel_counts(const std::string& write_cluster) {
   const emu::CountDriver* driver = emu::count_driver();
   LOOM_CHECK(driver,
              "this loom has no counting build of the kernels (a sanitized build leaves it out); "
              "`loom bench kernels --counts` needs a build without LOOM_SANITIZE");
   const auto start = std::chrono::steady_clock::now();
   const auto table = ptxas_table_parse(ptxas_sm90_table());
+  LOOM_CHECK(write_cluster.empty() || !table.empty(),
+             "--write-cluster needs the time model, which needs this build's ptxas figures (built without nvcc)");
   fmt::print(
       "What each launch asks of an sm_90, counted by the emulation (kernels/emu/counts.h) at the shapes of "
       "tests/cuda/kernel_counts.csv; M = millions of warp instructions; conflict: wavefronts per ideal one of "
@@ -135,7 +142,7 @@ int bench_kernel_counts() {
         "(the 1.1B step below without attention: the table counts grouped-query attention at a smaller shape)\n");
     print_classes(all, "llama_1b", emu::llama_1b_step().layers, table, gpu_h200());
     print_classes(all, "llama_1b", emu::llama_1b_step().layers, table, gpu_h100());
-    print_step(gpt2);
+    print_step(gpt2, write_cluster);
   }
   fmt::print("Counted in {:.1f} s on this CPU.\n", seconds);
   return 0;

@@ -48,6 +48,10 @@ Cluster profile_cluster_fit(const Cluster& base, const Config& cfg, const OpProf
 // profile's measured ones do in profile_cluster_fit.
 Cluster cluster_with_term_seconds(const Cluster& base, const Config& cfg, double attention_s, double elementwise_s,
                                   double optimizer_s);
+// Writes fit's attention, element-wise and optimizer rates into `path` (its other lines kept), or
+// into a copy of `base_path` where `path` does not exist yet; `why` is each line's comment.
+void cluster_term_rates_write(const std::string& path, const std::string& base_path, const Cluster& fit,
+                              const std::string& why);
 // Each term of the step model on `cluster` (its work over the cluster's rate for it) beside the
 // time the profile measured for its ops, ms per step, and the rates assumed.
 std::string profile_prediction_compare(const Cluster& cluster, const Config& cfg, const OpProfile& prof);

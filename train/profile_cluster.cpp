@@ -156,4 +156,18 @@ void profile_cluster_write(const std::string& path, const Config& cfg, const Tra
   file_write_atomic(path, [&](std::FILE* f) { file_write(f, text.data(), text.size(), path); });
 }
 
+void cluster_term_rates_write(const std::string& path, const std::string& base_path, const Cluster& fit,
+                              const std::string& why) {
+  const std::string from = std::filesystem::exists(path) ? path : base_path;
+  std::ifstream in(from);
+  LOOM_CHECK(in, "cannot read the cluster file '{}'", from);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  cluster_parse(text, from);
+  text = key_set(text, "attention_tflops", fit.attention_flops / 1e12, why);
+  text = key_set(text, "mem_bw_gbs", fit.mem_bw / 1e9, why);
+  text = key_set(text, "optimizer_gbs", fit.optimizer_bw / 1e9, why);
+  cluster_parse(text, path);  // what is written reads back
+  file_write_atomic(path, [&](std::FILE* f) { file_write(f, text.data(), text.size(), path); });
+}
+
 }  // namespace loom
