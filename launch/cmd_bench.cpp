@@ -2,6 +2,7 @@
 // training run, the GPU's kernel rates, and each collective's bus bandwidth.
 #include <memory>
 
+#include "launch/bench_counts.h"
 #include "launch/command.h"
 #include "runtime/error.h"
 #include "train/bench.h"
@@ -19,6 +20,8 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
     ConfigArgs train, kernels;
     BenchTrainOptions train_opt;
     double comm_max_mb = 64;
+    bool counts = false;
+    std::string counts_cluster;
   };
   auto a = std::make_shared<Args>();
   auto* bench = app.add_subcommand("bench", "measure kernels and training speed");
@@ -34,6 +37,12 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
                     "update an existing one's rates)");
   auto* kernels = bench->add_subcommand("kernels", "GPU bf16 GEMM and attention rates (flash vs WMMA vs row-wise)");
   a->kernels.add_to(kernels, "TOML config file (its model and micro_batch set the shapes)");
+  kernels->add_flag("--counts", a->counts,
+                    "no GPU: the kernels' counts at the counts table's shapes, their sm_90 occupancy and the time "
+                    "model's H200/H100 predictions");
+  kernels->add_option("--write-cluster", a->counts_cluster,
+                      "with --counts: write the step model's attention, element-wise and optimizer rates the "
+                      "predictions imply into this cluster file (a new one copies examples/clusters/h200.toml)");
   auto* comm =
       bench->add_subcommand("comm", "time, algorithm and bus bandwidth of each collective (under mpirun/srun)");
   comm->add_option("--max-mb", a->comm_max_mb, "largest message in MB")->check(positive_up_to(kCommMaxMb));
@@ -61,6 +70,15 @@ void cmd_bench_add(CLI::App& app, Commands& out) {
                    return 0;
                  }});
   out.push_back({kernels, false, [a](const CommandContext&) {
+                   LOOM_CHECK(a->counts_cluster.empty() || a->counts,
+                              "--write-cluster needs --counts (the rates "
+                              "it writes are the counts' predictions)");
+                   if (a->counts) {
+                     LOOM_CHECK(a->kernels.path.empty() && a->kernels.sets.empty(),
+                                "--counts counts the fixed shapes of tests/cuda/kernel_counts.csv; drop --config and "
+                                "--set");
+                     return bench_kernel_counts(a->counts_cluster);
+                   }
                    bench_kernels(config_build(a->kernels.path, a->kernels.sets));
                    return 0;
                  }});

@@ -6,8 +6,8 @@
 // config and facts.
 #pragma once
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 

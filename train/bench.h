@@ -42,6 +42,16 @@ RooflineRates cuda_roofline_measure();
 // gemm_efficiency, mem_bw, attention, cp attention and optimizer rates replaced by the model's
 // work of each term over the time the profile measured for its ops (rank 0's).
 Cluster profile_cluster_fit(const Cluster& base, const Config& cfg, const OpProfile& prof);
+// base with its attention, element-wise and optimizer rates set so that the step model's terms
+// on cfg take these seconds per step (a term <= 0 keeps base's rate): how the kernel model's
+// predicted times (`loom bench kernels --counts`) become the step model's per-op figures, as a
+// profile's measured ones do in profile_cluster_fit.
+Cluster cluster_with_term_seconds(const Cluster& base, const Config& cfg, double attention_s, double elementwise_s,
+                                  double optimizer_s);
+// Writes fit's attention, element-wise and optimizer rates into `path` (its other lines kept), or
+// into a copy of `base_path` where `path` does not exist yet; `why` is each line's comment.
+void cluster_term_rates_write(const std::string& path, const std::string& base_path, const Cluster& fit,
+                              const std::string& why);
 // Each term of the step model on `cluster` (its work over the cluster's rate for it) beside the
 // time the profile measured for its ops, ms per step, and the rates assumed.
 std::string profile_prediction_compare(const Cluster& cluster, const Config& cfg, const OpProfile& prof);

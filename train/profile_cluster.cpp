@@ -63,6 +63,15 @@ Cluster profile_cluster_fit(const Cluster& base, const Config& cfg, const OpProf
   return c;
 }
 
+Cluster cluster_with_term_seconds(const Cluster& base, const Config& cfg, double attention_s, double elementwise_s,
+                                  double optimizer_s) {
+  Cluster c = base;
+  if (attention_s > 0) c.attention_flops = model_work(base, cfg, Term::attention) / attention_s;
+  if (elementwise_s > 0) c.mem_bw = model_work(base, cfg, Term::elementwise) / elementwise_s;
+  if (optimizer_s > 0) c.optimizer_bw = model_work(base, cfg, Term::optimizer) / optimizer_s;
+  return c;
+}
+
 std::string profile_prediction_compare(const Cluster& cl, const Config& cfg, const OpProfile& prof) {
   LOOM_CHECK(prof.steps > 0, "no step was profiled: nothing to compare");
   double t[6] = {};
@@ -143,6 +152,20 @@ void profile_cluster_write(const std::string& path, const Config& cfg, const Tra
   if (fit.attention_flops > 0) text = key_set(text, "attention_tflops", fit.attention_flops / 1e12, from);
   if (fit.cp_attention_flops > 0) text = key_set(text, "cp_attention_tflops", fit.cp_attention_flops / 1e12, from);
   if (fit.optimizer_bw > 0) text = key_set(text, "optimizer_gbs", fit.optimizer_bw / 1e9, from);
+  cluster_parse(text, path);  // what is written reads back
+  file_write_atomic(path, [&](std::FILE* f) { file_write(f, text.data(), text.size(), path); });
+}
+
+void cluster_term_rates_write(const std::string& path, const std::string& base_path, const Cluster& fit,
+                              const std::string& why) {
+  const std::string from = std::filesystem::exists(path) ? path : base_path;
+  std::ifstream in(from);
+  LOOM_CHECK(in, "cannot read the cluster file '{}'", from);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  cluster_parse(text, from);
+  text = key_set(text, "attention_tflops", fit.attention_flops / 1e12, why);
+  text = key_set(text, "mem_bw_gbs", fit.mem_bw / 1e9, why);
+  text = key_set(text, "optimizer_gbs", fit.optimizer_bw / 1e9, why);
   cluster_parse(text, path);  // what is written reads back
   file_write_atomic(path, [&](std::FILE* f) { file_write(f, text.data(), text.size(), path); });
 }

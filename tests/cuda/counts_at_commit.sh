@@ -3,20 +3,23 @@
 # kernels/cuda/ (and the headers they include) from git, today's kernels/emu/ and count driver
 # over them, built with g++ into a scratch folder and run; CSV on stdout (kernels/emu/count_csv.cpp).
 # For the counts of the kernels the H200 timed, which the time model is to be checked against:
-#   tests/cuda/counts_at_commit.sh 8150dfa > counts_8150dfa.csv
+#   tests/cuda/counts_at_commit.sh 8150dfa --with-llama-attention > counts_8150dfa.csv
+# (arguments after the commit go to the counting program, tests/cuda/counts_csv.cpp).
 # The commit's wrappers must have today's signatures for the ops count_ops.cpp calls (8150dfa's do).
 # Not part of ctest (a few minutes of compiling).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-commit="${1:?usage: counts_at_commit.sh COMMIT}"
+commit="${1:?usage: counts_at_commit.sh COMMIT [--with-llama-attention]}"
+shift
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/src" "$tmp/obj"
 git -C "$root" archive "$commit" | tar -x -C "$tmp/src"
 rm -rf "$tmp/src/kernels/emu"
 cp -r "$root/kernels/emu" "$tmp/src/kernels/emu"
+# Today's emulation words its messages with today's error helpers (plural(), ...).
+cp "$root/runtime/error.h" "$tmp/src/runtime/"
 cp "$root/tests/cuda/counts_csv.cpp" "$tmp/src/counts_csv.cpp"
-mkdir -p "$tmp/src/tests/cuda" && cp "$root/tests/cuda/count_sets.h" "$tmp/src/tests/cuda/count_sets.h"
 # Include roots as the layers have them: the tree itself.
 flags=(-std=gnu++20 -O3 -march=native -DNDEBUG -DLOOM_CUDA_EMULATION -DLOOM_HAVE_CUDA=1 -DLOOM_HAVE_MPI=0
        -DLOOM_VERSION=\"count\" -DLOOM_BUILD_TYPE=\"Release\" -I "$tmp/src/kernels/emu/include" -I "$tmp/src"
@@ -45,4 +48,4 @@ for f in $(cd "$tmp/src" && ls runtime/error.cpp runtime/cuda_check.cpp 2> /dev/
   compile "rt_$(basename "$f" .cpp).o" "$tmp/src/$f" "${count[@]}"
 done
 g++ "${objs[@]}" -o "$tmp/counts" -lfmt -lspdlog -lpthread
-"$tmp/counts"
+"$tmp/counts" "$@"

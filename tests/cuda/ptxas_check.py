@@ -11,14 +11,16 @@ in the inner loop. A kernel ptxas reports that the table lacks (never launched) 
 With --table FILE it also writes, per kernel instantiation (named as the emulation's counts name
 it: "attention_forward_flash_kernel<64>", namespaces dropped), its registers, spill stores and
 static shared memory as CSV, the figures `loom bench kernels --counts` derives occupancy from;
---table-only writes the table and checks nothing (no launch table needed).
+--table-only writes the table and checks nothing (no launch table needed). --cpp FILE writes the
+same table as a C++ source defining loom::ptxas_sm90_table() (the build compiles it into `loom`).
 
 With --occupancy KERNEL=CTAS (repeatable) and --counts tests/cuda/kernel_counts.csv, the named
 instantiation must compile without spills and fit at least CTAS blocks per SM at the threads and
 dynamic shared memory its launches in the counts table ask for (registers, threads and shared
 memory of an sm_90 SM, each CTA reserving 1 KB).
 
-usage: ptxas_check.py NVCC SOURCE_DIR [LAUNCH_TABLE_PROGRAM] [--max-spill-bytes N] [--table FILE [--table-only]]
+usage: ptxas_check.py NVCC SOURCE_DIR [LAUNCH_TABLE_PROGRAM] [--max-spill-bytes N] [--table FILE] [--cpp FILE]
+                      [--table-only]
                       [--counts CSV --occupancy KERNEL=CTAS ...]
 """
 import argparse
@@ -132,6 +134,12 @@ def ptxas_report(nvcc, src, root):
     return kernels
 
 
+def cpp_source(table):
+    return ("// Written by tests/cuda/ptxas_check.py --cpp when a kernel changes: each kernel instantiation's\n"
+            "// sm_90 registers, spill stores and static shared memory, for `loom bench kernels --counts`.\n"
+            "namespace loom {\nconst char* ptxas_sm90_table() {\n  return R\"ptxas(" + table + ")ptxas\";\n}\n}\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("nvcc")
@@ -139,6 +147,7 @@ def main():
     ap.add_argument("launch_table", nargs="?", help="loom_launch_table: prints the table as CSV")
     ap.add_argument("--max-spill-bytes", type=int, default=0)
     ap.add_argument("--table", help="write each instantiation's registers, spills and static shared memory (CSV)")
+    ap.add_argument("--cpp", help="write the table as a C++ source defining loom::ptxas_sm90_table()")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--counts", help="tests/cuda/kernel_counts.csv: the launches --occupancy holds")
     ap.add_argument("--occupancy", action="append", default=[], metavar="KERNEL=CTAS",
@@ -174,14 +183,16 @@ def main():
                                 f"({need} registers of {REGS_PER_SM})")
             if k["spill"] > a.max_spill_bytes:
                 failures.append(f"{pretty}: {k['spill']} bytes of spill stores (threshold {a.max_spill_bytes})")
-    if a.table:
-        tmp = a.table + ".tmp"
+    text = "kernel,registers,spill_bytes,static_shared\n" + "".join(
+        f"\"{name}\",{instances[name]['regs']},{instances[name]['spill']},{instances[name]['smem']}\n"
+        for name in sorted(instances))
+    for path, body in ((a.table, text), (a.cpp, cpp_source(text))):
+        if not path:
+            continue
+        tmp = path + ".tmp"
         with open(tmp, "w") as f:
-            f.write("kernel,registers,spill_bytes,static_shared\n")
-            for name in sorted(instances):
-                k = instances[name]
-                f.write(f"\"{name}\",{k['regs']},{k['spill']},{k['smem']}\n")
-        os.replace(tmp, a.table)
+            f.write(body)
+        os.replace(tmp, path)
     if a.table_only:
         return 0
     shapes = launch_shapes(a.counts) if a.counts else {}

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "kernels/emu/count_ops.h"
-#include "tests/cuda/count_sets.h"
+#include "kernels/emu/count_sets.h"
 
 using namespace loom::emu;
 

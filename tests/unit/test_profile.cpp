@@ -176,5 +176,24 @@ TEST(Profile, H200ClusterPredictsTheMeasuredBenchmarkSteps) {
   }
 }
 
+// The kernel model's predicted times become the step model's per-op rates (bench kernels --counts
+// --write-cluster): with them, its attention, element-wise and optimizer terms on the config are
+// those times, and its matmuls are the file's.
+TEST(Profile, TermSecondsBecomeTheStepModelsRates) {
+  const std::string src = LOOM_SOURCE_DIR;
+  const Cluster h200 = cluster_load(src + "/examples/clusters/h200.toml");
+  Config c = config_defaults();
+  config_load_file(c, src + "/examples/configs/gpt2_124m_gpu.toml");
+  config_validate(c);
+  const Cluster set = cluster_with_term_seconds(h200, c, 0.010, 0.005, 0.001);
+  Cluster free = set;
+  free.attention_flops = free.mem_bw = 1e30;
+  const double matmuls = step_predict(c, free).compute;
+  const StepPrediction p = step_predict(c, set);
+  EXPECT_NEAR(p.compute, matmuls + 0.010 + 0.005, 1e-9);
+  EXPECT_NEAR(p.optimizer, 0.001, 1e-9);
+  EXPECT_DOUBLE_EQ(cluster_with_term_seconds(h200, c, 0, 0, 0).attention_flops, h200.attention_flops);  // kept
+}
+
 }  // namespace
 }  // namespace loom
