@@ -107,8 +107,8 @@ void bench_masked_attention(int B, int T, int H, int KV, int D, double flash_f, 
       for (int r = 0; r < cp; ++r) {
         for (int j = 0; j < cp; ++j) {
           const int src = (r + cp - j) % cp;  // the ring's order, own block first
-          cuda::attention_block_forward(acc, ml, qkv, kv + src * nkv, pos + r * Tl, pos + src * Tl, nullptr, B, Tl, Tl,
-                                        H, KV, D, j == 0, s);
+          cuda::attention_block_forward(acc, ml, qkv, kv + src * nkv,
+                                        {B, Tl, Tl, H, KV, D, pos + r * Tl, pos + src * Tl}, j == 0, s);
         }
         cuda::attention_block_finish(out, lse, acc, ml, B, Tl, H, D, s);
       }
@@ -117,8 +117,8 @@ void bench_masked_attention(int B, int T, int H, int KV, int D, double flash_f, 
       for (int r = 0; r < cp; ++r) {
         cuda::attention_block_delta(scratch, dout, out, B, Tl, H, D, s);
         for (int src = 0; src < cp; ++src)
-          cuda::attention_block_backward(acc, dkv + src * nkv, dout, qkv, kv + src * nkv, lse, scratch, pos + r * Tl,
-                                         pos + src * Tl, nullptr, B, Tl, Tl, H, KV, D, s);
+          cuda::attention_block_backward(acc, dkv + src * nkv, dout, qkv, kv + src * nkv, lse, scratch,
+                                         {B, Tl, Tl, H, KV, D, pos + r * Tl, pos + src * Tl}, s);
         cuda::attention_block_grads_store(dqkv, acc, dkv + r * nkv, B, Tl, H, KV, D, s);
       }
     });

@@ -442,9 +442,10 @@ void attention_kv_extract(bf16* kv, const bf16* qkv, int B, int T, int H, int KV
   LOOM_CUDA_LAUNCHED();
 }
 
-void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
-                             const int32_t* kpos, const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D,
+void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const AttentionBlockShape& shape,
                              bool first, cudaStream_t s) {
+  const int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, H = shape.H, KV = shape.KV, D = shape.D;
+  const int32_t *qpos = shape.qpos, *kpos = shape.kpos, *qdoc = shape.qdoc;
   check_dims(H, KV, D);
   if (D == 64) return forward_d<64>(acc, ml, qkv, kv, qpos, kpos, qdoc, B, Tq, Tk, H, KV, first, s);
   if (D == 128) return forward_d<128>(acc, ml, qkv, kv, qpos, kpos, qdoc, B, Tq, Tk, H, KV, first, s);
@@ -460,8 +461,9 @@ void attention_block_finish(bf16* out, float* lse, const float* acc, const float
 }
 
 void attention_block_backward(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv,
-                              const float* lse, const float* delta, const int32_t* qpos, const int32_t* kpos,
-                              const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, cudaStream_t s) {
+                              const float* lse, const float* delta, const AttentionBlockShape& shape, cudaStream_t s) {
+  const int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, H = shape.H, KV = shape.KV, D = shape.D;
+  const int32_t *qpos = shape.qpos, *kpos = shape.kpos, *qdoc = shape.qdoc;
   check_dims(H, KV, D);
   if (D == 64) return backward_d<64>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, B, Tq, Tk, H, KV, s);
   if (D == 128) return backward_d<128>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, B, Tq, Tk, H, KV, s);

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/attention_block.h"
+
 namespace loom::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -202,22 +204,18 @@ void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, c
 //          attention_block_backward, attention_block_grads_store (attention_block.cu);
 //          attention_block_delta (attention.cu's delta kernel)
 // Context parallel's attention over blocks of keys, the CPU's attention_block_* of
-// kernels/ops.h with the same shapes and semantics: key u of a block is visible to query t
-// where kpos[u] <= qpos[t] (and with qdoc, data.doc_mask's positions in the documents [B,Tq],
-// kpos[u] >= qpos[t] - qdoc[b,t]); qpos [Tq], kpos [Tk] and qdoc in device memory. The flash kernels'
-// tiles on tensor cores (mma.sync), D = 32, 64 or 128; qkv, kv and dout 16-byte aligned; no
-// scratch.
+// kernels/ops.h with the same shapes and semantics (AttentionBlockShape, its positions in
+// device memory). The flash kernels' tiles on tensor cores (mma.sync), D = 32, 64 or 128; qkv,
+// kv and dout 16-byte aligned; no scratch.
 void attention_kv_extract(bf16* kv, const bf16* qkv, int B, int T, int H, int KV, int D, cudaStream_t s);
-void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
-                             const int32_t* kpos, const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D,
+void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const AttentionBlockShape& shape,
                              bool first, cudaStream_t s);
 void attention_block_finish(bf16* out, float* lse, const float* acc, const float* ml, int B, int Tq, int H, int D,
                             cudaStream_t s);
 void attention_block_delta(float* delta, const bf16* dout, const bf16* out, int B, int Tq, int H, int D,
                            cudaStream_t s);
 void attention_block_backward(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv,
-                              const float* lse, const float* delta, const int32_t* qpos, const int32_t* kpos,
-                              const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, cudaStream_t s);
+                              const float* lse, const float* delta, const AttentionBlockShape& shape, cudaStream_t s);
 void attention_block_grads_store(bf16* dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV, int D,
                                  cudaStream_t s);
 
