@@ -1,4 +1,8 @@
-// CPU kernels, one forward and one backward per op (llm.c style). Shapes use B (batch),
+// The op API: each op the decoder is written in, its shapes and its overwrite or += semantics,
+// stated once here, with its CPU kernel. The decoder calls the ops through Backend
+// (model/backend.h); the CUDA kernels are twins of these (kernels/cuda/ops_cuda.h), the
+// whole-sequence attention kernels training no longer runs references (kernels/cuda/reference/).
+// One forward and one backward per op (llm.c style). Shapes use B (batch),
 // T (time), C (channels), H (query heads), KV (key/value heads), D (head dim), F (MLP width),
 // V (vocab), N (rows = B*T). Backward kernels say whether they overwrite or accumulate (+=):
 // parameter gradients always accumulate (gradient accumulation across micro-batches);

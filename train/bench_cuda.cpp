@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/reference/attention_reference.h"
 #include "model/context_parallel.h"
 #include "model/flops.h"
 #include "model/layout.h"
@@ -147,13 +148,15 @@ void bench_attention(int B, int T, int H, int KV, int D, bool rowwise, cudaStrea
     if (k == rows && !rowwise) continue;
     const double f = time_ms(s, 5, [&] {
       if (k == flash) cuda::attention_forward(out, lse, qkv, B, T, H, KV, D, nullptr, s);
-      if (k == wmma) cuda::attention_forward_wmma(out, lse, qkv, B, T, H, KV, D, nullptr, s);
-      if (k == rows) cuda::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, nullptr, s);
+      if (k == wmma) cuda::reference::attention_forward_wmma(out, lse, qkv, B, T, H, KV, D, nullptr, s);
+      if (k == rows) cuda::reference::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, nullptr, s);
     });
     const double bw = time_ms(s, 5, [&] {
       if (k == flash) cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
-      if (k == wmma) cuda::attention_backward_wmma(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
-      if (k == rows) cuda::attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
+      if (k == wmma)
+        cuda::reference::attention_backward_wmma(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
+      if (k == rows)
+        cuda::reference::attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
     });
     const char* name = k == flash ? "flash" : k == wmma ? "wmma" : "row-wise";
     fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("attention fwd {} {}", name, shape), f, fwd / f / 1e9);

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/reference/attention_reference.h"
+
 namespace loom::testing_cuda {
 
 int call_every_kernel(const ModelShape& s) {
@@ -38,11 +40,11 @@ int call_every_kernel(const ModelShape& s) {
   cuda::attention_forward(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
   cuda::attention_backward(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 2;  // dQ (with delta), dK/dV
   // The kernels attention_forward replaced, kept as references and in the benchmark.
-  cuda::attention_forward_rowwise(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
-  cuda::attention_backward_rowwise(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 3;
+  cuda::reference::attention_forward_rowwise(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
+  cuda::reference::attention_backward_rowwise(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 3;
   if (s.D == 64 || s.D == 128) {
-    cuda::attention_forward_wmma(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
-    cuda::attention_backward_wmma(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 2;
+    cuda::reference::attention_forward_wmma(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
+    cuda::reference::attention_backward_wmma(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 2;
   }
   // Context parallel at cp 2: blocks of T/2 keys for T/2 queries.
   const int Tl = s.T / 2;
