@@ -76,7 +76,7 @@ class MoeLayer {
   // The counts of rows per local expert and source (ep rank) that the dropless GEMMs read.
   const int32_t* expert_counts(const MoeBlock& b) const;
   // Expert parallel: local rows [R, C] (sorted by expert, `in`) to the ranks holding their
-  // experts, arriving expert-major in `out` (through `recv`), and back (`back`: from
+  // experts, arriving expert-major in `out` (through `recv`), and back (return_rows: from
   // expert-major rows to local order).
   void dispatch(const MoeBlock& b, Ptr in, Ptr recv, Ptr out);
   void return_rows(const MoeBlock& b, Ptr in, Ptr send, Ptr out);
