@@ -1,4 +1,8 @@
-// CPU kernels, one forward and one backward per op (llm.c style). Shapes use B (batch),
+// The op API: each op the decoder is written in, its shapes and its overwrite or += semantics,
+// stated once here, with its CPU kernel. The decoder calls the ops through Backend
+// (model/backend.h); the CUDA kernels are twins of these (kernels/cuda/ops_cuda.h), the
+// whole-sequence attention kernels training no longer runs references (kernels/cuda/reference/).
+// One forward and one backward per op (llm.c style). Shapes use B (batch),
 // T (time), C (channels), H (query heads), KV (key/value heads), D (head dim), F (MLP width),
 // V (vocab), N (rows = B*T). Backward kernels say whether they overwrite or accumulate (+=):
 // parameter gradients always accumulate (gradient accumulation across micro-batches);
@@ -12,6 +16,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/attention_block.h"
 #include "runtime/tensor.h"
 
 namespace loom::cpu {
@@ -91,11 +96,9 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, in
 // defines: attention_kv_extract, attention_block_scratch, attention_block_forward, attention_block_finish,
 // attention_block_delta, attention_block_backward, attention_block_grads_store
 // Context parallel (model/context_parallel.h): this rank's queries, rows of qkv
-// [B,Tq,(H+2KV)*D] at global positions qpos [Tq], attend to keys and values that arrive in
-// blocks, kv [B,Tk,2*KV*D] (k heads, then v heads) at global positions kpos [Tk]; key u is
-// visible to query t where kpos[u] <= qpos[t], and, with data.doc_mask, kpos[u] >= qpos[t] -
-// qdoc[b, t], qdoc [B,Tq] being each query's position in its document (null: no documents).
-// Blocks may come in any order.
+// [B,Tq,(H+2KV)*D], attend to keys and values that arrive in blocks, kv [B,Tk,2*KV*D] (k heads,
+// then v heads); the shapes and the mask's positions (host memory) are an AttentionBlockShape
+// (kernels/attention_block.h). Blocks may come in any order.
 // kv_extract: a rank's own block, kv [B,T,2*KV*D] from its qkv.
 template <class S>
 void attention_kv_extract(S* kv, const S* qkv, int B, int T, int H, int KV, int D);
@@ -105,9 +108,8 @@ int64_t attention_block_scratch(int B, int Tq, int Tk, int H, int KV);
 // Merges one block into the running output acc f32 [B,Tq,H*D] and the running max and sum
 // ml f32 [B,H,Tq,2] (online softmax); `first` starts them.
 template <class S>
-void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const int32_t* qpos, const int32_t* kpos,
-                             const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, bool first,
-                             float* scratch);
+void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const AttentionBlockShape& shape,
+                             bool first, float* scratch);
 // out [B,Tq,H*D] = acc / sum; lse f32 [B,H,Tq] = max + log(sum).
 template <class S>
 void attention_block_finish(S* out, float* lse, const float* acc, const float* ml, int B, int Tq, int H, int D);
@@ -117,8 +119,7 @@ void attention_block_delta(float* delta, const S* dout, const S* out, int B, int
 // One block's backward from P recomputed by the lse: dq f32 [B,Tq,H*D] +=, dkv f32 [B,Tk,2*KV*D] +=.
 template <class S>
 void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const float* lse,
-                              const float* delta, const int32_t* qpos, const int32_t* kpos, const int32_t* qdoc, int B,
-                              int Tq, int Tk, int H, int KV, int D, float* scratch);
+                              const float* delta, const AttentionBlockShape& shape, float* scratch);
 // dqkv [B,T,(H+2KV)*D] (overwritten) from dq f32 [B,T,H*D] and this rank's dkv f32 [B,T,2*KV*D].
 template <class S>
 void attention_block_grads_store(S* dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV, int D);

@@ -177,17 +177,14 @@ class Backend {
   virtual const int32_t* cp_position_table() const { return nullptr; }  // [cp, T / cp]
   virtual void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) = 0;
   // scratch: attention_block_scratch(B, Tq, Tk, H, KV) floats where the plan has them (the CPU).
-  // qdoc: data.doc_mask's positions of the queries in their documents [B, Tq], or null.
-  virtual void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos, const int32_t* kpos,
-                                       const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, bool first,
-                                       float* scratch) = 0;
+  // shape.qdoc: data.doc_mask's positions of the queries in their documents [B, Tq], or null.
+  virtual void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const AttentionBlockShape& shape,
+                                       bool first, float* scratch) = 0;
   virtual void attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq, int H,
                                       int D) = 0;
   virtual void attention_block_delta(float* delta, Ptr dout, Ptr out, int B, int Tq, int H, int D) = 0;
   virtual void attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse,
-                                        const float* delta, const int32_t* qpos, const int32_t* kpos,
-                                        const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D,
-                                        float* scratch) = 0;
+                                        const float* delta, const AttentionBlockShape& shape, float* scratch) = 0;
   virtual void attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV,
                                            int D) = 0;
   virtual void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) = 0;

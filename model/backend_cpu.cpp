@@ -342,13 +342,11 @@ class CpuBackend final : public Backend {
       cpu::attention_kv_extract(kv.as<S>(), qkv.as<S>(), B, T, H, KV, D);
     });
   }
-  void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos, const int32_t* kpos,
-                               const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, bool first,
+  void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const AttentionBlockShape& shape, bool first,
                                float* scratch) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;
-      cpu::attention_block_forward(acc, ml, qkv.as<S>(), kv.as<S>(), qpos, kpos, qdoc, B, Tq, Tk, H, KV, D, first,
-                                   scratch);
+      cpu::attention_block_forward(acc, ml, qkv.as<S>(), kv.as<S>(), shape, first, scratch);
     });
   }
   void attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq, int H,
@@ -365,12 +363,10 @@ class CpuBackend final : public Backend {
     });
   }
   void attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse, const float* delta,
-                                const int32_t* qpos, const int32_t* kpos, const int32_t* qdoc, int B, int Tq, int Tk,
-                                int H, int KV, int D, float* scratch) override {
+                                const AttentionBlockShape& shape, float* scratch) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;
-      cpu::attention_block_backward(dq, dkv, dout.as<S>(), qkv.as<S>(), kv.as<S>(), lse, delta, qpos, kpos, qdoc, B, Tq,
-                                    Tk, H, KV, D, scratch);
+      cpu::attention_block_backward(dq, dkv, dout.as<S>(), qkv.as<S>(), kv.as<S>(), lse, delta, shape, scratch);
     });
   }
   void attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV,

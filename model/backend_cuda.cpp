@@ -268,10 +268,9 @@ class CudaBackend final : public Backend {
   void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) override {
     cuda::attention_kv_extract(B16(kv), B16(qkv), B, T, H, KV, D, s_);
   }
-  void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos, const int32_t* kpos,
-                               const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, bool first,
+  void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const AttentionBlockShape& shape, bool first,
                                float*) override {
-    cuda::attention_block_forward(acc, ml, B16(qkv), B16(kv), qpos, kpos, qdoc, B, Tq, Tk, H, KV, D, first, s_);
+    cuda::attention_block_forward(acc, ml, B16(qkv), B16(kv), shape, first, s_);
   }
   void attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq, int H,
                               int D) override {
@@ -281,10 +280,8 @@ class CudaBackend final : public Backend {
     cuda::attention_block_delta(delta, B16(dout), B16(out), B, Tq, H, D, s_);
   }
   void attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse, const float* delta,
-                                const int32_t* qpos, const int32_t* kpos, const int32_t* qdoc, int B, int Tq, int Tk,
-                                int H, int KV, int D, float*) override {
-    cuda::attention_block_backward(dq, dkv, B16(dout), B16(qkv), B16(kv), lse, delta, qpos, kpos, qdoc, B, Tq, Tk, H,
-                                   KV, D, s_);
+                                const AttentionBlockShape& shape, float*) override {
+    cuda::attention_block_backward(dq, dkv, B16(dout), B16(qkv), B16(kv), lse, delta, shape, s_);
   }
   void attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV,
                                    int D) override {

@@ -266,15 +266,14 @@ void ProfiledBackend::attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H,
   const OpCost c{4.0 * d(int64_t(B) * T * KV * D) * es(), 0};
   timed("cp attention other", c, [&] { in_->attention_kv_extract(kv, qkv, B, T, H, KV, D); });
 }
-void ProfiledBackend::attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos,
-                                              const int32_t* kpos, const int32_t* qdoc, int B, int Tq, int Tk, int H,
-                                              int KV, int D, bool first, float* scratch) {
+void ProfiledBackend::attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const AttentionBlockShape& shape,
+                                              bool first, float* scratch) {
+  const int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, H = shape.H, KV = shape.KV, D = shape.D;
   // A whole block of scores (its mask is the positions'), q and the block's keys and values
   // read, the fp32 accumulator and running max and sum written (and read after the first)
   const int64_t q = int64_t(B) * Tq * H * D, kv_elems = int64_t(B) * Tk * 2 * KV * D, rows = int64_t(B) * H * Tq;
   const OpCost c{d(q + kv_elems) * es() + 4.0 * d(q + 2 * rows) * (first ? 1 : 2), 4.0 * B * H * double(Tq) * Tk * D};
-  timed("cp attention fwd", c,
-        [&] { in_->attention_block_forward(acc, ml, qkv, kv, qpos, kpos, qdoc, B, Tq, Tk, H, KV, D, first, scratch); });
+  timed("cp attention fwd", c, [&] { in_->attention_block_forward(acc, ml, qkv, kv, shape, first, scratch); });
 }
 void ProfiledBackend::attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq,
                                              int H, int D) {
@@ -287,14 +286,12 @@ void ProfiledBackend::attention_block_delta(float* delta, Ptr dout, Ptr out, int
   timed("cp attention other", c, [&] { in_->attention_block_delta(delta, dout, out, B, Tq, H, D); });
 }
 void ProfiledBackend::attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse,
-                                               const float* delta, const int32_t* qpos, const int32_t* kpos,
-                                               const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D,
-                                               float* scratch) {
+                                               const float* delta, const AttentionBlockShape& shape, float* scratch) {
+  const int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, H = shape.H, KV = shape.KV, D = shape.D;
   const int64_t q = int64_t(B) * Tq * H * D, kv_elems = int64_t(B) * Tk * 2 * KV * D, rows = int64_t(B) * H * Tq;
   const OpCost c{d(2 * q + kv_elems) * es() + 8.0 * d(rows) + 8.0 * d(q + kv_elems), 8.0 * B * H * double(Tq) * Tk * D};
-  timed("cp attention bwd", c, [&] {
-    in_->attention_block_backward(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, B, Tq, Tk, H, KV, D, scratch);
-  });
+  timed("cp attention bwd", c,
+        [&] { in_->attention_block_backward(dq, dkv, dout, qkv, kv, lse, delta, shape, scratch); });
 }
 void ProfiledBackend::attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H,
                                                   int KV, int D) {

@@ -105,15 +105,13 @@ class ProfiledBackend final : public Backend {
                           int D, const int32_t* pos) override;
   const int32_t* cp_position_table() const override { return in_->cp_position_table(); }
   void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) override;
-  void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const int32_t* qpos, const int32_t* kpos,
-                               const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, bool first,
+  void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const AttentionBlockShape& shape, bool first,
                                float* scratch) override;
   void attention_block_finish(Ptr out, float* lse, const float* acc, const float* ml, int B, int Tq, int H,
                               int D) override;
   void attention_block_delta(float* delta, Ptr dout, Ptr out, int B, int Tq, int H, int D) override;
   void attention_block_backward(float* dq, float* dkv, Ptr dout, Ptr qkv, Ptr kv, const float* lse, const float* delta,
-                                const int32_t* qpos, const int32_t* kpos, const int32_t* qdoc, int B, int Tq, int Tk,
-                                int H, int KV, int D, float* scratch) override;
+                                const AttentionBlockShape& shape, float* scratch) override;
   void attention_block_grads_store(Ptr dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV,
                                    int D) override;
   void crossentropy(Ptr logits, float* losses, const Inputs& in, int N, int V, int valid, float dloss) override;

@@ -61,8 +61,8 @@ void ContextParallel::forward(Ptr out, float* lse, Ptr qkv, const int32_t* doc, 
   auto kvbuf = [&](int i) { return Buf(kv(i).p, kvn, be_.dtype(), be_.device()); };
   auto block = [&](Ptr blk, int src, bool first) {
     auto s = trace_.scope("attention_block_forward");
-    be_.attention_block_forward(buf.acc, buf.ml, qkv, blk, pos_of(rank_), pos_of(src), doc, B_, Tl_, Tl_, H, KV, D,
-                                first, buf.scores);
+    const AttentionBlockShape shape{B_, Tl_, Tl_, H, KV, D, pos_of(rank_), pos_of(src), doc};
+    be_.attention_block_forward(buf.acc, buf.ml, qkv, blk, shape, first, buf.scores);
   };
   if (ring_) {
     be_.attention_kv_extract(kv(0), qkv, B_, Tl_, H, KV, D);
@@ -104,8 +104,8 @@ void ContextParallel::backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, const float
   be_.zero(Buf(dq, int64_t(B_) * Tl_ * H * D, DType::f32, dev));
   auto block = [&](float* dkv_blk, Ptr blk, int src) {
     auto s = trace_.scope("attention_block_backward");
-    be_.attention_block_backward(dq, dkv_blk, dout, qkv, blk, lse, delta, pos_of(rank_), pos_of(src), doc, B_, Tl_, Tl_,
-                                 H, KV, D, buf.scores);
+    const AttentionBlockShape shape{B_, Tl_, Tl_, H, KV, D, pos_of(rank_), pos_of(src), doc};
+    be_.attention_block_backward(dq, dkv_blk, dout, qkv, blk, lse, delta, shape, buf.scores);
   };
   float* own;  // this rank's key/value gradient, summed over every rank's queries
   if (ring_) {

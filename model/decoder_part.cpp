@@ -37,11 +37,9 @@ DecoderPart::DecoderPart(const ModelDims& dims, const PartSpec& spec, Backend& b
       V_(int(dims.V_padded() / dims.tp)),
       L_(dims.L),
       policy_(dims.recompute),
-      names_(head_names(dims)),
-      ep_(ep),
-      ep_size_(ep ? ep->size() : 1),
-      ep_rank_(ep ? ep->rank() : 0) {
-  LOOM_CHECK(ep_size_ == dims.ep, "the ep group has {} ranks but parallel.ep = {}", ep_size_, dims.ep);
+      names_(head_names(dims)) {
+  const int ep_size = ep ? ep->size() : 1;
+  LOOM_CHECK(ep_size == dims.ep, "the ep group has {} ranks but parallel.ep = {}", ep_size, dims.ep);
   tp_size_ = tp_.size();
   tp_rank_ = tp_.rank();
   LOOM_CHECK(tp_size_ == dims.tp, "the tp group has {} ranks but parallel.tp = {}", tp_size_, dims.tp);
@@ -49,7 +47,7 @@ DecoderPart::DecoderPart(const ModelDims& dims, const PartSpec& spec, Backend& b
   valid_ = std::clamp(dims.vocab - v0_, 0, V_);
   sp_ = dims.sp && tp_size_ > 1;
   Ns_ = sp_ ? B_ * T_ / tp_size_ : B_ * T_;
-  layout_ = model_layout(dims, tp_rank_, chunk_runs(spec), ep_rank_);
+  layout_ = model_layout(dims, tp_rank_, chunk_runs(spec), ep ? ep->rank() : 0);
   if (spec.pieces.back().unit_hi < 0 || spec.pieces.back().unit_hi == L_ + 2)
     lm_unit_ = layout_.unit_of(names_.lm_head);  // the tied copy sits in the head unit
   flat_ = std::make_unique<FlatAccess>(*this);
@@ -91,10 +89,7 @@ DecoderPart::DecoderPart(const ModelDims& dims, const PartSpec& spec, Backend& b
   }
   loss_sum_ = alloc.empty({kExactDigits}, DType::f64, Mem::workspace);
   be_.zero(Buf(loss_sum_));
-  if (dims.moe_layers()) {
-    moe_stats_ = alloc.empty({4 * dims.moe_layers()}, DType::f64, Mem::workspace);
-    be_.zero(Buf(moe_stats_));
-  }
+  if (dims.moe_layers()) moe_ = std::make_unique<MoeLayer>(dims, be_, ep, cp_ ? cp : nullptr, tp_rank_, trace_, clock_);
 }
 
 DecoderPart::~DecoderPart() = default;
@@ -319,7 +314,7 @@ void DecoderPart::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr p
     be_.norm_forward(llama_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, in, W[NORM2_W], W[NORM2_B], Ns_, C_, eps);
   }
   const Ptr in2 = column_parallel_input(a.ln2, gathered);
-  if (a.moe >= 0) return moe_forward(lw, a, in2, out, moe_training_, recomputing);
+  if (a.moe >= 0) return moe_->forward(moe_block(lw, LayerW{}, a), in2, out, moe_training_, recomputing);
   {
     auto s = trace_.scope("fc_forward");
     be_.linear_forward(a.fc, in2, W[FC_W], W[FC_B], N, C_, llama_ ? 2 * F_ : F_, lay);
@@ -338,6 +333,26 @@ void DecoderPart::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr p
 
 CpBuffers DecoderPart::cp_buffers() {
   return {scr(CP_KV), scrf(CP_ACC), scrf(CP_ML), scrf(CP_DKV), scrf(CP_SCORES)};
+}
+
+MoeBlock DecoderPart::moe_block(const LayerW& lw, const LayerW& lg, const LayerA& a) {
+  const int mi = a.moe;
+  Piece& p = pieces_[size_t(piece_)];
+  MoeBlock b;
+  b.layer = a.layer;
+  b.gate = lw.w[MOE_GATE], b.experts = lw.w[MOE_EXPERTS];
+  b.g_gate = lg.g[MOE_GATE], b.g_experts = lg.g[MOE_EXPERTS];
+  b.route = &p.routes[size_t(slot_ * p.moe + mi)];
+  b.probs = actf(MOE_PROBS, mi), b.w = actf(MOE_W, mi);
+  b.idx = act(MOE_IDX, mi).as<int32_t>(), b.row_of = act(MOE_ROW_OF, mi).as<int32_t>();
+  b.token = act(MOE_TOKEN, mi).as<int32_t>(), b.counts = act(MOE_COUNTS, mi).as<int32_t>();
+  b.x = act(MOE_X, mi), b.fc = act(MOE_FC, mi), b.act = act(MOE_ACT, mi), b.y = act(MOE_Y, mi);
+  b.map_in = act(MOE_MAP_IN, mi).as<int32_t>(), b.map_out = act(MOE_MAP_OUT, mi).as<int32_t>();
+  b.logits = scr(MOE_LOGITS), b.drows = scr(MOE_DROWS), b.dfc = scr(MOE_DFC), b.dact = scr(MOE_DACT);
+  b.dx = scr(MOE_DX), b.send = scr(MOE_SEND), b.recv = scr(MOE_RECV);
+  b.plan = scr(MOE_PLAN).as<int32_t>(), b.cp_counts = scr(MOE_CP_COUNTS).as<int32_t>();
+  b.dw = scrf(MOE_DW), b.aux = scrf(MOE_AUX);
+  return b;
 }
 
 void DecoderPart::block_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr in, Ptr dres, bool keep) {
@@ -366,7 +381,7 @@ void DecoderPart::block_backward(const LayerW& lw, const LayerW& lg, const Layer
     // Every tp rank runs the whole MoE layer on every row: its input gradient is whole there,
     // nothing to reduce; sequence parallel keeps this rank's rows.
     LOOM_ASSERT(!keep);  // the config refuses zb with MoE
-    moe_backward(lw, lg, a, column_parallel_input(a.ln2, full_b), dout, dln);
+    moe_->backward(moe_block(lw, lg, a), column_parallel_input(a.ln2, full_b), dout, dln);
     dln2 = dln + (sp_ ? int64_t(tp_rank_) * Ns_ * C_ : 0);
   } else {
     {
@@ -592,7 +607,7 @@ void DecoderPart::backward(const Inputs& in, UnitAccess& acc, Grads part) {
     } else if (policy_ == Recompute::selective) {
       auto s = trace_.scope("recompute_selective");
       if (be_.traits().attention_probs) be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_, pos_);
-      // B does not read it (W recomputes it); a MoE block recomputes its experts' in moe_backward.
+      // B does not read it (W recomputes it); a MoE block recomputes its experts' in MoeLayer::backward.
       if (part == Grads::all && a.moe < 0) be_.act_forward(llama_, a.act, a.fc, N, F_);
     }
     const bool keep = part == Grads::input;

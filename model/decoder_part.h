@@ -12,6 +12,7 @@
 #include "model/backend.h"
 #include "model/context_parallel.h"
 #include "model/layout.h"
+#include "model/moe.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/step_clock.h"
 #include "runtime/trace.h"
@@ -70,8 +71,7 @@ class DecoderPart {
   // full_params / full_grads: whether this rank holds the chunk's whole flat buffers (ZeRO-3
   // and -2 do not; they bring their own UnitAccess). tp: the tensor-parallel group, its size
   // dims.tp. clock (may be null) is charged with the blocking tp collectives. ep: the
-  // expert-parallel group (dims.ep > 1), which holds the experts between its ranks and
-  // carries the tokens (and, dropless, their counts) to them in the backend's buffers. cp: the
+  // expert-parallel group (dims.ep > 1), the MoE layer's (model/moe.h). cp: the
   // context-parallel group (dims.cp > 1): the chunk holds T / cp tokens of each
   // sequence, whose global positions come with the inputs (ContextParallel::token_positions).
   DecoderPart(const ModelDims& dims, const PartSpec& spec, Backend& backend, ProcessGroup& tp, Trace& trace,
@@ -125,11 +125,8 @@ class DecoderPart {
   // digits (runtime/exact_digits.h): one micro-batch's sum at a time, so the total is the same
   // bits whichever ranks computed which micro-batches and in whatever order they are added.
   Tensor& loss_sum() { return loss_sum_; }
-  // MoE layers, per layer of the model (dims.moe_layers(); those of other stages stay 0): the
-  // sums over the training micro-batches since the last take of the load-balancing loss, the
-  // expert load (most tokens on one expert over the mean) and the dropped fraction, and how
-  // many micro-batches; 4 values per layer. They add up on the device; a take reads them.
-  std::vector<double> moe_stats_take();
+  // The MoE layers' statistics since the last take (MoeLayer::stats_take); empty without MoE.
+  std::vector<double> moe_stats_take() { return moe_ ? moe_->stats_take() : std::vector<double>{}; }
 
  private:
   struct LayerW;  // pointers of one block's parameters, or gradients
@@ -173,12 +170,8 @@ class DecoderPart {
   void embedding_forward(const Inputs& in, UnitAccess& acc);
   void head_forward(const Inputs& in, float dloss, Ptr pending, UnitAccess& acc);
   void head_backward(UnitAccess& acc, Grads part);
-  // A MoE block's MLP branch (model/moe.cpp): from the normed input x [N, C] (every row; sp
-  // gathers it) to this rank's rows of `out`; recomputing stops before combining (`out`
-  // already holds it); count: add to moe_stats_. Backward: from d(out) over every row [N, C]
-  // to dx [N, C] (overwritten), the router's and the experts' weight gradients accumulated.
-  void moe_forward(const LayerW& w, const LayerA& a, Ptr x, Ptr out, bool count, bool recomputing);
-  void moe_backward(const LayerW& w, const LayerW& g, const LayerA& a, Ptr x, Ptr dout, Ptr dx);
+  // A MoE block's weights, gradients (backward) and buffers, for moe_.
+  MoeBlock moe_block(const LayerW& w, const LayerW& g, const LayerA& a);
   // The stash of a split backward: the next n elements of the slot's, in B's order.
   Ptr stash_next(int64_t n);
   Ptr stash_keep(Ptr src, int64_t n);  // B: src copied to the next n
@@ -193,32 +186,6 @@ class DecoderPart {
   int tp_size_, tp_rank_, v0_, valid_;      // v0_: the first vocabulary id this rank holds; valid_: how many are real
   bool sp_;
   int Ns_;  // rows of the norm and residual regions on this rank (N / tp with sp)
-  // The shapes of a MoE layer's pass, on the host: the rows of the expert-sorted buffer
-  // (`rows`), those sent to and received from each ep rank, and the expert-major rows this
-  // rank's experts compute on (each expert's rows from every source in turn). Padded (a
-  // capacity): fixed, every expert a slot; dropless: every assignment without ep, and under ep
-  // from the plan's counts. Each expert's own run stays on the device (moe_expert_counts).
-  struct MoeRoute {
-    int64_t rows = 0, expert_rows = 0;
-    std::vector<int64_t> sent, received;
-  };
-  MoeRoute moe_route_padded() const;
-  MoeRoute moe_route_local() const;                   // dropless without ep
-  MoeRoute moe_route_counted(const int32_t* counts);  // dropless under ep: the host waits for the counts
-  // A micro-batch's first n expert counts (and `sums`, E probability sums, in place, if set)
-  // summed over the cp ranks, who each route their own tokens; without cp, counts itself.
-  const int32_t* moe_counts_over_cp(const int32_t* counts, int n, float* sums);
-  // The counts of rows per local expert and source (ep rank) that the dropless GEMMs read.
-  const int32_t* moe_expert_counts(int mi);
-  // Expert parallel: local rows [R, C] (sorted by expert, `in`) to the ranks holding their
-  // experts, arriving expert-major in `out` (through `recv`), and back (`back`: from
-  // expert-major rows to local order).
-  void moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out);
-  void moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out);
-  // The experts' two GEMMs forward, and backward (the weight gradients accumulated): one
-  // grouped call each, over padded slots or over runs sized on the device.
-  void moe_experts_forward(const MoeRoute& r, const LayerW& lw, const LayerA& a);
-  void moe_experts_backward(const MoeRoute& r, const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr dye, Ptr dxe);
   struct Piece {
     int b0, b1;      // blocks [b0, b1)
     bool emb, head;  // whether it starts with the embedding, ends with the head
@@ -242,13 +209,11 @@ class DecoderPart {
   Tensor params_, grads_;
   std::vector<Tensor> scratch_;
   Tensor rope_cos_, rope_sin_, loss_sum_;
-  Tensor moe_stats_;              // f64 [4 per MoE layer] on the device: see moe_stats_take()
   bool moe_training_ = false;     // the forward running is a training one
   const int32_t* pos_ = nullptr;  // the micro-batch's Inputs::pos (data.doc_mask's, else cp's), or null
-  ProcessGroup* ep_;
-  int ep_size_, ep_rank_;
   std::unique_ptr<UnitAccess> flat_;
   std::unique_ptr<ContextParallel> cp_;
+  std::unique_ptr<MoeLayer> moe_;  // null without MoE blocks
   CpBuffers cp_buffers();
 };
 

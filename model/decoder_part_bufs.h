@@ -1,4 +1,5 @@
-// The chunk's buffers by name, for model/decoder_part.cpp and model/moe.cpp (private to them).
+// The chunk's buffers by name, for model/decoder_part.cpp (private to it; the MoE layer gets its
+// block's as a MoeBlock).
 #pragma once
 #include "model/decoder_part.h"
 

@@ -15,9 +15,11 @@
 // step reads them. Full recompute repeats the forward's plan, bitwise.
 // Under tensor parallelism the experts are whole on every tp rank, which runs the layer on
 // every row of the micro-batch (sequence parallel gathers them) and keeps its own rows.
+#include "model/moe.h"
+
 #include <algorithm>
 
-#include "model/decoder_part_bufs.h"
+#include "model/layout.h"
 
 namespace loom {
 
@@ -31,27 +33,49 @@ int64_t w2_at(int64_t e, int64_t F, int64_t C) {
 }
 }  // namespace
 
-DecoderPart::MoeRoute DecoderPart::moe_route_padded() const {
-  const int P = ep_size_, El = dims_.moe.num_experts / P;
-  const int64_t slot = moe_slot(dims_, int64_t(B_) * T_);
+MoeLayer::MoeLayer(const ModelDims& dims, Backend& be, ProcessGroup* ep, ProcessGroup* cp, int tp_rank, Trace& trace,
+                   StepClock* clock)
+    : dims_(dims),
+      be_(be),
+      ep_(ep),
+      cp_(cp),
+      trace_(trace),
+      clock_(clock),
+      N_(dims.B * dims.T_local()),
+      C_(dims.C),
+      P_(ep ? ep->size() : 1),
+      El_(dims.moe.num_experts / P_) {
+  const bool sp = dims.sp && dims.tp > 1;
+  Ns_ = sp ? N_ / dims.tp : N_;
+  t0_ = sp ? tp_rank * Ns_ : 0;
+  stats_ = be_.alloc().empty({4 * dims.moe_layers()}, DType::f64, Mem::workspace);
+  be_.zero(Buf(stats_));
+}
+
+Buf MoeLayer::rows(Ptr p, int64_t n) const {
+  return Buf(p.p, n, be_.dtype(), be_.device());
+}
+
+MoeRoute MoeLayer::route_padded() const {
+  const int64_t slot = moe_slot(dims_, N_);
   MoeRoute r;
-  r.rows = int64_t(P) * El * slot;
-  r.sent.assign(size_t(P), El * slot);
+  r.rows = int64_t(P_) * El_ * slot;
+  r.sent.assign(size_t(P_), El_ * slot);
   r.received = r.sent;
   r.expert_rows = r.rows;
   return r;
 }
 
-DecoderPart::MoeRoute DecoderPart::moe_route_local() const {
+MoeRoute MoeLayer::route_local() const {
   MoeRoute r;
-  r.rows = moe_rows(dims_, int64_t(B_) * T_);  // dropless: every assignment
+  r.rows = moe_rows(dims_, N_);  // dropless: every assignment
   r.sent = r.received = {r.rows};
   r.expert_rows = r.rows;
   return r;
 }
 
-DecoderPart::MoeRoute DecoderPart::moe_route_counted(const int32_t* counts) {
-  const int P = ep_size_, E = dims_.moe.num_experts, El = E / P;
+MoeRoute MoeLayer::route_counted(const int32_t* counts) {
+  const int P = P_, E = dims_.moe.num_experts, El = El_;
   // routed [E], kept [E] and (ep) the rows each rank sends my experts [P x El]: the one wait.
   std::vector<int32_t> h(size_t((P > 1 ? 3 : 2) * E));
   be_.download(h.data(), Buf(const_cast<int32_t*>(counts), int64_t(h.size()), DType::i32, be_.device()));
@@ -69,153 +93,133 @@ DecoderPart::MoeRoute DecoderPart::moe_route_counted(const int32_t* counts) {
   return r;
 }
 
-void DecoderPart::moe_forward(const LayerW& lw, const LayerA& a, Ptr x, Ptr out, bool count, bool recomputing) {
-  const int N = B_ * T_, C = C_;
+void MoeLayer::forward(const MoeBlock& b, Ptr x, Ptr out, bool count, bool recomputing) {
+  const int N = N_, C = C_;
   const auto& mc = dims_.moe;
-  const int E = mc.num_experts, k = mc.top_k, mi = a.moe, P = ep_size_, El = E / P;
+  const int E = mc.num_experts, k = mc.top_k, P = P_, El = El_;
   const int64_t slot = moe_slot(dims_, N);
   const DeviceKind dev = be_.device();
-  float* probs = actf(MOE_PROBS, mi);
-  int32_t* idx = act(MOE_IDX, mi).as<int32_t>();
-  float* w = actf(MOE_W, mi);
-  int32_t* row_of = act(MOE_ROW_OF, mi).as<int32_t>();
-  int32_t* token = act(MOE_TOKEN, mi).as<int32_t>();
-  int32_t* counts = act(MOE_COUNTS, mi).as<int32_t>();
-  const Ptr xr = act(MOE_X, mi), y = act(MOE_Y, mi);
   {
     auto s = trace_.scope("moe_router_forward");
-    be_.linear_forward(scr(MOE_LOGITS), x, lw.w[MOE_GATE], Ptr(), N, C, E, WLayout::out_in);
-    be_.moe_route(probs, idx, w, scr(MOE_LOGITS), N, E, k);
+    be_.linear_forward(b.logits, x, b.gate, Ptr(), N, C, E, WLayout::out_in);
+    be_.moe_route(b.probs, b.idx, b.w, b.logits, N, E, k);
     // A capacity past the slot's N rows takes every assignment all the same (a token picks an
     // expert once).
     const int64_t cap = slot ? std::min(moe_capacity(dims_, N), slot) : moe_capacity(dims_, N);
-    be_.moe_plan(row_of, token, counts, idx, N, E, k, int(cap), int(slot), int(moe_rows(dims_, N)),
-                 scr(MOE_PLAN).as<int32_t>());
+    be_.moe_plan(b.row_of, b.token, b.counts, b.idx, N, E, k, int(cap), int(slot), int(moe_rows(dims_, N)), b.plan);
   }
   if (P > 1 && !slot) {  // dropless: the rows each rank sends each of my experts, device to device
     auto s = trace_.scope("moe_all_to_all");
     StepClock::Scope c(clock_, Phase::comm);
     const std::vector<int64_t> each(static_cast<size_t>(P), El);
-    ep_->all_to_all_v(Buf(counts + E, E, DType::i32, dev), each, Buf(counts + 2 * E, E, DType::i32, dev), each,
+    ep_->all_to_all_v(Buf(b.counts + E, E, DType::i32, dev), each, Buf(b.counts + 2 * E, E, DType::i32, dev), each,
                       be_.stream())
         .wait_on(be_.stream());
   }
-  MoeRoute& route = pieces_[size_t(piece_)].routes[size_t(slot_ * pieces_[size_t(piece_)].moe + mi)];
+  MoeRoute& route = *b.route;
   if (!recomputing)  // a recompute's are the same
-    route = slot ? moe_route_padded() : P > 1 ? moe_route_counted(counts) : moe_route_local();
-  if (P > 1)
-    be_.moe_ep_maps(act(MOE_MAP_IN, mi).as<int32_t>(), act(MOE_MAP_OUT, mi).as<int32_t>(),
-                    slot ? nullptr : counts + 2 * E, P, El, int(slot));
+    route = slot ? route_padded() : P > 1 ? route_counted(b.counts) : route_local();
+  if (P > 1) be_.moe_ep_maps(b.map_in, b.map_out, slot ? nullptr : b.counts + 2 * E, P, El, int(slot));
   {
     auto s = trace_.scope("moe_experts_forward");
     // Without expert parallelism the local rows are the experts' rows; with it they travel to
     // the experts' ranks and come back.
     const bool ep = P > 1;
-    const Ptr local = ep ? scr(MOE_SEND) : xr;
-    be_.moe_gather(local, x, token, int(route.rows), C);
-    if (ep) moe_dispatch(route, a, local, scr(MOE_RECV), xr);
-    moe_experts_forward(route, lw, a);
-    if (ep) moe_return(route, a, scr(MOE_RECV), scr(MOE_SEND), y);
+    const Ptr local = ep ? b.send : b.x;
+    be_.moe_gather(local, x, b.token, int(route.rows), C);
+    if (ep) dispatch(b, local, b.recv, b.x);
+    experts_forward(b);
+    if (ep) return_rows(b, b.recv, b.send, b.y);
   }
   if (recomputing) return;
   {
     auto s = trace_.scope("moe_combine");
-    const int64_t t0 = sp_ ? int64_t(tp_rank_) * Ns_ : 0;
-    be_.moe_combine(out, y, row_of + t0 * k, w + t0 * k, Ns_, k, C);
+    be_.moe_combine(out, b.y, b.row_of + int64_t(t0_) * k, b.w + int64_t(t0_) * k, Ns_, k, C);
   }
   if (!count) return;
-  float* sums = scrf(MOE_AUX) + E;
-  be_.column_sums(sums, probs, N, E);
-  const int32_t* all = moe_counts_over_cp(counts, 2 * E, sums);
-  be_.moe_stats_add(moe_stats_.data<double>() + 4 * ((a.layer + 1) / mc.every - 1), all, sums, N * dims_.cp, E, k);
+  float* sums = b.aux + E;
+  be_.column_sums(sums, b.probs, N, E);
+  const int32_t* all = counts_over_cp(b, b.counts, 2 * E, sums);
+  be_.moe_stats_add(stats_.data<double>() + 4 * ((b.layer + 1) / mc.every - 1), all, sums, N * dims_.cp, E, k);
 }
 
-const int32_t* DecoderPart::moe_counts_over_cp(const int32_t* counts, int n, float* sums) {
+const int32_t* MoeLayer::counts_over_cp(const MoeBlock& b, const int32_t* counts, int n, float* sums) {
   if (!cp_) return counts;
   const DeviceKind d = be_.device();
   const Stream& st = be_.stream();
-  int32_t* c = scr(MOE_CP_COUNTS).as<int32_t>();
+  int32_t* c = b.cp_counts;
   be_.copy(Buf(c, n, DType::i32, d), Buf(const_cast<int32_t*>(counts), n, DType::i32, d));
   auto s = trace_.scope("moe_cp_all_reduce");
   StepClock::Scope sc(clock_, Phase::comm);
-  cp_->group().all_reduce(Buf(c, n, DType::i32, d), ReduceOp::sum, st).wait_on(st);
-  if (sums) cp_->group().all_reduce(Buf(sums, dims_.moe.num_experts, DType::f32, d), ReduceOp::sum, st).wait_on(st);
+  cp_->all_reduce(Buf(c, n, DType::i32, d), ReduceOp::sum, st).wait_on(st);
+  if (sums) cp_->all_reduce(Buf(sums, dims_.moe.num_experts, DType::f32, d), ReduceOp::sum, st).wait_on(st);
   return c;
 }
 
-const int32_t* DecoderPart::moe_expert_counts(int mi) {
+const int32_t* MoeLayer::expert_counts(const MoeBlock& b) const {
   const int E = dims_.moe.num_experts;
   // kept [E] per expert without ep; with it, what each rank sends each of my experts [P x El]
-  return act(MOE_COUNTS, mi).as<int32_t>() + (ep_size_ > 1 ? 2 * E : E);
+  return b.counts + (P_ > 1 ? 2 * E : E);
 }
 
-void DecoderPart::moe_experts_forward(const MoeRoute& r, const LayerW& lw, const LayerA& a) {
-  const int C = C_, Fe = dims_.F, P = ep_size_, El = dims_.moe.num_experts / P;
-  const Ptr xr = act(MOE_X, a.moe), fc = act(MOE_FC, a.moe), ac = act(MOE_ACT, a.moe);
-  const Ptr ye = P > 1 ? scr(MOE_RECV) : act(MOE_Y, a.moe);
-  const Ptr w = lw.w[MOE_EXPERTS];
-  const int64_t Rr = r.expert_rows, stride = w13_at(1, Fe, C);
-  if (const int64_t slot = moe_slot(dims_, int64_t(B_) * T_)) {
+void MoeLayer::experts_forward(const MoeBlock& b) {
+  const int C = C_, Fe = dims_.F, P = P_, El = El_;
+  const Ptr ye = P > 1 ? b.recv : b.y;
+  const Ptr w = b.experts;
+  const int64_t Rr = b.route->expert_rows, stride = w13_at(1, Fe, C);
+  if (const int64_t slot = moe_slot(dims_, N_)) {
     const int M = int(P * slot);
-    be_.linear_forward_grouped(fc, xr, w, El, stride, M, C, 2 * Fe, WLayout::out_in);
-    be_.act_forward(true, ac, fc, int(Rr), Fe);
-    be_.linear_forward_grouped(ye, ac, w + w2_at(0, Fe, C), El, stride, M, Fe, C, WLayout::out_in);
+    be_.linear_forward_grouped(b.fc, b.x, w, El, stride, M, C, 2 * Fe, WLayout::out_in);
+    be_.act_forward(true, b.act, b.fc, int(Rr), Fe);
+    be_.linear_forward_grouped(ye, b.act, w + w2_at(0, Fe, C), El, stride, M, Fe, C, WLayout::out_in);
     return;
   }
-  const int32_t* counts = moe_expert_counts(a.moe);
-  be_.linear_forward_ragged(fc, xr, w, El, stride, counts, P, Rr, C, 2 * Fe);
-  if (Rr) be_.act_forward(true, ac, fc, int(Rr), Fe);
-  be_.linear_forward_ragged(ye, ac, w + w2_at(0, Fe, C), El, stride, counts, P, Rr, Fe, C);
+  const int32_t* counts = expert_counts(b);
+  be_.linear_forward_ragged(b.fc, b.x, w, El, stride, counts, P, Rr, C, 2 * Fe);
+  if (Rr) be_.act_forward(true, b.act, b.fc, int(Rr), Fe);
+  be_.linear_forward_ragged(ye, b.act, w + w2_at(0, Fe, C), El, stride, counts, P, Rr, Fe, C);
 }
 
-void DecoderPart::moe_experts_backward(const MoeRoute& r, const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr dye,
-                                       Ptr dxe) {
-  const int C = C_, Fe = dims_.F, P = ep_size_, El = dims_.moe.num_experts / P;
-  const Ptr xr = act(MOE_X, a.moe), fc = act(MOE_FC, a.moe), ac = act(MOE_ACT, a.moe);
-  const Ptr dfc = scr(MOE_DFC), dact = scr(MOE_DACT), w = lw.w[MOE_EXPERTS];
-  float* g = lg.g[MOE_EXPERTS];
-  const int64_t Rr = r.expert_rows, stride = w13_at(1, Fe, C);
-  if (policy_ == Recompute::selective && Rr) be_.act_forward(true, ac, fc, int(Rr), Fe);
-  if (const int64_t slot = moe_slot(dims_, int64_t(B_) * T_)) {
+void MoeLayer::experts_backward(const MoeBlock& b, Ptr dye, Ptr dxe) {
+  const int C = C_, Fe = dims_.F, P = P_, El = El_;
+  const Ptr w = b.experts;
+  float* g = b.g_experts;
+  const int64_t Rr = b.route->expert_rows, stride = w13_at(1, Fe, C);
+  if (dims_.recompute == Recompute::selective && Rr) be_.act_forward(true, b.act, b.fc, int(Rr), Fe);
+  if (const int64_t slot = moe_slot(dims_, N_)) {
     const int M = int(P * slot);
-    be_.linear_backward_grouped(dact, g + w2_at(0, Fe, C), dye, ac, w + w2_at(0, Fe, C), El, stride, M, Fe, C,
+    be_.linear_backward_grouped(b.dact, g + w2_at(0, Fe, C), dye, b.act, w + w2_at(0, Fe, C), El, stride, M, Fe, C,
                                 WLayout::out_in);
-    be_.act_backward(true, dfc, fc, dact, int(Rr), Fe);
-    be_.linear_backward_grouped(dxe, g, dfc, xr, w, El, stride, M, C, 2 * Fe, WLayout::out_in);
+    be_.act_backward(true, b.dfc, b.fc, b.dact, int(Rr), Fe);
+    be_.linear_backward_grouped(dxe, g, b.dfc, b.x, w, El, stride, M, C, 2 * Fe, WLayout::out_in);
     return;
   }
-  const int32_t* counts = moe_expert_counts(a.moe);
-  be_.linear_backward_ragged(dact, g + w2_at(0, Fe, C), dye, ac, w + w2_at(0, Fe, C), El, stride, counts, P, Rr, Fe, C);
-  if (Rr) be_.act_backward(true, dfc, fc, dact, int(Rr), Fe);
-  be_.linear_backward_ragged(dxe, g, dfc, xr, w, El, stride, counts, P, Rr, C, 2 * Fe);  // the rows' input gradients
+  const int32_t* counts = expert_counts(b);
+  be_.linear_backward_ragged(b.dact, g + w2_at(0, Fe, C), dye, b.act, w + w2_at(0, Fe, C), El, stride, counts, P, Rr,
+                             Fe, C);
+  if (Rr) be_.act_backward(true, b.dfc, b.fc, b.dact, int(Rr), Fe);
+  be_.linear_backward_ragged(dxe, g, b.dfc, b.x, w, El, stride, counts, P, Rr, C, 2 * Fe);  // the rows' input gradients
 }
 
-void DecoderPart::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA& a, Ptr x, Ptr dout, Ptr dx) {
-  const int N = B_ * T_, C = C_;
+void MoeLayer::backward(const MoeBlock& b, Ptr x, Ptr dout, Ptr dx) {
+  const int N = N_, C = C_;
   const auto& mc = dims_.moe;
-  const int E = mc.num_experts, k = mc.top_k, mi = a.moe;
-  const MoeRoute& route = pieces_[size_t(piece_)].routes[size_t(slot_ * pieces_[size_t(piece_)].moe + mi)];
-  float* probs = actf(MOE_PROBS, mi);
-  const int32_t* idx = act(MOE_IDX, mi).as<int32_t>();
-  const float* w = actf(MOE_W, mi);
-  const int32_t* row_of = act(MOE_ROW_OF, mi).as<int32_t>();
-  const int32_t* counts = act(MOE_COUNTS, mi).as<int32_t>();
-  const Ptr y = act(MOE_Y, mi), drows = scr(MOE_DROWS);
-  float* dw = scrf(MOE_DW);
+  const int E = mc.num_experts, k = mc.top_k;
+  const MoeRoute& route = *b.route;
   {
     auto s = trace_.scope("moe_experts_backward");
-    const bool ep = ep_size_ > 1;
+    const bool ep = P_ > 1;
     // A padded slot's rows past its kept ones get no gradient: zero, so they add nothing to
     // the experts' weight gradients.
-    if (moe_slot(dims_, N)) be_.zero(rows(drows, route.rows * C));
-    be_.moe_combine_backward(drows, dw, dout, y, row_of, w, N, k, C);
+    if (moe_slot(dims_, N)) be_.zero(rows(b.drows, route.rows * C));
+    be_.moe_combine_backward(b.drows, b.dw, dout, b.y, b.row_of, b.w, N, k, C);
     // The experts' output gradients, expert-major (sent to the experts' ranks under ep).
-    const Ptr dye = ep ? scr(MOE_SEND) : drows, dxe = ep ? scr(MOE_RECV) : drows;
-    if (ep) moe_dispatch(route, a, drows, scr(MOE_RECV), dye);
-    moe_experts_backward(route, lw, lg, a, dye, dxe);
-    if (ep) moe_return(route, a, dxe, scr(MOE_SEND), drows);
+    const Ptr dye = ep ? b.send : b.drows, dxe = ep ? b.recv : b.drows;
+    if (ep) dispatch(b, b.drows, b.recv, dye);
+    experts_backward(b, dye, dxe);
+    if (ep) return_rows(b, dxe, b.send, b.drows);
     be_.zero(rows(dx, int64_t(N) * C));
-    be_.moe_scatter_add(dx, drows, row_of, N, k, C);
+    be_.moe_scatter_add(dx, b.drows, b.row_of, N, k, C);
   }
   {
     auto s = trace_.scope("moe_router_backward");
@@ -224,17 +228,16 @@ void DecoderPart::moe_backward(const LayerW& lw, const LayerW& lg, const LayerA&
     // over the whole sequences' Nt tokens, of which this rank holds N.
     const int Nt = N * dims_.cp;
     const double scale = mc.aux_loss_coef / (double(dims_.moe_layers()) * dims_.accum * dims_.dp) * E / Nt;
-    float* g_aux = scrf(MOE_AUX);
-    be_.moe_aux_grad(g_aux, moe_counts_over_cp(counts, E, nullptr), scale, Nt, E, k);
-    be_.moe_router_backward(scr(MOE_LOGITS), probs, idx, w, dw, g_aux, N, E, k);
-    be_.linear_backward(scr(MOE_DX), lg.g[MOE_GATE], nullptr, scr(MOE_LOGITS), x, lw.w[MOE_GATE], N, C, E,
-                        WLayout::out_in);
-    be_.add_act(dx, scr(MOE_DX), int64_t(N) * C);
+    be_.moe_aux_grad(b.aux, counts_over_cp(b, b.counts, E, nullptr), scale, Nt, E, k);
+    be_.moe_router_backward(b.logits, b.probs, b.idx, b.w, b.dw, b.aux, N, E, k);
+    be_.linear_backward(b.dx, b.g_gate, nullptr, b.logits, x, b.gate, N, C, E, WLayout::out_in);
+    be_.add_act(dx, b.dx, int64_t(N) * C);
   }
 }
 
-void DecoderPart::moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr recv, Ptr out) {
+void MoeLayer::dispatch(const MoeBlock& b, Ptr in, Ptr recv, Ptr out) {
   const int C = C_;
+  const MoeRoute& r = *b.route;
   const int64_t Rr = r.expert_rows;
   std::vector<int64_t> sc(r.sent), rc(r.received);
   for (auto& v : sc) v *= C;
@@ -244,13 +247,14 @@ void DecoderPart::moe_dispatch(const MoeRoute& r, const LayerA& a, Ptr in, Ptr r
     StepClock::Scope c(clock_, Phase::comm);
     ep_->all_to_all_v(rows(in, r.rows * C), sc, rows(recv, Rr * C), rc, be_.stream()).wait_on(be_.stream());
   }
-  be_.moe_gather(out, recv, act(MOE_MAP_IN, a.moe).as<int32_t>(), int(Rr), C);
+  be_.moe_gather(out, recv, b.map_in, int(Rr), C);
 }
 
-void DecoderPart::moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr send, Ptr out) {
+void MoeLayer::return_rows(const MoeBlock& b, Ptr in, Ptr send, Ptr out) {
   const int C = C_;
+  const MoeRoute& r = *b.route;
   const int64_t Rr = r.expert_rows;
-  be_.moe_gather(send, in, act(MOE_MAP_OUT, a.moe).as<int32_t>(), int(Rr), C);
+  be_.moe_gather(send, in, b.map_out, int(Rr), C);
   std::vector<int64_t> sc(r.received), rc(r.sent);
   for (auto& v : sc) v *= C;
   for (auto& v : rc) v *= C;
@@ -259,11 +263,10 @@ void DecoderPart::moe_return(const MoeRoute& r, const LayerA& a, Ptr in, Ptr sen
   ep_->all_to_all_v(rows(send, Rr * C), sc, rows(out, r.rows * C), rc, be_.stream()).wait_on(be_.stream());
 }
 
-std::vector<double> DecoderPart::moe_stats_take() {
-  if (!moe_stats_.defined()) return {};
-  std::vector<double> out(static_cast<size_t>(moe_stats_.numel()));
-  be_.download(out.data(), Buf(moe_stats_));
-  be_.zero(Buf(moe_stats_));
+std::vector<double> MoeLayer::stats_take() {
+  std::vector<double> out(static_cast<size_t>(stats_.numel()));
+  be_.download(out.data(), Buf(stats_));
+  be_.zero(Buf(stats_));
   return out;
 }
 

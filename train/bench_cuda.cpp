@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/reference/attention_reference.h"
 #include "model/context_parallel.h"
 #include "model/flops.h"
 #include "model/layout.h"
@@ -107,8 +108,8 @@ void bench_masked_attention(int B, int T, int H, int KV, int D, double flash_f, 
       for (int r = 0; r < cp; ++r) {
         for (int j = 0; j < cp; ++j) {
           const int src = (r + cp - j) % cp;  // the ring's order, own block first
-          cuda::attention_block_forward(acc, ml, qkv, kv + src * nkv, pos + r * Tl, pos + src * Tl, nullptr, B, Tl, Tl,
-                                        H, KV, D, j == 0, s);
+          cuda::attention_block_forward(acc, ml, qkv, kv + src * nkv,
+                                        {B, Tl, Tl, H, KV, D, pos + r * Tl, pos + src * Tl}, j == 0, s);
         }
         cuda::attention_block_finish(out, lse, acc, ml, B, Tl, H, D, s);
       }
@@ -117,8 +118,8 @@ void bench_masked_attention(int B, int T, int H, int KV, int D, double flash_f, 
       for (int r = 0; r < cp; ++r) {
         cuda::attention_block_delta(scratch, dout, out, B, Tl, H, D, s);
         for (int src = 0; src < cp; ++src)
-          cuda::attention_block_backward(acc, dkv + src * nkv, dout, qkv, kv + src * nkv, lse, scratch, pos + r * Tl,
-                                         pos + src * Tl, nullptr, B, Tl, Tl, H, KV, D, s);
+          cuda::attention_block_backward(acc, dkv + src * nkv, dout, qkv, kv + src * nkv, lse, scratch,
+                                         {B, Tl, Tl, H, KV, D, pos + r * Tl, pos + src * Tl}, s);
         cuda::attention_block_grads_store(dqkv, acc, dkv + r * nkv, B, Tl, H, KV, D, s);
       }
     });
@@ -147,13 +148,15 @@ void bench_attention(int B, int T, int H, int KV, int D, bool rowwise, cudaStrea
     if (k == rows && !rowwise) continue;
     const double f = time_ms(s, 5, [&] {
       if (k == flash) cuda::attention_forward(out, lse, qkv, B, T, H, KV, D, nullptr, s);
-      if (k == wmma) cuda::attention_forward_wmma(out, lse, qkv, B, T, H, KV, D, nullptr, s);
-      if (k == rows) cuda::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, nullptr, s);
+      if (k == wmma) cuda::reference::attention_forward_wmma(out, lse, qkv, B, T, H, KV, D, nullptr, s);
+      if (k == rows) cuda::reference::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, nullptr, s);
     });
     const double bw = time_ms(s, 5, [&] {
       if (k == flash) cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
-      if (k == wmma) cuda::attention_backward_wmma(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
-      if (k == rows) cuda::attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
+      if (k == wmma)
+        cuda::reference::attention_backward_wmma(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
+      if (k == rows)
+        cuda::reference::attention_backward_rowwise(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
     });
     const char* name = k == flash ? "flash" : k == wmma ? "wmma" : "row-wise";
     fmt::print("{:<34} {:>10.3f} {:>10.1f}\n", fmt::format("attention fwd {} {}", name, shape), f, fwd / f / 1e9);

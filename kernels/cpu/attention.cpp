@@ -236,9 +236,10 @@ int64_t attention_block_scratch(int B, int Tq, int Tk, int H, int KV) {
 }
 
 template <class S>
-void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const int32_t* qpos, const int32_t* kpos,
-                             const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, bool first,
-                             float* scratch) {
+void attention_block_forward(float* acc, float* ml, const S* qkv, const S* kv, const AttentionBlockShape& shape,
+                             bool first, float* scratch) {
+  const int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, H = shape.H, KV = shape.KV, D = shape.D;
+  const int32_t *qpos = shape.qpos, *kpos = shape.kpos, *qdoc = shape.qdoc;
   const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
   const std::vector<Run> qr = runs_of(qpos, Tq), kr = runs_of(kpos, Tk);
@@ -324,8 +325,9 @@ void attention_block_delta(float* delta, const S* dout, const S* out, int B, int
 
 template <class S>
 void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const float* lse,
-                              const float* delta, const int32_t* qpos, const int32_t* kpos, const int32_t* qdoc, int B,
-                              int Tq, int Tk, int H, int KV, int D, float* scratch) {
+                              const float* delta, const AttentionBlockShape& shape, float* scratch) {
+  const int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, H = shape.H, KV = shape.KV, D = shape.D;
+  const int32_t *qpos = shape.qpos, *kpos = shape.kpos, *qdoc = shape.qdoc;
   const int row = (H + 2 * KV) * D, kvrow = 2 * KV * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
   const std::vector<Run> qr = runs_of(qpos, Tq), kr = runs_of(kpos, Tk);
@@ -395,13 +397,12 @@ void attention_block_grads_store(S* dqkv, const float* dq, const float* dkv, int
   template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int, const int32_t*);                      \
   template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);                     \
   template void attention_kv_extract<S>(S*, const S*, int, int, int, int, int);                                       \
-  template void attention_block_forward<S>(float*, float*, const S*, const S*, const int32_t*, const int32_t*,        \
-                                           const int32_t*, int, int, int, int, int, int, bool, float*);               \
+  template void attention_block_forward<S>(float*, float*, const S*, const S*, const AttentionBlockShape&, bool,      \
+                                           float*);                                                                   \
   template void attention_block_finish<S>(S*, float*, const float*, const float*, int, int, int, int);                \
   template void attention_block_delta<S>(float*, const S*, const S*, int, int, int, int);                             \
   template void attention_block_backward<S>(float*, float*, const S*, const S*, const S*, const float*, const float*, \
-                                            const int32_t*, const int32_t*, const int32_t*, int, int, int, int, int,  \
-                                            int, float*);                                                             \
+                                            const AttentionBlockShape&, float*);                                      \
   template void attention_block_grads_store<S>(S*, const float*, const float*, int, int, int, int, int);
 LOOM_ATTENTION(float)
 LOOM_ATTENTION(bf16)

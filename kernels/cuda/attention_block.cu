@@ -395,6 +395,19 @@ void check_dims(int H, int KV, int D) {
   LOOM_CHECK(KV > 0 && H % KV == 0, "{} query heads do not group over {} kv heads", H, KV);
 }
 
+// delta[b,h,t] = sum_d dO * O, the softmax backward's row term.
+template <int D>
+__global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf16* out, int T, int H) {
+  constexpr int E = D / 32;
+  const int t = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
+  if (t >= T) return;
+  const int64_t at = (int64_t(bi) * T + t) * H * D + h * D;
+  float s = 0.0f;
+  for (int e = 0; e < E; ++e) s += f(dout[at + lane + 32 * e]) * f(out[at + lane + 32 * e]);
+  s = warp_sum(s);
+  if (lane == 0) delta[(int64_t(bi) * H + h) * T + t] = s;
+}
+
 template <int D>
 void forward_d(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos, const int32_t* kpos,
                const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, bool first, cudaStream_t s) {
@@ -442,9 +455,10 @@ void attention_kv_extract(bf16* kv, const bf16* qkv, int B, int T, int H, int KV
   LOOM_CUDA_LAUNCHED();
 }
 
-void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
-                             const int32_t* kpos, const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D,
+void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const AttentionBlockShape& shape,
                              bool first, cudaStream_t s) {
+  const int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, H = shape.H, KV = shape.KV, D = shape.D;
+  const int32_t *qpos = shape.qpos, *kpos = shape.kpos, *qdoc = shape.qdoc;
   check_dims(H, KV, D);
   if (D == 64) return forward_d<64>(acc, ml, qkv, kv, qpos, kpos, qdoc, B, Tq, Tk, H, KV, first, s);
   if (D == 128) return forward_d<128>(acc, ml, qkv, kv, qpos, kpos, qdoc, B, Tq, Tk, H, KV, first, s);
@@ -459,9 +473,24 @@ void attention_block_finish(bf16* out, float* lse, const float* acc, const float
   finish_d<32>(out, lse, acc, ml, B, Tq, H, s);
 }
 
+void attention_block_delta(float* delta, const bf16* dout, const bf16* out, int B, int Tq, int H, int D,
+                           cudaStream_t s) {
+  const dim3 grid(blocks_for(Tq, kWarps), H, B);
+  if (D == 64)
+    LOOM_LAUNCH(attention_delta_kernel<64>, grid, 32 * kWarps, 0, s)(delta, dout, out, Tq, H);
+  else if (D == 128)
+    LOOM_LAUNCH(attention_delta_kernel<128>, grid, 32 * kWarps, 0, s)(delta, dout, out, Tq, H);
+  else if (D == 32)
+    LOOM_LAUNCH(attention_delta_kernel<32>, grid, 32 * kWarps, 0, s)(delta, dout, out, Tq, H);
+  else
+    fail("CUDA attention supports head dims 32, 64 and 128, not {}", D);
+  LOOM_CUDA_LAUNCHED();
+}
+
 void attention_block_backward(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv,
-                              const float* lse, const float* delta, const int32_t* qpos, const int32_t* kpos,
-                              const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, cudaStream_t s) {
+                              const float* lse, const float* delta, const AttentionBlockShape& shape, cudaStream_t s) {
+  const int B = shape.B, Tq = shape.Tq, Tk = shape.Tk, H = shape.H, KV = shape.KV, D = shape.D;
+  const int32_t *qpos = shape.qpos, *kpos = shape.kpos, *qdoc = shape.qdoc;
   check_dims(H, KV, D);
   if (D == 64) return backward_d<64>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, B, Tq, Tk, H, KV, s);
   if (D == 128) return backward_d<128>(dq, dkv, dout, qkv, kv, lse, delta, qpos, kpos, qdoc, B, Tq, Tk, H, KV, s);

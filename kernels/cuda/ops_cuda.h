@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/attention_block.h"
+
 namespace loom::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -171,9 +173,7 @@ void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s, Sc
 void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s,
                      ScalarPaths* paths = nullptr);
 
-// defines: attention_forward, attention_backward (attention_flash.cu), attention_forward_wmma,
-//          attention_backward_wmma (attention_tc.cu), attention_forward_rowwise,
-//          attention_backward_rowwise (attention.cu)
+// defines: attention_forward, attention_backward (attention_flash.cu)
 // Flash-style causal attention over packed qkv [B,T,(H+2KV)*D] with grouped-query heads: an
 // online softmax over key tiles, never a T x T matrix. lse [B,H,T] (fp32) is kept for
 // backward, which recomputes the probabilities. Head dims 32, 64 and 128 run on the
@@ -185,39 +185,24 @@ void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int
 // dqkv overwritten, deterministically (no atomics); scratch: B*H*T floats.
 void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
                         float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s);
-// The earlier tensor-core kernels (WMMA through shared memory), D = 64 and 128: kept to
-// compare against (tests, loom bench kernels).
-void attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D,
-                            const int32_t* pos, cudaStream_t s);
-void attention_backward_wmma(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                             float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s);
-// The row-wise kernels (a warp per query or key row, CUDA cores) for any of D = 32, 64, 128:
-// the reference the tensor-core path is tested and benchmarked against.
-void attention_forward_rowwise(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D,
-                               const int32_t* pos, cudaStream_t s);
-void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                                float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s);
+// The whole-sequence kernels these replaced are references: kernels/cuda/reference/.
 
 // defines: attention_kv_extract, attention_block_forward, attention_block_finish,
-//          attention_block_backward, attention_block_grads_store (attention_block.cu);
-//          attention_block_delta (attention.cu's delta kernel)
+//          attention_block_delta, attention_block_backward, attention_block_grads_store
+//          (attention_block.cu)
 // Context parallel's attention over blocks of keys, the CPU's attention_block_* of
-// kernels/ops.h with the same shapes and semantics: key u of a block is visible to query t
-// where kpos[u] <= qpos[t] (and with qdoc, data.doc_mask's positions in the documents [B,Tq],
-// kpos[u] >= qpos[t] - qdoc[b,t]); qpos [Tq], kpos [Tk] and qdoc in device memory. The flash kernels'
-// tiles on tensor cores (mma.sync), D = 32, 64 or 128; qkv, kv and dout 16-byte aligned; no
-// scratch.
+// kernels/ops.h with the same shapes and semantics (AttentionBlockShape, its positions in
+// device memory). The flash kernels' tiles on tensor cores (mma.sync), D = 32, 64 or 128; qkv,
+// kv and dout 16-byte aligned; no scratch.
 void attention_kv_extract(bf16* kv, const bf16* qkv, int B, int T, int H, int KV, int D, cudaStream_t s);
-void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const int32_t* qpos,
-                             const int32_t* kpos, const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D,
+void attention_block_forward(float* acc, float* ml, const bf16* qkv, const bf16* kv, const AttentionBlockShape& shape,
                              bool first, cudaStream_t s);
 void attention_block_finish(bf16* out, float* lse, const float* acc, const float* ml, int B, int Tq, int H, int D,
                             cudaStream_t s);
 void attention_block_delta(float* delta, const bf16* dout, const bf16* out, int B, int Tq, int H, int D,
                            cudaStream_t s);
 void attention_block_backward(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* kv,
-                              const float* lse, const float* delta, const int32_t* qpos, const int32_t* kpos,
-                              const int32_t* qdoc, int B, int Tq, int Tk, int H, int KV, int D, cudaStream_t s);
+                              const float* lse, const float* delta, const AttentionBlockShape& shape, cudaStream_t s);
 void attention_block_grads_store(bf16* dqkv, const float* dq, const float* dkv, int B, int T, int H, int KV, int D,
                                  cudaStream_t s);
 

@@ -31,11 +31,14 @@ compile() {  # compile OUT SOURCE FLAGS...
   shift 2
   g++ "${flags[@]}" "$@" -c "$src" -o "$out" && objs+=("$out")
 }
-for k in attention attention_block attention_flash attention_tc elementwise loss_optim norm; do
+# Earlier commits kept the reference attention kernels at kernels/cuda/attention{,_tc}.cu.
+for k in attention attention_block attention_flash attention_tc elementwise loss_optim norm reference/attention_rowwise \
+  reference/attention_wmma; do
   [ -f "$tmp/src/kernels/cuda/$k.cu" ] || continue
-  echo "#include \"kernels/cuda/$k.cu\"" > "$tmp/src/$k.count.cpp"
+  o=${k//\//_}
+  echo "#include \"kernels/cuda/$k.cu\"" > "$tmp/src/$o.count.cpp"
   # the fixed target of the CMake build's counting kernels (CMakeLists.txt), after -march=native
-  compile "$k.o" "$tmp/src/$k.count.cpp" "${count[@]}" -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 \
+  compile "$o.o" "$tmp/src/$o.count.cpp" "${count[@]}" -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 \
     -march=x86-64-v2 -mtune=generic &
 done
 wait

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/reference/attention_reference.h"
 #include "runtime/cuda_check.h"
 #include "runtime/tensor.h"
 

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/reference/attention_reference.h"
+
 namespace loom::testing_cuda {
 
 int call_every_kernel(const ModelShape& s) {
@@ -38,19 +40,20 @@ int call_every_kernel(const ModelShape& s) {
   cuda::attention_forward(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
   cuda::attention_backward(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 2;  // dQ (with delta), dK/dV
   // The kernels attention_forward replaced, kept as references and in the benchmark.
-  cuda::attention_forward_rowwise(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
-  cuda::attention_backward_rowwise(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 3;
+  cuda::reference::attention_forward_rowwise(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
+  cuda::reference::attention_backward_rowwise(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 3;
   if (s.D == 64 || s.D == 128) {
-    cuda::attention_forward_wmma(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
-    cuda::attention_backward_wmma(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 2;
+    cuda::reference::attention_forward_wmma(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
+    cuda::reference::attention_backward_wmma(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 2;
   }
   // Context parallel at cp 2: blocks of T/2 keys for T/2 queries.
   const int Tl = s.T / 2;
   cuda::attention_kv_extract(x, x, s.B, Tl, s.H, s.KV, s.D, nullptr), ++n;
-  cuda::attention_block_forward(f, f, x, x, i32, i32, i32, s.B, Tl, Tl, s.H, s.KV, s.D, false, nullptr), ++n;
+  const AttentionBlockShape blk{s.B, Tl, Tl, s.H, s.KV, s.D, i32, i32, i32};
+  cuda::attention_block_forward(f, f, x, x, blk, false, nullptr), ++n;
   cuda::attention_block_finish(x, f, f, f, s.B, Tl, s.H, s.D, nullptr), ++n;
   cuda::attention_block_delta(f, x, x, s.B, Tl, s.H, s.D, nullptr), ++n;
-  cuda::attention_block_backward(f, f, x, x, x, f, f, i32, i32, i32, s.B, Tl, Tl, s.H, s.KV, s.D, nullptr), n += 2;
+  cuda::attention_block_backward(f, f, x, x, x, f, f, blk, nullptr), n += 2;
   cuda::attention_block_grads_store(x, f, f, s.B, Tl, s.H, s.KV, s.D, nullptr), ++n;
   cuda::crossentropy_forward_backward(x, f, i32, N, s.V, s.V, 1.0f, nullptr), ++n;
   cuda::crossentropy_shard_stats(x, i32, N, s.V / 8, s.V / 8, 0, f, f, nullptr), ++n;

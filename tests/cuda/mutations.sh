@@ -17,9 +17,9 @@ trap restore EXIT
 
 # name | file | text | replacement | gtest filter; \n in a text stands for a newline.
 mutations=(
-  "removed __syncthreads after dQ's K/V tile loads|kernels/cuda/attention_tc.cu|(vs, base + (H + KV + kvh) * D, row, k0, T);\n    __syncthreads();\n    warp_abt<D>(ss + wr * kLS, qs + wr * L::LD, ks);\n    warp_abt<D>(dps|(vs, base + (H + KV + kvh) * D, row, k0, T);\n    warp_abt<D>(ss + wr * kLS, qs + wr * L::LD, ks);\n    warp_abt<D>(dps|*CudaAttention*"
-  "tile row bound off by one (r0 + r <= T)|kernels/cuda/attention_tc.cu|if (r0 + r < T) v =|if (r0 + r <= T) v =|*CudaAttention*"
-  "stored row bound off by one (t > T)|kernels/cuda/attention_tc.cu|if (t >= T) break;|if (t > T) break;|*CudaAttention*"
+  "removed __syncthreads after dQ's K/V tile loads|kernels/cuda/reference/attention_wmma.cu|(vs, base + (H + KV + kvh) * D, row, k0, T);\n    __syncthreads();\n    warp_abt<D>(ss + wr * kLS, qs + wr * L::LD, ks);\n    warp_abt<D>(dps|(vs, base + (H + KV + kvh) * D, row, k0, T);\n    warp_abt<D>(ss + wr * kLS, qs + wr * L::LD, ks);\n    warp_abt<D>(dps|*CudaAttention*"
+  "tile row bound off by one (r0 + r <= T)|kernels/cuda/reference/attention_wmma.cu|if (r0 + r < T) v =|if (r0 + r <= T) v =|*CudaAttention*"
+  "stored row bound off by one (t > T)|kernels/cuda/reference/attention_wmma.cu|if (t >= T) break;|if (t > T) break;|*CudaAttention*"
   "the column sums' += turned into = (weight and bias gradients)|kernels/cuda/common.cuh|out[c] = Accumulate ? out[c] + t : t;|out[c] = t;|*Norms*:*BiasBackward*"
   "memory-bound: a warp sum missing its last lane exchange|kernels/cuda/common.cuh|for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync|for (int o = 16; o > 1; o >>= 1) v += __shfl_xor_sync|*Norms*"
   "memory-bound: a row's last column dropped where C % 8 != 0|kernels/cuda/common.cuh|    if (c + k < C) row[c + k] = h[k];|    if (c + k < C - 1) row[c + k] = h[k];|*Norms*"

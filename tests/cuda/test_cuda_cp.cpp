@@ -78,9 +78,10 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
   std::vector<float> acc(no), ml(size_t(B) * H * Tl * 2), out(no), lse(size_t(B) * H * Tl), delta(lse.size());
   std::vector<float> scratch(size_t(cpu::attention_block_scratch(B, Tl, Tl, H, KV)));
   for (int s = 0; s < cp; ++s)
-    cpu::attention_block_forward(acc.data(), ml.data(), q.data(), kv[size_t(order[size_t(s)])].data(),
-                                 pos(table.data(), rank), pos(table.data(), order[size_t(s)]), qd, B, Tl, Tl, H, KV, D,
-                                 s == 0, scratch.data());
+    cpu::attention_block_forward(
+        acc.data(), ml.data(), q.data(), kv[size_t(order[size_t(s)])].data(),
+        {B, Tl, Tl, H, KV, D, pos(table.data(), rank), pos(table.data(), order[size_t(s)]), qd}, s == 0,
+        scratch.data());
   cpu::attention_block_finish(out.data(), lse.data(), acc.data(), ml.data(), B, Tl, H, D);
   const auto out_b = rounded(out);  // what the CUDA path keeps (bf16), for both backwards
   cpu::attention_block_delta(delta.data(), dy.data(), out_b.data(), B, Tl, H, D);
@@ -88,9 +89,9 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
   std::vector<std::vector<float>> dkv;  // nonzero to start with: backward adds into them
   for (int r = 0; r < cp; ++r) dkv.push_back(randn(nkv, 80 + uint64_t(r), 0.1f));
   for (int src : order)
-    cpu::attention_block_backward(dq.data(), dkv[size_t(src)].data(), dy.data(), q.data(), kv[size_t(src)].data(),
-                                  lse.data(), delta.data(), pos(table.data(), rank), pos(table.data(), src), qd, B, Tl,
-                                  Tl, H, KV, D, scratch.data());
+    cpu::attention_block_backward(
+        dq.data(), dkv[size_t(src)].data(), dy.data(), q.data(), kv[size_t(src)].data(), lse.data(), delta.data(),
+        {B, Tl, Tl, H, KV, D, pos(table.data(), rank), pos(table.data(), src), qd}, scratch.data());
   cpu::attention_block_grads_store(dqkv.data(), dq.data(), dkv[size_t(rank)].data(), B, Tl, H, KV, D);
 
   // CUDA: the same calls, the key/value blocks extracted on the device.
@@ -116,15 +117,16 @@ TEST_P(CudaCp, BlockAttentionMatchesTheCpuTwin) {
         Delta(lse.size()), DQ(std::vector<float>(no, 0.0f)), Lc(lse);
     Dev O(out_b.size()), DQKV(std::vector<float>(nq, 7.0f));
     for (int s = 0; s < cp; ++s)
-      cuda::attention_block_forward(Acc.p, Ml.p, Q.p, KVr[size_t(order[size_t(s)])]->p, pos(Table.p, rank),
-                                    pos(Table.p, order[size_t(s)]), Qd, B, Tl, Tl, H, KV, D, s == 0, nullptr);
+      cuda::attention_block_forward(Acc.p, Ml.p, Q.p, KVr[size_t(order[size_t(s)])]->p,
+                                    {B, Tl, Tl, H, KV, D, pos(Table.p, rank), pos(Table.p, order[size_t(s)]), Qd},
+                                    s == 0, nullptr);
     cuda::attention_block_finish(O.p, L.p, Acc.p, Ml.p, B, Tl, H, D, nullptr);
     cuda::attention_block_delta(Delta.p, Dy.p, Ob.p, B, Tl, H, D, nullptr);
     std::vector<std::unique_ptr<DevRaw<float>>> DKV;
     for (int r = 0; r < cp; ++r) DKV.push_back(std::make_unique<DevRaw<float>>(randn(nkv, 80 + uint64_t(r), 0.1f)));
     for (int src : order)
       cuda::attention_block_backward(DQ.p, DKV[size_t(src)]->p, Dy.p, Q.p, KVr[size_t(src)]->p, Lc.p, Delta.p,
-                                     pos(Table.p, rank), pos(Table.p, src), Qd, B, Tl, Tl, H, KV, D, nullptr);
+                                     {B, Tl, Tl, H, KV, D, pos(Table.p, rank), pos(Table.p, src), Qd}, nullptr);
     cuda::attention_block_grads_store(DQKV.p, DQ.p, DKV[size_t(rank)]->p, B, Tl, H, KV, D, nullptr);
     got.out = O.get(), got.lse = L.get(), got.delta = Delta.get(), got.dq = DQ.get(), got.dqkv = DQKV.get();
     for (auto& d : DKV) got.dkv.push_back(d->get());

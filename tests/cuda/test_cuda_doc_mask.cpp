@@ -104,8 +104,8 @@ TEST_P(CudaDocMask, AttentionStaysInsideEachDocument) {
   if (D == 32) return;  // the row-wise kernels were the path
   Dev RO(no), RDQ(nq);
   DevRaw<float> RL(size_t(B) * H * T);
-  cuda::attention_forward_rowwise(RO.p, RL.p, Q.p, B, T, H, KV, D, Pos.p, nullptr);
-  cuda::attention_backward_rowwise(RDQ.p, Dy.p, O.p, Q.p, RL.p, S.p, B, T, H, KV, D, Pos.p, nullptr);
+  cuda::reference::attention_forward_rowwise(RO.p, RL.p, Q.p, B, T, H, KV, D, Pos.p, nullptr);
+  cuda::reference::attention_backward_rowwise(RDQ.p, Dy.p, O.p, Q.p, RL.p, S.p, B, T, H, KV, D, Pos.p, nullptr);
   EXPECT_TRUE(close(o, RO.get(), 1e-2, 1e-2)) << "tensor-core forward vs row-wise";
   EXPECT_TRUE(close(dq, RDQ.get(), 3e-2, 3e-2)) << "tensor-core backward vs row-wise";
   EXPECT_TRUE(close(L.get(), RL.get(), 1e-3, 1e-3)) << "lse";

@@ -118,8 +118,8 @@ TEST_P(FlashAttention, MatchesDoublePrecisionAndRepeatsBitwise) {
   // The WMMA kernels the flash ones replaced (kept for the benchmark) against the same.
   Dev O(no), DQ(std::vector<float>(nq, 7.0f));
   DevRaw<float> L(size_t(B) * H * T), S(size_t(B) * H * T);
-  cuda::attention_forward_wmma(O.p, L.p, Q.p, B, T, H, KV, D, nullptr, nullptr);
-  cuda::attention_backward_wmma(DQ.p, Dy.p, O.p, Q.p, L.p, S.p, B, T, H, KV, D, nullptr, nullptr);
+  cuda::reference::attention_forward_wmma(O.p, L.p, Q.p, B, T, H, KV, D, nullptr, nullptr);
+  cuda::reference::attention_backward_wmma(DQ.p, Dy.p, O.p, Q.p, L.p, S.p, B, T, H, KV, D, nullptr, nullptr);
   LOOM_CUDA_CHECK(cudaGetLastError());
   EXPECT_TRUE(close(O.get(), want_out, 1e-2, 1e-2)) << "WMMA forward";
   EXPECT_TRUE(close(DQ.get(), want_dqkv, 3e-2, 3e-2)) << "WMMA backward";

@@ -307,8 +307,8 @@ TEST_P(CudaAttention, MatchesTheCpuTwin) {
   if (D == 32 || int64_t(B) * H * T > 2048) return;  // the row-wise kernels cost T^2 warp shuffles
   Dev RO(no), RDQ(nq);
   DevRaw<float> RL(size_t(B) * H * T);
-  cuda::attention_forward_rowwise(RO.p, RL.p, Q.p, B, T, H, KV, D, nullptr, nullptr);
-  cuda::attention_backward_rowwise(RDQ.p, Dy.p, O.p, Q.p, RL.p, S.p, B, T, H, KV, D, nullptr, nullptr);
+  cuda::reference::attention_forward_rowwise(RO.p, RL.p, Q.p, B, T, H, KV, D, nullptr, nullptr);
+  cuda::reference::attention_backward_rowwise(RDQ.p, Dy.p, O.p, Q.p, RL.p, S.p, B, T, H, KV, D, nullptr, nullptr);
   EXPECT_TRUE(close(o, RO.get(), 1e-2, 1e-2)) << "tensor-core forward vs row-wise";
   EXPECT_TRUE(close(dq, RDQ.get(), 3e-2, 3e-2)) << "tensor-core backward vs row-wise";
   EXPECT_TRUE(close(L.get(), RL.get(), 1e-3, 1e-3)) << "lse";

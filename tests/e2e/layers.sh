@@ -45,5 +45,13 @@ if grep -nE '\bConfig\b' "${dp_src[@]}" | grep -v 'data_parallel_options(const C
 else
   echo "ok: data parallel reads DataParallelOptions, not Config"
 fi
+# The reference attention kernels (kernels/cuda/reference/) are the tests' and the benchmark's:
+# nothing that trains includes them.
+if (cd "$src" && grep -rlE '#include "kernels/cuda/reference/' runtime kernels model optim parallel checkpoint data plan \
+  train launch | grep -vE '^kernels/cuda/reference/|^train/bench_cuda\.cpp$'); then
+  echo "FAIL: the sources above include the reference kernels; training runs kernels/cuda/ops_cuda.h's" && bad=1
+else
+  echo "ok: only the tests and the benchmark include kernels/cuda/reference/"
+fi
 rm -f /tmp/layers_down.$$ /tmp/layers_up.$$
 exit $bad

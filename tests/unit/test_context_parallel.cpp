@@ -54,19 +54,20 @@ CpResult attention_as_cp(const std::vector<float>& qkv, const std::vector<float>
     lse[size_t(r)].resize(size_t(B) * H * Tl);
     for (int s = 0; s < N; ++s) {
       const int j = order(r, s);
-      cpu::attention_block_forward(acc.data(), ml.data(), local[size_t(r)].data(), kv[size_t(j)].data(),
-                                   pos[size_t(r)].data(), pos[size_t(j)].data(), doc ? qdoc[size_t(r)].data() : nullptr,
-                                   B, Tl, Tl, H, KV, D, s == 0, scores.data());
+      const AttentionBlockShape shape{
+          B, Tl, Tl, H, KV, D, pos[size_t(r)].data(), pos[size_t(j)].data(), doc ? qdoc[size_t(r)].data() : nullptr};
+      cpu::attention_block_forward(acc.data(), ml.data(), local[size_t(r)].data(), kv[size_t(j)].data(), shape, s == 0,
+                                   scores.data());
     }
     cpu::attention_block_finish(outl[size_t(r)].data(), lse[size_t(r)].data(), acc.data(), ml.data(), B, Tl, H, D);
     std::vector<float> delta(size_t(B) * H * Tl), dq(acc.size(), 0.0f);
     cpu::attention_block_delta(delta.data(), dlocal[size_t(r)].data(), outl[size_t(r)].data(), B, Tl, H, D);
     for (int s = 0; s < N; ++s) {
       const int j = order(r, s);
+      const AttentionBlockShape shape{
+          B, Tl, Tl, H, KV, D, pos[size_t(r)].data(), pos[size_t(j)].data(), doc ? qdoc[size_t(r)].data() : nullptr};
       cpu::attention_block_backward(dq.data(), dkv[size_t(j)].data(), dlocal[size_t(r)].data(), local[size_t(r)].data(),
-                                    kv[size_t(j)].data(), lse[size_t(r)].data(), delta.data(), pos[size_t(r)].data(),
-                                    pos[size_t(j)].data(), doc ? qdoc[size_t(r)].data() : nullptr, B, Tl, Tl, H, KV, D,
-                                    scores.data());
+                                    kv[size_t(j)].data(), lse[size_t(r)].data(), delta.data(), shape, scores.data());
     }
     // The block's kv gradient is complete only once every rank has added to it: store after.
     for (int b = 0; b < B; ++b)

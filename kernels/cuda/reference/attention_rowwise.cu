@@ -1,15 +1,16 @@
-// Row-wise causal attention with grouped-query heads, on CUDA cores: one warp per query row,
-// each lane holding D/32 of the head dim, an online softmax over the keys, and never a T x T
-// matrix. The path for head dim 32 and the plain reference the tensor-core kernels
-// (attention_tc.cu) are tested and benchmarked against.
+// A reference, not run by training (kernels/cuda/reference/attention_reference.h): row-wise
+// causal attention with grouped-query heads, on CUDA cores: one warp per query row, each lane
+// holding D/32 of the head dim, an online softmax over the keys, and never a T x T matrix. The
+// plain reference the tensor-core kernels are tested and benchmarked against.
 // Backward recomputes the probabilities from the saved log-sum-exp in two kernels, one for
 // dQ (a warp per query row) and one for dK and dV (a warp per key row, summing the query
 // heads of its group in order), so nothing is accumulated with atomics.
-#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/reference/attention_reference.h"
+#include "kernels/cuda/reference/attention_rows.cuh"
 
-namespace loom::cuda {
+namespace loom::cuda::reference {
 
 namespace {
 
@@ -40,19 +41,6 @@ __global__ void attention_forward_kernel(bf16* out, float* lse, const bf16* qkv,
   bf16* o = out + (int64_t(bi) * T + t) * H * D + h * D;
   for (int e = 0; e < E; ++e) o[lane + 32 * e] = b(acc[e] / l);
   if (lane == 0) lse[(int64_t(bi) * H + h) * T + t] = m + logf(l);
-}
-
-// delta[b,h,t] = sum_d dO * O, the softmax backward's row term.
-template <int D>
-__global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf16* out, int T, int H) {
-  constexpr int E = D / 32;
-  const int t = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
-  if (t >= T) return;
-  const int64_t at = (int64_t(bi) * T + t) * H * D + h * D;
-  float s = 0.0f;
-  for (int e = 0; e < E; ++e) s += f(dout[at + lane + 32 * e]) * f(out[at + lane + 32 * e]);
-  s = warp_sum(s);
-  if (lane == 0) delta[(int64_t(bi) * H + h) * T + t] = s;
 }
 
 template <int D>
@@ -120,8 +108,7 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
                 int T, int H, int KV, const int32_t* pos, cudaStream_t s) {
   const float scale = 1.0f / sqrtf(float(D));
   dim3 grid(blocks_for(T, kWarps), H, B), kv_grid(blocks_for(T, kWarps), KV, B);
-  LOOM_LAUNCH(attention_delta_kernel<D>, grid, 32 * kWarps, 0, s)(delta, dout, out, T, H);
-  LOOM_CUDA_LAUNCHED();
+  attention_block_delta(delta, dout, out, B, T, H, D, s);  // training's cp kernel: the same rows
   LOOM_LAUNCH(attention_dq_kernel<D>, grid, 32 * kWarps, 0, s)(dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
   LOOM_LAUNCH(attention_dkv_kernel<D>, kv_grid, 32 * kWarps, 0, s)(dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
@@ -138,20 +125,6 @@ void attention_forward_rowwise(bf16* out, float* lse, const bf16* qkv, int B, in
   fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
 }
 
-void attention_block_delta(float* delta, const bf16* dout, const bf16* out, int B, int Tq, int H, int D,
-                           cudaStream_t s) {
-  const dim3 grid(blocks_for(Tq, kWarps), H, B);
-  if (D == 64)
-    LOOM_LAUNCH(attention_delta_kernel<64>, grid, 32 * kWarps, 0, s)(delta, dout, out, Tq, H);
-  else if (D == 128)
-    LOOM_LAUNCH(attention_delta_kernel<128>, grid, 32 * kWarps, 0, s)(delta, dout, out, Tq, H);
-  else if (D == 32)
-    LOOM_LAUNCH(attention_delta_kernel<32>, grid, 32 * kWarps, 0, s)(delta, dout, out, Tq, H);
-  else
-    fail("CUDA attention supports head dims 32, 64 and 128, not {}", D);
-  LOOM_CUDA_LAUNCHED();
-}
-
 void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
                                 float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos,
                                 cudaStream_t s) {
@@ -161,4 +134,4 @@ void attention_backward_rowwise(bf16* dqkv, const bf16* dout, const bf16* out, c
   fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
 }
 
-}  // namespace loom::cuda
+}  // namespace loom::cuda::reference

@@ -1,10 +1,10 @@
-// The per-key and per-query steps of the row-wise attention kernels, shared by attention.cu
-// (a whole sequence) and attention_block.cu (context parallel's blocks): a warp holds one row,
-// each lane E = D/32 elements of the head dim at lane + 32 e.
+// The per-key and per-query steps of the row-wise reference attention kernels
+// (attention_rowwise.cu): a warp holds one row, each lane E = D/32 elements of the head dim at
+// lane + 32 e.
 #pragma once
 #include "kernels/cuda/common.cuh"
 
-namespace loom::cuda {
+namespace loom::cuda::reference {
 
 // Forward: merges key k and value v into the row's running max m, sum l and output o, by the
 // online softmax (q already scaled).
@@ -49,4 +49,4 @@ __device__ __forceinline__ void row_dkv_query(const bf16* q, const bf16* dy, con
   }
 }
 
-}  // namespace loom::cuda
+}  // namespace loom::cuda::reference

@@ -1,4 +1,5 @@
-// Causal attention on tensor cores (bf16 WMMA 16x16x16, fp32 accumulation) for head dims 64
+// A reference, not run by training (kernels/cuda/reference/attention_reference.h): the earlier
+// causal attention on tensor cores (bf16 WMMA 16x16x16, fp32 accumulation) for head dims 64
 // and 128, flash-attention style: a block owns a 64-row tile, its 4 warps 16 rows each, and
 // K/V (or Q/dO) tiles of 64 rows stream through shared memory; no T x T matrix exists.
 // Scores go through shared memory between the two matrix products, where each lane knows
@@ -17,8 +18,9 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/reference/attention_reference.h"
 
-namespace loom::cuda {
+namespace loom::cuda::reference {
 
 namespace {
 
@@ -394,4 +396,4 @@ void attention_backward_wmma(bf16* dqkv, const bf16* dout, const bf16* out, cons
   fail("the WMMA attention kernels support head dims 64 and 128, not {}", D);
 }
 
-}  // namespace loom::cuda
+}  // namespace loom::cuda::reference
