@@ -48,9 +48,9 @@ __global__ void __launch_bounds__(FlashFwd<D>::kThreads, Plan<D>::kFlashFwdBlock
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = qs + BR * LD;  // [2][kKeys][LD]
   bf16* vs = ks + 2 * kKeys * LD;
-  // x: head and sequence; y: query tiles, the last (longest rows) first.
-  const int h = blockIdx.x % H, bi = blockIdx.x / H;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;
+  // x: query tiles, the last (longest rows) first; y: head; z: sequence (grid_order below).
+  const int h = blockIdx.y, bi = blockIdx.z;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
   const bf16* base = qkv + int64_t(bi) * T * row;
@@ -170,9 +170,9 @@ __global__ void __launch_bounds__(128, Plan<D>::kFlashDqBlocksPerSm)
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* dos = qs + BR * LD;
-  bf16* kvs = dos + BR * LD;  // [2][K, V][kKeys][LD]
-  const int h = blockIdx.x % H, bi = blockIdx.x / H;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;
+  bf16* kvs = dos + BR * LD;                  // [2][K, V][kKeys][LD]
+  const int h = blockIdx.y, bi = blockIdx.z;  // as the forward's
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
   const bf16* base = qkv + int64_t(bi) * T * row;
@@ -306,8 +306,8 @@ __global__ void __launch_bounds__(128)
   float* lse_s = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ]
   float* delta_s = lse_s + 2 * BQ;
   int* pos_s = reinterpret_cast<int*>(delta_s + 2 * BQ);  // T throughout without document starts
-  // x: kv head and sequence; y: key tiles, the first (seen by the most queries) first.
-  const int kvh = blockIdx.x % KV, bi = blockIdx.x / KV, k0 = blockIdx.y * BK;
+  // x: key tiles, the first (seen by the most queries) first; y: kv head; z: sequence.
+  const int kvh = blockIdx.y, bi = blockIdx.z, k0 = blockIdx.x * BK;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row = (H + 2 * KV) * D, group = H / KV;
   const bf16* base = qkv + int64_t(bi) * T * row;
@@ -424,6 +424,23 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+// Grid order: x, the fastest in launch order, walks one head's tiles, then y the heads (a GQA
+// group's query heads next to each other), then z the sequences. Blocks start in that order, so
+// the CTAs resident at once (2 per SM, ~264 on an H100) are a few heads' tiles, whose K/V (or
+// Q/dO) they share: GPT-2 124M (T 1024, D 64) reads 256 KB of K/V a head, ~9 MB in flight for
+// ~33 heads, well inside the 50 MB L2, so a head's K/V comes from DRAM about once. With heads
+// fastest (the order before), the resident CTAs were one query tile of every head: all 192
+// heads' K/V (50 MB; qkv 75 MB) in flight, and each head's next tile, a wave later, missed L2.
+// At T 8192, D 128 a head's K/V is 4 MB and 2-3 heads (128 tiles each) are in flight: they
+// still fit, where heads fastest would put every head's in flight (256 MB). Longest first
+// holds within a head only: the grid ends on one head's short tiles, after at most one long one.
+// The counts see requested bytes, not L2 hits: this is argued from footprints, to be measured.
+inline dim3 grid_order(int tiles, int heads, int B) {
+  LOOM_CHECK(heads <= 65535 && B <= 65535, "flash attention takes at most 65535 heads ({}) and sequences ({}) a launch",
+             heads, B);
+  return dim3(unsigned(tiles), unsigned(heads), unsigned(B));
+}
+
 template <int D>
 void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, const int32_t* pos,
                cudaStream_t s) {
@@ -431,7 +448,7 @@ void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int 
   aligned16_check(qkv, "flash attention", "qkv");
   aligned16_check(out, "flash attention", "out");
   smem_allow(attention_forward_flash_kernel<D>, S::kSmem);
-  const dim3 grid(blocks_for(int64_t(B) * H, 1), blocks_for(T, S::kRows));
+  const dim3 grid = grid_order(blocks_for(T, S::kRows), H, B);
   LOOM_LAUNCH(attention_forward_flash_kernel<D>, grid, S::kThreads, S::kSmem, s)
   (out, lse, qkv, pos, T, H, KV, 1.0f / sqrtf(float(D)));
   LOOM_CUDA_LAUNCHED();
@@ -448,11 +465,11 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
   constexpr size_t dq_smem = DqShape<D>::kSmem, dkv_smem = DkvShape<D>::kSmem;
   smem_allow(attention_dq_flash_kernel<D>, dq_smem);
   smem_allow(attention_dkv_flash_kernel<D>, dkv_smem);
-  LOOM_LAUNCH(attention_dq_flash_kernel<D>, dim3(blocks_for(int64_t(B) * H, 1), blocks_for(T, DqShape<D>::kRows)),
-              DqShape<D>::kThreads, dq_smem, s)
+  LOOM_LAUNCH(attention_dq_flash_kernel<D>, grid_order(blocks_for(T, DqShape<D>::kRows), H, B), DqShape<D>::kThreads,
+              dq_smem, s)
   (dqkv, delta, dout, out, qkv, lse, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
-  LOOM_LAUNCH(attention_dkv_flash_kernel<D>, dim3(blocks_for(int64_t(B) * KV, 1), blocks_for(T, DkvShape<D>::kRows)),
+  LOOM_LAUNCH(attention_dkv_flash_kernel<D>, grid_order(blocks_for(T, DkvShape<D>::kRows), KV, B),
               DkvShape<D>::kThreads, dkv_smem, s)
   (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -174,6 +175,26 @@ TEST(KernelCounts, FlashMmaPerLdmatrixHoldsItsFloor) {
     EXPECT_GE(l.total.mma / l.total.ldmatrix, floor->second) << what;
     ++held;
   }
+  EXPECT_EQ(held, 9);
+}
+
+// Grid order (issue 53 item 9): x, the fastest in launch order, is a head's tiles, then y the
+// (kv) heads and z the sequences, so the CTAs resident at once share a few heads' K/V (Q/dO) in
+// L2 rather than one tile of every head. Counts cannot see L2 hits; this holds the order.
+TEST(KernelCounts, FlashGridWalksAHeadsTilesFirst) {
+  int held = 0;
+  for (const auto& [model, op] : counts_csv_parse(table_text()))
+    for (const LaunchCounts& l : op.launches) {
+      if (l.kernel.find("flash") == std::string::npos) continue;
+      int B = 0, T = 0, H = 0, KV = 0, D = 0;
+      ASSERT_EQ(std::sscanf(op.shape.c_str(), "B%d T%d H%d KV%d D%d", &B, &T, &H, &KV, &D), 5) << op.shape;
+      const int heads = l.kernel.find("dkv") != std::string::npos ? KV : H;
+      const std::string what = model + " " + op.shape + " " + l.kernel;
+      EXPECT_EQ(l.grid[1], unsigned(heads)) << what << ": grid y is the heads";
+      EXPECT_EQ(l.grid[2], unsigned(B)) << what << ": grid z is the sequences";
+      EXPECT_EQ(unsigned(T) % l.grid[0], 0u) << what << ": grid x is the tiles of " << T << " rows";
+      ++held;
+    }
   EXPECT_EQ(held, 9);
 }
 
