@@ -1,15 +1,16 @@
 // Causal attention in the FlashAttention-2 structure on mma.sync m16n8k16 (bf16 operands,
 // fp32 accumulators; kernels/cuda/mma.cuh), head dims 32, 64 and 128, grouped-query heads by
 // head mapping (kv head = h / (H / KV), no copies), data.doc_mask's document starts (pos).
-// Forward: a block of query rows per CTA, a warp per 16 rows with its Q fragments in
-// registers, K/V tiles of 64 keys streamed through shared memory by cp.async into two buffers
-// (the next tile lands while this one is used), S = QK^T and O += PV with the online softmax
-// in registers (P goes from the S accumulators straight into A fragments), log-sum-exp
-// written for the backward and context parallel; key tiles above the diagonal are skipped and
-// the CTAs with the longest rows start first. Backward, deterministic without atomics: dQ (a
-// CTA per query tile walking its key tiles, its rows' delta = rowsum(dO * O) first, written
-// for the next kernel), then dK/dV (a CTA per
-// key tile, dK and dV in registers, walking every query tile of every head in its group, in
+// Forward: a block of query rows per CTA, a warp per two 16-row tiles (one at head dim 128)
+// with its Q fragments in registers, K/V tiles of 64 keys streamed through shared memory by
+// cp.async into two buffers (the next tile lands while this one is used), each K/V fragment
+// loaded once for the warp's tiles, S = QK^T and O += PV with the online softmax in registers
+// (P goes from the S accumulators straight into A fragments), log-sum-exp written for the
+// backward and context parallel; key tiles above the diagonal are skipped and the CTAs with
+// the longest rows start first. Backward, deterministic without atomics: dQ (a CTA per query
+// tile walking its key tiles, a warp per two 16-row tiles, its rows' delta = rowsum(dO * O)
+// first, written for the next kernel), then dK/dV (a CTA per key tile, a warp per two 16-key
+// tiles with dK and dV in registers, walking every query tile of every head in its group, in
 // order); S and dP are computed in both, the price of no atomics. P and dS are rounded to bf16
 // for their products, as in FlashAttention. Shared-memory rows are padded by 16 bytes, so the
 // eight 16-byte rows an ldmatrix or cp.async phase touches fall in distinct banks.
@@ -31,19 +32,25 @@ __device__ __forceinline__ int first_key(const int32_t* pos, int bi, int T, int 
   return pos && t < T ? t - pos[int64_t(bi) * T + t] : 0;
 }
 
+// The forward's CTA: 4 warps of kFlashFwdRowTiles x 16 query rows each.
 template <int D>
-__global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPerSm)
+using FlashFwd = FwdShape<D, 4, Plan<D>::kFlashFwdRowTiles>;
+
+template <int D>
+__global__ void __launch_bounds__(FlashFwd<D>::kThreads, Plan<D>::kFlashFwdBlocksPerSm)
     attention_forward_flash_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* pos, int T, int H, int KV,
                                    float scale) {
-  using S = FwdShape<D, Plan<D>::kFwdWarps>;
+  using S = FlashFwd<D>;
+  constexpr int R = Plan<D>::kFlashFwdRowTiles, WR = 16 * R;  // row tiles and rows of a warp
+  constexpr bool QRegs = Plan<D>::kFlashFwdQRegs;
   constexpr int LD = row_ld<D>(), BR = S::kRows;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = qs + BR * LD;  // [2][kKeys][LD]
   bf16* vs = ks + 2 * kKeys * LD;
-  // x: head and sequence; y: query tiles, the last (longest rows) first.
-  const int h = blockIdx.x % H, bi = blockIdx.x / H;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;
+  // x: query tiles, the last (longest rows) first; y: head; z: sequence (grid_order below).
+  const int h = blockIdx.y, bi = blockIdx.z;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
   const bf16* base = qkv + int64_t(bi) * T * row;
@@ -61,16 +68,30 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
   cp_async_wait<0>();
   __syncthreads();
 
-  const int wq = q0 + 16 * w;  // the warp's first row
-  const int r0 = wq + g, r1 = wq + g + 8;
-  const int f0 = first_key(pos, bi, T, r0), f1 = first_key(pos, bi, T, r1);
-  const int fw = first_key(pos, bi, T, wq);  // the warp's earliest document start
-  uint32_t qf[D / 16][4];
+  const int wq = q0 + WR * w;  // the warp's first row
+  const bf16* qw = qs + WR * w * LD;
+  int r0[R], r1[R], f0[R], f1[R];  // tile r's rows g and g + 8, and their documents' first keys
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qs + 16 * w * LD, kk);
-  float o[D / 8][4];
+  for (int r = 0; r < R; ++r) {
+    r0[r] = wq + 16 * r + g, r1[r] = r0[r] + 8;
+    f0[r] = first_key(pos, bi, T, r0[r]), f1[r] = first_key(pos, bi, T, r1[r]);
+  }
+  const int fw = first_key(pos, bi, T, wq);  // the warp's earliest document start
+  int fmax = 0;
+#pragma unroll
+  for (int r = 0; r < R; ++r) fmax = imax(fmax, imax(f0[r], f1[r]));
+  uint32_t qf[QRegs ? R : 1][QRegs ? D / 16 : 1][4];
+  if constexpr (QRegs) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[r][kk], qw + 16 * r * LD, kk);
+  }
+  float o[R][D / 8][4];
   acc_zero(o);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sum
+  float m[R][2], l[R][2];  // l: this lane's part of the row sum
+#pragma unroll
+  for (int r = 0; r < R; ++r) m[r][0] = m[r][1] = -INFINITY, l[r][0] = l[r][1] = 0.0f;
 
   for (int kt = kt0; kt < kt1; ++kt) {
     const int buf = (kt - kt0) % 2, k0 = kt * kKeys;
@@ -82,60 +103,76 @@ __global__ void __launch_bounds__(32 * Plan<D>::kFwdWarps, Plan<D>::kFwdBlocksPe
     const bf16* kt_s = ks + buf * kKeys * LD;
     const bf16* vt_s = vs + buf * kKeys * LD;
     // A warp whose rows all precede the tile's keys (causal), or whose documents all start
-    // past it, skips it (the condition is the warp's: document starts never decrease).
-    if (k0 <= wq + 15 && k0 + kKeys > fw) {
-      float s[kKeys / 8][4];
-      gemm_abt<D, kKeys>(s, a_fragments<D, true>(qf, nullptr), kt_s);
-      const bool edge = k0 + kKeys - 1 > wq || k0 < imax(f0, f1);
+    // past it, skips it (the condition is the warp's: document starts never decrease). A row
+    // tile of the warp with no key in the tile goes through it as an exact no-op: its scores
+    // are all -inf, so its max, sum and output keep their bits (corr is 2^0 = 1, or the row
+    // stays zero).
+    if (k0 <= wq + WR - 1 && k0 + kKeys > fw) {
+      float s[R][kKeys / 8][4];
+      gemm_abt<D, kKeys, R>(s, a_fragments<D, QRegs>(qf, qw), kt_s);
+      const bool edge = k0 + kKeys - 1 > wq || k0 < fmax;
       if (edge) {
 #pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int key = k0 + 8 * n + 2 * t + i % 2, r = i < 2 ? r0 : r1, f = i < 2 ? f0 : f1;
-            if (key > r || key < f) s[n][i] = -INFINITY;
-          }
+          for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int key = k0 + 8 * n + 2 * t + i % 2, q = i < 2 ? r0[r] : r1[r], f = i < 2 ? f0[r] : f1[r];
+              if (key > q || key < f) s[r][n][i] = -INFINITY;
+            }
       }
-      softmax_online<D, kKeys>(s, m, l, o, sl2);
-      gemm_pb<D, kKeys>(o, s, vt_s);
+#pragma unroll
+      for (int r = 0; r < R; ++r) softmax_online<D, kKeys>(s[r], m[r], l[r], o[r], sl2);
+      gemm_pb<D, kKeys, R>(o, s, vt_s);
     }
     cp_async_wait<0>();
     __syncthreads();  // the next tile has landed; every warp is done with this one
   }
-  quad_sum(l);
-  store_rows<D>(out + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, wq, T, o, 1.0f / l[0], 1.0f / l[1],
-                qs + 16 * w * LD);
-  if (t == 0) {
-    float* ls = lse + (int64_t(bi) * H + h) * T;
-    if (r0 < T) ls[r0] = m[0] * scale + logf(l[0]);
-    if (r1 < T) ls[r1] = m[1] * scale + logf(l[1]);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    quad_sum(l[r]);
+    store_rows<D>(out + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, wq + 16 * r, T, o[r], 1.0f / l[r][0],
+                  1.0f / l[r][1], qs + (WR * w + 16 * r) * LD);
+    if (t == 0) {
+      float* ls = lse + (int64_t(bi) * H + h) * T;
+      if (r0[r] < T) ls[r0[r]] = m[r][0] * scale + logf(l[r][0]);
+      if (r1[r] < T) ls[r1[r]] = m[r][1] * scale + logf(l[r][1]);
+    }
   }
 }
 
-// dQ: a CTA of 4 warps per 64 query rows, walking the key tiles as the forward does, its rows'
-// delta = rowsum(dO * O) computed first from the dO tile and an O tile (and written for dK/dV,
-// which runs after it: no separate delta pass over dO and O). With
-// ARegs the warp's Q and dO fragments stay in registers, else they are read from shared
-// memory at each use (head dim 128, where registers would spill).
-template <int D, bool ARegs>
+// dQ: a CTA of 4 warps, each with kFlashDqRowTiles tiles of 16 query rows, walking the key
+// tiles as the forward does, its rows' delta = rowsum(dO * O) computed first from the dO tile
+// and an O tile (and written for dK/dV, which runs after it: no separate delta pass over dO and
+// O). With ARegs the warp's Q and dO fragments stay in registers, else they are read from
+// shared memory at each use (head dim 128, where registers would spill). With two row tiles a
+// key tile goes in two halves of 32 keys (S, dP and dS of two tiles over 64 keys would not fit
+// the registers beside dQ, Q and dO); each dQ accumulator still adds its key blocks in order.
+template <int D>
 struct DqShape {
+  static constexpr int kRowTiles = Plan<D>::kFlashDqRowTiles;
+  static constexpr int kRows = 4 * 16 * kRowTiles;
   static constexpr int kThreads = 128;
-  static constexpr size_t kSmem = size_t(2 * 64 + 4 * kKeys) * row_ld<D>() * 2;  // Q, dO, K[2], V[2]
+  static constexpr int kKeyChunk = kRowTiles > 1 ? kKeys / 4 : kKeys;
+  // Q, dO, then two buffers of a K tile and a V tile (the O tile borrows the second).
+  static constexpr size_t kSmem = size_t(2 * kRows + 4 * kKeys) * row_ld<D>() * 2;
 };
 
 template <int D>
-__global__ void __launch_bounds__(128, Plan<D>::kDqBlocksPerSm)
+__global__ void __launch_bounds__(128, Plan<D>::kFlashDqBlocksPerSm)
     attention_dq_flash_kernel(bf16* dqkv, float* delta, const bf16* dout, const bf16* out, const bf16* qkv,
                               const float* lse, const int32_t* pos, int T, int H, int KV, float scale) {
+  using S = DqShape<D>;
   constexpr bool ARegs = Plan<D>::kARegs;
-  constexpr int LD = row_ld<D>(), BR = 64, NT = DqShape<D, ARegs>::kThreads;
+  constexpr int R = S::kRowTiles, WR = 16 * R, KC = S::kKeyChunk;
+  constexpr int LD = row_ld<D>(), BR = S::kRows, NT = S::kThreads;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* dos = qs + BR * LD;
-  bf16* ks = dos + BR * LD;  // [2][kKeys][LD]
-  bf16* vs = ks + 2 * kKeys * LD;
-  const int h = blockIdx.x % H, bi = blockIdx.x / H;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;
+  bf16* kvs = dos + BR * LD;                  // [2][K, V][kKeys][LD]
+  const int h = blockIdx.y, bi = blockIdx.z;  // as the forward's
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
   const bf16* base = qkv + int64_t(bi) * T * row;
@@ -147,84 +184,120 @@ __global__ void __launch_bounds__(128, Plan<D>::kDqBlocksPerSm)
   const int64_t orow = int64_t(H) * D, obase = int64_t(bi) * T * orow + h * D;
   tile_async<D, BR, NT>(qs, base + h * D, row, q0, T);
   tile_async<D, BR, NT>(dos, dout + obase, orow, q0, T);
-  tile_async<D, kKeys, NT>(ks, kbase, row, kt0 * kKeys, T);
-  tile_async<D, kKeys, NT>(vs, vbase, row, kt0 * kKeys, T);
-  static_assert(BR == kKeys, "the O tile borrows the second K buffer");
-  tile_async<D, BR, NT>(ks + kKeys * LD, out + obase, orow, q0, T);
+  tile_async<D, kKeys, NT>(kvs, kbase, row, kt0 * kKeys, T);
+  tile_async<D, kKeys, NT>(kvs + kKeys * LD, vbase, row, kt0 * kKeys, T);
+  static_assert(BR <= 2 * kKeys, "the O tile borrows the second K/V buffer");
+  bf16* os = kvs + 2 * kKeys * LD;
+  tile_async<D, BR, NT>(os, out + obase, orow, q0, T);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
 
-  const int wq = q0 + 16 * w, r0 = wq + g, r1 = wq + g + 8;
-  const int f0 = first_key(pos, bi, T, r0), f1 = first_key(pos, bi, T, r1), fw = first_key(pos, bi, T, wq);
+  const int wq = q0 + WR * w, fw = first_key(pos, bi, T, wq);
   const int64_t stat0 = (int64_t(bi) * H + h) * T;
-  const float l0 = r0 < T ? lse[stat0 + r0] * kLog2e : 0.0f, l1 = r1 < T ? lse[stat0 + r1] * kLog2e : 0.0f;
+  int r0[R], r1[R], f0[R], f1[R];  // tile r's rows g and g + 8, and their documents' first keys
+  float l0[R], l1[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    r0[r] = wq + 16 * r + g, r1[r] = r0[r] + 8;
+    f0[r] = first_key(pos, bi, T, r0[r]), f1[r] = first_key(pos, bi, T, r1[r]);
+    l0[r] = r0[r] < T ? lse[stat0 + r0[r]] * kLog2e : 0.0f, l1[r] = r1[r] < T ? lse[stat0 + r1[r]] * kLog2e : 0.0f;
+  }
   // delta = rowsum(dO * O) of the warp's rows, as the delta kernel sums it (rows past T: zero
-  // filled, 0), written for dK/dV; then the K buffer the O tile borrowed is free again.
-  float d0 = 0.0f, d1 = 0.0f;
+  // filled, 0), written for dK/dV; then the K/V buffer the O tile borrowed is free again.
+  float d0[R], d1[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) d0[r] = d1[r] = 0.0f;
 #pragma unroll 1
-  for (int r = 0; r < 16; ++r) {
-    const float d = row_delta<D>(dos + (16 * w + r) * LD, ks + (kKeys + 16 * w + r) * LD, lane);
-    d0 = r == g ? d : d0;
-    d1 = r == g + 8 ? d : d1;
+  for (int i = 0; i < WR; ++i) {
+    const float d = row_delta<D>(dos + (WR * w + i) * LD, os + (WR * w + i) * LD, lane);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      d0[r] = i == 16 * r + g ? d : d0[r];
+      d1[r] = i == 16 * r + g + 8 ? d : d1[r];
+    }
     // A row at a time (stored by the warp's 16 lanes at once, the kernel spills 4 bytes).
-    if (lane == 0 && wq + r < T) delta[stat0 + wq + r] = d;
+    if (lane == 0 && wq + i < T) delta[stat0 + wq + i] = d;
   }
   __syncthreads();
-  const bf16* qw = qs + 16 * w * LD;
-  const bf16* dow = dos + 16 * w * LD;
-  uint32_t qf[ARegs ? D / 16 : 1][4], dof[ARegs ? D / 16 : 1][4];
+  const bf16* qw = qs + WR * w * LD;
+  const bf16* dow = dos + WR * w * LD;
+  uint32_t qf[ARegs ? R : 1][ARegs ? D / 16 : 1][4], dof[ARegs ? R : 1][ARegs ? D / 16 : 1][4];
   if constexpr (ARegs) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], qw, kk), load_a<D>(dof[kk], dow, kk);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        load_a<D>(qf[r][kk], qw + 16 * r * LD, kk), load_a<D>(dof[r][kk], dow + 16 * r * LD, kk);
   }
-  float dq[D / 8][4];
+  float dq[R][D / 8][4];
   acc_zero(dq);
 
   for (int kt = kt0; kt < kt1; ++kt) {
     const int buf = (kt - kt0) % 2, k0 = kt * kKeys;
     if (kt + 1 < kt1) {
-      tile_async<D, kKeys, NT>(ks + (buf ^ 1) * kKeys * LD, kbase, row, k0 + kKeys, T);
-      tile_async<D, kKeys, NT>(vs + (buf ^ 1) * kKeys * LD, vbase, row, k0 + kKeys, T);
+      bf16* next = kvs + (buf ^ 1) * 2 * kKeys * LD;
+      tile_async<D, kKeys, NT>(next, kbase, row, k0 + kKeys, T);
+      tile_async<D, kKeys, NT>(next + kKeys * LD, vbase, row, k0 + kKeys, T);
     }
     cp_async_commit();
-    const bf16* kt_s = ks + buf * kKeys * LD;
-    const bf16* vt_s = vs + buf * kKeys * LD;
-    if (k0 <= wq + 15 && k0 + kKeys > fw) {
-      float sc[kKeys / 8][4], dp[kKeys / 8][4];
-      gemm_abt<D, kKeys>(sc, a_fragments<D, ARegs>(qf, qw), kt_s);
-      gemm_abt<D, kKeys>(dp, a_fragments<D, ARegs>(dof, dow), vt_s);
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n)
+    for (int c = 0; c < kKeys / KC; ++c) {
+      const int kc0 = k0 + c * KC;
+      const bf16* kt_s = kvs + (buf * 2 * kKeys + c * KC) * LD;
+      const bf16* vt_s = kt_s + kKeys * LD;
+      // Skipped where every row precedes the keys or every document starts after them: their
+      // dS are all zero, so dQ keeps its bits.
+      if (kc0 <= wq + WR - 1 && kc0 + KC > fw) {
+        float sc[R][KC / 8][4], dp[R][KC / 8][4];
+        gemm_abt<D, KC, R>(sc, a_fragments<D, ARegs>(qf, qw), kt_s);
+        gemm_abt<D, KC, R>(dp, a_fragments<D, ARegs>(dof, dow), vt_s);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = k0 + 8 * n + 2 * t + i % 2, r = i < 2 ? r0 : r1, f = i < 2 ? f0 : f1;
-          const float p = key <= r && key >= f ? exp2_approx(sc[n][i] * sl2 - (i < 2 ? l0 : l1)) : 0.0f;
-          sc[n][i] = p * (dp[n][i] - (i < 2 ? d0 : d1));  // dS
-        }
-      gemm_pb<D, kKeys>(dq, sc, kt_s);
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int n = 0; n < KC / 8; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int key = kc0 + 8 * n + 2 * t + i % 2, q = i < 2 ? r0[r] : r1[r], f = i < 2 ? f0[r] : f1[r];
+              const float p = key <= q && key >= f ? exp2_approx(sc[r][n][i] * sl2 - (i < 2 ? l0[r] : l1[r])) : 0.0f;
+              sc[r][n][i] = p * (dp[r][n][i] - (i < 2 ? d0[r] : d1[r]));  // dS
+            }
+        gemm_pb<D, KC, R>(dq, sc, kt_s);
+      }
     }
     cp_async_wait<0>();
     __syncthreads();
   }
-  store_rows<D>(dqkv + int64_t(bi) * T * row + h * D, row, wq, T, dq, scale, scale, qs + 16 * w * LD);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    store_rows<D>(dqkv + int64_t(bi) * T * row + h * D, row, wq + 16 * r, T, dq[r], scale, scale,
+                  qs + (WR * w + 16 * r) * LD);
 }
 
-// dK and dV: a CTA of 4 warps per 64 keys of one kv head, a warp per 16 keys with its dK and
-// dV accumulators in registers, walking the query tiles (BQ rows) of every query head of the
-// group in order; Q, dO and the tiles' lse, delta and positions double-buffered, all by cp.async.
-template <int D, int BQ, bool ARegs>
+// dK and dV: a CTA of 4 warps of one kv head, each warp kFlashDkvKeyTiles tiles of 16 keys with
+// their dK and dV accumulators in registers, walking the query tiles (BQ rows) of every query
+// head of the group in order; Q, dO and the tiles' lse, delta and positions double-buffered,
+// all by cp.async. With two key tiles a query tile goes in chunks of 16 queries (S^T, dP^T of
+// two tiles over 64 queries would not fit the registers beside dK, dV, K and V); each
+// accumulator still adds its query blocks in order, and each Q/dO fragment feeds both tiles.
+template <int D>
 struct DkvShape {
+  static constexpr int kKeyTiles = Plan<D>::kFlashDkvKeyTiles;
+  static constexpr int kRows = 4 * 16 * kKeyTiles;  // keys per CTA
+  static constexpr int kBq = Plan<D>::kBq;
+  static constexpr int kQueryChunk = kKeyTiles > 1 ? 16 : kBq;
   static constexpr int kThreads = 128;
-  static constexpr size_t kSmem = size_t(2 * 64 + 4 * BQ) * row_ld<D>() * 2 + size_t(2 * 3 * BQ) * 4;
+  static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBq) * row_ld<D>() * 2 + size_t(2 * 3 * kBq) * 4;
 };
 
 template <int D>
 __global__ void __launch_bounds__(128)
     attention_dkv_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
                                const int32_t* pos, int T, int H, int KV, float scale) {
+  using S = DkvShape<D>;
   constexpr bool ARegs = Plan<D>::kARegs;
-  constexpr int BQ = Plan<D>::kBq, LD = row_ld<D>(), BK = 64, NT = DkvShape<D, BQ, ARegs>::kThreads;
+  constexpr int R = S::kKeyTiles, WR = 16 * R, QC = S::kQueryChunk;
+  constexpr int BQ = S::kBq, LD = row_ld<D>(), BK = S::kRows, NT = S::kThreads;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* ks = reinterpret_cast<bf16*>(smem);
   bf16* vs = ks + BK * LD;
@@ -233,19 +306,19 @@ __global__ void __launch_bounds__(128)
   float* lse_s = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ]
   float* delta_s = lse_s + 2 * BQ;
   int* pos_s = reinterpret_cast<int*>(delta_s + 2 * BQ);  // T throughout without document starts
-  // x: kv head and sequence; y: key tiles, the first (seen by the most queries) first.
-  const int kvh = blockIdx.x % KV, bi = blockIdx.x / KV, k0 = blockIdx.y * BK;
+  // x: key tiles, the first (seen by the most queries) first; y: kv head; z: sequence.
+  const int kvh = blockIdx.y, bi = blockIdx.z, k0 = blockIdx.x * BK;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row = (H + 2 * KV) * D, group = H / KV;
   const bf16* base = qkv + int64_t(bi) * T * row;
   const float sl2 = scale * kLog2e;
   // Query tiles from the diagonal on, up to the first whose document starts past these keys.
+  static_assert(BK % BQ == 0, "a key tile's diagonal starts a query tile");
   const int qt0 = k0 / BQ;
   int qt1 = qt0;
   while (qt1 * BQ < T && first_key(pos, bi, T, qt1 * BQ) < k0 + BK) ++qt1;
   const int per_head = qt1 - qt0, steps = group * per_head;
-  auto load = [&](int step, int buf) {
-    const int h = kvh * group + step / per_head, q0 = (qt0 + step % per_head) * BQ;
+  auto load = [&](int h, int q0, int buf) {
     tile_async<D, BQ, NT>(qs + buf * BQ * LD, base + h * D, row, q0, T);
     tile_async<D, BQ, NT>(dos + buf * BQ * LD, dout + int64_t(bi) * T * H * D + h * D, int64_t(H) * D, q0, T);
     // The tile's lse, delta and positions by 4-byte cp.async in the tiles' group: nothing
@@ -263,83 +336,119 @@ __global__ void __launch_bounds__(128)
   };
   tile_async<D, BK, NT>(ks, base + (H + kvh) * D, row, k0, T);
   tile_async<D, BK, NT>(vs, base + (H + KV + kvh) * D, row, k0, T);
-  if (steps > 0) load(0, 0);
+  if (steps > 0) load(kvh * group, qt0 * BQ, 0);
   if (!pos)  // a query's document then starts at or before key 0, and no test branches on pos
     for (int i = threadIdx.x; i < 2 * BQ; i += NT) pos_s[i] = T;
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
 
-  const int wk = k0 + 16 * w, key0 = wk + g, key1 = wk + g + 8;
-  const bf16* kw = ks + 16 * w * LD;
-  const bf16* vw = vs + 16 * w * LD;
-  uint32_t kf[ARegs ? D / 16 : 1][4], vf[ARegs ? D / 16 : 1][4];
-  if constexpr (ARegs) {
+  const int wk = k0 + WR * w;  // the warp's first key
+  const bf16* kw = ks + WR * w * LD;
+  const bf16* vw = vs + WR * w * LD;
+  constexpr int VRegTiles = ARegs ? Plan<D>::kFlashDkvVRegTiles : 0;
+  uint32_t kf[ARegs ? R : 1][ARegs ? D / 16 : 1][4], vf[VRegTiles > 0 ? VRegTiles : 1][D / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) load_a<D>(kf[kk], kw, kk), load_a<D>(vf[kk], vw, kk);
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if constexpr (ARegs) load_a<D>(kf[r][kk], kw + 16 * r * LD, kk);
+#pragma unroll
+    for (int r = 0; r < VRegTiles; ++r) load_a<D>(vf[r][kk], vw + 16 * r * LD, kk);
   }
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[R][D / 8][4], dv[R][D / 8][4];
   acc_zero(dk), acc_zero(dv);
 
-  for (int step = 0; step < steps; ++step) {
-    const int buf = step % 2, q0 = (qt0 + step % per_head) * BQ;
-    if (step + 1 < steps) load(step + 1, buf ^ 1);
+  // The step's query tile q0 of head h; the steps walk a head's tiles, then the next head's.
+  for (int step = 0, h = kvh * group, q0 = qt0 * BQ; step < steps; ++step) {
+    const int buf = step % 2;
+    const bool head_ends = q0 == (qt1 - 1) * BQ;
+    const int next_h = head_ends ? h + 1 : h, next_q0 = head_ends ? qt0 * BQ : q0 + BQ;
+    if (step + 1 < steps) load(next_h, next_q0, buf ^ 1);
     cp_async_commit();
-    const bf16* qt_s = qs + buf * BQ * LD;
-    const bf16* dot_s = dos + buf * BQ * LD;
-    const float* ls = lse_s + buf * BQ;
-    const float* ds = delta_s + buf * BQ;
-    const int* ps = pos_s + buf * BQ;
-    // Skipped where every query precedes the warp's keys, or every document starts after them.
-    if (q0 + BQ - 1 >= wk && q0 - ps[0] < wk + 16) {
-      float st[BQ / 8][4], dpt[BQ / 8][4];  // S^T and dP^T: the warp's keys x the tile's queries
-      gemm_abt<D, BQ>(st, a_fragments<D, ARegs>(kf, kw), qt_s);
-      gemm_abt<D, BQ>(dpt, a_fragments<D, ARegs>(vf, vw), dot_s);
-      // The lane's columns 8n + 2t and 8n + 2t + 1: their statistics loaded once, side by side,
-      // and the mask a select after an unconditional exp, so no load waits on a test. fmaf: the
-      // device fuses the scaling into one rounding; so does the emulation, whatever it inlines.
-      float2 lq[BQ / 8], dq[BQ / 8];
-      int2 pq[BQ / 8];
+#pragma unroll 1
+    for (int c = 0; c < BQ / QC; ++c) {
+      const int qc0 = q0 + c * QC;
+      const bf16* qt_s = qs + (buf * BQ + c * QC) * LD;
+      const bf16* dot_s = dos + (buf * BQ + c * QC) * LD;
+      const float* ls = lse_s + buf * BQ + c * QC;
+      const float* ds = delta_s + buf * BQ + c * QC;
+      const int* ps = pos_s + buf * BQ + c * QC;
+      // Skipped where every query precedes the warp's keys, or every document starts after
+      // them: the skipped dS and P are all zero, so dK and dV keep their bits.
+      if (qc0 + QC - 1 >= wk && qc0 - ps[0] < wk + WR) {
+        float st[R][QC / 8][4], dpt[R][QC / 8][4];  // S^T and dP^T: the warp's keys x the chunk's queries
+        gemm_abt<D, QC, R>(st, a_fragments<D, ARegs>(kf, kw), qt_s);
+        gemm_abt<D, QC, R>(dpt, AFragments<D, VRegTiles, D / 16>{vf, vw}, dot_s);
+        // The lane's columns 8n + 2t and 8n + 2t + 1: their statistics loaded once for both key
+        // tiles, side by side, and the mask a select after an unconditional exp, so no load
+        // waits on a test. fmaf: the device fuses the scaling into one rounding; so does the
+        // emulation, whatever it inlines.
+        float2 lq[QC / 8], dq[QC / 8];
+        int2 pq[QC / 8];
 #pragma unroll
-      for (int n = 0; n < BQ / 8; ++n) {
-        lq[n] = *reinterpret_cast<const float2*>(ls + 8 * n + 2 * t);
-        dq[n] = *reinterpret_cast<const float2*>(ds + 8 * n + 2 * t);
-        pq[n] = *reinterpret_cast<const int2*>(ps + 8 * n + 2 * t);
-      }
-#pragma unroll
-      for (int n = 0; n < BQ / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bool odd = i % 2;
-          const int q = q0 + 8 * n + 2 * t + i % 2, key = i < 2 ? key0 : key1;
-          const int first = q - (odd ? pq[n].y : pq[n].x);  // the query's document start
-          const bool live = (key <= q) & (q < T) & (key >= first);
-          const float lse2 = (odd ? lq[n].y : lq[n].x) * kLog2e;
-          const float e = exp2_approx(fmaf(st[n][i], sl2, -lse2));
-          const float p = live ? e : 0.0f;
-          st[n][i] = p;
-          dpt[n][i] = p * (dpt[n][i] - (odd ? dq[n].y : dq[n].x));  // dS^T
+        for (int n = 0; n < QC / 8; ++n) {
+          lq[n] = *reinterpret_cast<const float2*>(ls + 8 * n + 2 * t);
+          dq[n] = *reinterpret_cast<const float2*>(ds + 8 * n + 2 * t);
+          pq[n] = *reinterpret_cast<const int2*>(ps + 8 * n + 2 * t);
         }
-      gemm_pb<D, BQ>(dv, st, dot_s);
-      gemm_pb<D, BQ>(dk, dpt, qt_s);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int n = 0; n < QC / 8; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const bool odd = i % 2;
+              const int q = qc0 + 8 * n + 2 * t + i % 2, key = wk + 16 * r + g + (i < 2 ? 0 : 8);
+              const int first = q - (odd ? pq[n].y : pq[n].x);  // the query's document start
+              const bool live = (key <= q) & (q < T) & (key >= first);
+              const float lse2 = (odd ? lq[n].y : lq[n].x) * kLog2e;
+              const float e = exp2_approx(fmaf(st[r][n][i], sl2, -lse2));
+              const float p = live ? e : 0.0f;
+              st[r][n][i] = p;
+              dpt[r][n][i] = p * (dpt[r][n][i] - (odd ? dq[n].y : dq[n].x));  // dS^T
+            }
+        gemm_pb<D, QC, R>(dv, st, dot_s);
+        gemm_pb<D, QC, R>(dk, dpt, qt_s);
+      }
     }
     cp_async_wait<0>();
     __syncthreads();
+    h = next_h, q0 = next_q0;
   }
   bf16* drows = dqkv + int64_t(bi) * T * row;
-  store_rows<D>(drows + (H + kvh) * D, row, wk, T, dk, scale, scale, ks + 16 * w * LD);
-  store_rows<D>(drows + (H + KV + kvh) * D, row, wk, T, dv, 1.0f, 1.0f, vs + 16 * w * LD);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    store_rows<D>(drows + (H + kvh) * D, row, wk + 16 * r, T, dk[r], scale, scale, ks + (WR * w + 16 * r) * LD);
+    store_rows<D>(drows + (H + KV + kvh) * D, row, wk + 16 * r, T, dv[r], 1.0f, 1.0f, vs + (WR * w + 16 * r) * LD);
+  }
+}
+
+// Grid order: x, the fastest in launch order, walks one head's tiles, then y the heads (a GQA
+// group's query heads next to each other), then z the sequences. Blocks start in that order, so
+// the CTAs resident at once (2 per SM, ~264 on an H100) are a few heads' tiles, whose K/V (or
+// Q/dO) they share: GPT-2 124M (T 1024, D 64) reads 256 KB of K/V a head, ~9 MB in flight for
+// ~33 heads, well inside the 50 MB L2, so a head's K/V comes from DRAM about once. With heads
+// fastest (the order before), the resident CTAs were one query tile of every head: all 192
+// heads' K/V (50 MB; qkv 75 MB) in flight, and each head's next tile, a wave later, missed L2.
+// At T 8192, D 128 a head's K/V is 4 MB and 2-3 heads (128 tiles each) are in flight: they
+// still fit, where heads fastest would put every head's in flight (256 MB). Longest first
+// holds within a head only: the grid ends on one head's short tiles, after at most one long one.
+// The counts see requested bytes, not L2 hits: this is argued from footprints, to be measured.
+inline dim3 grid_order(int tiles, int heads, int B) {
+  LOOM_CHECK(heads <= 65535 && B <= 65535, "flash attention takes at most 65535 heads ({}) and sequences ({}) a launch",
+             heads, B);
+  return dim3(unsigned(tiles), unsigned(heads), unsigned(B));
 }
 
 template <int D>
 void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, const int32_t* pos,
                cudaStream_t s) {
-  constexpr int W = Plan<D>::kFwdWarps;
-  using S = FwdShape<D, W>;
+  using S = FlashFwd<D>;
   aligned16_check(qkv, "flash attention", "qkv");
   aligned16_check(out, "flash attention", "out");
   smem_allow(attention_forward_flash_kernel<D>, S::kSmem);
-  const dim3 grid(blocks_for(int64_t(B) * H, 1), blocks_for(T, S::kRows));
+  const dim3 grid = grid_order(blocks_for(T, S::kRows), H, B);
   LOOM_LAUNCH(attention_forward_flash_kernel<D>, grid, S::kThreads, S::kSmem, s)
   (out, lse, qkv, pos, T, H, KV, 1.0f / sqrtf(float(D)));
   LOOM_CUDA_LAUNCHED();
@@ -348,20 +457,20 @@ void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int 
 template <int D>
 void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, float* delta, int B,
                 int T, int H, int KV, const int32_t* pos, cudaStream_t s) {
-  constexpr bool A = Plan<D>::kARegs;
-  constexpr int BQ = Plan<D>::kBq;
   const float scale = 1.0f / sqrtf(float(D));
   aligned16_check(qkv, "flash attention", "qkv");
   aligned16_check(dout, "flash attention", "dout");
   aligned16_check(dqkv, "flash attention", "dqkv");
   aligned16_check(out, "flash attention", "out");
-  constexpr size_t dq_smem = DqShape<D, A>::kSmem, dkv_smem = DkvShape<D, BQ, A>::kSmem;
+  constexpr size_t dq_smem = DqShape<D>::kSmem, dkv_smem = DkvShape<D>::kSmem;
   smem_allow(attention_dq_flash_kernel<D>, dq_smem);
   smem_allow(attention_dkv_flash_kernel<D>, dkv_smem);
-  LOOM_LAUNCH(attention_dq_flash_kernel<D>, dim3(blocks_for(int64_t(B) * H, 1), blocks_for(T, 64)), 128, dq_smem, s)
+  LOOM_LAUNCH(attention_dq_flash_kernel<D>, grid_order(blocks_for(T, DqShape<D>::kRows), H, B), DqShape<D>::kThreads,
+              dq_smem, s)
   (dqkv, delta, dout, out, qkv, lse, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
-  LOOM_LAUNCH(attention_dkv_flash_kernel<D>, dim3(blocks_for(int64_t(B) * KV, 1), blocks_for(T, 64)), 128, dkv_smem, s)
+  LOOM_LAUNCH(attention_dkv_flash_kernel<D>, grid_order(blocks_for(T, DkvShape<D>::kRows), KV, B),
+              DkvShape<D>::kThreads, dkv_smem, s)
   (dqkv, dout, qkv, lse, delta, pos, T, H, KV, scale);
   LOOM_CUDA_LAUNCHED();
 }

@@ -1,7 +1,8 @@
 // The tile machinery of the flash attention kernels (attention_flash.cu) and of context
 // parallel's block kernels (attention_block.cu): cp.async tile loads into padded shared rows,
-// ldmatrix fragment loads, the two mma.sync products a warp's 16 rows need (S = A X^T and
-// O += P X), the bf16 row stores, and the tile shapes per head dim.
+// ldmatrix fragment loads, the two mma.sync products a warp's row tiles of 16 rows need (S = A X^T
+// and O += P X, each B fragment loaded once for all of them), the bf16 row stores, and the tile
+// shapes per head dim.
 #pragma once
 #include <cstdint>
 
@@ -68,24 +69,37 @@ __device__ __forceinline__ void mma2(float (&d0)[4], float (&d1)[4], const uint3
   mma_16816(d1, a, b1, d1);
 }
 
-// gemm_abt's A operand: fragment kk of the warp's 16 rows, from registers loaded once (InRegs)
-// or read again from the rows in shared memory.
-template <int D, bool InRegs, int K>
+// gemm_abt's A operand: fragment kk of row tile r (16 rows each) of the warp, from registers
+// loaded once for the first RegTiles tiles, read again from the rows in shared memory for the
+// others (tile r at rows + 16 r).
+template <int D, int RegTiles, int K>
 struct AFragments {
-  const uint32_t (&regs)[K][4];
+  const uint32_t (&regs)[RegTiles > 0 ? RegTiles : 1][K][4];
   const bf16* rows;
-  __device__ __forceinline__ void operator()(uint32_t (&a)[4], int kk) const {
-    if constexpr (InRegs) {
+  __device__ __forceinline__ void operator()(uint32_t (&a)[4], int r, int kk) const {
+    if (r < RegTiles) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = regs[kk][i];
+      for (int i = 0; i < 4; ++i) a[i] = regs[r][kk][i];
     } else {
-      load_a<D>(a, rows, kk);
+      load_a<D>(a, rows + 16 * r * row_ld<D>(), kk);
     }
   }
 };
+// Every tile's fragments from registers (InRegs) or every tile's from shared memory.
+template <int D, bool InRegs, int R, int K>
+__device__ __forceinline__ AFragments<D, InRegs ? R : 0, K> a_fragments(const uint32_t (&regs)[R][K][4],
+                                                                        const bf16* rows) {
+  if constexpr (InRegs) {
+    return {regs, rows};
+  } else {
+    return {reinterpret_cast<const uint32_t(&)[1][K][4]>(regs), rows};
+  }
+}
+// One row tile's fragments (the warp's 16 rows).
 template <int D, bool InRegs, int K>
-__device__ __forceinline__ AFragments<D, InRegs, K> a_fragments(const uint32_t (&regs)[K][4], const bf16* rows) {
-  return {regs, rows};
+__device__ __forceinline__ AFragments<D, InRegs ? 1 : 0, K> a_fragments(const uint32_t (&regs)[K][4],
+                                                                        const bf16* rows) {
+  return {reinterpret_cast<const uint32_t(&)[1][K][4]>(regs), rows};
 }
 
 // Zeroes a warp's accumulator fragments (16 rows x 8N columns).
@@ -96,39 +110,64 @@ __device__ __forceinline__ void acc_zero(float (&acc)[N][4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
 }
+template <int R, int N>
+__device__ __forceinline__ void acc_zero(float (&acc)[R][N][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc_zero(acc[r]);
+}
 
-// acc[N/8] = A (16 x D, from `a_frag(kk)`) @ X^T for the N rows of the padded tile `xt`.
-template <int D, int N, class AFrag>
-__device__ __forceinline__ void gemm_abt(float (&acc)[N / 8][4], AFrag a_frag, const bf16* xt) {
+// acc[r][N/8] = A_r (16 x D, from `a_frag(r, kk)`) @ X^T for the N rows of the padded tile `xt`,
+// for the warp's R row tiles: each B fragment of X is loaded once and feeds R tiles' mma.sync.
+// Every accumulator sums its D / 16 products in kk order, whatever R is.
+template <int D, int N, int R, class AFrag>
+__device__ __forceinline__ void gemm_abt(float (&acc)[R][N / 8][4], AFrag a_frag, const bf16* xt) {
   acc_zero(acc);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];
-    a_frag(a, kk);
+    uint32_t a[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) a_frag(a[r], r, kk);
 #pragma unroll
     for (int np = 0; np < N / 16; ++np) {
       uint32_t b[4];
       load_bt<D>(b, xt, np * 16, kk * 16);
-      mma2(acc[2 * np], acc[2 * np + 1], a, b);
+#pragma unroll
+      for (int r = 0; r < R; ++r) mma2(acc[r][2 * np], acc[r][2 * np + 1], a[r], b);
     }
   }
 }
+template <int D, int N, class AFrag>
+__device__ __forceinline__ void gemm_abt(float (&acc)[N / 8][4], AFrag a_frag, const bf16* xt) {
+  gemm_abt<D, N, 1>(reinterpret_cast<float(&)[1][N / 8][4]>(acc), a_frag, xt);
+}
 
-// acc[D/8] += P (16 x N, fp32 accumulators rounded to bf16 A fragments) @ X (N x D).
-template <int D, int N>
-__device__ __forceinline__ void gemm_pb(float (&acc)[D / 8][4], const float (&p)[N / 8][4], const bf16* x) {
+// acc[r][D/8] += P_r (16 x N, fp32 accumulators rounded to bf16 A fragments) @ X (N x D), for
+// the warp's R row tiles, each B fragment of X loaded once. Each accumulator adds its N / 16
+// products in kk order, whatever R is.
+template <int D, int N, int R>
+__device__ __forceinline__ void gemm_pb(float (&acc)[R][D / 8][4], const float (&p)[R][N / 8][4], const bf16* x) {
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
-    const uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
-                           pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                           pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t a[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      a[r][0] = pack_bf16(p[r][2 * kk][0], p[r][2 * kk][1]);
+      a[r][1] = pack_bf16(p[r][2 * kk][2], p[r][2 * kk][3]);
+      a[r][2] = pack_bf16(p[r][2 * kk + 1][0], p[r][2 * kk + 1][1]);
+      a[r][3] = pack_bf16(p[r][2 * kk + 1][2], p[r][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t b[4];
       load_b<D>(b, x, kk * 16, dp * 16);
-      mma2(acc[2 * dp], acc[2 * dp + 1], a, b);
+#pragma unroll
+      for (int r = 0; r < R; ++r) mma2(acc[r][2 * dp], acc[r][2 * dp + 1], a[r], b);
     }
   }
+}
+template <int D, int N>
+__device__ __forceinline__ void gemm_pb(float (&acc)[D / 8][4], const float (&p)[N / 8][4], const bf16* x) {
+  gemm_pb<D, N, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc), reinterpret_cast<const float(&)[1][N / 8][4]>(p), x);
 }
 
 // One tile of the online softmax for a warp's 16 rows: s holds the raw scores (16 x N in the
@@ -206,12 +245,18 @@ __device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, in
   }
 }
 
-// Tile shapes per head dim: forward CTAs of 128 query rows (8 warps) at D = 32, 64 rows (4
-// warps) at 64 and 128, at least two CTAs per SM (at D = 64, 8 warps under the 128 registers
-// two such CTAs allow would spill); the backward keeps its operands in shared memory at 128,
-// and walks 32-query tiles there. At D = 64 the forward and dQ hold three CTAs per SM (168
-// registers, no spill; the forward at four spills); 0: no bound (at D = 32 a bound of four
-// makes dQ spill where, unbounded, it takes 126 registers).
+// Tile shapes per head dim. Context parallel's block kernels (attention_block.cu) keep 16 rows a
+// warp: forward CTAs of 128 query rows (8 warps) at D = 32, 64 rows (4 warps) at 64 and 128,
+// three CTAs per SM at D = 64 (168 registers, no spill; four spill), two elsewhere; their
+// backward keeps its operands in shared memory at 128 and walks 32-query tiles there.
+// The flash kernels (attention_flash.cu) give a warp two tiles of 16 rows at D <= 64, so that
+// each fragment an ldmatrix loads feeds both tiles' mma.sync (issue 53: ~2 mma per ldmatrix at
+// one tile, ~4 at two): the forward and dQ 4 warps of 32 query rows (128-row CTAs), dK/dV 4
+// warps of 32 keys (128-key CTAs), each at two CTAs per SM by their registers (245-255, no
+// spill). dK/dV keeps its K fragments and the first key tile's V fragments in registers and
+// rereads the second tile's (all of them spill 24 bytes). At D = 128 each keeps one tile: two
+// spill in the forward (88 bytes, Q reread) and in dK/dV (812), and dQ's fit only by rereading
+// Q and dO for every 16 keys (the same 1.7 mma per ldmatrix) at one CTA per SM (139 KB tiles).
 template <int D>
 struct Plan {
   static constexpr int kFwdWarps = D <= 32 ? 8 : 4;
@@ -219,11 +264,19 @@ struct Plan {
   static constexpr int kDqBlocksPerSm = D == 64 ? 3 : 0;
   static constexpr bool kARegs = D <= 64;
   static constexpr int kBq = D <= 64 ? 64 : 32;
+  // The flash kernels (attention_flash.cu).
+  static constexpr int kFlashFwdRowTiles = D <= 64 ? 2 : 1;
+  static constexpr int kFlashFwdBlocksPerSm = 2;
+  static constexpr bool kFlashFwdQRegs = true;
+  static constexpr int kFlashDqRowTiles = D <= 64 ? 2 : 1;
+  static constexpr int kFlashDqBlocksPerSm = D == 64 ? 2 : 0;
+  static constexpr int kFlashDkvKeyTiles = D <= 64 ? 2 : 1;
+  static constexpr int kFlashDkvVRegTiles = D <= 32 ? 2 : 1;
 };
 
-template <int D, int Warps>
+template <int D, int Warps, int RowTiles = 1>
 struct FwdShape {
-  static constexpr int kRows = 16 * Warps;
+  static constexpr int kRows = 16 * RowTiles * Warps;
   static constexpr int kThreads = 32 * Warps;
   static constexpr size_t kSmem = size_t(kRows + 4 * kKeys) * row_ld<D>() * 2;  // Q, K[2], V[2]
 };

@@ -56,9 +56,10 @@ std::vector<CountedOp> attention(int B, int T, int H, int KV, int D) {
   float *lse = a.get<float>(int64_t(B) * H * T), *scratch = a.get<float>(int64_t(B) * H * T);
   const std::string shape = fmt::format("B{} T{} H{} KV{} D{}", B, T, H, KV, D);
   const double causal = 2.0 * B * H * double(T) * T * D;  // two products over the causal half
-  // Every (batch, head) runs the same blocks: one of them, and a key or query tile of each stratum.
+  // Every (batch, head) runs the same blocks: one of them (grid y and z), and a key or query tile
+  // of each stratum (grid x).
   CountOptions opt;
-  opt.samples[0] = 1, opt.samples[1] = 16;
+  opt.samples[0] = 16, opt.samples[1] = 1, opt.samples[2] = 1;
   std::vector<CountedOp> ops;
   ops.push_back(counted(
       "attention fwd", shape, 1, 2.0 * N * (row + int64_t(H) * D) + 4.0 * B * H * T,
