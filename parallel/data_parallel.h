@@ -92,12 +92,19 @@ struct DataParallelGroups {
 // What the data-parallel side takes from a run's config, read once (data_parallel_options):
 // parallel/ reads no other key.
 struct DataParallelOptions {
-  int zero = 0;                // parallel.zero: 0 is DDP, 1-3 ZeRO's stage
-  double bucket_mb = 25;       // DDP's gradient buckets (parallel.bucket_mb)
-  DType reduce = DType::f32;   // the dtype gradients are reduced in (parallel.grad_reduce_dtype)
-  bool invariant = false;      // parallel.invariant: gradients summed in the canonical tree
-  int micro_batches = 1;       // a rank's micro-batches a step
-  int ranks = 1;               // dp x cp: the ranks a gradient is summed over
+  int zero = 0;               // parallel.zero: 0 is DDP, 1-3 ZeRO's stage
+  double bucket_mb = 25;      // DDP's gradient buckets (parallel.bucket_mb)
+  DType reduce = DType::f32;  // the dtype gradients are reduced in (parallel.grad_reduce_dtype)
+  bool invariant = false;     // parallel.invariant: gradients summed in the canonical tree
+  int micro_batches = 1;      // a rank's micro-batches a step
+  int ranks = 1;              // dp x cp: the ranks a gradient is summed over
+  int cp = 1;                 // of which the cp ranks, innermost
+  // Where the canonical tree over dp x cp starts pairing (tree_all_reduce): at the dp bits.
+  int tree_first_bit() const {
+    int b = 0;
+    while ((1 << b) < cp) ++b;
+    return b;
+  }
   int ep = 1;                  // expert parallel: the experts' gradients sum over dp / ep ranks
   bool keep_gathered = false;  // ZeRO-3 keeps gathered weights until the step (zero3_reshard)
   bool tied_across = false;    // a pipeline's tied embedding, a copy on the first and last stage

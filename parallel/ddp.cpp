@@ -15,6 +15,7 @@ DataParallelOptions data_parallel_options(const Config& cfg) {
   o.invariant = p.invariant;
   o.micro_batches = cfg.accum_steps();
   o.ranks = p.dp * p.cp;
+  o.cp = p.cp;
   o.ep = p.ep;
   o.keep_gathered = p.zero == 3 && p.zero3_reshard == Zero3Reshard::after_step;
   o.tied_across = cfg.pp_tied_across();
@@ -71,7 +72,8 @@ Ddp::Ddp(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelGro
       ep_(groups.ep),
       edp_(groups.edp),
       clock_(clock),
-      bucket_mb_(o.bucket_mb) {
+      bucket_mb_(o.bucket_mb),
+      first_bit_(o.tree_first_bit()) {
   const int64_t numel = int64_t(chunk.num_params());
   const int64_t per = std::max<int64_t>(1, int64_t(bucket_mb_ * 1024 * 1024 / sizeof(float)));
   for (const BucketRange& b : ddp_buckets(chunk.registry(), numel, per, edp_ != nullptr))
@@ -151,7 +153,7 @@ void Ddp::reduce_grads(const std::function<void(Buf)>& tied) {
   {
     StepClock::Scope c(clock_, Phase::comm);
     for (auto& b : buckets_) b.work.wait_on(s);
-    if (tree_reduce()) tree_all_reduce(dp_, be_, Buf(chunk_.grads_tensor()), Buf(half_));
+    if (tree_reduce()) tree_all_reduce(dp_, be_, Buf(chunk_.grads_tensor()), Buf(half_), first_bit_);
   }
   if (low_.defined())
     for (auto& b : buckets_)
@@ -161,7 +163,7 @@ void Ddp::reduce_grads(const std::function<void(Buf)>& tied) {
   if (tied_) {  // E + H, once the two are summed over dp
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
     StepClock::Scope c(clock_, Phase::comm);
-    tied_->add_to(dp_, half(), Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()), 0);
+    tied_->add_to(dp_, half(), first_bit_, Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()), 0);
   }
   if (tied) {
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);

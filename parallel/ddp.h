@@ -80,6 +80,7 @@ class Ddp final : public DataParallel {
   // all-reduce's half buffer (2 ranks add a + b in any all-reduce).
   std::unique_ptr<GradTree> tree_;
   Tensor half_;
+  int first_bit_ = 0;  // the tree's first pairing over dp x cp
   Buf half() const { return half_.defined() ? Buf(half_) : Buf(); }
   bool tree_reduce() const { return tree_ && dp_.size() > 2; }
   std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart

@@ -92,16 +92,19 @@ std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n) {
   return p;
 }
 
-void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half) {
+void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half, int first_bit) {
   const int p = g.size(), r = g.rank();
   LOOM_CHECK((p & (p - 1)) == 0, "a tree reduction over {} ranks: it needs a power of two", p);
+  std::vector<int> bits;  // in the order they pair
+  for (int b = 1; b < p; b <<= 1) bits.push_back(b);
+  if (!bits.empty()) std::rotate(bits.begin(), bits.begin() + first_bit % int(bits.size()), bits.end());
   const Stream& s = be.stream();
   struct Range {
     int64_t lo, hi;
   };
   std::vector<Range> kept;  // before each halving step, the range both partners hold
   Range at{0, buf.count};
-  for (int bit = 1; bit < p; bit <<= 1) {
+  for (const int bit : bits) {
     kept.push_back(at);
     const int64_t mid = at.lo + (at.hi - at.lo + 1) / 2;
     const bool upper = (r & bit) != 0;
@@ -112,7 +115,8 @@ void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half) {
     be.add(buf.slice(mine.lo, mine.hi - mine.lo), in);  // both partners add the same two nodes
     at = mine;
   }
-  for (int bit = p >> 1; bit >= 1; bit >>= 1) {  // the sums back, last halving first
+  for (auto b = bits.rbegin(); b != bits.rend(); ++b) {  // the sums back, last halving first
+    const int bit = *b;
     const Range whole = kept.back();
     kept.pop_back();
     const Range other = (r & bit) ? Range{whole.lo, at.lo} : Range{at.hi, whole.hi};

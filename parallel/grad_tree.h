@@ -58,6 +58,9 @@ std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n);
 // leaf r): recursive halving (at step s, ranks r and r ^ 2^s exchange halves of their range
 // and each adds the half it keeps) then recursive doubling gathers the sums back. It moves the
 // ring's bytes in 2 log2(size) steps. size must be a power of two; `half` holds ceil(n / 2).
-void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half);
+// The bits pair from `first_bit` up, wrapping round: over dp x cp (cp innermost, 2^first_bit
+// ranks) the dp ranks' subtrees meet first, then the cp ranks' parts of each sequence, in the
+// order they meet over the cp ranks alone.
+void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half, int first_bit = 0);
 
 }  // namespace loom

@@ -31,8 +31,8 @@ class TiedHeadGrad {
   void micro_batch_done(ProcessGroup& dp, Buf half);
   // dst += the step's H, from element `from` of what this rank keeps (the whole matrix, or its
   // shard) for dst.count elements; then H starts over. Whole: sums over dp first (2 ranks add
-  // a + b in any all-reduce; more, in the tree with `half`).
-  void add_to(ProcessGroup& dp, Buf half, Buf dst, int64_t from);
+  // a + b in any all-reduce; more, in the tree with `half`, pairing from `first_bit`).
+  void add_to(ProcessGroup& dp, Buf half, int first_bit, Buf dst, int64_t from);
   void reset();  // a step abandoned halfway
 
  private:

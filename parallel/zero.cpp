@@ -235,6 +235,7 @@ Zero::Zero(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelG
       dtype_(be_.dtype()),
       reduce_(o.reduce) {
   LOOM_CHECK(stage_ >= 1 && stage_ <= 3, "parallel.zero = {} is not one of 0|1|2|3", stage_);
+  first_bit_ = o.tree_first_bit();
   const ModelLayout& layout = chunk.layout();
   const Geometry g = geometry(layout, ranks_);
   int64_t off = 0;
@@ -530,7 +531,7 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
     // parallel.invariant over more than 2 ranks: the whole buffer summed in the tree, in place;
     // the table reads this rank's slice of it.
     StepClock::Scope c(clock_, Phase::comm);
-    tree_all_reduce(dp_, be_, dev(chunk_.grads(), int64_t(chunk_.num_params()), DType::f32), Buf(half_));
+    tree_all_reduce(dp_, be_, dev(chunk_.grads(), int64_t(chunk_.num_params()), DType::f32), Buf(half_), first_bit_);
     grads = chunk_.grads();
   } else if (stage_ == 1) {
     // Reduce-scatter each unit; this rank's reduced slice goes back into the full buffer,
@@ -563,10 +564,10 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
     const int64_t wte = w.numel();
     if (stage_ == 1) {
-      tied_->add_to(dp_, half(), dev(grads + w.offset, wte, DType::f32), 0);
+      tied_->add_to(dp_, half(), first_bit_, dev(grads + w.offset, wte, DType::f32), 0);
     } else {
       const Unit& u0 = units_[0];
-      tied_->add_to(dp_, half(),
+      tied_->add_to(dp_, half(), first_bit_,
                     dev(grads + u0.shard_off, std::max<int64_t>(0, std::min(u0.b(), wte) - u0.a()), DType::f32), 0);
     }
   }

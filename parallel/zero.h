@@ -108,6 +108,7 @@ class Zero final : public DataParallel {
   // all-reduce's bytes, not a reduce-scatter's) and each rank reads its slice.
   std::unique_ptr<GradTree> tree_;
   Tensor half_;
+  int first_bit_ = 0;  // the tree's first pairing over dp x cp
   Buf half() const { return half_.defined() ? Buf(half_) : Buf(); }
   std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
   bool last_ = false;

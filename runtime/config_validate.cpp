@@ -218,8 +218,15 @@ void invariant_validate(const Config& cfg) {
              "parallel.invariant with parallel.ep = {}: expert parallelism mixes ranks' tokens in one expert's GEMM, "
              "so its bits depend on the layout; set parallel.ep = 1, {}",
              p.ep, off);
-  LOOM_CHECK(p.cp == 1, "parallel.invariant does not cover context parallelism yet (parallel.cp = {}); set cp = 1, {}",
+  LOOM_CHECK(pow2(p.cp),
+             "parallel.invariant with parallel.cp = {}: the cp ranks' parts of a sequence meet in a binary tree, so cp "
+             "must be a power of two, {}",
              p.cp, off);
+  LOOM_CHECK(p.cp == 1 || p.zero <= 1,
+             "parallel.invariant with parallel.cp = {} under ZeRO-{}: its reduce-scatter after each micro-batch adds "
+             "the cp ranks' parts before the micro-batches' tree (it covers cp under DDP and ZeRO-1 so far); set "
+             "parallel.zero = 0 or 1, {}",
+             p.cp, p.zero, off);
   LOOM_CHECK(p.grad_reduce_dtype == GradReduce::f32,
              "parallel.invariant with parallel.grad_reduce_dtype = \"bf16\": rounding each rank's partial sums "
              "changes the bits with the layout; set it to \"f32\", {}",

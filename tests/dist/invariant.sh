@@ -9,7 +9,8 @@
 #              bytes in every layout of the matrix below (dp 1, 2, 4 under DDP and ZeRO 1-3 over
 #              MPI and nccl-emulated; pp 2 and 4 under all six schedules; bf16; MoE at ep 1;
 #              around a fixed tp; the CUDA kernels in the emulation; gpt2's tied embeddings
-#              under DDP, ZeRO 1-3 and pp 2, the head and the embedding on one rank or two), and a dp 4 checkpoint resumed at dp 2 ends with the bytes of the run that
+#              under DDP, ZeRO 1-3 and pp 2, the head and the embedding on one rank or two; around
+#              a fixed cp under DDP, ZeRO-1 and pp), and a dp 4 checkpoint resumed at dp 2 ends with the bytes of the run that
 #              never stopped.
 #   invariant.sh LOOM "MPIRUN..."
 set -uo pipefail
@@ -121,6 +122,12 @@ gpt2_l4      -            1  model.arch=gpt2 $l4
 gpt2_zbv     gpt2_l4      2  model.arch=gpt2 $l4 parallel.pp=2 parallel.pp_schedule=zbv
 gpt2_inter   gpt2_l4      2  model.arch=gpt2 $l4 parallel.pp=2 parallel.pp_schedule=interleaved parallel.pp_virtual=2
 gpt2_pp4     gpt2_l4      4  model.arch=gpt2 $l4 parallel.pp=4 parallel.pp_schedule=gpipe
+cp2          -            2  parallel.cp=2
+cp2_dp2      cp2          4  parallel.cp=2 parallel.dp=2
+cp2_dp4_z1   cp2          8  parallel.cp=2 parallel.dp=4 parallel.zero=1
+cp2_pp2      cp2          4  parallel.cp=2 parallel.pp=2
+gpt2_cp2     -            2  model.arch=gpt2 parallel.cp=2
+gpt2_cp2_dp2 gpt2_cp2     4  model.arch=gpt2 parallel.cp=2 parallel.dp=2
 "
 while read -r name ref np keys; do
   [ -n "$name" ] || continue
