@@ -54,7 +54,7 @@ void norms_match_cpu(int N, int C) {
   cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
                           C);
   Dev X(x), W(w), Bb(bb), Dy(dy), O(size_t(N) * C), Dx(dx0);
-  DevRaw<float> M(N), R(N), Dw(dw0), Db(db0), Part(static_cast<size_t>(cuda::column_partials_floats(N, C)));
+  DevRaw<float> M(N), R(N), Dw(dw0), Db(db0), Part(static_cast<size_t>(cuda::norm_partials_floats(N, C)));
   cuda::layernorm_forward(O.p, M.p, R.p, X.p, nullptr, W.p, Bb.p, N, C, 1e-5f, nullptr);
   LOOM_CUDA_CHECK(cudaGetLastError());
   cuda::layernorm_backward(Dx.p, Dw.p, Db.p, Dy.p, X.p, W.p, M.p, R.p, N, C, Part.p, nullptr);
@@ -229,9 +229,10 @@ TEST_F(Cuda, EmbeddingWholeAndVocabShard) {
     int U = 0;
     DevRaw<int32_t> Tok(tok), Index(cuda::token_index(tok.data(), B * T, v0, Vl, &U));
     Dev Wte(wte), Wpe(wpe), Dy(dy), O(size_t(B) * T * C);
-    DevRaw<float> Dwte(dwte0), Dwpe(dwpe0);
+    DevRaw<float> Dwte(dwte0), Dwpe(dwpe0), Part(size_t(cuda::embedding_partials_floats(C)));
     cuda::embedding_forward(O.p, Tok.p, Wte.p, v0, Vl, positions ? Wpe.p : nullptr, B, T, C, nullptr, nullptr);
-    cuda::embedding_backward(Dwte.p, positions ? Dwpe.p : nullptr, Dy.p, Index.p, U, B, T, C, nullptr, nullptr);
+    cuda::embedding_backward(Dwte.p, positions ? Dwpe.p : nullptr, Dy.p, Index.p, U, B * T, B, T, C, nullptr, Part.p,
+                             nullptr);
     EXPECT_TRUE(close(O.get(), out, 1e-3, 1e-2)) << "v0 " << v0;
     EXPECT_TRUE(close(Dwte.get(), dwte, 1e-5, 1e-5)) << "dwte (+=), v0 " << v0;
     EXPECT_TRUE(close(Dwpe.get(), dwpe, 1e-5, 1e-5)) << "dwpe (+=, untouched without positions), v0 " << v0;
