@@ -330,6 +330,32 @@ INSTANTIATE_TEST_SUITE_P(
 // The fused loss over a vocabulary that is no multiple of the block (and over one padded:
 // the padding is out of the softmax and gets a zero gradient), with dloss = 0 (the logits are
 // left alone), its vocab-parallel phases on a shard that starts past 0, and the loss sum.
+// The row held in shared memory (up to 56312 real ids) and read twice past that, on a few rows:
+// a vocabulary of 60000 real ids padded to 60007, and rows of 5 real ids in 13 (every row starting
+// at another offset within a 16-byte word); the same bits on a second run.
+TEST_F(Cuda, CrossEntropyHeldAndWideRows) {
+  const int N = 5;
+  for (auto [V, valid] : {std::pair{60007, 60000}, std::pair{13, 5}, std::pair{56320, 56312}}) {
+    auto logits = randn(size_t(N) * V, 44, 3.0f);
+    std::vector<int32_t> y(N);
+    for (int i = 0; i < N; ++i) y[size_t(i)] = (i * 7919) % valid;
+    auto l = logits;
+    std::vector<float> losses(N);
+    cpu::crossentropy_forward_backward(l.data(), losses.data(), y.data(), N, V, valid, 0.5f);
+    std::vector<float> runs[2];
+    for (auto& grad : runs) {
+      Dev Lg(logits);
+      DevRaw<int32_t> Y(y);
+      DevRaw<float> Ls(N);
+      cuda::crossentropy_forward_backward(Lg.p, Ls.p, Y.p, N, V, valid, 0.5f, nullptr);
+      EXPECT_TRUE(close(Ls.get(), losses, 1e-4, 1e-4)) << "losses, V " << V;
+      grad = Lg.get();
+      EXPECT_TRUE(close(grad, l, 1e-5, 1e-2)) << "gradient, V " << V;
+    }
+    EXPECT_EQ(runs[0], runs[1]) << "V " << V;
+  }
+}
+
 TEST_F(Cuda, CrossEntropyWholeAndVocabParallel) {
   const int N = kN;
   for (auto [V, valid] : {std::pair{1003, 1003}, std::pair{1024, 1000}}) {

@@ -271,3 +271,18 @@ TEST(KernelCounts, EmbeddingBackwardHasNoLongWarp) {
       EXPECT_LE(l.total.trips_max, loom::cuda::kEmbeddingPiece * columns / 4 + 2) << what << " " << l.kernel;
     }
 }
+
+// Cross-entropy reads the logits once: the first pass keeps the row in shared memory (100 KB at
+// GPT-2's vocabulary) and the second reads it there (it read the row again from global memory:
+// 3320 MB a step at GPT-2's shape for a 1648 MB tensor, with 106 MB of rows in flight on an H100
+// against its 50 MB L2). The 32-byte sectors read: one read of the bf16 logits, 2 N V, and 2% for
+// the targets, the target's logit (every thread asks for both) and words split at a row's ends.
+TEST(KernelCounts, CrossEntropyReadsTheLogitsOnce) {
+  const auto ops = table_ops("crossentropy");
+  ASSERT_EQ(ops.size(), 2u);
+  for (const auto& [what, N, V, op] : ops) {
+    double read = 0;
+    for (const LaunchCounts& l : op.launches) read += 32 * l.total.ldg_sectors;
+    EXPECT_LE(read, 1.02 * 2 * N * V) << what;
+  }
+}
