@@ -158,8 +158,8 @@ class CudaBackend final : public Backend {
   void embedding_backward(float* dwte, float* dwpe, Ptr dout, const Inputs& in, int, int, int B, int T,
                           int C) override {
     // By position (doc_mask, cp): every position the index covers, up to the sequence length.
-    cuda::embedding_backward(dwte, dwpe, B16(dout), in.index, in.unique, B, in.pos_index ? in.pos_range : T, C,
-                             in.pos_index, s_);
+    cuda::embedding_backward(dwte, dwpe, B16(dout), in.index, in.unique, B * T, B, in.pos_index ? in.pos_range : T, C,
+                             in.pos_index, partials(B * T, C, cuda::embedding_partials_floats(C)), s_);
   }
   void norm_forward(bool rms, Ptr out, float* mean, float* rstd, Ptr inout, Ptr add, Ptr w, Ptr b, int N, int C,
                     float eps) override {
@@ -172,11 +172,11 @@ class CudaBackend final : public Backend {
   void norm_backward(bool rms, Ptr dinp, float* dw, float* db, Ptr dout, Ptr inp, Ptr w, const float* mean,
                      const float* rstd, int N, int C) override {
     if (rms)
-      cuda::rmsnorm_backward(B16(dinp), dw, B16(dout), B16(inp), B16(w), rstd, N, C, partials(N, C), s_,
+      cuda::rmsnorm_backward(B16(dinp), dw, B16(dout), B16(inp), B16(w), rstd, N, C, norm_partials(N, C), s_,
                              &scalar_paths_);
     else
-      cuda::layernorm_backward(B16(dinp), dw, db, B16(dout), B16(inp), B16(w), mean, rstd, N, C, partials(N, C), s_,
-                               &scalar_paths_);
+      cuda::layernorm_backward(B16(dinp), dw, db, B16(dout), B16(inp), B16(w), mean, rstd, N, C, norm_partials(N, C),
+                               s_, &scalar_paths_);
   }
   void add_act(Ptr inout, Ptr x, int64_t n) override { cuda::add_bf16(B16(inout), B16(x), n, s_, &scalar_paths_); }
   void linear_forward(Ptr out, Ptr inp, Ptr w, Ptr bias, int M, int K, int N, WLayout layout) override {
@@ -345,12 +345,13 @@ class CudaBackend final : public Backend {
   cudaStream_t s_;
   std::vector<Tensor> ws_;  // cuda_backend_plan: GEMM workspace, inputs, norm partials, column partials, cp positions
   // The column sums' scratch (one stream: a call's stages finish before the next call's start).
-  float* partials(int rows, int cols) {
-    LOOM_CHECK(cuda::column_partials_floats(rows, cols) <= ws_[3].numel(),
-               "the CUDA backend planned {} floats of column partials; {} x {} needs {}", ws_[3].numel(), rows, cols,
-               cuda::column_partials_floats(rows, cols));
+  float* partials(int rows, int cols, int64_t floats = -1) {
+    if (floats < 0) floats = cuda::column_partials_floats(rows, cols);
+    LOOM_CHECK(floats <= ws_[3].numel(), "the CUDA backend planned {} floats of column partials; {} x {} needs {}",
+               ws_[3].numel(), rows, cols, floats);
     return ws_[3].data<float>();
   }
+  float* norm_partials(int rows, int cols) { return partials(rows, cols, cuda::norm_partials_floats(rows, cols)); }
   std::unique_ptr<cuda::GemmContext> gemm_;
   // A kernel's element-by-element path for a tensor off 16 bytes: a warning once per kernel and tensor.
   cuda::ScalarPathsOnce scalar_paths_{[](const std::string& line) { spdlog::warn("{}", line); }};

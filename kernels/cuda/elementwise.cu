@@ -1,7 +1,9 @@
 // Pointwise and column-reduction kernels. The pointwise ones move 128-bit words (see below). Column reductions (bias,
 // embedding gradients) sum in a fixed order without atomics: the bias gradient in two stages over row chunks
 // (common.cuh); the token embedding gradient gives each distinct token of the batch one block that walks that token's
-// positions in order.
+// positions in order, the frequent ones cut into pieces summed in a fixed order.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -99,15 +101,94 @@ __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const
   out[i] = b(e);
 }
 
-// One block per distinct token: its positions' rows summed in fp32 in order, added once.
+// The token embedding's gradient. A token of up to kEmbeddingPiece positions (nearly every token
+// of a batch) gets a block that walks its positions in order and adds their sum once. The
+// frequent ones, which token_index puts first (up to kMaxFrequentTokens of them), are cut into
+// pieces of L positions: a block a piece sums it in order into a row of partials, and a block a
+// token adds its pieces in order, so no block walks more than max(kEmbeddingPiece, L) positions
+// (a token of 600 positions took one block through all of them). L is kEmbeddingPiece doubled
+// until the pieces fit kMaxEmbeddingPieces rows: the order of every sum is set by the batch alone.
+__device__ __forceinline__ bool frequent(const int32_t* starts, int u) {
+  return u < kMaxFrequentTokens && starts[u + 1] - starts[u] > kEmbeddingPiece;
+}
+
+// One block per token that is not frequent: its positions' rows summed in fp32 in order, added once.
 // index: ids[U], starts[U + 1], positions (token_index's packing).
 __global__ void embedding_wte_backward_kernel(float* dwte, const bf16* dout, const int32_t* index, int U, int C) {
   const int u = blockIdx.x, id = index[u];
   const int32_t* starts = index + U;
   const int32_t* pos = index + 2 * U + 1;
+  if (frequent(starts, u)) return;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     float d = 0.0f;
     for (int k = starts[u]; k < starts[u + 1]; ++k) d += f(dout[int64_t(pos[k]) * C + c]);
+    dwte[int64_t(id) * C + c] += d;
+  }
+}
+
+// The frequent tokens' pieces, as every block of the two kernels below finds them from the
+// starts of the first kMaxFrequentTokens tokens: K tokens, pieces of L positions; `first` is
+// row 0 of the token (or piece) this block takes, -1 where it takes none.
+struct Pieces {
+  int K, L, token, first, count;
+};
+template <bool kByPiece>
+__device__ Pieces find_pieces(const int32_t* starts, int U) {
+  __shared__ int32_t st[kMaxFrequentTokens + 1];
+  __shared__ Pieces out;
+  const int n = U < kMaxFrequentTokens ? U : kMaxFrequentTokens;
+  for (int i = threadIdx.x; i <= n; i += blockDim.x) st[i] = starts[i];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Pieces p{0, kEmbeddingPiece, -1, -1, 0};
+    while (p.K < n && st[p.K + 1] - st[p.K] > kEmbeddingPiece) ++p.K;
+    for (;; p.L *= 2) {
+      int total = 0;
+      for (int u = 0; u < p.K; ++u) total += (st[u + 1] - st[u] + p.L - 1) / p.L;
+      if (total <= kMaxEmbeddingPieces) break;
+    }
+    // By piece: the piece blockIdx.x (its token, its first position in `first`); by token: the
+    // token blockIdx.x's first row of partials and its pieces.
+    int row = 0;
+    for (int u = 0; u < p.K; ++u) {
+      const int pieces = (st[u + 1] - st[u] + p.L - 1) / p.L;
+      if (kByPiece && int(blockIdx.x) < row + pieces) {
+        p.token = u, p.first = st[u] + (int(blockIdx.x) - row) * p.L;
+        p.count = st[u + 1] - p.first < p.L ? st[u + 1] - p.first : p.L;
+        break;
+      }
+      if (!kByPiece && int(blockIdx.x) == u) {
+        p.token = u, p.first = row, p.count = pieces;
+        break;
+      }
+      row += pieces;
+    }
+    out = p;
+  }
+  __syncthreads();
+  return out;
+}
+
+// A piece's positions summed in order into its row of partials (the row blockIdx.x).
+__global__ void embedding_piece_kernel(float* partials, const bf16* dout, const int32_t* index, int U, int C) {
+  const Pieces p = find_pieces<true>(index + U, U);
+  if (p.token < 0) return;
+  const int32_t* pos = index + 2 * U + 1;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float d = 0.0f;
+    for (int k = p.first; k < p.first + p.count; ++k) d += f(dout[int64_t(pos[k]) * C + c]);
+    partials[int64_t(blockIdx.x) * C + c] = d;
+  }
+}
+
+// A frequent token's pieces added in order, then into its row of dwte once.
+__global__ void embedding_frequent_kernel(float* dwte, const float* partials, const int32_t* index, int U, int C) {
+  const Pieces p = find_pieces<false>(index + U, U);
+  if (p.token < 0) return;
+  const int id = index[p.token];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float d = 0.0f;
+    for (int r = p.first; r < p.first + p.count; ++r) d += partials[int64_t(r) * C + c];
     dwte[int64_t(id) * C + c] += d;
   }
 }
@@ -295,20 +376,28 @@ void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0
   LOOM_CUDA_LAUNCHED();
 }
 std::vector<int32_t> token_index(const int32_t* tokens, int N, int v0, int Vl, int* unique) {
-  std::vector<int32_t> count(size_t(Vl) + 1, 0);
+  std::vector<int32_t> count(size_t(Vl), 0);
   for (int n = 0; n < N; ++n)
-    if (tokens[n] >= v0 && tokens[n] < v0 + Vl) ++count[size_t(tokens[n] - v0) + 1];
-  int U = 0;
-  for (int v = 0; v < Vl; ++v) U += count[size_t(v) + 1] > 0;
-  for (int v = 0; v < Vl; ++v) count[size_t(v) + 1] += count[size_t(v)];  // count[v]: first slot of id v
-  const int placed = count[size_t(Vl)];
+    if (tokens[n] >= v0 && tokens[n] < v0 + Vl) ++count[size_t(tokens[n] - v0)];
+  // The order of the ids: the first kMaxFrequentTokens of those with more than
+  // kEmbeddingPiece positions (embedding_backward cuts them into pieces), then the others.
+  std::vector<int32_t> order, rest;
+  for (int v = 0; v < Vl; ++v) {
+    if (count[size_t(v)] == 0) continue;
+    const bool frequent = count[size_t(v)] > kEmbeddingPiece && int(order.size()) < kMaxFrequentTokens;
+    (frequent ? order : rest).push_back(v);
+  }
+  const int U = int(order.size() + rest.size());
+  order.insert(order.end(), rest.begin(), rest.end());
+  std::vector<int32_t> next(size_t(Vl), 0);  // id v's next slot among the positions
+  int placed = 0;
+  for (int v : order) next[size_t(v)] = placed, placed += count[size_t(v)];
   std::vector<int32_t> index(size_t(2 * U + 1 + placed));
   int32_t *ids = index.data(), *starts = ids + U, *pos = starts + U + 1;
-  for (int v = 0, u = 0; v < Vl; ++v)
-    if (count[size_t(v) + 1] > count[size_t(v)]) ids[u] = v, starts[u] = count[size_t(v)], ++u;
+  for (int u = 0; u < U; ++u) ids[u] = order[size_t(u)], starts[u] = next[size_t(order[size_t(u)])];
   starts[U] = placed;
   for (int n = 0; n < N; ++n)
-    if (tokens[n] >= v0 && tokens[n] < v0 + Vl) pos[count[size_t(tokens[n] - v0)]++] = n;
+    if (tokens[n] >= v0 && tokens[n] < v0 + Vl) pos[next[size_t(tokens[n] - v0)]++] = n;
   *unique = U;
   return index;
 }
@@ -324,11 +413,21 @@ std::vector<int32_t> position_index(const int32_t* pos, int N, int T) {
   for (int n = 0; n < N; ++n) rows[next[size_t(pos[n])]++] = n;
   return index;
 }
-void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* index, int U, int B, int T, int C,
-                        const int32_t* pos_index, cudaStream_t s) {
+void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* index, int U, int N, int B, int T,
+                        int C, const int32_t* pos_index, float* partials, cudaStream_t s) {
   if (U > 0) {
     LOOM_LAUNCH(embedding_wte_backward_kernel, U, kThreads, 0, s)(dwte, dout, index, U, C);
     LOOM_CUDA_LAUNCHED();
+    // At most N / (kEmbeddingPiece + 1) frequent tokens, and 2 N / kEmbeddingPiece pieces: the
+    // blocks past the batch's find nothing to do.
+    const int frequent = std::min({U, kMaxFrequentTokens, N / (kEmbeddingPiece + 1)});
+    if (frequent > 0) {
+      const int pieces = std::min(kMaxEmbeddingPieces, 2 * N / kEmbeddingPiece);
+      LOOM_LAUNCH(embedding_piece_kernel, pieces, kThreads, 0, s)(partials, dout, index, U, C);
+      LOOM_CUDA_LAUNCHED();
+      LOOM_LAUNCH(embedding_frequent_kernel, frequent, kThreads, 0, s)(dwte, partials, index, U, C);
+      LOOM_CUDA_LAUNCHED();
+    }
   }
   if (dwpe) {
     LOOM_LAUNCH(embedding_wpe_backward_kernel, blocks_for(int64_t(T) * C, kThreads), kThreads, 0, s)

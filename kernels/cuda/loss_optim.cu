@@ -61,19 +61,32 @@ __device__ __forceinline__ void softmax_add(float& m, float& s, float x) {
 // The fused classifier: one block per row, an online softmax in one pass (each thread keeps its
 // running max and the sum scaled to it, merged across the block), then one pass writing the
 // gradient over the logits; no probabilities are stored. Bytes per row: reads 2V (the logits)
-// + 4 (target), writes 2V (their gradient) + 4 (loss); the second read of the row comes from L2
-// (a row is 2V = 100 KB at GPT-2's vocabulary), so DRAM moves 4V: bound by DRAM bandwidth.
+// + 4 (target), writes 2V (their gradient) + 4 (loss): bound by DRAM bandwidth. With kHold the
+// first pass keeps the row in shared memory (2V bytes: 100 KB at GPT-2's vocabulary, two rows an
+// SM) and the second reads it there; without, the second reads the row again from global
+// memory, and with 8 blocks an SM the 1056 rows in flight of an H100 (106 MB at GPT-2's
+// vocabulary) pass the 50 MB L2: much of that second read comes from DRAM.
 // Columns from `valid` on are padding: out of the softmax, gradient 0.
+template <bool kHold>
 __global__ void __launch_bounds__(kThreads)
     crossentropy_kernel(bf16* __restrict__ logits, float* __restrict__ losses, const int32_t* __restrict__ targets,
                         int V, int valid, float dloss) {
+  LOOM_DYNAMIC_SHARED(bf16, held, 16);
   bf16* l = logits + int64_t(blockIdx.x) * V;
   float m = -INFINITY, s = 0.0f;
   const RowWords in = row_words(l, valid);
-  for (int c = threadIdx.x; c < in.head; c += kThreads) softmax_add(m, s, f(l[c]));
+  // The row's element c sits at held[c + pad]: its 16-byte words on 16 bytes in shared memory too.
+  const int pad = (kPack - in.head % kPack) % kPack;
+  auto keep = [&](int c, bf16 x) {
+    if (kHold) held[c + pad] = x;
+    return f(x);
+  };
+  for (int c = threadIdx.x; c < in.head; c += kThreads) softmax_add(m, s, keep(c, l[c]));
   for (int w = threadIdx.x; w < in.words; w += kThreads) {
+    const int4 raw = load128(l + in.head + w * kPack);
+    if (kHold) store128(held + pad + in.head + w * kPack, raw);
     float x[kPack];
-    unpack8(x, load128(l + in.head + w * kPack));
+    unpack8(x, raw);
     float mx = x[0];
 #pragma unroll
     for (int k = 1; k < kPack; ++k) mx = fmaxf(mx, x[k]);
@@ -84,8 +97,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < kPack; ++k) s += __expf(x[k] - m);
   }
-  for (int c = in.head + in.words * kPack + threadIdx.x; c < valid; c += kThreads) softmax_add(m, s, f(l[c]));
-  const float M = block_reduce<true>(m);
+  for (int c = in.head + in.words * kPack + threadIdx.x; c < valid; c += kThreads) softmax_add(m, s, keep(c, l[c]));
+  const float M = block_reduce<true>(m);  // (its barriers also order the held row's stores before the reads)
   const float S = block_reduce<false>(m == -INFINITY ? 0.0f : s * __expf(m - M));
   const int y = targets[blockIdx.x];
   const float target = f(l[y]);
@@ -94,19 +107,32 @@ __global__ void __launch_bounds__(kThreads)
   if (dloss == 0.0f) return;
   const float scale = dloss / S;
   auto grad = [&](int c, float x) { return c < valid ? __expf(x - M) * scale - (c == y ? dloss : 0.0f) : 0.0f; };
+  // The values of columns past `valid` are never used (their gradient is 0): held leaves them unset.
+  auto value = [&](int c) { return kHold ? (c < valid ? f(held[c + pad]) : 0.0f) : f(l[c]); };
   const RowWords out = row_words(l, V);
-  for (int c = threadIdx.x; c < out.head; c += kThreads) l[c] = b(grad(c, f(l[c])));
+  for (int c = threadIdx.x; c < out.head; c += kThreads) l[c] = b(grad(c, value(c)));
   for (int w = threadIdx.x; w < out.words; w += kThreads) {
     bf16* p = l + out.head + w * kPack;
     const int c0 = out.head + w * kPack;
     float x[kPack];
-    unpack8(x, load128(p));
+    if (!kHold) {
+      unpack8(x, load128(p));
+    } else if (c0 + kPack <= valid) {
+      unpack8(x, load128(held + pad + c0));
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) x[k] = value(c0 + k);
+    }
 #pragma unroll
     for (int k = 0; k < kPack; ++k) x[k] = grad(c0 + k, x[k]);
     store128(p, pack8(x));
   }
-  for (int c = out.head + out.words * kPack + threadIdx.x; c < V; c += kThreads) l[c] = b(grad(c, f(l[c])));
+  for (int c = out.head + out.words * kPack + threadIdx.x; c < V; c += kThreads) l[c] = b(grad(c, value(c)));
 }
+
+// The most shared memory a held row takes: 2 rows an SM of an sm_90 (228 KB) at GPT-2's
+// vocabulary; wider vocabularies read their row twice.
+constexpr int kMaxHeldRowBytes = 110 * 1024;
 
 // Vocab-parallel phases, one block per row of a shard.
 __global__ void ce_stats_kernel(const bf16* logits, const int32_t* targets, int Vl, int valid, int v0, float* rowmax,
@@ -229,7 +255,13 @@ __global__ void exact_finish(double* out, const unsigned long long* digits) {
 
 void crossentropy_forward_backward(bf16* logits, float* losses, const int32_t* targets, int N, int V, int valid,
                                    float dloss, cudaStream_t s) {
-  LOOM_LAUNCH(crossentropy_kernel, N, kThreads, 0, s)(logits, losses, targets, V, valid, dloss);
+  const int held_bytes = (valid + kPack) * 2;
+  if (held_bytes <= kMaxHeldRowBytes) {
+    smem_allow(crossentropy_kernel<true>, size_t(held_bytes));
+    LOOM_LAUNCH(crossentropy_kernel<true>, N, kThreads, held_bytes, s)(logits, losses, targets, V, valid, dloss);
+  } else {
+    LOOM_LAUNCH(crossentropy_kernel<false>, N, kThreads, 0, s)(logits, losses, targets, V, valid, dloss);
+  }
   LOOM_CUDA_LAUNCHED();
 }
 

@@ -1,10 +1,13 @@
 // LayerNorm and RMSNorm. The row kernels give each row one warp and hold the row in registers
 // (lane l keeps columns 8 (l + 32 j) .. + 7, j < V, as packed bf16), so every input is read
 // from memory once, in 128-bit words where the rows are aligned; rows wider than
-// kMaxRowVecs * 256 take the scalar kernels, which read the row again from cache. The weight
-// and bias gradients are column sums in two deterministic stages (common.cuh). The forward
+// kMaxRowVecs * 256 take the scalar kernels, which read the row again from cache. The backward
+// gives dinp and the weight and bias gradients' per-block partials in one pass over dout and inp
+// (up to 8 words a lane; wider rows sum their columns in a second pass, common.cuh), the blocks'
+// partials then added in a fixed order. The forward
 // kernels can first add the residual branch into their input in place (the fused residual +
 // norm of each block).
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -122,17 +125,21 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (lane == 0) rstd[n] = r;
 }
 
-// A row's input gradient, LayerNorm's (kCentered) or RMSNorm's (the same formula less the mean and
-// the mean of w*dy, written out so that each compiles to its own expression). Bytes per
+// No weight or bias gradient: the dinp-only kernels' rows add nothing.
+struct NoGrad {
+  __device__ void operator()(int, const float (&)[kPack], const float (&)[kPack], float, float) const {}
+};
+
+// Row n's input gradient, LayerNorm's (kCentered) or RMSNorm's (the same formula less the mean
+// and the mean of w*dy, written out so that each compiles to its own expression). Bytes per
 // row: reads C * 2 each of dout, inp and dinp (+=), writes C * 2 (dinp), reads 4 or 8 (rstd,
-// mean): 8C bytes a row at DRAM bandwidth.
-template <int V, bool kCentered>
+// mean): 8C bytes a row at DRAM bandwidth. grad(j, x, dy, m, r) sees each of the lane's words
+// once, for the weight and bias gradients of the fused kernel.
+template <int V, bool kCentered, class Grad>
 __device__ __forceinline__ void norm_dinp_row(bf16* __restrict__ dinp, const bf16* __restrict__ dout,
                                               const bf16* __restrict__ inp, const bf16* __restrict__ weight,
-                                              const float* __restrict__ mean, const float* __restrict__ rstd, int N,
-                                              int C, bool aligned) {
-  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (n >= N) return;
+                                              const float* __restrict__ mean, const float* __restrict__ rstd, int n,
+                                              int C, bool aligned, int lane, Grad grad) {
   int4 xr[V], dyr[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -189,6 +196,7 @@ __device__ __forceinline__ void norm_dinp_row(bf16* __restrict__ dinp, const bf1
           d[k] += (w[k] * dy[k] - x[k] * r * bb) * r;
       }
       store_cols(dx, c, C, aligned, pack8(d));
+      grad(j, x, dy, m, r);
     }
   }
 }
@@ -199,19 +207,146 @@ __device__ __forceinline__ void norm_dinp_row(bf16* __restrict__ dinp, const bf1
 template <int V>
 constexpr int kDinpBlocks = V == 8 ? 4 : 0;
 
+// The input gradient alone (no weight gradient asked for, or rows of 16 words a lane): a warp a row.
 template <int V>
 __global__ void __launch_bounds__(32 * kWarps, kDinpBlocks<V>)
     layernorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
                           const bf16* __restrict__ weight, const float* __restrict__ mean,
                           const float* __restrict__ rstd, int N, int C, bool aligned) {
-  norm_dinp_row<V, true>(dinp, dout, inp, weight, mean, rstd, N, C, aligned);
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (n < N) norm_dinp_row<V, true>(dinp, dout, inp, weight, mean, rstd, n, C, aligned, threadIdx.x % 32, NoGrad{});
 }
 
 template <int V>
 __global__ void __launch_bounds__(32 * kWarps, kDinpBlocks<V>)
     rmsnorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
                         const bf16* __restrict__ weight, const float* __restrict__ rstd, int N, int C, bool aligned) {
-  norm_dinp_row<V, false>(dinp, dout, inp, weight, nullptr, rstd, N, C, aligned);
+  const int n = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (n < N) norm_dinp_row<V, false>(dinp, dout, inp, weight, nullptr, rstd, n, C, aligned, threadIdx.x % 32, NoGrad{});
+}
+
+// The fused backward: dinp and the weight (and bias) gradients' partials from one read of dout
+// and inp. W warps a block; block g takes rows [g R, g R + R) and its warp w the rows
+// g R + w + W i, in order, each row's xhat * dy (and dy) added into the warp's own accumulators
+// in shared memory. Then the block adds its warps' accumulators in warp order into row g of the
+// partials, and column_finish adds the rows in block order: the order of every sum is fixed by
+// N and C alone. A warp's accumulators hold word j, element k of lane l at
+// 32 (8 j + k) + (l + 4 k) % 32: a warp's access of one (j, k) and the finish's 32 consecutive
+// columns (4 lanes by 8 elements) each touch 32 banks.
+template <int V, bool kCentered>
+struct NormGradShape {
+  static constexpr int kHalves = kCentered ? 2 : 1;  // the weight's and the bias's gradients
+  static constexpr int kWarpFloats = 32 * kPack * V;
+  static constexpr int kWarpBytes = kWarpFloats * 4 * kHalves;
+  // The most warps whose accumulators fit 96 KB (two blocks an SM), a power of two up to 16.
+  static constexpr int kWarps = 96 * 1024 / kWarpBytes >= 16  ? 16
+                                : 96 * 1024 / kWarpBytes >= 8 ? 8
+                                : 96 * 1024 / kWarpBytes >= 4 ? 4
+                                                              : 2;
+  static constexpr int kSmem = kWarps * kWarpBytes;
+};
+// Rows of 16 words a lane keep the separate partials (two warps a block of 64 KB would not keep
+// enough rows in flight).
+template <int V>
+constexpr bool kFusedGrad = V <= 8;
+
+__device__ __forceinline__ int acc_at(int j, int k, int lane) {
+  return ((j * kPack + k) << 5) | ((lane + 4 * k) & 31);
+}
+
+template <int V, bool kCentered>
+struct SharedGrad {
+  float* acc;  // the warp's accumulators: the weight's, then the bias's
+  int lane;
+  __device__ void operator()(int j, const float (&x)[kPack], const float (&dy)[kPack], float m, float r) const {
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      float& a = acc[acc_at(j, k, lane)];
+      if constexpr (kCentered) {
+        a += (x[k] - m) * r * dy[k];
+        acc[NormGradShape<V, kCentered>::kWarpFloats + acc_at(j, k, lane)] += dy[k];
+      } else {
+        a += x[k] * r * dy[k];
+      }
+    }
+  }
+};
+
+template <int V, bool kCentered>
+__device__ __forceinline__ void norm_backward_rows(bf16* __restrict__ dinp, float* __restrict__ part_a,
+                                                   float* __restrict__ part_b, const bf16* __restrict__ dout,
+                                                   const bf16* __restrict__ inp, const bf16* __restrict__ weight,
+                                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                   int N, int C, int rows, bool aligned) {
+  using S = NormGradShape<V, kCentered>;
+  LOOM_DYNAMIC_SHARED(float, acc, 16);
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const SharedGrad<V, kCentered> grad{acc + w * S::kHalves * S::kWarpFloats, lane};
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+#pragma unroll
+    for (int k = 0; k < kPack; ++k)
+#pragma unroll
+      for (int h = 0; h < S::kHalves; ++h) grad.acc[h * S::kWarpFloats + acc_at(j, k, lane)] = 0.0f;
+  const int n0 = blockIdx.x * rows, n1 = n0 + rows < N ? n0 + rows : N;
+  for (int n = n0 + w; n < n1; n += S::kWarps)
+    norm_dinp_row<V, kCentered>(dinp, dout, inp, weight, mean, rstd, n, C, aligned, lane, grad);
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += 32 * S::kWarps) {
+    const int at = acc_at(c / (32 * kPack), c % kPack, c / kPack % 32);
+    float a = 0.0f, bsum = 0.0f;
+    for (int v = 0; v < S::kWarps; ++v) {
+      a += acc[v * S::kHalves * S::kWarpFloats + at];
+      if constexpr (kCentered) bsum += acc[(v * S::kHalves + 1) * S::kWarpFloats + at];
+    }
+    part_a[int64_t(blockIdx.x) * C + c] = a;
+    if constexpr (kCentered) part_b[int64_t(blockIdx.x) * C + c] = bsum;
+  }
+}
+
+template <int V>
+__global__ void __launch_bounds__(32 * NormGradShape<V, true>::kWarps)
+    layernorm_backward_kernel(bf16* __restrict__ dinp, float* __restrict__ part_w, float* __restrict__ part_b,
+                              const bf16* __restrict__ dout, const bf16* __restrict__ inp,
+                              const bf16* __restrict__ weight, const float* __restrict__ mean,
+                              const float* __restrict__ rstd, int N, int C, int rows, bool aligned) {
+  norm_backward_rows<V, true>(dinp, part_w, part_b, dout, inp, weight, mean, rstd, N, C, rows, aligned);
+}
+
+template <int V>
+__global__ void __launch_bounds__(32 * NormGradShape<V, false>::kWarps)
+    rmsnorm_backward_kernel(bf16* __restrict__ dinp, float* __restrict__ part_w, const bf16* __restrict__ dout,
+                            const bf16* __restrict__ inp, const bf16* __restrict__ weight,
+                            const float* __restrict__ rstd, int N, int C, int rows, bool aligned) {
+  norm_backward_rows<V, false>(dinp, part_w, nullptr, dout, inp, weight, nullptr, rstd, N, C, rows, aligned);
+}
+
+// Rows a block of the fused kernel: 8 a warp, more where that would pass kMaxNormGradBlocks.
+inline int norm_grad_rows(int N, int warps) {
+  const int least = (N + kMaxNormGradBlocks - 1) / kMaxNormGradBlocks;
+  return std::max(warps * 8, (least + warps - 1) / warps * warps);
+}
+
+// dinp +=, and dweight (dbias) += their column sums, through the fused kernel.
+template <int V, bool kCentered>
+void norm_backward_fused(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                         const bf16* weight, const float* mean, const float* rstd, int N, int C, bool aligned,
+                         float* partials, cudaStream_t s) {
+  using S = NormGradShape<V, kCentered>;
+  if (N <= 0) return;
+  const int rows = norm_grad_rows(N, S::kWarps), blocks = (N + rows - 1) / rows;
+  float *pa = partials, *pb = kCentered ? partials + int64_t(blocks) * C : nullptr;
+  if constexpr (kCentered) {
+    smem_allow(layernorm_backward_kernel<V>, S::kSmem);
+    LOOM_LAUNCH(layernorm_backward_kernel<V>, blocks, 32 * S::kWarps, S::kSmem, s)
+    (dinp, pa, pb, dout, inp, weight, mean, rstd, N, C, rows, aligned);
+  } else {
+    smem_allow(rmsnorm_backward_kernel<V>, S::kSmem);
+    LOOM_LAUNCH(rmsnorm_backward_kernel<V>, blocks, 32 * S::kWarps, S::kSmem, s)
+    (dinp, pa, dout, inp, weight, rstd, N, C, rows, aligned);
+  }
+  LOOM_CUDA_LAUNCHED();
+  column_finish<true>(dweight, kCentered ? dbias : nullptr, pa, pb, blocks, C, s);
 }
 
 // Rows wider than the register kernels hold: a warp per row, scalar, each pass reading the row
@@ -364,10 +499,20 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* do
     const bool aligned =
         C % kPack == 0 &&
         aligned16(paths, "layernorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
+    bool fused = false;
     const bool fits = with_row_vecs(C, [&](auto v) {
-      LOOM_LAUNCH(layernorm_dinp_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+      constexpr int V = decltype(v)::value;
+      if constexpr (kFusedGrad<V>) {
+        if (dweight) {
+          norm_backward_fused<V, true>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, aligned, partials, s);
+          fused = true;
+          return;
+        }
+      }
+      LOOM_LAUNCH(layernorm_dinp_kernel<V>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
       (dinp, dout, inp, weight, mean, rstd, N, C, aligned);
     });
+    if (fused) return;
     if (!fits) LOOM_LAUNCH(layernorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (dinp, dout, inp, weight, mean, rstd, N, C);
     LOOM_CUDA_LAUNCHED();
@@ -398,10 +543,21 @@ void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* 
     const bool aligned =
         C % kPack == 0 &&
         aligned16(paths, "rmsnorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
+    bool fused = false;
     const bool fits = with_row_vecs(C, [&](auto v) {
-      LOOM_LAUNCH(rmsnorm_dinp_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+      constexpr int V = decltype(v)::value;
+      if constexpr (kFusedGrad<V>) {
+        if (dweight) {
+          norm_backward_fused<V, false>(dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C, aligned,
+                                        partials, s);
+          fused = true;
+          return;
+        }
+      }
+      LOOM_LAUNCH(rmsnorm_dinp_kernel<V>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
       (dinp, dout, inp, weight, rstd, N, C, aligned);
     });
+    if (fused) return;
     if (!fits) LOOM_LAUNCH(rmsnorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (dinp, dout, inp, weight, rstd, N, C);
     LOOM_CUDA_LAUNCHED();

@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -55,6 +56,13 @@ inline int row_chunks(int N) {
 }
 inline int64_t column_partials_floats(int N, int C) {
   return 2 * int64_t(row_chunks(N)) * C;
+}
+// The norms' backward adds the weight (and bias) gradients' partials of up to
+// kMaxNormGradBlocks blocks of rows (kernels/cuda/norm.cu): norm_partials_floats(N, C) floats,
+// at most the column partials of a 3C-wide bias (the backend plans those).
+constexpr int kMaxNormGradBlocks = 3 * kMaxRowChunks;
+inline int64_t norm_partials_floats(int N, int C) {
+  return std::max(column_partials_floats(N, C), 2 * int64_t(std::min(N, kMaxNormGradBlocks)) * C);
 }
 
 // defines: to_bf16, to_f32
@@ -128,7 +136,7 @@ void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials
 // norm reads the bf16-rounded sum.
 void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
                        const bf16* bias, int N, int C, float eps, cudaStream_t s, ScalarPaths* paths = nullptr);
-// dinp +=; dweight, dbias (fp32) +=; partials: column_partials_floats(N, C).
+// dinp +=; dweight, dbias (fp32) +=; partials: norm_partials_floats(N, C).
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
                         const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s,
                         ScalarPaths* paths = nullptr);
@@ -143,17 +151,25 @@ void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* 
 void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, int v0, int Vl, const bf16* wpe, int B, int T,
                        int C, const int32_t* pos, cudaStream_t s);
 // The batch's positions grouped by token id, built on the host where the tokens come from:
-// packed as ids[U] (local, ascending), starts[U + 1], then the positions of each id in order.
-// Tokens outside [v0, v0 + Vl) are left out (vocab shards). *unique = U.
+// packed as ids[U] (local; ascending, but the first kMaxFrequentTokens ids of more than
+// kEmbeddingPiece positions come first), starts[U + 1], then the positions of each id in
+// order. Tokens outside [v0, v0 + Vl) are left out (vocab shards). *unique = U.
+constexpr int kEmbeddingPiece = 64;
+constexpr int kMaxFrequentTokens = 192;
+constexpr int kMaxEmbeddingPieces = 2 * kMaxFrequentTokens;  // rows of C floats: a 3C bias's column partials
+inline int64_t embedding_partials_floats(int C) {
+  return int64_t(kMaxEmbeddingPieces) * C;
+}
 std::vector<int32_t> token_index(const int32_t* tokens, int N, int v0, int Vl, int* unique);
 // The batch's rows grouped by position (data.doc_mask), built on the host: starts[T + 1],
 // then the rows at each position in order. A position outside [0, T) is refused.
 std::vector<int32_t> position_index(const int32_t* pos, int N, int T);
-// dwte += (fp32, over the index's ids, each token's rows summed in order), dwpe += (if not
-// null). index: token_index's array on the device; pos_index: position_index's (null: the
-// rows at index t of their sequences are position t's).
-void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* index, int U, int B, int T, int C,
-                        const int32_t* pos_index, cudaStream_t s);
+// dwte += (fp32, over the index's ids, each token's rows summed in order; a frequent token's in
+// pieces, the pieces in order), dwpe += (if not null). index: token_index's array on the device
+// over N rows of dout; pos_index: position_index's (null: the rows at index t of their
+// sequences are position t's); partials: embedding_partials_floats(C).
+void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* index, int U, int N, int B, int T,
+                        int C, const int32_t* pos_index, float* partials, cudaStream_t s);
 
 // defines: rope_forward, rope_backward (cos/sin tables [T, D/2] in fp32, as cpu::rope_table)
 // Token (b, t) turns by the angle of pos[b * T + t] (data.doc_mask; null: t).

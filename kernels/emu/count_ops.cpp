@@ -142,7 +142,8 @@ std::vector<CountedOp> step(const StepShape& s) {
     std::copy(tokens.begin(), tokens.end(), dev_tokens);
     std::copy(index.begin(), index.end(), dev_index);
     bf16 *wte = a.get<bf16>(int64_t(V) * C), *wpe = s.llama ? nullptr : a.get<bf16>(int64_t(s.T) * C);
-    float *dwte = a.get<float>(int64_t(V) * C), *dwpe = s.llama ? nullptr : a.get<float>(int64_t(s.T) * C);
+    float *dwte = a.get<float>(int64_t(V) * C), *dwpe = s.llama ? nullptr : a.get<float>(int64_t(s.T) * C),
+          *epart = a.get<float>(cuda::embedding_partials_floats(C));
     ops.push_back(counted("embedding fwd", nc, 1, 4.0 * NC + 4.0 * N, [&] {
       cuda::embedding_forward(z, dev_tokens, wte, 0, V, wpe, s.B, s.T, C, nullptr, nullptr);
     }));
@@ -150,7 +151,8 @@ std::vector<CountedOp> step(const StepShape& s) {
     all.samples[0] = 0;  // every distinct token: their blocks differ by the token's count
     ops.push_back(counted(
         "embedding bwd", nc, 1, 2.0 * NC + 8.0 * double(unique) * C + (s.llama ? 0 : 8.0 * s.T * C),
-        [&] { cuda::embedding_backward(dwte, dwpe, z, dev_index, unique, s.B, s.T, C, nullptr, nullptr); }, all));
+        [&] { cuda::embedding_backward(dwte, dwpe, z, dev_index, unique, N, s.B, s.T, C, nullptr, epart, nullptr); },
+        all));
   }
   {
     // The optimizer over every parameter: the table of 8192-element chunks the trainer makes.

@@ -25,11 +25,15 @@ int call_every_kernel(const ModelShape& s) {
   cuda::add_f32(f, f, s.params, nullptr), ++n;  // the main gradients, whole
   cuda::bias_backward(f, x, N, 3 * s.C, f, nullptr), n += 2;
   cuda::layernorm_forward(x, f, f, x, x, x, x, N, s.C, 1e-5f, nullptr), ++n;
-  cuda::layernorm_backward(x, f, f, x, x, x, f, f, N, s.C, f, nullptr), n += 4;
+  // The norms' backward: one kernel for dinp and the weight gradient's partials up to 8 words a
+  // lane (C <= 2048), then a finish per gradient; wider rows read the rows again for them.
+  const bool fused_norm = s.C <= 2048;
+  cuda::layernorm_backward(x, f, f, x, x, x, f, f, N, s.C, f, nullptr), n += fused_norm ? 3 : 4;
   cuda::rmsnorm_forward(x, f, x, x, x, N, s.C, 1e-5f, nullptr), ++n;
-  cuda::rmsnorm_backward(x, f, x, x, x, f, N, s.C, f, nullptr), n += 3;
+  cuda::rmsnorm_backward(x, f, x, x, x, f, N, s.C, f, nullptr), n += fused_norm ? 2 : 3;
   cuda::embedding_forward(x, i32, x, 0, s.V, x, s.B, s.T, s.C, i32, nullptr), ++n;
-  cuda::embedding_backward(f, f, x, i32, std::min(N, s.V), s.B, s.T, s.C, i32, nullptr), n += 2;
+  // wte (the tokens that are not frequent, the frequent ones' pieces, their sums) and wpe.
+  cuda::embedding_backward(f, f, x, i32, std::min(N, s.V), N, s.B, s.T, s.C, i32, f, nullptr), n += 4;
   cuda::rope_forward(x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
   cuda::rope_backward(x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
   const int64_t NF = int64_t(N) * s.F;

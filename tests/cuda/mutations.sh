@@ -32,6 +32,8 @@ mutations=(
   "cp blocks: gradients written instead of added into|kernels/cuda/attention_block.cu|      row[8 * n] += acc[n][2 * half] * scale, row[8 * n + 1] += acc[n][2 * half + 1] * scale;|      row[8 * n] = acc[n][2 * half] * scale, row[8 * n + 1] = acc[n][2 * half + 1] * scale;|*CudaCp*"
   "cp blocks: the running max of the blocks before dropped|kernels/cuda/attention_block.cu|m[half] = stats[2 * r] / scale;|m[half] = -INFINITY;|*CudaCp*"
   "cp blocks: a key tile used before its cp.async wait|kernels/cuda/attention_block.cu|    cp_async_wait<0>();\n    __syncthreads();  // the next tile has landed|    __syncthreads();  // the next tile has landed|*CudaCp*"
+  "norm backward: the block's sum of its warps' partials drops the last warp|kernels/cuda/norm.cu|for (int v = 0; v < S::kWarps; ++v) {|for (int v = 0; v < S::kWarps - 1; ++v) {|*Norms*"
+  "embedding: a frequent token's last piece dropped|kernels/cuda/elementwise.cu|for (int r = p.first; r < p.first + p.count; ++r)|for (int r = p.first; r < p.first + p.count - 1; ++r)|*Embedding*"
   "memory-bound: the word column sums drop a row phase|kernels/cuda/common.cuh|for (int p = 0; p < kColPhases; ++p) sum += is_b|for (int p = 1; p < kColPhases; ++p) sum += is_b|*Norms*:*BiasBackward*"
 )
 

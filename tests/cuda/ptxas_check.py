@@ -6,7 +6,8 @@ registers per thread and the spill stores. Each kernel must launch at the larges
 gives it (the emulation's launch table, from the real wrappers at every model shape): its
 registers, allocated per warp in units of 256, times its warps, within the 65536 of an SM,
 and at most 255 per thread. Spills above the threshold fail: a spill is local memory traffic
-in the inner loop. A kernel ptxas reports that the table lacks (never launched) fails too.
+in the inner loop. A kernel ptxas reports that the table lacks (never launched) fails too. With
+--counts, an instantiation the counts table launches is held at that launch's block instead.
 
 With --table FILE it also writes, per kernel instantiation (named as the emulation's counts name
 it: "attention_forward_flash_kernel<64>", namespaces dropped), its registers, spill stores and
@@ -160,6 +161,7 @@ def main():
         out = subprocess.run([a.launch_table], capture_output=True, text=True, check=True).stdout
         table = {row["kernel"]: int(row["threads"]) for row in csv.DictReader(out.splitlines())}
     failures, rows, instances = [], [], {}
+    counted = launch_shapes(a.counts) if a.counts else {}
     for src in sorted(glob.glob(os.path.join(a.source_dir, "kernels", "cuda", "*.cu"))):
         report = ptxas_report(a.nvcc, src, a.source_dir)
         names = list(report)
@@ -169,7 +171,10 @@ def main():
             if a.table_only:
                 continue
             base = base_name(pretty)
-            threads = table.get(base)
+            # The launch table keys a kernel by its name alone; where the counts table launches this
+            # instantiation, its own block holds (the norms' backward takes 16 warps at 3 words a
+            # lane and 8 at 8, and the 8-word one does not fit 16).
+            threads = counted.get(instance_name(pretty), (table.get(base),))[0]
             if threads is None:
                 failures.append(f"{pretty}: ptxas compiled it but the launch table never launches it")
                 continue

@@ -52,9 +52,9 @@ TEST_F(Cuda, DocMaskEmbeddingAndRope) {
   DevRaw<int32_t> Tok(tok), Pos(pos), Index(cuda::token_index(tok.data(), B * T, 0, V, &U)),
       PosIndex(cuda::position_index(pos.data(), B * T, T));
   Dev Wte(wte), Wpe(wpe), Dy(dy), O(out.size());
-  DevRaw<float> Dwte(dwte.size()), Dwpe(dwpe0);
+  DevRaw<float> Dwte(dwte.size()), Dwpe(dwpe0), Part(size_t(cuda::embedding_partials_floats(C)));
   cuda::embedding_forward(O.p, Tok.p, Wte.p, 0, V, Wpe.p, B, T, C, Pos.p, nullptr);
-  cuda::embedding_backward(Dwte.p, Dwpe.p, Dy.p, Index.p, U, B, T, C, PosIndex.p, nullptr);
+  cuda::embedding_backward(Dwte.p, Dwpe.p, Dy.p, Index.p, U, B * T, B, T, C, PosIndex.p, Part.p, nullptr);
   EXPECT_TRUE(close(O.get(), out, 1e-3, 1e-2)) << "forward: wpe by position";
   EXPECT_TRUE(close(Dwpe.get(), dwpe, 1e-5, 1e-5)) << "dwpe (+=) by position";
 

@@ -54,7 +54,7 @@ void norms_match_cpu(int N, int C) {
   cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
                           C);
   Dev X(x), W(w), Bb(bb), Dy(dy), O(size_t(N) * C), Dx(dx0);
-  DevRaw<float> M(N), R(N), Dw(dw0), Db(db0), Part(static_cast<size_t>(cuda::column_partials_floats(N, C)));
+  DevRaw<float> M(N), R(N), Dw(dw0), Db(db0), Part(static_cast<size_t>(cuda::norm_partials_floats(N, C)));
   cuda::layernorm_forward(O.p, M.p, R.p, X.p, nullptr, W.p, Bb.p, N, C, 1e-5f, nullptr);
   LOOM_CUDA_CHECK(cudaGetLastError());
   cuda::layernorm_backward(Dx.p, Dw.p, Db.p, Dy.p, X.p, W.p, M.p, R.p, N, C, Part.p, nullptr);
@@ -229,9 +229,10 @@ TEST_F(Cuda, EmbeddingWholeAndVocabShard) {
     int U = 0;
     DevRaw<int32_t> Tok(tok), Index(cuda::token_index(tok.data(), B * T, v0, Vl, &U));
     Dev Wte(wte), Wpe(wpe), Dy(dy), O(size_t(B) * T * C);
-    DevRaw<float> Dwte(dwte0), Dwpe(dwpe0);
+    DevRaw<float> Dwte(dwte0), Dwpe(dwpe0), Part(size_t(cuda::embedding_partials_floats(C)));
     cuda::embedding_forward(O.p, Tok.p, Wte.p, v0, Vl, positions ? Wpe.p : nullptr, B, T, C, nullptr, nullptr);
-    cuda::embedding_backward(Dwte.p, positions ? Dwpe.p : nullptr, Dy.p, Index.p, U, B, T, C, nullptr, nullptr);
+    cuda::embedding_backward(Dwte.p, positions ? Dwpe.p : nullptr, Dy.p, Index.p, U, B * T, B, T, C, nullptr, Part.p,
+                             nullptr);
     EXPECT_TRUE(close(O.get(), out, 1e-3, 1e-2)) << "v0 " << v0;
     EXPECT_TRUE(close(Dwte.get(), dwte, 1e-5, 1e-5)) << "dwte (+=), v0 " << v0;
     EXPECT_TRUE(close(Dwpe.get(), dwpe, 1e-5, 1e-5)) << "dwpe (+=, untouched without positions), v0 " << v0;
@@ -329,6 +330,32 @@ INSTANTIATE_TEST_SUITE_P(
 // The fused loss over a vocabulary that is no multiple of the block (and over one padded:
 // the padding is out of the softmax and gets a zero gradient), with dloss = 0 (the logits are
 // left alone), its vocab-parallel phases on a shard that starts past 0, and the loss sum.
+// The row held in shared memory (up to 56312 real ids) and read twice past that, on a few rows:
+// a vocabulary of 60000 real ids padded to 60007, and rows of 5 real ids in 13 (every row starting
+// at another offset within a 16-byte word); the same bits on a second run.
+TEST_F(Cuda, CrossEntropyHeldAndWideRows) {
+  const int N = 5;
+  for (auto [V, valid] : {std::pair{60007, 60000}, std::pair{13, 5}, std::pair{56320, 56312}}) {
+    auto logits = randn(size_t(N) * V, 44, 3.0f);
+    std::vector<int32_t> y(N);
+    for (int i = 0; i < N; ++i) y[size_t(i)] = (i * 7919) % valid;
+    auto l = logits;
+    std::vector<float> losses(N);
+    cpu::crossentropy_forward_backward(l.data(), losses.data(), y.data(), N, V, valid, 0.5f);
+    std::vector<float> runs[2];
+    for (auto& grad : runs) {
+      Dev Lg(logits);
+      DevRaw<int32_t> Y(y);
+      DevRaw<float> Ls(N);
+      cuda::crossentropy_forward_backward(Lg.p, Ls.p, Y.p, N, V, valid, 0.5f, nullptr);
+      EXPECT_TRUE(close(Ls.get(), losses, 1e-4, 1e-4)) << "losses, V " << V;
+      grad = Lg.get();
+      EXPECT_TRUE(close(grad, l, 1e-5, 1e-2)) << "gradient, V " << V;
+    }
+    EXPECT_EQ(runs[0], runs[1]) << "V " << V;
+  }
+}
+
 TEST_F(Cuda, CrossEntropyWholeAndVocabParallel) {
   const int N = kN;
   for (auto [V, valid] : {std::pair{1003, 1003}, std::pair{1024, 1000}}) {
