@@ -80,6 +80,11 @@ struct StepPrediction {
   int64_t memory_bytes = 0;  // the fullest rank's plan (first and last stage checked)
   bool fits = true;
   std::vector<double> stage_compute;  // per pipeline stage: its own F, B and W work in the step
+  // parallel.invariant (all 0 without it): the micro-batch tree's adds, copies and zeroing, a
+  // term of the step of its own; the step, the exposed dp and the dp traffic of the same layout
+  // without the mode.
+  double tree_fold = 0;
+  double plain_step = 0, plain_dp = 0, plain_dp_total = 0;
 };
 // cfg must have passed config_validate; its world (pp x dp x cp x tp) must fit on the cluster.
 StepPrediction step_predict(const Config& cfg, const Cluster& cluster);
