@@ -3,8 +3,8 @@
 // plus element-wise traffic over memory bandwidth; communication is an alpha-beta model per
 // link tier (the ring and tree step counts nccl-tests uses), minus what the schedule
 // overlaps; the pipeline bubble comes from timing the schedule's own table; memory is
-// `loom plan memory`'s planner. Every term is printed, so a wrong prediction shows which term
-// is wrong.
+// `loom plan memory`'s planner; parallel.invariant's tree is priced in plan/step_invariant.h.
+// Every term is printed, so a wrong prediction shows which term is wrong.
 #pragma once
 #include <string>
 #include <vector>
