@@ -226,12 +226,14 @@ std::string step_prediction_json(const Config& c, const StepPrediction& p) {
       "\"schedule\":\"{}\",\"virtual\":{},\"recompute\":\"{}\",\"step_ms\":{:.6g},\"compute_ms\":{:.6g},"
       "\"comm_exposed_ms\":{:.6g},\"bubble_ms\":{:.6g},\"optimizer_ms\":{:.6g},\"tp_ms\":{:.6g},\"ep_ms\":{:.6g},"
       "\"cp_ms\":{:.6g},\"pp_ms\":{:.6g},\"dp_ms\":{:.6g},\"dp_total_ms\":{:.6g},\"tokens_per_s\":{:.6g},\"mfu\":{:.6g}"
-      ","
+      ",\"invariant\":{},\"tree_fold_ms\":{:.6g},\"plain_step_ms\":{:.6g},\"plain_dp_ms\":{:.6g},"
       "\"memory_b\":{},\"fits\":{}}}",
       layout_name(c), c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.ep, c.parallel.cp, c.parallel.zero,
       c.parallel.zero3_reshard, c.train.micro_batch, c.parallel.pp_schedule, c.parallel.pp_virtual, c.train.recompute,
       1e3 * p.step, 1e3 * p.compute, 1e3 * p.comm_exposed, 1e3 * p.bubble, 1e3 * p.optimizer, 1e3 * p.tp, 1e3 * p.ep,
-      1e3 * p.cp, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, p.tokens_per_s, p.mfu, p.memory_bytes, p.fits);
+      1e3 * p.cp, 1e3 * p.pp, 1e3 * p.dp, 1e3 * p.dp_total, p.tokens_per_s, p.mfu, c.parallel.invariant,
+      1e3 * p.tree_fold, 1e3 * (c.parallel.invariant ? p.plain_step : p.step),
+      1e3 * (c.parallel.invariant ? p.plain_dp : p.dp), p.memory_bytes, p.fits);
 }
 
 std::string plan_layout_json(const LayoutSearch& s, int top) {
@@ -241,16 +243,31 @@ std::string plan_layout_json(const LayoutSearch& s, int top) {
   return out + "]}";
 }
 
+// parallel.invariant's cost against the same layout without it (plan/step_invariant.h).
+std::string invariant_text(const Config& c, const StepPrediction& p) {
+  if (!c.parallel.invariant) return "";
+  const int dp = c.parallel.dp * c.parallel.cp;
+  const char* how = dp <= 2                ? "the library's collectives, as without it"
+                    : c.parallel.zero >= 2 ? "tree reduce-scatters, each micro-batch, not overlapped"
+                                           : "a tree all-reduce after the backward, not overlapped";
+  return fmt::format(
+      "parallel.invariant: {:+.3g} ms a step ({:+.1f}%) against {} ms without it: micro-batch tree {} ms, exposed dp "
+      "{} ms (without it {}; {})\n",
+      1e3 * (p.step - p.plain_step), 100 * (p.step / p.plain_step - 1), ms_text(1e3 * p.plain_step),
+      ms_text(1e3 * p.tree_fold), ms_text(1e3 * p.dp), ms_text(1e3 * p.plain_dp), how);
+}
+
 std::string step_prediction_text(const Config& c, const Cluster& cl, const StepPrediction& p) {
   const int world = c.world();
   return fmt::format(
       "{} on {} ({} of {})\npredicted step {} ms: compute {}, exposed comm {} (tp {}, ep "
-      "{}, cp {}, pp {}, dp {} of {} moved), bubble {}, optimizer {}\n"
+      "{}, cp {}, pp {}, dp {} of {} moved), bubble {}, optimizer {}{}\n{}"
       "{:.1f} tokens/s, MFU {:.1f}%, memory {} on the fullest rank{}\n{}\n",
       layout_name(c), cl.name, plural(world, "rank"), devices_text(cl), ms_text(1e3 * p.step), ms_text(1e3 * p.compute),
       ms_text(1e3 * p.comm_exposed), ms_text(1e3 * p.tp), ms_text(1e3 * p.ep), ms_text(1e3 * p.cp), ms_text(1e3 * p.pp),
       ms_text(1e3 * p.dp), ms_text(1e3 * p.dp_total), ms_text(1e3 * p.bubble), ms_text(1e3 * p.optimizer),
-      p.tokens_per_s, 100 * p.mfu, bytes_text(double(p.memory_bytes)),
+      c.parallel.invariant ? fmt::format(", micro-batch tree {}", ms_text(1e3 * p.tree_fold)) : "",
+      invariant_text(c, p), p.tokens_per_s, 100 * p.mfu, bytes_text(double(p.memory_bytes)),
       p.fits ? "" : fmt::format(" (does not fit in {})", bytes_text(cl.memory_bytes)), cluster_rates(cl).describe);
 }
 

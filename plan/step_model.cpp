@@ -17,6 +17,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_split.h"
 #include "plan/memory.h"
+#include "plan/step_invariant.h"
 #include "runtime/device_policy.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
@@ -327,6 +328,14 @@ ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int block
   return c;
 }
 
+// A pipeline stage's costs.
+struct Stage {
+  double f = 0, b = 0, w = 0, tp = 0, ep = 0, cp = 0;  // per micro-batch
+  double dp_f = 0, dp_b = 0, dp_end = 0, dp_total = 0, optimizer = 0;
+  double fold = 0;  // parallel.invariant's micro-batch tree, per micro-batch
+  int weight = 0;   // its chunks' blocks + 1 each: how its per-micro-batch ZeRO traffic splits over them
+};
+
 }  // namespace
 
 StepPrediction step_predict(const Config& cfg, const Cluster& given) {
@@ -367,11 +376,6 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     chunks.push_back(chunk_cost(cfg, cl, b0, per_chunk[size_t(g)], g == 0, g == G - 1, share));
 
   // Per stage: its parameters (from the layout), what dp or ZeRO moves of them, and where.
-  struct Stage {
-    double f = 0, b = 0, w = 0, tp = 0, ep = 0, cp = 0;  // per micro-batch
-    double dp_f = 0, dp_b = 0, dp_end = 0, dp_total = 0, optimizer = 0;
-    int weight = 0;  // its chunks' blocks + 1 each: how its per-micro-batch ZeRO traffic splits over them
-  };
   std::vector<Stage> stages(static_cast<size_t>(P));
   StepPrediction out;
   for (int st = 0; st < P; ++st) {
@@ -436,6 +440,11 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
       s.dp_b = std::max(ag + rs - window, (ag + rs) / units);
       s.dp_total = m * (2 * ag + rs);
     }
+    if (p.invariant) {
+      StageDpTerms t{s.dp_b, s.dp_end, s.dp_total, 0};
+      invariant_terms(cfg, cl, share, layout, units, window, ag, rs, t);
+      s.dp_b = t.dp_b, s.dp_end = t.dp_end, s.dp_total = t.dp_total, s.fold = t.fold;
+    }
     s.optimizer = shard * (cl.dtype == DType::bf16 ? 34.0 : 32.0) / (cluster_rates(cl).optimizer * share);
   }
 
@@ -447,7 +456,7 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     const Stage& s = stages[size_t(pipe_stage_of(g, P, cfg.pp_v_shape()))];
     const double part = double(c.blocks + 1) / s.weight;
     tf[size_t(g)] = c.f + c.tp_f + c.ep_f + c.cp_f + s.dp_f * part;
-    tb[size_t(g)] = c.b + c.tp_b + c.ep_b + c.cp_b + s.dp_b * part;
+    tb[size_t(g)] = c.b + c.tp_b + c.ep_b + c.cp_b + (s.dp_b + s.fold) * part;
     tw[size_t(g)] = c.w;
   }
   std::vector<double> finish(stages.size(), 0), finish_hop(stages.size(), 0);
@@ -489,15 +498,22 @@ StepPrediction step_predict(const Config& cfg, const Cluster& given) {
     out.dp = m * (s.dp_f + s.dp_b) + s.dp_end;
     out.dp_total = s.dp_total;
     out.pp = finish_hop[size_t(st)] - finish[size_t(st)];
-    out.bubble = finish[size_t(st)] - m * (s.f + s.b + s.w + s.tp + s.ep + s.cp + s.dp_f + s.dp_b);
+    out.bubble = finish[size_t(st)] - m * (s.f + s.b + s.w + s.tp + s.ep + s.cp + s.dp_f + s.dp_b + s.fold);
     if (std::abs(out.bubble) < 1e-9 * step) out.bubble = 0;  // no pipeline: rounding, not idling
     out.optimizer = s.optimizer;
+    out.tree_fold = m * s.fold;
     out.comm_exposed = out.tp + out.ep + out.cp + out.pp + out.dp;
   }
   out.fits = cl.memory_bytes <= 0 || double(out.memory_bytes) <= cl.memory_bytes;
   const double step_tokens = double(cfg.train.global_batch) * cfg.model.seq_len;
   out.tokens_per_s = step_tokens / out.step;
   out.mfu = flops_per_token(model_dims(cfg)).model * out.tokens_per_s / (world * given.peak_flops);
+  if (p.invariant) {  // the same layout without the mode, for the cost's line
+    Config plain = cfg;
+    plain.parallel.invariant = false;
+    const StepPrediction q = step_predict(plain, given);
+    out.plain_step = q.step, out.plain_dp = q.dp, out.plain_dp_total = q.dp_total;
+  }
   return out;
 }
 

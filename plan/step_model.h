@@ -3,8 +3,8 @@
 // plus element-wise traffic over memory bandwidth; communication is an alpha-beta model per
 // link tier (the ring and tree step counts nccl-tests uses), minus what the schedule
 // overlaps; the pipeline bubble comes from timing the schedule's own table; memory is
-// `loom plan memory`'s planner. Every term is printed, so a wrong prediction shows which term
-// is wrong.
+// `loom plan memory`'s planner; parallel.invariant's tree is priced in plan/step_invariant.h.
+// Every term is printed, so a wrong prediction shows which term is wrong.
 #pragma once
 #include <string>
 #include <vector>
@@ -80,6 +80,11 @@ struct StepPrediction {
   int64_t memory_bytes = 0;  // the fullest rank's plan (first and last stage checked)
   bool fits = true;
   std::vector<double> stage_compute;  // per pipeline stage: its own F, B and W work in the step
+  // parallel.invariant (all 0 without it): the micro-batch tree's adds, copies and zeroing, a
+  // term of the step of its own; the step, the exposed dp and the dp traffic of the same layout
+  // without the mode.
+  double tree_fold = 0;
+  double plain_step = 0, plain_dp = 0, plain_dp_total = 0;
 };
 // cfg must have passed config_validate; its world (pp x dp x cp x tp) must fit on the cluster.
 StepPrediction step_predict(const Config& cfg, const Cluster& cluster);

@@ -85,14 +85,14 @@ void MetricsWriter::step(const StepMetrics& m) {
       "\"mfu\":{},\"hfu\":{},\"time\":{{\"compute_ms\":{},\"comm_exposed_ms\":{},\"bubble_ms\":{},"
       "\"optimizer_ms\":{},\"data_ms\":{},\"ckpt_block_ms\":{}}},\"mem\":{{\"params_b\":{},\"grads_b\":{},"
       "\"master_b\":{},\"optim_b\":{},\"act_b\":{},\"workspace_b\":{},\"comm_b\":{},\"peak_b\":{},\"rss_peak_b\":{}}},"
-      "\"dp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{}}},"
+      "\"dp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{},\"send_b\":{}}},"
       "\"tp_comm\":{{\"all_reduce_b\":{},\"reduce_scatter_b\":{},\"all_gather_b\":{}}}{}}}",
       m.step, num(m.loss), num(m.grad_norm), num(m.lr), m.tokens, num(m.step_ms), num(m.tokens_per_s), num(m.mfu),
       num(m.hfu), num(m.compute_ms), num(m.comm_exposed_ms), num(m.bubble_ms), num(m.optimizer_ms), num(m.data_ms),
       num(m.ckpt_block_ms), L.of(Mem::params), L.of(Mem::grads), L.of(Mem::master), L.of(Mem::optim),
       L.of(Mem::activations), L.of(Mem::workspace), L.of(Mem::comm), L.peak_total, m.rss_peak_b, m.dp_all_reduce_b,
-      m.dp_reduce_scatter_b, m.dp_all_gather_b, m.tp_all_reduce_b, m.tp_reduce_scatter_b, m.tp_all_gather_b,
-      fault_fields(m)));
+      m.dp_reduce_scatter_b, m.dp_all_gather_b, m.dp_send_b, m.tp_all_reduce_b, m.tp_reduce_scatter_b,
+      m.tp_all_gather_b, fault_fields(m)));
 }
 
 void MetricsWriter::stopped(int64_t step, const char* signal) {

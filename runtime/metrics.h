@@ -27,6 +27,7 @@ struct StepMetrics {
   int64_t rss_peak_b = 0;  // measured: this process's peak resident memory (getrusage), rank 0
   // Payload bytes the dp group moved during the step, per collective (see ProcessGroup).
   int64_t dp_all_reduce_b = 0, dp_reduce_scatter_b = 0, dp_all_gather_b = 0;
+  int64_t dp_send_b = 0;  // point-to-point: parallel.invariant's tree collectives
   int64_t tp_all_reduce_b = 0, tp_reduce_scatter_b = 0, tp_all_gather_b = 0;
   double t_unix = 0;                     // wall clock at the step's end (seconds since the epoch): drill reports
   std::string skipped;                   // why the update was skipped (non-finite, spike, sdc), or empty

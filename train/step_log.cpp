@@ -178,6 +178,7 @@ void Trainer::Parts::metrics_fill(StepMetrics& m, int64_t step, const StepStart&
   m.dp_all_reduce_b = moved(start.dp, dp1, CommOp::all_reduce);
   m.dp_reduce_scatter_b = moved(start.dp, dp1, CommOp::reduce_scatter);
   m.dp_all_gather_b = moved(start.dp, dp1, CommOp::all_gather);
+  m.dp_send_b = moved(start.dp, dp1, CommOp::send);
   m.tp_all_reduce_b = moved(start.tp, tp1, CommOp::all_reduce);
   m.tp_reduce_scatter_b = moved(start.tp, tp1, CommOp::reduce_scatter);
   m.tp_all_gather_b = moved(start.tp, tp1, CommOp::all_gather);

@@ -219,6 +219,13 @@ TEST(Cli, PlanLayoutRanksAndPredicts) {
   ASSERT_EQ(big.status, 0) << big.output;
   EXPECT_NE(big.output.find("predicted step 1"), std::string::npos) << big.output;
   EXPECT_EQ(big.output.find("e+0"), std::string::npos) << big.output;
+  // parallel.invariant's cost on a line of its own, against the same layout without the mode.
+  CliRun inv = loom_run("plan layout --predict --cluster " + src +
+                        "/examples/clusters/h100_64.toml --set parallel.dp=8 --set train.global_batch=128 --set "
+                        "parallel.invariant=true");
+  ASSERT_EQ(inv.status, 0) << inv.output;
+  EXPECT_NE(inv.output.find("\nparallel.invariant: +"), std::string::npos) << inv.output;
+  EXPECT_NE(inv.output.find("ms without it: micro-batch tree"), std::string::npos) << inv.output;
   expect_one_line_error("plan layout --cluster /no/such.toml", "cannot open the cluster file '/no/such.toml'");
   expect_one_line_error("plan layout --predict --cluster " + src +
                             "/examples/clusters/this_machine.toml --set parallel.dp=8 --set train.micro_batch=2",

@@ -1,0 +1,73 @@
+#include "plan/step_invariant.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "model/registry.h"
+#include "parallel/tied_head.h"
+#include "runtime/error.h"
+
+namespace loom {
+
+double grad_tree_fold_bytes(int micro_batches, double n) {
+  // m leaves meet in m - 1 adds; every micro-batch but the last is copied up and zeroed once.
+  return micro_batches > 1 ? (12.0 + 8 + 4) * (micro_batches - 1) * n : 0;
+}
+
+double tree_collective_time(const char* op, int n, int stride, double bytes, const Cluster& cl, double add_rate) {
+  if (n <= 1 || bytes <= 0) return 0;
+  LOOM_ASSERT((n & (n - 1)) == 0 && add_rate > 0);
+  const bool all_reduce = !std::strcmp(op, "all_reduce");
+  LOOM_ASSERT(all_reduce || !std::strcmp(op, "reduce_scatter"));
+  double t = 0, part = bytes;
+  // The halving: all-reduce pairs the lowest bit first, the reduce-scatter the highest; each
+  // step sends half of what the pair still holds and adds the half it keeps.
+  for (int step = 1; step < n; step <<= 1) {
+    const int bit = all_reduce ? step : n / (2 * step);
+    part /= 2;
+    const double exchange = collective_time("send", 2, part, group_link(cl, 2, bit * stride), false);
+    t += exchange + 12.0 / 4 * part / add_rate;
+    if (all_reduce) t += exchange;  // doubling sends the same half back over the same pair
+  }
+  return t;
+}
+
+// The stage's dp terms, priced for the plain path, become the canonical tree's. Over 2 ranks any all-reduce and
+// reduce-scatter adds a + b, so the library's overlapped collectives stay; over more, DDP and ZeRO-1 sum the whole
+// buffer in tree_all_reduce after the backward, and ZeRO-2/3 reduce-scatter each unit's micro-batch in
+// tree_reduce_scatter as its backward ends, the stream waiting on it. ep and cp are refused.
+void invariant_terms(const Config& cfg, const Cluster& cl, double share, const ModelLayout& layout, int units,
+                     double window, double ag, double rs, StageDpTerms& s) {
+  const ParallelConfig& p = cfg.parallel;
+  const int dp = p.dp * p.cp, m = cfg.accum_steps();
+  const double n = double(layout.reg.numel()), rate = cluster_rates(cl).elementwise * share;
+  const LinkTier dl = group_link(cl, dp, p.tp);
+  const bool tree = dp > 2;
+  auto reduce = [&](const char* op, double bytes) {
+    return tree ? tree_collective_time(op, dp, p.tp, bytes, cl, rate) : collective_time(op, dp, bytes, dl, cl.tree);
+  };
+  double fold = grad_tree_fold_bytes(m, p.zero >= 2 ? n / dp : n), tied_micro = 0, tied_end = 0;
+  const ModelDims dims = model_dims(cfg);
+  if (tied_head_apart(layout, dims, true)) {  // the head's part of the matrix in a tree of its own, added once
+    const double w = double(layout.reg.at(head_names(dims).wte).numel());
+    if (p.zero >= 2) {  // reduce-scattered each micro-batch (its buffer zeroed), the shard folded
+      fold += grad_tree_fold_bytes(m, w / dp) + m * 4 * w + 16 * w / dp;
+      tied_micro = reduce("reduce_scatter", 4 * w);
+    } else {  // folded whole, all-reduced after the step, added and zeroed
+      fold += grad_tree_fold_bytes(m, w) + 16 * w;
+      tied_end = reduce("all_reduce", 4 * w);
+    }
+  }
+  s.fold = fold / rate / m;
+  if (tree && p.zero <= 1) {
+    s.dp_end = s.dp_total = reduce("all_reduce", 4 * n) + (p.zero == 1 ? ag : 0);
+  } else if (tree) {
+    const double trs = units * reduce("reduce_scatter", 4 * n / units);
+    const bool gathers = p.zero == 3 && p.zero3_reshard != Zero3Reshard::after_step;  // still behind the backward
+    s.dp_b = trs + (gathers ? std::max(ag - window, ag / units) : 0);
+    s.dp_total += m * (trs - rs);
+  }
+  s.dp_b += tied_micro, s.dp_end += tied_end, s.dp_total += m * tied_micro + tied_end;
+}
+
+}  // namespace loom

@@ -1,0 +1,151 @@
+// parallel.invariant in the step-time model: the micro-batch tree's traffic is a term of its
+// own, over 2 ranks the library's collectives stay, over more DDP pays the tree all-reduce
+// after the backward (nothing hidden) and ZeRO-2 a tree reduce-scatter a unit and micro-batch
+// (log2(dp) latencies, nothing hidden), each exchange on the link its pair crosses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/layout.h"
+#include "model/registry.h"
+#include "plan/layout_search.h"
+#include "plan/step_invariant.h"
+#include "plan/step_model.h"
+
+namespace loom {
+namespace {
+
+// One node of 16 (every dp below in it), overlap 1: what the plain path hides, it hides.
+Cluster node16(double mem_bw_gbs, double bw_gbs, double peak_tflops = 1) {
+  return cluster_parse(fmt::format(R"(
+nodes = 1
+devices_per_node = 16
+device = "cpu"
+dtype = "f32"
+peak_tflops = {}
+gemm_efficiency = 0.5
+mem_bw_gbs = {}
+overlap = 1
+[intra]
+alpha_us = 10
+bw_gbs = {}
+)",
+                                   peak_tflops, mem_bw_gbs, bw_gbs),
+                       "test");
+}
+
+Config model(const std::string& arch, int dp, int micro_batches, int zero = 0) {
+  Config c = config_defaults();
+  c.model.arch = choice_parse<Arch>(arch).value();
+  c.model.n_layer = 4, c.model.d_model = 64, c.model.n_head = 4, c.model.vocab_size = 256, c.model.seq_len = 32;
+  c.train.micro_batch = 2, c.train.global_batch = 2 * dp * micro_batches;
+  c.parallel.dp = dp, c.parallel.zero = zero, c.parallel.invariant = true;
+  config_validate(c);
+  return c;
+}
+
+double params(const Config& c) {
+  return double(model_layout(model_dims(c)).reg.numel());
+}
+
+// Catches: the fold left out of the step, or counted per micro-batch (m, not m - 1 adds).
+TEST(StepModel, InvariantAtOneRankCostsTheFoldAlone) {
+  const Cluster cl = node16(10, 10);
+  const Config c = model("llama", 1, 4);
+  const StepPrediction p = step_predict(c, cl);
+  EXPECT_NEAR(p.tree_fold, 24.0 * 3 * params(c) / 10e9, 1e-15);  // 3 adds, 3 copies up, 3 zeroings
+  EXPECT_NEAR(p.step - p.plain_step, p.tree_fold, 1e-12);
+  EXPECT_EQ(p.dp, 0);
+  const StepPrediction one = step_predict(model("llama", 1, 1), cl);  // one micro-batch: nothing to fold
+  EXPECT_EQ(one.tree_fold, 0);
+  EXPECT_EQ(one.step, one.plain_step);
+}
+
+// Catches: the tree taken over 2 ranks (where loom keeps the library's overlapped all-reduce).
+TEST(StepModel, InvariantOverTwoRanksKeepsTheLibrarysAllReduce) {
+  const StepPrediction p = step_predict(model("llama", 2, 2), node16(10, 10));
+  EXPECT_GT(p.dp, 0);
+  EXPECT_EQ(p.dp, p.plain_dp);
+  EXPECT_NEAR(p.step - p.plain_step, p.tree_fold, 1e-12);
+}
+
+// Catches: the tree all-reduce hidden behind the backward as the buckets are, or priced at the
+// ring's 2 (dp - 1) steps instead of 2 log2(dp).
+TEST(StepModel, InvariantDdpPaysTheTreeAllReduceAfterTheBackward) {
+  // element-wise work free (the exchanges alone), a backward long enough to hide small buckets
+  const Cluster cl = node16(1e12, 10, 1e-3);
+  Config c = model("llama", 4, 1);
+  c.parallel.bucket_mb = 0.01;
+  const StepPrediction p = step_predict(c, cl);
+  const double bytes = 4 * params(c);
+  // halving: half, then a quarter of the buffer, each sent once down and once back up
+  const double tree = 4 * 10e-6 + 2 * (bytes / 2 + bytes / 4) / 10e9;
+  EXPECT_NEAR(p.dp, tree, 1e-9 * tree);
+  EXPECT_NEAR(p.dp_total, tree, 1e-9 * tree);
+  EXPECT_LT(p.plain_dp, 0.5 * tree);  // the plain run hides its buckets
+  EXPECT_NEAR(p.step - p.plain_step, p.dp - p.plain_dp, 1e-12);
+}
+
+// Catches: the tree reduce-scatter's dp - 1 steps (the ring's), or any of it hidden.
+TEST(StepModel, InvariantZero2LatencyGrowsWithLog2Dp) {
+  const Cluster cl = node16(1e12, 1e12);  // latency alone
+  const int units = 4 + 2, m = 2;         // blocks, embedding and head; micro-batches a rank
+  for (int dp : {4, 8, 16}) {
+    const StepPrediction p = step_predict(model("llama", dp, m, 2), cl);
+    const double tree_rs = m * units * std::log2(dp) * 10e-6, gathers = units * (dp - 1) * 10e-6;
+    EXPECT_NEAR(p.dp, tree_rs + gathers, 1e-9) << "dp " << dp;
+    EXPECT_NEAR(p.dp_total, tree_rs + gathers, 1e-9) << "dp " << dp;
+  }
+}
+
+// Catches: the tied head's own sum left out (its matrix's all-reduce after the step, its add).
+TEST(StepModel, InvariantTiedHeadAddsItsMatrixOnce) {
+  const Cluster cl = node16(10, 10);
+  const Config c = model("gpt2", 4, 1);
+  const double w = double(model_layout(model_dims(c)).reg.at(head_names(model_dims(c)).wte).numel());
+  const StepPrediction p = step_predict(c, cl);
+  EXPECT_NEAR(p.tree_fold, 16 * w / 10e9, 1e-15);  // added to the embedding's and zeroed
+  const double rate = 10e9;
+  const double expect = tree_collective_time("all_reduce", 4, 1, 4 * params(c), cl, rate) +
+                        tree_collective_time("all_reduce", 4, 1, 4 * w, cl, rate);
+  EXPECT_NEAR(p.dp, expect, 1e-9 * expect);
+}
+
+// Catches: the reduce-scatter halving from the lowest bit (its big first half would stay in a
+// node), or the pairs priced on the node's whole link (every rank of a node crosses at once).
+TEST(StepModel, InvariantExchangesCrossTheLinkTheirPairDoes) {
+  const Cluster c = cluster_parse(R"(
+nodes = 2
+devices_per_node = 4
+device = "cpu"
+peak_tflops = 1
+gemm_efficiency = 0.5
+mem_bw_gbs = 1
+[intra]
+alpha_us = 10
+bw_gbs = 10
+[inter]
+alpha_us = 100
+bw_gbs = 1
+)",
+                                  "test");
+  const double S = 8e6, adds = 3 * 0.875 * S / 1e9;
+  const double across = 100e-6 + S / 2 / 0.25e9, in_node = 2 * 10e-6 + (S / 4 + S / 8) / 10e9;
+  EXPECT_NEAR(tree_collective_time("reduce_scatter", 8, 1, S, c, 1e9), across + in_node + adds, 1e-12);
+  const double across_ar = 100e-6 + S / 8 / 0.25e9, in_node_ar = 2 * 10e-6 + (S / 2 + S / 4) / 10e9;
+  EXPECT_NEAR(tree_collective_time("all_reduce", 8, 1, S, c, 1e9), 2 * (across_ar + in_node_ar) + adds, 1e-12);
+}
+
+// Catches: the cost's line missing from `loom plan layout --predict`, or printed without the mode.
+TEST(StepModel, InvariantCostIsPrinted) {
+  const Cluster cl = node16(10, 10);
+  Config c = model("llama", 4, 2);
+  const std::string on = step_prediction_text(c, cl, step_predict(c, cl));
+  EXPECT_NE(on.find("parallel.invariant: +"), std::string::npos) << on;
+  EXPECT_NE(on.find("a tree all-reduce after the backward"), std::string::npos) << on;
+  c.parallel.invariant = false;
+  EXPECT_EQ(step_prediction_text(c, cl, step_predict(c, cl)).find("parallel.invariant"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom
