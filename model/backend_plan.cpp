@@ -23,8 +23,9 @@ std::vector<PlanItem> cuda_backend_plan(const ModelDims& dims) {
            DType::i32, Mem::workspace},
           {"norm_partials", 1024, DType::f64, Mem::workspace},
           // the column sums' partials (weight, bias and router gradients), for the widest
-          // column count: a bias of 3C or F, a norm's C, the experts
-          {"column_partials", 2 * kMaxColumnChunks * std::max({3 * int64_t(C), int64_t(dims.F), int64_t(E)}),
+          // column count: a bias of 3C or F, a norm's C (the fused norm backward's 512 blocks: 8C
+          // in these units), the experts
+          {"column_partials", 2 * kMaxColumnChunks * std::max({8 * int64_t(C), int64_t(dims.F), int64_t(E)}),
            DType::f32, Mem::workspace},
           // context parallel: every cp rank's token positions, the block kernels' masks
           {"cp_positions", dims.cp > 1 ? int64_t(dims.cp) * dims.T_local() : 0, DType::i32, Mem::workspace}};

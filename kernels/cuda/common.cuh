@@ -165,8 +165,17 @@ template <bool Accumulate>
 __global__ void column_finish_kernel(float* out, const float* part, int chunks, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
+  // 16 loads in flight, added in chunk order.
+  constexpr int kInFlight = 16;
   float t = 0.0f;
-  for (int p = 0; p < chunks; ++p) t += part[int64_t(p) * C + c];
+  for (int p0 = 0; p0 < chunks; p0 += kInFlight) {
+    float v[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) v[i] = p0 + i < chunks ? part[int64_t(p0 + i) * C + c] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i)
+      if (p0 + i < chunks) t += v[i];
+  }
   out[c] = Accumulate ? out[c] + t : t;
 }
 

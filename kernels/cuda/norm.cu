@@ -238,12 +238,12 @@ struct NormGradShape {
   static constexpr int kHalves = kCentered ? 2 : 1;  // the weight's and the bias's gradients
   static constexpr int kWarpFloats = 32 * kPack * V;
   static constexpr int kWarpBytes = kWarpFloats * 4 * kHalves;
-  // The most warps whose accumulators fit 96 KB (two blocks an SM), a power of two up to 16.
-  static constexpr int kWarps = 96 * 1024 / kWarpBytes >= 16  ? 16
-                                : 96 * 1024 / kWarpBytes >= 8 ? 8
-                                : 96 * 1024 / kWarpBytes >= 4 ? 4
-                                                              : 2;
+  // Eight warps (the one block size the launch table and ptxas check hold for every V).
+  static constexpr int kWarps = 8;
   static constexpr int kSmem = kWarps * kWarpBytes;
+  // Blocks an SM the registers must allow: three (85 a thread) up to 3 words a lane, else two
+  // where two blocks' accumulators fit, else one.
+  static constexpr int kBlocksPerSm = kSmem > 96 * 1024 ? 1 : V <= 3 ? 3 : 2;
 };
 // Rows of 16 words a lane keep the separate partials (two warps a block of 64 KB would not keep
 // enough rows in flight).
@@ -304,8 +304,9 @@ __device__ __forceinline__ void norm_backward_rows(bf16* __restrict__ dinp, floa
   }
 }
 
+// Two or three blocks an SM: the rows' round trips overlap over 16-24 warps.
 template <int V>
-__global__ void __launch_bounds__(32 * NormGradShape<V, true>::kWarps)
+__global__ void __launch_bounds__(32 * NormGradShape<V, true>::kWarps, NormGradShape<V, true>::kBlocksPerSm)
     layernorm_backward_kernel(bf16* __restrict__ dinp, float* __restrict__ part_w, float* __restrict__ part_b,
                               const bf16* __restrict__ dout, const bf16* __restrict__ inp,
                               const bf16* __restrict__ weight, const float* __restrict__ mean,
@@ -314,17 +315,18 @@ __global__ void __launch_bounds__(32 * NormGradShape<V, true>::kWarps)
 }
 
 template <int V>
-__global__ void __launch_bounds__(32 * NormGradShape<V, false>::kWarps)
+__global__ void __launch_bounds__(32 * NormGradShape<V, false>::kWarps, NormGradShape<V, false>::kBlocksPerSm)
     rmsnorm_backward_kernel(bf16* __restrict__ dinp, float* __restrict__ part_w, const bf16* __restrict__ dout,
                             const bf16* __restrict__ inp, const bf16* __restrict__ weight,
                             const float* __restrict__ rstd, int N, int C, int rows, bool aligned) {
   norm_backward_rows<V, false>(dinp, part_w, nullptr, dout, inp, weight, nullptr, rstd, N, C, rows, aligned);
 }
 
-// Rows a block of the fused kernel: 8 a warp, more where that would pass kMaxNormGradBlocks.
+// Rows a block of the fused kernel: 4 a warp (16384 rows: 512 blocks, 3 on every SM), more
+// where that would pass kMaxNormGradBlocks.
 inline int norm_grad_rows(int N, int warps) {
   const int least = (N + kMaxNormGradBlocks - 1) / kMaxNormGradBlocks;
-  return std::max(warps * 8, (least + warps - 1) / warps * warps);
+  return std::max(warps * 4, (least + warps - 1) / warps * warps);
 }
 
 // dinp +=, and dweight (dbias) += their column sums, through the fused kernel.

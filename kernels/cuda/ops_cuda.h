@@ -59,8 +59,8 @@ inline int64_t column_partials_floats(int N, int C) {
 }
 // The norms' backward adds the weight (and bias) gradients' partials of up to
 // kMaxNormGradBlocks blocks of rows (kernels/cuda/norm.cu): norm_partials_floats(N, C) floats,
-// at most the column partials of a 3C-wide bias (the backend plans those).
-constexpr int kMaxNormGradBlocks = 3 * kMaxRowChunks;
+// at most 1024 C (the backend plans those).
+constexpr int kMaxNormGradBlocks = 8 * kMaxRowChunks;
 inline int64_t norm_partials_floats(int N, int C) {
   return std::max(column_partials_floats(N, C), 2 * int64_t(std::min(N, kMaxNormGradBlocks)) * C);
 }

@@ -254,7 +254,8 @@ TEST(KernelCounts, NormBackwardReadsDoutAndInpOnce) {
         ++row_kernels;
         EXPECT_LE(l.total.ldg_bytes, rows) << what << " " << l.kernel << ": reads the rows more than once";
       } else {
-        EXPECT_LE(l.total.ldg_bytes, loom::cuda::kMaxNormGradBlocks * C * 4)
+        // The partials, and the gradient the finish adds them to.
+        EXPECT_LE(l.total.ldg_bytes, (loom::cuda::kMaxNormGradBlocks + 1) * C * 4)
             << what << " " << l.kernel << ": more than partials";
       }
     }
