@@ -22,8 +22,7 @@ TiedHeadGrad::TiedHeadGrad(Backend& be, int64_t numel, int micro_batches, int64_
 std::vector<PlanItem> TiedHeadGrad::plan(int64_t numel, int micro_batches, int64_t shard, int dp) {
   std::vector<PlanItem> p{{"grad_tied_head", shard > 0 ? shard * dp : numel, DType::f32, Mem::grads}};
   if (shard > 0) p.push_back({"grad_tied_head_shard", shard, DType::f32, Mem::grads});
-  if (const int levels = GradTree::levels(micro_batches))
-    p.push_back({"grad_tree", levels * (shard > 0 ? shard : numel), DType::f32, Mem::grads});
+  for (const PlanItem& item : grad_tree_plan(micro_batches, 1, shard > 0 ? shard : numel)) p.push_back(item);
   return p;
 }
 
