@@ -3,16 +3,18 @@
 // runs in its stream's order: the bf16 operands widened to fp32, multiplied by OpenBLAS (fp32
 // accumulation, as cuBLASLt's CUBLAS_COMPUTE_32F), then alpha, beta C, the bias and GELU epilogues
 // and the rounding to D's type, per element; BGRADA/BGRADB's bias gradient (the sums over k of
-// op(A) or op(B), unscaled) in fp32, each sum over blocks of 256 of k, the blocks added in order. What it rejects, each
-// with a message on stderr naming the rule (a few are loom's own, as gemm_plan's: nothing here asks for them): a
-// compute type other than fp32; A and B other than bf16; C and D of different types; layouts that do not hold op(A) m x
-// k, op(B) k x n and D m x n, or leading dimensions shorter than a column; an epilogue other than DEFAULT or a bias
-// gradient with an fp32 D; a bias, bias gradient or aux epilogue without its pointer; a bias gradient of a type other
-// than D's or over a batch; a GELU aux whose leading dimension is below m or no multiple of 8; an epilogue it does not
-// compute (only DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADA and BGRADB); an alignment preference below the
-// element size; and, in cublasLtMatmul, any operand whose address is less aligned than the preferences the heuristic
-// chose its algorithm for (256 bytes unless set), which on a GPU is a kernel reading vectors past what the pointer
-// allows.
+// op(A) or op(B), unscaled) in fp32, each sum over blocks of 256 of k, the blocks added in order.
+// What it rejects, each with a message on stderr naming the rule (a few are loom's own, as
+// gemm_plan's: nothing here asks for them): a compute type other than fp32; A and B other than
+// bf16; C and D of different types; layouts that do not hold op(A) m x k, op(B) k x n and D m x n,
+// or leading dimensions shorter than a column; a bias or GELU epilogue with an fp32 D, a bias
+// gradient with a bf16 one; a bias, bias gradient or aux epilogue without its pointer; a bias (or
+// its gradient) of a type other than D's; any epilogue over a batch; a GELU aux whose leading
+// dimension is below m or no multiple of 8; an epilogue it does not compute (only DEFAULT, BIAS,
+// GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADA and BGRADB); an alignment preference below the element
+// size; and, in cublasLtMatmul, any operand whose address is less aligned than the preferences
+// the heuristic chose its algorithm for (256 bytes unless set), which on a GPU is a kernel
+// reading vectors past what the pointer allows.
 #include "kernels/emu/include/cublasLt.h"
 
 #include <cblas.h>
@@ -107,6 +109,8 @@ cublasStatus_t problem_check(const cublasLtMatmulDescOpaque_t& op, const cublasL
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "the emulation computes no epilogue over a batch");
   if (d.type == CUDA_R_32F && op.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !has_bias_grad(op.epilogue))
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "no bias or GELU epilogue with an fp32 D and bf16 A and B");
+  if (has_bias_grad(op.epilogue) && d.type != CUDA_R_32F)
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "the emulation sums a bias gradient only beside an fp32 D");
   if ((has_bias(op.epilogue) || has_bias_grad(op.epilogue)) && op.bias_type != d.type)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "the bias type must be D's");
   if (has_aux(op.epilogue)) {
