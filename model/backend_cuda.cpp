@@ -187,14 +187,27 @@ class CudaBackend final : public Backend {
   }
   void linear_backward(Ptr dinp, float* dw, float* dbias, Ptr dout, Ptr inp, Ptr w, int M, int K, int N,
                        WLayout layout) override {
+    // With dW, dbias rides its GEMM: the epilogue writes dout's column sums (cuBLASLt's order,
+    // fixed by the shape) into a scratch, added into dbias after (+=, as without it). Alone, a
+    // pass of its own.
+    float* bias_grad = dw && dbias ? partials(M, N) : nullptr;
+    auto weight_grad = [&](int m, int n, const bf16* a, const bf16* b, cuda::BiasGradOf of) {
+      if (bias_grad)
+        cuda::gemm_f32out_bias_grad(*gemm_, true, false, m, n, M, a, m, b, n, 1.0f, dw, n, of, bias_grad, s_);
+      else if (dw)
+        cuda::gemm_f32out(*gemm_, true, false, m, n, M, a, m, b, n, 1.0f, dw, n, s_);
+    };
     if (layout == WLayout::out_in) {  // W [N, K]: dinp = dout W, dW += dout^T inp
       if (dinp) cuda::gemm(*gemm_, false, false, M, K, N, B16(dout), N, B16(w), K, 0.0f, B16(dinp), K, nullptr, s_);
-      if (dw) cuda::gemm_f32out(*gemm_, true, false, N, K, M, B16(dout), N, B16(inp), K, 1.0f, dw, K, s_);
+      weight_grad(N, K, B16(dout), B16(inp), cuda::BiasGradOf::a);
     } else {  // W [K, N]: dinp = dout W^T, dW += inp^T dout
       if (dinp) cuda::gemm(*gemm_, false, true, M, K, N, B16(dout), N, B16(w), N, 0.0f, B16(dinp), K, nullptr, s_);
-      if (dw) cuda::gemm_f32out(*gemm_, true, false, K, N, M, B16(inp), K, B16(dout), N, 1.0f, dw, N, s_);
+      weight_grad(K, N, B16(inp), B16(dout), cuda::BiasGradOf::b);
     }
-    if (dbias) cuda::bias_backward(dbias, B16(dout), M, N, partials(M, N), s_, &scalar_paths_);
+    if (bias_grad)
+      cuda::add_f32(dbias, bias_grad, N, s_, &scalar_paths_);
+    else if (dbias)
+      cuda::bias_backward(dbias, B16(dout), M, N, partials(M, N), s_, &scalar_paths_);
   }
   // The experts' GEMMs as strided batches: one cuBLASLt call per GEMM for every expert.
   void linear_forward_grouped(Ptr out, Ptr inp, Ptr w, int G, int64_t w_stride, int M, int K, int N,

@@ -2,7 +2,8 @@
 // gemm_plan (kernels/cuda/gemm_plan.h, tested without a GPU). A bias rides the epilogue (added
 // per column of the row-major C), and so can GELU (tanh form, as GPT-2's): forward keeps its
 // argument in an aux matrix laid out like C, and the backward epilogue multiplies the product
-// by GELU' of that aux. Errors name the GEMM's shape, its epilogue and cuBLASLt's status.
+// by GELU' of that aux. A weight gradient's bias gradient rides BGRADA/BGRADB (fp32, written
+// over a scratch). Errors name the GEMM's shape, its epilogue and cuBLASLt's status.
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -73,17 +74,24 @@ cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case LtEpilogue::dgelu:
       return CUBLASLT_EPILOGUE_DGELU;
+    case LtEpilogue::bgrada:
+      return CUBLASLT_EPILOGUE_BGRADA;
+    case LtEpilogue::bgradb:
+      return CUBLASLT_EPILOGUE_BGRADB;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
 // C is bf16, or fp32 where c_f32 (then no bias and no GELU): the shapes come from gemm_plan
-// (gemm_plan_batched for a strided batch of more than one).
+// (gemm_plan_batched for a strided batch of more than one; gemm_plan_bias_grad with bias_grad).
 void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                    const bf16* B, int ldb, float beta, void* C, bool c_f32, int ldc, const bf16* bias, Gelu gelu,
-                   const bf16* aux, const GemmBatch& batch, cudaStream_t s) {
-  const LtGemm g = batch.count > 1 ? gemm_plan_batched(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_f32, batch)
-                                   : gemm_plan(trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, gelu, c_f32);
+                   const bf16* aux, const GemmBatch& batch, cudaStream_t s, float* bias_grad = nullptr,
+                   BiasGradOf of = BiasGradOf::a) {
+  const LtGemm g = bias_grad ? gemm_plan_bias_grad(trans_a, trans_b, M, N, K, lda, ldb, ldc, of)
+                   : batch.count > 1
+                       ? gemm_plan_batched(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_f32, batch)
+                       : gemm_plan(trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, gelu, c_f32);
   const std::string what = g.describe(M, N, K);
   auto check = [&](cublasStatus_t st, const char* call) {
     LOOM_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLASLt {} failed for the GEMM {}: {} ({})", call, what,
@@ -103,6 +111,13 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
     check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
           "BIAS_DATA_TYPE");
     check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "BIAS_POINTER");
+  }
+  if (bias_grad) {  // the sums in fp32, C's type
+    const cudaDataType_t grad_type = CUDA_R_32F;
+    check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &grad_type, sizeof(grad_type)),
+          "BIAS_DATA_TYPE");
+    check(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_grad, sizeof(bias_grad)),
+          "BIAS_POINTER");
   }
   if (g.aux_ld) {
     const cudaDataType_t aux_type = CUDA_R_16BF;
@@ -176,6 +191,13 @@ void gemm_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int 
                  const bf16* B, int ldb, float beta, float* C, int ldc, cudaStream_t s) {
   gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, true, ldc, nullptr, Gelu::none, nullptr, {},
                 s);
+}
+
+void gemm_f32out_bias_grad(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
+                           int lda, const bf16* B, int ldb, float beta, float* C, int ldc, BiasGradOf of,
+                           float* bias_grad, cudaStream_t s) {
+  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, true, ldc, nullptr, Gelu::none, nullptr, {}, s,
+                bias_grad, of);
 }
 
 void gemm_batched(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,

@@ -4,6 +4,7 @@
 // as C^T = op(B)^T op(A)^T: cuBLASLt's first operand is loom's B, its second loom's A, and m
 // and n swap. Pure (no CUDA): kernels/cuda/gemm.cpp builds descriptors from it, and the unit
 // tests check it against a column-major GEMM that follows cuBLASLt's documented semantics.
+// A weight gradient's bias gradient (the sums over K of dout) rides its GEMM's epilogue.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -14,7 +15,10 @@
 namespace loom::cuda {
 
 enum class Gelu { none, forward, backward };
-enum class LtEpilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu };
+enum class LtEpilogue { none, bias, gelu_aux, gelu_aux_bias, dgelu, bgrada, bgradb };
+// Which of loom's operands a bias gradient sums over K: op(A) (M sums, one per row of C) or
+// op(B) (N sums, one per column of C).
+enum class BiasGradOf { a, b };
 
 inline const char* epilogue_name(LtEpilogue e) {
   switch (e) {
@@ -28,6 +32,10 @@ inline const char* epilogue_name(LtEpilogue e) {
       return "GELU_AUX_BIAS";
     case LtEpilogue::dgelu:
       return "DGELU";
+    case LtEpilogue::bgrada:
+      return "BGRADA";
+    case LtEpilogue::bgradb:
+      return "BGRADB";
   }
   return "?";
 }
@@ -94,6 +102,16 @@ inline LtGemm gemm_plan(bool trans_a, bool trans_b, int M, int N, int K, int lda
   return g;
 }
 
+// A weight gradient into an fp32 C with the bias gradient from its epilogue: the sums over K of
+// op(A) (of) or op(B), written (not added) as fp32 into the bias pointer. cuBLASLt's first
+// operand is loom's B, so loom's B is BGRADA (m = N sums) and loom's A BGRADB (n = M sums).
+inline LtGemm gemm_plan_bias_grad(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb, int ldc,
+                                  BiasGradOf of) {
+  LtGemm g = gemm_plan(trans_a, trans_b, M, N, K, lda, ldb, ldc, false, Gelu::none, true);
+  g.epilogue = of == BiasGradOf::b ? LtEpilogue::bgrada : LtEpilogue::bgradb;
+  return g;
+}
+
 // The same over a strided batch (no bias, no GELU: the expert GEMMs have neither). The outputs
 // must not overlap; inputs may be shared (stride 0).
 inline LtGemm gemm_plan_batched(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb, int ldc, bool c_f32,
@@ -131,11 +149,12 @@ inline double gelu_tanh_grad(double x) {
 
 // cuBLASLt's documented semantics on column-major operands, in double: D = alpha op(first)
 // op(second) + beta C; BIAS adds bias[i] (one per row of D) to every column; GELU_AUX keeps the
-// pre-activation in aux and applies GELU; DGELU multiplies by GELU' of aux. D overwrites C.
+// pre-activation in aux and applies GELU; DGELU multiplies by GELU' of aux; BGRADA (BGRADB)
+// writes the sums over k of op(first) (op(second)) into bias_grad, m (n) of them. D overwrites C.
 // Its layouts are checked as cuBLASLt checks them against m, n, k and the transposes.
 template <class T, class Out>
 void lt_reference(const LtGemm& g, double alpha, const T* first, const T* second, double beta, Out* c, const T* bias,
-                  T* aux) {
+                  T* aux, Out* bias_grad = nullptr) {
   auto shape = [](const LtLayout& l, bool trans, int64_t rows, int64_t cols, const char* what) {
     LOOM_CHECK(l.rows == (trans ? cols : rows) && l.cols == (trans ? rows : cols) && l.ld >= l.rows,
                "the {} operand's layout {} x {} (ld {}) does not hold op(it) = {} x {}", what, l.rows, l.cols, l.ld,
@@ -170,6 +189,18 @@ void lt_reference(const LtGemm& g, double alpha, const T* first, const T* second
         x *= gelu_tanh_grad(double(aux[i + j * g.aux_ld]));
       }
       c[i + j * g.c.ld] = Out(x);
+    }
+  if (g.epilogue == LtEpilogue::bgrada)
+    for (int64_t i = 0; i < g.m; ++i) {
+      double sum = 0;
+      for (int64_t p = 0; p < g.k; ++p) sum += at(first, g.first, g.trans_first, i, p);
+      bias_grad[i] = Out(sum);
+    }
+  if (g.epilogue == LtEpilogue::bgradb)
+    for (int64_t j = 0; j < g.n; ++j) {
+      double sum = 0;
+      for (int64_t p = 0; p < g.k; ++p) sum += at(second, g.second, g.trans_second, p, j);
+      bias_grad[j] = Out(sum);
     }
 }
 

@@ -69,9 +69,10 @@ inline int64_t norm_partials_floats(int N, int C) {
 void to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s, ScalarPaths* paths = nullptr);
 void to_f32(float* out, const bf16* in, int64_t n, cudaStream_t s, ScalarPaths* paths = nullptr);
 
-// defines: GemmContext, gemm, gemm_f32out, gemm_batched, gemm_batched_f32out, gemm_gelu, gemm_dgelu
-// (cuBLASLt, bf16 in and out, fp32 accumulation)
-struct GemmBatch;  // kernels/cuda/gemm_plan.h
+// defines: GemmContext, gemm, gemm_f32out, gemm_f32out_bias_grad, gemm_batched, gemm_batched_f32out,
+// gemm_gelu, gemm_dgelu (cuBLASLt, bf16 in and out, fp32 accumulation)
+struct GemmBatch;       // kernels/cuda/gemm_plan.h
+enum class BiasGradOf;  // kernels/cuda/gemm_plan.h
 // The cuBLASLt handle and workspace, owned by whoever runs the GEMMs (one per device).
 class GemmContext {
  public:
@@ -97,6 +98,12 @@ void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int 
 // without a bf16 rounding per micro-batch.
 void gemm_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                  const bf16* B, int ldb, float beta, float* C, int ldc, cudaStream_t s);
+// The same with a bias gradient from the epilogue: bias_grad (fp32) = the sums over K of op(A)
+// (BiasGradOf::a: M of them) or op(B) (N), written, not added; its order is cuBLASLt's for the
+// shape (the emulation's: blocks of 256 in order).
+void gemm_f32out_bias_grad(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
+                           int lda, const bf16* B, int ldb, float beta, float* C, int ldc, BiasGradOf of,
+                           float* bias_grad, cudaStream_t s);
 // A strided batch of such GEMMs in one call (the experts of a MoE layer, one each), C bf16 or
 // fp32; GemmBatch (kernels/cuda/gemm_plan.h) gives the count and each operand's stride.
 void gemm_batched(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,

@@ -87,13 +87,19 @@ std::vector<CountedOp> step(const StepShape& s) {
                           [&] { cuda::layernorm_forward(z, mean, rstd, x, y, w, bias, N, C, 1e-5f, nullptr); }));
     ops.push_back(counted("layernorm bwd (dinp, dweight, dbias)", nc, norms, 8.0 * NC + 8.0 * N,
                           [&] { cuda::layernorm_backward(z, dw, db, y, x, w, mean, rstd, N, C, part, nullptr); }));
-    // The biases' gradients: qkv (3C), proj (C), fc (4C), fc2 (C) a layer.
+    // The biases' gradients: qkv (3C), proj (C), fc (4C), fc2 (C) a layer. Each rides its
+    // weight gradient's GEMM (BGRADA/BGRADB, uncounted as every GEMM is); what is left is
+    // dbias += the epilogue's sums (model/backend_cuda.cpp's linear_backward).
     for (const auto& [what, cols] : {std::pair{"qkv", 3 * C}, {"proj", C}, {"fc", F}, {"fc2", C}}) {
-      bf16* d = a.get<bf16>(int64_t(N) * cols);
-      float* out = a.get<float>(cols);
-      float* p = a.get<float>(cuda::column_partials_floats(N, cols));
-      ops.push_back(counted(fmt::format("bias bwd {}", what), fmt::format("{}x{}", N, cols), L, 2.0 * N * cols,
-                            [&] { cuda::bias_backward(out, d, N, cols, p, nullptr); }));
+      float *out = a.get<float>(cols), *sums = a.get<float>(cols);
+      ops.push_back(counted(fmt::format("bias bwd {} (dW epilogue, +=)", what), fmt::format("1x{}", cols), L,
+                            12.0 * cols, [&] { cuda::add_f32(out, sums, cols, nullptr); }));
+    }
+    {  // A bias's gradient without its weight's: a pass over dout of its own (no GPT-2 step has one).
+      bf16* d = a.get<bf16>(int64_t(N) * 3 * C);
+      float *out = a.get<float>(3 * C), *p = a.get<float>(cuda::column_partials_floats(N, 3 * C));
+      ops.push_back(counted("bias bwd alone (no dW)", fmt::format("{}x{}", N, 3 * C), 0, 2.0 * N * 3 * C,
+                            [&] { cuda::bias_backward(out, d, N, 3 * C, p, nullptr); }));
     }
     bf16 *act = a.get<bf16>(NF), *pre = a.get<bf16>(NF);
     ops.push_back(counted("gelu fwd", nf, L, 4.0 * NF, [&] { cuda::gelu_forward(act, pre, NF, nullptr); }));

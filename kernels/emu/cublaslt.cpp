@@ -2,20 +2,24 @@
 // data, a heuristic that rejects what the real library has no algorithm for, and a matmul that
 // runs in its stream's order: the bf16 operands widened to fp32, multiplied by OpenBLAS (fp32
 // accumulation, as cuBLASLt's CUBLAS_COMPUTE_32F), then alpha, beta C, the bias and GELU epilogues
-// and the rounding to D's type, per element. What it rejects, each with a message on stderr naming
-// the rule (a few are loom's own, as gemm_plan's: nothing here asks for them): a compute type
-// other than fp32; A and B other than bf16; C and D of different types;
-// layouts that do not hold op(A) m x k, op(B) k x n and D m x n, or leading dimensions shorter
-// than a column; an epilogue other than DEFAULT with an fp32 D; a bias or aux epilogue without
-// its pointer; a GELU aux whose leading dimension is below m or no multiple of 8; an epilogue
-// it does not compute (only DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS and DGELU); an alignment
-// preference below the element size; and, in cublasLtMatmul, any operand whose address is less
-// aligned than the preferences the heuristic chose its algorithm for (256 bytes unless set),
-// which on a GPU is a kernel reading vectors past what the pointer allows.
+// and the rounding to D's type, per element; BGRADA/BGRADB's bias gradient (the sums over k of
+// op(A) or op(B), unscaled) in fp32, each sum over blocks of 256 of k, the blocks added in order.
+// What it rejects, each with a message on stderr naming the rule (a few are loom's own, as
+// gemm_plan's: nothing here asks for them): a compute type other than fp32; A and B other than
+// bf16; C and D of different types; layouts that do not hold op(A) m x k, op(B) k x n and D m x n,
+// or leading dimensions shorter than a column; a bias or GELU epilogue with an fp32 D, a bias
+// gradient with a bf16 one; a bias, bias gradient or aux epilogue without its pointer; a bias (or
+// its gradient) of a type other than D's; any epilogue over a batch; a GELU aux whose leading
+// dimension is below m or no multiple of 8; an epilogue it does not compute (only DEFAULT, BIAS,
+// GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADA and BGRADB); an alignment preference below the element
+// size; and, in cublasLtMatmul, any operand whose address is less aligned than the preferences
+// the heuristic chose its algorithm for (256 bytes unless set), which on a GPU is a kernel
+// reading vectors past what the pointer allows.
 #include "kernels/emu/include/cublasLt.h"
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -66,6 +70,9 @@ size_t type_bytes(cudaDataType_t t) {
 bool has_bias(cublasLtEpilogue_t e) {
   return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
+bool has_bias_grad(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB;
+}
 bool has_aux(cublasLtEpilogue_t e) {
   return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
 }
@@ -77,7 +84,8 @@ std::string dims(const cublasLtMatrixLayoutOpaque_t& l) {
 cublasStatus_t problem_check(const cublasLtMatmulDescOpaque_t& op, const cublasLtMatrixLayoutOpaque_t& a,
                              const cublasLtMatrixLayoutOpaque_t& b, const cublasLtMatrixLayoutOpaque_t& c,
                              const cublasLtMatrixLayoutOpaque_t& d) {
-  if (op.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !has_bias(op.epilogue) && !has_aux(op.epilogue))
+  if (op.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !has_bias(op.epilogue) && !has_aux(op.epilogue) &&
+      !has_bias_grad(op.epilogue))
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "an epilogue the emulation does not compute");
   if (a.type != CUDA_R_16BF || b.type != CUDA_R_16BF)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A and B must be bf16 with fp32 compute");
@@ -99,9 +107,11 @@ cublasStatus_t problem_check(const cublasLtMatmulDescOpaque_t& op, const cublasL
                   "op(A) " + dims(a) + " times op(B) " + dims(b) + " does not make D " + dims(d));
   if (d.batch > 1 && op.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "the emulation computes no epilogue over a batch");
-  if (d.type == CUDA_R_32F && op.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+  if (d.type == CUDA_R_32F && op.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !has_bias_grad(op.epilogue))
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "no bias or GELU epilogue with an fp32 D and bf16 A and B");
-  if (has_bias(op.epilogue) && op.bias_type != d.type)
+  if (has_bias_grad(op.epilogue) && d.type != CUDA_R_32F)
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "the emulation sums a bias gradient only beside an fp32 D");
+  if ((has_bias(op.epilogue) || has_bias_grad(op.epilogue)) && op.bias_type != d.type)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "the bias type must be D's");
   if (has_aux(op.epilogue)) {
     if (op.aux_type != CUDA_R_16BF) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "the GELU aux must be bf16");
@@ -173,6 +183,25 @@ void matmul_one(const cublasLtMatmulDescOpaque_t& o, float a, float bt, const vo
       else
         static_cast<uint16_t*>(D)[at] = f32_to_bf16(x);
     }
+  if (has_bias_grad(o.epilogue)) {
+    // Sum r over k of op(A) (BGRADA: m sums) or op(B) (BGRADB: n sums), widened from bf16: each
+    // block of 256 of k in order, then the blocks in order (an order fixed by the shape).
+    const bool of_a = o.epilogue == CUBLASLT_EPILOGUE_BGRADA;
+    const std::vector<float>& src = of_a ? fa : fb;
+    const bool trans = of_a ? o.trans_a == CUBLAS_OP_T : o.trans_b == CUBLAS_OP_T;
+    const int64_t ld = int64_t(of_a ? lA.rows : lB.rows), sums = of_a ? m : n;
+    auto* out = static_cast<float*>(const_cast<void*>(o.bias));
+    for (int64_t r = 0; r < sums; ++r) {
+      float total = 0.0f;
+      for (int p0 = 0; p0 < k; p0 += 256) {
+        float block = 0.0f;
+        for (int p = p0; p < std::min(k, p0 + 256); ++p)
+          block += of_a ? src[size_t(trans ? p + r * ld : r + p * ld)] : src[size_t(trans ? r + p * ld : p + r * ld)];
+        total += block;
+      }
+      out[r] = total;
+    }
+  }
 }
 
 }  // namespace
@@ -350,6 +379,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                           " bytes (set CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*)");
   if (workspace_bytes > 0 && !workspace) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a null workspace");
   if (has_bias(op->epilogue) && !op->bias) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a bias epilogue without a bias");
+  if (has_bias_grad(op->epilogue) && !op->bias)
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, "a bias gradient epilogue without its output (BIAS_POINTER)");
   if (has_aux(op->epilogue) && !op->aux) return refuse(CUBLAS_STATUS_INVALID_VALUE, "a GELU epilogue without its aux");
   if (launch_recorder()) return CUBLAS_STATUS_SUCCESS;  // walking shapes: nothing runs
   const float a = *static_cast<const float*>(alpha), bt = *static_cast<const float*>(beta);
@@ -359,6 +390,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   if (stream) writes->add(D, "cublasLtMatmul");
   if (stream && (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS))
     writes->add(o.aux, "cublasLtMatmul");
+  if (stream && has_bias_grad(o.epilogue)) writes->add(o.bias, "cublasLtMatmul");
   stream_enqueue(stream, [=] {
     for (int32_t batch = 0; batch < lD.batch; ++batch)
       matmul_one(o, a, bt, offset(A, lA, batch), lA, offset(B, lB, batch), lB, offset(C, lD, batch),

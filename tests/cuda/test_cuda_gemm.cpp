@@ -67,6 +67,43 @@ TEST_F(Cuda, GemmEveryTransposeBiasAccumulationAndStrides) {
     for (int n = N; n < ldc; ++n) ASSERT_EQ(sg[size_t(m) * ldc + n], 3.0f);
 }
 
+// A weight gradient's GEMM with its bias gradient from the epilogue, as the backend calls it in
+// both weight layouts: dW += (fp32, beta 1) and the bias gradient, dout's column sums over the M
+// rows, written over what the buffer held (the backend adds it into dbias); twice to the bit.
+// M spans several of the emulation's blocks of 256.
+TEST_F(Cuda, GemmWeightGradientWritesTheBiasGradient) {
+  cuda::GemmContext ctx;
+  const int M = kSanitized ? 300 : 700, K = 40, N = 24;
+  const auto dout = randn(size_t(M) * N, 11), inp = randn(size_t(M) * K, 12);
+  std::vector<double> sums(N, 0.0);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) sums[size_t(n)] += dout[size_t(m) * N + n];
+  Dev Dout(dout), Inp(inp);
+  for (bool out_in : {true, false}) {
+    // W [N, K]: dW += dout^T inp, the sums of op(A); W [K, N]: dW += inp^T dout, of op(B).
+    const int m = out_in ? N : K, n = out_in ? K : N;
+    const auto w0 = randn(size_t(m) * n, 13);
+    std::vector<float> want = w0;
+    cpu::gemm(true, false, m, n, M, 1.0f, (out_in ? dout : inp).data(), m, (out_in ? inp : dout).data(), n, 1.0f,
+              want.data(), n);
+    std::vector<float> first_w, first_b;
+    for (int run = 0; run < 2; ++run) {
+      DevRaw<float> W(w0), Bg(std::vector<float>(size_t(N), 7.0f));
+      cuda::gemm_f32out_bias_grad(ctx, true, false, m, n, M, out_in ? Dout.p : Inp.p, m, out_in ? Inp.p : Dout.p, n,
+                                  1.0f, W.p, n, out_in ? cuda::BiasGradOf::a : cuda::BiasGradOf::b, Bg.p, nullptr);
+      const auto w = W.get(), b = Bg.get();
+      EXPECT_LT(rel(w, want), 1e-5) << "dW, out_in " << out_in;
+      EXPECT_TRUE(close(b, sums, 1e-3, 1e-5)) << "the bias gradient, written over the 7s, out_in " << out_in;
+      if (run == 0) {
+        first_w = w, first_b = b;
+      } else {
+        EXPECT_EQ(w, first_w) << "dW again, out_in " << out_in;
+        EXPECT_EQ(b, first_b) << "the bias gradient again, out_in " << out_in;
+      }
+    }
+  }
+}
+
 // The GELU epilogues against the CPU's GEMM and GELU, forward (with its kept argument) and
 // backward (GELU' applied to the input-gradient GEMM).
 TEST_F(Cuda, GemmGeluEpilogues) {

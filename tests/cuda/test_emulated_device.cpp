@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "kernels/cuda/ops_cuda.h"
+#include "model/backend.h"
+#include "runtime/allocator.h"
 #include "runtime/cuda_api.h"
 #include "runtime/cuda_check.h"
 
@@ -324,3 +326,34 @@ TEST(EmulatedDevice, TheRuntimeTableSynchronizesAndCounts) {
 }
 
 }  // namespace
+
+// The CUDA backend's linear_backward with dW and dbias launches one kernel besides its GEMMs,
+// dbias += the weight gradient's BGRADA/BGRADB sums, in both weight layouts; without dW the bias
+// takes its own pass over dout (the column sums' two launches, which this test sees there).
+// Bias gradients back in a pass of their own beside dW fail here.
+TEST(EmulatedDevice, LinearBackwardLaunchesNoBiasPass) {
+  loom::ModelDims dims;
+  dims.B = 1, dims.T = 64, dims.C = 64, dims.H = 2, dims.KV = 2, dims.D = 32, dims.F = 256, dims.vocab = 96;
+  loom::Stream stream = loom::cuda_stream_create(loom::DeviceKind::cuda_emulated);
+  {
+    loom::Allocator alloc(loom::DeviceKind::cuda_emulated, stream);
+    auto backend = loom::cuda_emulated_backend(dims, alloc);
+    char* fake = reinterpret_cast<char*>(uintptr_t(1) << 12);  // never dereferenced: nothing runs
+    const loom::Ptr bf(fake, 2);
+    auto* f = reinterpret_cast<float*>(fake);
+    for (auto layout : {loom::WLayout::out_in, loom::WLayout::in_out})
+      for (bool with_dw : {true, false}) {
+        loom::emu::LaunchRecorder rec;
+        backend->linear_backward(bf, with_dw ? f : nullptr, f, bf, bf, bf, 64, 64, 192, layout);
+        std::vector<std::string> kernels;
+        for (const auto& r : rec.records()) kernels.push_back(r.kernel.substr(0, r.kernel.find('<')));
+        if (with_dw) {
+          EXPECT_EQ(kernels, std::vector<std::string>{"add_kernel"}) << "dbias += the GEMM epilogue's sums, alone";
+        } else {
+          EXPECT_EQ(kernels.size(), 2u) << "the column sums' two launches";
+          for (const auto& k : kernels) EXPECT_EQ(k.rfind("column_", 0), 0u) << k;
+        }
+      }
+  }
+  loom::cuda_stream_destroy(stream);
+}

@@ -81,6 +81,40 @@ TEST(GemmPlan, EveryCombinationMatchesTheRowMajorFormula) {
   EXPECT_EQ(checked, 2 * 2 * 6);  // per transpose pair: 5 bf16 epilogue combinations and the fp32 C
 }
 
+// The bias gradient epilogue: for every transpose and either operand, cuBLASLt's BGRADA/BGRADB
+// semantics on the plan give C += op(A) op(B) and the sums over K of the operand asked for
+// (op(A): M sums; op(B): N sums). Naming the wrong one of cuBLASLt's operands fails here.
+TEST(GemmPlan, BiasGradientSumsTheOperandItNames) {
+  std::mt19937_64 g(9);
+  std::normal_distribution<double> d;
+  auto fill = [&](size_t n) {
+    std::vector<double> v(n);
+    for (auto& x : v) x = d(g);
+    return v;
+  };
+  const int M = 5, N = 7, K = 4;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (BiasGradOf of : {BiasGradOf::a, BiasGradOf::b}) {
+        const int lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 3, ldc = N + 1;
+        auto A = fill(size_t(ta ? K : M) * lda), B = fill(size_t(tb ? N : K) * ldb), C0 = fill(size_t(M) * ldc);
+        auto want = C0, unused = C0;
+        row_major({ta, tb, false, true, Gelu::none}, M, N, K, A, lda, B, ldb, want, ldc, 1.0, {}, unused);
+        std::vector<double> want_sums(of == BiasGradOf::a ? M : N, 0.0);
+        for (int k = 0; k < K; ++k)
+          for (size_t i = 0; i < want_sums.size(); ++i)
+            want_sums[i] += of == BiasGradOf::a ? (ta ? A[size_t(k) * lda + i] : A[i * lda + k])
+                                                : (tb ? B[i * ldb + k] : B[size_t(k) * ldb + i]);
+        const LtGemm plan = gemm_plan_bias_grad(ta, tb, M, N, K, lda, ldb, ldc, of);
+        auto got = C0;
+        std::vector<double> sums(size_t(std::max(M, N)), 0.0);
+        lt_reference<double, double>(plan, 1.0, B.data(), A.data(), 1.0, got.data(), nullptr, nullptr, sums.data());
+        for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << plan.describe(M, N, K);
+        for (size_t i = 0; i < want_sums.size(); ++i)
+          ASSERT_NEAR(sums[i], want_sums[i], 1e-12) << plan.describe(M, N, K) << " sum " << i;
+      }
+}
+
 // The four GEMMs a linear layer issues (backend_cuda.cpp), with loom's own strides.
 TEST(GemmPlan, TheModelsLinearLayers) {
   const int M = 6, K = 8, N = 16;
