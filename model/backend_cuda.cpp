@@ -190,12 +190,20 @@ class CudaBackend final : public Backend {
     // With dW, dbias rides its GEMM: the epilogue writes dout's column sums (cuBLASLt's order,
     // fixed by the shape) into a scratch, added into dbias after (+=, as without it). Alone, a
     // pass of its own.
+    // Where cuBLASLt has no algorithm for that epilogue, the plain GEMM and the pass, said once.
     float* bias_grad = dw && dbias ? partials(M, N) : nullptr;
     auto weight_grad = [&](int m, int n, const bf16* a, const bf16* b, cuda::BiasGradOf of) {
-      if (bias_grad)
-        cuda::gemm_f32out_bias_grad(*gemm_, true, false, m, n, M, a, m, b, n, 1.0f, dw, n, of, bias_grad, s_);
-      else if (dw)
-        cuda::gemm_f32out(*gemm_, true, false, m, n, M, a, m, b, n, 1.0f, dw, n, s_);
+      if (bias_grad &&
+          !cuda::gemm_f32out_bias_grad(*gemm_, true, false, m, n, M, a, m, b, n, 1.0f, dw, n, of, bias_grad, s_)) {
+        if (!bias_pass_said_)
+          spdlog::warn(
+              "cuBLASLt has no bias-gradient epilogue for a {}x{}x{} weight gradient: the bias "
+              "gradients are summed in a pass of their own (slower)",
+              m, n, M);
+        bias_pass_said_ = true;
+        bias_grad = nullptr;
+      }
+      if (!bias_grad && dw) cuda::gemm_f32out(*gemm_, true, false, m, n, M, a, m, b, n, 1.0f, dw, n, s_);
     };
     if (layout == WLayout::out_in) {  // W [N, K]: dinp = dout W, dW += dout^T inp
       if (dinp) cuda::gemm(*gemm_, false, false, M, K, N, B16(dout), N, B16(w), K, 0.0f, B16(dinp), K, nullptr, s_);
@@ -367,6 +375,7 @@ class CudaBackend final : public Backend {
   float* norm_partials(int rows, int cols) { return partials(rows, cols, cuda::norm_partials_floats(rows, cols)); }
   std::unique_ptr<cuda::GemmContext> gemm_;
   // A kernel's element-by-element path for a tensor off 16 bytes: a warning once per kernel and tensor.
+  bool bias_pass_said_ = false;  // a bias-gradient epilogue refused, said once
   cuda::ScalarPathsOnce scalar_paths_{[](const std::string& line) { spdlog::warn("{}", line); }};
   int N_ = 0;
   // The host waits for the stream's work so far (and knows every upload issued has landed).

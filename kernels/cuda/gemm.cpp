@@ -84,7 +84,9 @@ cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
 
 // C is bf16, or fp32 where c_f32 (then no bias and no GELU): the shapes come from gemm_plan
 // (gemm_plan_batched for a strided batch of more than one; gemm_plan_bias_grad with bias_grad).
-void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
+// Returns false, having run nothing, where cuBLASLt has no algorithm for a bias gradient's
+// epilogue (the caller sums the bias on its own); every other refusal is an error.
+bool gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
                    const bf16* B, int ldb, float beta, void* C, bool c_f32, int ldc, const bf16* bias, Gelu gelu,
                    const bf16* aux, const GemmBatch& batch, cudaStream_t s, float* bias_grad = nullptr,
                    BiasGradOf of = BiasGradOf::a) {
@@ -173,11 +175,13 @@ void gemm_epilogue(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
   int found = 0;
   check(cublasLtMatmulAlgoGetHeuristic(lt, op.d, lf.d, ls.d, lc.d, lc.d, pref.d, 1, &heur, &found),
         "MatmulAlgoGetHeuristic");
+  if (found == 0 && bias_grad) return false;
   LOOM_CHECK(found > 0, "cuBLASLt has no algorithm for the GEMM {} (operand alignments {}, {}, {} bytes)", what,
              align_first, align_second, align_c);
   const float alpha = 1.0f;
   check(cublasLtMatmul(lt, op.d, &alpha, B, lf.d, A, ls.d, &beta, C, lc.d, C, lc.d, &heur.algo, ctx.workspace(), ws, s),
         "Matmul");
+  return true;
 }
 
 }  // namespace
@@ -193,11 +197,11 @@ void gemm_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int 
                 s);
 }
 
-void gemm_f32out_bias_grad(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
+bool gemm_f32out_bias_grad(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
                            int lda, const bf16* B, int ldb, float beta, float* C, int ldc, BiasGradOf of,
                            float* bias_grad, cudaStream_t s) {
-  gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, true, ldc, nullptr, Gelu::none, nullptr, {}, s,
-                bias_grad, of);
+  return gemm_epilogue(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, true, ldc, nullptr, Gelu::none, nullptr,
+                       {}, s, bias_grad, of);
 }
 
 void gemm_batched(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,

@@ -100,10 +100,11 @@ void gemm_f32out(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int 
                  const bf16* B, int ldb, float beta, float* C, int ldc, cudaStream_t s);
 // The same with a bias gradient from the epilogue: bias_grad (fp32) = the sums over K of op(A)
 // (BiasGradOf::a: M of them) or op(B) (N), written, not added; its order is cuBLASLt's for the
-// shape (the emulation's: blocks of 256 in order).
-void gemm_f32out_bias_grad(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A,
-                           int lda, const bf16* B, int ldb, float beta, float* C, int ldc, BiasGradOf of,
-                           float* bias_grad, cudaStream_t s);
+// shape (the emulation's: blocks of 256 in order). False, with nothing run, where cuBLASLt has
+// no algorithm for that epilogue at this shape.
+[[nodiscard]] bool gemm_f32out_bias_grad(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+                                         const bf16* A, int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
+                                         BiasGradOf of, float* bias_grad, cudaStream_t s);
 // A strided batch of such GEMMs in one call (the experts of a MoE layer, one each), C bf16 or
 // fp32; GemmBatch (kernels/cuda/gemm_plan.h) gives the count and each operand's stride.
 void gemm_batched(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, const bf16* A, int lda,
