@@ -6,6 +6,7 @@
 // the same order, so a profiled run computes the same bits; a run without the key has no
 // wrapper at all.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ struct OpProfile {
   std::vector<ProfileRow> rows;  // in the order first issued
   int64_t steps = 0;
   double step_ms = 0;  // the step windows on the device's timeline, summed
+  // Device work issued one call at a time in those steps (kernels, GEMMs, async copies and
+  // memsets), counted by the emulated device's runtime; -1 where nothing counts them.
+  int64_t launches = -1;
   double ops_ms() const;
   const ProfileRow* find(const std::string& family) const;
 };
@@ -58,6 +62,8 @@ class ProfiledBackend final : public Backend {
   void step_end();
   bool recording() const { return on_; }
   const OpProfile& profile() const { return profile_; }
+  // A profiled step's launches, where the device counts them (before step_end).
+  void add_launches(int64_t n) { profile_.launches = std::max<int64_t>(profile_.launches, 0) + n; }
 
   const BackendTraits& traits() const override { return in_->traits(); }
   const Stream& stream() const override { return in_->stream(); }

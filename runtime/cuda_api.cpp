@@ -133,6 +133,12 @@ const CudaApi& cuda_api_emulated() {
 uint64_t cuda_emulated_host_syncs() {
   return emu::host_syncs();
 }
+uint64_t cuda_emulated_device_ops() {
+  return emu::device_ops();
+}
+uint64_t cuda_emulated_graph_launches() {
+  return emu::graph_launches();
+}
 #else
 const CudaApi& cuda_api_real() {
   return kApi;

@@ -46,5 +46,9 @@ const CudaApi& cuda_api_real();
 // Host synchronizations on the emulated device since the process started: stream, event and
 // device synchronizations and synchronous copies from the device (a test counts them per step).
 uint64_t cuda_emulated_host_syncs();
+// Device work the host issued one call at a time on the emulated device (kernels, GEMMs, async
+// copies and memsets), and graph launches, since the process started.
+uint64_t cuda_emulated_device_ops();
+uint64_t cuda_emulated_graph_launches();
 
 }  // namespace loom

@@ -59,6 +59,8 @@ std::string fault_fields(const StepMetrics& m) {
   if (!m.sdc_ranks.empty()) out += ",\"sdc_ranks\":" + ranks_json(m.sdc_ranks);
   if (m.host_syncs >= 0)
     out += fmt::format(",\"host_syncs\":{{\"compute\":{},\"step\":{}}}", m.host_syncs_compute, m.host_syncs);
+  if (m.device_ops >= 0)
+    out += fmt::format(",\"launches\":{{\"device_ops\":{},\"graphs\":{}}}", m.device_ops, m.graph_launches);
   if (!m.source_tokens.empty()) {
     out += ",\"source_tokens\":{";
     for (size_t i = 0; i < m.source_tokens.size(); ++i)

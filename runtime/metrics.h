@@ -46,6 +46,9 @@ struct StepMetrics {
   // The emulated device only (-1 elsewhere): host synchronizations with the device during the
   // forward and backward of the step's micro-batches, and during the whole step.
   int64_t host_syncs_compute = -1, host_syncs = -1;
+  // The emulated device only (-1 elsewhere): device work issued one call at a time in the step
+  // (kernels, GEMMs, async copies and memsets: each pays a launch gap on a GPU) and graph launches.
+  int64_t device_ops = -1, graph_launches = -1;
   // A mixture only: the step's input tokens from each source, by its path.
   std::vector<std::pair<std::string, int64_t>> source_tokens;
 };

@@ -17,6 +17,10 @@
 #                  pp 2 with 1f1b, gpipe and zb, tp 2 + sp under full recompute, ZeRO-3 under
 #                  selective, MoE at ep 2, cp 2 ring and all-gather) against one CUDA rank; with two GPUs, pp 2 over
 #                  real NCCL, bitwise against the staged pp 2;
+#   counts         no GPU: `loom bench kernels --counts` (the counting emulation and the time
+#                  model's H200/H100 prediction), started in the background once the build is
+#                  there, so it costs the lease no time; its figures go into the summary beside
+#                  the measured rates of the bench stage (kernel_counts.log in the tarball);
 #   bench          kernel rates (MoE's expert GEMMs batched, ragged and one per expert too), GPT-2
 #                  124M (B=16, T=1024) and LLaMA-shaped 1.1B, each plain and with its roofline
 #                  profile (rates fitted into a cluster file), next to PyTorch eager and
@@ -335,6 +339,34 @@ stage_layouts() {
   [[ $layouts != *FAIL* && $layouts != *error* ]]
 }
 
+# The prediction from the counts: no GPU, about 20 s of one core. Started in the background
+# after the build (counts_start) and collected by the counts stage; --only without counts runs
+# none of it.
+counts_pid=""
+counts_start() {
+  [ -n "$only" ] && [[ $only != *",counts,"* ]] && return 0
+  [ -x "$loom" ] || return 0
+  (
+    tmo 200 $loom bench kernels --counts > "$work/kernel_counts.log" 2>&1
+    echo $? > "$work/kernel_counts.rc"
+  ) &
+  counts_pid=$!
+}
+stage_counts() {
+  need_build || return 1
+  [ -n "$counts_pid" ] || counts_start
+  wait "$counts_pid"
+  counts_pid=""
+  [ "$(cat "$work/kernel_counts.rc" 2> /dev/null)" = 0 ] && return 0
+  echo "counts: loom bench kernels --counts failed: $(grep -m1 "error:" "$work/kernel_counts.log" || tail -1 "$work/kernel_counts.log")" >> "$work/failures.txt"
+  return 1
+}
+# The model's figures: each class's ms per step on the H200 and H100, and the GPT-2 step.
+counts_lines() {
+  grep -hE "ms per step:|step \(B16 T1024\) on one H200|no ptxas figures|Counted in" "$work/kernel_counts.log" 2> /dev/null |
+    sed 's/^/  /'
+}
+
 # 6. Kernel rates, GPT-2 124M (B=16, T=1024) next to PyTorch, a LLaMA-shaped 1.1B model.
 stage_bench() {
   need_build || return 1
@@ -421,6 +453,8 @@ summary() {
     echo "checkpoint resume on CUDA (bitwise): ${ckpt_resume:-not run}"
     echo "fault drills on CUDA (| drill | fault | detect | recover | restarts | lost | goodput | bitwise |): ${drills:-not run}"
     echo "2 ranks on one GPU (MPI-staged) vs 1 rank: ${layouts:-not run}"
+    echo "predicted from the counts (loom bench kernels --counts, kernel_counts.log; no GPU), then measured:"
+    counts_lines
     grep -hE "gemm bf16 8192|attention|speedup|error" "$work/kernels_gpt2.log" "$work/kernels_llama1b.log" 2> /dev/null
     cat "$work/attention_torch.log" 2> /dev/null | tail -8
     grep -hE "moe experts|MoE experts|error" "$work/kernels_moe.log" 2> /dev/null
@@ -464,11 +498,13 @@ stage() {
 # In order, the decisive checks first.
 stage probe 0
 stage build 0
+counts_start
 stage kernels 1
 stage cpu_reference 0
 stage parity 1
 stage ckpt_drills 1
 stage layouts 1
+stage counts 0
 stage bench 1
 stage sanitizers 1
 cat "$out/summary.txt"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "plan/kernel_model.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 #include "runtime/json_read.h"
@@ -222,6 +223,7 @@ void bench_train(const Config& config, const TrainOptions& where, const BenchTra
   if (!b.profile) return;
   fmt::print("roofline profile, steps 2 to {} ({}):\n{}", r.steps_done, device_name(r.device),
              profile_table(r.profile, r.roofline));
+  if (r.device != DeviceKind::cpu) fmt::print("{}", launch_gap_line(r.profile));
   if (cfg.log.cluster != "auto" && cfg.log.cluster != "none") {  // the prediction's terms beside the measured ones
     try {
       fmt::print("{}", profile_prediction_compare(cluster_load(cfg.log.cluster, "log.cluster"), cfg, r.profile));
@@ -233,6 +235,26 @@ void bench_train(const Config& config, const TrainOptions& where, const BenchTra
     profile_cluster_write(b.write_cluster, cfg, r);
     fmt::print("wrote the measured rates into {}\n", b.write_cluster);
   }
+}
+
+std::string launch_gap_line(const OpProfile& p) {
+  if (p.steps == 0) return "";
+  // A launch's cost in a stream, eager: the kernel model's, fitted on the H200's back-to-back
+  // launches. Replayed from a graph: about half of it, a figure no GPU here has measured.
+  const double eager_s = KernelModelConstants{}.launch_s, graph_s = eager_s / 2;
+  const double n = double(p.steps);
+  double calls = 0;
+  for (const ProfileRow& r : p.rows) calls += double(r.calls);
+  const bool counted = p.launches >= 0;
+  const double launches = (counted ? double(p.launches) : calls) / n;
+  return fmt::format(
+      "launch gaps, predicted: {}{:.0f} launches a step ({}) at {:.1f} us each (the kernel model's launch cost) = "
+      "{:.2f} ms a step on a GPU, part of its idle time above; a CUDA graph replaying them at ~{:.1f} us each would "
+      "save ~{:.2f} ms a step\n",
+      counted ? "" : "at least ", launches,
+      counted ? "counted by the emulated device's runtime: kernels, GEMMs, async copies and memsets"
+              : "the profile's op calls; the emulated device counts the launches themselves",
+      1e6 * eager_s, 1e3 * launches * eager_s, 1e6 * graph_s, 1e3 * launches * (eager_s - graph_s));
 }
 
 std::string cpu_peak_describe() {

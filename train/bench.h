@@ -27,6 +27,10 @@ struct BenchTrainOptions {
 };
 // Trains `cfg` for its steps and prints tokens/s, MFU and the step time, excluding step 1.
 void bench_train(const Config& cfg, const TrainOptions& opt = {}, const BenchTrainOptions& b = {});
+// What the launch gaps of a profiled GPU step cost, predicted (the launches the emulated device
+// counted, or at least the profile's op calls, at the kernel model's launch cost), and what a
+// CUDA graph's replay would save of them.
+std::string launch_gap_line(const OpProfile& p);
 // Every collective over the world group, message sizes from 4 KiB up to max_mb: time, algorithm
 // bandwidth and bus bandwidth with the nccl-tests conventions. Rank 0 prints the table.
 void bench_comm(const TrainOptions& where, double max_mb);

@@ -88,6 +88,8 @@ Trainer::Parts::StepStart Trainer::Parts::step_start(int64_t s1) {
   s.tp = tp().counters();
   s.emulated = alloc->device() == DeviceKind::cuda_emulated;
   s.host_syncs = s.emulated ? cuda_emulated_host_syncs() : 0;
+  s.device_ops = s.emulated ? cuda_emulated_device_ops() : 0;
+  s.graph_launches = s.emulated ? cuda_emulated_graph_launches() : 0;
   s.wall = Clock::now();  // step_ms: the host's clock, apart from the marks
   clock->begin(Phase::compute);
   return s;

@@ -139,7 +139,11 @@ void StepLog::finish(const std::function<double()>& validate, int64_t tokens_per
 // norm, MoE statistics, each source's tokens, rates, memory and the bytes each group moved.
 void Trainer::Parts::metrics_fill(StepMetrics& m, int64_t step, const StepStart& start, double loss_sum) {
   const StepTimes t = clock->end();
-  if (start.emulated) m.host_syncs = int64_t(cuda_emulated_host_syncs() - start.host_syncs);
+  if (start.emulated) {
+    m.host_syncs = int64_t(cuda_emulated_host_syncs() - start.host_syncs);
+    m.device_ops = int64_t(cuda_emulated_device_ops() - start.device_ops);
+    m.graph_launches = int64_t(cuda_emulated_graph_launches() - start.graph_launches);
+  }
   // A commit between the last step and this one (the manifest, pruning) is this step's loss too.
   const double commit_ms = ckpt ? ckpt->take_commit_ms() : 0.0;
   m.step_ms = ms_since(start.wall) + commit_ms;
@@ -182,6 +186,7 @@ void Trainer::Parts::metrics_fill(StepMetrics& m, int64_t step, const StepStart&
   m.tp_all_reduce_b = moved(start.tp, tp1, CommOp::all_reduce);
   m.tp_reduce_scatter_b = moved(start.tp, tp1, CommOp::reduce_scatter);
   m.tp_all_gather_b = moved(start.tp, tp1, CommOp::all_gather);
+  if (profiler && profiler->recording() && m.device_ops >= 0) profiler->add_launches(m.device_ops);
   if (profiler) profiler->step_end();  // after the step's end synchronized: no wait added
 }
 

@@ -143,7 +143,7 @@ struct Trainer::Parts {
   struct StepStart {  // what a step's metrics are measured from
     CommCounters dp, tp;
     bool emulated = false;
-    uint64_t host_syncs = 0;
+    uint64_t host_syncs = 0, device_ops = 0, graph_launches = 0;
     Clock::time_point wall;
   };
   // The trace's and profile's windows, the counters, and the step clock started.

@@ -568,6 +568,9 @@ bool launch_check(const LaunchConfig& cfg) {
                                                       std::to_string(bd.y) + "," + std::to_string(bd.z) + "): " + why);
     return false;
   };
+  if (!cfg.stream && capture_refuse(cudaErrorStreamCaptureImplicit,
+                                    std::string("a launch of ") + cfg.name + " on the legacy stream") != cudaSuccess)
+    return false;
   if (g.x == 0 || g.y == 0 || g.z == 0 || bd.x == 0 || bd.y == 0 || bd.z == 0) return bad("a dimension is zero");
   if (nthreads > DeviceLimits::threads_per_block) return bad("more than 1024 threads in a block");
   if (bd.x > DeviceLimits::block_dim[0] || bd.y > DeviceLimits::block_dim[1] || bd.z > DeviceLimits::block_dim[2])

@@ -387,8 +387,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   const cublasLtMatmulDescOpaque_t o = *op;  // descriptors may go once the call returns
   const cublasLtMatrixLayoutOpaque_t lA = *la, lB = *lb, lD = *ld;
   auto writes = std::make_shared<PendingWrites>();
-  if (stream) writes->add(D, "cublasLtMatmul");
-  if (stream && (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS))
+  const bool tracked = stream && !stream_capturing(stream);  // a graph's replay is not tracked
+  if (tracked) writes->add(D, "cublasLtMatmul");
+  if (tracked && (o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS))
     writes->add(o.aux, "cublasLtMatmul");
   if (stream && has_bias_grad(o.epilogue)) writes->add(o.bias, "cublasLtMatmul");
   stream_enqueue(stream, [=] {

@@ -56,6 +56,16 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "invalid resource handle";
     case cudaErrorNotReady:
       return "device not ready";
+    case cudaErrorIllegalState:
+      return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+      return "operation not permitted on an event last recorded in a capturing stream";
   }
   return "unknown error";
 }
@@ -74,12 +84,16 @@ cudaError_t poisoned_alloc(void** p, size_t bytes, const char* call) {
 }  // namespace
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (emu::capture_refuse(cudaErrorStreamCaptureUnsupported, "cudaMalloc") != cudaSuccess)
+    return cudaErrorStreamCaptureUnsupported;
   const cudaError_t e = poisoned_alloc(p, bytes, "cudaMalloc");
   if (e == cudaSuccess) emu::allocation_add(*p, bytes);
   return e;
 }
 // As a device's, cudaFree waits for the device's queued work first (it may still use p).
 cudaError_t cudaFree(void* p) {
+  if (emu::capture_refuse(cudaErrorStreamCaptureUnsupported, "cudaFree") != cudaSuccess)
+    return cudaErrorStreamCaptureUnsupported;
   const cudaError_t e = emu::drain_all();
   if (p) emu::allocation_remove(p);
   std::free(p);
@@ -88,6 +102,8 @@ cudaError_t cudaFree(void* p) {
 // Synchronous with respect to the host only: as on a device, it does not wait for work queued on
 // created (non-blocking) streams, so reading memory such work is still to write is an error.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (emu::capture_refuse(cudaErrorStreamCaptureUnsupported, "cudaMemcpy") != cudaSuccess)
+    return cudaErrorStreamCaptureUnsupported;
   if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice ||
       (kind == cudaMemcpyDefault && emu::is_device_memory(src)))
     emu::count_host_sync();
@@ -103,6 +119,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   return emu::device_fault();
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (emu::capture_refuse(cudaErrorStreamCaptureUnsupported, "cudaMemset") != cudaSuccess)
+    return cudaErrorStreamCaptureUnsupported;
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -133,9 +151,13 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
 }
 // Page-locked memory is host memory here, poisoned like device memory until written.
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (emu::capture_refuse(cudaErrorStreamCaptureUnsupported, "cudaMallocHost") != cudaSuccess)
+    return cudaErrorStreamCaptureUnsupported;
   return poisoned_alloc(p, bytes, "cudaMallocHost");
 }
 cudaError_t cudaFreeHost(void* p) {
+  if (emu::capture_refuse(cudaErrorStreamCaptureUnsupported, "cudaFreeHost") != cudaSuccess)
+    return cudaErrorStreamCaptureUnsupported;
   const cudaError_t e = emu::drain_all();  // as cudaFree: queued copies may still use it
   std::free(p);
   return e;

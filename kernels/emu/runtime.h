@@ -27,8 +27,13 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureImplicit = 906,
+  cudaErrorCapturedEvent = 907,
 };
 enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
 enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
@@ -44,6 +49,20 @@ struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 struct CUevent_st;
 using cudaEvent_t = CUevent_st*;
+struct CUgraph_st;
+using cudaGraph_t = CUgraph_st*;
+struct CUgraphExec_st;
+using cudaGraphExec_t = CUgraphExec_st*;
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2
+};
 struct cudaDeviceProp {
   char name[256];
   size_t totalGlobalMem;
@@ -88,6 +107,15 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b);
+// Stream capture and graphs (kernels/emu/graph.cpp): the global capture mode only, one stream
+// per capture.
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 // Raises a kernel's dynamic shared memory limit (up to sm_90's 227 KiB per block).
 cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value);
 template <class... P>
@@ -157,6 +185,19 @@ bool is_device_memory(const void* p);  // inside a live cudaMalloc allocation
 std::string pending_writer(const void* p);
 // Host synchronizations since the process started (stream, event, device, synchronous copies).
 uint64_t host_syncs();
+// Device work the host issued one call at a time (kernels, GEMMs, async copies and memsets: what
+// a launch gap is paid on), and graph launches; work a graph replays is neither.
+uint64_t device_ops();
+uint64_t graph_launches();
+void count_device_op();
+// Stream capture (graph.cpp): takes `work` into s's graph when s captures (true: not to run now);
+// whether s captures; and, while any stream captures, refuses `call` (an implicit
+// synchronization or allocation) with `code`, invalidating the captures (cudaSuccess: allowed).
+bool capture_take(cudaStream_t s, std::function<void()>& work, bool control);
+bool stream_capturing(cudaStream_t s);
+cudaError_t capture_refuse(cudaError_t code, const std::string& call);
+// Queues a graph's replay on s, uncounted as a device op.
+void stream_enqueue_graph(cudaStream_t s, std::function<void()> work);
 
 // LOOM_LAUNCH(kernel, grid, block, smem, stream)(args...): the arguments convert to the
 // kernel's parameter types once, as a launch's do, and every thread calls the kernel on them.
@@ -175,11 +216,14 @@ struct Launcher {
       std::tuple<P...> args;
     };
     if (!launch_check(cfg)) return;
+    if (!cfg.stream) count_device_op();
     auto call = std::make_shared<Call>(Call{kernel, std::tuple<P...>(std::forward<A>(a)...)});
     void (*body)(void*) = [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args); };
     if (!cfg.stream) return launch_blocks(cfg, body, call.get());
     auto writes = std::make_shared<PendingWrites>();
-    std::apply([&](const auto&... arg) { (note_write(*writes, arg), ...); }, call->args);
+    // Captured work's writes are not tracked: a graph's replay runs it (see graph.cpp).
+    if (!stream_capturing(cfg.stream))
+      std::apply([&](const auto&... arg) { (note_write(*writes, arg), ...); }, call->args);
     stream_enqueue(cfg.stream, [cfg = cfg, call, body, writes] {
       launch_blocks(cfg, body, call.get());
       writes->done();

@@ -41,6 +41,7 @@ namespace {
 // One record of an event: a point in one stream's queue, passed or not.
 struct Marker {
   bool passed = false;
+  bool captured = false;  // recorded into a stream capture: it passes when a graph replays it
   std::chrono::steady_clock::time_point at{};
 };
 // An event is its latest record (a re-record starts a new marker; waits issued before it keep
@@ -214,7 +215,11 @@ cudaError_t drain_all() {
 }
 
 namespace {
-void enqueue(cudaStream_t s, std::function<void()> work, bool control) {
+// `op`: device work the host issues (counted), not an event's marker or a graph's replay.
+void enqueue(cudaStream_t s, std::function<void()> work, bool control, bool op = false) {
+  if (capture_take(s, work, control)) return;
+  if (!s && capture_refuse(cudaErrorStreamCaptureImplicit, "work on the legacy stream") != cudaSuccess) return;
+  if (op) count_device_op();
   if (!s) {
     work();
     return;
@@ -228,6 +233,9 @@ void enqueue(cudaStream_t s, std::function<void()> work, bool control) {
 }  // namespace
 
 void stream_enqueue(cudaStream_t s, std::function<void()> work) {
+  enqueue(s, std::move(work), false, true);
+}
+void stream_enqueue_graph(cudaStream_t s, std::function<void()> work) {
   enqueue(s, std::move(work), false);
 }
 
@@ -267,11 +275,16 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if ((!s || emu::stream_capturing(s)) &&
+      emu::capture_refuse(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize") != cudaSuccess)
+    return cudaErrorStreamCaptureUnsupported;
   emu::count_host_sync();
   if (s) emu::stream_drain(s);
   return emu::device_fault();
 }
 cudaError_t cudaDeviceSynchronize() {
+  if (emu::capture_refuse(cudaErrorStreamCaptureUnsupported, "cudaDeviceSynchronize") != cudaSuccess)
+    return cudaErrorStreamCaptureUnsupported;
   emu::count_host_sync();
   return emu::drain_all();
 }
@@ -279,6 +292,9 @@ cudaError_t cudaDeviceSynchronize() {
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
   if (!bytes) return emu::device_fault();
   if (!s) {  // the legacy stream: at once, but as blind to other streams' queued work as cudaMemcpy
+    if (emu::capture_refuse(cudaErrorStreamCaptureImplicit, "cudaMemcpyAsync on the legacy stream") != cudaSuccess)
+      return cudaErrorStreamCaptureImplicit;
+    emu::count_device_op();
     if (const std::string w = emu::pending_writer(src); !w.empty()) {
       emu::set_last_error(cudaErrorInvalidValue,
                           "cudaMemcpyAsync on the legacy stream reads device memory that "
@@ -290,7 +306,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     return emu::device_fault();
   }
   auto writes = std::make_shared<emu::PendingWrites>();
-  writes->add(dst, "cudaMemcpyAsync");
+  if (!emu::stream_capturing(s)) writes->add(dst, "cudaMemcpyAsync");
   emu::stream_enqueue(s, [=] {
     std::memmove(dst, src, bytes);
     writes->done();
@@ -300,7 +316,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   if (!bytes || emu::launch_recorder()) return emu::device_fault();  // walking shapes: nothing runs
   auto writes = std::make_shared<emu::PendingWrites>();
-  if (s) writes->add(p, "cudaMemsetAsync");
+  if (s && !emu::stream_capturing(s)) writes->add(p, "cudaMemsetAsync");
   emu::stream_enqueue(s, [=] {
     std::memset(p, value, bytes);
     writes->done();
@@ -325,6 +341,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return cudaErrorInvalidResourceHandle;
   auto m = std::make_shared<emu::Marker>();
+  m->captured = emu::stream_capturing(s);
   {
     std::lock_guard lk(emu::markers_mu);
     emu::state_of(e)->latest = m;
@@ -348,21 +365,44 @@ std::shared_ptr<emu::Marker> latest_of(cudaEvent_t e) {
   return emu::state_of(e)->latest;
 }
 }  // namespace
+namespace {
+// A record taken into a capture cannot be waited on or queried by the host (CUDA's
+// cudaErrorCapturedEvent), and the emulation captures one stream: another stream's wait on it
+// (a fork of the capture) is refused, as is a capturing stream's wait on a record outside it.
+cudaError_t captured_refuse(const std::shared_ptr<emu::Marker>& m, const char* call) {
+  if (m && m->captured) {
+    emu::set_last_error(cudaErrorCapturedEvent, std::string(call) + " on an event recorded in a stream capture");
+    return cudaErrorCapturedEvent;
+  }
+  return cudaSuccess;
+}
+}  // namespace
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return cudaErrorInvalidResourceHandle;
+  const std::shared_ptr<emu::Marker> m = latest_of(e);
+  if (const cudaError_t c = captured_refuse(m, "cudaEventSynchronize"); c != cudaSuccess) return c;
   emu::count_host_sync();
-  emu::marker_wait(latest_of(e));
+  emu::marker_wait(m);
   return emu::device_fault();
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!e) return cudaErrorInvalidResourceHandle;
   const std::shared_ptr<emu::Marker> m = latest_of(e);
+  if (const cudaError_t c = captured_refuse(m, "cudaEventQuery"); c != cudaSuccess) return c;
   std::lock_guard lk(emu::markers_mu);
   return !m || m->passed ? emu::device_fault() : cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   if (!e) return cudaErrorInvalidResourceHandle;
   std::shared_ptr<emu::Marker> m = latest_of(e);
+  const bool inside = m && m->captured, capturing = emu::stream_capturing(s);
+  if (inside != capturing) {
+    const char* why = inside
+                          ? "cudaStreamWaitEvent forking a capture into another stream (not emulated)"
+                          : "cudaStreamWaitEvent of a capturing stream on a record outside the capture (not emulated)";
+    emu::set_last_error(cudaErrorStreamCaptureUnsupported, why);
+    return cudaErrorStreamCaptureUnsupported;
+  }
   if (!s) emu::count_host_sync();  // the legacy stream runs here: the host waits
   emu::enqueue(
       s, [m] { emu::marker_wait(m); }, true);

@@ -2,6 +2,7 @@
 // FLOPs its shapes give (hand-counted here for a small model), on the CPU and the emulated
 // device; the same bits with it on as off, no host wait added; the ops on the trace's gpu
 // track; and the cluster file it fits, which the step model reads back as measured.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -106,6 +107,29 @@ TEST(Profile, EmulatedDeviceSameBitsNoHostWaitAdded) {
     return std::pair{m.host_syncs_compute, m.host_syncs};
   };
   EXPECT_EQ(syncs_of_step(c), syncs_of_step(plain));
+}
+
+// The emulated device counts a profiled step's launches as an unprofiled step issues them (the
+// profile's events are none of them), and the profile prices them; the CPU has none to count.
+TEST(Profile, EmulatedDeviceCountsTheLaunchesItPrices) {
+  Config c = small(DeviceChoice::cuda_emulated, "2:3");
+  const TrainResult on = run(c);
+  Config plain = c;
+  plain.log.profile_steps.clear();
+  TrainOptions o;
+  o.quiet = true;
+  Trainer t(plain, o);
+  t.init();
+  t.step(0);
+  const StepMetrics m = t.step(1);
+  ASSERT_GT(m.device_ops, 0);
+  EXPECT_EQ(m.graph_launches, 0);
+  EXPECT_EQ(on.profile.launches, on.profile.steps * m.device_ops);
+  const std::string line = launch_gap_line(on.profile);
+  EXPECT_NE(line.find(fmt::format("{} launches a step (counted", m.device_ops)), std::string::npos) << line;
+  const TrainResult cpu = run(small(DeviceChoice::cpu, "2:3"));
+  EXPECT_EQ(cpu.profile.launches, -1);
+  EXPECT_NE(launch_gap_line(cpu.profile).find("at least"), std::string::npos);
 }
 
 TEST(Profile, TraceGetsTheOpsOnAGpuTrack) {
