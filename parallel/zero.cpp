@@ -152,7 +152,7 @@ std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks&
   if (tied_numel > 0) p = TiedHeadGrad::plan(tied_numel, micro_batches, zero_tied_shard(layout, z, stage), z.dp);
   auto add = [&p](const std::vector<PlanItem>& q) { p.insert(p.end(), q.begin(), q.end()); };
   if (stage == 1) {
-    add(grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel())));
+    add(grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel()), layout.num_units()));
     return p;
   }
   const Geometry g = geometry(layout, z);
@@ -268,6 +268,7 @@ Zero::Zero(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelG
     tree_ = std::make_unique<GradTree>(be_, stage_ == 1 ? unit_starts(layout) : starts, n, o.micro_batches);
     for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, o.micro_batches))
       if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
+    if (stage_ == 1 && half_.defined()) tree_sum_ = std::make_unique<TreeAllReduce>(dp_, be_, Buf(half_), first_bit_);
   }
   if (tied_head_apart(layout, chunk.dims(), o.invariant))
     tied_ = std::make_unique<TiedHeadGrad>(be_, chunk.registry().at(head_names(chunk.dims()).wte).numel(),
@@ -409,6 +410,11 @@ void Zero::weights_done(int u) {
 void Zero::backward_done(int u) {
   weights_done(u);
   if (tree_ && stage_ == 1) tree_->fold(chunk_.layout().local(u), chunk_.grads(), last_);
+  if (tree_sum_ && last_) {  // the unit's step sum is final: its tree all-reduce starts
+    StepClock::Scope c(clock_, Phase::comm);
+    tree_sum_->poll();
+    tree_start(chunk_.layout().local(u));
+  }
   if (tied_ && chunk_.layout().local(u) == chunk_.layout().num_units() - 1) {
     StepClock::Scope c(clock_, Phase::comm);
     tied_->micro_batch_done(dp_, half());
@@ -524,14 +530,27 @@ const Zero::Unit* Zero::tied_part() const {
   fail_bug("ZeRO holds no part for the tied embedding '{}'", ranks_.tied);
 }
 
+void Zero::tree_start(int i) {
+  const ModelLayout& layout = chunk_.layout();
+  const int64_t lo = layout.unit_lo(i);
+  const int64_t hi = i + 1 < layout.num_units() ? layout.unit_lo(i + 1) : int64_t(chunk_.num_params());
+  if (tree_started_.empty()) tree_started_.assign(size_t(layout.num_units()), false);
+  LOOM_ASSERT(!tree_started_[size_t(i)]);
+  tree_started_[size_t(i)] = true;
+  tree_sum_->start(dev(chunk_.grads() + lo, hi - lo, DType::f32));
+}
+
 void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
   const Stream& st = be_.stream();
   float* grads = nullptr;
-  if (stage_ == 1 && half_.defined()) {
-    // parallel.invariant over more than 2 ranks: the whole buffer summed in the tree, in place;
-    // the table reads this rank's slice of it.
+  if (tree_sum_) {
+    // parallel.invariant over more than 2 ranks: the whole buffer summed in the tree, in place,
+    // unit by unit from the backward's hooks; the table reads this rank's slice of it.
     StepClock::Scope c(clock_, Phase::comm);
-    tree_all_reduce(dp_, be_, dev(chunk_.grads(), int64_t(chunk_.num_params()), DType::f32), Buf(half_), first_bit_);
+    for (int i = chunk_.layout().num_units(); i-- > 0;)  // units whose backward did not report
+      if (tree_started_.empty() || !tree_started_[size_t(i)]) tree_start(i);
+    tree_sum_->finish();
+    tree_started_.assign(tree_started_.size(), false);
     grads = chunk_.grads();
   } else if (stage_ == 1) {
     // Reduce-scatter each unit; this rank's reduced slice goes back into the full buffer,
