@@ -32,10 +32,23 @@ double tree_collective_time(const char* op, int n, int stride, double bytes, con
   return t;
 }
 
+double tree_all_reduce_tail(const ModelLayout& layout, int n) {
+  int exchanges = 0;
+  for (int b = 1; b < n; b <<= 1) exchanges += 2;
+  const int units = layout.num_units();
+  double tail = 0;
+  for (int k = 0; k < std::min(exchanges, units); ++k) {  // local unit k ends the backward k units early
+    const double hi = k + 1 < units ? double(layout.unit_lo(k + 1)) : double(layout.reg.numel());
+    tail += (hi - double(layout.unit_lo(k))) * (exchanges - k) / exchanges;
+  }
+  return tail;
+}
+
 // The stage's dp terms, priced for the plain path, become the canonical tree's. Over 2 ranks any all-reduce and
-// reduce-scatter adds a + b, so the library's overlapped collectives stay; over more, DDP and ZeRO-1 sum the whole
-// buffer in tree_all_reduce after the backward, and ZeRO-2/3 reduce-scatter each unit's micro-batch in
-// tree_reduce_scatter as its backward ends, the stream waiting on it. ep and cp are refused.
+// reduce-scatter adds a + b, so the library's overlapped collectives stay; over more, DDP and ZeRO-1 sum each unit
+// in TreeAllReduce as its last backward ends, behind the backward's window but for the tail the hooks leave
+// (tree_all_reduce_tail), and ZeRO-2/3 reduce-scatter each unit's micro-batch in tree_reduce_scatter as its
+// backward ends, the stream waiting on it. ep and cp are refused.
 void invariant_terms(const Config& cfg, const Cluster& cl, double share, const ModelLayout& layout, int units,
                      double window, double ag, double rs, StageDpTerms& s) {
   const ParallelConfig& p = cfg.parallel;
@@ -60,7 +73,10 @@ void invariant_terms(const Config& cfg, const Cluster& cl, double share, const M
   }
   s.fold = fold / rate / m;
   if (tree && p.zero <= 1) {
-    s.dp_end = s.dp_total = reduce("all_reduce", 4 * n) + (p.zero == 1 ? ag : 0);
+    const double all = reduce("all_reduce", 4 * n);
+    s.dp_end =
+        std::max(all - window, reduce("all_reduce", 4 * tree_all_reduce_tail(layout, dp))) + (p.zero == 1 ? ag : 0);
+    s.dp_total = all + (p.zero == 1 ? ag : 0);
   } else if (tree) {
     const double trs = units * reduce("reduce_scatter", 4 * n / units);
     const bool gathers = p.zero == 3 && p.zero3_reshard != Zero3Reshard::after_step;  // still behind the backward
