@@ -69,19 +69,29 @@ void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half
   LOOM_ASSERT(in.count == out.count * p);
   const Stream& s = be.stream();
   const int64_t n = out.count;
-  int lo = 0, hi = p;  // the blocks both partners hold
+  // Halving pairs r with r ^ 1, then r ^ 2, ..., each partner keeping the blocks whose low bits
+  // match its own: with block k moved to position bitrev(k), those are a contiguous range.
+  for (int q = 0; q < p; ++q)
+    if (const int t = bit_reverse(q, p); q < t) {
+      Buf a = in.slice(int64_t(q) * n, n), b = in.slice(int64_t(t) * n, n), tmp = half.slice(0, n);
+      be.copy(tmp, a);
+      be.copy(a, b);
+      be.copy(b, tmp);
+    }
+  const int v = bit_reverse(r, p);  // the position of this rank's block
+  int lo = 0, hi = p;               // the positions both partners hold
   for (int bit = p >> 1; bit >= 1; bit >>= 1) {
     const int mid = (lo + hi) / 2;
-    const bool upper = (r & bit) != 0;
+    const bool upper = (v & bit) != 0;
     const int keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
     const int send_lo = upper ? lo : mid;
     const int64_t len = int64_t(keep_hi - keep_lo) * n;
     Buf got = half.slice(0, len);
-    exchange(g, s, r ^ bit, in.slice(int64_t(send_lo) * n, len), got);
+    exchange(g, s, bit_reverse(v ^ bit, p), in.slice(int64_t(send_lo) * n, len), got);  // the rank r ^ bitrev(bit)
     be.add(in.slice(int64_t(keep_lo) * n, len), got);
     lo = keep_lo, hi = keep_hi;
   }
-  be.copy(out, in.slice(int64_t(r) * n, n));
+  be.copy(out, in.slice(int64_t(v) * n, n));
 }
 
 std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n, int units) {

@@ -42,10 +42,11 @@ class GradTree {
   std::vector<int> seen_;  // per unit: micro-batches folded this step
 };
 
-// A reduce-scatter that adds in the canonical tree when rank r holds leaf bitrev(r) (the
-// micro-batches' interleaved assignment, parallel/zero.h): recursive halving from the highest
-// bit down, so rank r ends with block r of `in` (size x n elements; summed in place, `in` is
-// spoiled) in `out` (n). size must be a power of two; `half` holds size x n / 2.
+// A reduce-scatter that adds in the canonical tree when rank r holds leaf r (the micro-batches'
+// interleaved assignment, data/batches.h): recursive halving from the lowest rank bit up, so
+// the first and largest exchanges pair neighbouring ranks (one node's) and the smallest cross
+// nodes. Rank r ends with block r of `in` (size x n elements; permuted and summed in place, `in`
+// is spoiled) in `out` (n). size must be a power of two; `half` holds size x n / 2.
 void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half);
 // The bits of r (below size, a power of two) in reverse order.
 int bit_reverse(int r, int size);

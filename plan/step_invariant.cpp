@@ -20,10 +20,16 @@ double tree_collective_time(const char* op, int n, int stride, double bytes, con
   const bool all_reduce = !std::strcmp(op, "all_reduce");
   LOOM_ASSERT(all_reduce || !std::strcmp(op, "reduce_scatter"));
   double t = 0, part = bytes;
-  // The halving: all-reduce pairs the lowest bit first, the reduce-scatter the highest; each
-  // step sends half of what the pair still holds and adds the half it keeps.
-  for (int step = 1; step < n; step <<= 1) {
-    const int bit = all_reduce ? step : n / (2 * step);
+  if (!all_reduce) {  // the blocks moved to bit-reversed positions first: a swapped pair of
+    // blocks is 3 copies, each reading and writing a block (the palindromic positions stay)
+    int bits = 0;
+    while ((1 << bits) < n) ++bits;
+    const int fixed = 1 << ((bits + 1) / 2);
+    t += 3.0 * (n - fixed) / n * bytes / add_rate;
+  }
+  // The halving pairs the lowest bit first (the largest halves inside a node); each step sends
+  // half of what the pair still holds and adds the half it keeps.
+  for (int bit = 1; bit < n; bit <<= 1) {
     part /= 2;
     const double exchange = collective_time("send", 2, part, group_link(cl, 2, bit * stride), false);
     t += exchange + 12.0 / 4 * part / add_rate;

@@ -15,7 +15,7 @@ namespace loom {
 double grad_tree_fold_bytes(int micro_batches, double n);
 
 // tree_all_reduce (2 log2(n) exchanges: halving from the lowest bit, then doubling back) and
-// tree_reduce_scatter (log2(n) exchanges from the highest bit) of `bytes` over n ranks
+// tree_reduce_scatter (its blocks permuted, then log2(n) exchanges from the lowest bit) of `bytes` over n ranks
 // `stride` apart: each exchange pays its link's latency and its half's bytes on the link its
 // pair crosses (group_link of the pair), and the halving steps' adds at `add_rate` bytes/s (three
 // fp32 accesses an element). n must be a power of two.

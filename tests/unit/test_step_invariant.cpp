@@ -119,8 +119,9 @@ TEST(StepModel, InvariantTiedHeadAddsItsMatrixOnce) {
   EXPECT_NEAR(p.dp, expect, 1e-3 * expect);
 }
 
-// Catches: the reduce-scatter halving from the lowest bit (its big first half would stay in a
-// node), or the pairs priced on the node's whole link (every rank of a node crosses at once).
+// Catches: the reduce-scatter halving from the highest bit (its big first half would cross
+// nodes from every rank at once), its blocks' permutation left out, or the pairs priced on the
+// node's whole link (every rank of a node crosses at once).
 TEST(StepModel, InvariantExchangesCrossTheLinkTheirPairDoes) {
   const Cluster c = cluster_parse(R"(
 nodes = 2
@@ -138,8 +139,10 @@ bw_gbs = 1
 )",
                                   "test");
   const double S = 8e6, adds = 3 * 0.875 * S / 1e9;
-  const double across = 100e-6 + S / 2 / 0.25e9, in_node = 2 * 10e-6 + (S / 4 + S / 8) / 10e9;
-  EXPECT_NEAR(tree_collective_time("reduce_scatter", 8, 1, S, c, 1e9), across + in_node + adds, 1e-12);
+  // 8 positions, 4 of them palindromes: 2 pairs swapped, 3 block copies each (read and write)
+  const double permute = 2 * 3 * 2 * (S / 8) / 1e9;
+  const double in_node = 2 * 10e-6 + (S / 2 + S / 4) / 10e9, across = 100e-6 + S / 8 / 0.25e9;
+  EXPECT_NEAR(tree_collective_time("reduce_scatter", 8, 1, S, c, 1e9), permute + in_node + across + adds, 1e-12);
   const double across_ar = 100e-6 + S / 8 / 0.25e9, in_node_ar = 2 * 10e-6 + (S / 2 + S / 4) / 10e9;
   EXPECT_NEAR(tree_collective_time("all_reduce", 8, 1, S, c, 1e9), 2 * (across_ar + in_node_ar) + adds, 1e-12);
 }
