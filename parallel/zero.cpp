@@ -312,8 +312,12 @@ Zero::~Zero() {
 }
 
 std::string Zero::describe() const {
-  return fmt::format("{} {}, ZeRO stage {}{}, gradients reduced in {}", chunk_.dims().cp > 1 ? "dp x cp" : "dp", n_,
-                     stage_, keep_ ? " (weights kept gathered until the step)" : "", dtype_name(reduce_));
+  const char* tree = !tree_      ? ""
+                     : tree_sum_ ? ", summed in the canonical tree (parallel.invariant): ranks by recursive halving, "
+                                   "each unit's as its backward ends"
+                                 : ", summed in the canonical tree (parallel.invariant)";
+  return fmt::format("{} {}, ZeRO stage {}{}, gradients reduced in {}{}", chunk_.dims().cp > 1 ? "dp x cp" : "dp", n_,
+                     stage_, keep_ ? " (weights kept gathered until the step)" : "", dtype_name(reduce_), tree);
 }
 
 void Zero::wait(const Work& w) {
