@@ -36,11 +36,15 @@ std::vector<PlanItem> Ddp::plan(const DataParallelOptions& o, const ModelDims& d
     n_chunks += opt_chunks_count(int64_t(spec.numel()), lo - unit, block);
   }
   for (auto& item : AdamW::plan(n, dtype != DType::f32, n_chunks, device)) p.push_back(item);
-  if (o.invariant)
-    for (auto& item : grad_tree_plan(o.micro_batches, o.ranks, n, int(units.size()))) p.push_back(item);
-  if (tied_head_apart(layout, dims, o.invariant))
-    for (auto& item : TiedHeadGrad::plan(reg.at(head_names(dims).wte).numel(), o.micro_batches, 0, 1))
+  const bool tied = tied_head_apart(layout, dims, o.invariant);
+  const int64_t tied_n = tied ? reg.at(head_names(dims).wte).numel() : 0;
+  if (o.invariant)  // (the tied head's H in flight with the units: its half too)
+    for (auto item : grad_tree_plan(o.micro_batches, o.ranks, n, int(units.size()))) {
+      if (item.name == "grad_tree_half") item.numel += (tied_n + 1) / 2;
       p.push_back(item);
+    }
+  if (tied)
+    for (auto& item : TiedHeadGrad::plan(tied_n, o.micro_batches, 0, 1)) p.push_back(item);
   return p;
 }
 
@@ -109,11 +113,13 @@ std::string Ddp::describe() const {
 void Ddp::backward_done(int u) {
   const int i = chunk_.layout().local(u);
   if (tree_) tree_->fold(i, chunk_.grads(), last_);
-  if (tied_ && i == chunk_.layout().num_units() - 1) tied_->micro_batch_done(dp_, half());
-  if (last_ && tree_sum_) {  // the unit's step sum is final: its tree all-reduce starts
+  const bool head = tied_ && i == chunk_.layout().num_units() - 1;
+  if (head) tied_->micro_batch_done(dp_, half());
+  if (last_ && tree_sum_) {  // the unit's step sum is final: its tree all-reduce starts (and H's with the head's)
     StepClock::Scope c(clock_, Phase::comm);
     tree_sum_->poll();
     tree_start(i);
+    if (head) tree_sum_->start(tied_->whole()), tied_started_ = true;
   }
   if (last_) grads_ready_from(lo(u));
 }
@@ -183,7 +189,9 @@ void Ddp::reduce_grads(const std::function<void(Buf)>& tied) {
   if (tied_) {  // E + H, once the two are summed over dp
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
     StepClock::Scope c(clock_, Phase::comm);
-    tied_->add_to(dp_, half(), first_bit_, Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()), 0);
+    tied_->add_to(dp_, half(), first_bit_, Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()), 0,
+                  tied_started_);
+    tied_started_ = false;
   }
   if (tied) {
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);

@@ -87,6 +87,7 @@ class Ddp final : public DataParallel {
   // progresses from the later units' hooks; reduce_grads finishes them.
   std::unique_ptr<TreeAllReduce> tree_sum_;
   std::vector<bool> tree_started_;  // per local unit, this step
+  bool tied_started_ = false;       // the tied head's H, this step
   void tree_start(int i);
   std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
   std::unique_ptr<AdamW> adam_;

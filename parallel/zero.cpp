@@ -151,8 +151,11 @@ std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks&
   std::vector<PlanItem> p;
   if (tied_numel > 0) p = TiedHeadGrad::plan(tied_numel, micro_batches, zero_tied_shard(layout, z, stage), z.dp);
   auto add = [&p](const std::vector<PlanItem>& q) { p.insert(p.end(), q.begin(), q.end()); };
-  if (stage == 1) {
-    add(grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel()), layout.num_units()));
+  if (stage == 1) {  // (the tied head's H in flight with the units: its half too)
+    for (auto item : grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel()), layout.num_units())) {
+      if (item.name == "grad_tree_half") item.numel += (tied_numel + 1) / 2;
+      p.push_back(item);
+    }
     return p;
   }
   const Geometry g = geometry(layout, z);
@@ -266,7 +269,9 @@ Zero::Zero(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelG
     for (const Unit& u : units_) starts.push_back(u.shard_off);
     const int64_t n = stage_ == 1 ? int64_t(chunk.num_params()) : shard_;
     tree_ = std::make_unique<GradTree>(be_, stage_ == 1 ? unit_starts(layout) : starts, n, o.micro_batches);
-    for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, o.micro_batches))
+    const bool tied = tied_head_apart(layout, chunk.dims(), true);
+    for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, o.micro_batches,
+                                               tied ? chunk.registry().at(head_names(chunk.dims()).wte).numel() : 0))
       if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
     if (stage_ == 1 && half_.defined()) tree_sum_ = std::make_unique<TreeAllReduce>(dp_, be_, Buf(half_), first_bit_);
   }
@@ -414,14 +419,16 @@ void Zero::weights_done(int u) {
 void Zero::backward_done(int u) {
   weights_done(u);
   if (tree_ && stage_ == 1) tree_->fold(chunk_.layout().local(u), chunk_.grads(), last_);
+  const bool head = tied_ && chunk_.layout().local(u) == chunk_.layout().num_units() - 1;
+  if (head) {
+    StepClock::Scope c(clock_, Phase::comm);
+    tied_->micro_batch_done(dp_, half());
+  }
   if (tree_sum_ && last_) {  // the unit's step sum is final: its tree all-reduce starts
     StepClock::Scope c(clock_, Phase::comm);
     tree_sum_->poll();
     tree_start(chunk_.layout().local(u));
-  }
-  if (tied_ && chunk_.layout().local(u) == chunk_.layout().num_units() - 1) {
-    StepClock::Scope c(clock_, Phase::comm);
-    tied_->micro_batch_done(dp_, half());
+    if (head) tree_sum_->start(tied_->whole()), tied_started_ = true;  // H's step sum is final too
   }
   if (stage_ < 2) return;
   Slot& s = slot_of(grad_slots_, u);
@@ -587,7 +594,8 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
     const int64_t wte = w.numel();
     if (stage_ == 1) {
-      tied_->add_to(dp_, half(), first_bit_, dev(grads + w.offset, wte, DType::f32), 0);
+      tied_->add_to(dp_, half(), first_bit_, dev(grads + w.offset, wte, DType::f32), 0, tied_started_);
+      tied_started_ = false;
     } else {
       const Unit& u0 = units_[0];
       tied_->add_to(dp_, half(), first_bit_,

@@ -114,6 +114,7 @@ class Zero final : public DataParallel {
   // ends, progressed from the later units' hooks (as DDP's).
   std::unique_ptr<TreeAllReduce> tree_sum_;
   std::vector<bool> tree_started_;  // per local unit, this step
+  bool tied_started_ = false;       // the tied head's H, this step
   void tree_start(int i);
   std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
   bool last_ = false;

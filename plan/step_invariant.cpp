@@ -72,14 +72,15 @@ void invariant_terms(const Config& cfg, const Cluster& cl, double share, const M
     if (p.zero >= 2) {  // reduce-scattered each micro-batch (its buffer zeroed), the shard folded
       fold += grad_tree_fold_bytes(m, w / dp) + m * 4 * w + 16 * w / dp;
       tied_micro = reduce("reduce_scatter", 4 * w);
-    } else {  // folded whole, all-reduced after the step, added and zeroed
+    } else {  // folded whole, all-reduced (over more than 2 ranks from the head's hook), added and zeroed
       fold += grad_tree_fold_bytes(m, w) + 16 * w;
       tied_end = reduce("all_reduce", 4 * w);
     }
   }
   s.fold = fold / rate / m;
-  if (tree && p.zero <= 1) {
-    const double all = reduce("all_reduce", 4 * n);
+  if (tree && p.zero <= 1) {  // the head's H in flight from the head's hook, hidden as the units are
+    const double all = reduce("all_reduce", 4 * n) + tied_end;
+    tied_end = 0;
     s.dp_end =
         std::max(all - window, reduce("all_reduce", 4 * tree_all_reduce_tail(layout, dp))) + (p.zero == 1 ? ag : 0);
     s.dp_total = all + (p.zero == 1 ? ag : 0);

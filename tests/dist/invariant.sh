@@ -115,6 +115,7 @@ gpt2         -            1  model.arch=gpt2
 gpt2_dp2     gpt2         2  model.arch=gpt2 parallel.dp=2
 gpt2_dp4     gpt2         4  model.arch=gpt2 parallel.dp=4 parallel.zero=2
 gpt2_dp4_z1  gpt2         4  model.arch=gpt2 parallel.dp=4 parallel.zero=1
+gpt2_dp4_ddp gpt2         4  model.arch=gpt2 parallel.dp=4
 gpt2_dp2_z3  gpt2         2  model.arch=gpt2 parallel.dp=2 parallel.zero=3
 gpt2_pp2     gpt2         2  model.arch=gpt2 parallel.pp=2
 gpt2_pp2_dp2 gpt2         4  model.arch=gpt2 parallel.pp=2 parallel.dp=2 parallel.zero=2
