@@ -8,7 +8,6 @@
 #include <optional>
 #include <utility>
 
-#include "parallel/grad_tree.h"
 #include "runtime/error.h"
 #include "runtime/file.h"
 
@@ -368,7 +367,7 @@ int64_t sequence_permute(int64_t k, int64_t n, uint64_t key) {
 int64_t micro_batch_index(const Config& cfg, int rank, int micro) {
   const int dp = cfg.parallel.dp;
   if (cfg.parallel.invariant && cfg.parallel.zero >= 2) {  // interleaved: the ranks' i-th form a subtree
-    return int64_t(micro) * dp + bit_reverse(rank, dp);    // the tree reduce-scatter's pairing
+    return int64_t(micro) * dp + rank;                     // rank r is the leaf r of each subtree
   }
   return int64_t(rank) * (cfg.train.global_batch / (cfg.train.micro_batch * dp)) + micro;
 }

@@ -120,8 +120,8 @@ void data_source_infer(Config& cfg);
 
 // The global batch's micro-batch j (0 .. global_batch / micro_batch - 1) that dp rank `rank`
 // computes as its `micro`-th: contiguous blocks (j = rank x m + micro), or under
-// parallel.invariant with ZeRO-2/3 interleaved (j = micro x dp + the rank's bits reversed: each
-// micro-batch's reduce-scatter then adds a subtree of the canonical tree, parallel/grad_tree.h).
+// parallel.invariant with ZeRO-2/3 interleaved (j = micro x dp + rank: each micro-batch's
+// reduce-scatter then adds a subtree of the canonical tree, parallel/grad_tree.h).
 int64_t micro_batch_index(const Config& cfg, int rank, int micro);
 // Reads micro-batch `micro` of dp rank `rank` for optimizer step `step`: inputs and targets
 // [B, T].

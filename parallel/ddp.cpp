@@ -36,11 +36,15 @@ std::vector<PlanItem> Ddp::plan(const DataParallelOptions& o, const ModelDims& d
     n_chunks += opt_chunks_count(int64_t(spec.numel()), lo - unit, block);
   }
   for (auto& item : AdamW::plan(n, dtype != DType::f32, n_chunks, device)) p.push_back(item);
-  if (o.invariant)
-    for (auto& item : grad_tree_plan(o.micro_batches, o.ranks, n)) p.push_back(item);
-  if (tied_head_apart(layout, dims, o.invariant))
-    for (auto& item : TiedHeadGrad::plan(reg.at(head_names(dims).wte).numel(), o.micro_batches, 0, 1))
+  const bool tied = tied_head_apart(layout, dims, o.invariant);
+  const int64_t tied_n = tied ? reg.at(head_names(dims).wte).numel() : 0;
+  if (o.invariant)  // (the tied head's H in flight with the units: its half too)
+    for (auto item : grad_tree_plan(o.micro_batches, o.ranks, n, int(units.size()))) {
+      if (item.name == "grad_tree_half") item.numel += (tied_n + 1) / 2;
       p.push_back(item);
+    }
+  if (tied)
+    for (auto& item : TiedHeadGrad::plan(tied_n, o.micro_batches, 0, 1)) p.push_back(item);
   return p;
 }
 
@@ -84,6 +88,7 @@ Ddp::Ddp(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelGro
   }
   if (o.invariant)  // (its levels: GradTree allocates them)
     tree_ = std::make_unique<GradTree>(be_, unit_starts(chunk.layout()), numel, o.micro_batches);
+  if (tree_reduce()) tree_sum_ = std::make_unique<TreeAllReduce>(dp_, be_, Buf(half_), first_bit_);
   if (tied_head_apart(chunk.layout(), chunk.dims(), o.invariant))
     tied_ = std::make_unique<TiedHeadGrad>(be_, chunk.registry().at(head_names(chunk.dims()).wte).numel(),
                                            o.micro_batches, 0, dp_.size());
@@ -98,7 +103,7 @@ std::string Ddp::describe() const {
   if (tree_reduce())
     return fmt::format(
         "dp {}, gradients summed in the canonical tree (parallel.invariant): micro-batches, then "
-        "ranks by recursive halving after the backward",
+        "ranks by recursive halving, each unit's as its backward ends",
         dp_.size());
   return fmt::format("{} {}, {} of {} MB, reduced in {}{}", chunk_.dims().cp > 1 ? "dp x cp" : "dp", dp_.size(),
                      plural(buckets_.size(), "gradient bucket"), bucket_mb_, low_.defined() ? "bf16" : "f32",
@@ -108,8 +113,24 @@ std::string Ddp::describe() const {
 void Ddp::backward_done(int u) {
   const int i = chunk_.layout().local(u);
   if (tree_) tree_->fold(i, chunk_.grads(), last_);
-  if (tied_ && i == chunk_.layout().num_units() - 1) tied_->micro_batch_done(dp_, half());
+  const bool head = tied_ && i == chunk_.layout().num_units() - 1;
+  if (head) tied_->micro_batch_done(dp_, half());
+  if (last_ && tree_sum_) {  // the unit's step sum is final: its tree all-reduce starts (and H's with the head's)
+    StepClock::Scope c(clock_, Phase::comm);
+    tree_sum_->poll();
+    tree_start(i);
+    if (head) tree_sum_->start(tied_->whole()), tied_started_ = true;
+  }
   if (last_) grads_ready_from(lo(u));
+}
+
+void Ddp::tree_start(int i) {
+  const ModelLayout& layout = chunk_.layout();
+  const int64_t hi = i + 1 < layout.num_units() ? layout.unit_lo(i + 1) : int64_t(chunk_.num_params());
+  if (tree_started_.empty()) tree_started_.assign(size_t(layout.num_units()), false);
+  LOOM_ASSERT(!tree_started_[size_t(i)]);
+  tree_started_[size_t(i)] = true;
+  tree_sum_->start(Buf(chunk_.grads_tensor()).slice(layout.unit_lo(i), hi - layout.unit_lo(i)));
 }
 
 void Ddp::grads_ready_from(int64_t offset) {
@@ -153,7 +174,12 @@ void Ddp::reduce_grads(const std::function<void(Buf)>& tied) {
   {
     StepClock::Scope c(clock_, Phase::comm);
     for (auto& b : buckets_) b.work.wait_on(s);
-    if (tree_reduce()) tree_all_reduce(dp_, be_, Buf(chunk_.grads_tensor()), Buf(half_), first_bit_);
+    if (tree_sum_) {  // units whose backward did not report (none in a step's usual course), then the rest
+      for (int i = chunk_.layout().num_units(); i-- > 0;)
+        if (tree_started_.empty() || !tree_started_[size_t(i)]) tree_start(i);
+      tree_sum_->finish();
+      tree_started_.assign(tree_started_.size(), false);
+    }
   }
   if (low_.defined())
     for (auto& b : buckets_)
@@ -163,7 +189,9 @@ void Ddp::reduce_grads(const std::function<void(Buf)>& tied) {
   if (tied_) {  // E + H, once the two are summed over dp
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
     StepClock::Scope c(clock_, Phase::comm);
-    tied_->add_to(dp_, half(), first_bit_, Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()), 0);
+    tied_->add_to(dp_, half(), first_bit_, Buf(chunk_.grads_tensor()).slice(int64_t(w.offset), w.numel()), 0,
+                  tied_started_);
+    tied_started_ = false;
   }
   if (tied) {
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);

@@ -83,6 +83,12 @@ class Ddp final : public DataParallel {
   int first_bit_ = 0;  // the tree's first pairing over dp x cp
   Buf half() const { return half_.defined() ? Buf(half_) : Buf(); }
   bool tree_reduce() const { return tree_ && dp_.size() > 2; }
+  // Over more than 2 ranks: each unit's sum over the ranks starts as its last backward ends and
+  // progresses from the later units' hooks; reduce_grads finishes them.
+  std::unique_ptr<TreeAllReduce> tree_sum_;
+  std::vector<bool> tree_started_;  // per local unit, this step
+  bool tied_started_ = false;       // the tied head's H, this step
+  void tree_start(int i);
   std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
   std::unique_ptr<AdamW> adam_;
 };

@@ -69,60 +69,121 @@ void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half
   LOOM_ASSERT(in.count == out.count * p);
   const Stream& s = be.stream();
   const int64_t n = out.count;
-  int lo = 0, hi = p;  // the blocks both partners hold
+  // Halving pairs r with r ^ 1, then r ^ 2, ..., each partner keeping the blocks whose low bits
+  // match its own: with block k moved to position bitrev(k), those are a contiguous range.
+  for (int q = 0; q < p; ++q)
+    if (const int t = bit_reverse(q, p); q < t) {
+      Buf a = in.slice(int64_t(q) * n, n), b = in.slice(int64_t(t) * n, n), tmp = half.slice(0, n);
+      be.copy(tmp, a);
+      be.copy(a, b);
+      be.copy(b, tmp);
+    }
+  const int v = bit_reverse(r, p);  // the position of this rank's block
+  int lo = 0, hi = p;               // the positions both partners hold
   for (int bit = p >> 1; bit >= 1; bit >>= 1) {
     const int mid = (lo + hi) / 2;
-    const bool upper = (r & bit) != 0;
+    const bool upper = (v & bit) != 0;
     const int keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
     const int send_lo = upper ? lo : mid;
     const int64_t len = int64_t(keep_hi - keep_lo) * n;
     Buf got = half.slice(0, len);
-    exchange(g, s, r ^ bit, in.slice(int64_t(send_lo) * n, len), got);
+    exchange(g, s, bit_reverse(v ^ bit, p), in.slice(int64_t(send_lo) * n, len), got);  // the rank r ^ bitrev(bit)
     be.add(in.slice(int64_t(keep_lo) * n, len), got);
     lo = keep_lo, hi = keep_hi;
   }
-  be.copy(out, in.slice(int64_t(r) * n, n));
+  be.copy(out, in.slice(int64_t(v) * n, n));
 }
 
-std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n) {
+std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n, int units) {
   std::vector<PlanItem> p;
   if (const int levels = GradTree::levels(micro_batches))
     p.push_back({"grad_tree", levels * n, DType::f32, Mem::grads});
-  if (ranks > 2) p.push_back({"grad_tree_half", (n + 1) / 2, DType::f32, Mem::comm});
+  // (the sum of ceil(len / 2) over the units is at most (n + units) / 2)
+  if (ranks > 2) p.push_back({"grad_tree_half", (n + units) / 2, DType::f32, Mem::comm});
   return p;
 }
 
 void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half, int first_bit) {
-  const int p = g.size(), r = g.rank();
+  TreeAllReduce t(g, be, half, first_bit);
+  t.start(buf);
+  t.finish();
+}
+
+TreeAllReduce::TreeAllReduce(ProcessGroup& g, Backend& be, Buf half, int first_bit) : g_(g), be_(be), half_(half) {
+  const int p = g.size();
   LOOM_CHECK((p & (p - 1)) == 0, "a tree reduction over {} ranks: it needs a power of two", p);
-  std::vector<int> bits;  // in the order they pair
-  for (int b = 1; b < p; b <<= 1) bits.push_back(b);
-  if (!bits.empty()) std::rotate(bits.begin(), bits.begin() + first_bit % int(bits.size()), bits.end());
-  const Stream& s = be.stream();
-  struct Range {
-    int64_t lo, hi;
-  };
-  std::vector<Range> kept;  // before each halving step, the range both partners hold
-  Range at{0, buf.count};
-  for (const int bit : bits) {
-    kept.push_back(at);
-    const int64_t mid = at.lo + (at.hi - at.lo + 1) / 2;
-    const bool upper = (r & bit) != 0;
-    const Range mine = upper ? Range{mid, at.hi} : Range{at.lo, mid};
-    const Range theirs = upper ? Range{at.lo, mid} : Range{mid, at.hi};
-    Buf in = half.slice(0, mine.hi - mine.lo);
-    exchange(g, s, r ^ bit, buf.slice(theirs.lo, theirs.hi - theirs.lo), in);
-    be.add(buf.slice(mine.lo, mine.hi - mine.lo), in);  // both partners add the same two nodes
-    at = mine;
+  for (int b = 1; b < p; b <<= 1) bits_.push_back(b);
+  if (!bits_.empty()) std::rotate(bits_.begin(), bits_.begin() + first_bit % int(bits_.size()), bits_.end());
+}
+
+void TreeAllReduce::start(Buf buf) {
+  ++started_;
+  if (bits_.empty() || buf.count == 0) return;
+  const int64_t need = (buf.count + 1) / 2;
+  LOOM_ASSERT(half_used_ + need <= half_.count);
+  Run r;
+  r.buf = buf;
+  r.half = half_.slice(half_used_, need);
+  half_used_ += need;
+  r.at = {0, buf.count};
+  issue(r);
+  runs_.push_back(std::move(r));
+}
+
+void TreeAllReduce::issue(Run& r) {
+  const int rank = g_.rank();
+  const size_t n_bits = bits_.size();
+  Buf out, in;
+  int bit = 0;
+  if (r.step < n_bits) {  // halving: keep one half, send the other, add the partner's
+    bit = bits_[r.step];
+    r.kept.push_back(r.at);
+    const int64_t mid = r.at.lo + (r.at.hi - r.at.lo + 1) / 2;
+    const bool upper = (rank & bit) != 0;
+    const Range mine = upper ? Range{mid, r.at.hi} : Range{r.at.lo, mid};
+    const Range theirs = upper ? Range{r.at.lo, mid} : Range{mid, r.at.hi};
+    out = r.buf.slice(theirs.lo, theirs.hi - theirs.lo);
+    in = r.half.slice(0, mine.hi - mine.lo);
+    r.add_to = r.buf.slice(mine.lo, mine.hi - mine.lo);  // both partners add the same two nodes
+    r.add_from = in;
+    r.next = mine;
+  } else {  // doubling: the sums back, the last halving first
+    bit = bits_[2 * n_bits - 1 - r.step];
+    const Range whole = r.kept.back();
+    r.kept.pop_back();
+    const Range other = (rank & bit) ? Range{whole.lo, r.at.lo} : Range{r.at.hi, whole.hi};
+    out = r.buf.slice(r.at.lo, r.at.hi - r.at.lo);
+    in = r.buf.slice(other.lo, other.hi - other.lo);
+    r.add_to = r.add_from = Buf();
+    r.next = whole;
   }
-  for (auto b = bits.rbegin(); b != bits.rend(); ++b) {  // the sums back, last halving first
-    const int bit = *b;
-    const Range whole = kept.back();
-    kept.pop_back();
-    const Range other = (r & bit) ? Range{whole.lo, at.lo} : Range{at.hi, whole.hi};
-    exchange(g, s, r ^ bit, buf.slice(at.lo, at.hi - at.lo), buf.slice(other.lo, other.hi - other.lo));
-    at = whole;
+  // One group (NCCL pairs the two).
+  const Stream& s = be_.stream();
+  g_.group_start();
+  r.sent = g_.send(out, rank ^ bit, 0, s);
+  r.got = g_.recv(in, rank ^ bit, 0, s);
+  g_.group_end();
+}
+
+void TreeAllReduce::complete(Run& r) {
+  const Stream& s = be_.stream();
+  r.got.wait_on(s);
+  r.sent.wait_on(s);
+  if (r.add_to.data) be_.add(r.add_to, r.add_from);
+  r.at = r.next;
+}
+
+void TreeAllReduce::poll() {
+  for (Run& r : runs_) {
+    complete(r);
+    if (++r.step < 2 * bits_.size()) issue(r);
   }
+  std::erase_if(runs_, [&](const Run& r) { return r.step == 2 * bits_.size(); });
+  if (runs_.empty()) half_used_ = 0;
+}
+
+void TreeAllReduce::finish() {
+  while (!runs_.empty()) poll();
 }
 
 }  // namespace loom

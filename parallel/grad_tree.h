@@ -42,17 +42,19 @@ class GradTree {
   std::vector<int> seen_;  // per unit: micro-batches folded this step
 };
 
-// A reduce-scatter that adds in the canonical tree when rank r holds leaf bitrev(r) (the
-// micro-batches' interleaved assignment, parallel/zero.h): recursive halving from the highest
-// bit down, so rank r ends with block r of `in` (size x n elements; summed in place, `in` is
-// spoiled) in `out` (n). size must be a power of two; `half` holds size x n / 2.
+// A reduce-scatter that adds in the canonical tree when rank r holds leaf r (the micro-batches'
+// interleaved assignment, data/batches.h): recursive halving from the lowest rank bit up, so
+// the first and largest exchanges pair neighbouring ranks (one node's) and the smallest cross
+// nodes. Rank r ends with block r of `in` (size x n elements; permuted and summed in place, `in`
+// is spoiled) in `out` (n). size must be a power of two; `half` holds size x n / 2.
 void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half);
 // The bits of r (below size, a power of two) in reverse order.
 int bit_reverse(int r, int size);
 
-// What parallel.invariant adds for a rank's flat gradient buffer of n elements: the tree's
-// levels (`grad_tree`) and, over more than 2 ranks, tree_all_reduce's half (`grad_tree_half`).
-std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n);
+// What parallel.invariant adds for a rank's flat gradient buffer of n elements in `units`
+// ranges: the tree's levels (`grad_tree`) and, over more than 2 ranks, the halves of the tree
+// all-reduces of every range at once (`grad_tree_half`: ceil(len / 2) each).
+std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n, int units = 1);
 
 // An in-place sum over `g` that adds in the canonical tree over its ranks (rank r's buffer is
 // leaf r): recursive halving (at step s, ranks r and r ^ 2^s exchange halves of their range
@@ -62,5 +64,46 @@ std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n);
 // ranks) the dp ranks' subtrees meet first, then the cp ranks' parts of each sequence, in the
 // order they meet over the cp ranks alone.
 void tree_all_reduce(ProcessGroup& g, Backend& be, Buf buf, Buf half, int first_bit = 0);
+
+// tree_all_reduce cut at its exchanges, so that the sums of several ranges (a backward's
+// units, each started once its step sum is final) progress while other work runs: the host
+// drives them from poll(), which the backward's hooks call. A range's bits are tree_all_reduce's
+// (each element is paired by the same bits whatever range holds it). The ranks must start the
+// same ranges and poll in the same order: every poll advances every started range exactly one
+// exchange (waiting for the one in flight), so the ranks issue the same sends and receives in
+// the same order whatever finished first, which groups that pair them by order (NCCL) need.
+class TreeAllReduce {
+ public:
+  // `half`: room for ceil(len / 2) of every range in flight at once.
+  TreeAllReduce(ProcessGroup& g, Backend& be, Buf half, int first_bit = 0);
+  void start(Buf buf);  // its first exchange is issued
+  void poll();
+  void finish();  // every started range summed (a step's end)
+  bool idle() const { return runs_.empty(); }
+  int64_t started() const { return started_; }  // ranges started since construction
+
+ private:
+  struct Range {
+    int64_t lo, hi;
+  };
+  struct Run {
+    Buf buf, half;
+    size_t step = 0;          // the exchange in flight: halvings, then the doublings back
+    Range at{};               // the range this rank holds summed so far
+    std::vector<Range> kept;  // before each halving, the range both partners held
+    Work sent, got;
+    Buf add_to, add_from;  // a halving's add, once its exchange is done
+    Range next{};          // `at` once it is done
+  };
+  void issue(Run& r);
+  void complete(Run& r);
+
+  ProcessGroup& g_;
+  Backend& be_;
+  Buf half_;
+  std::vector<int> bits_;  // in the order they pair
+  std::vector<Run> runs_;  // started and not summed, in start order
+  int64_t half_used_ = 0, started_ = 0;
+};
 
 }  // namespace loom

@@ -39,9 +39,9 @@ void TiedHeadGrad::micro_batch_done(ProcessGroup& dp, Buf half) {
   tree_->fold(0, kept_.f32());
 }
 
-void TiedHeadGrad::add_to(ProcessGroup& dp, Buf half, int first_bit, Buf dst, int64_t from) {
+void TiedHeadGrad::add_to(ProcessGroup& dp, Buf half, int first_bit, Buf dst, int64_t from, bool summed) {
   Buf kept = shard_ > 0 ? Buf(kept_) : Buf(buf_).slice(0, numel_);
-  if (shard_ == 0 && dp.size() > 2) tree_all_reduce(dp, be_, kept, half, first_bit);
+  if (shard_ == 0 && dp.size() > 2 && !summed) tree_all_reduce(dp, be_, kept, half, first_bit);
   if (shard_ == 0 && dp.size() == 2) dp.all_reduce(kept, ReduceOp::sum, be_.stream()).wait_on(be_.stream());
   if (dst.count > 0) be_.add(dst, kept.slice(from, dst.count));
   be_.zero(kept);

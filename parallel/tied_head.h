@@ -32,7 +32,11 @@ class TiedHeadGrad {
   // dst += the step's H, from element `from` of what this rank keeps (the whole matrix, or its
   // shard) for dst.count elements; then H starts over. Whole: sums over dp first (2 ranks add
   // a + b in any all-reduce; more, in the tree with `half`, pairing from `first_bit`).
-  void add_to(ProcessGroup& dp, Buf half, int first_bit, Buf dst, int64_t from);
+  // `summed`: the whole H was summed over dp already (started in the caller's TreeAllReduce).
+  void add_to(ProcessGroup& dp, Buf half, int first_bit, Buf dst, int64_t from, bool summed = false);
+  // The whole H (shard = 0), the step's sum over this rank's micro-batches once the head's last
+  // backward of the step has folded it: for the caller's tree all-reduce to start early.
+  Buf whole() { return Buf(buf_).slice(0, numel_); }
   void reset();  // a step abandoned halfway
 
  private:

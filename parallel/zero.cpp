@@ -151,8 +151,11 @@ std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks&
   std::vector<PlanItem> p;
   if (tied_numel > 0) p = TiedHeadGrad::plan(tied_numel, micro_batches, zero_tied_shard(layout, z, stage), z.dp);
   auto add = [&p](const std::vector<PlanItem>& q) { p.insert(p.end(), q.begin(), q.end()); };
-  if (stage == 1) {
-    add(grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel())));
+  if (stage == 1) {  // (the tied head's H in flight with the units: its half too)
+    for (auto item : grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel()), layout.num_units())) {
+      if (item.name == "grad_tree_half") item.numel += (tied_numel + 1) / 2;
+      p.push_back(item);
+    }
     return p;
   }
   const Geometry g = geometry(layout, z);
@@ -266,8 +269,11 @@ Zero::Zero(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelG
     for (const Unit& u : units_) starts.push_back(u.shard_off);
     const int64_t n = stage_ == 1 ? int64_t(chunk.num_params()) : shard_;
     tree_ = std::make_unique<GradTree>(be_, stage_ == 1 ? unit_starts(layout) : starts, n, o.micro_batches);
-    for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, o.micro_batches))
+    const bool tied = tied_head_apart(layout, chunk.dims(), true);
+    for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, o.micro_batches,
+                                               tied ? chunk.registry().at(head_names(chunk.dims()).wte).numel() : 0))
       if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
+    if (stage_ == 1 && half_.defined()) tree_sum_ = std::make_unique<TreeAllReduce>(dp_, be_, Buf(half_), first_bit_);
   }
   if (tied_head_apart(layout, chunk.dims(), o.invariant))
     tied_ = std::make_unique<TiedHeadGrad>(be_, chunk.registry().at(head_names(chunk.dims()).wte).numel(),
@@ -311,8 +317,12 @@ Zero::~Zero() {
 }
 
 std::string Zero::describe() const {
-  return fmt::format("{} {}, ZeRO stage {}{}, gradients reduced in {}", chunk_.dims().cp > 1 ? "dp x cp" : "dp", n_,
-                     stage_, keep_ ? " (weights kept gathered until the step)" : "", dtype_name(reduce_));
+  const char* tree = !tree_      ? ""
+                     : tree_sum_ ? ", summed in the canonical tree (parallel.invariant): ranks by recursive halving, "
+                                   "each unit's as its backward ends"
+                                 : ", summed in the canonical tree (parallel.invariant)";
+  return fmt::format("{} {}, ZeRO stage {}{}, gradients reduced in {}{}", chunk_.dims().cp > 1 ? "dp x cp" : "dp", n_,
+                     stage_, keep_ ? " (weights kept gathered until the step)" : "", dtype_name(reduce_), tree);
 }
 
 void Zero::wait(const Work& w) {
@@ -409,9 +419,16 @@ void Zero::weights_done(int u) {
 void Zero::backward_done(int u) {
   weights_done(u);
   if (tree_ && stage_ == 1) tree_->fold(chunk_.layout().local(u), chunk_.grads(), last_);
-  if (tied_ && chunk_.layout().local(u) == chunk_.layout().num_units() - 1) {
+  const bool head = tied_ && chunk_.layout().local(u) == chunk_.layout().num_units() - 1;
+  if (head) {
     StepClock::Scope c(clock_, Phase::comm);
     tied_->micro_batch_done(dp_, half());
+  }
+  if (tree_sum_ && last_) {  // the unit's step sum is final: its tree all-reduce starts
+    StepClock::Scope c(clock_, Phase::comm);
+    tree_sum_->poll();
+    tree_start(chunk_.layout().local(u));
+    if (head) tree_sum_->start(tied_->whole()), tied_started_ = true;  // H's step sum is final too
   }
   if (stage_ < 2) return;
   Slot& s = slot_of(grad_slots_, u);
@@ -524,14 +541,27 @@ const Zero::Unit* Zero::tied_part() const {
   fail_bug("ZeRO holds no part for the tied embedding '{}'", ranks_.tied);
 }
 
+void Zero::tree_start(int i) {
+  const ModelLayout& layout = chunk_.layout();
+  const int64_t lo = layout.unit_lo(i);
+  const int64_t hi = i + 1 < layout.num_units() ? layout.unit_lo(i + 1) : int64_t(chunk_.num_params());
+  if (tree_started_.empty()) tree_started_.assign(size_t(layout.num_units()), false);
+  LOOM_ASSERT(!tree_started_[size_t(i)]);
+  tree_started_[size_t(i)] = true;
+  tree_sum_->start(dev(chunk_.grads() + lo, hi - lo, DType::f32));
+}
+
 void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
   const Stream& st = be_.stream();
   float* grads = nullptr;
-  if (stage_ == 1 && half_.defined()) {
-    // parallel.invariant over more than 2 ranks: the whole buffer summed in the tree, in place;
-    // the table reads this rank's slice of it.
+  if (tree_sum_) {
+    // parallel.invariant over more than 2 ranks: the whole buffer summed in the tree, in place,
+    // unit by unit from the backward's hooks; the table reads this rank's slice of it.
     StepClock::Scope c(clock_, Phase::comm);
-    tree_all_reduce(dp_, be_, dev(chunk_.grads(), int64_t(chunk_.num_params()), DType::f32), Buf(half_), first_bit_);
+    for (int i = chunk_.layout().num_units(); i-- > 0;)  // units whose backward did not report
+      if (tree_started_.empty() || !tree_started_[size_t(i)]) tree_start(i);
+    tree_sum_->finish();
+    tree_started_.assign(tree_started_.size(), false);
     grads = chunk_.grads();
   } else if (stage_ == 1) {
     // Reduce-scatter each unit; this rank's reduced slice goes back into the full buffer,
@@ -564,7 +594,8 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
     const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
     const int64_t wte = w.numel();
     if (stage_ == 1) {
-      tied_->add_to(dp_, half(), first_bit_, dev(grads + w.offset, wte, DType::f32), 0);
+      tied_->add_to(dp_, half(), first_bit_, dev(grads + w.offset, wte, DType::f32), 0, tied_started_);
+      tied_started_ = false;
     } else {
       const Unit& u0 = units_[0];
       tied_->add_to(dp_, half(), first_bit_,

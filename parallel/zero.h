@@ -104,12 +104,18 @@ class Zero final : public DataParallel {
   };
   ProcessGroup& group(const Unit& u) { return u.expert ? *edp_ : dp_; }
   // parallel.invariant (stage 1): the micro-batches' canonical tree over the full gradient
-  // buffer; over more than 2 ranks the whole buffer is then summed by tree_all_reduce (an
-  // all-reduce's bytes, not a reduce-scatter's) and each rank reads its slice.
+  // buffer; over more than 2 ranks the whole buffer is then summed in the tree all-reduce (an
+  // all-reduce's bytes, not a reduce-scatter's), unit by unit, and each rank reads its slice.
   std::unique_ptr<GradTree> tree_;
   Tensor half_;
   int first_bit_ = 0;  // the tree's first pairing over dp x cp
   Buf half() const { return half_.defined() ? Buf(half_) : Buf(); }
+  // Stage 1 over more than 2 ranks: each unit's tree all-reduce starts as its last backward
+  // ends, progressed from the later units' hooks (as DDP's).
+  std::unique_ptr<TreeAllReduce> tree_sum_;
+  std::vector<bool> tree_started_;  // per local unit, this step
+  bool tied_started_ = false;       // the tied head's H, this step
+  void tree_start(int i);
   std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
   bool last_ = false;
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight

@@ -20,10 +20,16 @@ double tree_collective_time(const char* op, int n, int stride, double bytes, con
   const bool all_reduce = !std::strcmp(op, "all_reduce");
   LOOM_ASSERT(all_reduce || !std::strcmp(op, "reduce_scatter"));
   double t = 0, part = bytes;
-  // The halving: all-reduce pairs the lowest bit first, the reduce-scatter the highest; each
-  // step sends half of what the pair still holds and adds the half it keeps.
-  for (int step = 1; step < n; step <<= 1) {
-    const int bit = all_reduce ? step : n / (2 * step);
+  if (!all_reduce) {  // the blocks moved to bit-reversed positions first: a swapped pair of
+    // blocks is 3 copies, each reading and writing a block (the palindromic positions stay)
+    int bits = 0;
+    while ((1 << bits) < n) ++bits;
+    const int fixed = 1 << ((bits + 1) / 2);
+    t += 3.0 * (n - fixed) / n * bytes / add_rate;
+  }
+  // The halving pairs the lowest bit first (the largest halves inside a node); each step sends
+  // half of what the pair still holds and adds the half it keeps.
+  for (int bit = 1; bit < n; bit <<= 1) {
     part /= 2;
     const double exchange = collective_time("send", 2, part, group_link(cl, 2, bit * stride), false);
     t += exchange + 12.0 / 4 * part / add_rate;
@@ -32,10 +38,23 @@ double tree_collective_time(const char* op, int n, int stride, double bytes, con
   return t;
 }
 
+double tree_all_reduce_tail(const ModelLayout& layout, int n) {
+  int exchanges = 0;
+  for (int b = 1; b < n; b <<= 1) exchanges += 2;
+  const int units = layout.num_units();
+  double tail = 0;
+  for (int k = 0; k < std::min(exchanges, units); ++k) {  // local unit k ends the backward k units early
+    const double hi = k + 1 < units ? double(layout.unit_lo(k + 1)) : double(layout.reg.numel());
+    tail += (hi - double(layout.unit_lo(k))) * (exchanges - k) / exchanges;
+  }
+  return tail;
+}
+
 // The stage's dp terms, priced for the plain path, become the canonical tree's. Over 2 ranks any all-reduce and
-// reduce-scatter adds a + b, so the library's overlapped collectives stay; over more, DDP and ZeRO-1 sum the whole
-// buffer in tree_all_reduce after the backward, and ZeRO-2/3 reduce-scatter each unit's micro-batch in
-// tree_reduce_scatter as its backward ends, the stream waiting on it. ep and cp are refused.
+// reduce-scatter adds a + b, so the library's overlapped collectives stay; over more, DDP and ZeRO-1 sum each unit
+// in TreeAllReduce as its last backward ends, behind the backward's window but for the tail the hooks leave
+// (tree_all_reduce_tail), and ZeRO-2/3 reduce-scatter each unit's micro-batch in tree_reduce_scatter as its
+// backward ends, the stream waiting on it. ep and cp are refused.
 void invariant_terms(const Config& cfg, const Cluster& cl, double share, const ModelLayout& layout, int units,
                      double window, double ag, double rs, StageDpTerms& s) {
   const ParallelConfig& p = cfg.parallel;
@@ -53,14 +72,18 @@ void invariant_terms(const Config& cfg, const Cluster& cl, double share, const M
     if (p.zero >= 2) {  // reduce-scattered each micro-batch (its buffer zeroed), the shard folded
       fold += grad_tree_fold_bytes(m, w / dp) + m * 4 * w + 16 * w / dp;
       tied_micro = reduce("reduce_scatter", 4 * w);
-    } else {  // folded whole, all-reduced after the step, added and zeroed
+    } else {  // folded whole, all-reduced (over more than 2 ranks from the head's hook), added and zeroed
       fold += grad_tree_fold_bytes(m, w) + 16 * w;
       tied_end = reduce("all_reduce", 4 * w);
     }
   }
   s.fold = fold / rate / m;
-  if (tree && p.zero <= 1) {
-    s.dp_end = s.dp_total = reduce("all_reduce", 4 * n) + (p.zero == 1 ? ag : 0);
+  if (tree && p.zero <= 1) {  // the head's H in flight from the head's hook, hidden as the units are
+    const double all = reduce("all_reduce", 4 * n) + tied_end;
+    tied_end = 0;
+    s.dp_end =
+        std::max(all - window, reduce("all_reduce", 4 * tree_all_reduce_tail(layout, dp))) + (p.zero == 1 ? ag : 0);
+    s.dp_total = all + (p.zero == 1 ? ag : 0);
   } else if (tree) {
     const double trs = units * reduce("reduce_scatter", 4 * n / units);
     const bool gathers = p.zero == 3 && p.zero3_reshard != Zero3Reshard::after_step;  // still behind the backward

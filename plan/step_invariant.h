@@ -15,11 +15,17 @@ namespace loom {
 double grad_tree_fold_bytes(int micro_batches, double n);
 
 // tree_all_reduce (2 log2(n) exchanges: halving from the lowest bit, then doubling back) and
-// tree_reduce_scatter (log2(n) exchanges from the highest bit) of `bytes` over n ranks
+// tree_reduce_scatter (its blocks permuted, then log2(n) exchanges from the lowest bit) of `bytes` over n ranks
 // `stride` apart: each exchange pays its link's latency and its half's bytes on the link its
 // pair crosses (group_link of the pair), and the halving steps' adds at `add_rate` bytes/s (three
 // fp32 accesses an element). n must be a power of two.
 double tree_collective_time(const char* op, int n, int stride, double bytes, const Cluster& cl, double add_rate);
+
+// The elements whose tree all-reduce over n ranks is left when a chunk of `layout`'s backward
+// ends (DDP and ZeRO-1, parallel/grad_tree.h's TreeAllReduce): each unit's starts as its last
+// backward ends and advances one of its 2 log2(n) exchanges at each later unit's hook, so
+// local unit k (k units before the end) has k done: the first unit's whole and the rest's part.
+double tree_all_reduce_tail(const ModelLayout& layout, int n);
 
 // A pipeline stage's dp terms as step_predict prices them: per micro-batch (dp_b, and the
 // micro-batch tree's `fold`) and per step.

@@ -5,6 +5,8 @@
 // data-parallel run overlapped its gradient all-reduce with backward.
 //   loom_compare_runs RUN_A RUN_B [--loss-rtol X] [--norm-rtol X] [--weight-atol X] [--min-steps N]
 //   loom_compare_runs --trace TRACE.json METRICS.jsonl ONE_BUCKET_METRICS.jsonl
+//   loom_compare_runs --tree-trace TRACE.json  (parallel.invariant's tree all-reduce overlapped
+//                                              the backward)
 //   loom_compare_runs --ledger PLAN.json RUN    (the ledger against `loom plan memory --json`)
 //   loom_compare_runs --val RUN_A RUN_B RTOL    (the last validation losses)
 //   loom_compare_runs --split RUN               (the step-time split of a tp run)
@@ -18,12 +20,15 @@
 //                                              log.grad_norms, within RTOL relative)
 // Each RUN is a log.dir holding metrics.jsonl and final.safetensors. Exit 0 when it holds.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "checkpoint/manifest.h"
 #include "checkpoint/pieces.h"
@@ -106,34 +111,48 @@ int compare(const std::string& a, const std::string& b, double rtol, double norm
 // event ends when the communication thread saw it finish, not when it was issued), and the
 // exposed communication summed over the steps after the first must be below the one-bucket
 // run's, whose single all-reduce can start only once backward is over.
-int trace_check(const std::string& trace_path, const std::string& metrics_path, const std::string& one_bucket) {
+struct TraceEvent {
+  std::string name;
+  double start, end;
+};
+std::vector<TraceEvent> trace_events(const std::string& trace_path) {
   std::ifstream in(trace_path);
-  auto events = nlohmann::json::parse(in)["traceEvents"];
-  struct E {
-    std::string name;
-    double start, end;
-  };
-  std::vector<E> fwd, bwd, comm;
-  for (auto& e : events) {
-    if (e["ph"] != "X") continue;
-    E x{e["name"], e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+  std::vector<TraceEvent> out;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  for (auto& e : trace["traceEvents"])
+    if (e["ph"] == "X")
+      out.push_back({e["name"], e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+  return out;
+}
+
+// Per backward (in order), how many `op` events that started in it completed before it ended:
+// an op's backward is the first one to end after the last forward that began before the op.
+std::vector<int> done_before_backward_end(const std::vector<TraceEvent>& events, const std::string& op) {
+  std::vector<TraceEvent> fwd, bwd;
+  for (auto& x : events) {
     if (x.name == "embedding_forward") fwd.push_back(x);
     if (x.name == "embedding_backward") bwd.push_back(x);  // the last op of every backward
-    if (x.name == "all_reduce") comm.push_back(x);
   }
-  int done_early = 0;
-  for (auto& c : comm) {
-    // The backward of the micro-batch this all-reduce started in: the first one to end after
-    // the last forward that began before it.
+  std::vector<int> done_early(bwd.size());
+  for (auto& c : events) {
+    if (c.name != op) continue;
     double f = -1;
     for (auto& x : fwd)
       if (x.start <= c.start) f = std::max(f, x.start);
-    for (auto& x : bwd)
-      if (x.start >= f) {
-        if (c.end < x.end) ++done_early;
+    for (size_t i = 0; i < bwd.size(); ++i)
+      if (bwd[i].start >= f) {
+        if (c.end < bwd[i].end) ++done_early[i];
         break;
       }
   }
+  return done_early;
+}
+
+int trace_check(const std::string& trace_path, const std::string& metrics_path, const std::string& one_bucket) {
+  const std::vector<TraceEvent> events = trace_events(trace_path);
+  const int comm = int(std::count_if(events.begin(), events.end(), [](auto& e) { return e.name == "all_reduce"; }));
+  const std::vector<int> per_backward = done_before_backward_end(events, "all_reduce");
+  const int done_early = std::accumulate(per_backward.begin(), per_backward.end(), 0);
   auto exposed = [](const std::string& path) {
     double sum = 0;
     for (auto& j : jsonl(path))
@@ -143,8 +162,22 @@ int trace_check(const std::string& trace_path, const std::string& metrics_path, 
   const double with = exposed(metrics_path), without = exposed(one_bucket);
   fmt::print(
       "{} all-reduces, {} completed before their step's backward ended; exposed {:.3f} ms, one bucket {:.3f} ms\n",
-      comm.size(), done_early, with, without);
+      comm, done_early, with, without);
   return done_early > 0 && with < without ? 0 : 1;
+}
+
+// parallel.invariant over more than 2 dp ranks, no pipeline (each step's last backward is
+// the one its exchanges start in): in every step, some of the tree all-reduce's exchanges
+// (receives) must complete during the backward, not all after it.
+int tree_trace_check(const std::string& trace_path) {
+  const std::vector<TraceEvent> events = trace_events(trace_path);
+  const int recvs = int(std::count_if(events.begin(), events.end(), [](auto& e) { return e.name == "recv"; }));
+  const std::vector<int> per_backward = done_before_backward_end(events, "recv");
+  fmt::print("{} tree exchanges; completed before the backward they started in ended, per backward: {}\n", recvs,
+             fmt::join(per_backward, " "));
+  const bool every =
+      !per_backward.empty() && std::all_of(per_backward.begin(), per_backward.end(), [](int n) { return n > 0; });
+  return recvs > 0 && every ? 0 : 1;
 }
 
 std::vector<nlohmann::json> jsonl_mem(const std::string& dir, nlohmann::json* comm = nullptr) {
@@ -206,12 +239,16 @@ int memory_check(const std::string& plan_path, const std::vector<std::string>& r
     // Communication volume per rank, in elements: an all-reduce moves its payload twice
     // (reduce-scatter + all-gather), so theory is 2N for stages 0-2 and 3N for stage 3.
     // Gradients travel in fp32, weights (the all-gathers) in the compute dtype.
-    double moved = (2 * comm[s]["all_reduce_b"].get<double>() + comm[s]["reduce_scatter_b"].get<double>()) / 4 +
+    // parallel.invariant's tree collectives are point-to-point: a rank sends (dp - 1) / dp of
+    // a reduce-scatter's payload, twice that of an all-reduce's (send_b, counted as payload
+    // here); at stage 1 the tree sums the whole buffer (an all-reduce's 2N, not N).
+    const double sent = comm[s].value("send_b", 0.0), tree = dp > 1 ? sent * dp / (dp - 1) : 0;
+    double moved = (2 * comm[s]["all_reduce_b"].get<double>() + comm[s]["reduce_scatter_b"].get<double>() + tree) / 4 +
                    comm[s]["all_gather_b"].get<double>() / (bf16 ? 2 : 4);
-    double theory = (s == 3 ? 3 : 2) * N;
+    double theory = (s == 3 || (s == 1 && sent > 0) ? 3 : 2) * N;
     bool ok = std::abs(moved - theory) <= 0.02 * theory + (s ? (s == 3 ? 3 : 2) * pad * dp : 0);
     bad += !ok;
-    fmt::print("zero {} communication {:.0f} elements per step vs {}N = {:.0f} {}\n", s, moved, s == 3 ? 3 : 2, theory,
+    fmt::print("zero {} communication {:.0f} elements per step vs {:.0f}N = {:.0f} {}\n", s, moved, theory / N, theory,
                ok ? "" : "MISMATCH");
   }
   return bad ? 1 : 0;
@@ -519,6 +556,7 @@ int main(int argc, char** argv) {
   try {
     if (args.size() == 4 && args[0] == "--trace") return trace_check(args[1], args[2], args[3]);
     if (args.size() == 2 && args[0] == "--gather-trace") return gather_overlap_check(args[1]);
+    if (args.size() == 2 && args[0] == "--tree-trace") return tree_trace_check(args[1]);
     if (args.size() == 3 && args[0] == "--fixture") return fixture_check(args[1], args[2]);
     if (args.size() == 10 && args[0] == "--tp") {
       std::vector<double> v;

@@ -91,6 +91,7 @@ dp4_zero2    one          4  parallel.dp=4 parallel.zero=2
 dp2_zero3    one          2  parallel.dp=2 parallel.zero=3
 dp4_zero3    one          4  parallel.dp=4 parallel.zero=3
 dp4_nccl     one          4  parallel.dp=4 parallel.comm=nccl-emulated
+dp4_z1_nccl  one          4  parallel.dp=4 parallel.zero=1 parallel.comm=nccl-emulated
 pp2          one          2  parallel.pp=2
 pp2_dp2      one          4  parallel.pp=2 parallel.dp=2 parallel.pp_schedule=gpipe
 one_l4       -            1  $l4
@@ -114,10 +115,12 @@ gpt2         -            1  model.arch=gpt2
 gpt2_dp2     gpt2         2  model.arch=gpt2 parallel.dp=2
 gpt2_dp4     gpt2         4  model.arch=gpt2 parallel.dp=4 parallel.zero=2
 gpt2_dp4_z1  gpt2         4  model.arch=gpt2 parallel.dp=4 parallel.zero=1
+gpt2_dp4_ddp gpt2         4  model.arch=gpt2 parallel.dp=4
 gpt2_dp2_z3  gpt2         2  model.arch=gpt2 parallel.dp=2 parallel.zero=3
 gpt2_pp2     gpt2         2  model.arch=gpt2 parallel.pp=2
 gpt2_pp2_dp2 gpt2         4  model.arch=gpt2 parallel.pp=2 parallel.dp=2 parallel.zero=2
 gpt2_pp2_dp4 gpt2         8  model.arch=gpt2 parallel.pp=2 parallel.dp=4 parallel.zero=3
+gpt2_pp2_dp4_ddp gpt2     8  model.arch=gpt2 parallel.pp=2 parallel.dp=4
 gpt2_l4      -            1  model.arch=gpt2 $l4
 gpt2_zbv     gpt2_l4      2  model.arch=gpt2 $l4 parallel.pp=2 parallel.pp_schedule=zbv
 gpt2_inter   gpt2_l4      2  model.arch=gpt2 $l4 parallel.pp=2 parallel.pp_schedule=interleaved parallel.pp_virtual=2

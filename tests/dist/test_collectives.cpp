@@ -3,6 +3,7 @@
 // `mpirun -np 8 --oversubscribe`; every rank runs every test.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 #include "model/backend.h"
@@ -195,6 +196,83 @@ TEST(TreeAllReduce, AddsInTheCanonicalTree) {
     }
   }
   EXPECT_TRUE(order_shows) << "no element's sum depends on the order: the test could not fail";
+}
+
+// The same sums when the buffer is cut into ranges whose tree all-reduces run at once, started
+// between polls from the last range down, as DDP's backward starts its units: a range's
+// elements pair by the same bits whatever range holds them. Over nccl-emulated the ranges'
+// exchanges also have to be issued in the same order on every rank (it pairs them by order).
+// Catches: a range's halving cut anywhere but by the tree's bits, two ranges sharing a half
+// buffer, exchanges of different ranges paired with each other.
+TEST(TreeAllReduce, RangesInFlightTogetherAddAsTheWhole) {
+  ProcessGroup& g = g_mesh->world_group();
+  const int r = g.rank();
+  Allocator alloc;
+  std::unique_ptr<Backend> be = cpu_backend(ModelDims{}, DType::f32, alloc);
+  const std::vector<int64_t> cuts = {0, 1, 4, 13, 300, 301, 999, 1000};
+  const int64_t n = cuts.back();
+  auto value = [](int rank, int64_t e) { return (rank % 3 == 1 ? 16777216.0f : 1.0f) * float(1 + (e + rank) % 5); };
+  std::vector<float> whole(static_cast<size_t>(n)), cut(static_cast<size_t>(n)), half(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) whole[size_t(e)] = cut[size_t(e)] = value(r, e);
+  tree_all_reduce(g, *be, Buf(whole.data(), n), Buf(half.data(), (n + 1) / 2));
+  TreeAllReduce t(g, *be, Buf(half.data(), (n + int64_t(cuts.size()) - 1) / 2));
+  for (size_t i = cuts.size() - 1; i-- > 0;) {
+    t.poll();
+    t.start(Buf(cut.data() + cuts[i], cuts[i + 1] - cuts[i]));
+  }
+  EXPECT_FALSE(t.idle());
+  t.finish();
+  EXPECT_TRUE(t.idle());
+  EXPECT_EQ(std::memcmp(whole.data(), cut.data(), whole.size() * sizeof(float)), 0);
+  bool order_shows = false;
+  for (int64_t e = 0; e < n; ++e) {
+    float left = 0;
+    for (int q = 0; q < g.size(); ++q) left += value(q, e);
+    order_shows = order_shows || left != whole[size_t(e)];
+  }
+  EXPECT_TRUE(order_shows || g.size() < 4) << "no element's sum depends on the order: the test could not fail";
+}
+
+// ZeRO-2/3's reduce-scatter under parallel.invariant: rank r holds leaf r, each block's sum is
+// the canonical tree over the ranks (r and r ^ 1 first), and rank r ends with block r, for
+// block lengths that do not divide evenly into the halves.
+// Catches: pairing from the highest bit (the old leaf mapping's tree), the blocks' permutation
+// left out or applied twice (a rank would keep another rank's shard).
+TEST(TreeReduceScatter, AddsInTheCanonicalTreeAndLeavesRankRShardR) {
+  ProcessGroup& g = g_mesh->world_group();
+  const int p = g.size(), r = g.rank();
+  const float base[8] = {16777216.0f, 1.0f, -16777216.0f, 1.0f, 16777216.0f, 3.0f, -16777216.0f, 1.0f};
+  auto value = [&](int rank, int64_t e) { return base[(rank + e) % 8] * float(1 + e % 3); };
+  auto tree = [&](int64_t e) {
+    std::vector<float> v;
+    for (int q = 0; q < p; ++q) v.push_back(value(q, e));
+    for (size_t w = 1; w < v.size(); w *= 2)
+      for (size_t i = 0; i + w < v.size(); i += 2 * w) v[i] = v[i] + v[i + w];
+    return v[0];
+  };
+  Allocator alloc;
+  std::unique_ptr<Backend> be = cpu_backend(ModelDims{}, DType::f32, alloc);
+  bool order_shows = false;
+  int64_t wrong = 0;  // (counted, not asserted: a rank leaving early would hang the others)
+  for (int64_t n : {1, 5, 64}) {
+    std::vector<float> in(static_cast<size_t>(n * p)), out(static_cast<size_t>(n), -1.0f);
+    std::vector<float> half(static_cast<size_t>(n * p / 2 + 1));
+    for (int64_t e = 0; e < n * p; ++e) in[size_t(e)] = value(r, e);
+    tree_reduce_scatter(g, *be, Buf(in.data(), n * p), Buf(out.data(), n), Buf(half.data(), n * p / 2 + 1));
+    for (int64_t e = 0; e < n; ++e) {
+      const int64_t at = int64_t(r) * n + e;
+      wrong += out[size_t(e)] != tree(at);
+      float high_first = 0;  // the pairing from the highest bit: r with r ^ p / 2 first
+      std::vector<float> v;
+      for (int q = 0; q < p; ++q) v.push_back(value(bit_reverse(q, p), at));
+      for (size_t w = 1; w < v.size(); w *= 2)
+        for (size_t i = 0; i + w < v.size(); i += 2 * w) v[i] = v[i] + v[i + w];
+      high_first = v[0];
+      order_shows = order_shows || high_first != tree(at);
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "elements off the canonical tree's sum on rank " << r;
+  EXPECT_TRUE(order_shows || p < 4) << "no element's sum depends on the pairing: the test could not fail";
 }
 
 INSTANTIATE_TEST_SUITE_P(Axes, Collectives, ::testing::Values(Axis::pp, Axis::dp, Axis::tp, Axis::embed),

@@ -12,10 +12,13 @@ trap 'rm -rf "$dir"' EXIT
 common=(--set model.n_layer=4 --set model.d_model=64 --set model.n_head=4 --set model.vocab_size=500
         --set model.seq_len=32 --set train.micro_batch=2 --set train.global_batch=8 --set train.steps=2
         --set train.threads=1 --set train.device=cpu --set data.val_batches=0)
-for layout in "dp4:--set parallel.dp=4" "dp2tp2:--set parallel.dp=2 --set parallel.tp=2 --set parallel.sp=true"; do
+# dp4inv: parallel.invariant's point-to-point bytes (dp_comm.send_b) in the communication check.
+for layout in "dp4:--set parallel.dp=4" "dp2tp2:--set parallel.dp=2 --set parallel.tp=2 --set parallel.sp=true" \
+  "dp4inv:--set parallel.dp=4 --set parallel.invariant=true --set model.arch=llama"; do
   name=${layout%%:*}
   read -r -a lay <<< "${layout#*:}"
   for dtype in f32 bf16; do
+    [ "$name" = dp4inv ] && [ "$dtype" = bf16 ] && continue
     for z in 0 1 2 3; do
       run=$dir/${name}_${dtype}_z$z
       "$loom" plan memory "${common[@]}" "${lay[@]}" --set train.dtype=$dtype --set parallel.zero=$z --json > "$run.plan.json"
@@ -23,7 +26,7 @@ for layout in "dp4:--set parallel.dp=4" "dp2tp2:--set parallel.dp=2 --set parall
         --set log.dir="$run" > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
       "$compare" --ledger "$run.plan.json" "$run"
     done
-    [ "$name" = dp4 ] && "$compare" --memory "$dir/${name}_${dtype}_z0.plan.json" "$dir/${name}_${dtype}_z"{0,1,2,3}
+    [ "$name" != dp2tp2 ] && "$compare" --memory "$dir/${name}_${dtype}_z0.plan.json" "$dir/${name}_${dtype}_z"{0,1,2,3}
   done
 done
 # Pipeline stages (rank 0 is stage 0): its blocks, its activation slots (the schedule's peak)
