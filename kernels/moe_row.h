@@ -22,6 +22,30 @@ LOOM_HOST_DEVICE inline int64_t plan_scratch_ints(int64_t A, int E) {
   return A + (A + kPlanChunk - 1) / kPlanChunk * E + E;
 }
 
+// A layer's statistics for the metrics, kStats values a layer that each hold an integer, so
+// their sums over micro-batches, ranks and stages are exact in any order (the same on every
+// layout): [0] the load-balancing loss E sum_e f_e P_e (f_e: expert e's share of the N*k
+// assignments, P_e its mean probability) in units of 1 / kAuxUnit, [1] E times the busiest
+// expert's assignments, [2] the dropped assignments, [3] the assignments, [4] the micro-batches.
+constexpr int kStats = 5;
+constexpr double kAuxUnit = 4294967296.0;  // 2^32: the loss to ~2e-10 a micro-batch
+LOOM_HOST_DEVICE inline void stats_add(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k) {
+  const int64_t A = int64_t(N) * k;
+  double aux = 0.0;
+  int64_t busiest = 0, kept = 0;
+  for (int e = 0; e < E; ++e) {
+    const float share = float(double(counts[e]) / double(A));
+    aux += double(share) * double(prob_sums[e]) / N;
+    busiest = counts[e] > busiest ? counts[e] : busiest;
+    kept += counts[E + e];
+  }
+  st[0] += rint(E * aux * kAuxUnit);
+  st[1] += double(E * busiest);
+  st[2] += double(A - kept);
+  st[3] += double(A);
+  st[4] += 1;
+}
+
 // Softmax over the E experts into p, the top k (ties to the lower index) into id, and their
 // probabilities renormalized to sum to one into wt (Mixtral).
 template <class Logit>

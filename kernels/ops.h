@@ -225,10 +225,8 @@ void moe_router_backward(S* dlogits, const float* probs, const int32_t* idx, con
                          const float* aux_g, int N, int E, int k);
 // out[e] = sum_t probs[t,e] (fixed order), overwrite.
 void column_sums(float* out, const float* probs, int N, int E);
-// A layer's statistics from moe_plan's counts and the probabilities' column sums: st[0] += the
-// load-balancing loss E sum_e f_e P_e (f_e: expert e's share of the N*k assignments, P_e its
-// mean probability), st[1] += the busiest expert's assignments over the mean, st[2] += the
-// dropped fraction, st[3] += 1.
+// A layer's statistics from moe_plan's counts and the probabilities' column sums, added into
+// st[0, moe_row::kStats) (kernels/moe_row.h says what each holds).
 void moe_stats_add(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k);
 // g[e] = scale * f_e (overwrite): the load-balancing loss's gradient per expert probability.
 void moe_aux_grad(float* g, const int32_t* counts, double scale, int N, int E, int k);

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 
+#include "kernels/moe_row.h"
 #include "model/layout.h"
 
 namespace loom {
@@ -48,7 +49,7 @@ MoeLayer::MoeLayer(const ModelDims& dims, Backend& be, ProcessGroup* ep, Process
   const bool sp = dims.sp && dims.tp > 1;
   Ns_ = sp ? N_ / dims.tp : N_;
   t0_ = sp ? tp_rank * Ns_ : 0;
-  stats_ = be_.alloc().empty({4 * dims.moe_layers()}, DType::f64, Mem::workspace);
+  stats_ = be_.alloc().empty({moe_row::kStats * dims.moe_layers()}, DType::f64, Mem::workspace);
   be_.zero(Buf(stats_));
 }
 
@@ -140,7 +141,8 @@ void MoeLayer::forward(const MoeBlock& b, Ptr x, Ptr out, bool count, bool recom
   float* sums = b.aux + E;
   be_.column_sums(sums, b.probs, N, E);
   const int32_t* all = counts_over_cp(b, b.counts, 2 * E, sums);
-  be_.moe_stats_add(stats_.data<double>() + 4 * ((b.layer + 1) / mc.every - 1), all, sums, N * dims_.cp, E, k);
+  be_.moe_stats_add(stats_.data<double>() + moe_row::kStats * ((b.layer + 1) / mc.every - 1), all, sums, N * dims_.cp,
+                    E, k);
 }
 
 const int32_t* MoeLayer::counts_over_cp(const MoeBlock& b, const int32_t* counts, int n, float* sums) {

@@ -61,9 +61,9 @@ class MoeLayer {
   // experts' weight gradients accumulated.
   void backward(const MoeBlock& b, Ptr x, Ptr dout, Ptr dx);
   // Per MoE layer of the model (dims.moe_layers(); those of other stages stay 0): the sums
-  // over the training micro-batches since the last take of the load-balancing loss, the expert
-  // load (most tokens on one expert over the mean) and the dropped fraction, and how many
-  // micro-batches; 4 values per layer. They add up on the device; a take reads them.
+  // over the training micro-batches since the last take of moe_row::stats_add's kStats values
+  // (kernels/moe_row.h), integers, so that any order of adding them gives the same bits. They
+  // add up on the device; a take reads them.
   std::vector<double> stats_take();
 
  private:
@@ -94,7 +94,7 @@ class MoeLayer {
   StepClock* clock_;
   int N_, C_, P_, El_;  // rows of a micro-batch (every tp rank's), width, ep ranks, local experts
   int Ns_, t0_;         // this rank's rows of the output (sequence parallel keeps its own), the first
-  Tensor stats_;        // f64 [4 per MoE layer] on the device: see stats_take()
+  Tensor stats_;        // f64 [kStats per MoE layer] on the device: see stats_take()
 };
 
 }  // namespace loom

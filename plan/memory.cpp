@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kernels/moe_row.h"
 #include "model/backend.h"
 #include "model/flops.h"
 #include "model/layout.h"
@@ -56,7 +57,7 @@ MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank
     for (int i = 0; i < 2; ++i)
       items.push_back({"rope", int64_t(cfg.model.seq_len) * cfg.head_dim() / 2, DType::f32, Mem::workspace});
   items.push_back({"loss_sum", kExactDigits, DType::f64, Mem::workspace});
-  if (cfg.moe_layers()) items.push_back({"moe_stats", 4 * cfg.moe_layers(), DType::f64, Mem::workspace});
+  if (cfg.moe_layers()) items.push_back({"moe_stats", moe_row::kStats * cfg.moe_layers(), DType::f64, Mem::workspace});
   for (auto& it : pipeline_stage_plan(cfg, at.pp, dtype)) items.push_back(it);
   // The data-parallel side and its optimizer.
   const DataParallelOptions o = data_parallel_options(cfg);

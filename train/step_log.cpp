@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "kernels/moe_row.h"
 #include "plan/step_model.h"
 #include "runtime/cuda_api.h"
 #include "runtime/error.h"
@@ -191,18 +192,20 @@ void Trainer::Parts::metrics_fill(StepMetrics& m, int64_t step, const StepStart&
 }
 
 void Trainer::Parts::moe_metrics(StepMetrics& m) {
-  // Summed over dp and the pipeline's stages (each layer lives on one), averaged over the
-  // micro-batches.
+  // Summed over dp and the pipeline's stages (each layer lives on one): integers, so exact in
+  // any order (kernels/moe_row.h). The loss averaged over the micro-batches, the load and the
+  // dropped fraction over the step's assignments.
   std::vector<double> st = chunk->moe_stats_take();
   if (st.empty()) return;
   mesh->host_group(dp_axis()).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
   if (cfg.parallel.pp > 1)
     mesh->host_group(Axis::pp).all_reduce(Buf(st.data(), int64_t(st.size())), ReduceOp::sum).wait();
   m.aux_loss = 0;
-  for (size_t i = 0; i < st.size() / 4; ++i) {
-    const double *v = st.data() + 4 * i, n = std::max(v[3], 1.0);
-    m.aux_loss += v[0] / n / double(st.size() / 4);
-    m.moe.push_back({int((i + 1) * cfg.model.moe.every - 1), v[1] / n, v[2] / n});
+  const size_t layers = st.size() / moe_row::kStats;
+  for (size_t i = 0; i < layers; ++i) {
+    const double *v = st.data() + moe_row::kStats * i, n = std::max(v[4], 1.0), a = std::max(v[3], 1.0);
+    m.aux_loss += v[0] / moe_row::kAuxUnit / n / double(layers);
+    m.moe.push_back({int((i + 1) * cfg.model.moe.every - 1), v[1] / a, v[2] / a});
   }
 }
 

@@ -151,19 +151,7 @@ void column_sums(float* out, const float* probs, int N, int E) {
 }
 
 void moe_stats_add(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k) {
-  const int64_t A = int64_t(N) * k;
-  double aux = 0.0;
-  int64_t busiest = 0, kept = 0;
-  for (int e = 0; e < E; ++e) {
-    const float share = float(double(counts[e]) / double(A));
-    aux += double(share) * double(prob_sums[e]) / N;
-    busiest = std::max<int64_t>(busiest, counts[e]);
-    kept += counts[E + e];
-  }
-  st[0] += E * aux;
-  st[1] += double(busiest) / (double(A) / E);
-  st[2] += double(A - kept) / double(A);
-  st[3] += 1;
+  moe_row::stats_add(st, counts, prob_sums, N, E, k);
 }
 
 void moe_aux_grad(float* g, const int32_t* counts, double scale, int N, int E, int k) {

@@ -165,21 +165,9 @@ __global__ void moe_router_backward_kernel(bf16* dlogits, const float* probs, co
                            E, k, [dl](int e, float v) { dl[e] = b(v); });
 }
 
-// One thread: the CPU twin's arithmetic in its order (E is small).
+// One thread: the CPU twin's arithmetic (E is small).
 __global__ void moe_stats_add_kernel(double* st, const int32_t* counts, const float* prob_sums, int N, int E, int k) {
-  const int64_t A = int64_t(N) * k;
-  double aux = 0.0;
-  int64_t busiest = 0, kept = 0;
-  for (int e = 0; e < E; ++e) {
-    const float share = float(double(counts[e]) / double(A));
-    aux += double(share) * double(prob_sums[e]) / N;
-    busiest = counts[e] > busiest ? counts[e] : busiest;
-    kept += counts[E + e];
-  }
-  st[0] += E * aux;
-  st[1] += double(busiest) / (double(A) / E);
-  st[2] += double(A - kept) / double(A);
-  st[3] += 1;
+  moe_row::stats_add(st, counts, prob_sums, N, E, k);
 }
 
 __global__ void moe_aux_grad_kernel(float* g, const int32_t* counts, double scale, int N, int E, int k) {

@@ -54,9 +54,12 @@ for f in loss.*.loss; do
 done
 
 echo "invariant"
-# Each run: every step's loss and gradient norm, and the exported weights' bytes.
-steps() {  # RUN FROM: the steps from FROM on, each step's loss and gradient norm
-  grep -o '"step":[0-9]*,"loss":[^,]*,"grad_norm":[^,]*' $1/metrics.jsonl | awk -F'[:,]' -v from=$2 '$2 >= from'
+# Each run: every step's loss, gradient norm and MoE statistics, and the exported weights' bytes.
+steps() {  # RUN FROM: the steps from FROM on, each step's loss, gradient norm and MoE statistics
+  awk -v from=$2 'match($0, /"step":[0-9]*,"loss":[^,]*,"grad_norm":[^,]*/) {
+    line = substr($0, RSTART, RLENGTH); split(line, f, /[:,]/); if (f[2] < from) next
+    if (match($0, /"aux_loss":[^]]*]/)) line = line " " substr($0, RSTART, RLENGTH)
+    print line }' $1/metrics.jsonl
 }
 same() {  # REFERENCE NAME [FROM]
   local ref=$1 name=$2 from=${3:-1}

@@ -3,6 +3,7 @@
 // and a model split into chunks that computes what the whole one does, to the bit.
 #include <cstring>
 
+#include "kernels/moe_row.h"
 #include "model/decoder_part.h"
 #include "model/flops.h"
 #include "runtime/exact_sum.h"
@@ -304,12 +305,17 @@ TEST(Moe, CapacityDropsWhatAFullExpertCannotTake) {
     const int64_t cap = int64_t(std::ceil(cf * N * k / E));
     const double dropped = double(k * (N - std::min<int64_t>(N, cap))) / (N * k);
     const std::vector<double> st = c.moe_stats_take();
-    ASSERT_EQ(st.size(), 8u);  // two MoE layers of four values
+    const int S = moe_row::kStats;
+    ASSERT_EQ(st.size(), size_t(2 * S));  // two MoE layers
     for (int l = 0; l < 2; ++l) {
-      EXPECT_EQ(st[4 * l + 3], 1.0) << "one micro-batch";
-      EXPECT_DOUBLE_EQ(st[4 * l + 2], dropped) << "cf " << cf << " layer " << l;
-      EXPECT_DOUBLE_EQ(st[4 * l + 1], 2.0) << "load";
-      EXPECT_NEAR(st[4 * l + 0], 1.0 * E * 0.5 * 0.25 * 2, 1e-6) << "aux: E sum f P, f = 1/2 on two experts";
+      const double* v = st.data() + S * l;
+      for (int i = 0; i < S; ++i)  // what keeps their sums over ranks exact in any order
+        EXPECT_EQ(v[i], std::rint(v[i])) << "statistic " << i << " of layer " << l << " holds an integer";
+      EXPECT_EQ(v[4], 1.0) << "one micro-batch";
+      EXPECT_EQ(v[3], double(N * k)) << "assignments";
+      EXPECT_DOUBLE_EQ(v[2] / v[3], dropped) << "cf " << cf << " layer " << l;
+      EXPECT_DOUBLE_EQ(v[1] / v[3], 2.0) << "load";
+      EXPECT_NEAR(v[0] / moe_row::kAuxUnit, 1.0 * E * 0.5 * 0.25 * 2, 1e-6) << "aux: E sum f P, f = 1/2 on two experts";
     }
   }
 }
