@@ -17,8 +17,8 @@ loom=$(cd "$dir" && pwd)/loom
 # Leaks are not checked: a refused input ends the process by design, with what it held.
 export LOOM_SANITIZED=1 ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 CUDA_VISIBLE_DEVICES=-1
 status=0
-for t in e2e/hostile_parsing e2e/hostile_inputs e2e/hostile_outputs e2e/hostile_writes e2e/data_jsonl dist/ckpt_hostile \
-  dist/weights_hostile; do
+for t in e2e/malformed_inputs e2e/hostile_inputs e2e/outputs_keep_user_files e2e/writes_only_where_told e2e/data_jsonl \
+  dist/ckpt_hostile dist/weights_hostile; do
   start=$SECONDS
   if tests/$t.sh "$loom" > "$dir/${t#*/}.log" 2>&1; then
     echo "sanitized: $t passed in $((SECONDS - start)) s"

@@ -11,8 +11,8 @@
 #   ckpt_faults.sh LOOM COMPARE "MPIRUN... -np" [PYTHON]
 set -euo pipefail
 loom=$1 compare=$2 launch=$3 py=${4:-/usr/bin/python3}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
         --set model.seq_len=16 --set train.global_batch=8 --set train.micro_batch=4 --set train.steps=20
         --set train.warmup_steps=2 --set train.threads=1 --set train.device=cpu --set data.val_batches=1
@@ -32,16 +32,16 @@ run straight --set checkpoint.dir="$dir/straight_ckpt"
 [ "$rc" -eq 0 ] || { cat "$dir/straight.log"; exit 1; }
 run killed --set checkpoint.dir="$dir/ckpt" --set checkpoint.keep=5 --fault-kill-in-save 1:10
 grep -E "fault drill|committed" "$dir/killed.log" || true
-[ "$rc" -ne 0 ] || { echo "FAIL: the killed job exited 0"; exit 1; }
-[ -f "$dir/ckpt/step-00000005/manifest.json" ] || { echo "FAIL: step 5 was not committed"; exit 1; }
-[ ! -f "$dir/ckpt/step-00000010/manifest.json" ] || { echo "FAIL: the killed save has a manifest"; exit 1; }
+[ "$rc" -ne 0 ] || die "the killed job exited 0"
+[ -f "$dir/ckpt/step-00000005/manifest.json" ] || die "step 5 was not committed"
+[ ! -f "$dir/ckpt/step-00000010/manifest.json" ] || die "the killed save has a manifest"
 # An unfinished directory older than what the resumed run commits goes with its first commit.
 mkdir -p "$dir/ckpt/step-00000003" && echo junk > "$dir/ckpt/step-00000003/rank-00000.h5"
 run resumed --set checkpoint.dir="$dir/ckpt" --set checkpoint.resume=latest
 [ "$rc" -eq 0 ] || { cat "$dir/resumed.log"; exit 1; }
 grep -q "resumed from $dir/ckpt/step-00000005" "$dir/resumed.log" || { cat "$dir/resumed.log"; exit 1; }
 "$compare" --resumed "$dir/straight" "$dir/resumed"
-[ ! -d "$dir/ckpt/step-00000003" ] || { echo "FAIL: the partial step 3 is still there after newer commits"; exit 1; }
+[ ! -d "$dir/ckpt/step-00000003" ] || die "the partial step 3 is still there after newer commits"
 # Resuming from an older checkpoint into a checkpoint.dir that holds newer ones is refused.
 run older --set checkpoint.dir="$dir/ckpt" --set checkpoint.resume="$dir/ckpt/step-00000015"
 [ "$rc" -ne 0 ] && grep -q "holds a newer checkpoint" "$dir/older.log" || { cat "$dir/older.log"; exit 1; }
@@ -67,12 +67,12 @@ set +e
 vrc=$?
 set -e
 cat "$dir/verify.txt"
-[ "$vrc" -ne 0 ] && grep -q "rank-00001.h5:.* is corrupt" "$dir/verify.txt" || { echo "FAIL: verify did not name the shard"; exit 1; }
+[ "$vrc" -ne 0 ] && grep -q "rank-00001.h5:.* is corrupt" "$dir/verify.txt" || die "verify did not name the shard"
 run fallback --set checkpoint.dir="$dir/ckpt" --set checkpoint.resume=latest --set train.steps=25
 [ "$rc" -eq 0 ] || { cat "$dir/fallback.log"; exit 1; }
 grep -E "unusable|corrupt" "$dir/fallback.log" | head -3
-grep -q "falling back to $dir/ckpt/step-00000015" "$dir/fallback.log" || { echo "FAIL: no fallback warning"; exit 1; }
-grep -q "resumed from $dir/ckpt/step-00000015" "$dir/fallback.log" || { echo "FAIL: did not resume from 15"; exit 1; }
-[ -d "$newest.unusable" ] || { echo "FAIL: the corrupt checkpoint was not set aside"; exit 1; }
+grep -q "falling back to $dir/ckpt/step-00000015" "$dir/fallback.log" || die "no fallback warning"
+grep -q "resumed from $dir/ckpt/step-00000015" "$dir/fallback.log" || die "did not resume from 15"
+[ -d "$newest.unusable" ] || die "the corrupt checkpoint was not set aside"
 echo ok
 

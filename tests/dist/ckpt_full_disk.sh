@@ -8,12 +8,9 @@
 #   ckpt_full_disk.sh LOOM "MPIRUN... -np"
 set -euo pipefail
 loom=$1 launch=$2
-dir=$(mktemp -d)
-cleanup() {
-  for m in "$dir/full" "$dir/one" "$dir/log"; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
+on_exit 'for m in "$dir/full" "$dir/one" "$dir/log"; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done'
 mkdir -p "$dir/full"
 if ! mount -t tmpfs -o size=1m tmpfs "$dir/full" 2>/dev/null; then
   echo "skipped: cannot mount a tmpfs here"
@@ -29,10 +26,10 @@ $launch 2 "$loom" train --set model.n_layer=2 --set model.d_model=32 --set model
 rc=$?
 set -e
 grep -E "error" "$dir/run.log" | head -2
-[ "$rc" = 74 ] || { echo "FAIL: a full disk ended the run with status $rc, not 74"; exit 1; }
-grep -q "No space left on device" "$dir/run.log" || { echo "FAIL: the error does not say why"; exit 1; }
+[ "$rc" = 74 ] || die "a full disk ended the run with status $rc, not 74"
+grep -q "No space left on device" "$dir/run.log" || die "the error does not say why"
 "$loom" ckpt verify "$dir/full/ckpt/step-00000005"
-[ ! -f "$dir/full/ckpt/step-00000010/manifest.json" ] || { echo "FAIL: a failed save committed"; exit 1; }
+[ ! -f "$dir/full/ckpt/step-00000010/manifest.json" ] || die "a failed save committed"
 
 tiny=(--set model.n_layer=1 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
       --set model.seq_len=16 --set train.global_batch=4 --set train.micro_batch=4 --set train.threads=1
@@ -44,8 +41,8 @@ set +e
   --set checkpoint.dir="$dir/one/ckpt" --set checkpoint.keep=5 --set log.dir="$dir/run1" > "$dir/one.log" 2>&1
 rc=$?
 set -e
-[ "$rc" = 74 ] || { echo "FAIL: at 1 rank a full disk ended the run with status $rc, not 74"; tail -3 "$dir/one.log"; exit 1; }
-grep -q "No space left on device" "$dir/one.log" || { echo "FAIL: the 1-rank error does not say why"; exit 1; }
+[ "$rc" = 74 ] || { tail -3 "$dir/one.log"; die "at 1 rank a full disk ended the run with status $rc, not 74"; }
+grep -q "No space left on device" "$dir/one.log" || die "the 1-rank error does not say why"
 
 # Metrics on a full disk: 74, and the file ends on a whole line.
 # 16k: a page each for the lock, config.toml and run.json, one for metrics.jsonl to fill
@@ -54,17 +51,17 @@ set +e
 "$loom" train "${tiny[@]}" --set train.steps=400 --set log.dir="$dir/log" > "$dir/log.log" 2>&1
 rc=$?
 set -e
-[ "$rc" = 74 ] || { echo "FAIL: a full disk under log.dir ended the run with status $rc, not 74"; tail -3 "$dir/log.log"; exit 1; }
-grep -q "metrics.jsonl' failed (No space left on device)" "$dir/log.log" || { echo "FAIL: no reason"; exit 1; }
+[ "$rc" = 74 ] || { tail -3 "$dir/log.log"; die "a full disk under log.dir ended the run with status $rc, not 74"; }
+grep -q "metrics.jsonl' failed (No space left on device)" "$dir/log.log" || die "no reason"
 [ "$(tail -c 1 "$dir/log/metrics.jsonl" | od -An -c | tr -d ' ')" = '\n' ] ||
-  { echo "FAIL: the full disk left a cut line in metrics.jsonl"; exit 1; }
+  die "the full disk left a cut line in metrics.jsonl"
 # With room again, the run restarted (as loom supervise restarts it: it continues in its log.dir)
 # appends whole lines after the first attempt's.
 mount -o remount,size=1m "$dir/log"
 printf '{"step":1,"cut' >> "$dir/log/metrics.jsonl"  # as a kill mid-write would leave it
 LOOM_RESTART=1 "$loom" train "${tiny[@]}" --set train.steps=3 --set log.dir="$dir/log" > "$dir/log2.log" 2>&1 ||
-  { echo "FAIL: the run after the full disk"; tail -3 "$dir/log2.log"; exit 1; }
-grep -q "dropped the cut last line" "$dir/log2.log" || { echo "FAIL: the cut line was not reported"; exit 1; }
+  { tail -3 "$dir/log2.log"; die "the run after the full disk"; }
+grep -q "dropped the cut last line" "$dir/log2.log" || die "the cut line was not reported"
 python3 - "$dir/log/metrics.jsonl" <<'PY'
 import json, sys
 lines = open(sys.argv[1]).read().splitlines()

@@ -17,13 +17,11 @@
 #   ckpt_hostile.sh LOOM
 set -uo pipefail
 loom=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.n_layer=1 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
         --set model.seq_len=16 --set train.global_batch=4 --set train.micro_batch=4 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 # Every reader must exit non-zero, quickly, saying WANT.
 readers() {  # CASE CKPT WANT
   local name=$1 ck=$2 want=$3
@@ -43,10 +41,11 @@ readers() {  # CASE CKPT WANT
     grep -q -- "$want" "$out" || { fail "$name: $r did not say '$want'"; tail -3 "$out"; }
   done
 }
-"$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir="$dir/ok" \
-  --set log.dir="$dir/ok.run" > "$dir/ok.log" 2>&1 || { cat "$dir/ok.log"; exit 1; }
+run_or_show "$dir/ok.log" "$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 \
+  --set checkpoint.dir="$dir/ok" \
+  --set log.dir="$dir/ok.run"
 good=$dir/ok/step-00000002
-"$loom" ckpt verify "$good" > /dev/null || { echo "FAIL: the good checkpoint does not verify"; exit 1; }
+"$loom" ckpt verify "$good" > /dev/null || die "the good checkpoint does not verify"
 variant() {  # NAME PYTHON: a copy of the good checkpoint, its manifest edited by PYTHON (m: the JSON)
   rm -rf "$dir/$1"
   cp -r "$good" "$dir/$1"
@@ -156,5 +155,4 @@ mkdir -p "$dir/latest" && cp -r "$good" "$dir/elsewhere" && ln -s "$dir/elsewher
   --set log.dir="$dir/latest.run" > "$dir/latest.log" 2>&1 || { fail "resume = latest with a linked step failed"; tail -3 "$dir/latest.log"; }
 if grep -q "resumed from" "$dir/latest.log"; then fail "resume = latest took a linked step directory"; fi
 
-[ $fails = 0 ] || { echo "$fails failure(s)"; exit 1; }
-echo ok
+finish ok

@@ -11,18 +11,18 @@
 #   drill.sh REPO LOOM "LAUNCHER... -np" SCENARIO
 set -euo pipefail
 repo=$1 loom=$2 launch=$3 scenario=$4
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 LOOM=$loom LAUNCH=$launch SEED=${SEED:-11} "$repo/examples/drills/drill.sh" "$scenario" "$dir/out" | tee "$dir/table"
 r=$dir/out/report.json
 # The drill prints a table a reader can read: its header, then the row.
 head -1 "$dir/table" | grep -q "^| drill | fault | detect | recover |" && tail -1 "$dir/table" | grep -q "^| $scenario |" ||
-  { echo "FAIL: the drill's table has no header"; cat "$dir/table"; exit 1; }
+  { cat "$dir/table"; die "the drill's table has no header"; }
 field() { python3 -c "import json,sys; v=json.load(open('$r'))['$1']; print(json.dumps(v))"; }
 expect() {  # FIELD VALUE
   local got
   got=$(field "$1")
-  [ "$got" = "$2" ] || { echo "FAIL: $scenario: $1 is $got, expected $2"; cat "$r"; exit 1; }
+  [ "$got" = "$2" ] || { cat "$r"; die "$scenario: $1 is $got, expected $2"; }
 }
 case $scenario in
   nan | bitflip_unchecked) expect bitwise_equal false ;;
@@ -44,9 +44,9 @@ esac
 if [ "$scenario" = hang ]; then
   step=$(python3 -c "import json; print(json.load(open('$r'))['fault']['step'])")
   grep -E "hang verdict: all_reduce #[0-9]+ on group '(dp|tp)' has waited [0-9]+ s: never reached by rank 1|no record from rank 1 " \
-    "$dir/out/run.log" || { echo "FAIL: no verdict naming rank 1"; grep -i verdict "$dir/out/run.log"; exit 1; }
+    "$dir/out/run.log" || { grep -i verdict "$dir/out/run.log"; die "no verdict naming rank 1"; }
   python3 -c "import json,sys; d=json.load(open('$r'))['detect_s']; sys.exit(0 if d < 10 else 1)" ||
-    { echo "FAIL: the hang took $(field detect_s) s to end the job"; exit 1; }
+    die "the hang took $(field detect_s) s to end the job"
   # The verdict's sequence number is the op rank 0 is waiting in, per its flight record.
   # The verdict's op is one that a rank's watchdog timed out on, per that rank's flight record
   # (the restarted run moved the hung run's records to flight.prev).

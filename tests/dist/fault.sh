@@ -7,8 +7,8 @@
 #   fault.sh LOOM "MPIRUN..." exit|hang
 set -uo pipefail
 loom=$1 mpirun=$2 mode=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 marker="fault-drill-$$"
 start=$(date +%s)
 timeout 90 $mpirun -np 2 "$loom" train --set train.device=cpu --set parallel.dp=2 --set train.threads=1 --set train.steps=1000 \
@@ -17,19 +17,16 @@ status=$?
 elapsed=$(( $(date +%s) - start ))
 grep -E "fault drill|Process name|Exit code|has not completed|hang verdict" "$dir/log" || true
 echo "status $status after ${elapsed}s"
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: the job did not fail by itself"; exit 1; }
-[ "$elapsed" -lt 60 ] || { echo "FAIL: took ${elapsed}s"; exit 1; }
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || die "the job did not fail by itself"
+[ "$elapsed" -lt 60 ] || die "took ${elapsed}s"
 if [ "$mode" = exit ]; then
   grep -q "rank 1: fault drill" "$dir/log" && grep -qE "Process name: \[\[[0-9]+,[0-9]+\],1\]" "$dir/log" ||
-    { echo "FAIL: no line names rank 1"; exit 1; }
+    die "no line names rank 1"
 else
   grep -qE "error: rank 0: all_reduce #[0-9]+ on group 'dp' has not completed" "$dir/log" ||
-    { echo "FAIL: the watchdog did not name the stuck collective"; exit 1; }
+    die "the watchdog did not name the stuck collective"
   grep -qE "hang verdict: all_reduce #[0-9]+ on group 'dp' has waited [0-9]+ s: never reached by rank 1" "$dir/log" ||
-    { echo "FAIL: no hang verdict naming rank 1"; exit 1; }
+    die "no hang verdict naming rank 1"
 fi
-sleep 1
-if pgrep -f "$marker" > /dev/null; then
-  echo "FAIL: processes left behind:"; pgrep -fa "$marker"; pkill -9 -f "$marker"; exit 1
-fi
+no_processes_left "$marker"
 echo "ok"

@@ -15,15 +15,13 @@
 #   invariant.sh LOOM "MPIRUN..."
 set -uo pipefail
 loom=$1 mpirun=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir"
 # 16 micro-batches of one sequence: 16 sums on one rank, 8 or 4 per rank on 2 or 4.
 common=(--set model.arch=llama --set model.n_layer=2 --set model.d_model=32 --set model.n_head=4
         --set model.vocab_size=96 --set model.seq_len=16 --set train.global_batch=16 --set train.micro_batch=1
         --set train.steps=1 --set train.threads=1 --set train.device=cpu --set data.val_batches=0)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 run() {  # NAME NP [--set ...]
   local name=$1 np=$2
   shift 2
@@ -191,5 +189,4 @@ grep -q "^within the tolerances" cmp_plain.log && grep -q "the bits differ from 
 "$loom" compare --launcher "$mpirun -np" --out cmp_tree "${args[@]}" > cmp_again.log 2>&1 < /dev/null
 [ $? = 2 ] && grep -q "is not empty; give a new directory" cmp_again.log || fail "compare into a used --out"
 
-[ $fails = 0 ] && echo "PASS" || echo "$fails failures"
-exit $((fails > 0))
+finish

@@ -7,8 +7,8 @@
 #   mixture.sh LOOM COMPARE "MPIRUN... -np"
 set -euo pipefail
 loom=$1 compare=$2 launch=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 # Source a: a repeating 5-cycle, source b: a repeating 7-cycle, as token shards.
 python3 - "$dir" <<'PY'
 import struct, sys
@@ -31,9 +31,9 @@ swapped="[{path = \"$dir/a.bin\", weight = 1}, {path = \"$dir/b.bin\", weight = 
 run() {  # NAME NP SOURCES ARGS...
   local name=$1 np=$2 sources=$3
   shift 3
-  $launch "$np" "$loom" train "${common[@]}" --set data.sources="$sources" "$@" --set log.dir="$dir/$name" \
-    --set export.final="$dir/$name/final.safetensors" \
-    > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
+  run_or_show "$dir/$name.log" ranks "$np" "$loom" train "${common[@]}" \
+    --set data.sources="$sources" "$@" --set log.dir="$dir/$name" \
+    --set export.final="$dir/$name/final.safetensors"
 }
 run full 2 "$mix" --set parallel.dp=2 --set checkpoint.dir="$dir/ckpt"
 grep -E "mixture of 2 sources" "$dir/full.log"

@@ -10,14 +10,14 @@
 #   moe_ep.sh LOOM COMPARE "MPIRUN... -np"
 set -euo pipefail
 loom=$1 compare=$2 launch=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.arch=llama --set model.n_layer=2 --set model.d_model=32 --set model.n_head=8 --set model.n_kv_head=4
         --set model.vocab_size=96 --set model.seq_len=16 --set model.d_ff=128 --set model.moe.num_experts=4
         --set train.micro_batch=4 --set train.global_batch=8 --set train.lr=3e-3 --set train.warmup_steps=2
         --set train.threads=1 --set train.device=cpu --set data.val_batches=0)
-"$loom" train "${common[@]}" --set train.steps=0 --set log.dir= --set export.final="$dir/init.safetensors" \
-  > "$dir/init.log" 2>&1 || { cat "$dir/init.log"; exit 1; }
+run_or_show "$dir/init.log" "$loom" train "${common[@]}" --set train.steps=0 --set log.dir= \
+  --set export.final="$dir/init.safetensors"
 python3 - "$dir/init.safetensors" <<'PY'
 import json, struct, sys
 path = sys.argv[1]

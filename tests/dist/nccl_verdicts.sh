@@ -5,8 +5,8 @@
 #   nccl_verdicts.sh BINARY "MPIRUN..."
 set -uo pipefail
 bin=$1 mpirun=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 fail=0
 check() {  # scenario, then the regexes its verdict must match
   local name=$1

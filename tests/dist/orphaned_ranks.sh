@@ -6,9 +6,10 @@
 #   orphaned_ranks.sh LOOM "MPIRUN..."
 set -uo pipefail
 loom=$1 mpirun=$2
-dir=$(mktemp -d)
+. "$(dirname "$0")/../lib.sh"
+test_dir
 marker="orphaned-ranks-$$"
-trap 'pkill -9 -f "$marker" 2> /dev/null; rm -rf "$dir"' EXIT
+on_exit 'pkill -9 -f "$marker" 2> /dev/null'
 cd "$dir"
 # shellcheck disable=SC2086
 $mpirun -np 2 "$loom" train --set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 \
@@ -23,9 +24,8 @@ at=$(ls -d ck/step-*/manifest.json | wc -l)
 sleep 4
 after=$(ls -d ck/step-*/manifest.json | wc -l)
 echo "checkpoints committed when mpirun was killed: $at; 4 s later: $after"
-[ "$at" -ge 3 ] || { echo "FAIL: the job never committed 3 checkpoints"; tail -5 run.log; exit 1; }
+[ "$at" -ge 3 ] || { tail -5 run.log; die "the job never committed 3 checkpoints"; }
 # One may land in the instant of the kill; none after it.
-[ "$after" -le $((at + 1)) ] || { echo "FAIL: orphaned ranks committed $((after - at)) checkpoints"; exit 1; }
-sleep 2
-pgrep -f "$marker" > /dev/null && { echo "FAIL: ranks left running"; pgrep -fa "$marker"; exit 1; }
+[ "$after" -le $((at + 1)) ] || die "orphaned ranks committed $((after - at)) checkpoints"
+no_processes_left "$marker" 2
 echo "orphaned ranks: nothing committed"

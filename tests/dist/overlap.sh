@@ -5,8 +5,8 @@
 #   overlap.sh LOOM COMPARE "MPIRUN..."
 set -euo pipefail
 loom=$1 compare=$2 mpirun=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 # Blocks wide enough that a bucket's all-reduce can finish while the next block computes.
 common=(--set train.device=cpu --set model.n_layer=6 --set model.d_model=256 --set model.seq_len=64
         --set train.micro_batch=4 --set train.global_batch=8 --set train.steps=8 --set train.threads=1
@@ -14,10 +14,11 @@ common=(--set train.device=cpu --set model.n_layer=6 --set model.d_model=256 --s
 # Timing on a shared machine: a loaded moment can stretch the exposed time past one bucket's,
 # so up to three tries; code that overlaps nothing fails all three.
 for attempt in 1 2 3; do
-  $mpirun -np 2 "$loom" train "${common[@]}" --set parallel.bucket_mb=1 --set log.trace=true \
-    --set log.dir="$dir/buckets$attempt" > "$dir/log" 2>&1 || { cat "$dir/log"; exit 1; }
-  $mpirun -np 2 "$loom" train "${common[@]}" --set parallel.bucket_mb=1000 --set log.dir="$dir/one$attempt" \
-    > "$dir/one.log" 2>&1 || { cat "$dir/one.log"; exit 1; }
+  run_or_show "$dir/log" $mpirun -np 2 "$loom" train "${common[@]}" --set parallel.bucket_mb=1 \
+    --set log.trace=true \
+    --set log.dir="$dir/buckets$attempt"
+  run_or_show "$dir/one.log" $mpirun -np 2 "$loom" train "${common[@]}" --set parallel.bucket_mb=1000 \
+    --set log.dir="$dir/one$attempt"
   grep "layout" "$dir/log" "$dir/one.log"
   if "$compare" --trace "$dir/buckets$attempt/trace.rank0.json" "$dir/buckets$attempt/metrics.jsonl" \
     "$dir/one$attempt/metrics.jsonl"; then exit 0; fi

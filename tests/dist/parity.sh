@@ -17,8 +17,8 @@
 set -euo pipefail
 loom=$1 compare=$2 launch=$3 arch=$4 np=$5 micro=$6 dtype=$7
 shift 7
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 # 8 heads and 4 kv heads (llama) split over tp 2 and 4; d_ff 128 and vocab 96 too.
 common=(--set model.arch="$arch" --set model.n_layer=2 --set model.d_model=32 --set model.n_head=8
         --set model.vocab_size=96 --set model.seq_len=16 --set model.d_ff=128 --set train.global_batch=8
@@ -43,18 +43,18 @@ tol=(--min-steps "$steps")
 # the same groups of sequences (it accumulates micro-batches where the layout has dp ranks).
 refmicro=8
 [[ " ${both[*]} " == *model.moe.num_experts* ]] && refmicro=$micro
-"$loom" train "${common[@]}" "${both[@]}" --set train.micro_batch=$refmicro --set log.dir="$dir/ref" \
-  --set export.final="$dir/ref/final.safetensors" > "$dir/ref.log" 2>&1 || { cat "$dir/ref.log"; exit 1; }
-$launch "$np" "$loom" train "${common[@]}" --set train.micro_batch="$micro" "$@" \
-  --set log.dir="$dir/run" --set export.final="$dir/run/final.safetensors" > "$dir/run.log" 2>&1 || { cat "$dir/run.log"; exit 1; }
+run_or_show "$dir/ref.log" "$loom" train "${common[@]}" "${both[@]}" --set train.micro_batch=$refmicro \
+  --set log.dir="$dir/ref" --set export.final="$dir/ref/final.safetensors"
+run_or_show "$dir/run.log" ranks "$np" "$loom" train "${common[@]}" --set train.micro_batch="$micro" "$@" \
+  --set log.dir="$dir/run" --set export.final="$dir/run/final.safetensors"
 grep -E "layout|tensor parallel|batch:" "$dir/run.log"
 "$compare" "$dir/run" "$dir/ref" "${tol[@]}"
 if [ "$dtype" = bf16 ]; then "$compare" --master "$dir/run/final.safetensors"; fi
 # The same layout over NCCL's rules on the CPU (parallel.comm = "nccl-emulated"): the same
 # numbers as over MPI, bitwise (losses, norms, weights), or a verdict where NCCL would hang.
-$launch "$np" "$loom" train "${common[@]}" --set train.micro_batch="$micro" "$@" --set parallel.comm=nccl-emulated \
-  --set log.dir="$dir/emu" --set export.final="$dir/emu/final.safetensors" > "$dir/emu.log" 2>&1 || { cat "$dir/emu.log"; exit 1; }
+run_or_show "$dir/emu.log" ranks "$np" "$loom" train "${common[@]}" --set train.micro_batch="$micro" "$@" \
+  --set parallel.comm=nccl-emulated --set log.dir="$dir/emu" --set export.final="$dir/emu/final.safetensors"
 grep -E "layout" "$dir/emu.log"
-grep -q "over NCCL (emulated)" "$dir/emu.log" || { echo "FAIL: the second run was not over nccl-emulated"; exit 1; }
+grep -q "over NCCL (emulated)" "$dir/emu.log" || die "the second run was not over nccl-emulated"
 "$compare" "$dir/emu" "$dir/run" --loss-rtol 0 --norm-rtol 0 --weight-atol 0 --min-steps "$steps"
 "$compare" --weights-equal "$dir/emu/final.safetensors" "$dir/run/final.safetensors"

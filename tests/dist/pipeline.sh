@@ -16,16 +16,16 @@
 #   pipeline.sh LOOM COMPARE "MPIRUN... -np"
 set -euo pipefail
 loom=$1 compare=$2 launch=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.n_layer=4 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
         --set model.seq_len=16 --set train.micro_batch=1 --set train.steps=6 --set train.warmup_steps=2
         --set train.threads=1 --set train.device=cpu --set data.val_batches=1 --set data.val_every=0)
 run() {  # NAME NP ARGS...
   local name=$1 np=$2
   shift 2
-  $launch "$np" "$loom" train "${common[@]}" "$@" --set log.dir="$dir/$name" \
-    --set export.final="$dir/$name/final.safetensors" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
+  run_or_show "$dir/$name.log" ranks "$np" "$loom" train "${common[@]}" "$@" --set log.dir="$dir/$name" \
+    --set export.final="$dir/$name/final.safetensors"
 }
 same() { "$compare" "$dir/$1" "$dir/$2" --loss-rtol 0 --norm-rtol 0 --weight-atol 0 --min-steps 6; }
 for s in gpipe 1f1b zb interleaved zbv dualpipev; do
@@ -40,7 +40,7 @@ for s in gpipe 1f1b zb interleaved zbv dualpipev; do
   case $s in
     zbv | dualpipev) ;;  # a V keeps the embedding and the head on stage 0: one copy
     *) grep -q "tied embedding: the first and last stage's copies are bitwise equal" "$dir/${s}_a.log" ||
-      { echo "FAIL: no check of the tied copies"; exit 1; } ;;
+      die "no check of the tied copies" ;;
   esac
 done
 same 1f1b_a zb_a
@@ -71,14 +71,14 @@ echo "stage 0 activations: one micro-batch $one B, gpipe m=8 $g B, 1f1b m=8 $f B
 # backend's own few hundred bytes, cancels).
 slot=$(( (g - one) / 7 ))
 [ $(( (g - one) % 7 )) -eq 0 ] && [ "$slot" -gt 0 ] && [ $((f - one)) -eq $((3 * slot)) ] ||
-  { echo "FAIL: expected gpipe to hold 8 micro-batches and 1f1b 4 (a slot: $slot B)"; exit 1; }
+  die "expected gpipe to hold 8 micro-batches and 1f1b 4 (a slot: $slot B)"
 # zb's stage 0 (the embedding, one gpt2 block; N = 16 rows, C = 32) keeps per slot, for W, the
 # output gradients of the four linears (N x C, 4C, C, 3C) and two norms (N x C each) and the
 # embedding's (N x C): 4 fp32 slots of them on top of 1f1b's, whose empty stash still takes
 # an allocation's least, 64 B.
 stash=$(( (16 * (32 + 128 + 32 + 32 + 96 + 32) + 16 * 32) * 4 ))
 [ $((z - f)) -eq $((4 * stash - 64)) ] ||
-  { echo "FAIL: zb holds $((z - f)) B more than 1f1b, expected 4 slots of $stash B"; exit 1; }
+  die "zb holds $((z - f)) B more than 1f1b, expected 4 slots of $stash B"
 echo "one slot: $slot B; gpipe holds 8, 1f1b 4, zb 4 (+ $stash B each for W)"
 grep -E "pipeline:" "$dir/f1b8.log"
 # 4. Validation runs forward through the stages: the last val_loss equals the single rank's;

@@ -12,15 +12,14 @@
 #   ranks_agree.sh LOOM "MPIRUN..."
 set -uo pipefail
 loom=$1 mpirun=$2
-dir=$(mktemp -d)
-trap 'kill $holder 2>/dev/null; rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
+on_exit 'kill $holder 2>/dev/null'
 holder=
 cd "$dir"
 common=(--set model.n_layer=1 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
         --set model.seq_len=16 --set train.global_batch=4 --set train.micro_batch=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0 --set train.steps=2 --set parallel.dp=2)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 echo "config"
 mpmd() {  # NAME WANT SET (given to rank 1 only) [BASE: arguments given to both first]
@@ -86,5 +85,4 @@ timeout 60 "$loom" train "${common[@]}" --set parallel.dp=1 --set checkpoint.eve
   --set log.dir=third.run > third.log 2>&1 ||
   { fail "checkpoint.dir stayed locked after its job ended"; tail -3 third.log; }
 
-[ $fails = 0 ] || { echo "$fails failure(s)"; exit 1; }
-echo ok
+finish ok

@@ -10,14 +10,12 @@
 #   ranks_apart.sh LOOM "MPIRUN..."
 set -uo pipefail
 loom=$1 mpirun=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir"
 common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=256
         --set model.seq_len=8 --set train.global_batch=4 --set train.micro_batch=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0 --set parallel.dp=2 --set log.dir=log)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 apart() {  # NAME ARGS...: rank 0 in $dir/NAME/a, rank 1 in $dir/NAME/b, the same arguments
   local name=$1
   shift
@@ -60,4 +58,4 @@ grep -q "checkpoint step 400 not committed: rank 1 wrote rank-00001.h5 (.*) but 
   { fail "moved: not named"; tail -5 moved.log; }
 [ -e moved/a/ck/step-00000400/manifest.json ] && fail "moved: committed without rank 1's file"
 
-[ $fails = 0 ] && echo "ranks apart: all held" || { echo "$fails failures"; exit 1; }
+finish "ranks apart: all held"

@@ -11,8 +11,8 @@
 #   reshard.sh LOOM COMPARE "MPIRUN... -np" [PYTHON]
 set -euo pipefail
 loom=$1 compare=$2 launch=$3 py=${4:-/usr/bin/python3}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
         --set model.seq_len=16 --set model.d_ff=128 --set train.global_batch=8 --set train.micro_batch=2
         --set train.steps=20 --set train.warmup_steps=2 --set train.threads=1 --set train.device=cpu
@@ -20,8 +20,8 @@ common=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set 
 run() {  # NAME NP ARGS...
   local name=$1 np=$2
   shift 2
-  $launch "$np" "$loom" train "${common[@]}" "$@" --set log.dir="$dir/$name" \
-    --set export.final="$dir/$name/final.safetensors" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
+  run_or_show "$dir/$name.log" ranks "$np" "$loom" train "${common[@]}" "$@" --set log.dir="$dir/$name" \
+    --set export.final="$dir/$name/final.safetensors"
 }
 run orig 4 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1 --set checkpoint.dir="$dir/orig_ckpt"
 grep -E "layout|committed" "$dir/orig.log"

@@ -6,8 +6,8 @@
 #   sbatch.sh REPO
 set -euo pipefail
 repo=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 # A fresh clone's tree: no runs/ folder, the binary where the script expects it.
 mkdir -p "$dir/launch/slurm" "$dir/build"
 cp "$repo/launch/slurm/loom.sbatch" "$dir/launch/slurm/"
@@ -29,12 +29,12 @@ dp = 4
 TOML
 cd "$dir"
 job=$(sbatch --parsable --wait --ntasks-per-node=4 --cpus-per-task=1 launch/slurm/loom.sbatch job.toml) ||
-  { echo "FAIL: the job did not succeed"; cat loom-*.out 2>/dev/null; exit 1; }
+  { cat loom-*.out 2>/dev/null; die "the job did not succeed"; }
 out="loom-$job.out"
-[ -s "$out" ] || { echo "FAIL: no job output $out"; ls; exit 1; }
+[ -s "$out" ] || { ls; die "no job output $out"; }
 grep -E "layout|threads per rank" "$out"
 steps=$(grep -c '"loss"' "runs/$job/metrics.jsonl")
-[ "$steps" -eq 10 ] || { echo "FAIL: $steps steps"; cat "$out"; exit 1; }
-grep -q "1 thread per rank (SLURM_CPUS_PER_TASK)" "$out" || { echo "FAIL: threads not from Slurm's CPUs"; exit 1; }
-grep -q "layout: 4 ranks over MPI" "$out" || { echo "FAIL: not 4 ranks"; exit 1; }
+[ "$steps" -eq 10 ] || { cat "$out"; die "$steps steps"; }
+grep -q "1 thread per rank (SLURM_CPUS_PER_TASK)" "$out" || die "threads not from Slurm's CPUs"
+grep -q "layout: 4 ranks over MPI" "$out" || die "not 4 ranks"
 echo "ok: job $job, $steps steps"

@@ -7,14 +7,15 @@
 #   scaling_sweep.sh SOURCE_DIR LOOM "MPIRUN... -np"
 set -euo pipefail
 src=$1 loom=$2 launch=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 sets=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=96
       --set model.seq_len=16 --set train.micro_batch=2 --set train.global_batch=4 --set train.steps=5
       --set train.threads=1 --set train.device=cpu --set data.val_batches=0)
 for mode in strong weak; do
-  python3 "$src/examples/scaling/sweep.py" --loom "$loom" --launch "$launch" "${sets[@]}" --sweep parallel.dp=1,2 \
-    --"$mode" --out "$dir/$mode.csv" > "$dir/$mode.log" 2>&1 || { cat "$dir/$mode.log"; exit 1; }
+  run_or_show "$dir/$mode.log" python3 "$src/examples/scaling/sweep.py" --loom "$loom" --launch "$launch" \
+    "${sets[@]}" --sweep parallel.dp=1,2 \
+    --"$mode" --out "$dir/$mode.csv"
 done
 python3 - "$dir/strong.csv" "$dir/weak.csv" <<'PY'
 import csv, sys
@@ -37,7 +38,7 @@ PY
 # The global batch reached the runs: the tokens each one counted (5 steps of 16 tokens per sequence).
 for point in strong_runs/dp2_strong:320 weak_runs/dp2_weak:640; do
   tokens=$(grep -o '"tokens":[0-9]*' "$dir/${point%%:*}/metrics.jsonl" | tail -1 | cut -d: -f2)
-  [ "$tokens" = "${point##*:}" ] || { echo "FAIL: ${point%%:*} counted $tokens tokens, not ${point##*:}"; exit 1; }
+  [ "$tokens" = "${point##*:}" ] || die "${point%%:*} counted $tokens tokens, not ${point##*:}"
 done
 # The step-time model's harness on the same points: calibrate fits a cluster file to a run of
 # the model (its compute must come back exactly: the fit solves for it) and bench comm at 2
@@ -49,9 +50,10 @@ mkdir "$dir/tmp"
     --ranks 2 --max-mb 1 --out "$dir/new/fit.toml" > "$dir/calibrate.log" 2>&1 ) || { cat "$dir/calibrate.log"; exit 1; }
 ! compgen -G "$dir/tmp/calibrate_*" > /dev/null || { ls "$dir/tmp"; echo "FAIL: calibrate left its scratch"; exit 1; }
 mv "$dir/new/"* "$dir/"
-[ -s "$dir/fit.intra2.txt" ] || { echo "FAIL: calibrate kept no bench comm record"; exit 1; }
-python3 "$src/examples/scaling/validate.py" --loom "$loom" "${sets[@]}" --cluster "$dir/fit.toml" "$dir/strong.csv" \
-  "$dir/weak.csv" --out "$dir/check.csv" > "$dir/validate.log" 2>&1 || { cat "$dir/validate.log"; exit 1; }
+[ -s "$dir/fit.intra2.txt" ] || die "calibrate kept no bench comm record"
+run_or_show "$dir/validate.log" python3 "$src/examples/scaling/validate.py" --loom "$loom" \
+  "${sets[@]}" --cluster "$dir/fit.toml" "$dir/strong.csv" \
+  "$dir/weak.csv" --out "$dir/check.csv"
 python3 - "$dir/fit.toml" "$dir/check.csv" "$loom" "${sets[@]}" <<'PY'
 import csv, json, re, subprocess, sys
 fit, check, loom, sets = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]

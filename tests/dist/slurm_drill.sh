@@ -4,10 +4,10 @@
 #   slurm_drill.sh REPO LOOM
 set -uo pipefail
 repo=$1 loom=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 sbatch --wait --quiet -n 2 --cpus-per-task=1 -o "$dir/job.out" \
   --wrap="$repo/tests/dist/drill.sh $repo $loom 'srun --mpi=pmix --kill-on-bad-exit=1 -n' kill"
 rc=$?
 cat "$dir/job.out"
-[ "$rc" -eq 0 ] && grep -q "ok: kill" "$dir/job.out" || { echo "FAIL: the job ended with status $rc"; exit 1; }
+[ "$rc" -eq 0 ] && grep -q "ok: kill" "$dir/job.out" || die "the job ended with status $rc"

@@ -5,8 +5,8 @@
 #   slurm_elastic.sh LOOM
 set -euo pipefail
 loom=$(readlink -f "$1")
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cat > "$dir/job.sh" <<SH
 #!/usr/bin/env bash
 "$loom" supervise --ranks 2:4 --max-restarts 0 --log-dir "$dir/run" -- srun --mpi=pmix -n {ranks} "$loom" train \\
@@ -16,11 +16,11 @@ cat > "$dir/job.sh" <<SH
 SH
 chmod +x "$dir/job.sh"
 sbatch --parsable --wait --ntasks-per-node=4 --cpus-per-task=1 -o "$dir/out.txt" "$dir/job.sh" > /dev/null ||
-  { echo "FAIL: the job did not succeed"; cat "$dir/out.txt"; exit 1; }
+  { cat "$dir/out.txt"; die "the job did not succeed"; }
 cat "$dir/out.txt" | grep supervise
 node=$(grep -o '"hosts":"[^"]*"' "$dir/run/faults.jsonl" | head -1)
 grep -qE '"event":"layout","t":[0-9.]+,"restart":0,"ranks":4,"dp":4,"hosts":"[^":,]+:4","lost":0' "$dir/run/faults.jsonl" ||
   { echo "FAIL: not 4 ranks on the allocation's node: $(cat "$dir/run/faults.jsonl")"; exit 1; }
-[ "$(grep -c '"loss"' "$dir/run/metrics.jsonl")" -eq 4 ] || { echo "FAIL: the job did not train"; exit 1; }
-grep -q "layout: 4 ranks over MPI" "$dir/out.txt" || { echo "FAIL: not 4 ranks"; cat "$dir/out.txt"; exit 1; }
+[ "$(grep -c '"loss"' "$dir/run/metrics.jsonl")" -eq 4 ] || die "the job did not train"
+grep -q "layout: 4 ranks over MPI" "$dir/out.txt" || { cat "$dir/out.txt"; die "not 4 ranks"; }
 echo "ok: $node"

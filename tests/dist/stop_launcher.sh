@@ -9,8 +9,8 @@
 #   stop_launcher.sh LOOM SOURCE_DIR "MPIRUN..."
 set -uo pipefail
 loom=$1 src=$2 mpirun=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 marker="stop-launcher-$$"
 args=(train --set train.device=cpu --set train.threads=1 --set train.steps=100000 --set data.val_batches=0
       --set parallel.dp=2 --set train.micro_batch=8)
@@ -25,12 +25,12 @@ check_stop() {  # check_stop NAME STATUS LOG_DIR EXPORT LOG
   local name=$1 status=$2 log_dir=$3 export=$4 log=$5
   echo "$name: status $status"
   [ "$status" -eq 75 ] || { cat "$log"; echo "FAIL: $name: exit status $status, not 75"; exit 1; }
-  tail -1 "$log_dir/metrics.jsonl" | grep -q '"stopped":"SIG' || { echo "FAIL: $name: no stop record"; exit 1; }
+  tail -1 "$log_dir/metrics.jsonl" | grep -q '"stopped":"SIG' || die "$name: no stop record"
   "$loom" train --set train.device=cpu --set train.steps=1 --set data.val_batches=0 --set train.threads=1 \
     --set init.from="$export" --set log.dir="$dir/again" > "$dir/again.log" 2>&1 ||
     { cat "$dir/again.log"; echo "FAIL: $name: the export does not load"; exit 1; }
   sleep 0.5
-  pgrep -f "$marker" > /dev/null && { echo "FAIL: $name: processes left"; pkill -9 -f "$marker"; exit 1; }
+  pgrep -f "$marker" > /dev/null && { pkill -9 -f "$marker"; die "$name: processes left"; }
 }
 
 # 1. launch/mpirun.sh in a process group of its own with SIGINT not ignored, as an interactive
@@ -74,12 +74,12 @@ grep -q "^launch/mpirun.sh: ended by a second Ctrl-C: ranks still in a step were
 grep -q "non-zero exit code\|non-zero status\|Forwarding signal\|mpirun noticed\|exited on signal" "$dir/c.log" &&
   { cat "$dir/c.log"; echo "FAIL: Open MPI's notices after a second Ctrl-C"; exit 1; }
 grep -q "stopped by" "$dir/c.log" && { cat "$dir/c.log"; echo "FAIL: the step in flight was finished"; exit 1; }
-[ ! -e "$dir/c.safetensors" ] || { echo "FAIL: an export after a second Ctrl-C"; exit 1; }
+[ ! -e "$dir/c.safetensors" ] || die "an export after a second Ctrl-C"
 last=$(dirname "$(ls -d "$dir/$marker-ck"/step-*/manifest.json | tail -1)")
 "$loom" ckpt verify "$last" > "$dir/verify.log" 2>&1 ||
   { cat "$dir/verify.log"; echo "FAIL: the last committed checkpoint is not intact"; exit 1; }
 sleep 0.5
-pgrep -f "$marker" > /dev/null && { echo "FAIL: processes left after a second Ctrl-C"; pkill -9 -f "$marker"; exit 1; }
+pgrep -f "$marker" > /dev/null && { pkill -9 -f "$marker"; die "processes left after a second Ctrl-C"; }
 set +m
 
 # 2. A plain mpirun, given SIGUSR1 (which it forwards to every rank).

@@ -6,8 +6,8 @@
 #   stop_srun.sh LOOM
 set -uo pipefail
 loom=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 marker="stop-srun-$$"
 one() {  # one NAME HOW: start a 2-task job, stop it by HOW (a command; $job is srun's pid)
   local name=$1 how=$2 log_dir=$dir/$marker-$1
@@ -24,8 +24,8 @@ one() {  # one NAME HOW: start a 2-task job, stop it by HOW (a command; $job is 
   local status=$?
   echo "$name: status $status"
   [ "$status" -eq 75 ] || { cat "$dir/$name.log"; echo "FAIL: $name: status $status, not 75"; exit 1; }
-  tail -1 "$log_dir/metrics.jsonl" | grep -q '"stopped":"SIG' || { echo "FAIL: $name: no stop record"; exit 1; }
-  [ -s "$dir/$name.safetensors" ] || { echo "FAIL: $name: no export"; exit 1; }
+  tail -1 "$log_dir/metrics.jsonl" | grep -q '"stopped":"SIG' || die "$name: no stop record"
+  [ -s "$dir/$name.safetensors" ] || die "$name: no export"
 }
 one usr1 'kill -USR1 $job'
 one scancel 'scancel --signal=TERM --name="$marker-scancel"'

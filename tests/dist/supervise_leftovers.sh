@@ -6,8 +6,8 @@
 #   supervise_leftovers.sh LOOM "MPIRUN..."
 set -uo pipefail
 loom=$1 mpirun=$2
-dir=$(mktemp -d)
-trap '[ -n "${KEEP:-}" ] && echo "kept $dir" || rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir  # KEEP=1 keeps it
 cd "$dir"
 # shellcheck disable=SC2086
 timeout 280 "$loom" supervise --backoff-s 0 --max-restarts 2 -- $mpirun -np 2 "$loom" train \
@@ -20,23 +20,21 @@ sup=$!
 for _ in $(seq 900); do [ -e ck/step-00000040/manifest.json ] && break; sleep 0.1; done
 supervisor=$(pgrep -P $sup | head -1)  # $sup is timeout's
 launcher=$(pgrep -P "$supervisor" | head -1)
-[ -n "$launcher" ] || { echo "FAIL: no launcher under the supervisor"; cat sup.log; exit 1; }
+[ -n "$launcher" ] || { cat sup.log; die "no launcher under the supervisor"; }
 kill -9 "$launcher"
-fails=0
 # When the restart begins, no process of the first run is left (its ranks would save on).
 for _ in $(seq 600); do grep -q "LOOM_RESTART=1" sup.log && break; sleep 0.05; done
 for p in $(pgrep -f "loom train"); do
   # This test's ranks only (their directory): other tests' supervised runs may run beside it.
   [ "$(readlink "/proc/$p/cwd" 2> /dev/null)" = "$PWD" ] || continue
   if grep -qa "LOOM_RESTART=0" "/proc/$p/environ" 2> /dev/null; then
-    echo "FAIL: pid $p of the first run still runs as the restart begins"
-    fails=1
+    fail "pid $p of the first run still runs as the restart begins"
   fi
 done
 wait $sup
 rc=$?
-[ $rc = 0 ] || { echo "FAIL: the supervised job ended with $rc"; fails=1; }
-grep -q "in use by another run" sup.log && { echo "FAIL: the restart found the old run's lock"; fails=1; }
-grep -q "resumed from" sup.log || { echo "FAIL: the restart did not resume"; fails=1; }
-[ $fails = 0 ] || { tail -20 sup.log; exit 1; }
-echo "supervise leftovers: held"
+[ $rc = 0 ] || fail "the supervised job ended with $rc"
+grep -q "in use by another run" sup.log && fail "the restart found the old run's lock"
+grep -q "resumed from" sup.log || fail "the restart did not resume"
+[ $fails = 0 ] || tail -20 sup.log
+finish "supervise leftovers: held"

@@ -12,17 +12,15 @@
 #   weights_hostile.sh LOOM
 set -uo pipefail
 loom=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir"
 common=(--set model.n_layer=1 --set model.d_model=32 --set model.n_head=4 --set model.vocab_size=256
         --set model.seq_len=16 --set train.global_batch=4 --set train.micro_batch=4 --set train.threads=1
         --set train.device=cpu --set data.val_batches=1)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-"$loom" train "${common[@]}" --set train.steps=2 --set export.final=good.safetensors --set log.dir=good.run \
-  > good.log 2>&1 || { cat good.log; exit 1; }
-"$loom" eval --from good.safetensors > good.eval 2>&1 || { cat good.eval; exit 1; }
+run_or_show good.log "$loom" train "${common[@]}" --set train.steps=2 \
+  --set export.final=good.safetensors --set log.dir=good.run
+run_or_show good.eval "$loom" eval --from good.safetensors
 
 # Every reader must exit with status 2 (a refused input), quickly, saying WANT.
 readers() {  # CASE FILE WANT [EXTRA ARGS for every reader]
@@ -132,5 +130,4 @@ for t in nan inf; do
   [ $rc = 2 ] && grep -q "must be a finite number" temp.log || { fail "--temperature $t exited $rc"; tail -2 temp.log; }
 done
 
-[ $fails = 0 ] || { echo "$fails failure(s)"; exit 1; }
-echo ok
+finish ok

@@ -7,8 +7,8 @@
 #   zero_memory.sh LOOM COMPARE "MPIRUN..."
 set -euo pipefail
 loom=$1 compare=$2 mpirun=$3
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.n_layer=4 --set model.d_model=64 --set model.n_head=4 --set model.vocab_size=500
         --set model.seq_len=32 --set train.micro_batch=2 --set train.global_batch=8 --set train.steps=2
         --set train.threads=1 --set train.device=cpu --set data.val_batches=0)
@@ -22,8 +22,9 @@ for layout in "dp4:--set parallel.dp=4" "dp2tp2:--set parallel.dp=2 --set parall
     for z in 0 1 2 3; do
       run=$dir/${name}_${dtype}_z$z
       "$loom" plan memory "${common[@]}" "${lay[@]}" --set train.dtype=$dtype --set parallel.zero=$z --json > "$run.plan.json"
-      $mpirun -np 4 "$loom" train "${common[@]}" "${lay[@]}" --set train.dtype=$dtype --set parallel.zero=$z \
-        --set log.dir="$run" > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
+      run_or_show "$run.log" $mpirun -np 4 "$loom" train "${common[@]}" "${lay[@]}" \
+        --set train.dtype=$dtype --set parallel.zero=$z \
+        --set log.dir="$run"
       "$compare" --ledger "$run.plan.json" "$run"
     done
     [ "$name" != dp2tp2 ] && "$compare" --memory "$dir/${name}_${dtype}_z0.plan.json" "$dir/${name}_${dtype}_z"{0,1,2,3}
@@ -61,7 +62,7 @@ for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --s
   read -r -a lay <<< "$layout"
   run=$dir/pp_$RANDOM
   "$loom" plan memory "${common[@]}" "${lay[@]}" --json > "$run.plan.json"
-  $mpirun -np 4 "$loom" train "${common[@]}" "${lay[@]}" --set log.dir="$run" > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
+  run_or_show "$run.log" $mpirun -np 4 "$loom" train "${common[@]}" "${lay[@]}" --set log.dir="$run"
   "$compare" --ledger "$run.plan.json" "$run"
 done
 # The bf16 copies of gradients in flight when they are reduced in bf16 (ZeRO 1 and 2, and DDP).
@@ -69,8 +70,8 @@ for z in 0 1 2; do
   run=$dir/reduce_bf16_z$z
   "$loom" plan memory "${common[@]}" --set parallel.dp=4 --set train.dtype=bf16 --set parallel.grad_reduce_dtype=bf16 \
     --set parallel.zero=$z --json > "$run.plan.json"
-  $mpirun -np 4 "$loom" train "${common[@]}" --set parallel.dp=4 --set train.dtype=bf16 \
-    --set parallel.grad_reduce_dtype=bf16 --set parallel.zero=$z --set log.dir="$run" > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
+  run_or_show "$run.log" $mpirun -np 4 "$loom" train "${common[@]}" --set parallel.dp=4 --set train.dtype=bf16 \
+    --set parallel.grad_reduce_dtype=bf16 --set parallel.zero=$z --set log.dir="$run"
   "$compare" --ledger "$run.plan.json" "$run"
 done
 "$loom" plan memory "${common[@]}" --set parallel.dp=4
@@ -79,10 +80,11 @@ done
 # whole (its ledger's params grow by them), and after_forward at least once per micro-batch.
 for run in "after_forward 8" "after_step 8" "after_step 2"; do
   read -r policy batch <<< "$run"
-  $mpirun -np 4 "$loom" train "${common[@]}" --set train.micro_batch=1 --set train.global_batch=$batch \
+  run_or_show "$dir/$policy.log" $mpirun -np 4 "$loom" train "${common[@]}" --set train.micro_batch=1 \
+    --set train.global_batch=$batch \
     --set train.steps=3 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3 \
     --set parallel.zero3_reshard=$policy --set log.dir="$dir/${policy}_$batch" \
-    --set export.final="$dir/${policy}_$batch/final.safetensors" > "$dir/$policy.log" 2>&1 || { cat "$dir/$policy.log"; exit 1; }
+    --set export.final="$dir/${policy}_$batch/final.safetensors"
 done
 "$compare" "$dir/after_step_8" "$dir/after_forward_8" --loss-rtol 0 --norm-rtol 0 --weight-atol 0 --min-steps 3
 python3 - "$dir" <<'PY'
@@ -102,8 +104,9 @@ print(f"params: after_forward {pa} B, after_step {pb} B")
 assert abs((pb - pa) - b[-1]["dp_comm"]["all_gather_b"]) <= 4 * 2 * 1024 * 4, "after_step keeps the stage's weights whole (what a step gathers)"
 PY
 # Overlap needs blocks whose gathers take a while: a wider model, two ranks, a few steps.
-$mpirun -np 2 "$loom" train --set model.n_layer=6 --set model.d_model=256 --set model.n_head=4 \
+run_or_show "$dir/trace.log" $mpirun -np 2 "$loom" train --set model.n_layer=6 \
+  --set model.d_model=256 --set model.n_head=4 \
   --set model.seq_len=64 --set train.micro_batch=4 --set train.global_batch=8 --set train.steps=3 \
   --set train.threads=1 --set train.device=cpu --set data.val_batches=0 --set parallel.dp=2 --set parallel.zero=3 \
-  --set log.trace=true --set log.dir="$dir/trace" > "$dir/trace.log" 2>&1 || { cat "$dir/trace.log"; exit 1; }
+  --set log.trace=true --set log.dir="$dir/trace"
 "$compare" --gather-trace "$dir/trace/trace.rank0.json"

@@ -6,8 +6,8 @@
 set -euo pipefail
 loom=$(realpath "$1")
 mpirun=${2:-}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir"
 for _ in $(seq 400); do printf 'the quick brown fox jumps over the lazy dog. '; done >fox.txt
 cat >fox.toml <<'EOF'

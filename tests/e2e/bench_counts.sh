@@ -9,8 +9,8 @@
 set -euo pipefail
 loom=$1
 src=$(cd "$(dirname "$0")/../.." && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 start=$(date +%s)
 # A build with CUDA has ptxas figures (the model, and --write-cluster); one without counts only.
 write=()
@@ -25,25 +25,25 @@ python3 "$src/tests/e2e/bench_counts_check.py" "$src/tests/cuda/kernel_counts.cs
 if ! grep -q "no ptxas figures" "$dir/out.txt"; then
   for key in attention_tflops mem_bw_gbs optimizer_gbs; do
     grep -q "^$key = [0-9.e+]*  # predicted by the kernel time model" "$dir/predicted.toml" ||
-      { echo "FAIL: $key not written"; cat "$dir/predicted.toml"; exit 1; }
+      { cat "$dir/predicted.toml"; die "$key not written"; }
   done
   printed=$(sed -n 's/.*attention [0-9.]* ms = \([0-9]*\) TFLOP\/s.*/\1/p' "$dir/out.txt")
   written=$(sed -n 's/^attention_tflops = \([0-9.e+]*\) .*/\1/p' "$dir/predicted.toml")
   [ -n "$printed" ] && python3 -c "import sys; sys.exit(abs(round($written) - $printed) > 1)" ||
-    { echo "FAIL: attention printed at '$printed' TFLOP/s, written as '$written'"; exit 1; }
+    die "attention printed at '$printed' TFLOP/s, written as '$written'"
   grep -q '^name = "H200 SXM x 8"' "$dir/predicted.toml" && grep -q '^\[intra\]' "$dir/predicted.toml" ||
-    { echo "FAIL: the copy lost h200.toml's other lines"; cat "$dir/predicted.toml"; exit 1; }
+    { cat "$dir/predicted.toml"; die "the copy lost h200.toml's other lines"; }
 fi
 set +e
 "$loom" bench kernels --write-cluster "$dir/x.toml" > "$dir/refused.txt" 2>&1
 rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q -- "--write-cluster needs --counts" "$dir/refused.txt" ||
-  { echo "FAIL: --write-cluster without --counts: status $rc"; cat "$dir/refused.txt"; exit 1; }
+  { cat "$dir/refused.txt"; die "--write-cluster without --counts: status $rc"; }
 set +e
 "$loom" bench kernels --counts --set train.micro_batch=2 > "$dir/refused.txt" 2>&1
 rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q -- "--counts counts the fixed shapes of tests/cuda/kernel_counts.csv; drop --config" \
-  "$dir/refused.txt" || { echo "FAIL: --counts with --set: status $rc"; cat "$dir/refused.txt"; exit 1; }
+  "$dir/refused.txt" || { cat "$dir/refused.txt"; die "--counts with --set: status $rc"; }
 echo "bench kernels --counts: ok"

@@ -6,8 +6,8 @@
 #   big_data.sh LOOM "MPIRUN... -np"
 set -euo pipefail
 loom=$1 launch=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 mkdir "$dir/big" "$dir/small"
 python3 - "$dir" <<'PY'
 import os, struct, sys
@@ -28,9 +28,10 @@ PY
 du -sh --apparent-size "$dir/big" "$dir/small"
 run() {  # NAME
   local start=$SECONDS
-  $launch 2 "$loom" train --set data.source=tokens --set data.path="$dir/$1" --set parallel.dp=2 \
+  run_or_show "$dir/$1.log" ranks 2 "$loom" train --set data.source=tokens \
+    --set data.path="$dir/$1" --set parallel.dp=2 \
     --set train.steps=3 --set train.threads=1 --set data.shuffle=true --set data.val_batches=1 \
-    --set log.dir="$dir/log_$1" > "$dir/$1.log" 2>&1 || { cat "$dir/$1.log"; exit 1; }
+    --set log.dir="$dir/log_$1"
   echo "$1: $((SECONDS - start)) s for 3 steps; $(grep -o "data: .*tokens" "$dir/$1.log" | head -1)"
 }
 run small

@@ -18,8 +18,8 @@
 #   cuda_emulated.sh LOOM COMPARE single|layouts ["LAUNCHER -np"]
 set -euo pipefail
 loom=$1 compare=$2 mode=$3 launch=${4:-}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 # Head dim 32 (the CUDA attention takes 32, 64, 128); 4 steps of 4 x 32 tokens.
 gpt2=(--set model.arch=gpt2 --set model.n_layer=2 --set model.d_model=64 --set model.n_head=2)
 llama=(--set model.arch=llama --set model.n_layer=2 --set model.d_model=128 --set model.n_head=4
@@ -34,8 +34,8 @@ run() {  # NAME [LAUNCHER NP] ARGS...: one training run into $dir/NAME
   shift
   local pre=()
   if [ "${1:-}" = "-np" ]; then pre=($launch "$2"); shift 2; fi
-  "${pre[@]}" "$loom" train --verbose "${common[@]}" "$@" --set log.dir="$dir/$name" \
-    --set export.final="$dir/$name/final.safetensors" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
+  run_or_show "$dir/$name.log" "${pre[@]}" "$loom" train --verbose "${common[@]}" "$@" --set log.dir="$dir/$name" \
+    --set export.final="$dir/$name/final.safetensors"
 }
 syncs() {  # RUN FIELD: the host synchronizations of its last step
   python3 -c 'import json,sys; l=[json.loads(x) for x in open(sys.argv[1]) if "\"host_syncs\"" in x]; print(l[-1]["host_syncs"][sys.argv[2]])' \
@@ -108,7 +108,7 @@ if [ "$mode" = single ]; then
   bwd() { awk '$1 == "(backward)" {print $2}' "$dir/$1.log"; }
   python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)' \
     "$(bwd gpt2_emu_separate)" "$(bwd gpt2_emu)" ||
-    { echo "FAIL: backward scratch $(bwd gpt2_emu_separate) MiB separate, $(bwd gpt2_emu) fused"; exit 1; }
+    die "backward scratch $(bwd gpt2_emu_separate) MiB separate, $(bwd gpt2_emu) fused"
   echo "gpt2: the GELU backward kernel against the epilogue"
   "$compare" "$dir/gpt2_emu_separate" "$dir/gpt2_emu" "${bf16_tol[@]}"
   # Host synchronizations inside the forward and backward of a step: none in a dense step (a
@@ -119,14 +119,14 @@ if [ "$mode" = single ]; then
   moe_full=$(syncs moe_emu_full compute)
   echo "host synchronizations in a step's micro-batches: dense $dense, MoE with a capacity $moe_cap, dropless $moe" \
     "(full recompute: $moe_full) (2 micro-batches)"
-  [ "$dense" = 0 ] || { echo "FAIL: a dense step's micro-batches synchronized the host $dense times"; exit 1; }
-  [ "$moe_cap" = 0 ] || { echo "FAIL: MoE layers with a capacity synchronized the host $moe_cap times"; exit 1; }
-  [ "$moe" = 0 ] || { echo "FAIL: dropless MoE layers synchronized the host $moe times"; exit 1; }
-  [ "$moe_full" = 0 ] || { echo "FAIL: recomputing dropless MoE layers synchronized the host $moe_full times"; exit 1; }
+  [ "$dense" = 0 ] || die "a dense step's micro-batches synchronized the host $dense times"
+  [ "$moe_cap" = 0 ] || die "MoE layers with a capacity synchronized the host $moe_cap times"
+  [ "$moe" = 0 ] || die "dropless MoE layers synchronized the host $moe times"
+  [ "$moe_full" = 0 ] || die "recomputing dropless MoE layers synchronized the host $moe_full times"
   # The whole dense step: at its end the step clock's 8 phase events, the loss and the gradient
   # norm (README: the CUDA backend on the CPU).
   step=$(syncs gpt2_emu step)
-  [ "$step" = 10 ] || { echo "FAIL: a dense step synchronized $step times, not the README's 10"; exit 1; }
+  [ "$step" = 10 ] || die "a dense step synchronized $step times, not the README's 10"
   # What the emulated device refuses.
   if "$loom" train "${common[@]}" "${gpt2[@]}" --set train.device=cuda-emulated --set train.dtype=f32 \
     --set train.steps=1 > "$dir/f32.log" 2>&1; then echo "FAIL: f32 accepted"; exit 1; fi

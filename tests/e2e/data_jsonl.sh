@@ -11,11 +11,9 @@
 #   data_jsonl.sh LOOM
 set -uo pipefail
 loom=$(realpath "$1")
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir" || exit 1
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # A tiny GPT-2 vocabulary: bytes stand for themselves, <|endoftext|> opens each document.
 python3 - <<'PY'
@@ -236,5 +234,4 @@ bad "longer than --max-record" "'over.jsonl' line 2 is longer than 1 MB (--max-r
   grep -q "from 2 documents" o.log && grep -q "skipped 1 bad record (--skip-bad); the first: 'over.jsonl' line 2: longer than 1 MB" o.log ||
   { cat o.log; fail "--skip-bad over --max-record"; }
 
-[ $fails = 0 ] && echo ok
-exit $((fails > 0))
+finish ok

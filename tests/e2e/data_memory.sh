@@ -8,8 +8,8 @@
 #   data_memory.sh LOOM
 set -euo pipefail
 loom=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 python3 - "$dir" <<'PY'
 import sys
 words = b"alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu "
@@ -35,5 +35,5 @@ magic, version, n = struct.unpack("<3i", shard[:12])
 assert (magic, n) == (20240520, len(text)), (magic, n, len(text))
 assert shard[1024:1024 + 2 * 4096:2] == text[:4096] and shard[-2::-2][:4096] == text[::-1][:4096], "not the text"
 PY
-[ $((big - small)) -lt $((16 << 20)) ] || { echo "FAIL: the peak grew with the input"; exit 1; }
+[ $((big - small)) -lt $((16 << 20)) ] || die "the peak grew with the input"
 echo "data memory: bounded"

@@ -7,8 +7,8 @@
 #   device_check_dry.sh REPO BUILD_DIR
 set -uo pipefail
 repo=$1 build=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 export OUT=$dir/out WORK=$dir/work SKIP_BUILD=1 BUILD_DIR=$build
 start=$(date +%s)
 DEADLINE_S=40 DRY_STAGE_S=4 "$repo/tools/device_check.sh" --dry-run \
@@ -17,7 +17,7 @@ status=$?
 elapsed=$(( $(date +%s) - start ))
 cat "$OUT/stages.txt"
 echo "status $status after ${elapsed}s"
-fail() { echo "FAIL: $*"; cat "$dir/first.log"; exit 1; }
+fail() { cat "$dir/first.log"; die "$*"; }
 [ "$status" -ne 0 ] || fail "a run cut by its deadline exited 0"
 [ "$elapsed" -le 45 ] || fail "took ${elapsed}s past a 40 s deadline"
 grep -q "^probe: ok" "$OUT/stages.txt" || fail "the probe did not pass"

@@ -12,14 +12,12 @@
 #   diverged.sh LOOM
 set -uo pipefail
 loom=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir"
 common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64
         --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 run() { timeout 120 "$loom" "$@" > last.log 2>&1; rc=$?; }
 # good_named CASE CKDIR LOGDIR: exit 5; the checkpoint the error names is the newest in CKDIR,
 # verifies, and the loss its weights gave (the next step's) is finite.
@@ -74,4 +72,4 @@ run supervise --max-restarts 3 --backoff-s 0 -- "$loom" train "${common[@]}" --s
 [ "$rc" = 5 ] && [ "$(grep -c "supervise: run [0-9]* (LOOM_RESTART" last.log)" = 1 ] ||
   { fail "supervise: exit $rc"; grep supervise last.log; }
 
-[ $fails = 0 ] && echo "diverged: all held" || { echo "$fails failures"; exit 1; }
+finish "diverged: all held"

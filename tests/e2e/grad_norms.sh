@@ -6,14 +6,14 @@
 #   grad_norms.sh LOOM COMPARE
 set -uo pipefail
 loom=$1 compare=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.n_layer=2 --set model.d_model=64 --set model.n_head=2 --set train.steps=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0 --set log.grad_norms=true)
-"$loom" train "${common[@]}" --set log.dir="$dir/f32" > "$dir/f32.log" 2>&1 || { cat "$dir/f32.log"; exit 1; }
+run_or_show "$dir/f32.log" "$loom" train "${common[@]}" --set log.dir="$dir/f32"
 "$loom" train "${common[@]}" --set train.dtype=bf16 --set log.dir="$dir/bf16" > "$dir/bf16.log" 2>&1 ||
   { cat "$dir/bf16.log"; exit 1; }
-"$compare" --grad-norms "$dir/bf16" "$dir/f32" 2e-2 || { echo "FAIL: bf16 against fp32"; exit 1; }
+"$compare" --grad-norms "$dir/bf16" "$dir/f32" 2e-2 || die "bf16 against fp32"
 for change in zero tenth; do
   mkdir -p "$dir/$change"
   python3 - "$dir/bf16/grad_norms.json" "$dir/$change/grad_norms.json" "$change" <<'PY'

@@ -5,8 +5,8 @@
 #   hf_export.sh LOOM READER
 set -euo pipefail
 loom=$1 reader=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir"
 python3 -c "
 import random
@@ -21,19 +21,19 @@ for arch in gpt2 llama; do
   [ $arch = llama ] && extra=(--set model.arch=llama --set model.n_kv_head=2)
   "$loom" train "${common[@]}" "${extra[@]}" --set log.dir="log_$arch" --set export.final="$arch/" > "$arch.log" 2>&1 ||
     { cat "$arch.log"; exit 1; }
-  [ -f "$arch/config.json" ] && [ -f "$arch/model.safetensors" ] || { echo "FAIL: $arch/ is not a Hugging Face directory"; exit 1; }
+  [ -f "$arch/config.json" ] && [ -f "$arch/model.safetensors" ] || die "$arch/ is not a Hugging Face directory"
   ours=$("$loom" eval --from "$arch/" --data text.txt --batches 1 | sed -n 's/.*: loss \([0-9.]*\),.*/\1/p')
   seqs=$("$loom" eval --from "$arch/" --data text.txt --batches 1 | sed -n 's/.*(1 batch of \([0-9]*\) x.*/\1/p')
   theirs=$(python3 "$reader" "$arch" text.txt "$seqs" 16 | awk '{print $3}')
   echo "$arch: loom eval $ours, read as transformers reads it $theirs"
   python3 -c "import sys; a, b = float('$ours'), float('$theirs'); sys.exit(abs(a - b) > 1e-4 * abs(b))" ||
-    { echo "FAIL: $arch: the exported directory computes another model"; exit 1; }
+    die "$arch: the exported directory computes another model"
   [ $arch = gpt2 ] && gpt2_loss=$theirs gpt2_seqs=$seqs
 done
 # The reader has teeth: a config.json that says another epsilon changes its loss.
 sed -i 's/"layer_norm_epsilon": 1e-05/"layer_norm_epsilon": 0.5/' gpt2/config.json
-grep -q '"layer_norm_epsilon": 0.5' gpt2/config.json || { echo "FAIL: the config was not changed"; exit 1; }
+grep -q '"layer_norm_epsilon": 0.5' gpt2/config.json || die "the config was not changed"
 bad=$(python3 "$reader" gpt2 text.txt "$gpt2_seqs" 16 | awk '{print $3}')
 python3 -c "import sys; sys.exit(abs(float('$bad') - float('$gpt2_loss')) < 1e-3)" ||
-  { echo "FAIL: the reader did not read the config's epsilon"; exit 1; }
+  die "the reader did not read the config's epsilon"
 echo "hf_export: ok"

@@ -15,7 +15,7 @@
 #   16 non-UTF-8 log.dir, a symlink loop as data.path, a directory named x.bin, a string id in
 #      vocab.json, supervise --max-restarts 99999999999, a command not found (127, not
 #      restarted), a log.dir that is a file.
-#   and A to J of the third pass:
+#   and A to J:
 #   A --config and --cluster that are a directory, a FIFO, /dev/zero or a sparse 20 GB file
 #     (train, bench train, eval, plan layout, plan memory);
 #   B supervise: SIGHUP and SIGUSR1 go on to the job (not an orphaned job), SIGTERM ends a
@@ -36,15 +36,14 @@ loom=$1
 # under a sanitizer (LOOM_SANITIZED, tests/sanitized.sh), whose shadow memory maps terabytes.
 limited=(bash -c 'ulimit -v 4000000 && exec "$@"' limited)
 [ -z "${LOOM_SANITIZED:-}" ] || limited=()
-dir=$(mktemp -d)
+. "$(dirname "$0")/../lib.sh"
+test_dir
 writer=
-trap 'kill $writer 2>/dev/null; rm -rf "$dir"' EXIT
+on_exit 'kill $writer 2>/dev/null'
 cd "$dir"
 common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=256
         --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 n=0
 wrap=()  # what runs loom: nothing, or a shell that limits it first
 # refused CASE WANT LOOM-ARGS...: status 2 within 60 s, one line saying WANT.
@@ -60,7 +59,7 @@ refused() {
   grep -q "terminate called\|what():\|\[json.exception" "out$n.log" && fail "$name: a raw library message"
 }
 python3 -c "print('the quick brown fox jumps over the lazy dog. ' * 60000)" > text.txt
-"$loom" data text.txt shard.bin > data.log 2>&1 || { cat data.log; exit 1; }
+run_or_show data.log "$loom" data text.txt shard.bin
 tokens=(--set data.source=tokens --set data.path="$dir/shard.bin")
 
 echo "7 a shard cut under the run"
@@ -93,8 +92,8 @@ refused "merges FIFO" "is a FIFO" data --tokenizer gpt2 --vocab v.json --merges 
 refused "/dev/zero as text" "is a character device" data /dev/zero o.bin
 
 echo "9 index weight_map"
-"$loom" train "${common[@]}" --set train.steps=1 --set export.final="$dir/w.safetensors" --set log.dir=r9 \
-  > r9.log 2>&1 || { cat r9.log; exit 1; }
+run_or_show r9.log "$loom" train "${common[@]}" --set train.steps=1 \
+  --set export.final="$dir/w.safetensors" --set log.dir=r9
 mkdir idx && cp w.safetensors idx/
 echo '{"weight_map": {}}' > idx/model.safetensors.index.json
 refused "empty weight_map: eval" "empty weight_map" eval --from idx/model.safetensors.index.json --data text.txt
@@ -125,8 +124,9 @@ printf '%s\n' '{"run":1}' '[1,2]' '"text"' '{"step":1,"loss":"x","time":5,"mem":
 timeout -k 5 60 "$loom" report ro --out odd.html > odd.log 2>&1 || { fail "report: odd types: exit $?"; tail -3 odd.log; }
 
 echo "13 ckpt export of a forged shape"
-"$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir=ck13 \
-  --set log.dir=r13 > r13.log 2>&1 || { cat r13.log; exit 1; }
+run_or_show r13.log "$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 \
+  --set checkpoint.dir=ck13 \
+  --set log.dir=r13
 python3 - ck13/step-00000002/manifest.json <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))
@@ -324,8 +324,9 @@ exec(sys.argv[2])
 open(sys.argv[1], "w").write(m if isinstance(m, str) else json.dumps(m))
 PY
 }
-"$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir=ckI \
-  --set log.dir=rI > rI.log 2>&1 || { cat rI.log; exit 1; }
+run_or_show rI.log "$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 \
+  --set checkpoint.dir=ckI \
+  --set log.dir=rI
 manifest() {
   forge "$1" "$2"
   refused "manifest $1" "$3" ckpt verify "f$1/step-00000002"
@@ -345,4 +346,4 @@ refused "generate --top-k -1" "takes a whole number from 0" generate --from w.sa
 refused "data --threads -2" "takes a whole number from 0 to 4096" data --threads -2 text.txt o.bin
 refused "plan layout --top 0" "takes a whole number from 1" plan layout --top 0 --cluster x.toml
 
-[ $fails = 0 ] && echo "hostile inputs: all held" || { echo "$fails failures"; exit 1; }
+finish "hostile inputs: all held"

@@ -11,30 +11,30 @@
 set -euo pipefail
 loom=$1
 src=$(cd "$(dirname "$0")/../.." && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.seq_len=16
         --set train.micro_batch=2 --set train.global_batch=2 --set train.threads=1 --set train.steps=30
         --set data.val_every=10 --set data.val_batches=1 --set log.cluster="$src/examples/clusters/this_machine.toml")
 fitted=$(sed -n 's/^fitted_on = "\(.*\)"$/\1/p' "$src/examples/clusters/this_machine.toml")
-[ -n "$fitted" ] || { echo "FAIL: examples/clusters/this_machine.toml names no fitted_on"; exit 1; }
+[ -n "$fitted" ] || die "examples/clusters/this_machine.toml names no fitted_on"
 short=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.seq_len=8 --set train.steps=2
        --set train.threads=1 --set data.val_batches=0 --verbose)
 LOOM_MACHINE_NAME="$fitted" "$loom" train "${short[@]}" --set log.dir="$dir/auto_here" > "$dir/auto_here.log" 2>&1 ||
   { cat "$dir/auto_here.log"; exit 1; }
 grep -q "predicted on cluster this_machine" "$dir/auto_here.log" && grep -q '"split_ms"' "$dir/auto_here/metrics.jsonl" ||
-  { echo "FAIL: log.cluster = auto did not predict on the machine that fitted it"; cat "$dir/auto_here.log"; exit 1; }
-LOOM_MACHINE_NAME="Another CPU, 3 cores" "$loom" train "${short[@]}" --set log.dir="$dir/auto_elsewhere" \
-  > "$dir/auto_elsewhere.log" 2>&1 || { cat "$dir/auto_elsewhere.log"; exit 1; }
+  { cat "$dir/auto_here.log"; die "log.cluster = auto did not predict on the machine that fitted it"; }
+run_or_show "$dir/auto_elsewhere.log" env LOOM_MACHINE_NAME="Another CPU, 3 cores" "$loom" train "${short[@]}" \
+  --set log.dir="$dir/auto_elsewhere"
 grep -q "no step-time prediction: .*this_machine.toml was fitted on '$fitted', this is 'Another CPU, 3 cores'" \
   "$dir/auto_elsewhere.log" && ! grep -q '"split_ms"' "$dir/auto_elsewhere/metrics.jsonl" ||
-  { echo "FAIL: log.cluster = auto predicted on a machine the file was not fitted on"; cat "$dir/auto_elsewhere.log"; exit 1; }
+  { cat "$dir/auto_elsewhere.log"; die "log.cluster = auto predicted on a machine the file was not fitted on"; }
 for lr in 0.003 0.0005; do
   "$loom" train "${common[@]}" --set train.lr=$lr --set log.dir="$dir/lr$lr" > "$dir/lr$lr.log" 2>&1 ||
     { cat "$dir/lr$lr.log"; exit 1; }
 done
 "$loom" report "$dir/lr0.003" "$dir/lr0.0005" --out "$dir/report.html" | grep -q "wrote $dir/report.html (2 runs" ||
-  { echo "FAIL: loom report did not say what it wrote"; exit 1; }
+  die "loom report did not say what it wrote"
 python3 - "$dir/report.html" <<'PY'
 import re, sys
 h = open(sys.argv[1]).read()
@@ -82,35 +82,35 @@ PY
 # parent draws both, named; of the first alone, it says where the later one is.
 mkdir "$dir/runs"
 for n in 1 2; do
-  "$loom" train "${short[@]}" --set log.dir="$dir/runs/x" > "$dir/x$n.log" 2>&1 || { cat "$dir/x$n.log"; exit 1; }
+  run_or_show "$dir/x$n.log" "$loom" train "${short[@]}" --set log.dir="$dir/runs/x"
 done
 grep -q "metrics: $dir/runs/x-2/metrics.jsonl (log.dir '$dir/runs/x' holds another run's logs)" "$dir/x2.log" ||
   { cat "$dir/x2.log"; echo "FAIL: no log.dir-2"; exit 1; }
-"$loom" report "$dir/runs" --out "$dir/runs.html" | grep -q "(2 runs" || { echo "FAIL: a directory of runs"; exit 1; }
+"$loom" report "$dir/runs" --out "$dir/runs.html" | grep -q "(2 runs" || die "a directory of runs"
 grep -q "<td>x</td>" "$dir/runs.html" && grep -q "<td>x-2</td>" "$dir/runs.html" ||
-  { echo "FAIL: the runs of a directory are not named"; exit 1; }
+  die "the runs of a directory are not named"
 "$loom" report "$dir/runs/x" --out "$dir/x.html" | grep -q "not drawn: $dir/runs/x-2" ||
-  { echo "FAIL: report of x does not name x-2"; exit 1; }
+  die "report of x does not name x-2"
 # A metrics.jsonl from before runs had a directory each, two runs from step 1 in it: two runs, named.
 mkdir "$dir/old" && cat "$dir/runs/x/metrics.jsonl" "$dir/runs/x-2/metrics.jsonl" > "$dir/old/metrics.jsonl"
 "$loom" report "$dir/old" --out "$dir/old.html" | grep -q "(2 runs" && grep -q "<td>old (run 2)</td>" "$dir/old.html" ||
-  { echo "FAIL: two runs in one metrics.jsonl"; exit 1; }
+  die "two runs in one metrics.jsonl"
 # Without --out, an existing report.html is kept and the next page numbered.
 mkdir "$dir/pages"
 (cd "$dir/pages" && "$loom" report ../lr0.003 > first.txt && "$loom" report ../lr0.0005 > second.txt) ||
-  { echo "FAIL: loom report without --out"; exit 1; }
+  die "loom report without --out"
 grep -q "wrote report.html" "$dir/pages/first.txt" && grep -q "wrote report-2.html" "$dir/pages/second.txt" &&
   grep -q "lr0.003" "$dir/pages/report.html" && ! grep -q "lr0.0005" "$dir/pages/report.html" ||
-  { echo "FAIL: report.html overwritten or not numbered"; cat "$dir/pages/"*.txt; exit 1; }
+  { cat "$dir/pages/"*.txt; die "report.html overwritten or not numbered"; }
 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1900 \
   --screenshot="$dir/report.png" "file://$dir/report.html" > "$dir/chromium.log" 2>&1 ||
   { cat "$dir/chromium.log"; exit 1; }
 size=$(stat -c %s "$dir/report.png")
 # A blank or unstyled page compresses to a few KB; eight charts with text do not.
-[ "$size" -gt 40000 ] || { echo "FAIL: the screenshot is $size bytes: nothing rendered?"; exit 1; }
+[ "$size" -gt 40000 ] || die "the screenshot is $size bytes: nothing rendered?"
 [ -n "${REPORT_OUT:-}" ] && cp "$dir/report.png" "$dir/report.html" "$REPORT_OUT/"
 mkdir -p "$dir/empty"
-out=$("$loom" report "$dir/empty" 2>&1) && { echo "FAIL: an empty directory was reported"; exit 1; }
+out=$("$loom" report "$dir/empty" 2>&1) && die "an empty directory was reported"
 [ "$(echo "$out" | wc -l)" = 1 ] && echo "$out" | grep -q "has no metrics.jsonl" ||
-  { echo "FAIL: the refusal is not one line naming the file: $out"; exit 1; }
+  die "the refusal is not one line naming the file: $out"
 echo "report: ok ($size-byte screenshot)"

@@ -11,19 +11,18 @@
 set -uo pipefail
 loom=$1
 src=$(cd "$(dirname "$0")/../.." && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir"
-fail() { echo "FAIL: $*"; exit 1; }
 # refused NAME PATTERN COMMAND...: status 2, one line on stderr matching PATTERN, nothing run.
 refused() {
   local name=$1 pattern=$2
   shift 2
   "$@" > out.log 2> err.log
   local status=$?
-  [ "$status" -eq 2 ] || { cat out.log err.log; fail "$name: status $status, not 2"; }
-  [ "$(grep -c . err.log)" -eq 1 ] && grep -q -- "$pattern" err.log || { cat err.log; fail "$name: not one line '$pattern'"; }
-  ! grep -q "^sweep: \|^calibrate: " out.log || { cat out.log; fail "$name: it ran something first"; }
+  [ "$status" -eq 2 ] || { cat out.log err.log; die "$name: status $status, not 2"; }
+  [ "$(grep -c . err.log)" -eq 1 ] && grep -q -- "$pattern" err.log || { cat err.log; die "$name: not one line '$pattern'"; }
+  ! grep -q "^sweep: \|^calibrate: " out.log || { cat out.log; die "$name: it ran something first"; }
 }
 s=$src/examples/scaling
 shipped=(examples/clusters/this_machine.toml examples/scaling/results/strong.csv examples/scaling/results/model_check.csv
@@ -40,11 +39,11 @@ refused "plot over shipped PNGs" "give --out-dir" python3 "$s/plot.py" "$src/exa
 # Every argument checked before --out-dir is made (the second CSV is not there).
 refused "plot with a missing CSV" "CSV no/such.csv is not a file" python3 "$s/plot.py" --out-dir plots/refused \
   "$src/examples/scaling/results/strong.csv" no/such.csv
-[ ! -e plots ] || fail "a refused plot.py made its --out-dir"
+[ ! -e plots ] || die "a refused plot.py made its --out-dir"
 refused "sweep with a bad --sweep" "is not KEY=V1" python3 "$s/sweep.py" --loom "$loom" --sweep parallel.dp \
   --out sweeps/refused/s.csv
-[ ! -e sweeps ] || fail "a refused sweep.py made its --out folder"
-[ "$(cd "$src" && sha256sum "${shipped[@]}")" = "$before" ] || fail "a shipped file changed"
+[ ! -e sweeps ] || die "a refused sweep.py made its --out folder"
+[ "$(cd "$src" && sha256sum "${shipped[@]}")" = "$before" ] || die "a shipped file changed"
 # Arguments checked before the first run: a bad second series, a loom that is not there.
 refused "a bad --sweep" "--sweep 'parallel.tp' is not KEY=V1" \
   python3 "$s/sweep.py" --loom "$loom" --sweep parallel.dp=1,2 --sweep parallel.tp --out new/a/s.csv
@@ -58,7 +57,7 @@ refused "calibrate --max-mb abc" "--max-mb abc: megabytes" python3 "$s/calibrate
   --out new/b/c.toml
 refused "calibrate --set of no key" "--set: .*model.n_layers" python3 "$s/calibrate.py" --loom "$loom" \
   --set model.n_layers=2 --out new/b/c.toml
-[ ! -e new/b ] || fail "a refused calibration left its --out folder"
+[ ! -e new/b ] || die "a refused calibration left its --out folder"
 # calibrate.py's scratch folder (the training run's logs, the trial cluster files) goes however
 # the script ends: a launcher that fails after the training run, Ctrl-C to the terminal's process
 # group (set -m, as an interactive shell runs a job) and SIGTERM to the script alone.
@@ -67,11 +66,11 @@ tiny=(--set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set mo
       --set model.seq_len=16 --set train.micro_batch=2 --set train.global_batch=4 --set train.device=cpu
       --set data.val_batches=0)
 scratch_gone() {  # scratch_gone NAME: nothing of calibrate's (or its children's) left in TMPDIR
-  [ -z "$(ls -A tmp)" ] || { ls -la tmp; cat cal.log; fail "$1: left $(ls tmp) in TMPDIR"; }
+  [ -z "$(ls -A tmp)" ] || { ls -la tmp; cat cal.log; die "$1: left $(ls tmp) in TMPDIR"; }
 }
 TMPDIR=$PWD/tmp python3 "$s/calibrate.py" --loom "$loom" --launch false "${tiny[@]}" --set train.steps=3 \
   --out cal/fail.toml > cal.log 2>&1
-[ $? -eq 1 ] && grep -q "^calibrate: failed (1)" cal.log || { cat cal.log; fail "calibrate with a failing launcher"; }
+[ $? -eq 1 ] && grep -q "^calibrate: failed (1)" cal.log || { cat cal.log; die "calibrate with a failing launcher"; }
 scratch_gone "a failed calibration"
 # (env --default-signal: where this test was started with SIGINT ignored, as a background job of
 # a non-interactive shell is, set -m alone does not give it back.)
@@ -86,28 +85,28 @@ for how in INT TERM; do
       break
     sleep 0.1
   done
-  grep -q '"loss"' tmp/calibrate_*/run/metrics.jsonl 2> /dev/null || { kill -9 -- -$job; cat cal.log; fail "no run"; }
+  grep -q '"loss"' tmp/calibrate_*/run/metrics.jsonl 2> /dev/null || { kill -9 -- -$job; cat cal.log; die "no run"; }
   if [ $how = INT ]; then kill -INT -- -$job; else kill -TERM $job; fi
   wait $job
   status=$?
   want=$([ $how = INT ] && echo 130 || echo 143)
-  [ $status -eq "$want" ] || { kill -9 -- -$job; cat cal.log; fail "calibrate given SIG$how: status $status, not $want"; }
+  [ $status -eq "$want" ] || { kill -9 -- -$job; cat cal.log; die "calibrate given SIG$how: status $status, not $want"; }
   [ $how = TERM ] || grep -q "^calibrate: stopped by Ctrl-C; no cluster file written" cal.log ||
-    { cat cal.log; fail "calibrate does not say it was stopped"; }
+    { cat cal.log; die "calibrate does not say it was stopped"; }
   scratch_gone "calibrate given SIG$how"
-  [ ! -e cal/$how.toml ] || fail "calibrate given SIG$how wrote its --out"
+  [ ! -e cal/$how.toml ] || die "calibrate given SIG$how wrote its --out"
 done
 # plot.py: in a virtual environment (no matplotlib), Debian's Python draws; without it, a sentence.
 if /usr/bin/python3 -c "import matplotlib" 2> /dev/null && /usr/bin/python3 -m venv --without-pip venv 2> /dev/null; then
   venv/bin/python "$s/plot.py" --out-dir plots/new "$src/examples/scaling/results/strong.csv" > plot.log 2>&1 ||
-    { cat plot.log; fail "plot.py in a virtual environment"; }
-  [ -s plots/new/strong_throughput.png ] && [ -s plots/new/strong_split.png ] || { cat plot.log; fail "no PNGs"; }
-  grep -q "running under /usr/bin/python3" plot.log || { cat plot.log; fail "plot.py did not say which Python drew"; }
+    { cat plot.log; die "plot.py in a virtual environment"; }
+  [ -s plots/new/strong_throughput.png ] && [ -s plots/new/strong_split.png ] || { cat plot.log; die "no PNGs"; }
+  grep -q "running under /usr/bin/python3" plot.log || { cat plot.log; die "plot.py did not say which Python drew"; }
   LOOM_PLOT_RERUN=1 venv/bin/python "$s/plot.py" --out-dir plots/new2 "$src/examples/scaling/results/strong.csv" \
     > out.log 2> err.log
   [ $? -eq 2 ] && grep -q "matplotlib is missing from .*venv/bin/python.*run this with /usr/bin/python3" err.log ||
-    { cat err.log; fail "plot.py without matplotlib does not say which Python to use"; }
-  [ ! -e plots/new2 ] || fail "plot.py without matplotlib made its --out-dir"
+    { cat err.log; die "plot.py without matplotlib does not say which Python to use"; }
+  [ ! -e plots/new2 ] || die "plot.py without matplotlib made its --out-dir"
 else
   echo "skipped plot.py's Python: no Debian matplotlib or venv here"
 fi

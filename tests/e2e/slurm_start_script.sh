@@ -5,13 +5,13 @@
 # `pkill -x` on both); a second start restarts only its own daemons; --stop stops only those.
 #   slurm_start_script.sh
 set -uo pipefail
+. "$(dirname "$0")/../lib.sh"
 src=$(cd "$(dirname "$0")/../.." && pwd)
-dir=$(mktemp -d)
+test_dir
 bin=$dir/bin
 others=()
-trap 'for p in "${others[@]}"; do kill "$p" 2> /dev/null; wait "$p" 2> /dev/null; done; LOOM_SLURM_DIR=$dir/ours PATH=$bin:$PATH \
-  "$src/launch/slurm/start_local.sh" --stop > /dev/null 2>&1; rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+on_exit 'for p in "${others[@]}"; do kill "$p" 2> /dev/null; wait "$p" 2> /dev/null; done'
+on_exit 'LOOM_SLURM_DIR=$dir/ours PATH=$bin:$PATH "$src/launch/slurm/start_local.sh" --stop > /dev/null 2>&1'
 mkdir -p "$bin" "$dir/elsewhere"
 # Stand-ins: a daemon keeps running under its own name and writes the pid file its config names;
 # sinfo answers while this config's slurmd runs; munge answers.
@@ -46,25 +46,25 @@ sleep 0.3
 # Running: a stand-in ended by a script may stay a zombie where nothing reaps it.
 running() { [ -n "$(tr -d '\0' < "/proc/$1/cmdline" 2> /dev/null)" ]; }
 alive() { for p in "${others[@]}"; do running "$p" || return 1; done; }
-alive || fail "the stand-ins did not start"
+alive || die "the stand-ins did not start"
 run() { LOOM_SLURM_DIR=$dir/ours PATH=$bin:$PATH "$src/launch/slurm/start_local.sh" "$@" > "$dir/out" 2> "$dir/err"; }
 
-run --dry-run || { cat "$dir/err"; fail "--dry-run"; }
-[ ! -e "$dir/ours" ] || fail "--dry-run made $dir/ours"
+run --dry-run || { cat "$dir/err"; die "--dry-run"; }
+[ ! -e "$dir/ours" ] || die "--dry-run made $dir/ours"
 grep -q "slurmctld: pid ${others[0]} was not started by this script and is left alone" "$dir/err" &&
   grep -q "starts slurmctld and slurmd as .* on ports 6817 and 6818" "$dir/err" &&
-  grep -q "munge: the munged that answers here is used as it is" "$dir/err" || { cat "$dir/err"; fail "--dry-run said"; }
-run || { cat "$dir/err"; fail "start"; }
-grep -q "^export SLURM_CONF=$dir/ours/slurm.conf$" "$dir/out" || { cat "$dir/out"; fail "no export line"; }
-alive || { cat "$dir/err"; fail "the start ended daemons it did not start"; }
+  grep -q "munge: the munged that answers here is used as it is" "$dir/err" || { cat "$dir/err"; die "--dry-run said"; }
+run || { cat "$dir/err"; die "start"; }
+grep -q "^export SLURM_CONF=$dir/ours/slurm.conf$" "$dir/out" || { cat "$dir/out"; die "no export line"; }
+alive || { cat "$dir/err"; die "the start ended daemons it did not start"; }
 ctld=$(cat "$dir/ours/slurmctld.pid")
 kill "$(cat "$dir/ours/slurmd.pid")"  # its own slurmd gone: the next start restarts what it started
 sleep 0.3
-run || { cat "$dir/err"; fail "the second start"; }
-grep -q "slurmctld: stops the one it started earlier (pid $ctld)" "$dir/err" || { cat "$dir/err"; fail "restart said"; }
-! running "$ctld" && alive || { cat "$dir/err"; fail "the second start stopped the wrong daemons"; }
+run || { cat "$dir/err"; die "the second start"; }
+grep -q "slurmctld: stops the one it started earlier (pid $ctld)" "$dir/err" || { cat "$dir/err"; die "restart said"; }
+! running "$ctld" && alive || { cat "$dir/err"; die "the second start stopped the wrong daemons"; }
 ours=("$(cat "$dir/ours/slurmctld.pid")" "$(cat "$dir/ours/slurmd.pid")")
-run --stop || { cat "$dir/err"; fail "--stop"; }
-for p in "${ours[@]}"; do running "$p" && fail "--stop left pid $p"; done
-alive || fail "--stop ended daemons it did not start"
+run --stop || { cat "$dir/err"; die "--stop"; }
+for p in "${ours[@]}"; do running "$p" && die "--stop left pid $p"; done
+alive || die "--stop ended daemons it did not start"
 echo "ok"

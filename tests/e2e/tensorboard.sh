@@ -6,17 +6,18 @@
 #   tensorboard.sh LOOM READER
 set -euo pipefail
 loom=$1 reader=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.n_layer=2 --set model.d_model=32 --set model.n_head=4 --set model.seq_len=16
         --set train.micro_batch=2 --set train.global_batch=2 --set train.threads=1 --set train.steps=6
         --set data.val_every=3 --set data.val_batches=1 --set log.tensorboard=true --set log.cluster=none)
-"$loom" train "${common[@]}" --set log.dir="$dir/dense" > "$dir/dense.log" 2>&1 || { cat "$dir/dense.log"; exit 1; }
-"$loom" train "${common[@]}" --set model.arch=llama --set model.moe.num_experts=4 --set model.moe.capacity_factor=1 \
-  --set log.dir="$dir/moe" > "$dir/moe.log" 2>&1 || { cat "$dir/moe.log"; exit 1; }
-grep -q "TensorBoard: tensorboard --logdir $dir/dense" "$dir/dense.log" || { echo "FAIL: the log does not say"; exit 1; }
+run_or_show "$dir/dense.log" "$loom" train "${common[@]}" --set log.dir="$dir/dense"
+run_or_show "$dir/moe.log" "$loom" train "${common[@]}" --set model.arch=llama \
+  --set model.moe.num_experts=4 --set model.moe.capacity_factor=1 \
+  --set log.dir="$dir/moe"
+grep -q "TensorBoard: tensorboard --logdir $dir/dense" "$dir/dense.log" || die "the log does not say"
 for run in dense moe; do
-  python3 "$reader" "$dir/$run" > "$dir/$run.json" || { echo "FAIL: $run: the reader refused the file"; exit 1; }
+  python3 "$reader" "$dir/$run" > "$dir/$run.json" || die "$run: the reader refused the file"
   python3 - "$dir/$run.json" "$dir/$run/metrics.jsonl" "$run" <<'PY'
 import json, struct, sys
 tb = json.load(open(sys.argv[1]))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Outputs never replace a user's files (the third hostile pass), through the binary:
+# Outputs never replace a user's files, through the binary:
 #    2 a directory export (export.final = DIR/, ckpt export STEP DIR/) checks every file it
 #      writes as it checks the weights: a user's config.json, vocab.json, merges.txt is refused,
 #      named, and stays; loom's own earlier export is replaced;
@@ -7,17 +7,15 @@
 #      export.final, log.dir's config.toml): loom's temporaries have names of their own;
 #   11 an existing directory given without the trailing '/' (export.final, ckpt export) is
 #      refused, not written into.
-#   hostile_outputs.sh LOOM
+#   outputs_keep_user_files.sh LOOM
 set -uo pipefail
 loom=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir"
 common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64
         --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 n=0
 # refused CASE WANT LOOM-ARGS...: status 2, saying WANT, no raw library message.
 refused() {
@@ -38,8 +36,8 @@ ok() {  # CASE LOOM-ARGS...: status 0
 }
 same() { cmp -s "$1" "$2" || fail "$3: '$1' was replaced"; }
 
-"$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir=ck --set log.dir=r0 \
-  > r0.log 2>&1 || { cat r0.log; exit 1; }
+run_or_show r0.log "$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 \
+  --set checkpoint.dir=ck --set log.dir=r0
 step=ck/step-00000002
 mkdir -p tok && echo '{"a": 0, "b": 1, "<|endoftext|>": 2}' > tok/vocab.json && printf '#version: 0.2\na b\n' > tok/merges.txt
 gpt2=(--set data.tokenizer=gpt2 --set data.tokenizer_dir="$dir/tok")
@@ -92,4 +90,4 @@ same r8/config.toml.tmp ctmp.orig "a user's config.toml.tmp"
 left=$(find . -name '*.tmp-*' | head -3)
 [ -z "$left" ] || fail "temporaries left behind: $left"
 
-[ $fails = 0 ] && echo "hostile outputs: all held" || { echo "$fails failures"; exit 1; }
+finish "outputs keep user files: all held"

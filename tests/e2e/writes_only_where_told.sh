@@ -17,16 +17,14 @@
 #     ckpt export, report --out, loom data's shard) or that is the run's init.from is refused;
 #     ckpt export of a checkpoint missing a tensor of its model is refused; a checkpoint pruned
 #     while it was read is said to be, not called damaged.
-#   hostile_writes.sh LOOM
+#   writes_only_where_told.sh LOOM
 set -uo pipefail
 loom=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64
         --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 # Runs loom; the status in $rc, the output in $dir/last.log.
 run() { timeout 120 "$loom" "$@" > "$dir/last.log" 2>&1; rc=$?; }
 refused() {  # CASE WANT: exit 2, one line naming WANT
@@ -186,4 +184,4 @@ run ckpt verify "$dir/ck6c/step-00000003"
 kill $holder 2> /dev/null
 refused "verify of a checkpoint pruned while read" "was removed while it was read"
 
-[ $fails = 0 ] && echo "hostile writes: all held" || { echo "$fails failures"; exit 1; }
+finish "writes only where told: all held"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hostile input of the third pass, through the binary: each ends with loom's one-line error and
+# Malformed input through the binary: each ends with loom's one-line error and
 # status 2 (never a crash, a raw library message, or a write to another path), or is accepted
 # the way the docs say:
 #    4 a control character in a path key (export.final = "D/e\u0000.safetensors" wrote D/e);
@@ -24,18 +24,16 @@
 #   18 a newline in a string key, a manifest config of "[[[" (called another model), a wholly
 #      damaged metrics.jsonl ("no step yet"), an empty shard directory ("but validation ones"),
 #      a gzip-repacked rank file ("corrupt").
-#   hostile_parsing.sh LOOM
+#   malformed_inputs.sh LOOM
 set -uo pipefail
 loom=$1
 here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+. "$(dirname "$0")/../lib.sh"
+test_dir
 cd "$dir"
 common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64
         --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0)
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 n=0
 # refused CASE WANT LOOM-ARGS...: status 2 within 60 s, saying WANT, in loom's words.
 refused() {
@@ -58,8 +56,9 @@ warned() {
   [ $rc = 0 ] || { fail "$name: exit $rc, not 0"; tail -3 "out$n.log"; return; }
   [ "$(grep -c -- "$want" "out$n.log")" = 1 ] || { fail "$name: did not say '$want' once"; tail -3 "out$n.log"; }
 }
-"$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir=ck \
-  --set export.final="$dir/w.safetensors" --set log.dir=r0 > r0.log 2>&1 || { cat r0.log; exit 1; }
+run_or_show r0.log "$loom" train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 \
+  --set checkpoint.dir=ck \
+  --set export.final="$dir/w.safetensors" --set log.dir=r0
 printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 50) > text.txt
 deep=$(python3 -c "print('[' * 200000 + ']' * 200000)")
 
@@ -258,4 +257,4 @@ else
   echo "(no h5repack here)"
 fi
 
-[ $fails = 0 ] && echo "hostile parsing: all held" || { echo "$fails failures"; exit 1; }
+finish "malformed inputs: all held"
