@@ -302,7 +302,7 @@ void DecoderPart::block_forward(const LayerW& lw, const LayerA& a, Ptr in, Ptr p
     cp_->forward(a.atty, a.stats.as<float>(), a.qkv, dims_.doc_mask ? pos_ : nullptr, cp_buffers(), H_, KV_, D_);
   } else {
     auto s = trace_.scope("attention_forward");
-    be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_, pos_);
+    be_.attention_forward(a.atty, a.stats, a.qkv, attention_shape());
   }
   {
     auto s = trace_.scope("attn_proj_forward");
@@ -414,7 +414,7 @@ void DecoderPart::block_backward(const LayerW& lw, const LayerW& lg, const Layer
                   KV_, D_);
   } else {
     auto s = trace_.scope("attention_backward");
-    be_.attention_backward(dqkv, datty, a.atty, a.qkv, a.stats, scrf(ATTN_SCRATCH), B_, T_, H_, KV_, D_, pos_);
+    be_.attention_backward(dqkv, datty, a.atty, a.qkv, a.stats, scrf(ATTN_SCRATCH), attention_shape());
   }
   if (llama_) {
     auto s = trace_.scope("rope_backward");
@@ -606,7 +606,7 @@ void DecoderPart::backward(const Inputs& in, UnitAccess& acc, Grads part) {
       block_forward(w, a, x, Ptr(), Ptr(), true);  // x already holds the summed stream
     } else if (policy_ == Recompute::selective) {
       auto s = trace_.scope("recompute_selective");
-      if (be_.traits().attention_probs) be_.attention_forward(a.atty, a.stats, a.qkv, B_, T_, H_, KV_, D_, pos_);
+      if (be_.traits().attention_probs) be_.attention_forward(a.atty, a.stats, a.qkv, attention_shape());
       // B does not read it (W recomputes it); a MoE block recomputes its experts' in MoeLayer::backward.
       if (part == Grads::all && a.moe < 0) be_.act_forward(llama_, a.act, a.fc, N, F_);
     }
