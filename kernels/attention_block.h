@@ -1,6 +1,7 @@
-// The shapes of attention that the CPU kernels (kernels/ops.h), their CUDA twins
-// (kernels/cuda/ops_cuda.h) and Backend take whole instead of as positional arguments: the
-// whole sequence's (AttentionShape) and one block of context parallel's (AttentionBlockShape).
+// The shapes of attention, taken whole instead of as positional arguments: the whole
+// sequence's (AttentionShape: Backend and the CPU kernels, kernels/ops.h; the CUDA flash kernels
+// still take its fields one by one) and one block of context parallel's (AttentionBlockShape:
+// Backend, the CPU kernels and their CUDA twins, kernels/cuda/ops_cuda.h).
 // Only shapes and the mask's positions: the tensors stay arguments of each op.
 #pragma once
 #include <cstdint>
