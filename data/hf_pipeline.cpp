@@ -1,6 +1,5 @@
 #include "data/hf_pipeline.h"
 
-#include <dlfcn.h>
 #include <oniguruma.h>
 #include <utf8proc.h>
 
@@ -9,6 +8,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "data/shared_library.h"
 #include "data/token_text.h"
 #include "runtime/error.h"
 
@@ -37,26 +37,25 @@ struct Onig {
 
 const Onig& onig() {
   static const Onig api = [] {
-    void* lib = dlopen("libonig.so.5", RTLD_NOW | RTLD_LOCAL);
+    SharedLibrary lib = SharedLibrary::open("libonig.so.5");
     if (!lib)
       fail("Hugging Face tokenizers match with Oniguruma, and it did not load ({}); run ./setup.sh (Debian: libonig5)",
-           dlerror());
-    auto sym = [lib](const char* name) {
-      void* p = dlsym(lib, name);
-      if (!p) fail("Oniguruma (libonig.so.5) lacks {}: loom needs version 6.9 or later", name);
-      return p;
-    };
+           lib.error());
     Onig o;
-    o.initialize = reinterpret_cast<decltype(o.initialize)>(sym("onig_initialize"));
-    o.compile = reinterpret_cast<decltype(o.compile)>(sym("onig_new"));
-    o.error_text = reinterpret_cast<decltype(o.error_text)>(sym("onig_error_code_to_str"));
-    o.region_new = reinterpret_cast<decltype(o.region_new)>(sym("onig_region_new"));
-    o.region_free = reinterpret_cast<decltype(o.region_free)>(sym("onig_region_free"));
-    o.region_clear = reinterpret_cast<decltype(o.region_clear)>(sym("onig_region_clear"));
-    o.free = reinterpret_cast<decltype(o.free)>(sym("onig_free"));
-    o.search = reinterpret_cast<decltype(o.search)>(sym("onig_search"));
-    o.utf8 = static_cast<OnigEncoding>(sym("OnigEncodingUTF8"));
-    o.syntax = *static_cast<OnigSyntaxType**>(sym("OnigDefaultSyntax"));
+    OnigSyntaxType** syntax = nullptr;
+    lib.bind(o.initialize, "onig_initialize");
+    lib.bind(o.compile, "onig_new");
+    lib.bind(o.error_text, "onig_error_code_to_str");
+    lib.bind(o.region_new, "onig_region_new");
+    lib.bind(o.region_free, "onig_region_free");
+    lib.bind(o.region_clear, "onig_region_clear");
+    lib.bind(o.free, "onig_free");
+    lib.bind(o.search, "onig_search");
+    lib.bind(o.utf8, "OnigEncodingUTF8");
+    lib.bind(syntax, "OnigDefaultSyntax");
+    if (!lib.missing().empty())
+      fail("Oniguruma (libonig.so.5) lacks {}: loom needs version 6.9 or later", lib.missing());
+    o.syntax = *syntax;
     OnigEncoding encodings[] = {o.utf8};
     o.initialize(encodings, 1);
     return o;

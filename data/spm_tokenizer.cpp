@@ -1,11 +1,11 @@
 #include "data/spm_tokenizer.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <mutex>
 
+#include "data/shared_library.h"
 #include "data/spm_abi.h"
 #include "data/token_text.h"
 #include "runtime/error.h"
@@ -54,17 +54,16 @@ const Spm& spm() {
 #ifdef LOOM_SPM_SHIM
     tried.push_back(LOOM_SPM_SHIM);
 #endif
-    void* h = nullptr;
+    SharedLibrary lib;
     std::string path, last = "not there";
     for (const std::string& p : tried) {
       if (!std::filesystem::exists(p, ec)) continue;
       path = p;
-      if ((h = ::dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND))) break;
-      const char* e = ::dlerror();
-      last = e ? e : "cannot be opened";
+      lib = SharedLibrary::open(p, true);
+      last = lib.error();
       break;
     }
-    if (!h) {
+    if (!lib) {
       why = fmt::format(
           "libloom_spm.so (loom's wrapper of the SentencePiece library) beside the loom binary{}: {}; "
           "build loom with Debian's libsentencepiece-dev (./setup.sh)",
@@ -72,27 +71,24 @@ const Spm& spm() {
       return;
     }
     // A shim of another build's interface would be called with the wrong arguments.
-    auto abi = reinterpret_cast<int (*)()>(::dlsym(h, "loom_spm_abi"));
+    int (*abi)() = nullptr;
+    lib.bind(abi, "loom_spm_abi");
     if (!abi || abi() != kSpmAbi) {
       why = fmt::format(
           "'{}' is loom's SentencePiece wrapper of another build (interface {}, this loom's {}): copy the "
           "libloom_spm.so built with this binary beside it, or rebuild",
           path, abi ? std::to_string(abi()) : std::string("without a version"), kSpmAbi);
-      ::dlclose(h);
+      lib.close();
       return;
     }
-    auto sym = [&](const char* name) {
-      void* s = ::dlsym(h, name);
-      if (!s && why.empty()) why = fmt::format("'{}' lacks {}; rebuild loom", path, name);
-      return s;
-    };
-    f.open = reinterpret_cast<decltype(f.open)>(sym("loom_spm_open"));
-    f.close = reinterpret_cast<decltype(f.close)>(sym("loom_spm_close"));
-    f.encode = reinterpret_cast<decltype(f.encode)>(sym("loom_spm_encode"));
-    f.release = reinterpret_cast<decltype(f.release)>(sym("loom_spm_release"));
-    f.pieces = reinterpret_cast<decltype(f.pieces)>(sym("loom_spm_pieces"));
-    f.bos = reinterpret_cast<decltype(f.bos)>(sym("loom_spm_bos"));
-    f.piece = reinterpret_cast<decltype(f.piece)>(sym("loom_spm_piece"));
+    lib.bind(f.open, "loom_spm_open");
+    lib.bind(f.close, "loom_spm_close");
+    lib.bind(f.encode, "loom_spm_encode");
+    lib.bind(f.release, "loom_spm_release");
+    lib.bind(f.pieces, "loom_spm_pieces");
+    lib.bind(f.bos, "loom_spm_bos");
+    lib.bind(f.piece, "loom_spm_piece");
+    if (!lib.missing().empty()) why = fmt::format("'{}' lacks {}; rebuild loom", path, lib.missing());
   });
   LOOM_CHECK(why.empty(), "{}", why);
   return f;

@@ -84,14 +84,13 @@ void rope_backward(S* dqkv, const float* cos, const float* sin, int B, int T, in
 // Causal attention with grouped-query heads over packed qkv [B,T,(H+2KV)*D]:
 // q heads first, then KV k heads, then KV v heads; query head h reads kv head h/(H/KV).
 // out [B,T,H*D]; probs [B,H,T,T] keeps the softmax (the O(T^2) design: see attention.cpp).
-// pos [B,T] (data.doc_mask): query t attends to keys t - pos[b,t] .. t, its own document;
-// null: 0 .. t. Backward reads the masked probabilities and needs no mask of its own.
+// The shapes and data.doc_mask's positions are an AttentionShape (kernels/attention_block.h).
+// Backward reads the masked probabilities and needs no mask of its own (it ignores shape.pos).
 template <class S>
-void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int KV, int D,
-                       const int32_t* pos = nullptr);
+void attention_forward(S* out, S* probs, const S* qkv, const AttentionShape& shape);
 // dqkv overwritten.
 template <class S>
-void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, int B, int T, int H, int KV, int D);
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, const AttentionShape& shape);
 
 // defines: attention_kv_extract, attention_block_scratch, attention_block_forward, attention_block_finish,
 // attention_block_delta, attention_block_backward, attention_block_grads_store

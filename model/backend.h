@@ -165,12 +165,12 @@ class Backend {
   // pos: as Inputs::pos (null: each token's index in its sequence).
   virtual void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
                     const int32_t* pos) = 0;
-  // stats: traits().attention_stats elements of attention_stats_dtype().
-  virtual void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D,
-                                 const int32_t* pos) = 0;
-  // dqkv overwritten; scratch: B*H*T floats where the plan has them; pos as forward's.
-  virtual void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H,
-                                  int KV, int D, const int32_t* pos) = 0;
+  // The whole sequence's attention (kernels/attention_block.h's AttentionShape; shape.pos as
+  // Inputs::pos). stats: traits().attention_stats elements of attention_stats_dtype().
+  virtual void attention_forward(Ptr out, Ptr stats, Ptr qkv, const AttentionShape& shape) = 0;
+  // dqkv overwritten; scratch: B*H*T floats where the plan has them; shape as forward's.
+  virtual void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch,
+                                  const AttentionShape& shape) = 0;
   // Context parallel's attention over blocks of keys (kernels/ops.h, attention_block_*), qpos
   // and kpos where the kernels read them: rows of cp_position_table(), or host memory where
   // that is null (the CPU).

@@ -322,18 +322,17 @@ class CpuBackend final : public Backend {
         cpu::rope_forward(qkv.as<S>(), cos, sin, B, T, H, KV, D, pos);
     });
   }
-  void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D, const int32_t* pos) override {
+  void attention_forward(Ptr out, Ptr stats, Ptr qkv, const AttentionShape& shape) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;
-      cpu::attention_forward(out.as<S>(), stats.as<S>(), qkv.as<S>(), B, T, H, KV, D, pos);
+      cpu::attention_forward(out.as<S>(), stats.as<S>(), qkv.as<S>(), shape);
     });
   }
   // The probabilities forward kept are zero outside each document: no mask here.
-  void attention_backward(Ptr dqkv, Ptr dout, Ptr, Ptr qkv, Ptr stats, float*, int B, int T, int H, int KV, int D,
-                          const int32_t*) override {
+  void attention_backward(Ptr dqkv, Ptr dout, Ptr, Ptr qkv, Ptr stats, float*, const AttentionShape& shape) override {
     dispatch([&](auto* tag) {
       using S = std::remove_pointer_t<decltype(tag)>;
-      cpu::attention_backward(dqkv.as<S>(), dout.as<S>(), qkv.as<S>(), stats.as<S>(), B, T, H, KV, D);
+      cpu::attention_backward(dqkv.as<S>(), dout.as<S>(), qkv.as<S>(), stats.as<S>(), shape);
     });
   }
   void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) override {

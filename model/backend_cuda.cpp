@@ -275,13 +275,13 @@ class CudaBackend final : public Backend {
     else
       cuda::rope_forward(B16(qkv), cos, sin, B, T, H, KV, D, pos, s_);
   }
-  void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D, const int32_t* pos) override {
-    cuda::attention_forward(B16(out), stats.as<float>(), B16(qkv), B, T, H, KV, D, pos, s_);
+  void attention_forward(Ptr out, Ptr stats, Ptr qkv, const AttentionShape& a) override {
+    cuda::attention_forward(B16(out), stats.as<float>(), B16(qkv), a.B, a.T, a.H, a.KV, a.D, a.pos, s_);
   }
-  void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H, int KV,
-                          int D, const int32_t* pos) override {
-    cuda::attention_backward(B16(dqkv), B16(dout), B16(out), B16(qkv), stats.as<float>(), scratch, B, T, H, KV, D, pos,
-                             s_);
+  void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch,
+                          const AttentionShape& a) override {
+    cuda::attention_backward(B16(dqkv), B16(dout), B16(out), B16(qkv), stats.as<float>(), scratch, a.B, a.T, a.H, a.KV,
+                             a.D, a.pos, s_);
   }
   const int32_t* cp_position_table() const override {
     return ws_.size() > 4 && ws_[4].numel() ? ws_[4].data<int32_t>() : nullptr;

@@ -246,21 +246,21 @@ double causal_flops(int B, int T, int H, int D) {
 }
 }  // namespace
 
-void ProfiledBackend::attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D,
-                                        const int32_t* pos) {
+void ProfiledBackend::attention_forward(Ptr out, Ptr stats, Ptr qkv, const AttentionShape& shape) {
+  const int B = shape.B, T = shape.T, H = shape.H, KV = shape.KV, D = shape.D;
   const int64_t BT = int64_t(B) * T;
   const double st = d(traits().attention_stats(B, T, H)) * dtype_size(traits().attention_stats_dtype());
   const OpCost c{d(BT * (H + 2 * KV) * D + BT * H * D) * es() + st, causal_flops(B, T, H, D)};
-  timed("attention fwd", c, [&] { in_->attention_forward(out, stats, qkv, B, T, H, KV, D, pos); });
+  timed("attention fwd", c, [&] { in_->attention_forward(out, stats, qkv, shape); });
 }
-void ProfiledBackend::attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T,
-                                         int H, int KV, int D, const int32_t* pos) {
+void ProfiledBackend::attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch,
+                                         const AttentionShape& shape) {
+  const int B = shape.B, T = shape.T, H = shape.H, KV = shape.KV, D = shape.D;
   const int64_t BT = int64_t(B) * T;
   const double st = d(traits().attention_stats(B, T, H)) * dtype_size(traits().attention_stats_dtype());
   // dout, out and qkv read, dqkv written, the statistics read
   const OpCost c{d(2 * BT * H * D + 2 * BT * (H + 2 * KV) * D) * es() + st, 2 * causal_flops(B, T, H, D)};
-  timed("attention bwd", c,
-        [&] { in_->attention_backward(dqkv, dout, out, qkv, stats, scratch, B, T, H, KV, D, pos); });
+  timed("attention bwd", c, [&] { in_->attention_backward(dqkv, dout, out, qkv, stats, scratch, shape); });
 }
 void ProfiledBackend::attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) {
   const OpCost c{4.0 * d(int64_t(B) * T * KV * D) * es(), 0};

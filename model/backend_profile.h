@@ -106,9 +106,9 @@ class ProfiledBackend final : public Backend {
                          int F, int C, WLayout layout) override;
   void rope(bool inverse, Ptr qkv, const float* cos, const float* sin, int B, int T, int H, int KV, int D,
             const int32_t* pos) override;
-  void attention_forward(Ptr out, Ptr stats, Ptr qkv, int B, int T, int H, int KV, int D, const int32_t* pos) override;
-  void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch, int B, int T, int H, int KV,
-                          int D, const int32_t* pos) override;
+  void attention_forward(Ptr out, Ptr stats, Ptr qkv, const AttentionShape& shape) override;
+  void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch,
+                          const AttentionShape& shape) override;
   const int32_t* cp_position_table() const override { return in_->cp_position_table(); }
   void attention_kv_extract(Ptr kv, Ptr qkv, int B, int T, int H, int KV, int D) override;
   void attention_block_forward(float* acc, float* ml, Ptr qkv, Ptr kv, const AttentionBlockShape& shape, bool first,

@@ -144,6 +144,8 @@ class DecoderPart {
   Ptr scr(int buf);
   float* scrf(int buf);
   Buf rows(Ptr p, int64_t n) const;  // a Buf of n compute-dtype elements at p
+  // This rank's whole-sequence attention: its heads, the micro-batch's positions.
+  AttentionShape attention_shape() const { return {B_, T_, H_, KV_, D_, pos_}; }
   // Communication on the tp group: traced, and charged to the clock's communication.
   template <class F>
   void tp_comm(const char* name, F&& f);

@@ -1,5 +1,6 @@
-// The chunk's buffers by name, for model/decoder_part.cpp (private to it; the MoE layer gets its
-// block's as a MoeBlock).
+// The chunk's buffers by name and its tp communication scope, for the decoder's sources
+// (decoder_part.cpp, decoder_part_block.cpp, decoder_part_passes.cpp; private to them: the MoE
+// layer gets its block's buffers as a MoeBlock).
 #pragma once
 #include "model/decoder_part.h"
 
@@ -85,5 +86,12 @@ struct DecoderPart::LayerA {
   int moe = -1;   // a MoE block: its index among the piece's MoE blocks (its buffers' copy)
   int layer = 0;  // the global block
 };
+
+template <class F>
+void DecoderPart::tp_comm(const char* name, F&& f) {
+  auto s = trace_.scope(name);
+  StepClock::Scope c(clock_, Phase::comm);
+  f();
+}
 
 }  // namespace loom

@@ -94,7 +94,9 @@ void rope_backward(S* dqkv, const float* cos, const float* sin, int B, int T, in
 // (batch, head) pairs and call single-threaded GEMMs inside the parallel region. bf16 storage
 // widens a pair's q, k, v (and P) into per-thread fp32 buffers and rounds P and O on store.
 template <class S>
-void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int KV, int D, const int32_t* pos) {
+void attention_forward(S* out, S* probs, const S* qkv, const AttentionShape& shape) {
+  const int B = shape.B, T = shape.T, H = shape.H, KV = shape.KV, D = shape.D;
+  const int32_t* pos = shape.pos;
   constexpr bool wide = std::is_same_v<S, float>;
   const int row = (H + 2 * KV) * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -140,7 +142,8 @@ void attention_forward(S* out, S* probs, const S* qkv, int B, int T, int H, int 
 // Per (batch, kv head), over its group of query heads in order:
 //   dP = dO V^T, dV += P^T dO, dS = P * (dP - rowsum(P * dP)) * scale, dQ = dS K, dK += dS^T Q.
 template <class S>
-void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, int B, int T, int H, int KV, int D) {
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* probs, const AttentionShape& shape) {
+  const int B = shape.B, T = shape.T, H = shape.H, KV = shape.KV, D = shape.D;  // no pos: P is masked
   constexpr bool wide = std::is_same_v<S, float>;
   const int row = (H + 2 * KV) * D, group = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -394,8 +397,8 @@ void attention_block_grads_store(S* dqkv, const float* dq, const float* dkv, int
 #define LOOM_ATTENTION(S)                                                                                             \
   template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*);             \
   template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int, const int32_t*);            \
-  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int, const int32_t*);                      \
-  template void attention_backward<S>(S*, const S*, const S*, const S*, int, int, int, int, int);                     \
+  template void attention_forward<S>(S*, S*, const S*, const AttentionShape&);                                        \
+  template void attention_backward<S>(S*, const S*, const S*, const S*, const AttentionShape&);                       \
   template void attention_kv_extract<S>(S*, const S*, int, int, int, int, int);                                       \
   template void attention_block_forward<S>(float*, float*, const S*, const S*, const AttentionBlockShape&, bool,      \
                                            float*);                                                                   \

@@ -91,8 +91,8 @@ TEST_P(CudaDocMask, AttentionStaysInsideEachDocument) {
   const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D;
   auto qkv = randn(nq, 50), dy = randn(no, 51);
   std::vector<float> out(no), probs(size_t(B) * H * T * T), dqkv(nq);
-  cpu::attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, KV, D, pos.data());
-  cpu::attention_backward(dqkv.data(), dy.data(), qkv.data(), probs.data(), B, T, H, KV, D);
+  cpu::attention_forward(out.data(), probs.data(), qkv.data(), {B, T, H, KV, D, pos.data()});
+  cpu::attention_backward(dqkv.data(), dy.data(), qkv.data(), probs.data(), {B, T, H, KV, D});
   DevRaw<int32_t> Pos(pos);
   Dev Q(qkv), Dy(dy), O(no), DQ(std::vector<float>(nq, 7.0f));
   DevRaw<float> L(size_t(B) * H * T), S(size_t(B) * H * T);

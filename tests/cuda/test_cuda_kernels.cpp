@@ -291,8 +291,8 @@ TEST_P(CudaAttention, MatchesTheCpuTwin) {
   const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D;
   auto qkv = randn(nq, 30), dy = randn(no, 31);
   std::vector<float> out(no), probs(size_t(B) * H * T * T), dqkv(nq);
-  cpu::attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, KV, D);
-  cpu::attention_backward(dqkv.data(), dy.data(), qkv.data(), probs.data(), B, T, H, KV, D);
+  cpu::attention_forward(out.data(), probs.data(), qkv.data(), {B, T, H, KV, D});
+  cpu::attention_backward(dqkv.data(), dy.data(), qkv.data(), probs.data(), {B, T, H, KV, D});
   Dev Q(qkv), Dy(dy), O(no), DQ(std::vector<float>(nq, 7.0f));  // dqkv is overwritten
   DevRaw<float> L(size_t(B) * H * T), S(size_t(B) * H * T);
   cuda::attention_forward(O.p, L.p, Q.p, B, T, H, KV, D, nullptr, nullptr);

@@ -201,11 +201,11 @@ TEST_P(AttentionTest, ForwardAndBackward) {
   const int n = B * T * (H + 2 * KV) * D;
   auto qkv = randn(n, 50), r = randn(B * T * H * D, 51);
   std::vector<float> out(B * T * H * D), probs(B * H * T * T);
-  cpu::attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, KV, D);
+  cpu::attention_forward(out.data(), probs.data(), qkv.data(), {B, T, H, KV, D});
   EXPECT_LT(rel_err(out, attention_ref(to_double(qkv), B, T, H, KV, D)), kFwdTol);
   auto g = fd_grad([&](const V& x) { return dot(attention_ref(x, B, T, H, KV, D), r); }, to_double(qkv));
   std::vector<float> dqkv(n, 99.0f);
-  cpu::attention_backward(dqkv.data(), r.data(), qkv.data(), probs.data(), B, T, H, KV, D);
+  cpu::attention_backward(dqkv.data(), r.data(), qkv.data(), probs.data(), {B, T, H, KV, D});
   EXPECT_LT(rel_err(dqkv, g), kBwdTol);
 }
 INSTANTIATE_TEST_SUITE_P(Heads, AttentionTest, ::testing::Values(std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}));
@@ -344,12 +344,12 @@ TEST(KernelsBf16, MatchTheirFp32Twins) {
     const int n = B * T * (H + 2 * KV) * D;
     auto qkv = bf16_exact(randn(n, 110)), r = bf16_exact(randn(B * T * H * D, 111));
     std::vector<float> o(B * T * H * D), p(B * H * T * T), dq(n);
-    cpu::attention_forward(o.data(), p.data(), qkv.data(), B, T, H, KV, D);
-    cpu::attention_backward(dq.data(), r.data(), qkv.data(), p.data(), B, T, H, KV, D);
+    cpu::attention_forward(o.data(), p.data(), qkv.data(), {B, T, H, KV, D});
+    cpu::attention_backward(dq.data(), r.data(), qkv.data(), p.data(), {B, T, H, KV, D});
     auto qb = to_bf16(qkv), rb = to_bf16(r);
     std::vector<bf16> ob(o.size()), pb(p.size()), dqb(dq.size());
-    cpu::attention_forward(ob.data(), pb.data(), qb.data(), B, T, H, KV, D);
-    cpu::attention_backward(dqb.data(), rb.data(), qb.data(), pb.data(), B, T, H, KV, D);
+    cpu::attention_forward(ob.data(), pb.data(), qb.data(), {B, T, H, KV, D});
+    cpu::attention_backward(dqb.data(), rb.data(), qb.data(), pb.data(), {B, T, H, KV, D});
     EXPECT_LT(rel_err(from_bf16(ob), o), 2 * tol);
     EXPECT_LT(rel_err(from_bf16(dqb), dq), 2 * tol);
   }

@@ -11,34 +11,22 @@
 #include "plan/layout_search.h"
 #include "plan/step_invariant.h"
 #include "plan/step_model.h"
+#include "step_model_testing.h"
 
 namespace loom {
 namespace {
 
 // One node of 16 (every dp below in it), overlap 1: what the plain path hides, it hides.
 Cluster node16(double mem_bw_gbs, double bw_gbs, double peak_tflops = 1) {
-  return cluster_parse(fmt::format(R"(
-nodes = 1
-devices_per_node = 16
-device = "cpu"
-dtype = "f32"
-peak_tflops = {}
-gemm_efficiency = 0.5
-mem_bw_gbs = {}
-overlap = 1
-[intra]
-alpha_us = 10
-bw_gbs = {}
-)",
-                                   peak_tflops, mem_bw_gbs, bw_gbs),
-                       "test");
+  test::ClusterFigures f;
+  f.nodes = 1, f.devices_per_node = 16, f.peak_tflops = peak_tflops, f.mem_bw_gbs = mem_bw_gbs, f.overlap = 1;
+  f.intra_bw_gbs = bw_gbs;
+  return test::cluster_of(f);
 }
 
 Config model(const std::string& arch, int dp, int micro_batches, int zero = 0) {
-  Config c = config_defaults();
-  c.model.arch = choice_parse<Arch>(arch).value();
-  c.model.n_layer = 4, c.model.d_model = 64, c.model.n_head = 4, c.model.vocab_size = 256, c.model.seq_len = 32;
-  c.train.micro_batch = 2, c.train.global_batch = 2 * dp * micro_batches;
+  Config c = test::small_model(arch);
+  c.train.global_batch = 2 * dp * micro_batches;
   c.parallel.dp = dp, c.parallel.zero = zero, c.parallel.invariant = true;
   config_validate(c);
   return c;
@@ -123,21 +111,9 @@ TEST(StepModel, InvariantTiedHeadAddsItsMatrixOnce) {
 // nodes from every rank at once), its blocks' permutation left out, or the pairs priced on the
 // node's whole link (every rank of a node crosses at once).
 TEST(StepModel, InvariantExchangesCrossTheLinkTheirPairDoes) {
-  const Cluster c = cluster_parse(R"(
-nodes = 2
-devices_per_node = 4
-device = "cpu"
-peak_tflops = 1
-gemm_efficiency = 0.5
-mem_bw_gbs = 1
-[intra]
-alpha_us = 10
-bw_gbs = 10
-[inter]
-alpha_us = 100
-bw_gbs = 1
-)",
-                                  "test");
+  test::ClusterFigures f;  // 2 nodes of 4
+  f.mem_bw_gbs = 1, f.overlap = 1;
+  const Cluster c = test::cluster_of(f);
   const double S = 8e6, adds = 3 * 0.875 * S / 1e9;
   // 8 positions, 4 of them palindromes: 2 pairs swapped, 3 block copies each (read and write)
   const double permute = 2 * 3 * 2 * (S / 8) / 1e9;

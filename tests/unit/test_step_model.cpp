@@ -13,37 +13,18 @@
 #include "plan/layout_search.h"
 #include "plan/step_model.h"
 #include "runtime/error.h"
+#include "step_model_testing.h"
 
 namespace loom {
 namespace {
 
+// 2 nodes of 4, nothing hidden behind compute.
 Cluster cluster_small() {
-  return cluster_parse(R"(
-name = "test"
-nodes = 2
-devices_per_node = 4
-device = "cpu"
-dtype = "f32"
-peak_tflops = 1
-gemm_efficiency = 0.5
-mem_bw_gbs = 1e12
-overlap = 0
-[intra]
-alpha_us = 10
-bw_gbs = 10
-[inter]
-alpha_us = 100
-bw_gbs = 1
-)",
-                       "test");
+  return test::cluster_of({});
 }
 
 Config model_small(const std::string& arch = "llama") {
-  Config c = config_defaults();
-  c.model.arch = choice_parse<Arch>(arch).value();
-  c.model.n_layer = 4, c.model.d_model = 64, c.model.n_head = 4, c.model.vocab_size = 256, c.model.seq_len = 32;
-  c.train.micro_batch = 2, c.train.global_batch = 8;
-  return c;
+  return test::small_model(arch);
 }
 
 TEST(StepModel, CollectivesCountRingStepsAndVolumes) {

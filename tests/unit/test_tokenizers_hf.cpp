@@ -1,7 +1,7 @@
 // Hugging Face tokenizer.json files on small hand-made tokenizers: the BPE merge order, byte
 // fallback and unknown tokens, Split's behaviours, added and special tokens, invalid UTF-8,
-// NFC, when text may be cut for threads, the refusals that name what loom lacks, and POSIX
-// regex left to glibc (the
+// NFC, when text may be cut for threads, the refusals that name what loom lacks, POSIX regex
+// left to glibc, and what the run-time loader says of a missing library or symbol (the
 // comparison with the reference library on real files is e2e.tokenizers_hf).
 #include <dlfcn.h>
 #include <regex.h>
@@ -12,6 +12,7 @@
 
 #include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
+#include "data/shared_library.h"
 #include "data/token_text.h"
 #include "runtime/config.h"
 #include "runtime/utf8.h"
@@ -266,4 +267,25 @@ TEST(Regex, PosixIsGlibcs) {
   EXPECT_EQ(regexec(&re, "==1==ERROR: heap-buffer-overflow on address", 0, nullptr, 0), 0);
   EXPECT_EQ(regexec(&re, "data race", 0, nullptr, 0), REG_NOMATCH);
   regfree(&re);
+}
+
+// Catches: a failed open without dlerror's words, or missing() naming a later missing symbol
+// (the refusals of both loaders quote the first) or none.
+TEST(SharedLibrary, SaysWhyItDidNotOpenAndTheFirstSymbolItLacks) {
+  const SharedLibrary none = SharedLibrary::open("libloom_not_there.so");
+  EXPECT_FALSE(none);
+  EXPECT_NE(none.error().find("libloom_not_there.so"), std::string::npos) << none.error();
+  SharedLibrary c = SharedLibrary::open("libc.so.6");
+  ASSERT_TRUE(c) << c.error();
+  size_t (*length)(const char*) = nullptr;
+  int (*first)() = nullptr, (*second)() = nullptr;
+  c.bind(length, "strlen");
+  EXPECT_TRUE(c.missing().empty());
+  c.bind(first, "loom_first_missing");
+  c.bind(second, "loom_second_missing");
+  ASSERT_NE(length, nullptr);
+  EXPECT_EQ(length("four"), 4u);
+  EXPECT_EQ(first, nullptr);
+  EXPECT_EQ(second, nullptr);
+  EXPECT_EQ(c.missing(), "loom_first_missing");
 }

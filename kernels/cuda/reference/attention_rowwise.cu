@@ -7,6 +7,7 @@
 // heads of its group in order), so nothing is accumulated with atomics.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/reference/attention_mask.cuh"
 #include "kernels/cuda/reference/attention_reference.h"
 #include "kernels/cuda/reference/attention_rows.cuh"
 
@@ -15,12 +16,6 @@ namespace loom::cuda::reference {
 namespace {
 
 constexpr int kWarps = 4;
-
-// The first key query t of sequence bi attends to: its document's first token (pos, for
-// data.doc_mask), or the sequence's. Documents are contiguous, so it never decreases with t.
-__device__ __forceinline__ int first_key(const int32_t* pos, int bi, int T, int t) {
-  return pos ? t - pos[int64_t(bi) * T + t] : 0;
-}
 
 template <int D>
 __global__ void attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, const int32_t* pos, int T, int H,

@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/reference/attention_mask.cuh"
 #include "kernels/cuda/reference/attention_reference.h"
 
 namespace loom::cuda::reference {
@@ -69,10 +70,6 @@ struct Carve {
   }
 };
 
-// The first key query t of sequence bi attends to (see the top).
-__device__ __forceinline__ int first_key(const int32_t* pos, int bi, int T, int t) {
-  return pos ? t - pos[int64_t(bi) * T + t] : 0;
-}
 // Where a query tile's key tiles start: the tile holding its first row's first key.
 __device__ __forceinline__ int first_key_tile(const int32_t* pos, int bi, int T, int q0) {
   return pos ? first_key(pos, bi, T, q0) / kTile * kTile : 0;
@@ -181,8 +178,8 @@ __global__ void __launch_bounds__(kThreads)
       const int tq = q0 + wr + r;
       float* srow = ss + (wr + r) * kLS;
       const int f0 = tq < T ? first_key(pos, bi, T, tq) : 0;
-      const float s0 = k0 + lane <= tq && k0 + lane >= f0 ? srow[lane] * scale : -INFINITY;
-      const float s1 = k0 + lane + 32 <= tq && k0 + lane + 32 >= f0 ? srow[lane + 32] * scale : -INFINITY;
+      const float s0 = key_visible(k0 + lane, tq, f0) ? srow[lane] * scale : -INFINITY;
+      const float s1 = key_visible(k0 + lane + 32, tq, f0) ? srow[lane + 32] * scale : -INFINITY;
       const float mn = fmaxf(m[r], warp_max(fmaxf(s0, s1)));
       const float ms = mn == -INFINITY ? 0.0f : mn;  // a row with no key yet stays all zero
       const float p0 = __expf(s0 - ms), p1 = __expf(s1 - ms), corr = __expf(m[r] - ms);
@@ -272,7 +269,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < 16; ++r) {
       const int tq = q0 + wr + r, f0 = tq < T ? first_key(pos, bi, T, tq) : 0;
       for (int c = lane; c < kTile; c += 32) {
-        const float p = k0 + c <= tq && k0 + c >= f0 ? __expf(ss[(wr + r) * kLS + c] * scale - lse_s[wr + r]) : 0.0f;
+        const float p = recomputed_prob(key_visible(k0 + c, tq, f0), ss[(wr + r) * kLS + c], scale, lse_s[wr + r]);
         dss[(wr + r) * kLP + c] = b(p * (dps[(wr + r) * kLS + c] - delta_s[wr + r]));
       }
     }
@@ -334,7 +331,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int c = lane; c < kTile; c += 32) {
           const int tq = q0 + c;
           const float p =
-              tk <= tq && tq < T && tk >= first_s[c] ? __expf(sts[(wr + r) * kLS + c] * scale - lse_s[c]) : 0.0f;
+              recomputed_prob(tq < T && key_visible(tk, tq, first_s[c]), sts[(wr + r) * kLS + c], scale, lse_s[c]);
           pts[(wr + r) * kLP + c] = b(p);
           dsts[(wr + r) * kLP + c] = b(p * (dpts[(wr + r) * kLS + c] - delta_s[c]));
         }
