@@ -134,6 +134,7 @@ cp2_dp2_z2   cp2          4  parallel.cp=2 parallel.dp=2 parallel.zero=2
 cp2_dp2_z3   cp2          4  parallel.cp=2 parallel.dp=2 parallel.zero=3
 gpt2_cp2     -            2  model.arch=gpt2 parallel.cp=2
 gpt2_cp2_dp2 gpt2_cp2     4  model.arch=gpt2 parallel.cp=2 parallel.dp=2
+gpt2_cp2_pp2_z2 gpt2_cp2  4  model.arch=gpt2 parallel.cp=2 parallel.pp=2 parallel.zero=2
 "
 while read -r name ref np keys; do
   [ -n "$name" ] || continue
