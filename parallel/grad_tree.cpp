@@ -63,10 +63,12 @@ int bit_reverse(int r, int size) {
   return out;
 }
 
-void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half) {
-  const int p = g.size(), r = g.rank();
+void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half, int stride, int size) {
+  // The sub-group: the ranks that differ from this one only in the bits [stride, stride x size).
+  const int p = size > 0 ? size : g.size() / stride, r = (g.rank() / stride) % p;
+  const int base = g.rank() - r * stride;
   LOOM_CHECK((p & (p - 1)) == 0, "a tree reduce-scatter over {} ranks: it needs a power of two", p);
-  LOOM_ASSERT(in.count == out.count * p);
+  LOOM_ASSERT(in.count == out.count * p && int64_t(stride) * p <= g.size());
   const Stream& s = be.stream();
   const int64_t n = out.count;
   // Halving pairs r with r ^ 1, then r ^ 2, ..., each partner keeping the blocks whose low bits
@@ -87,7 +89,8 @@ void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half
     const int send_lo = upper ? lo : mid;
     const int64_t len = int64_t(keep_hi - keep_lo) * n;
     Buf got = half.slice(0, len);
-    exchange(g, s, bit_reverse(v ^ bit, p), in.slice(int64_t(send_lo) * n, len), got);  // the rank r ^ bitrev(bit)
+    const int peer = base + bit_reverse(v ^ bit, p) * stride;  // the rank r ^ bitrev(bit)
+    exchange(g, s, peer, in.slice(int64_t(send_lo) * n, len), got);
     be.add(in.slice(int64_t(keep_lo) * n, len), got);
     lo = keep_lo, hi = keep_hi;
   }

@@ -47,7 +47,9 @@ class GradTree {
 // the first and largest exchanges pair neighbouring ranks (one node's) and the smallest cross
 // nodes. Rank r ends with block r of `in` (size x n elements; permuted and summed in place, `in`
 // is spoiled) in `out` (n). size must be a power of two; `half` holds size x n / 2.
-void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half);
+// Over a sub-group of g: the `size` ranks (0: all g's ranks / stride) that differ from this
+// one only in the rank bits [stride, stride x size); rank r is its (r / stride) % size.
+void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half, int stride = 1, int size = 0);
 // The bits of r (below size, a power of two) in reverse order.
 int bit_reverse(int r, int size);
 

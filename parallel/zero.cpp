@@ -147,7 +147,7 @@ int64_t zero_tied_shard(const ModelLayout& layout, const ZeroRanks& z, int stage
 }
 
 std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches,
-                                     int64_t tied_numel) {
+                                     int64_t tied_numel, int cp) {
   std::vector<PlanItem> p;
   if (tied_numel > 0) p = TiedHeadGrad::plan(tied_numel, micro_batches, zero_tied_shard(layout, z, stage), z.dp);
   auto add = [&p](const std::vector<PlanItem>& q) { p.insert(p.end(), q.begin(), q.end()); };
@@ -159,8 +159,13 @@ std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks&
     return p;
   }
   const Geometry g = geometry(layout, z);
-  add(grad_tree_plan(micro_batches, 1, g.shard));
-  if (z.dp > 2) p.push_back({"grad_tree_half", (g.max_unit + 1) / 2, DType::f32, Mem::comm});
+  add(grad_tree_plan(micro_batches, 1, cp * g.shard));
+  if (z.dp > 2 || cp > 1) p.push_back({"grad_tree_half", (g.max_unit + 1) / 2, DType::f32, Mem::comm});
+  if (cp > 1) {  // the cp-fold shards between micro-batches, and each slot's cp-fold result
+    p.push_back({"grad_tree_cp", cp * g.shard, DType::f32, Mem::grads});
+    for (const SlotSize& e : slot_sizes(layout, g))
+      p.push_back({"grad_tree_cp_result", std::max<int64_t>(1, cp * e.result), DType::f32, Mem::comm});
+  }
   return p;
 }
 
@@ -265,14 +270,24 @@ Zero::Zero(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelG
   if (o.invariant) {
     // Stage 1: the tree over the full gradient buffer; 2 and 3: over this rank's shards, one
     // node a micro-batch (the ranks' micro-batch i, reduce-scattered, is a subtree).
+    // With cp > 1 at 2 and 3, over cp-fold shards (the cp parts summed after the tree).
+    if (stage_ >= 2) cp_ = o.cp;
     std::vector<int64_t> starts;
-    for (const Unit& u : units_) starts.push_back(u.shard_off);
-    const int64_t n = stage_ == 1 ? int64_t(chunk.num_params()) : shard_;
+    for (const Unit& u : units_) starts.push_back(cp_ * u.shard_off);
+    const int64_t n = stage_ == 1 ? int64_t(chunk.num_params()) : cp_ * shard_;
     tree_ = std::make_unique<GradTree>(be_, stage_ == 1 ? unit_starts(layout) : starts, n, o.micro_batches);
     const bool tied = tied_head_apart(layout, chunk.dims(), true);
-    for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, o.micro_batches,
-                                               tied ? chunk.registry().at(head_names(chunk.dims()).wte).numel() : 0))
+    LOOM_CHECK(cp_ == 1 || !tied,
+               "parallel.invariant with parallel.cp = {} under ZeRO-{}: a tied embedding whose head shares the rank "
+               "is not covered yet; set parallel.zero = 0 or 1, or parallel.invariant = false",
+               cp_, stage_);
+    for (const PlanItem& item :
+         zero_tree_plan(layout, ranks_, stage_, o.micro_batches,
+                        tied ? chunk.registry().at(head_names(chunk.dims()).wte).numel() : 0, cp_)) {
       if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
+      if (item.name == "grad_tree_cp") cp_grads_ = be_.alloc().empty(item), be_.zero(Buf(cp_grads_));
+      if (item.name == "grad_tree_cp_result") cp_results_.push_back(be_.alloc().empty(item));
+    }
     if (stage_ == 1 && half_.defined()) tree_sum_ = std::make_unique<TreeAllReduce>(dp_, be_, Buf(half_), first_bit_);
   }
   if (tied_head_apart(layout, chunk.dims(), o.invariant))
@@ -381,6 +396,12 @@ Zero::Slot& Zero::slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) cons
   return *slots[size_t(2 + i % 2)];
 }
 
+size_t Zero::slot_index(const Slot& slot) const {
+  for (size_t i = 0; i < grad_slots_.size(); ++i)
+    if (grad_slots_[i].get() == &slot) return i;
+  fail_bug("ZeRO: a gradient slot not its own");
+}
+
 void Zero::drain(Slot& slot) {
   if (!slot.pending) return;
   wait(slot.work);
@@ -389,11 +410,14 @@ void Zero::drain(Slot& slot) {
   const Unit* e = tail(slot.unit);
   const int64_t n = u.s + (e ? e->s : 0);
   if (slot.result_low.defined()) be_.copy(Buf(slot.result).slice(0, n), Buf(slot.result_low).slice(0, n));
-  be_.add(dev(shard_grads_.f32() + u.shard_off, u.s, DType::f32), Buf(slot.result).slice(0, u.s));
-  if (e) be_.add(dev(shard_grads_.f32() + e->shard_off, e->s, DType::f32), Buf(slot.result).slice(u.s, e->s));
+  // (cp > 1: the cp-fold shards, the tree's own; the cp parts meet in reduce_grads)
+  float* sum = cp_ > 1 ? cp_grads_.f32() : shard_grads_.f32();
+  const Buf res = cp_ > 1 ? Buf(cp_results_[slot_index(slot)]) : Buf(slot.result);
+  be_.add(dev(sum + cp_ * u.shard_off, cp_ * u.s, DType::f32), res.slice(0, cp_ * u.s));
+  if (e) be_.add(dev(sum + cp_ * e->shard_off, cp_ * e->s, DType::f32), res.slice(cp_ * u.s, cp_ * e->s));
   if (tree_) {  // (the shard range was zeroed by the last fold: the add above is a copy)
-    tree_->fold(int(&u - units_.data()), shard_grads_.f32());
-    if (e) tree_->fold(int(e - units_.data()), shard_grads_.f32());
+    tree_->fold(int(&u - units_.data()), sum);
+    if (e) tree_->fold(int(e - units_.data()), sum);
   }
   slot.pending = false;
 }
@@ -443,7 +467,12 @@ void Zero::backward_done(int u) {
     be_.copy(aux.slice(0, e->len), Buf(s.buf).slice(d.len, e->len));
     be_.zero(Buf(s.buf).slice(d.len, padded(u) - d.len));
     Buf out = Buf(low ? s.result_low : s.result).slice(d.s, e->s);
-    if (half_.defined()) {  // parallel.invariant (a tied embedding's part: over dp, as the unit)
+    if (cp_ > 1) {  // over the dp ranks only: a cp-fold shard
+      StepClock::Scope c(clock_, Phase::comm);
+      tree_reduce_scatter(group(*e), be_, aux, Buf(cp_results_[slot_index(s)]).slice(cp_ * d.s, cp_ * e->s), Buf(half_),
+                          cp_, n_ / cp_);
+      s.tail = Work();
+    } else if (half_.defined()) {  // parallel.invariant (a tied embedding's part: over dp, as the unit)
       StepClock::Scope c(clock_, Phase::comm);
       tree_reduce_scatter(group(*e), be_, aux, out, Buf(half_));
       s.tail = Work();
@@ -458,7 +487,11 @@ void Zero::backward_done(int u) {
     in = l;
     out = Buf(s.result_low).slice(0, d.s);
   }
-  if (half_.defined()) {  // parallel.invariant over more than 2 ranks: the tree's own, after the backward of u
+  if (cp_ > 1) {  // parallel.invariant with cp: over the dp ranks only, a cp-fold shard
+    StepClock::Scope c(clock_, Phase::comm);
+    tree_reduce_scatter(dp_, be_, in, Buf(cp_results_[slot_index(s)]).slice(0, cp_ * d.s), Buf(half_), cp_, n_ / cp_);
+    s.work = Work();
+  } else if (half_.defined()) {  // parallel.invariant over more than 2 ranks: the tree's own, after the backward of u
     StepClock::Scope c(clock_, Phase::comm);
     tree_reduce_scatter(dp_, be_, in, out, Buf(half_));
     s.work = Work();
@@ -587,6 +620,14 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
   } else {
     for (auto& s : grad_slots_) drain(*s);
     LOOM_ASSERT(!tree_ || tree_->idle());  // every unit's micro-batches, all folded
+    if (cp_ > 1) {
+      // The cp ranks' parts, after the micro-batches' tree: each rank its shard.
+      StepClock::Scope c(clock_, Phase::comm);
+      for (const Unit& u : units_)
+        tree_reduce_scatter(group(u), be_, Buf(cp_grads_).slice(cp_ * u.shard_off, cp_ * u.s),
+                            Buf(shard_grads_).slice(u.shard_off, u.s), Buf(half_), 1, cp_);
+      be_.zero(Buf(cp_grads_));  // (spoiled by the reduce-scatter; the next step adds into it)
+    }
     grads = shard_grads_.f32();
   }
   if (tied_) {  // E + H, once the two are summed over dp: over the matrix's part of this rank's slice
@@ -615,6 +656,7 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
 
 void Zero::discard() {
   if (stage_ >= 2) be_.zero(Buf(shard_grads_));
+  if (cp_grads_.defined()) be_.zero(Buf(cp_grads_));
   if (tree_) tree_->reset();
   if (tied_) tied_->reset();
   reduced_ = nullptr;

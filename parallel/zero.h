@@ -65,8 +65,9 @@ std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, i
 int64_t zero_tied_shard(const ModelLayout& layout, const ZeroRanks& z, int stage);
 // `tied_numel` > 0: the head's part of a tied embedding of that many elements kept apart
 // (parallel/tied_head.h).
+// `cp` > 1 at stages 2 and 3: the tree runs over cp-fold shards (the cp parts summed after it).
 std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches,
-                                     int64_t tied_numel = 0);
+                                     int64_t tied_numel = 0, int cp = 1);
 
 class Zero final : public DataParallel {
  public:
@@ -117,11 +118,19 @@ class Zero final : public DataParallel {
   bool tied_started_ = false;       // the tied head's H, this step
   void tree_start(int i);
   std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
+  // Stages 2 and 3 with cp > 1: each micro-batch reduce-scattered over the dp ranks only, into
+  // a cp-fold shard (the cp ranks' parts kept apart through the micro-batches' tree, in
+  // cp_grads_, with a result buffer per slot); after the step's last, a tree reduce-scatter over
+  // the cp ranks leaves each rank its shard: the cp parts meet after the tree, as under DDP.
+  int cp_ = 1;
+  Tensor cp_grads_;
+  std::vector<Tensor> cp_results_;
   bool last_ = false;
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight
   Slot& slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const;
   void gather_into(Slot& slot, int u, Pass pass);
-  void drain(Slot& slot);  // waits for a slot's reduce-scatter and adds it into the shard
+  size_t slot_index(const Slot& slot) const;  // among grad_slots_
+  void drain(Slot& slot);                     // waits for a slot's reduce-scatter and adds it into the shard
   void wait(const Work& w);
   Buf dev(void* p, int64_t n, DType t) const { return Buf(p, n, t, be_.device()); }
   // Stages 2 and 3: a unit's dense part, its expert tail (a MoE unit under expert

@@ -67,8 +67,9 @@ MemoryPlan plan_memory(const Config& cfg, DeviceKind kind, DType dtype, int rank
                                    : zero_plan(layout, z, stage, at.tp, dtype, o.reduce, kind, o.keep_gathered);
   items.insert(items.end(), dp_items.begin(), dp_items.end());
   if (stage >= 1 && o.invariant)  // (DDP's plan lists them itself)
-    for (auto& it : zero_tree_plan(layout, z, stage, o.micro_batches,
-                                   tied_head_apart(layout, md, true) ? layout.reg.at(head_names(md).wte).numel() : 0))
+    for (auto& it :
+         zero_tree_plan(layout, z, stage, o.micro_batches,
+                        tied_head_apart(layout, md, true) ? layout.reg.at(head_names(md).wte).numel() : 0, o.cp))
       items.push_back(it);
   MemoryPlan p;
   for (auto& it : items) p.bytes[size_t(it.mem)] += Allocator::alloc_bytes(it.numel, it.dtype);

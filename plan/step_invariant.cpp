@@ -54,18 +54,20 @@ double tree_all_reduce_tail(const ModelLayout& layout, int n) {
 // reduce-scatter adds a + b, so the library's overlapped collectives stay; over more, DDP and ZeRO-1 sum each unit
 // in TreeAllReduce as its last backward ends, behind the backward's window but for the tail the hooks leave
 // (tree_all_reduce_tail), and ZeRO-2/3 reduce-scatter each unit's micro-batch in tree_reduce_scatter as its
-// backward ends, the stream waiting on it. ep and cp are refused.
+// backward ends, the stream waiting on it; with cp > 1 over the dp ranks only, then once a step over the cp ranks
+// after the backward. ep is refused.
 void invariant_terms(const Config& cfg, const Cluster& cl, double share, const ModelLayout& layout, int units,
                      double window, double ag, double rs, StageDpTerms& s) {
   const ParallelConfig& p = cfg.parallel;
   const int dp = p.dp * p.cp, m = cfg.accum_steps();
   const double n = double(layout.reg.numel()), rate = cluster_rates(cl).elementwise * share;
   const LinkTier dl = group_link(cl, dp, p.tp);
-  const bool tree = dp > 2;
+  const bool split = p.zero >= 2 && p.cp > 1;  // the dp ranks each micro-batch, the cp ranks once a step
+  const bool tree = dp > 2 || split;
   auto reduce = [&](const char* op, double bytes) {
     return tree ? tree_collective_time(op, dp, p.tp, bytes, cl, rate) : collective_time(op, dp, bytes, dl, cl.tree);
   };
-  double fold = grad_tree_fold_bytes(m, p.zero >= 2 ? n / dp : n), tied_micro = 0, tied_end = 0;
+  double fold = grad_tree_fold_bytes(m, p.zero >= 2 ? n / p.dp : n), tied_micro = 0, tied_end = 0;  // cp-fold shards
   const ModelDims dims = model_dims(cfg);
   if (tied_head_apart(layout, dims, true)) {  // the head's part of the matrix in a tree of its own, added once
     const double w = double(layout.reg.at(head_names(dims).wte).numel());
@@ -85,7 +87,14 @@ void invariant_terms(const Config& cfg, const Cluster& cl, double share, const M
         std::max(all - window, reduce("all_reduce", 4 * tree_all_reduce_tail(layout, dp))) + (p.zero == 1 ? ag : 0);
     s.dp_total = all + (p.zero == 1 ? ag : 0);
   } else if (tree) {
-    const double trs = units * reduce("reduce_scatter", 4 * n / units);
+    auto over = [&](int ranks, int stride, double bytes) {
+      return ranks > 1 ? units * tree_collective_time("reduce_scatter", ranks, stride, bytes / units, cl, rate) : 0.0;
+    };
+    const double trs = split ? over(p.dp, p.tp * p.cp, 4 * n) : units * reduce("reduce_scatter", 4 * n / units);
+    if (split) {  // the cp parts, after the step's last micro-batch
+      const double cp_rs = over(p.cp, p.tp, 4 * n / p.dp);
+      s.dp_end += cp_rs, s.dp_total += cp_rs;
+    }
     const bool gathers = p.zero == 3 && p.zero3_reshard != Zero3Reshard::after_step;  // still behind the backward
     s.dp_b = trs + (gathers ? std::max(ag - window, ag / units) : 0);
     s.dp_total += m * (trs - rs);

@@ -222,11 +222,6 @@ void invariant_validate(const Config& cfg) {
              "parallel.invariant with parallel.cp = {}: the cp ranks' parts of a sequence meet in a binary tree, so cp "
              "must be a power of two, {}",
              p.cp, off);
-  LOOM_CHECK(p.cp == 1 || p.zero <= 1,
-             "parallel.invariant with parallel.cp = {} under ZeRO-{}: its reduce-scatter after each micro-batch adds "
-             "the cp ranks' parts before the micro-batches' tree (it covers cp under DDP and ZeRO-1 so far); set "
-             "parallel.zero = 0 or 1, {}",
-             p.cp, p.zero, off);
   LOOM_CHECK(p.grad_reduce_dtype == GradReduce::f32,
              "parallel.invariant with parallel.grad_reduce_dtype = \"bf16\": rounding each rank's partial sums "
              "changes the bits with the layout; set it to \"f32\", {}",

@@ -10,7 +10,7 @@
 #              MPI and nccl-emulated; pp 2 and 4 under all six schedules; bf16; MoE at ep 1;
 #              around a fixed tp; the CUDA kernels in the emulation; gpt2's tied embeddings
 #              under DDP, ZeRO 1-3 and pp 2, the head and the embedding on one rank or two; around
-#              a fixed cp under DDP, ZeRO-1 and pp), and a dp 4 checkpoint resumed at dp 2 ends with the bytes of the run that
+#              a fixed cp under DDP, ZeRO 1-3 and pp), and a dp 4 checkpoint resumed at dp 2 ends with the bytes of the run that
 #              never stopped.
 #   invariant.sh LOOM "MPIRUN..."
 set -uo pipefail
@@ -130,8 +130,12 @@ cp2          -            2  parallel.cp=2
 cp2_dp2      cp2          4  parallel.cp=2 parallel.dp=2
 cp2_dp4_z1   cp2          8  parallel.cp=2 parallel.dp=4 parallel.zero=1
 cp2_pp2      cp2          4  parallel.cp=2 parallel.pp=2
+cp2_z2       cp2          2  parallel.cp=2 parallel.zero=2
+cp2_dp2_z2   cp2          4  parallel.cp=2 parallel.dp=2 parallel.zero=2
+cp2_dp2_z3   cp2          4  parallel.cp=2 parallel.dp=2 parallel.zero=3
 gpt2_cp2     -            2  model.arch=gpt2 parallel.cp=2
 gpt2_cp2_dp2 gpt2_cp2     4  model.arch=gpt2 parallel.cp=2 parallel.dp=2
+gpt2_cp2_pp2_z2 gpt2_cp2  4  model.arch=gpt2 parallel.cp=2 parallel.pp=2 parallel.zero=2
 "
 while read -r name ref np keys; do
   [ -n "$name" ] || continue

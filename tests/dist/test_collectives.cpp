@@ -275,6 +275,37 @@ TEST(TreeReduceScatter, AddsInTheCanonicalTreeAndLeavesRankRShardR) {
   EXPECT_TRUE(order_shows || p < 4) << "no element's sum depends on the pairing: the test could not fail";
 }
 
+// The same over a sub-group (ZeRO-2/3 with cp: the dp ranks alone, stride cp, then the cp
+// ranks): the ranks that differ only in the bits [stride, stride x size) sum in their own tree
+// and sub-rank k ends with block k.
+// Catches: peers taken in the whole group (other ranks' values mixed in), the sub-rank read
+// from the wrong bits (a rank would keep another block).
+TEST(TreeReduceScatter, OverASubGroupPairsOnlyItsBits) {
+  ProcessGroup& g = g_mesh->world_group();
+  const int p = g.size(), r = g.rank();
+  auto value = [](int rank, int64_t e) { return float(1 << (rank % 8)) * 0.25f + float(e % 7) * 16777216.0f; };
+  Allocator alloc;
+  std::unique_ptr<Backend> be = cpu_backend(ModelDims{}, DType::f32, alloc);
+  int64_t wrong = 0;  // (counted, not asserted: a rank leaving early would hang the others)
+  for (int stride = 1; stride < p; stride *= 2) {
+    const int size = stride == 1 ? 2 : p / stride, k = (r / stride) % size, first = r - k * stride;
+    const int64_t n = 5;
+    std::vector<float> in(static_cast<size_t>(n * size)), out(static_cast<size_t>(n), -1.0f);
+    std::vector<float> half(static_cast<size_t>(n * size / 2 + 1));
+    for (int64_t e = 0; e < n * size; ++e) in[size_t(e)] = value(r, e);
+    tree_reduce_scatter(g, *be, Buf(in.data(), n * size), Buf(out.data(), n), Buf(half.data(), n * size / 2 + 1),
+                        stride, size);
+    for (int64_t e = 0; e < n; ++e) {
+      std::vector<float> v;
+      for (int q = 0; q < size; ++q) v.push_back(value(first + q * stride, k * n + e));
+      for (size_t w = 1; w < v.size(); w *= 2)
+        for (size_t i = 0; i + w < v.size(); i += 2 * w) v[i] = v[i] + v[i + w];
+      wrong += out[size_t(e)] != v[0];
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "elements off their sub-group's tree sum on rank " << r;
+}
+
 INSTANTIATE_TEST_SUITE_P(Axes, Collectives, ::testing::Values(Axis::pp, Axis::dp, Axis::tp, Axis::embed),
                          [](const auto& info) { return std::string(axis_name(info.param)); });
 

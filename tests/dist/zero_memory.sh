@@ -58,6 +58,7 @@ for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --s
   "--set parallel.invariant=true --set parallel.dp=4 --set parallel.zero=1" \
   "--set parallel.invariant=true --set parallel.dp=4 --set parallel.zero=3 --set train.micro_batch=1" \
   "--set parallel.invariant=true --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2" \
+  "--set parallel.invariant=true --set model.arch=llama --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=2" \
   "--set parallel.invariant=true --set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=zbv"; do
   read -r -a lay <<< "$layout"
   run=$dir/pp_$RANDOM
