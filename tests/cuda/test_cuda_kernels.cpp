@@ -656,22 +656,28 @@ TEST_F(Cuda, MoeMapsStatsAndGather) {
   const int N = 97, E = 8, k = 2;
   std::vector<int32_t> counts = {40, 0, 31, 50, 25, 9, 20, 19, 40, 0, 30, 30, 25, 9, 20, 19};
   auto sums = randn(size_t(E), 60, 10.0f);
-  std::vector<double> st = {0.5, 1.5, 0.25, 2};
+  const std::vector<double> st0 = {3, 8, 1, 190, 2};  // integers, as the statistics always hold
+  std::vector<double> st = st0;
   std::vector<float> g(static_cast<size_t>(E), 3.0f);
   cpu::moe_stats_add(st.data(), counts.data(), sums.data(), N, E, k);
   cpu::moe_aux_grad(g.data(), counts.data(), 0.0123, N, E, k);
   DevRaw<int32_t> Counts(counts);
   DevRaw<float> Sums(sums), G(std::vector<float>(size_t(E), 4.0f));
-  DevRaw<double> St(std::vector<double>{0.5, 1.5, 0.25, 2});
+  DevRaw<double> St(st0);
   cuda::moe_stats_add(St.p, Counts.p, Sums.p, N, E, k, nullptr);
   cuda::moe_aux_grad(G.p, Counts.p, 0.0123, N, E, k, nullptr);
   // The same arithmetic in the same order; a GPU compiler may fuse a multiply and an add the
-  // CPU's does not, so the sums are held to a few ulps rather than to the bit.
+  // CPU's does not, so the loss may round to the neighbouring unit; the counts are exact.
   const std::vector<double> got = St.get();
-  for (int i = 0; i < 4; ++i) EXPECT_NEAR(got[size_t(i)], st[size_t(i)], 1e-14 * std::abs(st[size_t(i)])) << i;
+  ASSERT_EQ(got.size(), size_t(moe_row::kStats));
+  EXPECT_NEAR(got[0], st[0], 1.0) << "the load-balancing loss, in units of 2^-32";
+  for (int i = 1; i < moe_row::kStats; ++i) EXPECT_EQ(got[size_t(i)], st[size_t(i)]) << i;
   EXPECT_EQ(G.get(), g) << "the load-balancing gradient";
-  EXPECT_EQ(st[3], 3.0);
-  EXPECT_NEAR(st[2], 0.25 + double(21) / (N * k), 1e-15) << "the dropped fraction";
+  EXPECT_EQ(st[4], 3.0) << "micro-batches";
+  EXPECT_EQ(st[3], 190.0 + N * k) << "assignments";
+  EXPECT_EQ(st[2], 1.0 + 21) << "dropped assignments";
+  EXPECT_EQ(st[1], 8.0 + E * 50) << "E times the busiest expert's";
+  EXPECT_EQ(st[0], std::rint(st[0])) << "the loss in whole units";
 
   const int C = 70, R = 6;
   auto x = randn(size_t(4) * C, 61);
