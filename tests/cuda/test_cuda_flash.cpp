@@ -161,7 +161,9 @@ TEST_P(FlashAttentionStoredDs, GivesTheRecomputedBitsAndRepeats) {
     const auto got = DQ.get();
     EXPECT_TRUE(close(got, ref, 3e-2, 3e-2)) << "against double precision, run " << run + 1;
     EXPECT_EQ(bits(got), bits(want)) << "against the recomputing dQ, run " << run + 1;
-    if (run == 1) EXPECT_EQ(bits(got), bits(first)) << "run 2";
+    if (run == 1) {
+      EXPECT_EQ(bits(got), bits(first)) << "run 2";
+    }
     first = got;
   }
 }
