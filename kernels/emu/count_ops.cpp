@@ -76,6 +76,13 @@ std::vector<CountedOp> attention(int B, int T, int H, int KV, int D) {
       },
       opt));
   ops.back().model_flops = 2.5 * causal, ops.back().memory_bound = false;
+  if (ds) {  // the dQ that recomputes S and dP, where there is no store (document masks): not in the step
+    ops.push_back(counted(
+        "attention bwd, dQ recomputed (no store; not in the step)", shape, 0,
+        2.0 * N * (2 * row + 2 * int64_t(H) * D) + 8.0 * B * H * T,
+        [&] { cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, nullptr); }, opt));
+    ops.back().model_flops = 2.5 * causal, ops.back().memory_bound = false;
+  }
   return ops;
 }
 
