@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/flash_ds.h"
 #include "model/backend.h"
 #include "model/context_parallel.h"
 #include "runtime/cuda_api.h"
@@ -280,8 +281,15 @@ class CudaBackend final : public Backend {
   }
   void attention_backward(Ptr dqkv, Ptr dout, Ptr out, Ptr qkv, Ptr stats, float* scratch,
                           const AttentionShape& a) override {
+    // dQ from the dS dK/dV stores, where the plan holds it; else recomputed. Said once.
+    const int64_t need = flash_ds_elems(a.B, a.T, a.H, a.D, a.pos != nullptr), have = ws_[5].numel();
+    if (!ds_path_said_)
+      spdlog::info("attention backward: {}", need > 0 && have >= need
+                                                 ? "dQ from the stored dS (dK/dV writes it)"
+                                                 : "dQ recomputes S and dP (no stored dS at this shape)");
+    ds_path_said_ = true;
     cuda::attention_backward(B16(dqkv), B16(dout), B16(out), B16(qkv), stats.as<float>(), scratch, a.B, a.T, a.H, a.KV,
-                             a.D, a.pos, s_);
+                             a.D, a.pos, s_, have ? ws_[5].data<bf16>() : nullptr, have);
   }
   const int32_t* cp_position_table() const override {
     return ws_.size() > 4 && ws_[4].numel() ? ws_[4].data<int32_t>() : nullptr;
@@ -364,7 +372,8 @@ class CudaBackend final : public Backend {
   Allocator& alloc_;
   Stream stream_;
   cudaStream_t s_;
-  std::vector<Tensor> ws_;  // cuda_backend_plan: GEMM workspace, inputs, norm partials, column partials, cp positions
+  std::vector<Tensor> ws_;  // cuda_backend_plan: GEMM workspace, inputs, norm partials, column partials, cp positions,
+                            // stored dS
   // The column sums' scratch (one stream: a call's stages finish before the next call's start).
   float* partials(int rows, int cols, int64_t floats = -1) {
     if (floats < 0) floats = cuda::column_partials_floats(rows, cols);
@@ -376,6 +385,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::GemmContext> gemm_;
   // A kernel's element-by-element path for a tensor off 16 bytes: a warning once per kernel and tensor.
   bool bias_pass_said_ = false;  // a bias-gradient epilogue refused, said once
+  bool ds_path_said_ = false;    // which dQ the attention backward runs, said once
   cuda::ScalarPathsOnce scalar_paths_{[](const std::string& line) { spdlog::warn("{}", line); }};
   int N_ = 0;
   // The host waits for the stream's work so far (and knows every upload issued has landed).

@@ -120,7 +120,9 @@ std::vector<OpTimes> op_times(const std::vector<std::pair<std::string, emu::Coun
   std::vector<OpTimes> out;
   for (const auto& [m, op] : ops) {
     if (m != model) continue;
-    OpTimes o{m, op.name, op.name.rfind("attention", 0) == 0 ? double(layers) : op.per_step, {}};
+    // Attention ops run once a layer; one counted with per_step 0 (a path the step does not take) stays out.
+    const bool per_layer = op.name.rfind("attention", 0) == 0 && op.per_step > 0;
+    OpTimes o{m, op.name, per_layer ? double(layers) : op.per_step, {}};
     for (const emu::LaunchCounts& l : op.launches)
       o.launches.push_back({&l, launch_time(l, ctas_per_sm(table, l), gpu, k)});
     out.push_back(std::move(o));

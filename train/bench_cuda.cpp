@@ -18,6 +18,7 @@
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/reference/attention_reference.h"
+#include "kernels/flash_ds.h"
 #include "model/context_parallel.h"
 #include "model/flops.h"
 #include "model/layout.h"
@@ -139,6 +140,9 @@ void bench_attention(int B, int T, int H, int KV, int D, bool rowwise, cudaStrea
   bf16 *qkv = device_zeros<bf16>(nq), *out = device_zeros<bf16>(no), *dout = device_zeros<bf16>(no),
        *dqkv = device_zeros<bf16>(nq);
   float *lse = device_zeros<float>(ns), *scratch = device_zeros<float>(ns);
+  // The stored dS where training plans it (head dim 64): the flash backward as training runs it.
+  const int64_t ds_elems = flash_ds_planned_elems(B, T, H, D, false);
+  bf16* ds = ds_elems > 0 ? device_zeros<bf16>(size_t(ds_elems)) : nullptr;
   const double fwd = 2.0 * B * H * double(T) * T * D, bwd = 2.5 * fwd;
   const std::string shape = fmt::format("B{} T{} H{} KV{} D{}", B, T, H, KV, D);
   enum Kind { flash, wmma, rows };
@@ -152,7 +156,8 @@ void bench_attention(int B, int T, int H, int KV, int D, bool rowwise, cudaStrea
       if (k == rows) cuda::reference::attention_forward_rowwise(out, lse, qkv, B, T, H, KV, D, nullptr, s);
     });
     const double bw = time_ms(s, 5, [&] {
-      if (k == flash) cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
+      if (k == flash)
+        cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s, ds, ds_elems);
       if (k == wmma)
         cuda::reference::attention_backward_wmma(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, s);
       if (k == rows)
@@ -169,7 +174,7 @@ void bench_attention(int B, int T, int H, int KV, int D, bool rowwise, cudaStrea
   }
   fmt::print("attention loom {}: fwd {:.1f} bwd {:.1f} TFLOP/s\n", shape, fwd / flash_f / 1e9, bwd / flash_b / 1e9);
   bench_masked_attention(B, T, H, KV, D, flash_f, flash_b, qkv, out, dout, dqkv, lse, scratch, s);
-  for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch}) cudaFree(p);
+  for (void* p : {(void*)qkv, (void*)out, (void*)dout, (void*)dqkv, (void*)lse, (void*)scratch, (void*)ds}) cudaFree(p);
 }
 
 // The memory-bound kernels of a step at the config's shape: achieved TB/s over the bytes each

@@ -11,7 +11,10 @@
 // tile walking its key tiles, a warp per two 16-row tiles, its rows' delta = rowsum(dO * O)
 // first, written for the next kernel), then dK/dV (a CTA per key tile, a warp per two 16-key
 // tiles with dK and dV in registers, walking every query tile of every head in its group, in
-// order); S and dP are computed in both, the price of no atomics. P and dS are rounded to bf16
+// order); S and dP are computed in both, the price of no atomics, unless the caller gives a
+// scratch for dS (head dim 64, no document starts: kernels/flash_ds.h): then a delta pass, dK/dV
+// storing each dS tile as bf16, and dQ = dS K walking the key tiles in order, one product a
+// tile, the same bf16 operands added in the same order. P and dS are rounded to bf16
 // for their products, as in FlashAttention. Shared-memory rows are padded by 16 bytes, so the
 // eight 16-byte rows an ldmatrix or cp.async phase touches fall in distinct banks.
 #include <cstdint>
@@ -19,6 +22,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_tiles.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/flash_ds.h"
 
 namespace loom::cuda {
 
@@ -259,7 +263,9 @@ __global__ void __launch_bounds__(128, Plan<D>::kFlashDqBlocksPerSm)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               const int key = kc0 + 8 * n + 2 * t + i % 2, q = i < 2 ? r0[r] : r1[r], f = i < 2 ? f0[r] : f1[r];
-              const float p = key <= q && key >= f ? exp2_approx(sc[r][n][i] * sl2 - (i < 2 ? l0[r] : l1[r])) : 0.0f;
+              // fmaf: the device fuses it; written so, the emulation does too, as dK/dV does.
+              const float p =
+                  key <= q && key >= f ? exp2_approx(fmaf(sc[r][n][i], sl2, -(i < 2 ? l0[r] : l1[r]))) : 0.0f;
               sc[r][n][i] = p * (dp[r][n][i] - (i < 2 ? d0[r] : d1[r]));  // dS
             }
         gemm_pb<D, KC, R>(dq, sc, kt_s);
@@ -272,6 +278,30 @@ __global__ void __launch_bounds__(128, Plan<D>::kFlashDqBlocksPerSm)
   for (int r = 0; r < R; ++r)
     store_rows<D>(dqkv + int64_t(bi) * T * row + h * D, row, wq + 16 * r, T, dq[r], scale, scale,
                   qs + (WR * w + 16 * r) * LD);
+}
+
+// dS as dK/dV holds it (a warp's 16R keys x 16 queries from qc0, transposed in its accumulators)
+// into its 64 x 64 tile of the stored dS: row = query, column = key, bf16 rounded as dQ's mma
+// rounds it. A chunk's queries and a warp's keys fall in one tile each; dK/dV computes every
+// chunk on or below the diagonal that a dQ warp reads (its queries reach its first key), and
+// only tiles on or below the diagonal.
+template <int R, int N>
+__device__ __forceinline__ void store_ds(bf16* ds, const float (&dst)[R][N][4], int bi, int h, int H, int T, int qc0,
+                                         int wk) {
+  constexpr int E = kFlashDsTile;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int qb = qc0 / E, kb = wk / E;
+  // One pointer, the lane's first element; every store an immediate offset from it (dK/dV is at
+  // its register limit).
+  bf16* at = ds + ((int64_t(bi) * H + h) * flash_ds_tiles(T) + qb * (qb + 1) / 2 + kb) * E * E + (qc0 % E + 2 * t) * E +
+             wk % E + g;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        at[(8 * n + i % 2) * E + 16 * r + (i < 2 ? 0 : 8)] = __float2bfloat16_rn(dst[r][n][i]);
 }
 
 // dK and dV: a CTA of 4 warps of one kv head, each warp kFlashDkvKeyTiles tiles of 16 keys with
@@ -290,10 +320,12 @@ struct DkvShape {
   static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBq) * row_ld<D>() * 2 + size_t(2 * 3 * kBq) * 4;
 };
 
-template <int D>
-__global__ void __launch_bounds__(128)
-    attention_dkv_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
-                               const int32_t* pos, int T, int H, int KV, float scale) {
+// StoreDs (head dim 64, no document starts): each chunk's dS also goes to `ds` as bf16, for
+// attention_dq_ds_flash_kernel (kernels/flash_ds.h has the layout's size).
+template <int D, bool StoreDs>
+__device__ __forceinline__ void dkv_flash(bf16* dqkv, bf16* ds_store, const bf16* dout, const bf16* qkv,
+                                          const float* lse, const float* delta, const int32_t* pos, int T, int H,
+                                          int KV, float scale) {
   using S = DkvShape<D>;
   constexpr bool ARegs = Plan<D>::kARegs;
   constexpr int R = S::kKeyTiles, WR = 16 * R, QC = S::kQueryChunk;
@@ -409,6 +441,7 @@ __global__ void __launch_bounds__(128)
               dpt[r][n][i] = p * (dpt[r][n][i] - (odd ? dq[n].y : dq[n].x));  // dS^T
             }
         gemm_pb<D, QC, R>(dv, st, dot_s);
+        if constexpr (StoreDs) store_ds(ds_store, dpt, bi, h, H, T, qc0, wk);  // P is dead here
         gemm_pb<D, QC, R>(dk, dpt, qt_s);
       }
     }
@@ -422,6 +455,111 @@ __global__ void __launch_bounds__(128)
     store_rows<D>(drows + (H + kvh) * D, row, wk + 16 * r, T, dk[r], scale, scale, ks + (WR * w + 16 * r) * LD);
     store_rows<D>(drows + (H + KV + kvh) * D, row, wk + 16 * r, T, dv[r], 1.0f, 1.0f, vs + (WR * w + 16 * r) * LD);
   }
+}
+
+template <int D>
+__global__ void __launch_bounds__(128)
+    attention_dkv_flash_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
+                               const int32_t* pos, int T, int H, int KV, float scale) {
+  dkv_flash<D, false>(dqkv, nullptr, dout, qkv, lse, delta, pos, T, H, KV, scale);
+}
+__global__ void __launch_bounds__(128)
+    attention_dkv_ds_flash_kernel(bf16* dqkv, bf16* ds, const bf16* dout, const bf16* qkv, const float* lse,
+                                  const float* delta, int T, int H, int KV, float scale) {
+  dkv_flash<64, true>(dqkv, ds, dout, qkv, lse, delta, nullptr, T, H, KV, scale);
+}
+
+// dQ = scale * dS K from the stored dS (head dim 64, no document starts): a CTA of 4 warps of
+// four 16-row query tiles (256 rows), walking the key tiles in order with each key tile's K and
+// the CTA's dS tiles double-buffered by cp.async; one product a chunk of 16 keys, no S or dP.
+// Each accumulator adds the same chunks in the same order, from the same bf16 A fragments
+// (given the same dS), as attention_dq_flash_kernel: a tile pair skips a chunk exactly where
+// that kernel's warp of 32 rows does (its rows all precede the keys), so it never reads a dS
+// that dK/dV did not write. Each ldmatrix of K feeds four row tiles.
+struct DqDsShape {
+  static constexpr int kRowTiles = 4;
+  static constexpr int kRows = 4 * 16 * kRowTiles;
+  static constexpr int kThreads = 128;
+  // [2] dS rows of the CTA over a key tile, then [2] K tiles.
+  static constexpr size_t kSmem = size_t(2 * (kRows + kKeys)) * row_ld<64>() * 2;
+};
+
+__global__ void __launch_bounds__(128, 2)
+    attention_dq_ds_flash_kernel(bf16* dqkv, const bf16* ds, const bf16* qkv, int T, int H, int KV, float scale) {
+  constexpr int D = 64, E = kFlashDsTile, R = DqDsShape::kRowTiles, WR = 16 * R, KC = 16;
+  constexpr int LD = row_ld<D>(), BR = DqDsShape::kRows, NT = DqDsShape::kThreads;
+  static_assert(E == kKeys && row_ld<E>() == LD, "a dS tile is a key tile wide, rows padded as K's");
+  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
+  bf16* dss = reinterpret_cast<bf16*>(smem);  // [2][BR][LD]
+  bf16* ks = dss + 2 * BR * LD;               // [2][kKeys][LD]
+  const int h = blockIdx.y, bi = blockIdx.z;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
+  const int w = threadIdx.x / 32;
+  const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
+  const bf16* kbase = qkv + int64_t(bi) * T * row + (H + kvh) * D;
+  const bf16* dsh = ds + (int64_t(bi) * H + h) * flash_ds_tiles(T) * E * E;
+  const int nq = (T + E - 1) / E, kt1 = (imin(q0 + BR, T) + kKeys - 1) / kKeys;
+  auto load = [&](int kt, int buf) {
+    tile_async<D, kKeys, NT>(ks + buf * kKeys * LD, kbase, row, kt * kKeys, T);
+#pragma unroll
+    for (int j = 0; j < BR / E; ++j) {
+      const int qb = q0 / E + j;  // tiles above the diagonal are neither stored nor read
+      if (qb < nq && kt <= qb)
+        tile_async<E, E, NT>(dss + (buf * BR + E * j) * LD, dsh + (int64_t(qb) * (qb + 1) / 2 + kt) * E * E, E, 0, E);
+    }
+  };
+  load(0, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int wq = q0 + WR * w;
+  float dq[R][D / 8][4];
+  acc_zero(dq);
+  for (int kt = 0; kt < kt1; ++kt) {
+    const int buf = kt % 2, k0 = kt * kKeys;
+    if (kt + 1 < kt1) load(kt + 1, buf ^ 1);
+    cp_async_commit();
+    const bf16* ds_s = dss + (buf * BR + WR * w) * LD;
+    const bf16* kt_s = ks + buf * kKeys * LD;
+#pragma unroll
+    for (int c = 0; c < kKeys / KC; ++c) {
+      const int kc0 = k0 + c * KC;
+      bool live[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) live[r] = wq < T && kc0 <= wq + 32 * (r / 2) + 31;
+      if (!live[R - 1]) continue;
+      uint32_t a[R][4];
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (live[r]) load_a<D>(a[r], ds_s + 16 * r * LD, c);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b[4];
+        load_b<D>(b, kt_s + c * KC * LD, 0, dp * 16);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (live[r]) mma2(dq[r][2 * dp], dq[r][2 * dp + 1], a[r], b);
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    store_rows<D>(dqkv + int64_t(bi) * T * row + h * D, row, wq + 16 * r, T, dq[r], scale, scale,
+                  dss + (WR * w + 16 * r) * LD);
+}
+
+// delta = rowsum(dO * O), a warp a row, summed as dQ's prologue sums it (row_delta), for dK/dV
+// where dQ runs after it.
+template <int D>
+__global__ void attention_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* out, int T, int H) {
+  const int t = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
+  if (t >= T) return;
+  const int64_t at = (int64_t(bi) * T + t) * H * D + h * D;
+  const float d = row_delta<D>(dout + at, out + at, lane);
+  if (lane == 0) delta[(int64_t(bi) * H + h) * T + t] = d;
 }
 
 // Grid order: x, the fastest in launch order, walks one head's tiles, then y the heads (a GQA
@@ -456,13 +594,34 @@ void forward_d(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int 
 
 template <int D>
 void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, float* delta, int B,
-                int T, int H, int KV, const int32_t* pos, cudaStream_t s) {
+                int T, int H, int KV, const int32_t* pos, bf16* ds, int64_t ds_elems, cudaStream_t s) {
   const float scale = 1.0f / sqrtf(float(D));
   aligned16_check(qkv, "flash attention", "qkv");
   aligned16_check(dout, "flash attention", "dout");
   aligned16_check(dqkv, "flash attention", "dqkv");
   aligned16_check(out, "flash attention", "out");
-  constexpr size_t dq_smem = DqShape<D>::kSmem, dkv_smem = DkvShape<D>::kSmem;
+  constexpr size_t dkv_smem = DkvShape<D>::kSmem;
+  if constexpr (D == 64) {
+    const int64_t need = flash_ds_elems(B, T, H, D, pos != nullptr);
+    if (ds && need > 0 && ds_elems >= need) {  // delta, dK/dV storing dS, then dQ = dS K
+      aligned16_check(ds, "flash attention", "stored dS");
+      LOOM_LAUNCH(attention_bwd_delta_kernel<D>, dim3(unsigned(blocks_for(T, 4)), unsigned(H), unsigned(B)), 128, 0, s)
+      (delta, dout, out, T, H);
+      LOOM_CUDA_LAUNCHED();
+      smem_allow(attention_dkv_ds_flash_kernel, dkv_smem);
+      LOOM_LAUNCH(attention_dkv_ds_flash_kernel, grid_order(blocks_for(T, DkvShape<D>::kRows), KV, B),
+                  DkvShape<D>::kThreads, dkv_smem, s)
+      (dqkv, ds, dout, qkv, lse, delta, T, H, KV, scale);
+      LOOM_CUDA_LAUNCHED();
+      smem_allow(attention_dq_ds_flash_kernel, DqDsShape::kSmem);
+      LOOM_LAUNCH(attention_dq_ds_flash_kernel, grid_order(blocks_for(T, DqDsShape::kRows), H, B), DqDsShape::kThreads,
+                  DqDsShape::kSmem, s)
+      (dqkv, ds, qkv, T, H, KV, scale);
+      LOOM_CUDA_LAUNCHED();
+      return;
+    }
+  }
+  constexpr size_t dq_smem = DqShape<D>::kSmem;
   smem_allow(attention_dq_flash_kernel<D>, dq_smem);
   smem_allow(attention_dkv_flash_kernel<D>, dkv_smem);
   LOOM_LAUNCH(attention_dq_flash_kernel<D>, grid_order(blocks_for(T, DqShape<D>::kRows), H, B), DqShape<D>::kThreads,
@@ -487,10 +646,11 @@ void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int
 }
 
 void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                        float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s) {
-  if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
-  if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
-  if (D == 32) return backward_d<32>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, s);
+                        float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s,
+                        bf16* ds, int64_t ds_elems) {
+  if (D == 64) return backward_d<64>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, ds, ds_elems, s);
+  if (D == 128) return backward_d<128>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, ds, ds_elems, s);
+  if (D == 32) return backward_d<32>(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, pos, ds, ds_elems, s);
   fail("CUDA attention supports head dims 32, 64 and 128, not {}; change model.d_model / model.n_head", D);
 }
 

@@ -206,9 +206,14 @@ void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F
 // and key tiles wholly before it are skipped (null: 0 .. t); backward takes the same pos.
 void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int H, int KV, int D, const int32_t* pos,
                        cudaStream_t s);
-// dqkv overwritten, deterministically (no atomics); scratch: B*H*T floats.
+// dqkv overwritten, deterministically (no atomics); scratch: B*H*T floats. ds: where it holds
+// flash_ds_elems(B, T, H, D, pos) bf16 (kernels/flash_ds.h; 16-byte aligned), dK/dV stores dS
+// there and dQ = dS K reads it back (no S, dP recomputed); otherwise dQ recomputes them.
+// Either way dqkv repeats its bits run to run; the two dQ add the same bf16 dS products in the
+// same order (equal bits where dK/dV's S^T and dP^T mma give dQ's S and dP, as the emulation's do).
 void attention_backward(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse,
-                        float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s);
+                        float* scratch, int B, int T, int H, int KV, int D, const int32_t* pos, cudaStream_t s,
+                        bf16* ds = nullptr, int64_t ds_elems = 0);
 // The whole-sequence kernels these replaced are references: kernels/cuda/reference/.
 
 // defines: attention_kv_extract, attention_block_forward, attention_block_finish,

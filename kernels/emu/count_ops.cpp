@@ -14,6 +14,7 @@
 #include <random>
 
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/flash_ds.h"
 
 namespace loom::emu {
 
@@ -54,6 +55,9 @@ std::vector<CountedOp> attention(int B, int T, int H, int KV, int D) {
   bf16 *qkv = a.get<bf16>(N * row), *out = a.get<bf16>(N * H * D), *dout = a.get<bf16>(N * H * D),
        *dqkv = a.get<bf16>(N * row);
   float *lse = a.get<float>(int64_t(B) * H * T), *scratch = a.get<float>(int64_t(B) * H * T);
+  // The stored dS where the backend plans it (head dim 64): dQ = dS K, no recomputation.
+  const int64_t ds_elems = flash_ds_elems(B, T, H, D, false);
+  bf16* ds = ds_elems > 0 ? a.get<bf16>(ds_elems) : nullptr;
   const std::string shape = fmt::format("B{} T{} H{} KV{} D{}", B, T, H, KV, D);
   const double causal = 2.0 * B * H * double(T) * T * D;  // two products over the causal half
   // Every (batch, head) runs the same blocks: one of them (grid y and z), and a key or query tile
@@ -67,8 +71,18 @@ std::vector<CountedOp> attention(int B, int T, int H, int KV, int D) {
   ops.back().model_flops = causal, ops.back().memory_bound = false;
   ops.push_back(counted(
       "attention bwd", shape, 1, 2.0 * N * (2 * row + 2 * int64_t(H) * D) + 8.0 * B * H * T,
-      [&] { cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, nullptr); }, opt));
+      [&] {
+        cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, nullptr, ds, ds_elems);
+      },
+      opt));
   ops.back().model_flops = 2.5 * causal, ops.back().memory_bound = false;
+  if (ds) {  // the dQ that recomputes S and dP, where there is no store (document masks): not in the step
+    ops.push_back(counted(
+        "attention bwd, dQ recomputed (no store; not in the step)", shape, 0,
+        2.0 * N * (2 * row + 2 * int64_t(H) * D) + 8.0 * B * H * T,
+        [&] { cuda::attention_backward(dqkv, dout, out, qkv, lse, scratch, B, T, H, KV, D, nullptr, nullptr); }, opt));
+    ops.back().model_flops = 2.5 * causal, ops.back().memory_bound = false;
+  }
   return ops;
 }
 

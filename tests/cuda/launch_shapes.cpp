@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/reference/attention_reference.h"
+#include "kernels/flash_ds.h"
 
 namespace loom::testing_cuda {
 
@@ -43,6 +44,9 @@ int call_every_kernel(const ModelShape& s) {
   cuda::swiglu_backward(x, x, x, N, s.F, nullptr), ++n;
   cuda::attention_forward(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
   cuda::attention_backward(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 2;  // dQ (with delta), dK/dV
+  // Without document starts, with the stored dS where it is planned: delta, dK/dV storing dS, dQ = dS K.
+  if (const int64_t ds = flash_ds_planned_elems(s.B, s.T, s.H, s.D, false); ds > 0)
+    cuda::attention_backward(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, nullptr, nullptr, x, ds), n += 3;
   // The kernels attention_forward replaced, kept as references and in the benchmark.
   cuda::reference::attention_forward_rowwise(x, f, x, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), ++n;
   cuda::reference::attention_backward_rowwise(x, x, x, x, f, f, s.B, s.T, s.H, s.KV, s.D, i32, nullptr), n += 3;

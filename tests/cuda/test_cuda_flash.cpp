@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/flash_ds.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/unit/testing.h"
 
@@ -133,3 +134,44 @@ INSTANTIATE_TEST_SUITE_P(
             ? std::vector<FlashShape>{{1, 2, 1, 64, 70}, {1, 2, 2, 128, 40}, {1, 2, 1, 32, 33}}
             : std::vector<FlashShape>{
                   {1, 2, 2, 32, 96}, {1, 8, 1, 32, 64}, {2, 4, 1, 64, 130}, {1, 2, 2, 64, 256}, {1, 4, 2, 128, 150}}));
+
+// Head dim 64 with a stored dS (kernels/flash_ds.h): dK/dV writes dS, dQ = dS K reads it back.
+// The scratch starts as NaN, so a dQ that read a tile dK/dV did not write fails; dqkv must
+// carry the bits of the dQ that recomputes S and dP, and repeat them.
+class FlashAttentionStoredDs : public Cuda, public ::testing::WithParamInterface<FlashShape> {};
+
+TEST_P(FlashAttentionStoredDs, GivesTheRecomputedBitsAndRepeats) {
+  const auto [B, H, KV, D, T] = GetParam();
+  const size_t nq = size_t(B) * T * (H + 2 * KV) * D, no = size_t(B) * T * H * D;
+  const int64_t ds_elems = flash_ds_elems(B, T, H, D, false);
+  ASSERT_GT(ds_elems, 0);
+  Dev Q(randn(nq, 60)), Dy(randn(no, 61)), O(no);
+  DevRaw<float> L(size_t(B) * H * T), S(size_t(B) * H * T);
+  cuda::attention_forward(O.p, L.p, Q.p, B, T, H, KV, D, nullptr, nullptr);
+  Dev recomputed(std::vector<float>(nq, 7.0f));
+  cuda::attention_backward(recomputed.p, Dy.p, O.p, Q.p, L.p, S.p, B, T, H, KV, D, nullptr, nullptr);
+  const auto want = recomputed.get();
+  const auto ref = attention_backward_ref(test::to_double(Q.get()), test::to_double(Dy.get()), B, T, H, KV, D);
+  std::vector<float> first;
+  for (int run = 0; run < 2; ++run) {
+    Dev DQ(std::vector<float>(nq, 7.0f)), Ds(std::vector<float>(size_t(ds_elems), NAN));
+    DevRaw<float> S2(size_t(B) * H * T);
+    cuda::attention_backward(DQ.p, Dy.p, O.p, Q.p, L.p, S2.p, B, T, H, KV, D, nullptr, nullptr, Ds.p, ds_elems);
+    LOOM_CUDA_CHECK(cudaGetLastError());
+    const auto got = DQ.get();
+    EXPECT_TRUE(close(got, ref, 3e-2, 3e-2)) << "against double precision, run " << run + 1;
+    EXPECT_EQ(bits(got), bits(want)) << "against the recomputing dQ, run " << run + 1;
+    if (run == 1) {
+      EXPECT_EQ(bits(got), bits(first)) << "run 2";
+    }
+    first = got;
+  }
+}
+
+// A ragged last tile past a key block of 128 (T 130), a 256-row dQ block whose last query tile
+// is partial, GQA 4:1 and 2:1.
+INSTANTIATE_TEST_SUITE_P(Heads, FlashAttentionStoredDs,
+                         ::testing::ValuesIn(kSanitized
+                                                 ? std::vector<FlashShape>{{1, 2, 1, 64, 70}}
+                                                 : std::vector<FlashShape>{
+                                                       {2, 4, 1, 64, 130}, {1, 2, 2, 64, 256}, {1, 2, 1, 64, 300}}));

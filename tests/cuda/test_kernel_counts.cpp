@@ -147,7 +147,8 @@ TEST(KernelCounts, LlamaStepMatchesTheTable) {
 // phase in distinct banks: one wavefront each. A tile without its padding conflicts 8 ways.
 TEST(KernelCounts, FlashLdmatrixAndCpAsyncHaveNoBankConflicts) {
   const auto launches = flash_launches();
-  ASSERT_EQ(launches.size(), 9u) << "three flash kernels at each of the table's three attention shapes";
+  ASSERT_EQ(launches.size(), 13u) << "three flash kernels at each of the table's three attention shapes, and the "
+                                     "recomputing dQ and dK/dV at the two of head dim 64";
   for (const auto& [what, l] : launches) {
     EXPECT_GT(l.total.ldmatrix, 0) << what;
     EXPECT_EQ(l.total.ldmatrix_wavefronts, l.total.ldmatrix_matrices)
@@ -168,7 +169,8 @@ TEST(KernelCounts, FlashMmaPerLdmatrixHoldsItsFloor) {
   const std::map<std::string, double> floors = {
       {"attention_forward_flash_kernel<64>", 3.5}, {"attention_dq_flash_kernel<64>", 3.0},
       {"attention_dkv_flash_kernel<64>", 3.0},     {"attention_forward_flash_kernel<128>", 1.5},
-      {"attention_dq_flash_kernel<128>", 1.5},     {"attention_dkv_flash_kernel<128>", 1.5}};
+      {"attention_dq_flash_kernel<128>", 1.5},     {"attention_dkv_flash_kernel<128>", 1.5},
+      {"attention_dkv_ds_flash_kernel", 3.0},      {"attention_dq_ds_flash_kernel", 3.0}};
   int held = 0;
   for (const auto& [what, l] : flash_launches()) {
     const auto floor = floors.find(l.kernel);
@@ -177,7 +179,25 @@ TEST(KernelCounts, FlashMmaPerLdmatrixHoldsItsFloor) {
     EXPECT_GE(l.total.mma / l.total.ldmatrix, floor->second) << what;
     ++held;
   }
-  EXPECT_EQ(held, 9);
+  EXPECT_EQ(held, 13);
+}
+
+// The dQ pass of the stored dS (head dim 64) does one product, dQ += dS K, over the causal half
+// and the diagonal chunks its 32-row pairs reach: B H T^2 D of mma FLOPs and ~3% more at T 1024.
+// A dQ that recomputed S and dP would do three times that; one that walked every key tile, twice.
+TEST(KernelCounts, StoredDsDqDoesOneProductOverTheCausalHalf) {
+  int held = 0;
+  for (const auto& [model, op] : counts_csv_parse(table_text()))
+    for (const LaunchCounts& l : op.launches) {
+      if (l.kernel != "attention_dq_ds_flash_kernel") continue;
+      int B = 0, T = 0, H = 0, KV = 0, D = 0;
+      ASSERT_EQ(std::sscanf(op.shape.c_str(), "B%d T%d H%d KV%d D%d", &B, &T, &H, &KV, &D), 5) << op.shape;
+      const double product = double(B) * H * T * T * D, mma_flops = 4096.0 * l.total.mma;  // m16n8k16
+      EXPECT_GE(mma_flops, product) << model << " " << op.shape;
+      EXPECT_LE(mma_flops, 1.1 * product) << model << " " << op.shape;
+      ++held;
+    }
+  EXPECT_EQ(held, 2) << "GPT-2's and the grouped-query shape's backward";
 }
 
 // Grid order (issue 53 item 9): x, the fastest in launch order, is a head's tiles, then y the
@@ -197,7 +217,7 @@ TEST(KernelCounts, FlashGridWalksAHeadsTilesFirst) {
       EXPECT_EQ(unsigned(T) % l.grid[0], 0u) << what << ": grid x is the tiles of " << T << " rows";
       ++held;
     }
-  EXPECT_EQ(held, 9);
+  EXPECT_EQ(held, 13);
 }
 
 // Counting twice in one process gives the same counts (nothing carried from launch to launch).
