@@ -61,7 +61,8 @@ for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --s
   "--set parallel.invariant=true --set model.arch=llama --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=2" \
   "--set parallel.invariant=true --set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=zbv"; do
   read -r -a lay <<< "$layout"
-  run=$dir/pp_$RANDOM
+  case_n=$((${case_n:-0} + 1))
+  run=$dir/case_$case_n  # its own folder: a repeated name would mix two runs' metrics
   "$loom" plan memory "${common[@]}" "${lay[@]}" --json > "$run.plan.json"
   run_or_show "$run.log" $mpirun -np 4 "$loom" train "${common[@]}" "${lay[@]}" --set log.dir="$run"
   "$compare" --ledger "$run.plan.json" "$run"
