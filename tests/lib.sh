@@ -53,6 +53,24 @@ run_or_show() {
   [ "$rc" = 0 ] || { cat "$log"; die "exited with status $rc: $(basename "$log") above"; }
 }
 
+# refused CASE WANT LOOM-ARGS...: $loom exits 2 within ${HOSTILE_TIMEOUT:-60} s, saying WANT in
+# loom's own words (no raw library message); a failure is counted (`fail`). Runs through the
+# command array `wrap` where the script sets one (a shell that limits it first); the output is
+# out<N>.log in the current folder, N counting the cases.
+n=0
+wrap=()
+refused() {
+  local name=$1 want=$2
+  shift 2
+  n=$((n + 1))
+  timeout -k 5 "${HOSTILE_TIMEOUT:-60}" "${wrap[@]}" "$loom" "$@" > "out$n.log" 2>&1 < /dev/null
+  local rc=$?
+  if [ $rc = 124 ]; then fail "$name: hung"; return; fi
+  [ $rc = 2 ] || { fail "$name: exit $rc, not 2"; tail -3 "out$n.log"; return; }
+  grep -q -- "$want" "out$n.log" || { fail "$name: did not say '$want'"; tail -3 "out$n.log"; }
+  grep -q "terminate called\|what():\|\[json.exception\|filesystem error" "out$n.log" && fail "$name: a raw library message"
+}
+
 # ranks NP COMMAND...: the command on NP ranks, through $launch, the launcher string a test is
 # given ("mpirun ... -np" or "srun ... -n": it takes the count next).
 ranks() {

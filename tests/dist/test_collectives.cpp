@@ -165,21 +165,32 @@ TEST(ConjugatePairs, EachHalfMatchesItsClosedForm) {
   for (int i = 0; i < k; ++i) EXPECT_EQ(back[size_t(i)], float(wsum + n * (r * k + i)));
 }
 
+namespace {
+// Values whose sum depends on the order (2^24 + 1 rounds back to 2^24 in fp32), rotated per
+// element so that every pairing is tried.
+float order_sensitive(int rank, int64_t e) {
+  static const float base[8] = {16777216.0f, 1.0f, -16777216.0f, 1.0f, 16777216.0f, 3.0f, -16777216.0f, 1.0f};
+  return base[(rank + e) % 8] * float(1 + e % 3);
+}
+// The canonical binary tree's sum of v: neighbours first, then pairs of pairs.
+float tree_sum(std::vector<float> v) {
+  for (size_t w = 1; w < v.size(); w *= 2)
+    for (size_t i = 0; i + w < v.size(); i += 2 * w) v[i] = v[i] + v[i + w];
+  return v[0];
+}
+}  // namespace
+
 // parallel.invariant's all-reduce adds in the canonical binary tree over the ranks (rank r is
-// leaf r), whatever the buffer's length: values whose sum depends on the order (2^24 + 1 rounds
-// back to 2^24 in fp32), rotated per element so that every pairing is tried, against the tree
-// computed here; a left-to-right sum, a ring's or a reversed pairing's gives other bits.
+// leaf r), whatever the buffer's length: order-sensitive values against the tree computed
+// here; a left-to-right sum, a ring's or a reversed pairing's gives other bits.
 TEST(TreeAllReduce, AddsInTheCanonicalTree) {
   ProcessGroup& g = g_mesh->world_group();
   const int p = g.size(), r = g.rank();
-  const float base[8] = {16777216.0f, 1.0f, -16777216.0f, 1.0f, 16777216.0f, 3.0f, -16777216.0f, 1.0f};
-  auto value = [&](int rank, int64_t e) { return base[(rank + e) % 8] * float(1 + e % 3); };
+  auto value = order_sensitive;
   auto tree = [&](int64_t e) {
     std::vector<float> v;
     for (int q = 0; q < p; ++q) v.push_back(value(q, e));
-    for (size_t w = 1; w < v.size(); w *= 2)
-      for (size_t i = 0; i + w < v.size(); i += 2 * w) v[i] = v[i] + v[i + w];
-    return v[0];
+    return tree_sum(v);
   };
   Allocator alloc;
   std::unique_ptr<Backend> be = cpu_backend(ModelDims{}, DType::f32, alloc);
@@ -241,14 +252,11 @@ TEST(TreeAllReduce, RangesInFlightTogetherAddAsTheWhole) {
 TEST(TreeReduceScatter, AddsInTheCanonicalTreeAndLeavesRankRShardR) {
   ProcessGroup& g = g_mesh->world_group();
   const int p = g.size(), r = g.rank();
-  const float base[8] = {16777216.0f, 1.0f, -16777216.0f, 1.0f, 16777216.0f, 3.0f, -16777216.0f, 1.0f};
-  auto value = [&](int rank, int64_t e) { return base[(rank + e) % 8] * float(1 + e % 3); };
+  auto value = order_sensitive;
   auto tree = [&](int64_t e) {
     std::vector<float> v;
     for (int q = 0; q < p; ++q) v.push_back(value(q, e));
-    for (size_t w = 1; w < v.size(); w *= 2)
-      for (size_t i = 0; i + w < v.size(); i += 2 * w) v[i] = v[i] + v[i + w];
-    return v[0];
+    return tree_sum(v);
   };
   Allocator alloc;
   std::unique_ptr<Backend> be = cpu_backend(ModelDims{}, DType::f32, alloc);
@@ -262,12 +270,9 @@ TEST(TreeReduceScatter, AddsInTheCanonicalTreeAndLeavesRankRShardR) {
     for (int64_t e = 0; e < n; ++e) {
       const int64_t at = int64_t(r) * n + e;
       wrong += out[size_t(e)] != tree(at);
-      float high_first = 0;  // the pairing from the highest bit: r with r ^ p / 2 first
-      std::vector<float> v;
+      std::vector<float> v;  // the pairing from the highest bit: r with r ^ p / 2 first
       for (int q = 0; q < p; ++q) v.push_back(value(bit_reverse(q, p), at));
-      for (size_t w = 1; w < v.size(); w *= 2)
-        for (size_t i = 0; i + w < v.size(); i += 2 * w) v[i] = v[i] + v[i + w];
-      high_first = v[0];
+      const float high_first = tree_sum(v);
       order_shows = order_shows || high_first != tree(at);
     }
   }
@@ -298,9 +303,7 @@ TEST(TreeReduceScatter, OverASubGroupPairsOnlyItsBits) {
     for (int64_t e = 0; e < n; ++e) {
       std::vector<float> v;
       for (int q = 0; q < size; ++q) v.push_back(value(first + q * stride, k * n + e));
-      for (size_t w = 1; w < v.size(); w *= 2)
-        for (size_t i = 0; i + w < v.size(); i += 2 * w) v[i] = v[i] + v[i + w];
-      wrong += out[size_t(e)] != v[0];
+      wrong += out[size_t(e)] != tree_sum(v);
     }
   }
   EXPECT_EQ(wrong, 0) << "elements off their sub-group's tree sum on rank " << r;

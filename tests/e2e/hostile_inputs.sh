@@ -44,20 +44,6 @@ cd "$dir"
 common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=256
         --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0)
-n=0
-wrap=()  # what runs loom: nothing, or a shell that limits it first
-# refused CASE WANT LOOM-ARGS...: status 2 within 60 s, one line saying WANT.
-refused() {
-  local name=$1 want=$2
-  shift 2
-  n=$((n + 1))
-  timeout -k 5 "${HOSTILE_TIMEOUT:-60}" "${wrap[@]}" "$loom" "$@" > "out$n.log" 2>&1 < /dev/null
-  local rc=$?
-  if [ $rc = 124 ]; then fail "$name: hung"; return; fi
-  [ $rc = 2 ] || { fail "$name: exit $rc, not 2"; tail -3 "out$n.log"; return; }
-  grep -q -- "$want" "out$n.log" || { fail "$name: did not say '$want'"; tail -3 "out$n.log"; }
-  grep -q "terminate called\|what():\|\[json.exception" "out$n.log" && fail "$name: a raw library message"
-}
 python3 -c "print('the quick brown fox jumps over the lazy dog. ' * 60000)" > text.txt
 run_or_show data.log "$loom" data text.txt shard.bin
 tokens=(--set data.source=tokens --set data.path="$dir/shard.bin")

@@ -34,18 +34,6 @@ cd "$dir"
 common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set model.vocab_size=64
         --set model.seq_len=8 --set train.global_batch=2 --set train.micro_batch=2 --set train.threads=1
         --set train.device=cpu --set data.val_batches=0)
-n=0
-# refused CASE WANT LOOM-ARGS...: status 2 within 60 s, saying WANT, in loom's words.
-refused() {
-  local name=$1 want=$2
-  shift 2
-  n=$((n + 1))
-  timeout -k 5 60 "$loom" "$@" > "out$n.log" 2>&1 < /dev/null
-  local rc=$?
-  [ $rc = 2 ] || { fail "$name: exit $rc, not 2"; tail -3 "out$n.log"; return; }
-  grep -q -- "$want" "out$n.log" || { fail "$name: did not say '$want'"; tail -3 "out$n.log"; }
-  grep -q "terminate called\|what():\|\[json.exception\|filesystem error" "out$n.log" && fail "$name: a raw library message"
-}
 # A run that goes on with a warning: status 0, the warning said once.
 warned() {
   local name=$1 want=$2
