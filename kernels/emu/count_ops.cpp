@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/flash_ds.h"
+#include "runtime/exact_digits.h"
 
 namespace loom::emu {
 
@@ -93,7 +94,7 @@ std::vector<CountedOp> step(const StepShape& s) {
   const std::string nc = fmt::format("{}x{}", N, C), nf = fmt::format("{}x{}", N, F);
   bf16 *x = a.get<bf16>(NC), *y = a.get<bf16>(NC), *z = a.get<bf16>(NC), *w = a.get<bf16>(C), *bias = a.get<bf16>(C);
   float *mean = a.get<float>(N), *rstd = a.get<float>(N), *dw = a.get<float>(4 * int64_t(C)),
-        *db = a.get<float>(4 * int64_t(C)), *part = a.get<float>(cuda::column_partials_floats(N, 4 * C));
+        *db = a.get<float>(4 * int64_t(C)), *part = a.get<float>(cuda::norm_partials_floats(N, C));
   std::vector<CountedOp> ops;
   const double norms = 2.0 * L + 1;  // two a layer and the final one
   if (!s.llama) {
@@ -187,7 +188,7 @@ std::vector<CountedOp> step(const StepShape& s) {
     float* one = a.get<float>(1);
     *one = 1.0f;
     bf16* params = a.get<bf16>(P);
-    double *sq = a.get<double>(1), *scratch = a.get<double>(1024);
+    double *sq = a.get<double>(kExactDigits), *scratch = a.get<double>(kExactDigits + 1);
     ops.push_back(counted("grad norm (sum of squares)", fmt::format("{}M params", P / 1000000), 1, 4.0 * double(P),
                           [&] { cuda::sum_squares_table(sq, g, table, chunks, scratch, nullptr); }));
     ops.push_back(counted("adamw", fmt::format("{}M params", P / 1000000), 1, 30.0 * double(P), [&] {

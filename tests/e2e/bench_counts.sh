@@ -15,17 +15,8 @@ start=$(date +%s)
 # A build with CUDA has ptxas figures (the model, and --write-cluster); one without counts only.
 write=()
 CUDA_VISIBLE_DEVICES=-1 "$loom" info | grep -q "^CUDA kernels: in this build" && write=(--write-cluster "$dir/predicted.toml")
-# A known, rare crash of the counting emulation (a SIGSEGV in its shared-memory wavefront count,
-# about one run in six under load; not yet found): a run killed by a signal runs once more,
-# said in the log; a second crash, or any other failure, fails the test.
-counts() { CUDA_VISIBLE_DEVICES=-1 "$loom" bench kernels --counts "${write[@]}" > "$dir/out.txt" 2>&1; }
 rc=0
-counts || rc=$?
-if [ $rc -gt 128 ]; then
-  echo "KNOWN CRASH: bench kernels --counts died by signal $((rc - 128)); running it once more"
-  rc=0
-  counts || rc=$?
-fi
+CUDA_VISIBLE_DEVICES=-1 "$loom" bench kernels --counts "${write[@]}" > "$dir/out.txt" 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat "$dir/out.txt"; exit 1; }
 if [ ${#write[@]} -gt 0 ] && grep -q "no ptxas figures" "$dir/out.txt"; then
   echo "FAIL: a CUDA build without ptxas figures"; exit 1
