@@ -1,4 +1,4 @@
-// The tile machinery of the flash attention kernels (attention_flash.cu) and of context
+// The tile machinery of the flash attention kernels (attention_flash{,_bwd}.cu) and of context
 // parallel's block kernels (attention_block.cu): cp.async tile loads into padded shared rows,
 // ldmatrix fragment loads, the two mma.sync products a warp's row tiles of 16 rows need (S = A X^T
 // and O += P X, each B fragment loaded once for all of them), the bf16 row stores, and the tile
@@ -249,7 +249,7 @@ __device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, in
 // warp: forward CTAs of 128 query rows (8 warps) at D = 32, 64 rows (4 warps) at 64 and 128,
 // three CTAs per SM at D = 64 (168 registers, no spill; four spill), two elsewhere; their
 // backward keeps its operands in shared memory at 128 and walks 32-query tiles there.
-// The flash kernels (attention_flash.cu) give a warp two tiles of 16 rows at D <= 64, so that
+// The flash kernels (attention_flash{,_bwd}.cu) give a warp two tiles of 16 rows at D <= 64, so that
 // each fragment an ldmatrix loads feeds both tiles' mma.sync (issue 53: ~2 mma per ldmatrix at
 // one tile, ~4 at two): the forward and dQ 4 warps of 32 query rows (128-row CTAs), dK/dV 4
 // warps of 32 keys (128-key CTAs), each at two CTAs per SM by their registers (245-255, no
@@ -264,7 +264,7 @@ struct Plan {
   static constexpr int kDqBlocksPerSm = D == 64 ? 3 : 0;
   static constexpr bool kARegs = D <= 64;
   static constexpr int kBq = D <= 64 ? 64 : 32;
-  // The flash kernels (attention_flash.cu).
+  // The flash kernels (attention_flash{,_bwd}.cu).
   static constexpr int kFlashFwdRowTiles = D <= 64 ? 2 : 1;
   static constexpr int kFlashFwdBlocksPerSm = 2;
   static constexpr bool kFlashFwdQRegs = true;
@@ -280,5 +280,28 @@ struct FwdShape {
   static constexpr int kThreads = 32 * Warps;
   static constexpr size_t kSmem = size_t(kRows + 4 * kKeys) * row_ld<D>() * 2;  // Q, K[2], V[2]
 };
+
+// The first key query t of sequence bi attends to: its document's first token (pos = null:
+// the sequence's).
+__device__ __forceinline__ int first_key(const int32_t* pos, int bi, int T, int t) {
+  return pos && t < T ? t - pos[int64_t(bi) * T + t] : 0;
+}
+
+// Grid order: x, the fastest in launch order, walks one head's tiles, then y the heads (a GQA
+// group's query heads next to each other), then z the sequences. Blocks start in that order, so
+// the CTAs resident at once (2 per SM, ~264 on an H100) are a few heads' tiles, whose K/V (or
+// Q/dO) they share: GPT-2 124M (T 1024, D 64) reads 256 KB of K/V a head, ~9 MB in flight for
+// ~33 heads, well inside the 50 MB L2, so a head's K/V comes from DRAM about once. With heads
+// fastest (the order before), the resident CTAs were one query tile of every head: all 192
+// heads' K/V (50 MB; qkv 75 MB) in flight, and each head's next tile, a wave later, missed L2.
+// At T 8192, D 128 a head's K/V is 4 MB and 2-3 heads (128 tiles each) are in flight: they
+// still fit, where heads fastest would put every head's in flight (256 MB). Longest first
+// holds within a head only: the grid ends on one head's short tiles, after at most one long one.
+// The counts see requested bytes, not L2 hits: this is argued from footprints, to be measured.
+inline dim3 grid_order(int tiles, int heads, int B) {
+  LOOM_CHECK(heads <= 65535 && B <= 65535, "flash attention takes at most 65535 heads ({}) and sequences ({}) a launch",
+             heads, B);
+  return dim3(unsigned(tiles), unsigned(heads), unsigned(B));
+}
 
 }  // namespace loom::cuda::flash

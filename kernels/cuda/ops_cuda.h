@@ -197,7 +197,7 @@ void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t s, Sc
 void swiglu_backward(bf16* dinp, const bf16* inp, const bf16* dout, int N, int F, cudaStream_t s,
                      ScalarPaths* paths = nullptr);
 
-// defines: attention_forward, attention_backward (attention_flash.cu)
+// defines: attention_forward (attention_flash.cu), attention_backward (attention_flash_bwd.cu)
 // Flash-style causal attention over packed qkv [B,T,(H+2KV)*D] with grouped-query heads: an
 // online softmax over key tiles, never a T x T matrix. lse [B,H,T] (fp32) is kept for
 // backward, which recomputes the probabilities. Head dims 32, 64 and 128 run on the

@@ -1,4 +1,4 @@
-// The flash attention kernels (kernels/cuda/attention_flash.cu) against double precision:
+// The flash attention kernels (kernels/cuda/attention_flash{,_bwd}.cu) against double precision:
 // forward against tests/unit/testing.h's attention_ref, backward against a double-precision
 // backward that is itself checked by central differences; head dims 32, 64 and 128,
 // grouped-query ratios 1, 2, 4 and 8, ragged last tiles; and two runs give the same bits.
