@@ -22,7 +22,7 @@ int64_t zero_tied_shard(const ModelLayout& layout, const ZeroRanks& z, int stage
 std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches,
                                      int64_t tied_numel, int cp) {
   std::vector<PlanItem> p;
-  if (tied_numel > 0) p = TiedHeadGrad::plan(tied_numel, micro_batches, zero_tied_shard(layout, z, stage), z.dp);
+  if (tied_numel > 0) p = TiedHeadGrad::plan(tied_numel, micro_batches, zero_tied_shard(layout, z, stage), z.dp, cp);
   auto add = [&p](const std::vector<PlanItem>& q) { p.insert(p.end(), q.begin(), q.end()); };
   if (stage == 1) {  // (the tied head's H in flight with the units: its half too)
     for (auto item : grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel()), layout.num_units())) {
@@ -53,10 +53,6 @@ void Zero::invariant_setup(const DataParallelOptions& o) {
   const int64_t n = stage_ == 1 ? int64_t(chunk_.num_params()) : cp_ * shard_;
   tree_ = std::make_unique<GradTree>(be_, stage_ == 1 ? unit_starts(layout) : starts, n, o.micro_batches);
   const bool tied = tied_head_apart(layout, chunk_.dims(), true);
-  LOOM_CHECK(cp_ == 1 || !tied,
-             "parallel.invariant with parallel.cp = {} under ZeRO-{}: a tied embedding whose head shares the rank "
-             "is not covered yet; set parallel.zero = 0 or 1, or parallel.invariant = false",
-             cp_, stage_);
   const int64_t tied_numel = tied ? chunk_.registry().at(head_names(chunk_.dims()).wte).numel() : 0;
   for (const PlanItem& item : zero_tree_plan(layout, ranks_, stage_, o.micro_batches, tied_numel, cp_)) {
     if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
@@ -65,8 +61,8 @@ void Zero::invariant_setup(const DataParallelOptions& o) {
   }
   if (stage_ == 1 && half_.defined()) tree_sum_ = std::make_unique<TreeAllReduce>(dp_, be_, Buf(half_), first_bit_);
   if (tied)
-    tied_ =
-        std::make_unique<TiedHeadGrad>(be_, tied_numel, o.micro_batches, zero_tied_shard(layout, ranks_, stage_), n_);
+    tied_ = std::make_unique<TiedHeadGrad>(be_, tied_numel, o.micro_batches, zero_tied_shard(layout, ranks_, stage_),
+                                           n_, cp_);
 }
 
 void Zero::tree_start(int i) {
