@@ -22,16 +22,20 @@ class TiedHeadGrad {
   // micro-batch's H is reduce-scattered over dp ranks at once, padded to shard x dp elements,
   // the rank keeping `shard` (the same elements as its shard of the embedding's unit, which
   // the matrix opens); shard = 0: the whole H is kept and summed over dp after the step.
-  TiedHeadGrad(Backend& be, int64_t numel, int micro_batches, int64_t shard, int dp);
+  // cp > 1 (with shard > 0; dp counts the dp x cp ranks, cp innermost): as ZeRO's units, each
+  // micro-batch over the dp ranks only into a cp-fold shard, the cp parts apart through the
+  // tree, then once a step over the cp ranks.
+  TiedHeadGrad(Backend& be, int64_t numel, int micro_batches, int64_t shard, int dp, int cp = 1);
   // What it allocates, for `plan memory`.
-  static std::vector<PlanItem> plan(int64_t numel, int micro_batches, int64_t shard, int dp);
+  static std::vector<PlanItem> plan(int64_t numel, int micro_batches, int64_t shard, int dp, int cp = 1);
 
   float* grads() { return buf_.f32(); }  // the head adds this micro-batch's H here
   // The next micro-batch's H is complete: into the tree (the step's last, by the count).
   void micro_batch_done(ProcessGroup& dp, Buf half);
   // dst += the step's H, from element `from` of what this rank keeps (the whole matrix, or its
   // shard) for dst.count elements; then H starts over. Whole: sums over dp first (2 ranks add
-  // a + b in any all-reduce; more, in the tree with `half`, pairing from `first_bit`).
+  // a + b in any all-reduce; more, in the tree with `half`, pairing from `first_bit`); a
+  // cp-fold shard: its cp parts first, in the tree reduce-scatter over the cp ranks.
   // `summed`: the whole H was summed over dp already (started in the caller's TreeAllReduce).
   void add_to(ProcessGroup& dp, Buf half, int first_bit, Buf dst, int64_t from, bool summed = false);
   // The whole H (shard = 0), the step's sum over this rank's micro-batches once the head's last
@@ -42,7 +46,10 @@ class TiedHeadGrad {
  private:
   Backend& be_;
   int64_t numel_, shard_;
-  Tensor buf_, kept_;  // kept_: the shard (shard > 0); else buf_ is kept whole
+  int cp_;
+  // kept_: the shard (shard > 0; cp-fold with cp > 1); else buf_ is kept whole. With cp > 1 the
+  // padded buf_, zero between steps, takes the shard the cp parts' reduce-scatter leaves.
+  Tensor buf_, kept_;
   std::unique_ptr<GradTree> tree_;
 };
 

@@ -1,22 +1,21 @@
+// ZeRO 1-3 (parallel/zero.h): the shards' geometry, the plan, the slots that gather weights and
+// reduce-scatter gradients, the optimizer step. parallel.invariant's trees are in zero_invariant.cpp.
 #include "parallel/zero.h"
 
 #include <algorithm>
 #include <map>
 
+#include "parallel/zero_geometry.h"
+
 namespace loom {
 
-namespace {
+namespace zero_detail {
 
+namespace {
 // A run of a unit sharded over one group: the whole unit over dp; or its dense part over dp
 // and a tail split off its end: a MoE block's experts over expert-dp (expert parallel), or a
 // pipeline's tied embedding over dp (see ZeroRanks; on the first stage it opens unit 0, so
 // there the embedding is the dense part and what follows it the tail).
-struct Part {
-  int64_t lo, len;
-  int n, r;
-  bool expert, tail;
-};
-
 std::vector<Part> parts_of(const ModelLayout& layout, const ZeroRanks& z) {
   const ParamSpec* tied = z.tied.empty() ? nullptr : layout.reg.find(z.tied);
   std::vector<Part> parts;
@@ -38,12 +37,7 @@ std::vector<Part> parts_of(const ModelLayout& layout, const ZeroRanks& z) {
   }
   return parts;
 }
-
-struct Geometry {
-  std::vector<Part> parts;
-  std::vector<int64_t> s;  // per part shard size
-  int64_t shard = 0, max_unit = 0, max_s = 0;
-};
+}  // namespace
 
 // Parts are the chunk's units unless experts are split off; the first and last are the edges
 // (the embedding and the head of a whole model), which keep slots of their own.
@@ -62,13 +56,6 @@ Geometry geometry(const ModelLayout& layout, const ZeroRanks& z) {
   }
   return g;
 }
-
-// What a unit's slot holds at stages 2 and 3: the unit in its own layout with its dense part
-// padded for dp after it (buf), an expert tail's padded copy for expert-dp (aux), and the
-// rank's reduced shards of both (result).
-struct SlotSize {
-  int64_t buf = 0, aux = 0, result = 0;
-};
 
 // The four slots' sizes: both edges, then two blocks in turn (each the largest unit it serves).
 std::vector<SlotSize> slot_sizes(const ModelLayout& layout, const Geometry& g) {
@@ -96,7 +83,9 @@ std::vector<SlotSize> slot_sizes(const ModelLayout& layout, const Geometry& g) {
   return out;
 }
 
-}  // namespace
+}  // namespace zero_detail
+
+using namespace zero_detail;
 
 ZeroRanks zero_ranks(const DataParallelOptions& o, const ModelDims& dims, int dp, int rank, int edp_rank) {
   const int edp = o.ep > 1 ? dp / o.ep : 0;
@@ -137,36 +126,6 @@ std::vector<OptChunk> zero_opt_chunks(const ModelLayout& layout, const ZeroRanks
                    (!run.spec->replicated() || tp_rank == 0) && !(uncounted && run.spec->name == uncounted),
                    unit_offset(units, run.flat), z.block);
   return chunks;
-}
-
-int64_t zero_tied_shard(const ModelLayout& layout, const ZeroRanks& z, int stage) {
-  if (stage == 1) return 0;
-  const Geometry g = geometry(layout, z);
-  LOOM_ASSERT(!g.parts.empty() && g.parts[0].lo == 0 && g.parts[0].n == z.dp);  // the matrix opens unit 0
-  return g.s[0];
-}
-
-std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches,
-                                     int64_t tied_numel, int cp) {
-  std::vector<PlanItem> p;
-  if (tied_numel > 0) p = TiedHeadGrad::plan(tied_numel, micro_batches, zero_tied_shard(layout, z, stage), z.dp);
-  auto add = [&p](const std::vector<PlanItem>& q) { p.insert(p.end(), q.begin(), q.end()); };
-  if (stage == 1) {  // (the tied head's H in flight with the units: its half too)
-    for (auto item : grad_tree_plan(micro_batches, z.dp, int64_t(layout.reg.numel()), layout.num_units())) {
-      if (item.name == "grad_tree_half") item.numel += (tied_numel + 1) / 2;
-      p.push_back(item);
-    }
-    return p;
-  }
-  const Geometry g = geometry(layout, z);
-  add(grad_tree_plan(micro_batches, 1, cp * g.shard));
-  if (z.dp > 2 || cp > 1) p.push_back({"grad_tree_half", (g.max_unit + 1) / 2, DType::f32, Mem::comm});
-  if (cp > 1) {  // the cp-fold shards between micro-batches, and each slot's cp-fold result
-    p.push_back({"grad_tree_cp", cp * g.shard, DType::f32, Mem::grads});
-    for (const SlotSize& e : slot_sizes(layout, g))
-      p.push_back({"grad_tree_cp_result", std::max<int64_t>(1, cp * e.result), DType::f32, Mem::comm});
-  }
-  return p;
 }
 
 std::vector<PlanItem> zero_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int /*tp_rank*/, DType dtype,
@@ -267,32 +226,7 @@ Zero::Zero(const DataParallelOptions& o, DecoderPart& chunk, const DataParallelG
     if (item.name.rfind("zero_", 0) != 0) continue;
     got[item.name].push_back(be_.alloc().empty(item));
   }
-  if (o.invariant) {
-    // Stage 1: the tree over the full gradient buffer; 2 and 3: over this rank's shards, one
-    // node a micro-batch (the ranks' micro-batch i, reduce-scattered, is a subtree).
-    // With cp > 1 at 2 and 3, over cp-fold shards (the cp parts summed after the tree).
-    if (stage_ >= 2) cp_ = o.cp;
-    std::vector<int64_t> starts;
-    for (const Unit& u : units_) starts.push_back(cp_ * u.shard_off);
-    const int64_t n = stage_ == 1 ? int64_t(chunk.num_params()) : cp_ * shard_;
-    tree_ = std::make_unique<GradTree>(be_, stage_ == 1 ? unit_starts(layout) : starts, n, o.micro_batches);
-    const bool tied = tied_head_apart(layout, chunk.dims(), true);
-    LOOM_CHECK(cp_ == 1 || !tied,
-               "parallel.invariant with parallel.cp = {} under ZeRO-{}: a tied embedding whose head shares the rank "
-               "is not covered yet; set parallel.zero = 0 or 1, or parallel.invariant = false",
-               cp_, stage_);
-    for (const PlanItem& item :
-         zero_tree_plan(layout, ranks_, stage_, o.micro_batches,
-                        tied ? chunk.registry().at(head_names(chunk.dims()).wte).numel() : 0, cp_)) {
-      if (item.name == "grad_tree_half") half_ = be_.alloc().empty(item);
-      if (item.name == "grad_tree_cp") cp_grads_ = be_.alloc().empty(item), be_.zero(Buf(cp_grads_));
-      if (item.name == "grad_tree_cp_result") cp_results_.push_back(be_.alloc().empty(item));
-    }
-    if (stage_ == 1 && half_.defined()) tree_sum_ = std::make_unique<TreeAllReduce>(dp_, be_, Buf(half_), first_bit_);
-  }
-  if (tied_head_apart(layout, chunk.dims(), o.invariant))
-    tied_ = std::make_unique<TiedHeadGrad>(be_, chunk.registry().at(head_names(chunk.dims()).wte).numel(),
-                                           o.micro_batches, zero_tied_shard(layout, ranks_, stage_), n_);
+  if (o.invariant) invariant_setup(o);
   auto take = [&](const char* name, size_t i = 0) { return got.count(name) ? got[name][i] : Tensor(); };
   shard_params_ = take("zero_shard_params");
   shard_grads_ = take("zero_shard_grads");
@@ -467,14 +401,8 @@ void Zero::backward_done(int u) {
     be_.copy(aux.slice(0, e->len), Buf(s.buf).slice(d.len, e->len));
     be_.zero(Buf(s.buf).slice(d.len, padded(u) - d.len));
     Buf out = Buf(low ? s.result_low : s.result).slice(d.s, e->s);
-    if (cp_ > 1) {  // over the dp ranks only: a cp-fold shard
-      StepClock::Scope c(clock_, Phase::comm);
-      tree_reduce_scatter(group(*e), be_, aux, Buf(cp_results_[slot_index(s)]).slice(cp_ * d.s, cp_ * e->s), Buf(half_),
-                          cp_, n_ / cp_);
-      s.tail = Work();
-    } else if (half_.defined()) {  // parallel.invariant (a tied embedding's part: over dp, as the unit)
-      StepClock::Scope c(clock_, Phase::comm);
-      tree_reduce_scatter(group(*e), be_, aux, out, Buf(half_));
+    if (half_.defined()) {  // parallel.invariant (a tied embedding's part: over dp, as the unit)
+      tree_scatter(group(*e), aux, out, slot_index(s), d.s);
       s.tail = Work();
     } else {
       s.tail = group(*e).reduce_scatter(aux, out, be_.stream());
@@ -487,13 +415,8 @@ void Zero::backward_done(int u) {
     in = l;
     out = Buf(s.result_low).slice(0, d.s);
   }
-  if (cp_ > 1) {  // parallel.invariant with cp: over the dp ranks only, a cp-fold shard
-    StepClock::Scope c(clock_, Phase::comm);
-    tree_reduce_scatter(dp_, be_, in, Buf(cp_results_[slot_index(s)]).slice(0, cp_ * d.s), Buf(half_), cp_, n_ / cp_);
-    s.work = Work();
-  } else if (half_.defined()) {  // parallel.invariant over more than 2 ranks: the tree's own, after the backward of u
-    StepClock::Scope c(clock_, Phase::comm);
-    tree_reduce_scatter(dp_, be_, in, out, Buf(half_));
+  if (half_.defined()) {  // parallel.invariant over more than 2 ranks or with cp: the tree's own
+    tree_scatter(dp_, in, out, slot_index(s), 0);
     s.work = Work();
   } else {
     s.work = dp_.reduce_scatter(in, out, be_.stream());
@@ -574,16 +497,6 @@ const Zero::Unit* Zero::tied_part() const {
   fail_bug("ZeRO holds no part for the tied embedding '{}'", ranks_.tied);
 }
 
-void Zero::tree_start(int i) {
-  const ModelLayout& layout = chunk_.layout();
-  const int64_t lo = layout.unit_lo(i);
-  const int64_t hi = i + 1 < layout.num_units() ? layout.unit_lo(i + 1) : int64_t(chunk_.num_params());
-  if (tree_started_.empty()) tree_started_.assign(size_t(layout.num_units()), false);
-  LOOM_ASSERT(!tree_started_[size_t(i)]);
-  tree_started_[size_t(i)] = true;
-  tree_sum_->start(dev(chunk_.grads() + lo, hi - lo, DType::f32));
-}
-
 void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
   const Stream& st = be_.stream();
   float* grads = nullptr;
@@ -620,29 +533,10 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
   } else {
     for (auto& s : grad_slots_) drain(*s);
     LOOM_ASSERT(!tree_ || tree_->idle());  // every unit's micro-batches, all folded
-    if (cp_ > 1) {
-      // The cp ranks' parts, after the micro-batches' tree: each rank its shard.
-      StepClock::Scope c(clock_, Phase::comm);
-      for (const Unit& u : units_)
-        tree_reduce_scatter(group(u), be_, Buf(cp_grads_).slice(cp_ * u.shard_off, cp_ * u.s),
-                            Buf(shard_grads_).slice(u.shard_off, u.s), Buf(half_), 1, cp_);
-      be_.zero(Buf(cp_grads_));  // (spoiled by the reduce-scatter; the next step adds into it)
-    }
+    if (cp_ > 1) cp_reduce_scatter();
     grads = shard_grads_.f32();
   }
-  if (tied_) {  // E + H, once the two are summed over dp: over the matrix's part of this rank's slice
-    StepClock::Scope c(clock_, Phase::comm);
-    const ParamSpec& w = chunk_.registry().at(head_names(chunk_.dims()).wte);
-    const int64_t wte = w.numel();
-    if (stage_ == 1) {
-      tied_->add_to(dp_, half(), first_bit_, dev(grads + w.offset, wte, DType::f32), 0, tied_started_);
-      tied_started_ = false;
-    } else {
-      const Unit& u0 = units_[0];
-      tied_->add_to(dp_, half(), first_bit_,
-                    dev(grads + u0.shard_off, std::max<int64_t>(0, std::min(u0.b(), wte) - u0.a()), DType::f32), 0);
-    }
-  }
+  if (tied_) add_tied_head(grads);
   if (tied) {  // this rank's reduced slice of the tied embedding, where the table reads it
     const Unit& t = *tied_part();
     tied(stage_ == 1 ? dev(grads + t.lo + t.a(), t.b() - t.a(), DType::f32)

@@ -114,9 +114,8 @@ class Zero final : public DataParallel {
   // Stage 1 over more than 2 ranks: each unit's tree all-reduce starts as its last backward
   // ends, progressed from the later units' hooks (as DDP's).
   std::unique_ptr<TreeAllReduce> tree_sum_;
-  std::vector<bool> tree_started_;  // per local unit, this step
-  bool tied_started_ = false;       // the tied head's H, this step
-  void tree_start(int i);
+  std::vector<bool> tree_started_;      // per local unit, this step
+  bool tied_started_ = false;           // the tied head's H, this step
   std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
   // Stages 2 and 3 with cp > 1: each micro-batch reduce-scattered over the dp ranks only, into
   // a cp-fold shard (the cp ranks' parts kept apart through the micro-batches' tree, in
@@ -126,6 +125,15 @@ class Zero final : public DataParallel {
   Tensor cp_grads_;
   std::vector<Tensor> cp_results_;
   bool last_ = false;
+  // parallel.invariant's steps (parallel/zero_invariant.cpp): its buffers and trees; a unit's
+  // tree all-reduce (stage 1); a micro-batch's tree reduce-scatter of `in` into `out`, the
+  // rank's shard at element `at` of slot `slot`'s result (cp > 1: into its cp-fold result); the
+  // cp parts' reduce-scatter after the step's last micro-batch; the tied head's H added to E.
+  void invariant_setup(const DataParallelOptions& o);
+  void tree_start(int i);
+  void tree_scatter(ProcessGroup& g, Buf in, Buf out, size_t slot, int64_t at);
+  void cp_reduce_scatter();
+  void add_tied_head(float* grads);
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight
   Slot& slot_of(std::vector<std::unique_ptr<Slot>>& slots, int u) const;
   void gather_into(Slot& slot, int u, Pass pass);

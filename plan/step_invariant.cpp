@@ -72,8 +72,13 @@ void invariant_terms(const Config& cfg, const Cluster& cl, double share, const M
   if (tied_head_apart(layout, dims, true)) {  // the head's part of the matrix in a tree of its own, added once
     const double w = double(layout.reg.at(head_names(dims).wte).numel());
     if (p.zero >= 2) {  // reduce-scattered each micro-batch (its buffer zeroed), the shard folded
-      fold += grad_tree_fold_bytes(m, w / dp) + m * 4 * w + 16 * w / dp;
-      tied_micro = reduce("reduce_scatter", 4 * w);
+      fold += grad_tree_fold_bytes(m, w / p.dp) + m * 4 * w + 16 * w / dp;  // (a cp-fold shard)
+      if (split) {  // as the units: over the dp ranks each micro-batch, the cp parts once a step
+        tied_micro = tree_collective_time("reduce_scatter", p.dp, p.tp * p.cp, 4 * w, cl, rate);
+        tied_end = tree_collective_time("reduce_scatter", p.cp, p.tp, 4 * w / p.dp, cl, rate);
+      } else {
+        tied_micro = reduce("reduce_scatter", 4 * w);
+      }
     } else {  // folded whole, all-reduced (over more than 2 ranks from the head's hook), added and zeroed
       fold += grad_tree_fold_bytes(m, w) + 16 * w;
       tied_end = reduce("all_reduce", 4 * w);

@@ -10,8 +10,9 @@
 #              MPI and nccl-emulated; pp 2 and 4 under all six schedules; bf16; MoE at ep 1;
 #              around a fixed tp; the CUDA kernels in the emulation; gpt2's tied embeddings
 #              under DDP, ZeRO 1-3 and pp 2, the head and the embedding on one rank or two; around
-#              a fixed cp under DDP, ZeRO 1-3 and pp), and a dp 4 checkpoint resumed at dp 2 ends with the bytes of the run that
-#              never stopped.
+#              a fixed cp under DDP, ZeRO 1-3 and pp, gpt2's too, cp 2 and 4, the tied head sharing
+#              the rank under ZeRO-2/3), and a dp 4 checkpoint resumed at dp 2 ends with the bytes
+#              of the run that never stopped.
 #   invariant.sh LOOM "MPIRUN..."
 set -uo pipefail
 loom=$1 mpirun=$2
@@ -136,6 +137,14 @@ cp2_dp2_z3   cp2          4  parallel.cp=2 parallel.dp=2 parallel.zero=3
 gpt2_cp2     -            2  model.arch=gpt2 parallel.cp=2
 gpt2_cp2_dp2 gpt2_cp2     4  model.arch=gpt2 parallel.cp=2 parallel.dp=2
 gpt2_cp2_pp2_z2 gpt2_cp2  4  model.arch=gpt2 parallel.cp=2 parallel.pp=2 parallel.zero=2
+gpt2_cp2_z2  gpt2_cp2     2  model.arch=gpt2 parallel.cp=2 parallel.zero=2
+gpt2_cp2_dp2_z2 gpt2_cp2  4  model.arch=gpt2 parallel.cp=2 parallel.dp=2 parallel.zero=2
+gpt2_cp2_dp2_z3 gpt2_cp2  4  model.arch=gpt2 parallel.cp=2 parallel.dp=2 parallel.zero=3
+gpt2_l4_cp2  -            2  model.arch=gpt2 $l4 parallel.cp=2
+gpt2_cp2_zbv_z2 gpt2_l4_cp2 4  model.arch=gpt2 $l4 parallel.cp=2 parallel.pp=2 parallel.pp_schedule=zbv parallel.zero=2
+gpt2_cp2_dualpipe_z3 gpt2_l4_cp2 4  model.arch=gpt2 $l4 parallel.cp=2 parallel.pp=2 parallel.pp_schedule=dualpipev parallel.zero=3
+gpt2_cp4     -            4  model.arch=gpt2 parallel.cp=4
+gpt2_cp4_dp2_z2 gpt2_cp4  8  model.arch=gpt2 parallel.cp=4 parallel.dp=2 parallel.zero=2
 "
 while read -r name ref np keys; do
   [ -n "$name" ] || continue

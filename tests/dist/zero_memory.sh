@@ -2,7 +2,7 @@
 # The memory ledger against `loom plan memory`, to the byte, for f32 and bf16 at ZeRO 0-3, at
 # dp 4 and at dp 2 x tp 2, for pipeline stages, MoE and context parallel; at dp 4, optimizer state / master weights / gradients / weights
 # sharded to a quarter and the communication per step against theory; parallel.invariant's
-# trees and the tied head's buffer (DDP, ZeRO 1-3, pp); and (stage 3) parameter
+# trees and the tied head's buffer (DDP, ZeRO 1-3, pp; cp-fold under ZeRO-3); and (stage 3) parameter
 # all-gathers overlapping compute in the trace.
 #   zero_memory.sh LOOM COMPARE "MPIRUN..."
 set -euo pipefail
@@ -59,6 +59,7 @@ for layout in "--set parallel.pp=2 --set parallel.dp=2" "--set parallel.pp=4 --s
   "--set parallel.invariant=true --set parallel.dp=4 --set parallel.zero=3 --set train.micro_batch=1" \
   "--set parallel.invariant=true --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2" \
   "--set parallel.invariant=true --set model.arch=llama --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=2" \
+  "--set parallel.invariant=true --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=3" \
   "--set parallel.invariant=true --set parallel.pp=2 --set parallel.dp=2 --set parallel.pp_schedule=zbv"; do
   read -r -a lay <<< "$layout"
   case_n=$((${case_n:-0} + 1))

@@ -107,6 +107,23 @@ TEST(StepModel, InvariantTiedHeadAddsItsMatrixOnce) {
   EXPECT_NEAR(p.dp, expect, 1e-3 * expect);
 }
 
+// Catches: gpt2's head part kept apart under ZeRO-2 with cp priced as one reduce-scatter over
+// dp x cp each micro-batch (log2(dp cp) latencies), not as the units' split: log2(dp) each
+// micro-batch, log2(cp) once a step.
+TEST(StepModel, InvariantTiedHeadWithCpSplitsAsTheUnits) {
+  const Cluster cl = node16(1e12, 1e12);  // latency alone
+  const int m = 2;
+  auto with = [&](bool tied) {
+    Config c = test::small_model("gpt2");
+    config_set(c, tied ? "model.tie_embeddings=true" : "model.tie_embeddings=false");
+    c.train.global_batch = 2 * 2 * m;
+    c.parallel.dp = 2, c.parallel.cp = 2, c.parallel.zero = 2, c.parallel.invariant = true;
+    config_validate(c);
+    return step_predict(c, cl);
+  };
+  EXPECT_NEAR(with(true).dp_total - with(false).dp_total, (m * 1 + 1) * 10e-6, 1e-9);
+}
+
 // Catches: the reduce-scatter halving from the highest bit (its big first half would cross
 // nodes from every rank at once), its blocks' permutation left out, or the pairs priced on the
 // node's whole link (every rank of a node crosses at once).
