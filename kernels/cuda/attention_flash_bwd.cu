@@ -159,9 +159,9 @@ __global__ void __launch_bounds__(128, Plan<D>::kFlashDqBlocksPerSm)
 // rounds it. A chunk's queries and a warp's keys fall in one tile each; dK/dV computes every
 // chunk on or below the diagonal that a dQ warp reads (its queries reach its first key), and
 // only tiles on or below the diagonal.
-template <int R, int N>
-__device__ __forceinline__ void store_ds(bf16* ds, const float (&dst)[R][N][4], int bi, int h, int H, int T, int qc0,
-                                         int wk) {
+template <int R, int KK>
+__device__ __forceinline__ void store_ds(bf16* ds, const uint32_t (&dsa)[R][KK][4], int bi, int h, int H, int T,
+                                         int qc0, int wk) {
   constexpr int E = kFlashDsTile;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int qb = qc0 / E, kb = wk / E;
@@ -169,13 +169,18 @@ __device__ __forceinline__ void store_ds(bf16* ds, const float (&dst)[R][N][4], 
   // its register limit).
   bf16* at = ds + ((int64_t(bi) * H + h) * flash_ds_tiles(T) + qb * (qb + 1) / 2 + kb) * E * E + (qc0 % E + 2 * t) * E +
              wk % E + g;
+  // Accumulator block n, element i (query 8n + 2t + i % 2, key 16r + g + 8 (i / 2)) is half
+  // i % 2 of word 2 (n % 2) + i / 2 of fragment n / 2 (pack_fragment).
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int n = 0; n < N; ++n)
+    for (int n = 0; n < 2 * KK; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        at[(8 * n + i % 2) * E + 16 * r + (i < 2 ? 0 : 8)] = __float2bfloat16_rn(dst[r][n][i]);
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t word = dsa[r][n / 2][2 * (n % 2) + i / 2];
+        const uint16_t half = uint16_t(i % 2 ? word >> 16 : word & 0xffffu);
+        memcpy(&at[(8 * n + i % 2) * E + 16 * r + (i < 2 ? 0 : 8)], &half, 2);
+      }
 }
 
 // dK and dV: a CTA of 4 warps of one kv head, each warp kFlashDkvKeyTiles tiles of 16 keys with
@@ -314,9 +319,19 @@ __device__ __forceinline__ void dkv_flash(bf16* dqkv, bf16* ds_store, const bf16
               st[r][n][i] = p;
               dpt[r][n][i] = p * (dpt[r][n][i] - (odd ? dq[n].y : dq[n].x));  // dS^T
             }
-        gemm_pb<D, QC, R>(dv, st, dot_s);
-        if constexpr (StoreDs) store_ds(ds_store, dpt, bi, h, H, T, qc0, wk);  // P is dead here
-        gemm_pb<D, QC, R>(dk, dpt, qt_s);
+        if constexpr (StoreDs) {
+          // dS^T rounded once (as gemm_pb rounds it): 8 registers a tile, not 16, live through
+          // dV's product and the store (unpacked, they spilled 8 bytes). Without the store,
+          // rounding a kk at a time keeps fewer live (packed first, it spills 4).
+          uint32_t dsa[R][QC / 16][4];
+          pack_a<QC, R>(dsa, dpt);
+          gemm_pb<D, QC, R>(dv, st, dot_s);
+          store_ds(ds_store, dsa, bi, h, H, T, qc0, wk);
+          gemm_ab<D, QC, R>(dk, dsa, qt_s);
+        } else {
+          gemm_pb<D, QC, R>(dv, st, dot_s);
+          gemm_pb<D, QC, R>(dk, dpt, qt_s);
+        }
       }
     }
     cp_async_wait<0>();

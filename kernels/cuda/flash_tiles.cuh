@@ -141,28 +141,50 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[N / 8][4], AFrag a_frag, c
   gemm_abt<D, N, 1>(reinterpret_cast<float(&)[1][N / 8][4]>(acc), a_frag, xt);
 }
 
-// acc[r][D/8] += P_r (16 x N, fp32 accumulators rounded to bf16 A fragments) @ X (N x D), for
-// the warp's R row tiles, each B fragment of X loaded once. Each accumulator adds its N / 16
-// products in kk order, whatever R is.
+// One A fragment (16 rows x 16 columns, bf16) from the fp32 accumulators of its two 8-column
+// blocks.
+__device__ __forceinline__ void pack_fragment(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_bf16(lo[0], lo[1]);
+  a[1] = pack_bf16(lo[2], lo[3]);
+  a[2] = pack_bf16(hi[0], hi[1]);
+  a[3] = pack_bf16(hi[2], hi[3]);
+}
+// P_r (16 x N, fp32 accumulators) rounded to bf16 A fragments: the operand gemm_pb makes as it
+// goes, made once where one P feeds a product and a store.
+template <int N, int R>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[R][N / 16][4], const float (&p)[R][N / 8][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) pack_fragment(a[r][kk], p[r][2 * kk], p[r][2 * kk + 1]);
+}
+
+// acc[r][D/8] += A_r (16 x N, packed bf16 A fragments) @ X (N x D), for the warp's R row
+// tiles, each B fragment of X loaded once. Each accumulator adds its N / 16 products in kk
+// order, whatever R is.
 template <int D, int N, int R>
-__device__ __forceinline__ void gemm_pb(float (&acc)[R][D / 8][4], const float (&p)[R][N / 8][4], const bf16* x) {
+__device__ __forceinline__ void gemm_ab(float (&acc)[R][D / 8][4], const uint32_t (&a)[R][N / 16][4], const bf16* x) {
 #pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    uint32_t a[R][4];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      a[r][0] = pack_bf16(p[r][2 * kk][0], p[r][2 * kk][1]);
-      a[r][1] = pack_bf16(p[r][2 * kk][2], p[r][2 * kk][3]);
-      a[r][2] = pack_bf16(p[r][2 * kk + 1][0], p[r][2 * kk + 1][1]);
-      a[r][3] = pack_bf16(p[r][2 * kk + 1][2], p[r][2 * kk + 1][3]);
-    }
+  for (int kk = 0; kk < N / 16; ++kk)
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t b[4];
       load_b<D>(b, x, kk * 16, dp * 16);
 #pragma unroll
-      for (int r = 0; r < R; ++r) mma2(acc[r][2 * dp], acc[r][2 * dp + 1], a[r], b);
+      for (int r = 0; r < R; ++r) mma2(acc[r][2 * dp], acc[r][2 * dp + 1], a[r][kk], b);
     }
+}
+
+// gemm_ab of P_r (fp32 accumulators), rounded to bf16 a kk at a time: one packed fragment a
+// row tile is live beside P.
+template <int D, int N, int R>
+__device__ __forceinline__ void gemm_pb(float (&acc)[R][D / 8][4], const float (&p)[R][N / 8][4], const bf16* x) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    uint32_t a[R][1][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) pack_fragment(a[r][0], p[r][2 * kk], p[r][2 * kk + 1]);
+    gemm_ab<D, 16, R>(acc, a, x + kk * 16 * row_ld<D>());
   }
 }
 template <int D, int N>
