@@ -45,18 +45,6 @@ void GradTree::fold(int u, float* grads, bool last) {
   seen_[size_t(u)] = 0;
 }
 
-namespace {
-// Sends `out` to `peer` and receives `in` from it, as one group (NCCL pairs them), and waits.
-void exchange(ProcessGroup& g, const Stream& s, int peer, Buf out, Buf in) {
-  g.group_start();
-  Work sent = g.send(out, peer, 0, s);
-  Work got = g.recv(in, peer, 0, s);
-  g.group_end();
-  got.wait_on(s);
-  sent.wait_on(s);
-}
-}  // namespace
-
 int bit_reverse(int r, int size) {
   int out = 0;
   for (int bit = 1; bit < size; bit <<= 1) out = (out << 1) | ((r & bit) ? 1 : 0);
@@ -64,37 +52,74 @@ int bit_reverse(int r, int size) {
 }
 
 void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half, int stride, int size) {
+  TreeReduceScatter t(g, be);
+  t.start(in, out, half, stride, size);
+  t.finish();
+}
+
+int64_t TreeReduceScatter::start(Buf in, Buf out, Buf half, int stride, int size) {
   // The sub-group: the ranks that differ from this one only in the bits [stride, stride x size).
-  const int p = size > 0 ? size : g.size() / stride, r = (g.rank() / stride) % p;
-  const int base = g.rank() - r * stride;
+  const int p = size > 0 ? size : g_.size() / stride, r = (g_.rank() / stride) % p;
   LOOM_CHECK((p & (p - 1)) == 0, "a tree reduce-scatter over {} ranks: it needs a power of two", p);
-  LOOM_ASSERT(in.count == out.count * p && int64_t(stride) * p <= g.size());
-  const Stream& s = be.stream();
-  const int64_t n = out.count;
+  LOOM_ASSERT(in.count == out.count * p && int64_t(stride) * p <= g_.size());
+  const int64_t n = out.count, id = started_++;
   // Halving pairs r with r ^ 1, then r ^ 2, ..., each partner keeping the blocks whose low bits
   // match its own: with block k moved to position bitrev(k), those are a contiguous range.
   for (int q = 0; q < p; ++q)
     if (const int t = bit_reverse(q, p); q < t) {
       Buf a = in.slice(int64_t(q) * n, n), b = in.slice(int64_t(t) * n, n), tmp = half.slice(0, n);
-      be.copy(tmp, a);
-      be.copy(a, b);
-      be.copy(b, tmp);
+      be_.copy(tmp, a);
+      be_.copy(a, b);
+      be_.copy(b, tmp);
     }
-  const int v = bit_reverse(r, p);  // the position of this rank's block
-  int lo = 0, hi = p;               // the positions both partners hold
-  for (int bit = p >> 1; bit >= 1; bit >>= 1) {
-    const int mid = (lo + hi) / 2;
-    const bool upper = (v & bit) != 0;
-    const int keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
-    const int send_lo = upper ? lo : mid;
-    const int64_t len = int64_t(keep_hi - keep_lo) * n;
-    Buf got = half.slice(0, len);
-    const int peer = base + bit_reverse(v ^ bit, p) * stride;  // the rank r ^ bitrev(bit)
-    exchange(g, s, peer, in.slice(int64_t(send_lo) * n, len), got);
-    be.add(in.slice(int64_t(keep_lo) * n, len), got);
-    lo = keep_lo, hi = keep_hi;
+  Run run{id, in, out, half, n, p, bit_reverse(r, p), g_.rank() - r * stride, stride, p >> 1, 0, p};
+  if (run.bit == 0) {  // one rank: its block is the sum
+    be_.copy(out, in.slice(int64_t(run.v) * n, n));
+    return id;
   }
-  be.copy(out, in.slice(int64_t(v) * n, n));
+  if (!runs_.empty()) ++overlapped_;
+  issue(run);
+  runs_.push_back(std::move(run));
+  return id;
+}
+
+void TreeReduceScatter::issue(Run& r) {
+  const int mid = (r.lo + r.hi) / 2;
+  const bool upper = (r.v & r.bit) != 0;
+  r.keep_lo = upper ? mid : r.lo, r.keep_hi = upper ? r.hi : mid;
+  const int send_lo = upper ? r.lo : mid;
+  const int64_t len = int64_t(r.keep_hi - r.keep_lo) * r.n;
+  const int peer = r.base + bit_reverse(r.v ^ r.bit, r.p) * r.stride;  // the rank r ^ bitrev(bit)
+  const Stream& s = be_.stream();
+  g_.group_start();  // one group (NCCL pairs the two)
+  r.sent = g_.send(r.in.slice(int64_t(send_lo) * r.n, len), peer, 0, s);
+  r.got = g_.recv(r.half.slice(0, len), peer, 0, s);
+  g_.group_end();
+}
+
+bool TreeReduceScatter::complete(Run& r) {
+  const Stream& s = be_.stream();
+  r.got.wait_on(s);
+  r.sent.wait_on(s);
+  const int64_t len = int64_t(r.keep_hi - r.keep_lo) * r.n;
+  be_.add(r.in.slice(int64_t(r.keep_lo) * r.n, len), r.half.slice(0, len));
+  r.lo = r.keep_lo, r.hi = r.keep_hi;
+  r.bit >>= 1;
+  if (r.bit >= 1) return false;
+  be_.copy(r.out, r.in.slice(int64_t(r.v) * r.n, r.n));
+  return true;
+}
+
+void TreeReduceScatter::advance(int64_t through) {
+  for (Run& r : runs_)
+    if (r.id <= through && !complete(r)) issue(r);
+  std::erase_if(runs_, [](const Run& r) { return r.bit == 0; });
+}
+
+void TreeReduceScatter::finish_through(int64_t run) {
+  // Only the runs due: a later one's exchange waited for here would show (nothing ran since
+  // it was issued), where the next hook's poll finds it done behind that unit's backward.
+  while (!runs_.empty() && runs_.front().id <= run) advance(run);
 }
 
 std::vector<PlanItem> grad_tree_plan(int micro_batches, int ranks, int64_t n, int units) {

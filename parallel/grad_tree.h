@@ -50,6 +50,47 @@ class GradTree {
 // Over a sub-group of g: the `size` ranks (0: all g's ranks / stride) that differ from this
 // one only in the rank bits [stride, stride x size); rank r is its (r / stride) % size.
 void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half, int stride = 1, int size = 0);
+// tree_reduce_scatter cut at its exchanges, as TreeAllReduce is: each run's halvings progress
+// from poll(), which the backward's hooks call, so a unit's micro-batch is summed while the next
+// units' backwards run. A run's bits are tree_reduce_scatter's. The ranks must start the same runs
+// and poll and finish in the same order: each poll advances every run in flight one exchange, in
+// start order; finish_through(k) only those up to run k, as often as run k needs.
+// Every run has its own `half` (size x n / 2, the permutation's swap included) until it finishes.
+class TreeReduceScatter {
+ public:
+  TreeReduceScatter(ProcessGroup& g, Backend& be) : g_(g), be_(be) {}
+  // The blocks permuted and the first exchange issued; over a sub-group as tree_reduce_scatter.
+  // Returns the run's number (runs started since construction, from 0).
+  int64_t start(Buf in, Buf out, Buf half, int stride = 1, int size = 0);
+  void poll() { advance(started_); }
+  void finish_through(int64_t run);  // runs 0..run summed into their `out`, later ones untouched
+  void finish() { finish_through(started_); }
+  bool idle() const { return runs_.empty(); }
+  int in_flight() const { return int(runs_.size()); }
+  int64_t started() const { return started_; }
+  // Runs started while another was in flight, since construction (0: nothing overlapped).
+  int64_t overlapped() const { return overlapped_; }
+
+ private:
+  struct Run {
+    int64_t id;
+    Buf in, out, half;
+    int64_t n;
+    int p, v, base, stride;
+    int bit, lo, hi;  // the exchange in flight pairs `bit` of positions [lo, hi)
+    int keep_lo = 0, keep_hi = 0;
+    Work sent, got;
+  };
+  void advance(int64_t through);  // every run in flight up to `through`, one exchange
+  void issue(Run& r);
+  bool complete(Run& r);  // false while halvings are left
+
+  ProcessGroup& g_;
+  Backend& be_;
+  std::vector<Run> runs_;  // in flight, in start order
+  int64_t started_ = 0, overlapped_ = 0;
+};
+
 // The bits of r (below size, a power of two) in reverse order.
 int bit_reverse(int r, int size);
 

@@ -177,6 +177,7 @@ struct Zero::Slot {
   bool in_use = false, pending = false;
   bool used = false;  // read since its gather (a tied lm_head reads the embeddings twice)
   Work work;
+  int64_t run = -1;  // parallel.invariant: the last of its tree reduce-scatters in flight
 };
 
 int64_t Zero::Unit::a() const {
@@ -338,6 +339,11 @@ size_t Zero::slot_index(const Slot& slot) const {
 
 void Zero::drain(Slot& slot) {
   if (!slot.pending) return;
+  if (slot.run >= 0) {  // the tree's runs through this slot's (the earlier ones are further on)
+    StepClock::Scope c(clock_, Phase::comm);
+    tree_rs_->finish_through(slot.run);
+    slot.run = -1;
+  }
   wait(slot.work);
   wait(slot.tail);
   const Unit& u = unit(slot.unit);
@@ -380,6 +386,7 @@ void Zero::backward_done(int u) {
   const bool head = tied_ && chunk_.layout().local(u) == chunk_.layout().num_units() - 1;
   if (head) {
     StepClock::Scope c(clock_, Phase::comm);
+    if (tree_rs_) tree_rs_->finish();  // (its reduce-scatter blocks, in the same half)
     tied_->micro_batch_done(dp_, half());
   }
   if (tree_sum_ && last_) {  // the unit's step sum is final: its tree all-reduce starts
@@ -389,6 +396,10 @@ void Zero::backward_done(int u) {
     if (head) tree_sum_->start(tied_->whole()), tied_started_ = true;  // H's step sum is final too
   }
   if (stage_ < 2) return;
+  if (tree_rs_) {  // the units' runs in flight, one exchange each
+    StepClock::Scope c(clock_, Phase::comm);
+    tree_rs_->poll();
+  }
   Slot& s = slot_of(grad_slots_, u);
   if (!(s.in_use && s.unit == u)) return;  // no gradients were asked for
   const Unit& d = unit(u);
@@ -402,7 +413,7 @@ void Zero::backward_done(int u) {
     be_.zero(Buf(s.buf).slice(d.len, padded(u) - d.len));
     Buf out = Buf(low ? s.result_low : s.result).slice(d.s, e->s);
     if (half_.defined()) {  // parallel.invariant (a tied embedding's part: over dp, as the unit)
-      tree_scatter(group(*e), aux, out, slot_index(s), d.s);
+      s.run = tree_scatter(group(*e), aux, out, slot_index(s), d.s);
       s.tail = Work();
     } else {
       s.tail = group(*e).reduce_scatter(aux, out, be_.stream());
@@ -416,7 +427,7 @@ void Zero::backward_done(int u) {
     out = Buf(s.result_low).slice(0, d.s);
   }
   if (half_.defined()) {  // parallel.invariant over more than 2 ranks or with cp: the tree's own
-    tree_scatter(dp_, in, out, slot_index(s), 0);
+    s.run = tree_scatter(dp_, in, out, slot_index(s), 0);
     s.work = Work();
   } else {
     s.work = dp_.reduce_scatter(in, out, be_.stream());

@@ -114,6 +114,10 @@ class Zero final : public DataParallel {
   // Stage 1 over more than 2 ranks: each unit's tree all-reduce starts as its last backward
   // ends, progressed from the later units' hooks (as DDP's).
   std::unique_ptr<TreeAllReduce> tree_sum_;
+  // Stages 2 and 3 over more than 2 ranks or with cp: each micro-batch's tree reduce-scatters in
+  // flight from the hooks, each slot's runs in their own part of half_ (from half_at_).
+  std::unique_ptr<TreeReduceScatter> tree_rs_;
+  std::vector<int64_t> half_at_;
   std::vector<bool> tree_started_;      // per local unit, this step
   bool tied_started_ = false;           // the tied head's H, this step
   std::unique_ptr<TiedHeadGrad> tied_;  // the head's part of a tied embedding, kept apart
@@ -131,7 +135,8 @@ class Zero final : public DataParallel {
   // cp parts' reduce-scatter after the step's last micro-batch; the tied head's H added to E.
   void invariant_setup(const DataParallelOptions& o);
   void tree_start(int i);
-  void tree_scatter(ProcessGroup& g, Buf in, Buf out, size_t slot, int64_t at);
+  // (started: its run's number; drain finishes it)
+  int64_t tree_scatter(ProcessGroup& g, Buf in, Buf out, size_t slot, int64_t at);
   void cp_reduce_scatter();
   void add_tied_head(float* grads);
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight

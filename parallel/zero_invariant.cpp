@@ -19,6 +19,19 @@ int64_t zero_tied_shard(const ModelLayout& layout, const ZeroRanks& z, int stage
   return g.s[0];
 }
 
+namespace {
+std::vector<int64_t> scatter_halves(const std::vector<SlotSize>& slots) {
+  // Each gradient slot's runs can be in flight together (a unit's, and its tail's), so each has
+  // a part of its own: half its unit's buffer, then half its tail's.
+  std::vector<int64_t> at{0};
+  for (const SlotSize& e : slots) {
+    at.push_back(at.back() + (e.buf + 1) / 2);
+    at.push_back(at.back() + (e.aux + 1) / 2);
+  }
+  return at;
+}
+}  // namespace
+
 std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks& z, int stage, int micro_batches,
                                      int64_t tied_numel, int cp) {
   std::vector<PlanItem> p;
@@ -33,7 +46,8 @@ std::vector<PlanItem> zero_tree_plan(const ModelLayout& layout, const ZeroRanks&
   }
   const Geometry g = geometry(layout, z);
   add(grad_tree_plan(micro_batches, 1, cp * g.shard));
-  if (z.dp > 2 || cp > 1) p.push_back({"grad_tree_half", (g.max_unit + 1) / 2, DType::f32, Mem::comm});
+  if (z.dp > 2 || cp > 1)
+    p.push_back({"grad_tree_half", scatter_halves(slot_sizes(layout, g)).back(), DType::f32, Mem::comm});
   if (cp > 1) {  // the cp-fold shards between micro-batches, and each slot's cp-fold result
     p.push_back({"grad_tree_cp", cp * g.shard, DType::f32, Mem::grads});
     for (const SlotSize& e : slot_sizes(layout, g))
@@ -59,6 +73,10 @@ void Zero::invariant_setup(const DataParallelOptions& o) {
     if (item.name == "grad_tree_cp") cp_grads_ = be_.alloc().empty(item), be_.zero(Buf(cp_grads_));
     if (item.name == "grad_tree_cp_result") cp_results_.push_back(be_.alloc().empty(item));
   }
+  if (stage_ >= 2 && half_.defined()) {
+    tree_rs_ = std::make_unique<TreeReduceScatter>(dp_, be_);
+    half_at_ = scatter_halves(slot_sizes(layout, geometry(layout, ranks_)));
+  }
   if (stage_ == 1 && half_.defined()) tree_sum_ = std::make_unique<TreeAllReduce>(dp_, be_, Buf(half_), first_bit_);
   if (tied)
     tied_ = std::make_unique<TiedHeadGrad>(be_, tied_numel, o.micro_batches, zero_tied_shard(layout, ranks_, stage_),
@@ -75,12 +93,14 @@ void Zero::tree_start(int i) {
   tree_sum_->start(dev(chunk_.grads() + lo, hi - lo, DType::f32));
 }
 
-void Zero::tree_scatter(ProcessGroup& g, Buf in, Buf out, size_t slot, int64_t at) {
+int64_t Zero::tree_scatter(ProcessGroup& g, Buf in, Buf out, size_t slot, int64_t at) {
   StepClock::Scope c(clock_, Phase::comm);
+  LOOM_ASSERT(&g == &dp_);                          // (ep is refused: a tail is a tied embedding's part, over dp)
+  const size_t part = 2 * slot + (at > 0 ? 1 : 0);  // the unit's part of the slot's half, or its tail's
+  const Buf half = Buf(half_).slice(half_at_[part], half_at_[part + 1] - half_at_[part]);
   if (cp_ > 1)  // over the dp ranks only: a cp-fold shard, into the slot's cp-fold result
-    tree_reduce_scatter(g, be_, in, Buf(cp_results_[slot]).slice(cp_ * at, cp_ * out.count), Buf(half_), cp_, n_ / cp_);
-  else
-    tree_reduce_scatter(g, be_, in, out, Buf(half_));
+    return tree_rs_->start(in, Buf(cp_results_[slot]).slice(cp_ * at, cp_ * out.count), half, cp_, n_ / cp_);
+  return tree_rs_->start(in, out, half);
 }
 
 void Zero::cp_reduce_scatter() {

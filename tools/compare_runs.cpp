@@ -7,6 +7,8 @@
 //   loom_compare_runs --trace TRACE.json METRICS.jsonl ONE_BUCKET_METRICS.jsonl
 //   loom_compare_runs --tree-trace TRACE.json  (parallel.invariant's tree all-reduce overlapped
 //                                              the backward)
+//   loom_compare_runs --tree-scatter-trace TRACE.json EXCHANGES (ZeRO-2/3's tree reduce-scatters
+//                                              polled on from later units' hooks)
 //   loom_compare_runs --ledger PLAN.json RUN    (the ledger against `loom plan memory --json`)
 //   loom_compare_runs --val RUN_A RUN_B RTOL    (the last validation losses)
 //   loom_compare_runs --split RUN               (the step-time split of a tp run)
@@ -178,6 +180,34 @@ int tree_trace_check(const std::string& trace_path) {
   const bool every =
       !per_backward.empty() && std::all_of(per_backward.begin(), per_backward.end(), [](int n) { return n > 0; });
   return recvs > 0 && every ? 0 : 1;
+}
+
+// ZeRO-2/3 under parallel.invariant, one micro-batch a step: each unit's tree reduce-scatter is
+// polled on from the next unit's hook, so after the step's last backward op (the embeddings')
+// exchanges start for the unit before it as well as the embeddings' own `per_run`. Run to its end
+// inside the hook that started it, a unit's reduce-scatter leaves only the embeddings' there.
+int tree_scatter_trace_check(const std::string& trace_path, int per_run) {
+  const std::vector<TraceEvent> events = trace_events(trace_path);
+  std::vector<double> fwd, bwd_end;
+  for (auto& x : events) {
+    if (x.name == "embedding_forward") fwd.push_back(x.start);
+    if (x.name == "embedding_backward") bwd_end.push_back(x.end);  // the last op of every backward
+  }
+  std::sort(fwd.begin(), fwd.end());
+  std::sort(bwd_end.begin(), bwd_end.end());
+  std::vector<int> after(bwd_end.size());
+  for (auto& c : events) {
+    if (c.name != "recv") continue;
+    for (size_t i = 0; i < bwd_end.size(); ++i) {
+      const auto next = std::upper_bound(fwd.begin(), fwd.end(), bwd_end[i]);
+      if (c.start > bwd_end[i] && (next == fwd.end() || c.start < *next)) ++after[i];
+    }
+  }
+  fmt::print(
+      "tree reduce-scatter exchanges started after the last backward op, per step: {} (the embeddings' "
+      "own: {})\n",
+      fmt::join(after, " "), per_run);
+  return !after.empty() && std::all_of(after.begin(), after.end(), [&](int n) { return n > per_run; }) ? 0 : 1;
 }
 
 std::vector<nlohmann::json> jsonl_mem(const std::string& dir, nlohmann::json* comm = nullptr) {
@@ -557,6 +587,8 @@ int main(int argc, char** argv) {
     if (args.size() == 4 && args[0] == "--trace") return trace_check(args[1], args[2], args[3]);
     if (args.size() == 2 && args[0] == "--gather-trace") return gather_overlap_check(args[1]);
     if (args.size() == 2 && args[0] == "--tree-trace") return tree_trace_check(args[1]);
+    if (args.size() == 3 && args[0] == "--tree-scatter-trace")
+      return tree_scatter_trace_check(args[1], std::stoi(args[2]));
     if (args.size() == 3 && args[0] == "--fixture") return fixture_check(args[1], args[2]);
     if (args.size() == 10 && args[0] == "--tp") {
       std::vector<double> v;
