@@ -248,7 +248,7 @@ std::string invariant_text(const Config& c, const StepPrediction& p) {
   if (!c.parallel.invariant) return "";
   const int dp = c.parallel.dp * c.parallel.cp;
   const char* how = dp <= 2                ? "the library's collectives, as without it"
-                    : c.parallel.zero >= 2 ? "tree reduce-scatters, each micro-batch, not overlapped"
+                    : c.parallel.zero >= 2 ? "tree reduce-scatters, each micro-batch, the first exchanges overlapped"
                                            : "a tree all-reduce a unit, overlapped with the backward";
   return fmt::format(
       "parallel.invariant: {:+.3g} ms a step ({:+.1f}%) against {} ms without it: micro-batch tree {} ms, exposed dp "

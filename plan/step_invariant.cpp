@@ -38,6 +38,10 @@ double tree_collective_time(const char* op, int n, int stride, double bytes, con
   return t;
 }
 
+double tree_first_exchange_time(int n, int stride, double bytes, const Cluster& cl) {
+  return n > 1 && bytes > 0 ? collective_time("send", 2, bytes / 2, group_link(cl, 2, stride), false) : 0;
+}
+
 double tree_all_reduce_tail(const ModelLayout& layout, int n) {
   int exchanges = 0;
   for (int b = 1; b < n; b <<= 1) exchanges += 2;
@@ -53,9 +57,10 @@ double tree_all_reduce_tail(const ModelLayout& layout, int n) {
 // The stage's dp terms, priced for the plain path, become the canonical tree's. Over 2 ranks any all-reduce and
 // reduce-scatter adds a + b, so the library's overlapped collectives stay; over more, DDP and ZeRO-1 sum each unit
 // in TreeAllReduce as its last backward ends, behind the backward's window but for the tail the hooks leave
-// (tree_all_reduce_tail), and ZeRO-2/3 reduce-scatter each unit's micro-batch in tree_reduce_scatter as its
-// backward ends, the stream waiting on it; with cp > 1 over the dp ranks only, then once a step over the cp ranks
-// after the backward. ep is refused.
+// (tree_all_reduce_tail), and ZeRO-2/3 reduce-scatter each unit's micro-batch in TreeReduceScatter from its
+// backward's end: its first (and largest) exchange goes on behind the next unit's backward, the rest show, for
+// the unit's slot is drained the hook after (two slots take turns); with cp > 1 over the dp ranks only, then once
+// a step over the cp ranks after the backward. ep is refused.
 void invariant_terms(const Config& cfg, const Cluster& cl, double share, const ModelLayout& layout, int units,
                      double window, double ag, double rs, StageDpTerms& s) {
   const ParallelConfig& p = cfg.parallel;
@@ -96,12 +101,16 @@ void invariant_terms(const Config& cfg, const Cluster& cl, double share, const M
       return ranks > 1 ? units * tree_collective_time("reduce_scatter", ranks, stride, bytes / units, cl, rate) : 0.0;
     };
     const double trs = split ? over(p.dp, p.tp * p.cp, 4 * n) : units * reduce("reduce_scatter", 4 * n / units);
+    // the units' first exchanges, which the backward's window can hide (the last unit's cannot)
+    const double first =
+        units * tree_first_exchange_time(split ? p.dp : dp, split ? p.tp * p.cp : p.tp, 4 * n / units, cl);
     if (split) {  // the cp parts, after the step's last micro-batch
       const double cp_rs = over(p.cp, p.tp, 4 * n / p.dp);
       s.dp_end += cp_rs, s.dp_total += cp_rs;
     }
     const bool gathers = p.zero == 3 && p.zero3_reshard != Zero3Reshard::after_step;  // still behind the backward
-    s.dp_b = trs + (gathers ? std::max(ag - window, ag / units) : 0);
+    const double hideable = first + (gathers ? ag : 0);
+    s.dp_b = trs - first + std::max(hideable - window, hideable / units);
     s.dp_total += m * (trs - rs);
   }
   s.dp_b += tied_micro, s.dp_end += tied_end, s.dp_total += m * tied_micro + tied_end;

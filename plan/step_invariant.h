@@ -21,6 +21,11 @@ double grad_tree_fold_bytes(int micro_batches, double n);
 // fp32 accesses an element). n must be a power of two.
 double tree_collective_time(const char* op, int n, int stride, double bytes, const Cluster& cl, double add_rate);
 
+// The first exchange of tree_reduce_scatter's (half of `bytes` over the pair of rank bit 1, `stride`
+// apart): what of a unit's run goes on behind the next unit's backward (parallel/grad_tree.h's
+// TreeReduceScatter under ZeRO-2/3, whose slot is drained at the hook after).
+double tree_first_exchange_time(int n, int stride, double bytes, const Cluster& cl);
+
 // The elements whose tree all-reduce over n ranks is left when a chunk of `layout`'s backward
 // ends (DDP and ZeRO-1, parallel/grad_tree.h's TreeAllReduce): each unit's starts as its last
 // backward ends and advances one of its 2 log2(n) exchanges at each later unit's hook, so

@@ -1,7 +1,7 @@
 // parallel.invariant in the step-time model: the micro-batch tree's traffic is a term of its
 // own, over 2 ranks the library's collectives stay, over more DDP hides the tree all-reduce
 // behind the backward but for the units that end it, and ZeRO-2 pays a tree reduce-scatter a unit and micro-batch
-// (log2(dp) latencies, nothing hidden), each exchange on the link its pair crosses.
+// (log2(dp) latencies, the first hidden behind the next unit's backward), each exchange on the link its pair crosses.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -81,15 +81,35 @@ TEST(StepModel, InvariantDdpHidesTheTreeAllReduceButItsTail) {
   EXPECT_NEAR(fast.dp, tree(4 * params(c)), 1e-3 * tree(4 * params(c)));
 }
 
-// Catches: the tree reduce-scatter's dp - 1 steps (the ring's), or any of it hidden.
+// Catches: the tree reduce-scatter's dp - 1 steps (the ring's), or more of it hidden than each
+// unit's first exchange (its slot is drained at the next hook), or the last unit's hidden too.
 TEST(StepModel, InvariantZero2LatencyGrowsWithLog2Dp) {
   const Cluster cl = node16(1e12, 1e12);  // latency alone
   const int units = 4 + 2, m = 2;         // blocks, embedding and head; micro-batches a rank
   for (int dp : {4, 8, 16}) {
     const StepPrediction p = step_predict(model("llama", dp, m, 2), cl);
     const double tree_rs = m * units * std::log2(dp) * 10e-6, gathers = units * (dp - 1) * 10e-6;
-    EXPECT_NEAR(p.dp, tree_rs + gathers, 1e-9) << "dp " << dp;
-    EXPECT_NEAR(p.dp_total, tree_rs + gathers, 1e-9) << "dp " << dp;
+    const double hidden = m * (units - 1) * 10e-6;  // every unit's first exchange but the last unit's
+    EXPECT_NEAR(p.dp, tree_rs - hidden + gathers, 1e-9) << "dp " << dp;
+    EXPECT_NEAR(p.dp_total, tree_rs + gathers, 1e-9) << "dp " << dp;  // every exchange still made
+  }
+}
+
+// Catches: ZeRO-2's tree reduce-scatter priced as the blocking one (nothing hidden) when the
+// backward is long, or its first exchanges hidden when the backward is too short to hide them.
+TEST(StepModel, InvariantZero2HidesTheFirstExchangesBehindTheBackward) {
+  Config c = model("llama", 8, 1, 2);
+  const ModelLayout layout = model_layout(model_dims(c));
+  const int units = layout.num_units();
+  const double n = params(c), rate = 1e21;
+  for (double peak : {1e-3, 1e9}) {  // a backward that hides all it can, and one that hides nothing
+    const Cluster cl = node16(1e12, 10, peak);
+    const StepPrediction p = step_predict(c, cl);
+    const double trs = units * tree_collective_time("reduce_scatter", 8, 1, 4 * n / units, cl, rate);
+    const double first = units * tree_first_exchange_time(8, 1, 4 * n / units, cl);
+    const double gathers = p.dp_total - trs;  // ZeRO-2's one all-gather a step
+    const double want = peak < 1 ? trs - first + first / units : trs;
+    EXPECT_NEAR(p.dp - gathers, want, 1e-3 * want) << "peak " << peak;
   }
 }
 
