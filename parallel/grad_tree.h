@@ -49,6 +49,7 @@ class GradTree {
 // is spoiled) in `out` (n). size must be a power of two; `half` holds size x n / 2.
 // Over a sub-group of g: the `size` ranks (0: all g's ranks / stride) that differ from this
 // one only in the rank bits [stride, stride x size); rank r is its (r / stride) % size.
+// (TreeReduceScatter's start then finish: one implementation.)
 void tree_reduce_scatter(ProcessGroup& g, Backend& be, Buf in, Buf out, Buf half, int stride = 1, int size = 0);
 // tree_reduce_scatter cut at its exchanges, as TreeAllReduce is: each run's halvings progress
 // from poll(), which the backward's hooks call, so a unit's micro-batch is summed while the next
