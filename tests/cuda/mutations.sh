@@ -25,6 +25,7 @@ mutations=(
   "memory-bound: a row's last column dropped where C % 8 != 0|kernels/cuda/common.cuh|    if (c + k < C) row[c + k] = h[k];|    if (c + k < C - 1) row[c + k] = h[k];|*Norms*"
   "memory-bound: a norm row's last slice dropped where C % 256 != 0|kernels/cuda/norm.cu|return (C + kSliceCols - 1) / kSliceCols;|return C / kSliceCols;|*Norms*"
   "memory-bound: LayerNorm's variance counts the columns past C|kernels/cuda/norm.cu|      if (c + k < C) q +=|      q +=|*Norms*"
+  "memory-bound: LayerNorm's variance drops the slices' means (Chan's term)|kernels/cuda/norm.cu|m2 += part[p][u][1] + cols * d * d;|m2 += part[p][u][1] + 0.0f * (cols * d * d);|*Norms*"
   "memory-bound: a pointwise tail's last element dropped|kernels/cuda/elementwise.cu|    if (i + k < n) p[i + k] = b(x[k]);|    if (i + k < n - 1) p[i + k] = b(x[k]);|*Pointwise*"
   "memory-bound: SwiGLU's words read the gate twice|kernels/cuda/elementwise.cu|    unpack8(u, load128(inp + n * 2 * F + F + j));|    unpack8(u, load128(inp + n * 2 * F + j));|*Pointwise*"
   "memory-bound: the loss skips a row's unaligned head|kernels/cuda/loss_optim.cu|for (int c = threadIdx.x; c < in.head; c += kThreads) softmax_add|for (int c = threadIdx.x; c < 0; c += kThreads) softmax_add|*CrossEntropy*"
