@@ -8,7 +8,6 @@
 // rows in registers), the blocks' partials then added in a fixed order. The forward kernels
 // can first add the residual branch into their input in place (the fused residual + norm).
 #include <algorithm>
-#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -20,6 +19,7 @@ namespace {
 constexpr int kWarps = 4;               // rows a block of the scalar (wide) kernels
 constexpr int kSliceCols = 32 * kPack;  // a warp's share of a row: 256 columns
 constexpr int kMaxSlices = 16;          // the widest row of the slice kernels: C = 4096
+constexpr int kForwardRows = 8;         // the forward's rows a block, at most
 // The backward's warps a block (slices times row groups, at most): enough rows in flight.
 constexpr int kBackwardWarps = 24;
 
@@ -33,7 +33,7 @@ __device__ __forceinline__ int slice_cols(int w, int C) {  // columns of slice w
 // Rows a block of the forward: 8 where N fills the GPU with them (the weight's slice then costs
 // an eighth of a row), fewer for small N.
 inline int forward_rows(int N) {
-  return std::clamp((N + 1023) / 1024, 1, 8);
+  return std::clamp((N + 1023) / 1024, 1, kForwardRows);
 }
 
 // Forward, bytes per row: reads C * 2 (inp) [+ C * 2 (add) + writes C * 2 (the sum)], writes
@@ -47,7 +47,7 @@ __device__ __forceinline__ void norm_forward_rows(bf16* __restrict__ out, float*
                                                   const bf16* __restrict__ bias, int N, int C, float eps, bool aligned,
                                                   int rows) {
   __shared__ float part[2][kMaxSlices][2];  // by row parity and slice: sum (LayerNorm), sum of squares
-  __shared__ float stats[2][8];             // the block's rows' mean and rstd
+  __shared__ float stats[2][kForwardRows];  // the block's rows' mean and rstd
   const int slices = int(blockDim.x) / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int c = (w * 32 + lane) * kPack, n0 = blockIdx.x * rows, n1 = n0 + rows < N ? n0 + rows : N;
   const int4 wraw = load_cols(weight, c, C, aligned);
