@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -306,6 +307,8 @@ void config_load_string(Config& cfg, const std::string& toml_text, const std::st
 void config_set(Config& cfg, const std::string& assignment);
 // Fills arch-dependent defaults and checks every relation; throws loom::Error.
 void config_validate(Config& cfg);
+// Fails, naming `key` and the choices, unless v is one of `ok`.
+void config_one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok);
 // The resolved config as TOML, numbers as written (0.003); `only`: just that section.
 std::string config_to_toml(const Config& cfg, const std::string& only = "");
 std::vector<std::string> config_keys();

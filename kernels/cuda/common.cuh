@@ -160,11 +160,15 @@ __global__ void column_partials_kernel(float* part_a, float* part_b, Value value
   if (part_b) part_b[int64_t(blockIdx.y) * C + c] = b;
 }
 
-// Stage two: out[c] (+)= the chunks' partials of column c, in chunk order.
+// Stage two: out[c] (+)= the chunks' partials of column c, in chunk order; blockIdx.y 1 takes
+// the second gradient (out_b from part_b), so that both finish in one launch.
 template <bool Accumulate>
-__global__ void column_finish_kernel(float* out, const float* part, int chunks, int C) {
+__global__ void column_finish_kernel(float* out_a, float* out_b, const float* part_a, const float* part_b, int chunks,
+                                     int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
+  float* out = blockIdx.y ? out_b : out_a;
+  const float* part = blockIdx.y ? part_b : part_a;
   // 16 loads in flight, added in chunk order.
   constexpr int kInFlight = 16;
   float t = 0.0f;
@@ -216,13 +220,12 @@ __global__ void __launch_bounds__(kWordsPerBlock* kColPhases)
   (is_b ? part_b : part_a)[int64_t(blockIdx.y) * C + out] = sum;
 }
 
-// Stage two on stream s: each column's partials summed in chunk order, into out_a (and out_b).
+// Stage two on stream s: each column's partials summed in chunk order, into out_a (and out_b),
+// one launch for both.
 template <bool Accumulate>
 void column_finish(float* out_a, float* out_b, const float* pa, const float* pb, int chunks, int C, cudaStream_t s) {
-  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_a, pa, chunks, C);
-  LOOM_CUDA_LAUNCHED();
-  if (!out_b) return;
-  LOOM_LAUNCH(column_finish_kernel<Accumulate>, blocks_for(C, 256), 256, 0, s)(out_b, pb, chunks, C);
+  LOOM_LAUNCH(column_finish_kernel<Accumulate>, dim3(blocks_for(C, 256), out_b ? 2 : 1), 256, 0, s)
+  (out_a, out_b, pa, pb, chunks, C);
   LOOM_CUDA_LAUNCHED();
 }
 

@@ -1,14 +1,13 @@
-// LayerNorm and RMSNorm. The row kernels give each row one warp and hold the row in registers
-// (lane l keeps columns 8 (l + 32 j) .. + 7, j < V, as packed bf16), so every input is read
-// from memory once, in 128-bit words where the rows are aligned; rows wider than
-// kMaxRowVecs * 256 take the scalar kernels, which read the row again from cache. The backward
-// gives dinp and the weight and bias gradients' per-block partials in one pass over dout and inp
-// (up to 8 words a lane; wider rows sum their columns in a second pass, common.cuh), the blocks'
-// partials then added in a fixed order. The forward
-// kernels can first add the residual branch into their input in place (the fused residual +
-// norm of each block).
+// LayerNorm and RMSNorm. The row kernels split a row into slices of 256 columns, one warp a
+// slice (lane l holds columns 256 w + 8 l .. + 7 as one 128-bit word), and a block's warps
+// take its rows one after another: each row's loads go out at once, a slice's sums meet the
+// others' through shared memory, and the weight (and bias) slice is read once a warp, not once
+// a row. Every input is read from memory once; rows wider than kMaxSlices * 256 take the
+// scalar kernels, which read the row again from cache. The backward gives dinp and each
+// block's weight and bias gradient partials in one pass (each lane sums its columns over its
+// rows in registers), the blocks' partials then added in a fixed order. The forward kernels
+// can first add the residual branch into their input in place (the fused residual + norm).
 #include <algorithm>
-#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -17,146 +16,171 @@ namespace loom::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;        // rows per block
-constexpr int kMaxRowVecs = 16;  // the widest row kept in registers: 16 words a lane, C = 4096
+constexpr int kWarps = 4;               // rows a block of the scalar (wide) kernels
+constexpr int kSliceCols = 32 * kPack;  // a warp's share of a row: 256 columns
+constexpr int kMaxSlices = 16;          // the widest row of the slice kernels: C = 4096
+constexpr int kForwardRows = 8;         // the forward's rows a block, at most
+// The backward's warps a block (slices times row groups, at most): enough rows in flight.
+constexpr int kBackwardWarps = 24;
 
-// Word j of the lane's share of a row: its first column.
-__device__ __forceinline__ int lane_col(int lane, int j) {
-  return (lane + 32 * j) * kPack;
+__host__ __device__ inline int row_slices(int C) {
+  return (C + kSliceCols - 1) / kSliceCols;
+}
+__device__ __forceinline__ int slice_cols(int w, int C) {  // columns of slice w (the last may be short)
+  return C - w * kSliceCols < kSliceCols ? C - w * kSliceCols : kSliceCols;
 }
 
-// Loads the lane's share of row x into raw (zeros past C), first adding add's row into x in
-// place (rounded to bf16, as the norm then reads it) when add is not null.
-template <int V>
-__device__ __forceinline__ void load_row(int4 (&raw)[V], bf16* __restrict__ x, const bf16* __restrict__ add, int C,
-                                         bool aligned, int lane) {
-#pragma unroll
-  for (int j = 0; j < V; ++j) raw[j] = load_cols(x, lane_col(lane, j), C, aligned);
-  if (!add) return;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float v[kPack], a[kPack];
-    unpack8(v, raw[j]);
-    unpack8(a, load_cols(add, lane_col(lane, j), C, aligned));
-#pragma unroll
-    for (int k = 0; k < kPack; ++k) v[k] += a[k];
-    raw[j] = pack8(v);
-    store_cols(x, lane_col(lane, j), C, aligned, raw[j]);
-  }
+// Rows a block of the forward: 8 where N fills the GPU with them (the weight's slice then costs
+// an eighth of a row), fewer for small N.
+inline int forward_rows(int N) {
+  return std::clamp((N + 1023) / 1024, 1, kForwardRows);
 }
 
 // Forward, bytes per row: reads C * 2 (inp) [+ C * 2 (add) + writes C * 2 (the sum)], writes
-// C * 2 (out) + 8 (mean, rstd); the weight and bias come from L1/L2. Bound by DRAM bandwidth:
-// 4C bytes a row, 8C with the residual add.
-template <int V>
-__global__ void __launch_bounds__(32 * kWarps)
-    layernorm_forward_kernel(bf16* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                             bf16* __restrict__ inp, const bf16* __restrict__ add, const bf16* __restrict__ weight,
-                             const bf16* __restrict__ bias, int N, int C, float eps, bool aligned) {
-  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (n >= N) return;
-  int4 raw[V];
-  load_row(raw, inp + int64_t(n) * C, add ? add + int64_t(n) * C : nullptr, C, aligned, lane);
-  float s = 0.0f;
+// C * 2 (out); a block reads the weight (and bias) once and writes its rows' mean and rstd
+// in one request. A row is one batch of loads, one round trip. The variance: each slice's sum
+// of squares about its own mean, combined with Chan's formula in slice order (no cancellation).
+template <bool kCentered>
+__device__ __forceinline__ void norm_forward_rows(bf16* __restrict__ out, float* __restrict__ mean,
+                                                  float* __restrict__ rstd, bf16* __restrict__ inp,
+                                                  const bf16* __restrict__ add, const bf16* __restrict__ weight,
+                                                  const bf16* __restrict__ bias, int N, int C, float eps, bool aligned,
+                                                  int rows) {
+  __shared__ float part[2][kMaxSlices][2];  // by row parity and slice: sum (LayerNorm), sum of squares
+  __shared__ float stats[2][kForwardRows];  // the block's rows' mean and rstd
+  const int slices = int(blockDim.x) / 32, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int c = (w * 32 + lane) * kPack, n0 = blockIdx.x * rows, n1 = n0 + rows < N ? n0 + rows : N;
+  const int4 wraw = load_cols(weight, c, C, aligned);
+  const int4 braw = kCentered ? load_cols(bias, c, C, aligned) : int4{0, 0, 0, 0};
+  for (int n = n0; n < n1; ++n) {
+    const int p = (n - n0) & 1;
+    bf16* x = inp + int64_t(n) * C;
+    int4 raw = load_cols(x, c, C, aligned);
+    if (add) {
+      float v[kPack], a[kPack];
+      unpack8(v, raw);
+      unpack8(a, load_cols(add + int64_t(n) * C, c, C, aligned));
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
+      for (int k = 0; k < kPack; ++k) v[k] += a[k];
+      raw = pack8(v);  // rounded to bf16, as the norm then reads it
+      store_cols(x, c, C, aligned, raw);
+    }
     float v[kPack];
-    unpack8(v, raw[j]);
+    unpack8(v, raw);
+    float s = 0.0f, q = 0.0f;
 #pragma unroll
     for (int k = 0; k < kPack; ++k) s += v[k];  // zeros past C add nothing
-  }
-  const float m = warp_sum(s) / C;
-  float q = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float v[kPack];
-    unpack8(v, raw[j]);
+    s = warp_sum(s);
+    const float ms = kCentered ? s / slice_cols(w, C) : 0.0f;
 #pragma unroll
     for (int k = 0; k < kPack; ++k)
-      if (lane_col(lane, j) + k < C) q += (v[k] - m) * (v[k] - m);
-  }
-  const float r = rsqrtf(warp_sum(q) / C + eps);
-  bf16* o = out + int64_t(n) * C;
+      if (c + k < C) q += (v[k] - ms) * (v[k] - ms);
+    q = warp_sum(q);
+    if (lane == 0) part[p][w][0] = s, part[p][w][1] = q;
+    // One barrier a row: a warp writes part[p] again two rows on, past the next row's barrier,
+    // which every warp reaches only after reading this row's.
+    __syncthreads();
+    float m = 0.0f, m2 = 0.0f;
+    if constexpr (kCentered) {
+      for (int u = 0; u < slices; ++u) m += part[p][u][0];
+      m /= C;
+      for (int u = 0; u < slices; ++u) {
+        const float cols = float(slice_cols(u, C)), d = part[p][u][0] / cols - m;
+        m2 += part[p][u][1] + cols * d * d;
+      }
+    } else {
+      for (int u = 0; u < slices; ++u) m2 += part[p][u][1];
+    }
+    const float r = rsqrtf(m2 / C + eps);
+    float wv[kPack], bv[kPack];
+    unpack8(wv, wraw);
+    unpack8(bv, braw);
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int c = lane_col(lane, j);
-    float v[kPack], w[kPack], bb[kPack];
-    unpack8(v, raw[j]);
-    unpack8(w, load_cols(weight, c, C, aligned));
-    unpack8(bb, load_cols(bias, c, C, aligned));
-#pragma unroll
-    for (int k = 0; k < kPack; ++k) v[k] = (v[k] - m) * r * w[k] + bb[k];
-    store_cols(o, c, C, aligned, pack8(v));
+    for (int k = 0; k < kPack; ++k) v[k] = kCentered ? (v[k] - m) * r * wv[k] + bv[k] : v[k] * r * wv[k];
+    store_cols(out + int64_t(n) * C, c, C, aligned, pack8(v));
+    if (threadIdx.x == 0) stats[0][n - n0] = m, stats[1][n - n0] = r;
   }
-  if (lane == 0) mean[n] = m, rstd[n] = r;
+  __syncthreads();
+  if (int(threadIdx.x) < n1 - n0) {
+    if constexpr (kCentered) mean[n0 + threadIdx.x] = stats[0][threadIdx.x];
+    rstd[n0 + threadIdx.x] = stats[1][threadIdx.x];
+  }
 }
 
-// RMSNorm forward, bytes per row: as LayerNorm's less the bias and the mean: 4C (8C with the
-// residual add) + 4, at DRAM bandwidth.
-template <int V>
-__global__ void __launch_bounds__(32 * kWarps)
+__global__ void __launch_bounds__(32 * kMaxSlices)
+    layernorm_forward_kernel(bf16* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                             bf16* __restrict__ inp, const bf16* __restrict__ add, const bf16* __restrict__ weight,
+                             const bf16* __restrict__ bias, int N, int C, float eps, bool aligned, int rows) {
+  norm_forward_rows<true>(out, mean, rstd, inp, add, weight, bias, N, C, eps, aligned, rows);
+}
+
+__global__ void __launch_bounds__(32 * kMaxSlices)
     rmsnorm_forward_kernel(bf16* __restrict__ out, float* __restrict__ rstd, bf16* __restrict__ inp,
                            const bf16* __restrict__ add, const bf16* __restrict__ weight, int N, int C, float eps,
-                           bool aligned) {
-  const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (n >= N) return;
-  int4 raw[V];
-  load_row(raw, inp + int64_t(n) * C, add ? add + int64_t(n) * C : nullptr, C, aligned, lane);
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float v[kPack];
-    unpack8(v, raw[j]);
-#pragma unroll
-    for (int k = 0; k < kPack; ++k) ss += v[k] * v[k];
-  }
-  const float r = rsqrtf(warp_sum(ss) / C + eps);
-  bf16* o = out + int64_t(n) * C;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int c = lane_col(lane, j);
-    float v[kPack], w[kPack];
-    unpack8(v, raw[j]);
-    unpack8(w, load_cols(weight, c, C, aligned));
-#pragma unroll
-    for (int k = 0; k < kPack; ++k) v[k] = v[k] * r * w[k];
-    store_cols(o, c, C, aligned, pack8(v));
-  }
-  if (lane == 0) rstd[n] = r;
+                           bool aligned, int rows) {
+  norm_forward_rows<false>(out, nullptr, rstd, inp, add, weight, nullptr, N, C, eps, aligned, rows);
 }
 
-// No weight or bias gradient: the dinp-only kernels' rows add nothing.
-struct NoGrad {
-  __device__ void operator()(int, const float (&)[kPack], const float (&)[kPack], float, float) const {}
-};
+// The backward's block: `slices` warps a row group, groups(slices) groups, each group taking
+// rows_a_group consecutive rows of the block's in order.
+inline int backward_groups(int slices) {
+  return std::max(1, kBackwardWarps / slices);
+}
+// Rows a group: 8, more where the grid would pass kMaxNormGradBlocks blocks.
+inline int backward_group_rows(int N, int groups) {
+  const int least = (N + kMaxNormGradBlocks * groups - 1) / (kMaxNormGradBlocks * groups);
+  return std::max(8, least);
+}
+// The gradient partials' shared row of a group: column c at c + c / 32, so that a warp's
+// store of element k (columns 8 l + k) and 32 consecutive columns' loads each hit 32 banks.
+__host__ __device__ constexpr int padded_cols(int C) {
+  return C + C / 32 + 1;
+}
 
-// Row n's input gradient, LayerNorm's (kCentered) or RMSNorm's (the same formula less the mean
-// and the mean of w*dy, written out so that each compiles to its own expression). Bytes per
-// row: reads C * 2 each of dout, inp and dinp (+=), writes C * 2 (dinp), reads 4 or 8 (rstd,
-// mean): 8C bytes a row at DRAM bandwidth. grad(j, x, dy, m, r) sees each of the lane's words
-// once, for the weight and bias gradients of the fused kernel.
-template <int V, bool kCentered, class Grad>
-__device__ __forceinline__ void norm_dinp_row(bf16* __restrict__ dinp, const bf16* __restrict__ dout,
-                                              const bf16* __restrict__ inp, const bf16* __restrict__ weight,
-                                              const float* __restrict__ mean, const float* __restrict__ rstd, int n,
-                                              int C, bool aligned, int lane, Grad grad) {
-  int4 xr[V], dyr[V];
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    xr[j] = load_cols(inp + int64_t(n) * C, lane_col(lane, j), C, aligned);
-    dyr[j] = load_cols(dout + int64_t(n) * C, lane_col(lane, j), C, aligned);
-  }
-  const float m = kCentered ? mean[n] : 0.0f, r = rstd[n];
-  float a = 0.0f, bb = 0.0f;  // the means of w*dy (LayerNorm only) and of w*dy*xhat
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float x[kPack], dy[kPack], w[kPack];
-    unpack8(x, xr[j]);
-    unpack8(dy, dyr[j]);
-    unpack8(w, load_cols(weight, lane_col(lane, j), C, aligned));
+// dinp += the input gradient of the block's rows; with kGrad, row blockIdx.x of part_w (and
+// part_b, LayerNorm) gets the sums over those rows of xhat * dy (and dy). Bytes per row: reads
+// C * 2 each of dout, inp and dinp, writes C * 2 (dinp); a warp reads its weight slice once and
+// its group's mean and rstd in one request each; a block writes 4 C (8 C) of partials. A row is
+// one batch of loads, one round trip. The order of every sum is fixed by N and C: a lane adds
+// its group's rows in order, the block its groups in order, column_finish the blocks in order.
+template <bool kCentered, bool kGrad>
+__device__ __forceinline__ void norm_backward_rows(bf16* __restrict__ dinp, float* __restrict__ part_w,
+                                                   float* __restrict__ part_b, const bf16* __restrict__ dout,
+                                                   const bf16* __restrict__ inp, const bf16* __restrict__ weight,
+                                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                   int N, int C, int group_rows, bool aligned) {
+  __shared__ float part[2][kBackwardWarps][2];  // by row parity and warp: the slice's two dot products
+  const int slices = row_slices(C), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = warp / slices, w = warp % slices, groups = int(blockDim.x) / (32 * slices);
+  const int c = (w * 32 + lane) * kPack;
+  const int n0 = (blockIdx.x * groups + g) * group_rows;
+  const int4 wraw = load_cols(weight, c, C, aligned);
+  float wv[kPack], my_mean = 0.0f, my_rstd = 0.0f;
+  float acc_w[kPack] = {}, acc_b[kPack] = {};
+  for (int i = 0; i < group_rows; ++i) {  // every group the same count: the barrier below
+    const int n = n0 + i, p = i & 1;
+    const bool valid = n < N;
+    if (i % 32 == 0) {  // the next 32 rows' mean and rstd, lane l holding row n + l's
+      const bool have = i + lane < group_rows && n + lane < N;
+      my_mean = kCentered && have ? mean[n + lane] : 0.0f;
+      my_rstd = have ? rstd[n + lane] : 0.0f;
+    }
+    int4 xr{0, 0, 0, 0}, dyr{0, 0, 0, 0}, dr{0, 0, 0, 0};
+    if (valid) {
+      xr = load_cols(inp + int64_t(n) * C, c, C, aligned);
+      dyr = load_cols(dout + int64_t(n) * C, c, C, aligned);
+      dr = load_cols(dinp + int64_t(n) * C, c, C, aligned);
+    }
+    const float m = kCentered ? __shfl_sync(0xffffffffu, my_mean, i % 32) : 0.0f;
+    const float r = __shfl_sync(0xffffffffu, my_rstd, i % 32);
+    float x[kPack], dy[kPack];
+    unpack8(x, xr);
+    unpack8(dy, dyr);
+    unpack8(wv, wraw);
+    float a = 0.0f, bb = 0.0f;  // the slice's sums of w*dy (LayerNorm only) and of w*dy*xhat
 #pragma unroll
     for (int k = 0; k < kPack; ++k) {  // zeros past C: dy = 0 adds nothing
-      const float dn = w[k] * dy[k];
+      const float dn = wv[k] * dy[k];
       if constexpr (kCentered) {
         a += dn;
         bb += dn * (x[k] - m) * r;
@@ -164,191 +188,105 @@ __device__ __forceinline__ void norm_dinp_row(bf16* __restrict__ dinp, const bf1
         bb += dn * x[k] * r;
       }
     }
-  }
-  if constexpr (kCentered) a = warp_sum(a) / C;
-  bb = warp_sum(bb) / C;
-  bf16* dx = dinp + int64_t(n) * C;
-  // The read-modify-write of dinp in chunks of up to 4 words: a chunk's dinp and weight words
-  // all load before any store (the compiler will not move a load above a store into the same
-  // row), so the row takes one round trip a chunk rather than one a word.
-  constexpr int kChunk = V < 4 ? V : 4;
-#pragma unroll
-  for (int j0 = 0; j0 < V; j0 += kChunk) {
-    int4 dr[kChunk], wr[kChunk];
-#pragma unroll
-    for (int jj = 0; jj < kChunk; ++jj) {
-      dr[jj] = load_cols(dx, lane_col(lane, j0 + jj), C, aligned);
-      wr[jj] = load_cols(weight, lane_col(lane, j0 + jj), C, aligned);
+    if constexpr (kCentered) a = warp_sum(a);
+    bb = warp_sum(bb);
+    if (lane == 0) part[p][warp][0] = a, part[p][warp][1] = bb;
+    __syncthreads();  // as the forward's: part[p] is written again only past the next barrier
+    a = bb = 0.0f;
+    for (int u = g * slices; u < (g + 1) * slices; ++u) {
+      if constexpr (kCentered) a += part[p][u][0];
+      bb += part[p][u][1];
     }
-#pragma unroll
-    for (int jj = 0; jj < kChunk; ++jj) {
-      const int j = j0 + jj, c = lane_col(lane, j);
-      float x[kPack], dy[kPack], w[kPack], d[kPack];
-      unpack8(x, xr[j]);
-      unpack8(dy, dyr[j]);
-      unpack8(w, wr[jj]);
-      unpack8(d, dr[jj]);
-#pragma unroll
-      for (int k = 0; k < kPack; ++k) {
-        if constexpr (kCentered)
-          d[k] += (w[k] * dy[k] - a - (x[k] - m) * r * bb) * r;
-        else
-          d[k] += (w[k] * dy[k] - x[k] * r * bb) * r;
-      }
-      store_cols(dx, c, C, aligned, pack8(d));
-      grad(j, x, dy, m, r);
-    }
-  }
-}
-
-// Four blocks an SM (128 registers) at 8 words a lane, as before the dinp loads were hoisted
-// (unbounded it takes 131: three); elsewhere 0, no bound (a bound lets the narrower rows take
-// more registers than they need, fewer blocks).
-template <int V>
-constexpr int kDinpBlocks = V == 8 ? 4 : 0;
-
-// The input gradient alone (no weight gradient asked for, or rows of 16 words a lane): a warp a row.
-template <int V>
-__global__ void __launch_bounds__(32 * kWarps, kDinpBlocks<V>)
-    layernorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
-                          const bf16* __restrict__ weight, const float* __restrict__ mean,
-                          const float* __restrict__ rstd, int N, int C, bool aligned) {
-  const int n = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (n < N) norm_dinp_row<V, true>(dinp, dout, inp, weight, mean, rstd, n, C, aligned, threadIdx.x % 32, NoGrad{});
-}
-
-template <int V>
-__global__ void __launch_bounds__(32 * kWarps, kDinpBlocks<V>)
-    rmsnorm_dinp_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ dout, const bf16* __restrict__ inp,
-                        const bf16* __restrict__ weight, const float* __restrict__ rstd, int N, int C, bool aligned) {
-  const int n = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (n < N) norm_dinp_row<V, false>(dinp, dout, inp, weight, nullptr, rstd, n, C, aligned, threadIdx.x % 32, NoGrad{});
-}
-
-// The fused backward: dinp and the weight (and bias) gradients' partials from one read of dout
-// and inp. W warps a block; block g takes rows [g R, g R + R) and its warp w the rows
-// g R + w + W i, in order, each row's xhat * dy (and dy) added into the warp's own accumulators
-// in shared memory. Then the block adds its warps' accumulators in warp order into row g of the
-// partials, and column_finish adds the rows in block order: the order of every sum is fixed by
-// N and C alone. A warp's accumulators hold word j, element k of lane l at
-// 32 (8 j + k) + (l + 4 k) % 32: a warp's access of one (j, k) and the finish's 32 consecutive
-// columns (4 lanes by 8 elements) each touch 32 banks.
-template <int V, bool kCentered>
-struct NormGradShape {
-  static constexpr int kHalves = kCentered ? 2 : 1;  // the weight's and the bias's gradients
-  static constexpr int kWarpFloats = 32 * kPack * V;
-  static constexpr int kWarpBytes = kWarpFloats * 4 * kHalves;
-  // Eight warps (the one block size the launch table and ptxas check hold for every V).
-  static constexpr int kWarps = 8;
-  static constexpr int kSmem = kWarps * kWarpBytes;
-  // Blocks an SM the registers must allow: three (85 a thread) up to 3 words a lane, else two
-  // where two blocks' accumulators fit, else one.
-  static constexpr int kBlocksPerSm = kSmem > 96 * 1024 ? 1 : V <= 3 ? 3 : 2;
-};
-// Rows of 16 words a lane keep the separate partials (two warps a block of 64 KB would not keep
-// enough rows in flight).
-template <int V>
-constexpr bool kFusedGrad = V <= 8;
-
-__device__ __forceinline__ int acc_at(int j, int k, int lane) {
-  return ((j * kPack + k) << 5) | ((lane + 4 * k) & 31);
-}
-
-template <int V, bool kCentered>
-struct SharedGrad {
-  float* acc;  // the warp's accumulators: the weight's, then the bias's
-  int lane;
-  __device__ void operator()(int j, const float (&x)[kPack], const float (&dy)[kPack], float m, float r) const {
+    a /= C;
+    bb /= C;
+    if (!valid) continue;
+    float d[kPack];
+    unpack8(d, dr);
 #pragma unroll
     for (int k = 0; k < kPack; ++k) {
-      float& a = acc[acc_at(j, k, lane)];
-      if constexpr (kCentered) {
-        a += (x[k] - m) * r * dy[k];
-        acc[NormGradShape<V, kCentered>::kWarpFloats + acc_at(j, k, lane)] += dy[k];
-      } else {
-        a += x[k] * r * dy[k];
+      if constexpr (kCentered)
+        d[k] += (wv[k] * dy[k] - a - (x[k] - m) * r * bb) * r;
+      else
+        d[k] += (wv[k] * dy[k] - x[k] * r * bb) * r;
+      if constexpr (kGrad) {
+        acc_w[k] += (x[k] - m) * r * dy[k];
+        if constexpr (kCentered) acc_b[k] += dy[k];
       }
     }
+    store_cols(dinp + int64_t(n) * C, c, C, aligned, pack8(d));
   }
-};
-
-template <int V, bool kCentered>
-__device__ __forceinline__ void norm_backward_rows(bf16* __restrict__ dinp, float* __restrict__ part_a,
-                                                   float* __restrict__ part_b, const bf16* __restrict__ dout,
-                                                   const bf16* __restrict__ inp, const bf16* __restrict__ weight,
-                                                   const float* __restrict__ mean, const float* __restrict__ rstd,
-                                                   int N, int C, int rows, bool aligned) {
-  using S = NormGradShape<V, kCentered>;
-  LOOM_DYNAMIC_SHARED(float, acc, 16);
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const SharedGrad<V, kCentered> grad{acc + w * S::kHalves * S::kWarpFloats, lane};
-#pragma unroll
-  for (int j = 0; j < V; ++j)
+  if constexpr (kGrad) {
+    // The groups' sums meet in shared memory and are added in group order into the block's row.
+    LOOM_DYNAMIC_SHARED(float, red, 16);
+    const int pc = padded_cols(C);
+    float* mine = red + int64_t(g) * pc;
 #pragma unroll
     for (int k = 0; k < kPack; ++k)
-#pragma unroll
-      for (int h = 0; h < S::kHalves; ++h) grad.acc[h * S::kWarpFloats + acc_at(j, k, lane)] = 0.0f;
-  const int n0 = blockIdx.x * rows, n1 = n0 + rows < N ? n0 + rows : N;
-  for (int n = n0 + w; n < n1; n += S::kWarps)
-    norm_dinp_row<V, kCentered>(dinp, dout, inp, weight, mean, rstd, n, C, aligned, lane, grad);
-  __syncthreads();
-  for (int c = threadIdx.x; c < C; c += 32 * S::kWarps) {
-    const int at = acc_at(c / (32 * kPack), c % kPack, c / kPack % 32);
-    float a = 0.0f, bsum = 0.0f;
-    for (int v = 0; v < S::kWarps; ++v) {
-      a += acc[v * S::kHalves * S::kWarpFloats + at];
-      if constexpr (kCentered) bsum += acc[(v * S::kHalves + 1) * S::kWarpFloats + at];
+      if (c + k < C) {
+        mine[c + k + (c + k) / 32] = acc_w[k];
+        if constexpr (kCentered) mine[int64_t(groups) * pc + c + k + (c + k) / 32] = acc_b[k];
+      }
+    __syncthreads();
+    for (int col = threadIdx.x; col < C; col += blockDim.x) {
+      float sw = 0.0f, sb = 0.0f;
+      for (int h = 0; h < groups; ++h) {
+        sw += red[int64_t(h) * pc + col + col / 32];
+        if constexpr (kCentered) sb += red[int64_t(groups + h) * pc + col + col / 32];
+      }
+      part_w[int64_t(blockIdx.x) * C + col] = sw;
+      if constexpr (kCentered) part_b[int64_t(blockIdx.x) * C + col] = sb;
     }
-    part_a[int64_t(blockIdx.x) * C + c] = a;
-    if constexpr (kCentered) part_b[int64_t(blockIdx.x) * C + c] = bsum;
   }
 }
 
-// Two or three blocks an SM: the rows' round trips overlap over 16-24 warps.
-template <int V>
-__global__ void __launch_bounds__(32 * NormGradShape<V, true>::kWarps, NormGradShape<V, true>::kBlocksPerSm)
+template <bool kGrad>
+__global__ void __launch_bounds__(32 * kBackwardWarps)
     layernorm_backward_kernel(bf16* __restrict__ dinp, float* __restrict__ part_w, float* __restrict__ part_b,
                               const bf16* __restrict__ dout, const bf16* __restrict__ inp,
                               const bf16* __restrict__ weight, const float* __restrict__ mean,
-                              const float* __restrict__ rstd, int N, int C, int rows, bool aligned) {
-  norm_backward_rows<V, true>(dinp, part_w, part_b, dout, inp, weight, mean, rstd, N, C, rows, aligned);
+                              const float* __restrict__ rstd, int N, int C, int group_rows, bool aligned) {
+  norm_backward_rows<true, kGrad>(dinp, part_w, part_b, dout, inp, weight, mean, rstd, N, C, group_rows, aligned);
 }
 
-template <int V>
-__global__ void __launch_bounds__(32 * NormGradShape<V, false>::kWarps, NormGradShape<V, false>::kBlocksPerSm)
+template <bool kGrad>
+__global__ void __launch_bounds__(32 * kBackwardWarps)
     rmsnorm_backward_kernel(bf16* __restrict__ dinp, float* __restrict__ part_w, const bf16* __restrict__ dout,
                             const bf16* __restrict__ inp, const bf16* __restrict__ weight,
-                            const float* __restrict__ rstd, int N, int C, int rows, bool aligned) {
-  norm_backward_rows<V, false>(dinp, part_w, nullptr, dout, inp, weight, nullptr, rstd, N, C, rows, aligned);
+                            const float* __restrict__ rstd, int N, int C, int group_rows, bool aligned) {
+  norm_backward_rows<false, kGrad>(dinp, part_w, nullptr, dout, inp, weight, nullptr, rstd, N, C, group_rows, aligned);
 }
 
-// Rows a block of the fused kernel: 4 a warp (16384 rows: 512 blocks, 3 on every SM), more
-// where that would pass kMaxNormGradBlocks.
-inline int norm_grad_rows(int N, int warps) {
-  const int least = (N + kMaxNormGradBlocks - 1) / kMaxNormGradBlocks;
-  return std::max(warps * 4, (least + warps - 1) / warps * warps);
-}
-
-// dinp +=, and dweight (dbias) += their column sums, through the fused kernel.
-template <int V, bool kCentered>
-void norm_backward_fused(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                         const bf16* weight, const float* mean, const float* rstd, int N, int C, bool aligned,
-                         float* partials, cudaStream_t s) {
-  using S = NormGradShape<V, kCentered>;
+// dinp +=, and (with dweight) dweight (dbias) += their column sums, through the slice kernels.
+template <bool kCentered>
+void norm_backward_slices(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                          const bf16* weight, const float* mean, const float* rstd, int N, int C, bool aligned,
+                          float* partials, cudaStream_t s) {
   if (N <= 0) return;
-  const int rows = norm_grad_rows(N, S::kWarps), blocks = (N + rows - 1) / rows;
+  const int slices = row_slices(C), groups = backward_groups(slices), group_rows = backward_group_rows(N, groups);
+  const int blocks = (N + groups * group_rows - 1) / (groups * group_rows), threads = 32 * slices * groups;
   float *pa = partials, *pb = kCentered ? partials + int64_t(blocks) * C : nullptr;
+  const size_t smem = dweight ? size_t(kCentered ? 2 : 1) * groups * padded_cols(C) * sizeof(float) : 0;
   if constexpr (kCentered) {
-    smem_allow(layernorm_backward_kernel<V>, S::kSmem);
-    LOOM_LAUNCH(layernorm_backward_kernel<V>, blocks, 32 * S::kWarps, S::kSmem, s)
-    (dinp, pa, pb, dout, inp, weight, mean, rstd, N, C, rows, aligned);
+    if (dweight) {
+      smem_allow(layernorm_backward_kernel<true>, smem);
+      LOOM_LAUNCH(layernorm_backward_kernel<true>, blocks, threads, smem, s)
+      (dinp, pa, pb, dout, inp, weight, mean, rstd, N, C, group_rows, aligned);
+    } else {
+      LOOM_LAUNCH(layernorm_backward_kernel<false>, blocks, threads, 0, s)
+      (dinp, nullptr, nullptr, dout, inp, weight, mean, rstd, N, C, group_rows, aligned);
+    }
   } else {
-    smem_allow(rmsnorm_backward_kernel<V>, S::kSmem);
-    LOOM_LAUNCH(rmsnorm_backward_kernel<V>, blocks, 32 * S::kWarps, S::kSmem, s)
-    (dinp, pa, dout, inp, weight, rstd, N, C, rows, aligned);
+    if (dweight) {
+      smem_allow(rmsnorm_backward_kernel<true>, smem);
+      LOOM_LAUNCH(rmsnorm_backward_kernel<true>, blocks, threads, smem, s)
+      (dinp, pa, dout, inp, weight, rstd, N, C, group_rows, aligned);
+    } else {
+      LOOM_LAUNCH(rmsnorm_backward_kernel<false>, blocks, threads, 0, s)
+      (dinp, nullptr, dout, inp, weight, rstd, N, C, group_rows, aligned);
+    }
   }
   LOOM_CUDA_LAUNCHED();
-  column_finish<true>(dweight, kCentered ? dbias : nullptr, pa, pb, blocks, C, s);
+  if (dweight) column_finish<true>(dweight, kCentered ? dbias : nullptr, pa, pb, blocks, C, s);
 }
 
 // Rows wider than the register kernels hold: a warp per row, scalar, each pass reading the row
@@ -456,66 +394,38 @@ __global__ void rmsnorm_dinp_wide_kernel(bf16* dinp, const bf16* dout, const bf1
   for (int c = lane; c < C; c += 32) dx[c] = b(f(dx[c]) + (f(weight[c]) * f(dy[c]) - f(x[c]) * r * dot) * r);
 }
 
-// Calls fn(integral_constant<V>) with the fewest words a lane of the register kernels (1, 2, 3,
-// 4, 8 or 16) that hold a row of C; false where C is wider (the scalar kernels' rows).
-template <class Fn>
-bool with_row_vecs(int C, Fn fn) {
-  const int need = (C + 32 * kPack - 1) / (32 * kPack);
-  if (need <= 1)
-    fn(std::integral_constant<int, 1>{});
-  else if (need <= 2)
-    fn(std::integral_constant<int, 2>{});
-  else if (need <= 3)
-    fn(std::integral_constant<int, 3>{});
-  else if (need <= 4)
-    fn(std::integral_constant<int, 4>{});
-  else if (need <= 8)
-    fn(std::integral_constant<int, 8>{});
-  else if (need <= kMaxRowVecs)
-    fn(std::integral_constant<int, kMaxRowVecs>{});
-  else
-    return false;
-  return true;
-}
-
 }  // namespace
 
 void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
                        const bf16* bias, int N, int C, float eps, cudaStream_t s, ScalarPaths* paths) {
+  if (N <= 0) return;
   const bool aligned =
       C % kPack == 0 && aligned16(paths, "layernorm_forward",
                                   {{"out", out}, {"inp", inp}, {"add", add}, {"weight", weight}, {"bias", bias}});
-  const bool fits = with_row_vecs(C, [&](auto v) {
-    LOOM_LAUNCH(layernorm_forward_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
-    (out, mean, rstd, inp, add, weight, bias, N, C, eps, aligned);
-  });
-  if (!fits) LOOM_LAUNCH(layernorm_forward_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
-  (out, mean, rstd, inp, add, weight, bias, N, C, eps);
+  if (row_slices(C) <= kMaxSlices) {
+    const int rows = forward_rows(N);
+    LOOM_LAUNCH(layernorm_forward_kernel, blocks_for(N, rows), 32 * row_slices(C), 0, s)
+    (out, mean, rstd, inp, add, weight, bias, N, C, eps, aligned, rows);
+  } else {
+    LOOM_LAUNCH(layernorm_forward_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+    (out, mean, rstd, inp, add, weight, bias, N, C, eps);
+  }
   LOOM_CUDA_LAUNCHED();
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
                         const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s,
                         ScalarPaths* paths) {
+  const bool slices = row_slices(C) <= kMaxSlices;
   if (dinp) {
     const bool aligned =
         C % kPack == 0 &&
         aligned16(paths, "layernorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
-    bool fused = false;
-    const bool fits = with_row_vecs(C, [&](auto v) {
-      constexpr int V = decltype(v)::value;
-      if constexpr (kFusedGrad<V>) {
-        if (dweight) {
-          norm_backward_fused<V, true>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, aligned, partials, s);
-          fused = true;
-          return;
-        }
-      }
-      LOOM_LAUNCH(layernorm_dinp_kernel<V>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
-      (dinp, dout, inp, weight, mean, rstd, N, C, aligned);
-    });
-    if (fused) return;
-    if (!fits) LOOM_LAUNCH(layernorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+    if (slices) {
+      norm_backward_slices<true>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, aligned, partials, s);
+      return;
+    }
+    LOOM_LAUNCH(layernorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (dinp, dout, inp, weight, mean, rstd, N, C);
     LOOM_CUDA_LAUNCHED();
   }
@@ -528,39 +438,32 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* do
 
 void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
                      cudaStream_t s, ScalarPaths* paths) {
+  if (N <= 0) return;
   const bool aligned = C % kPack == 0 && aligned16(paths, "rmsnorm_forward",
                                                    {{"out", out}, {"inp", inp}, {"add", add}, {"weight", weight}});
-  const bool fits = with_row_vecs(C, [&](auto v) {
-    LOOM_LAUNCH(rmsnorm_forward_kernel<decltype(v)::value>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
-    (out, rstd, inp, add, weight, N, C, eps, aligned);
-  });
-  if (!fits) LOOM_LAUNCH(rmsnorm_forward_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
-  (out, rstd, inp, add, weight, N, C, eps);
+  if (row_slices(C) <= kMaxSlices) {
+    const int rows = forward_rows(N);
+    LOOM_LAUNCH(rmsnorm_forward_kernel, blocks_for(N, rows), 32 * row_slices(C), 0, s)
+    (out, rstd, inp, add, weight, N, C, eps, aligned, rows);
+  } else {
+    LOOM_LAUNCH(rmsnorm_forward_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+    (out, rstd, inp, add, weight, N, C, eps);
+  }
   LOOM_CUDA_LAUNCHED();
 }
 
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
                       const float* rstd, int N, int C, float* partials, cudaStream_t s, ScalarPaths* paths) {
+  const bool slices = row_slices(C) <= kMaxSlices;
   if (dinp) {
     const bool aligned =
         C % kPack == 0 &&
         aligned16(paths, "rmsnorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
-    bool fused = false;
-    const bool fits = with_row_vecs(C, [&](auto v) {
-      constexpr int V = decltype(v)::value;
-      if constexpr (kFusedGrad<V>) {
-        if (dweight) {
-          norm_backward_fused<V, false>(dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C, aligned,
-                                        partials, s);
-          fused = true;
-          return;
-        }
-      }
-      LOOM_LAUNCH(rmsnorm_dinp_kernel<V>, blocks_for(N, kWarps), 32 * kWarps, 0, s)
-      (dinp, dout, inp, weight, rstd, N, C, aligned);
-    });
-    if (fused) return;
-    if (!fits) LOOM_LAUNCH(rmsnorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
+    if (slices) {
+      norm_backward_slices<false>(dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C, aligned, partials, s);
+      return;
+    }
+    LOOM_LAUNCH(rmsnorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
     (dinp, dout, inp, weight, rstd, N, C);
     LOOM_CUDA_LAUNCHED();
   }

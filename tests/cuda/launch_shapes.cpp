@@ -26,10 +26,11 @@ int call_every_kernel(const ModelShape& s) {
   cuda::add_f32(f, f, s.params, nullptr), ++n;  // the main gradients, whole
   cuda::bias_backward(f, x, N, 3 * s.C, f, nullptr), n += 2;
   cuda::layernorm_forward(x, f, f, x, x, x, x, N, s.C, 1e-5f, nullptr), ++n;
-  // The norms' backward: one kernel for dinp and the weight gradient's partials up to 8 words a
-  // lane (C <= 2048), then a finish per gradient; wider rows read the rows again for them.
-  const bool fused_norm = s.C <= 2048;
-  cuda::layernorm_backward(x, f, f, x, x, x, f, f, N, s.C, f, nullptr), n += fused_norm ? 3 : 4;
+  // The norms' backward: one kernel for dinp and the weight gradient's partials up to 16
+  // slices of 256 columns (C <= 4096), then one finish for both gradients; wider rows read the
+  // rows again for them (the column partials, then the finish).
+  const bool fused_norm = s.C <= 4096;
+  cuda::layernorm_backward(x, f, f, x, x, x, f, f, N, s.C, f, nullptr), n += fused_norm ? 2 : 3;
   cuda::rmsnorm_forward(x, f, x, x, x, N, s.C, 1e-5f, nullptr), ++n;
   cuda::rmsnorm_backward(x, f, x, x, x, f, N, s.C, f, nullptr), n += fused_norm ? 2 : 3;
   cuda::embedding_forward(x, i32, x, 0, s.V, x, s.B, s.T, s.C, i32, nullptr), ++n;
