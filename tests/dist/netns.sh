@@ -4,7 +4,8 @@
 # the nodes reach each other and an MPI job spans them, one host name per node; then the
 # link-cut drill (examples/scaling/link_cut.sh): the hang verdict, a supervised resume, bitwise;
 # and the lost-node drill (examples/scaling/elastic.sh): a node cut for good, the job relaunched
-# at dp 2 on the node left, with the bits of a run that lost nothing.
+# at dp 2 on the node left, with the bits of a run that lost nothing; and the invariant mode's
+# cost script (examples/scaling/invariant_cost.sh) at 2 steps: its table's row, no node left.
 # Skips (77) where this machine cannot make network namespaces.
 #   netns.sh SOURCE_DIR LOOM COMPARE
 set -euo pipefail
@@ -34,4 +35,10 @@ for i in 1 2; do "$ns" down; done
 [ "$(mine)" -eq 0 ] || { echo "FAIL: the drill left namespaces behind"; exit 1; }
 "$src/examples/scaling/elastic.sh"
 [ "$(mine)" -eq 0 ] || { echo "FAIL: the elastic drill left namespaces behind"; exit 1; }
+cost=$("$src/examples/scaling/invariant_cost.sh" --steps 2 --warmup 1 --pairs 1 --links 1gbit --models llama \
+  --layouts dp4:0) || { echo "FAIL: invariant_cost.sh: $cost"; exit 1; }
+echo "$cost"
+echo "$cost" | grep -qE '^\| llama \| dp 4 \(2 a node\), DDP \| 1gbit \| [0-9.]+ \| [0-9.]+ \| .*\| AR 3\.94 / .*send 5\.91 \| [0-9.]+ / [0-9.]+ \|' ||
+  { echo "FAIL: invariant_cost.sh printed no row for dp 4 DDP"; exit 1; }
+[ "$(mine)" -eq 0 ] || { echo "FAIL: invariant_cost.sh left namespaces behind"; exit 1; }
 echo ok

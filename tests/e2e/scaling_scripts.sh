@@ -58,6 +58,22 @@ refused "calibrate --max-mb abc" "--max-mb abc: megabytes" python3 "$s/calibrate
 refused "calibrate --set of no key" "--set: .*model.n_layers" python3 "$s/calibrate.py" --loom "$loom" \
   --set model.n_layers=2 --out new/b/c.toml
 [ ! -e new/b ] || die "a refused calibration left its --out folder"
+# invariant_cost.sh (emulated nodes, as root): its arguments before anything, then root. As
+# root, the refusal is checked as nobody; its runs: dist.netns_nodes_and_link_cut.
+cost=$s/invariant_cost.sh
+refused "invariant_cost --pairs 0" "need 1 <= warmup < steps and pairs >= 1" env LOOM="$loom" "$cost" --pairs 0
+refused "invariant_cost --layouts dp3:0" "'dp3:0' is not dp2:ZERO or dp4:ZERO" env LOOM="$loom" "$cost" --layouts dp3:0
+refused "invariant_cost without loom" "LOOM=no/loom is not a program" env LOOM=no/loom "$cost"
+as_user=()
+if [ "$(id -u)" -eq 0 ]; then
+  as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  "${as_user[@]}" test -x "$cost" || as_user=()  # this tree not readable by nobody: only root's case is left
+fi
+if [ "$(id -u)" -ne 0 ] || [ ${#as_user[@]} -gt 0 ]; then
+  refused "invariant_cost as a user" "needs root (network namespaces and tc)" "${as_user[@]}" env LOOM="$loom" "$cost"
+else
+  echo "skipped invariant_cost as a user: this tree is not readable by nobody"
+fi
 # calibrate.py's scratch folder (the training run's logs, the trial cluster files) goes however
 # the script ends: a launcher that fails after the training run, Ctrl-C to the terminal's process
 # group (set -m, as an interactive shell runs a job) and SIGTERM to the script alone.
