@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(FlashFwd<D>::kThreads, Plan<D>::kFlashFwdBlock
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = qs + BR * LD;  // [2][kKeys][LD]
   bf16* vs = ks + 2 * kKeys * LD;
-  // x: query tiles, the last (longest rows) first; y: head; z: sequence (grid_order below).
+  // x: query tiles, the last (longest rows) first; y: head; z: sequence (flash_tiles.cuh's grid_order).
   const int h = blockIdx.y, bi = blockIdx.z;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;

@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(128, Plan<D>::kFlashDqBlocksPerSm)
       d0[r] = i == 16 * r + g ? d : d0[r];
       d1[r] = i == 16 * r + g + 8 ? d : d1[r];
     }
-    // A row at a time (stored by the warp's 16 lanes at once, the kernel spills 4 bytes).
+    // A row at a time (stored by the warp's 16 lanes at once instead, the kernel would spill 4 bytes).
     if (lane == 0 && wq + i < T) delta[stat0 + wq + i] = d;
   }
   __syncthreads();

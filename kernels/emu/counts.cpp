@@ -447,8 +447,9 @@ void count_access(uintptr_t addr, size_t bytes, bool store, uintptr_t site) {
   r.bytes[l] = uint8_t(bytes);
 }
 
-// Each allocation ends at most 255 bytes below an inaccessible page (and starts above one): a
-// kernel that writes past its buffer faults there, in that kernel. Unguarded, such a write lands
+// Each allocation ends at most 255 bytes below an inaccessible page (and starts somewhere above
+// another): a kernel that writes more than the alignment's slack past its buffer faults there,
+// in that kernel; an underrun is caught only past the rest of the first page. Unguarded, such a write lands
 // in whatever is mapped next, which depends on the address layout (it once zeroed the thread's
 // control block, and a later thread-local access crashed one run in six).
 namespace {
