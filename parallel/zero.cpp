@@ -543,7 +543,8 @@ void Zero::reduce_grads(const std::function<void(Buf)>& tied) {
     grads = full;
   } else {
     for (auto& s : grad_slots_) drain(*s);
-    LOOM_ASSERT(!tree_ || tree_->idle());  // every unit's micro-batches, all folded
+    LOOM_ASSERT(!tree_ || tree_->idle());        // every unit's micro-batches, all folded
+    LOOM_ASSERT(!tree_rs_ || tree_rs_->idle());  // no run in flight: the whole half is free again
     if (cp_ > 1) cp_reduce_scatter();
     grads = shard_grads_.f32();
   }

@@ -468,8 +468,8 @@ void* count_alloc(size_t bytes) {
       mmap(nullptr, (inner + 2) * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
   if (map == MAP_FAILED) throw std::runtime_error("counting: could not map " + std::to_string(bytes) + " bytes");
   unsigned char* high = map + (inner + 1) * page;
-  mprotect(map, page, PROT_NONE);
-  mprotect(high, page, PROT_NONE);
+  if (mprotect(map, page, PROT_NONE) != 0 || mprotect(high, page, PROT_NONE) != 0)
+    throw std::runtime_error("counting: could not protect the guard pages of " + std::to_string(bytes) + " bytes");
   void* p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(high) - std::max<size_t>(bytes, 1)) & ~uintptr_t(255));
   allocation_add(p, bytes);
   return p;

@@ -14,8 +14,8 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 . "$(dirname "$0")/../lib.sh"
 test_dir
 cd "$dir"
-# refused NAME PATTERN COMMAND...: status 2, one line on stderr matching PATTERN, nothing run.
-refused() {
+# script_refused NAME PATTERN COMMAND...: status 2, one line on stderr matching PATTERN, nothing run.
+script_refused() {
   local name=$1 pattern=$2
   shift 2
   "$@" > out.log 2> err.log
@@ -28,49 +28,49 @@ s=$src/examples/scaling
 shipped=(examples/clusters/this_machine.toml examples/scaling/results/strong.csv examples/scaling/results/model_check.csv
          examples/scaling/results/strong_throughput.png)
 before=$(cd "$src" && sha256sum "${shipped[@]}")
-refused "calibrate over a shipped file" "is a file the project ships (examples/clusters/this_machine.toml).*--force" \
+script_refused "calibrate over a shipped file" "is a file the project ships (examples/clusters/this_machine.toml).*--force" \
   python3 "$s/calibrate.py" --loom "$loom" --out "$src/examples/clusters/this_machine.toml"
-refused "sweep over a shipped file" "is a file the project ships" \
+script_refused "sweep over a shipped file" "is a file the project ships" \
   python3 "$s/sweep.py" --loom "$loom" --sweep parallel.dp=1,2 --out "$src/examples/scaling/results/strong.csv"
-refused "validate over a shipped file" "is a file the project ships" python3 "$s/validate.py" --loom "$loom" \
+script_refused "validate over a shipped file" "is a file the project ships" python3 "$s/validate.py" --loom "$loom" \
   --cluster "$src/examples/clusters/this_machine.toml" "$src/examples/scaling/results/strong.csv" \
   --out "$src/examples/scaling/results/model_check.csv"
-refused "plot over shipped PNGs" "give --out-dir" python3 "$s/plot.py" "$src/examples/scaling/results/strong.csv"
+script_refused "plot over shipped PNGs" "give --out-dir" python3 "$s/plot.py" "$src/examples/scaling/results/strong.csv"
 # Every argument checked before --out-dir is made (the second CSV is not there).
-refused "plot with a missing CSV" "CSV no/such.csv is not a file" python3 "$s/plot.py" --out-dir plots/refused \
+script_refused "plot with a missing CSV" "CSV no/such.csv is not a file" python3 "$s/plot.py" --out-dir plots/refused \
   "$src/examples/scaling/results/strong.csv" no/such.csv
 [ ! -e plots ] || die "a refused plot.py made its --out-dir"
-refused "sweep with a bad --sweep" "is not KEY=V1" python3 "$s/sweep.py" --loom "$loom" --sweep parallel.dp \
+script_refused "sweep with a bad --sweep" "is not KEY=V1" python3 "$s/sweep.py" --loom "$loom" --sweep parallel.dp \
   --out sweeps/refused/s.csv
 [ ! -e sweeps ] || die "a refused sweep.py made its --out folder"
 [ "$(cd "$src" && sha256sum "${shipped[@]}")" = "$before" ] || die "a shipped file changed"
 # Arguments checked before the first run: a bad second series, a loom that is not there.
-refused "a bad --sweep" "--sweep 'parallel.tp' is not KEY=V1" \
+script_refused "a bad --sweep" "--sweep 'parallel.tp' is not KEY=V1" \
   python3 "$s/sweep.py" --loom "$loom" --sweep parallel.dp=1,2 --sweep parallel.tp --out new/a/s.csv
-refused "calibrate without loom" "--loom no/loom is not a file" python3 "$s/calibrate.py" --loom no/loom --out new/b/c.toml
-refused "calibrate with a bad launcher" "--launch 'no-such-launcher -np'" \
+script_refused "calibrate without loom" "--loom no/loom is not a file" python3 "$s/calibrate.py" --loom no/loom --out new/b/c.toml
+script_refused "calibrate with a bad launcher" "--launch 'no-such-launcher -np'" \
   python3 "$s/calibrate.py" --loom "$loom" --launch "no-such-launcher -np" --out new/b/c.toml
-refused "calibrate --nodes 0" "--nodes 0 --per-node 4: both count" python3 "$s/calibrate.py" --loom "$loom" \
+script_refused "calibrate --nodes 0" "--nodes 0 --per-node 4: both count" python3 "$s/calibrate.py" --loom "$loom" \
   --nodes 0 --out new/b/c.toml
-refused "calibrate --overlap 7" "--overlap 7.0: a share" python3 "$s/calibrate.py" --loom "$loom" --overlap 7 --out new/b/c.toml
-refused "calibrate --max-mb abc" "--max-mb abc: megabytes" python3 "$s/calibrate.py" --loom "$loom" --max-mb abc \
+script_refused "calibrate --overlap 7" "--overlap 7.0: a share" python3 "$s/calibrate.py" --loom "$loom" --overlap 7 --out new/b/c.toml
+script_refused "calibrate --max-mb abc" "--max-mb abc: megabytes" python3 "$s/calibrate.py" --loom "$loom" --max-mb abc \
   --out new/b/c.toml
-refused "calibrate --set of no key" "--set: .*model.n_layers" python3 "$s/calibrate.py" --loom "$loom" \
+script_refused "calibrate --set of no key" "--set: .*model.n_layers" python3 "$s/calibrate.py" --loom "$loom" \
   --set model.n_layers=2 --out new/b/c.toml
 [ ! -e new/b ] || die "a refused calibration left its --out folder"
 # invariant_cost.sh (emulated nodes, as root): its arguments before anything, then root. As
 # root, the refusal is checked as nobody; its runs: dist.netns_nodes_and_link_cut.
 cost=$s/invariant_cost.sh
-refused "invariant_cost --pairs 0" "need 1 <= warmup < steps and pairs >= 1" env LOOM="$loom" "$cost" --pairs 0
-refused "invariant_cost --layouts dp3:0" "'dp3:0' is not dp2:ZERO or dp4:ZERO" env LOOM="$loom" "$cost" --layouts dp3:0
-refused "invariant_cost without loom" "LOOM=no/loom is not a program" env LOOM=no/loom "$cost"
+script_refused "invariant_cost --pairs 0" "need 1 <= warmup < steps and pairs >= 1" env LOOM="$loom" "$cost" --pairs 0
+script_refused "invariant_cost --layouts dp3:0" "'dp3:0' is not dp2:ZERO or dp4:ZERO" env LOOM="$loom" "$cost" --layouts dp3:0
+script_refused "invariant_cost without loom" "LOOM=no/loom is not a program" env LOOM=no/loom "$cost"
 as_user=()
 if [ "$(id -u)" -eq 0 ]; then
   as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
   "${as_user[@]}" test -x "$cost" || as_user=()  # this tree not readable by nobody: only root's case is left
 fi
 if [ "$(id -u)" -ne 0 ] || [ ${#as_user[@]} -gt 0 ]; then
-  refused "invariant_cost as a user" "needs root (network namespaces and tc)" "${as_user[@]}" env LOOM="$loom" "$cost"
+  script_refused "invariant_cost as a user" "needs root (network namespaces and tc)" "${as_user[@]}" env LOOM="$loom" "$cost"
 else
   echo "skipped invariant_cost as a user: this tree is not readable by nobody"
 fi

@@ -27,7 +27,7 @@ common=(--set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set 
         --set train.device=cpu --set data.val_batches=0)
 # Runs loom; the status in $rc, the output in $dir/last.log.
 run() { timeout 120 "$loom" "$@" > "$dir/last.log" 2>&1; rc=$?; }
-refused() {  # CASE WANT: exit 2, one line naming WANT
+refused_rc() {  # CASE WANT: exit 2, one line naming WANT
   [ "$rc" = 2 ] || { fail "$1: exit $rc, not 2"; tail -3 "$dir/last.log"; return; }
   grep -q -- "$2" "$dir/last.log" || { fail "$1: did not say '$2'"; tail -3 "$dir/last.log"; }
 }
@@ -46,7 +46,7 @@ run train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set chec
 before=$(cd "$ck" && find . | sort)
 run train "${common[@]}" --set model.n_layer=2 --set train.steps=4 --set checkpoint.every=2 \
   --set checkpoint.dir="$ck" --set checkpoint.resume=latest --set log.dir="$dir/r2"
-refused "other model" "model.n_layer = 1 there, 2 here"
+refused_rc "other model" "model.n_layer = 1 there, 2 here"
 [ "$(cd "$ck" && find . | sort)" = "$before" ] || fail "other model: checkpoint.dir changed: $(ls "$ck")"
 run train "${common[@]}" --set train.steps=4 --set checkpoint.every=2 --set checkpoint.dir="$ck" \
   --set checkpoint.resume=latest --set log.dir="$dir/r3"
@@ -69,7 +69,7 @@ mkdir -p "$ck4/step-00000002"
 ln -s "$dir/outside" "$ck4/step-00000002/manifest.json.tmp"
 run train "${common[@]}" --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir="$ck4" \
   --set log.dir="$dir/r5"
-refused "manifest.json.tmp link" "holds 'manifest.json.tmp', which loom did not write"
+refused_rc "manifest.json.tmp link" "holds 'manifest.json.tmp', which loom did not write"
 [ -L "$ck4/step-00000002/manifest.json.tmp" ] || fail "the link in a step directory was removed"
 mkdir -p "$dir/exp"
 ln -s "$dir/outside" "$dir/exp/m.safetensors.tmp"
@@ -84,35 +84,35 @@ printf 'cut last line without newline' >> "$dir/outside"
 cp "$dir/outside" "$dir/outside.orig"
 ln -s "$dir/outside" "$dir/r8/metrics.jsonl"
 run train "${common[@]}" --set train.steps=1 --set log.dir="$dir/r8"
-refused "metrics.jsonl link" "metrics.jsonl' is a symbolic link"
+refused_rc "metrics.jsonl link" "metrics.jsonl' is a symbolic link"
 cmp -s "$dir/outside" "$dir/outside.orig" || fail "links: the file outside was written"
 
 echo "2 devices"
 special "$dir/dev"
 run train "${common[@]}" --set train.steps=1 --set export.final="$dir/dev" --set log.dir="$dir/r9"
-refused "export.final device" "is a \(character device\|FIFO\)"
+refused_rc "export.final device" "is a \(character device\|FIFO\)"
 is_special "$dir/dev" || fail "export.final replaced the device"
 printf 'some text to make a shard of\n' > "$dir/in.txt"
 special "$dir/dev"
 run data "$dir/in.txt" "$dir/dev"
-refused "data output device" "is a \(character device\|FIFO\)"
+refused_rc "data output device" "is a \(character device\|FIFO\)"
 is_special "$dir/dev" || fail "loom data replaced the device"
 special "$dir/dev"
 run ckpt export "$ck/step-00000002" "$dir/dev"
-refused "ckpt export device" "is a \(character device\|FIFO\)"
+refused_rc "ckpt export device" "is a \(character device\|FIFO\)"
 is_special "$dir/dev" || fail "ckpt export replaced the device"
 special "$dir/dev"
 run report "$dir/r1" --out "$dir/dev"
-refused "report --out device" "is a \(character device\|FIFO\)"
+refused_rc "report --out device" "is a \(character device\|FIFO\)"
 is_special "$dir/dev" || fail "report --out replaced the device"
 
 echo "5 inputs"
 cp "$dir/in.txt" "$dir/in.orig"
 run data "$dir/in.txt" "$dir/in.txt"
-refused "data in = out" "is the input"
+refused_rc "data in = out" "is the input"
 ln "$dir/in.txt" "$dir/hard.bin"
 run data "$dir/in.txt" "$dir/hard.bin"
-refused "data out = hard link of in" "is the input"
+refused_rc "data out = hard link of in" "is the input"
 cmp -s "$dir/in.txt" "$dir/in.orig" || fail "loom data replaced its input"
 
 echo "6 not loom's"
@@ -120,7 +120,7 @@ ck6=$dir/ck6
 mkdir -p "$ck6/step-00000001"
 echo "the user's" > "$ck6/step-00000001/notes.txt"
 run train "${common[@]}" --set train.steps=1 --set checkpoint.every=1 --set checkpoint.dir="$ck6" --set log.dir="$dir/r61"
-refused "a user's file in a step directory" "notes.txt', which loom did not write"
+refused_rc "a user's file in a step directory" "notes.txt', which loom did not write"
 [ -f "$ck6/step-00000001/notes.txt" ] || fail "a user's file in a step directory was deleted"
 ck6b=$dir/ck6b
 run train "${common[@]}" --set train.steps=2 --set checkpoint.every=1 --set checkpoint.keep=5 \
@@ -140,27 +140,27 @@ run train "${common[@]}" --set train.steps=3 --set checkpoint.every=1 --set chec
 before=$(cd "$ck6b" && find . | sort)
 run train "${common[@]}" --set train.steps=2 --set checkpoint.every=1 --set checkpoint.dir="$ck6b" \
   --set log.dir="$dir/r64"
-refused "a fresh run into another run's checkpoints" "holds checkpoints of an earlier run"
+refused_rc "a fresh run into another run's checkpoints" "holds checkpoints of an earlier run"
 [ "$(cd "$ck6b" && find . | sort)" = "$before" ] || fail "a refused fresh run changed checkpoint.dir"
 echo "the user's text" > "$dir/text.txt"
 cp "$dir/text.txt" "$dir/text.orig"
 run train "${common[@]}" --set train.steps=1 --set export.final="$dir/text.txt" --set log.dir="$dir/r65"
-refused "export.final over a text" "is not a safetensors file"
+refused_rc "export.final over a text" "is not a safetensors file"
 run train "${common[@]}" --set train.steps=1 --set export.final="$dir/w.safetensors" --set log.dir="$dir/r66"
 [ $rc = 0 ] || fail "export into a new file: exit $rc"
 cp "$dir/w.safetensors" "$dir/w.orig"
 run train "${common[@]}" --set train.steps=1 --set init.from="$dir/w.safetensors" \
   --set export.final="$dir/w.safetensors" --set log.dir="$dir/r67"
-refused "export.final over init.from" "is the input"
+refused_rc "export.final over init.from" "is the input"
 cmp -s "$dir/w.safetensors" "$dir/w.orig" || fail "export.final replaced init.from"
 run ckpt export "$ck6b/step-00000003" "$ck6b/step-00000003/rank-00000.h5"
-refused "ckpt export over a rank file" "is not a safetensors file"
+refused_rc "ckpt export over a rank file" "is not a safetensors file"
 run ckpt verify "$ck6b/step-00000003"
 [ $rc = 0 ] || fail "ckpt export damaged the checkpoint it read"
 run report "$dir/r66" --out "$dir/r66/metrics.jsonl"
-refused "report --out over metrics" "is not an HTML page"
+refused_rc "report --out over metrics" "is not an HTML page"
 run data "$dir/text.orig" "$dir/text.txt"
-refused "loom data over a text" "is not a token shard"
+refused_rc "loom data over a text" "is not a token shard"
 cmp -s "$dir/text.txt" "$dir/text.orig" || fail "an output that is not loom's was replaced"
 cp -r "$ck6b/step-00000003" "$dir/partial"
 python3 - "$dir/partial/manifest.json" <<'PY'
@@ -171,7 +171,7 @@ for name in [k for k in m["tensors"] if k.startswith("params/") and k.endswith("
 json.dump(m, open(sys.argv[1], "w"))
 PY
 run ckpt export "$dir/partial" "$dir/partial.safetensors"
-refused "ckpt export of part of a model" "its params/ tensors hold"
+refused_rc "ckpt export of part of a model" "its params/ tensors hold"
 [ ! -e "$dir/partial.safetensors" ] || fail "ckpt export wrote part of a model"
 # A reader racing the run that prunes: with checkpoint.dir's lock held and the manifest gone
 # (pruning removes it first), verify says the checkpoint was removed, not that it is damaged.
@@ -182,6 +182,6 @@ holder=$!
 sleep 0.5
 run ckpt verify "$dir/ck6c/step-00000003"
 kill $holder 2> /dev/null
-refused "verify of a checkpoint pruned while read" "was removed while it was read"
+refused_rc "verify of a checkpoint pruned while read" "was removed while it was read"
 
 finish "writes only where told: all held"
