@@ -226,6 +226,20 @@ TEST(KernelCounts, CountingTwiceGivesTheSameCounts) {
   EXPECT_EQ(counts_csv("twice", d.attention(1, 256, 4, 2, 64)), counts_csv("twice", d.attention(1, 256, 4, 2, 64)));
 }
 
+// A counted launch's buffers end at most 255 bytes below an inaccessible page: a kernel (or a
+// count driver's too-short buffer) writing past one faults at once instead of landing in whatever
+// was mapped next (a thread's control block, once). Without the guard pages the write lands.
+TEST(KernelCountsDeathTest, AWritePastACountedBufferFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const size_t bytes : {size_t(1), size_t(300), size_t(4096), size_t(100000)}) {
+    auto* p = static_cast<volatile unsigned char*>(count_alloc(bytes));
+    p[0] = 1;  // the buffer itself is writable
+    p[bytes - 1] = 2;
+    EXPECT_DEATH({ p[bytes + 255] = 3; }, "") << bytes << " bytes";
+    count_free(const_cast<unsigned char*>(p), bytes);
+  }
+}
+
 // The column sums' partials (weight and bias gradients) store and load their shared rows
 // without bank conflicts: with the word-major layout the stores took 8 wavefronts each.
 TEST(KernelCounts, ColumnPartialsHaveNoBankConflicts) {
