@@ -31,8 +31,8 @@ for n in steps warmup pairs; do [[ "${!n}" =~ ^[0-9]+$ ]] || refuse "--$n ${!n}:
 for m in $models; do [[ "$m" =~ ^(llama|gpt2)$ ]] || refuse "--models: '$m' is not llama or gpt2"; done
 for l in $layouts; do [[ "$l" =~ ^dp(2|4):[0-3]$ ]] || refuse "--layouts: '$l' is not dp2:ZERO or dp4:ZERO (ZERO 0-3)"; done
 for r in $links; do [[ "$r" =~ ^[0-9]+[kmg]?bit$ ]] || refuse "--links: '$r' is not a rate like 1gbit"; done
-[ -x "$loom" ] || refuse "LOOM=$loom is not a program (build loom first: cmake --build build --target loom)"
 [ "$(id -u)" -eq 0 ] || refuse "needs root (network namespaces and tc); run it as root"
+[ -x "$loom" ] || refuse "LOOM=$loom is not a program (build loom first: cmake --build build --target loom)"
 probe=loomcostprobe$$
 ip netns add $probe 2> /dev/null || refuse "cannot make network namespaces here (ip netns add failed)"
 ip netns del $probe
