@@ -126,9 +126,9 @@ __global__ void __launch_bounds__(32 * kMaxSlices)
 inline int backward_groups(int slices) {
   return std::max(1, kBackwardWarps / slices);
 }
-// Rows a group: 8, more where the grid would pass kMaxNormGradBlocks blocks.
-inline int backward_group_rows(int N, int groups) {
-  const int least = (N + kMaxNormGradBlocks * groups - 1) / (kMaxNormGradBlocks * groups);
+// Rows a group: 8, more where the grid would pass max_blocks blocks.
+inline int backward_group_rows(int N, int groups, int max_blocks) {
+  const int least = (N + max_blocks * groups - 1) / (max_blocks * groups);
   return std::max(8, least);
 }
 // The gradient partials' shared row of a group: column c at c + c / 32, so that a warp's
@@ -260,9 +260,12 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
 template <bool kCentered>
 void norm_backward_slices(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                           const bf16* weight, const float* mean, const float* rstd, int N, int C, bool aligned,
-                          float* partials, cudaStream_t s) {
+                          float* partials, int max_blocks, cudaStream_t s) {
   if (N <= 0) return;
-  const int slices = row_slices(C), groups = backward_groups(slices), group_rows = backward_group_rows(N, groups);
+  LOOM_CHECK(max_blocks >= 1 && max_blocks <= kMaxNormGradBlocks, "norm backward: max_blocks {} is not in [1, {}]",
+             max_blocks, kMaxNormGradBlocks);
+  const int slices = row_slices(C), groups = backward_groups(slices);
+  const int group_rows = backward_group_rows(N, groups, max_blocks);
   const int blocks = (N + groups * group_rows - 1) / (groups * group_rows), threads = 32 * slices * groups;
   float *pa = partials, *pb = kCentered ? partials + int64_t(blocks) * C : nullptr;
   const size_t smem = dweight ? size_t(kCentered ? 2 : 1) * groups * padded_cols(C) * sizeof(float) : 0;
@@ -415,14 +418,15 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf1
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
                         const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s,
-                        ScalarPaths* paths) {
+                        ScalarPaths* paths, int max_blocks) {
   const bool slices = row_slices(C) <= kMaxSlices;
   if (dinp) {
     const bool aligned =
         C % kPack == 0 &&
         aligned16(paths, "layernorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
     if (slices) {
-      norm_backward_slices<true>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, aligned, partials, s);
+      norm_backward_slices<true>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, aligned, partials,
+                                 max_blocks, s);
       return;
     }
     LOOM_LAUNCH(layernorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)
@@ -453,14 +457,16 @@ void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const b
 }
 
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
-                      const float* rstd, int N, int C, float* partials, cudaStream_t s, ScalarPaths* paths) {
+                      const float* rstd, int N, int C, float* partials, cudaStream_t s, ScalarPaths* paths,
+                      int max_blocks) {
   const bool slices = row_slices(C) <= kMaxSlices;
   if (dinp) {
     const bool aligned =
         C % kPack == 0 &&
         aligned16(paths, "rmsnorm_backward", {{"dinp", dinp}, {"dout", dout}, {"inp", inp}, {"weight", weight}});
     if (slices) {
-      norm_backward_slices<false>(dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C, aligned, partials, s);
+      norm_backward_slices<false>(dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C, aligned, partials,
+                                  max_blocks, s);
       return;
     }
     LOOM_LAUNCH(rmsnorm_dinp_wide_kernel, blocks_for(N, kWarps), 32 * kWarps, 0, s)

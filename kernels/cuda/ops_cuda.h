@@ -144,14 +144,17 @@ void bias_backward(float* dbias, const bf16* dout, int M, int N, float* partials
 // norm reads the bf16-rounded sum.
 void layernorm_forward(bf16* out, float* mean, float* rstd, bf16* inp, const bf16* add, const bf16* weight,
                        const bf16* bias, int N, int C, float eps, cudaStream_t s, ScalarPaths* paths = nullptr);
-// dinp +=; dweight, dbias (fp32) +=; partials: norm_partials_floats(N, C).
+// dinp +=; dweight, dbias (fp32) +=; partials: norm_partials_floats(N, C). max_blocks: the most
+// blocks of rows whose partials are kept (past it a block takes more rows; tests lower it to
+// reach the many-row path at small N).
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
                         const float* mean, const float* rstd, int N, int C, float* partials, cudaStream_t s,
-                        ScalarPaths* paths = nullptr);
+                        ScalarPaths* paths = nullptr, int max_blocks = kMaxNormGradBlocks);
 void rmsnorm_forward(bf16* out, float* rstd, bf16* inp, const bf16* add, const bf16* weight, int N, int C, float eps,
                      cudaStream_t s, ScalarPaths* paths = nullptr);
 void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
-                      const float* rstd, int N, int C, float* partials, cudaStream_t s, ScalarPaths* paths = nullptr);
+                      const float* rstd, int N, int C, float* partials, cudaStream_t s, ScalarPaths* paths = nullptr,
+                      int max_blocks = kMaxNormGradBlocks);
 
 // defines: embedding_forward, embedding_backward, position_index, token_index
 // pos [B*T] (data.doc_mask): each token's position in its document, which picks its wpe row

@@ -42,9 +42,9 @@ class Widths : public Cuda, public ::testing::WithParamInterface<int> {};
 namespace {
 
 // LayerNorm and RMSNorm over N rows of C, forward (with and without the fused residual add)
-// and backward, against the CPU's.
-void norms_match_cpu(int N, int C) {
-  SCOPED_TRACE(::testing::Message() << N << " rows of " << C);
+// and backward, against the CPU's; the backward's row blocks at most max_blocks.
+void norms_match_cpu(int N, int C, int max_blocks = cuda::kMaxNormGradBlocks) {
+  SCOPED_TRACE(::testing::Message() << N << " rows of " << C << ", at most " << max_blocks << " blocks");
   const float* none = nullptr;
   auto x = randn(size_t(N) * C, 10), w = randn(C, 11), bb = randn(C, 12), dy = randn(size_t(N) * C, 13);
   auto dx0 = randn(size_t(N) * C, 17), dw0 = randn(C, 15), db0 = randn(C, 16);
@@ -57,7 +57,7 @@ void norms_match_cpu(int N, int C) {
   DevRaw<float> M(N), R(N), Dw(dw0), Db(db0), Part(static_cast<size_t>(cuda::norm_partials_floats(N, C)));
   cuda::layernorm_forward(O.p, M.p, R.p, X.p, nullptr, W.p, Bb.p, N, C, 1e-5f, nullptr);
   LOOM_CUDA_CHECK(cudaGetLastError());
-  cuda::layernorm_backward(Dx.p, Dw.p, Db.p, Dy.p, X.p, W.p, M.p, R.p, N, C, Part.p, nullptr);
+  cuda::layernorm_backward(Dx.p, Dw.p, Db.p, Dy.p, X.p, W.p, M.p, R.p, N, C, Part.p, nullptr, nullptr, max_blocks);
   EXPECT_TRUE(close(O.get(), out, 2e-2, 1e-2)) << "layernorm out";
   EXPECT_TRUE(close(M.get(), mean, 1e-5, 1e-4)) << "mean";
   EXPECT_TRUE(close(R.get(), rstd, 0, 1e-4)) << "rstd";
@@ -72,7 +72,7 @@ void norms_match_cpu(int N, int C) {
   Dev RO(size_t(N) * C), RDx(dx0);
   DevRaw<float> RDw(dw0);
   cuda::rmsnorm_forward(RO.p, R.p, X.p, nullptr, W.p, N, C, 1e-6f, nullptr);
-  cuda::rmsnorm_backward(RDx.p, RDw.p, Dy.p, X.p, W.p, R.p, N, C, Part.p, nullptr);
+  cuda::rmsnorm_backward(RDx.p, RDw.p, Dy.p, X.p, W.p, R.p, N, C, Part.p, nullptr, nullptr, max_blocks);
   EXPECT_TRUE(close(RO.get(), rout, 2e-2, 1e-2)) << "rmsnorm out";
   EXPECT_TRUE(close(R.get(), rr, 0, 1e-4)) << "rmsnorm rstd";
   EXPECT_TRUE(close(RDx.get(), rdx, 3e-2, 1e-2)) << "rmsnorm dinp (+=)";
@@ -102,6 +102,14 @@ void norms_match_cpu(int N, int C) {
 // registers hold (the scalar kernels).
 TEST_P(Widths, NormsForwardAndBackward) {
   norms_match_cpu(kRows, GetParam());
+}
+
+// A row group of more than 32 rows (where N passes 32 rows a group of kMaxNormGradBlocks blocks:
+// 131k rows at C 768, 49k at 2048), reached here at a few hundred rows by allowing fewer blocks:
+// each lane's mean and rstd are fetched again every 32 rows, and the last group ends past N.
+TEST_F(Cuda, NormBackwardRowGroupsPast32Rows) {
+  norms_match_cpu(1000, 768, 2);  // 8 groups a block: 63 rows a group
+  norms_match_cpu(700, 2048, 3);  // 3 groups a block: 78 rows a group
 }
 
 // Fewer rows than a block's warps, and rows narrower than a warp's first words: lanes and warps
