@@ -72,7 +72,18 @@ int64_t TreeReduceScatter::start(Buf in, Buf out, Buf half, int stride, int size
       be_.copy(a, b);
       be_.copy(b, tmp);
     }
-  Run run{id, in, out, half, n, p, bit_reverse(r, p), g_.rank() - r * stride, stride, p >> 1, 0, p};
+  Run run{.id = id,
+          .in = in,
+          .out = out,
+          .half = half,
+          .n = n,
+          .p = p,
+          .v = bit_reverse(r, p),
+          .base = g_.rank() - r * stride,
+          .stride = stride,
+          .bit = p >> 1,
+          .lo = 0,
+          .hi = p};
   if (run.bit == 0) {  // one rank: its block is the sum
     be_.copy(out, in.slice(int64_t(run.v) * n, n));
     return id;

@@ -73,11 +73,15 @@ class TreeReduceScatter {
   int64_t overlapped() const { return overlapped_; }
 
  private:
+  // Built by name only (start()): most fields are ints, which a positional list would swap silently.
   struct Run {
     int64_t id;
     Buf in, out, half;
-    int64_t n;
-    int p, v, base, stride;
+    int64_t n;        // elements a block
+    int p;            // the sub-group's ranks
+    int v;            // this rank's position: bit_reverse of its place in the sub-group
+    int base;         // the group rank of the sub-group's place 0
+    int stride;       // between the sub-group's places, in group ranks
     int bit, lo, hi;  // the exchange in flight pairs `bit` of positions [lo, hi)
     int keep_lo = 0, keep_hi = 0;
     Work sent, got;

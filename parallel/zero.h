@@ -135,8 +135,11 @@ class Zero final : public DataParallel {
   // cp parts' reduce-scatter after the step's last micro-batch; the tied head's H added to E.
   void invariant_setup(const DataParallelOptions& o);
   void tree_start(int i);
-  // (started: its run's number; drain finishes it)
-  int64_t tree_scatter(ProcessGroup& g, Buf in, Buf out, size_t slot, int64_t at);
+  // Which of a slot's two runs, each with its own part of the half: the unit's dense part, or
+  // the tail split off its end (both can be in flight at once).
+  enum class SlotPart { dense, tail };
+  // Starts the run; returns its number (drain finishes it).
+  int64_t start_tree_scatter(ProcessGroup& g, Buf in, Buf out, size_t slot, SlotPart part, int64_t at);
   void cp_reduce_scatter();
   void add_tied_head(float* grads);
   struct Slot;  // a unit-sized buffer for gathered weights or gradients in flight

@@ -1,5 +1,5 @@
 // How ZeRO cuts a chunk into parts and shards (parallel/zero.h), shared by zero.cpp and
-// zero_invariant.cpp; defined in zero.cpp. Not a public interface: callers use zero.h's.
+// zero_invariant.cpp; defined in zero_geometry.cpp. Not a public interface: callers use zero.h's.
 #pragma once
 #include <vector>
 

@@ -2,7 +2,8 @@
 // shards (or, at stage 1, the full buffer and its tree all-reduce), the tree reduce-scatter a
 // unit's micro-batch goes through, with cp > 1 split in two halves (the dp ranks each
 // micro-batch, the cp ranks once a step), and the tied head's part added once.
-// Not here: the sharding itself, the slots and their gathers (zero.cpp), the trees (grad_tree.h).
+// Not here: the sharding itself (zero_geometry.cpp), the slots and their gathers (zero.cpp), the
+// trees (grad_tree.h).
 #include <algorithm>
 
 #include "parallel/zero.h"
@@ -93,11 +94,12 @@ void Zero::tree_start(int i) {
   tree_sum_->start(dev(chunk_.grads() + lo, hi - lo, DType::f32));
 }
 
-int64_t Zero::tree_scatter(ProcessGroup& g, Buf in, Buf out, size_t slot, int64_t at) {
+int64_t Zero::start_tree_scatter(ProcessGroup& g, Buf in, Buf out, size_t slot, SlotPart part, int64_t at) {
   StepClock::Scope c(clock_, Phase::comm);
-  LOOM_ASSERT(&g == &dp_);                          // (ep is refused: a tail is a tied embedding's part, over dp)
-  const size_t part = 2 * slot + (at > 0 ? 1 : 0);  // the unit's part of the slot's half, or its tail's
-  const Buf half = Buf(half_).slice(half_at_[part], half_at_[part + 1] - half_at_[part]);
+  LOOM_ASSERT(&g == &dp_);                         // (ep is refused: a tail is a tied embedding's part, over dp)
+  LOOM_ASSERT(part == SlotPart::tail || at == 0);  // a dense part opens its slot's result
+  const size_t k = 2 * slot + (part == SlotPart::tail ? 1 : 0);  // scatter_halves' order
+  const Buf half = Buf(half_).slice(half_at_[k], half_at_[k + 1] - half_at_[k]);
   if (cp_ > 1)  // over the dp ranks only: a cp-fold shard, into the slot's cp-fold result
     return tree_rs_->start(in, Buf(cp_results_[slot]).slice(cp_ * at, cp_ * out.count), half, cp_, n_ / cp_);
   return tree_rs_->start(in, out, half);

@@ -11,7 +11,8 @@
 #              around a fixed tp; the CUDA kernels in the emulation; gpt2's tied embeddings
 #              under DDP, ZeRO 1-3 and pp 2, the head and the embedding on one rank or two; around
 #              a fixed cp under DDP, ZeRO 1-3 and pp, gpt2's too, cp 2 and 4, the tied head sharing
-#              the rank under ZeRO-2/3), and a dp 4 checkpoint resumed at dp 2 ends with the bytes
+#              the rank under ZeRO-2/3, cp 2 x dp 4 under ZeRO-2 for a sub-group's tree reduce-scatter
+#              of more than one exchange), and a dp 4 checkpoint resumed at dp 2 ends with the bytes
 #              of the run that never stopped.
 #   invariant.sh LOOM "MPIRUN..."
 set -uo pipefail
@@ -134,6 +135,7 @@ cp2_pp2      cp2          4  parallel.cp=2 parallel.pp=2
 cp2_z2       cp2          2  parallel.cp=2 parallel.zero=2
 cp2_dp2_z2   cp2          4  parallel.cp=2 parallel.dp=2 parallel.zero=2
 cp2_dp2_z3   cp2          4  parallel.cp=2 parallel.dp=2 parallel.zero=3
+cp2_dp4_z2   cp2          8  parallel.cp=2 parallel.dp=4 parallel.zero=2
 gpt2_cp2     -            2  model.arch=gpt2 parallel.cp=2
 gpt2_cp2_dp2 gpt2_cp2     4  model.arch=gpt2 parallel.cp=2 parallel.dp=2
 gpt2_cp2_pp2_z2 gpt2_cp2  4  model.arch=gpt2 parallel.cp=2 parallel.pp=2 parallel.zero=2

@@ -39,7 +39,7 @@ else
   echo "ok: model/ reads ModelDims, not Config"
 fi
 # Data parallel takes DataParallelOptions: only data_parallel_options (ddp.cpp) reads the Config.
-dp_src=("$src"/parallel/{data_parallel.h,ddp.h,zero.h,zero.cpp,grad_tree.h,grad_tree.cpp,tied_head.h,tied_head.cpp})
+dp_src=("$src"/parallel/{data_parallel.h,ddp.h,grad_tree.h,grad_tree.cpp,tied_head.h,tied_head.cpp} "$src"/parallel/zero*.{h,cpp})
 if grep -nE '\bConfig\b' "${dp_src[@]}" | grep -v 'data_parallel_options(const Config' | grep -v '//'; then
   echo "FAIL: data parallel names the whole Config (lines above); give it what it needs through DataParallelOptions" && bad=1
 else
