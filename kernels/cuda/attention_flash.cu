@@ -5,7 +5,8 @@
 // with its Q fragments in registers, K/V tiles of 64 keys streamed through shared memory by
 // cp.async into two buffers (the next tile lands while this one is used), each K/V fragment
 // loaded once for the warp's tiles, S = QK^T and O += PV with the online softmax in registers
-// (P goes from the S accumulators straight into A fragments), log-sum-exp written for the
+// (over 32 keys of the tile at a time at head dim 64, for three CTAs an SM; P goes from the S
+// accumulators straight into A fragments), log-sum-exp written for the
 // backward (attention_flash_bwd.cu) and context parallel; key tiles above the diagonal are
 // skipped and the CTAs with the longest rows start first. P is rounded to bf16 for its product,
 // as in FlashAttention. Shared-memory rows are padded by 16 bytes, so the eight 16-byte rows an

@@ -289,9 +289,9 @@ __device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, in
 // per SM by their registers (245-255, no spill). dQ from the stored dS gives a warp three tiles
 // (192-row CTAs, 72 KB of tiles: three CTAs per SM, 160 registers; four tiles' 90 KB fit two).
 // dK/dV keeps its K fragments and the first key tile's V fragments in registers and rereads
-// the second tile's (all of them spill 24 bytes). At D = 128 each keeps one tile: dK/dV spills
-// (812 bytes), and dQ's fit only by rereading Q and dO for every 16 keys (the same 1.7 mma per
-// ldmatrix) at one CTA per SM (139 KB tiles).
+// the second tile's (all of them spill 24 bytes). At D = 128 each keeps one tile (two spilled:
+// 88 bytes in the forward with Q reread, 812 in dK/dV), and dQ's fit only by rereading Q and dO
+// for every 16 keys (the same 1.7 mma per ldmatrix) at one CTA per SM (139 KB tiles).
 template <int D>
 struct Plan {
   static constexpr int kFwdWarps = D <= 32 ? 8 : 4;
@@ -326,7 +326,7 @@ __device__ __forceinline__ int first_key(const int32_t* pos, int bi, int T, int 
 
 // Grid order: x, the fastest in launch order, walks one head's tiles, then y the heads (a GQA
 // group's query heads next to each other), then z the sequences. Blocks start in that order, so
-// the CTAs resident at once (2 per SM, ~264 on an H100) are a few heads' tiles, whose K/V (or
+// the CTAs resident at once (2-3 per SM, ~264-396 on an H100) are a few heads' tiles, whose K/V (or
 // Q/dO) they share: GPT-2 124M (T 1024, D 64) reads 256 KB of K/V a head, ~9 MB in flight for
 // ~33 heads, well inside the 50 MB L2, so a head's K/V comes from DRAM about once. With heads
 // fastest (the order before), the resident CTAs were one query tile of every head: all 192
