@@ -5,7 +5,8 @@
 // with its Q fragments in registers, K/V tiles of 64 keys streamed through shared memory by
 // cp.async into two buffers (the next tile lands while this one is used), each K/V fragment
 // loaded once for the warp's tiles, S = QK^T and O += PV with the online softmax in registers
-// (P goes from the S accumulators straight into A fragments), log-sum-exp written for the
+// (over 32 keys of the tile at a time at head dim 64, for three CTAs an SM; P goes from the S
+// accumulators straight into A fragments), log-sum-exp written for the
 // backward (attention_flash_bwd.cu) and context parallel; key tiles above the diagonal are
 // skipped and the CTAs with the longest rows start first. P is rounded to bf16 for its product,
 // as in FlashAttention. Shared-memory rows are padded by 16 bytes, so the eight 16-byte rows an
@@ -33,6 +34,7 @@ __global__ void __launch_bounds__(FlashFwd<D>::kThreads, Plan<D>::kFlashFwdBlock
   using S = FlashFwd<D>;
   constexpr int R = Plan<D>::kFlashFwdRowTiles, WR = 16 * R;  // row tiles and rows of a warp
   constexpr bool QRegs = Plan<D>::kFlashFwdQRegs;
+  constexpr int KC = Plan<D>::kFlashFwdKeyChunk;  // keys of S and of a softmax step
   constexpr int LD = row_ld<D>(), BR = S::kRows;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -86,35 +88,40 @@ __global__ void __launch_bounds__(FlashFwd<D>::kThreads, Plan<D>::kFlashFwdBlock
   for (int kt = kt0; kt < kt1; ++kt) {
     const int buf = (kt - kt0) % 2, k0 = kt * kKeys;
     if (kt + 1 < kt1) {
-      tile_async<D, kKeys, S::kThreads>(ks + (buf ^ 1) * kKeys * LD, kbase, row, k0 + kKeys, T);
-      tile_async<D, kKeys, S::kThreads>(vs + (buf ^ 1) * kKeys * LD, vbase, row, k0 + kKeys, T);
+      tile_async<D, kKeys, S::kThreads, true>(ks + (buf ^ 1) * kKeys * LD, kbase, row, k0 + kKeys, T);
+      tile_async<D, kKeys, S::kThreads, true>(vs + (buf ^ 1) * kKeys * LD, vbase, row, k0 + kKeys, T);
     }
     cp_async_commit();
     const bf16* kt_s = ks + buf * kKeys * LD;
     const bf16* vt_s = vs + buf * kKeys * LD;
-    // A warp whose rows all precede the tile's keys (causal), or whose documents all start
-    // past it, skips it (the condition is the warp's: document starts never decrease). A row
-    // tile of the warp with no key in the tile goes through it as an exact no-op: its scores
-    // are all -inf, so its max, sum and output keep their bits (corr is 2^0 = 1, or the row
-    // stays zero).
-    if (k0 <= wq + WR - 1 && k0 + kKeys > fw) {
-      float s[R][kKeys / 8][4];
-      gemm_abt<D, kKeys, R>(s, a_fragments<D, QRegs>(qf, qw), kt_s);
-      const bool edge = k0 + kKeys - 1 > wq || k0 < fmax;
-      if (edge) {
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kKeys / KC; ++c) {
+      const int kc0 = k0 + c * KC;
+      // A warp whose rows all precede the chunk's keys (causal), or whose documents all start
+      // past them, skips it (the condition is the warp's: document starts never decrease). A
+      // row tile of the warp with no key in the chunk goes through it as an exact no-op: its
+      // scores are all -inf, so its max, sum and output keep their bits (corr is 2^0 = 1, or
+      // the row stays zero).
+      if (kc0 <= wq + WR - 1 && kc0 + KC > fw) {
+        const bf16* kc_s = kt_s + c * KC * LD;
+        float s[R][KC / 8][4];
+        gemm_abt<D, KC, R>(s, a_fragments<D, QRegs>(qf, qw), kc_s);
+        const bool edge = kc0 + KC - 1 > wq || kc0 < fmax;
+        if (edge) {
 #pragma unroll
-          for (int n = 0; n < kKeys / 8; ++n)
+          for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int key = k0 + 8 * n + 2 * t + i % 2, q = i < 2 ? r0[r] : r1[r], f = i < 2 ? f0[r] : f1[r];
-              if (key > q || key < f) s[r][n][i] = -INFINITY;
-            }
+            for (int n = 0; n < KC / 8; ++n)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const int key = kc0 + 8 * n + 2 * t + i % 2, q = i < 2 ? r0[r] : r1[r], f = i < 2 ? f0[r] : f1[r];
+                if (key > q || key < f) s[r][n][i] = -INFINITY;
+              }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) softmax_online<D, KC>(s[r], m[r], l[r], o[r], sl2);
+        gemm_pb<D, KC, R>(o, s, vt_s + c * KC * LD);
       }
-#pragma unroll
-      for (int r = 0; r < R; ++r) softmax_online<D, kKeys>(s[r], m[r], l[r], o[r], sl2);
-      gemm_pb<D, kKeys, R>(o, s, vt_s);
     }
     cp_async_wait<0>();
     __syncthreads();  // the next tile has landed; every warp is done with this one

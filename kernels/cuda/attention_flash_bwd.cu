@@ -199,8 +199,8 @@ struct DkvShape {
   static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBq) * row_ld<D>() * 2 + size_t(2 * 3 * kBq) * 4;
 };
 
-// StoreDs (head dim 64, no document starts): each chunk's dS also goes to `ds` as bf16, for
-// attention_dq_ds_flash_kernel (kernels/flash_ds.h has the layout's size).
+// StoreDs (head dim 64, no document starts, pos null): each chunk's dS also goes to `ds` as
+// bf16, for attention_dq_ds_flash_kernel (kernels/flash_ds.h has the layout's size).
 template <int D, bool StoreDs>
 __device__ __forceinline__ void dkv_flash(bf16* dqkv, bf16* ds_store, const bf16* dout, const bf16* qkv,
                                           const float* lse, const float* delta, const int32_t* pos, int T, int H,
@@ -209,6 +209,9 @@ __device__ __forceinline__ void dkv_flash(bf16* dqkv, bf16* ds_store, const bf16
   constexpr bool ARegs = Plan<D>::kARegs;
   constexpr int R = S::kKeyTiles, WR = 16 * R, QC = S::kQueryChunk;
   constexpr int BQ = S::kBq, LD = row_ld<D>(), BK = S::kRows, NT = S::kThreads;
+  // The stored dS is planned without document starts: no per-query positions to read (the
+  // chunk's skip test still reads its first, T: without it the kernel spills 8 bytes).
+  constexpr bool Docs = !StoreDs;
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* ks = reinterpret_cast<bf16*>(smem);
   bf16* vs = ks + BK * LD;
@@ -301,7 +304,7 @@ __device__ __forceinline__ void dkv_flash(bf16* dqkv, bf16* ds_store, const bf16
         for (int n = 0; n < QC / 8; ++n) {
           lq[n] = *reinterpret_cast<const float2*>(ls + 8 * n + 2 * t);
           dq[n] = *reinterpret_cast<const float2*>(ds + 8 * n + 2 * t);
-          pq[n] = *reinterpret_cast<const int2*>(ps + 8 * n + 2 * t);
+          if constexpr (Docs) pq[n] = *reinterpret_cast<const int2*>(ps + 8 * n + 2 * t);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r)
@@ -311,7 +314,7 @@ __device__ __forceinline__ void dkv_flash(bf16* dqkv, bf16* ds_store, const bf16
             for (int i = 0; i < 4; ++i) {
               const bool odd = i % 2;
               const int q = qc0 + 8 * n + 2 * t + i % 2, key = wk + 16 * r + g + (i < 2 ? 0 : 8);
-              const int first = q - (odd ? pq[n].y : pq[n].x);  // the query's document start
+              const int first = Docs ? q - (odd ? pq[n].y : pq[n].x) : 0;  // the query's document start
               const bool live = (key <= q) & (q < T) & (key >= first);
               const float lse2 = (odd ? lq[n].y : lq[n].x) * kLog2e;
               const float e = exp2_approx(fmaf(st[r][n][i], sl2, -lse2));
@@ -359,25 +362,28 @@ __global__ void __launch_bounds__(128)
 }
 
 // dQ = scale * dS K from the stored dS (head dim 64, no document starts): a CTA of 4 warps of
-// four 16-row query tiles (256 rows), walking the key tiles in order with each key tile's K and
-// the CTA's dS tiles double-buffered by cp.async; one product a chunk of 16 keys, no S or dP.
-// Each accumulator adds the same chunks in the same order, from the same bf16 A fragments
-// (given the same dS), as attention_dq_flash_kernel: a tile pair skips a chunk exactly where
-// that kernel's warp of 32 rows does (its rows all precede the keys), so it never reads a dS
-// that dK/dV did not write. Each ldmatrix of K feeds four row tiles.
+// three 16-row query tiles (192 rows: three CTAs an SM fit their shared memory, four tiles'
+// 256 rows did not), walking the key tiles in order with each key tile's K and the CTA's dS
+// tiles double-buffered by cp.async; one product a chunk of 16 keys, no S or dP. Each
+// accumulator adds the same chunks in the same order, from the same bf16 A fragments (given
+// the same dS), as attention_dq_flash_kernel: a tile skips a chunk exactly where that kernel's
+// warp of 32 rows (rows 32j..32j+31) does (its rows all precede the keys), so it never reads a
+// dS that dK/dV did not write; a tile wholly past T (its dS tile not loaded) skips them all.
+// Each ldmatrix of K feeds three row tiles.
 struct DqDsShape {
-  static constexpr int kRowTiles = 4;
+  static constexpr int kRowTiles = 3;
   static constexpr int kRows = 4 * 16 * kRowTiles;
   static constexpr int kThreads = 128;
   // [2] dS rows of the CTA over a key tile, then [2] K tiles.
   static constexpr size_t kSmem = size_t(2 * (kRows + kKeys)) * row_ld<64>() * 2;
 };
 
-__global__ void __launch_bounds__(128, 2)
+__global__ void __launch_bounds__(128, Plan<64>::kFlashDqDsBlocksPerSm)
     attention_dq_ds_flash_kernel(bf16* dqkv, const bf16* ds, const bf16* qkv, int T, int H, int KV, float scale) {
   constexpr int D = 64, E = kFlashDsTile, R = DqDsShape::kRowTiles, WR = 16 * R, KC = 16;
   constexpr int LD = row_ld<D>(), BR = DqDsShape::kRows, NT = DqDsShape::kThreads;
   static_assert(E == kKeys && row_ld<E>() == LD, "a dS tile is a key tile wide, rows padded as K's");
+  static_assert(BR % E == 0, "a CTA's rows are whole dS tiles");
   LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16* dss = reinterpret_cast<bf16*>(smem);  // [2][BR][LD]
   bf16* ks = dss + 2 * BR * LD;               // [2][kKeys][LD]
@@ -414,10 +420,14 @@ __global__ void __launch_bounds__(128, 2)
 #pragma unroll
     for (int c = 0; c < kKeys / KC; ++c) {
       const int kc0 = k0 + c * KC;
-      bool live[R];
+      bool live[R], any = false;
 #pragma unroll
-      for (int r = 0; r < R; ++r) live[r] = wq < T && kc0 <= wq + 32 * (r / 2) + 31;
-      if (!live[R - 1]) continue;
+      for (int r = 0; r < R; ++r) {
+        const int rt = wq + 16 * r;  // the tile's first row
+        live[r] = rt < T && kc0 <= (rt | 31);
+        any = any || live[r];
+      }
+      if (!any) continue;
       uint32_t a[R][4];
 #pragma unroll
       for (int r = 0; r < R; ++r)

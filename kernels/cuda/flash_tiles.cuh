@@ -27,16 +27,24 @@ __device__ __forceinline__ int imax(int a, int b) {
 }
 
 // Rows [r0, r0 + R) of a bf16 matrix (row stride `stride`, D columns) into a padded shared
-// tile by cp.async; rows at or past T are zero filled (and not read).
-template <int D, int R, int Threads>
+// tile by cp.async; rows at or past T are zero filled (and not read). Rolled: a loop the
+// compiler keeps, for the loads a key loop issues ahead, whose unrolled addresses would stay
+// live across the loop (the forward at head dim 64 spilled 52 bytes at 168 registers).
+template <int D, int R, int Threads, bool Rolled = false>
 __device__ __forceinline__ void tile_async(bf16* dst, const bf16* src, int64_t stride, int r0, int T) {
-  constexpr int V = D / 8;
+  constexpr int V = D / 8, N = R * V / Threads;
   static_assert(R * V % Threads == 0, "every thread copies as many vectors");
-#pragma unroll
-  for (int j = 0; j < R * V / Threads; ++j) {
+  auto copy = [&](int j) {
     const int i = threadIdx.x + j * Threads, r = i / V, c = (i % V) * 8;
     const bool ok = r0 + r < T;
     cp_async16(dst + r * row_ld<D>() + c, src + int64_t(ok ? r0 + r : 0) * stride + c, ok);
+  };
+  if constexpr (Rolled) {
+#pragma unroll 1
+    for (int j = 0; j < N; ++j) copy(j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) copy(j);
   }
 }
 
@@ -274,11 +282,16 @@ __device__ __forceinline__ void store_rows(bf16* dst, int64_t stride, int r0, in
 // The flash kernels (attention_flash{,_bwd}.cu) give a warp two tiles of 16 rows at D <= 64, so that
 // each fragment an ldmatrix loads feeds both tiles' mma.sync (issue 53: ~2 mma per ldmatrix at
 // one tile, ~4 at two): the forward and dQ 4 warps of 32 query rows (128-row CTAs), dK/dV 4
-// warps of 32 keys (128-key CTAs), each at two CTAs per SM by their registers (245-255, no
-// spill). dK/dV keeps its K fragments and the first key tile's V fragments in registers and
-// rereads the second tile's (all of them spill 24 bytes). At D = 128 each keeps one tile: two
-// spill in the forward (88 bytes, Q reread) and in dK/dV (812), and dQ's fit only by rereading
-// Q and dO for every 16 keys (the same 1.7 mma per ldmatrix) at one CTA per SM (139 KB tiles).
+// warps of 32 keys (128-key CTAs). The forward at D = 64 takes S and the online softmax over
+// 32 keys of its 64-key tile at a time (S of two tiles over 64 keys beside O and Q would not
+// fit), with its key loop's loads rolled: 168 registers, three CTAs per SM, no spill (at 64
+// keys a step it spilled 348 bytes there, so it ran two CTAs at 255). dQ and dK/dV run two CTAs
+// per SM by their registers (245-255, no spill). dQ from the stored dS gives a warp three tiles
+// (192-row CTAs, 72 KB of tiles: three CTAs per SM, 160 registers; four tiles' 90 KB fit two).
+// dK/dV keeps its K fragments and the first key tile's V fragments in registers and rereads
+// the second tile's (all of them spill 24 bytes). At D = 128 each keeps one tile (two spilled:
+// 88 bytes in the forward with Q reread, 812 in dK/dV), and dQ's fit only by rereading Q and dO
+// for every 16 keys (the same 1.7 mma per ldmatrix) at one CTA per SM (139 KB tiles).
 template <int D>
 struct Plan {
   static constexpr int kFwdWarps = D <= 32 ? 8 : 4;
@@ -288,10 +301,12 @@ struct Plan {
   static constexpr int kBq = D <= 64 ? 64 : 32;
   // The flash kernels (attention_flash{,_bwd}.cu).
   static constexpr int kFlashFwdRowTiles = D <= 64 ? 2 : 1;
-  static constexpr int kFlashFwdBlocksPerSm = 2;
+  static constexpr int kFlashFwdBlocksPerSm = D == 64 ? 3 : 2;
+  static constexpr int kFlashFwdKeyChunk = D == 64 ? 32 : kKeys;
   static constexpr bool kFlashFwdQRegs = true;
   static constexpr int kFlashDqRowTiles = D <= 64 ? 2 : 1;
   static constexpr int kFlashDqBlocksPerSm = D == 64 ? 2 : 0;
+  static constexpr int kFlashDqDsBlocksPerSm = 3;
   static constexpr int kFlashDkvKeyTiles = D <= 64 ? 2 : 1;
   static constexpr int kFlashDkvVRegTiles = D <= 32 ? 2 : 1;
 };
@@ -311,7 +326,7 @@ __device__ __forceinline__ int first_key(const int32_t* pos, int bi, int T, int 
 
 // Grid order: x, the fastest in launch order, walks one head's tiles, then y the heads (a GQA
 // group's query heads next to each other), then z the sequences. Blocks start in that order, so
-// the CTAs resident at once (2 per SM, ~264 on an H100) are a few heads' tiles, whose K/V (or
+// the CTAs resident at once (2-3 per SM, ~264-396 on an H100) are a few heads' tiles, whose K/V (or
 // Q/dO) they share: GPT-2 124M (T 1024, D 64) reads 256 KB of K/V a head, ~9 MB in flight for
 // ~33 heads, well inside the 50 MB L2, so a head's K/V comes from DRAM about once. With heads
 // fastest (the order before), the resident CTAs were one query tile of every head: all 192
