@@ -6,7 +6,8 @@
 // no atomics, unless the caller gives a scratch for dS (head dim 64, no document starts:
 // kernels/flash_ds.h): then a delta pass, dK/dV storing each dS tile as bf16, and dQ = dS K
 // walking the key tiles in order, one product a tile, the same bf16 operands added in the same
-// order. dS is rounded to bf16 for its products, as in FlashAttention.
+// order (the delta pass and dQ = dS K: attention_flash_ds.cu). dS is rounded to bf16 for its
+// products, as in FlashAttention.
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -361,106 +362,6 @@ __global__ void __launch_bounds__(128)
   dkv_flash<64, true>(dqkv, ds, dout, qkv, lse, delta, nullptr, T, H, KV, scale);
 }
 
-// dQ = scale * dS K from the stored dS (head dim 64, no document starts): a CTA of 4 warps of
-// three 16-row query tiles (192 rows: three CTAs an SM fit their shared memory, four tiles'
-// 256 rows did not), walking the key tiles in order with each key tile's K and the CTA's dS
-// tiles double-buffered by cp.async; one product a chunk of 16 keys, no S or dP. Each
-// accumulator adds the same chunks in the same order, from the same bf16 A fragments (given
-// the same dS), as attention_dq_flash_kernel: a tile skips a chunk exactly where that kernel's
-// warp of 32 rows (rows 32j..32j+31) does (its rows all precede the keys), so it never reads a
-// dS that dK/dV did not write; a tile wholly past T (its dS tile not loaded) skips them all.
-// Each ldmatrix of K feeds three row tiles.
-struct DqDsShape {
-  static constexpr int kRowTiles = 3;
-  static constexpr int kRows = 4 * 16 * kRowTiles;
-  static constexpr int kThreads = 128;
-  // [2] dS rows of the CTA over a key tile, then [2] K tiles.
-  static constexpr size_t kSmem = size_t(2 * (kRows + kKeys)) * row_ld<64>() * 2;
-};
-
-__global__ void __launch_bounds__(128, Plan<64>::kFlashDqDsBlocksPerSm)
-    attention_dq_ds_flash_kernel(bf16* dqkv, const bf16* ds, const bf16* qkv, int T, int H, int KV, float scale) {
-  constexpr int D = 64, E = kFlashDsTile, R = DqDsShape::kRowTiles, WR = 16 * R, KC = 16;
-  constexpr int LD = row_ld<D>(), BR = DqDsShape::kRows, NT = DqDsShape::kThreads;
-  static_assert(E == kKeys && row_ld<E>() == LD, "a dS tile is a key tile wide, rows padded as K's");
-  static_assert(BR % E == 0, "a CTA's rows are whole dS tiles");
-  LOOM_DYNAMIC_SHARED(unsigned char, smem, 128);
-  bf16* dss = reinterpret_cast<bf16*>(smem);  // [2][BR][LD]
-  bf16* ks = dss + 2 * BR * LD;               // [2][kKeys][LD]
-  const int h = blockIdx.y, bi = blockIdx.z;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
-  const int w = threadIdx.x / 32;
-  const int row = (H + 2 * KV) * D, kvh = h / (H / KV);
-  const bf16* kbase = qkv + int64_t(bi) * T * row + (H + kvh) * D;
-  const bf16* dsh = ds + (int64_t(bi) * H + h) * flash_ds_tiles(T) * E * E;
-  const int nq = (T + E - 1) / E, kt1 = (imin(q0 + BR, T) + kKeys - 1) / kKeys;
-  auto load = [&](int kt, int buf) {
-    tile_async<D, kKeys, NT>(ks + buf * kKeys * LD, kbase, row, kt * kKeys, T);
-#pragma unroll
-    for (int j = 0; j < BR / E; ++j) {
-      const int qb = q0 / E + j;  // tiles above the diagonal are neither stored nor read
-      if (qb < nq && kt <= qb)
-        tile_async<E, E, NT>(dss + (buf * BR + E * j) * LD, dsh + (int64_t(qb) * (qb + 1) / 2 + kt) * E * E, E, 0, E);
-    }
-  };
-  load(0, 0);
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-
-  const int wq = q0 + WR * w;
-  float dq[R][D / 8][4];
-  acc_zero(dq);
-  for (int kt = 0; kt < kt1; ++kt) {
-    const int buf = kt % 2, k0 = kt * kKeys;
-    if (kt + 1 < kt1) load(kt + 1, buf ^ 1);
-    cp_async_commit();
-    const bf16* ds_s = dss + (buf * BR + WR * w) * LD;
-    const bf16* kt_s = ks + buf * kKeys * LD;
-#pragma unroll
-    for (int c = 0; c < kKeys / KC; ++c) {
-      const int kc0 = k0 + c * KC;
-      bool live[R], any = false;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int rt = wq + 16 * r;  // the tile's first row
-        live[r] = rt < T && kc0 <= (rt | 31);
-        any = any || live[r];
-      }
-      if (!any) continue;
-      uint32_t a[R][4];
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (live[r]) load_a<D>(a[r], ds_s + 16 * r * LD, c);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        load_b<D>(b, kt_s + c * KC * LD, 0, dp * 16);
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (live[r]) mma2(dq[r][2 * dp], dq[r][2 * dp + 1], a[r], b);
-      }
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    store_rows<D>(dqkv + int64_t(bi) * T * row + h * D, row, wq + 16 * r, T, dq[r], scale, scale,
-                  dss + (WR * w + 16 * r) * LD);
-}
-
-// delta = rowsum(dO * O), a warp a row, summed as dQ's prologue sums it (row_delta), for dK/dV
-// where dQ runs after it.
-template <int D>
-__global__ void attention_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* out, int T, int H) {
-  const int t = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, bi = blockIdx.z;
-  if (t >= T) return;
-  const int64_t at = (int64_t(bi) * T + t) * H * D + h * D;
-  const float d = row_delta<D>(dout + at, out + at, lane);
-  if (lane == 0) delta[(int64_t(bi) * H + h) * T + t] = d;
-}
-
 template <int D>
 void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, float* delta, int B,
                 int T, int H, int KV, const int32_t* pos, bf16* ds, int64_t ds_elems, cudaStream_t s) {
@@ -474,19 +375,13 @@ void backward_d(bf16* dqkv, const bf16* dout, const bf16* out, const bf16* qkv, 
     const int64_t need = flash_ds_elems(B, T, H, D, pos != nullptr);
     if (ds && need > 0 && ds_elems >= need) {  // delta, dK/dV storing dS, then dQ = dS K
       aligned16_check(ds, "flash attention", "stored dS");
-      LOOM_LAUNCH(attention_bwd_delta_kernel<D>, dim3(unsigned(blocks_for(T, 4)), unsigned(H), unsigned(B)), 128, 0, s)
-      (delta, dout, out, T, H);
-      LOOM_CUDA_LAUNCHED();
+      ds_delta(delta, dout, out, B, T, H, s);
       smem_allow(attention_dkv_ds_flash_kernel, dkv_smem);
       LOOM_LAUNCH(attention_dkv_ds_flash_kernel, grid_order(blocks_for(T, DkvShape<D>::kRows), KV, B),
                   DkvShape<D>::kThreads, dkv_smem, s)
       (dqkv, ds, dout, qkv, lse, delta, T, H, KV, scale);
       LOOM_CUDA_LAUNCHED();
-      smem_allow(attention_dq_ds_flash_kernel, DqDsShape::kSmem);
-      LOOM_LAUNCH(attention_dq_ds_flash_kernel, grid_order(blocks_for(T, DqDsShape::kRows), H, B), DqDsShape::kThreads,
-                  DqDsShape::kSmem, s)
-      (dqkv, ds, qkv, T, H, KV, scale);
-      LOOM_CUDA_LAUNCHED();
+      ds_dq(dqkv, ds, qkv, B, T, H, KV, scale, s);
       return;
     }
   }

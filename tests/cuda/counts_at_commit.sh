@@ -32,7 +32,7 @@ compile() {  # compile OUT SOURCE FLAGS...
   g++ "${flags[@]}" "$@" -c "$src" -o "$out" && objs+=("$out")
 }
 # Earlier commits kept the reference attention kernels at kernels/cuda/attention{,_tc}.cu.
-for k in attention attention_block attention_flash attention_flash_bwd attention_tc elementwise loss_optim norm reference/attention_rowwise \
+for k in attention attention_block attention_flash attention_flash_bwd attention_flash_ds attention_tc elementwise loss_optim norm reference/attention_rowwise \
   reference/attention_wmma; do
   [ -f "$tmp/src/kernels/cuda/$k.cu" ] || continue
   o=${k//\//_}
