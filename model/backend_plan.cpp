@@ -11,6 +11,11 @@ int cuda_input_slots(const ModelDims& dims) {
   return std::clamp(dims.accum, 2, 64);
 }
 
+int64_t attention_ds_elems(const ModelDims& dims) {
+  if (dims.cp != 1 || !dims.attention_ds) return 0;
+  return flash_ds_planned_elems(dims.B, dims.T, dims.H / std::max(dims.tp, 1), dims.D, dims.doc_mask);
+}
+
 std::vector<PlanItem> cuda_backend_plan(const ModelDims& dims) {
   const int64_t N = int64_t(dims.B) * dims.T_local();
   const int C = dims.C, E = dims.moe.num_experts;
@@ -32,10 +37,9 @@ std::vector<PlanItem> cuda_backend_plan(const ModelDims& dims) {
       // context parallel: every cp rank's token positions, the block kernels' masks
       {"cp_positions", dims.cp > 1 ? int64_t(dims.cp) * dims.T_local() : 0, DType::i32, Mem::workspace},
       // the flash backward's stored dS (B H T^2 / 2 bf16, kernels/flash_ds.h), reused by every
-      // layer; none where dQ recomputes it (head dim other than 64, document masks, cp, past 1 GiB)
-      {"attention_ds",
-       dims.cp == 1 ? flash_ds_planned_elems(dims.B, dims.T, dims.H / std::max(dims.tp, 1), dims.D, dims.doc_mask) : 0,
-       DType::bf16, Mem::workspace}};
+      // layer; none where dQ recomputes it (head dim other than 64, document masks, cp, past 1 GiB,
+      // or no room for it on the device: plan/memory.h's attention_ds_fit)
+      {"attention_ds", attention_ds_elems(dims), DType::bf16, Mem::workspace}};
 }
 
 }  // namespace loom
