@@ -156,8 +156,7 @@ int plan_memory(const PlanArgs& a) {
   // the device's free memory (rank 0's plan, the one the table shows).
   std::string ds_note;
   if (cluster.memory_bytes > 0) {
-    const MemoryAvailable avail{int64_t(cluster.memory_bytes),
-                                fmt::format("memory_gb of {}", a.mem_cluster)};
+    const MemoryAvailable avail{int64_t(cluster.memory_bytes), fmt::format("memory_gb of {}", a.mem_cluster)};
     const AttentionDsFit f = attention_ds_fit(cfg, device, dtype, 0, nullptr, avail);
     if (!f.fits) cfg.train.attention_ds = false, ds_note = f.note + "\n";
   }

@@ -180,9 +180,9 @@ std::string attention_ds_line(const Config& cfg, DeviceKind device) {
                        Allocator::alloc_bytes(elems, DType::bf16) / 1e9);
   const int64_t shape = flash_ds_elems(d.B, d.T, d.H / std::max(d.tp, 1), d.D, d.doc_mask);
   const char* why = !cfg.train.attention_ds ? "no room for it on the device"
-                    : d.cp > 1             ? "context parallel's blocks recompute it"
-                    : shape == 0           ? "head dim other than 64 or document masks"
-                                           : "past its 1 GiB cap";
+                    : d.cp > 1              ? "context parallel's blocks recompute it"
+                    : shape == 0            ? "head dim other than 64 or document masks"
+                                            : "past its 1 GiB cap";
   return fmt::format("attention_ds: none, dQ recomputes S and dP ({})\n", why);
 }
 

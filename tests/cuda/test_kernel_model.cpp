@@ -114,7 +114,8 @@ TEST(KernelModel, StepModelsElementWiseBytesAreTheCountedKernels) {
   const auto ops = emu::counts_csv_parse(read("kernel_counts.csv"));
   const std::string src = LOOM_SOURCE_DIR;
   const Cluster h200 = cluster_load(src + "/examples/clusters/h200.toml");
-  for (const auto& [model, config] : {std::pair{"gpt2_124m", "gpt2_124m_gpu.toml"}, {"llama_1b", "llama_1b_gpu.toml"}}) {
+  for (const auto& [model, config] :
+       {std::pair{"gpt2_124m", "gpt2_124m_gpu.toml"}, {"llama_1b", "llama_1b_gpu.toml"}}) {
     double counted = 0;
     for (const auto& [m, op] : ops) {
       if (m != model) continue;

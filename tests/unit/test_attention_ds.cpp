@@ -75,7 +75,8 @@ TEST(AttentionDs, LeftOutWhereTheDeviceHasNoRoomSameLossBits) {
   EXPECT_EQ(tight.grad_norms, want.grad_norms);
   // The fit itself: unknown memory keeps the store; so does memory past the plan and margin.
   EXPECT_TRUE(attention_ds_fit(c, DeviceKind::cuda_emulated, DType::bf16, 0, nullptr, {}).fits);
-  EXPECT_TRUE(attention_ds_fit(c, DeviceKind::cuda_emulated, DType::bf16, 0, nullptr, {with + (64 << 20), "test"}).fits);
+  EXPECT_TRUE(
+      attention_ds_fit(c, DeviceKind::cuda_emulated, DType::bf16, 0, nullptr, {with + (64 << 20), "test"}).fits);
   const AttentionDsFit no = attention_ds_fit(c, DeviceKind::cuda_emulated, DType::bf16, 0, nullptr, {with, "test"});
   EXPECT_FALSE(no.fits);
   EXPECT_EQ(no.bytes, store);
