@@ -28,9 +28,10 @@ LOOM_HOST_DEVICE inline int64_t flash_ds_elems(int B, int T, int H, int D, bool 
 }
 
 // What the CUDA backend plans for it (model/backend_plan.cpp): the whole store up to 1 GiB, none
-// past that (dQ then recomputes, as it did before the store: a run that fit still fits within
-// 1 GiB; the plan does not yet weigh the store against the device's memory). GPT-2 124M at B16
-// T1024: 214 MB; the 1.1B's B4 T2048 H32 at head dim 64 would be 570 MB.
+// past that (dQ then recomputes, as it did before the store), and none where the device's memory
+// has no room for it beside the rest of the plan (plan/memory.h's attention_ds_fit: a run that
+// fit before the store still runs). GPT-2 124M at B16 T1024: 214 MB; the 1.1B's B4 T2048 H32 at
+// head dim 64 would be 570 MB.
 constexpr int64_t kFlashDsMaxBytes = int64_t(1) << 30;
 inline int64_t flash_ds_planned_elems(int B, int T, int H, int D, bool doc_mask) {
   const int64_t n = flash_ds_elems(B, T, H, D, doc_mask);

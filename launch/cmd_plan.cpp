@@ -133,8 +133,9 @@ int plan_memory(const PlanArgs& a) {
   // The device planned for, and why: a plan for a CPU where GPUs were meant must say so.
   DeviceKind device = DeviceKind::cpu;
   std::string why;
+  Cluster cluster;
   if (!a.mem_cluster.empty()) {
-    const Cluster cluster = cluster_load(a.mem_cluster);
+    cluster = cluster_load(a.mem_cluster);
     device = cluster.device;
     if (!cfg.set_keys.count("train.dtype")) cfg.train.dtype = dtype_choice(cluster.dtype);
     why = fmt::format("the device of cluster {} (--cluster)", cluster.name);
@@ -151,11 +152,19 @@ int plan_memory(const PlanArgs& a) {
                                     : "train.device = auto on this machine";
   }
   const DType dtype = dtype_resolve(cfg, device);
+  // The flash backward's stored dS against the cluster's memory_gb, as a run weighs it against
+  // the device's free memory (rank 0's plan, the one the table shows).
+  std::string ds_note;
+  if (cluster.memory_bytes > 0) {
+    const MemoryAvailable avail{int64_t(cluster.memory_bytes), fmt::format("memory_gb of {}", a.mem_cluster)};
+    const AttentionDsFit f = attention_ds_fit(cfg, device, dtype, 0, nullptr, avail);
+    if (!f.fits) cfg.train.attention_ds = false, ds_note = f.note + "\n";
+  }
   if (a.mem_json)
     fmt::print("{}\n", plan_memory_json(cfg, device, dtype));
   else
-    fmt::print("{}\ndevice: {}\n{}{}\n", plan_memory_assumed(cfg, device, dtype), why, assumed,
-               plan_memory_table(cfg, device, dtype));
+    fmt::print("{}\ndevice: {}\n{}{}\n{}{}", plan_memory_assumed(cfg, device, dtype), why, assumed,
+               plan_memory_table(cfg, device, dtype), attention_ds_line(cfg, device), ds_note);
   return 0;
 }
 

@@ -224,6 +224,9 @@ std::unique_ptr<Backend> cuda_backend(const ModelDims& dims, Allocator& alloc);
 #endif
 // The CUDA backend's working memory (GEMM workspace, staged inputs, norm scratch).
 std::vector<PlanItem> cuda_backend_plan(const ModelDims& dims);
+// bf16 elements of the flash backward's stored dS in that plan ("attention_ds"): 0 where dQ
+// recomputes (kernels/flash_ds.h's shapes, cp, or dims.attention_ds cleared).
+int64_t attention_ds_elems(const ModelDims& dims);
 // Slots of staged inputs: one per micro-batch of a step (2 to 64), so a step's uploads never
 // wait for an earlier one's (the step's end synchronizes the stream anyway).
 int cuda_input_slots(const ModelDims& dims);

@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
     LOOM_CHECK(alloc.device() == kDevice && stream_.kind == kDevice,
                "the {} backend needs an allocator and a stream of its device", cuda_api(kDevice).name);
     for (auto& item : cuda_backend_plan(dims)) ws_.push_back(alloc.empty(item));
+    ds_left_out_ = !dims.attention_ds;
     gemm_ = std::make_unique<cuda::GemmContext>(ws_[0].data<char>(), ws_[0].nbytes());
     N_ = dims.B * dims.T_local();
     staged_.resize(size_t(cuda_input_slots(dims)));
@@ -284,8 +285,9 @@ class CudaBackend final : public Backend {
     // dQ from the dS dK/dV stores, where the plan holds it; else recomputed. Said once.
     const int64_t need = flash_ds_elems(a.B, a.T, a.H, a.D, a.pos != nullptr), have = ws_[5].numel();
     if (!ds_path_said_)
-      spdlog::info("attention backward: {}", need > 0 && have >= need
-                                                 ? "dQ from the stored dS (dK/dV writes it)"
+      spdlog::info("attention backward: {}", need > 0 && have >= need ? "dQ from the stored dS (dK/dV writes it)"
+                                             : need > 0 && ds_left_out_
+                                                 ? "dQ recomputes S and dP (the stored dS left out: no room for it)"
                                                  : "dQ recomputes S and dP (no stored dS at this shape)");
     ds_path_said_ = true;
     cuda::attention_backward(B16(dqkv), B16(dout), B16(out), B16(qkv), stats.as<float>(), scratch, a.B, a.T, a.H, a.KV,
@@ -386,6 +388,7 @@ class CudaBackend final : public Backend {
   // A kernel's element-by-element path for a tensor off 16 bytes: a warning once per kernel and tensor.
   bool bias_pass_said_ = false;  // a bias-gradient epilogue refused, said once
   bool ds_path_said_ = false;    // which dQ the attention backward runs, said once
+  bool ds_left_out_ = false;     // the plan left the stored dS out for the device's memory (set once)
   cuda::ScalarPathsOnce scalar_paths_{[](const std::string& line) { spdlog::warn("{}", line); }};
   int N_ = 0;
   // The host waits for the stream's work so far (and knows every upload issued has landed).

@@ -27,6 +27,7 @@ struct ModelDims {
   bool doc_mask = false;  // attention and positions stay inside each document
   Recompute recompute = Recompute::none;
   GeluEpilogue gelu_epilogue = GeluEpilogue::fused;
+  bool attention_ds = true;     // the CUDA backend may store the flash backward's dS (config.h)
   bool split_backward = false;  // a pipeline schedule splits backward into input and weight halves
   int accum = 1;                // micro-batches per rank and step
 
@@ -65,6 +66,7 @@ inline ModelDims model_dims(const Config& cfg) {
   d.doc_mask = cfg.data.doc_mask;
   d.recompute = cfg.train.recompute;
   d.gelu_epilogue = cfg.train.gelu_epilogue;
+  d.attention_ds = cfg.train.attention_ds;
   d.split_backward = cfg.pp_split_backward();
   d.accum = cfg.accum_steps();
   return d;

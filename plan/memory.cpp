@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
+#include "kernels/flash_ds.h"
 #include "kernels/moe_row.h"
 #include "model/backend.h"
 #include "model/flops.h"
@@ -99,10 +101,15 @@ int64_t proc_number(const std::string& path, const std::string& key) {
 MemoryAvailable memory_available(DeviceKind kind, int sharing) {
   sharing = std::max(1, sharing);
   MemoryAvailable a;
-  if (kind == DeviceKind::cuda) {
+  // The emulated device is a device of its own to each rank where LOOM_EMULATED_DEVICE_MB sizes it
+  // (kernels/emu/runtime.h), else the host's memory.
+  const char* emulated = std::getenv("LOOM_EMULATED_DEVICE_MB");
+  if (kind == DeviceKind::cuda || (kind == DeviceKind::cuda_emulated && emulated && *emulated)) {
+    if (kind != DeviceKind::cuda) sharing = 1;
     const double free = double(cuda_api(kind).mem_free());
     a.bytes = int64_t(free / sharing);
-    a.from = fmt::format("{:.1f} GiB free on this GPU{}", free / kGiB,
+    a.from = fmt::format("{:.1f} GiB free on this {}{}", free / kGiB,
+                         kind == DeviceKind::cuda ? "GPU" : "emulated device (LOOM_EMULATED_DEVICE_MB)",
                          sharing > 1 ? fmt::format(", shared by {} ranks", sharing) : "");
     return a;
   }
@@ -143,6 +150,40 @@ void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& a
       "train.recompute, shard with parallel.zero, tp or pp (`loom plan memory` prints every rank's plan), or train a "
       "smaller model",
       rank, plan.total() / kGiB, split, double(avail.bytes) / kGiB, avail.from);
+}
+
+AttentionDsFit attention_ds_fit(const Config& cfg, DeviceKind device, DType dtype, int rank, const PartSpec* spec,
+                                const MemoryAvailable& avail, int64_t with) {
+  AttentionDsFit f;
+  if (!device_is_cuda(device) || !cfg.train.attention_ds) return f;
+  f.bytes = Allocator::alloc_bytes(attention_ds_elems(model_dims(cfg)), DType::bf16);
+  if (f.bytes == 0 || avail.bytes < 0) return f;
+  const int64_t margin = std::max<int64_t>(int64_t(64) << 20, avail.bytes / 20);
+  if (with < 0) with = plan_memory(cfg, device, dtype, rank, spec).total();
+  if (with + margin <= avail.bytes) return f;
+  f.fits = false;
+  f.note = fmt::format(
+      "the flash backward's stored dS ({:.1f} MiB) is left out: this rank's plan with it is {:.2f} GiB, {:.2f} GiB "
+      "with a margin of {:.0f} MiB, and it has {:.2f} GiB ({}); dQ recomputes S and dP instead (the same bits, a "
+      "slower attention backward)",
+      double(f.bytes) / (1 << 20), with / kGiB, (with + margin) / kGiB, double(margin) / (1 << 20),
+      double(avail.bytes) / kGiB, avail.from);
+  return f;
+}
+
+std::string attention_ds_line(const Config& cfg, DeviceKind device) {
+  if (!device_is_cuda(device)) return "";
+  const ModelDims d = model_dims(cfg);
+  const int64_t elems = attention_ds_elems(d);
+  if (elems > 0)
+    return fmt::format("attention_ds: the flash backward's stored dS, {:.3f} GB of workspace\n",
+                       Allocator::alloc_bytes(elems, DType::bf16) / 1e9);
+  const int64_t shape = flash_ds_elems(d.B, d.T, d.H / std::max(d.tp, 1), d.D, d.doc_mask);
+  const char* why = !cfg.train.attention_ds ? "no room for it on the device"
+                    : d.cp > 1              ? "context parallel's blocks recompute it"
+                    : shape == 0            ? "head dim other than 64 or document masks"
+                                            : "past its 1 GiB cap";
+  return fmt::format("attention_ds: none, dQ recomputes S and dP ({})\n", why);
 }
 
 std::string plan_memory_table(const Config& cfg, DeviceKind device, DType dtype) {

@@ -26,7 +26,8 @@ struct MemoryPlan {
 // (`spec`: its stage's pipeline_chunk_spec, when the caller has it already).
 MemoryPlan plan_memory(const Config& cfg, DeviceKind device, DType dtype, int rank = 0, const PartSpec* spec = nullptr);
 // The memory one rank may fill: `sharing` ranks divide the host's available memory (its
-// MemAvailable, or what the cgroup's limit leaves when less) or, on a GPU, its free memory.
+// MemAvailable, or what the cgroup's limit leaves when less) or, on a GPU, its free memory; the
+// emulated device's where LOOM_EMULATED_DEVICE_MB sizes it (one a rank), else the host's.
 struct MemoryAvailable {
   int64_t bytes = -1;  // -1: unknown (nothing is refused)
   std::string from;    // "18.2 GiB available on this host, shared by 4 ranks"
@@ -37,6 +38,23 @@ MemoryAvailable memory_available(DeviceKind kind, int sharing);
 void memory_fit_rough(const Config& cfg, DType dtype, int world, const MemoryAvailable& avail);
 // Refuses a rank whose plan exceeds `avail`, with the plan's numbers and what to change.
 void memory_fit_check(const MemoryPlan& plan, int rank, const MemoryAvailable& avail);
+
+// The flash backward's stored dS (the CUDA backend's "attention_ds", up to 1 GiB) against the
+// device's memory: it is a speed-up, never a reason to refuse a run, so it is planned only where
+// the rank's whole plan with it leaves a margin free (a twentieth of `avail`, at least 64 MiB,
+// for what no plan lists: the CUDA context's and libraries' own allocations, fragmentation).
+// Where it does not, the caller clears cfg.train.attention_ds (dQ recomputes S and dP, the
+// same bits) and says `note` once.
+struct AttentionDsFit {
+  int64_t bytes = 0;  // the store cfg plans on this rank, 0 where none
+  bool fits = true;   // false: leave it out
+  std::string note;   // where it does not fit: what, against what, and what runs instead
+};
+// `with`: the rank's plan total with the store, where the caller has it (else planned here).
+AttentionDsFit attention_ds_fit(const Config& cfg, DeviceKind device, DType dtype, int rank, const PartSpec* spec,
+                                const MemoryAvailable& avail, int64_t with = -1);
+// What the plan holds of the store, for `loom plan memory`: its size, or why there is none.
+std::string attention_ds_line(const Config& cfg, DeviceKind device);
 
 // The four ZeRO stages side by side for rank 0, MiB.
 std::string plan_memory_table(const Config& cfg, DeviceKind device, DType dtype);

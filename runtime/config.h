@@ -126,6 +126,10 @@ struct TrainConfig {
   // CUDA, gpt2: GELU's backward in the epilogue of the GEMM that makes its input (fused) or a
   // kernel of its own (separate); `loom bench kernels` times both.
   GeluEpilogue gelu_epilogue = GeluEpilogue::fused;
+  // Not a key: the CUDA backend plans the flash backward's stored dS (kernels/flash_ds.h); the
+  // trainer and `loom plan memory` clear it where the device's memory has no room for it
+  // (plan/memory.h, attention_ds_fit), and dQ recomputes.
+  bool attention_ds = true;
   int threads = 0;  // 0: OMP_NUM_THREADS if set, else the node's cores shared among its ranks
 };
 

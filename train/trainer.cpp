@@ -93,7 +93,7 @@ void Trainer::Parts::preflight(int gpus) {
     // The ranks of this node share its memory (on GPUs, each GPU's).
     const int local = std::max(1, env.local_size);
     memory = device == DeviceKind::cuda ? memory_available(DeviceKind::cuda, (local + gpus - 1) / std::max(1, gpus))
-                                        : memory_available(DeviceKind::cpu, local);
+                                        : memory_available(device, local);
     memory_fit_rough(cfg, dtype, opt.world_size, memory);
   }
 #if LOOM_HAVE_MPI
@@ -138,6 +138,17 @@ void Trainer::Parts::build(int gpus) {
   mesh = std::make_unique<DeviceMesh>(dims, opt.world_rank, opt.world_size, mo);
 
   const DeviceKind kind = device;
+  // Pipeline stages first: this rank's blocks (the embedding on the first stage, the head on
+  // the last), and as many activation slots as its schedule keeps micro-batches in flight.
+  // Checks the schedule: a broken table stops here, before any send.
+  const PartSpec spec = pipeline_chunk_spec(cfg, mesh->coord().pp, &pipe_schedule);
+  // The flash backward's stored dS only where the device has room for it beside the plan: a
+  // run that fits without it runs, dQ recomputing, and says so.
+  if (const AttentionDsFit ds = attention_ds_fit(cfg, kind, dtype, opt.world_rank, &spec, memory); !ds.fits) {
+    cfg.train.attention_ds = false;
+    if (!opt.quiet) spdlog::warn("rank {}: {}", opt.world_rank, ds.note);
+  }
+  memory_fit_check(plan_memory(cfg, device, dtype, opt.world_rank, &spec), opt.world_rank, memory);
   const ModelDims model = model_dims(cfg);
   stream = device_is_cuda(kind) ? cuda_stream_create(kind) : host_stream();
   alloc = std::make_unique<Allocator>(kind, stream);
@@ -164,11 +175,6 @@ void Trainer::Parts::build(int gpus) {
                device_is_cuda(kind) ? cuda_api(kind).name : "host");
   clock = std::make_unique<StepClock>(backend->stream());
   const int zero_stage = cfg.parallel.zero;
-  // Pipeline stages first: this rank's blocks (the embedding on the first stage, the head on
-  // the last), and as many activation slots as its schedule keeps micro-batches in flight.
-  // Checks the schedule: a broken table stops here, before any send.
-  const PartSpec spec = pipeline_chunk_spec(cfg, mesh->coord().pp, &pipe_schedule);
-  memory_fit_check(plan_memory(cfg, device, dtype, opt.world_rank, &spec), opt.world_rank, memory);
   // Every pp degree runs a list of ops; at pp 1 it is 1F1B on one stage, F0 B0 F1 B1 ...: the
   // accumulation loop, one micro-batch's activations at a time.
   pipe_ops = pipeline_stage_ops(pipe_schedule, mesh->coord().pp, cfg.accum_steps());

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -23,6 +24,12 @@ void set_last_error(cudaError_t e, const std::string& message) {
   last_error = e;
   message_code = e;
   last_message = message;
+}
+
+size_t device_memory_configured() {  // read each time: a test sizes the device run by run
+  const char* s = std::getenv("LOOM_EMULATED_DEVICE_MB");
+  const double mb = s && *s ? std::strtod(s, nullptr) : 0.0;
+  return mb > 0 ? size_t(mb * 1024 * 1024) : size_t(0);
 }
 
 }  // namespace loom::emu
@@ -86,6 +93,14 @@ cudaError_t poisoned_alloc(void** p, size_t bytes, const char* call) {
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (emu::capture_refuse(cudaErrorStreamCaptureUnsupported, "cudaMalloc") != cudaSuccess)
     return cudaErrorStreamCaptureUnsupported;
+  if (const size_t total = emu::device_memory_configured(); total && emu::allocated_bytes() + bytes > total) {
+    *p = nullptr;
+    emu::set_last_error(cudaErrorMemoryAllocation,
+                        "cudaMalloc of " + std::to_string(bytes) + " bytes: the emulated device's " +
+                            std::to_string(total) + " bytes (LOOM_EMULATED_DEVICE_MB) have " +
+                            std::to_string(total - std::min(total, emu::allocated_bytes())) + " free");
+    return cudaErrorMemoryAllocation;
+  }
   const cudaError_t e = poisoned_alloc(p, bytes, "cudaMalloc");
   if (e == cudaSuccess) emu::allocation_add(*p, bytes);
   return e;
@@ -129,6 +144,11 @@ cudaError_t cudaGetDeviceCount(int* n) {
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  if (const size_t device = emu::device_memory_configured()) {
+    *total = device;
+    *free = device - std::min(device, emu::allocated_bytes());
+    return cudaSuccess;
+  }
   const long page = sysconf(_SC_PAGESIZE);
   *free = size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(page);
   *total = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(page);

@@ -85,7 +85,8 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s = n
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaGetDeviceCount(int* n);
-// The emulated device's memory is the host's: what the host has available, of its physical memory.
+// The emulated device's memory: the host's (what it has available, of its physical memory), or
+// LOOM_EMULATED_DEVICE_MB's less what is allocated (emu::device_memory_configured).
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 cudaError_t cudaGetDevice(int* d);
 cudaError_t cudaSetDevice(int d);
@@ -169,6 +170,11 @@ void stream_enqueue(cudaStream_t s, std::function<void()> work);
 // the host read it without a synchronization that covers its producer.
 void allocation_add(void* p, size_t bytes);
 void allocation_remove(void* p);
+size_t allocated_bytes();  // of the allocations held now
+// The emulated device's memory: LOOM_EMULATED_DEVICE_MB where set (a device of that many MiB:
+// cudaMalloc past it fails and cudaMemGetInfo counts down from it, so a run can be tried on a
+// small device), else 0: the host's memory, as before.
+size_t device_memory_configured();
 class PendingWrites {
  public:
   PendingWrites() = default;

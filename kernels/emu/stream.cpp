@@ -151,13 +151,26 @@ std::map<uintptr_t, Allocation>::iterator allocation_of(const void* p) {
 
 }  // namespace
 
+namespace {
+size_t allocated = 0;  // bytes of the allocations (allocs_mu)
+}  // namespace
+
 void allocation_add(void* p, size_t bytes) {
   std::lock_guard lk(allocs_mu);
-  allocations()[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes};
+  const auto [it, added] = allocations().insert({reinterpret_cast<uintptr_t>(p), Allocation{bytes}});
+  if (!added) allocated -= it->second.bytes, it->second = Allocation{bytes};
+  allocated += bytes;
+}
+size_t allocated_bytes() {
+  std::lock_guard lk(allocs_mu);
+  return allocated;
 }
 void allocation_remove(void* p) {
   std::lock_guard lk(allocs_mu);
-  allocations().erase(reinterpret_cast<uintptr_t>(p));
+  const auto it = allocations().find(reinterpret_cast<uintptr_t>(p));
+  if (it == allocations().end()) return;
+  allocated -= it->second.bytes;
+  allocations().erase(it);
 }
 void PendingWrites::add(const void* p, const char* writer) {
   if (!p) return;
