@@ -1,6 +1,6 @@
-// The scratch of the flash backward's stored dS (kernels/cuda/attention_flash_bwd.cu): dK/dV writes
-// each (query tile, key tile) of 64 x 64 on or below the diagonal as bf16, and dQ = dS K reads
-// it back. Sizes only, for the memory plan; no kernel here.
+// The scratch of the flash backward's stored dS: dK/dV (kernels/cuda/attention_flash_bwd.cu)
+// writes each (query tile, key tile) of 64 x 64 on or below the diagonal as bf16, and dQ = dS K
+// (attention_flash_ds.cu) reads it back. Sizes only, for the memory plan; no kernel here.
 #pragma once
 #include <cstdint>
 

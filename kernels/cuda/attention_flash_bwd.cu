@@ -10,6 +10,7 @@
 // products, as in FlashAttention.
 #include <cstdint>
 
+#include "kernels/cuda/attention_flash_ds.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_tiles.cuh"
 #include "kernels/cuda/ops_cuda.h"

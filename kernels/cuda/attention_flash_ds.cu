@@ -3,6 +3,7 @@
 // dK/dV stored, for head dim 64 without document starts.
 #include <cstdint>
 
+#include "kernels/cuda/attention_flash_ds.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_tiles.cuh"
 #include "kernels/cuda/ops_cuda.h"

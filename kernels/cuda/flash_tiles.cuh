@@ -341,9 +341,4 @@ inline dim3 grid_order(int tiles, int heads, int B) {
   return dim3(unsigned(tiles), unsigned(heads), unsigned(B));
 }
 
-// The stored-dS path's launches (attention_flash_ds.cu), head dim 64: delta = rowsum(dO * O)
-// for dK/dV, and dQ = scale * dS K from the stored tiles.
-void ds_delta(float* delta, const bf16* dout, const bf16* out, int B, int T, int H, cudaStream_t s);
-void ds_dq(bf16* dqkv, const bf16* ds, const bf16* qkv, int B, int T, int H, int KV, float scale, cudaStream_t s);
-
 }  // namespace loom::cuda::flash

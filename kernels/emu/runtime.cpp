@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace loom::emu {
@@ -28,8 +29,13 @@ void set_last_error(cudaError_t e, const std::string& message) {
 
 size_t device_memory_configured() {  // read each time: a test sizes the device run by run
   const char* s = std::getenv("LOOM_EMULATED_DEVICE_MB");
-  const double mb = s && *s ? std::strtod(s, nullptr) : 0.0;
-  return mb > 0 ? size_t(mb * 1024 * 1024) : size_t(0);
+  if (!s || !*s) return 0;
+  char* end = nullptr;
+  const double mb = std::strtod(s, &end);
+  if (*end != '\0' || !(mb > 0))
+    throw std::runtime_error(std::string("LOOM_EMULATED_DEVICE_MB = '") + s +
+                             "' is not a positive number of MiB; set it to the emulated device's size, or unset it");
+  return size_t(mb * 1024 * 1024);
 }
 
 }  // namespace loom::emu

@@ -34,8 +34,9 @@ mutations=(
   "cp blocks: the running max of the blocks before dropped|kernels/cuda/attention_block.cu|m[half] = stats[2 * r] / scale;|m[half] = -INFINITY;|*CudaCp*"
   "cp blocks: a key tile used before its cp.async wait|kernels/cuda/attention_block.cu|    cp_async_wait<0>();\n    __syncthreads();  // the next tile has landed|    __syncthreads();  // the next tile has landed|*CudaCp*"
   "flash forward: the mask's keys counted from the 64-key tile, not its 32-key chunk|kernels/cuda/attention_flash.cu|const int key = kc0 + 8 * n|const int key = k0 + 8 * n|*FlashAttention*:*CudaAttention*"
-  "flash dQ from the stored dS: a tile takes the chunks of the pair after its own (a dS never written)|kernels/cuda/attention_flash_ds.cu|live[r] = rt < T && kc0 <=|live[r] = rt < T && kc0 - 32 <=|*FlashAttentionStoredDs*"
+  "flash dQ from the stored dS: a tile takes the chunks of the 32-row group after its own (a dS never written)|kernels/cuda/attention_flash_ds.cu|live[r] = rt < T && kc0 <=|live[r] = rt < T && kc0 - 32 <=|*FlashAttentionStoredDs*"
   "norm backward: the block's sum of its row groups' partials drops the last group|kernels/cuda/norm.cu|for (int h = 0; h < groups; ++h) {|for (int h = 0; h < groups - 1; ++h) {|*Norms*"
+  "norm backward: a row group past 32 rows keeps its first 32 rows' mean and rstd|kernels/cuda/norm.cu|if (i % 32 == 0) {|if (i == 0) {|*NormBackwardRowGroups*"
   "embedding: a frequent token's last piece dropped|kernels/cuda/elementwise.cu|for (int r = p.first; r < p.first + p.count; ++r)|for (int r = p.first; r < p.first + p.count - 1; ++r)|*Embedding*"
   "memory-bound: the word column sums drop a row phase|kernels/cuda/common.cuh|for (int p = 0; p < kColPhases; ++p) sum += is_b|for (int p = 1; p < kColPhases; ++p) sum += is_b|*Norms*:*BiasBackward*"
 )

@@ -168,7 +168,7 @@ TEST_P(FlashAttentionStoredDs, GivesTheRecomputedBitsAndRepeats) {
   }
 }
 
-// A ragged last tile past a key block of 128 (T 130), a 256-row dQ block whose last query tile
+// A ragged last tile past a key block of 128 (T 130), a 192-row dQ block whose last query tile
 // is partial, GQA 4:1 and 2:1.
 INSTANTIATE_TEST_SUITE_P(Heads, FlashAttentionStoredDs,
                          ::testing::ValuesIn(kSanitized

@@ -214,10 +214,10 @@ TEST(KernelCounts, FlashGridWalksAHeadsTilesFirst) {
       const std::string what = model + " " + op.shape + " " + l.kernel;
       EXPECT_EQ(l.grid[1], unsigned(heads)) << what << ": grid y is the heads";
       EXPECT_EQ(l.grid[2], unsigned(B)) << what << ": grid z is the sequences";
-      // CTAs of a multiple of 64 rows (dQ from the stored dS: 192, the last partial).
-      bool tiles = false;
-      for (unsigned rows = 64; rows <= unsigned(T); rows += 64) tiles = tiles || (T + rows - 1) / rows == l.grid[0];
-      EXPECT_TRUE(tiles) << what << ": grid x (" << l.grid[0] << ") is the tiles of " << T << " rows";
+      // A CTA's rows: 4 warps of two 16-row tiles at head dim 64 or less, of one at 128; dQ from
+      // the stored dS 4 warps of three (the last CTA partial).
+      const int rows = l.kernel.find("dq_ds") != std::string::npos ? 192 : D <= 64 ? 128 : 64;
+      EXPECT_EQ(l.grid[0], unsigned((T + rows - 1) / rows)) << what << ": grid x is the tiles of " << T << " rows";
       ++held;
     }
   EXPECT_EQ(held, 13);

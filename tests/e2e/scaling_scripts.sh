@@ -73,6 +73,8 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 if [ "$(id -u)" -ne 0 ] || [ ${#as_user[@]} -gt 0 ]; then
   script_refused "invariant_cost as a user" "needs root (network namespaces and tc)" "${as_user[@]}" env LOOM="$loom" "$cost"
+  # and root before the binary: a user without either hears of root first
+  script_refused "invariant_cost as a user without loom" "needs root" "${as_user[@]}" env LOOM=no/loom "$cost"
 else
   echo "skipped invariant_cost as a user: this tree is not readable by nobody"
 fi

@@ -127,6 +127,7 @@ TEST(AttentionDs, PlanMemoryShowsTheStoreOrWhyNone) {
       << out.output;
   EXPECT_NE(out.output.find("is left out"), std::string::npos) << out.output;
   const CliRun cpu = loom_run("plan memory" + gpt2 + " --set train.device=cpu");
+  ASSERT_EQ(cpu.status, 0) << cpu.output;
   EXPECT_EQ(cpu.output.find("attention_ds"), std::string::npos) << cpu.output;
 }
 
