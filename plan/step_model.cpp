@@ -17,6 +17,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_split.h"
 #include "plan/memory.h"
+#include "plan/step_elementwise.h"
 #include "plan/step_invariant.h"
 #include "runtime/device_policy.h"
 #include "runtime/error.h"
@@ -233,61 +234,6 @@ struct ChunkCost {
   double cp_f = 0, cp_b = 0;  // context parallel's key/value transfers, what compute does not hide
   int blocks = 0, moe_blocks = 0;
 };
-
-// Element-wise traffic per token, in activation elements, per tp rank: what loom's kernels move
-// (their DRAM bytes a call, tests/cuda/kernel_counts.csv and `loom bench kernels --counts`). A block:
-//   each norm has the residual add fused in: forward reads the stream and the branch, writes the
-//   sum and the normed rows (4C); backward reads dout and the input, reads and writes the stream's
-//   gradient (4C); two a block, this rank's rows under sp: 16C;
-//   GELU forward reads fc and writes act (2F); its backward is the dgelu GEMM epilogue where the
-//   backend fuses it (CUDA, GPT-2), else reads dact and fc and writes dfc (3F); SwiGLU forward
-//   reads gate and up, writes act (3F), backward reads those and dact, writes two (5F); each
-//   tp's share of F, or k of them on every tp rank for a MoE layer;
-//   RoPE rotates q and k in place each way: 2 (C + kvd) / tp forward, as much backward (the
-//   kernel's cos/sin reads are a table that stays in cache);
-//   GPT-2's bias gradients: in the GEMMs' epilogues on CUDA; the CPU reads dout once more for
-//   each (3C + F per tp rank for qkv and fc, C each for the row-parallel two).
-// The CPU's ops fuse the norms' adds as the kernels do; their other counts are the kernels'.
-// GPT-2 124M (C 768, F 3072) on CUDA: 16C + 2F = 18432 a layer (the counts: 25 norm calls of 4C
-// each way and 12 GELU forwards of 2F, over 12 layers); the 1.1B LLaMA (C 2048, kvd 256, F 5632):
-// 16C + 8F + 4 (C + kvd) = 87040. The model before counted 36C + 12F (64512 and 141312), unfused
-// kernels' traffic: 3.5 and 1.6 times what today's move a block (the whole counted steps,
-// the ends included: 2.2 and 1.4 times).
-struct BlockElementwise {
-  double fwd = 0, bwd = 0;
-};
-BlockElementwise block_elementwise(const Config& cfg, const Cluster& cl, bool moe) {
-  const auto& m = cfg.model;
-  const auto& p = cfg.parallel;
-  const double C = m.d_model, F = m.d_ff, kvd = double(cfg.kv_heads()) * cfg.head_dim();
-  const bool llama = m.arch == Arch::llama;
-  const double norms = 8.0 * C / (p.sp ? p.tp : 1);
-  const double mlp = (moe ? m.moe.top_k : 1.0 / p.tp) * F;
-  const bool fused_dgelu = !moe && backend_traits(cl.device, cl.dtype, model_dims(cfg)).fused_dgelu;
-  const double rope = llama ? 2.0 * (C + kvd) / p.tp : 0;
-  const double biases = llama || device_is_cuda(cl.device) ? 0 : (3 * C + (moe ? 0 : F)) / p.tp + 2 * C;
-  return {norms + (llama ? 3.0 : 2.0) * mlp + rope, norms +
-                                                        (llama         ? 5.0
-                                                         : fused_dgelu ? 0.0
-                                                                       : 3.0) *
-                                                            mlp +
-                                                        rope + biases};
-}
-
-// The ends' element-wise traffic per token, in activation elements: the embedding's gather and
-// its gradient's scatter (about 3C and 5C as counted at GPT-2 124M); the final norm (4C each way)
-// and the loss, whose one kernel reads the logits and writes their gradient in place (2V).
-BlockElementwise ends_elementwise(const Config& cfg, bool first, bool last) {
-  const auto& p = cfg.parallel;
-  const double C = cfg.model.d_model;
-  BlockElementwise e;
-  if (first) e.fwd += 3 * C, e.bwd += 5 * C;
-  if (last) {
-    e.fwd += 4 * C / (p.sp ? p.tp : 1) + 2.0 * double(model_dims(cfg).V_padded()) / p.tp;
-    e.bwd += 4 * C / (p.sp ? p.tp : 1);
-  }
-  return e;
-}
 
 ChunkCost chunk_cost(const Config& cfg, const Cluster& cl, int block0, int blocks, bool first, bool last,
                      double share) {
