@@ -144,11 +144,14 @@ void Trainer::Parts::build(int gpus) {
   const PartSpec spec = pipeline_chunk_spec(cfg, mesh->coord().pp, &pipe_schedule);
   // The flash backward's stored dS only where the device has room for it beside the plan: a
   // run that fits without it runs, dQ recomputing, and says so.
-  if (const AttentionDsFit ds = attention_ds_fit(cfg, kind, dtype, opt.world_rank, &spec, memory); !ds.fits) {
+  MemoryPlan plan = plan_memory(cfg, device, dtype, opt.world_rank, &spec);
+  if (const AttentionDsFit ds = attention_ds_fit(cfg, kind, dtype, opt.world_rank, &spec, memory, plan.total());
+      !ds.fits) {
     cfg.train.attention_ds = false;
     if (!opt.quiet) spdlog::warn("rank {}: {}", opt.world_rank, ds.note);
+    plan = plan_memory(cfg, device, dtype, opt.world_rank, &spec);  // without the store
   }
-  memory_fit_check(plan_memory(cfg, device, dtype, opt.world_rank, &spec), opt.world_rank, memory);
+  memory_fit_check(plan, opt.world_rank, memory);
   const ModelDims model = model_dims(cfg);
   stream = device_is_cuda(kind) ? cuda_stream_create(kind) : host_stream();
   alloc = std::make_unique<Allocator>(kind, stream);
